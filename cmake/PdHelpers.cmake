@@ -1,0 +1,56 @@
+# pd_cc_library / pd_cc_test: the one way targets are declared (shape of absl_cc_library).
+#
+#   pd_cc_library(NAME common_base SRCS a.cc HDRS a.h DEPS absl::status [INTERFACE])
+#     -> target pd_common_base, alias pd::common_base
+#   pd_cc_test(NAME common_hash_test SRCS block_hash_test.cc DEPS pd::common_hash LABELS unit)
+#     -> executable common_hash_test, tests discovered at test time, every test labelled.
+include_guard(GLOBAL)
+
+function(pd_apply_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror=unused-result -Wno-missing-field-initializers>)
+  if(PD_WERROR)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  endif()
+endfunction()
+
+function(pd_cc_library)
+  cmake_parse_arguments(PD "INTERFACE" "NAME" "SRCS;HDRS;DEPS;PRIVATE_DEPS" ${ARGN})
+  set(target pd_${PD_NAME})
+  if(PD_INTERFACE OR NOT PD_SRCS)
+    add_library(${target} INTERFACE ${PD_HDRS})
+    target_include_directories(${target} INTERFACE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    target_link_libraries(${target} INTERFACE ${PD_DEPS})
+  else()
+    add_library(${target} STATIC ${PD_SRCS} ${PD_HDRS})
+    target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    target_link_libraries(${target} PUBLIC ${PD_DEPS} PRIVATE ${PD_PRIVATE_DEPS})
+    pd_apply_warnings(${target})
+  endif()
+  add_library(pd::${PD_NAME} ALIAS ${target})
+endfunction()
+
+# LABELS is required: CI selects tests by label (unit, kernel, integration, e2e, slow, gpu).
+function(pd_cc_test)
+  cmake_parse_arguments(PD "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  if(NOT PD_BUILD_TESTS)
+    return()
+  endif()
+  if(NOT PD_LABELS)
+    message(FATAL_ERROR "pd_cc_test(${PD_NAME}): LABELS is required")
+  endif()
+  if(NOT PD_TIMEOUT)
+    set(PD_TIMEOUT 120)
+  endif()
+  add_executable(${PD_NAME} ${PD_SRCS})
+  target_link_libraries(${PD_NAME} PRIVATE ${PD_DEPS} GTest::gmock GTest::gtest_main)
+  # Tests locate shared data (../shared) and built binaries through these, never through env vars.
+  target_compile_definitions(${PD_NAME} PRIVATE
+    PD_SHARED_DIR="${PD_SHARED_DIR}" PD_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  pd_apply_warnings(${PD_NAME})
+  # PRE_TEST discovery: nothing runs at build time, so a build never waits on test binaries.
+  gtest_discover_tests(${PD_NAME}
+    DISCOVERY_MODE PRE_TEST
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    PROPERTIES LABELS "${PD_LABELS}" TIMEOUT ${PD_TIMEOUT})
+endfunction()
