@@ -1,0 +1,117 @@
+// Llama2cCheckpoint: a memory-mapped llama2.c "version 0" checkpoint (the format `run.c` reads;
+// spec in shared/models/stories260K/README.md), with zero-copy float views of every tensor.
+//
+// File layout (little-endian, no padding): 7 x int32 header
+//   dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
+// (vocab_size < 0 means an unshared classifier stored at the end), then float32 tensors back to
+// back: token_embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, two legacy
+// freq_cis tables (skipped by size), and wcls when unshared. Matrices are row-major [out][in].
+//
+// Ownership: the checkpoint owns the mapping; every pointer it returns stays valid while the
+// checkpoint (or the object it was moved into) lives. Moving does not invalidate pointers.
+//
+// Thread-safety: immutable after Load(); all const methods may be called concurrently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/model/mapped_file.h"
+
+namespace pd::engine {
+
+// Architecture hyper-parameters of a Llama-2-style model. Derived fields (head_dim, kv_dim) are
+// filled in by the loader; the fixed llama2.c conventions are the defaults below.
+// Lives here until a second loader (GGUF, safetensors) needs it in its own header.
+struct ModelConfig {
+  int32_t dim = 0;         // residual stream width
+  int32_t hidden_dim = 0;  // FFN inner width
+  int32_t n_layers = 0;
+  int32_t n_heads = 0;            // query heads
+  int32_t n_kv_heads = 0;         // key/value heads (grouped-query attention when < n_heads)
+  int32_t vocab_size = 0;         // always positive here (abs of the header value)
+  int32_t seq_len = 0;            // maximum context length in tokens
+  bool shared_classifier = true;  // wcls is the token embedding (header vocab_size > 0)
+  int32_t head_dim = 0;           // dim / n_heads
+  int32_t kv_dim = 0;             // n_kv_heads * head_dim
+  float rope_theta = 10000.0f;    // rotary base; llama2.c rotates adjacent (interleaved) pairs
+  float rms_norm_eps = 1e-5f;
+  uint32_t bos_id = 1;
+  uint32_t eos_id = 2;
+};
+
+class Llama2cCheckpoint {
+ public:
+  // Size of the int32 header in bytes; the first tensor starts here.
+  static constexpr size_t kHeaderBytes = 7 * sizeof(int32_t);
+
+  // Maps `path`, parses and validates the header, checks that the file size equals exactly the
+  // size the header implies, and hashes the file for Fingerprint() (reads every page once).
+  // Errors (messages name the path and the offending values):
+  //   NotFound / PermissionDenied / InvalidArgument from MappedFile::Open;
+  //   InvalidArgument  the file is shorter than the header; a header field is non-positive,
+  //                    dim % n_heads != 0, n_heads % n_kv_heads != 0, head_dim is odd, or the
+  //                    implied size overflows 64 bits; the file is truncated or has trailing
+  //                    bytes (the message names the expected and actual byte counts).
+  static absl::StatusOr<Llama2cCheckpoint> Load(absl::string_view path);
+
+  Llama2cCheckpoint(Llama2cCheckpoint&&) noexcept = default;
+  Llama2cCheckpoint& operator=(Llama2cCheckpoint&&) noexcept = default;
+  Llama2cCheckpoint(const Llama2cCheckpoint&) = delete;
+  Llama2cCheckpoint& operator=(const Llama2cCheckpoint&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+
+  // 32 lower-case hex characters: XXH3-128 over a canonical encoding of config() followed by
+  // every byte of the file. Equal fingerprints mean bit-identical weights and architecture.
+  const std::string& Fingerprint() const { return fingerprint_; }
+
+  // The raw mapped file (header included), e.g. to compute tensor offsets. Never null: a valid
+  // checkpoint is at least kHeaderBytes long.
+  const uint8_t* file_data() const { return file_.data(); }
+  size_t file_size_bytes() const { return file_.size(); }
+  const std::string& path() const { return file_.path(); }
+
+  // Tensor views into the mapping (no copies). `layer` must be in [0, n_layers): CHECK-fails
+  // otherwise (a programmer error). Shapes use the config's names; matrices are [out][in].
+  const float* token_embedding() const { return token_embedding_; }  // [vocab_size, dim]
+  const float* rms_att(int layer) const;                             // [dim]
+  const float* wq(int layer) const;                                  // [dim, dim]
+  const float* wk(int layer) const;                                  // [kv_dim, dim]
+  const float* wv(int layer) const;                                  // [kv_dim, dim]
+  const float* wo(int layer) const;                                  // [dim, dim]
+  const float* rms_ffn(int layer) const;                             // [dim]
+  const float* w1(int layer) const;                                  // gate [hidden_dim, dim]
+  const float* w2(int layer) const;                                  // down [dim, hidden_dim]
+  const float* w3(int layer) const;                                  // up   [hidden_dim, dim]
+  const float* rms_final() const { return rms_final_; }              // [dim]
+  // Output classifier [vocab_size, dim]; equals token_embedding() when shared_classifier.
+  const float* wcls() const { return wcls_; }
+
+ private:
+  Llama2cCheckpoint(MappedFile file, const ModelConfig& config);
+  // Returns base + layer * per_layer_floats after checking `layer`.
+  const float* LayerSlice(const float* base, int layer, size_t per_layer_floats) const;
+
+  MappedFile file_;
+  ModelConfig config_;
+  std::string fingerprint_;
+  // Base of each stacked tensor (layer 0) inside file_.
+  const float* token_embedding_ = nullptr;
+  const float* rms_att_ = nullptr;
+  const float* wq_ = nullptr;
+  const float* wk_ = nullptr;
+  const float* wv_ = nullptr;
+  const float* wo_ = nullptr;
+  const float* rms_ffn_ = nullptr;
+  const float* w1_ = nullptr;
+  const float* w2_ = nullptr;
+  const float* w3_ = nullptr;
+  const float* rms_final_ = nullptr;
+  const float* wcls_ = nullptr;
+};
+
+}  // namespace pd::engine
