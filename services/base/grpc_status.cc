@@ -1,0 +1,22 @@
+#include "services/base/grpc_status.h"
+
+#include <string>
+
+namespace pd::services {
+
+// Both enums use the canonical google.rpc.Code numbering (0..16), so the cast is the mapping.
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) {
+    return grpc::Status::OK;
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) {
+    return absl::OkStatus();
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+}  // namespace pd::services
