@@ -1,13 +1,9 @@
 #include "common/testing/redis_server.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
 #include "common/testing/net.h"
+#include "common/testing/subprocess.h"
 
 namespace pd::testing {
 namespace {
@@ -116,14 +113,8 @@ absl::Status RedisServer::Restart() {
 
 absl::Status RedisServer::Spawn(bool* port_taken) {
   *port_taken = false;
-  const std::string log = log_path();
-  // Appending keeps earlier runs' lines for debugging; readiness looks only past log_offset.
-  int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log_fd < 0) {
-    return absl::InternalError(absl::StrCat("open ", log, ": ", std::strerror(errno)));
-  }
-  const off_t log_offset = ::lseek(log_fd, 0, SEEK_END);
-
+  // The log is appended to across restarts; readiness looks only past this run's offset.
+  const off_t log_offset = static_cast<off_t>(ReadFile(log_path()).size());
   // clang-format off
   std::vector<std::string> args = {
       binary_,
@@ -141,49 +132,19 @@ absl::Status RedisServer::Spawn(bool* port_taken) {
     args.push_back(options_.password);
   }
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
-  // Built before fork: the child may only make async-signal-safe calls.
-  std::vector<char*> argv;
-  for (std::string& a : args) {
-    argv.push_back(a.data());
+  absl::StatusOr<Subprocess> child = Subprocess::Spawn(std::move(args), log_path());
+  if (!child.ok()) {
+    return absl::InternalError(child.status().message());
   }
-  argv.push_back(nullptr);
-
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int err = errno;
-    ::close(log_fd);
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(err)));
-  }
-  if (pid == 0) {
-    // Child. Die with the parent; if it already died, getppid() changed and we stop here.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) {
-      ::_exit(127);
-    }
-    ::dup2(log_fd, STDOUT_FILENO);
-    ::dup2(log_fd, STDERR_FILENO);
-    int null_fd = ::open("/dev/null", O_RDONLY);
-    if (null_fd >= 0) {
-      ::dup2(null_fd, STDIN_FILENO);
-    }
-    ::close_range(3, ~0U, 0);  // no inherited descriptors (test sockets, files) in the server
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(log_fd);
-  pid_ = pid;
+  process_ = *std::move(child);
 
   absl::Status ready = WaitReady(log_offset);
   if (ready.ok()) {
     return ready;
   }
-  const std::string log_text = ReadFile(log);
-  const bool exited = pid_ < 0;
-  if (!exited) {
-    absl::Status s = Stop();
-    (void)s;  // the readiness error is the one to report
-  }
+  const std::string log_text = ReadFile(log_path());
+  const bool exited = !process_->running();
+  (void)process_->Stop(options_.stop_timeout);  // the readiness error is the one to report
   *port_taken =
       exited && static_cast<off_t>(log_text.size()) > log_offset &&
       absl::StrContains(absl::string_view(log_text).substr(log_offset), "Address already in use");
@@ -194,16 +155,8 @@ absl::Status RedisServer::Spawn(bool* port_taken) {
 absl::Status RedisServer::WaitReady(off_t log_offset) {
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   while (true) {
-    int wstatus = 0;
-    const pid_t r = ::waitpid(pid_, &wstatus, WNOHANG);
-    if (r == pid_) {
-      pid_ = -1;
-      if (WIFEXITED(wstatus)) {
-        return absl::UnavailableError(
-            absl::StrCat("exited during start-up with status ", WEXITSTATUS(wstatus)));
-      }
-      return absl::UnavailableError(
-          absl::StrCat("killed by signal ", WTERMSIG(wstatus), " during start-up"));
+    if (std::optional<ExitInfo> ended = process_->Poll(); ended.has_value()) {
+      return absl::UnavailableError(absl::StrCat(ended->ToString(), " during start-up"));
     }
     // The log line proves that our child (not some other process on the port) is listening.
     if (LogHasReadyLine(log_path(), log_offset) && AnswersPing()) {
@@ -246,34 +199,10 @@ bool RedisServer::AnswersPing() const {
 }
 
 absl::Status RedisServer::Stop() {
-  if (pid_ <= 0) {
+  if (!process_.has_value() || !process_->running()) {
     return absl::OkStatus();
   }
-  const pid_t pid = pid_;
-  pid_ = -1;
-  ::kill(pid, SIGTERM);
-  const absl::Time deadline = absl::Now() + options_.stop_timeout;
-  while (true) {
-    int wstatus = 0;
-    const pid_t r = ::waitpid(pid, &wstatus, WNOHANG);
-    if (r == pid) {
-      return absl::OkStatus();
-    }
-    if (r < 0 && errno != EINTR) {
-      return absl::InternalError(absl::StrCat("waitpid ", pid, ": ", std::strerror(errno)));
-    }
-    if (absl::Now() >= deadline) {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  ::kill(pid, SIGKILL);
-  while (::waitpid(pid, nullptr, 0) < 0) {
-    if (errno != EINTR) {
-      return absl::InternalError(absl::StrCat("waitpid ", pid, ": ", std::strerror(errno)));
-    }
-  }
-  return absl::OkStatus();
+  return process_->Stop(options_.stop_timeout).status();
 }
 
 std::string RedisServer::LogTail(int max_lines) const {

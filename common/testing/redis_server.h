@@ -19,12 +19,14 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/testing/subprocess.h"
 #include "common/testing/temp_dir.h"
 
 namespace pd::testing {
@@ -55,14 +57,14 @@ class RedisServer {
   ~RedisServer();
 
   // SIGTERM, then SIGKILL after options.stop_timeout; reaps the child. OK when not running.
-  // Errors: Internal when waitpid fails.
+  // Errors: DeadlineExceeded when even SIGKILL did not end it in time.
   absl::Status Stop();
 
   // Stop() then start again on the same port (data is lost: nothing is persisted).
   // Errors: as Start(); no other port is tried.
   absl::Status Restart();
 
-  bool running() const { return pid_ > 0; }
+  bool running() const { return process_.has_value() && process_->running(); }
   int port() const { return port_; }
   const std::string& host() const { return host_; }
   const std::string& password() const { return options_.password; }
@@ -86,7 +88,7 @@ class RedisServer {
   const std::string host_ = "127.0.0.1";
   TempDir dir_;
   int port_ = 0;
-  pid_t pid_ = -1;
+  std::optional<Subprocess> process_;
 };
 
 }  // namespace pd::testing

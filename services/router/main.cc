@@ -1,0 +1,93 @@
+// pd-router: the public gRPC front of a pdserve cluster.
+#include <fstream>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "common/metrics/metrics.h"
+#include "services/base/metrics_http_server.h"
+#include "services/base/shutdown_signal.h"
+#include "services/base/startup.h"
+#include "common/base/status_macros.h"
+#include "services/router/router_server.h"
+
+ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051", "public gRPC API listen address");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9100", "Prometheus /metrics listen address");
+ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty = no Redis");
+ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
+ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
+ABSL_FLAG(int, block_size, 16, "tokens per KV block (must match the workers)");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "SIGTERM drain bound");
+ABSL_FLAG(uint32_t, max_prompt_tokens, 131072, "largest accepted token-id prompt");
+ABSL_FLAG(uint32_t, max_tokens_limit, 131072, "largest accepted sampling.max_tokens");
+
+namespace {
+
+constexpr char kProgram[] = "pd-router";
+
+absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
+  pd::router::RouterConfig config;
+  PD_ASSIGN_OR_RETURN(config.grpc_address, pd::services::ParseHostPort(
+                                               absl::GetFlag(FLAGS_grpc_address), "--grpc_address"));
+  PD_ASSIGN_OR_RETURN(config.metrics_address,
+                      pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address),
+                                                  "--metrics_address"));
+  if (!absl::GetFlag(FLAGS_redis_address).empty()) {
+    PD_ASSIGN_OR_RETURN(pd::services::HostPort redis, pd::services::ParseHostPort(
+                                                          absl::GetFlag(FLAGS_redis_address),
+                                                          "--redis_address"));
+    config.redis.emplace();
+    config.redis->host = redis.host;
+    config.redis->port = redis.port;
+    config.redis->key_prefix = absl::GetFlag(FLAGS_redis_key_prefix);
+    if (const std::string path = absl::GetFlag(FLAGS_redis_password_file); !path.empty()) {
+      std::ifstream in(path);
+      if (!in) {
+        return absl::NotFoundError(absl::StrCat("--redis_password_file: cannot read ", path));
+      }
+      std::getline(in, config.redis->password);
+    }
+  }
+  config.block_size = absl::GetFlag(FLAGS_block_size);
+  config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  config.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  config.limits.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);
+  PD_RETURN_IF_ERROR(config.Validate());
+  return config;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  pd::services::ParseFlagsAndInitLogging(
+      argc, argv, "pd-router: the public gRPC API (pdserve.v1.Generation) of a pdserve cluster");
+  pd::services::ShutdownSignal shutdown;  // before any other thread starts
+  absl::StatusOr<pd::router::RouterConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    pd::services::ExitWithStartupError(kProgram, config.status());
+  }
+  pd::metrics::Registry registry;
+  absl::StatusOr<std::unique_ptr<pd::router::RouterServer>> server =
+      pd::router::RouterServer::Start(*config, &registry);
+  if (!server.ok()) {
+    pd::services::ExitWithStartupError(kProgram, server.status());
+  }
+  absl::StatusOr<std::unique_ptr<pd::services::MetricsHttpServer>> http =
+      pd::services::MetricsHttpServer::Start(
+          {config->metrics_address.host, config->metrics_address.port}, &registry);
+  if (!http.ok()) {
+    pd::services::ExitWithStartupError(kProgram, http.status());
+  }
+  LOG(INFO) << "pd-router serving gRPC on " << (*server)->address() << ", metrics on "
+            << config->metrics_address.host << ":" << (*http)->port()
+            << (config->redis ? absl::StrCat(", redis ", config->redis->host, ":",
+                                             config->redis->port)
+                              : std::string(", no redis"));
+  shutdown.Wait();
+  (*server)->Drain(config->drain_timeout);
+  LOG(INFO) << "gRPC server drained";
+  (*http)->Stop();
+  LOG(INFO) << "pd-router stopped";
+  return 0;
+}

@@ -1,0 +1,153 @@
+#include "services/router/request_validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace pd::router {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+// True when `s` is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
+bool IsValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) {
+      return false;
+    }
+    for (size_t k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) {
+        return false;
+      }
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMinForLen[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const RequestLimits& limits) {
+  if (s.max_tokens() > limits.max_tokens_limit) {
+    return Invalid("sampling.max_tokens",
+                   absl::StrCat(s.max_tokens(), " exceeds the limit ", limits.max_tokens_limit));
+  }
+  if (s.max_tokens() > 0 && s.min_tokens() > s.max_tokens()) {
+    return Invalid("sampling.min_tokens", absl::StrCat(s.min_tokens(), " > max_tokens ",
+                                                       s.max_tokens()));
+  }
+  if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
+    return Invalid("sampling.temperature",
+                   absl::StrCat("must be finite and >= 0, got ", s.temperature()));
+  }
+  if (!std::isfinite(s.top_p()) || s.top_p() < 0 || s.top_p() > 1) {
+    return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1] (0 = unset), got ",
+                                                  s.top_p()));
+  }
+  if (static_cast<uint32_t>(s.stop_size()) > limits.max_stop_strings) {
+    return Invalid("sampling.stop", absl::StrCat(s.stop_size(), " entries exceed the limit ",
+                                                 limits.max_stop_strings));
+  }
+  for (int i = 0; i < s.stop_size(); ++i) {
+    const std::string& stop = s.stop(i);
+    const std::string field = absl::StrCat("sampling.stop[", i, "]");
+    if (stop.empty() || stop.size() > limits.max_stop_string_bytes) {
+      return Invalid(field, absl::StrCat("must be 1..", limits.max_stop_string_bytes,
+                                         " bytes, got ", stop.size()));
+    }
+    if (!IsValidUtf8(stop)) {
+      return Invalid(field, "is not valid UTF-8");
+    }
+  }
+  if (static_cast<uint32_t>(s.stop_token_ids_size()) > limits.max_stop_token_ids) {
+    return Invalid("sampling.stop_token_ids",
+                   absl::StrCat(s.stop_token_ids_size(), " entries exceed the limit ",
+                                limits.max_stop_token_ids));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RequestLimits::Validate() const {
+  if (max_prompt_bytes == 0 || max_prompt_tokens == 0 || max_tokens_limit == 0) {
+    return absl::InvalidArgumentError(
+        "request limits: max_prompt_bytes, max_prompt_tokens and max_tokens_limit must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request,
+                                     const RequestLimits& limits) {
+  using pdserve::v1::GenerateRequest;
+  switch (request.prompt_case()) {
+    case GenerateRequest::kText:
+      if (request.text().empty()) {
+        return Invalid("text", "prompt is empty");
+      }
+      if (request.text().size() > limits.max_prompt_bytes) {
+        return Invalid("text", absl::StrCat(request.text().size(), " bytes exceed the limit ",
+                                            limits.max_prompt_bytes));
+      }
+      if (!IsValidUtf8(request.text())) {
+        return Invalid("text", "is not valid UTF-8");
+      }
+      break;
+    case GenerateRequest::kTokenIds:
+      if (request.token_ids().ids_size() == 0) {
+        return Invalid("token_ids", "prompt is empty");
+      }
+      if (static_cast<uint32_t>(request.token_ids().ids_size()) > limits.max_prompt_tokens) {
+        return Invalid("token_ids", absl::StrCat(request.token_ids().ids_size(),
+                                                 " tokens exceed the limit ",
+                                                 limits.max_prompt_tokens));
+      }
+      break;
+    case GenerateRequest::PROMPT_NOT_SET:
+      return Invalid("prompt", "set exactly one of text or token_ids");
+  }
+  if (request.client_request_id().size() > limits.max_client_request_id_bytes) {
+    return Invalid("client_request_id", absl::StrCat(request.client_request_id().size(),
+                                                     " bytes exceed the limit ",
+                                                     limits.max_client_request_id_bytes));
+  }
+  if (request.has_tenant() &&
+      (request.tenant().empty() || request.tenant().size() > limits.max_tenant_bytes)) {
+    return Invalid("tenant", absl::StrCat("must be 1..", limits.max_tenant_bytes,
+                                          " bytes when set, got ", request.tenant().size()));
+  }
+  if (request.has_cache_salt() &&
+      (request.cache_salt().empty() || request.cache_salt().size() > limits.max_cache_salt_bytes)) {
+    return Invalid("cache_salt", absl::StrCat("must be 1..", limits.max_cache_salt_bytes,
+                                              " bytes when set, got ",
+                                              request.cache_salt().size()));
+  }
+  return ValidateSampling(request.sampling(), limits);
+}
+
+}  // namespace pd::router

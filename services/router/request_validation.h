@@ -1,0 +1,32 @@
+// Validation of public GenerateRequests: everything that can be checked before a model or a
+// worker is involved. The first violated rule is reported as InvalidArgument naming the field.
+//
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "pd/v1/generation.pb.h"
+
+namespace pd::router {
+
+// Limits on request fields (documented in proto/pd/v1/generation.proto). Flags of pd-router.
+struct RequestLimits {
+  uint32_t max_stop_strings = 16;
+  uint32_t max_stop_string_bytes = 256;
+  uint32_t max_stop_token_ids = 64;
+  uint32_t max_client_request_id_bytes = 128;
+  uint32_t max_tenant_bytes = 128;
+  uint32_t max_cache_salt_bytes = 256;
+  uint32_t max_prompt_bytes = 1 << 20;  // text prompts
+  uint32_t max_prompt_tokens = 131072;  // token-id prompts (the model's context bounds further)
+  uint32_t max_tokens_limit = 131072;   // upper bound on sampling.max_tokens
+
+  absl::Status Validate() const;
+};
+
+absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request,
+                                     const RequestLimits& limits);
+
+}  // namespace pd::router

@@ -1,0 +1,99 @@
+#include "services/router/request_validation.h"
+
+#include <functional>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pd::router {
+namespace {
+
+using pdserve::v1::GenerateRequest;
+
+GenerateRequest Valid() {
+  GenerateRequest r;
+  r.set_text("Once upon a time");
+  r.mutable_sampling()->set_max_tokens(32);
+  return r;
+}
+
+TEST(RequestValidationTest, AcceptsMinimalAndFullRequests) {
+  RequestLimits limits;
+  EXPECT_TRUE(ValidateGenerateRequest(Valid(), limits).ok());
+  GenerateRequest full = Valid();
+  full.clear_text();
+  full.mutable_token_ids()->add_ids(1);
+  full.mutable_token_ids()->add_ids(403);
+  auto* s = full.mutable_sampling();
+  s->set_min_tokens(4);
+  s->set_temperature(0.7f);
+  s->set_top_p(0.9f);
+  s->set_top_k(40);
+  s->set_seed(7);
+  s->add_stop("\n\n");
+  s->add_stop("é");
+  s->add_stop_token_ids(2);
+  full.set_client_request_id("abc");
+  full.set_tenant("team-a");
+  full.set_cache_salt("salt");
+  full.set_timeout_ms(1000);
+  EXPECT_TRUE(ValidateGenerateRequest(full, limits).ok());
+}
+
+struct BadCase {
+  std::string name;
+  std::function<void(GenerateRequest*)> mutate;
+  std::string field;  // must appear in the message
+};
+
+class RequestValidationBadTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(RequestValidationBadTest, RejectedNamingTheField) {
+  GenerateRequest r = Valid();
+  GetParam().mutate(&r);
+  absl::Status s = ValidateGenerateRequest(r, RequestLimits{});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(GetParam().field), absl::string_view::npos) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RequestValidationBadTest,
+    ::testing::Values(
+        BadCase{"NoPrompt", [](GenerateRequest* r) { r->clear_text(); }, "prompt"},
+        BadCase{"EmptyText", [](GenerateRequest* r) { r->set_text(""); }, "text"},
+        BadCase{"InvalidUtf8", [](GenerateRequest* r) { r->set_text("a\xC3("); }, "UTF-8"},
+        BadCase{"OverlongUtf8", [](GenerateRequest* r) { r->set_text("\xC0\xAF"); }, "UTF-8"},
+        BadCase{"Surrogate", [](GenerateRequest* r) { r->set_text("\xED\xA0\x80"); }, "UTF-8"},
+        BadCase{"EmptyTokenIds", [](GenerateRequest* r) { r->mutable_token_ids(); }, "token_ids"},
+        BadCase{"TooLongText",
+                [](GenerateRequest* r) { r->set_text(std::string((1 << 20) + 1, 'a')); }, "text"},
+        BadCase{"NegativeTemperature",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_temperature(-1); },
+                "sampling.temperature"},
+        BadCase{"NanTemperature",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_temperature(NAN); },
+                "sampling.temperature"},
+        BadCase{"TopPAboveOne", [](GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); },
+                "sampling.top_p"},
+        BadCase{"MinAboveMax",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_min_tokens(64); },
+                "sampling.min_tokens"},
+        BadCase{"MaxTokensTooLarge",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_max_tokens(1u << 30); },
+                "sampling.max_tokens"},
+        BadCase{"EmptyStop", [](GenerateRequest* r) { r->mutable_sampling()->add_stop(""); },
+                "sampling.stop[0]"},
+        BadCase{"TooManyStops",
+                [](GenerateRequest* r) {
+                  for (int i = 0; i < 17; ++i) r->mutable_sampling()->add_stop("x");
+                },
+                "sampling.stop"},
+        BadCase{"EmptyTenant", [](GenerateRequest* r) { r->set_tenant(""); }, "tenant"},
+        BadCase{"EmptySalt", [](GenerateRequest* r) { r->set_cache_salt(""); }, "cache_salt"},
+        BadCase{"LongClientId",
+                [](GenerateRequest* r) { r->set_client_request_id(std::string(129, 'x')); },
+                "client_request_id"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace pd::router

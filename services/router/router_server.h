@@ -1,0 +1,49 @@
+// RouterServer: pd-router's gRPC server and what it owns (services, the Redis client).
+//
+// Start() does every fallible step up front so bad configuration is a startup error: Redis
+// reachable (when configured), the listen port free, the server built. Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics/metrics.h"
+#include "common/redis/redis_client.h"
+#include "services/router/generation_service.h"
+#include "services/router/router_config.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace pd::router {
+
+class RouterServer {
+ public:
+  // Errors: Unavailable naming host:port when Redis cannot be reached or the gRPC port is taken;
+  // InvalidArgument for an invalid config. `metrics` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterConfig& config,
+                                                             metrics::Registry* metrics);
+  ~RouterServer();
+
+  // The bound gRPC address (the real port when configured with port 0).
+  std::string address() const;
+  int port() const { return port_; }
+
+  // Marks the server NOT_SERVING on the health service, stops accepting calls, waits up to
+  // `timeout` for in-flight calls, then cancels the rest. Idempotent.
+  void Drain(absl::Duration timeout);
+
+ private:
+  RouterServer() = default;
+
+  RouterConfig config_;
+  int port_ = 0;
+  std::unique_ptr<redis::RedisClient> redis_;
+  std::unique_ptr<GenerationService> generation_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace pd::router
