@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The one set-up path behind scripts/run.sh and scripts/test.sh: installs the Debian packages the
+# build needs when they are missing, then configures and builds with CMake.
+#
+# Environment (all optional):
+#   PD_BUILD_DIR   build directory (default: build)
+#   PD_BUILD_TYPE  CMake build type (default: RelWithDebInfo)
+#   PD_CMAKE_ARGS  extra CMake arguments, e.g. "-DPD_ENABLE_CUDA=OFF"
+#   CI             when "true": warnings are errors and configure fails if UCX, hiredis, CUDA or
+#                  NCCL came out OFF (PD_REQUIRE_ALL), so a missing install step cannot pass.
+# Usage: source it (scripts do) or run it directly to just set up and build.
+set -euo pipefail
+
+PD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PD_BUILD_DIR="${PD_BUILD_DIR:-${PD_ROOT}/build}"
+PD_BUILD_TYPE="${PD_BUILD_TYPE:-RelWithDebInfo}"
+
+# Build and test dependencies (Debian 12 package names). Keep in sync with deploy/docker.
+PD_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libucx-dev ucx-utils
+  libhiredis-dev redis-server redis-tools
+  libabsl-dev libgoogle-glog-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev nlohmann-json3-dev libxxhash-dev liburing-dev libpcre2-dev libcpp-httplib-dev
+  iproute2 procps curl fio python3
+)
+
+pd_log() { printf '[pdserve] %s\n' "$*" >&2; }
+
+pd_install_packages() {
+  local missing=()
+  local pkg
+  for pkg in "${PD_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if [ "${#missing[@]}" -eq 0 ]; then
+    pd_log "all ${#PD_PACKAGES[@]} Debian packages present"
+    return 0
+  fi
+  pd_log "installing ${#missing[@]} missing Debian packages: ${missing[*]}"
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null; then
+      pd_log "error: need root or sudo to install: ${missing[*]}"
+      return 1
+    fi
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+}
+
+pd_configure_and_build() {
+  local args=(-S "$PD_ROOT" -B "$PD_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$PD_BUILD_TYPE")
+  if [ "${CI:-}" = "true" ]; then
+    args+=(-DPD_REQUIRE_ALL=ON -DPD_WERROR=ON)
+  fi
+  # nvcc lives under /usr/local/cuda (not on PATH by default); AUTO picks it up from there.
+  if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+    args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+  fi
+  # shellcheck disable=SC2206
+  args+=(${PD_CMAKE_ARGS:-})
+  pd_log "configuring in $PD_BUILD_DIR"
+  cmake "${args[@]}"
+  pd_log "building ($(nproc) jobs)"
+  local start=$SECONDS
+  cmake --build "$PD_BUILD_DIR" -j "$(nproc)"
+  pd_log "build took $((SECONDS - start)) s"
+  if command -v ccache >/dev/null; then
+    ccache --show-stats 2>/dev/null | grep -iE "hits|misses" | head -3 | sed 's/^/[pdserve] ccache: /' >&2 || true
+  fi
+}
+
+pd_setup() {
+  pd_install_packages
+  pd_configure_and_build
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  pd_setup
+fi
