@@ -1,0 +1,163 @@
+// pd-kvbench: KV transfer bandwidth and latency between two processes. This process sends
+// (prefill side); it spawns transport_conformance_peer as the receiver (decode side) over
+// 127.0.0.1 and drives it through its control socket. Time is measured from PostTransfer to
+// the sender's completion, which includes the receiver's acknowledgement that every block
+// landed. Prints one JSON document.
+//
+//   pd-kvbench --backend=ucx --ucx_tls=shm,self,tcp --block_kib=2048 --batches=32 --iters=20
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/base/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "transport/conformance/conformance_suite.h"
+#include "transport/conformance/peer_control.h"
+#include "transport/registry.h"
+
+ABSL_FLAG(std::string, backend, "tcp", "tcp | ucx");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX_TLS for both processes (e.g. shm,self,tcp or tcp)");
+ABSL_FLAG(std::vector<std::string>, block_kib,
+          std::vector<std::string>({"64", "256", "1024", "2048", "4096"}), "block sizes in KiB");
+ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "32", "64"}),
+          "blocks per transfer");
+ABSL_FLAG(int, iters, 20, "timed transfers per point (after 2 warm-up transfers)");
+ABSL_FLAG(std::string, peer_binary,
+          PD_BINARY_DIR "/transport/conformance/transport_conformance_peer", "receiver binary");
+ABSL_FLAG(std::string, peer_log, "/tmp/pd-kvbench-peer.log", "receiver log file");
+
+namespace pd::transport {
+namespace {
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
+  const uint32_t num_blocks = 64;
+  TransportConfig c;
+  c.backend = absl::GetFlag(FLAGS_backend);
+  std::vector<std::string> args = {absl::StrCat("--backend=", c.backend),
+                                   absl::StrCat("--block_bytes=", block_bytes),
+                                   absl::StrCat("--num_blocks=", num_blocks)};
+  if (!absl::GetFlag(FLAGS_ucx_tls).empty()) {
+    c.ucx_options.push_back({"TLS", absl::GetFlag(FLAGS_ucx_tls)});
+    args.push_back(absl::StrCat("--ucx_tls=", absl::GetFlag(FLAGS_ucx_tls)));
+  }
+  absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateTransport(c);
+  if (!t.ok()) {
+    return t.status();
+  }
+  std::unique_ptr<KvTransport> sender = *std::move(t);
+  absl::StatusOr<std::unique_ptr<conformance::PeerControl>> peer = conformance::PeerControl::Start(
+      absl::GetFlag(FLAGS_peer_binary), args, absl::GetFlag(FLAGS_peer_log), absl::Seconds(20));
+  if (!peer.ok()) {
+    return peer.status();
+  }
+  std::unique_ptr<char[]> mem(new char[block_bytes * num_blocks]);
+  std::memset(mem.get(), 0x5a, block_bytes * num_blocks);
+  const PoolGeometry g = conformance::TestGeometry(block_bytes, num_blocks);
+  PD_ASSIGN_OR_RETURN(
+      RegionHandle src,
+      sender->Register(MemoryRegion{mem.get(), block_bytes * num_blocks, MemoryKind::kHost, 0, g}));
+  PD_ASSIGN_OR_RETURN(std::string ep, (*peer)->Call("endpoint"));
+  PD_ASSIGN_OR_RETURN(PeerHandle h, sender->Connect(absl::HexStringToBytes(ep)));
+  std::vector<BlockPair> pairs;
+  std::vector<std::string> dst;
+  for (uint32_t i = 0; i < batch; ++i) {
+    pairs.push_back({BlockId(i), BlockId(i)});
+    dst.push_back(absl::StrCat(i));
+  }
+  const std::string blocks = absl::StrJoin(dst, ",");
+  std::vector<double> seconds;
+  const int iters = absl::GetFlag(FLAGS_iters);
+  for (int i = -2; i < iters; ++i) {
+    const uint64_t tag = static_cast<uint64_t>(i + 3);
+    PD_ASSIGN_OR_RETURN(std::string r,
+                        (*peer)->Call(absl::StrCat("expect ", tag, " 30000 ", blocks)));
+    std::pair<std::string, std::string> idd = absl::StrSplit(r, ' ');
+    const std::string desc = absl::HexStringToBytes(idd.second);
+    const absl::Time start = absl::Now();
+    PD_ASSIGN_OR_RETURN(TransferId id, sender->PostTransfer(h, tag, src, pairs, desc));
+    PD_ASSIGN_OR_RETURN(TransferState s, sender->Wait(id, absl::Seconds(30)));
+    const double dt = absl::ToDoubleSeconds(absl::Now() - start);
+    if (s.phase != TransferPhase::kDone) {
+      return absl::InternalError(absl::StrCat("transfer failed: ", s.status.ToString()));
+    }
+    PD_ASSIGN_OR_RETURN(std::string w, (*peer)->Call(absl::StrCat("wait ", idd.first, " 30000")));
+    if (w != "done") {
+      return absl::InternalError(absl::StrCat("receiver: ", w));
+    }
+    if (i >= 0) {
+      seconds.push_back(dt);
+    }
+  }
+  (*peer)->Call("quit").IgnoreError();
+  const double bytes = static_cast<double>(block_bytes) * batch;
+  std::vector<double> gibps;
+  for (double s : seconds) {
+    gibps.push_back(bytes / s / (1 << 30));
+  }
+  nlohmann::json j;
+  j["block_bytes"] = block_bytes;
+  j["batch"] = batch;
+  j["bytes_per_transfer"] = bytes;
+  j["iters"] = iters;
+  j["gib_per_s_median"] = Percentile(gibps, 0.5);
+  j["gib_per_s_p10"] = Percentile(gibps, 0.1);
+  j["latency_us_p50"] = Percentile(seconds, 0.5) * 1e6;
+  j["latency_us_p90"] = Percentile(seconds, 0.9) * 1e6;
+  j["latency_us_p99"] = Percentile(seconds, 0.99) * 1e6;
+  return j;
+}
+
+int Main() {
+  nlohmann::json out;
+  out["backend"] = absl::GetFlag(FLAGS_backend);
+  out["ucx_tls"] = absl::GetFlag(FLAGS_ucx_tls);
+  out["results"] = nlohmann::json::array();
+  for (const std::string& kib : absl::GetFlag(FLAGS_block_kib)) {
+    for (const std::string& b : absl::GetFlag(FLAGS_batches)) {
+      uint64_t block_kib = 0;
+      uint32_t batch = 0;
+      if (!absl::SimpleAtoi(kib, &block_kib) || !absl::SimpleAtoi(b, &batch) || batch == 0 ||
+          batch > 64 || block_kib == 0) {
+        std::fprintf(stderr, "bad --block_kib/--batches value (batches 1..64)\n");
+        return 2;
+      }
+      absl::StatusOr<nlohmann::json> r = RunPoint(block_kib << 10, batch);
+      if (!r.ok()) {
+        std::fprintf(stderr, "%s KiB x %s: %s\n", kib.c_str(), b.c_str(),
+                     r.status().ToString().c_str());
+        return 1;
+      }
+      out["results"].push_back(*r);
+    }
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace pd::transport
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "pd-kvbench: KV block transfer bandwidth/latency between two processes (JSON output)");
+  absl::ParseCommandLine(argc, argv);
+  return pd::transport::Main();
+}

@@ -1,0 +1,63 @@
+// CreateTransport: builds a KvTransport backend by name from a plain config struct (STYLE.md
+// section 3). Names: "loopback" (in-process fake), "tcp" (always built), "ucx" (PD_ENABLE_UCX),
+// "nccl" (PD_ENABLE_NCCL). A known but unbuilt backend answers Unimplemented naming the CMake
+// option; an unknown name is InvalidArgument.
+//
+// STYLE.md's signature also takes a MetaStore*: no backend here needs one (endpoints and
+// descriptors travel in the control-plane RPC), so it is omitted; add an optional pointer to
+// TransportConfig when a backend starts publishing itself.
+//
+// Thread-safe (stateless).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "transport/kv_transport.h"
+
+namespace pd::transport {
+
+class LoopbackHub;
+
+// How the UCX backend moves data. kAuto: RMA (put + flush + completion message) when the
+// configured UCX_TLS has a transport that does RMA well (shm, rc/dc/ud RDMA, cuda_ipc), active
+// messages otherwise (tcp, where UCX's RMA is an order of magnitude slower).
+enum class UcxDataPath : uint8_t { kAuto, kRma, kActiveMessage };
+
+struct TransportConfig {
+  std::string backend = "tcp";
+
+  // tcp and ucx: the listening socket address (numeric IPv4; port 0 picks a free one).
+  std::string listen_host = "127.0.0.1";
+  int listen_port = 0;
+  absl::Duration connect_timeout = absl::Seconds(5);
+
+  // ucx: UCP configuration overrides applied with ucp_config_modify (names without the UCX_
+  // prefix, e.g. {"TLS", "shm,self,tcp"}); never read from or written to the environment by
+  // the library (UCX itself still honours UCX_* variables the process was started with).
+  std::vector<std::pair<std::string, std::string>> ucx_options;
+  UcxDataPath ucx_data_path = UcxDataPath::kAuto;
+  // ucx: a progress thread sleeps on the worker's event fd when idle (false: busy-poll).
+  bool ucx_blocking_progress = true;
+
+  // loopback: the in-process hub connecting transports; a fresh one when null.
+  // Shared by every loopback transport attached to it.
+  std::shared_ptr<LoopbackHub> loopback_hub;
+
+  // InvalidArgument for an empty backend name or a bad port.
+  absl::Status Validate() const;
+};
+
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateTransport(const TransportConfig& config);
+
+// Every name the registry knows, built or not.
+std::vector<std::string> KnownTransports();
+// Whether `name` is known and compiled into this binary.
+bool IsTransportBuilt(absl::string_view name);
+
+}  // namespace pd::transport

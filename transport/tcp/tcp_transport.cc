@@ -1,0 +1,744 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/base/status_macros.h"
+#include "common/log/log.h"
+#include "transport/internal/transport_core.h"
+
+namespace pd::transport {
+namespace {
+
+using transport_internal::PreparedPost;
+using transport_internal::TransportCore;
+using transport_internal::WriteGrant;
+
+constexpr uint32_t kFrameMagic = 0x46544450;  // "PDTF"
+constexpr int kPollSliceMs = 50;
+constexpr uint64_t kIoChunkBytes = 1 << 20;
+constexpr uint64_t kMaxDrainBytes = uint64_t{1} << 34;  // larger frames close the connection
+
+enum FrameType : uint32_t {
+  kHello = 1,   // tag = instance id
+  kData = 2,    // seq, tag, nonce, dst_first, num_blocks, length + payload
+  kEnd = 3,     // seq, tag, nonce: all data of seq was sent
+  kCancel = 4,  // tag, nonce: the sender gave up
+  kAck = 5,     // seq: receiver has every block
+  kError = 6,   // seq, dst_first = status code, length + message
+};
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint32_t type = 0;
+  uint64_t seq = 0;
+  uint64_t tag = 0;
+  uint64_t nonce = 0;
+  uint32_t dst_first = 0;
+  uint32_t num_blocks = 0;
+  uint64_t length = 0;
+};
+static_assert(sizeof(FrameHeader) == 48);
+
+std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+
+// Writes all of `iov` on a non-blocking socket. Gives up when the socket fails, or when
+// `keep_going()` turns false and nothing moved for a poll slice (a stalled peer).
+template <typename KeepGoing>
+absl::Status WriteAll(int fd, std::vector<iovec> iov, KeepGoing keep_going) {
+  size_t first = 0;
+  while (first < iov.size()) {
+    msghdr msg{};
+    msg.msg_iov = iov.data() + first;
+    msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return absl::UnavailableError(Errno("tcp send"));
+      }
+      pollfd p{fd, POLLOUT, 0};
+      const int r = ::poll(&p, 1, kPollSliceMs);
+      if (r == 0 && !keep_going()) {
+        return absl::DeadlineExceededError("tcp send stalled after the transfer ended");
+      }
+      if (r > 0 && (p.revents & (POLLERR | POLLHUP))) {
+        return absl::UnavailableError("tcp connection closed by peer");
+      }
+      continue;
+    }
+    size_t left = static_cast<size_t>(n);
+    while (first < iov.size() && left >= iov[first].iov_len) {
+      left -= iov[first].iov_len;
+      ++first;
+    }
+    if (first < iov.size()) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+enum class ReadResult { kOk, kClosed, kStopped };
+
+// Reads exactly `n` bytes from a socket with a receive timeout, re-checking `keep_going()` on
+// every timeout.
+template <typename KeepGoing>
+ReadResult ReadFull(int fd, void* buf, size_t n, KeepGoing keep_going) {
+  char* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+    } else if (r == 0) {
+      return ReadResult::kClosed;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      if (!keep_going()) {
+        return ReadResult::kStopped;
+      }
+      pollfd pfd{fd, POLLIN, 0};
+      ::poll(&pfd, 1, kPollSliceMs);
+    } else {
+      return ReadResult::kClosed;
+    }
+  }
+  return ReadResult::kOk;
+}
+
+absl::StatusOr<sockaddr_in> ParseHostPort(absl::string_view host, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, std::string(host).c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("not a numeric IPv4 address: ", host));
+  }
+  return addr;
+}
+
+void SetRecvTimeout(int fd, int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// One TCP connection and its reader thread. Outbound connections belong to a Peer (which
+// also runs a sender thread); inbound ones only receive data and send ACK/ERROR.
+struct Conn {
+  uint64_t id = 0;
+  int fd = -1;
+  uint64_t peer_instance = 0;
+  std::atomic<bool> dead{false};
+  std::atomic<bool> finished{false};  // inbound reader is about to return
+  absl::Mutex write_mu;               // serializes frame writes
+  std::thread reader;
+  ~Conn() {
+    if (fd >= 0) {
+      ::close(fd);
+    }
+  }
+};
+
+class TcpTransport : public KvTransport {
+ public:
+  TcpTransport(TcpTransportOptions options, int listen_fd, std::string address)
+      : options_(std::move(options)),
+        core_("tcp"),
+        listen_fd_(listen_fd),
+        address_(std::move(address)) {
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  }
+
+  ~TcpTransport() override {
+    std::vector<std::shared_ptr<Conn>> conns;
+    std::vector<std::shared_ptr<Peer>> peers;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_.store(true);
+      for (auto& [id, c] : inbound_) {
+        conns.push_back(c);
+      }
+      for (auto& [h, p] : peers_) {
+        peers.push_back(p);
+      }
+    }
+    for (auto& c : conns) {
+      ::shutdown(c->fd, SHUT_RDWR);
+    }
+    for (auto& p : peers) {
+      ::shutdown(p->conn->fd, SHUT_RDWR);
+    }
+    acceptor_.join();
+    for (auto& c : conns) {
+      c->reader.join();
+    }
+    for (auto& p : peers) {
+      p->sender.join();
+      p->conn->reader.join();
+    }
+    ::close(listen_fd_);
+  }
+
+  absl::string_view Name() const override { return "tcp"; }
+
+  TransportCaps Caps() const override {
+    TransportCaps c;
+    c.host_memory = true;
+    c.two_sided = true;
+    c.notifications = true;
+    c.cancel = true;
+    return c;
+  }
+
+  absl::StatusOr<RegionHandle> Register(const MemoryRegion& region) override {
+    return core_.AddRegion(region, /*allow_cuda=*/false);
+  }
+
+  absl::Status Deregister(RegionHandle region) override {
+    return core_.RemoveRegion(region).status();
+  }
+
+  std::string LocalEndpoint() const override {
+    EndpointInfo e;
+    e.backend = "tcp";
+    e.instance_id = core_.instance_id();
+    e.address = address_;
+    return e.Encode();
+  }
+
+  absl::StatusOr<PeerHandle> Connect(absl::string_view endpoint) override;
+  absl::Status Disconnect(PeerHandle peer) override;
+
+  absl::StatusOr<Expectation> ExpectTransfer(uint64_t tag, RegionHandle dst,
+                                             absl::Span<const BlockId> dst_blocks,
+                                             const TransferOptions& options) override {
+    return core_.Expect(tag, dst, dst_blocks, options);
+  }
+
+  absl::StatusOr<TransferId> PostTransfer(PeerHandle peer, uint64_t tag, RegionHandle src,
+                                          absl::Span<const BlockPair> pairs,
+                                          absl::string_view remote_descriptor,
+                                          const TransferOptions& options) override;
+
+  absl::StatusOr<TransferState> Poll(TransferId id) override { return core_.Poll(id); }
+  absl::StatusOr<TransferState> Wait(TransferId id, absl::Duration timeout) override {
+    return core_.Wait(id, timeout);
+  }
+  absl::Status Cancel(TransferId id) override {
+    // The sender thread notices before its next frame and sends CANCEL; a cancelled
+    // expectation rejects later frames (the sender learns through an ERROR frame).
+    return core_.Cancel(id).status();
+  }
+
+ private:
+  struct Peer {
+    std::shared_ptr<Conn> conn;
+    std::thread sender;
+    // Guarded by the transport's mu_.
+    std::deque<PreparedPost> queue;
+    absl::flat_hash_set<uint64_t> in_flight;  // seq (= transfer id) awaiting ACK/ERROR
+    bool cv_wake = false;
+  };
+
+  void AcceptLoop();
+  void InboundLoop(std::shared_ptr<Conn> conn);
+  void OutboundReaderLoop(std::shared_ptr<Peer> peer);
+  void SenderLoop(std::shared_ptr<Peer> peer);
+  absl::Status SendTransfer(Peer& peer, const PreparedPost& post);
+  void PeerDied(Peer& peer, const absl::Status& why);
+  absl::Status SendFrame(Conn& conn, FrameHeader h, absl::string_view body);
+  bool HandleData(Conn& conn, const FrameHeader& h, absl::flat_hash_set<uint64_t>& failed);
+  bool Drain(Conn& conn, uint64_t n);
+  bool Running() const { return !stopping_.load(std::memory_order_relaxed); }
+
+  const TcpTransportOptions options_;
+  TransportCore core_;
+  const int listen_fd_;
+  const std::string address_;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+
+  absl::Mutex mu_;
+  uint32_t next_peer_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_conn_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint32_t, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Conn>> inbound_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status TcpTransport::SendFrame(Conn& conn, FrameHeader h, absl::string_view body) {
+  h.length = body.size();
+  std::vector<iovec> iov = {{&h, sizeof(h)}};
+  if (!body.empty()) {
+    iov.push_back({const_cast<char*>(body.data()), body.size()});
+  }
+  absl::MutexLock lock(&conn.write_mu);
+  return WriteAll(conn.fd, std::move(iov), [] { return false; });
+}
+
+void TcpTransport::AcceptLoop() {
+  while (Running()) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, kPollSliceMs) <= 0) {
+      continue;
+    }
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      continue;
+    }
+    SetNoDelay(fd);
+    auto conn = std::make_shared<Conn>();
+    conn->fd = fd;
+    absl::MutexLock lock(&mu_);
+    if (!Running()) {
+      return;  // conn closes its fd
+    }
+    // Reap readers of closed connections (they only return after setting `finished`).
+    for (auto it = inbound_.begin(); it != inbound_.end();) {
+      if (it->second->finished.load()) {
+        it->second->reader.join();
+        inbound_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    conn->id = (uint64_t{1} << 63) | next_conn_++;
+    inbound_[conn->id] = conn;
+    conn->reader = std::thread([this, conn] { InboundLoop(conn); });
+  }
+}
+
+bool TcpTransport::Drain(Conn& conn, uint64_t n) {
+  if (n > kMaxDrainBytes) {
+    return false;
+  }
+  std::vector<char> scratch(std::min<uint64_t>(n, kIoChunkBytes));
+  while (n > 0) {
+    const size_t k = std::min<uint64_t>(n, scratch.size());
+    if (ReadFull(conn.fd, scratch.data(), k, [this] { return Running(); }) != ReadResult::kOk) {
+      return false;
+    }
+    n -= k;
+  }
+  return true;
+}
+
+// Returns false when the connection must close.
+bool TcpTransport::HandleData(Conn& conn, const FrameHeader& h,
+                              absl::flat_hash_set<uint64_t>& failed) {
+  if (failed.contains(h.seq)) {
+    return Drain(conn, h.length);
+  }
+  absl::StatusOr<WriteGrant> grant =
+      core_.BeginWrite(h.tag, h.nonce, h.dst_first, h.num_blocks, conn.id);
+  if (grant.ok() && grant->length != h.length) {
+    core_.EndWrite(*grant, false,
+                   absl::DataLossError(
+                       absl::StrCat("tcp frame length ", h.length, " does not match its blocks")));
+    return false;  // a broken sender: the stream cannot be trusted any more
+  }
+  absl::Status error;
+  if (grant.ok()) {
+    uint64_t done = 0;
+    while (done < h.length && grant->Valid()) {
+      const uint64_t k = std::min<uint64_t>(h.length - done, kIoChunkBytes);
+      if (ReadFull(conn.fd, grant->dst + done, k, [&] { return Running() && grant->Valid(); }) !=
+          ReadResult::kOk) {
+        if (!grant->Valid()) {
+          break;  // cancelled or deregistered mid-frame: drain the rest below
+        }
+        core_.EndWrite(*grant, false, absl::UnavailableError("tcp sender connection closed"));
+        return false;
+      }
+      done += k;
+    }
+    if (done == h.length) {
+      core_.EndWrite(*grant, true);
+      return true;
+    }
+    core_.EndWrite(*grant, false, absl::CancelledError("expectation ended during a write"));
+    error = absl::CancelledError(absl::StrCat("receiver dropped transfer tag ", h.tag,
+                                              " (cancelled, timed out or ",
+                                              "deregistered) while data arrived"));
+    if (!Drain(conn, h.length - done)) {
+      return false;
+    }
+  } else {
+    error = grant.status();
+    if (!Drain(conn, h.length)) {
+      return false;
+    }
+  }
+  failed.insert(h.seq);
+  FrameHeader e;
+  e.type = kError;
+  e.seq = h.seq;
+  e.dst_first = static_cast<uint32_t>(error.code());
+  return SendFrame(conn, e, error.message()).ok();
+}
+
+void TcpTransport::InboundLoop(std::shared_ptr<Conn> conn) {
+  auto keep_going = [this] { return Running(); };
+  // Hello: learn who is sending, answer with our instance id.
+  FrameHeader h;
+  bool ok = ReadFull(conn->fd, &h, sizeof(h), keep_going) == ReadResult::kOk &&
+            h.magic == kFrameMagic && h.type == kHello && h.seq == kTransportProtocolVersion;
+  if (ok) {
+    conn->peer_instance = h.tag;
+    FrameHeader reply;
+    reply.type = kHello;
+    reply.seq = kTransportProtocolVersion;
+    reply.tag = core_.instance_id();
+    ok = SendFrame(*conn, reply, "").ok();
+  }
+  absl::flat_hash_set<uint64_t> failed_seqs;  // drained silently after their ERROR
+  while (ok && Running()) {
+    if (ReadFull(conn->fd, &h, sizeof(h), keep_going) != ReadResult::kOk ||
+        h.magic != kFrameMagic) {
+      break;
+    }
+    if (h.type == kData) {
+      ok = HandleData(*conn, h, failed_seqs);
+    } else if (h.type == kEnd) {
+      if (failed_seqs.erase(h.seq) > 0) {
+        continue;  // ERROR already sent
+      }
+      absl::Status s = core_.CompleteExpectation(h.tag, h.nonce);
+      FrameHeader r;
+      r.seq = h.seq;
+      r.type = s.ok() ? kAck : kError;
+      r.dst_first = static_cast<uint32_t>(s.code());
+      ok = SendFrame(*conn, r, s.message()).ok();
+    } else if (h.type == kCancel) {
+      failed_seqs.erase(h.seq);
+      core_.FailExpectation(h.tag, h.nonce,
+                            absl::CancelledError(absl::StrCat("sender cancelled transfer tag ",
+                                                              h.tag, " before completion")));
+    } else {
+      break;  // protocol error
+    }
+  }
+  core_.FailExpectationsFromSource(
+      conn->id,
+      absl::UnavailableError(absl::StrCat("tcp connection from instance ", conn->peer_instance,
+                                          " closed mid-transfer (peer died?)")));
+  conn->dead.store(true);
+  ::shutdown(conn->fd, SHUT_RDWR);
+  conn->finished.store(true);  // the acceptor may join us now
+}
+
+absl::StatusOr<PeerHandle> TcpTransport::Connect(absl::string_view endpoint) {
+  absl::StatusOr<EndpointInfo> e = EndpointInfo::Decode(endpoint);
+  if (!e.ok()) {
+    return e.status();
+  }
+  if (e->backend != "tcp") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tcp transport cannot connect to a ", e->backend, " endpoint"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [handle, peer] : peers_) {
+      if (peer->conn->peer_instance == e->instance_id && !peer->conn->dead.load()) {
+        return PeerHandle(handle);
+      }
+    }
+  }
+  std::vector<absl::string_view> hp = absl::StrSplit(e->address, absl::MaxSplits(':', 1));
+  int port = 0;
+  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad tcp address: ", e->address));
+  }
+  absl::StatusOr<sockaddr_in> addr = ParseHostPort(hp[0], port);
+  if (!addr.ok()) {
+    return addr.status();
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    return absl::InternalError(Errno("socket"));
+  }
+  auto conn = std::make_shared<Conn>();
+  conn->fd = fd;
+  SetNoDelay(fd);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 &&
+      errno != EINPROGRESS) {
+    return absl::UnavailableError(Errno(absl::StrCat("tcp connect ", e->address)));
+  }
+  pollfd p{fd, POLLOUT, 0};
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(options_.connect_timeout))) != 1 ||
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+    return absl::UnavailableError(absl::StrCat("tcp connect ", e->address, ": ",
+                                               err != 0 ? std::strerror(err) : "timed out"));
+  }
+  FrameHeader hello;
+  hello.type = kHello;
+  hello.seq = kTransportProtocolVersion;
+  hello.tag = core_.instance_id();
+  PD_RETURN_IF_ERROR(SendFrame(*conn, hello, ""));
+  SetRecvTimeout(fd, kPollSliceMs);
+  const absl::Time hello_deadline = absl::Now() + options_.connect_timeout;
+  FrameHeader reply;
+  if (ReadFull(fd, &reply, sizeof(reply), [&] { return absl::Now() < hello_deadline; }) !=
+          ReadResult::kOk ||
+      reply.magic != kFrameMagic || reply.type != kHello) {
+    return absl::UnavailableError(absl::StrCat("tcp handshake with ", e->address, " failed"));
+  }
+  if (reply.seq != kTransportProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tcp protocol version mismatch: local=", kTransportProtocolVersion, " remote=", reply.seq));
+  }
+  if (reply.tag != e->instance_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("endpoint names transport instance ", e->instance_id, " but ", e->address,
+                     " is instance ", reply.tag, " (peer restarted? fetch its new endpoint)"));
+  }
+  conn->peer_instance = reply.tag;
+  auto peer = std::make_shared<Peer>();
+  peer->conn = conn;
+  absl::MutexLock lock(&mu_);
+  if (!Running()) {
+    return absl::UnavailableError("tcp transport is shutting down");
+  }
+  conn->id = next_conn_++;
+  const uint32_t handle = next_peer_++;
+  peers_[handle] = peer;
+  peer->sender = std::thread([this, peer] { SenderLoop(peer); });
+  conn->reader = std::thread([this, peer] { OutboundReaderLoop(peer); });
+  VLOG(1) << "tcp transport connected to " << e->address << " instance " << e->instance_id;
+  return PeerHandle(handle);
+}
+
+absl::Status TcpTransport::Disconnect(PeerHandle handle) {
+  std::shared_ptr<Peer> peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(handle.value());
+    if (it == peers_.end()) {
+      return absl::NotFoundError(absl::StrCat("disconnect: unknown peer ", handle.value()));
+    }
+    peer = it->second;
+    peers_.erase(it);
+  }
+  PeerDied(*peer, absl::CancelledError(absl::StrCat("peer ", handle.value(), " disconnected")));
+  ::shutdown(peer->conn->fd, SHUT_RDWR);
+  peer->sender.join();
+  peer->conn->reader.join();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TransferId> TcpTransport::PostTransfer(PeerHandle handle, uint64_t tag,
+                                                      RegionHandle src,
+                                                      absl::Span<const BlockPair> pairs,
+                                                      absl::string_view remote_descriptor,
+                                                      const TransferOptions& options) {
+  std::shared_ptr<Peer> peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(handle.value());
+    if (it == peers_.end()) {
+      return absl::NotFoundError(absl::StrCat("post: unknown peer ", handle.value()));
+    }
+    peer = it->second;
+  }
+  if (peer->conn->dead.load()) {
+    return absl::UnavailableError(
+        absl::StrCat("post: connection to peer ", handle.value(), " is closed; Connect again"));
+  }
+  absl::StatusOr<PreparedPost> post =
+      core_.PreparePost(peer->conn->peer_instance, tag, src, pairs, remote_descriptor, options);
+  if (!post.ok()) {
+    return post.status();
+  }
+  const TransferId id = post->id;
+  absl::MutexLock lock(&mu_);
+  if (peer->conn->dead.load()) {
+    core_.Finish(id, absl::UnavailableError("tcp connection closed"));
+  } else {
+    peer->queue.push_back(*std::move(post));
+  }
+  return id;
+}
+
+void TcpTransport::PeerDied(Peer& peer, const absl::Status& why) {
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    peer.conn->dead.store(true);
+    for (uint64_t seq : peer.in_flight) {
+      ids.push_back(seq);
+    }
+    peer.in_flight.clear();
+    for (const PreparedPost& p : peer.queue) {
+      ids.push_back(p.id.value());
+    }
+    peer.queue.clear();
+    peer.cv_wake = true;
+  }
+  for (uint64_t id : ids) {
+    core_.Finish(TransferId(id), why);
+  }
+}
+
+void TcpTransport::SenderLoop(std::shared_ptr<Peer> peer) {
+  while (true) {
+    PreparedPost post;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return peer->cv_wake || !peer->queue.empty() || !Running();
+      };
+      while (!ready()) {
+        mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(kPollSliceMs));
+      }
+      if (peer->queue.empty() || peer->conn->dead.load() || !Running()) {
+        if (peer->conn->dead.load() || !Running()) {
+          return;
+        }
+        peer->cv_wake = false;
+        continue;
+      }
+      post = std::move(peer->queue.front());
+      peer->queue.pop_front();
+      peer->in_flight.insert(post.id.value());
+    }
+    absl::Status s = SendTransfer(*peer, post);
+    if (!s.ok()) {
+      LOG(WARNING) << "tcp transport: connection to instance " << peer->conn->peer_instance
+                   << " failed: " << s;
+      core_.Finish(post.id, s);
+      PeerDied(*peer, absl::UnavailableError(absl::StrCat("tcp connection to instance ",
+                                                          peer->conn->peer_instance,
+                                                          " broke: ", s.message())));
+      ::shutdown(peer->conn->fd, SHUT_RDWR);
+      return;
+    }
+  }
+}
+
+absl::Status TcpTransport::SendTransfer(Peer& peer, const PreparedPost& post) {
+  Conn& conn = *peer.conn;
+  const uint32_t frame_blocks =
+      static_cast<uint32_t>(std::max<uint64_t>(1, options_.max_frame_bytes / post.block_bytes));
+  auto pending = [&] { return core_.IsPending(post.id) && Running(); };
+  FrameHeader h;
+  h.seq = post.id.value();
+  h.tag = post.desc.tag;
+  h.nonce = post.desc.region_nonce;
+  for (const BlockRun& run : post.runs) {
+    for (uint32_t off = 0; off < run.num_blocks; off += frame_blocks) {
+      if (!pending()) {
+        h.type = kCancel;
+        return SendFrame(conn, h, "");
+      }
+      h.type = kData;
+      h.dst_first = run.dst_first + off;
+      h.num_blocks = std::min(frame_blocks, run.num_blocks - off);
+      h.length = uint64_t{h.num_blocks} * post.block_bytes;
+      const char* src = post.src_base + uint64_t{run.src_first + off} * post.block_bytes;
+      std::vector<iovec> iov = {{&h, sizeof(h)}, {const_cast<char*>(src), h.length}};
+      absl::MutexLock lock(&conn.write_mu);
+      PD_RETURN_IF_ERROR(WriteAll(conn.fd, std::move(iov), pending));
+    }
+  }
+  h.type = kEnd;
+  h.dst_first = 0;
+  h.num_blocks = 0;
+  return SendFrame(conn, h, "");
+}
+
+void TcpTransport::OutboundReaderLoop(std::shared_ptr<Peer> peer) {
+  Conn& conn = *peer->conn;
+  FrameHeader h;
+  while (Running() && !conn.dead.load()) {
+    const ReadResult r =
+        ReadFull(conn.fd, &h, sizeof(h), [&] { return Running() && !conn.dead.load(); });
+    if (r != ReadResult::kOk || h.magic != kFrameMagic || (h.type != kAck && h.type != kError)) {
+      break;
+    }
+    std::string msg;
+    if (h.length > 0) {
+      if (h.length > 4096) {
+        break;
+      }
+      msg.resize(h.length);
+      if (ReadFull(conn.fd, msg.data(), msg.size(), [this] { return Running(); }) !=
+          ReadResult::kOk) {
+        break;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      peer->in_flight.erase(h.seq);
+    }
+    if (h.type == kAck) {
+      core_.Finish(TransferId(h.seq), absl::OkStatus());
+    } else {
+      const auto code = static_cast<absl::StatusCode>(h.dst_first);
+      core_.Finish(TransferId(h.seq),
+                   absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+                                absl::StrCat("receiver: ", msg)));
+    }
+  }
+  PeerDied(*peer, absl::UnavailableError(
+                      absl::StrCat("tcp connection to instance ", conn.peer_instance,
+                                   " closed before the transfer was acknowledged (peer died?)")));
+  ::shutdown(conn.fd, SHUT_RDWR);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateTcpTransport(
+    const TcpTransportOptions& options) {
+  if (options.max_frame_bytes == 0) {
+    return absl::InvalidArgumentError("tcp transport: max_frame_bytes must be positive");
+  }
+  absl::StatusOr<sockaddr_in> addr = ParseHostPort(options.listen_host, options.listen_port);
+  if (!addr.ok()) {
+    return addr.status();
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::InternalError(Errno("socket"));
+  }
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  socklen_t len = sizeof(*addr);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 ||
+      ::listen(fd, 64) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&*addr), &len) != 0) {
+    absl::Status s = absl::UnavailableError(
+        Errno(absl::StrCat("tcp listen ", options.listen_host, ":", options.listen_port)));
+    ::close(fd);
+    return s;
+  }
+  std::string address = absl::StrCat(options.listen_host, ":", ntohs(addr->sin_port));
+  return std::unique_ptr<KvTransport>(new TcpTransport(options, fd, std::move(address)));
+}
+
+}  // namespace pd::transport
