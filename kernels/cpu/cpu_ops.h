@@ -1,12 +1,39 @@
-// Optimised CPU implementations (compiler-vectorised loops; run-time ISA dispatch comes with
-// the matmul kernels). Private to kernels/.
+// Optimised CPU implementations: vector code chosen at run time (kernels/cpu/isa.h), loops split
+// over ctx.parallel. Private to kernels/. Preconditions for all: p validated by dispatch.
 #pragma once
 
+#include "kernels/attention_params.h"
+#include "kernels/convert_params.h"
+#include "kernels/elementwise_params.h"
+#include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
+#include "kernels/rope_params.h"
+#include "kernels/sampling_params.h"
 
 namespace pd::kernels::cpu {
 
-// f32 only. Precondition: p validated by dispatch.
+// f32 only.
 void RmsNorm(const RmsNormParams& p);
+
+void Convert(const OpContext& ctx, const ConvertParams& p);
+
+int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p);
+void MatMul(const OpContext& ctx, const MatMulParams& p);
+// One path regardless of num_rows, for tests and benchmarks (the threshold is tuned with them).
+void MatMulDirectForTest(const OpContext& ctx, const MatMulParams& p);
+void MatMulGemmForTest(const OpContext& ctx, const MatMulParams& p);  // workspace as below
+int64_t MatMulGemmWorkspaceBytesForTest(const OpContext& ctx, const MatMulParams& p);
+
+void Rope(const OpContext& ctx, const RopeParams& p);
+
+void SiluMul(const OpContext& ctx, const SiluMulParams& p);
+void Add(const OpContext& ctx, const AddParams& p);
+
+void WriteKv(const OpContext& ctx, const WriteKvParams& p);
+void PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
+void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
+
+int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
+void Sample(const OpContext& ctx, const SamplingParams& p);
 
 }  // namespace pd::kernels::cpu

@@ -1,12 +1,40 @@
 // The scalar reference implementations: the oracle every other backend is tested against.
 // Written for clarity, accumulating in double. Private to kernels/ (tests and dispatch only).
+// Preconditions for all: p validated by dispatch. Single-threaded; they ignore OpContext.
 #pragma once
 
+#include "kernels/attention_params.h"
+#include "kernels/convert_params.h"
+#include "kernels/elementwise_params.h"
+#include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
+#include "kernels/rope_params.h"
+#include "kernels/sampling_params.h"
 
 namespace pd::kernels::reference {
 
-// f32 only. Precondition: p validated by dispatch.
+// f32 only.
 void RmsNorm(const RmsNormParams& p);
+
+// Element by element through kernels/half.h.
+void Convert(const ConvertParams& p);
+
+// Double accumulation; ignores the workspace.
+void MatMul(const MatMulParams& p);
+
+// Angles and rotation in double.
+void Rope(const RopeParams& p);
+
+void SiluMul(const SiluMulParams& p);
+void Add(const AddParams& p);
+
+// WriteKv rounds through kernels/half.h, so a CPU implementation must match it bit for bit.
+void WriteKv(const WriteKvParams& p);
+// Two-pass softmax in double over every visible key (no online rescaling).
+void PrefillAttention(const PrefillAttentionParams& p);
+void DecodeAttention(const DecodeAttentionParams& p);
+
+// Full sort of every row, probabilities in double; ignores the workspace.
+void Sample(const SamplingParams& p);
 
 }  // namespace pd::kernels::reference

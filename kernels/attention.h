@@ -1,0 +1,29 @@
+// Paged attention over the KV block pool: WriteKv, PrefillAttention (causal, one sequence) and
+// DecodeAttention (batched, one query per sequence). Each validates once, then runs the
+// implementation registered for ctx.device. See kernels/attention_params.h for the layouts.
+//
+// CPU results are batch invariant: a query row's output is bitwise the same whether it runs in
+// a decode batch, alone, or as any row of a (chunked) prefill, on any thread count.
+//
+// On kCpu the block tables, positions and context lengths are host memory and dispatch checks
+// every block id they reference against cache.num_blocks (O(blocks touched) per call).
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/attention_params.h"
+
+namespace pd::kernels {
+
+// Errors for all three: InvalidArgument for null pointers, non-positive sizes, strides smaller
+// than a token's heads, num_heads not a multiple of num_kv_heads, head_dim above
+// kMaxAttentionHeadDim, a pool view with a non-positive stride, head_stride < block_size *
+// head_dim or this layer's K and V not inside one block_stride, positions or context lengths
+// outside the block table, or a block id outside [0, cache.num_blocks);
+// Unimplemented when no backend built for ctx.device supports cache.dtype.
+absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
+absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
+absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
+
+bool SupportsAttention(Device device, DType cache_dtype);
+
+}  // namespace pd::kernels

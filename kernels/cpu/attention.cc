@@ -1,0 +1,146 @@
+// Paged attention on the CPU. Work is split into tasks of up to kMaxAttentionRows query rows
+// that share one kv head (GQA groups, and for prefill several consecutive tokens), so every K/V
+// chunk read from the pool (and widened from bf16/f16) serves all rows of the task.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/vector_ops.h"
+
+namespace pd::kernels::cpu {
+namespace {
+
+constexpr int kMaxAttentionRows = 8;  // query rows per task
+constexpr int kAttentionChunk = 16;   // keys per online-softmax step
+// Below this many multiply-adds a call stays on the calling thread.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
+
+struct AttentionRows {
+  int num_rows = 0;
+  const float* q[kMaxAttentionRows];
+  float* out[kMaxAttentionRows];
+  int64_t last_key[kMaxAttentionRows];  // row r attends keys [0, last_key[r]]
+};
+
+}  // namespace
+}  // namespace pd::kernels::cpu
+
+namespace pd::kernels::cpu::scalar {
+#include "kernels/cpu/attention_impl.inc"
+}  // namespace pd::kernels::cpu::scalar
+
+#if PD_CPU_X86
+PD_BEGIN_TARGET_AVX2
+namespace pd::kernels::cpu::avx2 {
+#include "kernels/cpu/attention_impl.inc"
+}  // namespace pd::kernels::cpu::avx2
+PD_END_TARGET
+
+PD_BEGIN_TARGET_AVX512
+namespace pd::kernels::cpu::avx512 {
+#include "kernels/cpu/attention_impl.inc"
+}  // namespace pd::kernels::cpu::avx512
+PD_END_TARGET
+#endif
+
+namespace pd::kernels::cpu {
+namespace {
+
+float Scale(float scale, int64_t head_dim) {
+  return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+int SlotsFor(const OpContext& ctx, int64_t macs) {
+  return macs < kMinParallelMacs ? 1 : NumThreads(ctx);
+}
+
+}  // namespace
+
+void WriteKv(const OpContext& ctx, const WriteKvParams& p) {
+  const KvCacheView& c = p.cache;
+  const int64_t esize = DTypeSize(c.dtype);
+  const int64_t min_tokens = std::max<int64_t>(1, 32768 / (c.num_kv_heads * c.head_dim));
+  ParallelRange(ctx, p.num_tokens, min_tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
+      const int64_t pos = p.positions[j];
+      const int64_t block = p.block_tables[seq * p.max_blocks_per_seq + pos / c.block_size];
+      char* k_dst =
+          static_cast<char*>(c.base) +
+          (block * c.block_stride + c.layer * c.layer_stride + (pos % c.block_size) * c.head_dim) *
+              esize;
+      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+        char* dst = k_dst + h * c.head_stride * esize;
+        PD_ISA_DISPATCH(ConvertRow(p.k + j * p.k_token_stride + h * c.head_dim, DType::kF32, dst,
+                                   c.dtype, c.head_dim));
+        PD_ISA_DISPATCH(ConvertRow(p.v + j * p.v_token_stride + h * c.head_dim, DType::kF32,
+                                   dst + c.kv_stride * esize, c.dtype, c.head_dim));
+      }
+    }
+  });
+}
+
+void PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p) {
+  const KvCacheView& c = p.cache;
+  const int64_t group = p.num_heads / c.num_kv_heads;
+  const int64_t heads_per_task = std::min<int64_t>(group, kMaxAttentionRows);
+  const int64_t head_splits = (group + heads_per_task - 1) / heads_per_task;
+  const int64_t tokens_per_task = std::max<int64_t>(1, kMaxAttentionRows / heads_per_task);
+  const int64_t token_tiles = (p.num_tokens + tokens_per_task - 1) / tokens_per_task;
+  const int64_t num_tasks = token_tiles * c.num_kv_heads * head_splits;
+  const float scale = Scale(p.scale, c.head_dim);
+  const int64_t macs = p.num_tokens * (p.start_pos + p.num_tokens) * p.num_heads * c.head_dim;
+  ParallelStrided(ctx, num_tasks, SlotsFor(ctx, macs), [&](int, int64_t task) {
+    const int64_t split = task % head_splits;
+    const int64_t kv_head = task / head_splits % c.num_kv_heads;
+    const int64_t tile = task / head_splits / c.num_kv_heads;
+    const int64_t h_begin = kv_head * group + split * heads_per_task;
+    const int64_t h_end = std::min(kv_head * group + group, h_begin + heads_per_task);
+    const int64_t i_end = std::min(p.num_tokens, (tile + 1) * tokens_per_task);
+    AttentionRows rows;
+    for (int64_t i = tile * tokens_per_task; i < i_end; ++i) {
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        rows.q[rows.num_rows] = p.q + i * p.q_token_stride + h * c.head_dim;
+        rows.out[rows.num_rows] = p.out + i * p.out_token_stride + h * c.head_dim;
+        rows.last_key[rows.num_rows] = p.start_pos + i;
+        ++rows.num_rows;
+      }
+    }
+    PD_ISA_DISPATCH(AttendRows(rows, c, p.block_table, kv_head, scale));
+  });
+}
+
+void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p) {
+  const KvCacheView& c = p.cache;
+  const int64_t group = p.num_heads / c.num_kv_heads;
+  const int64_t heads_per_task = std::min<int64_t>(group, kMaxAttentionRows);
+  const int64_t head_splits = (group + heads_per_task - 1) / heads_per_task;
+  const int64_t num_tasks = p.num_seqs * c.num_kv_heads * head_splits;
+  const float scale = Scale(p.scale, c.head_dim);
+  int64_t macs = 0;
+  for (int64_t s = 0; s < p.num_seqs; ++s) {
+    macs += p.context_lens[s] * p.num_heads * c.head_dim;
+  }
+  ParallelStrided(ctx, num_tasks, SlotsFor(ctx, macs), [&](int, int64_t task) {
+    const int64_t split = task % head_splits;
+    const int64_t kv_head = task / head_splits % c.num_kv_heads;
+    const int64_t seq = task / head_splits / c.num_kv_heads;
+    const int64_t h_begin = kv_head * group + split * heads_per_task;
+    const int64_t h_end = std::min(kv_head * group + group, h_begin + heads_per_task);
+    AttentionRows rows;
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      rows.q[rows.num_rows] = p.q + seq * p.q_seq_stride + h * c.head_dim;
+      rows.out[rows.num_rows] = p.out + seq * p.out_seq_stride + h * c.head_dim;
+      rows.last_key[rows.num_rows] = p.context_lens[seq] - 1;
+      ++rows.num_rows;
+    }
+    PD_ISA_DISPATCH(
+        AttendRows(rows, c, p.block_tables + seq * p.max_blocks_per_seq, kv_head, scale));
+  });
+}
+
+}  // namespace pd::kernels::cpu

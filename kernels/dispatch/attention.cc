@@ -1,0 +1,151 @@
+// Validation and device dispatch for WriteKv, PrefillAttention and DecodeAttention.
+#include "kernels/attention.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/dispatch/validate.h"
+
+namespace pd::kernels {
+
+using dispatch_internal::CheckBlockIds;
+using dispatch_internal::CheckKvCacheView;
+using dispatch_internal::NoBackend;
+using dispatch_internal::Overlaps;
+using dispatch_internal::Span;
+
+namespace {
+
+absl::Status CheckHeads(const char* op, int64_t num_heads, const KvCacheView& c) {
+  if (num_heads <= 0 || num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": num_heads ", num_heads,
+                                                   " must be a positive multiple of num_kv_heads ",
+                                                   c.num_kv_heads));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckQueryOut(const char* op, const float* q, int64_t q_stride, float* out,
+                           int64_t out_stride, int64_t rows, int64_t row_elems) {
+  if (q_stride < row_elems || out_stride < row_elems) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": strides (q ", q_stride, ", out ",
+                                                   out_stride, ") < num_heads * head_dim ",
+                                                   row_elems));
+  }
+  if (Overlaps(q, Span(rows, q_stride, row_elems) * 4, out,
+               Span(rows, out_stride, row_elems) * 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": q and out overlap"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool SupportsAttention(Device device, DType cache_dtype) {
+  (void)cache_dtype;  // the CPU reads and writes f32, bf16 and f16 caches
+  return device == Device::kCpu;
+}
+
+absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
+  constexpr const char* kOp = "write_kv";
+  if (p.k == nullptr || p.v == nullptr || p.positions == nullptr || p.block_tables == nullptr) {
+    return absl::InvalidArgumentError("write_kv: null k, v, positions or block_tables");
+  }
+  PD_RETURN_IF_ERROR(CheckKvCacheView(kOp, p.cache));
+  const KvCacheView& c = p.cache;
+  if (p.num_tokens <= 0 || p.num_seqs <= 0 || p.max_blocks_per_seq <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("write_kv: num_tokens, num_seqs and max_blocks_per_seq must be > 0, got ",
+                     p.num_tokens, ", ", p.num_seqs, ", ", p.max_blocks_per_seq));
+  }
+  const int64_t token_elems = c.num_kv_heads * c.head_dim;
+  if (p.k_token_stride < token_elems || p.v_token_stride < token_elems) {
+    return absl::InvalidArgumentError(absl::StrCat("write_kv: token strides (k ", p.k_token_stride,
+                                                   ", v ", p.v_token_stride,
+                                                   ") < num_kv_heads * head_dim ", token_elems));
+  }
+  for (int64_t j = 0; j < p.num_tokens; ++j) {
+    const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
+    if (seq < 0 || seq >= p.num_seqs) {
+      return absl::InvalidArgumentError(absl::StrCat("write_kv: token ", j, " has sequence ", seq,
+                                                     " outside [0, ", p.num_seqs, ")"));
+    }
+    const int64_t pos = p.positions[j];
+    if (pos < 0 || pos / c.block_size >= p.max_blocks_per_seq) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("write_kv: token ", j, " position ", pos, " outside the block table (",
+                       p.max_blocks_per_seq, " blocks of ", c.block_size, ")"));
+    }
+    PD_RETURN_IF_ERROR(CheckBlockIds(
+        kOp, p.block_tables + seq * p.max_blocks_per_seq + pos / c.block_size, 1, c.num_blocks));
+  }
+  if (!SupportsAttention(ctx.device, c.dtype)) {
+    return NoBackend(kOp, ctx.device, c.dtype);
+  }
+  cpu::WriteKv(ctx, p);
+  return absl::OkStatus();
+}
+
+absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p) {
+  constexpr const char* kOp = "prefill_attention";
+  if (p.q == nullptr || p.out == nullptr || p.block_table == nullptr) {
+    return absl::InvalidArgumentError("prefill_attention: null q, out or block_table");
+  }
+  PD_RETURN_IF_ERROR(CheckKvCacheView(kOp, p.cache));
+  PD_RETURN_IF_ERROR(CheckHeads(kOp, p.num_heads, p.cache));
+  if (p.num_tokens <= 0 || p.start_pos < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_attention: need num_tokens > 0 and start_pos >= 0, got ",
+                     p.num_tokens, ", ", p.start_pos));
+  }
+  PD_RETURN_IF_ERROR(CheckQueryOut(kOp, p.q, p.q_token_stride, p.out, p.out_token_stride,
+                                   p.num_tokens, p.num_heads * p.cache.head_dim));
+  const int64_t blocks = (p.start_pos + p.num_tokens + p.cache.block_size - 1) / p.cache.block_size;
+  if (p.num_table_blocks < blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill_attention: block table has ", p.num_table_blocks, " blocks, positions up to ",
+        p.start_pos + p.num_tokens - 1, " need ", blocks));
+  }
+  PD_RETURN_IF_ERROR(CheckBlockIds(kOp, p.block_table, blocks, p.cache.num_blocks));
+  if (!SupportsAttention(ctx.device, p.cache.dtype)) {
+    return NoBackend(kOp, ctx.device, p.cache.dtype);
+  }
+  cpu::PrefillAttention(ctx, p);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p) {
+  constexpr const char* kOp = "decode_attention";
+  if (p.q == nullptr || p.out == nullptr || p.block_tables == nullptr ||
+      p.context_lens == nullptr) {
+    return absl::InvalidArgumentError(
+        "decode_attention: null q, out, block_tables or context_lens");
+  }
+  PD_RETURN_IF_ERROR(CheckKvCacheView(kOp, p.cache));
+  PD_RETURN_IF_ERROR(CheckHeads(kOp, p.num_heads, p.cache));
+  if (p.num_seqs <= 0 || p.max_blocks_per_seq <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode_attention: num_seqs and max_blocks_per_seq must be > 0, got ",
+                     p.num_seqs, ", ", p.max_blocks_per_seq));
+  }
+  PD_RETURN_IF_ERROR(CheckQueryOut(kOp, p.q, p.q_seq_stride, p.out, p.out_seq_stride, p.num_seqs,
+                                   p.num_heads * p.cache.head_dim));
+  const int64_t capacity = p.max_blocks_per_seq * p.cache.block_size;
+  for (int64_t s = 0; s < p.num_seqs; ++s) {
+    const int64_t len = p.context_lens[s];
+    if (len < 1 || len > capacity) {
+      return absl::InvalidArgumentError(absl::StrCat("decode_attention: context_lens[", s,
+                                                     "] = ", len, " outside [1, ", capacity, "]"));
+    }
+    PD_RETURN_IF_ERROR(CheckBlockIds(kOp, p.block_tables + s * p.max_blocks_per_seq,
+                                     (len + p.cache.block_size - 1) / p.cache.block_size,
+                                     p.cache.num_blocks));
+  }
+  if (!SupportsAttention(ctx.device, p.cache.dtype)) {
+    return NoBackend(kOp, ctx.device, p.cache.dtype);
+  }
+  cpu::DecodeAttention(ctx, p);
+  return absl::OkStatus();
+}
+
+}  // namespace pd::kernels

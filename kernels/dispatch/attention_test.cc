@@ -1,0 +1,512 @@
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/dispatch/kernel_test_util.h"
+#include "kernels/reference/reference_ops.h"
+
+namespace pd::kernels {
+namespace {
+
+using testing::Compare;
+using testing::CpuVariant;
+using testing::CpuVariants;
+using testing::ErrorStats;
+using testing::RandomVector;
+using testing::VariantScope;
+
+// Attention output is a convex combination of V rows (N(0, 1) here), computed in f32 with an
+// online softmax vs the reference's double two-pass softmax: max-abs 5e-6, NMSE 1e-11 (seen:
+// 6e-7 and < 1e-13). The cache dtype does not matter: both sides read the same stored values.
+constexpr double kMaxAbs = 5e-6;
+constexpr double kMaxNmse = 1e-11;
+
+struct Geometry {
+  int64_t num_layers = 2;
+  int64_t num_kv_heads = 2;
+  int64_t head_dim = 16;
+  int64_t block_size = 4;
+  int64_t num_blocks = 64;
+  DType dtype = DType::kF32;
+};
+
+// A KV pool poisoned with NaN (0xff bytes in every dtype), so any read of a slot that was never
+// written (the future, other layers, other sequences) turns the output into NaN.
+class Pool {
+ public:
+  explicit Pool(const Geometry& g)
+      : g_(g),
+        bytes_(g.num_blocks * g.num_layers * 2 * g.num_kv_heads * g.block_size * g.head_dim *
+                   DTypeSize(g.dtype),
+               0xff) {}
+
+  KvCacheView View(int64_t layer) {
+    return DenseKvCacheView(bytes_.data(), g_.dtype, g_.num_blocks, g_.num_layers, g_.num_kv_heads,
+                            g_.block_size, g_.head_dim, layer);
+  }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+
+ private:
+  Geometry g_;
+  std::vector<uint8_t> bytes_;
+};
+
+// Sequences with shuffled physical blocks; K/V of every position written to `layer`.
+struct Batch {
+  std::vector<int32_t> lens;
+  int64_t max_blocks = 0;
+  std::vector<int32_t> tables;  // [num_seqs][max_blocks]
+};
+
+Batch MakeBatch(Pool* pool, const Geometry& g, int64_t layer, const std::vector<int32_t>& lens,
+                std::mt19937& rng) {
+  Batch b;
+  b.lens = lens;
+  for (int32_t len : lens) {
+    b.max_blocks = std::max<int64_t>(b.max_blocks, (len + g.block_size - 1) / g.block_size);
+  }
+  b.max_blocks += 1;  // spare capacity: table rows longer than needed
+  std::vector<int32_t> free_blocks(g.num_blocks);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  b.tables.assign(lens.size() * b.max_blocks, -7);  // unused entries are invalid ids
+  size_t next = 0;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const int64_t blocks = (lens[s] + g.block_size - 1) / g.block_size;
+    for (int64_t i = 0; i < blocks; ++i) {
+      b.tables[s * b.max_blocks + i] = free_blocks.at(next++);
+    }
+    const int64_t token_elems = g.num_kv_heads * g.head_dim;
+    std::vector<float> k = RandomVector(lens[s] * token_elems, rng);
+    std::vector<float> v = RandomVector(lens[s] * token_elems, rng);
+    std::vector<int32_t> pos(lens[s]);
+    std::iota(pos.begin(), pos.end(), 0);
+    WriteKvParams w;
+    w.k = k.data();
+    w.v = v.data();
+    w.k_token_stride = token_elems;
+    w.v_token_stride = token_elems;
+    w.cache = pool->View(layer);
+    w.num_tokens = lens[s];
+    w.positions = pos.data();
+    w.block_tables = b.tables.data() + s * b.max_blocks;
+    w.max_blocks_per_seq = b.max_blocks;
+    EXPECT_TRUE(WriteKv(OpContext{}, w).ok());
+  }
+  return b;
+}
+
+DecodeAttentionParams DecodeParams(const Batch& b, const KvCacheView& view, int64_t num_heads,
+                                   const float* q, float* out, int64_t q_pad) {
+  DecodeAttentionParams p;
+  p.q = q;
+  p.out = out;
+  p.q_seq_stride = num_heads * view.head_dim + q_pad;
+  p.out_seq_stride = num_heads * view.head_dim;
+  p.cache = view;
+  p.block_tables = b.tables.data();
+  p.max_blocks_per_seq = b.max_blocks;
+  p.context_lens = b.lens.data();
+  p.num_seqs = static_cast<int64_t>(b.lens.size());
+  p.num_heads = num_heads;
+  return p;
+}
+
+// Hand-computed: q = [1, 0]; keys [1, 0], [0, 1]; values [1, 2], [3, 4]; scale 1.
+// p = softmax([1, 0]) = [0.7310586, 0.2689414]; out = [1.5378828, 2.5378828].
+TEST(AttentionReferenceTest, HandComputed) {
+  Geometry g;
+  g.num_layers = 1;
+  g.num_kv_heads = 1;
+  g.head_dim = 2;
+  g.block_size = 2;
+  g.num_blocks = 1;
+  Pool pool(g);
+  const float k[] = {1, 0, 0, 1}, v[] = {1, 2, 3, 4};
+  const int32_t pos[] = {0, 1}, table[] = {0};
+  WriteKvParams w;
+  w.k = k;
+  w.v = v;
+  w.k_token_stride = 2;
+  w.v_token_stride = 2;
+  w.cache = pool.View(0);
+  w.num_tokens = 2;
+  w.positions = pos;
+  w.block_tables = table;
+  w.max_blocks_per_seq = 1;
+  reference::WriteKv(w);
+  const float q[] = {1, 0};
+  float out[2];
+  const int32_t len = 2;
+  DecodeAttentionParams p;
+  p.q = q;
+  p.out = out;
+  p.q_seq_stride = 2;
+  p.out_seq_stride = 2;
+  p.cache = pool.View(0);
+  p.block_tables = table;
+  p.max_blocks_per_seq = 1;
+  p.context_lens = &len;
+  p.num_seqs = 1;
+  p.num_heads = 1;
+  p.scale = 1.0f;
+  reference::DecodeAttention(p);
+  EXPECT_NEAR(out[0], 1.5378828f, 1e-6);
+  EXPECT_NEAR(out[1], 2.5378828f, 1e-6);
+  // Causal prefill of both tokens: token 0 sees only key 0, so its output is v0.
+  float prefill_out[4];
+  const float q2[] = {1, 0, 1, 0};
+  PrefillAttentionParams pp;
+  pp.q = q2;
+  pp.out = prefill_out;
+  pp.q_token_stride = 2;
+  pp.out_token_stride = 2;
+  pp.cache = pool.View(0);
+  pp.block_table = table;
+  pp.num_table_blocks = 1;
+  pp.num_tokens = 2;
+  pp.num_heads = 1;
+  pp.scale = 1.0f;
+  reference::PrefillAttention(pp);
+  EXPECT_FLOAT_EQ(prefill_out[0], 1.0f);
+  EXPECT_FLOAT_EQ(prefill_out[1], 2.0f);
+  EXPECT_NEAR(prefill_out[2], 1.5378828f, 1e-6);
+}
+
+// WriteKv through dispatch stores exactly the reference's bytes, batched over sequences, into
+// one layer only.
+TEST(WriteKvCpuTest, MatchesReferenceBitForBit) {
+  std::mt19937 rng(1);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const CpuVariant& variant : CpuVariants()) {
+      VariantScope scope(variant);
+      Geometry g;
+      g.dtype = dtype;
+      g.head_dim = 24;
+      g.num_kv_heads = 3;
+      Pool got(g), want(g);
+      const int64_t num_tokens = 9, token_elems = g.num_kv_heads * g.head_dim;
+      const int64_t stride = token_elems + 5;
+      std::vector<float> k = RandomVector(num_tokens * stride, rng);
+      std::vector<float> v = RandomVector(num_tokens * stride, rng);
+      k[0] = NAN;
+      k[1] = 1e-41f;  // subnormal
+      v[2] = 1e30f;   // inf in f16
+      // Three sequences (tables of 4 blocks), tokens interleaved as in a decode batch.
+      std::vector<int32_t> tables(3 * 4);
+      std::iota(tables.begin(), tables.end(), 5);
+      std::vector<int32_t> seq = {0, 1, 2, 0, 1, 2, 2, 2, 0};
+      std::vector<int32_t> pos = {0, 3, 15, 1, 4, 14, 13, 0, 7};
+      WriteKvParams p;
+      p.k = k.data();
+      p.v = v.data();
+      p.k_token_stride = stride;
+      p.v_token_stride = stride;
+      p.cache = got.View(1);
+      p.num_tokens = num_tokens;
+      p.positions = pos.data();
+      p.token_seq = seq.data();
+      p.block_tables = tables.data();
+      p.num_seqs = 3;
+      p.max_blocks_per_seq = 4;
+      ASSERT_TRUE(WriteKv(scope.ctx(), p).ok());
+      p.cache = want.View(1);
+      reference::WriteKv(p);
+      ASSERT_EQ(got.bytes(), want.bytes()) << variant.Name() << " dtype " << int(dtype);
+    }
+  }
+}
+
+struct DecodeCase {
+  int64_t num_heads, num_kv_heads, head_dim, block_size;
+  std::vector<int32_t> lens;
+};
+
+// Edge shapes: one token, exactly one block, one past a block, last block of length 1, long
+// contexts; GQA 1, 2, 4, 8, 16 (16 > rows per task, so head groups split); head_dim 8 (< one
+// AVX-512 vector), 80 (not a multiple of 16), 128, 256 (the maximum).
+const std::vector<DecodeCase>& DecodeCases() {
+  static const std::vector<DecodeCase> cases = {
+      {1, 1, 8, 4, {1}},          {8, 4, 8, 16, {1, 16, 17, 33}}, {4, 1, 64, 16, {5, 100}},
+      {16, 2, 80, 8, {9, 24, 1}}, {16, 1, 32, 4, {13}},           {4, 4, 128, 32, {65, 2}},
+      {2, 1, 256, 16, {20}},
+  };
+  return cases;
+}
+
+TEST(DecodeAttentionCpuTest, MatchesReference) {
+  std::mt19937 rng(2);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const DecodeCase& c : DecodeCases()) {
+      Geometry g;
+      g.dtype = dtype;
+      g.num_kv_heads = c.num_kv_heads;
+      g.head_dim = c.head_dim;
+      g.block_size = c.block_size;
+      g.num_blocks = 40;
+      Pool pool(g);
+      Batch b = MakeBatch(&pool, g, 1, c.lens, rng);
+      const int64_t q_pad = 3, row = c.num_heads * c.head_dim;
+      std::vector<float> q = RandomVector(c.lens.size() * (row + q_pad), rng);
+      std::vector<float> want(c.lens.size() * row);
+      reference::DecodeAttention(
+          DecodeParams(b, pool.View(1), c.num_heads, q.data(), want.data(), q_pad));
+      for (const CpuVariant& variant : CpuVariants()) {
+        VariantScope scope(variant);
+        std::vector<float> got(want.size(), -1);
+        ASSERT_TRUE(DecodeAttention(scope.ctx(), DecodeParams(b, pool.View(1), c.num_heads,
+                                                              q.data(), got.data(), q_pad))
+                        .ok());
+        const ErrorStats e = Compare(got.data(), want.data(), static_cast<int64_t>(got.size()));
+        EXPECT_LE(e.max_abs, kMaxAbs)
+            << variant.Name() << " dtype " << int(dtype) << " heads " << c.num_heads << "/"
+            << c.num_kv_heads << " d " << c.head_dim;
+        EXPECT_LE(e.nmse, kMaxNmse) << variant.Name() << " d " << c.head_dim;
+      }
+    }
+  }
+}
+
+// The batch gives each sequence exactly what it gets alone.
+TEST(DecodeAttentionCpuTest, BatchedEqualsLoopOfSingles) {
+  std::mt19937 rng(3);
+  Geometry g;
+  g.dtype = DType::kBF16;
+  g.num_kv_heads = 2;
+  g.head_dim = 64;
+  g.block_size = 16;
+  g.num_blocks = 40;
+  Pool pool(g);
+  Batch b = MakeBatch(&pool, g, 0, {1, 16, 17, 70, 150}, rng);
+  const int64_t heads = 8, row = heads * g.head_dim;
+  std::vector<float> q = RandomVector(b.lens.size() * row, rng);
+  VariantScope scope({cpu::DetectedIsa(), 3});
+  std::vector<float> batched(q.size()), single(q.size());
+  ASSERT_TRUE(DecodeAttention(scope.ctx(),
+                              DecodeParams(b, pool.View(0), heads, q.data(), batched.data(), 0))
+                  .ok());
+  for (size_t s = 0; s < b.lens.size(); ++s) {
+    DecodeAttentionParams p =
+        DecodeParams(b, pool.View(0), heads, q.data() + s * row, single.data() + s * row, 0);
+    p.num_seqs = 1;
+    p.block_tables = b.tables.data() + s * b.max_blocks;
+    p.context_lens = b.lens.data() + s;
+    ASSERT_TRUE(DecodeAttention(OpContext{}, p).ok());
+  }
+  EXPECT_EQ(batched, single);
+}
+
+PrefillAttentionParams PrefillParams(const Batch& b, const KvCacheView& view, int64_t num_heads,
+                                     int64_t start, int64_t n, const float* q, float* out) {
+  PrefillAttentionParams p;
+  p.q = q;
+  p.out = out;
+  p.q_token_stride = num_heads * view.head_dim;
+  p.out_token_stride = num_heads * view.head_dim;
+  p.cache = view;
+  p.block_table = b.tables.data();
+  p.num_table_blocks = b.max_blocks;
+  p.start_pos = start;
+  p.num_tokens = n;
+  p.num_heads = num_heads;
+  return p;
+}
+
+// Causal prefill from position 0 and from a cached prefix (start > 0, aligned or not to a
+// block), various GQA ratios and chunk sizes. Keys past the last prefill token are NaN in the
+// pool, so reading beyond the causal limit would fail the test.
+TEST(PrefillAttentionCpuTest, MatchesReference) {
+  std::mt19937 rng(4);
+  struct Case {
+    int64_t heads, kv_heads, head_dim, block_size, start, n;
+  };
+  const Case cases[] = {
+      {1, 1, 8, 4, 0, 1},    {8, 4, 8, 16, 0, 21},  {4, 1, 64, 16, 16, 16},
+      {16, 2, 80, 8, 5, 11}, {2, 2, 128, 4, 37, 3}, {32, 2, 16, 4, 3, 9},
+  };
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Case& c : cases) {
+      Geometry g;
+      g.dtype = dtype;
+      g.num_kv_heads = c.kv_heads;
+      g.head_dim = c.head_dim;
+      g.block_size = c.block_size;
+      g.num_blocks = 24;
+      Pool pool(g);
+      Batch b = MakeBatch(&pool, g, 1, {static_cast<int32_t>(c.start + c.n)}, rng);
+      std::vector<float> q = RandomVector(c.n * c.heads * c.head_dim, rng);
+      std::vector<float> want(q.size());
+      reference::PrefillAttention(
+          PrefillParams(b, pool.View(1), c.heads, c.start, c.n, q.data(), want.data()));
+      for (const CpuVariant& variant : CpuVariants()) {
+        VariantScope scope(variant);
+        std::vector<float> got(q.size(), -1);
+        ASSERT_TRUE(PrefillAttention(scope.ctx(), PrefillParams(b, pool.View(1), c.heads, c.start,
+                                                                c.n, q.data(), got.data()))
+                        .ok());
+        const ErrorStats e = Compare(got.data(), want.data(), static_cast<int64_t>(got.size()));
+        EXPECT_LE(e.max_abs, kMaxAbs)
+            << variant.Name() << " dtype " << int(dtype) << " start " << c.start << " n " << c.n;
+        EXPECT_LE(e.nmse, kMaxNmse) << variant.Name() << " start " << c.start;
+      }
+    }
+  }
+}
+
+// Batch invariance: prefill of n tokens gives bitwise the outputs of n decode steps, and a
+// chunked prefill (start > 0, as after a prefix-cache hit) those of one prefill from 0, on
+// every ISA and thread count. Key chunks never straddle a block, and keys a row may not see
+// enter with weight exactly 0, so each row's arithmetic does not depend on its task.
+TEST(PrefillAttentionCpuTest, BitwiseConsistentWithDecodeAndChunking) {
+  std::mt19937 rng(5);
+  Geometry g;
+  g.dtype = DType::kF16;
+  g.num_kv_heads = 2;
+  g.head_dim = 40;
+  g.block_size = 8;
+  g.num_blocks = 16;
+  Pool pool(g);
+  const int64_t heads = 4, n = 30, row = heads * g.head_dim;
+  Batch b = MakeBatch(&pool, g, 0, {static_cast<int32_t>(n)}, rng);
+  std::vector<float> q = RandomVector(n * row, rng);
+  for (const CpuVariant& variant : CpuVariants()) {
+    VariantScope scope(variant);
+    std::vector<float> full(q.size()), chunked(q.size()), decoded(q.size());
+    ASSERT_TRUE(PrefillAttention(scope.ctx(),
+                                 PrefillParams(b, pool.View(0), heads, 0, n, q.data(), full.data()))
+                    .ok());
+    const int64_t chunks[][2] = {{0, 11}, {11, 13}, {24, 6}};  // {start, length}
+    for (const auto& [start, len] : chunks) {
+      ASSERT_TRUE(PrefillAttention(scope.ctx(), PrefillParams(b, pool.View(0), heads, start, len,
+                                                              q.data() + start * row,
+                                                              chunked.data() + start * row))
+                      .ok());
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      Batch step = b;
+      step.lens = {static_cast<int32_t>(i + 1)};
+      ASSERT_TRUE(
+          DecodeAttention(scope.ctx(), DecodeParams(step, pool.View(0), heads, q.data() + i * row,
+                                                    decoded.data() + i * row, 0))
+              .ok());
+    }
+    EXPECT_EQ(chunked, full) << variant.Name();
+    EXPECT_EQ(decoded, full) << variant.Name();
+  }
+}
+
+// A layout other than DESIGN.md's ([K|V][layer][head][token][dim] per block): only strides change.
+TEST(DecodeAttentionCpuTest, HonoursNonDenseStrides) {
+  std::mt19937 rng(6);
+  const int64_t layers = 2, kvh = 2, bs = 4, d = 16, blocks = 6, heads = 4;
+  std::vector<float> pool(blocks * 2 * layers * kvh * bs * d, NAN);
+  KvCacheView v;
+  v.base = pool.data();
+  v.num_blocks = blocks;
+  v.block_size = bs;
+  v.num_kv_heads = kvh;
+  v.head_dim = d;
+  v.head_stride = bs * d;
+  v.layer_stride = kvh * bs * d;
+  v.kv_stride = layers * v.layer_stride;
+  v.block_stride = 2 * v.kv_stride;
+  v.layer = 1;
+  const std::vector<int32_t> table = {4, 1, 3};
+  const int32_t len = 10;
+  std::vector<float> k = RandomVector(len * kvh * d, rng), val = RandomVector(len * kvh * d, rng);
+  std::vector<int32_t> pos(len);
+  std::iota(pos.begin(), pos.end(), 0);
+  WriteKvParams w;
+  w.k = k.data();
+  w.v = val.data();
+  w.k_token_stride = kvh * d;
+  w.v_token_stride = kvh * d;
+  w.cache = v;
+  w.num_tokens = len;
+  w.positions = pos.data();
+  w.block_tables = table.data();
+  w.max_blocks_per_seq = 3;
+  ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
+  Batch b{{len}, 3, table};
+  std::vector<float> q = RandomVector(heads * d, rng), got(heads * d), want(heads * d);
+  ASSERT_TRUE(
+      DecodeAttention(OpContext{}, DecodeParams(b, v, heads, q.data(), got.data(), 0)).ok());
+  reference::DecodeAttention(DecodeParams(b, v, heads, q.data(), want.data(), 0));
+  EXPECT_LE(Compare(got.data(), want.data(), heads * d).max_abs, kMaxAbs);
+}
+
+TEST(AttentionDispatchTest, RejectsBadInput) {
+  std::mt19937 rng(7);
+  Geometry g;
+  Pool pool(g);
+  Batch b = MakeBatch(&pool, g, 0, {6}, rng);
+  std::vector<float> q(4 * g.head_dim), out(4 * g.head_dim);
+  const DecodeAttentionParams ok = DecodeParams(b, pool.View(0), 4, q.data(), out.data(), 0);
+  ASSERT_TRUE(DecodeAttention(OpContext{}, ok).ok());
+  auto expect_invalid = [](const DecodeAttentionParams& p, const char* what) {
+    const absl::Status s = DecodeAttention(OpContext{}, p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what << ": " << s;
+  };
+  DecodeAttentionParams p = ok;
+  p.num_heads = 3;
+  expect_invalid(p, "heads not a multiple of kv heads");
+  p = ok;
+  std::vector<int32_t> long_len = {static_cast<int32_t>(b.max_blocks * g.block_size + 1)};
+  p.context_lens = long_len.data();
+  expect_invalid(p, "context beyond the table");
+  p = ok;
+  std::vector<int32_t> zero_len = {0};
+  p.context_lens = zero_len.data();
+  expect_invalid(p, "empty context");
+  p = ok;
+  std::vector<int32_t> bad_table = b.tables;
+  bad_table[1] = static_cast<int32_t>(g.num_blocks);
+  p.block_tables = bad_table.data();
+  expect_invalid(p, "block id out of range");
+  p = ok;
+  p.out = q.data() + 1;
+  expect_invalid(p, "q/out overlap");
+  p = ok;
+  p.cache.head_dim = 300;
+  expect_invalid(p, "head_dim too large");
+  p = ok;
+  p.cache.layer = 2;  // the pool has 2 layers
+  expect_invalid(p, "layer outside the block");
+  p = ok;
+  p.cache.head_stride = 1;
+  expect_invalid(p, "heads overlap");
+
+  PrefillAttentionParams pp = PrefillParams(b, pool.View(0), 4, 4, 3, q.data(), out.data());
+  pp.q_token_stride = pp.out_token_stride = 0;  // set below
+  std::vector<float> q3(3 * 4 * g.head_dim), out3(q3.size());
+  pp = PrefillParams(b, pool.View(0), 4, 4, 2, q3.data(), out3.data());
+  EXPECT_TRUE(PrefillAttention(OpContext{}, pp).ok());
+  pp.num_table_blocks = 1;  // positions 4..5 need 2 blocks of 4
+  EXPECT_EQ(PrefillAttention(OpContext{}, pp).code(), absl::StatusCode::kInvalidArgument);
+
+  WriteKvParams w;
+  std::vector<float> kv(g.num_kv_heads * g.head_dim);
+  const int32_t far = static_cast<int32_t>(b.max_blocks * g.block_size);
+  w.k = kv.data();
+  w.v = kv.data();
+  w.k_token_stride = w.v_token_stride = g.num_kv_heads * g.head_dim;
+  w.cache = pool.View(0);
+  w.num_tokens = 1;
+  w.positions = &far;
+  w.block_tables = b.tables.data();
+  w.max_blocks_per_seq = b.max_blocks;
+  EXPECT_EQ(WriteKv(OpContext{}, w).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeAttention(OpContext{Device::kCuda, nullptr}, ok).code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE(SupportsAttention(Device::kCuda, DType::kBF16));
+}
+
+}  // namespace
+}  // namespace pd::kernels

@@ -1,0 +1,69 @@
+// Validation and device dispatch for SiluMul and Add.
+#include "kernels/elementwise.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/dispatch/validate.h"
+
+namespace pd::kernels {
+
+using dispatch_internal::Overlaps;
+using dispatch_internal::Span;
+
+namespace {
+
+// An output may be exactly an input (same start, same stride) or disjoint from it.
+bool BadAlias(const float* out, int64_t out_stride, const float* in, int64_t in_stride,
+              int64_t rows, int64_t dim) {
+  if (out == in && out_stride == in_stride) {
+    return false;
+  }
+  return Overlaps(out, Span(rows, out_stride, dim) * 4, in, Span(rows, in_stride, dim) * 4);
+}
+
+}  // namespace
+
+bool SupportsElementwise(Device device) { return device == Device::kCpu; }
+
+absl::Status SiluMul(const OpContext& ctx, const SiluMulParams& p) {
+  if (p.gate == nullptr || p.up == nullptr || p.out == nullptr) {
+    return absl::InvalidArgumentError("silu_mul: null gate, up or out");
+  }
+  if (p.num_rows <= 0 || p.dim <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("silu_mul: num_rows and dim must be > 0, got ", p.num_rows, " x ", p.dim));
+  }
+  if (p.gate_row_stride < p.dim || p.up_row_stride < p.dim || p.out_row_stride < p.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("silu_mul: row strides (", p.gate_row_stride,
+                                                   ", ", p.up_row_stride, ", ", p.out_row_stride,
+                                                   ") < dim ", p.dim));
+  }
+  if (BadAlias(p.out, p.out_row_stride, p.gate, p.gate_row_stride, p.num_rows, p.dim) ||
+      BadAlias(p.out, p.out_row_stride, p.up, p.up_row_stride, p.num_rows, p.dim)) {
+    return absl::InvalidArgumentError("silu_mul: out partly overlaps gate or up");
+  }
+  if (!SupportsElementwise(ctx.device)) {
+    return dispatch_internal::NoBackend("silu_mul", ctx.device, DType::kF32);
+  }
+  cpu::SiluMul(ctx, p);
+  return absl::OkStatus();
+}
+
+absl::Status Add(const OpContext& ctx, const AddParams& p) {
+  if (p.a == nullptr || p.b == nullptr || p.out == nullptr) {
+    return absl::InvalidArgumentError("add: null a, b or out");
+  }
+  if (p.n <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("add: n must be > 0, got ", p.n));
+  }
+  if (BadAlias(p.out, p.n, p.a, p.n, 1, p.n) || BadAlias(p.out, p.n, p.b, p.n, 1, p.n)) {
+    return absl::InvalidArgumentError("add: out partly overlaps a or b");
+  }
+  if (!SupportsElementwise(ctx.device)) {
+    return dispatch_internal::NoBackend("add", ctx.device, DType::kF32);
+  }
+  cpu::Add(ctx, p);
+  return absl::OkStatus();
+}
+
+}  // namespace pd::kernels

@@ -1,0 +1,61 @@
+// Validation and device dispatch for MatMul.
+#include "kernels/matmul.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/dispatch/validate.h"
+
+namespace pd::kernels {
+
+using dispatch_internal::NoBackend;
+using dispatch_internal::Overlaps;
+using dispatch_internal::Span;
+
+bool SupportsMatMul(Device device, DType w_dtype) {
+  (void)w_dtype;  // the CPU takes f32, bf16 and f16 weights
+  return device == Device::kCpu;
+}
+
+int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p) {
+  return ctx.device == Device::kCpu ? cpu::MatMulWorkspaceBytes(ctx, p) : 0;
+}
+
+absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
+  if (p.x == nullptr || p.w == nullptr || p.y == nullptr) {
+    return absl::InvalidArgumentError("matmul: null x, w or y");
+  }
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();  // BLAS takes int
+  if (p.num_rows <= 0 || p.in_features <= 0 || p.out_features <= 0 || p.num_rows > kMaxInt ||
+      p.in_features > kMaxInt || p.out_features > kMaxInt) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul: num_rows, in_features and out_features must be in [1, 2^31), got ",
+                     p.num_rows, ", ", p.in_features, ", ", p.out_features));
+  }
+  if (p.x_row_stride < p.in_features || p.y_row_stride < p.out_features ||
+      p.x_row_stride > kMaxInt || p.y_row_stride > kMaxInt) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul: row strides (x ", p.x_row_stride,
+                                                   ", y ", p.y_row_stride,
+                                                   ") below the row lengths or >= 2^31"));
+  }
+  const int64_t y_bytes = Span(p.num_rows, p.y_row_stride, p.out_features) * 4;
+  if (Overlaps(p.y, y_bytes, p.x, Span(p.num_rows, p.x_row_stride, p.in_features) * 4) ||
+      Overlaps(p.y, y_bytes, p.w, p.out_features * p.in_features * DTypeSize(p.w_dtype)) ||
+      (p.bias != nullptr && Overlaps(p.y, y_bytes, p.bias, p.out_features * 4))) {
+    return absl::InvalidArgumentError("matmul: y overlaps x, w or bias");
+  }
+  if (!SupportsMatMul(ctx.device, p.w_dtype)) {
+    return NoBackend("matmul", ctx.device, p.w_dtype);
+  }
+  const int64_t need = MatMulWorkspaceBytes(ctx, p);
+  if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul: workspace of ", p.workspace_bytes, " bytes, need ", need));
+  }
+  cpu::MatMul(ctx, p);
+  return absl::OkStatus();
+}
+
+}  // namespace pd::kernels

@@ -1,0 +1,64 @@
+// Validation and device dispatch for Sample.
+#include "kernels/sampling.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/dispatch/validate.h"
+
+namespace pd::kernels {
+
+bool SupportsSample(Device device) { return device == Device::kCpu; }
+
+int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p) {
+  return ctx.device == Device::kCpu ? cpu::SamplingWorkspaceBytes(ctx, p) : 0;
+}
+
+absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
+  if (p.logits == nullptr || p.out_tokens == nullptr) {
+    return absl::InvalidArgumentError("sample: null logits or out_tokens");
+  }
+  if (p.num_seqs <= 0 || p.vocab_size <= 0 || p.vocab_size > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample: need num_seqs > 0 and vocab_size in [1, 2^31), got ", p.num_seqs,
+                     ", ", p.vocab_size));
+  }
+  if (p.logits_stride < p.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample: logits_stride ", p.logits_stride, " < vocab_size ", p.vocab_size));
+  }
+  if (p.temperature != nullptr) {
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+      if (std::isnan(p.temperature[s])) {
+        return absl::InvalidArgumentError(absl::StrCat("sample: temperature[", s, "] is NaN"));
+      }
+      if (!(p.temperature[s] > 0.0f)) {
+        continue;  // greedy row: the rest is unused
+      }
+      if (p.seeds == nullptr || p.steps == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("sample: row ", s, " samples (temperature ",
+                                                       p.temperature[s],
+                                                       ") but seeds or steps is null"));
+      }
+      if (p.top_p != nullptr && !(p.top_p[s] > 0.0f && p.top_p[s] <= 1.0f)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample: top_p[", s, "] = ", p.top_p[s], " outside (0, 1]"));
+      }
+    }
+  }
+  if (!SupportsSample(ctx.device)) {
+    return dispatch_internal::NoBackend("sample", ctx.device, DType::kF32);
+  }
+  const int64_t need = SamplingWorkspaceBytes(ctx, p);
+  if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample: workspace of ", p.workspace_bytes, " bytes, need ", need));
+  }
+  cpu::Sample(ctx, p);
+  return absl::OkStatus();
+}
+
+}  // namespace pd::kernels

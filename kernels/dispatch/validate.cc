@@ -1,0 +1,86 @@
+#include "kernels/dispatch/validate.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+
+namespace pd::kernels::dispatch_internal {
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+  }
+  return "unknown";
+}
+
+const char* DeviceName(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+  return a0 < b0 + static_cast<uintptr_t>(b_bytes) && b0 < a0 + static_cast<uintptr_t>(a_bytes);
+}
+
+absl::Status CheckKvCacheView(const char* op, const KvCacheView& c) {
+  if (c.base == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": null cache base"));
+  }
+  if (c.num_blocks <= 0 || c.block_size <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": cache num_blocks, block_size, num_kv_heads and head_dim must be > 0, got ",
+        c.num_blocks, ", ", c.block_size, ", ", c.num_kv_heads, ", ", c.head_dim));
+  }
+  if (c.head_dim > kMaxAttentionHeadDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": head_dim ", c.head_dim, " > ", kMaxAttentionHeadDim));
+  }
+  if (c.block_stride <= 0 || c.layer_stride <= 0 || c.kv_stride <= 0 || c.head_stride <= 0 ||
+      c.layer < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": cache strides must be > 0 and layer >= 0, got block ", c.block_stride,
+                     " layer ", c.layer_stride, " kv ", c.kv_stride, " head ", c.head_stride,
+                     " (layer index ", c.layer, ")"));
+  }
+  const int64_t head_extent = c.block_size * c.head_dim;
+  const int64_t k_extent = (c.num_kv_heads - 1) * c.head_stride + head_extent;
+  if (c.head_stride < head_extent || c.kv_stride < k_extent) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": cache head_stride ", c.head_stride, " < block_size * head_dim ",
+                     head_extent, " or kv_stride ", c.kv_stride, " < K extent ", k_extent));
+  }
+  if (c.layer * c.layer_stride + c.kv_stride + k_extent > c.block_stride) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": layer ", c.layer, " K/V extent ends past block_stride ", c.block_stride));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBlockIds(const char* op, const int32_t* table, int64_t count,
+                           int64_t num_blocks) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (table[i] < 0 || table[i] >= num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": block table entry ", i, " = ", table[i],
+                                                     " outside [0, ", num_blocks, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NoBackend(const char* op, Device device, DType dtype) {
+  return absl::UnimplementedError(absl::StrCat(op, ": no implementation for device ",
+                                               DeviceName(device), " dtype ", DTypeName(dtype)));
+}
+
+}  // namespace pd::kernels::dispatch_internal

@@ -1,0 +1,17 @@
+// Element-wise ops: SiluMul (SwiGLU) and Add. Validate once, then run the implementation
+// registered for ctx.device.
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/elementwise_params.h"
+
+namespace pd::kernels {
+
+// Errors: InvalidArgument for null pointers, non-positive sizes, strides < dim, or outputs that
+// partly overlap an input; Unimplemented when no backend built for ctx.device exists.
+absl::Status SiluMul(const OpContext& ctx, const SiluMulParams& p);
+absl::Status Add(const OpContext& ctx, const AddParams& p);
+
+bool SupportsElementwise(Device device);
+
+}  // namespace pd::kernels

@@ -1,0 +1,34 @@
+// MatMul: y = x Wᵀ (+ bias), the linear layers of the model. Validates once, then runs the
+// implementation registered for ctx.device.
+//
+// CPU: a vectorised direct kernel (AVX-512, AVX2 or scalar, chosen at run time) that streams
+// each weight row once for a tile of x rows, cache-blocked for many rows, split over output rows
+// across ctx.parallel. Each y[r][o] is summed in the same order whatever num_rows is, so results
+// are batch invariant. With p.allow_blas, calls of more than 8 rows on CPUs without AVX-512 go
+// to OpenBLAS sgemm instead (bf16/f16 weights widened tile by tile into the workspace): ~1.6x
+// faster there, not batch invariant. On AVX-512 the direct kernel beats Debian's OpenBLAS (which
+// runs its AVX2 kernels) at every size, so allow_blas changes nothing. OpenBLAS is set to one
+// thread of its own at first use, process-wide: parallelism comes from ctx.parallel only, so its
+// threads and ours never oversubscribe the cores.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/matmul_params.h"
+
+namespace pd::kernels {
+
+// Errors: InvalidArgument for null pointers, non-positive sizes, strides smaller than the row
+// lengths, overlapping x/y, or a workspace smaller than MatMulWorkspaceBytes; Unimplemented when
+// no backend built for ctx.device supports w_dtype.
+absl::Status MatMul(const OpContext& ctx, const MatMulParams& p);
+
+// Workspace bytes MatMul(ctx, p) needs; depends on the shape, w_dtype, allow_blas, the CPU and
+// the number of threads in ctx.parallel (0 unless the sgemm path runs with bf16/f16 weights). An
+// engine can size one buffer for its largest layer and prefill chunk and pass it to every call.
+int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p);
+
+bool SupportsMatMul(Device device, DType w_dtype);
+
+}  // namespace pd::kernels

@@ -1,0 +1,26 @@
+// Sample: next-token selection (greedy, temperature, top-k, top-p) with a counter-based draw.
+// Validates once, then runs the implementation registered for ctx.device. See
+// kernels/sampling_params.h for the exact rule.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/sampling_params.h"
+
+namespace pd::kernels {
+
+// Errors: InvalidArgument for null logits/out_tokens, non-positive sizes, logits_stride <
+// vocab_size, a non-greedy row without seeds/steps, top_p outside (0, 1] or NaN temperature, or
+// a workspace smaller than SamplingWorkspaceBytes; Unimplemented when no backend built for
+// ctx.device exists (sampling runs on the CPU: copy logits to the host first).
+absl::Status Sample(const OpContext& ctx, const SamplingParams& p);
+
+// Workspace bytes Sample(ctx, p) needs: 0 when p.temperature is nullptr (all greedy), otherwise
+// a candidate buffer of 8 * vocab_size bytes per thread that samples (at most
+// min(num_seqs, threads of ctx.parallel)). Reads no array of p.
+int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
+
+bool SupportsSample(Device device);
+
+}  // namespace pd::kernels

@@ -1,0 +1,52 @@
+// Parameters of the Sample op (next-token selection from logits). Plain struct shared by every
+// backend (included by .cu files: keep it free of Abseil and glog).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/types.h"
+
+namespace pd::kernels {
+
+// For each sequence s, picks out_tokens[s] from logits[s][0, vocab_size):
+//  - greedy when temperature is nullptr or temperature[s] <= 0: the argmax, ties to the lowest id;
+//  - otherwise sampling from softmax(logits / temperature[s]) restricted to the kept set: the
+//    top_k[s] tokens (if 0 < top_k[s] < vocab_size), then the smallest prefix of those whose
+//    renormalised probability mass reaches top_p[s] (if top_p[s] < 1). Candidates are ranked by
+//    (logit descending, id ascending), so ties are broken deterministically.
+// The draw is u = SamplingUniform(seeds[s], steps[s]); the token is the first kept id, in
+// ascending id order, whose cumulative kept probability exceeds u. So the token depends only on
+// the logits row and (seed, step, temperature, top_k, top_p): never on batch composition or
+// thread count. NaN logits are never chosen (unless the whole row is NaN: token 0).
+struct SamplingParams {
+  const float* logits = nullptr;  // [num_seqs][logits_stride], first vocab_size used
+  int32_t* out_tokens = nullptr;  // [num_seqs]
+  int64_t num_seqs = 0;
+  int64_t vocab_size = 0;
+  int64_t logits_stride = 0;           // >= vocab_size
+  const float* temperature = nullptr;  // [num_seqs] or nullptr (all greedy)
+  const int32_t* top_k = nullptr;      // [num_seqs] or nullptr (no top-k); <= 0 disables
+  const float* top_p = nullptr;        // [num_seqs] in (0, 1], or nullptr (no top-p)
+  const uint64_t* seeds = nullptr;     // [num_seqs]; needed unless all greedy
+  const uint64_t* steps = nullptr;     // [num_seqs]: index of this token within its request
+  // Scratch of at least SamplingWorkspaceBytes(ctx, *this) bytes; may be nullptr when that is 0.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+};
+
+// splitmix64 finaliser: a bijective 64-bit mixer.
+constexpr uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The uniform draw in [0, 1) for (seed, step): a counter-based hash, so it needs no RNG state
+// and any worker (prefill, decode, after a restart) draws the same number for the same step.
+constexpr double SamplingUniform(uint64_t seed, uint64_t step) {
+  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ (step * 0xd1b54a32d192ed03ull));
+  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits / 2^53
+}
+
+}  // namespace pd::kernels
