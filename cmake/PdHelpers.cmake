@@ -44,9 +44,11 @@ function(pd_cc_test)
   endif()
   add_executable(${PD_NAME} ${PD_SRCS})
   target_link_libraries(${PD_NAME} PRIVATE ${PD_DEPS} GTest::gmock GTest::gtest_main)
-  # Tests locate shared data (../shared) and built binaries through these, never through env vars.
+  # Tests locate shared data (../shared), built binaries and source files (scripts) through
+  # these, never through env vars.
   target_compile_definitions(${PD_NAME} PRIVATE
-    PD_SHARED_DIR="${PD_SHARED_DIR}" PD_BINARY_DIR="${PROJECT_BINARY_DIR}")
+    PD_SHARED_DIR="${PD_SHARED_DIR}" PD_BINARY_DIR="${PROJECT_BINARY_DIR}"
+    PD_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   pd_apply_warnings(${PD_NAME})
   # POST_BUILD discovery (lists tests right after linking, milliseconds). PRE_TEST would avoid
   # that, but CMake 3.25 generates a self-including file for it with single-config generators.

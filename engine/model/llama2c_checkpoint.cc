@@ -64,7 +64,10 @@ absl::StatusOr<ModelConfig> ParseHeader(const MappedFile& file) {
                        " at byte offset ", 4 * i, ", must be ", i == 5 ? "non-zero" : "positive"));
     }
   }
-  ModelConfig c;
+  ModelConfig c;  // the defaults are the llama2.c conventions (theta, eps, special ids)
+  c.architecture = Architecture::kLlama2c;
+  c.rope_form = RopeForm::kInterleaved;
+  c.weight_dtype = kernels::DType::kF32;
   c.dim = h[0];
   c.hidden_dim = h[1];
   c.n_layers = h[2];

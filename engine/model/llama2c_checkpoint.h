@@ -20,28 +20,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/model/mapped_file.h"
+#include "engine/model/model_config.h"
 
 namespace pd::engine {
-
-// Architecture hyper-parameters of a Llama-2-style model. Derived fields (head_dim, kv_dim) are
-// filled in by the loader; the fixed llama2.c conventions are the defaults below.
-// Lives here until a second loader (GGUF, safetensors) needs it in its own header.
-struct ModelConfig {
-  int32_t dim = 0;         // residual stream width
-  int32_t hidden_dim = 0;  // FFN inner width
-  int32_t n_layers = 0;
-  int32_t n_heads = 0;            // query heads
-  int32_t n_kv_heads = 0;         // key/value heads (grouped-query attention when < n_heads)
-  int32_t vocab_size = 0;         // always positive here (abs of the header value)
-  int32_t seq_len = 0;            // maximum context length in tokens
-  bool shared_classifier = true;  // wcls is the token embedding (header vocab_size > 0)
-  int32_t head_dim = 0;           // dim / n_heads
-  int32_t kv_dim = 0;             // n_kv_heads * head_dim
-  float rope_theta = 10000.0f;    // rotary base; llama2.c rotates adjacent (interleaved) pairs
-  float rms_norm_eps = 1e-5f;
-  uint32_t bos_id = 1;
-  uint32_t eos_id = 2;
-};
 
 class Llama2cCheckpoint {
  public:
@@ -63,6 +44,8 @@ class Llama2cCheckpoint {
   Llama2cCheckpoint(const Llama2cCheckpoint&) = delete;
   Llama2cCheckpoint& operator=(const Llama2cCheckpoint&) = delete;
 
+  // architecture kLlama2c, interleaved RoPE, f32 weights; theta, eps and the special ids are
+  // the fixed llama2.c conventions (the ModelConfig defaults).
   const ModelConfig& config() const { return config_; }
 
   // 32 lower-case hex characters: XXH3-128 over a canonical encoding of config() followed by

@@ -1,0 +1,473 @@
+#include "engine/model/hf_config.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
+#include "engine/model/mapped_file.h"
+#include "nlohmann/json.hpp"
+
+namespace pd::engine {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr absl::string_view kSupported =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (model_type llama, mistral, qwen2)";
+
+// A JSON value for an error message: invalid UTF-8 replaced (dump() would throw), at most 80
+// characters.
+std::string Short(const Json& v) {
+  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (s.size() > 80) {
+    s = absl::StrCat(s.substr(0, 77), "...");
+  }
+  return s;
+}
+
+// The float closest to `f` written with the fewest decimal digits that read back as `f`, so that
+// config.json shows 1e-05 rather than 9.999999747378752e-06.
+double ShortestDouble(float f) {
+  for (int digits = 6; digits <= 9; ++digits) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, static_cast<double>(f));
+    double d = 0;
+    if (absl::SimpleAtod(buf, &d) && static_cast<float>(d) == f) {
+      return d;
+    }
+  }
+  return static_cast<double>(f);
+}
+
+// Reads fields of one JSON object with messages naming the source and the field. Never throws:
+// every access checks the type first.
+class FieldReader {
+ public:
+  FieldReader(const Json& object, absl::string_view source) : obj_(object), source_(source) {}
+
+  // Present and not null.
+  bool Has(const char* key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && !it->is_null();
+  }
+  const Json* Find(const char* key) const {
+    auto it = obj_.find(key);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  absl::Status Error(const char* key, absl::string_view why) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": field \"", key, "\" ", why));
+  }
+
+  // An integer in [min_value, INT32_MAX]; `fallback` when absent or null (nullopt = required).
+  absl::StatusOr<int32_t> Int32(const char* key, std::optional<int32_t> fallback,
+                                int32_t min_value = 1) const {
+    const Json* v = Find(key);
+    if (v == nullptr) {
+      if (!fallback.has_value()) {
+        return Error(key, "is missing");
+      }
+      return *fallback;
+    }
+    return ToInt32(*v, key, min_value);
+  }
+
+  absl::StatusOr<int32_t> ToInt32(const Json& v, const char* key, int32_t min_value) const {
+    int64_t value = 0;
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      value = u > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+                  ? std::numeric_limits<int64_t>::max()
+                  : static_cast<int64_t>(u);
+    } else if (v.is_number_integer()) {
+      value = v.get<int64_t>();
+    } else {
+      return Error(key, absl::StrCat("must be an integer, got ", Short(v)));
+    }
+    if (value < min_value || value > std::numeric_limits<int32_t>::max()) {
+      return Error(key, absl::StrCat("is ", Short(v), ", must be in [", min_value, ", ",
+                                     std::numeric_limits<int32_t>::max(), "]"));
+    }
+    return static_cast<int32_t>(value);
+  }
+
+  // A positive finite number; `fallback` when absent or null (nullopt = required).
+  absl::StatusOr<float> PositiveFloat(const char* key, std::optional<float> fallback) const {
+    const Json* v = Find(key);
+    if (v == nullptr) {
+      if (!fallback.has_value()) {
+        return Error(key, "is missing");
+      }
+      return *fallback;
+    }
+    if (!v->is_number()) {
+      return Error(key, absl::StrCat("must be a number, got ", Short(*v)));
+    }
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d <= 0.0 || d > std::numeric_limits<float>::max()) {
+      return Error(key, absl::StrCat("is ", Short(*v), ", must be a positive finite float"));
+    }
+    return static_cast<float>(d);
+  }
+
+  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    const Json* v = Find(key);
+    if (v == nullptr) {
+      return fallback;
+    }
+    if (!v->is_boolean()) {
+      return Error(key, absl::StrCat("must be true or false, got ", Short(*v)));
+    }
+    return v->get<bool>();
+  }
+
+  // A string, or `fallback` when absent or null.
+  absl::StatusOr<std::string> String(const char* key, absl::string_view fallback) const {
+    const Json* v = Find(key);
+    if (v == nullptr) {
+      return std::string(fallback);
+    }
+    if (!v->is_string()) {
+      return Error(key, absl::StrCat("must be a string, got ", Short(*v)));
+    }
+    return v->get<std::string>();
+  }
+
+  // A token id (int) or a non-empty list of them; nullopt when absent or null.
+  absl::StatusOr<std::optional<std::vector<uint32_t>>> TokenIds(const char* key) const {
+    const Json* v = Find(key);
+    if (v == nullptr) {
+      return std::optional<std::vector<uint32_t>>();
+    }
+    std::vector<uint32_t> ids;
+    if (v->is_array()) {
+      if (v->empty()) {
+        return Error(key, "is an empty list");
+      }
+      for (const Json& e : *v) {
+        PD_ASSIGN_OR_RETURN(int32_t id, ToInt32(e, key, 0));
+        ids.push_back(static_cast<uint32_t>(id));
+      }
+    } else {
+      PD_ASSIGN_OR_RETURN(int32_t id, ToInt32(*v, key, 0));
+      ids.push_back(static_cast<uint32_t>(id));
+    }
+    return std::optional<std::vector<uint32_t>>(std::move(ids));
+  }
+
+ private:
+  const Json& obj_;
+  absl::string_view source_;
+};
+
+absl::StatusOr<Json> ParseObject(absl::string_view text, absl::string_view source) {
+  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": top level is not a JSON object"));
+  }
+  return j;
+}
+
+absl::StatusOr<Architecture> DetectArchitecture(const Json& j, absl::string_view source) {
+  auto it = j.find("architectures");
+  if (it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty() || !(*it)[0].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": field \"architectures\" must be a non-empty list of strings, got ",
+          Short(*it)));
+    }
+    const std::string name = (*it)[0].get<std::string>();
+    if (name == "LlamaForCausalLM") {
+      return Architecture::kLlama;
+    }
+    if (name == "MistralForCausalLM") {
+      return Architecture::kMistral;
+    }
+    if (name == "Qwen2ForCausalLM") {
+      return Architecture::kQwen2;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": unsupported architecture \"", name, "\"; supported: ", kSupported));
+  }
+  FieldReader r(j, source);
+  PD_ASSIGN_OR_RETURN(std::string type, r.String("model_type", ""));
+  if (type == "llama") {
+    return Architecture::kLlama;
+  }
+  if (type == "mistral") {
+    return Architecture::kMistral;
+  }
+  if (type == "qwen2") {
+    return Architecture::kQwen2;
+  }
+  if (type.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": neither \"architectures\" nor \"model_type\" is set"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": unsupported model_type \"", type, "\"; supported: ", kSupported));
+}
+
+absl::StatusOr<kernels::DType> ParseTorchDtype(const FieldReader& r) {
+  const char* key = r.Has("torch_dtype") ? "torch_dtype" : "dtype";
+  PD_ASSIGN_OR_RETURN(std::string name, r.String(key, "float32"));
+  if (name == "float32") {
+    return kernels::DType::kF32;
+  }
+  if (name == "bfloat16") {
+    return kernels::DType::kBF16;
+  }
+  if (name == "float16") {
+    return kernels::DType::kF16;
+  }
+  return r.Error(key, absl::StrCat("is \"", name, "\"; supported: float32, bfloat16, float16"));
+}
+
+// rope_theta and rope_scaling, from the top level or (newer configs) "rope_parameters".
+absl::Status ParseRope(const FieldReader& r, absl::string_view source, ModelConfig* c) {
+  const Json* params = r.Find("rope_parameters");
+  if (params != nullptr && !params->is_object()) {
+    return r.Error("rope_parameters", absl::StrCat("must be an object, got ", Short(*params)));
+  }
+  if (r.Has("rope_theta") || params == nullptr) {
+    PD_ASSIGN_OR_RETURN(c->rope_theta, r.PositiveFloat("rope_theta", 10000.0f));
+  } else {
+    FieldReader p(*params, absl::StrCat(source, " rope_parameters"));
+    PD_ASSIGN_OR_RETURN(c->rope_theta, p.PositiveFloat("rope_theta", 10000.0f));
+  }
+  const Json* scaling = r.Find("rope_scaling");
+  if (scaling == nullptr) {
+    scaling = params;
+  }
+  if (scaling == nullptr) {
+    return absl::OkStatus();
+  }
+  if (!scaling->is_object()) {
+    return r.Error("rope_scaling",
+                   absl::StrCat("must be an object or null, got ", Short(*scaling)));
+  }
+  const std::string where = absl::StrCat(source, " rope_scaling");
+  FieldReader s(*scaling, where);
+  const char* type_key = s.Has("rope_type") ? "rope_type" : "type";
+  PD_ASSIGN_OR_RETURN(std::string type, s.String(type_key, "default"));
+  if (type == "default") {
+    return absl::OkStatus();
+  }
+  if (type != "llama3") {
+    return absl::UnimplementedError(absl::StrCat(
+        where, ": rope type \"", type, "\" is not supported (supported: default, llama3)"));
+  }
+  Llama3RopeScaling l3;
+  PD_ASSIGN_OR_RETURN(l3.factor, s.PositiveFloat("factor", std::nullopt));
+  PD_ASSIGN_OR_RETURN(l3.low_freq_factor, s.PositiveFloat("low_freq_factor", std::nullopt));
+  PD_ASSIGN_OR_RETURN(l3.high_freq_factor, s.PositiveFloat("high_freq_factor", std::nullopt));
+  PD_ASSIGN_OR_RETURN(l3.original_max_position_embeddings,
+                      s.Int32("original_max_position_embeddings", std::nullopt));
+  c->rope_scaling = l3;
+  return absl::OkStatus();
+}
+
+// Features of the supported architectures that the engine does not implement.
+absl::Status CheckUnsupportedFeatures(const FieldReader& r, absl::string_view source,
+                                      Architecture arch) {
+  PD_ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "silu"));
+  if (act != "silu") {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": hidden_act \"", act, "\" is not supported (only silu)"));
+  }
+  if (arch == Architecture::kLlama) {
+    for (const char* key : {"attention_bias", "mlp_bias"}) {
+      PD_ASSIGN_OR_RETURN(bool on, r.Bool(key, false));
+      if (on) {
+        return absl::UnimplementedError(
+            absl::StrCat(source, ": ", key, "=true is not supported for LlamaForCausalLM"));
+      }
+    }
+  }
+  if (arch == Architecture::kQwen2) {
+    PD_ASSIGN_OR_RETURN(bool swa, r.Bool("use_sliding_window", false));
+    if (swa) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": use_sliding_window=true (per-layer windows) is not supported for Qwen2"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ParseConfigObject(const Json& j, absl::string_view source) {
+  ModelConfig c;
+  PD_ASSIGN_OR_RETURN(c.architecture, DetectArchitecture(j, source));
+  FieldReader r(j, source);
+  PD_RETURN_IF_ERROR(CheckUnsupportedFeatures(r, source, c.architecture));
+  const bool llama_like = c.architecture != Architecture::kQwen2;
+  PD_ASSIGN_OR_RETURN(c.dim, r.Int32("hidden_size", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c.hidden_dim, r.Int32("intermediate_size", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c.n_layers, r.Int32("num_hidden_layers", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c.n_heads, r.Int32("num_attention_heads", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c.vocab_size, r.Int32("vocab_size", std::nullopt));
+  const int32_t default_kv = c.architecture == Architecture::kLlama     ? c.n_heads
+                             : c.architecture == Architecture::kMistral ? 8
+                                                                        : 32;
+  PD_ASSIGN_OR_RETURN(c.n_kv_heads, r.Int32("num_key_value_heads", default_kv));
+  if (r.Has("head_dim")) {
+    PD_ASSIGN_OR_RETURN(c.head_dim, r.Int32("head_dim", std::nullopt));
+  } else if (c.dim % c.n_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": hidden_size ", c.dim,
+                                                   " is not a multiple of num_attention_heads ",
+                                                   c.n_heads, " and no head_dim is given"));
+  } else {
+    c.head_dim = c.dim / c.n_heads;
+  }
+  c.kv_dim = static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(c.n_kv_heads) * c.head_dim,
+                                                    std::numeric_limits<int32_t>::max()));
+  const int32_t default_max_pos = c.architecture == Architecture::kLlama     ? 2048
+                                  : c.architecture == Architecture::kMistral ? 131072
+                                                                             : 32768;
+  PD_ASSIGN_OR_RETURN(c.seq_len, r.Int32("max_position_embeddings", default_max_pos));
+  PD_ASSIGN_OR_RETURN(c.rms_norm_eps, r.PositiveFloat("rms_norm_eps", 1e-6f));
+  PD_ASSIGN_OR_RETURN(c.shared_classifier, r.Bool("tie_word_embeddings", false));
+  PD_RETURN_IF_ERROR(ParseRope(r, source, &c));
+  c.rope_form = RopeForm::kRotateHalf;
+  c.qkv_bias = c.architecture == Architecture::kQwen2;
+  if (c.architecture == Architecture::kMistral) {
+    PD_ASSIGN_OR_RETURN(int32_t window, r.Int32("sliding_window", 0, 0));
+    c.sliding_window = window >= c.seq_len ? 0 : window;  // a window >= context changes nothing
+  }
+  PD_ASSIGN_OR_RETURN(c.weight_dtype, ParseTorchDtype(r));
+  PD_ASSIGN_OR_RETURN(std::optional<std::vector<uint32_t>> bos, r.TokenIds("bos_token_id"));
+  c.bos_id = bos.has_value()                             ? bos->front()
+             : llama_like && !j.contains("bos_token_id") ? 1u
+                                                         : ModelConfig::kNoToken;
+  PD_ASSIGN_OR_RETURN(std::optional<std::vector<uint32_t>> eos, r.TokenIds("eos_token_id"));
+  if (eos.has_value()) {
+    c.eos_ids = *eos;
+  } else if (llama_like && !j.contains("eos_token_id")) {
+    c.eos_ids = {2};
+  } else {
+    c.eos_ids.clear();  // may still come from generation_config.json
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
+                                          absl::string_view generation_config_json,
+                                          absl::string_view source) {
+  PD_ASSIGN_OR_RETURN(Json j, ParseObject(config_json, source));
+  PD_ASSIGN_OR_RETURN(ModelConfig c, ParseConfigObject(j, source));
+  if (!generation_config_json.empty()) {
+    const std::string gen_source = absl::StrCat(source, " (generation_config.json)");
+    PD_ASSIGN_OR_RETURN(Json g, ParseObject(generation_config_json, gen_source));
+    FieldReader gr(g, gen_source);
+    PD_ASSIGN_OR_RETURN(std::optional<std::vector<uint32_t>> eos, gr.TokenIds("eos_token_id"));
+    if (eos.has_value()) {
+      c.eos_ids = *eos;
+    }
+    PD_ASSIGN_OR_RETURN(std::optional<std::vector<uint32_t>> bos, gr.TokenIds("bos_token_id"));
+    if (bos.has_value()) {
+      c.bos_id = bos->front();
+    }
+  }
+  if (c.eos_ids.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": no eos_token_id in config.json or generation_config.json"));
+  }
+  c.eos_id = c.eos_ids.front();
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadHfConfig(absl::string_view dir) {
+  const std::string config_path = absl::StrCat(dir, "/config.json");
+  PD_ASSIGN_OR_RETURN(MappedFile config, MappedFile::Open(config_path));
+  const std::string gen_path = absl::StrCat(dir, "/generation_config.json");
+  struct stat st;
+  std::optional<MappedFile> gen;
+  if (::stat(gen_path.c_str(), &st) == 0) {
+    PD_ASSIGN_OR_RETURN(gen, MappedFile::Open(gen_path));
+  }
+  return ParseHfConfig(config.contents(), gen.has_value() ? gen->contents() : absl::string_view(),
+                       config_path);
+}
+
+absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
+  PD_RETURN_IF_ERROR(c.Validate());
+  Json j = Json::object();
+  switch (c.architecture) {
+    case Architecture::kLlama:
+      j["architectures"] = {"LlamaForCausalLM"};
+      j["model_type"] = "llama";
+      j["attention_bias"] = false;
+      j["mlp_bias"] = false;
+      break;
+    case Architecture::kMistral:
+      j["architectures"] = {"MistralForCausalLM"};
+      j["model_type"] = "mistral";
+      j["sliding_window"] = c.sliding_window > 0 ? Json(c.sliding_window) : Json(nullptr);
+      break;
+    case Architecture::kQwen2:
+      j["architectures"] = {"Qwen2ForCausalLM"};
+      j["model_type"] = "qwen2";
+      j["use_sliding_window"] = false;
+      break;
+    case Architecture::kLlama2c:
+      return absl::InvalidArgumentError(
+          "HfConfigJson: a llama2.c config has no Hugging Face equivalent");
+  }
+  j["hidden_act"] = "silu";
+  j["hidden_size"] = c.dim;
+  j["intermediate_size"] = c.hidden_dim;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.seq_len;
+  j["rms_norm_eps"] = ShortestDouble(c.rms_norm_eps);
+  j["rope_theta"] = ShortestDouble(c.rope_theta);
+  if (c.rope_scaling.has_value()) {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", ShortestDouble(c.rope_scaling->factor)},
+        {"low_freq_factor", ShortestDouble(c.rope_scaling->low_freq_factor)},
+        {"high_freq_factor", ShortestDouble(c.rope_scaling->high_freq_factor)},
+        {"original_max_position_embeddings", c.rope_scaling->original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["tie_word_embeddings"] = c.shared_classifier;
+  j["torch_dtype"] = c.weight_dtype == kernels::DType::kF32    ? "float32"
+                     : c.weight_dtype == kernels::DType::kBF16 ? "bfloat16"
+                                                               : "float16";
+  j["bos_token_id"] = c.bos_id == ModelConfig::kNoToken ? Json(nullptr) : Json(c.bos_id);
+  j["eos_token_id"] = c.eos_ids.size() == 1 ? Json(c.eos_id) : Json(c.eos_ids);
+  return j.dump(2) + "\n";
+}
+
+std::string HfGenerationConfigJson(const ModelConfig& c) {
+  Json j = Json::object();
+  if (c.bos_id != ModelConfig::kNoToken) {
+    j["bos_token_id"] = c.bos_id;
+  }
+  j["eos_token_id"] = c.eos_ids.size() == 1 ? Json(c.eos_id) : Json(c.eos_ids);
+  return j.dump(2) + "\n";
+}
+
+}  // namespace pd::engine

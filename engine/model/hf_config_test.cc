@@ -1,0 +1,301 @@
+#include "engine/model/hf_config.h"
+
+#include <string>
+
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd::engine {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Abridged from meta-llama/Llama-3.2-1B-Instruct.
+constexpr char kLlama32Config[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256
+})";
+
+// Abridged from mistralai/Mistral-7B-v0.1.
+constexpr char kMistralConfig[] = R"({
+  "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32000
+})";
+
+// Abridged from Qwen/Qwen2.5-0.5B-Instruct.
+constexpr char kQwen2Config[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896,
+  "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
+  "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936
+})";
+
+TEST(HfConfigTest, ParsesLlama32) {
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(kLlama32Config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kLlama);
+  EXPECT_EQ(c->dim, 2048);
+  EXPECT_EQ(c->hidden_dim, 8192);
+  EXPECT_EQ(c->n_layers, 16);
+  EXPECT_EQ(c->n_heads, 32);
+  EXPECT_EQ(c->n_kv_heads, 8);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->kv_dim, 512);
+  EXPECT_EQ(c->q_dim(), 2048);
+  EXPECT_EQ(c->vocab_size, 128256);
+  EXPECT_EQ(c->seq_len, 131072);
+  EXPECT_TRUE(c->shared_classifier);
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+  EXPECT_EQ(c->rope_form, RopeForm::kRotateHalf);
+  ASSERT_TRUE(c->rope_scaling.has_value());
+  EXPECT_EQ(*c->rope_scaling, (Llama3RopeScaling{32.0f, 1.0f, 4.0f, 8192}));
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-5f);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->bos_id, 128000u);
+  EXPECT_EQ(c->eos_id, 128001u);
+  EXPECT_THAT(c->eos_ids, ElementsAre(128001u, 128008u, 128009u));
+  EXPECT_EQ(c->weight_dtype, kernels::DType::kBF16);
+}
+
+TEST(HfConfigTest, ParsesMistral) {
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(kMistralConfig);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kMistral);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->kv_dim, 1024);
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_FALSE(c->shared_classifier);
+  EXPECT_FALSE(c->rope_scaling.has_value());
+  EXPECT_EQ(c->bos_id, 1u);
+  EXPECT_THAT(c->eos_ids, ElementsAre(2u));
+}
+
+TEST(HfConfigTest, MistralWindowAsLongAsTheContextIsNoWindow) {
+  const std::string json = absl::StrReplaceAll(
+      kMistralConfig, {{"\"sliding_window\": 4096", "\"sliding_window\": null"}});
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(json);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+  const std::string longer = absl::StrReplaceAll(
+      kMistralConfig, {{"\"sliding_window\": 4096", "\"sliding_window\": 32768"}});
+  c = ParseHfConfig(longer);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+}
+
+TEST(HfConfigTest, ParsesQwen2WithBiasAndNoBosDefault) {
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(kQwen2Config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen2);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->n_kv_heads, 2);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->bos_id, 151643u);
+  EXPECT_EQ(c->sliding_window, 0);
+
+  const std::string no_bos =
+      absl::StrReplaceAll(kQwen2Config, {{"\"bos_token_id\": 151643", "\"bos_token_id\": null"}});
+  c = ParseHfConfig(no_bos);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->bos_id, ModelConfig::kNoToken);
+}
+
+TEST(HfConfigTest, ModelTypeWithoutArchitectures) {
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(R"({"model_type": "llama", "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "vocab_size": 300})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  // transformers' LlamaConfig defaults.
+  EXPECT_EQ(c->n_kv_heads, 4);
+  EXPECT_EQ(c->seq_len, 2048);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(c->rope_theta, 10000.0f);
+  EXPECT_FALSE(c->shared_classifier);
+  EXPECT_EQ(c->bos_id, 1u);
+  EXPECT_EQ(c->eos_id, 2u);
+  EXPECT_EQ(c->weight_dtype, kernels::DType::kF32);
+}
+
+TEST(HfConfigTest, RopeParametersOfNewerConfigs) {
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(R"({"model_type": "llama", "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "vocab_size": 300, "dtype": "float16",
+      "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+  ASSERT_TRUE(c->rope_scaling.has_value());
+  EXPECT_FLOAT_EQ(c->rope_scaling->factor, 8.0f);
+  EXPECT_EQ(c->weight_dtype, kernels::DType::kF16);
+}
+
+TEST(HfConfigTest, GenerationConfigOverridesEos) {
+  absl::StatusOr<ModelConfig> c =
+      ParseHfConfig(kMistralConfig, R"({"eos_token_id": [2, 7], "bos_token_id": 1})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->eos_id, 2u);
+  EXPECT_THAT(c->eos_ids, ElementsAre(2u, 7u));
+  c = ParseHfConfig(kLlama32Config, R"({"eos_token_id": 128009, "temperature": 0.6})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->eos_ids, ElementsAre(128009u));
+  // Without an eos in either file there is no way to stop.
+  const std::string no_eos = absl::StrReplaceAll(kQwen2Config, {{"\"eos_token_id\": 151645,", ""}});
+  c = ParseHfConfig(no_eos);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("no eos_token_id"));
+  c = ParseHfConfig(no_eos, R"({"eos_token_id": 151643})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->eos_ids, ElementsAre(151643u));
+}
+
+TEST(HfConfigTest, UnsupportedArchitectureIsNamed) {
+  absl::StatusOr<ModelConfig> c =
+      ParseHfConfig(R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})", {},
+                    "/models/gpt2/config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("/models/gpt2/config.json"));
+  EXPECT_THAT(c.status().message(), HasSubstr("GPT2LMHeadModel"));
+  EXPECT_THAT(c.status().message(), HasSubstr("Qwen2ForCausalLM"));
+  c = ParseHfConfig(R"({"model_type": "phi3"})");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("phi3"));
+  c = ParseHfConfig(R"({"hidden_size": 64})");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HfConfigTest, BadInputsAreInvalidArgumentNamingTheField) {
+  struct Case {
+    std::string from, to, expect;
+  };
+  const Case cases[] = {
+      {"\"hidden_size\": 2048,", "", "\"hidden_size\" is missing"},
+      {"\"hidden_size\": 2048", "\"hidden_size\": \"big\"", "\"hidden_size\" must be an integer"},
+      {"\"hidden_size\": 2048", "\"hidden_size\": -5", "\"hidden_size\" is -5"},
+      {"\"num_hidden_layers\": 16", "\"num_hidden_layers\": 4294967296", "num_hidden_layers"},
+      {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 0", "\"rms_norm_eps\" is 0"},
+      {"\"tie_word_embeddings\": true", "\"tie_word_embeddings\": 1", "tie_word_embeddings"},
+      {"\"torch_dtype\": \"bfloat16\"", "\"torch_dtype\": \"float64\"", "float64"},
+      {"\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5", "not a multiple of n_kv_heads"},
+      {"\"eos_token_id\": [128001, 128008, 128009]", "\"eos_token_id\": 999999", "eos id 999999"},
+      {"\"eos_token_id\": [128001, 128008, 128009]", "\"eos_token_id\": []", "empty list"},
+      {"\"head_dim\": 64,", "\"head_dim\": 63,", "head_dim 63 is odd"},
+      {"\"factor\": 32.0", "\"factor\": -1", "\"factor\" is -1"},
+      {"\"original_max_position_embeddings\": 8192,", "", "original_max_position_embeddings"},
+      {"\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5", "low_freq_factor < high"},
+  };
+  for (const Case& k : cases) {
+    const std::string json = absl::StrReplaceAll(kLlama32Config, {{k.from, k.to}});
+    ASSERT_NE(json, kLlama32Config) << k.from;
+    absl::StatusOr<ModelConfig> c = ParseHfConfig(json);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << k.from << " " << c.status();
+    EXPECT_THAT(c.status().message(), HasSubstr(k.expect)) << k.from;
+  }
+  EXPECT_EQ(ParseHfConfig("{not json").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseHfConfig("[1, 2]").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseHfConfig(kLlama32Config, "{oops").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // hidden_size not divisible by heads without an explicit head_dim.
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(R"({"model_type": "llama", "hidden_size": 65,
+      "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "vocab_size": 300})");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("not a multiple of num_attention_heads"));
+}
+
+TEST(HfConfigTest, UnimplementedFeatures) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""},
+      {"\"attention_bias\": false", "\"attention_bias\": true"},
+      {"\"mlp_bias\": false", "\"mlp_bias\": true"},
+      {"\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""},
+  };
+  for (const auto& [from, to] : cases) {
+    const std::string json = absl::StrReplaceAll(kLlama32Config, {{from, to}});
+    absl::StatusOr<ModelConfig> c = ParseHfConfig(json);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << to << " " << c.status();
+  }
+  const std::string swa = absl::StrReplaceAll(
+      kQwen2Config, {{"\"use_sliding_window\": false", "\"use_sliding_window\": true"}});
+  EXPECT_EQ(ParseHfConfig(swa).status().code(), absl::StatusCode::kUnimplemented);
+  // "default" rope type means no scaling.
+  const std::string plain = absl::StrReplaceAll(
+      kLlama32Config, {{"\"rope_type\": \"llama3\"", "\"rope_type\": \"default\""}});
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(plain);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->rope_scaling.has_value());
+}
+
+TEST(HfConfigTest, JsonRoundTripsEveryArchitecture) {
+  for (const char* json : {kLlama32Config, kMistralConfig, kQwen2Config}) {
+    absl::StatusOr<ModelConfig> c = ParseHfConfig(json);
+    ASSERT_TRUE(c.ok()) << c.status();
+    absl::StatusOr<std::string> written = HfConfigJson(*c);
+    ASSERT_TRUE(written.ok()) << written.status();
+    EXPECT_THAT(*written, HasSubstr("\"rms_norm_eps\": 1e-0"));  // shortest float, not 9.99e-06
+    absl::StatusOr<ModelConfig> again = ParseHfConfig(*written, HfGenerationConfigJson(*c));
+    ASSERT_TRUE(again.ok()) << again.status() << "\n" << *written;
+    EXPECT_EQ(*again, *c) << c->DebugString() << "\n" << again->DebugString();
+  }
+  ModelConfig llama2c;  // defaults are llama2.c's; not expressible as an HF config
+  llama2c.dim = 64, llama2c.hidden_dim = 128, llama2c.n_layers = 1, llama2c.n_heads = 4;
+  llama2c.n_kv_heads = 4, llama2c.vocab_size = 32, llama2c.seq_len = 16, llama2c.head_dim = 16;
+  llama2c.kv_dim = 64;
+  ASSERT_TRUE(llama2c.Validate().ok()) << llama2c.Validate();
+  EXPECT_EQ(HfConfigJson(llama2c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelConfigTest, ValidateAndCanonicalBytes) {
+  absl::StatusOr<ModelConfig> base = ParseHfConfig(kLlama32Config);
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_TRUE(base->Validate().ok());
+  const std::string bytes = CanonicalConfigBytes(*base);
+  EXPECT_EQ(CanonicalConfigBytes(*base), bytes);
+  ModelConfig c = *base;
+  c.eos_ids.push_back(5);
+  EXPECT_NE(CanonicalConfigBytes(c), bytes);
+  c = *base;
+  c.rope_scaling->factor = 8.0f;
+  EXPECT_NE(CanonicalConfigBytes(c), bytes);
+  c = *base;
+  c.weight_dtype = kernels::DType::kF32;
+  EXPECT_NE(CanonicalConfigBytes(c), bytes);
+
+  c = *base;
+  c.eos_id = 7;  // must equal eos_ids[0]
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c = *base;
+  c.kv_dim = 100;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c = *base;
+  c.bos_id = 128256;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("bos_id 128256"));
+  c.bos_id = ModelConfig::kNoToken;
+  EXPECT_TRUE(c.Validate().ok());
+  c.sliding_window = -1;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("sliding_window -1"));
+}
+
+}  // namespace
+}  // namespace pd::engine

@@ -1,0 +1,173 @@
+#include "engine/model/model_config.h"
+
+#include <bit>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pd::engine {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "CanonicalConfigBytes assumes a little-endian host");
+
+absl::string_view DTypeLabel(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::kF32:
+      return "f32";
+    case kernels::DType::kBF16:
+      return "bf16";
+    case kernels::DType::kF16:
+      return "f16";
+  }
+  return "unknown";
+}
+
+bool PositiveFinite(float v) { return std::isfinite(v) && v > 0.0f; }
+
+template <typename T>
+void AppendRaw(std::string* out, T value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+}  // namespace
+
+absl::string_view ArchitectureName(Architecture architecture) {
+  switch (architecture) {
+    case Architecture::kLlama2c:
+      return "llama2c";
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kMistral:
+      return "mistral";
+    case Architecture::kQwen2:
+      return "qwen2";
+  }
+  return "unknown";
+}
+
+absl::Status ModelConfig::Validate() const {
+  auto invalid = [this](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid model config (", DebugString(), "): ", why));
+  };
+  const std::pair<const char*, int32_t> sizes[] = {
+      {"dim", dim},         {"hidden_dim", hidden_dim}, {"n_layers", n_layers},
+      {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads}, {"vocab_size", vocab_size},
+      {"seq_len", seq_len}, {"head_dim", head_dim},
+  };
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) {
+      return invalid(absl::StrCat(name, " is ", value, ", must be positive"));
+    }
+  }
+  if (n_heads % n_kv_heads != 0) {
+    return invalid(
+        absl::StrCat("n_heads ", n_heads, " is not a multiple of n_kv_heads ", n_kv_heads));
+  }
+  if (head_dim % 2 != 0) {
+    return invalid(absl::StrCat("head_dim ", head_dim, " is odd; rotary pairs need it even"));
+  }
+  if (q_dim() > std::numeric_limits<int32_t>::max() ||
+      static_cast<int64_t>(kv_dim) != static_cast<int64_t>(n_kv_heads) * head_dim) {
+    return invalid(absl::StrCat("kv_dim ", kv_dim, " != n_kv_heads * head_dim, or q_dim ", q_dim(),
+                                " overflows"));
+  }
+  if (!PositiveFinite(rope_theta)) {
+    return invalid(absl::StrCat("rope_theta ", rope_theta, " must be positive and finite"));
+  }
+  if (!PositiveFinite(rms_norm_eps)) {
+    return invalid(absl::StrCat("rms_norm_eps ", rms_norm_eps, " must be positive and finite"));
+  }
+  if (rope_scaling.has_value()) {
+    const Llama3RopeScaling& s = *rope_scaling;
+    if (!PositiveFinite(s.factor) || !PositiveFinite(s.low_freq_factor) ||
+        !PositiveFinite(s.high_freq_factor) || s.high_freq_factor <= s.low_freq_factor ||
+        s.original_max_position_embeddings <= 0) {
+      return invalid(
+          absl::StrCat("rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                       "original_max_position_embeddings > 0; got factor ",
+                       s.factor, ", low_freq_factor ", s.low_freq_factor, ", high_freq_factor ",
+                       s.high_freq_factor, ", original_max_position_embeddings ",
+                       s.original_max_position_embeddings));
+    }
+  }
+  if (sliding_window < 0) {
+    return invalid(absl::StrCat("sliding_window ", sliding_window, " is negative"));
+  }
+  if (eos_ids.empty()) {
+    return invalid("eos_ids is empty");
+  }
+  if (eos_id != eos_ids[0]) {
+    return invalid(absl::StrCat("eos_id ", eos_id, " != eos_ids[0] ", eos_ids[0]));
+  }
+  for (uint32_t id : eos_ids) {
+    if (id >= static_cast<uint32_t>(vocab_size)) {
+      return invalid(absl::StrCat("eos id ", id, " is >= vocab_size ", vocab_size));
+    }
+  }
+  if (bos_id != kNoToken && bos_id >= static_cast<uint32_t>(vocab_size)) {
+    return invalid(absl::StrCat("bos_id ", bos_id, " is >= vocab_size ", vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+std::string ModelConfig::DebugString() const {
+  std::string out = absl::StrCat(
+      "architecture=", ArchitectureName(architecture), " dim=", dim, " hidden_dim=", hidden_dim,
+      " n_layers=", n_layers, " n_heads=", n_heads, " n_kv_heads=", n_kv_heads,
+      " vocab_size=", vocab_size, " seq_len=", seq_len,
+      " shared_classifier=", shared_classifier ? "true" : "false", " head_dim=", head_dim,
+      " kv_dim=", kv_dim, " rope_theta=", rope_theta,
+      " rope_form=", rope_form == RopeForm::kInterleaved ? "interleaved" : "rotate_half");
+  if (rope_scaling.has_value()) {
+    absl::StrAppend(&out, " rope_scaling=llama3(factor=", rope_scaling->factor,
+                    ",low=", rope_scaling->low_freq_factor,
+                    ",high=", rope_scaling->high_freq_factor,
+                    ",original=", rope_scaling->original_max_position_embeddings, ")");
+  }
+  absl::StrAppend(&out, " rms_norm_eps=", rms_norm_eps, " qkv_bias=", qkv_bias ? "true" : "false",
+                  " sliding_window=", sliding_window, " bos_id=");
+  if (bos_id == kNoToken) {
+    out += "none";
+  } else {
+    absl::StrAppend(&out, bos_id);
+  }
+  absl::StrAppend(&out, " eos_ids=[", absl::StrJoin(eos_ids, ","), "]",
+                  " weight_dtype=", DTypeLabel(weight_dtype));
+  return out;
+}
+
+std::string CanonicalConfigBytes(const ModelConfig& c) {
+  std::string out;
+  static constexpr char kTag[] = "pd.model_config.v1";
+  out.append(kTag, sizeof(kTag));  // includes the NUL, which ends the tag unambiguously
+  AppendRaw<uint8_t>(&out, static_cast<uint8_t>(c.architecture));
+  for (int32_t v : {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size,
+                    c.seq_len, c.head_dim, c.kv_dim, c.sliding_window}) {
+    AppendRaw<int32_t>(&out, v);
+  }
+  AppendRaw<uint8_t>(&out, c.shared_classifier ? 1 : 0);
+  AppendRaw<uint32_t>(&out, std::bit_cast<uint32_t>(c.rope_theta));
+  AppendRaw<uint8_t>(&out, static_cast<uint8_t>(c.rope_form));
+  AppendRaw<uint8_t>(&out, c.rope_scaling.has_value() ? 1 : 0);
+  if (c.rope_scaling.has_value()) {
+    AppendRaw<uint32_t>(&out, std::bit_cast<uint32_t>(c.rope_scaling->factor));
+    AppendRaw<uint32_t>(&out, std::bit_cast<uint32_t>(c.rope_scaling->low_freq_factor));
+    AppendRaw<uint32_t>(&out, std::bit_cast<uint32_t>(c.rope_scaling->high_freq_factor));
+    AppendRaw<int32_t>(&out, c.rope_scaling->original_max_position_embeddings);
+  }
+  AppendRaw<uint32_t>(&out, std::bit_cast<uint32_t>(c.rms_norm_eps));
+  AppendRaw<uint8_t>(&out, c.qkv_bias ? 1 : 0);
+  AppendRaw<uint32_t>(&out, c.bos_id);
+  AppendRaw<uint32_t>(&out, static_cast<uint32_t>(c.eos_ids.size()));
+  for (uint32_t id : c.eos_ids) {
+    AppendRaw<uint32_t>(&out, id);
+  }
+  AppendRaw<uint8_t>(&out, static_cast<uint8_t>(c.weight_dtype));
+  return out;
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,92 @@
+#include "engine/runtime/model_runtime.h"
+
+#include <sys/stat.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "engine/model/hf_tokenizer.h"
+#include "engine/model/llama2c_tokenizer.h"
+
+namespace pd::engine {
+
+absl::Status ModelRuntimeConfig::Validate() const {
+  if (model.empty()) {
+    return absl::InvalidArgumentError("--model is empty");
+  }
+  if (kv_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_blocks must be > 0, got ", kv_blocks));
+  }
+  if (block_size <= 0 || block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block_size must be in [1, 1024], got ", block_size));
+  }
+  if (threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads));
+  }
+  return scheduler.Validate();
+}
+
+ModelRuntime::~ModelRuntime() = default;
+
+absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeConfig config) {
+  PD_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<ModelRuntime> rt(new ModelRuntime());
+  struct stat st;
+  if (::stat(config.model.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("model ", config.model, " does not exist"));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    PD_ASSIGN_OR_RETURN(HfModel model, HfModel::Load(config.model));
+    rt->hf_ = std::make_unique<HfModel>(std::move(model));
+    PD_ASSIGN_OR_RETURN(rt->weights_, WeightsFromHf(*rt->hf_));
+    const std::string tok_path =
+        config.tokenizer.empty() ? absl::StrCat(config.model, "/tokenizer.json") : config.tokenizer;
+    PD_ASSIGN_OR_RETURN(HfTokenizer tok, HfTokenizer::Load(tok_path));
+    rt->tokenizer_ = std::make_unique<HfTokenizer>(std::move(tok));
+  } else {
+    if (config.tokenizer.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", config.model, " is a llama2.c checkpoint: pass its tokenizer.bin with --tokenizer"));
+    }
+    PD_ASSIGN_OR_RETURN(Llama2cCheckpoint ckpt, Llama2cCheckpoint::Load(config.model));
+    rt->llama2c_ = std::make_unique<Llama2cCheckpoint>(std::move(ckpt));
+    rt->weights_ = WeightsFromLlama2c(*rt->llama2c_);
+    PD_ASSIGN_OR_RETURN(Llama2cTokenizer tok,
+                        Llama2cTokenizer::Load(config.tokenizer, rt->weights_.config.vocab_size));
+    rt->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
+  }
+  const ModelConfig& c = rt->weights_.config;
+  rt->layout_ = {c.n_layers, c.n_kv_heads, c.head_dim, config.block_size, kernels::DType::kF32};
+  PD_ASSIGN_OR_RETURN(rt->pool_, memory::HostKvPool::Create(rt->layout_, config.kv_blocks));
+  PD_ASSIGN_OR_RETURN(rt->kv_,
+                      kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size}));
+  const int threads =
+      config.threads > 0 ? config.threads : std::max(1u, std::thread::hardware_concurrency());
+  rt->parallel_ = std::make_unique<ParallelFor>(ParallelFor::Options{threads});
+  kernels::OpContext ctx;
+  ctx.parallel = rt->parallel_.get();
+  PD_ASSIGN_OR_RETURN(
+      rt->forward_,
+      LlamaForward::Create(&rt->weights_,
+                           {rt->pool_->base(), kernels::DType::kF32, config.kv_blocks,
+                            config.block_size},
+                           ctx, {config.scheduler.max_batch_tokens, config.scheduler.max_running}));
+  PD_ASSIGN_OR_RETURN(rt->scheduler_,
+                      Scheduler::Create(config.scheduler, rt->forward_.get(), rt->kv_.get(),
+                                        rt->tokenizer_.get(), rt->weights_.fingerprint));
+  rt->config_ = std::move(config);
+  return rt;
+}
+
+std::string ModelRuntime::Describe() const {
+  const ModelConfig& c = weights_.config;
+  return absl::StrCat("model ", config_.model, " (", ArchitectureName(c.architecture), ", ",
+                      c.n_layers, " layers, dim ", c.dim, ", vocab ", c.vocab_size, ", context ",
+                      c.seq_len, ", fingerprint ", weights_.fingerprint.substr(0, 12),
+                      "), kv pool ", config_.kv_blocks, " blocks x ", config_.block_size,
+                      " tokens (", pool_->size_bytes() >> 20, " MiB)");
+}
+
+}  // namespace pd::engine

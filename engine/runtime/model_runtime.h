@@ -1,0 +1,71 @@
+// ModelRuntime: everything one worker needs to run a model, built from a path: the weights
+// (a Hugging Face directory or a llama2.c checkpoint), the tokenizer, the host KV pool, the KV
+// cache manager, the forward pass, the CPU thread team and the scheduler.
+//
+// Used by pd-generate and pd-worker. Thread-compatible: the scheduler is driven by one thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/threads/parallel_for.h"
+#include "engine/kvcache/kv_cache_manager.h"
+#include "engine/memory/host_kv_pool.h"
+#include "engine/model/hf_model.h"
+#include "engine/model/llama2c_checkpoint.h"
+#include "engine/model/llama_forward.h"
+#include "engine/model/model_weights.h"
+#include "engine/model/tokenizer.h"
+#include "engine/scheduler/scheduler.h"
+
+namespace pd::engine {
+
+struct ModelRuntimeConfig {
+  // A Hugging Face model directory (config.json, model.safetensors[.index.json],
+  // tokenizer.json) or a llama2.c checkpoint file (then `tokenizer` is its tokenizer.bin).
+  std::string model;
+  std::string tokenizer;
+  int64_t kv_blocks = 1024;  // KV pool size in blocks
+  int64_t block_size = 16;   // tokens per block
+  int threads = 0;           // CPU threads for kernels; 0 = all cores
+  SchedulerConfig scheduler;
+
+  // InvalidArgument naming the field.
+  absl::Status Validate() const;
+};
+
+class ModelRuntime {
+ public:
+  // Errors: NotFound for a missing model or tokenizer file, InvalidArgument for a malformed
+  // one (naming the file and the problem), ResourceExhausted when the KV pool cannot be mapped.
+  static absl::StatusOr<std::unique_ptr<ModelRuntime>> Create(ModelRuntimeConfig config);
+  ~ModelRuntime();
+
+  Scheduler* scheduler() { return scheduler_.get(); }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ModelConfig& model_config() const { return weights_.config; }
+  const std::string& fingerprint() const { return weights_.fingerprint; }
+  const kvcache::KvLayout& kv_layout() const { return layout_; }
+  memory::HostKvPool* kv_pool() { return pool_.get(); }
+  kvcache::KvCacheManager* kv_cache() { return kv_.get(); }
+  // One line describing the model and the pool, for startup logs.
+  std::string Describe() const;
+
+ private:
+  ModelRuntime() = default;
+
+  ModelRuntimeConfig config_;
+  std::unique_ptr<Llama2cCheckpoint> llama2c_;
+  std::unique_ptr<HfModel> hf_;
+  ModelWeights weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  kvcache::KvLayout layout_;
+  std::unique_ptr<memory::HostKvPool> pool_;
+  std::unique_ptr<kvcache::KvCacheManager> kv_;
+  std::unique_ptr<ParallelFor> parallel_;
+  std::unique_ptr<LlamaForward> forward_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+}  // namespace pd::engine

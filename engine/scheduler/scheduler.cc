@@ -1,0 +1,495 @@
+#include "engine/scheduler/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/log/log.h"
+#include "kernels/sampling.h"
+
+namespace pd::engine {
+
+struct Scheduler::Sequence {
+  GenerationRequest request;
+  kvcache::SequenceId kv_id;
+  BlockHash seed;
+  std::vector<uint32_t> tokens;  // prompt + generated
+  size_t prompt_len = 0;
+  std::vector<BlockHash> chain;  // hashes of the full blocks of tokens[0, num_computed)
+  int64_t num_computed = 0;      // tokens whose KV is in the pool
+  int64_t num_allocated = 0;     // tokens with a slot in the block table
+  bool admitted_once = false;
+  uint32_t cached_tokens = 0;    // at first admission
+  uint32_t num_preemptions = 0;
+  // Text: generated text so far and how much of it was sent (the rest is held back because it
+  // could start a stop string).
+  std::unique_ptr<DecodeStream> detok;
+  std::string text;
+  size_t text_sent = 0;
+  std::vector<uint32_t> unsent_tokens;
+  FinishReason finished = FinishReason::kNone;
+  absl::Status status;
+  bool cancel_requested = false;
+  absl::Time submitted, first_scheduled, prefill_done, first_token;
+
+  size_t num_generated() const { return tokens.size() - prompt_len; }
+};
+
+absl::Status SchedulerConfig::Validate() const {
+  if (max_batch_tokens <= 0 || max_running <= 0 || max_running > max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler: need 0 < max_running <= max_batch_tokens, got ", max_running, " and ",
+        max_batch_tokens));
+  }
+  if (max_waiting <= 0) {
+    return absl::InvalidArgumentError("scheduler: max_waiting must be > 0");
+  }
+  if (kv_dtype.empty()) {
+    return absl::InvalidArgumentError("scheduler: kv_dtype is empty");
+  }
+  return absl::OkStatus();
+}
+
+Scheduler::Scheduler(SchedulerConfig config, LlamaForward* forward,
+                     kvcache::KvCacheManager* kv_cache, const Tokenizer* tokenizer,
+                     std::string fingerprint, Clock* clock)
+    : config_(std::move(config)),
+      forward_(forward),
+      kv_(kv_cache),
+      tokenizer_(tokenizer),
+      fingerprint_(std::move(fingerprint)),
+      clock_(clock) {}
+
+Scheduler::~Scheduler() = default;
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(SchedulerConfig config,
+                                                             LlamaForward* forward,
+                                                             kvcache::KvCacheManager* kv_cache,
+                                                             const Tokenizer* tokenizer,
+                                                             std::string model_fingerprint,
+                                                             Clock* clock) {
+  PD_RETURN_IF_ERROR(config.Validate());
+  if (forward == nullptr || kv_cache == nullptr || tokenizer == nullptr || clock == nullptr) {
+    return absl::InvalidArgumentError("scheduler: forward, kv cache, tokenizer and clock are required");
+  }
+  if (config.max_batch_tokens > forward->options().max_batch_tokens ||
+      config.max_running > forward->options().max_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler: max_batch_tokens ", config.max_batch_tokens, " / max_running ",
+        config.max_running, " exceed the forward pass's ", forward->options().max_batch_tokens,
+        " / ", forward->options().max_seqs));
+  }
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), forward, kv_cache, tokenizer,
+                                             std::move(model_fingerprint), clock));
+  s->logits_.resize(forward->options().max_seqs * forward->vocab_size());
+  return s;
+}
+
+absl::StatusOr<BlockHash> Scheduler::SeedFor(const std::string& cache_salt) {
+  auto it = seeds_.find(cache_salt);
+  if (it != seeds_.end()) {
+    return it->second;
+  }
+  HashSeedInput in;
+  in.model_fingerprint = fingerprint_;
+  in.kv_dtype = config_.kv_dtype;
+  in.block_size = static_cast<uint32_t>(kv_->block_size());
+  in.cache_salt = cache_salt;
+  PD_ASSIGN_OR_RETURN(BlockHash seed, ComputeHashSeed(in));
+  seeds_.emplace(cache_salt, seed);
+  return seed;
+}
+
+absl::Status Scheduler::Submit(GenerationRequest request) {
+  const ModelConfig& c = forward_->config();
+  const std::string id = request.id.ToString();
+  if (request.prompt.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": empty prompt"));
+  }
+  for (uint32_t t : request.prompt) {
+    if (t >= static_cast<uint32_t>(c.vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", id, ": token id ", t, " >= vocab size ", c.vocab_size));
+    }
+  }
+  if (static_cast<int64_t>(request.prompt.size()) >= c.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt of ",
+                                                   request.prompt.size(),
+                                                   " tokens does not fit the context of ",
+                                                   c.seq_len));
+  }
+  const int64_t needed = kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + 1);
+  if (needed > kv_->num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt needs ", needed,
+                                                   " KV blocks, the pool has ",
+                                                   kv_->num_blocks()));
+  }
+  auto same = [&](const std::unique_ptr<Sequence>& s) { return s->request.id == request.id; };
+  if (std::any_of(waiting_.begin(), waiting_.end(), same) ||
+      std::any_of(running_.begin(), running_.end(), same)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already queued or running"));
+  }
+  if (static_cast<int64_t>(waiting_.size()) >= config_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("scheduler queue full (", config_.max_waiting, " waiting)"));
+  }
+  auto seq = std::make_unique<Sequence>();
+  PD_ASSIGN_OR_RETURN(seq->seed, SeedFor(request.cache_salt));
+  seq->kv_id = kvcache::SequenceId(next_sequence_id_++);
+  seq->tokens = request.prompt;
+  seq->prompt_len = request.prompt.size();
+  seq->detok = std::make_unique<DecodeStream>(tokenizer_, request.prompt.back());
+  seq->submitted = clock_->Now();
+  seq->request = std::move(request);
+  waiting_.push_back(std::move(seq));
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Cancel(RequestId id) {
+  for (auto* list : {&running_}) {
+    for (auto& s : *list) {
+      if (s->request.id == id) {
+        s->cancel_requested = true;
+        return absl::OkStatus();
+      }
+    }
+  }
+  for (auto& s : waiting_) {
+    if (s->request.id == id) {
+      s->cancel_requested = true;
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("request ", id.ToString(), " is not queued or running"));
+}
+
+void Scheduler::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
+  if (seq->finished != FinishReason::kNone) {
+    return;
+  }
+  seq->finished = reason;
+  seq->status = std::move(status);
+  GenerationOutput out;
+  out.id = seq->request.id;
+  out.new_tokens = std::move(seq->unsent_tokens);
+  seq->unsent_tokens.clear();
+  // Held-back text is released (a stop string match was cut off already); an incomplete UTF-8
+  // tail is flushed raw unless the text ended at a stop string.
+  std::string tail = seq->detok->Flush();
+  if (reason != FinishReason::kStopString) {
+    seq->text += tail;
+  }
+  out.text = seq->text.substr(std::min(seq->text_sent, seq->text.size()));
+  seq->text_sent = seq->text.size();
+  out.finish_reason = reason;
+  out.status = seq->status;
+  out.prompt_tokens = static_cast<uint32_t>(seq->prompt_len);
+  out.cached_tokens = seq->cached_tokens;
+  out.completion_tokens = static_cast<uint32_t>(seq->num_generated());
+  out.num_preemptions = seq->num_preemptions;
+  const absl::Time now = clock_->Now();
+  const absl::Time scheduled =
+      seq->admitted_once ? seq->first_scheduled : now;
+  out.timings.queue = scheduled - seq->submitted;
+  out.timings.prefill =
+      seq->prefill_done > scheduled ? seq->prefill_done - scheduled : absl::ZeroDuration();
+  out.timings.first_token =
+      seq->first_token > seq->submitted ? seq->first_token - seq->submitted : absl::ZeroDuration();
+  out.timings.total = now - seq->submitted;
+  ++stats_.finished;
+  if (seq->request.on_output) {
+    seq->request.on_output(std::move(out));
+  }
+}
+
+void Scheduler::ExpireAndCancel() {
+  const absl::Time now = clock_->Now();
+  auto check = [&](Sequence* s) {
+    if (s->cancel_requested) {
+      Finish(s, FinishReason::kAbort, absl::CancelledError("request cancelled"));
+    } else if (s->request.deadline.has_value() && now >= *s->request.deadline) {
+      Finish(s, FinishReason::kAbort, absl::DeadlineExceededError("request deadline passed"));
+    }
+  };
+  for (auto& s : waiting_) check(s.get());
+  for (auto& s : running_) check(s.get());
+}
+
+void Scheduler::SweepFinished() {
+  for (auto it = running_.begin(); it != running_.end();) {
+    if ((*it)->finished != FinishReason::kNone) {
+      absl::Status s = kv_->Free((*it)->kv_id);
+      CHECK(s.ok()) << s;  // the table exists for every running sequence
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                [](const std::unique_ptr<Sequence>& s) {
+                                  return s->finished != FinishReason::kNone;
+                                }),
+                 waiting_.end());
+}
+
+void Scheduler::Admit() {
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_running) {
+    Sequence* seq = waiting_.front().get();
+    std::vector<BlockHash> chain =
+        ComputeBlockHashes(seq->seed, seq->tokens, static_cast<uint32_t>(kv_->block_size()));
+    absl::StatusOr<int64_t> cached =
+        kv_->AllocatePrompt(seq->kv_id, chain, static_cast<int64_t>(seq->tokens.size()));
+    if (absl::IsResourceExhausted(cached.status())) {
+      if (running_.empty()) {
+        // Nothing will free blocks for it: the pool cannot hold this sequence.
+        Finish(seq, FinishReason::kError,
+               absl::ResourceExhaustedError(absl::StrCat(
+                   "request ", seq->request.id.ToString(), ": ", seq->tokens.size(),
+                   " tokens do not fit the KV pool of ", kv_->num_blocks(), " blocks")));
+        waiting_.pop_front();
+        continue;
+      }
+      return;  // wait for running requests to free blocks
+    }
+    if (!cached.ok()) {
+      Finish(seq, FinishReason::kError, cached.status());
+      waiting_.pop_front();
+      continue;
+    }
+    seq->num_computed = *cached;
+    seq->num_allocated = static_cast<int64_t>(seq->tokens.size());
+    seq->chain.assign(chain.begin(), chain.begin() + *cached / kv_->block_size());
+    if (!seq->admitted_once) {
+      seq->admitted_once = true;
+      seq->cached_tokens = static_cast<uint32_t>(*cached);
+      seq->first_scheduled = clock_->Now();
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+void Scheduler::Preempt(size_t running_index) {
+  std::unique_ptr<Sequence> victim = std::move(running_[running_index]);
+  running_.erase(running_.begin() + running_index);
+  absl::Status s = kv_->Free(victim->kv_id);
+  CHECK(s.ok()) << s;
+  victim->num_computed = 0;
+  victim->num_allocated = 0;
+  victim->chain.clear();
+  ++victim->num_preemptions;
+  ++stats_.preemptions;
+  VLOG(1) << "request_id=" << victim->request.id << " preempted (recompute later)";
+  waiting_.push_front(std::move(victim));
+}
+
+void Scheduler::EnsureSlots() {
+  // Every running sequence needs a slot for each token it has not computed yet (a newly
+  // sampled token). Oldest first; preempt the youngest when blocks run out.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence* seq = running_[i].get();
+    const int64_t missing = static_cast<int64_t>(seq->tokens.size()) - seq->num_allocated;
+    if (missing <= 0 || seq->finished != FinishReason::kNone) {
+      continue;
+    }
+    while (true) {
+      absl::Status s = kv_->AppendTokens(seq->kv_id, missing);
+      if (s.ok()) {
+        seq->num_allocated += missing;
+        break;
+      }
+      CHECK(absl::IsResourceExhausted(s)) << s;
+      if (running_.size() == 1) {
+        Finish(seq, FinishReason::kError,
+               absl::ResourceExhaustedError(absl::StrCat(
+                   "request ", seq->request.id.ToString(), ": KV pool of ", kv_->num_blocks(),
+                   " blocks cannot hold ", seq->tokens.size(), " tokens")));
+        return;
+      }
+      const size_t victim = running_.size() - 1;
+      Preempt(victim);
+      if (victim == i) {
+        break;  // it preempted itself; it is waiting now
+      }
+    }
+  }
+}
+
+void Scheduler::AcceptToken(Sequence* seq, uint32_t token) {
+  const ModelConfig& c = forward_->config();
+  const SamplingOptions& so = seq->request.sampling;
+  if (seq->num_generated() == 0) {
+    seq->first_token = clock_->Now();
+  }
+  seq->tokens.push_back(token);
+  seq->unsent_tokens.push_back(token);
+  ++stats_.decode_tokens;
+  const size_t generated = seq->num_generated();
+  const bool may_stop = generated >= so.min_tokens;
+  const bool is_eos = !so.ignore_eos && std::find(c.eos_ids.begin(), c.eos_ids.end(), token) !=
+                                            c.eos_ids.end();
+  const bool is_stop_id = std::find(so.stop_token_ids.begin(), so.stop_token_ids.end(), token) !=
+                          so.stop_token_ids.end();
+  if (may_stop && (is_eos || is_stop_id)) {
+    Finish(seq, FinishReason::kStop, absl::OkStatus());  // a stop token adds no text
+    return;
+  }
+  absl::StatusOr<std::string> delta = seq->detok->Step(token);
+  if (!delta.ok()) {
+    Finish(seq, FinishReason::kError, delta.status());
+    return;
+  }
+  seq->text += *delta;
+  // Stop strings: look for a match that ends in the new text; hold back any tail that could
+  // still grow into one.
+  size_t hold = 0;
+  if (may_stop) {
+    for (const std::string& stop : so.stop) {
+      const size_t from = seq->text_sent >= stop.size() ? seq->text_sent - stop.size() + 1 : 0;
+      const size_t at = seq->text.find(stop, from);
+      if (at != std::string::npos) {
+        // Text already sent stays sent (possible only when min_tokens delayed the check).
+        seq->text.resize(std::max(at, seq->text_sent));
+        Finish(seq, FinishReason::kStopString, absl::OkStatus());
+        return;
+      }
+      for (size_t k = std::min(stop.size() - 1, seq->text.size()); k > hold; --k) {
+        if (seq->text.compare(seq->text.size() - k, k, stop, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+      }
+    }
+  }
+  if ((so.max_tokens > 0 && generated >= so.max_tokens) ||
+      static_cast<int64_t>(seq->tokens.size()) >= c.seq_len) {
+    Finish(seq, FinishReason::kLength, absl::OkStatus());
+    return;
+  }
+  GenerationOutput out;
+  out.id = seq->request.id;
+  out.new_tokens = std::move(seq->unsent_tokens);
+  seq->unsent_tokens.clear();
+  const size_t sendable = std::max(seq->text.size() - hold, seq->text_sent);
+  out.text = seq->text.substr(seq->text_sent, sendable - seq->text_sent);
+  seq->text_sent = sendable;
+  if (seq->request.on_output) {
+    seq->request.on_output(std::move(out));
+  }
+}
+
+bool Scheduler::Step() {
+  ExpireAndCancel();
+  SweepFinished();
+  Admit();
+  EnsureSlots();
+  SweepFinished();
+  if (running_.empty()) {
+    return !waiting_.empty();
+  }
+  ++stats_.steps;
+
+  // One token for each sequence with exactly one to compute (decode), then prefill chunks.
+  std::vector<Sequence*> members;
+  std::vector<ForwardSequence> batch;
+  std::vector<std::vector<int32_t>> tables;
+  int64_t budget = config_.max_batch_tokens;
+  for (int pass = 0; pass < 2 && budget > 0; ++pass) {
+    for (auto& owned : running_) {
+      Sequence* seq = owned.get();
+      const int64_t todo = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
+      if (todo <= 0 || (todo == 1) != (pass == 0) || budget <= 0) {
+        continue;
+      }
+      const int64_t n = std::min(todo, budget);
+      budget -= n;
+      members.push_back(seq);
+      const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
+      std::vector<int32_t> ids;
+      ids.reserve(table->num_blocks());
+      for (BlockId b : table->blocks()) {
+        ids.push_back(static_cast<int32_t>(b.value()));
+      }
+      tables.push_back(std::move(ids));
+      batch.push_back({absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, n),
+                       seq->num_computed, {}});
+    }
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].block_table = tables[i];
+  }
+  absl::Status status = forward_->Forward(batch, logits_.data());
+  if (!status.ok()) {
+    LOG(ERROR) << "forward pass failed for a batch of " << batch.size() << ": " << status;
+    for (Sequence* seq : members) {
+      Finish(seq, FinishReason::kError, status);
+    }
+    SweepFinished();
+    return true;
+  }
+
+  const int64_t vocab = forward_->vocab_size();
+  const uint32_t block_size = static_cast<uint32_t>(kv_->block_size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    Sequence* seq = members[i];
+    const int64_t n = static_cast<int64_t>(batch[i].tokens.size());
+    seq->num_computed += n;
+    if (seq->num_computed <= static_cast<int64_t>(seq->prompt_len)) {
+      stats_.prefill_tokens += n;
+    }
+    ExtendBlockHashes(seq->seed, absl::MakeConstSpan(seq->tokens).first(seq->num_computed),
+                      block_size, &seq->chain);
+    absl::Status commit = kv_->CommitBlocks(seq->kv_id, seq->chain);
+    CHECK(commit.ok()) << commit;  // the chain hashes exactly the computed tokens
+    if (seq->num_computed < static_cast<int64_t>(seq->tokens.size())) {
+      continue;  // a prefill chunk short of the end: no token yet
+    }
+    if (seq->num_generated() == 0 && seq->prefill_done == absl::Time()) {
+      seq->prefill_done = clock_->Now();
+    }
+    const SamplingOptions& so = seq->request.sampling;
+    float temperature = so.temperature;
+    int32_t top_k = so.top_k;
+    float top_p = so.top_p > 0 ? so.top_p : 1.0f;
+    uint64_t seed = so.seed;
+    uint64_t step = seq->num_generated();
+    int32_t token = 0;
+    kernels::SamplingParams sp;
+    sp.logits = logits_.data() + i * vocab;
+    sp.out_tokens = &token;
+    sp.num_seqs = 1;
+    sp.vocab_size = vocab;
+    sp.logits_stride = vocab;
+    if (temperature > 0) {
+      sp.temperature = &temperature;
+      sp.top_k = &top_k;
+      sp.top_p = &top_p;
+      sp.seeds = &seed;
+      sp.steps = &step;
+    }
+    const int64_t ws = kernels::SamplingWorkspaceBytes(kernels::OpContext{}, sp);
+    if (static_cast<int64_t>(sample_workspace_.size()) < ws) {
+      sample_workspace_.resize(ws);
+    }
+    sp.workspace = sample_workspace_.data();
+    sp.workspace_bytes = static_cast<int64_t>(sample_workspace_.size());
+    absl::Status sampled = kernels::Sample(kernels::OpContext{}, sp);
+    if (!sampled.ok()) {
+      Finish(seq, FinishReason::kError, sampled);
+      continue;
+    }
+    AcceptToken(seq, static_cast<uint32_t>(token));
+  }
+  SweepFinished();
+  return true;
+}
+
+SchedulerStats Scheduler::Stats() const {
+  SchedulerStats s = stats_;
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.running = static_cast<int64_t>(running_.size());
+  s.kv = kv_->Stats();
+  return s;
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,117 @@
+// Scheduler: continuous batching over one LlamaForward and one KV cache.
+//
+// Each Step() builds one batch under a token budget: every running sequence that has a token to
+// decode gets one token, then prompts still prefilling get chunks of the remaining budget
+// (chunked prefill), oldest first. Admission is FCFS and all-or-nothing on KV blocks (a prompt
+// is admitted when its uncached blocks fit). When decode needs a block and none is free, the
+// most recently admitted running request is preempted: its blocks are freed and it goes back to
+// the front of the queue with its generated tokens appended to its prompt, to be recomputed
+// (mostly from the prefix cache) when blocks free up.
+//
+// Outputs are identical whatever the batch composition, chunking, cache hits or preemptions:
+// the kernels are batch-invariant and a sampled token depends only on its logits and
+// (seed, step).
+//
+// Thread-compatible: one thread calls Submit/Cancel/Step (a service wraps it in its own loop
+// thread and queues). Output callbacks run inside Step().
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/hash/block_hash.h"
+#include "common/time/clock.h"
+#include "engine/kvcache/kv_cache_manager.h"
+#include "engine/model/llama_forward.h"
+#include "engine/model/tokenizer.h"
+#include "engine/scheduler/request.h"
+
+namespace pd::engine {
+
+struct SchedulerConfig {
+  int64_t max_batch_tokens = 256;  // token budget per step (decode tokens + prefill chunks)
+  int64_t max_running = 32;        // sequences in the running set
+  int64_t max_waiting = 1024;      // queue bound; Submit beyond it is ResourceExhausted
+  std::string kv_dtype = "f32";    // name mixed into the block-hash seed
+
+  absl::Status Validate() const;
+};
+
+struct SchedulerStats {
+  int64_t waiting = 0;
+  int64_t running = 0;
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;   // prompt tokens computed (cumulative)
+  int64_t decode_tokens = 0;    // tokens generated (cumulative)
+  int64_t preemptions = 0;
+  int64_t finished = 0;
+  kvcache::KvCacheStats kv;
+};
+
+class Scheduler {
+ public:
+  // Everything passed must outlive the scheduler. The forward pass's KV pool must have
+  // kv_cache->num_blocks() blocks of kv_cache->block_size() tokens. `tokenizer` turns tokens
+  // into text deltas and stop-string matches. `clock` times requests.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(SchedulerConfig config,
+                                                           LlamaForward* forward,
+                                                           kvcache::KvCacheManager* kv_cache,
+                                                           const Tokenizer* tokenizer,
+                                                           std::string model_fingerprint,
+                                                           Clock* clock = Clock::Real());
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. InvalidArgument for an empty prompt, an out-of-range token id, a prompt
+  // that does not fit the context, or a request that could never fit the KV pool;
+  // AlreadyExists for a duplicate id; ResourceExhausted when the queue is full.
+  absl::Status Submit(GenerationRequest request);
+
+  // Ends a request with kAbort / CANCELLED (its last output is emitted in the next Step).
+  // NotFound when the id is not queued or running.
+  absl::Status Cancel(RequestId id);
+
+  // Runs one batch. Returns false when there was nothing to do. Errors from the forward pass
+  // fail the requests of that batch (kError), not the scheduler.
+  bool Step();
+
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  SchedulerStats Stats() const;
+
+ private:
+  struct Sequence;
+
+  Scheduler(SchedulerConfig config, LlamaForward* forward, kvcache::KvCacheManager* kv_cache,
+            const Tokenizer* tokenizer, std::string fingerprint, Clock* clock);
+
+  void ExpireAndCancel();
+  void Admit();
+  void EnsureSlots();
+  void Preempt(size_t running_index);
+  void Finish(Sequence* seq, FinishReason reason, absl::Status status);
+  void AcceptToken(Sequence* seq, uint32_t token);
+  void SweepFinished();
+  absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
+
+  const SchedulerConfig config_;
+  LlamaForward* forward_;
+  kvcache::KvCacheManager* kv_;
+  const Tokenizer* tokenizer_;
+  const std::string fingerprint_;
+  Clock* clock_;
+  absl::flat_hash_map<std::string, BlockHash> seeds_;  // by cache salt
+
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  uint64_t next_sequence_id_ = 1;
+  SchedulerStats stats_;
+  std::vector<float> logits_;
+  std::vector<uint8_t> sample_workspace_;
+};
+
+}  // namespace pd::engine

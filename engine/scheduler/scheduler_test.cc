@@ -1,0 +1,293 @@
+#include "engine/scheduler/scheduler.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/log/log.h"
+#include "engine/kvcache/kv_cache_manager.h"
+#include "engine/memory/host_kv_pool.h"
+#include "engine/model/llama2c_checkpoint.h"
+#include "engine/model/llama2c_tokenizer.h"
+#include "engine/model/model_weights.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
+
+// What a finished request produced.
+struct Result {
+  std::vector<uint32_t> tokens;
+  std::string text;
+  GenerationOutput last;
+  int outputs = 0;
+};
+
+// stories260K with a paged pool, a KV cache manager and a scheduler.
+class Harness {
+ public:
+  Harness(int64_t num_blocks, SchedulerConfig config, Clock* clock = Clock::Real()) {
+    absl::StatusOr<Llama2cCheckpoint> ckpt = Llama2cCheckpoint::Load(kModel);
+    CHECK(ckpt.ok()) << ckpt.status();
+    checkpoint_ = std::make_unique<Llama2cCheckpoint>(*std::move(ckpt));
+    weights_ = WeightsFromLlama2c(*checkpoint_);
+    absl::StatusOr<Llama2cTokenizer> tok = Llama2cTokenizer::Load(kTokenizer, 512);
+    CHECK(tok.ok()) << tok.status();
+    tokenizer_ = std::make_unique<Llama2cTokenizer>(*std::move(tok));
+    kvcache::KvLayout layout{weights_.config.n_layers, weights_.config.n_kv_heads,
+                             weights_.config.head_dim, 16, kernels::DType::kF32};
+    absl::StatusOr<std::unique_ptr<memory::HostKvPool>> pool =
+        memory::HostKvPool::Create(layout, num_blocks);
+    CHECK(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+    ForwardOptions fo{config.max_batch_tokens, config.max_running};
+    absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
+        &weights_, {pool_->base(), kernels::DType::kF32, num_blocks, 16}, {}, fo);
+    CHECK(f.ok()) << f.status();
+    forward_ = *std::move(f);
+    absl::StatusOr<std::unique_ptr<kvcache::KvCacheManager>> kv =
+        kvcache::KvCacheManager::Create({num_blocks, 16});
+    CHECK(kv.ok()) << kv.status();
+    kv_ = *std::move(kv);
+    absl::StatusOr<std::unique_ptr<Scheduler>> s = Scheduler::Create(
+        config, forward_.get(), kv_.get(), tokenizer_.get(), checkpoint_->Fingerprint(), clock);
+    CHECK(s.ok()) << s.status();
+    scheduler_ = *std::move(s);
+  }
+
+  absl::Status Submit(uint64_t id, std::vector<uint32_t> prompt, SamplingOptions sampling = {},
+                      std::string salt = "") {
+    GenerationRequest r;
+    r.id = RequestId(id);
+    r.prompt = std::move(prompt);
+    r.sampling = std::move(sampling);
+    r.cache_salt = std::move(salt);
+    r.on_output = [this, id](GenerationOutput out) {
+      Result& res = results_[id];
+      res.tokens.insert(res.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+      res.text += out.text;
+      ++res.outputs;
+      if (out.finish_reason != FinishReason::kNone) {
+        res.last = std::move(out);
+      }
+    };
+    return scheduler_->Submit(std::move(r));
+  }
+
+  void RunToCompletion(int max_steps = 100000) {
+    for (int i = 0; i < max_steps && !scheduler_->idle(); ++i) {
+      scheduler_->Step();
+    }
+    ASSERT_TRUE(scheduler_->idle()) << "scheduler did not finish";
+  }
+
+  std::vector<uint32_t> Encode(const std::string& text) {
+    absl::StatusOr<std::vector<uint32_t>> ids = tokenizer_->Encode(text, true, false);
+    CHECK(ids.ok()) << ids.status();
+    return *ids;
+  }
+
+  Scheduler* scheduler() { return scheduler_.get(); }
+  std::map<uint64_t, Result>& results() { return results_; }
+
+ private:
+  std::unique_ptr<Llama2cCheckpoint> checkpoint_;
+  ModelWeights weights_;
+  std::unique_ptr<Llama2cTokenizer> tokenizer_;
+  std::unique_ptr<memory::HostKvPool> pool_;
+  std::unique_ptr<LlamaForward> forward_;
+  std::unique_ptr<kvcache::KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<uint64_t, Result> results_;
+};
+
+SamplingOptions MaxTokens(uint32_t n) {
+  SamplingOptions s;
+  s.max_tokens = n;
+  return s;
+}
+
+const char* kPrompts[] = {"Once upon a time", "The cat sat on the mat and", "Lily and Ben went",
+                          "One day, a little bird", "Tom had a big red ball. He"};
+
+TEST(SchedulerTest, GreedyFromBosMatchesReadmeText) {
+  Harness h(64, {});
+  ASSERT_TRUE(h.Submit(1, {1}, MaxTokens(40)).ok());
+  h.RunToCompletion();
+  const Result& r = h.results()[1];
+  EXPECT_EQ(r.last.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(r.tokens.size(), 40u);
+  EXPECT_EQ(r.last.completion_tokens, 40u);
+  EXPECT_EQ(r.last.prompt_tokens, 1u);
+  EXPECT_THAT(r.text, ::testing::StartsWith(
+                          "Once upon a time, there was a little girl named Lily. She loved to "
+                          "play outside in the park."));
+}
+
+// Batch composition, chunking and cache hits must not change a single token.
+TEST(SchedulerTest, OutputsIdenticalAloneBatchedChunkedAndCached) {
+  std::map<int, std::vector<uint32_t>> alone;
+  for (int i = 0; i < 5; ++i) {
+    Harness h(64, {});
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), MaxTokens(24)).ok());
+    h.RunToCompletion();
+    alone[i] = h.results()[i].tokens;
+    ASSERT_EQ(alone[i].size(), 24u);
+  }
+  // All five at once, with a tiny token budget so prompts are chunked and batched with decodes.
+  SchedulerConfig small;
+  small.max_batch_tokens = 6;
+  small.max_running = 5;
+  Harness h(64, small);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), MaxTokens(24)).ok());
+  }
+  h.RunToCompletion();
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(h.results()[i].tokens, alone[i]) << "prompt " << i;
+  }
+  // A new prompt twice on the same scheduler: the second time its full blocks are cache hits.
+  std::vector<uint32_t> long_prompt = h.Encode(
+      "Zebras in a green field sang loudly while the bright sun shone over the hills.");
+  ASSERT_GE(long_prompt.size(), 17u);
+  ASSERT_TRUE(h.Submit(10, long_prompt, MaxTokens(16)).ok());
+  h.RunToCompletion();
+  ASSERT_TRUE(h.Submit(11, long_prompt, MaxTokens(16)).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.results()[10].last.cached_tokens, 0u);
+  EXPECT_GE(h.results()[11].last.cached_tokens, 16u);
+  EXPECT_EQ(h.results()[11].tokens, h.results()[10].tokens);
+  // A different cache salt never hits.
+  ASSERT_TRUE(h.Submit(12, long_prompt, MaxTokens(16), "tenant-b").ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.results()[12].last.cached_tokens, 0u);
+  EXPECT_EQ(h.results()[12].tokens, h.results()[10].tokens);
+}
+
+// A pool too small for all requests at once forces preemption by recompute.
+TEST(SchedulerTest, PreemptedRequestsProduceUndisturbedOutput) {
+  std::map<int, std::vector<uint32_t>> alone;
+  for (int i = 0; i < 4; ++i) {
+    Harness h(64, {});
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), MaxTokens(60)).ok());
+    h.RunToCompletion();
+    alone[i] = h.results()[i].tokens;
+  }
+  Harness h(12, {});  // 12 blocks of 16 = 192 token slots for four ~70-token sequences
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), MaxTokens(60)).ok());
+  }
+  h.RunToCompletion();
+  EXPECT_GT(h.scheduler()->Stats().preemptions, 0);
+  uint32_t preempted = 0;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(h.results()[i].tokens, alone[i]) << "prompt " << i;
+    preempted += h.results()[i].last.num_preemptions;
+  }
+  EXPECT_GT(preempted, 0u);
+}
+
+TEST(SchedulerTest, StopConditions) {
+  Harness h(64, {});
+  // Baseline to pick stop tokens and strings from.
+  ASSERT_TRUE(h.Submit(1, {1}, MaxTokens(30)).ok());
+  h.RunToCompletion();
+  const Result base = h.results()[1];
+
+  SamplingOptions stop_id = MaxTokens(30);
+  stop_id.stop_token_ids = {base.tokens[5]};
+  ASSERT_TRUE(h.Submit(2, {1}, stop_id).ok());
+  SamplingOptions stop_str = MaxTokens(30);
+  stop_str.stop = {"little girl"};
+  ASSERT_TRUE(h.Submit(3, {1}, stop_str).ok());
+  SamplingOptions min_tok = stop_id;
+  min_tok.min_tokens = 10;
+  ASSERT_TRUE(h.Submit(4, {1}, min_tok).ok());
+  h.RunToCompletion();
+
+  const Result& r2 = h.results()[2];
+  EXPECT_EQ(r2.last.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(r2.tokens.size(), 6u);  // the stop token is reported
+  const Result& r3 = h.results()[3];
+  EXPECT_EQ(r3.last.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(r3.text, "Once upon a time, there was a ");
+  const Result& r4 = h.results()[4];
+  EXPECT_NE(r4.last.finish_reason, FinishReason::kStop);  // that id only appears at step 6
+  EXPECT_EQ(r4.tokens, base.tokens);
+}
+
+TEST(SchedulerTest, SeededSamplingIsReproducibleAndBatchInvariant) {
+  SamplingOptions s = MaxTokens(20);
+  s.temperature = 0.9f;
+  s.top_p = 0.9f;
+  s.top_k = 40;
+  s.seed = 1234;
+  Harness a(64, {});
+  ASSERT_TRUE(a.Submit(1, {1}, s).ok());
+  a.RunToCompletion();
+  Harness b(64, {});
+  ASSERT_TRUE(b.Submit(7, b.Encode(kPrompts[2]), MaxTokens(20)).ok());
+  ASSERT_TRUE(b.Submit(1, {1}, s).ok());
+  b.RunToCompletion();
+  EXPECT_EQ(a.results()[1].tokens, b.results()[1].tokens);
+  SamplingOptions other = s;
+  other.seed = 99;
+  ASSERT_TRUE(b.Submit(2, {1}, other).ok());
+  b.RunToCompletion();
+  EXPECT_NE(b.results()[2].tokens, a.results()[1].tokens);
+}
+
+TEST(SchedulerTest, CancelAndDeadline) {
+  FakeClock clock;
+  Harness h(64, {}, &clock);
+  ASSERT_TRUE(h.Submit(1, {1}, MaxTokens(100)).ok());
+  GenerationRequest timed;
+  h.scheduler()->Step();
+  h.scheduler()->Step();
+  ASSERT_TRUE(h.scheduler()->Cancel(RequestId(1)).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.results()[1].last.finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(h.results()[1].last.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(h.scheduler()->Cancel(RequestId(1)).code(), absl::StatusCode::kNotFound);
+
+  GenerationRequest r;
+  r.id = RequestId(2);
+  r.prompt = {1};
+  r.sampling = MaxTokens(100);
+  r.deadline = clock.Now() + absl::Seconds(1);
+  Result* res = &h.results()[2];
+  r.on_output = [res](GenerationOutput out) {
+    if (out.finish_reason != FinishReason::kNone) res->last = std::move(out);
+  };
+  ASSERT_TRUE(h.scheduler()->Submit(std::move(r)).ok());
+  h.scheduler()->Step();
+  clock.Advance(absl::Seconds(2));
+  h.RunToCompletion();
+  EXPECT_EQ(res->last.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(h.scheduler()->Stats().kv.num_blocks_used, 0);  // everything released
+}
+
+TEST(SchedulerTest, SubmitRejectsBadRequests) {
+  SchedulerConfig c;
+  c.max_waiting = 1;
+  Harness h(4, c);
+  EXPECT_EQ(h.Submit(1, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.Submit(1, {1, 600}).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status too_long = h.Submit(1, std::vector<uint32_t>(100, 5));
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_long.message(), HasSubstr("KV blocks"));
+  EXPECT_EQ(h.Submit(1, std::vector<uint32_t>(600, 5)).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(h.Submit(1, {1}).ok());
+  EXPECT_EQ(h.Submit(1, {1}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(h.Submit(2, {1}).code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace pd::engine

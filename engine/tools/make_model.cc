@@ -1,0 +1,345 @@
+#include "engine/tools/make_model.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/base/status_macros.h"
+#include "engine/model/hf_config.h"
+#include "engine/model/hf_model.h"
+#include "engine/model/safetensors_writer.h"
+#include "engine/tools/tokenizer_builder.h"
+#include "kernels/half.h"
+
+namespace pd::engine {
+namespace {
+
+constexpr size_t kChunkElements = 1u << 20;
+
+absl::Status ErrnoStatus(int err, absl::string_view op, absl::string_view path) {
+  const std::string message = absl::StrCat(op, " ", path, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+// mkdir -p.
+absl::Status MakeDirs(const std::string& path) {
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos != path.size() && path[pos] != '/') {
+      continue;
+    }
+    const std::string prefix = path.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, "mkdir", prefix);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Creates `dir` or checks that it may be written to (see MakeModelOptions::force).
+absl::Status PrepareDir(const std::string& dir, bool force) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      return ErrnoStatus(errno, "stat", dir);
+    }
+    PD_RETURN_IF_ERROR(MakeDirs(dir));
+  } else if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, " exists and is not a directory"));
+  } else if (!force) {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+      return ErrnoStatus(errno, "opendir", dir);
+    }
+    bool empty = true;
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        empty = false;
+        break;
+      }
+    }
+    ::closedir(d);
+    if (!empty) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(dir, " exists and is not empty; pass --force to overwrite"));
+    }
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return ErrnoStatus(errno, "cannot write to", dir);
+  }
+  return absl::OkStatus();
+}
+
+// Writes `contents` to `path` through a temporary file and rename.
+absl::Status WriteFile(const std::string& path, absl::string_view contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return ErrnoStatus(errno, "open", tmp);
+  }
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoStatus(err, "write", tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoStatus(err, "write", path);
+  }
+  return absl::OkStatus();
+}
+
+// center and amplitude of the initialisation of tensor `name` with shape `shape`.
+std::pair<float, float> InitOf(absl::string_view name, const std::vector<int64_t>& shape) {
+  if (absl::EndsWith(name, "norm.weight")) {
+    return {1.0f, 0.1f};
+  }
+  if (absl::EndsWith(name, ".bias")) {
+    return {0.0f, 0.1f};
+  }
+  const double fan_in = static_cast<double>(shape.back());
+  return {0.0f, static_cast<float>(std::sqrt(3.0 / fan_in))};
+}
+
+inline uint64_t SplitMix64At(uint64_t key, uint64_t index) {
+  uint64_t z = key + (index + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+inline float UnitFromBits(uint64_t z) {
+  // 2k + 1 - 2^24 is an odd integer of magnitude < 2^24: exact in f32, as is the scaling.
+  const int32_t k = static_cast<int32_t>(z >> 40);
+  return static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1p-24f;
+}
+
+uint64_t TensorKey(uint64_t seed, absl::string_view name) {
+  return XXH3_64bits_withSeed(name.data(), name.size(), seed);
+}
+
+absl::Status WriteWeights(const MakeModelOptions& options, const ModelConfig& config,
+                          const std::string& path, MakeModelResult* result) {
+  const SafetensorsDtype dtype = FromKernelDType(config.weight_dtype);
+  std::vector<SafetensorsTensorSpec> specs;
+  for (HfTensorRequirement& req : HfRequiredTensors(config)) {
+    specs.push_back({std::move(req.name), dtype, std::move(req.shape)});
+  }
+  PD_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::Create(path, std::move(specs)));
+  std::vector<float> f32(kChunkElements);
+  std::vector<uint16_t> half(kChunkElements);
+  for (const SafetensorsTensorSpec& spec : writer.order()) {
+    const auto [center, amplitude] = InitOf(spec.name, spec.shape);
+    const uint64_t key = TensorKey(options.seed, spec.name);
+    const uint64_t n = spec.size_bytes() / SafetensorsDtypeSize(dtype);
+    for (uint64_t begin = 0; begin < n; begin += kChunkElements) {
+      const size_t count = static_cast<size_t>(std::min<uint64_t>(kChunkElements, n - begin));
+      for (size_t i = 0; i < count; ++i) {
+        f32[i] = center + amplitude * UnitFromBits(SplitMix64At(key, begin + i));
+      }
+      if (dtype == SafetensorsDtype::kF32) {
+        PD_RETURN_IF_ERROR(writer.Append(f32.data(), count * sizeof(float)));
+      } else {
+        for (size_t i = 0; i < count; ++i) {
+          half[i] = dtype == SafetensorsDtype::kBF16 ? kernels::F32ToBf16(f32[i])
+                                                     : kernels::F32ToF16(f32[i]);
+        }
+        PD_RETURN_IF_ERROR(writer.Append(half.data(), count * sizeof(uint16_t)));
+      }
+      if (options.progress) {
+        options.progress(writer.written_bytes(), writer.data_bytes());
+      }
+    }
+    result->num_parameters += n;
+  }
+  result->weight_bytes = writer.data_bytes();
+  return writer.Finish();
+}
+
+}  // namespace
+
+float GeneratedWeight(uint64_t seed, absl::string_view name, uint64_t index, float center,
+                      float amplitude) {
+  return center + amplitude * UnitFromBits(SplitMix64At(TensorKey(seed, name), index));
+}
+
+absl::StatusOr<kernels::DType> ParseDTypeName(absl::string_view name) {
+  if (name == "f32") {
+    return kernels::DType::kF32;
+  }
+  if (name == "bf16") {
+    return kernels::DType::kBF16;
+  }
+  if (name == "f16") {
+    return kernels::DType::kF16;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype \"", name, "\" is not one of f32, bf16, f16"));
+}
+
+absl::StatusOr<Architecture> ParseArchitectureName(absl::string_view name) {
+  for (Architecture a : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2}) {
+    if (name == ArchitectureName(a)) {
+      return a;
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("architecture \"", name, "\" is not one of llama, mistral, qwen2"));
+}
+
+absl::Status MakeModelOptions::Validate() const {
+  if (out_dir.empty()) {
+    return absl::InvalidArgumentError("out_dir is empty");
+  }
+  PD_RETURN_IF_ERROR(PresetConfig(preset).status());
+  const std::pair<const char*, int32_t> overrides[] = {
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_layers", num_layers},
+      {"num_heads", num_heads},
+      {"num_kv_heads", num_kv_heads},
+      {"vocab_size", vocab_size},
+      {"max_position_embeddings", max_position_embeddings}};
+  for (const auto& [name, value] : overrides) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " is ", value, ", must be >= 0"));
+    }
+  }
+  if (architecture == Architecture::kLlama2c) {
+    return absl::InvalidArgumentError("architecture llama2c cannot be written as an HF model");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view preset) {
+  ModelConfig c;
+  c.architecture = Architecture::kLlama;
+  c.rope_form = RopeForm::kRotateHalf;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  if (preset == "tiny") {
+    c.dim = 64, c.hidden_dim = 172, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2;
+    c.vocab_size = 512, c.seq_len = 512, c.shared_classifier = false;
+    c.weight_dtype = kernels::DType::kF32;
+  } else if (preset == "small") {
+    c.dim = 768, c.hidden_dim = 2304, c.n_layers = 12, c.n_heads = 12, c.n_kv_heads = 4;
+    c.vocab_size = 8192, c.seq_len = 2048, c.shared_classifier = false;
+    c.weight_dtype = kernels::DType::kBF16;
+  } else if (preset == "1b") {
+    c.dim = 2048, c.hidden_dim = 8192, c.n_layers = 16, c.n_heads = 32, c.n_kv_heads = 8;
+    c.vocab_size = 128256, c.seq_len = 131072, c.shared_classifier = true;
+    c.rope_theta = 500000.0f;
+    c.rope_scaling = Llama3RopeScaling{32.0f, 1.0f, 4.0f, 8192};
+    c.weight_dtype = kernels::DType::kBF16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset \"", preset, "\"; known presets: tiny, small, 1b"));
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ResolveMakeModelConfig(const MakeModelOptions& o) {
+  PD_RETURN_IF_ERROR(o.Validate());
+  PD_ASSIGN_OR_RETURN(ModelConfig c, PresetConfig(o.preset));
+  auto apply = [](int32_t value, int32_t* field) {
+    if (value > 0) {
+      *field = value;
+    }
+  };
+  apply(o.hidden_size, &c.dim);
+  apply(o.intermediate_size, &c.hidden_dim);
+  apply(o.num_layers, &c.n_layers);
+  apply(o.num_heads, &c.n_heads);
+  apply(o.num_kv_heads, &c.n_kv_heads);
+  apply(o.vocab_size, &c.vocab_size);
+  apply(o.max_position_embeddings, &c.seq_len);
+  if (o.tie_word_embeddings.has_value()) {
+    c.shared_classifier = *o.tie_word_embeddings;
+  }
+  if (o.dtype.has_value()) {
+    c.weight_dtype = *o.dtype;
+  }
+  if (o.architecture.has_value()) {
+    c.architecture = *o.architecture;
+  }
+  c.qkv_bias = c.architecture == Architecture::kQwen2;
+  if (c.dim % c.n_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden_size ", c.dim, " is not a multiple of num_heads ", c.n_heads));
+  }
+  c.head_dim = c.dim / c.n_heads;
+  c.kv_dim = c.n_kv_heads * c.head_dim;
+  PD_ASSIGN_OR_RETURN(TokenizerLayout layout,
+                      ComputeTokenizerLayout(static_cast<uint32_t>(c.vocab_size)));
+  c.bos_id = layout.bos_id;
+  c.eos_id = layout.eos_id;
+  c.eos_ids = {layout.eos_id};
+  PD_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
+  const absl::Time start = absl::Now();
+  MakeModelResult result;
+  PD_ASSIGN_OR_RETURN(result.config, ResolveMakeModelConfig(options));
+  const ModelConfig& c = result.config;
+  const std::string& dir = options.out_dir;
+  PD_RETURN_IF_ERROR(PrepareDir(dir, options.force));
+  const std::string index = absl::StrCat(dir, "/model.safetensors.index.json");
+  if (::unlink(index.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus(errno, "unlink", index);
+  }
+  PD_ASSIGN_OR_RETURN(std::string config_json, HfConfigJson(c));
+  PD_RETURN_IF_ERROR(WriteFile(absl::StrCat(dir, "/config.json"), config_json));
+  PD_RETURN_IF_ERROR(
+      WriteFile(absl::StrCat(dir, "/generation_config.json"), HfGenerationConfigJson(c)));
+  PD_ASSIGN_OR_RETURN(std::string tokenizer,
+                      BuildTokenizerJson(static_cast<uint32_t>(c.vocab_size)));
+  PD_RETURN_IF_ERROR(WriteFile(absl::StrCat(dir, "/tokenizer.json"), tokenizer));
+  PD_RETURN_IF_ERROR(
+      WriteFile(absl::StrCat(dir, "/tokenizer_config.json"),
+                absl::StrCat("{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n",
+                             "  \"bos_token\": \"<|begin_of_text|>\",\n",
+                             "  \"eos_token\": \"<|end_of_text|>\",\n",
+                             "  \"model_max_length\": ", c.seq_len, "\n}\n")));
+  const absl::Time weights_start = absl::Now();
+  PD_RETURN_IF_ERROR(WriteWeights(options, c, absl::StrCat(dir, "/model.safetensors"), &result));
+  result.weight_seconds = absl::ToDoubleSeconds(absl::Now() - weights_start);
+  result.total_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return result;
+}
+
+}  // namespace pd::engine

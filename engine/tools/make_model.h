@@ -1,0 +1,98 @@
+// MakeModel: writes a complete random-weight Hugging Face model directory (the library behind
+// pd-make-model, callable from tests).
+//
+// Output (in options.out_dir): config.json, generation_config.json, tokenizer.json (a trained
+// byte-level BPE, tokenizer_builder.h), tokenizer_config.json, model.safetensors. Loadable by
+// HfModel::Load / HfTokenizer::Load and by transformers.
+//
+// Weights are a pure function of (seed, tensor name, element index): element i of tensor `name`
+// is center + amplitude * u, where u in (-1, 1) comes from 24 bits of SplitMix64 at counter i of
+// the stream keyed by XXH3-64(name, seed), computed exactly in f32 and rounded to the storage
+// dtype (RNE, kernels/half.h). Same seed -> same bytes on any machine. Initialisation keeps
+// activations near unit scale: matrices (embedding included) have standard deviation
+// 1 / sqrt(fan_in) (amplitude sqrt(3 / fan_in)), norm weights are 1 +- 0.1, biases +- 0.1.
+//
+// Presets (head_dim = hidden / heads; BOS/EOS from TokenizerLayout):
+//   tiny   hidden 64, 2 layers, 4 heads, 2 kv heads, intermediate 172, vocab 512,
+//          max_pos 512, untied, theta 1e4, f32                                  (~0.16 M params)
+//   small  hidden 768, 12 layers, 12 heads, 4 kv heads, intermediate 2304, vocab 8192,
+//          max_pos 2048, untied, theta 1e4, bf16                                (~95 M params)
+//   1b     Llama-3.2-1B shape: hidden 2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192,
+//          vocab 128256, max_pos 131072, tied, theta 5e5, llama3 rope_scaling (32, 1, 4, 8192),
+//          bf16                                                                 (~1.24 B params)
+// All presets use rms_norm_eps 1e-5 and architecture llama unless overridden.
+//
+// Thread-compatible: MakeModel writes files; run one per directory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/model/model_config.h"
+
+namespace pd::engine {
+
+struct MakeModelOptions {
+  std::string out_dir;          // created (with parents) when missing
+  std::string preset = "tiny";  // tiny | small | 1b
+  uint64_t seed = 0;
+  std::optional<kernels::DType> dtype;       // preset's when unset
+  std::optional<Architecture> architecture;  // kLlama, kMistral or kQwen2; preset's (llama)
+  // Shape overrides; 0 / unset = the preset's value.
+  int32_t hidden_size = 0;
+  int32_t intermediate_size = 0;
+  int32_t num_layers = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t vocab_size = 0;
+  int32_t max_position_embeddings = 0;
+  std::optional<bool> tie_word_embeddings;
+  // An existing non-empty out_dir is an error unless set; then our files are overwritten (and a
+  // stale model.safetensors.index.json removed), other files are left alone.
+  bool force = false;
+  // Called after every chunk of weight data with (bytes written, total bytes); may be empty.
+  std::function<void(uint64_t, uint64_t)> progress;
+
+  // InvalidArgument when out_dir is empty, the preset is unknown, an override is negative, or
+  // the architecture is kLlama2c.
+  absl::Status Validate() const;
+};
+
+// The preset's config. InvalidArgument naming the preset and the known ones.
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view preset);
+
+// The preset with the options' overrides applied, special ids from the tokenizer layout, and
+// Validate()d. InvalidArgument when hidden_size is not a multiple of num_heads, vocab_size is
+// below kMinTokenizerVocab, or the result does not validate.
+absl::StatusOr<ModelConfig> ResolveMakeModelConfig(const MakeModelOptions& options);
+
+struct MakeModelResult {
+  ModelConfig config;
+  uint64_t num_parameters = 0;
+  uint64_t weight_bytes = 0;  // tensor data in model.safetensors
+  double weight_seconds = 0;  // time spent generating and writing weights
+  double total_seconds = 0;
+};
+
+// Writes the model directory. Errors: as Validate / ResolveMakeModelConfig; AlreadyExists when
+// out_dir exists, is not empty and force is false; FailedPrecondition when out_dir exists and is
+// not a directory; PermissionDenied / NotFound / ResourceExhausted from creating the directory
+// or writing files (message names the path).
+absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options);
+
+// "f32" | "bf16" | "f16". InvalidArgument naming the value otherwise.
+absl::StatusOr<kernels::DType> ParseDTypeName(absl::string_view name);
+// "llama" | "mistral" | "qwen2". InvalidArgument naming the value otherwise.
+absl::StatusOr<Architecture> ParseArchitectureName(absl::string_view name);
+
+// Element `index` of tensor `name` before rounding to the storage dtype (see the file comment).
+// Exposed so tests can check bytes without re-implementing the generator.
+float GeneratedWeight(uint64_t seed, absl::string_view name, uint64_t index, float center,
+                      float amplitude);
+
+}  // namespace pd::engine

@@ -1,0 +1,127 @@
+// pd-make-model: writes a random-weight Hugging Face model directory (see make_model.h).
+//
+//   pd-make-model --out /tmp/tiny --preset tiny [--seed 1] [--dtype bf16] [--force]
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/log/log.h"
+#include "engine/model/hf_model.h"
+#include "engine/model/hf_tokenizer.h"
+#include "engine/tools/make_model.h"
+
+ABSL_FLAG(std::string, out, "", "output directory (created if missing; required)");
+ABSL_FLAG(std::string, preset, "tiny", "tiny | small | 1b");
+ABSL_FLAG(uint64_t, seed, 0, "weight seed; equal seeds give byte-identical files");
+ABSL_FLAG(std::string, dtype, "", "f32 | bf16 | f16 (default: the preset's)");
+ABSL_FLAG(std::string, arch, "llama", "llama | mistral | qwen2");
+ABSL_FLAG(bool, force, false, "overwrite the model files in an existing non-empty directory");
+ABSL_FLAG(bool, verify, true, "load the result with HfModel/HfTokenizer and print its fingerprint");
+ABSL_FLAG(int32_t, hidden_size, 0, "override (0 = preset)");
+ABSL_FLAG(int32_t, intermediate_size, 0, "override (0 = preset)");
+ABSL_FLAG(int32_t, num_layers, 0, "override (0 = preset)");
+ABSL_FLAG(int32_t, num_heads, 0, "override (0 = preset)");
+ABSL_FLAG(int32_t, num_kv_heads, 0, "override (0 = preset)");
+ABSL_FLAG(int32_t, vocab_size, 0, "override (0 = preset; at least 260)");
+ABSL_FLAG(int32_t, max_position_embeddings, 0, "override (0 = preset)");
+ABSL_FLAG(std::string, tie_word_embeddings, "", "true | false (default: the preset's)");
+
+namespace {
+
+// The options the flags describe; InvalidArgument for a bad enum value.
+absl::StatusOr<pd::engine::MakeModelOptions> OptionsFromFlags() {
+  pd::engine::MakeModelOptions o;
+  o.out_dir = absl::GetFlag(FLAGS_out);
+  o.preset = absl::GetFlag(FLAGS_preset);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.force = absl::GetFlag(FLAGS_force);
+  o.hidden_size = absl::GetFlag(FLAGS_hidden_size);
+  o.intermediate_size = absl::GetFlag(FLAGS_intermediate_size);
+  o.num_layers = absl::GetFlag(FLAGS_num_layers);
+  o.num_heads = absl::GetFlag(FLAGS_num_heads);
+  o.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
+  o.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  o.max_position_embeddings = absl::GetFlag(FLAGS_max_position_embeddings);
+  if (!absl::GetFlag(FLAGS_dtype).empty()) {
+    PD_ASSIGN_OR_RETURN(o.dtype, pd::engine::ParseDTypeName(absl::GetFlag(FLAGS_dtype)));
+  }
+  PD_ASSIGN_OR_RETURN(o.architecture, pd::engine::ParseArchitectureName(absl::GetFlag(FLAGS_arch)));
+  const std::string tie = absl::GetFlag(FLAGS_tie_word_embeddings);
+  if (tie == "true" || tie == "false") {
+    o.tie_word_embeddings = tie == "true";
+  } else if (!tie.empty()) {
+    return absl::InvalidArgumentError("--tie_word_embeddings must be true or false");
+  }
+  return o;
+}
+
+// Progress on stderr in 5% steps, for models of 64 MiB and more.
+void PrintProgress(uint64_t done, uint64_t total) {
+  static int last_step = -1;
+  const int step = static_cast<int>(20 * done / total);
+  if (total < (64u << 20) || step == last_step) {
+    return;
+  }
+  last_step = step;
+  std::fprintf(stderr, "\rweights: %3d%% (%llu / %llu MiB)%s", 5 * step,
+               static_cast<unsigned long long>(done >> 20),
+               static_cast<unsigned long long>(total >> 20), done == total ? "\n" : "");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // --help lists the flags of this file (absl matches files named after the binary otherwise).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "make_model_main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "writes a random-weight Hugging Face model directory (config.json, generation_config.json, "
+      "tokenizer.json, model.safetensors).\nUsage: pd-make-model --out DIR --preset "
+      "tiny|small|1b [--seed N] [--dtype f32|bf16|f16] [--force] [shape overrides]");
+  absl::ParseCommandLine(argc, argv);
+  pd::InitLogging(argv[0]);
+  if (absl::GetFlag(FLAGS_out).empty()) {
+    std::cerr << "pd-make-model: --out is required (see --help)\n";
+    return 2;
+  }
+  absl::StatusOr<pd::engine::MakeModelOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::cerr << "pd-make-model: " << options.status().message() << "\n";
+    return 2;
+  }
+  options->progress = PrintProgress;
+  absl::StatusOr<pd::engine::MakeModelResult> r = pd::engine::MakeModel(*options);
+  if (!r.ok()) {
+    std::cerr << "pd-make-model: " << r.status() << "\n";
+    return 1;
+  }
+  const std::string& dir = options->out_dir;
+  std::cout << "wrote " << dir << ": " << r->config.DebugString() << "\n  " << r->num_parameters
+            << " parameters, " << r->weight_bytes << " weight bytes in " << r->weight_seconds
+            << " s (total " << r->total_seconds << " s)\n";
+  if (absl::GetFlag(FLAGS_verify)) {
+    absl::StatusOr<pd::engine::HfModel> model = pd::engine::HfModel::Load(dir);
+    absl::StatusOr<pd::engine::HfTokenizer> tok =
+        pd::engine::HfTokenizer::Load(absl::StrCat(dir, "/tokenizer.json"));
+    if (!model.ok() || !tok.ok()) {
+      std::cerr << "pd-make-model: verification failed: "
+                << (model.ok() ? tok.status() : model.status()) << "\n";
+      return 1;
+    }
+    std::cout << "  fingerprint " << model->Fingerprint() << " (hashed "
+              << model->load_stats().hashed_bytes << " bytes in "
+              << model->load_stats().hash_seconds << " s), tokenizer vocab " << tok->vocab_size()
+              << "\n";
+  }
+  return 0;
+}
