@@ -10,35 +10,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/errno_status.h"
 
 namespace pd::engine {
 namespace {
-
-// Maps an errno from open/fstat/mmap to the most specific canonical code.
-absl::Status ErrnoToStatus(int err, absl::string_view op, absl::string_view path) {
-  std::string message = absl::StrCat(op, " ", path, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    case EISDIR:
-    case ENODEV:
-    case EINVAL:
-    case ENAMETOOLONG:
-    case ELOOP:
-      return absl::InvalidArgumentError(message);
-    case EMFILE:
-    case ENFILE:
-    case ENOMEM:
-    case EOVERFLOW:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
 
 // Closes an fd on scope exit; the mapping outlives the descriptor.
 class FdCloser {

@@ -12,34 +12,12 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "common/base/errno_status.h"
 
 namespace pd::engine {
 namespace {
 
 constexpr size_t kBufferBytes = 8u << 20;
-
-absl::Status ErrnoStatus(int err, absl::string_view op, absl::string_view path) {
-  const std::string message = absl::StrCat(op, " ", path, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-    case EMFILE:
-    case ENFILE:
-    case ENOMEM:
-      return absl::ResourceExhaustedError(message);
-    case EISDIR:
-      return absl::InvalidArgumentError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
 
 }  // namespace
 
@@ -92,7 +70,7 @@ absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Create(
   w.data_bytes_ = offset;
   w.fd_ = ::open(w.tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w.fd_ < 0) {
-    return ErrnoStatus(errno, "open", w.tmp_path_);
+    return ErrnoToStatus(errno, "open", w.tmp_path_);
   }
   const uint64_t len = text.size();
   w.buffer_.reserve(kBufferBytes);
@@ -125,7 +103,7 @@ absl::Status SafetensorsWriter::Flush() {
       if (errno == EINTR) {
         continue;
       }
-      return ErrnoStatus(errno, "write", tmp_path_);
+      return ErrnoToStatus(errno, "write", tmp_path_);
     }
     done += static_cast<size_t>(n);
   }
@@ -175,12 +153,12 @@ absl::Status SafetensorsWriter::Finish() {
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp_path_.c_str());
-    return ErrnoStatus(err, "close", tmp_path_);
+    return ErrnoToStatus(err, "close", tmp_path_);
   }
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp_path_.c_str());
-    return ErrnoStatus(err, "rename to", path_);
+    return ErrnoToStatus(err, "rename to", path_);
   }
   return absl::OkStatus();
 }

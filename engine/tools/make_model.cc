@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/base/errno_status.h"
 #include "common/base/status_macros.h"
 #include "engine/model/hf_config.h"
 #include "engine/model/hf_model.h"
@@ -27,24 +28,6 @@ namespace {
 
 constexpr size_t kChunkElements = 1u << 20;
 
-absl::Status ErrnoStatus(int err, absl::string_view op, absl::string_view path) {
-  const std::string message = absl::StrCat(op, " ", path, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 // mkdir -p.
 absl::Status MakeDirs(const std::string& path) {
   for (size_t pos = 1; pos <= path.size(); ++pos) {
@@ -53,7 +36,7 @@ absl::Status MakeDirs(const std::string& path) {
     }
     const std::string prefix = path.substr(0, pos);
     if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return ErrnoStatus(errno, "mkdir", prefix);
+      return ErrnoToStatus(errno, "mkdir", prefix);
     }
   }
   return absl::OkStatus();
@@ -64,7 +47,7 @@ absl::Status PrepareDir(const std::string& dir, bool force) {
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno != ENOENT) {
-      return ErrnoStatus(errno, "stat", dir);
+      return ErrnoToStatus(errno, "stat", dir);
     }
     PD_RETURN_IF_ERROR(MakeDirs(dir));
   } else if (!S_ISDIR(st.st_mode)) {
@@ -72,7 +55,7 @@ absl::Status PrepareDir(const std::string& dir, bool force) {
   } else if (!force) {
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) {
-      return ErrnoStatus(errno, "opendir", dir);
+      return ErrnoToStatus(errno, "opendir", dir);
     }
     bool empty = true;
     while (dirent* e = ::readdir(d)) {
@@ -88,7 +71,7 @@ absl::Status PrepareDir(const std::string& dir, bool force) {
     }
   }
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    return ErrnoStatus(errno, "cannot write to", dir);
+    return ErrnoToStatus(errno, "cannot write to", dir);
   }
   return absl::OkStatus();
 }
@@ -98,7 +81,7 @@ absl::Status WriteFile(const std::string& path, absl::string_view contents) {
   const std::string tmp = absl::StrCat(path, ".tmp");
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return ErrnoStatus(errno, "open", tmp);
+    return ErrnoToStatus(errno, "open", tmp);
   }
   size_t done = 0;
   while (done < contents.size()) {
@@ -110,14 +93,14 @@ absl::Status WriteFile(const std::string& path, absl::string_view contents) {
       const int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return ErrnoStatus(err, "write", tmp);
+      return ErrnoToStatus(err, "write", tmp);
     }
     done += static_cast<size_t>(n);
   }
   if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    return ErrnoStatus(err, "write", path);
+    return ErrnoToStatus(err, "write", path);
   }
   return absl::OkStatus();
 }
@@ -320,7 +303,7 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
   PD_RETURN_IF_ERROR(PrepareDir(dir, options.force));
   const std::string index = absl::StrCat(dir, "/model.safetensors.index.json");
   if (::unlink(index.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoStatus(errno, "unlink", index);
+    return ErrnoToStatus(errno, "unlink", index);
   }
   PD_ASSIGN_OR_RETURN(std::string config_json, HfConfigJson(c));
   PD_RETURN_IF_ERROR(WriteFile(absl::StrCat(dir, "/config.json"), config_json));
