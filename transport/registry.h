@@ -24,9 +24,13 @@ namespace pd::transport {
 
 class LoopbackHub;
 
-// How the UCX backend moves data. kAuto: RMA (put + flush + completion message) when the
-// configured UCX_TLS has a transport that does RMA well (shm, rc/dc/ud RDMA, cuda_ipc), active
-// messages otherwise (tcp, where UCX's RMA is an order of magnitude slower).
+// How the UCX backend moves data, chosen per connection from the lanes UCX selected for it
+// (logged at VLOG(1); Caps().one_sided / two_sided say which paths are allowed):
+//  kAuto: RMA (put + flush + completion message) when the data endpoint's bulk lane is RDMA
+//         (rc/dc) or CUDA IPC; active messages otherwise: over tcp (UCX's tcp RMA is an order
+//         of magnitude slower than its AM path) and, for now, over shm (RMA is faster at large
+//         batches there but has an undiagnosed 10-15 ms tail). See docs/benchmarks.md.
+//  kRma, kActiveMessage: force one path (tests, benchmarks).
 enum class UcxDataPath : uint8_t { kAuto, kRma, kActiveMessage };
 
 struct TransportConfig {

@@ -5,6 +5,9 @@
 // landed. Prints one JSON document.
 //
 //   pd-kvbench --backend=ucx --ucx_tls=shm,self,tcp --block_kib=2048 --batches=32 --iters=20
+//
+// Each point also reports `memcpy_gib_per_s`: one thread copying the same blocks between two
+// pools of the same size in this process (the single-core ceiling for the same working set).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +32,7 @@
 
 ABSL_FLAG(std::string, backend, "tcp", "tcp | ucx");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX_TLS for both processes (e.g. shm,self,tcp or tcp)");
+ABSL_FLAG(std::string, ucx_data_path, "auto", "ucx data path: auto | rma | am");
 ABSL_FLAG(std::vector<std::string>, block_kib,
           std::vector<std::string>({"64", "256", "1024", "2048", "4096"}), "block sizes in KiB");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "32", "64"}),
@@ -58,6 +62,11 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
     c.ucx_options.push_back({"TLS", absl::GetFlag(FLAGS_ucx_tls)});
     args.push_back(absl::StrCat("--ucx_tls=", absl::GetFlag(FLAGS_ucx_tls)));
   }
+  const std::string path = absl::GetFlag(FLAGS_ucx_data_path);
+  c.ucx_data_path = path == "rma"  ? UcxDataPath::kRma
+                    : path == "am" ? UcxDataPath::kActiveMessage
+                                   : UcxDataPath::kAuto;
+  args.push_back(absl::StrCat("--ucx_data_path=", path));
   absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateTransport(c);
   if (!t.ok()) {
     return t.status();
@@ -108,6 +117,26 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
   }
   (*peer)->Call("quit").IgnoreError();
   const double bytes = static_cast<double>(block_bytes) * batch;
+  // Single-thread memcpy of the same blocks into a second pool of the same size.
+  std::vector<double> copy_gibps;
+  {
+    std::unique_ptr<char[]> dst_pool(new char[block_bytes * num_blocks]);
+    std::memset(dst_pool.get(), 0, block_bytes * num_blocks);
+    for (int i = -2; i < iters; ++i) {
+      const absl::Time start = absl::Now();
+      for (uint32_t b = 0; b < batch; ++b) {
+        std::memcpy(dst_pool.get() + uint64_t{b} * block_bytes,
+                    mem.get() + uint64_t{b} * block_bytes, block_bytes);
+      }
+      const double dt = absl::ToDoubleSeconds(absl::Now() - start);
+      if (i >= 0) {
+        copy_gibps.push_back(bytes / dt / (1 << 30));
+      }
+    }
+    if (dst_pool[block_bytes / 2] != 0x5a) {
+      return absl::InternalError("memcpy check failed");
+    }
+  }
   std::vector<double> gibps;
   for (double s : seconds) {
     gibps.push_back(bytes / s / (1 << 30));
@@ -119,6 +148,7 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
   j["iters"] = iters;
   j["gib_per_s_median"] = Percentile(gibps, 0.5);
   j["gib_per_s_p10"] = Percentile(gibps, 0.1);
+  j["memcpy_gib_per_s"] = Percentile(copy_gibps, 0.5);
   j["latency_us_p50"] = Percentile(seconds, 0.5) * 1e6;
   j["latency_us_p90"] = Percentile(seconds, 0.9) * 1e6;
   j["latency_us_p99"] = Percentile(seconds, 0.99) * 1e6;
@@ -129,6 +159,7 @@ int Main() {
   nlohmann::json out;
   out["backend"] = absl::GetFlag(FLAGS_backend);
   out["ucx_tls"] = absl::GetFlag(FLAGS_ucx_tls);
+  out["ucx_data_path"] = absl::GetFlag(FLAGS_ucx_data_path);
   out["results"] = nlohmann::json::array();
   for (const std::string& kib : absl::GetFlag(FLAGS_block_kib)) {
     for (const std::string& b : absl::GetFlag(FLAGS_batches)) {

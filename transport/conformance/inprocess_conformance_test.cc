@@ -39,17 +39,11 @@ absl::StatusOr<std::unique_ptr<KvTransport>> MakeTcp(int /*group*/) {
   return CreateTransport(c);
 }
 
-absl::StatusOr<std::unique_ptr<KvTransport>> MakeUcxShm(int /*group*/) {
+absl::StatusOr<std::unique_ptr<KvTransport>> MakeUcx(const char* tls, UcxDataPath path) {
   TransportConfig c;
   c.backend = "ucx";
-  c.ucx_options.push_back({"TLS", "shm,self,tcp"});
-  return CreateTransport(c);
-}
-
-absl::StatusOr<std::unique_ptr<KvTransport>> MakeUcxTcp(int /*group*/) {
-  TransportConfig c;
-  c.backend = "ucx";
-  c.ucx_options.push_back({"TLS", "tcp"});
+  c.ucx_options.push_back({"TLS", tls});
+  c.ucx_data_path = path;
   return CreateTransport(c);
 }
 
@@ -59,8 +53,16 @@ std::vector<ConformanceParam> UcxParams() {
   if (!IsTransportBuilt("ucx")) {
     return {};
   }
-  return {ConformanceParam{"ucx_shm_self_tcp", &MakeUcxShm},
-          ConformanceParam{"ucx_tcp", &MakeUcxTcp}};
+  return {
+      ConformanceParam{"ucx_shm_self_tcp",
+                       [](int) { return MakeUcx("shm,self,tcp", UcxDataPath::kAuto); }},
+      ConformanceParam{"ucx_rma_shm_self_tcp",
+                       [](int) { return MakeUcx("shm,self,tcp", UcxDataPath::kRma); }},
+      ConformanceParam{"ucx_am_shm_self_tcp",
+                       [](int) { return MakeUcx("shm,self,tcp", UcxDataPath::kActiveMessage); }},
+      ConformanceParam{"ucx_tcp", [](int) { return MakeUcx("tcp", UcxDataPath::kAuto); }},
+      ConformanceParam{"ucx_am_tcp",
+                       [](int) { return MakeUcx("tcp", UcxDataPath::kActiveMessage); }}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, KvTransportConformance, ::testing::ValuesIn(UcxParams()), ParamName);

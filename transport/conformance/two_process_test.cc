@@ -29,8 +29,15 @@ constexpr uint64_t kSeed = 42;
 struct TwoProcessParam {
   std::string name;
   std::string backend;
-  std::string ucx_tls;  // empty: UCX defaults
+  std::string ucx_tls;                 // empty: UCX defaults
+  std::string ucx_data_path = "auto";  // auto | rma | am (both processes)
 };
+
+UcxDataPath ParseDataPath(const std::string& s) {
+  return s == "rma"  ? UcxDataPath::kRma
+         : s == "am" ? UcxDataPath::kActiveMessage
+                     : UcxDataPath::kAuto;
+}
 
 void PrintTo(const TwoProcessParam& p, std::ostream* os) { *os << p.name; }
 
@@ -48,6 +55,7 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
     if (!GetParam().ucx_tls.empty()) {
       c.ucx_options.push_back({"TLS", GetParam().ucx_tls});
     }
+    c.ucx_data_path = ParseDataPath(GetParam().ucx_data_path);
     absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateTransport(c);
     ASSERT_TRUE(t.ok()) << t.status();
     local_ = *std::move(t);
@@ -74,6 +82,7 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
     if (!GetParam().ucx_tls.empty()) {
       args.push_back(absl::StrCat("--ucx_tls=", GetParam().ucx_tls));
     }
+    args.push_back(absl::StrCat("--ucx_data_path=", GetParam().ucx_data_path));
     absl::StatusOr<std::unique_ptr<PeerControl>> p =
         PeerControl::Start(PD_BINARY_DIR "/transport/conformance/transport_conformance_peer", args,
                            dir_->File(absl::StrCat("peer", generation, ".log")), absl::Seconds(20));
@@ -263,7 +272,10 @@ INSTANTIATE_TEST_SUITE_P(
     Backends, TwoProcessTest,
     ::testing::Values(TwoProcessParam{"tcp", "tcp", ""},
                       TwoProcessParam{"ucx_shm_self_tcp", "ucx", "shm,self,tcp"},
-                      TwoProcessParam{"ucx_tcp", "ucx", "tcp"}),
+                      TwoProcessParam{"ucx_rma_shm_self_tcp", "ucx", "shm,self,tcp", "rma"},
+                      TwoProcessParam{"ucx_am_shm_self_tcp", "ucx", "shm,self,tcp", "am"},
+                      TwoProcessParam{"ucx_tcp", "ucx", "tcp"},
+                      TwoProcessParam{"ucx_am_tcp", "ucx", "tcp", "am"}),
     [](const ::testing::TestParamInfo<TwoProcessParam>& i) { return i.param.name; });
 
 }  // namespace

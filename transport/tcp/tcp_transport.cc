@@ -61,8 +61,21 @@ static_assert(sizeof(FrameHeader) == 48);
 
 std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
-// Writes all of `iov` on a non-blocking socket. Gives up when the socket fails, or when
-// `keep_going()` turns false and nothing moved for a poll slice (a stalled peer).
+// Connected sockets are blocking with send/receive timeouts of one poll slice: one syscall
+// moves as much as the socket buffers allow (a whole chunk with MSG_WAITALL) instead of
+// waking per segment, and a timeout returns control to re-check whether to keep going.
+void SetBlockingWithTimeouts(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags >= 0) {
+    ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  }
+  timeval tv{0, kPollSliceMs * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+// Writes all of `iov` (one sendmsg for header + payload). Gives up when the socket fails, or
+// when `keep_going()` turns false and nothing moved for a poll slice (a stalled peer).
 template <typename KeepGoing>
 absl::Status WriteAll(int fd, std::vector<iovec> iov, KeepGoing keep_going) {
   size_t first = 0;
@@ -78,13 +91,8 @@ absl::Status WriteAll(int fd, std::vector<iovec> iov, KeepGoing keep_going) {
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         return absl::UnavailableError(Errno("tcp send"));
       }
-      pollfd p{fd, POLLOUT, 0};
-      const int r = ::poll(&p, 1, kPollSliceMs);
-      if (r == 0 && !keep_going()) {
+      if (!keep_going()) {  // a whole slice without progress
         return absl::DeadlineExceededError("tcp send stalled after the transfer ended");
-      }
-      if (r > 0 && (p.revents & (POLLERR | POLLHUP))) {
-        return absl::UnavailableError("tcp connection closed by peer");
       }
       continue;
     }
@@ -103,13 +111,13 @@ absl::Status WriteAll(int fd, std::vector<iovec> iov, KeepGoing keep_going) {
 
 enum class ReadResult { kOk, kClosed, kStopped };
 
-// Reads exactly `n` bytes from a socket with a receive timeout, re-checking `keep_going()` on
-// every timeout.
+// Reads exactly `n` bytes straight into `buf` (MSG_WAITALL: one syscall per chunk) from a
+// socket with a receive timeout, re-checking `keep_going()` on every timeout.
 template <typename KeepGoing>
 ReadResult ReadFull(int fd, void* buf, size_t n, KeepGoing keep_going) {
   char* p = static_cast<char*>(buf);
   while (n > 0) {
-    const ssize_t r = ::recv(fd, p, n, 0);
+    const ssize_t r = ::recv(fd, p, n, MSG_WAITALL);
     if (r > 0) {
       p += r;
       n -= static_cast<size_t>(r);
@@ -119,8 +127,6 @@ ReadResult ReadFull(int fd, void* buf, size_t n, KeepGoing keep_going) {
       if (!keep_going()) {
         return ReadResult::kStopped;
       }
-      pollfd pfd{fd, POLLIN, 0};
-      ::poll(&pfd, 1, kPollSliceMs);
     } else {
       return ReadResult::kClosed;
     }
@@ -136,11 +142,6 @@ absl::StatusOr<sockaddr_in> ParseHostPort(absl::string_view host, int port) {
     return absl::InvalidArgumentError(absl::StrCat("not a numeric IPv4 address: ", host));
   }
   return addr;
-}
-
-void SetRecvTimeout(int fd, int ms) {
-  timeval tv{ms / 1000, (ms % 1000) * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
 void SetNoDelay(int fd) {
@@ -307,11 +308,12 @@ void TcpTransport::AcceptLoop() {
     if (::poll(&p, 1, kPollSliceMs) <= 0) {
       continue;
     }
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       continue;
     }
     SetNoDelay(fd);
+    SetBlockingWithTimeouts(fd);
     auto conn = std::make_shared<Conn>();
     conn->fd = fd;
     absl::MutexLock lock(&mu_);
@@ -497,12 +499,12 @@ absl::StatusOr<PeerHandle> TcpTransport::Connect(absl::string_view endpoint) {
     return absl::UnavailableError(absl::StrCat("tcp connect ", e->address, ": ",
                                                err != 0 ? std::strerror(err) : "timed out"));
   }
+  SetBlockingWithTimeouts(fd);
   FrameHeader hello;
   hello.type = kHello;
   hello.seq = kTransportProtocolVersion;
   hello.tag = core_.instance_id();
   PD_RETURN_IF_ERROR(SendFrame(*conn, hello, ""));
-  SetRecvTimeout(fd, kPollSliceMs);
   const absl::Time hello_deadline = absl::Now() + options_.connect_timeout;
   FrameHeader reply;
   if (ReadFull(fd, &reply, sizeof(reply), [&] { return absl::Now() < hello_deadline; }) !=

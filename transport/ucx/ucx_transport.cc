@@ -3,12 +3,27 @@
 // and no UCX handle is shared. The thread sleeps on the worker's event fd when idle
 // (ucp_worker_arm + poll) instead of burning a core.
 //
-// Data path: active messages. Each coalesced run is one ucp_am_send_nbx whose header names
-// (seq, tag, nonce, dst run); the receiver validates the run against its expectation before
-// it accepts any byte, then receives eager data by memcpy or rendezvous data with
-// ucp_am_recv_data_nbx straight into the destination blocks (UCX then pulls with get_zcopy
-// over shm/cma/rdma where available: one-sided underneath, receiver-driven, so a stale or
-// foreign descriptor can never write). END is acknowledged once every run landed.
+// Endpoints. Each connection has a control endpoint made from the socket address with
+// UCP_ERR_HANDLING_MODE_PEER (it detects a dead peer and carries the handshake, grants and
+// statuses). UCX 1.13 drops every transport without peer-failure support from such an endpoint
+// (sysv/posix unless UCX_*_ERROR_HANDLING=y, and cma in practice), so on one host it runs over
+// tcp loopback only. The receiver therefore also sends its worker address in the handshake and
+// the sender opens a data endpoint to it (UCP_ERR_HANDLING_MODE_NONE: sysv/posix AM lanes and
+// cma/rdma rma_bw lanes); it is kept only when UCX picked such a lane for it, and peer failure
+// is still detected on the control endpoint, which force-closes the data endpoint.
+//
+// Data paths (chosen per connection, see UcxDataPath):
+//  * Active messages. Each coalesced run is one ucp_am_send_nbx whose header names (seq, tag,
+//    nonce, dst run); the receiver validates the run against its expectation before it accepts
+//    any byte, then receives eager data by memcpy or rendezvous data with ucp_am_recv_data_nbx
+//    straight into the destination blocks (UCX pulls with get_zcopy over cma/rdma). END follows
+//    on the same endpoint and is acknowledged once every run landed.
+//  * RMA. The sender asks for a grant (RMA_REQ with the runs) on the control endpoint; the
+//    receiver validates every run (live registration, nonce, announced blocks) and holds them
+//    as in-progress writes, so Cancel/Deregister wait for the writer; on GRANT the sender
+//    ucp_put_nbx-es each run at the descriptor's base + offset with its unpacked rkey, flushes
+//    the data endpoint, then sends RMA_DONE; the receiver completes the expectation and
+//    answers with a status. A stale or foreign descriptor is refused before any byte moves.
 #include "transport/ucx/ucx_transport.h"
 
 #include <arpa/inet.h>
@@ -24,6 +39,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -50,18 +66,29 @@ enum AmId : unsigned {
   kAmEnd = 4,         // header DataHeader (runs unused)
   kAmCancel = 5,      // header DataHeader
   kAmStatus = 6,      // header StatusHeader, payload = message
+  kAmRmaReq = 7,      // header DataHeader, payload = RunWire[]: grant these runs
+  kAmRmaGrant = 8,    // header StatusHeader (code OK): the runs are held, put them
+  kAmRmaDone = 9,     // header DataHeader: every put of seq is flushed
 };
 
+// Hello: payload = the sender's nothing; HelloReply: payload = receiver's worker address.
 struct Hello {
   uint64_t instance = 0;
   uint64_t version = 0;
   uint64_t cookie = 0;
+  uint64_t conn = 0;  // reply: the receiver's id of this connection (names it on the data ep)
 };
 
 struct DataHeader {
   uint64_t seq = 0;
   uint64_t tag = 0;
   uint64_t nonce = 0;
+  uint64_t rconn = 0;  // the receiver's connection id (AMs on the data ep have no reply ep)
+  uint32_t dst_first = 0;
+  uint32_t num_blocks = 0;
+};
+
+struct RunWire {
   uint32_t dst_first = 0;
   uint32_t num_blocks = 0;
 };
@@ -74,6 +101,55 @@ struct StatusHeader {
 
 absl::Status UcsError(absl::string_view what, ucs_status_t s) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
+}
+
+// ucp_ep_print_info's text (its lanes and the protocols chosen per operation).
+std::string EpInfo(ucp_ep_h ep) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = ::open_memstream(&buf, &len);
+  if (f == nullptr) {
+    return "";
+  }
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  std::string out(buf, len);
+  std::free(buf);
+  return out;
+}
+
+// The transport named on the lane carrying `role` in EpInfo text ("" if none), e.g.
+// "cma/memory" for "lane[3]:  5:cma/memory.0 md[4] -> ... rma_bw#0".
+std::string LaneTransport(absl::string_view info, absl::string_view role) {
+  for (absl::string_view line : absl::StrSplit(info, '\n')) {
+    if (!absl::StrContains(line, "lane[") || !absl::StrContains(line, role)) {
+      continue;
+    }
+    const size_t colon = line.find(':', line.find(']'));
+    const size_t c2 = colon == absl::string_view::npos ? colon : line.find(':', colon + 1);
+    if (c2 == absl::string_view::npos) {
+      return "";
+    }
+    absl::string_view rest = line.substr(c2 + 1);
+    return std::string(rest.substr(0, rest.find_first_of(" .")));
+  }
+  return "";
+}
+
+// Transports that move bulk data without a socket: shared memory, cma/knem/xpmem, RDMA, CUDA.
+bool IsFastTransport(absl::string_view tl) {
+  return !tl.empty() && !absl::StartsWith(tl, "tcp") && !absl::StartsWith(tl, "self");
+}
+
+// Transports for which kAuto picks put + flush: RMA (rc/dc) and CUDA IPC. Not tcp (put is
+// 0.2 GiB/s vs ~5.8 for AM, docs/benchmarks.md). Not yet shm: puts to registered user memory
+// over sysv/posix+cma reach 7.5-8.8 GiB/s median at 2 MiB x 32 (vs 4.8 for AM), but a fresh data
+// endpoint's first transfers and 10-20% of 1-block transfers take 10-15 ms (tail not yet
+// diagnosed; suspect a completion that does not wake the worker's event fd), so AM stays the
+// shm default until that is fixed; kRma selects it explicitly.
+bool IsGoodPutTransport(absl::string_view tl) {
+  return absl::StartsWith(tl, "rc") || absl::StartsWith(tl, "dc") ||
+         absl::StartsWith(tl, "cuda_ipc") || absl::StartsWith(tl, "gdr");
 }
 
 // ---- RAII for ucp handles (all used on the progress thread only) ---------------------------
@@ -138,13 +214,45 @@ class UcxTransport;
 // Per-connection state. Client side: a Peer (we send data); server side: an inbound
 // connection (we receive). Both are keyed by a small id used as the core's `source`.
 struct UcxConn {
+  UcxConn() = default;
+  UcxConn(const UcxConn&) = delete;
+  UcxConn& operator=(const UcxConn&) = delete;
+  ~UcxConn() {
+    for (auto& [nonce, rkey] : rkeys) {
+      ucp_rkey_destroy(rkey);
+    }
+    data_ep.reset();
+    ep.reset();
+  }
+  // The endpoint bulk data goes over: the data endpoint when there is one.
+  ucp_ep_h data() const { return data_ep != nullptr ? data_ep->get() : ep->get(); }
+
   uint64_t id = 0;
   uint64_t peer_instance = 0;
+  uint64_t remote_conn = 0;  // client: the receiver's id of this connection
   std::unique_ptr<UcpEndpoint> ep;
+  std::unique_ptr<UcpEndpoint> data_ep;  // client: shm/cma/rdma endpoint (null: use ep)
+  bool rma = false;                      // client: data moves by put + flush
+  std::string data_lanes;                // client: "am=<tl> rma=<tl>" of the data endpoint
   bool dead = false;
   bool client = false;
   absl::flat_hash_map<uint64_t, DataHeader> in_flight;  // client: seq -> ids, awaiting status
+  absl::flat_hash_map<uint64_t, ucp_rkey_h> rkeys;      // client: unpacked, by region nonce
   UcxTransport* owner = nullptr;
+};
+
+// Sender state of an RMA transfer between RMA_REQ and the flush of its puts.
+struct RmaPost {
+  uint64_t conn = 0;
+  PreparedPost post;
+  int outstanding = 0;  // puts + flush not yet completed
+  bool started = false;
+  absl::Status error;
+};
+
+struct RmaOpCtx {
+  UcxTransport* t;
+  uint64_t seq;
 };
 
 // A receive in progress for (conn, seq): END is answered once `outstanding` drops to 0.
@@ -171,7 +279,8 @@ class UcxTransport : public KvTransport {
   TransportCaps Caps() const override {
     TransportCaps c;
     c.host_memory = true;
-    c.two_sided = true;
+    c.one_sided = options_.data_path != UcxDataPath::kActiveMessage;
+    c.two_sided = options_.data_path != UcxDataPath::kRma;
     c.notifications = true;
     c.cancel = true;
     return c;
@@ -202,6 +311,7 @@ class UcxTransport : public KvTransport {
                     size_t length, const ucp_am_recv_param_t* param);
   void OnRecvDone(RecvCtx* ctx, ucs_status_t status);
   void OnSendDone(uint64_t seq, ucs_status_t status);
+  void OnRmaOpDone(uint64_t seq, ucs_status_t status);
 
  private:
   explicit UcxTransport(UcxTransportOptions o) : options_(std::move(o)), core_("ucx") {}
@@ -211,11 +321,18 @@ class UcxTransport : public KvTransport {
   void Run(std::function<void()> fn);
   void RunSync(std::function<void()> fn);
   void SendAm(UcxConn& conn, unsigned id, const void* header, size_t header_len, const void* data,
-              size_t len, uint64_t seq);
+              size_t len, uint64_t seq, bool on_data_ep = false, std::string payload = "");
   void SendStatus(uint64_t conn_id, uint64_t seq, const absl::Status& s);
   void StartPost(uint64_t conn_id, PreparedPost post);
   void SeqProgress(uint64_t conn_id, uint64_t seq);
   UcxConn* FindConn(uint64_t id);
+  // Client: opens the data endpoint to the receiver's worker address and picks the data path.
+  void SetupDataPath(UcxConn& conn, const std::string& worker_address);
+  void OnRmaGrant(uint64_t seq);
+  void FinishRmaPost(uint64_t seq);
+  // Receiver: RMA_REQ / RMA_DONE / release of held runs.
+  void OnRmaReq(uint64_t conn_id, const DataHeader& h, const void* data, size_t length, bool rndv);
+  void ReleaseGrants(uint64_t conn_id, uint64_t seq, bool ok, const absl::Status& why);
 
   const UcxTransportOptions options_;
   TransportCore core_;
@@ -230,14 +347,22 @@ class UcxTransport : public KvTransport {
   absl::flat_hash_map<uint64_t, std::unique_ptr<UcxConn>> conns_;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, SeqState> seqs_;  // (conn, seq)
   absl::flat_hash_map<uint64_t, std::unique_ptr<UcpMem>> mems_;        // by region handle
-  std::vector<std::unique_ptr<UcxConn>> graveyard_;  // failed conns, closed by the loop
+  std::vector<std::unique_ptr<UcxConn>> graveyard_;   // failed conns, closed by the loop
+  std::string worker_address_;                        // ucp_worker_get_address bytes
+  absl::flat_hash_map<uint64_t, RmaPost> rma_posts_;  // sender, by seq
+  // Receiver: runs held for an RMA writer, by (conn, seq).
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::vector<WriteGrant>> grants_;
 
   // Shared with API threads.
   absl::Mutex mu_;
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::flat_hash_map<uint64_t, Hello> hello_replies_ ABSL_GUARDED_BY(mu_);  // by cookie
-  absl::flat_hash_map<uint32_t, uint64_t> peer_conn_ ABSL_GUARDED_BY(mu_);   // handle -> conn
+  struct HelloReply {
+    Hello hello;
+    std::string worker_address;
+  };
+  absl::flat_hash_map<uint64_t, HelloReply> hello_replies_ ABSL_GUARDED_BY(mu_);  // by cookie
+  absl::flat_hash_map<uint32_t, uint64_t> peer_conn_ ABSL_GUARDED_BY(mu_);        // handle -> conn
   absl::flat_hash_map<uint64_t, uint64_t> conn_instance_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, bool> conn_dead_ ABSL_GUARDED_BY(mu_);
   uint32_t next_peer_ ABSL_GUARDED_BY(mu_) = 1;
@@ -265,8 +390,15 @@ void RecvCallback(void* request, ucs_status_t status, size_t, void* user_data) {
 struct SendCtx {
   UcxTransport* t;
   uint64_t seq;
-  std::string owned;  // keeps small headers/messages alive until completion
+  std::string owned;    // keeps small headers/messages alive until completion
+  std::string payload;  // keeps a small payload alive until completion
 };
+void RmaOpCallback(void* request, ucs_status_t status, void* user_data) {
+  auto* ctx = static_cast<RmaOpCtx*>(user_data);
+  ctx->t->OnRmaOpDone(ctx->seq, status);
+  delete ctx;
+  ucp_request_free(request);
+}
 void SendCallback(void* request, ucs_status_t status, void* user_data) {
   auto* ctx = static_cast<SendCtx*>(user_data);
   ctx->t->OnSendDone(ctx->seq, status);
@@ -275,12 +407,6 @@ void SendCallback(void* request, ucs_status_t status, void* user_data) {
 }
 
 absl::StatusOr<std::unique_ptr<KvTransport>> UcxTransport::Create(const UcxTransportOptions& o) {
-  if (o.data_path == UcxDataPath::kRma) {
-    // TODO(#4): explicit ucp_put_nbx + flush + completion AM path.
-    return absl::UnimplementedError(
-        "ucx transport: the explicit RMA (put + flush) data path is not implemented; use "
-        "kAuto/kActiveMessage (rendezvous already pulls with get_zcopy over shm/rdma)");
-  }
   std::unique_ptr<UcxTransport> t(new UcxTransport(o));
   PD_RETURN_IF_ERROR(t->Init());
   return std::unique_ptr<KvTransport>(std::move(t));
@@ -325,9 +451,11 @@ absl::Status UcxTransport::Init() {
     }
   }
   const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
-      {kAmHello, &AmHandler<kAmHello>},   {kAmHelloReply, &AmHandler<kAmHelloReply>},
-      {kAmData, &AmHandler<kAmData>},     {kAmEnd, &AmHandler<kAmEnd>},
-      {kAmCancel, &AmHandler<kAmCancel>}, {kAmStatus, &AmHandler<kAmStatus>}};
+      {kAmHello, &AmHandler<kAmHello>},    {kAmHelloReply, &AmHandler<kAmHelloReply>},
+      {kAmData, &AmHandler<kAmData>},      {kAmEnd, &AmHandler<kAmEnd>},
+      {kAmCancel, &AmHandler<kAmCancel>},  {kAmStatus, &AmHandler<kAmStatus>},
+      {kAmRmaReq, &AmHandler<kAmRmaReq>},  {kAmRmaGrant, &AmHandler<kAmRmaGrant>},
+      {kAmRmaDone, &AmHandler<kAmRmaDone>}};
   for (const auto& [id, cb] : handlers) {
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -340,6 +468,14 @@ absl::Status UcxTransport::Init() {
       return UcsError("ucp_worker_set_am_recv_handler", s);
     }
   }
+  ucp_address_t* wa = nullptr;
+  size_t wa_len = 0;
+  s = ucp_worker_get_address(worker_.get(), &wa, &wa_len);
+  if (s != UCS_OK) {
+    return UcsError("ucp_worker_get_address", s);
+  }
+  worker_address_.assign(reinterpret_cast<const char*>(wa), wa_len);
+  ucp_worker_release_address(worker_.get(), wa);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(options_.listen_port));
@@ -382,10 +518,12 @@ UcxTransport::~UcxTransport() {
     ucp_worker_signal(worker_.get());
     thread_.join();
   }
-  // Members release in reverse order: eps were closed by the loop; mems, listener, worker,
-  // context follow.
-  mems_.clear();
+  // Eps were closed by the loop. Destroying the worker may still complete requests it purges
+  // (their callbacks touch this object's maps), so it goes before any other member; the
+  // context is last.
   listener_.reset();
+  worker_.reset();
+  mems_.clear();
 }
 
 void UcxTransport::Run(std::function<void()> fn) {
@@ -422,7 +560,10 @@ void UcxTransport::Loop() {
     }
     while (ucp_worker_progress(worker_.get()) != 0) {
     }
-    graveyard_.clear();  // closes failed endpoints outside their callbacks
+    {
+      auto buried = std::move(graveyard_);  // closes failed endpoints outside their callbacks
+      graveyard_.clear();
+    }
     {
       absl::MutexLock lock(&mu_);
       if (!commands_.empty() || stopping_) {
@@ -440,14 +581,26 @@ void UcxTransport::Loop() {
     ::poll(&p, 1, 100);  // bounded: deadlines are also checked by callers
   }
   // Shutdown: fail what is pending, close endpoints while the worker still exists.
+  const absl::Status down = absl::CancelledError("ucx transport shutting down");
   for (auto& [id, conn] : conns_) {
     for (const auto& [seq, unused] : conn->in_flight) {
-      core_.Finish(TransferId(seq), absl::CancelledError("ucx transport shutting down"));
+      core_.Finish(TransferId(seq), down);
     }
-    conn->ep.reset();
+    conn->dead = true;
   }
-  conns_.clear();
+  while (!grants_.empty()) {
+    ReleaseGrants(grants_.begin()->first.first, grants_.begin()->first.second, false, down);
+  }
+  {
+    // Force-closes endpoints; their requests complete (cancelled) re-entrantly, and must find
+    // conns_ already empty.
+    auto doomed = std::move(conns_);
+    conns_.clear();
+    auto buried = std::move(graveyard_);
+    graveyard_.clear();
+  }
   graveyard_.clear();
+  rma_posts_.clear();
 }
 
 UcxConn* UcxTransport::FindConn(uint64_t id) {
@@ -487,6 +640,22 @@ void UcxTransport::OnEpError(UcxConn* conn, ucs_status_t status) {
     core_.Finish(TransferId(seq), why);
   }
   conn->in_flight.clear();
+  std::vector<uint64_t> held;
+  for (const auto& [key, grants] : grants_) {
+    if (key.first == conn->id) {
+      held.push_back(key.second);
+    }
+  }
+  for (uint64_t seq : held) {
+    ReleaseGrants(conn->id, seq, false, why);
+  }
+  for (auto it = rma_posts_.begin(); it != rma_posts_.end();) {
+    if (it->second.conn == conn->id && !it->second.started) {
+      rma_posts_.erase(it++);  // never granted: nothing outstanding
+    } else {
+      ++it;
+    }
+  }
   core_.FailExpectationsFromSource(conn->id, why);
   {
     absl::MutexLock lock(&mu_);
@@ -500,16 +669,24 @@ void UcxTransport::OnEpError(UcxConn* conn, ucs_status_t status) {
 }
 
 void UcxTransport::SendAm(UcxConn& conn, unsigned id, const void* header, size_t header_len,
-                          const void* data, size_t len, uint64_t seq) {
-  auto* ctx = new SendCtx{this, seq, std::string(static_cast<const char*>(header), header_len)};
+                          const void* data, size_t len, uint64_t seq, bool on_data_ep,
+                          std::string payload) {
+  auto* ctx = new SendCtx{this, seq, std::string(static_cast<const char*>(header), header_len),
+                          std::move(payload)};
+  if (!ctx->payload.empty()) {
+    data = ctx->payload.data();
+    len = ctx->payload.size();
+  }
   ucp_request_param_t p{};
   p.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   p.cb.send = &SendCallback;
   p.user_data = ctx;
-  p.flags = UCP_AM_SEND_FLAG_REPLY;
-  ucs_status_ptr_t req =
-      ucp_am_send_nbx(conn.ep->get(), id, ctx->owned.data(), header_len, data, len, &p);
+  // Control messages ask for a reply endpoint (the receiver maps it to its connection); the
+  // data endpoint's messages name the connection in their header instead.
+  p.flags = on_data_ep ? 0 : UCP_AM_SEND_FLAG_REPLY;
+  ucp_ep_h ep = on_data_ep ? conn.data() : conn.ep->get();
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, ctx->owned.data(), header_len, data, len, &p);
   if (!UCS_PTR_IS_PTR(req)) {
     OnSendDone(seq, UCS_PTR_STATUS(req));
     delete ctx;
@@ -564,16 +741,28 @@ ucs_status_t UcxTransport::OnAm(unsigned id, const void* header, size_t header_l
       Hello h;
       std::memcpy(&h, header, sizeof(h));
       conns_[conn_id]->peer_instance = h.instance;
-      Hello reply{core_.instance_id(), kTransportProtocolVersion, h.cookie};
-      SendAm(*conns_[conn_id], kAmHelloReply, &reply, sizeof(reply), nullptr, 0, 0);
+      Hello reply{core_.instance_id(), kTransportProtocolVersion, h.cookie, conn_id};
+      SendAm(*conns_[conn_id], kAmHelloReply, &reply, sizeof(reply), nullptr, 0, 0,
+             /*on_data_ep=*/false, worker_address_);
       return UCS_OK;
     }
     case kAmHelloReply: {
       if (header_length == sizeof(Hello)) {
-        Hello h;
-        std::memcpy(&h, header, sizeof(h));
+        HelloReply r;
+        std::memcpy(&r.hello, header, sizeof(r.hello));
+        if (!rndv) {
+          r.worker_address.assign(static_cast<const char*>(data), length);
+        }
         absl::MutexLock lock(&mu_);
-        hello_replies_[h.cookie] = h;
+        hello_replies_[r.hello.cookie] = std::move(r);
+      }
+      return UCS_OK;
+    }
+    case kAmRmaGrant: {
+      if (header_length == sizeof(StatusHeader)) {
+        StatusHeader h;
+        std::memcpy(&h, header, sizeof(h));
+        OnRmaGrant(h.seq);
       }
       return UCS_OK;
     }
@@ -588,6 +777,10 @@ ucs_status_t UcxTransport::OnAm(unsigned id, const void* header, size_t header_l
       for (auto& [cid, conn] : conns_) {
         conn->in_flight.erase(h.seq);
       }
+      auto rp = rma_posts_.find(h.seq);
+      if (rp != rma_posts_.end() && !rp->second.started) {
+        rma_posts_.erase(rp);  // refused before any put: nothing outstanding
+      }
       core_.Finish(TransferId(h.seq), code == absl::StatusCode::kOk
                                           ? absl::OkStatus()
                                           : absl::Status(code, absl::StrCat("receiver: ", msg)));
@@ -596,19 +789,40 @@ ucs_status_t UcxTransport::OnAm(unsigned id, const void* header, size_t header_l
     default:
       break;
   }
-  if (header_length != sizeof(DataHeader) || conn_id == 0) {
+  if (header_length != sizeof(DataHeader)) {
     return UCS_OK;
   }
   DataHeader h;
   std::memcpy(&h, header, sizeof(h));
-  SeqState& st = seqs_[{conn_id, h.seq}];
-  if (id == kAmCancel) {
-    core_.FailExpectation(h.tag, h.nonce,
-                          absl::CancelledError(absl::StrCat("sender cancelled transfer tag ", h.tag,
-                                                            " before completion")));
-    st.failed = true;
+  if (conn_id == 0) {
+    // Data endpoint: the header names our (inbound) connection.
+    auto it = conns_.find(h.rconn);
+    if (it == conns_.end() || it->second->client || it->second->dead) {
+      return UCS_OK;
+    }
+    conn_id = h.rconn;
+  }
+  if (id == kAmRmaReq) {
+    OnRmaReq(conn_id, h, data, length, rndv);
     return UCS_OK;
   }
+  if (id == kAmRmaDone) {
+    ReleaseGrants(conn_id, h.seq, true, absl::OkStatus());
+    SendStatus(conn_id, h.seq, core_.CompleteExpectation(h.tag, h.nonce));
+    return UCS_OK;
+  }
+  if (id == kAmCancel) {
+    const absl::Status why = absl::CancelledError(
+        absl::StrCat("sender cancelled transfer tag ", h.tag, " before completion"));
+    ReleaseGrants(conn_id, h.seq, false, why);
+    core_.FailExpectation(h.tag, h.nonce, why);
+    auto it = seqs_.find({conn_id, h.seq});
+    if (it != seqs_.end()) {
+      it->second.failed = true;  // later DATA is dropped; END forgets the sequence
+    }
+    return UCS_OK;
+  }
+  SeqState& st = seqs_[{conn_id, h.seq}];
   if (id == kAmEnd) {
     st.end_pending = true;
     st.end = h;
@@ -678,6 +892,199 @@ void UcxTransport::SeqProgress(uint64_t conn_id, uint64_t seq) {
     SendStatus(conn_id, seq, core_.CompleteExpectation(st.end.tag, st.end.nonce));
   }
   seqs_.erase(it);
+}
+
+void UcxTransport::OnRmaReq(uint64_t conn_id, const DataHeader& h, const void* data, size_t length,
+                            bool rndv) {
+  if (rndv || length % sizeof(RunWire) != 0 || length == 0) {
+    SendStatus(conn_id, h.seq, absl::InvalidArgumentError("malformed ucx RMA request"));
+    return;
+  }
+  std::vector<WriteGrant> held;
+  absl::Status error;
+  for (size_t off = 0; off < length; off += sizeof(RunWire)) {
+    RunWire r;
+    std::memcpy(&r, static_cast<const char*>(data) + off, sizeof(r));
+    absl::StatusOr<WriteGrant> g =
+        core_.BeginWrite(h.tag, h.nonce, r.dst_first, r.num_blocks, conn_id);
+    if (!g.ok()) {
+      error = g.status();
+      break;
+    }
+    held.push_back(*std::move(g));
+  }
+  if (!error.ok()) {
+    // Nothing was written; a partly granted request fails the expectation (a broken sender).
+    for (const WriteGrant& g : held) {
+      core_.EndWrite(g, false, error);
+    }
+    SendStatus(conn_id, h.seq, error);
+    return;
+  }
+  grants_[{conn_id, h.seq}] = std::move(held);
+  UcxConn* conn = FindConn(conn_id);
+  if (conn == nullptr) {
+    ReleaseGrants(conn_id, h.seq, false, absl::UnavailableError("ucx connection closed"));
+    return;
+  }
+  StatusHeader g{h.seq, 0, 0};
+  SendAm(*conn, kAmRmaGrant, &g, sizeof(g), nullptr, 0, 0);
+}
+
+void UcxTransport::ReleaseGrants(uint64_t conn_id, uint64_t seq, bool ok, const absl::Status& why) {
+  auto it = grants_.find({conn_id, seq});
+  if (it == grants_.end()) {
+    return;
+  }
+  for (const WriteGrant& g : it->second) {
+    core_.EndWrite(g, ok, why);
+  }
+  grants_.erase(it);
+}
+
+void UcxTransport::OnRmaGrant(uint64_t seq) {
+  auto it = rma_posts_.find(seq);
+  if (it == rma_posts_.end() || it->second.started) {
+    return;
+  }
+  RmaPost& rp = it->second;
+  UcxConn* conn = FindConn(rp.conn);
+  if (conn == nullptr) {
+    rma_posts_.erase(it);
+    return;
+  }
+  const PreparedPost& post = rp.post;
+  DataHeader h{seq, post.desc.tag, post.desc.region_nonce, conn->remote_conn, 0, 0};
+  if (!core_.IsPending(post.id)) {
+    SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0);  // releases the held runs
+    conn->in_flight.erase(seq);
+    rma_posts_.erase(it);
+    return;
+  }
+  rp.started = true;
+  auto rkey_it = conn->rkeys.find(post.desc.region_nonce);
+  uint64_t remote_base = 0;
+  {
+    transport_internal::ByteReader r(post.desc.blob);
+    remote_base = r.U64();
+    const std::string packed = r.Bytes();
+    if (!r.ok() || packed.empty()) {
+      rp.error = absl::FailedPreconditionError(
+          "ucx RMA: the descriptor carries no rkey (receiver registration failed to pack one)");
+    } else if (rkey_it == conn->rkeys.end()) {
+      if (conn->rkeys.size() >= 64) {  // bounded: receivers re-register rarely
+        for (auto& [nonce, rkey] : conn->rkeys) {
+          ucp_rkey_destroy(rkey);
+        }
+        conn->rkeys.clear();
+      }
+      ucp_rkey_h rkey = nullptr;
+      const ucs_status_t st = ucp_ep_rkey_unpack(conn->data(), packed.data(), &rkey);
+      if (st != UCS_OK) {
+        rp.error = UcsError("ucp_ep_rkey_unpack", st);
+      } else {
+        rkey_it = conn->rkeys.emplace(post.desc.region_nonce, rkey).first;
+      }
+    }
+  }
+  if (rp.error.ok()) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &RmaOpCallback;
+    for (const BlockRun& run : post.runs) {
+      const uint64_t len = uint64_t{run.num_blocks} * post.block_bytes;
+      auto* ctx = new RmaOpCtx{this, seq};
+      p.user_data = ctx;
+      ++rp.outstanding;
+      ucs_status_ptr_t req = ucp_put_nbx(
+          conn->data(), post.src_base + uint64_t{run.src_first} * post.block_bytes, len,
+          remote_base + uint64_t{run.dst_first} * post.block_bytes, rkey_it->second, &p);
+      if (!UCS_PTR_IS_PTR(req)) {
+        delete ctx;
+        --rp.outstanding;
+        if (UCS_PTR_STATUS(req) != UCS_OK) {
+          rp.error = UcsError("ucp_put_nbx", UCS_PTR_STATUS(req));
+          break;
+        }
+      }
+    }
+    // The flush completes once every put is remotely complete.
+    auto* ctx = new RmaOpCtx{this, seq};
+    p.user_data = ctx;
+    ++rp.outstanding;
+    ucs_status_ptr_t req = ucp_ep_flush_nbx(conn->data(), &p);
+    if (!UCS_PTR_IS_PTR(req)) {
+      delete ctx;
+      --rp.outstanding;
+      if (UCS_PTR_STATUS(req) != UCS_OK && rp.error.ok()) {
+        rp.error = UcsError("ucp_ep_flush_nbx", UCS_PTR_STATUS(req));
+      }
+    }
+  }
+  if (rp.outstanding == 0) {
+    FinishRmaPost(seq);
+  }
+}
+
+void UcxTransport::OnRmaOpDone(uint64_t seq, ucs_status_t status) {
+  auto it = rma_posts_.find(seq);
+  if (it == rma_posts_.end()) {
+    return;
+  }
+  if (status != UCS_OK && it->second.error.ok()) {
+    it->second.error = UcsError("ucx put", status);
+  }
+  if (--it->second.outstanding == 0) {
+    FinishRmaPost(seq);
+  }
+}
+
+// Every put of `seq` completed (or failed): tell the receiver, which then answers with a status.
+void UcxTransport::FinishRmaPost(uint64_t seq) {
+  auto it = rma_posts_.find(seq);
+  RmaPost rp = std::move(it->second);
+  rma_posts_.erase(it);
+  UcxConn* conn = FindConn(rp.conn);
+  if (conn == nullptr) {
+    return;  // the connection failure already failed the transfer
+  }
+  DataHeader h{seq, rp.post.desc.tag, rp.post.desc.region_nonce, conn->remote_conn, 0, 0};
+  if (!rp.error.ok() || !core_.IsPending(rp.post.id)) {
+    core_.Finish(rp.post.id, rp.error);  // no-op when already finished (cancel, deadline)
+    conn->in_flight.erase(seq);
+    SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0);  // releases the held runs
+    return;
+  }
+  SendAm(*conn, kAmRmaDone, &h, sizeof(h), nullptr, 0, seq);
+}
+
+void UcxTransport::SetupDataPath(UcxConn& conn, const std::string& worker_address) {
+  const UcxDataPath want = options_.data_path;
+  if (!worker_address.empty()) {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    ucp_ep_h h = nullptr;
+    if (ucp_ep_create(worker_.get(), &ep, &h) == UCS_OK) {
+      auto data_ep = std::make_unique<UcpEndpoint>(worker_.get(), h);
+      const std::string info = EpInfo(h);
+      const std::string am = LaneTransport(info, "am_bw#0");
+      const std::string rma = LaneTransport(info, "rma_bw#0");
+      if (IsFastTransport(am) || IsFastTransport(rma)) {
+        conn.data_ep = std::move(data_ep);
+      }
+      conn.data_lanes =
+          absl::StrCat("am=", am.empty() ? "-" : am, " rma=", rma.empty() ? "-" : rma);
+      conn.rma = want == UcxDataPath::kAuto && conn.data_ep != nullptr && IsGoodPutTransport(rma);
+    }
+  }
+  if (want == UcxDataPath::kRma) {
+    conn.rma = true;  // explicitly asked for, even over tcp
+  }
+  LOG(INFO) << "ucx connection " << conn.id << ": data endpoint "
+            << (conn.data_ep != nullptr ? "yes" : "no") << " (" << conn.data_lanes
+            << "), data path " << (conn.rma ? "rma" : "am");
 }
 
 absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) {
@@ -791,7 +1198,7 @@ absl::StatusOr<PeerHandle> UcxTransport::Connect(absl::string_view endpoint) {
   if (status != UCS_OK) {
     return UcsError(absl::StrCat("ucx connect ", e->address), status);
   }
-  Hello reply;
+  HelloReply reply;
   {
     absl::MutexLock lock(&mu_);
     auto has_reply = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -807,21 +1214,24 @@ absl::StatusOr<PeerHandle> UcxTransport::Connect(absl::string_view endpoint) {
     reply = it->second;
     hello_replies_.erase(it);
   }
-  if (reply.version != kTransportProtocolVersion || reply.instance != e->instance_id) {
+  if (reply.hello.version != kTransportProtocolVersion || reply.hello.instance != e->instance_id) {
     return absl::FailedPreconditionError(
         absl::StrCat("ucx handshake: endpoint names instance ", e->instance_id, " protocol ",
                      kTransportProtocolVersion, " but ", e->address, " is instance ",
-                     reply.instance, " protocol ", reply.version));
+                     reply.hello.instance, " protocol ", reply.hello.version));
   }
   RunSync([&] {
     if (UcxConn* c = FindConn(conn_id)) {
-      c->peer_instance = reply.instance;
+      c->peer_instance = reply.hello.instance;
+      c->remote_conn = reply.hello.conn;
+      SetupDataPath(*c, reply.worker_address);
+      VLOG(2) << "ucx control endpoint:\n" << EpInfo(c->ep->get());
     }
   });
   absl::MutexLock lock(&mu_);
   const uint32_t handle = next_peer_++;
   peer_conn_[handle] = conn_id;
-  conn_instance_[conn_id] = reply.instance;
+  conn_instance_[conn_id] = reply.hello.instance;
   VLOG(1) << "ucx transport connected to " << e->address;
   return PeerHandle(handle);
 }
@@ -862,12 +1272,26 @@ void UcxTransport::StartPost(uint64_t conn_id, PreparedPost post) {
     return;
   }
   const uint64_t seq = post.id.value();
-  DataHeader h{seq, post.desc.tag, post.desc.region_nonce, 0, 0};
+  DataHeader h{seq, post.desc.tag, post.desc.region_nonce, conn->remote_conn, 0, 0};
   if (!core_.IsPending(post.id)) {
-    SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0);
+    SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0, /*on_data_ep=*/!conn->rma);
     return;
   }
   conn->in_flight[seq] = h;
+  if (conn->rma) {
+    // Ask the receiver to hold the runs; OnRmaGrant puts them.
+    std::string runs;
+    runs.reserve(post.runs.size() * sizeof(RunWire));
+    for (const BlockRun& run : post.runs) {
+      RunWire w{run.dst_first, run.num_blocks};
+      runs.append(reinterpret_cast<const char*>(&w), sizeof(w));
+    }
+    RmaPost& rp = rma_posts_[seq];
+    rp.conn = conn_id;
+    rp.post = std::move(post);
+    SendAm(*conn, kAmRmaReq, &h, sizeof(h), nullptr, 0, seq, /*on_data_ep=*/false, std::move(runs));
+    return;
+  }
   const uint32_t frame_blocks =
       static_cast<uint32_t>(std::max<uint64_t>(1, kMaxFrameBytes / post.block_bytes));
   for (const BlockRun& run : post.runs) {
@@ -876,12 +1300,12 @@ void UcxTransport::StartPost(uint64_t conn_id, PreparedPost post) {
       h.num_blocks = std::min(frame_blocks, run.num_blocks - off);
       SendAm(*conn, kAmData, &h, sizeof(h),
              post.src_base + uint64_t{run.src_first + off} * post.block_bytes,
-             uint64_t{h.num_blocks} * post.block_bytes, seq);
+             uint64_t{h.num_blocks} * post.block_bytes, seq, /*on_data_ep=*/true);
     }
   }
   h.dst_first = 0;
   h.num_blocks = 0;
-  SendAm(*conn, kAmEnd, &h, sizeof(h), nullptr, 0, seq);
+  SendAm(*conn, kAmEnd, &h, sizeof(h), nullptr, 0, seq, /*on_data_ep=*/true);
 }
 
 absl::Status UcxTransport::Cancel(TransferId id) {
@@ -896,9 +1320,12 @@ absl::Status UcxTransport::Cancel(TransferId id) {
       for (auto& [cid, conn] : conns_) {
         auto it = conn->in_flight.find(seq);
         if (it != conn->in_flight.end() && !conn->dead) {
+          if (rma_posts_.contains(seq)) {
+            return;  // the RMA state machine tells the receiver once no put is in flight
+          }
           DataHeader h = it->second;
           conn->in_flight.erase(it);
-          SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0);
+          SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0, /*on_data_ep=*/!conn->rma);
           return;
         }
       }
