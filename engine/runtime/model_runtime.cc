@@ -61,7 +61,8 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   rt->layout_ = {c.n_layers, c.n_kv_heads, c.head_dim, config.block_size, kernels::DType::kF32};
   PD_ASSIGN_OR_RETURN(rt->pool_, memory::HostKvPool::Create(rt->layout_, config.kv_blocks));
   PD_ASSIGN_OR_RETURN(rt->kv_,
-                      kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size}));
+                      kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size},
+                                                       config.kv_listener));
   const int threads =
       config.threads > 0 ? config.threads : std::max(1u, std::thread::hardware_concurrency());
   rt->parallel_ = std::make_unique<ParallelFor>(ParallelFor::Options{threads});

@@ -30,6 +30,9 @@ struct ModelRuntimeConfig {
   int64_t block_size = 16;   // tokens per block
   int threads = 0;           // CPU threads for kernels; 0 = all cores
   SchedulerConfig scheduler;
+  // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
+  // = none. Not owned; must outlive the runtime.
+  kvcache::KvEventListener* kv_listener = nullptr;
 
   // InvalidArgument naming the field.
   absl::Status Validate() const;

@@ -10,7 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/base/strong_id.h"
+#include "common/hash/block_hash.h"
 
 namespace pd::engine {
 
@@ -56,7 +58,38 @@ struct GenerationOutput {
   uint32_t cached_tokens = 0;        // prompt tokens reused from the prefix cache
   uint32_t completion_tokens = 0;
   uint32_t num_preemptions = 0;
+  bool prefilled_remotely = false;   // the prompt's KV came from a prefill worker
   RequestTimings timings;
+};
+
+// Disaggregated prefill, decode side: where the uncached blocks of a prompt should be filled.
+// At admission the scheduler allocates the whole prompt (Kv ImportBlocks: cached prefix plus
+// private destination blocks) and calls `start` on its thread with the blocks to fill; the
+// request then waits outside the batch. The owner of the request must later call exactly one
+// of Scheduler::CompleteRemotePrefill (the KV is in the blocks; first token sampled remotely)
+// or Scheduler::FailRemotePrefill (nothing usable arrived: the request prefills locally into
+// the same blocks). The blocks stay reserved until then, even if the request is cancelled
+// meanwhile, so a late remote write never lands in a reused block.
+struct RemotePrefillTarget {
+  RequestId id;
+  int64_t num_cached_tokens = 0;    // tokens the decode worker had cached (not to be sent)
+  int64_t first_block = 0;          // logical index of block_ids[0]
+  std::vector<BlockId> block_ids;   // destination blocks, in order, incl. a partial last one
+  std::vector<BlockHash> chain;     // hashes of every full block of the prompt
+};
+
+// Prefill-only requests (prefill worker): once the prompt is computed and the first token is
+// sampled, the scheduler calls `on_prefilled` on its thread with that token and the physical
+// blocks of the whole prompt (logical block i at index i), and keeps them referenced (out of
+// the batch, never preempted or evicted) until Scheduler::ReleasePrefilled. No other output
+// is emitted for such a request except a final error output if it fails before that point.
+struct PrefilledBlocks {
+  RequestId id;
+  uint32_t first_token = 0;
+  int64_t cached_tokens = 0;        // prompt tokens this worker reused from its own cache
+  std::vector<BlockId> block_ids;
+  absl::Duration queue;             // submitted -> first scheduled
+  absl::Duration prefill;           // first scheduled -> prompt computed
 };
 
 struct GenerationRequest {
@@ -68,6 +101,12 @@ struct GenerationRequest {
   // Receives every output of this request, the last one with finish_reason set. Runs on the
   // scheduler thread: must be quick and must not call into the scheduler.
   std::function<void(GenerationOutput)> on_output;
+  // Decode side of a disaggregated prefill (see RemotePrefillTarget); null = prefill here.
+  // Runs on the scheduler thread: must be quick (start an RPC elsewhere).
+  std::function<void(RemotePrefillTarget)> remote_prefill;
+  // Prefill side (see PrefilledBlocks); null = a normal generation. Mutually exclusive with
+  // remote_prefill. Runs on the scheduler thread: must be quick.
+  std::function<void(PrefilledBlocks)> on_prefilled;
 };
 
 }  // namespace pd::engine

@@ -1,6 +1,7 @@
 #include "engine/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -30,6 +31,10 @@ struct Scheduler::Sequence {
   FinishReason finished = FinishReason::kNone;
   absl::Status status;
   bool cancel_requested = false;
+  bool remote_started = false;     // remote_prefill was called (only at first admission)
+  bool remote_pending = false;     // waiting for Complete/FailRemotePrefill
+  bool prefilled_remotely = false;
+  bool held = false;               // prefill-only: computed, blocks held for the transfer
   absl::Time submitted, first_scheduled, prefill_done, first_token;
 
   size_t num_generated() const { return tokens.size() - prompt_len; }
@@ -124,9 +129,14 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
                                                    " KV blocks, the pool has ",
                                                    kv_->num_blocks()));
   }
+  if (request.remote_prefill != nullptr && request.on_prefilled != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": remote_prefill and on_prefilled are exclusive"));
+  }
   auto same = [&](const std::unique_ptr<Sequence>& s) { return s->request.id == request.id; };
   if (std::any_of(waiting_.begin(), waiting_.end(), same) ||
-      std::any_of(running_.begin(), running_.end(), same)) {
+      std::any_of(running_.begin(), running_.end(), same) ||
+      std::any_of(held_.begin(), held_.end(), same)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already queued or running"));
   }
   if (static_cast<int64_t>(waiting_.size()) >= config_.max_waiting) {
@@ -163,6 +173,11 @@ absl::Status Scheduler::Cancel(RequestId id) {
   return absl::NotFoundError(absl::StrCat("request ", id.ToString(), " is not queued or running"));
 }
 
+void Scheduler::CancelAll() {
+  for (auto& s : waiting_) s->cancel_requested = true;
+  for (auto& s : running_) s->cancel_requested = true;
+}
+
 void Scheduler::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
   if (seq->finished != FinishReason::kNone) {
     return;
@@ -187,6 +202,7 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   out.cached_tokens = seq->cached_tokens;
   out.completion_tokens = static_cast<uint32_t>(seq->num_generated());
   out.num_preemptions = seq->num_preemptions;
+  out.prefilled_remotely = seq->prefilled_remotely;
   const absl::Time now = clock_->Now();
   const absl::Time scheduled =
       seq->admitted_once ? seq->first_scheduled : now;
@@ -217,7 +233,7 @@ void Scheduler::ExpireAndCancel() {
 
 void Scheduler::SweepFinished() {
   for (auto it = running_.begin(); it != running_.end();) {
-    if ((*it)->finished != FinishReason::kNone) {
+    if ((*it)->finished != FinishReason::kNone && !(*it)->remote_pending) {
       absl::Status s = kv_->Free((*it)->kv_id);
       CHECK(s.ok()) << s;  // the table exists for every running sequence
       it = running_.erase(it);
@@ -237,8 +253,22 @@ void Scheduler::Admit() {
     Sequence* seq = waiting_.front().get();
     std::vector<BlockHash> chain =
         ComputeBlockHashes(seq->seed, seq->tokens, static_cast<uint32_t>(kv_->block_size()));
-    absl::StatusOr<int64_t> cached =
-        kv_->AllocatePrompt(seq->kv_id, chain, static_cast<int64_t>(seq->tokens.size()));
+    // A remote prefill is tried once, at first admission; a preempted request recomputes here.
+    const bool remote = seq->request.remote_prefill != nullptr && !seq->remote_started;
+    std::optional<kvcache::ImportTarget> import;
+    absl::StatusOr<int64_t> cached = 0;
+    if (remote) {
+      absl::StatusOr<kvcache::ImportTarget> t =
+          kv_->ImportBlocks(seq->kv_id, chain, static_cast<int64_t>(seq->tokens.size()));
+      if (t.ok()) {
+        cached = t->num_cached_tokens;
+        import = *std::move(t);
+      } else {
+        cached = t.status();
+      }
+    } else {
+      cached = kv_->AllocatePrompt(seq->kv_id, chain, static_cast<int64_t>(seq->tokens.size()));
+    }
     if (absl::IsResourceExhausted(cached.status())) {
       if (running_.empty()) {
         // Nothing will free blocks for it: the pool cannot hold this sequence.
@@ -266,6 +296,104 @@ void Scheduler::Admit() {
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
+    if (import.has_value()) {
+      seq->remote_started = true;
+      seq->remote_pending = true;
+      RemotePrefillTarget target;
+      target.id = seq->request.id;
+      target.num_cached_tokens = import->num_cached_tokens;
+      target.first_block = import->first_block;
+      target.block_ids = std::move(import->block_ids);
+      target.chain = std::move(chain);
+      seq->request.remote_prefill(std::move(target));
+    }
+  }
+}
+
+Scheduler::Sequence* Scheduler::FindRunning(RequestId id) {
+  for (auto& s : running_) {
+    if (s->request.id == id) {
+      return s.get();
+    }
+  }
+  return nullptr;
+}
+
+absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token) {
+  Sequence* seq = FindRunning(id);
+  if (seq == nullptr || !seq->remote_pending) {
+    return absl::NotFoundError(
+        absl::StrCat("request ", id.ToString(), " has no remote prefill outstanding"));
+  }
+  seq->remote_pending = false;
+  if (seq->finished != FinishReason::kNone) {
+    return absl::OkStatus();  // cancelled meanwhile: the next sweep frees its blocks
+  }
+  if (first_token >= static_cast<uint32_t>(forward_->vocab_size())) {
+    ++stats_.remote_prefill_failures;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request ", id.ToString(), ": remote first token ", first_token, " >= vocab size ",
+        forward_->vocab_size(), "; prefilling locally"));
+  }
+  const uint32_t block_size = static_cast<uint32_t>(kv_->block_size());
+  seq->num_computed = static_cast<int64_t>(seq->tokens.size());
+  seq->chain = ComputeBlockHashes(seq->seed, seq->tokens, block_size);
+  absl::Status commit = kv_->CommitBlocks(seq->kv_id, seq->chain);
+  CHECK(commit.ok()) << commit;  // the chain hashes exactly the prompt's full blocks
+  seq->prefill_done = clock_->Now();
+  seq->prefilled_remotely = true;
+  AcceptToken(seq, first_token);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::FailRemotePrefill(RequestId id) {
+  Sequence* seq = FindRunning(id);
+  if (seq == nullptr || !seq->remote_pending) {
+    return absl::NotFoundError(
+        absl::StrCat("request ", id.ToString(), " has no remote prefill outstanding"));
+  }
+  seq->remote_pending = false;
+  if (seq->finished == FinishReason::kNone) {
+    ++stats_.remote_prefill_failures;
+  }
+  return absl::OkStatus();  // num_computed is still the cached prefix: Step prefills the rest
+}
+
+absl::Status Scheduler::ReleasePrefilled(RequestId id) {
+  for (auto it = held_.begin(); it != held_.end(); ++it) {
+    if ((*it)->request.id == id) {
+      absl::Status s = kv_->Free((*it)->kv_id);
+      CHECK(s.ok()) << s;
+      held_.erase(it);
+      ++stats_.finished;
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("request ", id.ToString(), " holds no prefilled blocks"));
+}
+
+void Scheduler::OnPrefilled(Sequence* seq, uint32_t token) {
+  PrefilledBlocks out;
+  out.id = seq->request.id;
+  out.first_token = token;
+  out.cached_tokens = seq->cached_tokens;
+  const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
+  out.block_ids.assign(table->blocks().begin(), table->blocks().end());
+  const absl::Time scheduled = seq->first_scheduled;
+  out.queue = scheduled - seq->submitted;
+  out.prefill = seq->prefill_done - scheduled;
+  seq->held = true;
+  seq->request.on_prefilled(std::move(out));
+}
+
+void Scheduler::MoveHeld() {
+  for (auto it = running_.begin(); it != running_.end();) {
+    if ((*it)->held) {
+      held_.push_back(std::move(*it));
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 
@@ -306,7 +434,12 @@ void Scheduler::EnsureSlots() {
                    " blocks cannot hold ", seq->tokens.size(), " tokens")));
         return;
       }
-      const size_t victim = running_.size() - 1;
+      // The youngest request not waiting for a remote prefill (its blocks may be being
+      // written); `i` itself always qualifies.
+      size_t victim = running_.size() - 1;
+      while (victim > i && running_[victim]->remote_pending) {
+        --victim;
+      }
       Preempt(victim);
       if (victim == i) {
         break;  // it preempted itself; it is waiting now
@@ -385,9 +518,8 @@ bool Scheduler::Step() {
   EnsureSlots();
   SweepFinished();
   if (running_.empty()) {
-    return !waiting_.empty();
+    return false;
   }
-  ++stats_.steps;
 
   // One token for each sequence with exactly one to compute (decode), then prefill chunks.
   std::vector<Sequence*> members;
@@ -397,6 +529,9 @@ bool Scheduler::Step() {
   for (int pass = 0; pass < 2 && budget > 0; ++pass) {
     for (auto& owned : running_) {
       Sequence* seq = owned.get();
+      if (seq->remote_pending || seq->finished != FinishReason::kNone) {
+        continue;
+      }
       const int64_t todo = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
       if (todo <= 0 || (todo == 1) != (pass == 0) || budget <= 0) {
         continue;
@@ -415,6 +550,10 @@ bool Scheduler::Step() {
                        seq->num_computed, {}});
     }
   }
+  if (batch.empty()) {
+    return false;  // everything running waits for a remote prefill
+  }
+  ++stats_.steps;
   for (size_t i = 0; i < batch.size(); ++i) {
     batch[i].block_table = tables[i];
   }
@@ -478,8 +617,13 @@ bool Scheduler::Step() {
       Finish(seq, FinishReason::kError, sampled);
       continue;
     }
+    if (seq->request.on_prefilled != nullptr) {
+      OnPrefilled(seq, static_cast<uint32_t>(token));
+      continue;
+    }
     AcceptToken(seq, static_cast<uint32_t>(token));
   }
+  MoveHeld();
   SweepFinished();
   return true;
 }
@@ -488,6 +632,17 @@ SchedulerStats Scheduler::Stats() const {
   SchedulerStats s = stats_;
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.running = static_cast<int64_t>(running_.size());
+  s.held = static_cast<int64_t>(held_.size());
+  for (const auto& q : waiting_) {
+    s.pending_prefill_tokens += static_cast<int64_t>(q->prompt_len);
+  }
+  for (const auto& q : running_) {
+    if (!q->remote_pending && q->num_computed < static_cast<int64_t>(q->prompt_len)) {
+      s.pending_prefill_tokens += static_cast<int64_t>(q->prompt_len) - q->num_computed;
+    }
+  }
+  s.remote_prefills = std::count_if(running_.begin(), running_.end(),
+                                    [](const auto& q) { return q->remote_pending; });
   s.kv = kv_->Stats();
   return s;
 }

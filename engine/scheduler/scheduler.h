@@ -49,6 +49,10 @@ struct SchedulerStats {
   int64_t decode_tokens = 0;    // tokens generated (cumulative)
   int64_t preemptions = 0;
   int64_t finished = 0;
+  int64_t pending_prefill_tokens = 0;  // prompt tokens queued or not yet computed
+  int64_t held = 0;                 // prefill-only requests holding blocks for a transfer
+  int64_t remote_prefills = 0;      // waiting for a prefill worker now
+  int64_t remote_prefill_failures = 0;  // cumulative: fell back to local prefill
   kvcache::KvCacheStats kv;
 };
 
@@ -76,11 +80,32 @@ class Scheduler {
   // NotFound when the id is not queued or running.
   absl::Status Cancel(RequestId id);
 
-  // Runs one batch. Returns false when there was nothing to do. Errors from the forward pass
-  // fail the requests of that batch (kError), not the scheduler.
+  // Decode side of a disaggregated prefill (GenerationRequest::remote_prefill): the prompt's
+  // KV is in the target blocks and the prefill worker sampled `first_token`. The request
+  // continues with decode. NotFound when `id` has no remote prefill outstanding;
+  // InvalidArgument when `first_token` is out of the vocabulary (the request then prefills
+  // locally, as after FailRemotePrefill). A request cancelled meanwhile just releases its blocks.
+  absl::Status CompleteRemotePrefill(RequestId id, uint32_t first_token);
+
+  // The remote prefill of `id` failed and no write into its blocks is in progress any more
+  // (the transfer was cancelled or finished): the request prefills locally into the same
+  // blocks. NotFound when `id` has no remote prefill outstanding.
+  absl::Status FailRemotePrefill(RequestId id);
+
+  // Prefill side (GenerationRequest::on_prefilled): the held blocks of `id` were sent; drop
+  // the request, keeping its full blocks as prefix-cache hits. NotFound when `id` is not held.
+  absl::Status ReleasePrefilled(RequestId id);
+
+  // Cancel for every queued and running request (shutdown).
+  void CancelAll();
+
+  // Runs one batch. Returns false when there was no batch to run (empty, or every running
+  // request waits for a remote prefill). Errors from the forward pass fail the requests of
+  // that batch (kError), not the scheduler.
   bool Step();
 
-  bool idle() const { return waiting_.empty() && running_.empty(); }
+  // No request queued, running, waiting for a remote prefill or held after a prefill.
+  bool idle() const { return waiting_.empty() && running_.empty() && held_.empty(); }
   SchedulerStats Stats() const;
 
  private:
@@ -96,6 +121,9 @@ class Scheduler {
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
   void AcceptToken(Sequence* seq, uint32_t token);
   void SweepFinished();
+  void MoveHeld();
+  Sequence* FindRunning(RequestId id);
+  void OnPrefilled(Sequence* seq, uint32_t token);
   absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 
   const SchedulerConfig config_;
@@ -108,6 +136,7 @@ class Scheduler {
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  std::vector<std::unique_ptr<Sequence>> held_;     // prefilled, blocks held until released
   uint64_t next_sequence_id_ = 1;
   SchedulerStats stats_;
   std::vector<float> logits_;

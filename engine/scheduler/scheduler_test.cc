@@ -1,6 +1,8 @@
 #include "engine/scheduler/scheduler.h"
 
+#include <cstring>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,7 +66,13 @@ class Harness {
 
   absl::Status Submit(uint64_t id, std::vector<uint32_t> prompt, SamplingOptions sampling = {},
                       std::string salt = "") {
-    GenerationRequest r;
+    return SubmitRequest(id, std::move(prompt), std::move(sampling), std::move(salt), {});
+  }
+
+  // Submit with the caller's disaggregation hooks (remote_prefill / on_prefilled) set in `base`.
+  absl::Status SubmitRequest(uint64_t id, std::vector<uint32_t> prompt, SamplingOptions sampling,
+                             std::string salt, GenerationRequest base) {
+    GenerationRequest r = std::move(base);
     r.id = RequestId(id);
     r.prompt = std::move(prompt);
     r.sampling = std::move(sampling);
@@ -96,6 +104,7 @@ class Harness {
 
   Scheduler* scheduler() { return scheduler_.get(); }
   std::map<uint64_t, Result>& results() { return results_; }
+  memory::HostKvPool* pool() { return pool_.get(); }
 
  private:
   std::unique_ptr<Llama2cCheckpoint> checkpoint_;
@@ -287,6 +296,142 @@ TEST(SchedulerTest, SubmitRejectsBadRequests) {
   ASSERT_TRUE(h.Submit(1, {1}).ok());
   EXPECT_EQ(h.Submit(1, {1}).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(h.Submit(2, {1}).code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace pd::engine
+
+namespace pd::engine {
+namespace {
+
+// The disaggregated handoff at the engine level: a prefill scheduler (P) computes a prompt and
+// holds its blocks, the bytes are copied into the blocks a decode scheduler (D) reserved (what
+// the transport does between processes), and D decodes. Output must equal the local run.
+TEST(SchedulerDisaggTest, RemotePrefillGivesTheLocalOutput) {
+  for (int i = 0; i < 5; ++i) {
+    Harness local(64, {});
+    ASSERT_TRUE(local.Submit(1, local.Encode(kPrompts[i]), MaxTokens(20)).ok());
+    local.RunToCompletion();
+
+    Harness p(64, {});
+    Harness d(64, {});
+    std::optional<RemotePrefillTarget> target;
+    GenerationRequest dr;
+    dr.remote_prefill = [&](RemotePrefillTarget t) { target = std::move(t); };
+    ASSERT_TRUE(d.SubmitRequest(1, d.Encode(kPrompts[i]), MaxTokens(20), "", std::move(dr)).ok());
+    EXPECT_FALSE(d.scheduler()->Step());  // admitted, waiting for the remote prefill
+    ASSERT_TRUE(target.has_value());
+    EXPECT_EQ(d.scheduler()->Stats().remote_prefills, 1);
+    EXPECT_FALSE(d.scheduler()->idle());
+
+    std::optional<PrefilledBlocks> prefilled;
+    GenerationRequest pr;
+    pr.on_prefilled = [&](PrefilledBlocks b) { prefilled = std::move(b); };
+    ASSERT_TRUE(p.SubmitRequest(7, p.Encode(kPrompts[i]), MaxTokens(20), "", std::move(pr)).ok());
+    while (!prefilled.has_value()) {
+      ASSERT_TRUE(p.scheduler()->Step());
+    }
+    EXPECT_EQ(p.scheduler()->Stats().held, 1);
+    EXPECT_TRUE(p.results().empty());  // a prefill-only request emits no output
+    ASSERT_EQ(static_cast<int64_t>(prefilled->block_ids.size()),
+              target->first_block + static_cast<int64_t>(target->block_ids.size()));
+    for (size_t b = 0; b < target->block_ids.size(); ++b) {
+      std::memcpy(d.pool()->BlockData(target->block_ids[b]),
+                  p.pool()->BlockData(prefilled->block_ids[target->first_block + b]),
+                  d.pool()->block_bytes());
+    }
+    ASSERT_TRUE(p.scheduler()->ReleasePrefilled(RequestId(7)).ok());
+    EXPECT_TRUE(p.scheduler()->idle());
+    EXPECT_EQ(p.scheduler()->ReleasePrefilled(RequestId(7)).code(), absl::StatusCode::kNotFound);
+
+    ASSERT_TRUE(d.scheduler()->CompleteRemotePrefill(RequestId(1), prefilled->first_token).ok());
+    d.RunToCompletion();
+    EXPECT_EQ(d.results()[1].tokens, local.results()[1].tokens) << kPrompts[i];
+    EXPECT_EQ(d.results()[1].text, local.results()[1].text);
+    EXPECT_TRUE(d.results()[1].last.prefilled_remotely);
+    EXPECT_EQ(d.scheduler()->Stats().prefill_tokens, 0);  // D computed no prompt token
+
+    // The prompt's full blocks are now prefix-cache hits on D.
+    ASSERT_TRUE(d.Submit(2, d.Encode(kPrompts[i]), MaxTokens(20)).ok());
+    d.RunToCompletion();
+    EXPECT_EQ(d.results()[2].tokens, local.results()[1].tokens);
+  }
+}
+
+TEST(SchedulerDisaggTest, FailedRemotePrefillPrefillsLocally) {
+  Harness local(64, {});
+  const std::vector<uint32_t> prompt = local.Encode(kPrompts[1]);
+  ASSERT_TRUE(local.Submit(1, prompt, MaxTokens(16)).ok());
+  local.RunToCompletion();
+
+  Harness d(64, {});
+  std::optional<RemotePrefillTarget> target;
+  GenerationRequest dr;
+  dr.remote_prefill = [&](RemotePrefillTarget t) { target = std::move(t); };
+  ASSERT_TRUE(d.SubmitRequest(1, prompt, MaxTokens(16), "", std::move(dr)).ok());
+  d.scheduler()->Step();
+  ASSERT_TRUE(target.has_value());
+  // Garbage where the remote write would have gone must not matter: local prefill rewrites.
+  for (BlockId b : target->block_ids) {
+    std::memset(d.pool()->BlockData(b), 0x7f, d.pool()->block_bytes());
+  }
+  ASSERT_TRUE(d.scheduler()->FailRemotePrefill(RequestId(1)).ok());
+  EXPECT_EQ(d.scheduler()->FailRemotePrefill(RequestId(1)).code(), absl::StatusCode::kNotFound);
+  d.RunToCompletion();
+  EXPECT_EQ(d.results()[1].tokens, local.results()[1].tokens);
+  EXPECT_FALSE(d.results()[1].last.prefilled_remotely);
+  EXPECT_EQ(d.scheduler()->Stats().remote_prefill_failures, 1);
+}
+
+TEST(SchedulerDisaggTest, CancelWhileRemotePendingKeepsBlocksUntilResolved) {
+  Harness d(64, {});
+  std::optional<RemotePrefillTarget> target;
+  GenerationRequest dr;
+  dr.remote_prefill = [&](RemotePrefillTarget t) { target = std::move(t); };
+  ASSERT_TRUE(d.SubmitRequest(1, d.Encode(kPrompts[2]), MaxTokens(16), "", std::move(dr)).ok());
+  d.scheduler()->Step();
+  ASSERT_TRUE(target.has_value());
+  const int64_t used = d.scheduler()->Stats().kv.num_blocks_used;
+  EXPECT_GT(used, 0);
+  ASSERT_TRUE(d.scheduler()->Cancel(RequestId(1)).ok());
+  d.scheduler()->Step();
+  EXPECT_EQ(d.results()[1].last.finish_reason, FinishReason::kAbort);
+  // The final output went out, but the blocks stay reserved: a late write may still land.
+  EXPECT_EQ(d.scheduler()->Stats().kv.num_blocks_used, used);
+  EXPECT_FALSE(d.scheduler()->idle());
+  ASSERT_TRUE(d.scheduler()->CompleteRemotePrefill(RequestId(1), 5).ok());
+  d.scheduler()->Step();
+  EXPECT_TRUE(d.scheduler()->idle());
+  EXPECT_EQ(d.scheduler()->Stats().kv.num_blocks_used, 0);
+  // Uncommitted blocks never became cache hits.
+  EXPECT_EQ(d.scheduler()->Stats().kv.num_blocks_cached, 0);
+}
+
+TEST(SchedulerDisaggTest, OutOfVocabFirstTokenFallsBackToLocal) {
+  Harness local(64, {});
+  const std::vector<uint32_t> prompt = local.Encode(kPrompts[3]);
+  ASSERT_TRUE(local.Submit(1, prompt, MaxTokens(8)).ok());
+  local.RunToCompletion();
+  Harness d(64, {});
+  GenerationRequest dr;
+  bool started = false;
+  dr.remote_prefill = [&](RemotePrefillTarget) { started = true; };
+  ASSERT_TRUE(d.SubmitRequest(1, prompt, MaxTokens(8), "", std::move(dr)).ok());
+  d.scheduler()->Step();
+  ASSERT_TRUE(started);
+  EXPECT_EQ(d.scheduler()->CompleteRemotePrefill(RequestId(1), 1u << 30).code(),
+            absl::StatusCode::kInvalidArgument);
+  d.RunToCompletion();
+  EXPECT_EQ(d.results()[1].tokens, local.results()[1].tokens);
+}
+
+TEST(SchedulerDisaggTest, HooksAreExclusive) {
+  Harness d(64, {});
+  GenerationRequest r;
+  r.remote_prefill = [](RemotePrefillTarget) {};
+  r.on_prefilled = [](PrefilledBlocks) {};
+  EXPECT_EQ(d.SubmitRequest(1, {1, 2}, MaxTokens(4), "", std::move(r)).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

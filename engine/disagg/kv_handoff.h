@@ -1,0 +1,109 @@
+// KvHandoff: the engine's side of the prefill -> decode KV handoff (DESIGN.md "Request path"
+// step 4): one KvTransport with the worker's block pool registered, cached connections to
+// peers, and a completion thread that reports when transfers finish.
+//
+// Decode worker: Expect(tag, destination blocks) -> descriptor for the prefill worker; then
+// WhenDone(expectation id) to learn that the bytes are in place (or Cancel on failure).
+// Prefill worker: Send(decode endpoint, tag, block pairs, descriptor) -> WhenDone(transfer id).
+//
+// Thread-safe. Completion callbacks run on the handoff's own thread, one at a time; they must
+// be quick and must not call Wait on this handoff.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/kvcache/kv_layout.h"
+#include "transport/kv_transport.h"
+#include "transport/registry.h"
+
+namespace pd::disagg {
+
+struct KvHandoffConfig {
+  transport::TransportConfig transport;
+  absl::Duration transfer_timeout = absl::Seconds(30);  // default bound of one transfer
+};
+
+// The transport geometry of a pool: `fingerprint_hex` is the model fingerprint (its first 16
+// hex digits become PoolGeometry::model_fingerprint). InvalidArgument for a bad layout or
+// fingerprint.
+absl::StatusOr<transport::PoolGeometry> GeometryFor(const kvcache::KvLayout& layout,
+                                                    absl::string_view fingerprint_hex,
+                                                    int64_t num_blocks);
+
+class KvHandoff {
+ public:
+  using DoneCallback = std::function<void(const transport::TransferState&)>;
+
+  // Creates the transport and registers [base, base + size_bytes) with `geometry`. Errors from
+  // the registry (InvalidArgument, Unimplemented for an unbuilt backend) and from Register.
+  static absl::StatusOr<std::unique_ptr<KvHandoff>> Create(const KvHandoffConfig& config,
+                                                           void* base, uint64_t size_bytes,
+                                                           const transport::PoolGeometry& geometry);
+  // Stops the completion thread (pending callbacks get a Cancelled state) and deregisters.
+  ~KvHandoff();
+  KvHandoff(const KvHandoff&) = delete;
+  KvHandoff& operator=(const KvHandoff&) = delete;
+
+  absl::string_view backend() const { return transport_->Name(); }
+  std::string endpoint() const { return transport_->LocalEndpoint(); }
+  const transport::PoolGeometry& geometry() const { return geometry_; }
+  transport::KvTransport* transport() { return transport_.get(); }
+
+  // A tag unique among this handoff's transfers.
+  uint64_t NextTag();
+
+  // Decode side: announce that `dst` will be written by the transfer tagged `tag`.
+  absl::StatusOr<transport::Expectation> Expect(uint64_t tag, absl::Span<const BlockId> dst,
+                                                absl::Duration timeout);
+
+  // Prefill side: connects to `peer_endpoint` unless already connected (may block for the
+  // connection set-up; call it before Send on a thread that may wait).
+  absl::Status EnsureConnected(absl::string_view peer_endpoint);
+
+  // Prefill side: connect (once per endpoint) and post the write of `pairs`.
+  absl::StatusOr<TransferId> Send(absl::string_view peer_endpoint, uint64_t tag,
+                                  absl::Span<const transport::BlockPair> pairs,
+                                  absl::string_view descriptor, absl::Duration timeout);
+
+  // Calls `done` once the transfer or expectation `id` finished (or with DeadlineExceeded when
+  // `deadline` passes first, after cancelling it).
+  void WhenDone(TransferId id, absl::Time deadline, DoneCallback done);
+
+  // Cancels a pending transfer or expectation; returns once no write into its blocks is in
+  // progress. OK when it already finished.
+  absl::Status Cancel(TransferId id);
+
+ private:
+  KvHandoff() = default;
+  void RunCompletions();
+  absl::StatusOr<transport::PeerHandle> PeerFor(absl::string_view peer_endpoint);
+
+  struct Pending {
+    TransferId id;
+    absl::Time deadline;
+    DoneCallback done;
+  };
+
+  transport::PoolGeometry geometry_;
+  std::unique_ptr<transport::KvTransport> transport_;
+  transport::RegionHandle region_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, transport::PeerHandle> peers_ ABSL_GUARDED_BY(mu_);
+  std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  std::thread completions_;
+};
+
+}  // namespace pd::disagg
