@@ -1,7 +1,12 @@
 #include "services/router/generation_service.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "services/base/grpc_status.h"
@@ -9,50 +14,365 @@
 namespace pd::router {
 namespace {
 
+namespace iv1 = pdserve::internal::v1;
+namespace v1 = pdserve::v1;
+
+const std::vector<double>& LatencyBuckets() {
+  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                        0.5,   1,      2.5,   5,    10,    30,   60};
+  return b;
+}
+
 // Ends a server stream at once with `status` (no messages).
-class FinishedWriter final : public grpc::ServerWriteReactor<pdserve::v1::GenerateResponse> {
+class FinishedWriter final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   explicit FinishedWriter(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }  // gRPC's reactor ownership contract
 };
 
+// One client stream relayed from one DecodeService.Generate call, in lockstep: read one
+// worker message, write it to the client, read the next. Finishes the client stream once the
+// worker call is done (its status is the outcome). Deletes itself when both are done.
+class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  RouterStream(GenerationService* service, grpc::CallbackServerContext* server_ctx,
+               iv1::DecodeRequest decode, Placement placement, absl::Time deadline)
+      : service_(service),
+        decode_(std::move(decode)),
+        placement_(std::move(placement)),
+        received_(absl::Now()),
+        upstream_(this) {
+    (void)server_ctx;
+    service_->workers()->AddInflight(placement_.decode_index, 1);
+    if (placement_.prefill_index >= 0) {
+      service_->workers()->AddInflight(placement_.prefill_index, 1);
+    }
+    if (deadline != absl::InfiniteFuture()) {
+      client_.set_deadline(absl::ToChronoTime(deadline));
+    }
+    service_->workers()
+        ->decode_stub(placement_.decode_index)
+        ->async()
+        ->Generate(&client_, &decode_, &upstream_);
+    upstream_.StartRead(&in_);
+    upstream_.StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      client_.TryCancel();  // the client is gone: stop the worker
+    } else if (!upstream_done_) {
+      upstream_.StartRead(&in_);
+    }
+    MaybeFinishLocked();
+  }
+
+  void OnCancel() override { client_.TryCancel(); }
+
+  void OnDone() override {
+    service_->EndStream();
+    delete this;
+  }
+
+ private:
+  class Upstream final : public grpc::ClientReadReactor<iv1::DecodeResponse> {
+   public:
+    explicit Upstream(RouterStream* s) : s_(s) {}
+    void OnReadDone(bool ok) override { s_->OnUpstreamRead(ok); }
+    void OnDone(const grpc::Status& status) override { s_->OnUpstreamDone(status); }
+
+   private:
+    RouterStream* s_;
+  };
+
+  void OnUpstreamRead(bool ok) {
+    if (!ok) {
+      return;  // end of stream: OnDone follows with the status
+    }
+    absl::MutexLock lock(&mu_);
+    out_.Clear();
+    *out_.mutable_token_ids() = in_.token_ids();
+    out_.set_text(in_.text());
+    completion_tokens_ += in_.token_ids_size();
+    if (first_) {
+      out_.set_request_id(decode_.request_id());
+      if (in_.token_ids_size() > 0) {
+        first_token_ = absl::Now();
+        first_ = false;
+      }
+    }
+    if (in_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      out_.set_request_id(decode_.request_id());
+      out_.set_finish_reason(in_.finish_reason());
+      *out_.mutable_usage() = in_.usage();
+      v1::Timings* t = out_.mutable_timings();
+      *t = in_.timings();
+      const absl::Time now = absl::Now();
+      // Router-side times include routing and the hop to the worker.
+      t->set_total_us(absl::ToInt64Microseconds(now - received_));
+      if (first_token_ != absl::InfinitePast()) {
+        t->set_first_token_us(absl::ToInt64Microseconds(first_token_ - received_));
+      }
+      got_final_ = true;
+      usage_ = in_.usage();
+    }
+    writing_ = true;
+    StartWrite(&out_);
+  }
+
+  void OnUpstreamDone(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    upstream_done_ = true;
+    status_ = status;
+    MaybeFinishLocked();
+  }
+
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!upstream_done_ || writing_ || finished_) {
+      return;
+    }
+    finished_ = true;
+    WorkerPool* pool = service_->workers();
+    pool->AddInflight(placement_.decode_index, -1);
+    if (placement_.prefill_index >= 0) {
+      pool->AddInflight(placement_.prefill_index, -1);
+    }
+    grpc::Status final_status = status_;
+    if (status_.ok() && !got_final_) {
+      final_status = grpc::Status(grpc::StatusCode::INTERNAL,
+                                  "decode worker ended the stream without a finish reason");
+    }
+    if (status_.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      // The worker died or is unreachable: no new requests until it answers health checks.
+      pool->MarkFailed(placement_.decode_index, services::FromGrpcStatus(status_));
+      final_status =
+          grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       absl::StrCat("decode worker failed: ", status_.error_message(), " (retry)"));
+    }
+    const GenerationService::Metrics& m = service_->metrics();
+    if (final_status.ok()) {
+      const absl::Time now = absl::Now();
+      if (first_token_ != absl::InfinitePast()) {
+        m.ttft->WithLabels({}).Observe(absl::ToDoubleSeconds(first_token_ - received_));
+        if (completion_tokens_ > 1) {
+          m.tpot->WithLabels({}).Observe(absl::ToDoubleSeconds(now - first_token_) /
+                                         (completion_tokens_ - 1));
+        }
+      }
+      m.e2e->WithLabels({}).Observe(absl::ToDoubleSeconds(now - received_));
+      m.tokens->WithLabels({"prompt"}).Increment(usage_.prompt_tokens());
+      m.tokens->WithLabels({"cached"}).Increment(usage_.cached_tokens());
+      m.tokens->WithLabels({"generated"}).Increment(usage_.completion_tokens());
+    }
+    service_->Count("Generate", static_cast<absl::StatusCode>(final_status.error_code()));
+    VLOG(1) << "request_id=" << decode_.request_id() << " done: " << final_status.error_message();
+    Finish(final_status);
+  }
+
+  GenerationService* const service_;
+  iv1::DecodeRequest decode_;
+  const Placement placement_;
+  const absl::Time received_;
+  grpc::ClientContext client_;
+  Upstream upstream_;
+  iv1::DecodeResponse in_;
+  absl::Mutex mu_;
+  v1::GenerateResponse out_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool upstream_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_ ABSL_GUARDED_BY(mu_) = true;
+  bool got_final_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  v1::Usage usage_ ABSL_GUARDED_BY(mu_);
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string BaseName(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
-    RequestLimits limits, metrics::Registry* metrics) {
-  PD_RETURN_IF_ERROR(limits.Validate());
+    const RouterConfig& config, const engine::ModelFront* model, WorkerPool* workers,
+    PlacementPolicy* policy, metrics::Registry* r) {
+  PD_RETURN_IF_ERROR(config.limits.Validate());
+  std::unique_ptr<GenerationService> s(new GenerationService());
+  s->config_ = config;
+  s->model_ = model;
+  s->workers_ = workers;
+  s->policy_ = policy;
+  s->model_id_ = config.model_id.empty() ? BaseName(config.model) : config.model_id;
+  Metrics& m = s->metrics_;
+  PD_ASSIGN_OR_RETURN(m.requests, r->AddCounter("pd_router_requests_total",
+                                                "Public API calls by method and final gRPC "
+                                                "status code",
+                                                {"method", "code"}));
+  PD_ASSIGN_OR_RETURN(m.routing,
+                      r->AddCounter("pd_router_routing_decisions_total",
+                                    "Placements by policy and reason", {"policy", "reason"}));
   PD_ASSIGN_OR_RETURN(
-      metrics::Family<metrics::Counter> * requests,
-      metrics->AddCounter("pd_router_requests_total",
-                          "Public API calls by method and final gRPC status code",
-                          {"method", "code"}));
-  return std::unique_ptr<GenerationService>(new GenerationService(limits, requests));
+      m.ttft, r->AddHistogram("pd_router_ttft_seconds", "Request received to first token sent", {},
+                              LatencyBuckets()));
+  PD_ASSIGN_OR_RETURN(m.tpot, r->AddHistogram("pd_router_tpot_seconds",
+                                              "Mean time per output token after the first, per "
+                                              "request",
+                                              {}, LatencyBuckets()));
+  PD_ASSIGN_OR_RETURN(m.e2e, r->AddHistogram("pd_router_e2e_seconds",
+                                             "Request received to stream end (successful "
+                                             "requests)",
+                                             {}, LatencyBuckets()));
+  PD_ASSIGN_OR_RETURN(m.tokens, r->AddCounter("pd_router_tokens_total",
+                                              "Tokens of successful requests by kind (prompt, "
+                                              "cached, generated); cached/prompt = prefix hit "
+                                              "ratio",
+                                              {"kind"}));
+  PD_ASSIGN_OR_RETURN(
+      m.routing_latency,
+      r->AddHistogram("pd_router_routing_seconds",
+                      "Validation, tokenization, hashing and placement time", {},
+                      {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05}));
+  return s;
 }
 
-void GenerationService::Count(absl::string_view method, const absl::Status& status) {
-  requests_->WithLabels({std::string(method), absl::StatusCodeToString(status.code())})
-      .Increment();
+void GenerationService::Count(absl::string_view method, absl::StatusCode code) {
+  metrics_.requests->WithLabels({std::string(method), absl::StatusCodeToString(code)}).Increment();
 }
 
-grpc::ServerWriteReactor<pdserve::v1::GenerateResponse>* GenerationService::Generate(
-    grpc::CallbackServerContext* /*context*/, const pdserve::v1::GenerateRequest* request) {
-  absl::Status status = ValidateGenerateRequest(*request, limits_);
-  if (status.ok()) {
-    // TODO(#5): route to a decode worker (and prefill worker) and stream tokens back.
-    status = absl::UnimplementedError(
-        "generation is not available yet: pd-router needs the model engine (issue #3) and the "
-        "disaggregated cluster path (issue #5)");
+absl::StatusOr<BlockHash> GenerationService::SeedFor(const std::string& cache_salt) {
+  absl::MutexLock lock(&seeds_mu_);
+  auto it = seeds_.find(cache_salt);
+  if (it != seeds_.end()) {
+    return it->second;
   }
-  VLOG(1) << "Generate client_request_id=" << request->client_request_id() << ": " << status;
-  Count("Generate", status);
-  return new FinishedWriter(services::ToGrpcStatus(status));
+  HashSeedInput in;
+  in.model_fingerprint = model_->fingerprint();
+  in.kv_dtype = "f32";  // the workers' KV cache dtype (engine SchedulerConfig::kv_dtype)
+  in.block_size = static_cast<uint32_t>(config_.block_size);
+  in.cache_salt = cache_salt;
+  PD_ASSIGN_OR_RETURN(BlockHash seed, ComputeHashSeed(in));
+  seeds_.emplace(cache_salt, seed);
+  return seed;
 }
 
-grpc::ServerUnaryReactor* GenerationService::ListModels(
-    grpc::CallbackServerContext* context, const pdserve::v1::ListModelsRequest* /*request*/,
-    pdserve::v1::ListModelsResponse* /*response*/) {
-  // No worker registry yet (#5): the router serves no model until workers register.
-  Count("ListModels", absl::OkStatus());
+absl::Status GenerationService::Prepare(const grpc::CallbackServerContext& context,
+                                        const v1::GenerateRequest& request,
+                                        iv1::DecodeRequest* decode, Placement* placement) {
+  PD_RETURN_IF_ERROR(ValidateGenerateRequest(request, config_.limits));
+  if (!request.model().empty() && request.model() != model_id_) {
+    return absl::NotFoundError(absl::StrCat("unknown model '", request.model(),
+                                            "'; this router serves '", model_id_, "'"));
+  }
+  const engine::ModelConfig& mc = model_->config();
+  if (request.prompt_case() == v1::GenerateRequest::kText) {
+    PD_ASSIGN_OR_RETURN(std::vector<uint32_t> ids,
+                        model_->tokenizer().Encode(request.text(), model_->add_bos(), false));
+    decode->mutable_token_ids()->Add(ids.begin(), ids.end());
+  } else {
+    for (int i = 0; i < request.token_ids().ids_size(); ++i) {
+      const uint32_t t = request.token_ids().ids(i);
+      if (t >= static_cast<uint32_t>(mc.vocab_size)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token_ids[", i, "] = ", t, " is out of range: vocabulary size is ", mc.vocab_size));
+      }
+    }
+    *decode->mutable_token_ids() = request.token_ids().ids();
+  }
+  const int64_t n = decode->token_ids_size();
+  if (n == 0) {
+    return absl::InvalidArgumentError("text: the prompt tokenizes to no tokens");
+  }
+  if (n >= mc.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", n, " tokens does not fit the model's context of ", mc.seq_len, " tokens"));
+  }
+  for (uint32_t t : request.sampling().stop_token_ids()) {
+    if (t >= static_cast<uint32_t>(mc.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.stop_token_ids: ", t, " is out of range: vocabulary size is ", mc.vocab_size));
+    }
+  }
+  if (inflight_.load() > config_.max_inflight) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "router has ", config_.max_inflight, " streams open (--max_inflight); retry later"));
+  }
+  const std::string salt = request.has_cache_salt() ? request.cache_salt() : "";
+  PD_ASSIGN_OR_RETURN(BlockHash seed, SeedFor(salt));
+  std::vector<uint32_t> tokens(decode->token_ids().begin(), decode->token_ids().end());
+  const std::vector<BlockHash> chain =
+      ComputeBlockHashes(seed, tokens, static_cast<uint32_t>(config_.block_size));
+  PD_ASSIGN_OR_RETURN(*placement, policy_->Choose(chain, n, workers_->Snapshot()));
+
+  static std::atomic<uint64_t> epoch{std::random_device{}()};
+  decode->set_request_id(
+      absl::StrFormat("%08x-%d", epoch.load() & 0xffffffff, next_request_.fetch_add(1)));
+  std::string hashes;
+  hashes.reserve(chain.size() * 16);
+  for (const BlockHash& h : chain) hashes += h.ToBytes();
+  decode->set_block_hashes(std::move(hashes));
+  *decode->mutable_sampling() = request.sampling();
+  if (!request.sampling().has_seed()) {
+    thread_local std::mt19937_64 gen{std::random_device{}()};
+    decode->mutable_sampling()->set_seed(gen());
+  }
+  if (placement->prefill_index >= 0) {
+    decode->set_prefill_address(workers_->Snapshot()[placement->prefill_index].address);
+  }
+  decode->set_timeout_ms(request.timeout_ms());
+  decode->set_tenant(request.has_tenant() ? request.tenant() : "");
+  decode->set_cache_salt(salt);
+  (void)context;
+  return absl::OkStatus();
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  const absl::Time start = absl::Now();
+  iv1::DecodeRequest decode;
+  Placement placement;
+  absl::Status status = Prepare(*context, *request, &decode, &placement);
+  metrics_.routing_latency->WithLabels({}).Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  if (!status.ok()) {
+    VLOG(1) << "Generate client_request_id=" << request->client_request_id() << ": " << status;
+    Count("Generate", status.code());
+    return new FinishedWriter(services::ToGrpcStatus(status));
+  }
+  metrics_.routing->WithLabels({std::string(policy_->name()), placement.reason}).Increment();
+  absl::Time deadline = absl::FromChrono(context->deadline());
+  if (request->timeout_ms() > 0) {
+    deadline = std::min(deadline, start + absl::Milliseconds(request->timeout_ms()));
+  }
+  ++inflight_;
+  VLOG(1) << "request_id=" << decode.request_id()
+          << " client_request_id=" << request->client_request_id() << " -> decode "
+          << placement.decode_index << " prefill " << placement.prefill_index << " ("
+          << placement.reason << ")";
+  return new RouterStream(this, context, std::move(decode), std::move(placement), deadline);
+}
+
+grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
+                                                        const v1::ListModelsRequest* /*request*/,
+                                                        v1::ListModelsResponse* response) {
+  bool any = false;
+  for (const WorkerSnapshot& w : workers_->Snapshot()) {
+    any = any || (w.healthy && w.can_decode);
+  }
+  if (any) {  // a model is served only while a decode worker is up
+    v1::ModelInfo* m = response->add_models();
+    m->set_id(model_id_);
+    m->set_block_size(static_cast<uint32_t>(config_.block_size));
+    m->set_max_context_tokens(static_cast<uint32_t>(model_->config().seq_len));
+    m->set_fingerprint(model_->fingerprint());
+    m->set_vocab_size(static_cast<uint32_t>(model_->config().vocab_size));
+  }
+  Count("ListModels", absl::StatusCode::kOk);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -1,20 +1,56 @@
 // The public pdserve.v1.Generation service of pd-router (gRPC callback API).
 //
-// Today it validates requests and answers ListModels from the registered workers; Generate on
-// a valid request returns UNIMPLEMENTED until the engine (#3) and the cluster path (#5) land.
+// Generate: validate, tokenize, compute the block-hash chain, place the request on a decode
+// worker (and a prefill worker unless the uncached part is short), forward it as
+// DecodeService.Generate and relay the stream. The client's deadline, timeout_ms and
+// cancellation propagate to the worker; a worker failing mid-stream ends the client's stream
+// with UNAVAILABLE and takes the worker out of the pool until it answers health checks again.
+//
 // Thread-safety: handlers run on gRPC's callback threads; the class is thread-safe.
 #pragma once
 
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/hash/block_hash.h"
 #include "common/metrics/metrics.h"
+#include "engine/runtime/model_front.h"
 #include "pd/v1/generation.grpc.pb.h"
 #include "services/router/request_validation.h"
+#include "services/router/router_config.h"
+#include "services/router/worker_pool.h"
 
 namespace pd::router {
 
+// Where one request runs.
+struct Placement {
+  int decode_index = -1;
+  int prefill_index = -1;  // -1 = prefill on the decode worker
+  std::string reason;      // for metrics: "round_robin", "random", "cache_hit", "load", ...
+};
+
+// Chooses workers for a request. Thread-safe. Implementations: see placement.h.
+class PlacementPolicy {
+ public:
+  virtual ~PlacementPolicy() = default;
+  virtual absl::string_view name() const = 0;
+  // `chain`: the prompt's block hashes; `workers`: the pool's snapshot. Unavailable when no
+  // healthy decode worker exists.
+  virtual absl::StatusOr<Placement> Choose(absl::Span<const BlockHash> chain, int64_t prompt_tokens,
+                                           const std::vector<WorkerSnapshot>& workers) = 0;
+};
+
 class GenerationService final : public pdserve::v1::Generation::CallbackService {
  public:
-  // `metrics` must outlive the service. Registers pd_router_requests_total.
-  static absl::StatusOr<std::unique_ptr<GenerationService>> Create(RequestLimits limits,
+  // Everything passed must outlive the service. Registers the router's metrics.
+  static absl::StatusOr<std::unique_ptr<GenerationService>> Create(const RouterConfig& config,
+                                                                   const engine::ModelFront* model,
+                                                                   WorkerPool* workers,
+                                                                   PlacementPolicy* policy,
                                                                    metrics::Registry* metrics);
 
   grpc::ServerWriteReactor<pdserve::v1::GenerateResponse>* Generate(
@@ -24,14 +60,42 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
                                        const pdserve::v1::ListModelsRequest* request,
                                        pdserve::v1::ListModelsResponse* response) override;
 
+  int64_t inflight() const { return inflight_.load(); }
+
+  // Internal: shared with the per-stream reactors.
+  struct Metrics {
+    metrics::Family<metrics::Counter>* requests = nullptr;  // {method, code}
+    metrics::Family<metrics::Counter>* routing = nullptr;   // {policy, reason}
+    metrics::Family<metrics::Histogram>* ttft = nullptr;
+    metrics::Family<metrics::Histogram>* tpot = nullptr;
+    metrics::Family<metrics::Histogram>* e2e = nullptr;
+    metrics::Family<metrics::Counter>* tokens = nullptr;  // {kind}
+    metrics::Family<metrics::Histogram>* routing_latency = nullptr;
+  };
+  void Count(absl::string_view method, absl::StatusCode code);
+  const Metrics& metrics() const { return metrics_; }
+  WorkerPool* workers() { return workers_; }
+  void EndStream() { --inflight_; }
+
  private:
-  GenerationService(RequestLimits limits, metrics::Family<metrics::Counter>* requests)
-      : limits_(limits), requests_(requests) {}
+  GenerationService() = default;
 
-  void Count(absl::string_view method, const absl::Status& status);
+  // Validation, tokenization, hashing and placement: the DecodeRequest to send and where.
+  absl::Status Prepare(const grpc::CallbackServerContext& context,
+                       const pdserve::v1::GenerateRequest& request,
+                       pdserve::internal::v1::DecodeRequest* decode, Placement* placement);
+  absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 
-  const RequestLimits limits_;
-  metrics::Family<metrics::Counter>* requests_;  // owned by the registry
+  RouterConfig config_;
+  const engine::ModelFront* model_ = nullptr;
+  WorkerPool* workers_ = nullptr;
+  PlacementPolicy* policy_ = nullptr;
+  std::string model_id_;
+  Metrics metrics_;
+  std::atomic<int64_t> inflight_{0};
+  std::atomic<uint64_t> next_request_{1};
+  absl::Mutex seeds_mu_;
+  absl::flat_hash_map<std::string, BlockHash> seeds_ ABSL_GUARDED_BY(seeds_mu_);
 };
 
 }  // namespace pd::router

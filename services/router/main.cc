@@ -1,6 +1,8 @@
 // pd-router: the public gRPC front of a pdserve cluster.
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +23,21 @@ ABSL_FLAG(int, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "SIGTERM drain bound");
 ABSL_FLAG(uint32_t, max_prompt_tokens, 131072, "largest accepted token-id prompt");
 ABSL_FLAG(uint32_t, max_tokens_limit, 131072, "largest accepted sampling.max_tokens");
+ABSL_FLAG(std::string, model, "",
+          "the model the workers serve (Hugging Face directory, or llama2.c .bin with "
+          "--tokenizer); used to tokenize and to check the workers' fingerprint");
+ABSL_FLAG(std::string, tokenizer, "", "tokenizer.bin of a llama2.c checkpoint");
+ABSL_FLAG(std::string, model_id, "", "model id in ListModels; empty = the model's base name");
+ABSL_FLAG(std::vector<std::string>, decode_workers, {},
+          "comma-separated gRPC addresses of decode workers (role decode or both)");
+ABSL_FLAG(std::vector<std::string>, prefill_workers, {},
+          "comma-separated gRPC addresses of prefill workers");
+ABSL_FLAG(std::string, policy, "round_robin", "placement: cache_aware | round_robin | random");
+ABSL_FLAG(int64_t, disagg_threshold_tokens, 0,
+          "prompts with fewer uncached tokens are prefilled on the decode worker");
+ABSL_FLAG(int64_t, max_inflight, 1024, "open streams; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, health_interval, absl::Milliseconds(500),
+          "worker health and load polling interval");
 
 namespace {
 
@@ -53,6 +70,15 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   config.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
   config.limits.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);
+  config.model = absl::GetFlag(FLAGS_model);
+  config.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  config.model_id = absl::GetFlag(FLAGS_model_id);
+  config.decode_workers = absl::GetFlag(FLAGS_decode_workers);
+  config.prefill_workers = absl::GetFlag(FLAGS_prefill_workers);
+  config.policy = absl::GetFlag(FLAGS_policy);
+  config.disagg_threshold_tokens = absl::GetFlag(FLAGS_disagg_threshold_tokens);
+  config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  config.health_interval = absl::GetFlag(FLAGS_health_interval);
   PD_RETURN_IF_ERROR(config.Validate());
   return config;
 }

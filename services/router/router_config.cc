@@ -22,6 +22,25 @@ absl::Status RouterConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "--grpc_address and --metrics_address are the same: ", grpc_address.ToString()));
   }
+  if (model.empty()) {
+    return absl::InvalidArgumentError("--model is required (the model the workers serve)");
+  }
+  if (decode_workers.empty()) {
+    return absl::InvalidArgumentError("--decode_workers is empty: list at least one worker");
+  }
+  if (policy != "cache_aware" && policy != "round_robin" && policy != "random") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--policy must be cache_aware, round_robin or random, got '", policy, "'"));
+  }
+  if (disagg_threshold_tokens < 0) {
+    return absl::InvalidArgumentError("--disagg_threshold_tokens must be >= 0");
+  }
+  if (max_inflight <= 0) {
+    return absl::InvalidArgumentError("--max_inflight must be > 0");
+  }
+  if (health_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--health_interval must be > 0");
+  }
   return limits.Validate();
 }
 

@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -25,6 +26,25 @@ struct RouterConfig {
   // How long SIGTERM waits for in-flight streams before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
   RequestLimits limits;
+
+  // The model served: a Hugging Face directory or a llama2.c checkpoint (+ tokenizer). The
+  // router tokenizes with it and checks that every worker reports its fingerprint.
+  std::string model;
+  std::string tokenizer;
+  // Model id in ListModels and GenerateRequest.model; empty = the model path's base name.
+  std::string model_id;
+  // gRPC addresses of decode-capable workers (role decode or both) and of prefill workers.
+  std::vector<std::string> decode_workers;
+  std::vector<std::string> prefill_workers;
+  // Placement policy: "cache_aware", "round_robin" or "random".
+  std::string policy = "cache_aware";
+  // Prompts whose uncached part is shorter than this many tokens are prefilled on the decode
+  // worker itself (conditional disaggregation). 0 = always use a prefill worker when one is up.
+  int64_t disagg_threshold_tokens = 0;
+  // Streams open at once; more are refused with RESOURCE_EXHAUSTED.
+  int64_t max_inflight = 1024;
+  // How often each worker's health and load are polled.
+  absl::Duration health_interval = absl::Milliseconds(500);
 
   // InvalidArgument naming the flag (e.g. "--block_size") and the bad value.
   absl::Status Validate() const;

@@ -5,28 +5,46 @@
 namespace pd::router {
 namespace {
 
-TEST(RouterConfigTest, DefaultsAreValid) { EXPECT_TRUE(RouterConfig{}.Validate().ok()); }
+RouterConfig Valid() {
+  RouterConfig c;
+  c.model = "/models/m";
+  c.decode_workers = {"127.0.0.1:1"};
+  return c;
+}
+
+TEST(RouterConfigTest, DefaultsPlusModelAndWorkersAreValid) {
+  EXPECT_TRUE(Valid().Validate().ok());
+  RouterConfig c = Valid();
+  c.model.clear();
+  EXPECT_NE(c.Validate().message().find("--model"), absl::string_view::npos);
+  c = Valid();
+  c.decode_workers.clear();
+  EXPECT_NE(c.Validate().message().find("--decode_workers"), absl::string_view::npos);
+  c = Valid();
+  c.policy = "best";
+  EXPECT_NE(c.Validate().message().find("--policy"), absl::string_view::npos);
+}
 
 TEST(RouterConfigTest, RejectsBadValuesNamingTheFlag) {
-  RouterConfig c;
+  RouterConfig c = Valid();
   c.block_size = 0;
   absl::Status s = c.Validate();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("--block_size"), absl::string_view::npos) << s;
 
-  c = RouterConfig{};
+  c = Valid();
   c.metrics_address = c.grpc_address;
   s = c.Validate();
   EXPECT_NE(s.message().find("--metrics_address"), absl::string_view::npos) << s;
 
-  c = RouterConfig{};
+  c = Valid();
   c.redis.emplace();
   c.redis->port = 0;
   s = c.Validate();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("redis"), absl::string_view::npos) << s;
 
-  c = RouterConfig{};
+  c = Valid();
   c.limits.max_prompt_tokens = 0;
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
 }

@@ -11,8 +11,10 @@
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "common/redis/redis_client.h"
+#include "engine/runtime/model_front.h"
 #include "services/router/generation_service.h"
 #include "services/router/router_config.h"
+#include "services/router/worker_pool.h"
 
 namespace grpc {
 class Server;
@@ -23,10 +25,15 @@ namespace pd::router {
 class RouterServer {
  public:
   // Errors: Unavailable naming host:port when Redis cannot be reached or the gRPC port is taken;
-  // InvalidArgument for an invalid config. `metrics` must outlive the server.
+  // InvalidArgument for an invalid config; the model loader's errors naming --model. `metrics` must outlive the server.
   static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterConfig& config,
                                                              metrics::Registry* metrics);
   ~RouterServer();
+
+  // Blocks until a decode worker is healthy or `timeout` passes (start-up logs, tests).
+  bool WaitForWorkers(absl::Duration timeout) const { return pool_->WaitForDecodeWorker(timeout); }
+  WorkerPool* pool() { return pool_.get(); }
+  const engine::ModelFront& model() const { return *model_; }
 
   // The bound gRPC address (the real port when configured with port 0).
   std::string address() const;
@@ -41,7 +48,12 @@ class RouterServer {
 
   RouterConfig config_;
   int port_ = 0;
+  metrics::Registry* metrics_ = nullptr;
+  metrics::CollectorId collector_;
   std::unique_ptr<redis::RedisClient> redis_;
+  std::unique_ptr<engine::ModelFront> model_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<PlacementPolicy> policy_;
   std::unique_ptr<GenerationService> generation_;
   std::unique_ptr<grpc::Server> server_;
 };

@@ -29,6 +29,8 @@ using ::pd::testing::Subprocess;
 using ::testing::HasSubstr;
 
 constexpr char kRouter[] = PD_BINARY_DIR "/services/router/pd-router";
+constexpr char kModelFlag[] = "--model=" PD_SHARED_DIR "/models/stories260K/stories260K.bin";
+constexpr char kTokenizerFlag[] = "--tokenizer=" PD_SHARED_DIR "/models/stories260K/tok512.bin";
 
 class RouterE2eTest : public ::testing::Test {
  protected:
@@ -47,6 +49,9 @@ class RouterE2eTest : public ::testing::Test {
   // Runs pd-router with `args` and expects it to fail at startup: non-zero exit within 10 s
   // and exactly one line of output naming `problem`.
   void ExpectStartupError(std::vector<std::string> args, absl::string_view problem) {
+    if (with_model_) {
+      args.insert(args.begin(), {kModelFlag, kTokenizerFlag, "--decode_workers=127.0.0.1:1"});
+    }
     args.insert(args.begin(), kRouter);
     absl::StatusOr<Subprocess> p =
         Subprocess::Spawn(args, dir_->File(absl::StrCat("fail", ++runs_, ".log")));
@@ -63,9 +68,17 @@ class RouterE2eTest : public ::testing::Test {
 
   std::optional<pd::testing::TempDir> dir_;
   int runs_ = 0;
+  bool with_model_ = true;  // add --model, --tokenizer and a --decode_workers address
 };
 
 TEST_F(RouterE2eTest, BadConfigurationIsOneLineAndNonZeroExit) {
+  with_model_ = false;
+  ExpectStartupError({}, "--model is required");
+  ExpectStartupError({kModelFlag, kTokenizerFlag}, "--decode_workers is empty");
+  ExpectStartupError({"--model=/no/such/model", "--decode_workers=127.0.0.1:1"},
+                     "--model: model '/no/such/model' does not exist");
+  with_model_ = true;
+  ExpectStartupError({"--policy=best"}, "--policy must be");
   ExpectStartupError({"--no_such_flag"}, "no_such_flag");
   ExpectStartupError({"--block_size=abc"}, "block_size");
   ExpectStartupError({"--block_size=0"}, "--block_size must be in [1, 1024], got 0");
@@ -101,7 +114,8 @@ TEST_F(RouterE2eTest, ServesHealthApiAndMetricsThenDrainsOnSigterm) {
   absl::StatusOr<Subprocess> router = Subprocess::Spawn(
       {kRouter, absl::StrCat("--grpc_address=127.0.0.1:", grpc_port),
        absl::StrCat("--metrics_address=127.0.0.1:", metrics_port),
-       absl::StrCat("--redis_address=127.0.0.1:", (*redis)->port())},
+       absl::StrCat("--redis_address=127.0.0.1:", (*redis)->port()), kModelFlag, kTokenizerFlag,
+       absl::StrCat("--decode_workers=127.0.0.1:", FreePort())},
       dir_->File("router.log"));
   ASSERT_TRUE(router.ok()) << router.status();
 
@@ -122,6 +136,7 @@ TEST_F(RouterE2eTest, ServesHealthApiAndMetricsThenDrainsOnSigterm) {
     grpc::ClientContext ctx;
     pdserve::v1::ListModelsResponse models;
     EXPECT_TRUE(api->ListModels(&ctx, {}, &models).ok());
+    EXPECT_EQ(models.models_size(), 0);  // no decode worker is up, so no model is served
   }
   auto generate = [&](const pdserve::v1::GenerateRequest& req) {
     grpc::ClientContext ctx;
@@ -141,9 +156,9 @@ TEST_F(RouterE2eTest, ServesHealthApiAndMetricsThenDrainsOnSigterm) {
   pdserve::v1::GenerateRequest good;
   good.set_text("Once upon a time");
   s = generate(good);
-  // Visibly unfinished until the engine and the cluster path land (#3, #5).
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_THAT(s.error_message(), HasSubstr("#5"));
+  // The configured decode worker does not exist: retryable, and says why.
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("no healthy decode worker"));
 
   httplib::Client http("127.0.0.1", metrics_port);
   auto res = http.Get("/metrics");
@@ -152,7 +167,8 @@ TEST_F(RouterE2eTest, ServesHealthApiAndMetricsThenDrainsOnSigterm) {
   EXPECT_THAT(res->body,
               HasSubstr("pd_router_requests_total{method=\"Generate\",code=\"INVALID_ARGUMENT\"} 1"));
   EXPECT_THAT(res->body,
-              HasSubstr("pd_router_requests_total{method=\"Generate\",code=\"UNIMPLEMENTED\"} 1"));
+              HasSubstr("pd_router_requests_total{method=\"Generate\",code=\"UNAVAILABLE\"} 1"));
+  EXPECT_THAT(res->body, HasSubstr("pd_router_workers_healthy 0"));
 
   ASSERT_TRUE(router->Signal(SIGTERM).ok());
   absl::StatusOr<ExitInfo> exit = router->Wait(absl::Seconds(15));

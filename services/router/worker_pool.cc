@@ -1,0 +1,231 @@
+#include "services/router/worker_pool.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "services/base/grpc_status.h"
+
+namespace pd::router {
+
+namespace iv1 = pdserve::internal::v1;
+
+struct WorkerPool::Worker {
+  int index = 0;
+  std::string address;
+  bool configured_decode = false;
+  bool configured_prefill = false;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<iv1::DecodeService::Stub> decode;
+  std::unique_ptr<iv1::PrefillService::Stub> prefill;
+  // Guarded by WorkerPool::mu_.
+  bool verified = false;
+  bool healthy = false;
+  std::string worker_id;
+  std::string node_name;
+  iv1::WorkerLoad load;
+  std::string last_error;
+  std::atomic<int64_t> inflight{0};
+};
+
+absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
+    const std::vector<std::string>& decode_addresses,
+    const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
+    HealthCallback on_health_change) {
+  if (decode_addresses.empty()) {
+    return absl::InvalidArgumentError("--decode_workers: at least one decode worker is needed");
+  }
+  std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  pool->options_ = std::move(options);
+  pool->on_health_change_ = std::move(on_health_change);
+  std::map<std::string, Worker*> by_address;
+  auto add = [&](const std::string& address, bool decode) -> absl::Status {
+    if (address.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(decode ? "--decode_workers" : "--prefill_workers", ": empty address"));
+    }
+    Worker*& w = by_address[address];
+    if (w == nullptr) {
+      auto owned = std::make_unique<Worker>();
+      owned->index = static_cast<int>(pool->workers_.size());
+      owned->address = address;
+      owned->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      owned->decode = iv1::DecodeService::NewStub(owned->channel);
+      owned->prefill = iv1::PrefillService::NewStub(owned->channel);
+      w = owned.get();
+      pool->workers_.push_back(std::move(owned));
+    }
+    (decode ? w->configured_decode : w->configured_prefill) = true;
+    return absl::OkStatus();
+  };
+  for (const std::string& a : decode_addresses) {
+    if (absl::Status s = add(a, true); !s.ok()) return s;
+  }
+  for (const std::string& a : prefill_addresses) {
+    if (absl::Status s = add(a, false); !s.ok()) return s;
+  }
+  pool->thread_ = std::thread([p = pool.get()] { p->Run(); });
+  return pool;
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) {
+    thread_.join();
+  }
+}
+
+void WorkerPool::Run() {
+  while (true) {
+    for (auto& w : workers_) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+      }
+      Check(*w);
+    }
+    absl::MutexLock lock(&mu_);
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop), options_.health_interval)) {
+      return;
+    }
+  }
+}
+
+void WorkerPool::Check(Worker& w) {
+  bool verified;
+  {
+    absl::MutexLock lock(&mu_);
+    verified = w.verified;
+  }
+  const auto deadline = absl::ToChronoTime(absl::Now() + options_.rpc_timeout);
+  if (!verified) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    iv1::WorkerInfo info;
+    grpc::Status s = w.configured_decode ? w.decode->GetInfo(&ctx, {}, &info)
+                                         : w.prefill->GetInfo(&ctx, {}, &info);
+    if (!s.ok()) {
+      SetHealthy(w, false, absl::StrCat("GetInfo: ", s.error_message()));
+      return;
+    }
+    std::string problem;
+    if (info.model_fingerprint() != options_.model_fingerprint) {
+      problem = absl::StrCat("model fingerprint ", info.model_fingerprint(), " != router's ",
+                             options_.model_fingerprint, " (different model files?)");
+    } else if (info.layout().block_size() != options_.block_size) {
+      problem = absl::StrCat("block size ", info.layout().block_size(), " != router's ",
+                             options_.block_size);
+    } else if (w.configured_decode && info.role() == iv1::WORKER_ROLE_PREFILL) {
+      problem = "listed in --decode_workers but runs --role prefill";
+    } else if (w.configured_prefill && info.role() == iv1::WORKER_ROLE_DECODE) {
+      problem = "listed in --prefill_workers but runs --role decode";
+    }
+    if (!problem.empty()) {
+      SetHealthy(w, false, problem);
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    w.verified = true;
+    w.worker_id = info.worker_id();
+    w.node_name = info.node_name();
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline);
+  iv1::WorkerLoad load;
+  grpc::Status s = w.configured_decode ? w.decode->GetLoad(&ctx, {}, &load)
+                                       : w.prefill->GetLoad(&ctx, {}, &load);
+  if (!s.ok()) {
+    SetHealthy(w, false, absl::StrCat("GetLoad: ", s.error_message()));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    w.load = load;
+    if (load.worker_id() != w.worker_id) {
+      // Another process answers at this address (restart with a new id): verify again.
+      w.verified = false;
+    }
+  }
+  SetHealthy(w, true, "");
+}
+
+void WorkerPool::SetHealthy(Worker& w, bool healthy, const std::string& error) {
+  WorkerSnapshot snap;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!healthy) {
+      w.verified = false;  // re-verify when it answers again (it may have restarted)
+      w.last_error = error;
+    }
+    if (w.healthy == healthy) {
+      return;
+    }
+    w.healthy = healthy;
+    snap.index = w.index;
+    snap.address = w.address;
+    snap.worker_id = w.worker_id;
+    snap.node_name = w.node_name;
+    snap.can_decode = w.configured_decode;
+    snap.can_prefill = w.configured_prefill;
+    snap.healthy = healthy;
+    snap.last_error = w.last_error;
+  }
+  if (healthy) {
+    LOG(INFO) << "worker " << snap.worker_id << " at " << w.address << " joined";
+  } else {
+    LOG(WARNING) << "worker at " << w.address << " left the pool: " << error;
+  }
+  if (on_health_change_) {
+    on_health_change_(snap);
+  }
+}
+
+std::vector<WorkerSnapshot> WorkerPool::Snapshot() const {
+  std::vector<WorkerSnapshot> out;
+  absl::MutexLock lock(&mu_);
+  out.reserve(workers_.size());
+  for (const auto& w : workers_) {
+    WorkerSnapshot s;
+    s.index = w->index;
+    s.address = w->address;
+    s.worker_id = w->worker_id;
+    s.node_name = w->node_name;
+    s.can_decode = w->configured_decode;
+    s.can_prefill = w->configured_prefill;
+    s.healthy = w->healthy;
+    s.load = w->load;
+    s.inflight = w->inflight.load();
+    s.last_error = w->last_error;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+iv1::DecodeService::Stub* WorkerPool::decode_stub(int index) {
+  return workers_[index]->decode.get();
+}
+
+void WorkerPool::MarkFailed(int index, const absl::Status& why) {
+  SetHealthy(*workers_[index], false, std::string(why.message()));
+}
+
+void WorkerPool::AddInflight(int index, int64_t delta) { workers_[index]->inflight += delta; }
+
+bool WorkerPool::WaitForDecodeWorker(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& w : workers_) {
+      if (w->healthy && w->configured_decode) return true;
+    }
+    return false;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+}
+
+}  // namespace pd::router

@@ -1,0 +1,89 @@
+// WorkerPool: the router's registry of workers. Workers are configured by address
+// (--decode_workers, --prefill_workers); a background thread checks each one every
+// `health_interval` (GetInfo until it is verified, then GetLoad), so a dead worker leaves the
+// pool within one interval plus one RPC timeout, and a restarted one rejoins by itself.
+//
+// A worker is admitted only when its GetInfo matches the router's model fingerprint and block
+// size and its role serves the list it was configured in; otherwise it stays out with the
+// reason logged (and shown in Snapshot().last_error).
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "pd/v1/worker.grpc.pb.h"
+
+namespace pd::router {
+
+struct WorkerPoolOptions {
+  absl::Duration health_interval = absl::Milliseconds(500);
+  absl::Duration rpc_timeout = absl::Seconds(1);
+  std::string model_fingerprint;  // workers must report this one
+  uint32_t block_size = 16;       // and this block size
+};
+
+struct WorkerSnapshot {
+  int index = 0;
+  std::string address;
+  std::string worker_id;  // from GetInfo; empty until verified
+  std::string node_name;
+  bool can_decode = false;   // configured in --decode_workers (and serves DecodeService)
+  bool can_prefill = false;  // configured in --prefill_workers
+  bool healthy = false;
+  pdserve::internal::v1::WorkerLoad load;
+  int64_t inflight = 0;  // streams this router has open on it
+  std::string last_error;
+};
+
+class WorkerPool {
+ public:
+  // Called when a worker becomes healthy (after verification; on the pool's thread) or stops
+  // being healthy (on the pool's thread, or on the thread calling MarkFailed).
+  using HealthCallback = std::function<void(const WorkerSnapshot& worker)>;
+
+  // Addresses may repeat across the lists (a `both` worker). InvalidArgument for an empty
+  // list of decode workers or an empty address.
+  static absl::StatusOr<std::unique_ptr<WorkerPool>> Create(
+      const std::vector<std::string>& decode_addresses,
+      const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
+      HealthCallback on_health_change = nullptr);
+  ~WorkerPool();
+
+  std::vector<WorkerSnapshot> Snapshot() const;
+  int size() const { return static_cast<int>(workers_.size()); }
+
+  pdserve::internal::v1::DecodeService::Stub* decode_stub(int index);
+
+  // A call to the worker failed with UNAVAILABLE: out of the pool until it answers again.
+  void MarkFailed(int index, const absl::Status& why);
+  void AddInflight(int index, int64_t delta);
+
+  // Blocks until at least one decode-capable worker is healthy or `timeout` passes.
+  bool WaitForDecodeWorker(absl::Duration timeout) const;
+
+ private:
+  struct Worker;
+  WorkerPool() = default;
+  void Run();
+  void Check(Worker& w);
+  void SetHealthy(Worker& w, bool healthy, const std::string& error);
+
+  WorkerPoolOptions options_;
+  HealthCallback on_health_change_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // fixed after Create
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace pd::router

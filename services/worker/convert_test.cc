@@ -1,0 +1,58 @@
+#include "services/worker/convert.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ConvertTest, SamplingDefaultsAndRanges) {
+  pdserve::v1::SamplingParams p;
+  absl::StatusOr<engine::SamplingOptions> s = SamplingFromProto(p);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->temperature, 0.0f);
+  EXPECT_EQ(s->top_p, 1.0f);  // 0 = off
+  p.set_temperature(-1);
+  EXPECT_THAT(SamplingFromProto(p).status().message(), HasSubstr("temperature"));
+  p.set_temperature(0.5);
+  p.set_top_p(1.5);
+  EXPECT_THAT(SamplingFromProto(p).status().message(), HasSubstr("top_p"));
+  p.set_top_p(0.9f);
+  p.set_max_tokens(2);
+  p.set_min_tokens(3);
+  EXPECT_THAT(SamplingFromProto(p).status().message(), HasSubstr("min_tokens"));
+  p.set_min_tokens(1);
+  p.set_seed(42);
+  p.add_stop("x");
+  p.add_stop_token_ids(7);
+  s = SamplingFromProto(p);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->seed, 42u);
+  EXPECT_EQ(s->stop.size(), 1u);
+  EXPECT_EQ(s->stop_token_ids.size(), 1u);
+}
+
+TEST(ConvertTest, LayoutMismatchNamesEveryField) {
+  kvcache::KvLayout a{4, 2, 8, 16, kernels::DType::kF32};
+  kvcache::KvLayout b{4, 2, 8, 32, kernels::DType::kF32};
+  auto pa = LayoutToProto(a, "abc");
+  EXPECT_TRUE(CheckLayout(pa, pa, "prefill", "decode").ok());
+  auto pb = LayoutToProto(b, "abd");
+  absl::Status s = CheckLayout(pa, pb, "prefill", "decode");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("block_size prefill=16 decode=32"));
+  EXPECT_THAT(s.message(), HasSubstr("model_fingerprint prefill=abc decode=abd"));
+  EXPECT_THAT(s.message(), HasSubstr("block_bytes"));
+}
+
+TEST(ConvertTest, FinishReasonsMap) {
+  EXPECT_EQ(FinishReasonToProto(engine::FinishReason::kStopString),
+            pdserve::v1::FINISH_REASON_STOP_STRING);
+  EXPECT_EQ(FinishReasonToProto(engine::FinishReason::kNone),
+            pdserve::v1::FINISH_REASON_UNSPECIFIED);
+}
+
+}  // namespace
+}  // namespace pd::worker

@@ -1,0 +1,106 @@
+// pd-worker: runs a model and serves the internal worker RPCs (prefill, decode or both).
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/log/log.h"
+#include "common/metrics/metrics.h"
+#include "services/base/metrics_http_server.h"
+#include "services/base/shutdown_signal.h"
+#include "services/base/startup.h"
+#include "services/worker/worker_server.h"
+#include "transport/registry.h"
+
+ABSL_FLAG(std::string, role, "both", "prefill | decode | both (aggregated)");
+ABSL_FLAG(std::string, model, "",
+          "Hugging Face model directory, or a llama2.c checkpoint (.bin) with --tokenizer");
+ABSL_FLAG(std::string, tokenizer, "",
+          "tokenizer file: tokenizer.bin for llama2.c checkpoints; default for Hugging Face "
+          "directories is DIR/tokenizer.json");
+ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50061", "internal gRPC listen address");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9101", "Prometheus /metrics listen address");
+ABSL_FLAG(std::string, worker_id, "", "cluster-unique worker id; empty = the gRPC address");
+ABSL_FLAG(std::string, node_name, "",
+          "node name (workers of a node share a tierd); empty = hostname");
+ABSL_FLAG(int64_t, kv_blocks, 1024, "KV pool size in blocks");
+ABSL_FLAG(int64_t, block_size, 16, "tokens per KV block (must match the router and peers)");
+ABSL_FLAG(int, threads, 0, "CPU threads for the kernels; 0 = all cores");
+ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
+ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
+ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, transport, pd::transport::IsTransportBuilt("ucx") ? "ucx" : "tcp",
+          "KV transport for the prefill -> decode handoff: ucx | tcp");
+ABSL_FLAG(std::string, transport_host, "127.0.0.1",
+          "numeric IPv4 address the KV transport listens on");
+ABSL_FLAG(absl::Duration, prefill_timeout, absl::Seconds(30),
+          "decode side: bound on one remote prefill; past it decode prefills locally");
+ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
+          "testing: sleep after every engine step (slows generation down on purpose)");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "SIGTERM drain bound");
+
+namespace {
+
+constexpr char kProgram[] = "pd-worker";
+
+absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
+  pd::worker::WorkerConfig c;
+  PD_ASSIGN_OR_RETURN(c.role, pd::worker::ParseRole(absl::GetFlag(FLAGS_role)));
+  c.runtime.model = absl::GetFlag(FLAGS_model);
+  if (c.runtime.model.empty()) {
+    return absl::InvalidArgumentError("--model is required");
+  }
+  c.runtime.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  c.runtime.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  c.runtime.block_size = absl::GetFlag(FLAGS_block_size);
+  c.runtime.threads = absl::GetFlag(FLAGS_threads);
+  c.runtime.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  c.runtime.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
+  c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  PD_ASSIGN_OR_RETURN(c.grpc_address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address),
+                                                                  "--grpc_address"));
+  PD_ASSIGN_OR_RETURN(
+      c.metrics_address,
+      pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address), "--metrics_address"));
+  c.worker_id = absl::GetFlag(FLAGS_worker_id);
+  c.node_name = absl::GetFlag(FLAGS_node_name);
+  c.transport = absl::GetFlag(FLAGS_transport);
+  c.transport_host = absl::GetFlag(FLAGS_transport_host);
+  c.prefill_timeout = absl::GetFlag(FLAGS_prefill_timeout);
+  c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  c.step_delay = absl::GetFlag(FLAGS_step_delay);
+  PD_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  pd::services::ParseFlagsAndInitLogging(
+      argc, argv,
+      "pd-worker: runs a model and serves prefill and/or decode for a pdserve cluster\n"
+      "  pd-worker --model DIR [--role prefill|decode|both] [--grpc_address HOST:PORT]");
+  pd::services::ShutdownSignal shutdown;  // before any other thread starts
+  absl::StatusOr<pd::worker::WorkerConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    pd::services::ExitWithStartupError(kProgram, config.status());
+  }
+  pd::metrics::Registry registry;
+  absl::StatusOr<std::unique_ptr<pd::worker::WorkerServer>> server =
+      pd::worker::WorkerServer::Start(*config, &registry);
+  if (!server.ok()) {
+    pd::services::ExitWithStartupError(kProgram, server.status());
+  }
+  absl::StatusOr<std::unique_ptr<pd::services::MetricsHttpServer>> http =
+      pd::services::MetricsHttpServer::Start(
+          {config->metrics_address.host, config->metrics_address.port}, &registry);
+  if (!http.ok()) {
+    pd::services::ExitWithStartupError(kProgram, http.status());
+  }
+  LOG(INFO) << "pd-worker serving: " << (*server)->Describe() << "; metrics on "
+            << config->metrics_address.host << ":" << (*http)->port();
+  shutdown.Wait();
+  LOG(INFO) << "draining (up to " << config->drain_timeout << ")";
+  (*server)->Drain(config->drain_timeout);
+  (*http)->Stop();
+  LOG(INFO) << "pd-worker stopped";
+  return 0;
+}

@@ -1,0 +1,49 @@
+#include "services/worker/worker_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
+#include "transport/registry.h"
+
+namespace pd::worker {
+
+absl::StatusOr<WorkerRole> ParseRole(absl::string_view name) {
+  if (name == "prefill") return WorkerRole::kPrefill;
+  if (name == "decode") return WorkerRole::kDecode;
+  if (name == "both") return WorkerRole::kBoth;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--role must be prefill, decode or both, got '", name, "'"));
+}
+
+absl::string_view RoleName(WorkerRole role) {
+  switch (role) {
+    case WorkerRole::kPrefill:
+      return "prefill";
+    case WorkerRole::kDecode:
+      return "decode";
+    case WorkerRole::kBoth:
+      return "both";
+  }
+  return "unknown";
+}
+
+absl::Status WorkerConfig::Validate() const {
+  PD_RETURN_IF_ERROR(runtime.Validate());
+  if (transport.empty()) {
+    return absl::InvalidArgumentError("--transport is empty");
+  }
+  if (!transport::IsTransportBuilt(transport)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport '", transport, "' is not available in this build (known: ",
+                     absl::StrJoin(transport::KnownTransports(), ", "), ")"));
+  }
+  if (prefill_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--prefill_timeout must be > 0");
+  }
+  if (drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_timeout must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pd::worker

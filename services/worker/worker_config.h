@@ -1,0 +1,48 @@
+// pd-worker's configuration: plain values parsed from flags in main.cc, validated once.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "engine/runtime/model_runtime.h"
+#include "services/base/net_address.h"
+
+namespace pd::worker {
+
+enum class WorkerRole : uint8_t { kPrefill, kDecode, kBoth };
+
+// "prefill" | "decode" | "both"; InvalidArgument naming --role otherwise.
+absl::StatusOr<WorkerRole> ParseRole(absl::string_view name);
+absl::string_view RoleName(WorkerRole role);
+
+struct WorkerConfig {
+  WorkerRole role = WorkerRole::kBoth;
+  engine::ModelRuntimeConfig runtime;
+  // Internal gRPC services (DecodeService / PrefillService, KvEventService, health).
+  services::HostPort grpc_address{"127.0.0.1", 50061};
+  // Prometheus /metrics and /healthz. Port 0 = ephemeral.
+  services::HostPort metrics_address{"127.0.0.1", 9101};
+  // Cluster-unique id; empty = the gRPC address.
+  std::string worker_id;
+  // Node name (workers of a node share a tierd); empty = the host name.
+  std::string node_name;
+  // KvTransport backend for the prefill -> decode handoff ("ucx", "tcp").
+  std::string transport = "ucx";
+  // Address the transport listens on (tcp, ucx): numeric IPv4 of this host.
+  std::string transport_host = "127.0.0.1";
+  // Upper bound of one remote prefill (RPC + transfer) as seen by the decode side; the
+  // request's own deadline applies when earlier. Past it, decode prefills locally.
+  absl::Duration prefill_timeout = absl::Seconds(30);
+  // Testing: sleep after every engine step (EngineLoop::Options::step_delay).
+  absl::Duration step_delay = absl::ZeroDuration();
+  // How long SIGTERM waits for in-flight streams before cancelling them.
+  absl::Duration drain_timeout = absl::Seconds(30);
+
+  // InvalidArgument naming the flag.
+  absl::Status Validate() const;
+};
+
+}  // namespace pd::worker

@@ -1,0 +1,139 @@
+#include "services/worker/worker_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/log/log.h"
+#include "services/worker/convert.h"
+
+namespace pd::worker {
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& config,
+                                                                  metrics::Registry* metrics) {
+  PD_RETURN_IF_ERROR(config.Validate());
+  PD_RETURN_IF_ERROR(services::CheckCanListen(config.grpc_address, "--grpc_address"));
+  std::unique_ptr<WorkerServer> s(new WorkerServer());
+  s->registry_ = metrics;
+  WorkerContext& ctx = s->ctx_;
+  ctx.config = config;
+  PD_ASSIGN_OR_RETURN(ctx.metrics, WorkerMetrics::Register(metrics));
+  PD_ASSIGN_OR_RETURN(s->runtime_, engine::ModelRuntime::Create(config.runtime));
+  ctx.runtime = s->runtime_.get();
+  ctx.layout = LayoutToProto(s->runtime_->kv_layout(), s->runtime_->fingerprint());
+
+  disagg::KvHandoffConfig handoff;
+  handoff.transport.backend = config.transport;
+  handoff.transport.listen_host = config.transport_host;
+  PD_ASSIGN_OR_RETURN(transport::PoolGeometry geometry,
+                      disagg::GeometryFor(s->runtime_->kv_layout(), s->runtime_->fingerprint(),
+                                          config.runtime.kv_blocks));
+  absl::StatusOr<std::unique_ptr<disagg::KvHandoff>> h = disagg::KvHandoff::Create(
+      handoff, s->runtime_->kv_pool()->base(), s->runtime_->kv_pool()->size_bytes(), geometry);
+  if (!h.ok()) {
+    return absl::Status(h.status().code(),
+                        absl::StrCat("--transport ", config.transport, ": ", h.status().message()));
+  }
+  s->handoff_ = *std::move(h);
+  ctx.handoff = s->handoff_.get();
+
+  engine::EngineLoop::Options loop_options;
+  loop_options.step_delay = config.step_delay;
+  s->loop_ = std::make_unique<engine::EngineLoop>(s->runtime_->scheduler(), loop_options);
+  ctx.loop = s->loop_.get();
+  s->decode_ = std::make_unique<DecodeServiceImpl>(&ctx);
+  s->prefill_ = std::make_unique<PrefillServiceImpl>(&ctx);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.grpc_address.ToString(), grpc::InsecureServerCredentials(),
+                           &s->port_);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  if (config.role != WorkerRole::kPrefill) {
+    builder.RegisterService(s->decode_.get());
+  }
+  if (config.role != WorkerRole::kDecode) {
+    builder.RegisterService(s->prefill_.get());
+  }
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--grpc_address ", config.grpc_address.ToString(), ": cannot start server"));
+  }
+  ctx.grpc_address = services::HostPort{config.grpc_address.host, s->port_}.ToString();
+  ctx.worker_id = config.worker_id.empty() ? ctx.grpc_address : config.worker_id;
+  if (config.node_name.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    ctx.node_name = host;
+  } else {
+    ctx.node_name = config.node_name;
+  }
+  engine::EngineLoop* loop = s->loop_.get();
+  s->collector_ = metrics->AddCollector([loop](metrics::CollectorSink& sink) {
+    const engine::SchedulerStats st = loop->Stats();
+    sink.AddGauge("pd_worker_requests_waiting", "Requests queued for admission", st.waiting);
+    sink.AddGauge("pd_worker_requests_running", "Requests in the running set", st.running);
+    sink.AddGauge("pd_worker_remote_prefills_pending",
+                  "Decode requests waiting for a prefill worker", st.remote_prefills);
+    sink.AddGauge("pd_worker_prefilled_held",
+                  "Prefill requests holding blocks while their KV is sent", st.held);
+    sink.AddGauge("pd_worker_queued_prefill_tokens", "Prompt tokens not yet computed",
+                  st.pending_prefill_tokens);
+    sink.AddGauge("pd_worker_kv_blocks", "KV pool blocks by state", st.kv.num_blocks_used,
+                  {{"state", "used"}});
+    sink.AddGauge("pd_worker_kv_blocks", "KV pool blocks by state", st.kv.num_blocks_cached,
+                  {{"state", "cached"}});
+    sink.AddGauge("pd_worker_kv_blocks", "KV pool blocks by state", st.kv.num_blocks_free,
+                  {{"state", "free"}});
+    sink.AddCounter("pd_worker_prefix_query_tokens_total",
+                    "Prompt tokens looked up in the prefix cache", st.kv.prefix_query_tokens);
+    sink.AddCounter("pd_worker_prefix_hit_tokens_total", "Prompt tokens found in the prefix cache",
+                    st.kv.prefix_hit_tokens);
+    sink.AddCounter("pd_worker_kv_evictions_total", "Cached blocks evicted for reuse",
+                    st.kv.evictions);
+    sink.AddCounter("pd_worker_preemptions_total", "Requests preempted (recompute)",
+                    st.preemptions);
+    sink.AddCounter("pd_worker_prefill_tokens_total", "Prompt tokens computed here",
+                    st.prefill_tokens);
+    sink.AddCounter("pd_worker_decode_tokens_total", "Tokens sampled here", st.decode_tokens);
+    sink.AddCounter("pd_worker_remote_prefill_failures_total",
+                    "Remote prefills that failed (decode then prefilled locally)",
+                    st.remote_prefill_failures);
+  });
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  return s;
+}
+
+WorkerServer::~WorkerServer() {
+  Drain(absl::ZeroDuration());
+  if (registry_ != nullptr) {
+    registry_->RemoveCollector(collector_);
+  }
+}
+
+std::string WorkerServer::address() const { return ctx_.grpc_address; }
+
+std::string WorkerServer::Describe() const {
+  return absl::StrCat("worker ", ctx_.worker_id, " role ", RoleName(ctx_.config.role), " on ",
+                      ctx_.grpc_address, ", ", runtime_->Describe(), ", transport ",
+                      handoff_->backend());
+}
+
+void WorkerServer::Drain(absl::Duration timeout) {
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
+    server_->Wait();
+    server_.reset();
+  }
+  if (loop_ != nullptr) {
+    loop_->Stop();
+  }
+  handoff_.reset();  // fails what still waits for a transfer
+  loop_.reset();
+}
+
+}  // namespace pd::worker

@@ -1,0 +1,59 @@
+// WorkerServer: pd-worker's model runtime, engine loop, KV handoff and gRPC server.
+//
+// Start() does every fallible step up front (model load, transport, port) so that bad
+// configuration is a startup error naming the flag. Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics/metrics.h"
+#include "engine/disagg/kv_handoff.h"
+#include "engine/runtime/engine_loop.h"
+#include "engine/runtime/model_runtime.h"
+#include "services/worker/worker_config.h"
+#include "services/worker/worker_services.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace pd::worker {
+
+class WorkerServer {
+ public:
+  // `metrics` must outlive the server. Errors: those of the model runtime (NotFound,
+  // InvalidArgument naming the file), the transport (Unimplemented for an unbuilt backend) and
+  // Unavailable naming --grpc_address when the port is taken.
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(const WorkerConfig& config,
+                                                             metrics::Registry* metrics);
+  ~WorkerServer();
+
+  std::string address() const;
+  int port() const { return port_; }
+  const WorkerContext& context() const { return ctx_; }
+  // One line for the startup log.
+  std::string Describe() const;
+
+  // NOT_SERVING on health, stop accepting calls, wait up to `timeout` for in-flight calls (the
+  // engine keeps running them), cancel the rest, then stop the engine. Idempotent.
+  void Drain(absl::Duration timeout);
+
+ private:
+  WorkerServer() = default;
+
+  WorkerContext ctx_;
+  int port_ = 0;
+  metrics::Registry* registry_ = nullptr;
+  metrics::CollectorId collector_;
+  std::unique_ptr<engine::ModelRuntime> runtime_;
+  std::unique_ptr<engine::EngineLoop> loop_;
+  std::unique_ptr<disagg::KvHandoff> handoff_;
+  std::unique_ptr<DecodeServiceImpl> decode_;
+  std::unique_ptr<PrefillServiceImpl> prefill_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace pd::worker

@@ -1,0 +1,387 @@
+// The disaggregated cluster as real processes: pd-router -> pd-worker (decode) -> pd-worker
+// (prefill) over gRPC, KV over the UCX (or TCP) transport, on loopback, with stories260K.
+// Greedy output must equal the single-process engine's, cache hits must not change it, and
+// faults must end only the affected streams.
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "common/log/log.h"
+#include "common/testing/net.h"
+#include "common/testing/subprocess.h"
+#include "common/testing/temp_dir.h"
+#include "engine/runtime/model_runtime.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "pd/v1/generation.grpc.pb.h"
+
+namespace pd {
+namespace {
+
+using ::pd::testing::Subprocess;
+using ::testing::HasSubstr;
+
+constexpr char kRouter[] = PD_BINARY_DIR "/services/router/pd-router";
+constexpr char kWorker[] = PD_BINARY_DIR "/services/worker/pd-worker";
+constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
+
+int FreePort() {
+  absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
+  CHECK(port.ok()) << port.status();
+  return *port;
+}
+
+// What one Generate call returned.
+struct Generated {
+  grpc::Status status;
+  std::vector<uint32_t> tokens;
+  std::string text;
+  pdserve::v1::GenerateResponse last;
+  int messages = 0;
+};
+
+// The single-process engine: the reference every cluster path must match.
+class Reference {
+ public:
+  Reference() {
+    engine::ModelRuntimeConfig c;
+    c.model = kModel;
+    c.tokenizer = kTokenizer;
+    c.kv_blocks = 256;
+    c.threads = 1;
+    absl::StatusOr<std::unique_ptr<engine::ModelRuntime>> rt = engine::ModelRuntime::Create(c);
+    CHECK(rt.ok()) << rt.status();
+    rt_ = *std::move(rt);
+  }
+
+  std::vector<uint32_t> Encode(const std::string& text) {
+    absl::StatusOr<std::vector<uint32_t>> ids = rt_->tokenizer().Encode(text, true, false);
+    CHECK(ids.ok()) << ids.status();
+    return *ids;
+  }
+
+  std::pair<std::vector<uint32_t>, std::string> Greedy(const std::string& prompt,
+                                                       uint32_t max_tokens) {
+    std::vector<uint32_t> tokens;
+    std::string text;
+    engine::GenerationRequest r;
+    r.id = RequestId(next_++);
+    r.prompt = Encode(prompt);
+    r.sampling.max_tokens = max_tokens;
+    r.on_output = [&](engine::GenerationOutput o) {
+      tokens.insert(tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      text += o.text;
+    };
+    CHECK(rt_->scheduler()->Submit(std::move(r)).ok());
+    while (!rt_->scheduler()->idle()) rt_->scheduler()->Step();
+    return {tokens, text};
+  }
+
+ private:
+  std::unique_ptr<engine::ModelRuntime> rt_;
+  uint64_t next_ = 1;
+};
+
+class Cluster {
+ public:
+  // `prefill` prefill workers and `decode` decode workers, all on loopback.
+  Cluster(const std::string& dir, int prefill, int decode, std::string policy = "round_robin",
+          std::vector<std::string> worker_flags = {})
+      : dir_(dir), worker_flags_(std::move(worker_flags)) {
+    std::vector<std::string> d_addrs, p_addrs;
+    for (int i = 0; i < prefill; ++i) {
+      p_addrs.push_back(StartWorker("prefill", absl::StrCat("prefill-", i)));
+    }
+    for (int i = 0; i < decode; ++i) {
+      d_addrs.push_back(StartWorker("decode", absl::StrCat("decode-", i)));
+    }
+    router_port_ = FreePort();
+    router_metrics_port_ = FreePort();
+    router_args_ = {kRouter,
+                    absl::StrCat("--grpc_address=127.0.0.1:", router_port_),
+                    absl::StrCat("--metrics_address=127.0.0.1:", router_metrics_port_),
+                    absl::StrCat("--model=", kModel),
+                    absl::StrCat("--tokenizer=", kTokenizer),
+                    absl::StrCat("--decode_workers=", absl::StrJoin(d_addrs, ",")),
+                    absl::StrCat("--prefill_workers=", absl::StrJoin(p_addrs, ",")),
+                    absl::StrCat("--policy=", policy),
+                    "--health_interval=200ms"};
+    absl::StatusOr<Subprocess> r = Subprocess::Spawn(router_args_, dir_ + "/router.log");
+    CHECK(r.ok()) << r.status();
+    router_.emplace(*std::move(r));
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", router_port_),
+                                   grpc::InsecureChannelCredentials());
+    api_ = pdserve::v1::Generation::NewStub(channel_);
+  }
+
+  // Waits until the router lists the model (a decode worker joined) and every worker answers.
+  bool WaitReady(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+      pdserve::v1::ListModelsResponse models;
+      if (api_->ListModels(&ctx, {}, &models).ok() && models.models_size() == 1 &&
+          AllWorkersJoined()) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
+  }
+
+  bool AllWorkersJoined() {
+    const std::string m = RouterMetrics();
+    return absl::StrContains(m, "pd_router_workers_healthy " + std::to_string(workers_.size()));
+  }
+
+  Generated Generate(pdserve::v1::GenerateRequest req, absl::Duration timeout = absl::Seconds(60),
+                     grpc::ClientContext* ctx_in = nullptr) {
+    grpc::ClientContext local;
+    grpc::ClientContext& ctx = ctx_in ? *ctx_in : local;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    Generated g;
+    auto reader = api_->Generate(&ctx, req);
+    pdserve::v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      g.tokens.insert(g.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+      g.text += resp.text();
+      ++g.messages;
+      g.last = resp;
+    }
+    g.status = reader->Finish();
+    return g;
+  }
+
+  Generated GenerateText(const std::string& text, uint32_t max_tokens) {
+    pdserve::v1::GenerateRequest req;
+    req.set_text(text);
+    req.mutable_sampling()->set_max_tokens(max_tokens);
+    return Generate(req);
+  }
+
+  std::string RouterMetrics() { return HttpGet(router_metrics_port_, "/metrics"); }
+  std::string WorkerMetrics(int i) { return HttpGet(workers_[i].metrics_port, "/metrics"); }
+
+  static std::string HttpGet(int port, const std::string& path) {
+    httplib::Client http("127.0.0.1", port);
+    http.set_connection_timeout(2);
+    auto res = http.Get(path.c_str());
+    return res ? res->body : "";
+  }
+
+  struct Worker {
+    std::string role, id;
+    int grpc_port = 0, metrics_port = 0;
+    std::vector<std::string> args;
+    std::optional<Subprocess> process;
+  };
+  std::vector<Worker>& workers() { return workers_; }
+  Subprocess& router() { return *router_; }
+  std::string Logs() {
+    std::string out = absl::StrCat("--- router\n", router_->LogTail(30));
+    for (auto& w : workers_) {
+      if (w.process) absl::StrAppend(&out, "--- ", w.id, "\n", w.process->LogTail(30));
+    }
+    return out;
+  }
+
+  void RestartWorker(int i) {
+    Worker& w = workers_[i];
+    absl::StatusOr<Subprocess> p = Subprocess::Spawn(w.args, dir_ + "/" + w.id + ".log");
+    CHECK(p.ok()) << p.status();
+    w.process.emplace(*std::move(p));
+  }
+
+ private:
+  std::string StartWorker(const std::string& role, const std::string& id) {
+    Worker w;
+    w.role = role;
+    w.id = id;
+    w.grpc_port = FreePort();
+    w.metrics_port = FreePort();
+    w.args = {kWorker,
+              "--role=" + role,
+              absl::StrCat("--model=", kModel),
+              absl::StrCat("--tokenizer=", kTokenizer),
+              absl::StrCat("--grpc_address=127.0.0.1:", w.grpc_port),
+              absl::StrCat("--metrics_address=127.0.0.1:", w.metrics_port),
+              "--worker_id=" + id,
+              "--kv_blocks=256",
+              "--threads=1",
+              "--drain_timeout=2s"};
+    w.args.insert(w.args.end(), worker_flags_.begin(), worker_flags_.end());
+    workers_.push_back(std::move(w));
+    RestartWorker(static_cast<int>(workers_.size()) - 1);
+    return absl::StrCat("127.0.0.1:", workers_.back().grpc_port);
+  }
+
+  std::string dir_;
+  std::vector<std::string> worker_flags_;
+  std::vector<Worker> workers_;
+  int router_port_ = 0, router_metrics_port_ = 0;
+  std::vector<std::string> router_args_;
+  std::optional<Subprocess> router_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pdserve::v1::Generation::Stub> api_;
+};
+
+class ClusterE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-cluster-");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_.emplace(*std::move(dir));
+  }
+  std::string Dir() { return dir_->path(); }
+  std::optional<pd::testing::TempDir> dir_;
+};
+
+const char* const kPrompts[] = {"Once upon a time", "The cat sat on the mat and",
+                                "Lily and Ben went to the park. They saw a big",
+                                "One day, a little bird"};
+
+TEST_F(ClusterE2eTest, DisaggregatedGreedyEqualsSingleProcessAndCacheHitsDoNotChangeIt) {
+  Reference ref;
+  Cluster c(Dir(), 1, 1);
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  for (const char* prompt : kPrompts) {
+    auto [tokens, text] = ref.Greedy(prompt, 40);
+    Generated g = c.GenerateText(prompt, 40);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << c.Logs();
+    EXPECT_EQ(g.tokens, tokens) << prompt;
+    EXPECT_EQ(g.text, text) << prompt;
+    EXPECT_EQ(g.last.finish_reason(), pdserve::v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(g.last.usage().completion_tokens(), 40u);
+    EXPECT_FALSE(g.last.request_id().empty());
+  }
+  // Two requests sharing a long prefix: the second reuses cached blocks, output unchanged.
+  const std::string prefix =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day,";
+  auto [tokens, text] = ref.Greedy(prefix + " she", 24);
+  Generated first = c.GenerateText(prefix + " she", 24);
+  Generated second = c.GenerateText(prefix + " she", 24);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(first.tokens, tokens);
+  EXPECT_EQ(second.tokens, tokens);
+  EXPECT_GT(second.last.usage().cached_tokens(), 0u) << second.last.DebugString();
+  EXPECT_EQ(second.last.usage().cached_tokens() % 16, 0u);
+  EXPECT_GT(second.last.timings().kv_transfer_us() + first.last.timings().kv_transfer_us(), 0u);
+
+  // The KV came from the prefill worker (metrics of the decode worker).
+  const std::string dm = c.WorkerMetrics(1);
+  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"}")) << dm;
+  EXPECT_THAT(c.RouterMetrics(), HasSubstr("pd_router_tokens_total{kind=\"cached\"}"));
+}
+
+TEST_F(ClusterE2eTest, BadInputAtTheEdgeIsRejectedClearly) {
+  Cluster c(Dir(), 1, 1);
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  auto expect = [&](pdserve::v1::GenerateRequest req, grpc::StatusCode code,
+                    absl::string_view words) {
+    Generated g = c.Generate(req, absl::Seconds(10));
+    EXPECT_EQ(g.status.error_code(), code) << g.status.error_message();
+    EXPECT_THAT(g.status.error_message(), HasSubstr(std::string(words)));
+    EXPECT_EQ(g.messages, 0);
+  };
+  pdserve::v1::GenerateRequest r;
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "prompt");
+  r.set_text("");
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "empty");
+  r.set_text(std::string(4000, 'a') + " long");  // > 512 tokens of context
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "context");
+  r.set_text("hi");
+  r.mutable_sampling()->set_temperature(-1);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "temperature");
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_top_p(2);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "top_p");
+  r.mutable_sampling()->set_top_p(0);
+  r.set_model("gpt-17");
+  expect(r, grpc::StatusCode::NOT_FOUND, "gpt-17");
+  r.clear_model();
+  r.set_text(std::string("\xff\xfe bad"));
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "UTF-8");
+  r.mutable_token_ids()->add_ids(1);
+  r.mutable_token_ids()->add_ids(100000);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "out of range");
+  r.set_text("hi");
+  r.mutable_sampling()->set_max_tokens(1u << 30);
+  expect(r, grpc::StatusCode::INVALID_ARGUMENT, "max_tokens");
+  // Nothing above disturbed a good request.
+  Generated ok = c.GenerateText("Once upon a time", 8);
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens.size(), 8u);
+}
+
+TEST_F(ClusterE2eTest, KilledPrefillWorkerFallsBackToLocalPrefillWithTheSameOutput) {
+  Reference ref;
+  Cluster c(Dir(), 1, 1);
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  auto [tokens, text] = ref.Greedy(kPrompts[2], 32);
+  ASSERT_TRUE(c.workers()[0].process->Signal(SIGKILL).ok());
+  (void)c.workers()[0].process->Wait(absl::Seconds(10));
+  // The router may not have noticed yet: the decode worker falls back to local prefill.
+  Generated g = c.GenerateText(kPrompts[2], 32);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << c.Logs();
+  EXPECT_EQ(g.tokens, tokens);
+  // Later requests run aggregated on the decode worker once the router dropped the prefill one.
+  absl::SleepFor(absl::Seconds(1));
+  g = c.GenerateText(kPrompts[0], 16);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, ref.Greedy(kPrompts[0], 16).first);
+}
+
+TEST_F(ClusterE2eTest, KilledDecodeWorkerFailsOnlyItsStreamsAndRejoinsAfterRestart) {
+  // 5 ms per engine step: a 400-token stream takes > 2 s, long enough to be killed mid-way.
+  Cluster c(Dir(), 1, 2, "round_robin", {"--step_delay=5ms"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  // A long stream on each decode worker (round robin), then kill decode-0 (worker index 1).
+  std::vector<Generated> results(2);
+  std::vector<std::thread> streams;
+  for (int i = 0; i < 2; ++i) {
+    streams.emplace_back([&, i] {
+      pdserve::v1::GenerateRequest req;
+      req.set_text(kPrompts[i]);
+      req.mutable_sampling()->set_max_tokens(400);
+      req.mutable_sampling()->set_ignore_eos(true);
+      results[i] = c.Generate(req);
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(c.workers()[1].process->Signal(SIGKILL).ok());
+  for (auto& t : streams) t.join();
+  int failed = 0;
+  for (const Generated& g : results) {
+    if (!g.status.ok()) {
+      ++failed;
+      EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
+    }
+  }
+  EXPECT_EQ(failed, 1);
+  // Within 2 s the router routes around it: new requests succeed.
+  absl::SleepFor(absl::Seconds(2));
+  for (int i = 0; i < 4; ++i) {
+    Generated g = c.GenerateText(kPrompts[i], 8);
+    EXPECT_TRUE(g.status.ok()) << i << ": " << g.status.error_message();
+  }
+  // Restart: it rejoins.
+  c.RestartWorker(1);
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+}
+
+}  // namespace
+}  // namespace pd
