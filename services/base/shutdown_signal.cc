@@ -1,27 +1,53 @@
 #include "services/base/shutdown_signal.h"
 
-#include <pthread.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 #include "common/log/log.h"
 
 namespace pd::services {
+namespace {
+
+// Write end of the active instance's pipe, for the async-signal-safe handler.
+std::atomic<int> g_signal_fd{-1};
+
+void OnSignal(int sig) {
+  const int saved = errno;
+  const int fd = g_signal_fd.load();
+  if (fd >= 0) {
+    const unsigned char b = static_cast<unsigned char>(sig);
+    (void)!::write(fd, &b, 1);
+  }
+  errno = saved;
+}
+
+}  // namespace
 
 ShutdownSignal::ShutdownSignal() {
-  sigemptyset(&set_);
-  sigaddset(&set_, SIGTERM);
-  sigaddset(&set_, SIGINT);
-  // SIGUSR1 is ours: the destructor uses it to wake the watcher.
-  sigaddset(&set_, SIGUSR1);
-  CHECK_EQ(pthread_sigmask(SIG_BLOCK, &set_, nullptr), 0);
+  CHECK_EQ(::pipe2(pipe_, O_CLOEXEC), 0);
+  g_signal_fd.store(pipe_[1]);
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  CHECK_EQ(::sigaction(SIGTERM, &sa, nullptr), 0);
+  CHECK_EQ(::sigaction(SIGINT, &sa, nullptr), 0);
   watcher_ = std::thread([this] { WatchLoop(); });
 }
 
 ShutdownSignal::~ShutdownSignal() {
-  pthread_kill(watcher_.native_handle(), SIGUSR1);
+  ::signal(SIGTERM, SIG_DFL);
+  ::signal(SIGINT, SIG_DFL);
+  g_signal_fd.store(-1);
+  const unsigned char stop = 0;  // not a signal number: tells the watcher to return
+  (void)!::write(pipe_[1], &stop, 1);
   watcher_.join();
+  ::close(pipe_[0]);
+  ::close(pipe_[1]);
 }
 
 void ShutdownSignal::Wait() { notified_.WaitForNotification(); }
@@ -37,13 +63,15 @@ void ShutdownSignal::Fire(int sig) {
 
 void ShutdownSignal::WatchLoop() {
   while (true) {
-    int sig = 0;
-    if (sigwait(&set_, &sig) != 0) {
+    unsigned char b = 0;
+    const ssize_t n = ::read(pipe_[0], &b, 1);
+    if (n < 0 && errno == EINTR) {
       continue;
     }
-    if (sig == SIGUSR1) {
+    if (n != 1 || b == 0) {
       return;
     }
+    const int sig = b;
     if (fired_.load()) {
       LOG(WARNING) << "second signal " << sig << " during drain: exiting now";
       std::_Exit(130);

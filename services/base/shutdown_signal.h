@@ -11,10 +11,12 @@
 
 namespace pd::services {
 
-// Blocks SIGTERM and SIGINT in the calling thread (call it in main before starting any other
-// thread, so every thread inherits the mask) and watches them on a dedicated thread with
-// sigwait. The first signal notifies; a second one exits the process at once (exit code 130),
-// the operator's escape hatch when a drain hangs. Thread-safe after construction.
+// Installs SIGTERM and SIGINT handlers that forward the signal through a self-pipe to a
+// dedicated watcher thread. (A handler, not a blocked mask: threads that libraries start
+// before main — OpenBLAS does — do not inherit a mask, and a signal delivered to one of them
+// would kill the process.) The first signal notifies; a second one exits the process at once
+// (exit code 130), the operator's escape hatch when a drain hangs. One instance per process;
+// thread-safe after construction. The destructor restores the default actions.
 class ShutdownSignal {
  public:
   ShutdownSignal();
@@ -36,7 +38,7 @@ class ShutdownSignal {
   // Notifies once, whichever of a signal or Trigger() comes first.
   void Fire(int sig);
 
-  sigset_t set_;
+  int pipe_[2] = {-1, -1};  // read end, write end (the handler writes one byte per signal)
   absl::Notification notified_;
   std::atomic<bool> fired_{false};
   std::atomic<int> signal_number_{0};

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
 #include <random>
 #include <string>
 
@@ -59,14 +60,19 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      client_.TryCancel();  // the client is gone: stop the worker
-    } else if (!upstream_done_) {
-      upstream_.StartRead(&in_);
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        client_.TryCancel();  // the client is gone: stop the worker
+      } else if (!upstream_done_) {
+        upstream_.StartRead(&in_);
+      }
+      finish = MaybeFinishLocked();
     }
-    MaybeFinishLocked();
+    // Outside the lock: OnDone (which deletes this) may run as soon as Finish is called.
+    if (finish.has_value()) Finish(*finish);
   }
 
   void OnCancel() override { client_.TryCancel(); }
@@ -123,15 +129,21 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   }
 
   void OnUpstreamDone(const grpc::Status& status) {
-    absl::MutexLock lock(&mu_);
-    upstream_done_ = true;
-    status_ = status;
-    MaybeFinishLocked();
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      upstream_done_ = true;
+      status_ = status;
+      finish = MaybeFinishLocked();
+    }
+    if (finish.has_value()) Finish(*finish);
   }
 
-  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // The status to Finish the client stream with, once the worker call is done and no write is
+  // in flight; nullopt otherwise (and after it was returned once).
+  std::optional<grpc::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!upstream_done_ || writing_ || finished_) {
-      return;
+      return std::nullopt;
     }
     finished_ = true;
     WorkerPool* pool = service_->workers();
@@ -168,7 +180,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     }
     service_->Count("Generate", static_cast<absl::StatusCode>(final_status.error_code()));
     VLOG(1) << "request_id=" << decode_.request_id() << " done: " << final_status.error_message();
-    Finish(final_status);
+    return final_status;
   }
 
   GenerationService* const service_;

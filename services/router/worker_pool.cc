@@ -51,7 +51,14 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
       auto owned = std::make_unique<Worker>();
       owned->index = static_cast<int>(pool->workers_.size());
       owned->address = address;
-      owned->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      // Reconnect quickly to a worker that restarts (gRPC's default backoff starts at 1 s and
+      // grows to 120 s, which would keep a restarted worker out of the pool for minutes).
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      args.SetMaxReceiveMessageSize(64 << 20);
+      owned->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
       owned->decode = iv1::DecodeService::NewStub(owned->channel);
       owned->prefill = iv1::PrefillService::NewStub(owned->channel);
       w = owned.get();

@@ -5,6 +5,7 @@
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
 #include "services/base/metrics_http_server.h"
+#include "services/base/process_metrics.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
 #include "services/worker/worker_server.h"
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
     pd::services::ExitWithStartupError(kProgram, config.status());
   }
   pd::metrics::Registry registry;
+  pd::services::AddProcessMetrics(&registry);
   absl::StatusOr<std::unique_ptr<pd::worker::WorkerServer>> server =
       pd::worker::WorkerServer::Start(*config, &registry);
   if (!server.ok()) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -80,24 +81,33 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
       msg.set_prefilled_locally(!out.prefilled_remotely);
       RecordFinal(out);
     }
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(msg));
-    if (last) {
-      final_queued_ = true;
-      final_status_ = out.status;
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(msg));
+      if (last) {
+        final_queued_ = true;
+        final_status_ = out.status;
+      }
+      finish = MaybeWriteLocked();
     }
-    MaybeWriteLocked();
+    // Outside the lock: OnDone (which deletes this) may run as soon as Finish is called.
+    if (finish.has_value()) Finish(*finish);
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      broken_ = true;  // client gone: make the engine stop, then finish
-      queue_.clear();
-      ctx_->loop->Post([id = id_](engine::Scheduler& s) { (void)s.Cancel(id); });
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        broken_ = true;  // client gone: make the engine stop, then finish
+        queue_.clear();
+        ctx_->loop->Post([id = id_](engine::Scheduler& s) { (void)s.Cancel(id); });
+      }
+      finish = MaybeWriteLocked();
     }
-    MaybeWriteLocked();
+    if (finish.has_value()) Finish(*finish);
   }
 
   void OnCancel() override {
@@ -107,9 +117,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
   void OnDone() override { delete this; }
 
  private:
-  void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Starts the next write, or returns the status to Finish with once the final output was
+  // written (exactly once).
+  std::optional<grpc::Status> MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_) {
-      return;
+      return std::nullopt;
     }
     if (!queue_.empty() && !broken_) {
       current_ = std::move(queue_.front());
@@ -128,13 +140,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
       }
       writing_ = true;
       StartWrite(&current_);
-      return;
+      return std::nullopt;
     }
     if (final_queued_ && queue_.empty()) {
       finished_ = true;
       Count(ctx_, "Decode.Generate", final_status_.code());
-      Finish(services::ToGrpcStatus(final_status_));
+      return services::ToGrpcStatus(final_status_);
     }
+    return std::nullopt;
   }
 
   void RecordFinal(const engine::GenerationOutput& out) {
@@ -334,6 +347,9 @@ iv1::PrefillService::Stub* PrefillClients::Get(const std::string& address) {
   if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stub = iv1::PrefillService::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   }
