@@ -44,7 +44,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
         received_(absl::Now()),
         upstream_(this) {
     (void)server_ctx;
-    service_->workers()->AddInflight(placement_.decode_index, 1);
+    service_->workers()->AddInflight(placement_.decode_index, 1, placement_.new_blocks);
     if (placement_.prefill_index >= 0) {
       service_->workers()->AddInflight(placement_.prefill_index, 1);
     }
@@ -102,10 +102,21 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     *out_.mutable_token_ids() = in_.token_ids();
     out_.set_text(in_.text());
     completion_tokens_ += in_.token_ids_size();
+    if (in_.token_ids_size() > 0) {
+      const absl::Time now = absl::Now();
+      if (!first_) {
+        // Inter-token latency as the client sees it: one observation per message after the
+        // first, spread over the tokens it carries.
+        const double gap = absl::ToDoubleSeconds(now - last_token_) / in_.token_ids_size();
+        metrics::Histogram& itl = service_->metrics().itl->WithLabels({});
+        for (int i = 0; i < in_.token_ids_size(); ++i) itl.Observe(gap);
+      }
+      last_token_ = now;
+    }
     if (first_) {
       out_.set_request_id(decode_.request_id());
       if (in_.token_ids_size() > 0) {
-        first_token_ = absl::Now();
+        first_token_ = last_token_;
         first_ = false;
       }
     }
@@ -147,7 +158,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     }
     finished_ = true;
     WorkerPool* pool = service_->workers();
-    pool->AddInflight(placement_.decode_index, -1);
+    pool->AddInflight(placement_.decode_index, -1, placement_.new_blocks);
     if (placement_.prefill_index >= 0) {
       pool->AddInflight(placement_.prefill_index, -1);
     }
@@ -199,6 +210,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   bool got_final_ ABSL_GUARDED_BY(mu_) = false;
   int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time first_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   v1::Usage usage_ ABSL_GUARDED_BY(mu_);
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
@@ -230,6 +242,16 @@ absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
   PD_ASSIGN_OR_RETURN(m.routing,
                       r->AddCounter("pd_router_routing_decisions_total",
                                     "Placements by policy and reason", {"policy", "reason"}));
+  PD_ASSIGN_OR_RETURN(m.prefill_placement,
+                      r->AddCounter("pd_router_prefill_placements_total",
+                                    "Where prompts were prefilled: remote_prefill, "
+                                    "below_disagg_threshold, no_prefill_worker",
+                                    {"placement"}));
+  PD_ASSIGN_OR_RETURN(m.routed_cached_blocks,
+                      r->AddCounter("pd_router_routed_cached_blocks_total",
+                                    "Prompt blocks the chosen decode worker held (per the KV "
+                                    "index) when the request was placed",
+                                    {}));
   PD_ASSIGN_OR_RETURN(
       m.ttft, r->AddHistogram("pd_router_ttft_seconds", "Request received to first token sent", {},
                               LatencyBuckets()));
@@ -237,6 +259,10 @@ absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
                                               "Mean time per output token after the first, per "
                                               "request",
                                               {}, LatencyBuckets()));
+  PD_ASSIGN_OR_RETURN(m.itl, r->AddHistogram("pd_router_itl_seconds",
+                                             "Gap between consecutive output tokens as sent to "
+                                             "the client (all gaps pooled)",
+                                             {}, LatencyBuckets()));
   PD_ASSIGN_OR_RETURN(m.e2e, r->AddHistogram("pd_router_e2e_seconds",
                                              "Request received to stream end (successful "
                                              "requests)",
@@ -311,7 +337,7 @@ absl::Status GenerationService::Prepare(const grpc::CallbackServerContext& conte
           "sampling.stop_token_ids: ", t, " is out of range: vocabulary size is ", mc.vocab_size));
     }
   }
-  if (inflight_.load() > config_.max_inflight) {
+  if (inflight_.load() >= config_.max_inflight) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "router has ", config_.max_inflight, " streams open (--max_inflight); retry later"));
   }
@@ -357,6 +383,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     return new FinishedWriter(services::ToGrpcStatus(status));
   }
   metrics_.routing->WithLabels({std::string(policy_->name()), placement.reason}).Increment();
+  metrics_.prefill_placement->WithLabels({placement.prefill_reason}).Increment();
+  metrics_.routed_cached_blocks->WithLabels({}).Increment(
+      static_cast<uint64_t>(placement.cached_blocks));
   absl::Time deadline = absl::FromChrono(context->deadline());
   if (request->timeout_ms() > 0) {
     deadline = std::min(deadline, start + absl::Milliseconds(request->timeout_ms()));
@@ -365,7 +394,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   VLOG(1) << "request_id=" << decode.request_id()
           << " client_request_id=" << request->client_request_id() << " -> decode "
           << placement.decode_index << " prefill " << placement.prefill_index << " ("
-          << placement.reason << ")";
+          << placement.reason << ", " << placement.prefill_reason << ", "
+          << placement.cached_blocks << " blocks cached)";
   return new RouterStream(this, context, std::move(decode), std::move(placement), deadline);
 }
 

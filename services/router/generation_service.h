@@ -30,7 +30,11 @@ namespace pd::router {
 struct Placement {
   int decode_index = -1;
   int prefill_index = -1;  // -1 = prefill on the decode worker
-  std::string reason;      // for metrics: "round_robin", "random", "cache_hit", "load", ...
+  std::string reason;      // for metrics: "round_robin", "random", "cache_hit", "load"
+  // "remote_prefill", "below_disagg_threshold" or "no_prefill_worker" (metrics).
+  std::string prefill_reason;
+  int64_t cached_blocks = 0;  // leading prompt blocks the decode worker holds (per the index)
+  int64_t new_blocks = 0;     // prompt blocks the decode worker must allocate
 };
 
 // Chooses workers for a request. Thread-safe. Implementations: see placement.h.
@@ -66,8 +70,11 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   struct Metrics {
     metrics::Family<metrics::Counter>* requests = nullptr;  // {method, code}
     metrics::Family<metrics::Counter>* routing = nullptr;   // {policy, reason}
+    metrics::Family<metrics::Counter>* prefill_placement = nullptr;  // {placement}
+    metrics::Family<metrics::Counter>* routed_cached_blocks = nullptr;
     metrics::Family<metrics::Histogram>* ttft = nullptr;
     metrics::Family<metrics::Histogram>* tpot = nullptr;
+    metrics::Family<metrics::Histogram>* itl = nullptr;
     metrics::Family<metrics::Histogram>* e2e = nullptr;
     metrics::Family<metrics::Counter>* tokens = nullptr;  // {kind}
     metrics::Family<metrics::Histogram>* routing_latency = nullptr;

@@ -33,9 +33,22 @@ ABSL_FLAG(std::vector<std::string>, decode_workers, {},
           "comma-separated gRPC addresses of decode workers (role decode or both)");
 ABSL_FLAG(std::vector<std::string>, prefill_workers, {},
           "comma-separated gRPC addresses of prefill workers");
-ABSL_FLAG(std::string, policy, "round_robin", "placement: cache_aware | round_robin | random");
+ABSL_FLAG(std::string, policy, "cache_aware", "placement: cache_aware | round_robin | random");
 ABSL_FLAG(int64_t, disagg_threshold_tokens, 0,
-          "prompts with fewer uncached tokens are prefilled on the decode worker");
+          "prompts with fewer uncached tokens (after the decode worker's cache hits) are "
+          "prefilled on the decode worker; 0 = always use a prefill worker when one is up");
+ABSL_FLAG(double, prefill_weight, 1.0,
+          "cache_aware: cost of prefilling one uncached block, in KV blocks of decode load");
+ABSL_FLAG(double, dram_hit_weight, 0.1,
+          "cache_aware: fraction of a block's prefill cost paid to restore it from DRAM [0, 1]");
+ABSL_FLAG(double, nvme_hit_weight, 0.3,
+          "cache_aware: fraction of a block's prefill cost paid to restore it from NVMe [0, 1]");
+ABSL_FLAG(double, decode_load_weight, 1.0,
+          "cache_aware: weight of a worker's referenced KV blocks against prefill work");
+ABSL_FLAG(double, inflight_weight, 8.0,
+          "cache_aware: blocks charged per stream this router has open on a worker");
+ABSL_FLAG(int64_t, index_max_blocks, 4'000'000,
+          "bound of the KV block index in (worker, block, tier) entries, ~110 bytes each");
 ABSL_FLAG(int64_t, max_inflight, 1024, "open streams; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, health_interval, absl::Milliseconds(500),
           "worker health and load polling interval");
@@ -78,6 +91,12 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.prefill_workers = absl::GetFlag(FLAGS_prefill_workers);
   config.policy = absl::GetFlag(FLAGS_policy);
   config.disagg_threshold_tokens = absl::GetFlag(FLAGS_disagg_threshold_tokens);
+  config.prefill_weight = absl::GetFlag(FLAGS_prefill_weight);
+  config.dram_hit_weight = absl::GetFlag(FLAGS_dram_hit_weight);
+  config.nvme_hit_weight = absl::GetFlag(FLAGS_nvme_hit_weight);
+  config.decode_load_weight = absl::GetFlag(FLAGS_decode_load_weight);
+  config.inflight_weight = absl::GetFlag(FLAGS_inflight_weight);
+  config.index_max_blocks = absl::GetFlag(FLAGS_index_max_blocks);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   config.health_interval = absl::GetFlag(FLAGS_health_interval);
   PD_RETURN_IF_ERROR(config.Validate());

@@ -1,48 +1,45 @@
-// Placement policies of pd-router (DESIGN.md "Router scoring"): round_robin and random are the
-// baselines; cache_aware scores workers by the prefix blocks they hold (KvIndex) and their load.
+// Placement of pd-router (DESIGN.md "Router scoring"): the PlacementPolicy the generation service
+// calls, implemented over the WorkerScorer (cache_aware, round_robin, random) and the KvIndex
+// of the blocks each worker holds (fed by the workers' KV events).
 #pragma once
 
-#include <atomic>
 #include <memory>
-#include <random>
 #include <string>
+#include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "services/router/generation_service.h"
+#include "services/router/kv_index.h"
+#include "services/router/router_config.h"
+#include "services/router/worker_scorer.h"
 
 namespace pd::router {
 
-// Baseline: decode workers in turn; prefill workers in turn (never the decode worker itself).
-// Prompts shorter than `disagg_threshold_tokens` stay on the decode worker.
-class RoundRobinPolicy final : public PlacementPolicy {
+// Turns the pool's snapshot into scorer candidates, matches the prompt's chain against the
+// index and lets the scorer decide. Every policy matches the chain: the disaggregation
+// threshold counts the decode worker's cached tokens under round_robin and random too.
+// Thread-safe.
+class ScoredPlacementPolicy final : public PlacementPolicy {
  public:
-  explicit RoundRobinPolicy(int64_t disagg_threshold_tokens)
-      : threshold_(disagg_threshold_tokens) {}
-  absl::string_view name() const override { return "round_robin"; }
+  // `index` may be null (no KV events: every overlap is 0) and must outlive the policy.
+  ScoredPlacementPolicy(std::unique_ptr<WorkerScorer> scorer, const KvIndex* index,
+                        int64_t block_size);
+
+  absl::string_view name() const override;
   absl::StatusOr<Placement> Choose(absl::Span<const BlockHash> chain, int64_t prompt_tokens,
                                    const std::vector<WorkerSnapshot>& workers) override;
 
  private:
-  const int64_t threshold_;
-  std::atomic<uint64_t> decode_cursor_{0};
-  std::atomic<uint64_t> prefill_cursor_{0};
+  const std::unique_ptr<WorkerScorer> scorer_;
+  const KvIndex* const index_;
+  const int64_t block_size_;
 };
 
-// Baseline: uniformly random healthy workers.
-class RandomPolicy final : public PlacementPolicy {
- public:
-  explicit RandomPolicy(int64_t disagg_threshold_tokens) : threshold_(disagg_threshold_tokens) {}
-  absl::string_view name() const override { return "random"; }
-  absl::StatusOr<Placement> Choose(absl::Span<const BlockHash> chain, int64_t prompt_tokens,
-                                   const std::vector<WorkerSnapshot>& workers) override;
+// The scorer's configuration from the router's flags (policy, weights, threshold).
+// InvalidArgument naming the flag for an unknown policy or a bad weight.
+absl::StatusOr<ScorerConfig> ScorerConfigFor(const RouterConfig& config);
 
- private:
-  const int64_t threshold_;
-  absl::Mutex mu_;
-  std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
-};
-
-// The policy named by config.policy. InvalidArgument for an unknown name.
-absl::StatusOr<std::unique_ptr<PlacementPolicy>> MakePlacementPolicy(const RouterConfig& config);
+// The policy named by config.policy over `index` (may be null).
+absl::StatusOr<std::unique_ptr<PlacementPolicy>> MakePlacementPolicy(const RouterConfig& config,
+                                                                     const KvIndex* index);
 
 }  // namespace pd::router

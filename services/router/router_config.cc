@@ -1,5 +1,8 @@
 #include "services/router/router_config.h"
 
+#include <cmath>
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 
 namespace pd::router {
@@ -31,6 +34,22 @@ absl::Status RouterConfig::Validate() const {
   if (policy != "cache_aware" && policy != "round_robin" && policy != "random") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--policy must be cache_aware, round_robin or random, got '", policy, "'"));
+  }
+  for (const auto& [flag, value, max] :
+       {std::tuple<const char*, double, double>{"--prefill_weight", prefill_weight, -1},
+        {"--dram_hit_weight", dram_hit_weight, 1},
+        {"--nvme_hit_weight", nvme_hit_weight, 1},
+        {"--decode_load_weight", decode_load_weight, -1},
+        {"--inflight_weight", inflight_weight, -1}}) {
+    if (!std::isfinite(value) || value < 0 || (max >= 0 && value > max)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " must be ", max >= 0 ? absl::StrCat("in [0, ", max, "]") : std::string(">= 0"),
+          ", got ", value));
+    }
+  }
+  if (index_max_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--index_max_blocks must be > 0, got ", index_max_blocks));
   }
   if (disagg_threshold_tokens < 0) {
     return absl::InvalidArgumentError("--disagg_threshold_tokens must be >= 0");

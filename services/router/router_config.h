@@ -38,9 +38,18 @@ struct RouterConfig {
   std::vector<std::string> prefill_workers;
   // Placement policy: "cache_aware", "round_robin" or "random".
   std::string policy = "cache_aware";
-  // Prompts whose uncached part is shorter than this many tokens are prefilled on the decode
-  // worker itself (conditional disaggregation). 0 = always use a prefill worker when one is up.
+  // Prompts whose uncached part (after the decode worker's cache hits) is shorter than this many
+  // tokens are prefilled on the decode worker itself (conditional disaggregation). 0 = always
+  // use a prefill worker when one is up.
   int64_t disagg_threshold_tokens = 0;
+  // Weights of the cache_aware cost model (services/router/worker_scorer.h), one flag each.
+  double prefill_weight = 1.0;
+  double dram_hit_weight = 0.1;
+  double nvme_hit_weight = 0.3;
+  double decode_load_weight = 1.0;
+  double inflight_weight = 8.0;
+  // Bound of the KV block index: (worker, block, tier) entries kept (~110 bytes each).
+  int64_t index_max_blocks = 4'000'000;
   // Streams open at once; more are refused with RESOURCE_EXHAUSTED.
   int64_t max_inflight = 1024;
   // How often each worker's health and load are polled.

@@ -1,5 +1,7 @@
 #include "services/router/router_config.h"
 
+#include <limits>
+
 #include "gtest/gtest.h"
 
 namespace pd::router {
@@ -47,6 +49,26 @@ TEST(RouterConfigTest, RejectsBadValuesNamingTheFlag) {
   c = Valid();
   c.limits.max_prompt_tokens = 0;
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RouterConfigTest, RejectsBadScorerWeightsNamingTheFlag) {
+  RouterConfig c = Valid();
+  c.dram_hit_weight = 1.5;
+  absl::Status s = c.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--dram_hit_weight"), absl::string_view::npos) << s;
+  c = Valid();
+  c.prefill_weight = -1;
+  EXPECT_NE(c.Validate().message().find("--prefill_weight"), absl::string_view::npos);
+  c = Valid();
+  c.inflight_weight = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_NE(c.Validate().message().find("--inflight_weight"), absl::string_view::npos);
+  c = Valid();
+  c.index_max_blocks = 0;
+  EXPECT_NE(c.Validate().message().find("--index_max_blocks"), absl::string_view::npos);
+  c = Valid();
+  c.nvme_hit_weight = 1;  // the bound itself is allowed
+  EXPECT_TRUE(c.Validate().ok());
 }
 
 }  // namespace

@@ -36,9 +36,18 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   pool_options.health_interval = config.health_interval;
   pool_options.model_fingerprint = server->model_->fingerprint();
   pool_options.block_size = static_cast<uint32_t>(config.block_size);
-  PD_ASSIGN_OR_RETURN(server->pool_, WorkerPool::Create(config.decode_workers,
-                                                        config.prefill_workers, pool_options));
-  PD_ASSIGN_OR_RETURN(server->policy_, MakePlacementPolicy(config));
+  KvIndexConfig index_config;
+  index_config.max_blocks = config.index_max_blocks;
+  PD_ASSIGN_OR_RETURN(server->index_, KvIndex::Create(index_config));
+  server->feed_ = std::make_unique<KvEventFeed>(server->index_.get(), KvEventFeedOptions{});
+  KvEventFeed* feed = server->feed_.get();
+  PD_ASSIGN_OR_RETURN(server->pool_,
+                      WorkerPool::Create(config.decode_workers, config.prefill_workers,
+                                         pool_options,
+                                         [feed](const WorkerSnapshot&) { feed->Poke(); }));
+  WorkerPool* pool_ptr = server->pool_.get();
+  feed->Start([pool_ptr] { return pool_ptr->Snapshot(); });
+  PD_ASSIGN_OR_RETURN(server->policy_, MakePlacementPolicy(config, server->index_.get()));
   PD_ASSIGN_OR_RETURN(server->generation_,
                       GenerationService::Create(config, server->model_.get(), server->pool_.get(),
                                                 server->policy_.get(), metrics));
@@ -55,8 +64,32 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   }
   WorkerPool* pool = server->pool_.get();
   GenerationService* gen = server->generation_.get();
+  KvIndex* index = server->index_.get();
   server->metrics_ = metrics;
-  server->collector_ = metrics->AddCollector([pool, gen](metrics::CollectorSink& sink) {
+  server->collector_ = metrics->AddCollector([pool, gen, index, feed](
+                                                 metrics::CollectorSink& sink) {
+    const KvEventFeedStats fs = feed->Stats();
+    sink.AddGauge("pd_router_kv_event_streams", "Workers whose KV events are followed",
+                  static_cast<double>(fs.subscribers));
+    sink.AddGauge("pd_router_kv_event_streams_connected",
+                  "Followed workers with a live KV event stream", static_cast<double>(fs.connected));
+    sink.AddCounter("pd_router_kv_event_apply_errors_total",
+                    "KV event batches the index refused (each forces a snapshot)",
+                    static_cast<double>(fs.apply_errors));
+    const KvIndexStats st = index->Stats();
+    sink.AddGauge("pd_router_index_blocks", "Distinct KV blocks some worker holds (KV index)",
+                  static_cast<double>(st.blocks));
+    sink.AddGauge("pd_router_index_entries", "(worker, block, tier) entries in the KV index",
+                  static_cast<double>(st.entries));
+    sink.AddGauge("pd_router_index_workers", "Workers with state in the KV index",
+                  static_cast<double>(st.workers));
+    sink.AddCounter("pd_router_index_evictions_total",
+                    "Index entries dropped by --index_max_blocks", static_cast<double>(st.evictions));
+    sink.AddCounter("pd_router_index_events_total", "KV events applied to the index",
+                    static_cast<double>(st.events_applied));
+    sink.AddCounter("pd_router_index_rejected_batches_total",
+                    "KV event batches the index refused (the stream is resynced)",
+                    static_cast<double>(st.rejected_batches));
     int64_t healthy = 0;
     for (const WorkerSnapshot& w : pool->Snapshot()) {
       healthy += w.healthy ? 1 : 0;
@@ -91,6 +124,7 @@ void RouterServer::Drain(absl::Duration timeout) {
   if (server_ == nullptr) {
     return;
   }
+  feed_->Stop();  // placement needs no fresh events while draining
   server_->GetHealthCheckService()->SetServingStatus(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
   server_->Wait();

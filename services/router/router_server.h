@@ -13,6 +13,8 @@
 #include "common/redis/redis_client.h"
 #include "engine/runtime/model_front.h"
 #include "services/router/generation_service.h"
+#include "services/router/kv_event_feed.h"
+#include "services/router/kv_index.h"
 #include "services/router/router_config.h"
 #include "services/router/worker_pool.h"
 
@@ -52,6 +54,9 @@ class RouterServer {
   metrics::CollectorId collector_;
   std::unique_ptr<redis::RedisClient> redis_;
   std::unique_ptr<engine::ModelFront> model_;
+  // Declared in dependency order: the pool calls the feed, the feed writes the index.
+  std::unique_ptr<KvIndex> index_;
+  std::unique_ptr<KvEventFeed> feed_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<PlacementPolicy> policy_;
   std::unique_ptr<GenerationService> generation_;

@@ -28,6 +28,9 @@ struct WorkerPool::Worker {
   iv1::WorkerLoad load;
   std::string last_error;
   std::atomic<int64_t> inflight{0};
+  std::atomic<int64_t> assigned_blocks{0};
+  int64_t inflight_at_report = 0;         // guarded by WorkerPool::mu_
+  int64_t assigned_blocks_at_report = 0;  // guarded by WorkerPool::mu_
 };
 
 absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
@@ -145,6 +148,9 @@ void WorkerPool::Check(Worker& w) {
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline);
   iv1::WorkerLoad load;
+  // What this router had placed there when asking: the report counts (at most) that much.
+  const int64_t inflight_before = w.inflight.load();
+  const int64_t blocks_before = w.assigned_blocks.load();
   grpc::Status s = w.configured_decode ? w.decode->GetLoad(&ctx, {}, &load)
                                        : w.prefill->GetLoad(&ctx, {}, &load);
   if (!s.ok()) {
@@ -154,6 +160,8 @@ void WorkerPool::Check(Worker& w) {
   {
     absl::MutexLock lock(&mu_);
     w.load = load;
+    w.inflight_at_report = inflight_before;
+    w.assigned_blocks_at_report = blocks_before;
     if (load.worker_id() != w.worker_id) {
       // Another process answers at this address (restart with a new id): verify again.
       w.verified = false;
@@ -208,6 +216,9 @@ std::vector<WorkerSnapshot> WorkerPool::Snapshot() const {
     s.healthy = w->healthy;
     s.load = w->load;
     s.inflight = w->inflight.load();
+    s.assigned_blocks = w->assigned_blocks.load();
+    s.inflight_at_report = w->inflight_at_report;
+    s.assigned_blocks_at_report = w->assigned_blocks_at_report;
     s.last_error = w->last_error;
     out.push_back(std::move(s));
   }
@@ -222,7 +233,10 @@ void WorkerPool::MarkFailed(int index, const absl::Status& why) {
   SetHealthy(*workers_[index], false, std::string(why.message()));
 }
 
-void WorkerPool::AddInflight(int index, int64_t delta) { workers_[index]->inflight += delta; }
+void WorkerPool::AddInflight(int index, int64_t delta, int64_t blocks) {
+  workers_[index]->inflight += delta;
+  workers_[index]->assigned_blocks += delta * blocks;
+}
 
 bool WorkerPool::WaitForDecodeWorker(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);

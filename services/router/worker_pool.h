@@ -42,6 +42,12 @@ struct WorkerSnapshot {
   bool healthy = false;
   pdserve::internal::v1::WorkerLoad load;
   int64_t inflight = 0;  // streams this router has open on it
+  int64_t assigned_blocks = 0;  // prompt KV blocks of those streams (Placement::new_blocks)
+  // `inflight` and `assigned_blocks` when `load` was requested: what this router had placed
+  // that the report may already count. Placement corrects the (stale) report by the change
+  // since, so a stream that ended after the report stops weighing on the worker at once.
+  int64_t inflight_at_report = 0;
+  int64_t assigned_blocks_at_report = 0;
   std::string last_error;
 };
 
@@ -66,7 +72,8 @@ class WorkerPool {
 
   // A call to the worker failed with UNAVAILABLE: out of the pool until it answers again.
   void MarkFailed(int index, const absl::Status& why);
-  void AddInflight(int index, int64_t delta);
+  // A stream opened (delta 1) or closed (-1) on the worker, with `blocks` new KV blocks.
+  void AddInflight(int index, int64_t delta, int64_t blocks = 0);
 
   // Blocks until at least one decode-capable worker is healthy or `timeout` passes.
   bool WaitForDecodeWorker(absl::Duration timeout) const;

@@ -20,7 +20,18 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   WorkerContext& ctx = s->ctx_;
   ctx.config = config;
   PD_ASSIGN_OR_RETURN(ctx.metrics, WorkerMetrics::Register(metrics));
-  PD_ASSIGN_OR_RETURN(s->runtime_, engine::ModelRuntime::Create(config.runtime));
+  // The publisher must exist before the runtime (it is the pool's listener), but the worker id
+  // defaults to the gRPC address as bound, known only once the server is up (port 0 picks it):
+  // it starts with --worker_id, possibly empty, and gets the final id right after the bind.
+  // Until then it refuses subscribers with UNAVAILABLE. Events are stamped with the id when
+  // written to a stream, so none goes out under another id.
+  kv_events::KvEventPublisherConfig events;
+  events.worker_id = config.worker_id;
+  events.block_size = config.runtime.block_size;
+  PD_ASSIGN_OR_RETURN(s->kv_events_, kv_events::KvEventPublisher::Create(events));
+  engine::ModelRuntimeConfig runtime_config = config.runtime;
+  runtime_config.kv_listener = s->kv_events_.get();
+  PD_ASSIGN_OR_RETURN(s->runtime_, engine::ModelRuntime::Create(runtime_config));
   ctx.runtime = s->runtime_.get();
   ctx.layout = LayoutToProto(s->runtime_->kv_layout(), s->runtime_->fingerprint());
 
@@ -57,6 +68,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   if (config.role != WorkerRole::kDecode) {
     builder.RegisterService(s->prefill_.get());
   }
+  builder.RegisterService(s->kv_events_.get());  // every role holds KV blocks
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
@@ -64,6 +76,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   ctx.grpc_address = services::HostPort{config.grpc_address.host, s->port_}.ToString();
   ctx.worker_id = config.worker_id.empty() ? ctx.grpc_address : config.worker_id;
+  s->kv_events_->SetWorkerId(ctx.worker_id);
   if (config.node_name.empty()) {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
@@ -72,7 +85,16 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     ctx.node_name = config.node_name;
   }
   engine::EngineLoop* loop = s->loop_.get();
-  s->collector_ = metrics->AddCollector([loop](metrics::CollectorSink& sink) {
+  kv_events::KvEventPublisher* publisher = s->kv_events_.get();
+  s->collector_ = metrics->AddCollector([loop, publisher](metrics::CollectorSink& sink) {
+    const kv_events::KvEventPublisherStats ev = publisher->Stats();
+    sink.AddCounter("pd_worker_kv_events_total", "KV events published (stored, removed, cleared)",
+                    static_cast<double>(ev.events_published));
+    sink.AddGauge("pd_worker_kv_event_subscribers", "Open KV event streams (routers)",
+                  static_cast<double>(ev.subscribers));
+    sink.AddCounter("pd_worker_kv_event_snapshots_total",
+                    "KV event streams that started with a snapshot instead of a replay",
+                    static_cast<double>(ev.snapshots_sent));
     const engine::SchedulerStats st = loop->Stats();
     sink.AddGauge("pd_worker_requests_waiting", "Requests queued for admission", st.waiting);
     sink.AddGauge("pd_worker_requests_running", "Requests in the running set", st.running);
@@ -123,6 +145,10 @@ std::string WorkerServer::Describe() const {
 }
 
 void WorkerServer::Drain(absl::Duration timeout) {
+  if (kv_events_ != nullptr) {
+    // First: its streams never end by themselves, and Server::Shutdown would wait for them.
+    kv_events_->Shutdown();
+  }
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));

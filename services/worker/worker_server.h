@@ -13,6 +13,7 @@
 #include "engine/disagg/kv_handoff.h"
 #include "engine/runtime/engine_loop.h"
 #include "engine/runtime/model_runtime.h"
+#include "services/kv_events/kv_event_publisher.h"
 #include "services/worker/worker_config.h"
 #include "services/worker/worker_services.h"
 
@@ -37,8 +38,9 @@ class WorkerServer {
   // One line for the startup log.
   std::string Describe() const;
 
-  // NOT_SERVING on health, stop accepting calls, wait up to `timeout` for in-flight calls (the
-  // engine keeps running them), cancel the rest, then stop the engine. Idempotent.
+  // End the KV event streams (UNAVAILABLE: routers resubscribe elsewhere or later), NOT_SERVING
+  // on health, stop accepting calls, wait up to `timeout` for in-flight calls (the engine keeps
+  // running them), cancel the rest, then stop the engine. Idempotent.
   void Drain(absl::Duration timeout);
 
  private:
@@ -48,6 +50,8 @@ class WorkerServer {
   int port_ = 0;
   metrics::Registry* registry_ = nullptr;
   metrics::CollectorId collector_;
+  // Declared before the runtime (its listener) and the server (its service): outlives both.
+  std::unique_ptr<kv_events::KvEventPublisher> kv_events_;
   std::unique_ptr<engine::ModelRuntime> runtime_;
   std::unique_ptr<engine::EngineLoop> loop_;
   std::unique_ptr<disagg::KvHandoff> handoff_;

@@ -84,7 +84,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);
-      queue_.push_back(std::move(msg));
+      if (!broken_) {
+        // Once the client is gone nothing more is written; queueing would keep the final
+        // status from ever being returned (MaybeWriteLocked finishes on an empty queue).
+        queue_.push_back(std::move(msg));
+      }
       if (last) {
         final_queued_ = true;
         final_status_ = out.status;

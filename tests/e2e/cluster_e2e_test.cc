@@ -541,19 +541,6 @@ class StreamBatch {
   int done_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-int64_t RssKiB(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (absl::StartsWith(line, "VmRSS:")) {
-      int64_t kib = 0;
-      (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(6, line.size() - 9)), &kib);
-      return kib;
-    }
-  }
-  return -1;
-}
-
 TEST_F(ClusterE2eTest, ThousandConcurrentStreamsCompleteOrAreRejectedAndNoneHang) {
   Cluster c(Dir(), 1, 1, "round_robin", {"--max_running=32", "--max_batch_tokens=256"},
             {"--max_inflight=400"});
@@ -578,6 +565,51 @@ TEST_F(ClusterE2eTest, ThousandConcurrentStreamsCompleteOrAreRejectedAndNoneHang
   const double after = heap();
   ASSERT_GT(baseline, 0);
   EXPECT_LT(after - baseline, 1 << 20) << "router heap " << baseline << " -> " << after;
+}
+
+// Requests that worker `i` finished with OK, from its metrics.
+double DecodeOk(Cluster& c, int i) {
+  return std::max(0.0, Metric(c.WorkerMetrics(i),
+                              "pd_worker_requests_total{rpc=\"Decode.Generate\",code=\"OK\"}"));
+}
+
+TEST_F(ClusterE2eTest, CacheAwarePlacementFollowsThePrefixAndBalancesDistinctOnes) {
+  Reference ref;
+  Cluster c(Dir(), 2, 2, "cache_aware");
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  // Workers 0, 1 prefill; 2, 3 decode.
+  const std::string prefix =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day, she saw a big red ball under a tree and";
+  Generated a = c.GenerateText(prefix + " ran to get it.", 8);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message() << c.Logs();
+  const int holder = DecodeOk(c, 2) == 1 ? 2 : 3;
+  ASSERT_EQ(DecodeOk(c, holder), 1);
+  // The router learns where the prefix lives from the decode worker's KV events.
+  ASSERT_TRUE(Eventually([&] {
+    return Metric(c.RouterMetrics(), "pd_router_index_blocks") > 0;
+  })) << c.RouterMetrics();
+  for (int i = 0; i < 3; ++i) {
+    Generated b = c.GenerateText(prefix + " asked her mom.", 8);
+    ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+    EXPECT_GT(b.last.usage().cached_tokens(), 0u);
+    EXPECT_EQ(b.tokens, ref.Greedy(prefix + " asked her mom.", 8).first);
+  }
+  EXPECT_EQ(DecodeOk(c, holder), 4) << "requests sharing the prefix left the worker holding it";
+  EXPECT_THAT(c.RouterMetrics(), HasSubstr("reason=\"cache_hit\""));
+
+  // Many distinct prefixes: the load spreads.
+  const double before2 = DecodeOk(c, 2), before3 = DecodeOk(c, 3);
+  for (int i = 0; i < 40; ++i) {
+    pdserve::v1::GenerateRequest req;
+    for (int t = 0; t < 40; ++t) req.mutable_token_ids()->add_ids(3 + (i * 131 + t * 17) % 500);
+    req.mutable_sampling()->set_max_tokens(4);
+    Generated g = c.Generate(req);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  }
+  const double n2 = DecodeOk(c, 2) - before2, n3 = DecodeOk(c, 3) - before3;
+  EXPECT_EQ(n2 + n3, 40);
+  EXPECT_LE(std::max(n2, n3) / 20.0, 1.25) << n2 << " vs " << n3;
 }
 
 }  // namespace

@@ -52,6 +52,9 @@ class RouterE2eTest : public ::testing::Test {
     if (with_model_) {
       args.insert(args.begin(), {kModelFlag, kTokenizerFlag, "--decode_workers=127.0.0.1:1"});
     }
+    // Ephemeral ports unless the case sets them (later flags win): the default ports may be
+    // taken by a local cluster running on this machine.
+    args.insert(args.begin(), {"--grpc_address=127.0.0.1:0", "--metrics_address=127.0.0.1:0"});
     args.insert(args.begin(), kRouter);
     absl::StatusOr<Subprocess> p =
         Subprocess::Spawn(args, dir_->File(absl::StrCat("fail", ++runs_, ".log")));
@@ -79,6 +82,7 @@ TEST_F(RouterE2eTest, BadConfigurationIsOneLineAndNonZeroExit) {
                      "--model: model '/no/such/model' does not exist");
   with_model_ = true;
   ExpectStartupError({"--policy=best"}, "--policy must be");
+  ExpectStartupError({"--dram_hit_weight=2"}, "--dram_hit_weight must be in [0, 1], got 2");
   ExpectStartupError({"--no_such_flag"}, "no_such_flag");
   ExpectStartupError({"--block_size=abc"}, "block_size");
   ExpectStartupError({"--block_size=0"}, "--block_size must be in [1, 1024], got 0");

@@ -1,0 +1,373 @@
+#include "services/router/worker_scorer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kBlockSize = 16;
+
+WorkerCandidate Worker(std::string id, bool prefill, bool decode) {
+  WorkerCandidate c;
+  c.worker_id = id;
+  c.address = absl::StrCat(id, ":1");
+  c.healthy = true;
+  c.can_prefill = prefill;
+  c.can_decode = decode;
+  c.free_kv_blocks = 10'000;
+  c.total_kv_blocks = 10'000;
+  return c;
+}
+
+std::vector<WorkerCandidate> Workers(int n, bool prefill = false, bool decode = true) {
+  std::vector<WorkerCandidate> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(Worker(absl::StrCat("w", i), prefill, decode));
+  }
+  return out;
+}
+
+std::unique_ptr<WorkerScorer> NewScorer(ScorerConfig config = {}) {
+  absl::StatusOr<std::unique_ptr<WorkerScorer>> scorer = WorkerScorer::Create(config);
+  EXPECT_TRUE(scorer.ok()) << scorer.status();
+  return *std::move(scorer);
+}
+
+RoutingDecision MustChoose(WorkerScorer& scorer, const std::vector<WorkerCandidate>& workers,
+                           const std::vector<WorkerOverlap>& overlaps, int64_t prompt_tokens) {
+  absl::StatusOr<RoutingDecision> d = scorer.Choose(workers, overlaps, prompt_tokens, kBlockSize);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *d : RoutingDecision{};
+}
+
+TEST(ScorerConfigTest, ParsePolicy) {
+  EXPECT_EQ(*ParsePolicy("cache_aware"), ScorerPolicy::kCacheAware);
+  EXPECT_EQ(*ParsePolicy("round_robin"), ScorerPolicy::kRoundRobin);
+  EXPECT_EQ(*ParsePolicy("random"), ScorerPolicy::kRandom);
+  for (ScorerPolicy p :
+       {ScorerPolicy::kCacheAware, ScorerPolicy::kRoundRobin, ScorerPolicy::kRandom}) {
+    EXPECT_EQ(*ParsePolicy(PolicyName(p)), p);
+  }
+  absl::StatusOr<ScorerPolicy> bad = ParsePolicy("least_loaded");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("least_loaded"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("cache_aware, round_robin, random"));
+}
+
+TEST(ScorerConfigTest, ValidateNamesTheField) {
+  EXPECT_TRUE(ScorerConfig{}.Validate().ok());
+  struct Case {
+    std::string field;
+    void (*mutate)(ScorerConfig&);
+  };
+  const Case cases[] = {
+      {"prefill_weight", [](ScorerConfig& c) { c.prefill_weight = -1; }},
+      {"dram_hit_weight", [](ScorerConfig& c) { c.dram_hit_weight = 1.5; }},
+      {"nvme_hit_weight", [](ScorerConfig& c) { c.nvme_hit_weight = -0.1; }},
+      {"decode_load_weight", [](ScorerConfig& c) { c.decode_load_weight = std::nan(""); }},
+      {"inflight_weight", [](ScorerConfig& c) { c.inflight_weight = -3; }},
+      {"disagg_threshold_tokens", [](ScorerConfig& c) { c.disagg_threshold_tokens = -1; }},
+      {"policy", [](ScorerConfig& c) { c.policy = static_cast<ScorerPolicy>(42); }},
+  };
+  for (const Case& c : cases) {
+    ScorerConfig config;
+    c.mutate(config);
+    absl::Status status = config.Validate();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(status.message(), HasSubstr(c.field));
+    EXPECT_FALSE(WorkerScorer::Create(config).ok());
+  }
+}
+
+TEST(WorkerScorerTest, ErrorsForNoDecodeWorkerAndBadSizes) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(2);
+  workers[0].healthy = false;
+  workers[1].can_decode = false;
+  absl::StatusOr<RoutingDecision> d = scorer->Choose(workers, {}, 100, kBlockSize);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(scorer->Choose({}, {}, 100, kBlockSize).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(scorer->Choose(Workers(1), {}, 0, kBlockSize).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scorer->Choose(Workers(1), {}, 10, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WorkerScorerTest, PrefersTheWorkerHoldingThePrefix) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(3);
+  std::vector<WorkerOverlap> overlaps = {{"w1", 3, 0, 0}, {"w2", 6, 0, 0}};
+  for (int i = 0; i < 10; ++i) {
+    RoutingDecision d = MustChoose(*scorer, workers, overlaps, 8 * kBlockSize);
+    EXPECT_EQ(d.decode_index, 2);
+    EXPECT_EQ(d.decode_overlap_blocks, 6);
+    EXPECT_EQ(d.reason, "cache_hit");
+    EXPECT_EQ(d.prefill_index, -1);
+    EXPECT_EQ(d.prefill_reason, "no_prefill_worker");
+  }
+}
+
+TEST(WorkerScorerTest, HbmHitBeatsDramHitBeatsNvmeHit) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(3);
+  std::vector<WorkerOverlap> overlaps = {{"w0", 0, 0, 8}, {"w1", 0, 8, 0}, {"w2", 8, 0, 0}};
+  EXPECT_EQ(MustChoose(*scorer, workers, overlaps, 8 * kBlockSize).decode_index, 2);
+  overlaps.pop_back();
+  EXPECT_EQ(MustChoose(*scorer, workers, overlaps, 8 * kBlockSize).decode_index, 1);
+  overlaps.pop_back();
+  EXPECT_EQ(MustChoose(*scorer, workers, overlaps, 8 * kBlockSize).decode_index, 0);
+}
+
+TEST(WorkerScorerTest, LoadOutweighsASmallCacheHit) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(2);
+  workers[0].active_kv_blocks = 1000;
+  RoutingDecision d = MustChoose(*scorer, workers, {{"w0", 4, 0, 0}}, 8 * kBlockSize);
+  EXPECT_EQ(d.decode_index, 1);
+  EXPECT_EQ(d.reason, "load");
+  EXPECT_EQ(d.decode_overlap_blocks, 0);
+}
+
+TEST(WorkerScorerTest, UnhealthyAndNonDecodeWorkersAreSkipped) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].healthy = false;
+  workers[1].can_decode = false;
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(MustChoose(*scorer, workers, {{"w0", 8, 0, 0}, {"w1", 8, 0, 0}}, 128).decode_index,
+              2);
+  }
+}
+
+TEST(WorkerScorerTest, AWorkerThatDoesNotFitIsChosenLast) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(2);
+  workers[0].free_kv_blocks = 2;  // the prompt needs 8 new blocks
+  RoutingDecision d = MustChoose(*scorer, workers, {{"w0", 0, 0, 0}}, 8 * kBlockSize);
+  EXPECT_EQ(d.decode_index, 1);
+  // With its cache hits it needs only 2 new blocks and fits again.
+  d = MustChoose(*scorer, workers, {{"w0", 6, 0, 0}}, 8 * kBlockSize);
+  EXPECT_EQ(d.decode_index, 0);
+}
+
+TEST(WorkerScorerTest, DisaggregatesAboveTheThresholdOnly) {
+  ScorerConfig config;
+  config.disagg_threshold_tokens = 64;
+  auto scorer = NewScorer(config);
+  std::vector<WorkerCandidate> workers = {Worker("d", false, true), Worker("p0", true, false),
+                                          Worker("p1", true, false)};
+  workers[1].queued_prefill_tokens = 4096;  // p0 is busy
+  // 200 tokens, none cached: prefill on p1.
+  RoutingDecision d = MustChoose(*scorer, workers, {}, 200);
+  EXPECT_EQ(d.decode_index, 0);
+  EXPECT_EQ(d.prefill_index, 2);
+  EXPECT_EQ(d.prefill_reason, "remote_prefill");
+  // 200 tokens, 10 blocks (160 tokens) cached on d: 40 uncached < 64, d prefills.
+  d = MustChoose(*scorer, workers, {{"d", 8, 2, 0}}, 200);
+  EXPECT_EQ(d.prefill_index, -1);
+  EXPECT_EQ(d.prefill_reason, "below_disagg_threshold");
+  EXPECT_EQ(d.decode_overlap_blocks, 10);
+  // Threshold 0: always disaggregate, even a one-token prompt.
+  config.disagg_threshold_tokens = 0;
+  scorer = NewScorer(config);
+  d = MustChoose(*scorer, workers, {{"d", 8, 2, 0}}, 1);
+  EXPECT_EQ(d.prefill_index, 2);
+}
+
+TEST(WorkerScorerTest, PrefillWorkerIsChosenByItsCacheAndQueue) {
+  ScorerConfig config;
+  config.disagg_threshold_tokens = 0;
+  auto scorer = NewScorer(config);
+  std::vector<WorkerCandidate> workers = {Worker("d", false, true), Worker("p0", true, false),
+                                          Worker("p1", true, false)};
+  RoutingDecision d = MustChoose(*scorer, workers, {{"p1", 20, 0, 0}}, 32 * kBlockSize);
+  EXPECT_EQ(d.prefill_index, 2);
+  EXPECT_EQ(d.prefill_overlap_blocks, 20);
+  // A long prefill queue on p1 outweighs its 20 cached blocks.
+  workers[2].queued_prefill_tokens = 40 * kBlockSize;
+  d = MustChoose(*scorer, workers, {{"p1", 20, 0, 0}}, 32 * kBlockSize);
+  EXPECT_EQ(d.prefill_index, 1);
+  EXPECT_EQ(d.prefill_overlap_blocks, 0);
+}
+
+TEST(WorkerScorerTest, ABothWorkerNeverPrefillsForItself) {
+  ScorerConfig config;
+  config.disagg_threshold_tokens = 0;
+  auto scorer = NewScorer(config);
+  // One aggregated worker alone: local prefill.
+  std::vector<WorkerCandidate> workers = {Worker("both", true, true)};
+  RoutingDecision d = MustChoose(*scorer, workers, {}, 512);
+  EXPECT_EQ(d.decode_index, 0);
+  EXPECT_EQ(d.prefill_index, -1);
+  EXPECT_EQ(d.prefill_reason, "no_prefill_worker");
+  // Two: each decodes and the other prefills.
+  workers.push_back(Worker("both2", true, true));
+  d = MustChoose(*scorer, workers, {{"both", 10, 0, 0}}, 512);
+  EXPECT_EQ(d.decode_index, 0);
+  EXPECT_EQ(d.prefill_index, 1);
+}
+
+TEST(WorkerScorerTest, RoundRobinCyclesThroughHealthyDecodeWorkers) {
+  ScorerConfig config;
+  config.policy = ScorerPolicy::kRoundRobin;
+  config.disagg_threshold_tokens = 0;
+  auto scorer = NewScorer(config);
+  std::vector<WorkerCandidate> workers = {Worker("d0", false, true), Worker("p0", true, false),
+                                          Worker("d1", false, true), Worker("p1", true, false),
+                                          Worker("d2", false, true)};
+  workers[4].healthy = false;
+  std::vector<int> decode, prefill;
+  for (int i = 0; i < 4; ++i) {
+    RoutingDecision d = MustChoose(*scorer, workers, {{"d1", 100, 0, 0}}, 64);
+    EXPECT_EQ(d.reason, "round_robin");
+    decode.push_back(d.decode_index);
+    prefill.push_back(d.prefill_index);
+  }
+  EXPECT_EQ(decode, (std::vector<int>{0, 2, 0, 2}));
+  EXPECT_EQ(prefill, (std::vector<int>{1, 3, 1, 3}));
+}
+
+TEST(WorkerScorerTest, RandomSpreadsOverHealthyDecodeWorkers) {
+  ScorerConfig config;
+  config.policy = ScorerPolicy::kRandom;
+  auto scorer = NewScorer(config);
+  std::vector<WorkerCandidate> workers = Workers(4);
+  workers[3].healthy = false;
+  std::vector<int> count(4, 0);
+  for (int i = 0; i < 3000; ++i) {
+    RoutingDecision d = MustChoose(*scorer, workers, {}, 64);
+    EXPECT_EQ(d.reason, "random");
+    ++count[d.decode_index];
+  }
+  EXPECT_EQ(count[3], 0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_GT(count[i], 800) << i;
+  }
+}
+
+TEST(WorkerScorerTest, DistinctPrefixesSpreadEvenlyWithInflightFeedback) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(4);
+  absl::BitGen rng;
+  std::vector<int64_t> assigned(4, 0);
+  std::vector<std::vector<int>> running(4);  // remaining lifetimes of in-flight requests
+  for (int request = 0; request < 10'000; ++request) {
+    // Requests finish after a random number of further arrivals.
+    for (int w = 0; w < 4; ++w) {
+      auto& r = running[w];
+      for (int& left : r) {
+        --left;
+      }
+      r.erase(std::remove_if(r.begin(), r.end(), [](int left) { return left <= 0; }), r.end());
+      workers[w].inflight_assigned = static_cast<int64_t>(r.size());
+    }
+    // Distinct chains: nobody holds anything, so the index reports no overlap.
+    const int64_t prompt_tokens = absl::Uniform<int64_t>(rng, 16, 4096);
+    RoutingDecision d = MustChoose(*scorer, workers, {}, prompt_tokens);
+    ++assigned[d.decode_index];
+    running[d.decode_index].push_back(absl::Uniform(rng, 1, 40));
+  }
+  const double mean = 10'000 / 4.0;
+  const double max = static_cast<double>(*std::max_element(assigned.begin(), assigned.end()));
+  EXPECT_LE(max / mean, 1.1) << assigned[0] << " " << assigned[1] << " " << assigned[2] << " "
+                             << assigned[3];
+}
+
+TEST(WorkerScorerTest, EqualScoresRotateWithoutLoadFeedback) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(4);
+  std::vector<int> count(4, 0);
+  for (int i = 0; i < 400; ++i) {
+    ++count[MustChoose(*scorer, workers, {}, 256).decode_index];
+  }
+  EXPECT_EQ(count, (std::vector<int>{100, 100, 100, 100}));
+}
+
+// One hot prefix (e.g. a shared system prompt), requests arriving faster than they finish, and
+// the real index fed with the KV events a worker would publish after prefilling it: the first
+// holder attracts the prefix until its load outweighs the hit, then other workers take it (and
+// cache it), so no single worker gets everything.
+TEST(WorkerScorerTest, HotPrefixSpillsOverWhenItsHolderGetsLoaded) {
+  auto scorer = NewScorer();
+  absl::StatusOr<std::unique_ptr<KvIndex>> index = KvIndex::Create({});
+  ASSERT_TRUE(index.ok());
+  std::vector<WorkerCandidate> workers = Workers(4);
+  std::vector<BlockHash> chain;
+  for (uint64_t i = 0; i < 64; ++i) {
+    chain.push_back(BlockHash{42, i});
+  }
+  std::string chain_bytes;
+  for (const BlockHash& h : chain) {
+    chain_bytes += h.ToBytes();
+  }
+  std::vector<int> assigned(4, 0);
+  int cache_hits = 0;
+  for (int request = 0; request < 400; ++request) {
+    RoutingDecision d = MustChoose(*scorer, workers, (*index)->Match(chain), 64 * kBlockSize + 5);
+    ++assigned[d.decode_index];
+    cache_hits += d.reason == "cache_hit";
+    WorkerCandidate& w = workers[d.decode_index];
+    ++w.inflight_assigned;
+    w.active_kv_blocks += 65 - d.decode_overlap_blocks;
+    pdserve::internal::v1::KvEventBatch batch;
+    auto* stored = batch.add_events()->mutable_stored();
+    stored->set_block_hashes(chain_bytes);
+    stored->set_tier(pdserve::internal::v1::TIER_HBM);
+    ASSERT_TRUE((*index)->Apply(w.worker_id, batch).ok());
+  }
+  // The prefix got cached by every worker, and then load decided.
+  EXPECT_EQ((*index)->Match(chain).size(), 4u);
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_GT(assigned[w], 40) << w;
+    EXPECT_LT(assigned[w], 160) << w;
+  }
+  EXPECT_GT(cache_hits, 0);
+}
+
+TEST(WorkerScorerTest, ConcurrentChoose) {
+  for (ScorerPolicy policy :
+       {ScorerPolicy::kCacheAware, ScorerPolicy::kRoundRobin, ScorerPolicy::kRandom}) {
+    ScorerConfig config;
+    config.policy = policy;
+    config.disagg_threshold_tokens = 0;
+    auto scorer = NewScorer(config);
+    std::vector<WorkerCandidate> workers = Workers(4, /*prefill=*/true);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < 500; ++i) {
+          absl::StatusOr<RoutingDecision> d =
+              scorer->Choose(workers, {{"w1", 3, 1, 0}}, 300, kBlockSize);
+          ASSERT_TRUE(d.ok());
+          ASSERT_NE(d->decode_index, d->prefill_index);
+        }
+      });
+    }
+    for (std::thread& t : threads) {
+      t.join();
+    }
+  }
+}
+
+TEST(WorkerScorerTest, OverlapsAreClampedToThePrompt) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(1);
+  // A chain longer than the prompt's full blocks (caller passed a longer chain): clamped to 4.
+  RoutingDecision d = MustChoose(*scorer, workers, {{"w0", 3, 5, 2}, {"ghost", 9, 0, 0}}, 70);
+  EXPECT_EQ(d.decode_overlap_blocks, 4);
+}
+
+}  // namespace
+}  // namespace pd::router
