@@ -76,6 +76,9 @@ absl::StatusOr<ModelConfig> ParseHeader(const MappedFile& file) {
   c.shared_classifier = h[5] > 0;
   c.vocab_size = h[5] > 0 ? h[5] : -h[5];
   c.seq_len = h[6];
+  // run.c ends a generation when the model samples BOS: these models end a story by starting
+  // the next one. EOS (2) stays the primary id.
+  c.eos_ids = {2, 1};
   auto invalid = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": invalid llama2.c header (", DescribeHeader(c), "): ", why));

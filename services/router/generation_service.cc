@@ -65,6 +65,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       absl::MutexLock lock(&mu_);
       writing_ = false;
       if (!ok) {
+        cancelled_by_client_ = true;
         client_.TryCancel();  // the client is gone: stop the worker
       } else if (!upstream_done_) {
         upstream_.StartRead(&in_);
@@ -75,7 +76,13 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     if (finish.has_value()) Finish(*finish);
   }
 
-  void OnCancel() override { client_.TryCancel(); }
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_by_client_ = true;
+    }
+    client_.TryCancel();
+  }
 
   void OnDone() override {
     service_->EndStream();
@@ -95,7 +102,16 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
 
   void OnUpstreamRead(bool ok) {
     if (!ok) {
-      return;  // end of stream: OnDone follows with the status
+      // End of stream: OnDone follows with the status. Before the final message it may also
+      // be a message that failed to parse; gRPC then delivers the status only after every
+      // remaining message was read, which never happens: cancel so OnDone comes.
+      bool cancel = false;
+      {
+        absl::MutexLock lock(&mu_);
+        cancel = read_failed_ = !got_final_;
+      }
+      if (cancel) client_.TryCancel();
+      return;
     }
     absl::MutexLock lock(&mu_);
     out_.Clear();
@@ -145,6 +161,11 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       absl::MutexLock lock(&mu_);
       upstream_done_ = true;
       status_ = status;
+      if (read_failed_ && status.error_code() == grpc::StatusCode::CANCELLED &&
+          !cancelled_by_client_) {
+        status_ = grpc::Status(grpc::StatusCode::INTERNAL,
+                               "decode worker sent a message the router cannot read");
+      }
       finish = MaybeFinishLocked();
     }
     if (finish.has_value()) Finish(*finish);
@@ -208,6 +229,8 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool first_ ABSL_GUARDED_BY(mu_) = true;
   bool got_final_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_by_client_ ABSL_GUARDED_BY(mu_) = false;
   int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time first_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

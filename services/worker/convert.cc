@@ -118,4 +118,69 @@ std::string HashesToBytes(absl::Span<const BlockHash> hashes) {
   return out;
 }
 
+namespace {
+
+// Length of the well-formed UTF-8 character starting at s[i], or 0 when the bytes there are
+// ill-formed; `*bad` is then the length of the maximal ill-formed subsequence (>= 1).
+size_t Utf8CharLength(absl::string_view s, size_t i, size_t* bad) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  *bad = 1;
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;  // no overlong forms
+    if (c == 0xED) hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
+  } else {
+    return 0;
+  }
+  for (size_t k = 1; k < n; ++k) {
+    if (i + k >= s.size()) {
+      *bad = k;
+      return 0;
+    }
+    const unsigned char x = b(i + k);
+    if (k == 1 ? (x < lo || x > hi) : (x < 0x80 || x > 0xBF)) {
+      *bad = k;
+      return 0;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string ToValidUtf8(std::string text) {
+  size_t i = 0;
+  size_t bad = 0;
+  while (i < text.size()) {  // fast path: most text is valid
+    const size_t n = Utf8CharLength(text, i, &bad);
+    if (n == 0) break;
+    i += n;
+  }
+  if (i == text.size()) {
+    return text;
+  }
+  std::string out = text.substr(0, i);
+  while (i < text.size()) {
+    const size_t n = Utf8CharLength(text, i, &bad);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      i += bad;
+    } else {
+      out.append(text, i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
 }  // namespace pd::worker

@@ -33,6 +33,12 @@ absl::Status CheckLayout(const pdserve::internal::v1::KvLayout& mine,
                          const pdserve::internal::v1::KvLayout& theirs, absl::string_view mine_name,
                          absl::string_view theirs_name);
 
+// `text` with every byte that is not part of a well-formed UTF-8 character replaced by U+FFFD
+// (one per maximal ill-formed subsequence, as Unicode recommends), so that it fits a proto
+// `string` field: the detokenizer passes bytes through when a model's tokens do not form
+// UTF-8, and a string field holding them fails to parse on the receiving side.
+std::string ToValidUtf8(std::string text);
+
 // 16 bytes per hash, in order (BlockHash::ToBytes).
 std::string HashesToBytes(absl::Span<const BlockHash> hashes);
 

@@ -63,7 +63,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
   void OnEngineOutput(engine::GenerationOutput out) {
     iv1::DecodeResponse msg;
     msg.mutable_token_ids()->Add(out.new_tokens.begin(), out.new_tokens.end());
-    msg.set_text(std::move(out.text));
+    msg.set_text(ToValidUtf8(std::move(out.text)));
     const bool last = out.finish_reason != engine::FinishReason::kNone;
     if (last) {
       msg.set_finish_reason(FinishReasonToProto(out.finish_reason));

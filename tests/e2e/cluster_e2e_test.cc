@@ -585,9 +585,13 @@ TEST_F(ClusterE2eTest, CacheAwarePlacementFollowsThePrefixAndBalancesDistinctOne
   ASSERT_TRUE(a.status.ok()) << a.status.error_message() << c.Logs();
   const int holder = DecodeOk(c, 2) == 1 ? 2 : 3;
   ASSERT_EQ(DecodeOk(c, holder), 1);
-  // The router learns where the prefix lives from the decode worker's KV events.
+  // The router learns where the prefix lives from the workers' KV events: the prefill worker
+  // and the decode worker both hold the prompt's full blocks (decode also the blocks its output
+  // filled), so only once both streams have delivered them do blocks have two entries.
   ASSERT_TRUE(Eventually([&] {
-    return Metric(c.RouterMetrics(), "pd_router_index_blocks") > 0;
+    const std::string m = c.RouterMetrics();
+    const double blocks = Metric(m, "pd_router_index_blocks");
+    return blocks > 0 && Metric(m, "pd_router_index_entries") > blocks;
   })) << c.RouterMetrics();
   for (int i = 0; i < 3; ++i) {
     Generated b = c.GenerateText(prefix + " asked her mom.", 8);
