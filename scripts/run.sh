@@ -1,84 +1,83 @@
 #!/usr/bin/env bash
-# Set up, build, start the local cluster on loopback and stream a sample generation.
+# Set up, build, start the local cluster on loopback (deploy/local/pd-local) and stream a sample
+# generation with pd-client; then keep the cluster running until Ctrl-C.
 #
-# Today the cluster is redis-server + pd-router; workers, the engine forward pass and the
-# disaggregated path arrive with issues #3 and #5, and this script then streams a generation.
-# Until then it starts what exists, checks it end to end, says what is missing, and stops
-# everything (or keeps it running with --serve until Ctrl-C).
+# Environment: what scripts/setup.sh reads (PD_BUILD_DIR, PD_BUILD_TYPE, PD_CMAKE_ARGS, CI), and
+#   PD_RUN_ONESHOT=1   stop the cluster after the sample and exit with pd-client's status (CI).
+# Arguments are passed to deploy/local/pd-local, e.g. scripts/run.sh --aggregated, --model DIR.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
-serve=0
 for arg in "$@"; do
   case "$arg" in
-    --serve) serve=1 ;;
     -h|--help)
-      echo "usage: scripts/run.sh [--serve]   (--serve: keep the cluster up until Ctrl-C)"
+      cat <<'EOF'
+usage: scripts/run.sh [pd-local options]
+Sets up and builds (scripts/setup.sh), starts deploy/local/pd-local in the background, streams
+a sample generation with pd-client, and keeps the cluster running until Ctrl-C.
+PD_RUN_ONESHOT=1: stop after the sample and exit with pd-client's status.
+pd-local options (deploy/local/pd-local --help): --prefill N --decode M --aggregated
+--model PATH --tokenizer PATH --port P --run_dir DIR --worker_arg ARG --router_arg ARG ...
+EOF
       exit 0 ;;
-    *) echo "scripts/run.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
 
 pd_setup
 
-run_dir="$(mktemp -d "${TMPDIR:-/tmp}/pdserve-local-XXXXXX")"
-pids=()
-cleanup() {
-  local pid
-  for pid in "${pids[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${pids[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  pd_log "stopped; logs in $run_dir"
+client="$PD_BUILD_DIR/services/client/pd-client"
+state_dir="$(mktemp -d "${TMPDIR:-/tmp}/pdserve-run-XXXXXX")"
+ready_file="$state_dir/endpoint"
+
+# pd-local runs in the background; a non-interactive shell starts it with SIGINT ignored, so it
+# is always stopped with SIGTERM (it then stops the router, the workers and redis in order).
+"$PD_ROOT/deploy/local/pd-local" --build_dir "$PD_BUILD_DIR" --ready_file "$ready_file" "$@" &
+local_pid=$!
+
+stop_cluster() {
+  if kill -0 "$local_pid" 2>/dev/null; then
+    kill -TERM "$local_pid" 2>/dev/null || true
+  fi
+  wait "$local_pid" 2>/dev/null || true
+  rm -rf "$state_dir"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap stop_cluster EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-redis_port=$(free_port)
-pd_log "starting redis-server on 127.0.0.1:$redis_port"
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$run_dir" >"$run_dir/redis.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-  redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break
-  sleep 0.05
+pd_log "waiting for the local cluster"
+while [ ! -s "$ready_file" ]; do
+  if ! kill -0 "$local_pid" 2>/dev/null; then
+    status=0
+    wait "$local_pid" || status=$?
+    pd_log "the local cluster failed to start (pd-local exit status $status; its messages are above)"
+    exit 1
+  fi
+  sleep 0.2
 done
-redis-cli -p "$redis_port" ping >/dev/null || { pd_log "redis-server did not start"; exit 1; }
+endpoint="$(cat "$ready_file")"
 
-grpc_port=$(free_port)
-metrics_port=$(free_port)
-pd_log "starting pd-router: gRPC 127.0.0.1:$grpc_port, metrics 127.0.0.1:$metrics_port"
-"$PD_BUILD_DIR/services/router/pd-router" --grpc_address="127.0.0.1:$grpc_port" \
-  --metrics_address="127.0.0.1:$metrics_port" --redis_address="127.0.0.1:$redis_port" \
-  >"$run_dir/router.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$metrics_port/healthz" >/dev/null 2>&1 && break
-  sleep 0.05
-done
-curl -sf "http://127.0.0.1:$metrics_port/healthz" >/dev/null || {
-  pd_log "pd-router did not start:"; cat "$run_dir/router.log" >&2; exit 1; }
-pd_log "pd-router is up; its metrics:"
-curl -sf "http://127.0.0.1:$metrics_port/metrics" | grep -E '^# (HELP|TYPE) pd_' | head -4 >&2
+prompt="Once upon a time"
+pd_log "sample: pd-client --router=$endpoint --max_tokens=64 --echo \"$prompt\""
+client_status=0
+"$client" --router="$endpoint" --max_tokens=64 --echo "$prompt" || client_status=$?
+
+if [ "${PD_RUN_ONESHOT:-0}" = 1 ]; then
+  pd_log "PD_RUN_ONESHOT=1: stopping the cluster"
+  trap - EXIT
+  stop_cluster
+  exit "$client_status"
+fi
 
 cat >&2 <<MSG
-
-[pdserve] What runs today: redis-server and pd-router (health, ListModels, full request
-[pdserve] validation) on loopback. Not there yet, so no sample generation is streamed:
-[pdserve]   - the engine forward pass, paged KV cache and scheduler (issue #3; the llama2.c
-[pdserve]     loader and tokenizer exist), and the pd-worker binary
-[pdserve]   - the disaggregated request path, pd-client and the local launcher (issue #5)
-[pdserve]   - KV transport (issue #4) and the tiering daemon (issue #6)
-[pdserve] Generate on pd-router answers UNIMPLEMENTED naming these issues.
+[pdserve] The local cluster keeps running on $endpoint. Send more prompts from another terminal:
+[pdserve]   $client --router=$endpoint --max-tokens 64 "Lily and Ben went to the park"
+[pdserve]   $client --router=$endpoint --json --temperature 0.8 --seed 7 "The cat sat"
+[pdserve] Ctrl-C stops it (router, then workers, then redis).
 MSG
-
-if [ "$serve" = 1 ]; then
-  pd_log "serving until Ctrl-C (gRPC 127.0.0.1:$grpc_port)"
-  wait "${pids[@]}"
-fi
+trap 'trap - EXIT; stop_cluster; exit 0' INT TERM
+status=0
+wait "$local_pid" || status=$?
+trap - EXIT
+rm -rf "$state_dir"
+exit "$status"

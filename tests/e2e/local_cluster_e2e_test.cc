@@ -1,0 +1,221 @@
+// deploy/local/pd-local and pd-client as an operator uses them: start the local cluster with
+// stories260K, stream the model README's greedy text through pd-client, stop it with SIGINT, and
+// leave no process behind. Also the usage-error and RPC-error exit codes of both tools.
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/testing/net.h"
+#include "common/testing/subprocess.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd {
+namespace {
+
+using ::pd::testing::ExitInfo;
+using ::pd::testing::Subprocess;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kPdLocal[] = PD_SOURCE_DIR "/deploy/local/pd-local";
+constexpr char kClient[] = PD_BINARY_DIR "/services/client/pd-client";
+constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
+constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
+
+// What /work/shared/models/stories260K/README.md says greedy decoding from BOS alone starts with.
+constexpr char kReadmeGreedyText[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+    "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+struct CommandResult {
+  ExitInfo exit;
+  std::string out, err;
+};
+
+// Runs `argv` to completion (bounded by `timeout`), stdout and stderr captured separately.
+CommandResult RunCommand(const std::string& dir, const std::string& name,
+                         std::vector<std::string> argv,
+                         absl::Duration timeout = absl::Seconds(30)) {
+  const std::string out = absl::StrCat(dir, "/", name, ".out");
+  const std::string err = absl::StrCat(dir, "/", name, ".err");
+  std::vector<std::string> sh = {"/bin/sh", "-c",
+                                 absl::StrCat("exec \"$0\" \"$@\" >'", out, "' 2>'", err, "'")};
+  sh.insert(sh.end(), argv.begin(), argv.end());
+  absl::StatusOr<Subprocess> p = Subprocess::Spawn(sh, absl::StrCat(dir, "/", name, ".log"));
+  CommandResult run;
+  if (!p.ok()) {
+    run.err = p.status().ToString();
+    return run;
+  }
+  absl::StatusOr<ExitInfo> exit = p->Wait(timeout);
+  if (!exit.ok()) {
+    run.err = absl::StrCat(name, " still running after ", absl::FormatDuration(timeout));
+    exit = p->Stop(absl::Seconds(1));
+  }
+  run.exit = exit.ok() ? *exit : ExitInfo{};
+  run.out = ReadFile(out);
+  run.err += ReadFile(err);
+  return run;
+}
+
+// "<name> <pid>" lines of a pd-local run dir.
+std::vector<std::pair<std::string, pid_t>> ReadPids(const std::string& run_dir) {
+  std::vector<std::pair<std::string, pid_t>> pids;
+  for (absl::string_view line : absl::StrSplit(ReadFile(run_dir + "/pids"), '\n')) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int pid = 0;
+    if (f.size() == 2 && absl::SimpleAtoi(f[1], &pid) && pid > 0) {
+      pids.emplace_back(f[0], pid);
+    }
+  }
+  return pids;
+}
+
+// True while `pid` runs one of the cluster's programs (a reused pid running something else
+// does not count).
+bool ClusterProcessAlive(pid_t pid) {
+  const std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  if (cmdline.empty() || paren == std::string::npos || stat.substr(paren + 2, 1) == "Z") {
+    return false;
+  }
+  return absl::StrContains(cmdline, "pd-router") || absl::StrContains(cmdline, "pd-worker") ||
+         absl::StrContains(cmdline, "redis-server");
+}
+
+class LocalClusterE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-local-e2e-");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_.emplace(*std::move(dir));
+  }
+  // Whatever happened, nothing of the run survives the test.
+  void TearDown() override {
+    if (!run_dir_.empty()) {
+      for (const auto& [name, pid] : ReadPids(run_dir_)) {
+        if (ClusterProcessAlive(pid)) {
+          ::kill(pid, SIGKILL);
+        }
+      }
+    }
+  }
+  std::string Dir() const { return dir_->path(); }
+
+  std::optional<pd::testing::TempDir> dir_;
+  std::string run_dir_;
+};
+
+TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
+  if (!Exists(kModel) || !Exists(kTokenizer)) {
+    GTEST_SKIP() << "stories260K not found under " << PD_SHARED_DIR;
+  }
+  run_dir_ = Dir() + "/run";
+  const std::string ready_file = Dir() + "/ready";
+  absl::StatusOr<Subprocess> cluster = Subprocess::Spawn(
+      {kPdLocal, "--build-dir", PD_BINARY_DIR, "--run_dir", run_dir_, "--ready_file", ready_file,
+       "--port=0", "--model", kModel, "--tokenizer", kTokenizer, "--prefill=1", "--decode=1",
+       "--stop_timeout=10", "--start_timeout=40"},
+      Dir() + "/pd-local.log");
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  const absl::Time deadline = absl::Now() + absl::Seconds(40);
+  while (!Exists(ready_file) && absl::Now() < deadline) {
+    std::optional<ExitInfo> ended = cluster->Poll();
+    ASSERT_FALSE(ended.has_value()) << "pd-local " << ended->ToString() << ":\n"
+                                    << cluster->LogTail(60);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(Exists(ready_file)) << cluster->LogTail(60);
+  const std::string endpoint(absl::StripAsciiWhitespace(ReadFile(ready_file)));
+  EXPECT_THAT(endpoint, StartsWith("127.0.0.1:"));
+  EXPECT_THAT(cluster->ReadLog(), HasSubstr("ready after"));
+
+  // Greedy from BOS alone, as the README's "no prompt" run; dashed flag spellings on purpose.
+  CommandResult gen = RunCommand(Dir(), "generate",
+                                 {kClient, "--router", endpoint, "--token-ids=1", "--max-tokens",
+                                  "100", "--temperature=0", "--timeout=20s"});
+  ASSERT_TRUE(gen.exit.Success()) << gen.exit.ToString() << "\n" << gen.err;
+  EXPECT_THAT(gen.out, StartsWith(kReadmeGreedyText)) << gen.out;
+  EXPECT_EQ(gen.out.back(), '\n');
+  EXPECT_THAT(gen.err, HasSubstr("prompt_tokens=1 cached_tokens=0 generated_tokens="));
+  EXPECT_THAT(gen.err, HasSubstr("finish_reason="));
+
+  CommandResult models =
+      RunCommand(Dir(), "models", {kClient, "--router=" + endpoint, "--list_models"});
+  ASSERT_TRUE(models.exit.Success()) << models.exit.ToString() << "\n" << models.err;
+  EXPECT_THAT(models.out, StartsWith("stories260K block_size=16 "));
+
+  const std::vector<std::pair<std::string, pid_t>> pids = ReadPids(run_dir_);
+  std::vector<std::string> names;
+  for (const auto& [name, pid] : pids) {
+    names.push_back(name);
+    EXPECT_TRUE(ClusterProcessAlive(pid)) << name << " " << pid;
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("redis", "prefill-0", "decode-0", "router"));
+
+  ASSERT_TRUE(cluster->Signal(SIGINT).ok());
+  absl::StatusOr<ExitInfo> exit = cluster->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit.ok()) << "pd-local did not stop:\n" << cluster->LogTail(40);
+  EXPECT_TRUE(exit->Success()) << exit->ToString() << "\n" << cluster->LogTail(40);
+  EXPECT_THAT(cluster->ReadLog(), HasSubstr("stopped"));
+  for (const auto& [name, pid] : pids) {
+    EXPECT_FALSE(ClusterProcessAlive(pid)) << name << " (pid " << pid << ") outlived pd-local";
+  }
+}
+
+TEST_F(LocalClusterE2eTest, UsageErrorsExitTwoAndRpcErrorsExitOne) {
+  CommandResult help = RunCommand(Dir(), "local-help", {kPdLocal, "--help"});
+  EXPECT_TRUE(help.exit.Success()) << help.exit.ToString();
+  EXPECT_THAT(help.out, HasSubstr("--worker_arg"));
+  CommandResult bad = RunCommand(Dir(), "local-bad", {kPdLocal, "--decode=0"});
+  EXPECT_EQ(bad.exit.code, 2) << bad.exit.ToString() << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("--decode must be at least 1"));
+
+  CommandResult no_prompt = RunCommand(Dir(), "client-no-prompt", {kClient});
+  EXPECT_EQ(no_prompt.exit.code, 2) << no_prompt.err;
+  EXPECT_THAT(no_prompt.err, HasSubstr("no prompt"));
+  CommandResult typo = RunCommand(Dir(), "client-typo", {kClient, "--max-tokns", "5", "hi"});
+  EXPECT_EQ(typo.exit.code, 2) << typo.err;
+  EXPECT_THAT(typo.err, HasSubstr("unknown flag: --max-tokns"));
+  CommandResult value = RunCommand(Dir(), "client-value", {kClient, "--max-tokens=lots", "hi"});
+  EXPECT_EQ(value.exit.code, 2) << value.err;
+
+  absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();  // nothing listens there
+  ASSERT_TRUE(port.ok()) << port.status();
+  CommandResult down =
+      RunCommand(Dir(), "client-down",
+                 {kClient, absl::StrCat("--router=127.0.0.1:", *port), "--timeout=2s", "hi"});
+  EXPECT_EQ(down.exit.code, 1) << down.err;
+  EXPECT_THAT(down.err, HasSubstr("pd-client: error: UNAVAILABLE: "));
+  CommandResult waited = RunCommand(
+      Dir(), "client-wait",
+      {kClient, absl::StrCat("--router=127.0.0.1:", *port), "--wait_ready=500ms", "--list_models"});
+  EXPECT_EQ(waited.exit.code, 1) << waited.err;
+  EXPECT_THAT(waited.err, HasSubstr("not ready after 500ms"));
+}
+
+}  // namespace
+}  // namespace pd
