@@ -1,0 +1,147 @@
+#include "loadtest/load_test_config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "loadtest/length_spec.h"
+#include "loadtest/progress.h"
+#include "loadtest/trace.h"
+
+namespace pd::loadtest {
+namespace {
+
+absl::Status Invalid(absl::string_view flag, absl::string_view rule, absl::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", rule, ", got ", got));
+}
+
+}  // namespace
+
+std::string LoadTestConfig::WorkloadName() const {
+  if (workload == "synthetic" || workload == "trace") {
+    return workload;
+  }
+  if (workload == "shared_prefix" || workload == "shared-prefix") {
+    return "shared_prefix";
+  }
+  return "";
+}
+
+absl::StatusOr<ArrivalMode> LoadTestConfig::ResolveArrival() const {
+  ArrivalMode mode;
+  if (arrival == "auto") {
+    if (request_rate > 0) {
+      mode = burstiness == 1.0 ? ArrivalMode::kPoisson : ArrivalMode::kGamma;
+    } else if (WorkloadName() == "trace") {
+      mode = ArrivalMode::kTrace;
+    } else if (concurrency > 0) {
+      mode = ArrivalMode::kClosed;
+    } else {
+      return absl::InvalidArgumentError(
+          "choose an arrival process: --concurrency=N (closed loop) or --request_rate=R "
+          "(open loop)");
+    }
+  } else {
+    PD_ASSIGN_OR_RETURN(mode, ParseArrivalMode(arrival));
+  }
+  if (mode == ArrivalMode::kClosed && concurrency < 1) {
+    return absl::InvalidArgumentError("--arrival=closed needs --concurrency >= 1");
+  }
+  if ((mode == ArrivalMode::kPoisson || mode == ArrivalMode::kGamma) && !(request_rate > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--arrival=", ArrivalModeName(mode), " needs --request_rate > 0"));
+  }
+  if (mode == ArrivalMode::kPoisson && burstiness != 1.0) {
+    return absl::InvalidArgumentError(
+        "--burstiness applies to --arrival=gamma (poisson is burstiness 1)");
+  }
+  if (mode == ArrivalMode::kTrace && WorkloadName() != "trace") {
+    return absl::InvalidArgumentError("--arrival=trace needs --workload=trace");
+  }
+  return mode;
+}
+
+absl::Status LoadTestConfig::Validate() const {
+  if (target.empty()) {
+    return absl::InvalidArgumentError("--target is empty (expected host:port)");
+  }
+  if (connect_timeout <= absl::ZeroDuration()) {
+    return Invalid("connect_timeout", "must be > 0", absl::FormatDuration(connect_timeout));
+  }
+  if (num_channels < 1 || num_channels > 64) {
+    return Invalid("num_channels", "must be in [1, 64]", absl::StrCat(num_channels));
+  }
+  if (client_threads < 1 || client_threads > 64) {
+    return Invalid("client_threads", "must be in [1, 64]", absl::StrCat(client_threads));
+  }
+  const std::string name = WorkloadName();
+  if (name.empty()) {
+    return Invalid("workload", "must be synthetic, shared_prefix or trace",
+                   absl::StrCat("'", workload, "'"));
+  }
+  if (absl::StatusOr<LengthSpec> s = LengthSpec::Parse(input_len); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--input_len: ", s.status().message()));
+  }
+  if (absl::StatusOr<LengthSpec> s = LengthSpec::Parse(output_len); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--output_len: ", s.status().message()));
+  }
+  if (name == "shared_prefix") {
+    if (num_prefixes < 1 || suffixes_per_prefix < 1) {
+      return absl::InvalidArgumentError("--num_prefixes and --suffixes_per_prefix must be >= 1");
+    }
+    if (prefix_len < 1 || suffix_len < 0) {
+      return absl::InvalidArgumentError("--prefix_len must be >= 1 and --suffix_len >= 0");
+    }
+  }
+  if (name == "trace") {
+    if (trace.empty()) {
+      return absl::InvalidArgumentError("--workload=trace needs --trace=PATH");
+    }
+    if (!(time_scale > 0) || !std::isfinite(time_scale)) {
+      return Invalid("time_scale", "must be > 0", absl::StrCat(time_scale));
+    }
+    if (max_input_len < 0) {
+      return Invalid("max_input_len", "must be >= 0", absl::StrCat(max_input_len));
+    }
+    if (trace_block_tokens < 1) {
+      return Invalid("trace_block_tokens", "must be >= 1", absl::StrCat(trace_block_tokens));
+    }
+    PD_RETURN_IF_ERROR(ParseBadLinePolicy(on_bad_line).status());
+  } else if (!trace.empty()) {
+    return absl::InvalidArgumentError("--trace is only used with --workload=trace");
+  }
+  if (vocab_size > 0 && vocab_lo >= vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab_lo (", vocab_lo, ") must be < --vocab_size (", vocab_size, ")"));
+  }
+  if (concurrency < 0) {
+    return Invalid("concurrency", "must be >= 0", absl::StrCat(concurrency));
+  }
+  if (request_rate < 0 || !std::isfinite(request_rate)) {
+    return Invalid("request_rate", "must be >= 0 and finite", absl::StrCat(request_rate));
+  }
+  if (!(burstiness > 0) || !std::isfinite(burstiness)) {
+    return Invalid("burstiness", "must be > 0", absl::StrCat(burstiness));
+  }
+  PD_RETURN_IF_ERROR(ResolveArrival().status());
+  if (num_requests < 0) {
+    return Invalid("num_requests", "must be >= 0", absl::StrCat(num_requests));
+  }
+  if (duration < absl::ZeroDuration()) {
+    return Invalid("duration", "must be >= 0", absl::FormatDuration(duration));
+  }
+  if (name != "trace" && num_requests == 0 && duration == absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "the run needs a bound: set --num_requests and/or --duration");
+  }
+  if (request_timeout < absl::ZeroDuration()) {
+    return Invalid("request_timeout", "must be >= 0", absl::FormatDuration(request_timeout));
+  }
+  if (slo_ttft_ms < 0 || slo_tpot_ms < 0) {
+    return absl::InvalidArgumentError("--slo_ttft_ms and --slo_tpot_ms must be >= 0 (0 = none)");
+  }
+  PD_RETURN_IF_ERROR(ParseProgressMode(progress).status());
+  return absl::OkStatus();
+}
+
+}  // namespace pd::loadtest

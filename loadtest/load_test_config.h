@@ -1,0 +1,68 @@
+// LoadTestConfig: every setting of a pd-loadtest run, as plain values (main.cc fills it from
+// flags; tests fill it directly). Defaults are the flags' defaults; docs/loadtest.md lists them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "loadtest/arrival.h"
+
+namespace pd::loadtest {
+
+struct LoadTestConfig {
+  // Target.
+  std::string target = "127.0.0.1:50051";             // host:port of a pdserve.v1.Generation server
+  std::string model;                                  // "" = the target's default model
+  absl::Duration connect_timeout = absl::Seconds(5);  // readiness check bound
+  int num_channels = 2;                               // HTTP/2 connections, [1, 64]
+  int client_threads = 2;                             // completion-queue polling threads, [1, 64]
+
+  // Workload: "synthetic", "shared_prefix" (or "shared-prefix") or "trace".
+  std::string workload = "synthetic";
+  std::string input_len = "128";      // LengthSpec (synthetic)
+  std::string output_len = "128";     // LengthSpec (synthetic, shared_prefix)
+  int64_t num_prefixes = 8;           // shared_prefix: P
+  int64_t suffixes_per_prefix = 16;   // shared_prefix: S
+  int64_t prefix_len = 512;           // shared_prefix: tokens per prefix
+  int64_t suffix_len = 64;            // shared_prefix: tokens per suffix
+  std::string trace;                  // trace: path of the JSONL file
+  double time_scale = 1.0;            // trace: timestamp multiplier (0.5 = twice as fast)
+  int64_t max_input_len = 0;          // trace: prompt cap in tokens; 0 = none
+  int64_t trace_block_tokens = 512;   // trace: tokens per hash id
+  std::string on_bad_line = "abort";  // trace: "abort" or "skip"
+  uint32_t vocab_size = 0;  // token ids < this; 0 = the model's vocab_size from ListModels
+  uint32_t vocab_lo = 3;    // smallest token id used (skips llama2.c's UNK/BOS/EOS)
+
+  // Arrival: "auto", "closed", "poisson", "gamma" or "trace". auto = poisson (gamma when
+  // burstiness != 1) if request_rate > 0, else trace timestamps for a trace, else closed.
+  std::string arrival = "auto";
+  int64_t concurrency = 0;                         // closed: in flight; otherwise a cap (0 = none)
+  double request_rate = 0;                         // open loop: requests per second
+  double burstiness = 1.0;                         // gamma shape
+  uint64_t seed = 0;                               // workload and arrival randomness
+  int64_t num_requests = 0;                        // 0 = no bound
+  absl::Duration duration = absl::ZeroDuration();  // 0 = no bound
+  absl::Duration request_timeout = absl::Minutes(10);  // per request; 0 = none
+  bool ignore_eos = true;
+  std::string cache_salt;  // "" = unset
+
+  // Metrics and outputs.
+  double slo_ttft_ms = 0;         // 0 = no TTFT SLO
+  double slo_tpot_ms = 0;         // 0 = no TPOT SLO
+  std::string output_json;        // "" = not written
+  std::string output_csv;         // "" = not written
+  std::string progress = "auto";  // auto | bar | lines | off
+
+  // InvalidArgument naming the flag for any invalid or inconsistent value (unknown names,
+  // malformed length specs, missing bounds, an arrival the workload cannot use, ...).
+  absl::Status Validate() const;
+
+  // The canonical workload name ("shared_prefix" for "shared-prefix"); "" when unknown.
+  std::string WorkloadName() const;
+  // The arrival process after resolving "auto". InvalidArgument as Validate.
+  absl::StatusOr<ArrivalMode> ResolveArrival() const;
+};
+
+}  // namespace pd::loadtest

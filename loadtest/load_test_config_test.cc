@@ -1,0 +1,103 @@
+#include "loadtest/load_test_config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd::loadtest {
+namespace {
+
+using ::testing::HasSubstr;
+
+LoadTestConfig Closed() {
+  LoadTestConfig c;
+  c.concurrency = 4;
+  c.num_requests = 10;
+  return c;
+}
+
+void ExpectInvalid(const LoadTestConfig& c, const std::string& message) {
+  const absl::Status s = c.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+}
+
+TEST(LoadTestConfigTest, ValidClosedLoop) {
+  ASSERT_TRUE(Closed().Validate().ok()) << Closed().Validate();
+  EXPECT_EQ(*Closed().ResolveArrival(), ArrivalMode::kClosed);
+}
+
+TEST(LoadTestConfigTest, AutoArrival) {
+  LoadTestConfig c = Closed();
+  c.request_rate = 5;
+  EXPECT_EQ(*c.ResolveArrival(), ArrivalMode::kPoisson);  // concurrency is then a cap
+  c.burstiness = 0.5;
+  EXPECT_EQ(*c.ResolveArrival(), ArrivalMode::kGamma);
+  LoadTestConfig t;
+  t.workload = "trace";
+  t.trace = "x.jsonl";
+  EXPECT_EQ(*t.ResolveArrival(), ArrivalMode::kTrace);
+  EXPECT_TRUE(t.Validate().ok()) << t.Validate();  // a trace is finite: no bound needed
+  LoadTestConfig none;
+  none.num_requests = 1;
+  ExpectInvalid(none, "choose an arrival process");
+}
+
+TEST(LoadTestConfigTest, WorkloadNames) {
+  LoadTestConfig c = Closed();
+  c.workload = "shared-prefix";
+  EXPECT_EQ(c.WorkloadName(), "shared_prefix");
+  EXPECT_TRUE(c.Validate().ok());
+  c.workload = "chat";
+  ExpectInvalid(c, "--workload must be synthetic, shared_prefix or trace");
+}
+
+TEST(LoadTestConfigTest, RejectsInvalidValues) {
+  LoadTestConfig c = Closed();
+  c.num_requests = 0;
+  ExpectInvalid(c, "needs a bound");
+  c = Closed();
+  c.input_len = "uniform:9,3";
+  ExpectInvalid(c, "--input_len: length spec 'uniform:9,3'");
+  c = Closed();
+  c.arrival = "closed";
+  c.concurrency = 0;
+  ExpectInvalid(c, "--arrival=closed needs --concurrency >= 1");
+  c = Closed();
+  c.arrival = "poisson";
+  ExpectInvalid(c, "--arrival=poisson needs --request_rate > 0");
+  c = Closed();
+  c.arrival = "trace";
+  ExpectInvalid(c, "--arrival=trace needs --workload=trace");
+  c = Closed();
+  c.trace = "x.jsonl";
+  ExpectInvalid(c, "--trace is only used with --workload=trace");
+  c = Closed();
+  c.workload = "trace";
+  ExpectInvalid(c, "--workload=trace needs --trace=PATH");
+  c.trace = "x";
+  c.on_bad_line = "ignore";
+  ExpectInvalid(c, "--on_bad_line must be 'abort' or 'skip'");
+  c.on_bad_line = "skip";
+  c.time_scale = 0;
+  ExpectInvalid(c, "--time_scale must be > 0");
+  c = Closed();
+  c.vocab_size = 3;
+  ExpectInvalid(c, "--vocab_lo (3) must be < --vocab_size (3)");
+  c = Closed();
+  c.num_channels = 0;
+  ExpectInvalid(c, "--num_channels must be in [1, 64]");
+  c = Closed();
+  c.slo_ttft_ms = -1;
+  ExpectInvalid(c, "--slo_ttft_ms");
+  c = Closed();
+  c.progress = "fancy";
+  ExpectInvalid(c, "--progress must be");
+  c = Closed();
+  c.request_rate = 1;
+  c.arrival = "poisson";
+  c.burstiness = 2;
+  ExpectInvalid(c, "--burstiness applies to --arrival=gamma");
+}
+
+}  // namespace
+}  // namespace pd::loadtest

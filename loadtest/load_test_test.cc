@@ -1,0 +1,250 @@
+// LoadTest end to end in-process (config -> readiness check -> run -> JSON/CSV reports) against
+// the fake Generation server on 127.0.0.1.
+#include "loadtest/load_test.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/testing/net.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "loadtest/testing/fake_generation_server.h"
+
+namespace pd::loadtest {
+namespace {
+
+using testing::FakeGenerationServer;
+using testing::FakeGenerationServerOptions;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class LoadTestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-loadtest-");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_.emplace(*std::move(dir));
+  }
+
+  void StartServer(FakeGenerationServerOptions o = {}) {
+    absl::StatusOr<std::unique_ptr<FakeGenerationServer>> s = FakeGenerationServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+
+  LoadTestConfig Config() {
+    LoadTestConfig c;
+    c.target = server_ != nullptr ? server_->address() : "127.0.0.1:1";
+    c.progress = "off";
+    c.output_json = dir_->File("out.json");
+    c.output_csv = dir_->File("out.csv");
+    return c;
+  }
+
+  LoadTestOutcome RunOk(const LoadTestConfig& c) {
+    absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+    EXPECT_TRUE(lt.ok()) << lt.status();
+    if (!lt.ok()) {
+      return {};
+    }
+    LoadTestOutcome out = (*lt)->Run();
+    EXPECT_TRUE(out.report_status.ok()) << out.report_status;
+    return out;
+  }
+
+  std::optional<pd::testing::TempDir> dir_;
+  std::unique_ptr<FakeGenerationServer> server_;
+};
+
+TEST_F(LoadTestTest, SyntheticRunWritesJsonAndCsv) {
+  FakeGenerationServerOptions so;
+  so.vocab_size = 100;  // the prompt's token range comes from ListModels; the server checks it
+  so.tokens_per_message = 2;
+  StartServer(so);
+  LoadTestConfig c = Config();
+  c.concurrency = 8;
+  c.num_requests = 50;
+  c.input_len = "uniform:10,30";
+  c.output_len = "5";
+  c.slo_ttft_ms = 60'000;
+  const LoadTestOutcome out = RunOk(c);
+  EXPECT_EQ(out.summary.completed, 50);
+  EXPECT_EQ(out.summary.failed, 0);
+  EXPECT_EQ(out.info.model, "fake-model");
+  EXPECT_THAT(out.table, HasSubstr("Successful requests:"));
+
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(c.output_json));
+  EXPECT_EQ(j["completed"], 50);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["total_output_tokens"], 250);
+  EXPECT_EQ(j["num_ttft_samples"], 50);
+  // 5 tokens in messages of 2, 2, 1: per request 2 ITL samples for the second message and 1
+  // for the third (see metrics.h).
+  EXPECT_EQ(j["num_itl_samples"], 150);
+  EXPECT_EQ(j["good_requests"], 50);
+  EXPECT_EQ(j["interrupted"], false);
+  EXPECT_LE(j["max_in_flight"].get<int>(), 8);
+  EXPECT_EQ(j["config"]["workload"], "synthetic");
+  EXPECT_EQ(j["config"]["arrival"], "closed");
+  EXPECT_EQ(j["config"]["vocab"], "[3,100)");
+  EXPECT_EQ(j["config"]["input_len"], "uniform:10,30");
+  EXPECT_TRUE(j["errors"].empty());
+  EXPECT_DOUBLE_EQ(j["prefix_cache_hit_ratio"].get<double>(), 0.0);
+
+  std::vector<std::string> lines = absl::StrSplit(ReadFile(c.output_csv), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 51u);
+  EXPECT_THAT(lines[0], StartsWith("index,source_line,"));
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit(lines[i], ',');
+    ASSERT_EQ(f.size(), 16u) << lines[i];
+    EXPECT_EQ(f[0], absl::StrCat(i - 1));
+    EXPECT_EQ(f[9], "5");  // output_tokens
+    EXPECT_EQ(f[13], "LENGTH");
+    EXPECT_EQ(f[14], "OK");
+  }
+}
+
+TEST_F(LoadTestTest, SharedPrefixReportsThePrefixCacheHitRatio) {
+  FakeGenerationServerOptions so;
+  so.simulate_prefix_cache = true;  // block_size 16
+  StartServer(so);
+  LoadTestConfig c = Config();
+  c.workload = "shared_prefix";
+  c.num_prefixes = 2;
+  c.suffixes_per_prefix = 4;
+  c.prefix_len = 64;  // 4 full blocks
+  c.suffix_len = 8;   // a partial block: never cached
+  c.output_len = "2";
+  c.concurrency = 1;  // sequential, so the hit count is exact
+  c.num_requests = 16;
+  const LoadTestOutcome out = RunOk(c);
+  EXPECT_EQ(out.summary.completed, 16);
+  // Every request but the first of each prefix hits its 64 prefix tokens.
+  EXPECT_EQ(out.summary.usage_prompt_tokens, 16 * 72);
+  EXPECT_EQ(out.summary.usage_cached_tokens, 14 * 64);
+  ASSERT_TRUE(out.summary.prefix_cache_hit_ratio.has_value());
+  EXPECT_DOUBLE_EQ(*out.summary.prefix_cache_hit_ratio, 14.0 * 64 / (16 * 72));
+}
+
+TEST_F(LoadTestTest, TraceReplayFromFile) {
+  FakeGenerationServerOptions so;
+  so.simulate_prefix_cache = true;
+  StartServer(so);
+  const std::string trace = dir_->File("t.jsonl");
+  {
+    std::ofstream f(trace);
+    f << "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 3, \"hash_ids\": [0, 1]}\n"
+         "{\"timestamp\": 3000, \"input_length\": 1500, \"output_length\": 2, \"hash_ids\": [0, "
+         "1, 2]}\n"
+         "{\"timestamp\": 3000, \"input_length\": 9000, \"output_length\": 1, \"hash_ids\": ["
+      << absl::StrJoin(
+             std::vector<int>{0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, ", ")
+      << "]}\n";
+  }
+  LoadTestConfig c = Config();
+  c.workload = "trace";
+  c.trace = trace;
+  c.time_scale = 0.001;
+  c.max_input_len = 2048;
+  c.concurrency = 1;  // a cap: requests 2 and 3 (same timestamp) reach the cache in order
+  const LoadTestOutcome out = RunOk(c);
+  EXPECT_EQ(out.summary.completed, 3);
+  EXPECT_EQ(out.summary.total_input_tokens, 1024 + 1500 + 2048);  // the third one capped
+  EXPECT_EQ(out.summary.total_output_tokens, 6);
+  // Request 2 repeats request 1's two blocks (1024 tokens); request 3 shares block 0 (512).
+  EXPECT_EQ(out.summary.usage_cached_tokens, 1024 + 512);
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(c.output_json));
+  EXPECT_EQ(j["config"]["arrival"], "trace");
+  EXPECT_EQ(j["config"]["trace_capped_requests"], "1");
+  std::vector<std::string> lines = absl::StrSplit(ReadFile(c.output_csv), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_THAT(lines[3], StartsWith("2,3,3.000,"));  // index 2, line 3, scheduled at 3 ms
+}
+
+TEST_F(LoadTestTest, FailuresAppearByCodeInTheReport) {
+  FakeGenerationServerOptions so;
+  so.fail_every_n = 4;
+  so.fail_code = absl::StatusCode::kUnavailable;
+  StartServer(so);
+  LoadTestConfig c = Config();
+  c.request_rate = 500;
+  c.num_requests = 40;
+  c.output_len = "3";
+  c.input_len = "8";
+  const LoadTestOutcome out = RunOk(c);
+  EXPECT_EQ(out.summary.completed, 30);
+  EXPECT_EQ(out.summary.failed, 10);
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(c.output_json));
+  EXPECT_EQ(j["errors"]["UNAVAILABLE"], 10);
+  EXPECT_EQ(j["config"]["arrival"], "poisson");
+  std::vector<std::string> lines = absl::StrSplit(ReadFile(c.output_csv), '\n', absl::SkipEmpty());
+  int unavailable = 0;
+  for (const std::string& line : lines) {
+    unavailable += absl::StrContains(line, ",UNAVAILABLE,\"injected failure\"") ? 1 : 0;
+  }
+  EXPECT_EQ(unavailable, 10);
+}
+
+TEST_F(LoadTestTest, UnreachableTargetIsAClearError) {
+  absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
+  ASSERT_TRUE(port.ok());
+  LoadTestConfig c = Config();
+  c.target = absl::StrCat("127.0.0.1:", *port);
+  c.concurrency = 1;
+  c.num_requests = 1;
+  c.connect_timeout = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  ASSERT_FALSE(lt.ok());
+  EXPECT_EQ(lt.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(lt.status().message()),
+              HasSubstr(absl::StrCat("cannot connect to target 127.0.0.1:", *port)));
+}
+
+TEST_F(LoadTestTest, UnknownModelAndTooLargeVocabulary) {
+  StartServer();
+  LoadTestConfig c = Config();
+  c.concurrency = 1;
+  c.num_requests = 1;
+  c.model = "llama-9000";
+  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  EXPECT_EQ(lt.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(lt.status().message()), HasSubstr("it serves: fake-model"));
+  c.model = "";
+  c.vocab_size = 64000;
+  lt = LoadTest::Create(c);
+  EXPECT_EQ(lt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(lt.status().message()), HasSubstr("exceeds model 'fake-model'"));
+}
+
+TEST_F(LoadTestTest, MalformedTraceFailsBeforeConnecting) {
+  const std::string trace = dir_->File("bad.jsonl");
+  {
+    std::ofstream f(trace);
+    f << "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 3, \"hash_ids\": [0]}\n"
+         "{\"timestamp\": 1, \"input_length\": 10}\n";
+  }
+  LoadTestConfig c = Config();  // no server: the trace is checked first
+  c.workload = "trace";
+  c.trace = trace;
+  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  ASSERT_FALSE(lt.ok());
+  EXPECT_EQ(lt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(lt.status().message()),
+              HasSubstr(trace + ":2: missing field 'output_length'"));
+}
+
+}  // namespace
+}  // namespace pd::loadtest

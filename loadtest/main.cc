@@ -1,0 +1,133 @@
+// pd-loadtest: load generator for pdserve.v1.Generation servers (pd-router). See
+// docs/loadtest.md for the workloads, arrival processes, metric definitions and reports.
+//
+// Exit status: 0 after a complete run (failed requests are reported, not fatal); 1 for a bad
+// flag, bad input (trace), an unreachable target or an unwritable report; 130 after Ctrl-C
+// (SIGINT) or SIGTERM, once the partial report is written.
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "loadtest/cli_args.h"
+#include "loadtest/load_test.h"
+#include "services/base/shutdown_signal.h"
+#include "services/base/startup.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "host:port of the Generation server (pd-router)");
+ABSL_FLAG(std::string, model, "", "model id; empty = the target's default model");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5), "readiness check bound");
+ABSL_FLAG(int, num_channels, 2, "gRPC connections to the target, [1, 64]");
+ABSL_FLAG(int, client_threads, 2, "threads polling the streams' completion queues, [1, 64]");
+ABSL_FLAG(std::string, workload, "synthetic", "synthetic | shared_prefix | trace");
+ABSL_FLAG(std::string, input_len, "128",
+          "synthetic prompt length: N, uniform:A,B, normal:MEAN,SD[,MIN,MAX]");
+ABSL_FLAG(std::string, output_len, "128", "output length (synthetic, shared_prefix); same syntax");
+ABSL_FLAG(int64_t, num_prefixes, 8, "shared_prefix: number of distinct prefixes P");
+ABSL_FLAG(int64_t, suffixes_per_prefix, 16, "shared_prefix: suffixes per prefix S");
+ABSL_FLAG(int64_t, prefix_len, 512, "shared_prefix: prefix length in tokens");
+ABSL_FLAG(int64_t, suffix_len, 64, "shared_prefix: suffix length in tokens");
+ABSL_FLAG(std::string, trace, "", "trace: Mooncake-format JSONL file");
+ABSL_FLAG(double, time_scale, 1.0, "trace: timestamp multiplier (0.5 = twice as fast)");
+ABSL_FLAG(int64_t, max_input_len, 0, "trace: cap prompts at this many tokens; 0 = no cap");
+ABSL_FLAG(int64_t, trace_block_tokens, 512, "trace: tokens per hash id");
+ABSL_FLAG(std::string, on_bad_line, "abort", "trace: malformed line -> abort | skip");
+ABSL_FLAG(uint32_t, vocab_size, 0, "token ids < this; 0 = ask the target (ListModels)");
+ABSL_FLAG(uint32_t, vocab_lo, 3, "smallest token id in synthesized prompts");
+ABSL_FLAG(std::string, arrival, "auto", "auto | closed | poisson | gamma | trace");
+ABSL_FLAG(int64_t, concurrency, 0, "closed loop: requests in flight; otherwise a cap (0 = none)");
+ABSL_FLAG(double, request_rate, 0, "open loop: mean requests per second");
+ABSL_FLAG(double, burstiness, 1.0, "gamma arrivals: shape (< 1 burstier, 1 = Poisson)");
+ABSL_FLAG(uint64_t, seed, 0, "seed of workload and arrival randomness");
+ABSL_FLAG(int64_t, num_requests, 0, "stop after this many requests; 0 = no bound");
+ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(), "stop issuing after this; 0 = none");
+ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "per-request deadline; 0 = none");
+ABSL_FLAG(bool, ignore_eos, true, "ask the server to generate exactly the output length");
+ABSL_FLAG(std::string, cache_salt, "", "cache_salt of every request; empty = unset");
+ABSL_FLAG(double, slo_ttft_ms, 0, "goodput SLO on TTFT in ms; 0 = none");
+ABSL_FLAG(double, slo_tpot_ms, 0, "goodput SLO on TPOT in ms; 0 = none");
+ABSL_FLAG(std::string, output_json, "", "write the JSON summary here");
+ABSL_FLAG(std::string, output_csv, "", "write per-request records (CSV) here");
+ABSL_FLAG(std::string, progress, "auto", "auto | bar | lines | off (on stderr)");
+
+namespace {
+
+constexpr char kProgram[] = "pd-loadtest";
+
+pd::loadtest::LoadTestConfig ConfigFromFlags() {
+  pd::loadtest::LoadTestConfig c;
+  c.target = absl::GetFlag(FLAGS_target);
+  c.model = absl::GetFlag(FLAGS_model);
+  c.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  c.num_channels = absl::GetFlag(FLAGS_num_channels);
+  c.client_threads = absl::GetFlag(FLAGS_client_threads);
+  c.workload = absl::GetFlag(FLAGS_workload);
+  c.input_len = absl::GetFlag(FLAGS_input_len);
+  c.output_len = absl::GetFlag(FLAGS_output_len);
+  c.num_prefixes = absl::GetFlag(FLAGS_num_prefixes);
+  c.suffixes_per_prefix = absl::GetFlag(FLAGS_suffixes_per_prefix);
+  c.prefix_len = absl::GetFlag(FLAGS_prefix_len);
+  c.suffix_len = absl::GetFlag(FLAGS_suffix_len);
+  c.trace = absl::GetFlag(FLAGS_trace);
+  c.time_scale = absl::GetFlag(FLAGS_time_scale);
+  c.max_input_len = absl::GetFlag(FLAGS_max_input_len);
+  c.trace_block_tokens = absl::GetFlag(FLAGS_trace_block_tokens);
+  c.on_bad_line = absl::GetFlag(FLAGS_on_bad_line);
+  c.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  c.vocab_lo = absl::GetFlag(FLAGS_vocab_lo);
+  c.arrival = absl::GetFlag(FLAGS_arrival);
+  c.concurrency = absl::GetFlag(FLAGS_concurrency);
+  c.request_rate = absl::GetFlag(FLAGS_request_rate);
+  c.burstiness = absl::GetFlag(FLAGS_burstiness);
+  c.seed = absl::GetFlag(FLAGS_seed);
+  c.num_requests = absl::GetFlag(FLAGS_num_requests);
+  c.duration = absl::GetFlag(FLAGS_duration);
+  c.request_timeout = absl::GetFlag(FLAGS_request_timeout);
+  c.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  c.cache_salt = absl::GetFlag(FLAGS_cache_salt);
+  c.slo_ttft_ms = absl::GetFlag(FLAGS_slo_ttft_ms);
+  c.slo_tpot_ms = absl::GetFlag(FLAGS_slo_tpot_ms);
+  c.output_json = absl::GetFlag(FLAGS_output_json);
+  c.output_csv = absl::GetFlag(FLAGS_output_csv);
+  c.progress = absl::GetFlag(FLAGS_progress);
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args =
+      pd::loadtest::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
+  std::vector<char*> cargs;
+  for (std::string& a : args) {
+    cargs.push_back(a.data());
+  }
+  pd::services::ParseFlagsAndInitLogging(
+      static_cast<int>(cargs.size()), cargs.data(),
+      "pd-loadtest --target=HOST:PORT --workload=synthetic|shared_prefix|trace "
+      "(--concurrency=N | --request_rate=R) [--num_requests=N] [--duration=D] ... "
+      "(dashed names like --slo-ttft-ms work too; see docs/loadtest.md)");
+  pd::services::ShutdownSignal signal;  // Ctrl-C / SIGTERM: stop, report, exit 130
+  auto load_test = pd::loadtest::LoadTest::Create(ConfigFromFlags());
+  if (!load_test.ok()) {
+    pd::services::ExitWithStartupError(kProgram, load_test.status());
+  }
+  if (signal.triggered()) {
+    return 130;
+  }
+  std::thread watcher([&] {
+    signal.Wait();
+    (*load_test)->Stop();
+  });
+  pd::loadtest::LoadTestOutcome outcome = (*load_test)->Run();
+  const bool interrupted = signal.signal_number() != 0;
+  signal.Trigger();  // releases the watcher when no signal came
+  watcher.join();
+  std::fputs(outcome.table.c_str(), stdout);
+  std::fflush(stdout);
+  if (!outcome.report_status.ok()) {
+    pd::services::ExitWithStartupError(kProgram, outcome.report_status);
+  }
+  return interrupted ? 130 : 0;
+}
