@@ -76,7 +76,11 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
   for (const std::string& a : prefill_addresses) {
     if (absl::Status s = add(a, false); !s.ok()) return s;
   }
-  pool->thread_ = std::thread([p = pool.get()] { p->Run(); });
+  // One checker per worker: a worker that blackholes its RPCs costs its own checker the RPC
+  // timeout, not everyone else's health checks.
+  for (auto& w : pool->workers_) {
+    pool->threads_.emplace_back([p = pool.get(), w = w.get()] { p->Run(*w); });
+  }
   return pool;
 }
 
@@ -85,20 +89,18 @@ WorkerPool::~WorkerPool() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (thread_.joinable()) {
-    thread_.join();
+  for (std::thread& t : threads_) {
+    t.join();
   }
 }
 
-void WorkerPool::Run() {
+void WorkerPool::Run(Worker& w) {
   while (true) {
-    for (auto& w : workers_) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (stopping_) return;
-      }
-      Check(*w);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
     }
+    Check(w);
     absl::MutexLock lock(&mu_);
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
     if (mu_.AwaitWithTimeout(absl::Condition(&stop), options_.health_interval)) {

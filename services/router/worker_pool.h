@@ -1,5 +1,5 @@
 // WorkerPool: the router's registry of workers. Workers are configured by address
-// (--decode_workers, --prefill_workers); a background thread checks each one every
+// (--decode_workers, --prefill_workers); a background thread per worker checks it every
 // `health_interval` (GetInfo until it is verified, then GetLoad), so a dead worker leaves the
 // pool within one interval plus one RPC timeout, and a restarted one rejoins by itself.
 //
@@ -81,7 +81,7 @@ class WorkerPool {
  private:
   struct Worker;
   WorkerPool() = default;
-  void Run();
+  void Run(Worker& w);
   void Check(Worker& w);
   void SetHealthy(Worker& w, bool healthy, const std::string& error);
 
@@ -90,7 +90,7 @@ class WorkerPool {
   std::vector<std::unique_ptr<Worker>> workers_;  // fixed after Create
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;  // one health checker per worker
 };
 
 }  // namespace pd::router
