@@ -31,57 +31,57 @@ class FinishedWriter final : public grpc::ServerWriteReactor<v1::GenerateRespons
   void OnDone() override { delete this; }  // gRPC's reactor ownership contract
 };
 
-// One client stream relayed from one DecodeService.Generate call, in lockstep: read one
-// worker message, write it to the client, read the next. Finishes the client stream once the
-// worker call is done (its status is the outcome). Deletes itself when both are done.
+// One client stream relayed from a DecodeService.Generate call, in lockstep: read one worker
+// message, write it to the client, read the next. Finishes the client stream once the worker
+// call is done (its status is the outcome). Deletes itself when both are done.
+//
+// A decode worker that fails with UNAVAILABLE before anything was relayed to the client (it
+// died, or was unreachable) is retried once on another placement: the request is the same
+// (same seed), so the output is what the first worker would have produced.
 class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
+  static constexpr int kMaxAttempts = 2;
+
   RouterStream(GenerationService* service, grpc::CallbackServerContext* server_ctx,
                iv1::DecodeRequest decode, Placement placement, absl::Time deadline)
-      : service_(service),
-        decode_(std::move(decode)),
-        placement_(std::move(placement)),
-        received_(absl::Now()),
-        upstream_(this) {
+      : service_(service), decode_(std::move(decode)), deadline_(deadline),
+        received_(absl::Now()) {
     (void)server_ctx;
-    service_->workers()->AddInflight(placement_.decode_index, 1, placement_.new_blocks);
-    if (placement_.prefill_index >= 0) {
-      service_->workers()->AddInflight(placement_.prefill_index, 1);
+    Attempt* a;
+    {
+      absl::MutexLock lock(&mu_);
+      a = NewAttemptLocked(std::move(placement));
     }
-    if (deadline != absl::InfiniteFuture()) {
-      client_.set_deadline(absl::ToChronoTime(deadline));
-    }
-    service_->workers()
-        ->decode_stub(placement_.decode_index)
-        ->async()
-        ->Generate(&client_, &decode_, &upstream_);
-    upstream_.StartRead(&in_);
-    upstream_.StartCall();
+    Launch(a);
   }
 
   void OnWriteDone(bool ok) override {
     std::optional<grpc::Status> finish;
+    Attempt* cancel = nullptr;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
       if (!ok) {
         cancelled_by_client_ = true;
-        client_.TryCancel();  // the client is gone: stop the worker
+        cancel = attempt_.get();  // the client is gone: stop the worker
       } else if (!upstream_done_) {
-        upstream_.StartRead(&in_);
+        attempt_->upstream.StartRead(&attempt_->in);
       }
       finish = MaybeFinishLocked();
     }
+    if (cancel != nullptr) cancel->ctx.TryCancel();
     // Outside the lock: OnDone (which deletes this) may run as soon as Finish is called.
     if (finish.has_value()) Finish(*finish);
   }
 
   void OnCancel() override {
+    Attempt* attempt;
     {
       absl::MutexLock lock(&mu_);
       cancelled_by_client_ = true;
+      attempt = attempt_.get();
     }
-    client_.TryCancel();
+    attempt->ctx.TryCancel();  // attempts live as long as this stream
   }
 
   void OnDone() override {
@@ -90,17 +90,66 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   }
 
  private:
+  // One DecodeService.Generate call.
+  struct Attempt;
   class Upstream final : public grpc::ClientReadReactor<iv1::DecodeResponse> {
    public:
-    explicit Upstream(RouterStream* s) : s_(s) {}
-    void OnReadDone(bool ok) override { s_->OnUpstreamRead(ok); }
-    void OnDone(const grpc::Status& status) override { s_->OnUpstreamDone(status); }
+    Upstream(RouterStream* s, Attempt* a) : s_(s), a_(a) {}
+    void OnReadDone(bool ok) override { s_->OnUpstreamRead(a_, ok); }
+    void OnDone(const grpc::Status& status) override { s_->OnUpstreamDone(a_, status); }
 
    private:
     RouterStream* s_;
+    Attempt* a_;
+  };
+  struct Attempt {
+    Attempt(RouterStream* s, Placement p) : placement(std::move(p)), upstream(s, this) {}
+    const Placement placement;
+    grpc::ClientContext ctx;
+    Upstream upstream;
+    iv1::DecodeResponse in;
   };
 
-  void OnUpstreamRead(bool ok) {
+  // Makes `placement` the current attempt; Launch (outside mu_: gRPC may run a reaction
+  // inline) then starts its call.
+  Attempt* NewAttemptLocked(Placement placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    WorkerPool* pool = service_->workers();
+    pool->AddInflight(placement.decode_index, 1, placement.new_blocks);
+    if (placement.prefill_index >= 0) {
+      pool->AddInflight(placement.prefill_index, 1);
+    }
+    if (attempt_ != nullptr) {
+      retired_.push_back(std::move(attempt_));
+    }
+    attempt_ = std::make_unique<Attempt>(this, std::move(placement));
+    Attempt& a = *attempt_;
+    if (deadline_ != absl::InfiniteFuture()) {
+      a.ctx.set_deadline(absl::ToChronoTime(deadline_));
+    }
+    ++attempts_;
+    upstream_done_ = false;
+    return &a;
+  }
+
+  // `decode_` is not changed while a call is in flight, so it is read here without mu_.
+  void Launch(Attempt* a) {
+    service_->workers()
+        ->decode_stub(a->placement.decode_index)
+        ->async()
+        ->Generate(&a->ctx, &decode_, &a->upstream);
+    a->upstream.StartRead(&a->in);
+    a->upstream.StartCall();
+  }
+
+  void EndAttemptLocked(const Attempt& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    WorkerPool* pool = service_->workers();
+    pool->AddInflight(a.placement.decode_index, -1, a.placement.new_blocks);
+    if (a.placement.prefill_index >= 0) {
+      pool->AddInflight(a.placement.prefill_index, -1);
+    }
+  }
+
+  void OnUpstreamRead(Attempt* a, bool ok) {
     if (!ok) {
       // End of stream: OnDone follows with the status. Before the final message it may also
       // be a message that failed to parse; gRPC then delivers the status only after every
@@ -110,38 +159,39 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
         absl::MutexLock lock(&mu_);
         cancel = read_failed_ = !got_final_;
       }
-      if (cancel) client_.TryCancel();
+      if (cancel) a->ctx.TryCancel();
       return;
     }
     absl::MutexLock lock(&mu_);
+    const iv1::DecodeResponse& in = a->in;
     out_.Clear();
-    *out_.mutable_token_ids() = in_.token_ids();
-    out_.set_text(in_.text());
-    completion_tokens_ += in_.token_ids_size();
-    if (in_.token_ids_size() > 0) {
+    *out_.mutable_token_ids() = in.token_ids();
+    out_.set_text(in.text());
+    completion_tokens_ += in.token_ids_size();
+    if (in.token_ids_size() > 0) {
       const absl::Time now = absl::Now();
       if (!first_) {
         // Inter-token latency as the client sees it: one observation per message after the
         // first, spread over the tokens it carries.
-        const double gap = absl::ToDoubleSeconds(now - last_token_) / in_.token_ids_size();
+        const double gap = absl::ToDoubleSeconds(now - last_token_) / in.token_ids_size();
         metrics::Histogram& itl = service_->metrics().itl->WithLabels({});
-        for (int i = 0; i < in_.token_ids_size(); ++i) itl.Observe(gap);
+        for (int i = 0; i < in.token_ids_size(); ++i) itl.Observe(gap);
       }
       last_token_ = now;
     }
     if (first_) {
       out_.set_request_id(decode_.request_id());
-      if (in_.token_ids_size() > 0) {
+      if (in.token_ids_size() > 0) {
         first_token_ = last_token_;
         first_ = false;
       }
     }
-    if (in_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    if (in.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       out_.set_request_id(decode_.request_id());
-      out_.set_finish_reason(in_.finish_reason());
-      *out_.mutable_usage() = in_.usage();
+      out_.set_finish_reason(in.finish_reason());
+      *out_.mutable_usage() = in.usage();
       v1::Timings* t = out_.mutable_timings();
-      *t = in_.timings();
+      *t = in.timings();
       const absl::Time now = absl::Now();
       // Router-side times include routing and the hop to the worker.
       t->set_total_us(absl::ToInt64Microseconds(now - received_));
@@ -149,14 +199,33 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
         t->set_first_token_us(absl::ToInt64Microseconds(first_token_ - received_));
       }
       got_final_ = true;
-      usage_ = in_.usage();
+      usage_ = in.usage();
     }
+    relayed_ = true;
     writing_ = true;
     StartWrite(&out_);
   }
 
-  void OnUpstreamDone(const grpc::Status& status) {
+  void OnUpstreamDone(Attempt* a, const grpc::Status& status) {
     std::optional<grpc::Status> finish;
+    Attempt* retry = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      EndAttemptLocked(*a);
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        // The worker died or is unreachable: no new requests until it answers health checks.
+        service_->workers()->MarkFailed(a->placement.decode_index,
+                                        services::FromGrpcStatus(status));
+        if (!relayed_ && !cancelled_by_client_ && attempts_ < kMaxAttempts &&
+            absl::Now() < deadline_) {
+          retry = Retry(status);
+        }
+      }
+    }
+    if (retry != nullptr) {
+      Launch(retry);
+      return;
+    }
     {
       absl::MutexLock lock(&mu_);
       upstream_done_ = true;
@@ -171,6 +240,34 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     if (finish.has_value()) Finish(*finish);
   }
 
+  // Places the request again (the failed worker is out of the pool now): the new attempt to
+  // Launch, or null when no worker can take it.
+  Attempt* Retry(const grpc::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<BlockHash> chain;
+    const std::string& bytes = decode_.block_hashes();
+    for (size_t i = 0; i + 16 <= bytes.size(); i += 16) {
+      absl::StatusOr<BlockHash> h = BlockHash::FromBytes(absl::string_view(bytes).substr(i, 16));
+      if (!h.ok()) return nullptr;
+      chain.push_back(*h);
+    }
+    std::vector<WorkerSnapshot> workers = service_->workers()->Snapshot();
+    absl::StatusOr<Placement> p =
+        service_->policy()->Choose(chain, decode_.token_ids_size(), workers);
+    if (!p.ok()) {
+      return nullptr;
+    }
+    if (p->prefill_index >= 0) {
+      decode_.set_prefill_address(workers[p->prefill_index].address);
+    } else {
+      decode_.clear_prefill_address();
+    }
+    LOG(WARNING) << "request_id=" << decode_.request_id() << ": decode worker failed before "
+                 << "the first token (" << why.error_message() << "); retrying on worker "
+                 << p->decode_index;
+    service_->metrics().retries->WithLabels({}).Increment();
+    return NewAttemptLocked(*std::move(p));
+  }
+
   // The status to Finish the client stream with, once the worker call is done and no write is
   // in flight; nullopt otherwise (and after it was returned once).
   std::optional<grpc::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -178,19 +275,12 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       return std::nullopt;
     }
     finished_ = true;
-    WorkerPool* pool = service_->workers();
-    pool->AddInflight(placement_.decode_index, -1, placement_.new_blocks);
-    if (placement_.prefill_index >= 0) {
-      pool->AddInflight(placement_.prefill_index, -1);
-    }
     grpc::Status final_status = status_;
     if (status_.ok() && !got_final_) {
       final_status = grpc::Status(grpc::StatusCode::INTERNAL,
                                   "decode worker ended the stream without a finish reason");
     }
     if (status_.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      // The worker died or is unreachable: no new requests until it answers health checks.
-      pool->MarkFailed(placement_.decode_index, services::FromGrpcStatus(status_));
       final_status =
           grpc::Status(grpc::StatusCode::UNAVAILABLE,
                        absl::StrCat("decode worker failed: ", status_.error_message(), " (retry)"));
@@ -216,15 +306,17 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   }
 
   GenerationService* const service_;
-  iv1::DecodeRequest decode_;
-  const Placement placement_;
+  iv1::DecodeRequest decode_;  // changed only between attempts (prefill_address)
+  const absl::Time deadline_;
   const absl::Time received_;
-  grpc::ClientContext client_;
-  Upstream upstream_;
-  iv1::DecodeResponse in_;
   absl::Mutex mu_;
+  std::unique_ptr<Attempt> attempt_ ABSL_GUARDED_BY(mu_);
+  // Finished attempts: kept until the stream is deleted, as OnCancel may still name one.
+  std::vector<std::unique_ptr<Attempt>> retired_ ABSL_GUARDED_BY(mu_);
+  int attempts_ ABSL_GUARDED_BY(mu_) = 0;
   v1::GenerateResponse out_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool relayed_ ABSL_GUARDED_BY(mu_) = false;  // something was written to the client
   bool upstream_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool first_ ABSL_GUARDED_BY(mu_) = true;
@@ -265,6 +357,11 @@ absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
   PD_ASSIGN_OR_RETURN(m.routing,
                       r->AddCounter("pd_router_routing_decisions_total",
                                     "Placements by policy and reason", {"policy", "reason"}));
+  PD_ASSIGN_OR_RETURN(m.retries,
+                      r->AddCounter("pd_router_retries_total",
+                                    "Requests placed again after their decode worker failed "
+                                    "before the first token",
+                                    {}));
   PD_ASSIGN_OR_RETURN(m.prefill_placement,
                       r->AddCounter("pd_router_prefill_placements_total",
                                     "Where prompts were prefilled: remote_prefill, "

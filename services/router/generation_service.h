@@ -78,10 +78,12 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
     metrics::Family<metrics::Histogram>* e2e = nullptr;
     metrics::Family<metrics::Counter>* tokens = nullptr;  // {kind}
     metrics::Family<metrics::Histogram>* routing_latency = nullptr;
+    metrics::Family<metrics::Counter>* retries = nullptr;
   };
   void Count(absl::string_view method, absl::StatusCode code);
   const Metrics& metrics() const { return metrics_; }
   WorkerPool* workers() { return workers_; }
+  PlacementPolicy* policy() { return policy_; }
   void EndStream() { --inflight_; }
 
  private:

@@ -419,6 +419,56 @@ bool Eventually(const std::function<bool()>& cond, absl::Duration timeout = absl
   return cond();
 }
 
+TEST_F(ClusterE2eTest, RequestWhoseDecodeWorkerDiesBeforeItsFirstTokenIsRetriedElsewhere) {
+  Reference ref;
+  // One running request per decode worker and no disaggregation: a second request placed on a
+  // busy worker waits there without a token until the worker is killed.
+  Cluster c(Dir(), 1, 2, "round_robin", {"--step_delay=5ms", "--max_running=1"},
+            {"--disagg_threshold_tokens=100000"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  auto waiting = [&](int i) {
+    return Metric(c.WorkerMetrics(i), "pd_worker_requests_waiting");
+  };
+  auto running = [&] {
+    return Metric(c.WorkerMetrics(1), "pd_worker_requests_running") +
+           Metric(c.WorkerMetrics(2), "pd_worker_requests_running");
+  };
+  std::vector<Generated> results(3);
+  std::vector<std::thread> streams;
+  auto start = [&](int i, const char* prompt, uint32_t max_tokens) {
+    streams.emplace_back([&, i, prompt, max_tokens] {
+      pdserve::v1::GenerateRequest req;
+      req.set_text(prompt);
+      req.mutable_sampling()->set_max_tokens(max_tokens);
+      req.mutable_sampling()->set_ignore_eos(true);
+      results[i] = c.Generate(req);
+    });
+  };
+  // Round robin: long streams on decode-0 and decode-1, then the third request on the first
+  // one again, where it queues behind the long stream.
+  start(0, kPrompts[0], 400);
+  ASSERT_TRUE(Eventually([&] { return running() == 1; })) << c.Logs();
+  start(1, kPrompts[1], 400);
+  ASSERT_TRUE(Eventually([&] { return running() == 2; })) << c.Logs();
+  start(2, kPrompts[2], 8);
+  int victim = -1;
+  ASSERT_TRUE(Eventually([&] {
+    for (int i : {1, 2}) {
+      if (waiting(i) == 1) victim = i;
+    }
+    return victim >= 0;
+  })) << c.Logs();
+  ASSERT_TRUE(c.workers()[victim].process->Signal(SIGKILL).ok());
+  for (auto& t : streams) t.join();
+  // The queued request completes on the other worker with the greedy output; the stream that
+  // had already sent tokens fails retryably.
+  ASSERT_TRUE(results[2].status.ok()) << results[2].status.error_message() << c.Logs();
+  EXPECT_EQ(results[2].tokens, ref.Greedy(kPrompts[2], 8).first);
+  const int failed = (results[0].status.ok() ? 0 : 1) + (results[1].status.ok() ? 0 : 1);
+  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(Metric(c.RouterMetrics(), "pd_router_retries_total"), 1);
+}
+
 TEST_F(ClusterE2eTest, ClientCancelAndDeadlineFreeTheWorkersBlocks) {
   Cluster c(Dir(), 1, 1, "round_robin", {"--step_delay=5ms"});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
