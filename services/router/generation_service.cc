@@ -69,7 +69,10 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       }
       finish = MaybeFinishLocked();
     }
-    if (cancel != nullptr) cancel->ctx.TryCancel();
+    if (cancel != nullptr) {
+      cancel->ctx.TryCancel();
+      cancel->upstream.RemoveHold();  // no read will follow (see Launch)
+    }
     // Outside the lock: OnDone (which deletes this) may run as soon as Finish is called.
     if (finish.has_value()) Finish(*finish);
   }
@@ -137,6 +140,10 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
         ->decode_stub(a->placement.decode_index)
         ->async()
         ->Generate(&a->ctx, &decode_, &a->upstream);
+    // The next read is started from OnWriteDone, outside the upstream's reactions: without a
+    // hold, the call could finish (and free its state) between a read's end and that StartRead.
+    // Released when no read will follow: a read that ends the stream, or a failed client write.
+    a->upstream.AddHold();
     a->upstream.StartRead(&a->in);
     a->upstream.StartCall();
   }
@@ -160,6 +167,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
         cancel = read_failed_ = !got_final_;
       }
       if (cancel) a->ctx.TryCancel();
+      a->upstream.RemoveHold();  // no read follows: OnDone may come
       return;
     }
     absl::MutexLock lock(&mu_);
