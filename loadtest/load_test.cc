@@ -1,16 +1,18 @@
 #include "loadtest/load_test.h"
 
+#include <algorithm>
 #include <cstdio>
-#include <random>
+#include <filesystem>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "loadtest/length_spec.h"
 #include "loadtest/progress.h"
 #include "loadtest/target.h"
-#include "loadtest/trace.h"
 
 namespace pd::loadtest {
 namespace {
@@ -34,6 +36,36 @@ void WarnAboutContext(int64_t longest_prompt, int64_t longest_request,
   }
 }
 
+// The vocabulary range: --vocab_size, or the smallest of the targets' models.
+absl::StatusOr<VocabRange> ResolveVocab(const LoadTestConfig& config,
+                                        const std::vector<pdserve::v1::ModelInfo>& models) {
+  VocabRange vocab{config.vocab_lo, config.vocab_size};
+  for (size_t i = 0; i < models.size(); ++i) {
+    const pdserve::v1::ModelInfo& m = models[i];
+    const std::string& target = i == 0 ? config.target : config.compare_target;
+    if (config.vocab_size == 0) {
+      if (m.vocab_size() == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "target ", target, " does not report the model's vocab_size: pass --vocab_size"));
+      }
+      vocab.hi = vocab.hi == 0 ? m.vocab_size() : std::min(vocab.hi, m.vocab_size());
+    } else if (m.vocab_size() > 0 && vocab.hi > m.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("--vocab_size ", vocab.hi, " exceeds model '",
+                                                     m.id(), "' vocab_size ", m.vocab_size(),
+                                                     " at ", target));
+    }
+  }
+  if (vocab.lo >= vocab.hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab_lo ", vocab.lo, " must be < the vocabulary size ", vocab.hi));
+  }
+  return vocab;
+}
+
+std::string CsvName(const TargetRun& run) {
+  return run.stem == "run" ? "records.csv" : absl::StrCat("records_", run.stem, ".csv");
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig& config) {
@@ -41,53 +73,46 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
   std::unique_ptr<LoadTest> lt(new LoadTest());
   lt->config_ = config;
   const std::string workload = config.WorkloadName();
-  PD_ASSIGN_OR_RETURN(const ArrivalMode arrival, config.ResolveArrival());
+  PD_ASSIGN_OR_RETURN(lt->arrival_, config.ResolveArrival());
+  PD_ASSIGN_OR_RETURN(lt->sweep_rates_, config.SweepRates());
   PD_ASSIGN_OR_RETURN(const LengthSpec input_len, LengthSpec::Parse(config.input_len));
   PD_ASSIGN_OR_RETURN(const LengthSpec output_len, LengthSpec::Parse(config.output_len));
 
   // Input errors first: they need no server.
-  std::optional<Trace> trace;
   if (workload == "trace") {
     TraceOptions options;
     options.time_scale = config.time_scale;
     options.max_input_len = config.max_input_len;
     options.block_tokens = config.trace_block_tokens;
     PD_ASSIGN_OR_RETURN(options.on_bad_line, ParseBadLinePolicy(config.on_bad_line));
-    PD_ASSIGN_OR_RETURN(trace, LoadTrace(config.trace, options));
-    for (size_t i = 0; i < trace->skipped.size() && i < 10; ++i) {
-      LOG(WARNING) << "skipped " << trace->skipped[i];
+    PD_ASSIGN_OR_RETURN(lt->trace_, LoadTrace(config.trace, options));
+    for (size_t i = 0; i < lt->trace_->skipped.size() && i < 10; ++i) {
+      LOG(WARNING) << "skipped " << lt->trace_->skipped[i];
     }
-    if (trace->skipped.size() > 10) {
-      LOG(WARNING) << "skipped " << trace->skipped.size() - 10 << " more malformed lines";
+    if (lt->trace_->skipped.size() > 10) {
+      LOG(WARNING) << "skipped " << lt->trace_->skipped.size() - 10 << " more malformed lines";
     }
   }
 
-  std::vector<std::shared_ptr<grpc::Channel>> channels =
-      MakeChannels(config.target, config.num_channels);
-  PD_ASSIGN_OR_RETURN(
-      lt->model_, ProbeTarget(channels[0], config.target, config.model, config.connect_timeout));
-  VocabRange vocab{config.vocab_lo, config.vocab_size};
-  if (vocab.hi == 0) {
-    vocab.hi = lt->model_.vocab_size();
-    if (vocab.hi == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "target ", config.target, " does not report the model's vocab_size: pass --vocab_size"));
-    }
-  } else if (lt->model_.vocab_size() > 0 && vocab.hi > lt->model_.vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("--vocab_size ", vocab.hi, " exceeds model '",
-                                                   lt->model_.id(), "' vocab_size ",
-                                                   lt->model_.vocab_size()));
+  lt->channels_ = MakeChannels(config.target, config.num_channels);
+  PD_ASSIGN_OR_RETURN(lt->model_, ProbeTarget(lt->channels_[0], config.target, config.model,
+                                              config.connect_timeout));
+  std::vector<pdserve::v1::ModelInfo> models = {lt->model_};
+  if (config.compare()) {
+    lt->compare_channels_ = MakeChannels(config.compare_target, config.num_channels);
+    PD_ASSIGN_OR_RETURN(pdserve::v1::ModelInfo compare_model,
+                        ProbeTarget(lt->compare_channels_[0], config.compare_target, config.model,
+                                    config.connect_timeout));
+    models.push_back(std::move(compare_model));
   }
-  if (vocab.lo >= vocab.hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--vocab_lo ", vocab.lo, " must be < the vocabulary size ", vocab.hi));
-  }
+  PD_ASSIGN_OR_RETURN(lt->vocab_, ResolveVocab(config, models));
+  const VocabRange vocab = lt->vocab_;
 
   RunInfo& info = lt->info_;
   info.target = config.target;
   info.model = lt->model_.id();
   info.workload = workload;
-  info.arrival = std::string(ArrivalModeName(arrival));
+  info.arrival = std::string(ArrivalModeName(lt->arrival_));
   info.concurrency = config.concurrency;
   info.request_rate = config.request_rate;
   info.burstiness = config.burstiness;
@@ -95,22 +120,14 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
   info.num_requests = config.num_requests;
   info.duration_bound_s = absl::ToDoubleSeconds(config.duration);
   info.workload_options.push_back({"vocab", absl::StrCat("[", vocab.lo, ",", vocab.hi, ")")});
+  const uint32_t context = lt->model_.max_context_tokens();
   if (workload == "synthetic") {
-    SyntheticOptions o{input_len, output_len, vocab, config.seed};
-    PD_ASSIGN_OR_RETURN(lt->workload_, MakeSyntheticWorkload(o));
-    WarnAboutContext(input_len.max(), input_len.max() + output_len.max(),
-                     lt->model_.max_context_tokens());
+    WarnAboutContext(input_len.max(), input_len.max() + output_len.max(), context);
     info.workload_options.push_back({"input_len", input_len.ToString()});
     info.workload_options.push_back({"output_len", output_len.ToString()});
   } else if (workload == "shared_prefix") {
-    SharedPrefixOptions o{config.num_prefixes, config.suffixes_per_prefix,
-                          config.prefix_len,   config.suffix_len,
-                          output_len,          vocab,
-                          config.seed};
-    PD_ASSIGN_OR_RETURN(lt->workload_, MakeSharedPrefixWorkload(o));
     WarnAboutContext(config.prefix_len + config.suffix_len,
-                     config.prefix_len + config.suffix_len + output_len.max(),
-                     lt->model_.max_context_tokens());
+                     config.prefix_len + config.suffix_len + output_len.max(), context);
     info.workload_options.push_back({"num_prefixes", absl::StrCat(config.num_prefixes)});
     info.workload_options.push_back(
         {"suffixes_per_prefix", absl::StrCat(config.suffixes_per_prefix)});
@@ -118,59 +135,120 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
     info.workload_options.push_back({"suffix_len", absl::StrCat(config.suffix_len)});
     info.workload_options.push_back({"output_len", output_len.ToString()});
   } else {
+    const Trace& trace = *lt->trace_;
     int64_t longest_prompt = 0;
     int64_t longest = 0;
-    const size_t sent = config.num_requests > 0 ? std::min(trace->records.size(),
+    const size_t sent = config.num_requests > 0 ? std::min(trace.records.size(),
                                                            static_cast<size_t>(config.num_requests))
-                                                : trace->records.size();
+                                                : trace.records.size();
     for (size_t i = 0; i < sent; ++i) {
-      const TraceRecord& r = trace->records[i];
+      const TraceRecord& r = trace.records[i];
       longest_prompt = std::max(longest_prompt, r.input_length);
       longest = std::max(longest, r.input_length + r.output_length);
     }
-    WarnAboutContext(longest_prompt, longest, lt->model_.max_context_tokens());
+    WarnAboutContext(longest_prompt, longest, context);
     info.workload_options.push_back({"trace", config.trace});
     info.workload_options.push_back({"time_scale", absl::StrCat(config.time_scale)});
     info.workload_options.push_back({"max_input_len", absl::StrCat(config.max_input_len)});
-    info.workload_options.push_back({"trace_records", absl::StrCat(trace->records.size())});
-    info.workload_options.push_back({"trace_skipped_lines", absl::StrCat(trace->skipped.size())});
-    info.workload_options.push_back({"trace_capped_requests", absl::StrCat(trace->num_capped)});
-    PD_ASSIGN_OR_RETURN(lt->workload_,
-                        MakeTraceWorkload(*std::move(trace), {config.trace_block_tokens, vocab}));
+    info.workload_options.push_back({"trace_records", absl::StrCat(trace.records.size())});
+    info.workload_options.push_back({"trace_skipped_lines", absl::StrCat(trace.skipped.size())});
+    info.workload_options.push_back({"trace_capped_requests", absl::StrCat(trace.num_capped)});
   }
-
-  RunnerOptions ro;
-  ro.model = config.model;
-  ro.arrival = arrival;
-  ro.concurrency = config.concurrency;
-  ro.request_rate = config.request_rate;
-  ro.burstiness = config.burstiness;
-  // A different stream from the workload's, so changing one does not shift the other.
-  ro.seed = config.seed ^ 0x5eed'a771'7a15'0000ULL;
-  ro.num_requests = config.num_requests;
-  ro.duration = config.duration;
-  ro.request_timeout = config.request_timeout;
-  ro.ignore_eos = config.ignore_eos;
-  ro.cache_salt = config.cache_salt;
-  ro.num_threads = config.client_threads;
-  PD_ASSIGN_OR_RETURN(lt->runner_, LoadRunner::Create(ro, std::move(channels)));
-  LOG(INFO) << "pd-loadtest: target " << config.target << " model '" << lt->model_.id()
-            << "' (vocab " << lt->model_.vocab_size() << ", context "
-            << lt->model_.max_context_tokens() << "), workload " << workload << ", arrival "
-            << info.arrival << ", concurrency " << config.concurrency << ", rate "
-            << config.request_rate << "/s, num_requests " << config.num_requests << ", duration "
+  if (config.compare()) {
+    info.workload_options.push_back({"compare_target", config.compare_target});
+  }
+  // Everything a run needs is checked now, not at the first (or a later) rate.
+  PD_RETURN_IF_ERROR(lt->MakeWorkload().status());
+  for (double rate :
+       lt->sweep_rates_.empty() ? std::vector<double>{config.request_rate} : lt->sweep_rates_) {
+    PD_RETURN_IF_ERROR(lt->RunnerOptionsFor(rate).Validate());
+  }
+  LOG(INFO) << "pd-loadtest: target " << config.target
+            << (config.compare() ? absl::StrCat(" vs ", config.compare_target) : "") << " model '"
+            << lt->model_.id() << "' (vocab " << lt->model_.vocab_size() << ", context " << context
+            << "), workload " << workload << ", arrival " << info.arrival << ", concurrency "
+            << config.concurrency << ", rate "
+            << (config.request_rates.empty() ? absl::StrCat(config.request_rate)
+                                             : config.request_rates)
+            << "/s, num_requests " << config.num_requests << ", duration "
             << absl::FormatDuration(config.duration);
   return lt;
 }
 
-LoadTestOutcome LoadTest::Run() {
+absl::StatusOr<std::unique_ptr<Workload>> LoadTest::MakeWorkload() const {
+  PD_ASSIGN_OR_RETURN(const LengthSpec input_len, LengthSpec::Parse(config_.input_len));
+  PD_ASSIGN_OR_RETURN(const LengthSpec output_len, LengthSpec::Parse(config_.output_len));
+  const std::string workload = config_.WorkloadName();
+  if (workload == "synthetic") {
+    return MakeSyntheticWorkload({input_len, output_len, vocab_, config_.seed});
+  }
+  if (workload == "shared_prefix") {
+    return MakeSharedPrefixWorkload({config_.num_prefixes, config_.suffixes_per_prefix,
+                                     config_.prefix_len, config_.suffix_len, output_len, vocab_,
+                                     config_.seed});
+  }
+  return MakeTraceWorkload(*trace_, {config_.trace_block_tokens, vocab_});
+}
+
+RunnerOptions LoadTest::RunnerOptionsFor(double request_rate) const {
+  RunnerOptions ro;
+  ro.model = config_.model;
+  ro.arrival = arrival_;
+  ro.concurrency = config_.concurrency;
+  ro.request_rate = request_rate;
+  ro.burstiness = config_.burstiness;
+  // A different stream from the workload's, so changing one does not shift the other.
+  ro.seed = config_.seed ^ 0x5eed'a771'7a15'0000ULL;
+  ro.num_requests = config_.num_requests;
+  ro.duration = config_.duration;
+  ro.request_timeout = config_.request_timeout;
+  ro.ignore_eos = config_.ignore_eos;
+  ro.cache_salt = config_.cache_salt;
+  if (config_.compare() && config_.compare_salt) {
+    ro.cache_salt = absl::StrCat(config_.cache_salt, "/a");
+    ro.compare_cache_salt = absl::StrCat(config_.cache_salt, "/b");
+  } else if (config_.compare()) {
+    ro.compare_cache_salt = config_.cache_salt;
+  }
+  ro.num_threads = config_.client_threads;
+  return ro;
+}
+
+void LoadTest::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+  if (current_runner_ != nullptr) {
+    current_runner_->Stop();
+  }
+}
+
+bool LoadTest::RunOnce(double request_rate, const std::string& sweep_label,
+                       std::vector<TargetRun>* runs) {
+  absl::StatusOr<std::unique_ptr<Workload>> workload = MakeWorkload();
+  CHECK(workload.ok()) << workload.status();  // checked in Create
+  absl::StatusOr<std::unique_ptr<LoadRunner>> runner =
+      LoadRunner::Create(RunnerOptionsFor(request_rate), channels_, compare_channels_);
+  CHECK(runner.ok()) << runner.status();  // checked in Create
+  {
+    absl::MutexLock lock(&mu_);
+    current_runner_ = runner->get();
+    if (stopped_) {
+      (*runner)->Stop();  // Run then sends nothing: an empty, interrupted run
+    }
+  }
+  RunInfo info = info_;
+  info.request_rate = request_rate;
+  info.started_at = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
   absl::StatusOr<ProgressMode> mode = ParseProgressMode(config_.progress);
-  info_.started_at = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
   RunResult result;
   {
     ProgressReporter progress(stderr, mode.value_or(ProgressMode::kOff),
-                              [this] { return runner_->Progress(); });
-    result = runner_->Run(workload_.get());
+                              [r = runner->get()] { return r->Progress(); });
+    result = (*runner)->Run(workload->get());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    current_runner_ = nullptr;
   }
   Slo slo;
   if (config_.slo_ttft_ms > 0) {
@@ -179,19 +257,142 @@ LoadTestOutcome LoadTest::Run() {
   if (config_.slo_tpot_ms > 0) {
     slo.tpot_ms = config_.slo_tpot_ms;
   }
+  info.interrupted = result.stopped;
+  info.max_in_flight = result.max_in_flight;
+  if (!config_.compare()) {
+    TargetRun run;
+    run.label = sweep_label;
+    run.stem = sweep_label.empty() ? "run" : absl::StrCat("rate_", request_rate);
+    run.summary = Summarize(result.records, result.duration_ns, slo);
+    run.info = std::move(info);
+    run.records = std::move(result.records);
+    runs->push_back(std::move(run));
+    return !result.stopped;
+  }
+  // Compare mode: split by target; each target's duration is its own first send -> last end.
+  for (int target = 0; target < 2; ++target) {
+    TargetRun run;
+    run.label = target == 0 ? "A" : "B";
+    run.stem = target == 0 ? "a" : "b";
+    int64_t first = INT64_MAX;
+    int64_t last = 0;
+    for (RequestRecord& r : result.records) {
+      if (r.target == target) {
+        first = std::min(first, r.start_ns);
+        last = std::max(last, r.end_ns);
+        run.records.push_back(r);
+      }
+    }
+    run.summary = Summarize(run.records, run.records.empty() ? 0 : last - first, slo);
+    run.info = info;
+    run.info.target = target == 0 ? config_.target : config_.compare_target;
+    runs->push_back(std::move(run));
+  }
+  return !result.stopped;
+}
+
+LoadTestOutcome LoadTest::Run() {
   LoadTestOutcome out;
-  out.summary = Summarize(result.records, result.duration_ns, slo);
-  info_.interrupted = result.stopped;
-  info_.max_in_flight = result.max_in_flight;
-  out.info = info_;
-  out.table = SummaryTable(out.summary, out.info);
+  if (sweep_rates_.empty()) {
+    RunOnce(config_.request_rate, "", &out.runs);
+  } else {
+    for (double rate : sweep_rates_) {
+      LOG(INFO) << "pd-loadtest: sweep: " << rate << " requests/s";
+      if (!RunOnce(rate, absl::StrCat("rate=", rate), &out.runs)) {
+        break;
+      }
+    }
+  }
+  out.summary = out.runs[0].summary;
+  out.info = out.runs[0].info;
+  for (const TargetRun& run : out.runs) {
+    out.table += SummaryTable(run.summary, run.info);
+  }
+  if (config_.compare()) {
+    out.table += CompareTable({"A", out.runs[0].summary, out.runs[0].info},
+                              {"B", out.runs[1].summary, out.runs[1].info});
+  } else if (!sweep_rates_.empty()) {
+    std::vector<LabeledSummary> rates;
+    for (const TargetRun& run : out.runs) {
+      rates.push_back({run.label, run.summary, run.info});
+    }
+    out.table += SweepTable(rates);
+  }
+  WriteReports(&out);
+  return out;
+}
+
+void LoadTest::WriteReports(LoadTestOutcome* out) const {
+  std::vector<LabeledSummary> labeled;
+  for (const TargetRun& run : out->runs) {
+    labeled.push_back({run.label, run.summary, run.info});
+  }
+  std::string json;
+  if (config_.compare()) {
+    json = CompareJson(labeled[0], labeled[1]);
+  } else if (!sweep_rates_.empty()) {
+    json = SweepJson(labeled);
+  } else {
+    json = SummaryJson(out->summary, out->info);
+  }
   if (!config_.output_json.empty()) {
-    out.report_status.Update(WriteFile(config_.output_json, SummaryJson(out.summary, out.info)));
+    out->report_status.Update(WriteFile(config_.output_json, json));
   }
   if (!config_.output_csv.empty()) {
-    out.report_status.Update(WriteFile(config_.output_csv, RecordsCsv(result.records)));
+    out->report_status.Update(WriteFile(config_.output_csv, RecordsCsv(out->runs[0].records)));
   }
-  return out;
+  if (config_.output_dir.empty()) {
+    return;
+  }
+  const std::string& dir = config_.output_dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    out->report_status.Update(absl::NotFoundError(
+        absl::StrCat("cannot create --output_dir '", dir, "': ", ec.message())));
+    return;
+  }
+  out->report_status.Update(WriteFile(absl::StrCat(dir, "/summary.json"), json));
+  for (const TargetRun& run : out->runs) {
+    out->report_status.Update(
+        WriteFile(absl::StrCat(dir, "/", CsvName(run)), RecordsCsv(run.records)));
+  }
+  if (!config_.plot) {
+    return;
+  }
+  std::vector<PlotRun> plot_runs;
+  std::vector<SweepPoint> sweep;
+  for (const TargetRun& run : out->runs) {
+    std::string label = run.info.target;
+    if (config_.compare()) {
+      label = absl::StrCat(run.label, " ", run.info.target);
+    } else if (!sweep_rates_.empty()) {
+      label = absl::StrCat(run.info.request_rate, " req/s");
+      SweepPoint p;
+      p.request_rate = run.info.request_rate;
+      p.request_throughput = run.summary.request_throughput;
+      p.output_throughput = run.summary.output_throughput;
+      if (run.summary.slo.any()) {
+        p.request_goodput = run.summary.request_goodput;
+      }
+      p.mean_ttft_ms = run.summary.ttft.mean;
+      p.p99_ttft_ms = run.summary.ttft.p99;
+      sweep.push_back(p);
+    }
+    plot_runs.push_back({label, run.stem, &run.records});
+  }
+  absl::StatusOr<PlotFiles> plots = WritePlots(dir, plot_runs, sweep, config_.gnuplot);
+  if (!plots.ok()) {
+    out->report_status.Update(plots.status());
+    return;
+  }
+  if (plots->images.empty()) {
+    absl::StrAppend(&out->table, "Plots: scripts and data in ", dir, " (no images: ", plots->note,
+                    ")\n");
+  } else {
+    absl::StrAppend(&out->table, "Plots: ", absl::StrJoin(plots->images, ", "), "\n");
+  }
+  out->plots = *std::move(plots);
 }
 
 }  // namespace pd::loadtest

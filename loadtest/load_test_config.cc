@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "loadtest/cli_args.h"
 #include "loadtest/length_spec.h"
 #include "loadtest/progress.h"
 #include "loadtest/trace.h"
@@ -27,10 +28,25 @@ std::string LoadTestConfig::WorkloadName() const {
   return "";
 }
 
+absl::StatusOr<std::vector<double>> LoadTestConfig::SweepRates() const {
+  if (request_rates.empty()) {
+    return std::vector<double>();
+  }
+  PD_ASSIGN_OR_RETURN(std::vector<double> rates, ParseDoubleList("request_rates", request_rates));
+  for (double r : rates) {
+    if (!(r > 0) || !std::isfinite(r)) {
+      return Invalid("request_rates", "must list rates > 0", request_rates);
+    }
+  }
+  return rates;
+}
+
 absl::StatusOr<ArrivalMode> LoadTestConfig::ResolveArrival() const {
   ArrivalMode mode;
+  // A sweep runs at each listed rate: resolve as for an open loop.
+  const bool open_loop = request_rate > 0 || !request_rates.empty();
   if (arrival == "auto") {
-    if (request_rate > 0) {
+    if (open_loop) {
       mode = burstiness == 1.0 ? ArrivalMode::kPoisson : ArrivalMode::kGamma;
     } else if (WorkloadName() == "trace") {
       mode = ArrivalMode::kTrace;
@@ -47,7 +63,7 @@ absl::StatusOr<ArrivalMode> LoadTestConfig::ResolveArrival() const {
   if (mode == ArrivalMode::kClosed && concurrency < 1) {
     return absl::InvalidArgumentError("--arrival=closed needs --concurrency >= 1");
   }
-  if ((mode == ArrivalMode::kPoisson || mode == ArrivalMode::kGamma) && !(request_rate > 0)) {
+  if ((mode == ArrivalMode::kPoisson || mode == ArrivalMode::kGamma) && !open_loop) {
     return absl::InvalidArgumentError(
         absl::StrCat("--arrival=", ArrivalModeName(mode), " needs --request_rate > 0"));
   }
@@ -123,7 +139,28 @@ absl::Status LoadTestConfig::Validate() const {
   if (!(burstiness > 0) || !std::isfinite(burstiness)) {
     return Invalid("burstiness", "must be > 0", absl::StrCat(burstiness));
   }
-  PD_RETURN_IF_ERROR(ResolveArrival().status());
+  PD_ASSIGN_OR_RETURN(const ArrivalMode mode, ResolveArrival());
+  PD_ASSIGN_OR_RETURN(const std::vector<double> rates, SweepRates());
+  if (!rates.empty()) {
+    if (request_rate > 0) {
+      return absl::InvalidArgumentError(
+          "--request_rate and --request_rates are exclusive (a sweep sets the rate of each run)");
+    }
+    if (mode != ArrivalMode::kPoisson && mode != ArrivalMode::kGamma) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--request_rates needs an open-loop arrival (poisson or gamma), got --arrival=",
+          ArrivalModeName(mode)));
+    }
+    if (compare()) {
+      return absl::InvalidArgumentError(
+          "--request_rates and --compare_target cannot be combined yet: run the sweep per target");
+    }
+  }
+  if ((compare() || !rates.empty()) && !output_csv.empty()) {
+    return absl::InvalidArgumentError(
+        "--output_csv takes one run's records: with --compare_target or --request_rates use "
+        "--output_dir (one CSV per run)");
+  }
   if (num_requests < 0) {
     return Invalid("num_requests", "must be >= 0", absl::StrCat(num_requests));
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -18,6 +19,12 @@ struct LoadTestConfig {
   absl::Duration connect_timeout = absl::Seconds(5);  // readiness check bound
   int num_channels = 2;                               // HTTP/2 connections, [1, 64]
   int client_threads = 2;                             // completion-queue polling threads, [1, 64]
+  // Compare mode: host:port of a second target; "" = off. The workload is sent to both,
+  // interleaved request by request (LoadRunner), and the report gives B/A ratios.
+  std::string compare_target;
+  // Compare mode: give each target's requests its own cache_salt (cache_salt + "/a", "/b"), so
+  // that two routers in front of the same workers never hit each other's prefixes.
+  bool compare_salt = true;
 
   // Workload: "synthetic", "shared_prefix" (or "shared-prefix") or "trace".
   std::string workload = "synthetic";
@@ -38,22 +45,30 @@ struct LoadTestConfig {
   // Arrival: "auto", "closed", "poisson", "gamma" or "trace". auto = poisson (gamma when
   // burstiness != 1) if request_rate > 0, else trace timestamps for a trace, else closed.
   std::string arrival = "auto";
-  int64_t concurrency = 0;                         // closed: in flight; otherwise a cap (0 = none)
-  double request_rate = 0;                         // open loop: requests per second
-  double burstiness = 1.0;                         // gamma shape
-  uint64_t seed = 0;                               // workload and arrival randomness
-  int64_t num_requests = 0;                        // 0 = no bound
-  absl::Duration duration = absl::ZeroDuration();  // 0 = no bound
+  int64_t concurrency = 0;  // closed: in flight; otherwise a cap (0 = none)
+  double request_rate = 0;  // open loop: requests per second
+  // Rate sweep: "1,2,4,8" runs the whole load once per rate (open loop), one after the other;
+  // "" = one run at request_rate. Exclusive with request_rate and compare_target.
+  std::string request_rates;
+  double burstiness = 1.0;                             // gamma shape
+  uint64_t seed = 0;                                   // workload and arrival randomness
+  int64_t num_requests = 0;                            // 0 = no bound
+  absl::Duration duration = absl::ZeroDuration();      // 0 = no bound
   absl::Duration request_timeout = absl::Minutes(10);  // per request; 0 = none
   bool ignore_eos = true;
   std::string cache_salt;  // "" = unset
 
   // Metrics and outputs.
-  double slo_ttft_ms = 0;         // 0 = no TTFT SLO
-  double slo_tpot_ms = 0;         // 0 = no TPOT SLO
-  std::string output_json;        // "" = not written
-  std::string output_csv;         // "" = not written
-  std::string progress = "auto";  // auto | bar | lines | off
+  double slo_ttft_ms = 0;   // 0 = no TTFT SLO
+  double slo_tpot_ms = 0;   // 0 = no TPOT SLO
+  std::string output_json;  // "" = not written
+  std::string output_csv;   // "" = not written (single runs only)
+  // Directory for every report of the run (created if missing): summary.json, the records'
+  // CSV(s) and, with `plot`, gnuplot scripts, their data and the images. "" = none.
+  std::string output_dir;
+  bool plot = true;                 // with output_dir: write plots
+  std::string gnuplot = "gnuplot";  // program rendering them (PATH lookup); "" = scripts only
+  std::string progress = "auto";    // auto | bar | lines | off
 
   // InvalidArgument naming the flag for any invalid or inconsistent value (unknown names,
   // malformed length specs, missing bounds, an arrival the workload cannot use, ...).
@@ -63,6 +78,10 @@ struct LoadTestConfig {
   std::string WorkloadName() const;
   // The arrival process after resolving "auto". InvalidArgument as Validate.
   absl::StatusOr<ArrivalMode> ResolveArrival() const;
+  // The sweep's rates (empty without --request_rates). InvalidArgument for a malformed list or
+  // a rate <= 0.
+  absl::StatusOr<std::vector<double>> SweepRates() const;
+  bool compare() const { return !compare_target.empty(); }
 };
 
 }  // namespace pd::loadtest

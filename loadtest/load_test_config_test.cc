@@ -99,5 +99,47 @@ TEST(LoadTestConfigTest, RejectsInvalidValues) {
   ExpectInvalid(c, "--burstiness applies to --arrival=gamma");
 }
 
+TEST(LoadTestConfigTest, RateSweep) {
+  LoadTestConfig c;
+  c.num_requests = 10;
+  c.request_rates = "1, 2.5,4";
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  EXPECT_EQ(*c.ResolveArrival(), ArrivalMode::kPoisson);
+  EXPECT_THAT(*c.SweepRates(), ::testing::ElementsAre(1, 2.5, 4));
+  c.burstiness = 0.5;
+  EXPECT_EQ(*c.ResolveArrival(), ArrivalMode::kGamma);
+  c.burstiness = 1;
+
+  LoadTestConfig bad = c;
+  bad.request_rates = "1,,2";
+  ExpectInvalid(bad, "--request_rates has an empty item");
+  bad.request_rates = "1,0";
+  ExpectInvalid(bad, "--request_rates must list rates > 0");
+  bad.request_rates = "fast";
+  ExpectInvalid(bad, "'fast' is not a number");
+  bad = c;
+  bad.request_rate = 3;
+  ExpectInvalid(bad, "exclusive");
+  bad = c;
+  bad.arrival = "closed";
+  bad.concurrency = 4;
+  ExpectInvalid(bad, "--request_rates needs an open-loop arrival");
+  bad = c;
+  bad.compare_target = "127.0.0.1:2";
+  ExpectInvalid(bad, "cannot be combined");
+  bad = c;
+  bad.output_csv = "x.csv";
+  ExpectInvalid(bad, "use --output_dir");
+}
+
+TEST(LoadTestConfigTest, CompareMode) {
+  LoadTestConfig c = Closed();
+  c.compare_target = "127.0.0.1:2";
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  EXPECT_TRUE(c.compare());
+  c.output_csv = "x.csv";
+  ExpectInvalid(c, "use --output_dir");
+}
+
 }  // namespace
 }  // namespace pd::loadtest

@@ -246,5 +246,139 @@ TEST_F(LoadTestTest, MalformedTraceFailsBeforeConnecting) {
               HasSubstr(trace + ":2: missing field 'output_length'"));
 }
 
+// Compare mode against two canned-token servers: B answers 50 ms late and slower, and only A
+// reports prefix-cache hits (a stand-in for a cache-aware router against round-robin).
+TEST_F(LoadTestTest, CompareModeSendsEveryRequestToBothAndReportsRatios) {
+  FakeGenerationServerOptions ao;
+  ao.simulate_prefix_cache = true;
+  StartServer(ao);
+  FakeGenerationServerOptions bo;
+  bo.first_token_delay = absl::Milliseconds(50);
+  bo.token_delay = absl::Milliseconds(5);
+  absl::StatusOr<std::unique_ptr<FakeGenerationServer>> b = FakeGenerationServer::Start(bo);
+  ASSERT_TRUE(b.ok()) << b.status();
+
+  LoadTestConfig c = Config();
+  c.compare_target = (*b)->address();
+  c.output_csv = "";
+  c.output_dir = dir_->File("cmp");
+  c.gnuplot = "";  // scripts only; rendering is PlotTest's
+  c.workload = "shared_prefix";
+  c.num_prefixes = 2;
+  c.suffixes_per_prefix = 4;
+  c.prefix_len = 64;
+  c.suffix_len = 8;
+  c.output_len = "4";
+  c.concurrency = 2;
+  c.num_requests = 16;
+  const LoadTestOutcome out = RunOk(c);
+  ASSERT_EQ(out.runs.size(), 2u);
+  EXPECT_EQ(out.runs[0].summary.completed, 16);
+  EXPECT_EQ(out.runs[1].summary.completed, 16);
+  EXPECT_EQ(out.runs[1].info.target, (*b)->address());
+  EXPECT_EQ(server_->stats().requests, 16);
+  EXPECT_EQ((*b)->stats().requests, 16);
+  // The same requests on both sides, in workload order.
+  for (size_t i = 0; i < 16; ++i) {
+    EXPECT_EQ(out.runs[0].records[i].index, static_cast<int64_t>(i));
+    EXPECT_EQ(out.runs[1].records[i].index, static_cast<int64_t>(i));
+    EXPECT_EQ(out.runs[1].records[i].target, 1);
+    EXPECT_EQ(out.runs[0].records[i].input_tokens, out.runs[1].records[i].input_tokens);
+  }
+  EXPECT_THAT(out.table, HasSubstr("pd-loadtest compare (B / A)"));
+
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(c.output_json));
+  EXPECT_EQ(j, nlohmann::json::parse(ReadFile(dir_->File("cmp/summary.json"))));
+  EXPECT_EQ(j["mode"], "compare");
+  EXPECT_EQ(j["a"]["completed"], 16);
+  EXPECT_EQ(j["b"]["config"]["target"], (*b)->address());
+  EXPECT_GT(j["ratios"]["mean_ttft_ms"].get<double>(), 1.0);
+  EXPECT_GT(j["ratios"]["median_ttft_ms"].get<double>(), 1.0);
+  EXPECT_GT(j["ratios"]["mean_e2el_ms"].get<double>(), 1.0);
+  EXPECT_GT(j["a"]["prefix_cache_hit_ratio"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j["ratios"]["prefix_cache_hit_ratio"].get<double>(), 0.0);
+  for (const char* f : {"records_a.csv", "records_b.csv"}) {
+    std::vector<std::string> lines =
+        absl::StrSplit(ReadFile(dir_->File(absl::StrCat("cmp/", f))), '\n', absl::SkipEmpty());
+    EXPECT_EQ(lines.size(), 17u) << f;
+  }
+  EXPECT_THAT(ReadFile(dir_->File("cmp/latency_cdf.gp")), HasSubstr("\"cdf_b_ttft.dat\""));
+}
+
+TEST_F(LoadTestTest, RateSweepRunsEachRateWithItsOwnSummary) {
+  StartServer();
+  LoadTestConfig c = Config();
+  c.output_csv = "";
+  c.output_dir = dir_->File("sweep");
+  c.gnuplot = "";
+  c.request_rates = "200,400";
+  c.num_requests = 20;
+  c.input_len = "8";
+  c.output_len = "3";
+  c.slo_ttft_ms = 60'000;
+  const LoadTestOutcome out = RunOk(c);
+  ASSERT_EQ(out.runs.size(), 2u);
+  EXPECT_EQ(out.runs[0].summary.completed, 20);
+  EXPECT_EQ(out.runs[1].summary.completed, 20);
+  EXPECT_EQ(out.runs[1].info.request_rate, 400);
+  EXPECT_EQ(server_->stats().requests, 40);
+  // The same requests at each rate (a fresh copy of the seeded workload).
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(out.runs[0].records[i].input_tokens, out.runs[1].records[i].input_tokens);
+  }
+  EXPECT_THAT(out.table, HasSubstr("pd-loadtest sweep"));
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(c.output_json));
+  EXPECT_EQ(j["mode"], "sweep");
+  EXPECT_EQ(j["request_rates"], nlohmann::json::parse("[200.0, 400.0]"));
+  ASSERT_EQ(j["runs"].size(), 2u);
+  EXPECT_EQ(j["runs"][1]["config"]["request_rate"], 400.0);
+  EXPECT_EQ(j["runs"][1]["good_requests"], 20);
+  std::vector<std::string> data =
+      absl::StrSplit(ReadFile(dir_->File("sweep/throughput.dat")), '\n', absl::SkipEmpty());
+  ASSERT_EQ(data.size(), 4u);  // two comment lines, two rates
+  EXPECT_THAT(data[2], StartsWith("200 "));
+  EXPECT_THAT(data[3], StartsWith("400 "));
+  for (const char* f : {"records_rate_200.csv", "records_rate_400.csv", "latency_cdf.gp",
+                        "throughput.gp", "cdf_rate_400_itl.dat"}) {
+    EXPECT_FALSE(ReadFile(dir_->File(absl::StrCat("sweep/", f))).empty()) << f;
+  }
+  ASSERT_TRUE(out.plots.has_value());
+  EXPECT_TRUE(out.plots->images.empty());
+}
+
+TEST_F(LoadTestTest, StopBeforeASweepRunsNothingMore) {
+  StartServer();
+  LoadTestConfig c = Config();
+  c.output_csv = "";
+  c.request_rates = "100,200,400";
+  c.num_requests = 10;
+  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  ASSERT_TRUE(lt.ok()) << lt.status();
+  (*lt)->Stop();
+  const LoadTestOutcome out = (*lt)->Run();
+  ASSERT_EQ(out.runs.size(), 1u);  // the first rate, stopped before its first request
+  EXPECT_TRUE(out.runs[0].info.interrupted);
+  EXPECT_EQ(out.runs[0].summary.num_requests, 0);
+  EXPECT_EQ(server_->stats().requests, 0);
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(c.output_json));
+  EXPECT_EQ(j["runs"][0]["interrupted"], true);
+}
+
+TEST_F(LoadTestTest, UnreachableCompareTargetIsAClearError) {
+  StartServer();
+  absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
+  ASSERT_TRUE(port.ok());
+  LoadTestConfig c = Config();
+  c.output_csv = "";
+  c.compare_target = absl::StrCat("127.0.0.1:", *port);
+  c.concurrency = 1;
+  c.num_requests = 1;
+  c.connect_timeout = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  ASSERT_FALSE(lt.ok());
+  EXPECT_EQ(lt.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(lt.status().message()), HasSubstr(c.compare_target));
+}
+
 }  // namespace
 }  // namespace pd::loadtest

@@ -20,6 +20,11 @@ ABSL_FLAG(std::string, model, "", "model id; empty = the target's default model"
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5), "readiness check bound");
 ABSL_FLAG(int, num_channels, 2, "gRPC connections to the target, [1, 64]");
 ABSL_FLAG(int, client_threads, 2, "threads polling the streams' completion queues, [1, 64]");
+ABSL_FLAG(std::string, compare_target, "",
+          "compare mode: host:port of a second target (B); every request goes to both, "
+          "interleaved, and the report gives B/A ratios");
+ABSL_FLAG(bool, compare_salt, true,
+          "compare mode: separate cache_salt per target (cache_salt + /a, /b)");
 ABSL_FLAG(std::string, workload, "synthetic", "synthetic | shared_prefix | trace");
 ABSL_FLAG(std::string, input_len, "128",
           "synthetic prompt length: N, uniform:A,B, normal:MEAN,SD[,MIN,MAX]");
@@ -38,6 +43,8 @@ ABSL_FLAG(uint32_t, vocab_lo, 3, "smallest token id in synthesized prompts");
 ABSL_FLAG(std::string, arrival, "auto", "auto | closed | poisson | gamma | trace");
 ABSL_FLAG(int64_t, concurrency, 0, "closed loop: requests in flight; otherwise a cap (0 = none)");
 ABSL_FLAG(double, request_rate, 0, "open loop: mean requests per second");
+ABSL_FLAG(std::string, request_rates, "",
+          "rate sweep: comma-separated rates (e.g. 1,2,4,8), one open-loop run per rate");
 ABSL_FLAG(double, burstiness, 1.0, "gamma arrivals: shape (< 1 burstier, 1 = Poisson)");
 ABSL_FLAG(uint64_t, seed, 0, "seed of workload and arrival randomness");
 ABSL_FLAG(int64_t, num_requests, 0, "stop after this many requests; 0 = no bound");
@@ -48,7 +55,12 @@ ABSL_FLAG(std::string, cache_salt, "", "cache_salt of every request; empty = uns
 ABSL_FLAG(double, slo_ttft_ms, 0, "goodput SLO on TTFT in ms; 0 = none");
 ABSL_FLAG(double, slo_tpot_ms, 0, "goodput SLO on TPOT in ms; 0 = none");
 ABSL_FLAG(std::string, output_json, "", "write the JSON summary here");
-ABSL_FLAG(std::string, output_csv, "", "write per-request records (CSV) here");
+ABSL_FLAG(std::string, output_csv, "", "write per-request records (CSV) here (single runs)");
+ABSL_FLAG(std::string, output_dir, "",
+          "write summary.json, records CSV(s) and plots into this directory");
+ABSL_FLAG(bool, plot, true, "with --output_dir: write gnuplot scripts, data and images");
+ABSL_FLAG(std::string, gnuplot, "gnuplot",
+          "gnuplot program that renders the plots; empty = write the scripts only");
 ABSL_FLAG(std::string, progress, "auto", "auto | bar | lines | off (on stderr)");
 
 namespace {
@@ -62,6 +74,8 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   c.num_channels = absl::GetFlag(FLAGS_num_channels);
   c.client_threads = absl::GetFlag(FLAGS_client_threads);
+  c.compare_target = absl::GetFlag(FLAGS_compare_target);
+  c.compare_salt = absl::GetFlag(FLAGS_compare_salt);
   c.workload = absl::GetFlag(FLAGS_workload);
   c.input_len = absl::GetFlag(FLAGS_input_len);
   c.output_len = absl::GetFlag(FLAGS_output_len);
@@ -79,6 +93,7 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.arrival = absl::GetFlag(FLAGS_arrival);
   c.concurrency = absl::GetFlag(FLAGS_concurrency);
   c.request_rate = absl::GetFlag(FLAGS_request_rate);
+  c.request_rates = absl::GetFlag(FLAGS_request_rates);
   c.burstiness = absl::GetFlag(FLAGS_burstiness);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.num_requests = absl::GetFlag(FLAGS_num_requests);
@@ -90,6 +105,9 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.slo_tpot_ms = absl::GetFlag(FLAGS_slo_tpot_ms);
   c.output_json = absl::GetFlag(FLAGS_output_json);
   c.output_csv = absl::GetFlag(FLAGS_output_csv);
+  c.output_dir = absl::GetFlag(FLAGS_output_dir);
+  c.plot = absl::GetFlag(FLAGS_plot);
+  c.gnuplot = absl::GetFlag(FLAGS_gnuplot);
   c.progress = absl::GetFlag(FLAGS_progress);
   return c;
 }
@@ -106,7 +124,8 @@ int main(int argc, char** argv) {
   pd::services::ParseFlagsAndInitLogging(
       static_cast<int>(cargs.size()), cargs.data(),
       "pd-loadtest --target=HOST:PORT --workload=synthetic|shared_prefix|trace "
-      "(--concurrency=N | --request_rate=R) [--num_requests=N] [--duration=D] ... "
+      "(--concurrency=N | --request_rate=R | --request_rates=R1,R2,...) [--num_requests=N] "
+      "[--duration=D] [--compare_target=HOST:PORT] [--output_dir=DIR] ... "
       "(dashed names like --slo-ttft-ms work too; see docs/loadtest.md)");
   pd::services::ShutdownSignal signal;  // Ctrl-C / SIGTERM: stop, report, exit 130
   auto load_test = pd::loadtest::LoadTest::Create(ConfigFromFlags());

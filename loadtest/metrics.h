@@ -37,6 +37,7 @@ namespace pd::loadtest {
 // What happened to one request. Times are nanoseconds from the start of the run (steady clock).
 struct RequestRecord {
   int64_t index = 0;            // workload position
+  int target = 0;               // 0 = --target, 1 = --compare_target (compare mode)
   int64_t source_line = 0;      // trace line; 0 otherwise
   int64_t scheduled_ns = 0;     // when the arrival process wanted it sent
   int64_t start_ns = 0;         // when it was sent

@@ -72,7 +72,8 @@ TEST_F(PdLoadtestBinaryTest, HelpListsTheFlags) {
   std::string out;
   Run({"--help"}, &out);
   for (const char* flag : {"--workload", "--slo_ttft_ms", "--request_rate", "--burstiness",
-                           "--time_scale", "--on_bad_line", "--output_json", "--output_csv"}) {
+                           "--time_scale", "--on_bad_line", "--output_json", "--output_csv",
+                           "--request_rates", "--compare_target", "--output_dir", "--plot"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
 }
@@ -96,6 +97,25 @@ TEST_F(PdLoadtestBinaryTest, DashedFlagsRunAndWriteReports) {
   EXPECT_EQ(j["config"]["slo_ttft_ms"], 60000.0);
   std::vector<std::string> lines = absl::StrSplit(ReadFile(csv), '\n', absl::SkipEmpty());
   EXPECT_EQ(lines.size(), 21u);
+}
+
+TEST_F(PdLoadtestBinaryTest, SweepWithOutputDirWritesOneSummaryPerRate) {
+  StartServer();
+  const std::string out_dir = dir_->File("sweep");
+  std::string out;
+  const ExitInfo exit =
+      Run({absl::StrCat("--target=", server_->address()), "--request-rates=300,600",
+           "--num-requests=15", "--input-len=8", "--output-len=2", "--progress=off",
+           absl::StrCat("--output-dir=", out_dir), "--gnuplot="},
+          &out);
+  ASSERT_TRUE(exit.Success()) << exit.ToString() << "\n" << out;
+  EXPECT_THAT(out, HasSubstr("pd-loadtest sweep"));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("Plots: scripts and data in ", out_dir)));
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(out_dir + "/summary.json"));
+  EXPECT_EQ(j["mode"], "sweep");
+  ASSERT_EQ(j["runs"].size(), 2u);
+  EXPECT_EQ(j["runs"][0]["completed"], 15);
+  EXPECT_EQ(j["runs"][1]["completed"], 15);
 }
 
 TEST_F(PdLoadtestBinaryTest, BadFlagsAndUnreachableTargetExitNonZero) {

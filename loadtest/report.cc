@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -45,9 +46,18 @@ std::string StatsRow(const char* name, const LatencyStats& s) {
                          s.p90, s.p95, s.p99, s.count);
 }
 
+ordered_json SummaryObject(const Summary& s, const RunInfo& info);
+
 }  // namespace
 
 std::string SummaryJson(const Summary& s, const RunInfo& info) {
+  // Replace (not throw on) invalid UTF-8 in error messages and paths.
+  return SummaryObject(s, info).dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+}
+
+namespace {
+
+ordered_json SummaryObject(const Summary& s, const RunInfo& info) {
   ordered_json j;
   j["completed"] = s.completed;
   j["failed"] = s.failed;
@@ -103,8 +113,116 @@ std::string SummaryJson(const Summary& s, const RunInfo& info) {
   }
   c["started_at"] = info.started_at;
   j["config"] = c;
-  // Replace (not throw on) invalid UTF-8 in error messages and paths.
+  return j;
+}
+
+ordered_json OptionalNumber(const std::optional<double>& v) {
+  return v.has_value() ? ordered_json(*v) : ordered_json();
+}
+
+std::string OptionalText(const std::optional<double>& v, const char* format) {
+  return v.has_value() ? absl::StrFormat(format, *v) : std::string("-");
+}
+
+std::string Dump(const ordered_json& j) {
   return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace
+
+std::vector<MetricRatio> CompareMetrics(const Summary& a, const Summary& b) {
+  std::vector<MetricRatio> out;
+  auto add = [&out](std::string name, std::optional<double> va, std::optional<double> vb,
+                    bool higher_is_better) {
+    MetricRatio m;
+    m.name = std::move(name);
+    m.a = va;
+    m.b = vb;
+    if (va.has_value() && vb.has_value() && *va != 0) {
+      m.ratio = *vb / *va;
+    }
+    m.higher_is_better = higher_is_better;
+    out.push_back(std::move(m));
+  };
+  add("request_throughput", a.request_throughput, b.request_throughput, true);
+  add("output_throughput", a.output_throughput, b.output_throughput, true);
+  add("total_token_throughput", a.total_token_throughput, b.total_token_throughput, true);
+  if (a.slo.any()) {
+    add("request_goodput", a.request_goodput, b.request_goodput, true);
+  }
+  for (auto [metric, sa, sb] :
+       {std::tuple{"ttft", &a.ttft, &b.ttft}, std::tuple{"tpot", &a.tpot, &b.tpot},
+        std::tuple{"itl", &a.itl, &b.itl}, std::tuple{"e2el", &a.e2el, &b.e2el}}) {
+    const bool defined = sa->count > 0 && sb->count > 0;
+    auto v = [defined](double x) { return defined ? std::optional<double>(x) : std::nullopt; };
+    add(absl::StrCat("mean_", metric, "_ms"), v(sa->mean), v(sb->mean), false);
+    add(absl::StrCat("median_", metric, "_ms"), v(sa->median), v(sb->median), false);
+    add(absl::StrCat("p99_", metric, "_ms"), v(sa->p99), v(sb->p99), false);
+  }
+  add("prefix_cache_hit_ratio", a.prefix_cache_hit_ratio, b.prefix_cache_hit_ratio, true);
+  add("completed", static_cast<double>(a.completed), static_cast<double>(b.completed), true);
+  add("failed", static_cast<double>(a.failed), static_cast<double>(b.failed), false);
+  return out;
+}
+
+std::string CompareJson(const LabeledSummary& a, const LabeledSummary& b) {
+  ordered_json j;
+  j["mode"] = "compare";
+  j["a"] = SummaryObject(a.summary, a.info);
+  j["b"] = SummaryObject(b.summary, b.info);
+  ordered_json ratios = ordered_json::object();
+  for (const MetricRatio& m : CompareMetrics(a.summary, b.summary)) {
+    ratios[m.name] = OptionalNumber(m.ratio);
+  }
+  j["ratios"] = ratios;
+  return Dump(j);
+}
+
+std::string CompareTable(const LabeledSummary& a, const LabeledSummary& b) {
+  std::string t = "============ pd-loadtest compare (B / A) ============\n";
+  absl::StrAppendFormat(&t, "A = %s, B = %s (same requests, interleaved)\n", a.info.target,
+                        b.info.target);
+  absl::StrAppendFormat(&t, "%-26s %14s %14s %10s  %s\n", "metric", "A", "B", "B/A", "better");
+  for (const MetricRatio& m : CompareMetrics(a.summary, b.summary)) {
+    std::string better = "-";
+    if (m.ratio.has_value() && *m.ratio != 1.0) {
+      better = (*m.ratio > 1.0) == m.higher_is_better ? "B" : "A";
+    }
+    absl::StrAppendFormat(&t, "%-26s %14s %14s %10s  %s\n", m.name, OptionalText(m.a, "%.3f"),
+                          OptionalText(m.b, "%.3f"), OptionalText(m.ratio, "%.3f"), better);
+  }
+  t += "=====================================================\n";
+  return t;
+}
+
+std::string SweepJson(const std::vector<LabeledSummary>& runs) {
+  ordered_json j;
+  j["mode"] = "sweep";
+  ordered_json rates = ordered_json::array();
+  ordered_json list = ordered_json::array();
+  for (const LabeledSummary& r : runs) {
+    rates.push_back(r.info.request_rate);
+    list.push_back(SummaryObject(r.summary, r.info));
+  }
+  j["request_rates"] = rates;
+  j["runs"] = list;
+  return Dump(j);
+}
+
+std::string SweepTable(const std::vector<LabeledSummary>& runs) {
+  std::string t = "============ pd-loadtest sweep ============\n";
+  absl::StrAppendFormat(&t, "%10s %12s %14s %12s %12s %12s %8s\n", "rate", "req/s", "output tok/s",
+                        "goodput", "TTFT mean", "TTFT p99", "failed");
+  for (const LabeledSummary& r : runs) {
+    const Summary& s = r.summary;
+    absl::StrAppendFormat(&t, "%10.2f %12.2f %14.1f %12s %12.2f %12.2f %8d%s\n",
+                          r.info.request_rate, s.request_throughput, s.output_throughput,
+                          s.slo.any() ? absl::StrFormat("%.2f", s.request_goodput) : "-",
+                          s.ttft.mean, s.ttft.p99, s.failed,
+                          r.info.interrupted ? " (interrupted)" : "");
+  }
+  t += "===========================================\n";
+  return t;
 }
 
 std::string RecordsCsv(const std::vector<RequestRecord>& records) {

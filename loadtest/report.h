@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +46,40 @@ std::string RecordsCsv(const std::vector<RequestRecord>& records);
 
 // The human-readable summary table (what pd-loadtest prints to stdout).
 std::string SummaryTable(const Summary& summary, const RunInfo& info);
+
+// One run of a comparison or sweep: its summary and what was run.
+struct LabeledSummary {
+  std::string label;  // "A", "B"; "rate=2"
+  Summary summary;
+  RunInfo info;
+};
+
+// One metric of a comparison: A's and B's values and B / A (nullopt when A's value is 0 or
+// either is undefined, e.g. a hit ratio without usage). `higher_is_better` says which
+// direction of the ratio favours B (throughputs, hit ratio) or A (latencies).
+struct MetricRatio {
+  std::string name;  // the JSON key: "request_throughput", "mean_ttft_ms", ...
+  std::optional<double> a;
+  std::optional<double> b;
+  std::optional<double> ratio;
+  bool higher_is_better = false;
+};
+
+// The compared metrics: request, output and total token throughput, goodput (with an SLO),
+// mean/median/p99 of TTFT, TPOT, ITL and E2EL, prefix_cache_hit_ratio, completed, failed.
+std::vector<MetricRatio> CompareMetrics(const Summary& a, const Summary& b);
+
+// {"mode": "compare", "a": SummaryJson(a), "b": SummaryJson(b), "ratios": {name: B/A or null}}.
+std::string CompareJson(const LabeledSummary& a, const LabeledSummary& b);
+
+// The ratio table printed after both summaries: metric, A, B, B/A.
+std::string CompareTable(const LabeledSummary& a, const LabeledSummary& b);
+
+// {"mode": "sweep", "request_rates": [...], "runs": [SummaryJson per rate]}.
+std::string SweepJson(const std::vector<LabeledSummary>& runs);
+
+// One line per rate: offered rate, request and output throughput, goodput, TTFT mean/p99.
+std::string SweepTable(const std::vector<LabeledSummary>& runs);
 
 // Writes `contents` to `path` (via a temporary file renamed into place). Internal/NotFound with
 // the path and errno text on failure.

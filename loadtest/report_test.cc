@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -102,6 +103,68 @@ TEST(ReportTest, TableShowsTheFigures) {
   EXPECT_THAT(t, HasSubstr("UNAVAILABLE:"));
   EXPECT_THAT(t, HasSubstr("TTFT"));
   EXPECT_THAT(t, HasSubstr("Prefix cache hit ratio:"));
+}
+
+TEST(ReportTest, CompareRatiosAreBOverA) {
+  Summary a;
+  a.request_throughput = 10;
+  a.ttft = {5, 20, 18, 30, 35, 50};
+  a.tpot = {5, 2, 2, 2, 2, 2};
+  a.prefix_cache_hit_ratio = 0.5;
+  a.completed = 5;
+  Summary b = a;
+  b.request_throughput = 5;
+  b.ttft.mean = 40;
+  b.prefix_cache_hit_ratio = 0.25;
+  b.tpot.count = 0;  // undefined on one side: no ratio
+  const std::vector<MetricRatio> m = CompareMetrics(a, b);
+  auto find = [&m](const std::string& name) {
+    for (const MetricRatio& r : m) {
+      if (r.name == name) {
+        return r;
+      }
+    }
+    ADD_FAILURE() << "no metric " << name;
+    return MetricRatio{};
+  };
+  EXPECT_DOUBLE_EQ(*find("request_throughput").ratio, 0.5);
+  EXPECT_TRUE(find("request_throughput").higher_is_better);
+  EXPECT_DOUBLE_EQ(*find("mean_ttft_ms").ratio, 2.0);
+  EXPECT_FALSE(find("mean_ttft_ms").higher_is_better);
+  EXPECT_DOUBLE_EQ(*find("prefix_cache_hit_ratio").ratio, 0.5);
+  EXPECT_FALSE(find("mean_tpot_ms").ratio.has_value());
+  EXPECT_FALSE(find("failed").ratio.has_value());  // 0 / 0
+
+  RunInfo ia;
+  ia.target = "host-a:1";
+  RunInfo ib;
+  ib.target = "host-b:2";
+  const nlohmann::json j = nlohmann::json::parse(CompareJson({"A", a, ia}, {"B", b, ib}));
+  EXPECT_EQ(j["mode"], "compare");
+  EXPECT_EQ(j["a"]["config"]["target"], "host-a:1");
+  EXPECT_EQ(j["b"]["config"]["target"], "host-b:2");
+  EXPECT_DOUBLE_EQ(j["ratios"]["mean_ttft_ms"].get<double>(), 2.0);
+  EXPECT_TRUE(j["ratios"]["mean_tpot_ms"].is_null());
+  const std::string table = CompareTable({"A", a, ia}, {"B", b, ib});
+  EXPECT_THAT(table, HasSubstr("A = host-a:1, B = host-b:2"));
+  EXPECT_THAT(table, ContainsRegex("mean_ttft_ms +20.000 +40.000 +2.000  A"));
+  EXPECT_THAT(table, ContainsRegex("request_throughput +10.000 +5.000 +0.500  A"));
+}
+
+TEST(ReportTest, SweepJsonHasOneSummaryPerRate) {
+  std::vector<LabeledSummary> runs(3);
+  for (int i = 0; i < 3; ++i) {
+    runs[i].label = absl::StrCat("rate=", 1 << i);
+    runs[i].info.request_rate = 1 << i;
+    runs[i].summary.request_throughput = 0.9 * (1 << i);
+  }
+  const nlohmann::json j = nlohmann::json::parse(SweepJson(runs));
+  EXPECT_EQ(j["mode"], "sweep");
+  EXPECT_EQ(j["request_rates"], nlohmann::json::parse("[1.0, 2.0, 4.0]"));
+  ASSERT_EQ(j["runs"].size(), 3u);
+  EXPECT_DOUBLE_EQ(j["runs"][2]["request_throughput"].get<double>(), 3.6);
+  EXPECT_DOUBLE_EQ(j["runs"][2]["config"]["request_rate"].get<double>(), 4.0);
+  EXPECT_THAT(SweepTable(runs), ContainsRegex("4.00 +3.60"));
 }
 
 }  // namespace

@@ -162,10 +162,16 @@ class LoadRunner::Call {
   std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateResponse>> reader_;
 };
 
-LoadRunner::LoadRunner(RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels)
-    : options_(std::move(options)), channels_(std::move(channels)) {
-  for (const auto& channel : channels_) {
-    stubs_.push_back(v1::Generation::NewStub(channel));
+LoadRunner::LoadRunner(RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels,
+                       std::vector<std::shared_ptr<grpc::Channel>> compare_channels)
+    : options_(std::move(options)) {
+  for (auto& channel : channels) {
+    stubs_[0].push_back(v1::Generation::NewStub(channel));
+    channels_.push_back(std::move(channel));
+  }
+  for (auto& channel : compare_channels) {
+    stubs_[1].push_back(v1::Generation::NewStub(channel));
+    channels_.push_back(std::move(channel));
   }
   for (int i = 0; i < options_.num_threads; ++i) {
     cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
@@ -185,14 +191,16 @@ void LoadRunner::Poll(grpc::CompletionQueue* cq) {
 }
 
 absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(
-    RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels) {
+    RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels,
+    std::vector<std::shared_ptr<grpc::Channel>> compare_channels) {
   if (absl::Status s = options.Validate(); !s.ok()) {
     return s;
   }
   if (channels.empty()) {
     return absl::InvalidArgumentError("LoadRunner needs at least one channel");
   }
-  return std::unique_ptr<LoadRunner>(new LoadRunner(std::move(options), std::move(channels)));
+  return std::unique_ptr<LoadRunner>(
+      new LoadRunner(std::move(options), std::move(channels), std::move(compare_channels)));
 }
 
 LoadRunner::~LoadRunner() {
@@ -223,8 +231,9 @@ bool LoadRunner::SleepUntil(int64_t offset_ns) {
   return !stop_;
 }
 
-bool LoadRunner::WaitForSlot() {
-  const int64_t limit = options_.concurrency;
+bool LoadRunner::WaitForSlots(int64_t slots) {
+  // In compare mode the limit is per target; a pair needs two free slots.
+  const int64_t limit = options_.concurrency * num_targets() - (slots - 1);
   struct Args {
     LoadRunner* self;
     int64_t limit;
@@ -248,9 +257,10 @@ bool LoadRunner::WaitForSlot() {
   return !stop_;
 }
 
-bool LoadRunner::Launch(RequestSpec& spec, int64_t scheduled_ns) {
+bool LoadRunner::Launch(RequestSpec& spec, int64_t scheduled_ns, int target, bool move_prompt) {
   RequestRecord record;
   record.index = spec.index;
+  record.target = target;
   record.source_line = spec.source_line;
   record.scheduled_ns = scheduled_ns;
   record.input_tokens = static_cast<int64_t>(spec.prompt.size());
@@ -258,12 +268,18 @@ bool LoadRunner::Launch(RequestSpec& spec, int64_t scheduled_ns) {
   auto call = std::make_unique<Call>(this, std::move(record));
   v1::GenerateRequest& req = call->request();
   req.set_model(options_.model);
-  req.mutable_token_ids()->mutable_ids()->Assign(spec.prompt.begin(), spec.prompt.end());
+  if (move_prompt) {
+    req.mutable_token_ids()->mutable_ids()->Assign(spec.prompt.begin(), spec.prompt.end());
+    spec.prompt.clear();
+  } else {
+    req.mutable_token_ids()->mutable_ids()->Assign(spec.prompt.begin(), spec.prompt.end());
+  }
   req.mutable_sampling()->set_max_tokens(static_cast<uint32_t>(spec.output_len));
   req.mutable_sampling()->set_ignore_eos(options_.ignore_eos);
-  req.set_client_request_id(absl::StrCat("pd-loadtest-", spec.index));
-  if (!options_.cache_salt.empty()) {
-    req.set_cache_salt(options_.cache_salt);
+  req.set_client_request_id(absl::StrCat("pd-loadtest-", spec.index, target == 1 ? "-b" : ""));
+  const std::string& salt = target == 1 ? options_.compare_cache_salt : options_.cache_salt;
+  if (!salt.empty()) {
+    req.set_cache_salt(salt);
   }
   if (options_.request_timeout > absl::ZeroDuration()) {
     call->context().set_deadline(std::chrono::system_clock::now() +
@@ -279,8 +295,8 @@ bool LoadRunner::Launch(RequestSpec& spec, int64_t scheduled_ns) {
     ++sent_;
     max_in_flight_ = std::max<int64_t>(max_in_flight_, static_cast<int64_t>(in_flight_.size()));
   }
-  v1::Generation::Stub* stub = stubs_[next_stub_].get();
-  next_stub_ = (next_stub_ + 1) % stubs_.size();
+  v1::Generation::Stub* stub = stubs_[target][next_stub_[target]].get();
+  next_stub_[target] = (next_stub_[target] + 1) % stubs_[target].size();
   grpc::CompletionQueue* cq = cqs_[next_cq_].get();
   next_cq_ = (next_cq_ + 1) % cqs_.size();
   call.release()->Start(stub, cq);  // deleted by its polling thread after the Finish event
@@ -310,6 +326,9 @@ RunResult LoadRunner::Run(Workload* workload) {
     std::optional<int64_t> total = workload->size();
     if (options_.num_requests > 0) {
       total = std::min(total.value_or(options_.num_requests), options_.num_requests);
+    }
+    if (total.has_value()) {
+      *total *= num_targets();
     }
     total_requests_ = total;
   }
@@ -344,14 +363,21 @@ RunResult LoadRunner::Run(Workload* workload) {
     if (scheduled_ns > 0 && !SleepUntil(scheduled_ns)) {
       break;
     }
-    if (options_.concurrency > 0 && !WaitForSlot()) {
+    const int targets = num_targets();
+    if (options_.concurrency > 0 && !WaitForSlots(targets)) {
       break;
     }
     const int64_t now = NowNs();
     if (duration_ns > 0 && now >= duration_ns) {
       break;
     }
-    if (!Launch(spec, scheduled_ns < 0 ? now : scheduled_ns)) {
+    // Compare mode: both copies now, the first target alternating (A B, B A, ...).
+    bool launched = true;
+    for (int k = 0; k < targets && launched; ++k) {
+      const int target = targets == 1 ? 0 : static_cast<int>((issued + k) % 2);
+      launched = Launch(spec, scheduled_ns < 0 ? now : scheduled_ns, target, k == targets - 1);
+    }
+    if (!launched) {
       break;
     }
     ++issued;
@@ -363,7 +389,9 @@ RunResult LoadRunner::Run(Workload* workload) {
   result.records = std::move(records_);
   records_.clear();
   std::sort(result.records.begin(), result.records.end(),
-            [](const RequestRecord& a, const RequestRecord& b) { return a.index < b.index; });
+            [](const RequestRecord& a, const RequestRecord& b) {
+              return a.index != b.index ? a.index < b.index : a.target < b.target;
+            });
   int64_t first_start = INT64_MAX;
   for (const RequestRecord& r : result.records) {
     first_start = std::min(first_start, r.start_ns);

@@ -51,14 +51,16 @@ struct RunnerOptions {
   absl::Duration request_timeout = absl::Minutes(10);
   bool ignore_eos = true;
   std::string cache_salt;  // GenerateRequest.cache_salt; "" = unset
-  int num_threads = 2;     // completion-queue polling threads, [1, 64]
+  // Compare mode (a second group of channels): cache_salt of the copies sent there; "" = unset.
+  std::string compare_cache_salt;
+  int num_threads = 2;  // completion-queue polling threads, [1, 64]
 
   // InvalidArgument naming the offending field.
   absl::Status Validate() const;
 };
 
 struct RunResult {
-  std::vector<RequestRecord> records;  // one per sent request, in workload order
+  std::vector<RequestRecord> records;  // one per sent request, in workload order (then target)
   int64_t duration_ns = 0;             // first send -> last completion
   int64_t max_in_flight = 0;           // most requests in flight at once
   bool stopped = false;                // Stop() was called before the run ended
@@ -68,8 +70,16 @@ class LoadRunner {
  public:
   // `channels` (at least one) connect to the target; requests go round-robin over them (each
   // channel is one HTTP/2 connection). InvalidArgument for invalid options.
+  //
+  // Compare mode: when `compare_channels` is not empty, every request of the workload is sent
+  // twice, to the target and to the compare target (over compare_channels), at the same
+  // moment, one right after the other, the order alternating from request to request so that
+  // neither target is always first. Records say which target (RequestRecord::target).
+  // num_requests and the arrival process count workload requests (pairs); in a closed loop
+  // `concurrency` is per target (pairs are started when two slots are free).
   static absl::StatusOr<std::unique_ptr<LoadRunner>> Create(
-      RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels);
+      RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels,
+      std::vector<std::shared_ptr<grpc::Channel>> compare_channels = {});
   // Waits for requests still in flight (there are none after Run returns), then stops the
   // polling threads.
   ~LoadRunner();
@@ -89,26 +99,30 @@ class LoadRunner {
  private:
   class Call;
 
-  LoadRunner(RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels);
+  LoadRunner(RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels,
+             std::vector<std::shared_ptr<grpc::Channel>> compare_channels);
   // Body of a polling thread: handles the events of `cq` until it is shut down.
   void Poll(grpc::CompletionQueue* cq);
   int64_t NowNs() const;
   // Blocks until `offset_ns` after the start. False when stopped first.
   bool SleepUntil(int64_t offset_ns);
-  // Blocks until fewer than `concurrency` requests are in flight. False when stopped first or
-  // the duration bound passed.
-  bool WaitForSlot();
-  // Starts `spec` (moving its prompt). False when stopped.
-  bool Launch(RequestSpec& spec, int64_t scheduled_ns);
+  // Blocks until `slots` more requests fit under the in-flight limit. False when stopped first
+  // or the duration bound passed.
+  bool WaitForSlots(int64_t slots);
+  // Starts `spec` on `target` (0 = the target, 1 = the compare target), moving its prompt when
+  // `move_prompt`. False when stopped.
+  bool Launch(RequestSpec& spec, int64_t scheduled_ns, int target, bool move_prompt);
+  int num_targets() const { return stubs_[1].empty() ? 1 : 2; }
   // Called by a Call when its stream ended.
   void Finished(Call* call, RequestRecord record);
 
   const RunnerOptions options_;
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;
-  std::vector<std::unique_ptr<pdserve::v1::Generation::Stub>> stubs_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;  // both targets'
+  // Per target: [0] the target, [1] the compare target (empty outside compare mode).
+  std::vector<std::unique_ptr<pdserve::v1::Generation::Stub>> stubs_[2];
   std::vector<std::unique_ptr<grpc::CompletionQueue>> cqs_;
   std::vector<std::thread> pollers_;  // one per cq
-  size_t next_stub_ = 0;              // issuer thread only
+  size_t next_stub_[2] = {0, 0};      // issuer thread only
   size_t next_cq_ = 0;                // issuer thread only
   // Steady-clock time of the start, set by Run before the first send; 0 before. Release/acquire
   // so that gRPC and progress threads see it once set.

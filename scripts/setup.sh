@@ -25,6 +25,7 @@ PD_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev libxxhash-dev liburing-dev libpcre2-dev libcpp-httplib-dev
   iproute2 procps curl fio python3
+  gnuplot-nox                    # pd-loadtest plots (optional at run time)
   python3-torch python3-numpy    # the PyTorch oracle (tests/reference), only under /usr/bin/python3
 )
 
