@@ -15,7 +15,9 @@ namespace {
 
 using nlohmann::json;
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// a >= 0, b >= 1. Not (a + b - 1) / b: that overflows for input_length near INT64_MAX (found by
+// tests/fuzz/trace_fuzzer).
+int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // Reads a required integer field >= `min`. Type checks come first: nlohmann's get<> would throw
 // on a type mismatch, and we do not throw.

@@ -124,6 +124,17 @@ TEST(TraceTest, MaxInputLenCapsPromptAndHashIds) {
   EXPECT_EQ(t->num_capped, 1);
 }
 
+// Found by tests/fuzz/trace_fuzzer: ceil(input_length / block_tokens) overflowed int64 for
+// input_length near INT64_MAX (undefined behaviour; a wrapped, negative count in the message).
+TEST(TraceTest, HugeInputLengthIsRejectedWithTheRightBlockCount) {
+  absl::StatusOr<TraceRecord> r = ParseTraceLine(
+      "{\"timestamp\": 0, \"input_length\": 9223372036854775807, \"output_length\": 1, "
+      "\"hash_ids\": [0]}",
+      512);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("= 18014398509481984"));
+}
+
 TEST(TraceTest, BadLinePolicyNames) {
   EXPECT_EQ(*ParseBadLinePolicy("skip"), BadLinePolicy::kSkip);
   EXPECT_EQ(*ParseBadLinePolicy("abort"), BadLinePolicy::kAbort);

@@ -1,5 +1,6 @@
 #include "engine/model/llama2c_tokenizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <queue>
@@ -78,8 +79,11 @@ absl::StatusOr<Llama2cTokenizer> Llama2cTokenizer::Parse(absl::string_view bytes
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": negative max_token_length ", t.max_token_length_, " at offset 0"));
   }
-  t.pieces_.reserve(vocab_size);
-  t.scores_.reserve(vocab_size);
+  // Every entry takes at least 8 bytes: a vocab_size the file cannot hold must fail as truncated
+  // below, not reserve gigabytes first (found by tests/fuzz/llama2c_tokenizer_fuzzer).
+  const size_t max_entries = (bytes.size() - sizeof(int32_t)) / 8;
+  t.pieces_.reserve(std::min<size_t>(vocab_size, max_entries));
+  t.scores_.reserve(std::min<size_t>(vocab_size, max_entries));
   size_t offset = sizeof(int32_t);
   for (uint32_t id = 0; id < vocab_size; ++id) {
     if (bytes.size() - offset < 8) {
@@ -115,6 +119,12 @@ absl::StatusOr<Llama2cTokenizer> Llama2cTokenizer::Parse(absl::string_view bytes
   t.byte_of_id_.assign(vocab_size, -1);
   t.id_of_byte_.assign(256, -1);
   for (uint32_t id = 0; id < vocab_size; ++id) {
+    if (id == kUnkId || id == kBosId || id == kEosId) {
+      // Control pieces are never looked up, merged into or used as byte fallback, whatever
+      // their spelling: a file whose BOS reads "<0x02>" must not turn byte 0x02 into BOS
+      // (found by tests/fuzz/llama2c_tokenizer_fuzzer).
+      continue;
+    }
     const int byte = ByteFallbackValue(t.pieces_[id]);
     if (byte >= 0) {
       t.byte_of_id_[id] = static_cast<int16_t>(byte);
@@ -122,9 +132,6 @@ absl::StatusOr<Llama2cTokenizer> Llama2cTokenizer::Parse(absl::string_view bytes
         t.id_of_byte_[byte] = id;
       }
       continue;
-    }
-    if (id == kUnkId || id == kBosId || id == kEosId) {
-      continue;  // control pieces are never looked up or merged into
     }
     t.piece_to_id_.try_emplace(t.pieces_[id], id);
     t.longest_piece_bytes_ = std::max(t.longest_piece_bytes_, t.pieces_[id].size());

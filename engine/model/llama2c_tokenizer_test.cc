@@ -285,6 +285,15 @@ TEST(Llama2cTokenizerFileTest, WrongVocabSizeIsInvalidArgument) {
   EXPECT_EQ(tiny.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Found by tests/fuzz/llama2c_tokenizer_fuzzer: a vocab_size far beyond what the file holds
+// reserved vocab_size entries up front (128 GiB here: std::bad_alloc, i.e. a crash).
+TEST(Llama2cTokenizerFileTest, HugeVocabSizeIsTruncatedNotAnAllocation) {
+  const std::string bytes = ReadFile(kTokenizerPath);
+  absl::StatusOr<Llama2cTokenizer> huge = Llama2cTokenizer::Parse(bytes, 0xFFFFFFFFu, "tok512");
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(huge.status().message(), HasSubstr("truncated at id 512 of 4294967295"));
+}
+
 TEST(Llama2cTokenizerFileTest, NegativeLengthIsInvalidArgument) {
   std::string bytes = ReadFile(kTokenizerPath);
   const int32_t negative = -5;
@@ -292,6 +301,27 @@ TEST(Llama2cTokenizerFileTest, NegativeLengthIsInvalidArgument) {
   absl::StatusOr<Llama2cTokenizer> tok = Llama2cTokenizer::Parse(bytes, kVocab, "tok512");
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(tok.status().message(), HasSubstr("id 0 has negative length -5 at offset 8"));
+}
+
+// Found by tests/fuzz/llama2c_tokenizer_fuzzer: a control id spelled like a byte-fallback piece
+// ("<0x02>" at BOS) made byte 0x02 encode as BOS, which decodes to "".
+TEST(Llama2cTokenizerFileTest, ControlIdsAreNeverByteFallback) {
+  std::string bytes(4, '\0');  // max_token_length 0
+  for (const std::string piece : {"<unk>", "<0x02>", "</s>", " ", "a", "<0x02>"}) {
+    const float score = 0;
+    const int32_t len = static_cast<int32_t>(piece.size());
+    bytes.append(reinterpret_cast<const char*>(&score), sizeof(score));
+    bytes.append(reinterpret_cast<const char*>(&len), sizeof(len));
+    bytes += piece;
+  }
+  absl::StatusOr<Llama2cTokenizer> tok = Llama2cTokenizer::Parse(bytes, 6, "six");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  absl::StatusOr<std::vector<uint32_t>> ids = tok->Encode("a\x02", /*add_bos=*/false, false);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_THAT(*ids, ElementsAre(3, 4, 5));
+  absl::StatusOr<std::string> text = tok->Decode(*ids, Llama2cTokenizer::kBosId);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "a\x02");
 }
 
 TEST(Llama2cTokenizerFileTest, MissingFileIsNotFound) {

@@ -102,7 +102,11 @@ absl::StatusOr<TensorView> ParseTensor(const std::string& name, const Json& entr
           absl::StrCat("shape ", Short(*shape_it), " must hold non-negative integers below 2^62"));
     }
     view.shape.push_back(static_cast<int64_t>(*dim));
-    if (__builtin_mul_overflow(elements, *dim, &elements)) {
+    // Every running product must fit int64_t, the type of TensorView::num_elements() (which
+    // multiplies in the same order): [2^62, 2, 0] is empty but would overflow there (found by
+    // tests/fuzz/safetensors_fuzzer).
+    if (__builtin_mul_overflow(elements, *dim, &elements) ||
+        elements > static_cast<uint64_t>(INT64_MAX)) {
       return invalid(absl::StrCat("shape ", Short(*shape_it), " overflows 64 bits"));
     }
   }

@@ -163,6 +163,12 @@ TEST_F(SafetensorsTest, BadShapesAndOffsets) {
                                "data_offsets": [0, 4]}})",
                       Floats({1})),
                 {"tensor \"w\"", "overflows"});
+  // Found by tests/fuzz/safetensors_fuzzer: an empty tensor whose leading dimensions overflow
+  // int64 (num_elements() multiplies them in order).
+  ExpectInvalid(Build(R"({"w": {"dtype": "F32", "shape": [4611686018427387904, 2, 0],
+                               "data_offsets": [0, 0]}})",
+                      Floats({1})),
+                {"tensor \"w\"", "overflows"});
 }
 
 TEST_F(SafetensorsTest, OffsetsPastTheEnd) {

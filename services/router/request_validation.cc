@@ -1,6 +1,7 @@
 #include "services/router/request_validation.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 
@@ -68,6 +69,11 @@ absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const Reques
   if (!std::isfinite(s.top_p()) || s.top_p() < 0 || s.top_p() > 1) {
     return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1] (0 = unset), got ",
                                                   s.top_p()));
+  }
+  // The engine's top_k is an int32 (the worker rejects larger values): refuse them here, before
+  // a worker is involved.
+  if (s.top_k() > static_cast<uint32_t>(INT32_MAX)) {
+    return Invalid("sampling.top_k", absl::StrCat(s.top_k(), " exceeds ", INT32_MAX));
   }
   if (static_cast<uint32_t>(s.stop_size()) > limits.max_stop_strings) {
     return Invalid("sampling.stop", absl::StrCat(s.stop_size(), " entries exceed the limit ",

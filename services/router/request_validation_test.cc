@@ -75,6 +75,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "sampling.temperature"},
         BadCase{"TopPAboveOne", [](GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); },
                 "sampling.top_p"},
+        // Found by request_validation_fuzzer: the worker rejects top_k > INT32_MAX.
+        BadCase{"TopKAboveInt32",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_top_k(2147483648u); },
+                "sampling.top_k"},
         BadCase{"MinAboveMax",
                 [](GenerateRequest* r) { r->mutable_sampling()->set_min_tokens(64); },
                 "sampling.min_tokens"},
