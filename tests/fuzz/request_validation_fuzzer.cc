@@ -1,0 +1,125 @@
+// Fuzzes the public request validation (services/router/request_validation.h) on a
+// GenerateRequest parsed from the input (protobuf wire format, as gRPC delivers it).
+//
+// Oracle: the rules documented in proto/pd/v1/generation.proto and RequestLimits, re-stated
+// here independently, must give the same accept / reject as ValidateGenerateRequest, under the
+// default limits and under tiny ones; rejections are InvalidArgument. A request the router
+// accepts must also be accepted by the worker's conversion of its sampling parameters
+// (services/worker/convert.h), since the router forwards them unchanged.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "google/protobuf/stubs/logging.h"
+#include "pd/v1/generation.pb.h"
+#include "services/router/request_validation.h"
+#include "services/worker/convert.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace {
+
+using pd::router::RequestLimits;
+using pdserve::v1::GenerateRequest;
+
+bool RefValid(const GenerateRequest& r, const RequestLimits& l) {
+  switch (r.prompt_case()) {
+    case GenerateRequest::kText:
+      if (r.text().empty() || r.text().size() > l.max_prompt_bytes ||
+          !pd::fuzz::IsWellFormedUtf8(r.text())) {
+        return false;
+      }
+      break;
+    case GenerateRequest::kTokenIds:
+      if (r.token_ids().ids().empty() ||
+          static_cast<uint64_t>(r.token_ids().ids_size()) > l.max_prompt_tokens) {
+        return false;
+      }
+      break;
+    case GenerateRequest::PROMPT_NOT_SET:
+      return false;
+  }
+  if (r.client_request_id().size() > l.max_client_request_id_bytes) {
+    return false;
+  }
+  if (r.has_tenant() && (r.tenant().empty() || r.tenant().size() > l.max_tenant_bytes)) {
+    return false;
+  }
+  if (r.has_cache_salt() &&
+      (r.cache_salt().empty() || r.cache_salt().size() > l.max_cache_salt_bytes)) {
+    return false;
+  }
+  const pdserve::v1::SamplingParams& s = r.sampling();
+  if (s.max_tokens() > l.max_tokens_limit) {
+    return false;
+  }
+  if (s.max_tokens() > 0 && s.min_tokens() > s.max_tokens()) {
+    return false;
+  }
+  if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
+    return false;
+  }
+  if (!std::isfinite(s.top_p()) || s.top_p() < 0 || s.top_p() > 1) {
+    return false;
+  }
+  if (s.top_k() > static_cast<uint32_t>(INT32_MAX)) {
+    return false;  // the engine's top_k is an int32
+  }
+  if (static_cast<uint64_t>(s.stop_size()) > l.max_stop_strings) {
+    return false;
+  }
+  for (const std::string& stop : s.stop()) {
+    if (stop.empty() || stop.size() > l.max_stop_string_bytes ||
+        !pd::fuzz::IsWellFormedUtf8(stop)) {
+      return false;
+    }
+  }
+  return static_cast<uint64_t>(s.stop_token_ids_size()) <= l.max_stop_token_ids;
+}
+
+RequestLimits TinyLimits() {
+  RequestLimits l;
+  l.max_stop_strings = 2;
+  l.max_stop_string_bytes = 4;
+  l.max_stop_token_ids = 3;
+  l.max_client_request_id_bytes = 8;
+  l.max_tenant_bytes = 4;
+  l.max_cache_salt_bytes = 4;
+  l.max_prompt_bytes = 16;
+  l.max_prompt_tokens = 4;
+  l.max_tokens_limit = 100;
+  return l;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  // Invalid UTF-8 in a string field fails the parse with an ERROR log line per input.
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  GenerateRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) {
+    return 0;
+  }
+  for (const RequestLimits& limits : {RequestLimits(), TinyLimits()}) {
+    CHECK(limits.Validate().ok());
+    const absl::Status status = pd::router::ValidateGenerateRequest(request, limits);
+    CHECK_EQ(status.ok(), RefValid(request, limits))
+        << "validation disagrees with the documented rules: " << status << "\n"
+        << request.ShortDebugString();
+    if (!status.ok()) {
+      CHECK(absl::IsInvalidArgument(status)) << status;
+      continue;
+    }
+    const absl::StatusOr<pd::engine::SamplingOptions> sampling =
+        pd::worker::SamplingFromProto(request.sampling());
+    CHECK(sampling.ok()) << "the router accepts sampling parameters the worker rejects: "
+                         << sampling.status();
+    if (request.has_text()) {
+      CHECK(pd::worker::ToValidUtf8(request.text()) == request.text());
+    }
+  }
+  return 0;
+}
