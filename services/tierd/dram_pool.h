@@ -54,6 +54,7 @@
 #include "common/hash/block_hash.h"
 #include "common/time/clock.h"
 #include "services/tierd/shm_region.h"
+#include "services/tierd/slot_lru.h"
 
 namespace pd::tierd {
 
@@ -248,7 +249,7 @@ class DramPool {
     uint32_t next = kNone;
   };
 
-  static constexpr uint32_t kNone = ~uint32_t{0};
+  static constexpr uint32_t kNone = kSlotNone;
 
   DramPool(DramPoolConfig config, Clock* clock, std::unique_ptr<ShmRegion> region);
 

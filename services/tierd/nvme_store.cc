@@ -373,33 +373,9 @@ ManifestRecord NvmeStore::MakeRecord(ManifestRecordType type, uint32_t slot, con
   return r;
 }
 
-void NvmeStore::LinkMru(uint32_t s) {
-  Slot& slot = slots_[s];
-  slot.prev = kNone;
-  slot.next = lru_head_;
-  if (lru_head_ != kNone) {
-    slots_[lru_head_].prev = s;
-  }
-  lru_head_ = s;
-  if (lru_tail_ == kNone) {
-    lru_tail_ = s;
-  }
-}
+void NvmeStore::LinkMru(uint32_t s) { SlotLruLinkFront(slots_, s, lru_head_, lru_tail_); }
 
-void NvmeStore::Unlink(uint32_t s) {
-  Slot& slot = slots_[s];
-  if (slot.prev != kNone) {
-    slots_[slot.prev].next = slot.next;
-  } else {
-    lru_head_ = slot.next;
-  }
-  if (slot.next != kNone) {
-    slots_[slot.next].prev = slot.prev;
-  } else {
-    lru_tail_ = slot.prev;
-  }
-  slot.prev = slot.next = kNone;
-}
+void NvmeStore::Unlink(uint32_t s) { SlotLruUnlink(slots_, s, lru_head_, lru_tail_); }
 
 void NvmeStore::FreeSlot(uint32_t s) {
   slots_[s] = Slot{};

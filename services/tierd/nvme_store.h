@@ -62,6 +62,7 @@
 #include "common/hash/block_hash.h"
 #include "common/time/clock.h"
 #include "services/tierd/nvme_manifest.h"
+#include "services/tierd/slot_lru.h"
 
 namespace pd::tierd {
 
@@ -227,7 +228,7 @@ class NvmeStore {
     uint32_t slot = 0;
   };
 
-  static constexpr uint32_t kNone = ~uint32_t{0};
+  static constexpr uint32_t kNone = kSlotNone;
 
   NvmeStore(NvmeStoreConfig config, Clock* clock, bool direct, int64_t io_align);
 

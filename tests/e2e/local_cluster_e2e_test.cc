@@ -34,7 +34,7 @@ constexpr char kClient[] = PD_BINARY_DIR "/services/client/pd-client";
 constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
 constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
 
-// What /work/shared/models/stories260K/README.md says greedy decoding from BOS alone starts with.
+// What ../shared/models/stories260K/README.md says greedy decoding from BOS alone starts with.
 constexpr char kReadmeGreedyText[] =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
     "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
