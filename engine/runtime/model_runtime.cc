@@ -30,6 +30,10 @@ absl::Status ModelRuntimeConfig::Validate() const {
 
 ModelRuntime::~ModelRuntime() = default;
 
+kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size) {
+  return {c.n_layers, c.n_kv_heads, c.head_dim, block_size, kernels::DType::kF32};
+}
+
 absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeConfig config) {
   PD_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<ModelRuntime> rt(new ModelRuntime());
@@ -57,8 +61,7 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
                         Llama2cTokenizer::Load(config.tokenizer, rt->weights_.config.vocab_size));
     rt->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
   }
-  const ModelConfig& c = rt->weights_.config;
-  rt->layout_ = {c.n_layers, c.n_kv_heads, c.head_dim, config.block_size, kernels::DType::kF32};
+  rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size);
   PD_ASSIGN_OR_RETURN(rt->pool_, memory::HostKvPool::Create(rt->layout_, config.kv_blocks));
   PD_ASSIGN_OR_RETURN(rt->kv_,
                       kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size},

@@ -38,6 +38,11 @@ struct ModelRuntimeConfig {
   absl::Status Validate() const;
 };
 
+// The KV layout a worker of this model uses for `block_size`-token blocks (cache dtype f32 on
+// the CPU backend). pd-tierd derives its pool geometry from the same function, so a worker's
+// layout and its node's tiers agree by construction.
+kvcache::KvLayout KvLayoutForModel(const ModelConfig& config, int64_t block_size);
+
 class ModelRuntime {
  public:
   // Errors: NotFound for a missing model or tokenizer file, InvalidArgument for a malformed

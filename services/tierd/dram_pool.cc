@@ -219,6 +219,17 @@ std::optional<PinnedBlock> DramPool::Pin(const BlockHash& hash, SessionId sessio
   return PinnedBlock{DramSlot(s), slot.checksum};
 }
 
+std::vector<BlockHash> DramPool::StoredHashes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<BlockHash> out;
+  for (const Slot& slot : slots_) {
+    if (slot.state == SlotState::kValid) {
+      out.push_back(slot.hash);
+    }
+  }
+  return out;
+}
+
 bool DramPool::Contains(const BlockHash& hash) const {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(hash);

@@ -206,6 +206,9 @@ class DramPool {
   // Whether `hash` is stored (kValid/kPinned). Not an access: the LRU order does not change.
   bool Contains(const BlockHash& hash) const;
 
+  // Hashes of every stored (kValid/kPinned) block. O(num_slots).
+  std::vector<BlockHash> StoredHashes() const;
+
   // Drops `session`'s claims on `slots`: a reservation frees its slot, a pin is removed (the
   // block stays). Slots without such a claim are ignored. Returns the claims dropped.
   int Release(SessionId session, absl::Span<const DramSlot> slots);

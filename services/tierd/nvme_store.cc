@@ -385,6 +385,9 @@ void NvmeStore::FreeSlot(uint32_t s) {
 void NvmeStore::DropLocked(uint32_t s, std::vector<ManifestRecord>* records) {
   Slot& slot = slots_[s];
   records->push_back(MakeRecord(ManifestRecordType::kDrop, s, slot.hash, 0));
+  if (drop_listener_) {
+    drop_listener_(slot.hash);
+  }
   Unlink(s);
   index_.erase(slot.hash);
   --live_;
@@ -735,6 +738,18 @@ std::optional<uint64_t> NvmeStore::ChecksumOf(const BlockHash& hash) const {
     return std::nullopt;
   }
   return slots_[it->second].checksum;
+}
+
+std::vector<BlockHash> NvmeStore::StoredHashes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<BlockHash> out;
+  out.reserve(index_.size());
+  for (const auto& [hash, slot] : index_) {
+    if (slots_[slot].state == SlotState::kValid) {
+      out.push_back(hash);
+    }
+  }
+  return out;
 }
 
 bool NvmeStore::Drop(const BlockHash& hash) {

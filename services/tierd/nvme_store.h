@@ -53,6 +53,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -198,6 +199,16 @@ class NvmeStore {
   // Forgets `hash` (records the drop). false when it was not stored.
   bool Drop(const BlockHash& hash);
 
+  // Hashes of every stored block (the tier's contents, e.g. to republish an index). O(blocks).
+  std::vector<BlockHash> StoredHashes() const;
+
+  // Called with the hash of every block that leaves the store (LRU eviction of a full store,
+  // checksum failure, Drop), under the store's lock: it must be quick and must not call into
+  // the store. Set it once, before the store is shared between threads.
+  void SetDropListener(absl::AnyInvocable<void(const BlockHash&)> listener) {
+    drop_listener_ = std::move(listener);
+  }
+
   // False while the store refuses spills after a disk-full error (see the class comment).
   bool accepting_spills() const;
 
@@ -274,6 +285,7 @@ class NvmeStore {
   void Compact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const NvmeStoreConfig config_;
+  absl::AnyInvocable<void(const BlockHash&)> drop_listener_;  // may be empty
   const bool direct_;         // O_DIRECT (false: buffered)
   const int64_t io_align_;    // alignment of offsets, lengths and buffers (O_DIRECT)
   const int64_t slot_bytes_;  // block_bytes rounded up to io_align_

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
+
 #include "common/log/log.h"
 #include "services/tierd/checksum.h"
 
@@ -15,6 +17,40 @@ TierStore::TierStore(DramPool* dram, NvmeStore* nvme, AdmissionGuard* guard, Tie
   if (nvme_ != nullptr) {
     CHECK_EQ(nvme_->block_bytes(), dram_->block_bytes()) << "DRAM and NVMe tiers disagree";
   }
+}
+
+TierStore::~TierStore() {
+  if (nvme_ != nullptr) {
+    nvme_->SetDropListener(nullptr);
+  }
+}
+
+void TierStore::SetChangeListener(TierChangeListener listener) {
+  listener_ = std::move(listener);
+  if (nvme_ != nullptr) {
+    nvme_->SetDropListener([this](const BlockHash& hash) {
+      if (listener_) {
+        listener_(absl::MakeConstSpan(&hash, 1));
+      }
+    });
+  }
+}
+
+std::vector<std::pair<BlockHash, TierKind>> TierStore::Snapshot() const {
+  std::vector<std::pair<BlockHash, TierKind>> out;
+  absl::flat_hash_set<BlockHash> in_dram;
+  for (const BlockHash& h : dram_->StoredHashes()) {
+    in_dram.insert(h);
+    out.emplace_back(h, TierKind::kDram);
+  }
+  if (nvme_ != nullptr) {
+    for (const BlockHash& h : nvme_->StoredHashes()) {
+      if (!in_dram.contains(h)) {
+        out.emplace_back(h, TierKind::kNvme);
+      }
+    }
+  }
+  return out;
 }
 
 std::vector<TierKind> TierStore::Lookup(absl::Span<const BlockHash> chain) const {
@@ -57,7 +93,11 @@ std::vector<Reservation> TierStore::AllocateSlots(SessionId session,
 
 CommitOutcome TierStore::Commit(SessionId session, DramSlot slot, const BlockHash& hash,
                                 uint64_t checksum) {
-  return dram_->Commit(session, slot, hash, checksum);
+  const CommitOutcome outcome = dram_->Commit(session, slot, hash, checksum);
+  if (outcome == CommitOutcome::kStored && listener_) {
+    listener_(absl::MakeConstSpan(&hash, 1));
+  }
+  return outcome;
 }
 
 std::vector<PromotedBlock> TierStore::Promote(SessionId session,
@@ -142,6 +182,9 @@ size_t TierStore::RestoreRun(SessionId session, absl::Span<const BlockHash> run,
     const DramSlot slot[] = {slots[k]};
     dram_->Release(kTierdSession, slot);
   }
+  if (restored > 0 && listener_) {
+    listener_(run.subspan(0, restored));
+  }
   absl::MutexLock lock(&mu_);
   counters_.restored_blocks_total += restored;
   counters_.restore_bytes_total += restored * static_cast<uint64_t>(dram_->block_bytes());
@@ -220,6 +263,14 @@ SpillResult TierStore::Evict(int64_t max_blocks) {
     slots.push_back(c.slot);
   }
   dram_->FinishEviction(slots);
+  if (listener_) {
+    std::vector<BlockHash> moved;
+    moved.reserve(candidates.size());
+    for (const EvictionCandidate& c : candidates) {
+      moved.push_back(c.hash);
+    }
+    listener_(moved);
+  }
   absl::MutexLock lock(&mu_);
   counters_.spilled_blocks_total += static_cast<uint64_t>(result.written);
   counters_.spill_dropped_blocks_total +=

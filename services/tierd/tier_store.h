@@ -26,9 +26,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -81,6 +83,13 @@ struct TierStoreStats {
   uint64_t dram_corrupt_total = 0;      // DRAM blocks failing their checksum when spilled
 };
 
+// Told which blocks may have changed tier: stored in DRAM (Commit, NVMe restore), moved down
+// or dropped (spill), dropped from NVMe (full, corrupt). The receiver asks Lookup for the
+// block's tier now (it may have changed again since). Runs on the thread of the call that
+// caused it, possibly under a tier's lock: it must be quick (queue the hashes) and must not
+// call into the store.
+using TierChangeListener = absl::AnyInvocable<void(absl::Span<const BlockHash> hashes)>;
+
 class TierStore {
  public:
   // `dram` and `guard` are required, `nvme` may be null (no NVMe tier); none is owned and all
@@ -90,6 +99,8 @@ class TierStore {
 
   TierStore(const TierStore&) = delete;
   TierStore& operator=(const TierStore&) = delete;
+  // Detaches its drop listener from the NVMe store (which may outlive it).
+  ~TierStore();
 
   // Tier of each leading block of `chain` held by the node (DRAM before NVMe), stopping at the
   // first miss. Advisory: nothing is pinned and no visit is counted.
@@ -119,6 +130,13 @@ class TierStore {
   // Takes up to `max_blocks` of the coldest DRAM blocks out (see the class comment).
   SpillResult Evict(int64_t max_blocks);
 
+  // Sets the change listener (see TierChangeListener). Call once, before the store is used by
+  // several threads.
+  void SetChangeListener(TierChangeListener listener);
+
+  // Every block the node holds with its fastest tier (DRAM before NVMe). O(blocks).
+  std::vector<std::pair<BlockHash, TierKind>> Snapshot() const;
+
   DramPool* dram() const { return dram_; }
   NvmeStore* nvme() const { return nvme_; }
 
@@ -135,6 +153,7 @@ class TierStore {
   AdmissionGuard* const guard_;
   const TierStoreConfig config_;
   Clock* const clock_;
+  TierChangeListener listener_;  // may be empty
 
   mutable absl::Mutex mu_;
   TierStoreStats counters_ ABSL_GUARDED_BY(mu_);  // only the *_total fields are used

@@ -1,0 +1,50 @@
+#include "services/tierd/tierd_config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pd::tierd {
+
+absl::Status TierdConfig::Validate() const {
+  if (model.empty()) {
+    return absl::InvalidArgumentError("--model is required (the KV layout comes from it)");
+  }
+  if (block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--block_size must be > 0, got ", block_size));
+  }
+  if (dram_mib <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--dram_mib must be > 0, got ", dram_mib));
+  }
+  if (!(low_watermark >= 0 && low_watermark < high_watermark && high_watermark <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("watermarks must satisfy 0 <= --low_watermark < --high_watermark <= 1, got ",
+                     low_watermark, " and ", high_watermark));
+  }
+  if (lease < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lease must be at least 1ms, got ", absl::FormatDuration(lease)));
+  }
+  if (!nvme_dir.empty() && nvme_mib <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nvme_dir ", nvme_dir, " needs --nvme_mib > 0, got ", nvme_mib));
+  }
+  if (nvme_dir.empty() && nvme_mib > 0) {
+    return absl::InvalidArgumentError("--nvme_mib is set but --nvme_dir is empty");
+  }
+  if (redis.has_value()) {
+    if (absl::Status s = redis->Validate(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--redis_address: ", s.message()));
+    }
+    if (redis_entry_ttl < absl::Seconds(1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--redis_entry_ttl must be at least 1s, got ",
+                       absl::FormatDuration(redis_entry_ttl)));
+    }
+  }
+  if (maintenance_interval <= absl::ZeroDuration() ||
+      session_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("maintenance interval and session timeout must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pd::tierd

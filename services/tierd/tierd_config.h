@@ -1,0 +1,56 @@
+// TierdConfig: pd-tierd's settings, filled from flags by main.cc and validated before anything
+// starts (STYLE.md section 10: absent values take these defaults, invalid ones stop startup).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/redis/redis_client.h"
+#include "services/base/net_address.h"
+
+namespace pd::tierd {
+
+struct TierdConfig {
+  services::HostPort grpc_address{"127.0.0.1", 50071};     // TierService + health
+  services::HostPort metrics_address{"127.0.0.1", 9102};   // Prometheus /metrics
+  // This node's name, as the node's workers report it (WorkerInfo.node_name) and as Redis
+  // entries name it. Empty = the host name.
+  std::string node_name;
+
+  // The model whose blocks this tierd keeps (a Hugging Face directory or a llama2.c checkpoint
+  // with `tokenizer`): the KV layout and fingerprint come from it, exactly as the workers
+  // compute them. Required.
+  std::string model;
+  std::string tokenizer;
+  int64_t block_size = 16;  // tokens per block; must match the workers
+
+  // DRAM tier: shared-memory pool of dram_mib MiB (rounded down to whole slots, >= 1 slot).
+  int64_t dram_mib = 1024;
+  std::string shm_name;  // empty = DramPoolConfig::DefaultShmName(node)
+  double high_watermark = 0.90;
+  double low_watermark = 0.75;
+  absl::Duration lease = absl::Seconds(30);  // claims (reservations, pins) expire after it
+
+  // NVMe tier: slab files in nvme_dir holding up to nvme_mib MiB; empty dir = no NVMe tier.
+  std::string nvme_dir;
+  int64_t nvme_mib = 0;
+  bool nvme_verify_on_open = false;  // read and check every block at startup
+
+  // Redis prefix index; unset = none (tiers still serve the node's workers).
+  std::optional<redis::RedisConfig> redis;
+  absl::Duration redis_entry_ttl = absl::Minutes(10);
+
+  // Background work: claim expiry, watermark spills, idle-session clean-up.
+  absl::Duration maintenance_interval = absl::Milliseconds(200);
+  // A session with no call for this long is dropped (its worker died without Detach).
+  absl::Duration session_idle_timeout = absl::Minutes(10);
+  absl::Duration drain_timeout = absl::Seconds(10);
+
+  // InvalidArgument naming the flag and its value.
+  absl::Status Validate() const;
+};
+
+}  // namespace pd::tierd

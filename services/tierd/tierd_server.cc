@@ -1,0 +1,314 @@
+#include "services/tierd/tierd_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/log/log.h"
+#include "engine/runtime/model_front.h"
+#include "engine/runtime/model_runtime.h"
+#include "services/worker/convert.h"
+
+namespace pd::tierd {
+
+namespace {
+
+std::string HostName() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfig& config,
+                                                                metrics::Registry* metrics,
+                                                                LocationSink* sink) {
+  PD_RETURN_IF_ERROR(config.Validate());
+  PD_RETURN_IF_ERROR(services::CheckCanListen(config.grpc_address, "--grpc_address"));
+  std::unique_ptr<TierdServer> s(new TierdServer());
+  s->config_ = config;
+  s->node_ = config.node_name.empty() ? HostName() : config.node_name;
+
+  // The layout and fingerprint exactly as the workers compute them.
+  absl::StatusOr<std::unique_ptr<engine::ModelFront>> front =
+      engine::ModelFront::Load(config.model, config.tokenizer);
+  if (!front.ok()) {
+    return absl::Status(front.status().code(),
+                        absl::StrCat("--model ", config.model, ": ", front.status().message()));
+  }
+  const kvcache::KvLayout layout =
+      engine::KvLayoutForModel((*front)->config(), config.block_size);
+  PD_RETURN_IF_ERROR(layout.Validate());
+  const std::string fingerprint = (*front)->fingerprint();
+
+  DramPoolConfig dram;
+  dram.shm_name =
+      config.shm_name.empty() ? DramPoolConfig::DefaultShmName(s->node_) : config.shm_name;
+  dram.block_bytes = layout.block_bytes();
+  dram.num_slots = (config.dram_mib << 20) / SlotBytesFor(layout.block_bytes());
+  if (dram.num_slots < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dram_mib ", config.dram_mib, " holds no block of ", layout.block_bytes(),
+                     " bytes"));
+  }
+  dram.high_watermark = config.high_watermark;
+  dram.low_watermark = config.low_watermark;
+  dram.lease = config.lease;
+  PD_ASSIGN_OR_RETURN(s->dram_, DramPool::Create(dram));
+
+  if (!config.nvme_dir.empty()) {
+    NvmeStoreConfig nvme;
+    nvme.dir = config.nvme_dir;
+    nvme.block_bytes = layout.block_bytes();
+    nvme.capacity_blocks = std::max<int64_t>(1, (config.nvme_mib << 20) /
+                                                    SlotBytesFor(layout.block_bytes()));
+    nvme.model_fingerprint = fingerprint;
+    nvme.verify_on_open = config.nvme_verify_on_open;
+    absl::StatusOr<std::unique_ptr<NvmeStore>> store = NvmeStore::Open(nvme);
+    if (!store.ok()) {
+      return absl::Status(store.status().code(),
+                          absl::StrCat("--nvme_dir ", config.nvme_dir, ": ",
+                                       store.status().message()));
+    }
+    s->nvme_ = *std::move(store);
+  }
+  s->guard_ = std::make_unique<AdmissionGuard>();
+  s->store_ = std::make_unique<TierStore>(s->dram_.get(), s->nvme_.get(), s->guard_.get());
+  s->service_ = std::make_unique<TierServiceImpl>(
+      s->store_.get(), worker::LayoutToProto(layout, fingerprint));
+
+  if (sink != nullptr) {
+    s->sink_ = sink;
+  } else if (config.redis.has_value()) {
+    return absl::UnimplementedError("--redis_address: the Redis prefix index is not built yet");
+  }
+  TierdServer* self = s.get();
+  s->store_->SetChangeListener([self](absl::Span<const BlockHash> hashes) {
+    absl::MutexLock lock(&self->mu_);
+    self->changed_.insert(hashes.begin(), hashes.end());
+  });
+  if (s->sink_ != nullptr) {
+    // A restarted tierd holds what its NVMe manifest replayed: announce it.
+    for (const auto& [hash, tier] : s->store_->Snapshot()) {
+      s->sink_->Publish(hash, tier);
+    }
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.grpc_address.ToString(), grpc::InsecureServerCredentials(),
+                           &s->port_);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--grpc_address ", config.grpc_address.ToString(), ": cannot start server"));
+  }
+  s->maintenance_ = std::thread([self] { self->MaintenanceLoop(); });
+  s->indexer_ = std::thread([self] { self->IndexLoop(); });
+  s->RegisterMetrics(metrics);
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  return s;
+}
+
+TierdServer::~TierdServer() {
+  Drain(absl::ZeroDuration());
+  if (registry_ != nullptr) {
+    registry_->RemoveCollector(collector_);
+  }
+}
+
+std::string TierdServer::address() const {
+  return services::HostPort{config_.grpc_address.host, port_}.ToString();
+}
+
+std::string TierdServer::Describe() const {
+  std::string out = absl::StrCat(
+      "tierd on node ", node_, " at ", address(), ": DRAM ", dram_->num_slots(), " slots of ",
+      dram_->block_bytes(), " bytes in ", dram_->shm_name());
+  if (nvme_ != nullptr) {
+    const NvmeStoreStats st = nvme_->Stats();
+    absl::StrAppend(&out, ", NVMe ", st.capacity_blocks, " blocks in ", nvme_->dir(), " (",
+                    st.io_mode, ", ", st.replayed_blocks, " replayed)");
+  } else {
+    absl::StrAppend(&out, ", no NVMe tier");
+  }
+  absl::StrAppend(&out, sink_ != nullptr ? ", location index on" : ", no location index");
+  return out;
+}
+
+void TierdServer::MaintenanceLoop() {
+  absl::Time last_prune = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), config_.maintenance_interval)) {
+        return;
+      }
+    }
+    const int expired = store_->ExpireClaims();
+    if (expired > 0) {
+      LOG(WARNING) << "tierd: " << expired << " claims expired (a worker did not release them)";
+    }
+    const SpillResult spilled = store_->SpillToWatermark();
+    if (spilled.total() > 0) {
+      VLOG(1) << "tierd: spilled " << spilled.total() << " blocks (" << spilled.written
+              << " written to NVMe, " << spilled.dropped << " dropped)";
+      absl::MutexLock lock(&mu_);
+      ++spill_rounds_total_;
+    }
+    if (absl::Now() - last_prune > config_.session_idle_timeout / 4) {
+      service_->PruneIdleSessions(config_.session_idle_timeout);
+      last_prune = absl::Now();
+    }
+  }
+}
+
+size_t TierdServer::ResolveChanges() {
+  absl::flat_hash_set<BlockHash> changed;
+  {
+    absl::MutexLock lock(&mu_);
+    changed.swap(changed_);
+  }
+  if (sink_ == nullptr) {
+    return 0;
+  }
+  for (const BlockHash& hash : changed) {
+    const std::vector<TierKind> tier = store_->Lookup(absl::MakeConstSpan(&hash, 1));
+    if (tier.empty()) {
+      sink_->Unpublish(hash);
+    } else {
+      sink_->Publish(hash, tier[0]);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  resolved_total_ += changed.size();
+  return changed.size();
+}
+
+void TierdServer::IndexLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !changed_.empty();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
+      if (stopping_) {
+        break;
+      }
+    }
+    ResolveChanges();
+  }
+  ResolveChanges();
+}
+
+void TierdServer::FlushIndexForTest() { ResolveChanges(); }
+
+void TierdServer::Drain(absl::Duration timeout) {
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
+    server_->Wait();
+    server_.reset();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (maintenance_.joinable()) {
+    maintenance_.join();
+  }
+  if (indexer_.joinable()) {
+    indexer_.join();
+  }
+}
+
+void TierdServer::RegisterMetrics(metrics::Registry* registry) {
+  registry_ = registry;
+  collector_ = registry->AddCollector([this](metrics::CollectorSink& sink) {
+    const TierStoreStats st = store_->Stats();
+    const TierServiceStats sv = service_->ServiceStats();
+    const auto d = [](auto v) { return static_cast<double>(v); };
+    sink.AddGauge("pd_tierd_capacity_blocks", "Blocks each tier can hold",
+                  d(st.dram.capacity_blocks), {{"tier", "dram"}});
+    sink.AddGauge("pd_tierd_blocks", "Blocks held per tier (DRAM: valid, i.e. readable)",
+                  d(st.dram.valid_blocks), {{"tier", "dram"}});
+    sink.AddGauge("pd_tierd_bytes", "Block bytes held per tier",
+                  d(st.dram.valid_blocks * dram_->block_bytes()), {{"tier", "dram"}});
+    sink.AddGauge("pd_tierd_claimed_blocks", "DRAM slots reserved or pinned by workers",
+                  d(st.dram.pinned_blocks));
+    sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier",
+                    d(st.dram.stored_blocks_total), {{"tier", "dram"}});
+    sink.AddCounter("pd_tierd_evicted_blocks_total", "Blocks that left each tier to make room",
+                    d(st.dram.evicted_blocks_total), {{"tier", "dram"}});
+    sink.AddCounter("pd_tierd_hit_blocks_total", "Blocks served to workers from each tier",
+                    d(st.dram.hit_blocks_total), {{"tier", "dram"}});
+    sink.AddCounter("pd_tierd_checksum_failures_total",
+                    "Blocks dropped because their bytes failed the checksum",
+                    d(st.dram.checksum_failures_total + st.dram_corrupt_total),
+                    {{"tier", "dram"}});
+    if (st.nvme.has_value()) {
+      sink.AddGauge("pd_tierd_capacity_blocks", "Blocks each tier can hold",
+                    d(st.nvme->capacity_blocks), {{"tier", "nvme"}});
+      sink.AddGauge("pd_tierd_blocks", "Blocks held per tier (DRAM: valid, i.e. readable)",
+                    d(st.nvme->used_blocks), {{"tier", "nvme"}});
+      sink.AddGauge("pd_tierd_bytes", "Block bytes held per tier",
+                    d(st.nvme->used_blocks * nvme_->block_bytes()), {{"tier", "nvme"}});
+      sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier",
+                      d(st.nvme->stored_blocks_total), {{"tier", "nvme"}});
+      sink.AddCounter("pd_tierd_evicted_blocks_total", "Blocks that left each tier to make room",
+                      d(st.nvme->evicted_blocks_total), {{"tier", "nvme"}});
+      sink.AddCounter("pd_tierd_hit_blocks_total", "Blocks served to workers from each tier",
+                      d(st.nvme->hit_blocks_total), {{"tier", "nvme"}});
+      sink.AddCounter("pd_tierd_checksum_failures_total",
+                      "Blocks dropped because their bytes failed the checksum",
+                      d(st.nvme->checksum_failures_total), {{"tier", "nvme"}});
+      sink.AddGauge("pd_tierd_nvme_accepting_spills",
+                    "1 while the NVMe tier accepts spills, 0 after a disk-full error",
+                    st.nvme->accepting_spills ? 1 : 0);
+      sink.AddCounter("pd_tierd_nvme_write_failures_total", "NVMe writes that failed",
+                      d(st.nvme->write_failures_total));
+      sink.AddCounter("pd_tierd_nvme_disk_full_total",
+                      "Times the NVMe tier stopped accepting spills (disk full)",
+                      d(st.nvme->disk_full_total));
+    }
+    sink.AddCounter("pd_tierd_spill_blocks_total", "Blocks written DRAM -> NVMe by spills",
+                    d(st.spilled_blocks_total));
+    sink.AddCounter("pd_tierd_spill_dropped_blocks_total",
+                    "Blocks that left DRAM without reaching NVMe (not admitted, no room, failed)",
+                    d(st.spill_dropped_blocks_total));
+    sink.AddCounter("pd_tierd_spill_bytes_total", "Bytes written by spills",
+                    d(st.spill_bytes_total));
+    sink.AddCounter("pd_tierd_spill_seconds_total", "Wall time of spill rounds that wrote",
+                    absl::ToDoubleSeconds(st.spill_time_total));
+    sink.AddCounter("pd_tierd_restore_blocks_total", "Blocks read NVMe -> DRAM by Promote",
+                    d(st.restored_blocks_total));
+    sink.AddCounter("pd_tierd_restore_bytes_total", "Bytes read by NVMe restores",
+                    d(st.restore_bytes_total));
+    sink.AddCounter("pd_tierd_restore_seconds_total", "Wall time of NVMe restores",
+                    absl::ToDoubleSeconds(st.restore_time_total));
+    sink.AddCounter("pd_tierd_restore_failures_total", "NVMe reads that failed (checksum incl.)",
+                    d(st.restore_failures_total));
+    sink.AddGauge("pd_tierd_sessions", "Workers attached", d(sv.sessions));
+    sink.AddCounter("pd_tierd_lookups_total", "Lookup calls", d(sv.lookups_total));
+    sink.AddCounter("pd_tierd_lookup_hit_blocks_total", "Leading hits returned by Lookup",
+                    d(sv.lookup_hit_blocks_total));
+    sink.AddCounter("pd_tierd_promotes_total", "Promote calls", d(sv.promotes_total));
+    sink.AddCounter("pd_tierd_promote_hit_blocks_total", "Blocks made readable by Promote",
+                    d(sv.promote_hit_blocks_total));
+    sink.AddCounter("pd_tierd_unknown_session_total", "Calls naming an unknown session",
+                    d(sv.unknown_session_total));
+    sink.AddCounter("pd_tierd_attach_rejected_total",
+                    "Attach calls refused (layout mismatch, bad request)",
+                    d(sv.attach_rejected_total));
+  });
+}
+
+}  // namespace pd::tierd
