@@ -63,9 +63,16 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   }
   rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size);
   PD_ASSIGN_OR_RETURN(rt->pool_, memory::HostKvPool::Create(rt->layout_, config.kv_blocks));
+  kvcache::BlockPool::EvictionHook hook;
+  if (config.on_evict) {
+    memory::HostKvPool* pool = rt->pool_.get();
+    hook = [pool, on_evict = config.on_evict](const BlockHash& hash, BlockId block) {
+      on_evict(hash, absl::MakeConstSpan(pool->BlockData(block), pool->block_bytes()));
+    };
+  }
   PD_ASSIGN_OR_RETURN(rt->kv_,
                       kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size},
-                                                       config.kv_listener));
+                                                       config.kv_listener, std::move(hook)));
   const int threads =
       config.threads > 0 ? config.threads : std::max(1u, std::thread::hardware_concurrency());
   rt->parallel_ = std::make_unique<ParallelFor>(ParallelFor::Options{threads});

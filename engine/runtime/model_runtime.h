@@ -5,10 +5,13 @@
 // Used by pd-generate and pd-worker. Thread-compatible: the scheduler is driven by one thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/hash/block_hash.h"
 #include "common/threads/parallel_for.h"
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/memory/host_kv_pool.h"
@@ -33,6 +36,10 @@ struct ModelRuntimeConfig {
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
   // = none. Not owned; must outlive the runtime.
   kvcache::KvEventListener* kv_listener = nullptr;
+  // Called with a cached block's hash and bytes right before the pool reuses the block (LRU
+  // eviction), e.g. to offer it to the node's DRAM tier. Runs on the scheduler thread inside
+  // an allocation: copy the bytes and return quickly. Empty = none.
+  std::function<void(const BlockHash& hash, absl::Span<const uint8_t> block)> on_evict;
 
   // InvalidArgument naming the field.
   absl::Status Validate() const;

@@ -41,6 +41,7 @@ enum class FinishReason : uint8_t {
 
 struct RequestTimings {
   absl::Duration queue;        // submitted -> first scheduled
+  absl::Duration restore;      // copying blocks in from the node's DRAM/NVMe tiers
   absl::Duration prefill;      // first scheduled -> prompt fully computed
   absl::Duration first_token;  // submitted -> first token emitted
   absl::Duration total;        // submitted -> finished
@@ -56,6 +57,7 @@ struct GenerationOutput {
   // Set on the last output.
   uint32_t prompt_tokens = 0;
   uint32_t cached_tokens = 0;        // prompt tokens reused from the prefix cache
+  uint32_t restored_tokens = 0;      // of cached_tokens, restored from the node's tiers
   uint32_t completion_tokens = 0;
   uint32_t num_preemptions = 0;
   bool prefilled_remotely = false;   // the prompt's KV came from a prefill worker
@@ -92,6 +94,23 @@ struct PrefilledBlocks {
   absl::Duration prefill;           // first scheduled -> prompt computed
 };
 
+// Blocks of the prompt's hash chain that the node's lower tiers (pd-tierd's DRAM/NVMe) hold
+// and that the service made readable before submitting the request. At first admission the
+// scheduler copies the ones that continue its own cached prefix into fresh pool blocks,
+// commits them as prefix-cache hits, then computes only the rest of the prompt. Exactness:
+// only blocks whose hash equals the scheduler's own chain hash at that index are used, and a
+// copy that fails its check (copy_in returns false) ends the restore there.
+struct TierPrefix {
+  int64_t first_block = 0;       // chain index of chain[0]
+  std::vector<BlockHash> chain;  // hashes of the restorable blocks, consecutive, in order
+  // Copies chain block `index` (an index into the whole prompt chain) into pool block `dst`
+  // and verifies the copy; false = unusable, stop restoring there. Scheduler thread.
+  std::function<bool(int64_t index, BlockId dst)> copy_in;
+  // Called exactly once on the scheduler thread when the sources are no longer needed (after
+  // the first admission, or when the request ends before it), e.g. to unpin them.
+  std::function<void()> release;
+};
+
 struct GenerationRequest {
   RequestId id;
   std::vector<uint32_t> prompt;  // token ids, non-empty
@@ -107,6 +126,8 @@ struct GenerationRequest {
   // Prefill side (see PrefilledBlocks); null = a normal generation. Mutually exclusive with
   // remote_prefill. Runs on the scheduler thread: must be quick.
   std::function<void(PrefilledBlocks)> on_prefilled;
+  // Blocks restorable from the node's tiers; empty chain = none.
+  TierPrefix tier_prefix;
 };
 
 }  // namespace pd::engine

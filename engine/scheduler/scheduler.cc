@@ -35,7 +35,19 @@ struct Scheduler::Sequence {
   bool remote_pending = false;     // waiting for Complete/FailRemotePrefill
   bool prefilled_remotely = false;
   bool held = false;               // prefill-only: computed, blocks held for the transfer
+  uint32_t restored_tokens = 0;    // restored from the node's tiers at first admission
+  absl::Duration restore_time;
   absl::Time submitted, first_scheduled, prefill_done, first_token;
+
+  // The tier prefix's sources are released exactly once, even when the request never runs.
+  void ReleaseTierPrefix() {
+    if (request.tier_prefix.release) {
+      auto release = std::move(request.tier_prefix.release);
+      request.tier_prefix = TierPrefix();
+      release();
+    }
+  }
+  ~Sequence() { ReleaseTierPrefix(); }
 
   size_t num_generated() const { return tokens.size() - prompt_len; }
 };
@@ -200,8 +212,10 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   out.status = seq->status;
   out.prompt_tokens = static_cast<uint32_t>(seq->prompt_len);
   out.cached_tokens = seq->cached_tokens;
+  out.restored_tokens = std::min(seq->restored_tokens, seq->cached_tokens);
   out.completion_tokens = static_cast<uint32_t>(seq->num_generated());
   out.num_preemptions = seq->num_preemptions;
+  out.timings.restore = seq->restore_time;
   out.prefilled_remotely = seq->prefilled_remotely;
   const absl::Time now = clock_->Now();
   const absl::Time scheduled =
@@ -255,6 +269,11 @@ void Scheduler::Admit() {
         ComputeBlockHashes(seq->seed, seq->tokens, static_cast<uint32_t>(kv_->block_size()));
     // A remote prefill is tried once, at first admission; a preempted request recomputes here.
     const bool remote = seq->request.remote_prefill != nullptr && !seq->remote_started;
+    if (!seq->admitted_once && !seq->request.tier_prefix.chain.empty()) {
+      const absl::Time start = clock_->Now();
+      seq->restored_tokens = static_cast<uint32_t>(RestoreFromTiers(seq, chain) * kv_->block_size());
+      seq->restore_time = clock_->Now() - start;
+    }
     std::optional<kvcache::ImportTarget> import;
     absl::StatusOr<int64_t> cached = 0;
     if (remote) {
@@ -308,6 +327,53 @@ void Scheduler::Admit() {
       seq->request.remote_prefill(std::move(target));
     }
   }
+}
+
+int64_t Scheduler::RestoreFromTiers(Sequence* seq, absl::Span<const BlockHash> chain) {
+  const TierPrefix& tp = seq->request.tier_prefix;
+  const int64_t block_size = kv_->block_size();
+  const int64_t local = kv_->Match(chain);
+  // Blocks wholly before the last prompt token: that token's block is always computed.
+  int64_t end = std::min<int64_t>(
+      {tp.first_block + static_cast<int64_t>(tp.chain.size()), static_cast<int64_t>(chain.size()),
+       (static_cast<int64_t>(seq->tokens.size()) - 1) / block_size});
+  for (int64_t i = std::max(local, tp.first_block); i < end; ++i) {
+    if (tp.chain[static_cast<size_t>(i - tp.first_block)] != chain[static_cast<size_t>(i)]) {
+      end = i;  // not this prompt's block (another salt or model): never use it
+      break;
+    }
+  }
+  int64_t restored = 0;
+  if (local >= tp.first_block && local < end) {
+    // A scratch sequence takes references on the cached prefix (so allocating the fresh
+    // blocks cannot evict it) and owns the fresh blocks while they are filled.
+    const kvcache::SequenceId scratch(next_sequence_id_++);
+    absl::StatusOr<int64_t> cached =
+        kv_->AllocatePrompt(scratch, chain.first(static_cast<size_t>(end)), end * block_size + 1);
+    if (cached.ok() && *cached == local * block_size) {
+      absl::StatusOr<std::vector<BlockId>> ids = kv_->ExportBlocks(scratch, local, end - local);
+      CHECK(ids.ok()) << ids.status();
+      int64_t k = local;
+      while (k < end && tp.copy_in(k, (*ids)[static_cast<size_t>(k - local)])) {
+        ++k;
+      }
+      if (k < end) {
+        ++stats_.tier_restore_failures;
+      }
+      if (k > local) {
+        absl::Status commit = kv_->CommitBlocks(scratch, chain.first(static_cast<size_t>(k)));
+        CHECK(commit.ok()) << commit;  // fresh blocks of this chain
+      }
+      restored = k - local;
+    }
+    if (cached.ok()) {  // (a failed AllocatePrompt changed nothing: no room, compute instead)
+      absl::Status freed = kv_->Free(scratch);
+      CHECK(freed.ok()) << freed;
+    }
+  }
+  stats_.tier_restored_blocks += restored;
+  seq->ReleaseTierPrefix();
+  return restored;
 }
 
 Scheduler::Sequence* Scheduler::FindRunning(RequestId id) {

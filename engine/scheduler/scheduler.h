@@ -53,6 +53,8 @@ struct SchedulerStats {
   int64_t held = 0;                 // prefill-only requests holding blocks for a transfer
   int64_t remote_prefills = 0;      // waiting for a prefill worker now
   int64_t remote_prefill_failures = 0;  // cumulative: fell back to local prefill
+  int64_t tier_restored_blocks = 0;  // cumulative: blocks copied in from the node's tiers
+  int64_t tier_restore_failures = 0;  // cumulative: restores cut short by a failed copy
   kvcache::KvCacheStats kv;
 };
 
@@ -116,6 +118,11 @@ class Scheduler {
 
   void ExpireAndCancel();
   void Admit();
+  // Copies the blocks of seq's tier prefix that continue the pool's cached prefix of `chain`
+  // into fresh blocks and commits them as prefix-cache hits (they are evictable, not held).
+  // Returns the number of blocks restored (0 when nothing continues the cached prefix or the
+  // pool has no room). Releases the tier prefix.
+  int64_t RestoreFromTiers(Sequence* seq, absl::Span<const BlockHash> chain);
   void EnsureSlots();
   void Preempt(size_t running_index);
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);

@@ -104,6 +104,12 @@ class Harness {
 
   Scheduler* scheduler() { return scheduler_.get(); }
   std::map<uint64_t, Result>& results() { return results_; }
+  // The block-hash chain the scheduler computes for `prompt` (no cache salt).
+  std::vector<BlockHash> ChainOf(const std::vector<uint32_t>& prompt) {
+    absl::StatusOr<BlockHash> seed = ComputeHashSeed({checkpoint_->Fingerprint(), "f32", 16, ""});
+    CHECK(seed.ok()) << seed.status();
+    return ComputeBlockHashes(*seed, prompt, 16);
+  }
   memory::HostKvPool* pool() { return pool_.get(); }
 
  private:
@@ -432,6 +438,148 @@ TEST(SchedulerDisaggTest, HooksAreExclusive) {
   r.on_prefilled = [](PrefilledBlocks) {};
   EXPECT_EQ(d.SubmitRequest(1, {1, 2}, MaxTokens(4), "", std::move(r)).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pd::engine
+
+namespace pd::engine {
+namespace {
+
+constexpr char kLongPrompt[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun "
+    "with her friends and her big brown dog";
+
+// The KV bytes of every full block of `prompt`, computed by a prefill-only request.
+std::vector<std::vector<uint8_t>> ComputeBlockBytes(const std::vector<uint32_t>& prompt) {
+  Harness src(64, {});
+  std::optional<PrefilledBlocks> prefilled;
+  GenerationRequest pr;
+  pr.on_prefilled = [&](PrefilledBlocks b) { prefilled = std::move(b); };
+  CHECK(src.SubmitRequest(9, prompt, MaxTokens(1), "", std::move(pr)).ok());
+  while (!prefilled.has_value() && src.scheduler()->Step()) {
+  }
+  CHECK(prefilled.has_value());
+  std::vector<std::vector<uint8_t>> out;
+  for (size_t b = 0; b < prompt.size() / 16; ++b) {
+    const uint8_t* data = src.pool()->BlockData(prefilled->block_ids[b]);
+    out.emplace_back(data, data + src.pool()->block_bytes());
+  }
+  return out;
+}
+
+// A tier prefix serving blocks [first, first + n) of `chain` from `bytes`; copy number
+// `fail_at` (0-based, -1 = never) reports a failed check.
+TierPrefix MakeTierPrefix(Harness* h, const std::vector<BlockHash>& chain,
+                          const std::vector<std::vector<uint8_t>>* bytes, int64_t first,
+                          int64_t n, int fail_at, int* copies, bool* released) {
+  TierPrefix tp;
+  tp.first_block = first;
+  tp.chain.assign(chain.begin() + first, chain.begin() + first + n);
+  tp.copy_in = [h, bytes, fail_at, copies](int64_t index, BlockId dst) {
+    if ((*copies)++ == fail_at) {
+      return false;
+    }
+    const std::vector<uint8_t>& src = (*bytes)[static_cast<size_t>(index)];
+    std::memcpy(h->pool()->BlockData(dst), src.data(), src.size());
+    return true;
+  };
+  tp.release = [released] { *released = true; };
+  return tp;
+}
+
+TEST(SchedulerTierTest, RestoredBlocksGiveTheComputedOutput) {
+  Harness local(64, {});
+  const std::vector<uint32_t> prompt = local.Encode(kLongPrompt);
+  const int64_t full = static_cast<int64_t>(prompt.size()) / 16;
+  ASSERT_GE(full, 2);
+  ASSERT_TRUE(local.Submit(1, prompt, MaxTokens(24)).ok());
+  local.RunToCompletion();
+  const std::vector<uint32_t>& want = local.results()[1].tokens;
+  const std::vector<std::vector<uint8_t>> bytes = ComputeBlockBytes(prompt);
+  const int64_t usable = std::min<int64_t>(full, (static_cast<int64_t>(prompt.size()) - 1) / 16);
+
+  // Every full block restorable: only the rest is computed, the output is unchanged.
+  {
+    Harness d(64, {});
+    int copies = 0;
+    bool released = false;
+    GenerationRequest r;
+    r.tier_prefix = MakeTierPrefix(&d, d.ChainOf(prompt), &bytes, 0, full, -1, &copies, &released);
+    ASSERT_TRUE(d.SubmitRequest(1, prompt, MaxTokens(24), "", std::move(r)).ok());
+    d.RunToCompletion();
+    EXPECT_EQ(d.results()[1].tokens, want);
+    EXPECT_TRUE(released);
+    EXPECT_EQ(copies, usable);
+    EXPECT_EQ(d.results()[1].last.cached_tokens, usable * 16);
+    EXPECT_EQ(d.results()[1].last.restored_tokens, usable * 16);
+    EXPECT_EQ(d.scheduler()->Stats().prefill_tokens,
+              static_cast<int64_t>(prompt.size()) - usable * 16);
+    EXPECT_EQ(d.scheduler()->Stats().tier_restored_blocks, usable);
+  }
+  // A copy failing its check ends the restore there; the rest is computed, output unchanged.
+  {
+    Harness d(64, {});
+    int copies = 0;
+    bool released = false;
+    GenerationRequest r;
+    r.tier_prefix = MakeTierPrefix(&d, d.ChainOf(prompt), &bytes, 0, full, 1, &copies, &released);
+    ASSERT_TRUE(d.SubmitRequest(1, prompt, MaxTokens(24), "", std::move(r)).ok());
+    d.RunToCompletion();
+    EXPECT_EQ(d.results()[1].tokens, want);
+    EXPECT_EQ(d.results()[1].last.restored_tokens, 16u);
+    EXPECT_EQ(d.scheduler()->Stats().tier_restore_failures, 1);
+    EXPECT_TRUE(released);
+  }
+  // Hashes that are not this prompt's (another salt) are never used.
+  {
+    Harness d(64, {});
+    int copies = 0;
+    bool released = false;
+    GenerationRequest r;
+    r.tier_prefix = MakeTierPrefix(&d, d.ChainOf(prompt), &bytes, 0, full, -1, &copies, &released);
+    ASSERT_TRUE(d.SubmitRequest(1, prompt, MaxTokens(24), "tenant-b", std::move(r)).ok());
+    d.RunToCompletion();
+    EXPECT_EQ(d.results()[1].tokens, want);
+    EXPECT_EQ(copies, 0);
+    EXPECT_EQ(d.results()[1].last.cached_tokens, 0u);
+    EXPECT_TRUE(released);
+  }
+  // The pool holds block 0; the tiers continue it from block 1.
+  {
+    Harness d(64, {});
+    ASSERT_TRUE(d.Submit(5, std::vector<uint32_t>(prompt.begin(), prompt.begin() + 17),
+                         MaxTokens(1))
+                    .ok());
+    d.RunToCompletion();
+    int copies = 0;
+    bool released = false;
+    GenerationRequest r;
+    r.tier_prefix =
+        MakeTierPrefix(&d, d.ChainOf(prompt), &bytes, 1, full - 1, -1, &copies, &released);
+    ASSERT_TRUE(d.SubmitRequest(1, prompt, MaxTokens(24), "", std::move(r)).ok());
+    d.RunToCompletion();
+    EXPECT_EQ(d.results()[1].tokens, want);
+    EXPECT_EQ(copies, usable - 1);
+    EXPECT_EQ(d.results()[1].last.cached_tokens, usable * 16);
+    EXPECT_EQ(d.results()[1].last.restored_tokens, (usable - 1) * 16);
+  }
+}
+
+TEST(SchedulerTierTest, ReleasedWhenTheRequestNeverRuns) {
+  Harness d(64, {});
+  const std::vector<uint32_t> prompt = d.Encode(kLongPrompt);
+  int copies = 0;
+  bool released = false;
+  std::vector<std::vector<uint8_t>> none;
+  GenerationRequest r;
+  r.tier_prefix = MakeTierPrefix(&d, d.ChainOf(prompt), &none, 0, 1, -1, &copies, &released);
+  r.deadline = absl::Now() - absl::Seconds(1);
+  ASSERT_TRUE(d.SubmitRequest(1, prompt, MaxTokens(4), "", std::move(r)).ok());
+  d.RunToCompletion();
+  EXPECT_EQ(d.results()[1].last.finish_reason, FinishReason::kAbort);
+  EXPECT_TRUE(released);
+  EXPECT_EQ(copies, 0);
 }
 
 }  // namespace

@@ -1,0 +1,432 @@
+#include "services/tierd/tier_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "services/tierd/checksum.h"
+#include "services/tierd/dram_pool.h"
+
+namespace pd::tierd {
+
+namespace v1 = pdserve::internal::v1;
+
+namespace {
+
+std::string HashBytes(absl::Span<const BlockHash> hashes) {
+  std::string out;
+  out.reserve(hashes.size() * 16);
+  for (const BlockHash& h : hashes) {
+    out += h.ToBytes();
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status TierClientConfig::Validate() const {
+  if (tierd_address.empty()) {
+    return absl::InvalidArgumentError("tier client: tierd_address is empty");
+  }
+  if (worker_id.empty()) {
+    return absl::InvalidArgumentError("tier client: worker_id is empty");
+  }
+  if (layout.block_bytes() == 0) {
+    return absl::InvalidArgumentError("tier client: layout.block_bytes is 0");
+  }
+  if (max_staged_blocks < 1 || offer_batch_blocks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tier client: max_staged_blocks and offer_batch_blocks must be >= 1, got ",
+                     max_staged_blocks, " and ", offer_batch_blocks));
+  }
+  if (rpc_timeout <= absl::ZeroDuration() || reattach_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("tier client: timeouts must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+bool PromotedRun::CopyOut(size_t k, uint8_t* dst) const {
+  const uint8_t* src = region_->data() + static_cast<size_t>(slots_[k]) * slot_bytes_;
+  std::memcpy(dst, src, static_cast<size_t>(block_bytes_));
+  if (BlockChecksum(absl::MakeConstSpan(dst, static_cast<size_t>(block_bytes_))) !=
+      checksums_[k]) {
+    client_->CountChecksumFailure();
+    return false;
+  }
+  return true;
+}
+
+TierClient::TierClient(TierClientConfig config) : config_(std::move(config)) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  stub_ = v1::TierService::NewStub(grpc::CreateCustomChannel(
+      config_.tierd_address, grpc::InsecureChannelCredentials(), args));
+}
+
+absl::StatusOr<std::unique_ptr<TierClient>> TierClient::Start(TierClientConfig config) {
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    return s;
+  }
+  std::unique_ptr<TierClient> c(new TierClient(std::move(config)));
+  TierClient* self = c.get();
+  c->thread_ = std::thread([self] { self->Loop(); });
+  return c;
+}
+
+TierClient::~TierClient() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  std::deque<PrepareJob> left;
+  uint64_t session = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    left.swap(prepares_);
+    session = attached_ ? session_ : 0;
+  }
+  for (PrepareJob& job : left) {
+    job.done(nullptr);
+  }
+  if (session != 0) {
+    v1::DetachRequest req;
+    req.set_session_id(session);
+    v1::DetachResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+    (void)stub_->Detach(&ctx, req, &resp);  // best effort: leases end the claims anyway
+  }
+}
+
+void TierClient::Offer(const BlockHash& hash, absl::Span<const uint8_t> block) {
+  absl::MutexLock lock(&mu_);
+  if (!attached_ || static_cast<int64_t>(staged_.size()) >= config_.max_staged_blocks ||
+      static_cast<int64_t>(block.size()) != static_cast<int64_t>(config_.layout.block_bytes())) {
+    ++stats_.offer_dropped_blocks_total;
+    return;
+  }
+  staged_.push_back(Staged{hash, std::vector<uint8_t>(block.begin(), block.end())});
+}
+
+void TierClient::Prepare(std::vector<BlockHash> chain, PrepareDone done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (attached_ && !stopping_ && !chain.empty()) {
+      prepares_.push_back(PrepareJob{std::move(chain), std::move(done)});
+      return;
+    }
+    ++stats_.prepares_total;
+  }
+  done(nullptr);  // tierd not reachable (or nothing asked): compute instead, right away
+}
+
+void TierClient::Release(const PromotedRun& run) {
+  absl::MutexLock lock(&mu_);
+  releases_.push_back(Releases{run.session_, run.slots_});
+}
+
+bool TierClient::WaitAttached(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&attached_), timeout);
+}
+
+void TierClient::FlushOffersForTest() {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !attached_ || (staged_.empty() && !offering_);
+  };
+  mu_.Await(absl::Condition(&done));
+}
+
+TierClientStats TierClient::Stats() const {
+  absl::MutexLock lock(&mu_);
+  TierClientStats st = stats_;
+  st.attached = attached_;
+  return st;
+}
+
+void TierClient::CountChecksumFailure() {
+  absl::MutexLock lock(&mu_);
+  ++stats_.checksum_failures_total;
+}
+
+void TierClient::OnRpcFailure(const grpc::Status& status, absl::string_view what) {
+  absl::MutexLock lock(&mu_);
+  ++stats_.rpc_failures_total;
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+      status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    if (attached_) {
+      LOG(WARNING) << "tier client: " << what << " failed (" << status.error_message()
+                   << "); re-attaching to " << config_.tierd_address;
+    }
+    attached_ = false;
+    region_.reset();
+  } else {
+    LOG_EVERY_N(WARNING, 100) << "tier client: " << what << " failed: " << status.error_message();
+  }
+}
+
+bool TierClient::Attach() {
+  v1::AttachRequest req;
+  req.set_worker_id(config_.worker_id);
+  *req.mutable_layout() = config_.layout;
+  v1::AttachResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+  grpc::Status s = stub_->Attach(&ctx, req, &resp);
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.rpc_failures_total;
+    LOG_EVERY_N(WARNING, 30) << "tier client: cannot attach to tierd at " << config_.tierd_address
+                             << ": " << s.error_message() << " (running without lower tiers)";
+    return false;
+  }
+  absl::StatusOr<std::unique_ptr<ShmRegion>> region = DramPool::MapExisting(
+      resp.shm_name(), resp.num_slots(), static_cast<int64_t>(resp.slot_bytes()));
+  if (!region.ok()) {
+    LOG_EVERY_N(WARNING, 30) << "tier client: cannot map tierd's pool " << resp.shm_name() << ": "
+                             << region.status() << " (is tierd on this node?)";
+    absl::MutexLock lock(&mu_);
+    ++stats_.rpc_failures_total;
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  session_ = resp.session_id();
+  region_ = std::shared_ptr<ShmRegion>(std::move(*region));
+  num_slots_ = resp.num_slots();
+  slot_bytes_ = static_cast<int64_t>(resp.slot_bytes());
+  attached_ = true;
+  ++stats_.attaches_total;
+  LOG(INFO) << "tier client: attached to tierd at " << config_.tierd_address << " (pool "
+            << resp.shm_name() << ", " << resp.num_slots() << " slots)";
+  return true;
+}
+
+void TierClient::Loop() {
+  absl::Time next_attach = absl::InfinitePast();
+  while (true) {
+    std::optional<PrepareJob> prepare;
+    std::vector<Staged> offers;
+    std::vector<Releases> releases;
+    bool attached = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !prepares_.empty() || !staged_.empty() || !releases_.empty();
+      };
+      const absl::Duration wait =
+          attached_ ? absl::Seconds(1) : std::max(absl::ZeroDuration(), next_attach - absl::Now());
+      mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+      if (stopping_) {
+        return;
+      }
+      attached = attached_;
+      if (attached) {
+        releases.swap(releases_);
+        if (!prepares_.empty()) {
+          prepare = std::move(prepares_.front());
+          prepares_.pop_front();
+        } else {
+          while (!staged_.empty() &&
+                 static_cast<int64_t>(offers.size()) < config_.offer_batch_blocks) {
+            offers.push_back(std::move(staged_.front()));
+            staged_.pop_front();
+          }
+          offering_ = !offers.empty();
+        }
+      } else {
+        // Detached: nothing queued can be served; requests compute instead.
+        stats_.offer_dropped_blocks_total += staged_.size();
+        staged_.clear();
+        releases_.clear();  // the old session's pins end with it (tierd restarted or lease)
+      }
+    }
+    if (!attached) {
+      std::deque<PrepareJob> failed;
+      {
+        absl::MutexLock lock(&mu_);
+        failed.swap(prepares_);
+        stats_.prepares_total += failed.size();
+      }
+      for (PrepareJob& job : failed) {
+        job.done(nullptr);
+      }
+      if (absl::Now() >= next_attach && !Attach()) {
+        next_attach = absl::Now() + config_.reattach_interval;
+      }
+      continue;
+    }
+    if (!releases.empty()) {
+      RunReleases(std::move(releases));
+    }
+    if (prepare.has_value()) {
+      RunPrepare(*std::move(prepare));
+    }
+    if (!offers.empty()) {
+      RunOffers(std::move(offers));
+      absl::MutexLock lock(&mu_);
+      offering_ = false;
+    }
+  }
+}
+
+void TierClient::RunReleases(std::vector<Releases> releases) {
+  uint64_t session = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_;
+  }
+  v1::ReleaseRequest req;
+  req.set_session_id(session);
+  for (const Releases& r : releases) {
+    if (r.session == session) {  // pins of an older session ended with it
+      req.mutable_slots()->Add(r.slots.begin(), r.slots.end());
+    }
+  }
+  if (req.slots_size() == 0) {
+    return;
+  }
+  v1::ReleaseResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+  if (grpc::Status s = stub_->Release(&ctx, req, &resp); !s.ok()) {
+    OnRpcFailure(s, "Release");
+  }
+}
+
+void TierClient::RunPrepare(PrepareJob job) {
+  auto run = std::make_shared<PromotedRun>();
+  {
+    absl::MutexLock lock(&mu_);
+    run->client_ = this;
+    run->region_ = region_;
+    run->session_ = session_;
+    run->slot_bytes_ = slot_bytes_;
+    run->block_bytes_ = static_cast<int64_t>(config_.layout.block_bytes());
+  }
+  v1::PromoteRequest req;
+  req.set_session_id(run->session_);
+  req.set_block_hashes(HashBytes(job.chain));
+  v1::PromoteResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+  grpc::Status s = stub_->Promote(&ctx, req, &resp);
+  if (!s.ok()) {
+    OnRpcFailure(s, "Promote");
+  }
+  uint64_t from_nvme = 0;
+  for (const v1::PromotedBlock& b : resp.blocks()) {
+    if (static_cast<int64_t>(b.slot()) >= static_cast<int64_t>(run->region_->size_bytes()) /
+                                               std::max<int64_t>(1, run->slot_bytes_)) {
+      break;  // never read outside the mapping
+    }
+    run->slots_.push_back(b.slot());
+    run->checksums_.push_back(b.checksum());
+    run->sources_.push_back(b.source_tier() == v1::TIER_NVME ? TierKind::kNvme : TierKind::kDram);
+    from_nvme += b.source_tier() == v1::TIER_NVME;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.prepares_total;
+    stats_.promoted_blocks_total += run->slots_.size();
+    stats_.promoted_from_nvme_total += from_nvme;
+  }
+  if (run->slots_.empty()) {
+    job.done(nullptr);
+  } else {
+    job.done(std::move(run));
+  }
+}
+
+void TierClient::RunOffers(std::vector<Staged> batch) {
+  // One AllocateSlots may not name a hash twice.
+  absl::flat_hash_set<BlockHash> seen;
+  std::vector<Staged> unique;
+  for (Staged& s : batch) {
+    if (seen.insert(s.hash).second) {
+      unique.push_back(std::move(s));
+    }
+  }
+  std::vector<BlockHash> hashes;
+  for (const Staged& s : unique) {
+    hashes.push_back(s.hash);
+  }
+  uint64_t session = 0;
+  std::shared_ptr<ShmRegion> region;
+  int64_t slot_bytes = 0;
+  int64_t num_slots = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_;
+    region = region_;
+    slot_bytes = slot_bytes_;
+    num_slots = num_slots_;
+    stats_.offered_blocks_total += unique.size();
+  }
+  v1::AllocateSlotsRequest areq;
+  areq.set_session_id(session);
+  areq.set_block_hashes(HashBytes(hashes));
+  v1::AllocateSlotsResponse aresp;
+  grpc::ClientContext actx;
+  actx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+  if (grpc::Status s = stub_->AllocateSlots(&actx, areq, &aresp); !s.ok()) {
+    OnRpcFailure(s, "AllocateSlots");
+    absl::MutexLock lock(&mu_);
+    stats_.offer_dropped_blocks_total += unique.size();
+    return;
+  }
+  v1::CommitRequest creq;
+  creq.set_session_id(session);
+  uint64_t skipped = 0;
+  uint64_t dropped = 0;
+  for (int i = 0; i < aresp.grants_size() && i < static_cast<int>(unique.size()); ++i) {
+    const v1::SlotGrant& g = aresp.grants(i);
+    if (g.status() == v1::SLOT_GRANT_STATUS_ALREADY_HELD) {
+      ++skipped;
+      continue;
+    }
+    if (g.status() != v1::SLOT_GRANT_STATUS_GRANTED || static_cast<int64_t>(g.slot()) >= num_slots) {
+      ++dropped;
+      continue;
+    }
+    const Staged& st = unique[static_cast<size_t>(i)];
+    std::memcpy(region->data() + static_cast<size_t>(g.slot()) * slot_bytes, st.bytes.data(),
+                st.bytes.size());
+    v1::CommitEntry* e = creq.add_entries();
+    e->set_block_hash(st.hash.ToBytes());
+    e->set_slot(g.slot());
+    e->set_checksum(BlockChecksum(st.bytes));
+  }
+  uint64_t stored = 0;
+  if (creq.entries_size() > 0) {
+    v1::CommitResponse cresp;
+    grpc::ClientContext cctx;
+    cctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+    if (grpc::Status s = stub_->Commit(&cctx, creq, &cresp); !s.ok()) {
+      OnRpcFailure(s, "Commit");  // the reservations expire with their lease
+      dropped += static_cast<uint64_t>(creq.entries_size());
+    } else {
+      for (int r : cresp.results()) {
+        if (r == v1::COMMIT_STATUS_STORED) {
+          ++stored;
+        } else {
+          ++dropped;
+        }
+      }
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.offer_stored_blocks_total += stored;
+  stats_.offer_skipped_blocks_total += skipped;
+  stats_.offer_dropped_blocks_total += dropped;
+}
+
+}  // namespace pd::tierd

@@ -1,0 +1,165 @@
+// TierClient: a worker's side of its node's pd-tierd (proto/pd/v1/tierd.proto): it attaches,
+// maps the shared DRAM pool, offers the blocks its pool evicts (G1 -> G2) and makes the tiers'
+// blocks of a prompt readable before the prompt is admitted (G2/G3 -> G1).
+//
+//   Offer(hash, bytes)      scheduler thread, inside the pool's eviction: copies the block into
+//                           a bounded staging area and returns; the client thread later runs
+//                           AllocateSlots -> copy into the granted slots -> Commit, in batches.
+//                           Staging full or tierd down -> the block is dropped (counted).
+//   Prepare(chain, done)    any thread: the client thread asks Promote for the chain's leading
+//                           blocks and calls `done` with a PromotedRun (pinned slots), or with
+//                           nullptr when tierd has none or cannot be reached. Exactly once.
+//   PromotedRun::CopyOut    copies a pinned block into the worker's pool and verifies it
+//                           against tierd's checksum (false on mismatch: the caller stops).
+//   Release(run)            unpins the run's slots (queued; the client thread sends it).
+//
+// Failure: tierd down or restarted never fails a request: Prepare answers nullptr, offers are
+// dropped, and the client re-attaches (remapping the pool) in the background. A lease that ran
+// out before CopyOut is caught by the checksum. Prepare jobs go before offers, since a request
+// waits for them.
+//
+// Thread-safety: thread-safe. One internal thread makes every RPC; `done` runs on it and must
+// be quick.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/hash/block_hash.h"
+#include "pd/v1/tierd.grpc.pb.h"
+#include "services/tierd/shm_region.h"
+#include "services/tierd/tier_store.h"
+
+namespace pd::tierd {
+
+struct TierClientConfig {
+  std::string tierd_address;  // "host:port" of the node's pd-tierd. Required.
+  std::string worker_id;      // for tierd's logs. Required.
+  pdserve::internal::v1::KvLayout layout;  // the worker's; tierd refuses a different one
+  int64_t max_staged_blocks = 256;   // evicted blocks waiting to be offered (memory bound)
+  int64_t offer_batch_blocks = 64;   // blocks per AllocateSlots/Commit round
+  absl::Duration rpc_timeout = absl::Seconds(2);
+  absl::Duration reattach_interval = absl::Seconds(1);
+
+  // InvalidArgument naming the field.
+  absl::Status Validate() const;
+};
+
+struct TierClientStats {
+  bool attached = false;
+  uint64_t attaches_total = 0;
+  uint64_t rpc_failures_total = 0;          // failed calls (tierd down, timeouts, refusals)
+  uint64_t offered_blocks_total = 0;        // sent to AllocateSlots
+  uint64_t offer_stored_blocks_total = 0;   // committed into DRAM
+  uint64_t offer_skipped_blocks_total = 0;  // the node already had them
+  uint64_t offer_dropped_blocks_total = 0;  // no slot, staging full, tierd down, bad commit
+  uint64_t prepares_total = 0;              // Prepare calls answered
+  uint64_t promoted_blocks_total = 0;       // blocks made readable by Promote
+  uint64_t promoted_from_nvme_total = 0;    // of those, read from NVMe by tierd
+  uint64_t checksum_failures_total = 0;     // CopyOut copies that failed verification
+};
+
+class TierClient;
+
+// Blocks of one chain pinned in the DRAM pool for this worker's session, in chain order.
+// Keeps the mapping alive. Thread-safe (immutable after creation, counters atomic-free: the
+// client counts failures).
+class PromotedRun {
+ public:
+  size_t size() const { return slots_.size(); }
+  TierKind source(size_t k) const { return sources_[k]; }
+  // Copies block k into `dst` (block_bytes bytes) and verifies the copy against tierd's
+  // checksum. false when it does not match (the slot was reused after its lease, or damaged).
+  bool CopyOut(size_t k, uint8_t* dst) const;
+
+ private:
+  friend class TierClient;
+  TierClient* client_ = nullptr;
+  std::shared_ptr<ShmRegion> region_;
+  uint64_t session_ = 0;
+  int64_t slot_bytes_ = 0;
+  int64_t block_bytes_ = 0;
+  std::vector<uint32_t> slots_;
+  std::vector<uint64_t> checksums_;
+  std::vector<TierKind> sources_;
+};
+
+class TierClient {
+ public:
+  using PrepareDone = absl::AnyInvocable<void(std::shared_ptr<const PromotedRun>)>;
+
+  // Starts the client thread, which attaches (and keeps re-attaching while tierd is down).
+  // InvalidArgument for a bad config; never fails because tierd is unreachable.
+  static absl::StatusOr<std::unique_ptr<TierClient>> Start(TierClientConfig config);
+  // Stops the thread; pending Prepare calls get nullptr; detaches.
+  ~TierClient();
+
+  TierClient(const TierClient&) = delete;
+  TierClient& operator=(const TierClient&) = delete;
+
+  void Offer(const BlockHash& hash, absl::Span<const uint8_t> block);
+  void Prepare(std::vector<BlockHash> chain, PrepareDone done);
+  void Release(const PromotedRun& run);
+
+  // Blocks until the client is attached or `timeout` passes (tests, startup logs).
+  bool WaitAttached(absl::Duration timeout);
+  // Blocks until every offer staged so far was sent (tests).
+  void FlushOffersForTest();
+
+  TierClientStats Stats() const;
+
+ private:
+  struct Staged {
+    BlockHash hash;
+    std::vector<uint8_t> bytes;
+  };
+  struct PrepareJob {
+    std::vector<BlockHash> chain;
+    PrepareDone done;
+  };
+  struct Releases {
+    uint64_t session = 0;
+    std::vector<uint32_t> slots;
+  };
+
+  friend class PromotedRun;  // counts checksum failures
+
+  explicit TierClient(TierClientConfig config);
+  void Loop();
+  bool Attach();
+  void RunPrepare(PrepareJob job);
+  void RunOffers(std::vector<Staged> batch);
+  void RunReleases(std::vector<Releases> releases);
+  // Counts a failed call; FAILED_PRECONDITION (unknown session) or UNAVAILABLE detaches.
+  void OnRpcFailure(const grpc::Status& status, absl::string_view what);
+  void CountChecksumFailure();
+
+  const TierClientConfig config_;
+  std::unique_ptr<pdserve::internal::v1::TierService::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t session_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<ShmRegion> region_ ABSL_GUARDED_BY(mu_);
+  int64_t num_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t slot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<PrepareJob> prepares_ ABSL_GUARDED_BY(mu_);
+  std::deque<Staged> staged_ ABSL_GUARDED_BY(mu_);
+  std::vector<Releases> releases_ ABSL_GUARDED_BY(mu_);
+  bool offering_ ABSL_GUARDED_BY(mu_) = false;  // a batch is being offered right now
+  TierClientStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace pd::tierd
