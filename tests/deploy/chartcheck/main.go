@@ -1,0 +1,137 @@
+// chartcheck: checks the pdserve Helm chart and container files without a cluster, a helm
+// binary or a Docker engine (docs/deploy.md, "The chart check").
+//
+//	chartcheck chart --chart DIR [--values FILE]... --bin NAME=PATH... [--allow-missing-bin NAME]
+//	                 [--pending-flag BIN:FLAG] [--assume-exists Kind/name] [--out FILE]
+//	chartcheck docker --dir deploy/docker --setup scripts/setup.sh --build-dir BUILD
+//	chartcheck dashboard --file helm/pdserve/dashboards/pdserve.json --src services
+//
+// Exit status: 0 all checks passed, 1 a check failed (one "FAIL:" line per problem), 2 usage.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+)
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: chartcheck chart|docker [flags] (see the header of main.go)")
+	os.Exit(2)
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	switch os.Args[1] {
+	case "chart":
+		os.Exit(runChart(os.Args[2:]))
+	case "dashboard":
+		os.Exit(runDashboard(os.Args[2:]))
+	case "docker":
+		os.Exit(runDocker(os.Args[2:]))
+	default:
+		usage()
+	}
+}
+
+func runChart(argv []string) int {
+	fs := flag.NewFlagSet("chart", flag.ExitOnError)
+	chartDir := fs.String("chart", "", "chart directory")
+	out := fs.String("out", "", "write the rendered manifests here")
+	release := fs.String("release", "pdserve", "release name")
+	namespace := fs.String("namespace", "pdserve", "release namespace")
+	var values, bins, allowMissing, pending, assumed listFlag
+	fs.Var(&values, "values", "values file (repeatable, merged in order over values.yaml)")
+	fs.Var(&bins, "bin", "NAME=PATH of a binary whose --help gives the flags (repeatable)")
+	fs.Var(&allowMissing, "allow-missing-bin", "binary that may be unbuilt: its flags are NOT checked")
+	fs.Var(&pending, "pending-flag", "BIN:FLAG allowed although --help lacks it (not landed yet)")
+	fs.Var(&assumed, "assume-exists", "Kind/name that exists outside the chart")
+	_ = fs.Parse(argv)
+	if *chartDir == "" {
+		usage()
+	}
+	label := "values.yaml"
+	if len(values) > 0 {
+		label = strings.Join(values, " + ")
+	}
+	c := &checker{bins: map[string]map[string]flagInfo{}, skipBins: map[string]bool{},
+		pending: map[string]bool{}, assumed: map[string]bool{}, usedPend: map[string]bool{}}
+	for _, p := range pending {
+		c.pending[p] = true
+	}
+	for _, a := range assumed {
+		c.assumed[a] = true
+	}
+	missingOK := map[string]bool{}
+	for _, b := range allowMissing {
+		missingOK[b] = true
+	}
+	for _, b := range bins {
+		name, p, ok := strings.Cut(b, "=")
+		if !ok {
+			usage()
+		}
+		if _, err := os.Stat(p); err != nil {
+			if missingOK[name] {
+				fmt.Printf("SKIPPED: %s is not built (%s): its flags in the chart are NOT checked\n", name, p)
+				c.skipBins[name] = true
+				continue
+			}
+			fmt.Printf("FAIL: %s: %s is missing; build it first\n", label, p)
+			return 1
+		}
+		flags, err := readBinaryFlags(p)
+		if err != nil {
+			fmt.Printf("FAIL: %s: %v\n", label, err)
+			return 1
+		}
+		c.bins[name] = flags
+	}
+	docs, _, err := renderChart(renderOptions{chartDir: *chartDir, valuesFiles: values,
+		releaseName: *release, namespace: *namespace})
+	if err != nil {
+		fmt.Printf("FAIL: %s: %v\n", label, err)
+		return 1
+	}
+	if *out != "" {
+		var b strings.Builder
+		for _, d := range docs {
+			fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", d.name, d.text)
+		}
+		if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
+			fmt.Printf("FAIL: %v\n", err)
+			return 1
+		}
+	}
+	c.load(docs)
+	c.run()
+	for p := range c.pending {
+		bin := strings.SplitN(p, ":", 2)[0]
+		if !c.usedPend[p] && !c.skipBins[bin] && c.bins[bin] != nil {
+			fmt.Printf("note: --pending-flag %s was not needed by this values file\n", p)
+		}
+	}
+	for _, n := range c.notes {
+		fmt.Printf("note: %s\n", n)
+	}
+	kinds := map[string]int{}
+	for _, o := range c.objects {
+		kinds[o.kind]++
+	}
+	if len(c.errors) > 0 {
+		for _, e := range c.errors {
+			fmt.Printf("FAIL: %s: %s\n", label, e)
+		}
+		return 1
+	}
+	fmt.Printf("OK: %s: %d objects %v, all references resolve, flags match --help\n", label, len(c.objects), kinds)
+	return 0
+}
