@@ -74,6 +74,7 @@ run_case() {  # run_case NAME EXPECT(ok|"substring") CMD...
 
 run_case docker ok "$cc" docker --dir "$src/deploy/docker" --setup "$src/scripts/setup.sh" --build-dir "$build"
 run_case dashboard ok "$cc" dashboard --file "$chart/dashboards/pdserve.json" --src "$src/services"
+run_case values-doc ok "$cc" values-doc --values "$chart/values.yaml" --doc "$src/docs/deploy.md"
 run_case chart-default ok "$cc" chart --chart "$chart" "${bins[@]}" "${strict[@]}" --out "$out/default.yaml"
 for v in cpu gpu external-redis; do
   run_case "chart-$v" ok "$cc" chart --chart "$chart" --values "$chart/ci/$v-values.yaml" \

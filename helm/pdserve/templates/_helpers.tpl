@@ -214,3 +214,34 @@ checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha
 {{- end -}}
 {{- join "," $out -}}
 {{- end -}}
+
+{{/*
+Init container opening the node's hostPath directories to the runtime uid: hostPath volumes
+ignore fsGroup, and DirectoryOrCreate makes them root-owned 0755. The shared-memory directory
+becomes 1777 like /dev/shm (UCX puts its own segments there too); the NVMe directory is chowned.
+(dict "root" $ "nvme" true|false)
+*/}}
+{{- define "pdserve.hostDirsInit" -}}
+- name: host-dirs
+  image: {{ include "pdserve.image" .root }}
+  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  command:
+    - /bin/sh
+    - -c
+    - chmod 1777 /host/shm{{ if .nvme }} && chown {{ .root.Values.podSecurityContext.runAsUser | default 65532 | int64 }}:{{ .root.Values.podSecurityContext.runAsGroup | default 65532 | int64 }} /host/nvme && chmod 0750 /host/nvme{{ end }}
+  securityContext:
+    runAsUser: 0
+    runAsGroup: 0
+    runAsNonRoot: false
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop: [ALL]
+      add: [CHOWN, FOWNER]
+  volumeMounts:
+    - name: shm
+      mountPath: /host/shm
+    {{- if .nvme }}
+    - name: nvme
+      mountPath: /host/nvme
+    {{- end }}
+{{- end -}}

@@ -5,6 +5,7 @@
 //	                 [--pending-flag BIN:FLAG] [--assume-exists Kind/name] [--out FILE]
 //	chartcheck docker --dir deploy/docker --setup scripts/setup.sh --build-dir BUILD
 //	chartcheck dashboard --file helm/pdserve/dashboards/pdserve.json --src services
+//	chartcheck values-doc --values helm/pdserve/values.yaml --doc docs/deploy.md
 //
 // Exit status: 0 all checks passed, 1 a check failed (one "FAIL:" line per problem), 2 usage.
 package main
@@ -33,6 +34,8 @@ func main() {
 	switch os.Args[1] {
 	case "chart":
 		os.Exit(runChart(os.Args[2:]))
+	case "values-doc":
+		os.Exit(runValuesDoc(os.Args[2:]))
 	case "dashboard":
 		os.Exit(runDashboard(os.Args[2:]))
 	case "docker":
