@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest deploy_chart_check: builds tests/deploy/chartcheck (Go, Debian's GOPATH sources, offline)
 # and runs it: the Dockerfiles, the Grafana dashboard, the Helm chart rendered with each values
-# file (default, ci/cpu, ci/gpu, ci/external-redis) against the binaries' real --help, and every
+# file (default, ci/cpu, ci/gpu, ci/external-redis, ci/minimal) against the binaries' real --help, and every
 # broken input under testdata/ must fail with its expected message.
 #
 # usage: chart_check_test.sh --source-dir DIR --build-dir DIR --bin NAME=PATH...
@@ -76,7 +76,7 @@ run_case docker ok "$cc" docker --dir "$src/deploy/docker" --setup "$src/scripts
 run_case dashboard ok "$cc" dashboard --file "$chart/dashboards/pdserve.json" --src "$src/services"
 run_case values-doc ok "$cc" values-doc --values "$chart/values.yaml" --doc "$src/docs/deploy.md"
 run_case chart-default ok "$cc" chart --chart "$chart" "${bins[@]}" "${strict[@]}" --out "$out/default.yaml"
-for v in cpu gpu external-redis; do
+for v in cpu gpu external-redis minimal; do
   run_case "chart-$v" ok "$cc" chart --chart "$chart" --values "$chart/ci/$v-values.yaml" \
     "${bins[@]}" "${strict[@]}" --out "$out/$v.yaml"
 done

@@ -105,13 +105,13 @@ password
 {{- define "pdserve.redisArgs" -}}
 - --redis_address={{ include "pdserve.redisAddress" . }}
 - --redis_key_prefix={{ .Values.cluster.redisKeyPrefix }}
-{{- if .Values.redis.auth.enabled }}
+{{- if .Values.redis.auth.enabled -}}
 - --redis_password_file=/etc/pdserve/redis/{{ include "pdserve.redisSecretKey" . }}
 {{- end }}
 {{- end -}}
 
 {{- define "pdserve.redisAuthMount" -}}
-{{- if .Values.redis.auth.enabled }}
+{{- if .Values.redis.auth.enabled -}}
 - name: redis-auth
   mountPath: /etc/pdserve/redis
   readOnly: true
@@ -119,7 +119,7 @@ password
 {{- end -}}
 
 {{- define "pdserve.redisAuthVolume" -}}
-{{- if .Values.redis.auth.enabled }}
+{{- if .Values.redis.auth.enabled -}}
 - name: redis-auth
   secret:
     secretName: {{ include "pdserve.redisSecretName" . }}
@@ -131,12 +131,12 @@ password
 
 {{/* The model volume and its mount (model.source: hostPath | pvc | image). */}}
 {{- define "pdserve.modelVolume" -}}
-{{- if eq .Values.model.source "hostPath" }}
+{{- if eq .Values.model.source "hostPath" -}}
 - name: model
   hostPath:
     path: {{ .Values.model.hostPath }}
     type: Directory
-{{- else if eq .Values.model.source "pvc" }}
+{{- else if eq .Values.model.source "pvc" -}}
 - name: model
   persistentVolumeClaim:
     claimName: {{ required "model.existingClaim is required when model.source is pvc" .Values.model.existingClaim }}
@@ -147,7 +147,7 @@ password
 {{- end -}}
 
 {{- define "pdserve.modelMount" -}}
-{{- if ne .Values.model.source "image" }}
+{{- if ne .Values.model.source "image" -}}
 - name: model
   mountPath: {{ .Values.model.mountPath }}
   readOnly: true
@@ -156,7 +156,7 @@ password
 
 {{- define "pdserve.modelArgs" -}}
 - --model={{ required "model.path is required" .Values.model.path }}
-{{- if .Values.model.tokenizer }}
+{{- if .Values.model.tokenizer -}}
 - --tokenizer={{ .Values.model.tokenizer }}
 {{- end }}
 {{- end -}}
