@@ -888,6 +888,7 @@ func (c *checker) checkSecret(o *object) {
 
 func (c *checker) run() {
 	for _, o := range c.objects {
+		c.checkSchema(o)
 		switch o.kind {
 		case "Deployment", "StatefulSet", "DaemonSet":
 			c.checkWorkload(o)
