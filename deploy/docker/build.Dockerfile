@@ -17,11 +17,12 @@ RUN bash -c 'source /opt/pdserve/scripts/setup.sh && pd_install_packages' \
  && rm -rf /var/lib/apt/lists/*
 # The CUDA toolkit is relocatable (NVIDIA builds it against an old glibc); NCCL comes from the
 # same image's libnccl-dev and goes beside it, as on the machines CMake's NCCL lookup expects.
+# (Destinations are the real directories: include/ and lib64/ are links to targets/.)
 COPY --from=cuda /usr/local/cuda-13.0 /usr/local/cuda-13.0
-COPY --from=cuda /usr/include/nccl.h /usr/include/nccl_net.h /usr/local/cuda-13.0/include/
-COPY --from=cuda /usr/lib/x86_64-linux-gnu/libnccl.so.2* /usr/local/cuda-13.0/lib64/
+COPY --from=cuda /usr/include/nccl.h /usr/include/nccl_net.h /usr/local/cuda-13.0/targets/x86_64-linux/include/
+COPY --from=cuda /usr/lib/x86_64-linux-gnu/libnccl.so.2* /usr/local/cuda-13.0/targets/x86_64-linux/lib/
 RUN ln -s cuda-13.0 /usr/local/cuda \
- && ln -s libnccl.so.2 /usr/local/cuda-13.0/lib64/libnccl.so \
- && echo /usr/local/cuda/lib64 > /etc/ld.so.conf.d/cuda.conf && ldconfig
+ && ln -s libnccl.so.2 /usr/local/cuda-13.0/targets/x86_64-linux/lib/libnccl.so \
+ && echo /usr/local/cuda-13.0/targets/x86_64-linux/lib > /etc/ld.so.conf.d/cuda.conf && ldconfig
 ENV PATH=/usr/local/cuda/bin:${PATH}
 WORKDIR /src

@@ -27,7 +27,7 @@ fi
 # GOPATH mode over Debian's packaged sources (golang-github-masterminds-sprig-dev,
 # golang-gopkg-yaml.v3-dev): no module proxy, no network.
 if ! (cd "$src/tests/deploy/chartcheck" &&
-      env GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= GOCACHE="$out/gocache" \
+      env GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= GOPROXY=off GOENV=off GOCACHE="$out/gocache" \
         go build -o "$out/chartcheck" .) > "$out/go-build.log" 2>&1; then
   echo "FAIL: building chartcheck:"
   cat "$out/go-build.log"
