@@ -273,6 +273,13 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
       sink.AddGauge("pd_tierd_nvme_accepting_spills",
                     "1 while the NVMe tier accepts spills, 0 after a disk-full error",
                     st.nvme->accepting_spills ? 1 : 0);
+      sink.AddGauge("pd_tierd_nvme_replayed_blocks",
+                    "NVMe blocks found again at startup by replaying the manifest",
+                    d(st.nvme->replayed_blocks));
+      sink.AddGauge("pd_tierd_nvme_replay_dropped_blocks",
+                    "Manifest entries dropped at startup (foreign model, invalid, corrupt)",
+                    d(st.nvme->replay_foreign_dropped + st.nvme->replay_invalid_dropped +
+                      st.nvme->replay_corrupt_dropped));
       sink.AddCounter("pd_tierd_nvme_write_failures_total", "NVMe writes that failed",
                       d(st.nvme->write_failures_total));
       sink.AddCounter("pd_tierd_nvme_disk_full_total",
