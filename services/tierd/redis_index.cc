@@ -16,50 +16,18 @@ using redis::RedisConfig;
 using redis::RedisReply;
 using redis_index_internal::PendingUpdates;
 
-// ---- keys and values ----------------------------------------------------------------------------
+// ---- tiers and config ---------------------------------------------------------------------------
 
-std::string RedisBlockKey(absl::string_view node, const BlockHash& hash) {
-  return absl::StrCat("blk:", node, ":", hash.ToHex());
+redis::PrefixTier ToPrefixTier(TierKind tier) {
+  return tier == TierKind::kNvme ? redis::PrefixTier::kNvme : redis::PrefixTier::kDram;
 }
 
-std::string RedisNodeBlocksKey(absl::string_view node) {
-  return absl::StrCat("node:", node, ":blocks");
-}
-
-absl::string_view RedisTierValue(TierKind tier) {
-  return tier == TierKind::kNvme ? "nvme" : "dram";
-}
-
-bool ParseRedisTier(absl::string_view value, TierKind* tier) {
-  if (value == "dram") {
-    *tier = TierKind::kDram;
-    return true;
-  }
-  if (value == "nvme") {
-    *tier = TierKind::kNvme;
-    return true;
-  }
-  return false;
-}
-
-absl::Status ValidateRedisNodeName(absl::string_view node) {
-  if (node.empty() || node.size() > 255) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("redis index node name must have 1..255 bytes, got ", node.size()));
-  }
-  for (char c : node) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == ':' || u <= 0x20 || u == 0x7f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("redis index node name \"", absl::CEscape(node),
-                       "\" must not contain ':', spaces or control characters"));
-    }
-  }
-  return absl::OkStatus();
+TierKind FromPrefixTier(redis::PrefixTier tier) {
+  return tier == redis::PrefixTier::kNvme ? TierKind::kNvme : TierKind::kDram;
 }
 
 absl::Status RedisIndexConfig::Validate() const {
-  if (absl::Status s = ValidateRedisNodeName(node); !s.ok()) {
+  if (absl::Status s = redis::ValidatePrefixNodeName(node); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("RedisIndexConfig.node: ", s.message()));
   }
   if (entry_ttl < absl::Seconds(1) || entry_ttl == absl::InfiniteDuration()) {
@@ -119,7 +87,7 @@ std::vector<std::vector<std::string>> BuildUpdateCommands(
     const RedisConfig& config, absl::string_view node, int64_t ttl_seconds,
     absl::Span<const PendingUpdates::Update> updates) {
   const std::string ttl = absl::StrCat(ttl_seconds);
-  const std::string set_key = config.Key(RedisNodeBlocksKey(node));
+  const std::string set_key = config.Key(redis::PrefixNodeBlocksKey(node));
   const std::string key_head = config.Key(absl::StrCat("blk:", node, ":"));
   std::vector<std::vector<std::string>> commands;
   commands.reserve(updates.size() + 2);
@@ -129,7 +97,8 @@ std::vector<std::vector<std::string>> BuildUpdateCommands(
     std::string hex = u.hash.ToHex();
     std::string key = absl::StrCat(key_head, hex);
     if (u.publish) {
-      commands.push_back({"SET", std::move(key), std::string(RedisTierValue(u.tier)), "EX", ttl});
+      commands.push_back({"SET", std::move(key),
+                          std::string(redis::PrefixTierValue(ToPrefixTier(u.tier))), "EX", ttl});
       sadd.push_back(std::move(hex));
     } else {
       commands.push_back({"DEL", std::move(key)});
@@ -146,45 +115,6 @@ std::vector<std::vector<std::string>> BuildUpdateCommands(
 }
 
 }  // namespace redis_index_internal
-
-namespace {
-
-// Parses an SSCAN reply ([cursor, [member...]]), appending the members.
-absl::Status ParseScanReply(const RedisReply& reply, std::string* cursor,
-                            std::vector<std::string>* members) {
-  if (reply.type != RedisReply::Type::kArray || reply.elements.size() != 2 ||
-      reply.elements[0].type != RedisReply::Type::kString ||
-      reply.elements[1].type != RedisReply::Type::kArray) {
-    return absl::InternalError(
-        absl::StrCat("unexpected SSCAN reply: ", reply.DebugString().substr(0, 200)));
-  }
-  *cursor = reply.elements[0].str;
-  for (const RedisReply& m : reply.elements[1].elements) {
-    if (m.type == RedisReply::Type::kString) {
-      members->push_back(m.str);
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Every member of the set `set_key` (SSCAN, `count` per page), deduplicated.
-absl::StatusOr<std::vector<std::string>> ScanSet(RedisClient& client, const std::string& set_key,
-                                                 int64_t count) {
-  std::vector<std::string> members;
-  std::string cursor = "0";
-  const std::string count_arg = absl::StrCat(std::max<int64_t>(count, 10));
-  do {
-    PD_ASSIGN_OR_RETURN(RedisReply reply,
-                        client.Command({"SSCAN", set_key, cursor, "COUNT", count_arg}));
-    PD_RETURN_IF_ERROR(ParseScanReply(reply, &cursor, &members));
-  } while (cursor != "0");
-  // SSCAN may return a member more than once.
-  std::sort(members.begin(), members.end());
-  members.erase(std::unique(members.begin(), members.end()), members.end());
-  return members;
-}
-
-}  // namespace
 
 // ---- RedisIndex ---------------------------------------------------------------------------------
 
@@ -325,9 +255,9 @@ absl::Status RedisIndex::Resync() {
   }
 
   // Members of the old set the node no longer holds: delete their keys, drop them from the set.
-  const std::string set_key = redis_config_.Key(RedisNodeBlocksKey(config_.node));
+  const std::string set_key = redis_config_.Key(redis::PrefixNodeBlocksKey(config_.node));
   PD_ASSIGN_OR_RETURN(std::vector<std::string> members,
-                      ScanSet(*client_, set_key, config_.max_batch));
+                      redis::ScanSetMembers(*client_, set_key, config_.max_batch));
   std::vector<std::string> stale;
   for (std::string& m : members) {
     absl::StatusOr<BlockHash> hash = BlockHash::FromHex(m);
@@ -355,7 +285,7 @@ absl::Status RedisIndex::Resync() {
   }
   PD_RETURN_IF_ERROR(SendUpdates(updates));
   return SendBatch({{"EXPIRE", set_key, absl::StrCat(ttl_seconds_)},
-                    {"SADD", redis_config_.Key(kRedisNodesKey), config_.node}},
+                    {"SADD", redis_config_.Key(redis::kPrefixNodesKey), config_.node}},
                    0, 0);
 }
 
@@ -432,63 +362,18 @@ absl::StatusOr<std::vector<TierKind>> RedisIndex::Lookup(RedisClient& client,
                                                          absl::string_view node,
                                                          absl::Span<const BlockHash> chain,
                                                          int64_t batch) {
-  PD_RETURN_IF_ERROR(ValidateRedisNodeName(node));
-  if (batch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("redis index lookup batch must be >= 1, got ", batch));
+  PD_ASSIGN_OR_RETURN(std::vector<redis::PrefixTier> tiers,
+                      redis::LookupPrefixTiers(client, node, chain, batch));
+  std::vector<TierKind> out;
+  out.reserve(tiers.size());
+  for (redis::PrefixTier t : tiers) {
+    out.push_back(FromPrefixTier(t));
   }
-  const std::string key_head = client.Key(absl::StrCat("blk:", node, ":"));
-  std::vector<TierKind> tiers;
-  for (size_t start = 0; start < chain.size(); start += static_cast<size_t>(batch)) {
-    const absl::Span<const BlockHash> part = chain.subspan(start, static_cast<size_t>(batch));
-    std::vector<std::string> mget;
-    mget.reserve(part.size() + 1);
-    mget.push_back("MGET");
-    for (const BlockHash& h : part) {
-      mget.push_back(absl::StrCat(key_head, h.ToHex()));
-    }
-    PD_ASSIGN_OR_RETURN(RedisReply reply, client.Command(std::move(mget)));
-    if (reply.type != RedisReply::Type::kArray || reply.elements.size() != part.size()) {
-      return absl::InternalError(absl::StrCat("redis ", client.address(), ": MGET of ", part.size(),
-                                              " keys answered ",
-                                              reply.DebugString().substr(0, 200)));
-    }
-    for (const RedisReply& value : reply.elements) {
-      TierKind tier;
-      if (value.type != RedisReply::Type::kString || !ParseRedisTier(value.str, &tier)) {
-        return tiers;
-      }
-      tiers.push_back(tier);
-    }
-  }
-  return tiers;
+  return out;
 }
 
 absl::Status RedisIndex::RemoveNode(RedisClient& client, absl::string_view node, int64_t batch) {
-  PD_RETURN_IF_ERROR(ValidateRedisNodeName(node));
-  if (batch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("redis index remove batch must be >= 1, got ", batch));
-  }
-  const std::string set_key = client.Key(RedisNodeBlocksKey(node));
-  PD_ASSIGN_OR_RETURN(std::vector<std::string> members, ScanSet(client, set_key, batch));
-  const std::string key_head = client.Key(absl::StrCat("blk:", node, ":"));
-  for (size_t start = 0; start < members.size(); start += static_cast<size_t>(batch)) {
-    const size_t end = std::min(members.size(), start + static_cast<size_t>(batch));
-    std::vector<std::string> del = {"DEL"};
-    for (size_t i = start; i < end; ++i) {
-      del.push_back(absl::StrCat(key_head, members[i]));
-    }
-    PD_ASSIGN_OR_RETURN(RedisReply reply, client.Command(std::move(del)));
-    (void)reply;
-  }
-  PD_ASSIGN_OR_RETURN(
-      std::vector<RedisReply> replies,
-      client.Pipeline({{"DEL", set_key}, {"SREM", client.Key(kRedisNodesKey), std::string(node)}}));
-  for (const RedisReply& r : replies) {
-    PD_RETURN_IF_ERROR(r.ToStatus());
-  }
-  return absl::OkStatus();
+  return redis::RemovePrefixIndexNode(client, node, batch);
 }
 
 }  // namespace pd::tierd

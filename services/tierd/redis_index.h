@@ -3,8 +3,9 @@
 // Every node's tierd mirrors which blocks its DRAM and NVMe tiers hold into Redis, so the router
 // can credit lower-tier hits when it places a request (DESIGN.md "Router scoring", "Tiers").
 //
-// Key layout (every key goes through RedisConfig::Key, i.e. is prefixed with key_prefix, so
-// clusters sharing one Redis never see each other's keys):
+// Key layout (common/redis/prefix_index.h, which also holds the read side; every key goes through
+// RedisConfig::Key, i.e. is prefixed with key_prefix, so clusters sharing one Redis never see
+// each other's keys):
 //   blk:<node>:<32 lower-case hex digits of the hash>  string "dram" or "nvme", SET ... EX ttl.
 //       One key per (node, block): an update is one command and a lookup of a chain on one
 //       node is one MGET. The TTL (entry_ttl) bounds how long a dead node's entries outlive it.
@@ -68,23 +69,15 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/hash/block_hash.h"
+#include "common/redis/prefix_index.h"
 #include "common/redis/redis_client.h"
 #include "services/tierd/tier_store.h"
 
 namespace pd::tierd {
 
-// Redis key names (without key_prefix; pass them through RedisConfig::Key / RedisClient::Key).
-std::string RedisBlockKey(absl::string_view node, const BlockHash& hash);  // blk:<node>:<hex>
-std::string RedisNodeBlocksKey(absl::string_view node);                    // node:<node>:blocks
-inline constexpr absl::string_view kRedisNodesKey = "nodes";
-
-// "dram" / "nvme", the values of blk: keys. ParseRedisTier is the inverse; it returns false
-// (leaving *tier alone) for any other value.
-absl::string_view RedisTierValue(TierKind tier);
-bool ParseRedisTier(absl::string_view value, TierKind* tier);
-
-// OK, or InvalidArgument naming the node when it is not a valid node name (see above).
-absl::Status ValidateRedisNodeName(absl::string_view node);
+// The tier as stored in Redis, and back.
+redis::PrefixTier ToPrefixTier(TierKind tier);
+TierKind FromPrefixTier(redis::PrefixTier tier);
 
 struct RedisIndexConfig {
   std::string node;  // this node's name, e.g. the Kubernetes node or host name; required
@@ -184,19 +177,21 @@ class RedisIndex {
   RedisIndexStats Stats() const;
   const RedisIndexConfig& config() const { return config_; }
 
-  // Tier of each leading block of `chain` held by `node` according to Redis, stopping at the
-  // first miss (or at a value that is neither "dram" nor "nvme"). One MGET per `batch` hashes;
-  // later batches are asked only when the earlier ones all hit. Errors: InvalidArgument (node
-  // name, batch < 1), or the client's errors (Unavailable, DeadlineExceeded, ...).
+  // redis::LookupPrefixTiers in TierKind: tier of each leading block of `chain` held by `node`
+  // according to Redis, stopping at the first miss (or at a value that is neither "dram" nor
+  // "nvme"). One MGET per `batch` hashes; later batches are asked only when the earlier ones all
+  // hit. Errors: InvalidArgument (node name, batch < 1), or the client's errors (Unavailable,
+  // DeadlineExceeded, ...).
   static absl::StatusOr<std::vector<TierKind>> Lookup(redis::RedisClient& client,
                                                       absl::string_view node,
                                                       absl::Span<const BlockHash> chain,
                                                       int64_t batch = 128);
 
-  // Deletes every entry `node` published (its membership set's members), the set itself, and
-  // the node's name from `nodes`. For operators and for clean-up of a dead node; a live node's
-  // RedisIndex republishes at its next resync. Keys written without reaching the set expire by
-  // TTL. Errors: InvalidArgument (node name, batch < 1), or the client's errors.
+  // redis::RemovePrefixIndexNode: deletes every entry `node` published (its membership set's
+  // members), the set itself, and the node's name from `nodes`. For operators and for clean-up
+  // of a dead node; a live node's RedisIndex republishes at its next resync. Keys written
+  // without reaching the set expire by TTL. Errors: InvalidArgument (node name, batch < 1), or
+  // the client's errors.
   static absl::Status RemoveNode(redis::RedisClient& client, absl::string_view node,
                                  int64_t batch = 1024);
 

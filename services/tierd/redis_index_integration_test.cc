@@ -226,6 +226,41 @@ TEST_F(RedisIndexIntegrationTest, PublishUnpublishAndLookupStopsAtFirstMiss) {
   EXPECT_EQ(stats.dropped_total, 0u);
 }
 
+// The router's read: several (node, chain) questions in one pipelined round trip.
+TEST_F(RedisIndexIntegrationTest, BatchLookupAnswersEveryQuestionInOneCall) {
+  StartServer();
+  FakeHoldings n1, n2;
+  n1.Set({{H(0), TierKind::kDram}, {H(1), TierKind::kNvme}, {H(3), TierKind::kNvme}});
+  n2.Set({{H(1), TierKind::kDram}, {H(2), TierKind::kDram}});
+  auto a = CreateIndex(Redis(), Index("n1"), n1);
+  auto b = CreateIndex(Redis(), Index("n2"), n2);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(a->Flush().ok());
+  ASSERT_TRUE(b->Flush().ok());
+  auto client = Client(Redis());
+  ASSERT_NE(client, nullptr);
+
+  const std::vector<BlockHash> chain = {H(0), H(1), H(2), H(3)};
+  const absl::Span<const BlockHash> all(chain);
+  const std::vector<redis::PrefixQuery> queries = {{"n1", all}, {"n1", all.subspan(3)},
+                                                   {"n2", all}, {"n2", all.subspan(1)},
+                                                   {"n3", all}, {"n2", all.subspan(4)}};
+  const uint64_t calls_before = client->Stats().num_calls;
+  auto tiers = redis::LookupPrefixTiersBatch(*client, queries);
+  ASSERT_TRUE(tiers.ok()) << tiers.status();
+  EXPECT_EQ(client->Stats().num_calls, calls_before + 1);
+  using redis::PrefixTier;
+  EXPECT_THAT(*tiers,
+              ElementsAre(ElementsAre(PrefixTier::kDram, PrefixTier::kNvme),
+                          ElementsAre(PrefixTier::kNvme), IsEmpty(),
+                          ElementsAre(PrefixTier::kDram, PrefixTier::kDram), IsEmpty(), IsEmpty()));
+
+  const std::vector<redis::PrefixQuery> bad = {{"n1", all}, {"a:b", all}};
+  EXPECT_EQ(redis::LookupPrefixTiersBatch(*client, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(RedisIndexIntegrationTest, BackgroundThreadFlushesWithoutFlushCalls) {
   StartServer();
   FakeHoldings holdings;
@@ -251,11 +286,11 @@ TEST_F(RedisIndexIntegrationTest, EntriesAndMembershipHaveTtls) {
   ASSERT_TRUE(index->Flush().ok());
 
   for (const BlockHash& h : {H(1), H(2)}) {
-    const int64_t ttl = Ttl(*client, client->Key(RedisBlockKey("n1", h)));
+    const int64_t ttl = Ttl(*client, client->Key(redis::PrefixBlockKey("n1", h)));
     EXPECT_GT(ttl, 0);
     EXPECT_LE(ttl, 90);
   }
-  const int64_t set_ttl = Ttl(*client, client->Key(RedisNodeBlocksKey("n1")));
+  const int64_t set_ttl = Ttl(*client, client->Key(redis::PrefixNodeBlocksKey("n1")));
   EXPECT_GT(set_ttl, 0);
   EXPECT_LE(set_ttl, 90);
   EXPECT_EQ(Ttl(*client, client->Key("nodes")), -1);  // the node list does not expire
@@ -374,7 +409,7 @@ TEST_F(RedisIndexIntegrationTest, ResyncRemovesStaleEntriesOfItsOwnNodeOnly) {
   EXPECT_THAT(LookupOrEmpty(*client, "n1", {H(40)}), ElementsAre(TierKind::kDram));
   EXPECT_THAT(Members(*client, client->Key("node:n1:blocks")),
               UnorderedElementsAreArray({H(0).ToHex(), H(1).ToHex(), H(40).ToHex()}));
-  auto exists = client->Command({"EXISTS", client->Key(RedisBlockKey("n1", H(2)))});
+  auto exists = client->Command({"EXISTS", client->Key(redis::PrefixBlockKey("n1", H(2)))});
   ASSERT_TRUE(exists.ok());
   EXPECT_EQ(exists->integer, 0);
   EXPECT_GE(restarted->Stats().unpublished_total, 47u);

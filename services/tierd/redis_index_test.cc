@@ -25,40 +25,12 @@ using ::testing::UnorderedElementsAre;
 
 BlockHash H(uint64_t n) { return BlockHash{0x0123456789abcdefULL, n}; }
 
-TEST(RedisIndexKeysTest, FormatsKeysWithLowerCaseHex) {
-  const BlockHash hash{0xABCDEF0011223344ULL, 0x5566778899AABBCCULL};
-  EXPECT_EQ(RedisBlockKey("node-1", hash), "blk:node-1:abcdef00112233445566778899aabbcc");
-  EXPECT_EQ(RedisNodeBlocksKey("node-1"), "node:node-1:blocks");
-  EXPECT_EQ(kRedisNodesKey, "nodes");
-  redis::RedisConfig config;
-  config.key_prefix = "pd:c1:";
-  EXPECT_EQ(config.Key(RedisBlockKey("n", H(1))), "pd:c1:blk:n:0123456789abcdef0000000000000001");
-}
-
-TEST(RedisIndexKeysTest, TierValuesRoundTrip) {
+TEST(RedisIndexTiersTest, ConvertsToAndFromPrefixTiers) {
   for (TierKind tier : {TierKind::kDram, TierKind::kNvme}) {
-    TierKind parsed = tier == TierKind::kDram ? TierKind::kNvme : TierKind::kDram;
-    ASSERT_TRUE(ParseRedisTier(RedisTierValue(tier), &parsed));
-    EXPECT_EQ(parsed, tier);
+    EXPECT_EQ(FromPrefixTier(ToPrefixTier(tier)), tier);
   }
-  EXPECT_EQ(RedisTierValue(TierKind::kDram), "dram");
-  EXPECT_EQ(RedisTierValue(TierKind::kNvme), "nvme");
-  TierKind untouched = TierKind::kNvme;
-  EXPECT_FALSE(ParseRedisTier("DRAM", &untouched));
-  EXPECT_FALSE(ParseRedisTier("", &untouched));
-  EXPECT_FALSE(ParseRedisTier("hbm", &untouched));
-  EXPECT_EQ(untouched, TierKind::kNvme);
-}
-
-TEST(RedisIndexKeysTest, ValidatesNodeNames) {
-  EXPECT_TRUE(ValidateRedisNodeName("node-1.example").ok());
-  EXPECT_TRUE(ValidateRedisNodeName(std::string(255, 'n')).ok());
-  for (const std::string& bad :
-       {std::string(), std::string(256, 'n'), std::string("a:b"), std::string("a b"),
-        std::string("a\nb"), std::string("a\0b", 3), std::string("a\x7f")}) {
-    absl::Status s = ValidateRedisNodeName(bad);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << absl::CEscape(bad);
-  }
+  EXPECT_EQ(ToPrefixTier(TierKind::kNvme), redis::PrefixTier::kNvme);
+  EXPECT_EQ(ToPrefixTier(TierKind::kDram), redis::PrefixTier::kDram);
 }
 
 TEST(RedisIndexConfigTest, ValidatesEveryField) {
@@ -101,8 +73,8 @@ TEST(PendingUpdatesTest, LastOperationPerHashWins) {
   ASSERT_EQ(taken.size(), 3u);
   std::vector<std::string> seen;
   for (const auto& u : taken) {
-    seen.push_back(
-        absl::StrCat(u.hash.low, u.publish ? "+" : "-", u.publish ? RedisTierValue(u.tier) : ""));
+    seen.push_back(absl::StrCat(u.hash.low, u.publish ? "+" : "-",
+                                u.publish ? redis::PrefixTierValue(ToPrefixTier(u.tier)) : ""));
   }
   EXPECT_THAT(seen, UnorderedElementsAre("1+nvme", "2-", "3+dram"));
 }
