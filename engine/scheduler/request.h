@@ -89,6 +89,8 @@ struct PrefilledBlocks {
   RequestId id;
   uint32_t first_token = 0;
   int64_t cached_tokens = 0;        // prompt tokens this worker reused from its own cache
+  int64_t restored_tokens = 0;      // of cached_tokens, restored from the node's tiers
+  absl::Duration restore;           // copying those in
   std::vector<BlockId> block_ids;
   absl::Duration queue;             // submitted -> first scheduled
   absl::Duration prefill;           // first scheduled -> prompt computed

@@ -443,6 +443,8 @@ void Scheduler::OnPrefilled(Sequence* seq, uint32_t token) {
   out.id = seq->request.id;
   out.first_token = token;
   out.cached_tokens = seq->cached_tokens;
+  out.restored_tokens = std::min(seq->restored_tokens, seq->cached_tokens);
+  out.restore = seq->restore_time;
   const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
   out.block_ids.assign(table->blocks().begin(), table->blocks().end());
   const absl::Time scheduled = seq->first_scheduled;

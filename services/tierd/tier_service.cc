@@ -265,6 +265,11 @@ void TierServiceImpl::FillStats(v1::TierStats* resp) const {
     nvme->set_written_bytes_total(st.nvme->written_bytes_total);
     nvme->set_checksum_failures_total(st.nvme->checksum_failures_total);
   }
+  if (redis_index_ != nullptr) {
+    const RedisIndexStats r = redis_index_->Stats();
+    resp->set_redis_connected(r.connected);
+    resp->set_redis_pending_updates(static_cast<uint64_t>(r.pending));
+  }
   absl::MutexLock lock(&mu_);
   resp->set_num_sessions(static_cast<uint32_t>(sessions_.size()));
   resp->set_lookups_total(counters_.lookups_total);

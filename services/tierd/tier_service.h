@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/time/clock.h"
 #include "pd/v1/tierd.grpc.pb.h"
+#include "services/tierd/redis_index.h"
 #include "services/tierd/tier_store.h"
 
 namespace pd::tierd {
@@ -64,6 +65,9 @@ class TierServiceImpl final : public pdserve::internal::v1::TierService::Service
   grpc::Status Stats(grpc::ServerContext* ctx, const pdserve::internal::v1::StatsRequest* req,
                      pdserve::internal::v1::TierStats* resp) override;
 
+  // The Redis index whose state Stats reports (may stay unset: no Redis). Call before serving.
+  void SetRedisIndex(const RedisIndex* index) { redis_index_ = index; }
+
   // Drops sessions idle for longer than `idle` (releasing their claims). Returns how many.
   int PruneIdleSessions(absl::Duration idle);
 
@@ -84,6 +88,7 @@ class TierServiceImpl final : public pdserve::internal::v1::TierService::Service
   TierStore* const store_;
   const pdserve::internal::v1::KvLayout layout_;
   Clock* const clock_;
+  const RedisIndex* redis_index_ = nullptr;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);

@@ -23,6 +23,17 @@ std::string HostName() {
   return host;
 }
 
+// The Redis prefix index as the server's location sink.
+class RedisSink final : public LocationSink {
+ public:
+  explicit RedisSink(RedisIndex* index) : index_(index) {}
+  void Publish(const BlockHash& hash, TierKind tier) override { index_->Publish(hash, tier); }
+  void Unpublish(const BlockHash& hash) override { index_->Unpublish(hash); }
+
+ private:
+  RedisIndex* const index_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfig& config,
@@ -82,18 +93,31 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   s->service_ = std::make_unique<TierServiceImpl>(
       s->store_.get(), worker::LayoutToProto(layout, fingerprint));
 
+  TierdServer* self = s.get();
   if (sink != nullptr) {
     s->sink_ = sink;
   } else if (config.redis.has_value()) {
-    return absl::UnimplementedError("--redis_address: the Redis prefix index is not built yet");
+    RedisIndexConfig ic;
+    ic.node = s->node_;
+    ic.entry_ttl = config.redis_entry_ttl;
+    absl::StatusOr<std::unique_ptr<RedisIndex>> index = RedisIndex::Create(
+        *config.redis, ic, [self] { return self->store_->Snapshot(); });
+    if (!index.ok()) {
+      return absl::Status(index.status().code(),
+                          absl::StrCat("--redis_address: ", index.status().message()));
+    }
+    s->redis_index_ = *std::move(index);
+    s->owned_sink_ = std::make_unique<RedisSink>(s->redis_index_.get());
+    s->service_->SetRedisIndex(s->redis_index_.get());
+    s->sink_ = s->owned_sink_.get();
   }
-  TierdServer* self = s.get();
   s->store_->SetChangeListener([self](absl::Span<const BlockHash> hashes) {
     absl::MutexLock lock(&self->mu_);
     self->changed_.insert(hashes.begin(), hashes.end());
   });
-  if (s->sink_ != nullptr) {
-    // A restarted tierd holds what its NVMe manifest replayed: announce it.
+  if (s->sink_ != nullptr && s->redis_index_ == nullptr) {
+    // A restarted tierd holds what its NVMe manifest replayed: announce it (the Redis index
+    // does this itself, from the snapshot, whenever it (re)connects).
     for (const auto& [hash, tier] : s->store_->Snapshot()) {
       s->sink_->Publish(hash, tier);
     }
@@ -139,7 +163,10 @@ std::string TierdServer::Describe() const {
   } else {
     absl::StrAppend(&out, ", no NVMe tier");
   }
-  absl::StrAppend(&out, sink_ != nullptr ? ", location index on" : ", no location index");
+  absl::StrAppend(&out, redis_index_ != nullptr
+                            ? absl::StrCat(", redis index at ", config_.redis->host, ":",
+                                           config_.redis->port)
+                            : (sink_ != nullptr ? ", location index on" : ", no redis index"));
   return out;
 }
 
@@ -228,6 +255,11 @@ void TierdServer::Drain(absl::Duration timeout) {
   if (indexer_.joinable()) {
     indexer_.join();
   }
+  if (redis_index_ != nullptr) {
+    if (absl::Status s = redis_index_->Flush(); !s.ok()) {
+      LOG(WARNING) << "tierd: last index updates not written to redis: " << s;
+    }
+  }
 }
 
 void TierdServer::RegisterMetrics(metrics::Registry* registry) {
@@ -273,6 +305,13 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
       sink.AddGauge("pd_tierd_nvme_accepting_spills",
                     "1 while the NVMe tier accepts spills, 0 after a disk-full error",
                     st.nvme->accepting_spills ? 1 : 0);
+      sink.AddGauge("pd_tierd_nvme_replayed_blocks",
+                    "NVMe blocks found again at startup by replaying the manifest",
+                    d(st.nvme->replayed_blocks));
+      sink.AddGauge("pd_tierd_nvme_replay_dropped_blocks",
+                    "Manifest entries dropped at startup (foreign model, invalid, corrupt)",
+                    d(st.nvme->replay_foreign_dropped + st.nvme->replay_invalid_dropped +
+                      st.nvme->replay_corrupt_dropped));
       sink.AddCounter("pd_tierd_nvme_write_failures_total", "NVMe writes that failed",
                       d(st.nvme->write_failures_total));
       sink.AddCounter("pd_tierd_nvme_disk_full_total",
@@ -296,6 +335,29 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
                     absl::ToDoubleSeconds(st.restore_time_total));
     sink.AddCounter("pd_tierd_restore_failures_total", "NVMe reads that failed (checksum incl.)",
                     d(st.restore_failures_total));
+    if (redis_index_ != nullptr) {
+      const RedisIndexStats r = redis_index_->Stats();
+      sink.AddGauge("pd_tierd_redis_connected", "1 while the Redis prefix index is reachable",
+                    r.connected ? 1 : 0);
+      sink.AddGauge("pd_tierd_redis_pending_updates", "Index updates waiting to be written",
+                    d(r.pending));
+      sink.AddCounter("pd_tierd_redis_published_total", "Block entries written to Redis",
+                      d(r.published_total));
+      sink.AddCounter("pd_tierd_redis_unpublished_total", "Block entries deleted from Redis",
+                      d(r.unpublished_total));
+      sink.AddCounter("pd_tierd_redis_dropped_updates_total",
+                      "Index updates dropped because the queue was full (a resync follows)",
+                      d(r.dropped_total));
+      sink.AddCounter("pd_tierd_redis_resyncs_total",
+                      "Full republishes of the node's blocks (connects, recoveries, TTL refresh)",
+                      d(r.resyncs_total));
+      sink.AddCounter("pd_tierd_redis_errors_total", "Failed Redis connects and calls",
+                      d(r.errors_total));
+      sink.AddCounter("pd_tierd_redis_batches_total", "Pipelined round trips to Redis",
+                      d(r.batches_total));
+      sink.AddCounter("pd_tierd_redis_seconds_total", "Wall time inside Redis round trips",
+                      absl::ToDoubleSeconds(r.flush_time_total));
+    }
     sink.AddGauge("pd_tierd_sessions", "Workers attached", d(sv.sessions));
     sink.AddCounter("pd_tierd_lookups_total", "Lookup calls", d(sv.lookups_total));
     sink.AddCounter("pd_tierd_lookup_hit_blocks_total", "Leading hits returned by Lookup",

@@ -30,6 +30,7 @@
 #include "services/tierd/admission_guard.h"
 #include "services/tierd/dram_pool.h"
 #include "services/tierd/nvme_store.h"
+#include "services/tierd/redis_index.h"
 #include "services/tierd/tier_service.h"
 #include "services/tierd/tier_store.h"
 #include "services/tierd/tierd_config.h"
@@ -100,7 +101,8 @@ class TierdServer {
   std::unique_ptr<AdmissionGuard> guard_;
   std::unique_ptr<TierStore> store_;
   std::unique_ptr<TierServiceImpl> service_;
-  std::unique_ptr<LocationSink> owned_sink_;  // the Redis index, when configured
+  std::unique_ptr<RedisIndex> redis_index_;   // when --redis_address is set
+  std::unique_ptr<LocationSink> owned_sink_;  // forwards to redis_index_
   LocationSink* sink_ = nullptr;              // owned_sink_ or the caller's; may be null
   std::unique_ptr<grpc::Server> server_;
 

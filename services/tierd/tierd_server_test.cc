@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/redis/redis_client.h"
+#include "common/testing/redis_server.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -385,6 +387,50 @@ TEST_F(TierdServerTest, SpillToNvmeRestoreAndRestart) {
     EXPECT_EQ(Lookup(i, 1), std::vector<v1::Tier>{v1::TIER_NVME}) << i;
     EXPECT_EQ(fresh.Where(HashOf(i)), "nvme") << i;
   }
+  server_.reset();
+}
+
+// The Redis prefix index follows the tiers; a Redis outage changes nothing for the workers and
+// the index is repopulated when Redis comes back (it restarts empty).
+TEST_F(TierdServerTest, RedisIndexFollowsTheTiersAndIsRepopulated) {
+  auto redis = pd::testing::RedisServer::Start({});
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  redis::RedisConfig rc;
+  rc.host = (*redis)->host();
+  rc.port = (*redis)->port();
+  rc.key_prefix = "pdtest:";
+  config_.redis = rc;
+  auto s = TierdServer::Start(config_, &registry_);  // no test sink: the real index
+  ASSERT_TRUE(s.ok()) << s.status();
+  server_ = *std::move(s);
+  stub_ = v1::TierService::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  Attach();
+  ASSERT_EQ(Offer(0, 3), 3);
+  auto lookup = [&]() -> std::vector<TierKind> {
+    auto client = redis::RedisClient::Connect(rc);
+    if (!client.ok()) return {};
+    auto tiers = RedisIndex::Lookup(**client, "test-node", {HashOf(0), HashOf(1), HashOf(2)});
+    return tiers.ok() ? *tiers : std::vector<TierKind>{};
+  };
+  auto wait_for = [&](size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (lookup().size() != n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    return lookup().size() == n;
+  };
+  ASSERT_TRUE(wait_for(3)) << (*redis)->LogTail();
+  EXPECT_EQ(lookup(), std::vector<TierKind>(3, TierKind::kDram));
+
+  ASSERT_TRUE((*redis)->Stop().ok());
+  EXPECT_EQ(Offer(10, 2), 2);  // serving goes on without Redis
+  EXPECT_EQ(Lookup(10, 2).size(), 2u);
+  ASSERT_TRUE((*redis)->Restart().ok());  // empty
+  ASSERT_TRUE(wait_for(3)) << "index not repopulated after the Redis restart";
+  v1::TierStats stats;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+  EXPECT_TRUE(stats.redis_connected());
+  EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_redis_connected 1"));
   server_.reset();
 }
 

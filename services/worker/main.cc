@@ -32,6 +32,8 @@ ABSL_FLAG(std::string, transport, pd::transport::IsTransportBuilt("ucx") ? "ucx"
           "KV transport for the prefill -> decode handoff: ucx | tcp");
 ABSL_FLAG(std::string, transport_host, "127.0.0.1",
           "numeric IPv4 address the KV transport listens on");
+ABSL_FLAG(std::string, tierd_address, "",
+          "the node's pd-tierd host:port (DRAM/NVMe tiers); empty = none");
 ABSL_FLAG(absl::Duration, prefill_timeout, absl::Seconds(30),
           "decode side: bound on one remote prefill; past it decode prefills locally");
 ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
@@ -65,6 +67,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.node_name = absl::GetFlag(FLAGS_node_name);
   c.transport = absl::GetFlag(FLAGS_transport);
   c.transport_host = absl::GetFlag(FLAGS_transport_host);
+  c.tierd_address = absl::GetFlag(FLAGS_tierd_address);
   c.prefill_timeout = absl::GetFlag(FLAGS_prefill_timeout);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   c.step_delay = absl::GetFlag(FLAGS_step_delay);

@@ -33,6 +33,9 @@ struct WorkerConfig {
   std::string transport = "ucx";
   // Address the transport listens on (tcp, ucx): numeric IPv4 of this host.
   std::string transport_host = "127.0.0.1";
+  // The node's pd-tierd ("host:port"); empty = no lower tiers. Evicted blocks are offered to it
+  // and prompts are restored from it before prefill. tierd being down never fails a request.
+  std::string tierd_address;
   // Upper bound of one remote prefill (RPC + transfer) as seen by the decode side; the
   // request's own deadline applies when earlier. Past it, decode prefills locally.
   absl::Duration prefill_timeout = absl::Seconds(30);

@@ -31,6 +31,19 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   PD_ASSIGN_OR_RETURN(s->kv_events_, kv_events::KvEventPublisher::Create(events));
   engine::ModelRuntimeConfig runtime_config = config.runtime;
   runtime_config.kv_listener = s->kv_events_.get();
+  if (!config.tierd_address.empty()) {
+    s->local_blocks_ = std::make_unique<LocalBlockSet>(s->kv_events_.get());
+    runtime_config.kv_listener = s->local_blocks_.get();
+    s->tier_slot_ = std::make_shared<std::atomic<tierd::TierClient*>>(nullptr);
+    // Scheduler thread, inside an allocation: the client copies the block and returns.
+    runtime_config.on_evict = [slot = s->tier_slot_](const BlockHash& hash,
+                                                     absl::Span<const uint8_t> block) {
+      // Pairs with the release store after the client started (and the clear in Drain).
+      if (tierd::TierClient* client = slot->load(std::memory_order_acquire)) {
+        client->Offer(hash, block);
+      }
+    };
+  }
   PD_ASSIGN_OR_RETURN(s->runtime_, engine::ModelRuntime::Create(runtime_config));
   ctx.runtime = s->runtime_.get();
   ctx.layout = LayoutToProto(s->runtime_->kv_layout(), s->runtime_->fingerprint());
@@ -77,6 +90,22 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   ctx.grpc_address = services::HostPort{config.grpc_address.host, s->port_}.ToString();
   ctx.worker_id = config.worker_id.empty() ? ctx.grpc_address : config.worker_id;
   s->kv_events_->SetWorkerId(ctx.worker_id);
+  if (!config.tierd_address.empty()) {
+    tierd::TierClientConfig tc;
+    tc.tierd_address = config.tierd_address;
+    tc.worker_id = ctx.worker_id;
+    tc.layout = ctx.layout;
+    absl::StatusOr<std::unique_ptr<tierd::TierClient>> tiers = tierd::TierClient::Start(tc);
+    if (!tiers.ok()) {
+      return absl::Status(tiers.status().code(), absl::StrCat("--tierd_address ",
+                                                              config.tierd_address, ": ",
+                                                              tiers.status().message()));
+    }
+    s->tiers_ = *std::move(tiers);
+    s->tier_slot_->store(s->tiers_.get(), std::memory_order_release);
+    ctx.tiers = s->tiers_.get();
+    ctx.local_blocks = s->local_blocks_.get();
+  }
   if (config.node_name.empty()) {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
@@ -86,7 +115,34 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   engine::EngineLoop* loop = s->loop_.get();
   kv_events::KvEventPublisher* publisher = s->kv_events_.get();
-  s->collector_ = metrics->AddCollector([loop, publisher](metrics::CollectorSink& sink) {
+  tierd::TierClient* tiers = s->tiers_.get();
+  s->collector_ = metrics->AddCollector([loop, publisher, tiers](metrics::CollectorSink& sink) {
+    if (tiers != nullptr) {
+      const tierd::TierClientStats t = tiers->Stats();
+      sink.AddGauge("pd_worker_tierd_attached", "1 while attached to the node's pd-tierd",
+                    t.attached ? 1 : 0);
+      sink.AddCounter("pd_worker_tier_offered_blocks_total",
+                      "Evicted blocks offered to the node's DRAM tier, by outcome",
+                      static_cast<double>(t.offer_stored_blocks_total), {{"outcome", "stored"}});
+      sink.AddCounter("pd_worker_tier_offered_blocks_total",
+                      "Evicted blocks offered to the node's DRAM tier, by outcome",
+                      static_cast<double>(t.offer_skipped_blocks_total), {{"outcome", "held"}});
+      sink.AddCounter("pd_worker_tier_offered_blocks_total",
+                      "Evicted blocks offered to the node's DRAM tier, by outcome",
+                      static_cast<double>(t.offer_dropped_blocks_total), {{"outcome", "dropped"}});
+      sink.AddCounter("pd_worker_tier_promoted_blocks_total",
+                      "Blocks the node's tiers made readable for prompts, by source tier",
+                      static_cast<double>(t.promoted_blocks_total - t.promoted_from_nvme_total),
+                      {{"tier", "dram"}});
+      sink.AddCounter("pd_worker_tier_promoted_blocks_total",
+                      "Blocks the node's tiers made readable for prompts, by source tier",
+                      static_cast<double>(t.promoted_from_nvme_total), {{"tier", "nvme"}});
+      sink.AddCounter("pd_worker_tier_checksum_failures_total",
+                      "Tier blocks whose copy failed verification (recomputed instead)",
+                      static_cast<double>(t.checksum_failures_total));
+      sink.AddCounter("pd_worker_tier_rpc_failures_total", "Failed calls to pd-tierd",
+                      static_cast<double>(t.rpc_failures_total));
+    }
     const kv_events::KvEventPublisherStats ev = publisher->Stats();
     sink.AddCounter("pd_worker_kv_events_total", "KV events published (stored, removed, cleared)",
                     static_cast<double>(ev.events_published));
@@ -120,6 +176,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                     st.preemptions);
     sink.AddCounter("pd_worker_prefill_tokens_total", "Prompt tokens computed here",
                     st.prefill_tokens);
+    sink.AddCounter("pd_worker_tier_restored_blocks_total",
+                    "Blocks restored into the pool from the node's tiers instead of computed",
+                    st.tier_restored_blocks);
     sink.AddCounter("pd_worker_decode_tokens_total", "Tokens sampled here", st.decode_tokens);
     sink.AddCounter("pd_worker_remote_prefill_failures_total",
                     "Remote prefills that failed (decode then prefilled locally)",
@@ -141,7 +200,9 @@ std::string WorkerServer::address() const { return ctx_.grpc_address; }
 std::string WorkerServer::Describe() const {
   return absl::StrCat("worker ", ctx_.worker_id, " role ", RoleName(ctx_.config.role), " on ",
                       ctx_.grpc_address, ", ", runtime_->Describe(), ", transport ",
-                      handoff_->backend());
+                      handoff_->backend(),
+                      tiers_ != nullptr ? absl::StrCat(", tierd ", ctx_.config.tierd_address)
+                                        : std::string(", no tierd"));
 }
 
 void WorkerServer::Drain(absl::Duration timeout) {
@@ -160,6 +221,10 @@ void WorkerServer::Drain(absl::Duration timeout) {
   }
   handoff_.reset();  // fails what still waits for a transfer
   loop_.reset();
+  if (tier_slot_ != nullptr) {
+    tier_slot_->store(nullptr, std::memory_order_release);
+  }
+  tiers_.reset();  // after the loop: tier prefixes of queued requests were released
 }
 
 }  // namespace pd::worker

@@ -4,6 +4,7 @@
 // configuration is a startup error naming the flag. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -52,6 +53,11 @@ class WorkerServer {
   metrics::CollectorId collector_;
   // Declared before the runtime (its listener) and the server (its service): outlives both.
   std::unique_ptr<kv_events::KvEventPublisher> kv_events_;
+  std::unique_ptr<LocalBlockSet> local_blocks_;  // the pool's listener, forwards to kv_events_
+  // Where the pool's eviction hook finds the tier client (set once it attached by worker id,
+  // cleared before it is destroyed).
+  std::shared_ptr<std::atomic<tierd::TierClient*>> tier_slot_;
+  std::unique_ptr<tierd::TierClient> tiers_;
   std::unique_ptr<engine::ModelRuntime> runtime_;
   std::unique_ptr<engine::EngineLoop> loop_;
   std::unique_ptr<disagg::KvHandoff> handoff_;

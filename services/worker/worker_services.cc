@@ -41,7 +41,57 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context, uint32_t timeo
 struct RemoteStats {
   std::atomic<uint64_t> kv_transfer_us{0};
   std::atomic<uint32_t> prefill_cached_tokens{0};
+  std::atomic<uint32_t> prefill_tier_cached_tokens{0};
+  std::atomic<uint64_t> kv_restore_us{0};
 };
+
+// Submits `r` to the engine; with the node's tiers configured, first asks them for the blocks
+// of `chain_bytes` (the prompt's hash chain) after the pool's cached prefix, and attaches what
+// they pinned as r.tier_prefix. `rejected` runs (on a gRPC or the tier client's thread) when the
+// engine refuses the request; exactly one of the request's final output or `rejected` happens.
+void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
+                     engine::GenerationRequest r,
+                     std::function<void(const absl::Status&)> rejected) {
+  std::vector<BlockHash> chain;
+  for (size_t i = 0; ctx->tiers != nullptr && i + 16 <= chain_bytes.size(); i += 16) {
+    absl::StatusOr<BlockHash> h = BlockHash::FromBytes(absl::string_view(chain_bytes).substr(i, 16));
+    if (!h.ok()) {
+      chain.clear();
+      break;
+    }
+    chain.push_back(*h);
+  }
+  const int64_t local = chain.empty() ? 0 : ctx->local_blocks->LeadingMatch(chain);
+  if (ctx->tiers == nullptr || local >= static_cast<int64_t>(chain.size())) {
+    if (absl::Status s = ctx->loop->Submit(std::move(r)); !s.ok()) {
+      rejected(s);
+    }
+    return;
+  }
+  std::vector<BlockHash> tail(chain.begin() + local, chain.end());
+  auto request = std::make_shared<engine::GenerationRequest>(std::move(r));
+  ctx->tiers->Prepare(tail, [ctx, request, local, tail, rejected = std::move(rejected)](
+                                std::shared_ptr<const tierd::PromotedRun> run) {
+    if (run != nullptr) {
+      engine::TierPrefix& tp = request->tier_prefix;
+      tp.first_block = local;
+      tp.chain.assign(tail.begin(), tail.begin() + static_cast<int64_t>(run->size()));
+      memory::HostKvPool* pool = ctx->runtime->kv_pool();
+      tp.copy_in = [run, pool, local](int64_t index, BlockId dst) {
+        const int64_t k = index - local;
+        return k >= 0 && k < static_cast<int64_t>(run->size()) &&
+               run->CopyOut(static_cast<size_t>(k), pool->BlockData(dst));
+      };
+      tp.release = [tiers = ctx->tiers, run] { tiers->Release(*run); };
+    }
+    if (absl::Status s = ctx->loop->Submit(std::move(*request)); !s.ok()) {
+      if (run != nullptr) {
+        ctx->tiers->Release(*run);  // the refused request never reached the scheduler
+      }
+      rejected(s);
+    }
+  });
+}
 
 // DecodeService.Generate: engine outputs -> stream messages, one write in flight, queued
 // outputs coalesced. Finishes after the engine's final output (every submitted request gets
@@ -72,12 +122,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
       msg.mutable_usage()->set_cached_tokens(
           std::min(out.prompt_tokens, out.cached_tokens + p_cached));
       msg.mutable_usage()->set_completion_tokens(out.completion_tokens);
+      msg.mutable_usage()->set_tier_cached_tokens(
+          std::min(out.prompt_tokens, out.restored_tokens + remote_->prefill_tier_cached_tokens.load()));
       pdserve::v1::Timings* t = msg.mutable_timings();
       t->set_queue_us(absl::ToInt64Microseconds(out.timings.queue));
       t->set_prefill_us(absl::ToInt64Microseconds(out.timings.prefill));
       t->set_first_token_us(absl::ToInt64Microseconds(out.timings.first_token));
       t->set_total_us(absl::ToInt64Microseconds(out.timings.total));
       t->set_kv_transfer_us(remote_->kv_transfer_us.load());
+      t->set_kv_restore_us(absl::ToInt64Microseconds(out.timings.restore) +
+                           remote_->kv_restore_us.load());
       msg.set_prefilled_locally(!out.prefilled_remotely);
       RecordFinal(out);
     }
@@ -246,6 +300,8 @@ void StartRemotePrefill(WorkerContext* ctx, iv1::PrefillService::Stub* stub,
         const uint32_t first = call->response.first_token_id();
         remote->kv_transfer_us = call->response.timings().kv_transfer_us();
         remote->prefill_cached_tokens = call->response.prefill_cached_tokens();
+        remote->prefill_tier_cached_tokens = call->response.prefill_tier_cached_tokens();
+        remote->kv_restore_us = call->response.timings().kv_restore_us();
         ctx->handoff->WhenDone(
             expectation, deadline,
             [ctx, expectation, fail, id, first](const transport::TransferState& st) {
@@ -404,10 +460,8 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
   } else {
     ctx_->metrics.prefills->WithLabels({"local"}).Increment();
   }
-  absl::Status submitted = ctx_->loop->Submit(std::move(r));
-  if (!submitted.ok()) {
-    reactor->Reject(submitted);
-  }
+  SubmitWithTiers(ctx_, request->block_hashes(), std::move(r),
+                  [reactor](const absl::Status& s) { reactor->Reject(s); });
   return reactor;
 }
 
@@ -553,6 +607,9 @@ grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContex
         static_cast<uint32_t>(std::max<int64_t>(0, b.cached_tokens - first * block_size));
     job->response->set_first_token_id(b.first_token);
     job->response->set_prefill_cached_tokens(p_cached);
+    job->response->set_prefill_tier_cached_tokens(
+        std::min(p_cached, static_cast<uint32_t>(b.restored_tokens)));
+    job->response->mutable_timings()->set_kv_restore_us(absl::ToInt64Microseconds(b.restore));
     job->response->mutable_timings()->set_queue_us(absl::ToInt64Microseconds(b.queue));
     job->response->mutable_timings()->set_prefill_us(absl::ToInt64Microseconds(b.prefill));
     ctx->handoff->WhenDone(
@@ -572,10 +629,8 @@ grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContex
           job->Finish(absl::OkStatus());
         });
   };
-  absl::Status submitted = ctx_->loop->Submit(std::move(r));
-  if (!submitted.ok()) {
-    job->Finish(submitted);
-  }
+  SubmitWithTiers(ctx_, request->block_hashes(), std::move(r),
+                  [job](const absl::Status& s) { job->Finish(s); });
   return job->reactor;
 }
 

@@ -16,6 +16,8 @@
 #include "engine/runtime/engine_loop.h"
 #include "engine/runtime/model_runtime.h"
 #include "pd/v1/worker.grpc.pb.h"
+#include "services/tierd/tier_client.h"
+#include "services/worker/local_block_set.h"
 #include "services/worker/worker_config.h"
 
 namespace pd::worker {
@@ -44,6 +46,9 @@ struct WorkerContext {
   engine::ModelRuntime* runtime = nullptr;
   engine::EngineLoop* loop = nullptr;
   disagg::KvHandoff* handoff = nullptr;
+  // The node's tiers (null without --tierd_address) and the pool's cached hashes.
+  tierd::TierClient* tiers = nullptr;
+  const LocalBlockSet* local_blocks = nullptr;
   pdserve::internal::v1::KvLayout layout;
   WorkerMetrics metrics;
 

@@ -102,7 +102,7 @@ bool ClusterProcessAlive(pid_t pid) {
     return false;
   }
   return absl::StrContains(cmdline, "pd-router") || absl::StrContains(cmdline, "pd-worker") ||
-         absl::StrContains(cmdline, "redis-server");
+         absl::StrContains(cmdline, "pd-tierd") || absl::StrContains(cmdline, "redis-server");
 }
 
 class LocalClusterE2eTest : public ::testing::Test {
@@ -174,7 +174,7 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
     names.push_back(name);
     EXPECT_TRUE(ClusterProcessAlive(pid)) << name << " " << pid;
   }
-  EXPECT_THAT(names, ::testing::UnorderedElementsAre("redis", "prefill-0", "decode-0", "router"));
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("redis", "tierd", "prefill-0", "decode-0", "router"));
 
   ASSERT_TRUE(cluster->Signal(SIGINT).ok());
   absl::StatusOr<ExitInfo> exit = cluster->Wait(absl::Seconds(30));

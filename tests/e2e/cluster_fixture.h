@@ -1,0 +1,243 @@
+// Real-process cluster fixtures for e2e tests: the single-process reference engine, and a
+// pd-router with prefill and decode pd-workers as child processes on loopback (stories260K).
+// Test-only, header-only; every method may fail the calling test via CHECK.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log/log.h"
+#include "common/testing/net.h"
+#include "common/testing/subprocess.h"
+#include "engine/runtime/model_runtime.h"
+#include "pd/v1/generation.grpc.pb.h"
+
+namespace pd::e2e {
+
+using ::pd::testing::Subprocess;
+
+inline constexpr char kRouter[] = PD_BINARY_DIR "/services/router/pd-router";
+inline constexpr char kWorker[] = PD_BINARY_DIR "/services/worker/pd-worker";
+inline constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
+inline constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
+
+inline int FreePort() {
+  absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
+  CHECK(port.ok()) << port.status();
+  return *port;
+}
+
+// What one Generate call returned.
+struct Generated {
+  grpc::Status status;
+  std::vector<uint32_t> tokens;
+  std::string text;
+  pdserve::v1::GenerateResponse last;
+  int messages = 0;
+};
+
+// The single-process engine: the reference every cluster path must match.
+class Reference {
+ public:
+  Reference() {
+    engine::ModelRuntimeConfig c;
+    c.model = kModel;
+    c.tokenizer = kTokenizer;
+    c.kv_blocks = 256;
+    c.threads = 1;
+    absl::StatusOr<std::unique_ptr<engine::ModelRuntime>> rt = engine::ModelRuntime::Create(c);
+    CHECK(rt.ok()) << rt.status();
+    rt_ = *std::move(rt);
+  }
+
+  std::vector<uint32_t> Encode(const std::string& text) {
+    absl::StatusOr<std::vector<uint32_t>> ids = rt_->tokenizer().Encode(text, true, false);
+    CHECK(ids.ok()) << ids.status();
+    return *ids;
+  }
+
+  std::pair<std::vector<uint32_t>, std::string> Greedy(const std::string& prompt,
+                                                       uint32_t max_tokens) {
+    std::vector<uint32_t> tokens;
+    std::string text;
+    engine::GenerationRequest r;
+    r.id = RequestId(next_++);
+    r.prompt = Encode(prompt);
+    r.sampling.max_tokens = max_tokens;
+    r.on_output = [&](engine::GenerationOutput o) {
+      tokens.insert(tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      text += o.text;
+    };
+    CHECK(rt_->scheduler()->Submit(std::move(r)).ok());
+    while (!rt_->scheduler()->idle()) rt_->scheduler()->Step();
+    return {tokens, text};
+  }
+
+ private:
+  std::unique_ptr<engine::ModelRuntime> rt_;
+  uint64_t next_ = 1;
+};
+
+class Cluster {
+ public:
+  // `prefill` prefill workers and `decode` decode workers, all on loopback.
+  Cluster(const std::string& dir, int prefill, int decode, std::string policy = "round_robin",
+          std::vector<std::string> worker_flags = {}, std::vector<std::string> router_flags = {})
+      : dir_(dir), worker_flags_(std::move(worker_flags)) {
+    std::vector<std::string> d_addrs, p_addrs;
+    for (int i = 0; i < prefill; ++i) {
+      p_addrs.push_back(StartWorker("prefill", absl::StrCat("prefill-", i)));
+    }
+    for (int i = 0; i < decode; ++i) {
+      d_addrs.push_back(StartWorker("decode", absl::StrCat("decode-", i)));
+    }
+    router_port_ = FreePort();
+    router_metrics_port_ = FreePort();
+    router_args_ = {kRouter,
+                    "--drain_timeout=10s",
+                    absl::StrCat("--grpc_address=127.0.0.1:", router_port_),
+                    absl::StrCat("--metrics_address=127.0.0.1:", router_metrics_port_),
+                    absl::StrCat("--model=", kModel),
+                    absl::StrCat("--tokenizer=", kTokenizer),
+                    absl::StrCat("--decode_workers=", absl::StrJoin(d_addrs, ",")),
+                    absl::StrCat("--prefill_workers=", absl::StrJoin(p_addrs, ",")),
+                    absl::StrCat("--policy=", policy),
+                    "--health_interval=200ms"};
+    router_args_.insert(router_args_.end(), router_flags.begin(), router_flags.end());
+    absl::StatusOr<Subprocess> r = Subprocess::Spawn(router_args_, dir_ + "/router.log");
+    CHECK(r.ok()) << r.status();
+    router_.emplace(*std::move(r));
+    // Create the channel once the router listens: a channel that saw "connection refused"
+    // backs off for seconds before trying again.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (HttpGet(router_metrics_port_, "/metrics").empty() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", router_port_),
+                                   grpc::InsecureChannelCredentials());
+    api_ = pdserve::v1::Generation::NewStub(channel_);
+  }
+
+  // Waits until the router lists the model (a decode worker joined) and every worker answers.
+  bool WaitReady(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+      pdserve::v1::ListModelsResponse models;
+      if (api_->ListModels(&ctx, {}, &models).ok() && models.models_size() == 1 &&
+          AllWorkersJoined()) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
+  }
+
+  bool AllWorkersJoined() {
+    const std::string m = RouterMetrics();
+    return absl::StrContains(m, "pd_router_workers_healthy " + std::to_string(workers_.size()));
+  }
+
+  Generated Generate(pdserve::v1::GenerateRequest req, absl::Duration timeout = absl::Seconds(60),
+                     grpc::ClientContext* ctx_in = nullptr) {
+    grpc::ClientContext local;
+    grpc::ClientContext& ctx = ctx_in ? *ctx_in : local;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    Generated g;
+    auto reader = api_->Generate(&ctx, req);
+    pdserve::v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      g.tokens.insert(g.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+      g.text += resp.text();
+      ++g.messages;
+      g.last = resp;
+    }
+    g.status = reader->Finish();
+    return g;
+  }
+
+  Generated GenerateText(const std::string& text, uint32_t max_tokens) {
+    pdserve::v1::GenerateRequest req;
+    req.set_text(text);
+    req.mutable_sampling()->set_max_tokens(max_tokens);
+    return Generate(req);
+  }
+
+  std::string RouterMetrics() { return HttpGet(router_metrics_port_, "/metrics"); }
+  std::string WorkerMetrics(int i) { return HttpGet(workers_[i].metrics_port, "/metrics"); }
+
+  static std::string HttpGet(int port, const std::string& path) {
+    httplib::Client http("127.0.0.1", port);
+    http.set_connection_timeout(2);
+    auto res = http.Get(path.c_str());
+    return res ? res->body : "";
+  }
+
+  struct Worker {
+    std::string role, id;
+    int grpc_port = 0, metrics_port = 0;
+    std::vector<std::string> args;
+    std::optional<Subprocess> process;
+  };
+  std::vector<Worker>& workers() { return workers_; }
+  Subprocess& router() { return *router_; }
+  pdserve::v1::Generation::Stub* api() { return api_.get(); }
+  std::string Logs() {
+    std::string out = absl::StrCat("--- router\n", router_->LogTail(30));
+    for (auto& w : workers_) {
+      if (w.process) absl::StrAppend(&out, "--- ", w.id, "\n", w.process->LogTail(30));
+    }
+    return out;
+  }
+
+  void RestartWorker(int i) {
+    Worker& w = workers_[i];
+    absl::StatusOr<Subprocess> p = Subprocess::Spawn(w.args, dir_ + "/" + w.id + ".log");
+    CHECK(p.ok()) << p.status();
+    w.process.emplace(*std::move(p));
+  }
+
+ private:
+  std::string StartWorker(const std::string& role, const std::string& id) {
+    Worker w;
+    w.role = role;
+    w.id = id;
+    w.grpc_port = FreePort();
+    w.metrics_port = FreePort();
+    w.args = {kWorker,
+              "--role=" + role,
+              absl::StrCat("--model=", kModel),
+              absl::StrCat("--tokenizer=", kTokenizer),
+              absl::StrCat("--grpc_address=127.0.0.1:", w.grpc_port),
+              absl::StrCat("--metrics_address=127.0.0.1:", w.metrics_port),
+              "--worker_id=" + id,
+              "--kv_blocks=256",
+              "--threads=1",
+              "--drain_timeout=2s"};
+    w.args.insert(w.args.end(), worker_flags_.begin(), worker_flags_.end());
+    workers_.push_back(std::move(w));
+    RestartWorker(static_cast<int>(workers_.size()) - 1);
+    return absl::StrCat("127.0.0.1:", workers_.back().grpc_port);
+  }
+
+  std::string dir_;
+  std::vector<std::string> worker_flags_;
+  std::vector<Worker> workers_;
+  int router_port_ = 0, router_metrics_port_ = 0;
+  std::vector<std::string> router_args_;
+  std::optional<Subprocess> router_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pdserve::v1::Generation::Stub> api_;
+};
+
+}  // namespace pd::e2e

@@ -1,0 +1,261 @@
+// pd-tierd as a real process beside a real cluster (pd-router, pd-workers) on loopback, with
+// stories260K: a worker with a small pool serves many distinct long prompts, so blocks spill to
+// the node's DRAM tier and on to NVMe; asking again restores them instead of recomputing, the
+// engine computes only the uncached suffix, and every output equals the cold run's. tierd
+// restarts (its NVMe blocks still hit), damaged slab bytes (recomputed, still exact) and a
+// dead tierd (requests still succeed) are covered too.
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/testing/subprocess.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/cluster_fixture.h"
+
+namespace pd {
+namespace {
+
+using ::pd::e2e::Cluster;
+using ::pd::e2e::FreePort;
+using ::pd::e2e::Generated;
+using ::pd::e2e::Reference;
+using ::pd::testing::Subprocess;
+
+constexpr char kTierd[] = PD_BINARY_DIR "/services/tierd/pd-tierd";
+
+// The value of the sample `series` (name with labels, exactly as exposed) in Prometheus text,
+// 0 when absent.
+double Metric(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+    }
+  }
+  return 0;
+}
+
+// Twelve prompts of ~140 tokens (8+ full blocks each) with distinct first blocks.
+std::vector<std::string> Prompts() {
+  std::vector<std::string> out;
+  for (int k = 0; k < 12; ++k) {
+    out.push_back(absl::StrCat(
+        "Tale number ", k, ". Once upon a time, there was a little girl named Lily. She loved to "
+        "play outside in the park with her friends. One day, she saw a big red ball under a "
+        "tree. She ran to the ball and picked it up. It was shiny and round. Lily wanted to "
+        "show it to her mom, so she went home. Her mom smiled and said it was a very nice "
+        "ball. Then they"));
+  }
+  return out;
+}
+
+class Tierd {
+ public:
+  explicit Tierd(const std::string& dir) : dir_(dir) {
+    port_ = FreePort();
+    metrics_port_ = FreePort();
+    args_ = {kTierd,
+             absl::StrCat("--grpc_address=127.0.0.1:", port_),
+             absl::StrCat("--metrics_address=127.0.0.1:", metrics_port_),
+             "--node_name=e2e-node",
+             absl::StrCat("--shm_name=/pd-e2e-tier-", ::getpid()),
+             absl::StrCat("--model=", e2e::kModel),
+             absl::StrCat("--tokenizer=", e2e::kTokenizer),
+             "--dram_mib=1",
+             "--high_watermark=0.8",
+             "--low_watermark=0.5",
+             "--nvme_dir=" + dir + "/nvme",
+             "--nvme_mib=16",
+             "--drain_timeout=1s"};
+    Start();
+  }
+
+  void Start() {
+    absl::StatusOr<Subprocess> p = Subprocess::Spawn(args_, dir_ + "/tierd.log");
+    CHECK(p.ok()) << p.status();
+    process_.emplace(*std::move(p));
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (Metrics().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    CHECK(!Metrics().empty()) << process_->LogTail();
+  }
+
+  void Kill() {
+    (void)process_->Signal(SIGKILL);
+    (void)process_->Wait(absl::Seconds(10));
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string Metrics() const { return Cluster::HttpGet(metrics_port_, "/metrics"); }
+  std::string nvme_dir() const { return dir_ + "/nvme"; }
+  std::string Log() const { return process_->LogTail(40); }
+
+ private:
+  std::string dir_;
+  int port_ = 0, metrics_port_ = 0;
+  std::vector<std::string> args_;
+  std::optional<Subprocess> process_;
+};
+
+// Sends small requests until the (restarted) tierd sees the worker attached again; the worker
+// notices a restart at its next call and re-attaches within a second.
+bool WaitForSession(Cluster& c, const Tierd& tierd) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (Metric(tierd.Metrics(), "pd_tierd_sessions") < 1 && absl::Now() < deadline) {
+    c.GenerateText("Waiting for the worker to come back", 2);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return Metric(tierd.Metrics(), "pd_tierd_sessions") >= 1;
+}
+
+class TierE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-tier-e2e-");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_.emplace(*std::move(dir));
+  }
+  std::optional<pd::testing::TempDir> dir_;
+};
+
+// Runs every prompt once through the router on the decode worker alone; checks each output
+// against `want` and that the worker computed exactly the uncached suffix of the prompt.
+// Returns the tier-cached tokens summed over the pass.
+uint64_t Pass(Cluster& c, const std::vector<std::string>& prompts,
+              const std::vector<std::vector<uint32_t>>& want, int decode_index,
+              bool reverse = false) {
+  uint64_t tier_cached = 0;
+  for (size_t n = 0; n < prompts.size(); ++n) {
+    const size_t i = reverse ? prompts.size() - 1 - n : n;
+    const double before =
+        Metric(c.WorkerMetrics(decode_index), "pd_worker_prefill_tokens_total");
+    Generated g = c.GenerateText(prompts[i], 16);
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << c.Logs();
+    EXPECT_EQ(g.tokens, want[i]) << "prompt " << i;
+    const pdserve::v1::Usage& u = g.last.usage();
+    EXPECT_LE(u.tier_cached_tokens(), u.cached_tokens());
+    const double computed =
+        Metric(c.WorkerMetrics(decode_index), "pd_worker_prefill_tokens_total") - before;
+    EXPECT_EQ(computed, static_cast<double>(u.prompt_tokens() - u.cached_tokens()))
+        << "prompt " << i << ": " << g.last.DebugString();
+    tier_cached += u.tier_cached_tokens();
+  }
+  return tier_cached;
+}
+
+TEST_F(TierE2eTest, EvictedBlocksComeBackFromDramAndNvmeWithExactOutput) {
+  const std::string dir = dir_->path();
+  Tierd tierd(dir);
+  // The router keeps every request on the decode worker (prefill there), whose pool of 24
+  // blocks holds under three prompts.
+  Cluster c(dir, 1, 1, "round_robin", {"--kv_blocks=24", "--tierd_address=" + tierd.address()},
+            {"--disagg_threshold_tokens=100000"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  const std::vector<std::string> prompts = Prompts();
+  Reference ref;
+  std::vector<std::vector<uint32_t>> want;
+  for (const std::string& p : prompts) want.push_back(ref.Greedy(p, 16).first);
+
+  EXPECT_EQ(Pass(c, prompts, want, 1), 0u) << "a cold pass has no tier hits";
+  // Evicted blocks were offered to DRAM; DRAM overflowed (blocks seen once are dropped, not
+  // written to disk). Second pass, newest prompts first: the most recently evicted blocks hit
+  // in DRAM; blocks evicted a second time reach NVMe. Third pass, oldest first: NVMe hits.
+  EXPECT_GT(Pass(c, prompts, want, 1, /*reverse=*/true), 0u) << c.Logs() << tierd.Log();
+  EXPECT_GT(Pass(c, prompts, want, 1), 0u);
+  const std::string wm = c.WorkerMetrics(1);
+  EXPECT_GT(Metric(wm, "pd_worker_tier_promoted_blocks_total{tier=\"dram\"}"), 0) << wm;
+  EXPECT_GT(Metric(wm, "pd_worker_tier_promoted_blocks_total{tier=\"nvme\"}"), 0) << wm;
+  EXPECT_GT(Metric(wm, "pd_worker_tier_restored_blocks_total"), 0) << wm;
+  const std::string tm = tierd.Metrics();
+  EXPECT_GT(Metric(tm, "pd_tierd_spill_blocks_total"), 0) << tm;
+  EXPECT_GT(Metric(tm, "pd_tierd_hit_blocks_total{tier=\"nvme\"}"), 0) << tm;
+
+  // tierd restarts (SIGKILL: DRAM is lost, NVMe is replayed): the worker re-attaches and NVMe
+  // blocks still hit.
+  tierd.Kill();
+  Generated during = c.GenerateText("While tierd is down, a dog", 8);
+  EXPECT_TRUE(during.status.ok()) << during.status.error_message();
+  tierd.Start();
+  ASSERT_TRUE(WaitForSession(c, tierd)) << tierd.Log() << c.Logs();
+  EXPECT_GT(Metric(tierd.Metrics(), "pd_tierd_nvme_replayed_blocks"), 0) << tierd.Metrics();
+  Pass(c, prompts, want, 1);
+  EXPECT_GT(Metric(tierd.Metrics(), "pd_tierd_hit_blocks_total{tier=\"nvme\"}"), 0)
+      << tierd.Metrics() << tierd.Log();
+
+  // Damage one byte of every block on disk: each NVMe read fails its checksum, the block is
+  // dropped and recomputed, and the output stays exact.
+  tierd.Kill();
+  int damaged = 0;
+  for (int slab = 0; slab < 8; ++slab) {
+    const std::string path = absl::StrFormat("%s/slab-%03d.dat", tierd.nvme_dir(), slab);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    if (!f) continue;
+    f.seekg(0, std::ios::end);
+    const int64_t size = f.tellg();
+    for (int64_t off = 100; off < size; off += 20480) {
+      f.seekg(off);
+      char b = 0;
+      f.read(&b, 1);
+      b = static_cast<char>(b ^ 0x5a);
+      f.seekp(off);
+      f.write(&b, 1);
+      ++damaged;
+    }
+  }
+  ASSERT_GT(damaged, 0);
+  tierd.Start();
+  ASSERT_TRUE(WaitForSession(c, tierd)) << tierd.Log() << c.Logs();
+  Pass(c, prompts, want, 1);
+  Pass(c, prompts, want, 1);
+  EXPECT_GT(Metric(tierd.Metrics(), "pd_tierd_checksum_failures_total{tier=\"nvme\"}"), 0)
+      << tierd.Metrics();
+}
+
+// Disaggregated: the prefill and the decode worker share the node's tiers; outputs stay exact
+// and lower-tier hits show in usage.
+TEST_F(TierE2eTest, DisaggregatedWorkersShareTheNodesTiers) {
+  const std::string dir = dir_->path();
+  Tierd tierd(dir);
+  Cluster c(dir, 1, 1, "round_robin", {"--kv_blocks=24", "--tierd_address=" + tierd.address()});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  const std::vector<std::string> prompts = Prompts();
+  Reference ref;
+  uint64_t tier_cached = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (const std::string& p : prompts) {
+      Generated g = c.GenerateText(p, 16);
+      ASSERT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << c.Logs();
+      EXPECT_EQ(g.tokens, ref.Greedy(p, 16).first);
+      tier_cached += g.last.usage().tier_cached_tokens();
+    }
+  }
+  EXPECT_GT(tier_cached, 0u) << c.Logs() << tierd.Log();
+}
+
+// Without tierd the workers serve as before (the flag points at nothing).
+TEST_F(TierE2eTest, DeadTierdNeverFailsARequest) {
+  const std::string dir = dir_->path();
+  Cluster c(dir, 1, 1, "round_robin",
+            {"--kv_blocks=24", absl::StrCat("--tierd_address=127.0.0.1:", FreePort())});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  Reference ref;
+  for (const std::string& p : Prompts()) {
+    Generated g = c.GenerateText(p, 8);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.tokens, ref.Greedy(p, 8).first);
+    EXPECT_EQ(g.last.usage().tier_cached_tokens(), 0u);
+  }
+  EXPECT_EQ(Metric(c.WorkerMetrics(1), "pd_worker_tierd_attached"), 0);
+}
+
+}  // namespace
+}  // namespace pd
