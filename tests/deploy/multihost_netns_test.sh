@@ -8,8 +8,10 @@
 #   node-d 10.213.0.4  pd-client, curl, redis-cli (the checks)
 #
 # It streams the stories260K README's greedy text through the router, and checks that the
-# prompt was prefilled on node-b and its KV moved to node-c over UCX on TCP, that the router sees
-# both workers, and that Redis answers across namespaces only with the password.
+# prompt was prefilled on node-b and its KV moved to node-c over UCX on TCP, that each worker is
+# attached to its own node's tierd, that blocks evicted on node-c reach node-c's tierd and are
+# published to Redis on node-a, that a prompt gives the same text after its blocks were evicted,
+# and that Redis answers across namespaces only with the password.
 #
 # Safety (the machine is shared and must never send these packets out):
 #   - every process runs inside a namespace through `ip netns exec` (in_ns); nothing in the root
@@ -122,7 +124,8 @@ if ! err=$(ip netns exec "$probe" ip link set lo up 2>&1); then
 fi
 ip netns del "$probe"
 for n in "$sw" $(for x in "${nodes[@]}"; do ns "$x"; done); do
-  ip netns list | awk '{print $1}' | grep -qx "$n" && fail "namespace $n exists already"
+  existing=$(ip netns list | awk '{print $1}')
+  grep -qx -- "$n" <<< "$existing" && fail "namespace $n exists already"
 done
 
 # ---- the network: a bridge in its own namespace, one veth per node ---------------------------
@@ -162,26 +165,40 @@ start_in_ns a redis redis-server --bind "$A" --port 6379 --protected-mode no --s
   --appendonly no --dir "$run/redis" --requirepass "$password"
 
 tierd_args=(--model="$model" --tokenizer="$tokenizer" --dram_mib=64 --nvme_mib=64
-  --grpc_address=127.0.0.1:50071)
-tierd_redis=1
-if grep -q "the Redis prefix index is not built yet" "$tierd_bin"; then
-  tierd_redis=0   # pd-tierd answers --redis_address with UNIMPLEMENTED until the index lands
-  log "NOTE: this pd-tierd refuses --redis_address (Redis prefix index not built yet): tierd runs without Redis"
-else
-  tierd_args+=(--redis_address="$A:6379" --redis_password_file="$run/redis.pw" --redis_key_prefix="$tag")
-fi
+  --grpc_address=127.0.0.1:50071 --redis_address="$A:6379"
+  --redis_password_file="$run/redis.pw" --redis_key_prefix="$tag")
+metric() {  # metric NODE URL NAME_WITH_LABELS -> value or empty (curl runs on node-d)
+  in_ns d curl -sf --max-time 5 "$2" 2>/dev/null | awk -v m="$3" '$1 == m {print $2}'
+}
+# wait_metric URL NAME VALUE WHAT: bounded wait (120 s) for a metric, failing fast when one of
+# our processes died.
+wait_metric() {
+  local got=""
+  for _ in $(seq 1 240); do
+    for pid in "${pids[@]}"; do
+      kill -0 "$pid" 2>/dev/null || fail "$(awk -v p="$pid" '$2 == p {print $1}' "$run/pids") exited while waiting for $4"
+    done
+    got=$(metric d "$1" "$2")
+    [ "$got" = "$3" ] && return 0
+    sleep 0.5
+  done
+  fail "$4: $2=$got after 120 s, want $3"
+}
+
 start_in_ns b tierd-b "$tierd_bin" "${tierd_args[@]}" --node_name=node-b \
   --metrics_address="$B:9102" --nvme_dir="$run/nvme-b"
 start_in_ns c tierd-c "$tierd_bin" "${tierd_args[@]}" --node_name=node-c \
   --metrics_address="$C:9102" --nvme_dir="$run/nvme-c"
 
+# Workers re-attach to a tierd that comes up later (every second); starting them after their
+# tierd keeps the checks below independent of that timing.
+wait_metric "http://$B:9102/metrics" pd_tierd_redis_connected 1 "tierd on node-b"
+wait_metric "http://$C:9102/metrics" pd_tierd_redis_connected 1 "tierd on node-c"
+
+# Small KV pools, so that later requests evict earlier ones into the node's tierd; each worker
+# reaches the tierd of its own node on the namespace's loopback (the chart: a node-local Service).
 worker_args=(--model="$model" --tokenizer="$tokenizer" --threads=1 --transport=ucx
-  --drain_timeout=5s)
-if "$worker_bin" --help 2>&1 | grep -q -- '--tierd_address'; then
-  worker_args+=(--tierd_address=127.0.0.1:50071)   # the node's own tierd, as in the chart
-else
-  log "NOTE: pd-worker has no --tierd_address yet: workers run without their node's tierd"
-fi
+  --drain_timeout=5s --kv_blocks=12 --tierd_address=127.0.0.1:50071)
 start_in_ns b prefill "$worker_bin" "${worker_args[@]}" --role=prefill --node_name=node-b \
   --worker_id=prefill-b --grpc_address="$B:50061" --metrics_address="$B:9101" --transport_host="$B"
 start_in_ns c decode "$worker_bin" "${worker_args[@]}" --role=decode --node_name=node-c \
@@ -191,21 +208,10 @@ start_in_ns a router "$router_bin" --model="$model" --tokenizer="$tokenizer" \
   --decode_workers="$C:50061" --prefill_workers="$B:50061" \
   --redis_address="$A:6379" --redis_password_file="$run/redis.pw" --redis_key_prefix="$tag"
 
-# Wait (bounded) until the router reports both workers healthy; the client runs on node-d.
-metric() {  # metric NODE URL NAME_WITH_LABELS -> value or empty
-  in_ns d curl -sf --max-time 5 "$2" 2>/dev/null | awk -v m="$3" '$1 == m {print $2}'
-}
-healthy=""
-for _ in $(seq 1 240); do
-  for pid in "${pids[@]}"; do
-    kill -0 "$pid" 2>/dev/null || fail "$(awk -v p="$pid" '$2 == p {print $1}' "$run/pids") exited during start-up"
-  done
-  healthy=$(metric d "http://$A:9100/metrics" pd_router_workers_healthy)
-  [ "$healthy" = 2 ] && break
-  sleep 0.5
-done
-[ "$healthy" = 2 ] || fail "router did not see 2 healthy workers (pd_router_workers_healthy=$healthy)"
-log "router sees both workers"
+wait_metric "http://$A:9100/metrics" pd_router_workers_healthy 2 "router seeing both workers"
+wait_metric "http://$B:9102/metrics" pd_tierd_sessions 1 "prefill worker attaching to node-b's tierd"
+wait_metric "http://$C:9102/metrics" pd_tierd_sessions 1 "decode worker attaching to node-c's tierd"
+log "router sees both workers; each worker is attached to its node's tierd"
 
 # ---- checks -------------------------------------------------------------------------------------
 passed=0
@@ -230,15 +236,35 @@ sent=$(metric d "http://$B:9101/metrics" 'pd_worker_kv_transfer_bytes_total{dire
   fail "prefill worker on node-b sent no KV bytes (pd_worker_kv_transfer_bytes_total{direction=\"out\"}=$sent)"
 check "node-b sent $sent KV bytes to node-c over UCX (UCX_TLS=tcp)"
 
+# Tiers: later prompts evict earlier blocks from node-c's decode pool into node-c's tierd, which
+# publishes them to Redis on node-a; the first prompt again must give the same text.
+generate() {  # generate NAME PROMPT: greedy, 60 tokens, from node-d
+  in_ns d "$client_bin" --router="$A:50051" --max_tokens=60 --temperature=0 --timeout=60s \
+    "$2" > "$run/$1.out" 2> "$run/$1.err" || fail "pd-client $1: $(tail -n 3 "$run/$1.err")"
+}
+story="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends and her dog."
+generate first "$story"
+generate other1 "The cat sat on the mat and looked at the big red ball. It wanted to play with the ball all day long."
+generate other2 "Tom had a little boat. Every day he went to the lake with his dad to sail the boat on the water."
+generate again "$story"
+cmp -s "$run/first.out" "$run/again.out" ||
+  fail "same prompt, different greedy text after evictions: '$(head -c 200 "$run/first.out")' vs '$(head -c 200 "$run/again.out")'"
+check "the first prompt gives the same text after two others evicted it ($(grep -o 'cached_tokens=[0-9]*' "$run/again.err"))"
+
 for x in b c; do
-  cap=$(in_ns d curl -sf --max-time 5 "http://${ip_of[$x]}:9102/metrics" | grep -c '^pd_tierd_capacity_blocks')
-  [ "$cap" -ge 1 ] || fail "pd-tierd on node-$x serves no pd_tierd_capacity_blocks"
+  url="http://${ip_of[$x]}:9102/metrics"
+  [ "$(metric d "$url" pd_tierd_sessions)" = 1 ] || fail "node-$x's worker is not attached to node-$x's tierd (pd_tierd_sessions=$(metric d "$url" pd_tierd_sessions))"
+  [ "$(metric d "$url" pd_tierd_redis_connected)" = 1 ] || fail "pd-tierd on node-$x is not connected to Redis on node-a"
 done
-if [ "$tierd_redis" = 1 ]; then
-  check "pd-tierd runs on node-b and node-c, reaching Redis on node-a"
-else
-  check "pd-tierd runs on node-b and node-c (without Redis: not built yet)"
-fi
+check "each worker attached to its own node's tierd; both tierds connected to Redis on node-a"
+
+stored=$(metric d "http://$C:9102/metrics" 'pd_tierd_stored_blocks_total{tier="dram"}')
+published=$(metric d "http://$C:9102/metrics" pd_tierd_redis_published_total)
+awk -v s="${stored:-0}" -v p="${published:-0}" 'BEGIN {exit !(s > 0 && p > 0)}' ||
+  fail "node-c's tierd stored ${stored:-0} evicted blocks and published ${published:-0} to Redis"
+keys=$(in_ns d env REDISCLI_AUTH="$password" redis-cli -h "$A" -p 6379 --scan --pattern "$tag*" | wc -l)
+[ "$keys" -gt 0 ] || fail "no key with prefix $tag in Redis on node-a"
+check "node-c's tierd stored $stored evicted blocks and published $published entries ($keys keys) to Redis on node-a"
 
 pong=$(in_ns d env REDISCLI_AUTH="$password" redis-cli -h "$A" -p 6379 ping 2>&1)
 [ "$pong" = PONG ] || fail "redis-cli with the password from node-d: $pong"
