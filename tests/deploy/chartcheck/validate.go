@@ -4,6 +4,7 @@ package main
 import (
 	"encoding/base64"
 	"fmt"
+	"math/big"
 	"path"
 	"regexp"
 	"sort"
@@ -609,6 +610,9 @@ func (c *checker) checkFlags(o *object, ct map[string]interface{}, where, bin st
 		if strings.HasSuffix(u.name, "_address") || strings.HasSuffix(u.name, "_workers") {
 			c.checkAddresses(o, ct, where, u)
 		}
+		if bin == "pd-tierd" && u.name == "dram_mib" {
+			c.checkDramFits(o, ct, where, u.value)
+		}
 	}
 	for key := range c.pending {
 		if strings.HasPrefix(key, bin+":") {
@@ -913,4 +917,25 @@ func (c *checker) run() {
 		}
 	}
 	sort.Strings(c.notes)
+}
+
+// checkDramFits: pd-tierd posix_fallocate()s its whole DRAM tier in shared memory at start-up,
+// and tmpfs pages are charged to the memory cgroup of the process that allocates them: a memory
+// limit below --dram_mib gets tierd OOM-killed (or refused) before it serves anything.
+func (c *checker) checkDramFits(o *object, ct map[string]interface{}, where, value string) {
+	dram, ok := new(big.Rat).SetString(value)
+	if !ok {
+		return
+	}
+	dram.Mul(dram, big.NewRat(1<<20, 1))
+	for _, section := range []string{"limits", "requests"} {
+		q := s(get(ct, "resources", section, "memory"))
+		if q == "" {
+			continue
+		}
+		mem, ok := parseQuantity(q)
+		if ok && mem.Cmp(dram) < 0 {
+			c.errorf(o, "%sresources.%s.memory %s is below --dram_mib=%s MiB: tierd allocates its DRAM tier in shared memory charged to its own cgroup", where, section, q, value)
+		}
+	}
 }
