@@ -28,7 +28,8 @@ PD_PACKAGES=(
   gnuplot-nox                    # pd-loadtest plots (optional at run time)
   clang libclang-rt-14-dev       # libFuzzer targets (tests/fuzz, the slow fuzz_libfuzzer test)
   python3-torch python3-numpy    # the PyTorch oracle (tests/reference), only under /usr/bin/python3
-  golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev  # tests/deploy chart check
+  golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
+    golang-github-xeipuuv-gojsonschema-dev  # tests/deploy chart check (Go, offline)
 )
 
 pd_log() { printf '[pdserve] %s\n' "$*" >&2; }

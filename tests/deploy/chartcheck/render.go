@@ -264,6 +264,9 @@ func renderChart(o renderOptions) ([]rendered, map[string]interface{}, error) {
 		}
 		values = coalesce(values, over)
 	}
+	if err := validateValuesSchema(o.chartDir, meta.Name, values); err != nil {
+		return nil, nil, err
+	}
 	chartFiles := files{}
 	var templates []string
 	err = filepath.Walk(o.chartDir, func(p string, info os.FileInfo, err error) error {
