@@ -5,6 +5,8 @@
 
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <memory>
 #include <optional>
@@ -27,6 +29,7 @@ using ::pd::testing::Subprocess;
 
 inline constexpr char kRouter[] = PD_BINARY_DIR "/services/router/pd-router";
 inline constexpr char kWorker[] = PD_BINARY_DIR "/services/worker/pd-worker";
+inline constexpr char kTierd[] = PD_BINARY_DIR "/services/tierd/pd-tierd";
 inline constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
 inline constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
 
@@ -238,6 +241,59 @@ class Cluster {
   std::optional<Subprocess> router_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pdserve::v1::Generation::Stub> api_;
+};
+
+// A pd-tierd child process on loopback.
+class Tierd {
+ public:
+  // pd-tierd with a 1 MiB DRAM tier (51 stories260K blocks) and 16 MiB of NVMe in DIR/nvme;
+  // `extra` flags come last (they override).
+  explicit Tierd(const std::string& dir, std::vector<std::string> extra = {}) : dir_(dir) {
+    port_ = FreePort();
+    metrics_port_ = FreePort();
+    args_ = {kTierd,
+             absl::StrCat("--grpc_address=127.0.0.1:", port_),
+             absl::StrCat("--metrics_address=127.0.0.1:", metrics_port_),
+             "--node_name=e2e-node",
+             absl::StrCat("--shm_name=/pd-e2e-tier-", ::getpid()),
+             absl::StrCat("--model=", kModel),
+             absl::StrCat("--tokenizer=", kTokenizer),
+             "--dram_mib=1",
+             "--high_watermark=0.8",
+             "--low_watermark=0.5",
+             "--nvme_dir=" + dir + "/nvme",
+             "--nvme_mib=16",
+             "--drain_timeout=1s"};
+    args_.insert(args_.end(), extra.begin(), extra.end());
+    Start();
+  }
+
+  void Start() {
+    absl::StatusOr<Subprocess> p = Subprocess::Spawn(args_, dir_ + "/tierd.log");
+    CHECK(p.ok()) << p.status();
+    process_.emplace(*std::move(p));
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (Metrics().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    CHECK(!Metrics().empty()) << process_->LogTail();
+  }
+
+  Subprocess& process() { return *process_; }
+
+  void Kill() {
+    (void)process_->Signal(SIGKILL);
+    (void)process_->Wait(absl::Seconds(10));
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string Metrics() const { return Cluster::HttpGet(metrics_port_, "/metrics"); }
+  std::string nvme_dir() const { return dir_ + "/nvme"; }
+  std::string Log() const { return process_->LogTail(40); }
+
+ private:
+  std::string dir_;
+  int port_ = 0, metrics_port_ = 0;
+  std::vector<std::string> args_;
+  std::optional<Subprocess> process_;
 };
 
 }  // namespace pd::e2e

@@ -29,9 +29,8 @@ using ::pd::e2e::Cluster;
 using ::pd::e2e::FreePort;
 using ::pd::e2e::Generated;
 using ::pd::e2e::Reference;
+using ::pd::e2e::Tierd;
 using ::pd::testing::Subprocess;
-
-constexpr char kTierd[] = PD_BINARY_DIR "/services/tierd/pd-tierd";
 
 // The value of the sample `series` (name with labels, exactly as exposed) in Prometheus text,
 // 0 when absent.
@@ -58,53 +57,6 @@ std::vector<std::string> Prompts() {
   }
   return out;
 }
-
-class Tierd {
- public:
-  explicit Tierd(const std::string& dir) : dir_(dir) {
-    port_ = FreePort();
-    metrics_port_ = FreePort();
-    args_ = {kTierd,
-             absl::StrCat("--grpc_address=127.0.0.1:", port_),
-             absl::StrCat("--metrics_address=127.0.0.1:", metrics_port_),
-             "--node_name=e2e-node",
-             absl::StrCat("--shm_name=/pd-e2e-tier-", ::getpid()),
-             absl::StrCat("--model=", e2e::kModel),
-             absl::StrCat("--tokenizer=", e2e::kTokenizer),
-             "--dram_mib=1",
-             "--high_watermark=0.8",
-             "--low_watermark=0.5",
-             "--nvme_dir=" + dir + "/nvme",
-             "--nvme_mib=16",
-             "--drain_timeout=1s"};
-    Start();
-  }
-
-  void Start() {
-    absl::StatusOr<Subprocess> p = Subprocess::Spawn(args_, dir_ + "/tierd.log");
-    CHECK(p.ok()) << p.status();
-    process_.emplace(*std::move(p));
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (Metrics().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
-    CHECK(!Metrics().empty()) << process_->LogTail();
-  }
-
-  void Kill() {
-    (void)process_->Signal(SIGKILL);
-    (void)process_->Wait(absl::Seconds(10));
-  }
-
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  std::string Metrics() const { return Cluster::HttpGet(metrics_port_, "/metrics"); }
-  std::string nvme_dir() const { return dir_ + "/nvme"; }
-  std::string Log() const { return process_->LogTail(40); }
-
- private:
-  std::string dir_;
-  int port_ = 0, metrics_port_ = 0;
-  std::vector<std::string> args_;
-  std::optional<Subprocess> process_;
-};
 
 // Sends small requests until the (restarted) tierd sees the worker attached again; the worker
 // notices a restart at its next call and re-attaches within a second.
