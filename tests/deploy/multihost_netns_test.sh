@@ -94,6 +94,7 @@ cleanup() {
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
   wait 2>/dev/null
   for n in "${made_ns[@]}"; do ip netns del "$n" 2>/dev/null; done
+  rm -f /dev/shm/pdserve-"$tag"-*   # a tierd killed before its own clean-up leaves its pool
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
     for f in "$run"/*.log; do
       [ -f "$f" ] || continue
@@ -185,9 +186,11 @@ wait_metric() {
   fail "$4: $2=$got after 120 s, want $3"
 }
 
-start_in_ns b tierd-b "$tierd_bin" "${tierd_args[@]}" --node_name=node-b \
+# Node names carry the tag: pd-tierd names its shared memory /pdserve-<node>-g2, and /dev/shm is
+# the same for every namespace (and for other tests running at the same time).
+start_in_ns b tierd-b "$tierd_bin" "${tierd_args[@]}" --node_name="$tag-b" \
   --metrics_address="$B:9102" --nvme_dir="$run/nvme-b"
-start_in_ns c tierd-c "$tierd_bin" "${tierd_args[@]}" --node_name=node-c \
+start_in_ns c tierd-c "$tierd_bin" "${tierd_args[@]}" --node_name="$tag-c" \
   --metrics_address="$C:9102" --nvme_dir="$run/nvme-c"
 
 # Workers re-attach to a tierd that comes up later (every second); starting them after their
@@ -199,9 +202,9 @@ wait_metric "http://$C:9102/metrics" pd_tierd_redis_connected 1 "tierd on node-c
 # reaches the tierd of its own node on the namespace's loopback (the chart: a node-local Service).
 worker_args=(--model="$model" --tokenizer="$tokenizer" --threads=1 --transport=ucx
   --drain_timeout=5s --kv_blocks=12 --tierd_address=127.0.0.1:50071)
-start_in_ns b prefill "$worker_bin" "${worker_args[@]}" --role=prefill --node_name=node-b \
+start_in_ns b prefill "$worker_bin" "${worker_args[@]}" --role=prefill --node_name="$tag-b" \
   --worker_id=prefill-b --grpc_address="$B:50061" --metrics_address="$B:9101" --transport_host="$B"
-start_in_ns c decode "$worker_bin" "${worker_args[@]}" --role=decode --node_name=node-c \
+start_in_ns c decode "$worker_bin" "${worker_args[@]}" --role=decode --node_name="$tag-c" \
   --worker_id=decode-c --grpc_address="$C:50061" --metrics_address="$C:9101" --transport_host="$C"
 start_in_ns a router "$router_bin" --model="$model" --tokenizer="$tokenizer" \
   --grpc_address="$A:50051" --metrics_address="$A:9100" \
