@@ -44,8 +44,7 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
     qr[j] = d < head_dim ? q[d] * scale : 0.0f;
     acc[j] = 0.0f;
   }
-  float running_max = -INFINITY;
-  float running_sum = 0.0f;
+  SoftmaxState state;
   // Warp w takes keys w, w + kAttentionWarps, ... (all lanes of a warp see the same key, so
   // the shuffles below never diverge).
   for (int64_t t = warp; t < num_keys; t += kAttentionWarps) {
@@ -59,20 +58,16 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
         dot += qr[j] * LoadKv(c.base, c.dtype, k_off + d);
       }
     }
-    dot = WarpReduceSum(dot);
-    const float new_max = fmaxf(running_max, dot);
-    const float correction = expf(running_max - new_max);  // 0 on the first key (-inf)
-    const float weight = expf(dot - new_max);
-    running_sum = running_sum * correction + weight;
+    dot = WarpReduceSum(dot);  // every lane holds the score and updates the same state
+    const SoftmaxStep step = OnlineSoftmaxUpdate(&state, dot);
     const int64_t v_off = k_off + c.kv_stride;
 #pragma unroll
     for (int j = 0; j < kMaxDimsPerLane; ++j) {
       const int64_t d = lane + j * kWarpSize;
       if (d < head_dim) {
-        acc[j] = acc[j] * correction + weight * LoadKv(c.base, c.dtype, v_off + d);
+        acc[j] = acc[j] * step.correction + step.weight * LoadKv(c.base, c.dtype, v_off + d);
       }
     }
-    running_max = new_max;
   }
   // Merge the warps: smem = [kAttentionWarps][head_dim] accumulators, then the maxima, then
   // the sums. A warp that saw no key has max -inf and sum 0 and is skipped.
@@ -87,8 +82,8 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
     }
   }
   if (lane == 0) {
-    warp_max[warp] = running_max;
-    warp_sum[warp] = running_sum;
+    warp_max[warp] = state.max;
+    warp_sum[warp] = state.sum;
   }
   __syncthreads();
   float global_max = -INFINITY;
@@ -98,7 +93,7 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
   float total = 0.0f;
   float factor[kAttentionWarps];
   for (int w = 0; w < kAttentionWarps; ++w) {
-    factor[w] = warp_sum[w] > 0.0f ? expf(warp_max[w] - global_max) : 0.0f;
+    factor[w] = WarpMergeFactor(SoftmaxState{warp_max[w], warp_sum[w]}, global_max);
     total += warp_sum[w] * factor[w];
   }
   for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {

@@ -5,6 +5,7 @@
 // Private to kernels/cuda and kernels/dispatch. Preconditions: params validated by dispatch.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/attention_params.h"
@@ -156,6 +157,33 @@ PD_HOST_DEVICE constexpr int64_t KvElementOffset(const KvCacheView& c, int64_t b
                                                  int64_t kv_head, int64_t pos, bool value) {
   return block_id * c.block_stride + c.layer * c.layer_stride + (value ? c.kv_stride : 0) +
          kv_head * c.head_stride + (pos % c.block_size) * c.head_dim;
+}
+
+// Online softmax of one warp over its keys: state (running max m, running sum l). Folding in a
+// score x gives the new state and two factors: the warp's accumulator becomes
+// acc * correction + weight * V[x's key]. The first key (m = -inf) gets correction 0.
+struct SoftmaxState {
+  float max = -INFINITY;
+  float sum = 0.0f;
+};
+struct SoftmaxStep {
+  float correction = 0.0f;
+  float weight = 0.0f;
+};
+PD_HOST_DEVICE inline SoftmaxStep OnlineSoftmaxUpdate(SoftmaxState* st, float score) {
+  const float new_max = fmaxf(st->max, score);
+  SoftmaxStep step;
+  step.correction = expf(st->max - new_max);
+  step.weight = expf(score - new_max);
+  st->sum = st->sum * step.correction + step.weight;
+  st->max = new_max;
+  return step;
+}
+
+// Merging the warps' states: each warp's accumulator and sum scale by exp(max_w - global max);
+// a warp that saw no key (sum 0, max -inf) gets 0 rather than exp(-inf - -inf) = NaN.
+PD_HOST_DEVICE inline float WarpMergeFactor(const SoftmaxState& warp, float global_max) {
+  return warp.sum > 0.0f ? expf(warp.max - global_max) : 0.0f;
 }
 
 // The softmax scale: p.scale, or 1 / sqrt(head_dim) when it is 0 (as the CPU and reference).

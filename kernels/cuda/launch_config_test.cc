@@ -188,46 +188,76 @@ struct Pool {
   }
 };
 
-// The kernel's AttendRow as the host sees it: the same key loop over warps and the same
-// offsets, with a plain softmax (the online rescaling is arithmetic, not indexing).
+// The kernel's AttendRow run on the host: the same split of keys over warps and of head dims
+// over lanes, the same offsets, and the same f32 online softmax and warp merge
+// (OnlineSoftmaxUpdate, WarpMergeFactor). Only the order of the 32-lane dot-product sum
+// differs from the shuffle tree.
 void EmulateAttendRow(const KvCacheView& c, const int32_t* table, int64_t kv_head, const float* q,
                       int64_t num_keys, float scale, float* out) {
-  std::vector<double> score(num_keys), acc(c.head_dim, 0.0);
+  auto load = [&](int64_t off) { return Bf16ToF32(static_cast<const uint16_t*>(c.base)[off]); };
   std::vector<int> seen(num_keys, 0);
+  SoftmaxState state[kAttentionWarps];
+  std::vector<float> acc(kAttentionWarps * c.head_dim, 0.0f);  // [warp][d]: lanes' registers
   for (int warp = 0; warp < kAttentionWarps; ++warp) {
     for (int64_t t = warp; t < num_keys; t += kAttentionWarps) {
       ++seen[t];
       const int64_t k_off = KvElementOffset(c, table[t / c.block_size], kv_head, t, false);
-      double dot = 0.0;
+      float dot = 0.0f;
       for (int lane = 0; lane < kWarpSize; ++lane) {
+        float partial = 0.0f;
         for (int j = 0; j < kMaxDimsPerLane; ++j) {
           const int64_t d = lane + j * kWarpSize;
           if (d < c.head_dim) {
-            dot += q[d] * scale *
-                   static_cast<double>(Bf16ToF32(static_cast<const uint16_t*>(c.base)[k_off + d]));
+            partial += q[d] * scale * load(k_off + d);
           }
         }
+        dot += partial;
       }
-      score[t] = dot;
+      const SoftmaxStep step = OnlineSoftmaxUpdate(&state[warp], dot);
+      const int64_t v_off = k_off + c.kv_stride;
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        float& a = acc[warp * c.head_dim + d];
+        a = a * step.correction + step.weight * load(v_off + d);
+      }
     }
   }
   for (int s : seen) {
     ASSERT_EQ(s, 1);
   }
-  const double mx = *std::max_element(score.begin(), score.end());
-  double sum = 0.0;
-  for (int64_t t = 0; t < num_keys; ++t) {
-    const double w = std::exp(score[t] - mx);
-    sum += w;
-    const int64_t v_off =
-        KvElementOffset(c, table[t / c.block_size], kv_head, t, false) + c.kv_stride;
-    for (int64_t d = 0; d < c.head_dim; ++d) {
-      acc[d] += w * Bf16ToF32(static_cast<const uint16_t*>(c.base)[v_off + d]);
-    }
+  float global_max = -INFINITY;
+  for (const SoftmaxState& st : state) {
+    global_max = std::max(global_max, st.max);
+  }
+  float total = 0.0f, factor[kAttentionWarps];
+  for (int w = 0; w < kAttentionWarps; ++w) {
+    factor[w] = WarpMergeFactor(state[w], global_max);
+    total += state[w].sum * factor[w];
   }
   for (int64_t d = 0; d < c.head_dim; ++d) {
-    out[d] = static_cast<float>(acc[d] / sum);
+    float o = 0.0f;
+    for (int w = 0; w < kAttentionWarps; ++w) {
+      o += acc[w * c.head_dim + d] * factor[w];
+    }
+    out[d] = o / total;
   }
+}
+
+TEST(CudaLaunchTest, OnlineSoftmaxSteps) {
+  SoftmaxState st;
+  SoftmaxStep step = OnlineSoftmaxUpdate(&st, 2.0f);  // first key
+  EXPECT_EQ(step.correction, 0.0f);
+  EXPECT_EQ(step.weight, 1.0f);
+  EXPECT_EQ(st.max, 2.0f);
+  EXPECT_EQ(st.sum, 1.0f);
+  step = OnlineSoftmaxUpdate(&st, 1.0f);  // smaller: no rescale
+  EXPECT_EQ(step.correction, 1.0f);
+  EXPECT_FLOAT_EQ(step.weight, std::exp(-1.0f));
+  step = OnlineSoftmaxUpdate(&st, 4.0f);  // larger: everything so far rescales
+  EXPECT_FLOAT_EQ(step.correction, std::exp(-2.0f));
+  EXPECT_EQ(step.weight, 1.0f);
+  EXPECT_FLOAT_EQ(st.sum, (1.0f + std::exp(-1.0f)) * std::exp(-2.0f) + 1.0f);
+  EXPECT_EQ(WarpMergeFactor(SoftmaxState{}, 3.0f), 0.0f);  // a warp without keys
+  EXPECT_EQ(WarpMergeFactor(st, 4.0f), 1.0f);
 }
 
 TEST(CudaLaunchTest, PrefillAttentionEmulationMatchesReference) {
