@@ -14,7 +14,8 @@ namespace pd::kernels {
 // vocab_size, a non-greedy row without seeds/steps, top_p outside (0, 1] or NaN temperature, or
 // a workspace smaller than SamplingWorkspaceBytes; Unimplemented when no backend built for
 // ctx.device exists; Internal when a CUDA launch fails. On kCuda every array is device memory:
-// dispatch checks the scalars only (the per-row checks above are the caller's), a NaN
+// dispatch checks the scalars only (the per-row checks above are the caller's; a non-null
+// temperature always needs seeds and steps, InvalidArgument otherwise), a NaN
 // temperature samples greedily, and no workspace is needed. CUDA tokens equal the CPU's except
 // when a draw lands within f32 rounding of a cumulative-probability boundary.
 absl::Status Sample(const OpContext& ctx, const SamplingParams& p);

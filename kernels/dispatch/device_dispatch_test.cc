@@ -73,6 +73,11 @@ TEST(DeviceDispatchTest, CudaValidatesScalarsBeforeTheDevice) {
   sp.vocab_size = 8;
   sp.logits_stride = 4;  // < vocab
   EXPECT_EQ(Sample(kCuda, sp).code(), absl::StatusCode::kInvalidArgument);
+  if (SupportsSample(Device::kCuda)) {
+    sp.logits_stride = 8;
+    sp.temperature = f;  // rows are device memory on cuda: seeds and steps are required
+    EXPECT_EQ(Sample(kCuda, sp).code(), absl::StatusCode::kInvalidArgument);
+  }
   CopyBlocksParams cp{f, f + 1, nullptr, nullptr, 1, 16, 16, 16, 2, 2};  // pools overlap
   EXPECT_EQ(CopyBlocks(kCuda, cp).code(), absl::StatusCode::kInvalidArgument);
   DecodeAttentionParams dp;

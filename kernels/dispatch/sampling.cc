@@ -47,9 +47,13 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
   }
 #if PD_WITH_CUDA
   if (ctx.device == Device::kCuda) {
-    // The per-row arrays are device memory: not read here. The kernel treats a NaN
-    // temperature as greedy; the caller guarantees seeds/steps for sampled rows and top_p in
-    // (0, 1]. No workspace.
+    // The per-row arrays are device memory: not read here. Which rows sample is unknown on the
+    // host, so temperatures need seeds and steps on every row. The kernel treats a NaN
+    // temperature as greedy; the caller guarantees top_p in (0, 1]. No workspace.
+    if (p.temperature != nullptr && (p.seeds == nullptr || p.steps == nullptr)) {
+      return absl::InvalidArgumentError(
+          "sample: on cuda, temperature needs seeds and steps (rows are not inspected)");
+    }
     return cuda::Sample(ctx, p);
   }
 #endif
