@@ -19,7 +19,7 @@ __global__ void ConvertKernel(ConvertParams p) {
   const int64_t step = ItemStride();
   if (p.in_dtype == p.out_dtype) {
     // Bitwise copy keeps NaN payloads, as the CPU and reference do.
-    const int64_t words = p.n * DTypeSize(p.in_dtype) / 2;
+    const int64_t words = ConvertItems(p);
     const auto* in = static_cast<const uint16_t*>(p.in);
     auto* out = static_cast<uint16_t*>(p.out);
     for (int64_t i = FirstItem(); i < words; i += step) {
@@ -82,8 +82,7 @@ cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream) {
   if (p.n <= 0) {
     return cudaSuccess;
   }
-  const int64_t items = p.in_dtype == p.out_dtype ? p.n * DTypeSize(p.in_dtype) / 2 : p.n;
-  const LaunchShape s = ElementwiseLaunch(items);
+  const LaunchShape s = ElementwiseLaunch(ConvertItems(p));
   ConvertKernel<<<static_cast<unsigned>(s.grid), s.threads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/attention_params.h"
+#include "kernels/convert_params.h"
 #include "kernels/half.h"  // PD_HOST_DEVICE, F32Bits
 #include "kernels/matmul_params.h"
 #include "kernels/rope_params.h"
@@ -48,6 +49,12 @@ inline constexpr int64_t kMaxElementwiseBlocks = 65536;
 constexpr LaunchShape ElementwiseLaunch(int64_t n) {
   const int64_t blocks = CeilDiv(n, kElementwiseThreads);
   return {blocks > kMaxElementwiseBlocks ? kMaxElementwiseBlocks : blocks, kElementwiseThreads, 0};
+}
+
+// Items of a Convert: elements, or for equal dtypes (a bitwise copy) 16-bit words, so one
+// kernel copies f32, bf16 and f16 alike.
+constexpr int64_t ConvertItems(const ConvertParams& p) {
+  return p.in_dtype == p.out_dtype ? p.n * DTypeSize(p.in_dtype) / 2 : p.n;
 }
 
 // Row and column of flat index i of a [rows][dim] iteration space.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -69,6 +70,69 @@ TEST(CudaLaunchTest, ElementwiseGridCoversEveryItemOnce) {
   const RowCol rc = RowColAt(23, 10);
   EXPECT_EQ(rc.row, 2);
   EXPECT_EQ(rc.col, 3);
+}
+
+// Convert through the kernel's items: elements when converting, 16-bit words when copying.
+TEST(CudaLaunchTest, ConvertEmulationMatchesReference) {
+  std::mt19937 rng(10);
+  const int64_t n = 1001;
+  std::vector<float> f = Random(n, rng);
+  f[3] = std::numeric_limits<float>::quiet_NaN();
+  f[4] = std::numeric_limits<float>::infinity();
+  f[5] = 1e-40f;  // f32 subnormal
+  std::vector<uint16_t> bf(n);
+  ConvertParams p{f.data(), bf.data(), n, DType::kF32, DType::kBF16};
+  EXPECT_EQ(ConvertItems(p), n);
+  reference::Convert(p);
+  std::vector<uint16_t> got(n, 0);
+  ForEachGridStrideItem(ElementwiseLaunch(ConvertItems(p)), ConvertItems(p),
+                        [&](int64_t i) { got[i] = F32ToBf16(f[i]); });
+  EXPECT_EQ(got, bf);
+  // An f32 -> f32 copy moves 2n 16-bit words.
+  std::vector<float> copy(n, 0.0f);
+  const ConvertParams same{f.data(), copy.data(), n, DType::kF32, DType::kF32};
+  ASSERT_EQ(ConvertItems(same), 2 * n);
+  const auto* in16 = reinterpret_cast<const uint16_t*>(f.data());
+  auto* out16 = reinterpret_cast<uint16_t*>(copy.data());
+  ForEachGridStrideItem(ElementwiseLaunch(ConvertItems(same)), ConvertItems(same),
+                        [&](int64_t i) { out16[i] = in16[i]; });
+  EXPECT_EQ(std::memcmp(copy.data(), f.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(ConvertItems(ConvertParams{bf.data(), bf.data(), n, DType::kBF16, DType::kBF16}), n);
+}
+
+// RMSNorm through the kernel's shape: one block per row of RmsNormThreadsPerBlock threads, each
+// thread summing the elements threadIdx, threadIdx + blockDim, ..., then one sum per warp.
+TEST(CudaLaunchTest, RmsNormEmulationMatchesReference) {
+  std::mt19937 rng(12);
+  for (int64_t dim : {1, 33, 1024, 5000}) {
+    const int64_t rows = 3, stride = dim + 1;
+    const std::vector<float> in = Random(rows * stride, rng), w = Random(dim, rng);
+    std::vector<float> got(rows * dim), want(rows * dim);
+    reference::RmsNorm(
+        RmsNormParams{in.data(), w.data(), want.data(), rows, dim, stride, dim, 1e-5f});
+    const int threads = RmsNormThreadsPerBlock(dim);
+    ASSERT_LE(threads / kWarpSize, kMaxThreadsPerBlock / kWarpSize);  // warp_sums capacity
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<float> warp_sums(threads / kWarpSize, 0.0f);
+      std::vector<int> hits(dim, 0);
+      for (int t = 0; t < threads; ++t) {
+        for (int64_t i = t; i < dim; i += threads) {
+          const float x = in[r * stride + i];
+          warp_sums[t / kWarpSize] += x * x;
+          ++hits[i];
+        }
+      }
+      ASSERT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+      const float total = std::accumulate(warp_sums.begin(), warp_sums.end(), 0.0f);
+      const float inv_rms = 1.0f / std::sqrt(total / static_cast<float>(dim) + 1e-5f);
+      for (int64_t i = 0; i < dim; ++i) {
+        got[r * dim + i] = w[i] * (in[r * stride + i] * inv_rms);
+      }
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-4f) << dim << " " << i;
+    }
+  }
 }
 
 // SiluMul through the kernel's flat-index decomposition, with strided rows.
