@@ -53,7 +53,7 @@ constexpr LaunchShape ElementwiseLaunch(int64_t n) {
 
 // Items of a Convert: elements, or for equal dtypes (a bitwise copy) 16-bit words, so one
 // kernel copies f32, bf16 and f16 alike.
-constexpr int64_t ConvertItems(const ConvertParams& p) {
+PD_HOST_DEVICE constexpr int64_t ConvertItems(const ConvertParams& p) {
   return p.in_dtype == p.out_dtype ? p.n * DTypeSize(p.in_dtype) / 2 : p.n;
 }
 
