@@ -1,6 +1,7 @@
 // GPU tests of the CUDA paged attention (label gpu): WriteKv, PrefillAttention and
 // DecodeAttention against the CPU ops on the same inputs. Skip without a CUDA device.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -10,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/dispatch/kernel_test_util.h"
+#include "kernels/half.h"
 
 namespace pd::kernels {
 namespace {
@@ -118,6 +120,63 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
 }
 
 class CudaAttentionTest : public ::testing::TestWithParam<DType> {};
+
+// Stores of special values round exactly as kernels/half.h on the CPU: NaN payloads, overflow
+// to inf, f16 subnormals and ties.
+TEST_P(CudaAttentionTest, WriteKvSpecialValuesMatchCpuBitwise) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(24);
+  Shape s;
+  s.dtype = GetParam();
+  s.num_kv_heads = 1;
+  s.head_dim = 16;
+  const std::vector<int32_t> lens = {3};
+  PagedPool st(s, lens, rng);
+  const std::vector<float> special = {0.0f,
+                                      -0.0f,
+                                      INFINITY,
+                                      -INFINITY,
+                                      NAN,
+                                      -NAN,
+                                      70000.0f,
+                                      65520.0f,
+                                      65504.0f,
+                                      1e-40f,
+                                      6e-8f,
+                                      3e-8f,
+                                      1e38f,
+                                      F32FromBits(0x3f808000u),
+                                      F32FromBits(0x7fc12345u),
+                                      F32FromBits(0xff800001u)};
+  std::vector<float> k, v;
+  for (int t = 0; t < 3; ++t) {
+    for (float x : special) {
+      k.push_back(x);
+      v.push_back(-x);
+    }
+  }
+  const std::vector<int32_t> positions = {0, 1, 2};
+  DeviceBuffer pool(st.pool_host), dk(k), dv(v), dpos(positions), dtab(st.tables);
+  WriteKvParams p;
+  p.k_token_stride = p.v_token_stride = 16;
+  p.num_tokens = 3;
+  p.max_blocks_per_seq = st.max_blocks;
+  WriteKvParams cpu = p;
+  cpu.k = k.data();
+  cpu.v = v.data();
+  cpu.cache = st.View(st.pool_host.data());
+  cpu.positions = positions.data();
+  cpu.block_tables = st.tables.data();
+  ASSERT_TRUE(WriteKv(OpContext{}, cpu).ok());
+  WriteKvParams gpu = p;
+  gpu.k = dk.as<float>();
+  gpu.v = dv.as<float>();
+  gpu.cache = st.View(pool.get());
+  gpu.positions = dpos.as<int32_t>();
+  gpu.block_tables = dtab.as<int32_t>();
+  ASSERT_TRUE(WriteKv(CudaCtx(), gpu).ok());
+  EXPECT_EQ(pool.Download<uint8_t>(), st.pool_host);
+}
 
 TEST_P(CudaAttentionTest, DecodeMatchesCpu) {
   PD_SKIP_WITHOUT_GPU();
