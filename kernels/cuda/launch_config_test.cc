@@ -735,12 +735,13 @@ TEST(CudaLaunchTest, MatMulGemmMappingMatchesReference) {
     p.bias = bias.data();
     p.y = want.data();
     reference::MatMul(p);
-    for (int64_t r = 0; r < p.num_rows; ++r) {
-      for (int64_t o = 0; o < p.out_features; ++o) {
-        float& y = got[r * p.y_row_stride + o];
-        y = (accumulate ? y : 0.0f) + bias[o];
-      }
-    }
+    // The bias kernel's grid-stride items (LaunchBiasInit).
+    const int64_t bias_items = p.num_rows * p.out_features;
+    ForEachGridStrideItem(ElementwiseLaunch(bias_items), bias_items, [&](int64_t i) {
+      const RowCol rc = RowColAt(i, p.out_features);
+      float& y = got[rc.row * p.y_row_stride + rc.col];
+      y = (accumulate ? y : 0.0f) + bias[rc.col];
+    });
     const int64_t tile_bytes = 2 * p.in_features * 4;
     const int64_t tile = MatMulTileRows(p, tile_bytes);
     ASSERT_EQ(tile, 2);
