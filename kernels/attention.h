@@ -6,7 +6,12 @@
 // a decode batch, alone, or as any row of a (chunked) prefill, on any thread count.
 //
 // On kCpu the block tables, positions and context lengths are host memory and dispatch checks
-// every block id they reference against cache.num_blocks (O(blocks touched) per call).
+// every block id they reference against cache.num_blocks (O(blocks touched) per call). On kCuda
+// (kernels/cuda, built with CUDA) every array, those included, is device memory: dispatch checks
+// the scalar parameters only, and the caller guarantees positions, context lengths and block ids
+// are in range (an out-of-range id is an illegal address on the device, reported at the next
+// synchronising CUDA call). CUDA results match the CPU's within f32 rounding (different
+// summation order), and WriteKv stores bitwise the same cache values.
 #pragma once
 
 #include "absl/status/status.h"
@@ -17,8 +22,9 @@ namespace pd::kernels {
 // Errors for all three: InvalidArgument for null pointers, non-positive sizes, strides smaller
 // than a token's heads, num_heads not a multiple of num_kv_heads, head_dim above
 // kMaxAttentionHeadDim, a pool view with a non-positive stride, head_stride < block_size *
-// head_dim or this layer's K and V not inside one block_stride, positions or context lengths
-// outside the block table, or a block id outside [0, cache.num_blocks);
+// head_dim or this layer's K and V not inside one block_stride, and (kCpu only) positions or
+// context lengths outside the block table, or a block id outside [0, cache.num_blocks);
+// Internal with the CUDA error name when a CUDA launch fails;
 // Unimplemented when no backend built for ctx.device supports cache.dtype.
 absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);

@@ -10,23 +10,41 @@
 #include <cstdint>
 #include <cstring>
 
+// The same functions run on the host and, compiled by nvcc, in CUDA kernels (the CUDA KV-cache
+// writes round exactly as the CPU ones).
+#if defined(__CUDACC__)
+#define PD_HOST_DEVICE __host__ __device__
+#else
+#define PD_HOST_DEVICE
+#endif
+
 namespace pd::kernels {
 
-inline uint32_t F32Bits(float f) {
+PD_HOST_DEVICE inline uint32_t F32Bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
+#endif
 }
 
-inline float F32FromBits(uint32_t u) {
+PD_HOST_DEVICE inline float F32FromBits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
+#endif
 }
 
-inline float Bf16ToF32(uint16_t h) { return F32FromBits(static_cast<uint32_t>(h) << 16); }
+PD_HOST_DEVICE inline float Bf16ToF32(uint16_t h) {
+  return F32FromBits(static_cast<uint32_t>(h) << 16);
+}
 
-inline uint16_t F32ToBf16(float f) {
+PD_HOST_DEVICE inline uint16_t F32ToBf16(float f) {
   const uint32_t x = F32Bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) {
     return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN: force the quiet bit
@@ -36,7 +54,7 @@ inline uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-inline float F16ToF32(uint16_t h) {
+PD_HOST_DEVICE inline float F16ToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -58,7 +76,7 @@ inline float F16ToF32(uint16_t h) {
   return F32FromBits(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
-inline uint16_t F32ToF16(float f) {
+PD_HOST_DEVICE inline uint16_t F32ToF16(float f) {
   const uint32_t x = F32Bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;

@@ -10,6 +10,10 @@
 // runs its AVX2 kernels) at every size, so allow_blas changes nothing. OpenBLAS is set to one
 // thread of its own at first use, process-wide: parallelism comes from ctx.parallel only, so its
 // threads and ours never oversubscribe the cores.
+//
+// CUDA: cuBLAS sgemm (f32 arithmetic, no TF32) on a per-thread, per-device handle; bias and
+// accumulate by a small kernel before the GEMM; bf16/f16 weights widened to f32 into the
+// (device) workspace one tile of output rows at a time (up to 32 MiB). Not batch invariant.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +25,13 @@ namespace pd::kernels {
 
 // Errors: InvalidArgument for null pointers, non-positive sizes, strides smaller than the row
 // lengths, overlapping x/y, or a workspace smaller than MatMulWorkspaceBytes; Unimplemented when
-// no backend built for ctx.device supports w_dtype.
+// no backend built for ctx.device supports w_dtype; Internal when a CUDA launch or cuBLAS call
+// fails.
 absl::Status MatMul(const OpContext& ctx, const MatMulParams& p);
 
 // Workspace bytes MatMul(ctx, p) needs; depends on the shape, w_dtype, allow_blas, the CPU and
-// the number of threads in ctx.parallel (0 unless the sgemm path runs with bf16/f16 weights). An
+// the number of threads in ctx.parallel (0 unless the sgemm path runs with bf16/f16 weights).
+// On kCuda: 0 for f32 weights, else one widened tile of device memory. An
 // engine can size one buffer for its largest layer and prefill chunk and pass it to every call.
 int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p);
 

@@ -12,8 +12,9 @@ namespace pd::kernels {
 
 // Errors: InvalidArgument for null pointers, non-positive sizes, an odd head_dim or one above
 // kMaxRopeHeadDim, strides
-// smaller than a token's heads, or a negative position; Unimplemented when no backend built for
-// ctx.device exists.
+// smaller than a token's heads, or (kCpu only: on kCuda positions are device memory, unchecked)
+// a negative position; Unimplemented when no backend built for ctx.device exists; Internal when
+// a CUDA launch fails.
 absl::Status Rope(const OpContext& ctx, const RopeParams& p);
 
 // The head_dim / 2 inverse frequencies RopeParams::inv_freq expects: theta^(-2i / head_dim),

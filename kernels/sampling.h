@@ -13,11 +13,15 @@ namespace pd::kernels {
 // Errors: InvalidArgument for null logits/out_tokens, non-positive sizes, logits_stride <
 // vocab_size, a non-greedy row without seeds/steps, top_p outside (0, 1] or NaN temperature, or
 // a workspace smaller than SamplingWorkspaceBytes; Unimplemented when no backend built for
-// ctx.device exists (sampling runs on the CPU: copy logits to the host first).
+// ctx.device exists; Internal when a CUDA launch fails. On kCuda every array is device memory:
+// dispatch checks the scalars only (the per-row checks above are the caller's; a non-null
+// temperature always needs seeds and steps, InvalidArgument otherwise), a NaN
+// temperature samples greedily, and no workspace is needed. CUDA tokens equal the CPU's except
+// when a draw lands within f32 rounding of a cumulative-probability boundary.
 absl::Status Sample(const OpContext& ctx, const SamplingParams& p);
 
-// Workspace bytes Sample(ctx, p) needs: 0 when p.temperature is nullptr (all greedy), otherwise
-// a candidate buffer of 8 * vocab_size bytes per thread that samples (at most
+// Workspace bytes Sample(ctx, p) needs: 0 when p.temperature is nullptr (all greedy) or on
+// kCuda, otherwise a candidate buffer of 8 * vocab_size bytes per thread that samples (at most
 // min(num_seqs, threads of ctx.parallel)). Reads no array of p.
 int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
 

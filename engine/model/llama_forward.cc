@@ -58,6 +58,13 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
         absl::StrCat("forward options: need 0 < max_seqs <= max_batch_tokens, got ",
                      options.max_seqs, " and ", options.max_batch_tokens));
   }
+  if (ctx.device != kernels::Device::kCpu) {
+    // The activations below are host vectors; the CUDA kernels exist (kernels/cuda) but the
+    // device-memory forward pass does not yet.
+    return absl::UnimplementedError(
+        "llama forward: only the cpu device is implemented (the cuda forward pass is issue #9 "
+        "item 2)");
+  }
   if (!kernels::SupportsMatMul(ctx.device, weights->dtype) ||
       !kernels::SupportsAttention(ctx.device, pool.dtype)) {
     return absl::UnimplementedError(absl::StrCat(

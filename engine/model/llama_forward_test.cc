@@ -162,5 +162,17 @@ TEST_F(LlamaForwardTest, RejectsBadInputBeforeTouchingThePool) {
   }
 }
 
+// Only the CPU forward pass exists: a CUDA context is refused whether or not the CUDA kernels
+// are built (they would be handed host buffers).
+TEST_F(LlamaForwardTest, CudaDeviceIsUnimplemented) {
+  const ModelConfig& c = weights_.config;
+  pool_.assign(int64_t{c.n_layers} * 2 * c.kv_dim * kBlockSize, 0.0f);
+  KvPoolView view{pool_.data(), kernels::DType::kF32, 1, kBlockSize};
+  kernels::OpContext cuda;
+  cuda.device = kernels::Device::kCuda;
+  EXPECT_EQ(LlamaForward::Create(&weights_, view, cuda, ForwardOptions{}).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 }  // namespace
 }  // namespace pd::engine

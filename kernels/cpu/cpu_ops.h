@@ -4,6 +4,7 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/convert_params.h"
+#include "kernels/copy_params.h"
 #include "kernels/elementwise_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
@@ -35,5 +36,8 @@ void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 
 int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
 void Sample(const OpContext& ctx, const SamplingParams& p);
+
+// memcpy per block, blocks spread over ctx.parallel.
+void CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p);
 
 }  // namespace pd::kernels::cpu

@@ -10,14 +10,52 @@ absl::Status FromCuda(cudaError_t err, const char* what) {
   if (err == cudaSuccess) {
     return absl::OkStatus();
   }
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
-                                          cudaGetErrorString(err), ")"));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
+
+cudaStream_t Stream(const OpContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 
 }  // namespace
 
 absl::Status RmsNorm(const OpContext& ctx, const RmsNormParams& p) {
-  return FromCuda(LaunchRmsNorm(p, static_cast<cudaStream_t>(ctx.stream)), "rms_norm launch");
+  return FromCuda(LaunchRmsNorm(p, Stream(ctx)), "rms_norm launch");
+}
+
+absl::Status Convert(const OpContext& ctx, const ConvertParams& p) {
+  return FromCuda(LaunchConvert(p, Stream(ctx)), "convert launch");
+}
+
+absl::Status SiluMul(const OpContext& ctx, const SiluMulParams& p) {
+  return FromCuda(LaunchSiluMul(p, Stream(ctx)), "silu_mul launch");
+}
+
+absl::Status Add(const OpContext& ctx, const AddParams& p) {
+  return FromCuda(LaunchAdd(p, Stream(ctx)), "add launch");
+}
+
+absl::Status Rope(const OpContext& ctx, const RopeParams& p) {
+  return FromCuda(LaunchRope(p, Stream(ctx)), "rope launch");
+}
+
+absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
+  return FromCuda(LaunchWriteKv(p, Stream(ctx)), "write_kv launch");
+}
+
+absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p) {
+  return FromCuda(LaunchPrefillAttention(p, Stream(ctx)), "prefill_attention launch");
+}
+
+absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p) {
+  return FromCuda(LaunchDecodeAttention(p, Stream(ctx)), "decode_attention launch");
+}
+
+absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
+  return FromCuda(LaunchSample(p, Stream(ctx)), "sample launch");
+}
+
+absl::Status CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p) {
+  return FromCuda(LaunchCopyBlocks(p, Stream(ctx)), "copy_blocks launch");
 }
 
 int VisibleDeviceCount() {

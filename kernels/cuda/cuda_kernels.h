@@ -1,18 +1,48 @@
 // Launchers of the CUDA kernels. Included only by kernels/cuda/*.{cu,cc}; plain param headers
-// and CUDA only (no Abseil, glog or protobuf under nvcc).
+// and CUDA only (no Abseil, glog or protobuf under nvcc). Each queues its kernel on `stream` and
+// returns the launch error (cudaSuccess when queued; kernel faults surface at the next
+// synchronising call). Preconditions: params validated by kernels/dispatch; every pointer,
+// including block tables, positions and other index arrays, is device memory (or host memory
+// the device can address). Launch shapes come from kernels/cuda/launch_config.h.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "kernels/attention_params.h"
+#include "kernels/convert_params.h"
+#include "kernels/copy_params.h"
+#include "kernels/elementwise_params.h"
 #include "kernels/norm_params.h"
+#include "kernels/rope_params.h"
+#include "kernels/sampling_params.h"
 
 namespace pd::kernels::cuda {
 
-// One thread block per row; f32 only. Returns the launch error (cudaSuccess when queued).
+// One thread block per row; f32 only.
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 
-// Threads per block LaunchRmsNorm uses for a row of `dim` elements: a multiple of 32 in
-// [32, 1024]. Exposed so the launch-shape logic is testable without a device.
-int RmsNormThreadsPerBlock(int64_t dim);
+// Any pair of f32, bf16, f16; equal dtypes copy bits. Rounds as kernels/half.h.
+cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream);
+
+cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
+cudaError_t LaunchAdd(const AddParams& p, cudaStream_t stream);
+
+// y[r][o] = (accumulate ? y[r][o] : 0) + bias[o] for r < num_rows, o < out_features: the bias
+// step of the cuBLAS MatMul, which then accumulates x w^T into y (beta = 1).
+cudaError_t LaunchBiasInit(float* y, const float* bias, int64_t num_rows, int64_t out_features,
+                           int64_t y_row_stride, bool accumulate, cudaStream_t stream);
+
+// Both RoPE styles; angles in double as on the CPU.
+cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
+
+// f32, bf16 and f16 caches (stores round as kernels/half.h).
+cudaError_t LaunchWriteKv(const WriteKvParams& p, cudaStream_t stream);
+cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream);
+cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream);
+
+// Greedy, temperature, top-k and top-p as kernels/sampling_params.h; needs no workspace.
+cudaError_t LaunchSample(const SamplingParams& p, cudaStream_t stream);
+
+cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, cudaStream_t stream);
 
 }  // namespace pd::kernels::cuda

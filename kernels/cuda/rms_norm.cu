@@ -1,23 +1,16 @@
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/launch_config.h"
 
 namespace pd::kernels::cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
-
-__device__ float WarpReduceSum(float v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
-}
-
-// grid = num_rows, block = threads (multiple of 32). Each block reduces one row's sum of
-// squares (warp shuffles, then one value per warp through shared memory), then scales it.
-__global__ void RmsNormKernel(const float* __restrict__ in, const float* __restrict__ weight,
-                              float* __restrict__ out, int64_t dim, int64_t in_stride,
-                              int64_t out_stride, float eps) {
-  __shared__ float warp_sums[1024 / kWarpSize];
+// grid = num_rows, block = RmsNormThreadsPerBlock(dim) (a multiple of 32). Each block reduces
+// one row's sum of squares (warp shuffles, then one value per warp through shared memory), then
+// scales it.
+__global__ void RmsNormKernel(const float* in, const float* __restrict__ weight, float* out,
+                              int64_t dim, int64_t in_stride, int64_t out_stride, float eps) {
+  __shared__ float warp_sums[kMaxThreadsPerBlock / kWarpSize];
   __shared__ float inv_rms;
   const float* x = in + blockIdx.x * in_stride;
   float* y = out + blockIdx.x * out_stride;
@@ -49,22 +42,14 @@ __global__ void RmsNormKernel(const float* __restrict__ in, const float* __restr
 
 }  // namespace
 
-int RmsNormThreadsPerBlock(int64_t dim) {
-  int64_t threads = (dim + kWarpSize - 1) / kWarpSize * kWarpSize;
-  if (threads < kWarpSize) {
-    threads = kWarpSize;
-  }
-  return threads > 1024 ? 1024 : static_cast<int>(threads);
-}
-
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
-  if (p.dtype != DType::kF32) {
+  if (p.dtype != DType::kF32 || p.num_rows > kMaxGridX) {
     return cudaErrorInvalidValue;
   }
   const int threads = RmsNormThreadsPerBlock(p.dim);
   RmsNormKernel<<<static_cast<unsigned>(p.num_rows), threads, 0, stream>>>(
-      static_cast<const float*>(p.in), p.weight, static_cast<float*>(p.out), p.dim,
-      p.in_row_stride, p.out_row_stride, p.eps);
+      static_cast<const float*>(p.in), p.weight, static_cast<float*>(p.out), p.dim, p.in_row_stride,
+      p.out_row_stride, p.eps);
   return cudaGetLastError();
 }
 

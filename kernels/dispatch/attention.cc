@@ -2,9 +2,13 @@
 #include "kernels/attention.h"
 
 #include "absl/strings/str_cat.h"
+#include "build_config.h"
 #include "common/base/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
+#if PD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace pd::kernels {
 
@@ -42,8 +46,14 @@ absl::Status CheckQueryOut(const char* op, const float* q, int64_t q_stride, flo
 }  // namespace
 
 bool SupportsAttention(Device device, DType cache_dtype) {
-  (void)cache_dtype;  // the CPU reads and writes f32, bf16 and f16 caches
-  return device == Device::kCpu;
+  (void)cache_dtype;  // both backends read and write f32, bf16 and f16 caches
+  switch (device) {
+    case Device::kCpu:
+      return true;
+    case Device::kCuda:
+      return PD_WITH_CUDA;
+  }
+  return false;
 }
 
 absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
@@ -64,6 +74,14 @@ absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
                                                    ", v ", p.v_token_stride,
                                                    ") < num_kv_heads * head_dim ", token_elems));
   }
+  if (!SupportsAttention(ctx.device, c.dtype)) {
+    return NoBackend(kOp, ctx.device, c.dtype);
+  }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::WriteKv(ctx, p);  // positions and tables are device memory: not read here
+  }
+#endif
   for (int64_t j = 0; j < p.num_tokens; ++j) {
     const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
     if (seq < 0 || seq >= p.num_seqs) {
@@ -78,9 +96,6 @@ absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
     }
     PD_RETURN_IF_ERROR(CheckBlockIds(
         kOp, p.block_tables + seq * p.max_blocks_per_seq + pos / c.block_size, 1, c.num_blocks));
-  }
-  if (!SupportsAttention(ctx.device, c.dtype)) {
-    return NoBackend(kOp, ctx.device, c.dtype);
   }
   cpu::WriteKv(ctx, p);
   return absl::OkStatus();
@@ -106,10 +121,15 @@ absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams
         "prefill_attention: block table has ", p.num_table_blocks, " blocks, positions up to ",
         p.start_pos + p.num_tokens - 1, " need ", blocks));
   }
-  PD_RETURN_IF_ERROR(CheckBlockIds(kOp, p.block_table, blocks, p.cache.num_blocks));
   if (!SupportsAttention(ctx.device, p.cache.dtype)) {
     return NoBackend(kOp, ctx.device, p.cache.dtype);
   }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::PrefillAttention(ctx, p);  // the block table is device memory: not read here
+  }
+#endif
+  PD_RETURN_IF_ERROR(CheckBlockIds(kOp, p.block_table, blocks, p.cache.num_blocks));
   cpu::PrefillAttention(ctx, p);
   return absl::OkStatus();
 }
@@ -130,6 +150,14 @@ absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& 
   }
   PD_RETURN_IF_ERROR(CheckQueryOut(kOp, p.q, p.q_seq_stride, p.out, p.out_seq_stride, p.num_seqs,
                                    p.num_heads * p.cache.head_dim));
+  if (!SupportsAttention(ctx.device, p.cache.dtype)) {
+    return NoBackend(kOp, ctx.device, p.cache.dtype);
+  }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::DecodeAttention(ctx, p);  // tables and lengths are device memory: not read here
+  }
+#endif
   const int64_t capacity = p.max_blocks_per_seq * p.cache.block_size;
   for (int64_t s = 0; s < p.num_seqs; ++s) {
     const int64_t len = p.context_lens[s];
@@ -140,9 +168,6 @@ absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& 
     PD_RETURN_IF_ERROR(CheckBlockIds(kOp, p.block_tables + s * p.max_blocks_per_seq,
                                      (len + p.cache.block_size - 1) / p.cache.block_size,
                                      p.cache.num_blocks));
-  }
-  if (!SupportsAttention(ctx.device, p.cache.dtype)) {
-    return NoBackend(kOp, ctx.device, p.cache.dtype);
   }
   cpu::DecodeAttention(ctx, p);
   return absl::OkStatus();

@@ -503,9 +503,10 @@ TEST(AttentionDispatchTest, RejectsBadInput) {
   w.block_tables = b.tables.data();
   w.max_blocks_per_seq = b.max_blocks;
   EXPECT_EQ(WriteKv(OpContext{}, w).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DecodeAttention(OpContext{Device::kCuda, nullptr}, ok).code(),
-            absl::StatusCode::kUnimplemented);
-  EXPECT_FALSE(SupportsAttention(Device::kCuda, DType::kBF16));
+  if (!SupportsAttention(Device::kCuda, DType::kBF16)) {
+    EXPECT_EQ(DecodeAttention(OpContext{Device::kCuda, nullptr}, ok).code(),
+              absl::StatusCode::kUnimplemented);
+  }
 }
 
 }  // namespace

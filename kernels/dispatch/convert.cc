@@ -2,15 +2,27 @@
 #include "kernels/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "build_config.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
+#if PD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace pd::kernels {
 
 using dispatch_internal::NoBackend;
 using dispatch_internal::Overlaps;
 
-bool SupportsConvert(Device device, DType, DType) { return device == Device::kCpu; }
+bool SupportsConvert(Device device, DType, DType) {
+  switch (device) {
+    case Device::kCpu:
+      return true;  // every pair
+    case Device::kCuda:
+      return PD_WITH_CUDA;  // every pair
+  }
+  return false;
+}
 
 absl::Status Convert(const OpContext& ctx, const ConvertParams& p) {
   if (p.n < 0) {
@@ -28,6 +40,11 @@ absl::Status Convert(const OpContext& ctx, const ConvertParams& p) {
   if (!SupportsConvert(ctx.device, p.in_dtype, p.out_dtype)) {
     return NoBackend("convert", ctx.device, p.in_dtype);
   }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::Convert(ctx, p);
+  }
+#endif
   cpu::Convert(ctx, p);
   return absl::OkStatus();
 }

@@ -2,8 +2,12 @@
 #include "kernels/elementwise.h"
 
 #include "absl/strings/str_cat.h"
+#include "build_config.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
+#if PD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace pd::kernels {
 
@@ -23,7 +27,15 @@ bool BadAlias(const float* out, int64_t out_stride, const float* in, int64_t in_
 
 }  // namespace
 
-bool SupportsElementwise(Device device) { return device == Device::kCpu; }
+bool SupportsElementwise(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return true;
+    case Device::kCuda:
+      return PD_WITH_CUDA;
+  }
+  return false;
+}
 
 absl::Status SiluMul(const OpContext& ctx, const SiluMulParams& p) {
   if (p.gate == nullptr || p.up == nullptr || p.out == nullptr) {
@@ -45,6 +57,11 @@ absl::Status SiluMul(const OpContext& ctx, const SiluMulParams& p) {
   if (!SupportsElementwise(ctx.device)) {
     return dispatch_internal::NoBackend("silu_mul", ctx.device, DType::kF32);
   }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::SiluMul(ctx, p);
+  }
+#endif
   cpu::SiluMul(ctx, p);
   return absl::OkStatus();
 }
@@ -62,6 +79,11 @@ absl::Status Add(const OpContext& ctx, const AddParams& p) {
   if (!SupportsElementwise(ctx.device)) {
     return dispatch_internal::NoBackend("add", ctx.device, DType::kF32);
   }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::Add(ctx, p);
+  }
+#endif
   cpu::Add(ctx, p);
   return absl::OkStatus();
 }

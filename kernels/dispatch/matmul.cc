@@ -5,8 +5,13 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "build_config.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
+#if PD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch_config.h"
+#endif
 
 namespace pd::kernels {
 
@@ -15,12 +20,28 @@ using dispatch_internal::Overlaps;
 using dispatch_internal::Span;
 
 bool SupportsMatMul(Device device, DType w_dtype) {
-  (void)w_dtype;  // the CPU takes f32, bf16 and f16 weights
-  return device == Device::kCpu;
+  (void)w_dtype;  // both backends take f32, bf16 and f16 weights
+  switch (device) {
+    case Device::kCpu:
+      return true;
+    case Device::kCuda:
+      return PD_WITH_CUDA;
+  }
+  return false;
 }
 
 int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p) {
-  return ctx.device == Device::kCpu ? cpu::MatMulWorkspaceBytes(ctx, p) : 0;
+  switch (ctx.device) {
+    case Device::kCpu:
+      return cpu::MatMulWorkspaceBytes(ctx, p);
+    case Device::kCuda:
+#if PD_WITH_CUDA
+      return cuda::MatMulWorkspaceBytes(p);  // device memory: one widened weight tile
+#else
+      return 0;
+#endif
+  }
+  return 0;
 }
 
 absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
@@ -54,6 +75,11 @@ absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("matmul: workspace of ", p.workspace_bytes, " bytes, need ", need));
   }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::MatMul(ctx, p);
+  }
+#endif
   cpu::MatMul(ctx, p);
   return absl::OkStatus();
 }

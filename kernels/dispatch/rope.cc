@@ -5,12 +5,24 @@
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
+#include "build_config.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
+#if PD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace pd::kernels {
 
-bool SupportsRope(Device device) { return device == Device::kCpu; }
+bool SupportsRope(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return true;
+    case Device::kCuda:
+      return PD_WITH_CUDA;
+  }
+  return false;
+}
 
 absl::StatusOr<std::vector<float>> ComputeRopeInvFreq(const RopeFreqConfig& config) {
   if (config.head_dim <= 0 || config.head_dim % 2 != 0) {
@@ -70,14 +82,19 @@ absl::Status Rope(const OpContext& ctx, const RopeParams& p) {
                                                    ", k ", p.k_token_stride,
                                                    ") smaller than a token's heads"));
   }
+  if (!SupportsRope(ctx.device)) {
+    return dispatch_internal::NoBackend("rope", ctx.device, DType::kF32);
+  }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::Rope(ctx, p);  // positions are device memory: not read here
+  }
+#endif
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     if (p.positions[t] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("rope: position of token ", t, " is negative: ", p.positions[t]));
     }
-  }
-  if (!SupportsRope(ctx.device)) {
-    return dispatch_internal::NoBackend("rope", ctx.device, DType::kF32);
   }
   cpu::Rope(ctx, p);
   return absl::OkStatus();

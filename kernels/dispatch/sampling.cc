@@ -6,12 +6,24 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "build_config.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
+#if PD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace pd::kernels {
 
-bool SupportsSample(Device device) { return device == Device::kCpu; }
+bool SupportsSample(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return true;
+    case Device::kCuda:
+      return PD_WITH_CUDA;
+  }
+  return false;
+}
 
 int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p) {
   return ctx.device == Device::kCpu ? cpu::SamplingWorkspaceBytes(ctx, p) : 0;
@@ -30,6 +42,21 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("sample: logits_stride ", p.logits_stride, " < vocab_size ", p.vocab_size));
   }
+  if (!SupportsSample(ctx.device)) {
+    return dispatch_internal::NoBackend("sample", ctx.device, DType::kF32);
+  }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    // The per-row arrays are device memory: not read here. Which rows sample is unknown on the
+    // host, so temperatures need seeds and steps on every row. The kernel treats a NaN
+    // temperature as greedy; the caller guarantees top_p in (0, 1]. No workspace.
+    if (p.temperature != nullptr && (p.seeds == nullptr || p.steps == nullptr)) {
+      return absl::InvalidArgumentError(
+          "sample: on cuda, temperature needs seeds and steps (rows are not inspected)");
+    }
+    return cuda::Sample(ctx, p);
+  }
+#endif
   if (p.temperature != nullptr) {
     for (int64_t s = 0; s < p.num_seqs; ++s) {
       if (std::isnan(p.temperature[s])) {
@@ -48,9 +75,6 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
             absl::StrCat("sample: top_p[", s, "] = ", p.top_p[s], " outside (0, 1]"));
       }
     }
-  }
-  if (!SupportsSample(ctx.device)) {
-    return dispatch_internal::NoBackend("sample", ctx.device, DType::kF32);
   }
   const int64_t need = SamplingWorkspaceBytes(ctx, p);
   if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need)) {

@@ -257,7 +257,10 @@ TEST(SampleDispatchTest, RejectsBadInput) {
   bad = p;
   bad.logits_stride = 2;
   EXPECT_EQ(Sample(OpContext{}, bad).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Sample(OpContext{Device::kCuda, nullptr}, p).code(), absl::StatusCode::kUnimplemented);
+  if (!SupportsSample(Device::kCuda)) {
+    EXPECT_EQ(Sample(OpContext{Device::kCuda, nullptr}, p).code(),
+              absl::StatusCode::kUnimplemented);
+  }
 }
 
 }  // namespace

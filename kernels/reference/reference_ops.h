@@ -5,6 +5,7 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/convert_params.h"
+#include "kernels/copy_params.h"
 #include "kernels/elementwise_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
@@ -36,5 +37,8 @@ void DecodeAttention(const DecodeAttentionParams& p);
 
 // Full sort of every row, probabilities in double; ignores the workspace.
 void Sample(const SamplingParams& p);
+
+// Byte by byte.
+void CopyBlocks(const CopyBlocksParams& p);
 
 }  // namespace pd::kernels::reference

@@ -1,0 +1,339 @@
+// GPU tests of the CUDA paged attention (label gpu): WriteKv, PrefillAttention and
+// DecodeAttention against the CPU ops on the same inputs. Skip without a CUDA device.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/attention.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/dispatch/kernel_test_util.h"
+#include "kernels/half.h"
+
+namespace pd::kernels {
+namespace {
+
+using cuda::testing::CudaCtx;
+using cuda::testing::DeviceBuffer;
+using testing::Compare;
+using testing::ErrorStats;
+using testing::RandomVector;
+
+// Both backends read the same stored cache values and accumulate in f32, in different orders
+// (CPU: per-row online softmax over keys in order; GPU: four warps, merged).
+constexpr double kMaxAbs = 2e-5;
+constexpr double kMaxNmse = 1e-10;
+
+struct Shape {
+  int64_t num_layers = 2;
+  int64_t layer = 1;
+  int64_t num_kv_heads = 2;
+  int64_t num_heads = 8;
+  int64_t head_dim = 64;
+  int64_t block_size = 16;
+  int64_t num_blocks = 40;
+  DType dtype = DType::kBF16;
+};
+
+// A pool of the shape, NaN-poisoned (0xff bytes) so reading an unwritten slot shows up, with
+// one block table row per sequence over shuffled physical blocks.
+struct PagedPool {
+  Shape s;
+  std::vector<uint8_t> pool_host;
+  std::vector<int32_t> tables;  // [num_seqs][max_blocks]
+  int64_t max_blocks = 0;
+
+  PagedPool(const Shape& shape, const std::vector<int32_t>& lens, std::mt19937& rng) : s(shape) {
+    pool_host.assign(s.num_blocks * s.num_layers * 2 * s.num_kv_heads * s.block_size * s.head_dim *
+                         DTypeSize(s.dtype),
+                     0xff);
+    for (int32_t len : lens) {
+      max_blocks = std::max<int64_t>(max_blocks, (len + s.block_size - 1) / s.block_size);
+    }
+    std::vector<int32_t> ids(s.num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    tables.assign(lens.size() * max_blocks, 0);
+    size_t next = 0;
+    for (size_t q = 0; q < lens.size(); ++q) {
+      for (int64_t b = 0; b < (lens[q] + s.block_size - 1) / s.block_size; ++b) {
+        tables[q * max_blocks + b] = ids.at(next++);
+      }
+    }
+  }
+
+  KvCacheView View(void* base) const {
+    return DenseKvCacheView(base, s.dtype, s.num_blocks, s.num_layers, s.num_kv_heads, s.block_size,
+                            s.head_dim, s.layer);
+  }
+};
+
+// Writes K/V for every position of every sequence on both backends (CPU pool on the host, GPU
+// pool on the device), checks the pools are bitwise equal and returns the device pool.
+DeviceBuffer WriteAll(PagedPool& st, const std::vector<int32_t>& lens, std::mt19937& rng) {
+  std::vector<int32_t> positions, token_seq;
+  for (size_t q = 0; q < lens.size(); ++q) {
+    for (int32_t p = 0; p < lens[q]; ++p) {
+      positions.push_back(p);
+      token_seq.push_back(static_cast<int32_t>(q));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(positions.size());
+  const int64_t elems = st.s.num_kv_heads * st.s.head_dim;
+  const std::vector<float> k = RandomVector(n * (elems + 4), rng);
+  const std::vector<float> v = RandomVector(n * elems, rng);
+  DeviceBuffer pool(st.pool_host);
+  DeviceBuffer dk(k), dv(v), dpos(positions), dseq(token_seq), dtab(st.tables);
+  WriteKvParams p;
+  p.k_token_stride = elems + 4;  // strided K rows
+  p.v_token_stride = elems;
+  p.num_tokens = n;
+  p.num_seqs = static_cast<int64_t>(lens.size());
+  p.max_blocks_per_seq = st.max_blocks;
+  WriteKvParams cpu = p;
+  cpu.k = k.data();
+  cpu.v = v.data();
+  cpu.cache = st.View(st.pool_host.data());
+  cpu.positions = positions.data();
+  cpu.token_seq = token_seq.data();
+  cpu.block_tables = st.tables.data();
+  EXPECT_TRUE(WriteKv(OpContext{}, cpu).ok());
+  WriteKvParams gpu = p;
+  gpu.k = dk.as<float>();
+  gpu.v = dv.as<float>();
+  gpu.cache = st.View(pool.get());
+  gpu.positions = dpos.as<int32_t>();
+  gpu.token_seq = dseq.as<int32_t>();
+  gpu.block_tables = dtab.as<int32_t>();
+  EXPECT_TRUE(WriteKv(CudaCtx(), gpu).ok());
+  EXPECT_EQ(pool.Download<uint8_t>(), st.pool_host) << "write_kv pools differ";
+  return pool;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  const ErrorStats e = Compare(got.data(), want.data(), static_cast<int64_t>(got.size()));
+  EXPECT_LE(e.max_abs, kMaxAbs) << what;
+  EXPECT_LE(e.nmse, kMaxNmse) << what;
+}
+
+class CudaAttentionTest : public ::testing::TestWithParam<DType> {};
+
+// Stores of special values round exactly as kernels/half.h on the CPU: NaN payloads, overflow
+// to inf, f16 subnormals and ties.
+TEST_P(CudaAttentionTest, WriteKvSpecialValuesMatchCpuBitwise) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(24);
+  Shape s;
+  s.dtype = GetParam();
+  s.num_kv_heads = 1;
+  s.head_dim = 16;
+  const std::vector<int32_t> lens = {3};
+  PagedPool st(s, lens, rng);
+  const std::vector<float> special = {0.0f,
+                                      -0.0f,
+                                      INFINITY,
+                                      -INFINITY,
+                                      NAN,
+                                      -NAN,
+                                      70000.0f,
+                                      65520.0f,
+                                      65504.0f,
+                                      1e-40f,
+                                      6e-8f,
+                                      3e-8f,
+                                      1e38f,
+                                      F32FromBits(0x3f808000u),
+                                      F32FromBits(0x7fc12345u),
+                                      F32FromBits(0xff800001u)};
+  std::vector<float> k, v;
+  for (int t = 0; t < 3; ++t) {
+    for (float x : special) {
+      k.push_back(x);
+      v.push_back(-x);
+    }
+  }
+  const std::vector<int32_t> positions = {0, 1, 2};
+  DeviceBuffer pool(st.pool_host), dk(k), dv(v), dpos(positions), dtab(st.tables);
+  WriteKvParams p;
+  p.k_token_stride = p.v_token_stride = 16;
+  p.num_tokens = 3;
+  p.max_blocks_per_seq = st.max_blocks;
+  WriteKvParams cpu = p;
+  cpu.k = k.data();
+  cpu.v = v.data();
+  cpu.cache = st.View(st.pool_host.data());
+  cpu.positions = positions.data();
+  cpu.block_tables = st.tables.data();
+  ASSERT_TRUE(WriteKv(OpContext{}, cpu).ok());
+  WriteKvParams gpu = p;
+  gpu.k = dk.as<float>();
+  gpu.v = dv.as<float>();
+  gpu.cache = st.View(pool.get());
+  gpu.positions = dpos.as<int32_t>();
+  gpu.block_tables = dtab.as<int32_t>();
+  ASSERT_TRUE(WriteKv(CudaCtx(), gpu).ok());
+  EXPECT_EQ(pool.Download<uint8_t>(), st.pool_host);
+}
+
+TEST_P(CudaAttentionTest, DecodeMatchesCpu) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  struct Variant {
+    int64_t num_heads, num_kv_heads, head_dim, block_size;
+  };
+  // GQA ratios 1, 4 and 8; head dims a multiple of 32, not one, and the maximum; block size 1.
+  for (const Variant& var : {Variant{4, 4, 64, 16}, Variant{8, 2, 128, 16}, Variant{8, 1, 80, 8},
+                             Variant{2, 1, 256, 1}}) {
+    Shape s;
+    s.num_heads = var.num_heads;
+    s.num_kv_heads = var.num_kv_heads;
+    s.head_dim = var.head_dim;
+    s.block_size = var.block_size;
+    s.dtype = GetParam();
+    // One token, a full block, a last block of one token, a long context.
+    const std::vector<int32_t> lens = {1, static_cast<int32_t>(s.block_size),
+                                       static_cast<int32_t>(2 * s.block_size + 1), 150};
+    s.num_blocks = 300;
+    PagedPool st(s, lens, rng);
+    DeviceBuffer pool = WriteAll(st, lens, rng);
+    const int64_t num_seqs = static_cast<int64_t>(lens.size());
+    const int64_t row = s.num_heads * s.head_dim;
+    const std::vector<float> q = RandomVector(num_seqs * (row + 8), rng);
+    DeviceBuffer dq(q), dout(num_seqs * row * sizeof(float)), dtab(st.tables), dlens(lens);
+    std::vector<float> want(num_seqs * row);
+    DecodeAttentionParams p;
+    p.q_seq_stride = row + 8;
+    p.out_seq_stride = row;
+    p.max_blocks_per_seq = st.max_blocks;
+    p.num_seqs = num_seqs;
+    p.num_heads = s.num_heads;
+    DecodeAttentionParams cpu = p;
+    cpu.q = q.data();
+    cpu.out = want.data();
+    cpu.cache = st.View(st.pool_host.data());
+    cpu.block_tables = st.tables.data();
+    cpu.context_lens = lens.data();
+    ASSERT_TRUE(DecodeAttention(OpContext{}, cpu).ok());
+    DecodeAttentionParams gpu = p;
+    gpu.q = dq.as<float>();
+    gpu.out = dout.as<float>();
+    gpu.cache = st.View(pool.get());
+    gpu.block_tables = dtab.as<int32_t>();
+    gpu.context_lens = dlens.as<int32_t>();
+    ASSERT_TRUE(DecodeAttention(CudaCtx(), gpu).ok());
+    const std::vector<float> got = dout.Download<float>();
+    ExpectClose(got, want, "decode");
+
+    // Batched equals one call per sequence, bitwise (each (sequence, head) is one block).
+    for (int64_t q_i = 0; q_i < num_seqs; ++q_i) {
+      DeviceBuffer one(row * sizeof(float));
+      DecodeAttentionParams single = gpu;
+      single.q = dq.as<float>() + q_i * p.q_seq_stride;
+      single.out = one.as<float>();
+      single.block_tables = dtab.as<int32_t>() + q_i * st.max_blocks;
+      single.context_lens = dlens.as<int32_t>() + q_i;
+      single.num_seqs = 1;
+      ASSERT_TRUE(DecodeAttention(CudaCtx(), single).ok());
+      const std::vector<float> alone = one.Download<float>();
+      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), got.begin() + q_i * row)) << q_i;
+    }
+  }
+}
+
+TEST_P(CudaAttentionTest, PrefillMatchesCpu) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(22);
+  for (int64_t start_pos : {int64_t{0}, int64_t{13}, int64_t{32}}) {
+    Shape s;
+    s.dtype = GetParam();
+    const int64_t num_tokens = 37;
+    const std::vector<int32_t> lens = {static_cast<int32_t>(start_pos + num_tokens)};
+    PagedPool st(s, lens, rng);
+    DeviceBuffer pool = WriteAll(st, lens, rng);
+    const int64_t row = s.num_heads * s.head_dim;
+    const std::vector<float> q = RandomVector(num_tokens * row, rng);
+    DeviceBuffer dq(q), dout(num_tokens * (row + 3) * sizeof(float)), dtab(st.tables);
+    std::vector<float> want(num_tokens * (row + 3));
+    PrefillAttentionParams p;
+    p.q_token_stride = row;
+    p.out_token_stride = row + 3;
+    p.num_table_blocks = st.max_blocks;
+    p.start_pos = start_pos;
+    p.num_tokens = num_tokens;
+    p.num_heads = s.num_heads;
+    p.scale = start_pos == 13 ? 0.2f : 0.0f;
+    // The padding of out is compared too: both sides must leave it as it was.
+    dout.Upload(want);
+    PrefillAttentionParams cpu = p;
+    cpu.q = q.data();
+    cpu.out = want.data();
+    cpu.cache = st.View(st.pool_host.data());
+    cpu.block_table = st.tables.data();
+    ASSERT_TRUE(PrefillAttention(OpContext{}, cpu).ok());
+    PrefillAttentionParams gpu = p;
+    gpu.q = dq.as<float>();
+    gpu.out = dout.as<float>();
+    gpu.cache = st.View(pool.get());
+    gpu.block_table = dtab.as<int32_t>();
+    ASSERT_TRUE(PrefillAttention(CudaCtx(), gpu).ok());
+    ExpectClose(dout.Download<float>(), want, "prefill");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CacheDtypes, CudaAttentionTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           switch (info.param) {
+                             case DType::kF32:
+                               return "f32";
+                             case DType::kBF16:
+                               return "bf16";
+                             case DType::kF16:
+                               return "f16";
+                           }
+                           return "unknown";
+                         });
+
+// A non-default stream: the work is queued on it and done after cudaStreamSynchronize.
+TEST(CudaAttentionStreamTest, RunsOnTheGivenStream) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  Shape s;
+  const std::vector<int32_t> lens = {20};
+  PagedPool st(s, lens, rng);
+  DeviceBuffer pool = WriteAll(st, lens, rng);
+  const int64_t row = s.num_heads * s.head_dim;
+  const std::vector<float> q = RandomVector(row, rng);
+  DeviceBuffer dq(q), dout(row * sizeof(float)), dtab(st.tables), dlens(lens);
+  std::vector<float> want(row);
+  DecodeAttentionParams p;
+  p.q_seq_stride = p.out_seq_stride = row;
+  p.max_blocks_per_seq = st.max_blocks;
+  p.num_seqs = 1;
+  p.num_heads = s.num_heads;
+  DecodeAttentionParams cpu = p;
+  cpu.q = q.data();
+  cpu.out = want.data();
+  cpu.cache = st.View(st.pool_host.data());
+  cpu.block_tables = st.tables.data();
+  cpu.context_lens = lens.data();
+  ASSERT_TRUE(DecodeAttention(OpContext{}, cpu).ok());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  DecodeAttentionParams gpu = p;
+  gpu.q = dq.as<float>();
+  gpu.out = dout.as<float>();
+  gpu.cache = st.View(pool.get());
+  gpu.block_tables = dtab.as<int32_t>();
+  gpu.context_lens = dlens.as<int32_t>();
+  ASSERT_TRUE(DecodeAttention(CudaCtx(stream), gpu).ok());
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  ExpectClose(dout.Download<float>(), want, "stream");
+}
+
+}  // namespace
+}  // namespace pd::kernels

@@ -1,0 +1,793 @@
+// CPU-side tests of the CUDA kernels' launch-shape and index logic (label unit: no GPU needed).
+// Besides checking the shapes, each test emulates its kernel's thread decomposition on the host
+// through the same launch_config.h functions (every (block, thread) of the grid, the block
+// table and pool offsets, the tails) and compares the result with kernels/reference, so a wrong
+// index in the shared functions fails here, not only on a GPU.
+#include "kernels/cuda/launch_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/reference/reference_ops.h"
+
+namespace pd::kernels::cuda {
+namespace {
+
+std::vector<float> Random(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> dist;
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = dist(rng);
+  }
+  return v;
+}
+
+// Calls fn(i) for every item a grid-stride loop over `shape` visits, in the kernels' pattern.
+template <typename Fn>
+void ForEachGridStrideItem(const LaunchShape& shape, int64_t n, Fn&& fn) {
+  const int64_t stride = shape.grid * shape.threads;
+  for (int64_t block = 0; block < shape.grid; ++block) {
+    for (int64_t thread = 0; thread < shape.threads; ++thread) {
+      for (int64_t i = block * shape.threads + thread; i < n; i += stride) {
+        fn(i);
+      }
+    }
+  }
+}
+
+TEST(CudaLaunchTest, ThreadsPerBlockRoundToWarps) {
+  EXPECT_EQ(RmsNormThreadsPerBlock(1), 32);
+  EXPECT_EQ(RmsNormThreadsPerBlock(64), 64);
+  EXPECT_EQ(RmsNormThreadsPerBlock(65), 96);
+  EXPECT_EQ(RmsNormThreadsPerBlock(4096), 1024);
+  EXPECT_EQ(WarpRoundedThreads(0, 256), 32);
+  EXPECT_EQ(WarpRoundedThreads(257, 256), 256);
+  EXPECT_EQ(CeilDiv(0, 7), 0);
+  EXPECT_EQ(CeilDiv(7, 7), 1);
+  EXPECT_EQ(CeilDiv(8, 7), 2);
+}
+
+TEST(CudaLaunchTest, ElementwiseGridCoversEveryItemOnce) {
+  EXPECT_EQ(ElementwiseLaunch(1).grid, 1);
+  EXPECT_EQ(ElementwiseLaunch(256).grid, 1);
+  EXPECT_EQ(ElementwiseLaunch(257).grid, 2);
+  EXPECT_EQ(ElementwiseLaunch(int64_t{1} << 40).grid, kMaxElementwiseBlocks);
+  EXPECT_EQ(ElementwiseLaunch(5).threads, kElementwiseThreads);
+  // Tails: one item, a partial last block, and more items than the capped grid covers at once.
+  for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{257}, int64_t{1000},
+                    kMaxElementwiseBlocks * kElementwiseThreads + 77}) {
+    std::vector<uint8_t> hits(n, 0);
+    ForEachGridStrideItem(ElementwiseLaunch(n), n, [&](int64_t i) { ++hits[i]; });
+    EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](uint8_t h) { return h == 1; })) << n;
+  }
+  const RowCol rc = RowColAt(23, 10);
+  EXPECT_EQ(rc.row, 2);
+  EXPECT_EQ(rc.col, 3);
+}
+
+// Convert through the kernel's items: elements when converting, 16-bit words when copying.
+TEST(CudaLaunchTest, ConvertEmulationMatchesReference) {
+  std::mt19937 rng(10);
+  const int64_t n = 1001;
+  std::vector<float> f = Random(n, rng);
+  f[3] = std::numeric_limits<float>::quiet_NaN();
+  f[4] = std::numeric_limits<float>::infinity();
+  f[5] = 1e-40f;  // f32 subnormal
+  std::vector<uint16_t> bf(n);
+  ConvertParams p{f.data(), bf.data(), n, DType::kF32, DType::kBF16};
+  EXPECT_EQ(ConvertItems(p), n);
+  reference::Convert(p);
+  std::vector<uint16_t> got(n, 0);
+  ForEachGridStrideItem(ElementwiseLaunch(ConvertItems(p)), ConvertItems(p),
+                        [&](int64_t i) { got[i] = F32ToBf16(f[i]); });
+  EXPECT_EQ(got, bf);
+  // An f32 -> f32 copy moves 2n 16-bit words.
+  std::vector<float> copy(n, 0.0f);
+  const ConvertParams same{f.data(), copy.data(), n, DType::kF32, DType::kF32};
+  ASSERT_EQ(ConvertItems(same), 2 * n);
+  const auto* in16 = reinterpret_cast<const uint16_t*>(f.data());
+  auto* out16 = reinterpret_cast<uint16_t*>(copy.data());
+  ForEachGridStrideItem(ElementwiseLaunch(ConvertItems(same)), ConvertItems(same),
+                        [&](int64_t i) { out16[i] = in16[i]; });
+  EXPECT_EQ(std::memcmp(copy.data(), f.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(ConvertItems(ConvertParams{bf.data(), bf.data(), n, DType::kBF16, DType::kBF16}), n);
+}
+
+// RMSNorm through the kernel's shape: one block per row of RmsNormThreadsPerBlock threads, each
+// thread summing the elements threadIdx, threadIdx + blockDim, ..., then one sum per warp.
+TEST(CudaLaunchTest, RmsNormEmulationMatchesReference) {
+  std::mt19937 rng(12);
+  for (int64_t dim : {1, 33, 1024, 5000}) {
+    const int64_t rows = 3, stride = dim + 1;
+    const std::vector<float> in = Random(rows * stride, rng), w = Random(dim, rng);
+    std::vector<float> got(rows * dim), want(rows * dim);
+    reference::RmsNorm(
+        RmsNormParams{in.data(), w.data(), want.data(), rows, dim, stride, dim, 1e-5f});
+    const int threads = RmsNormThreadsPerBlock(dim);
+    ASSERT_LE(threads / kWarpSize, kMaxThreadsPerBlock / kWarpSize);  // warp_sums capacity
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<float> warp_sums(threads / kWarpSize, 0.0f);
+      std::vector<int> hits(dim, 0);
+      for (int t = 0; t < threads; ++t) {
+        for (int64_t i = t; i < dim; i += threads) {
+          const float x = in[r * stride + i];
+          warp_sums[t / kWarpSize] += x * x;
+          ++hits[i];
+        }
+      }
+      ASSERT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+      const float total = std::accumulate(warp_sums.begin(), warp_sums.end(), 0.0f);
+      const float inv_rms = 1.0f / std::sqrt(total / static_cast<float>(dim) + 1e-5f);
+      for (int64_t i = 0; i < dim; ++i) {
+        got[r * dim + i] = w[i] * (in[r * stride + i] * inv_rms);
+      }
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-4f) << dim << " " << i;
+    }
+  }
+}
+
+// SiluMul through the kernel's flat-index decomposition, with strided rows.
+TEST(CudaLaunchTest, SiluMulEmulationMatchesReference) {
+  std::mt19937 rng(1);
+  const int64_t rows = 5, dim = 37, gs = 80, us = 40, os = 41;
+  std::vector<float> fused = Random(rows * gs, rng), up = Random(rows * us, rng);
+  std::vector<float> got(rows * os, -1.0f), want(rows * os, -1.0f);
+  SiluMulParams p{fused.data(), up.data(), want.data(), rows, dim, gs, us, os};
+  reference::SiluMul(p);
+  ForEachGridStrideItem(ElementwiseLaunch(rows * dim), rows * dim, [&](int64_t i) {
+    const RowCol rc = RowColAt(i, dim);
+    const float g = fused[rc.row * gs + rc.col], u = up[rc.row * us + rc.col];
+    got[rc.row * os + rc.col] = g / (1.0f + std::exp(-g)) * u;
+  });
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-5f) << i;  // -1 padding stays untouched in both
+  }
+}
+
+TEST(CudaLaunchTest, RopeItemsTouchEveryElementOnceAndMatchReference) {
+  std::mt19937 rng(2);
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kRotateHalf}) {
+    RopeParams p;
+    p.num_tokens = 3;
+    p.num_heads = 4;
+    p.num_kv_heads = 2;
+    p.head_dim = 8;
+    p.q_token_stride = 36;  // padded rows
+    p.k_token_stride = 17;
+    p.style = style;
+    std::vector<float> q = Random(p.num_tokens * p.q_token_stride, rng);
+    std::vector<float> k = Random(p.num_tokens * p.k_token_stride, rng);
+    std::vector<float> q_want = q, k_want = k;
+    std::vector<int32_t> pos = {0, 7, 1000};
+    std::vector<float> inv_freq = {1.0f, 0.1f, 0.01f, 0.001f};
+    p.positions = pos.data();
+    p.inv_freq = inv_freq.data();
+    RopeParams ref = p;
+    ref.q = q_want.data();
+    ref.k = k_want.data();
+    reference::Rope(ref);
+
+    std::vector<int> q_hits(q.size(), 0), k_hits(k.size(), 0);
+    const int64_t n = RopeNumItems(p);
+    EXPECT_EQ(n, 3 * 6 * 4);
+    ForEachGridStrideItem(ElementwiseLaunch(n), n, [&](int64_t i) {
+      const RopeItem it = RopeItemAt(i, p.num_heads, p.num_kv_heads, p.head_dim);
+      float* x = (it.is_k ? k.data() : q.data()) + RopeHeadOffset(p, it);
+      std::vector<int>& hits = it.is_k ? k_hits : q_hits;
+      const RopePair pr = RopePairAt(style, p.head_dim, it.pair);
+      ++hits[x - (it.is_k ? k.data() : q.data()) + pr.a];
+      ++hits[x - (it.is_k ? k.data() : q.data()) + pr.b];
+      const double angle = static_cast<double>(pos[it.token]) * inv_freq[it.pair];
+      const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+      const float a = x[pr.a], b = x[pr.b];
+      x[pr.a] = a * c - b * s;
+      x[pr.b] = a * s + b * c;
+    });
+    for (int64_t t = 0; t < p.num_tokens; ++t) {
+      for (int64_t e = 0; e < p.q_token_stride; ++e) {
+        EXPECT_EQ(q_hits[t * p.q_token_stride + e], e < p.num_heads * p.head_dim ? 1 : 0);
+      }
+      for (int64_t e = 0; e < p.k_token_stride; ++e) {
+        EXPECT_EQ(k_hits[t * p.k_token_stride + e], e < p.num_kv_heads * p.head_dim ? 1 : 0);
+      }
+    }
+    for (size_t i = 0; i < q.size(); ++i) {
+      ASSERT_NEAR(q[i], q_want[i], 1e-5f) << i;
+    }
+    for (size_t i = 0; i < k.size(); ++i) {
+      ASSERT_NEAR(k[i], k_want[i], 1e-5f) << i;
+    }
+  }
+}
+
+TEST(CudaLaunchTest, AttentionShapes) {
+  const LaunchShape s = AttentionLaunch(/*rows=*/5, /*num_heads=*/8, /*head_dim=*/128);
+  EXPECT_EQ(s.grid, 40);
+  EXPECT_EQ(s.threads, kAttentionThreads);
+  EXPECT_EQ(s.threads % kWarpSize, 0);
+  EXPECT_EQ(s.shared_bytes, (kAttentionWarps * 128 + 2 * kAttentionWarps) * 4);
+  EXPECT_LE(AttentionSharedBytes(kMaxAttentionHeadDim), 48 * 1024);
+  EXPECT_EQ(kMaxDimsPerLane * kWarpSize, kMaxAttentionHeadDim);
+  const RowHead rh = RowHeadAt(19, 8);
+  EXPECT_EQ(rh.row, 2);
+  EXPECT_EQ(rh.head, 3);
+  // GQA: 8 query heads over 2 kv heads.
+  EXPECT_EQ(KvHeadOf(0, 8, 2), 0);
+  EXPECT_EQ(KvHeadOf(3, 8, 2), 0);
+  EXPECT_EQ(KvHeadOf(4, 8, 2), 1);
+  EXPECT_EQ(KvHeadOf(7, 8, 8), 7);
+  EXPECT_EQ(PrefillNumKeys(0, 0), 1);
+  EXPECT_EQ(PrefillNumKeys(16, 3), 20);
+  EXPECT_EQ(BlockTableIndex(2, 10, 33, 16), 22);
+  EXPECT_FLOAT_EQ(AttentionScale(0.0f, 64), 0.125f);
+  EXPECT_FLOAT_EQ(AttentionScale(0.5f, 64), 0.5f);
+  const LaunchShape w = WriteKvLaunch(7, 2, 8);
+  EXPECT_EQ(w.grid, 7);
+  EXPECT_EQ(w.threads, 32);
+  EXPECT_EQ(WriteKvLaunch(1, 8, 128).threads, 256);
+}
+
+// A pool and block tables for the emulations: 2 layers (view of layer 1), GQA 8/2, scattered
+// block ids, block size 4 so short sequences cross block boundaries.
+struct Pool {
+  static constexpr int64_t kBlocks = 12, kLayers = 2, kKvHeads = 2, kBlockSize = 4, kHeadDim = 8;
+  std::vector<uint16_t> data;
+  KvCacheView view;
+  explicit Pool(std::mt19937& rng)
+      : data(kBlocks * kLayers * 2 * kKvHeads * kBlockSize * kHeadDim) {
+    for (uint16_t& x : data) {
+      x = F32ToBf16(std::normal_distribution<float>()(rng));
+    }
+    view = DenseKvCacheView(data.data(), DType::kBF16, kBlocks, kLayers, kKvHeads, kBlockSize,
+                            kHeadDim, /*layer=*/1);
+  }
+};
+
+// The kernel's AttendRow run on the host: the same split of keys over warps and of head dims
+// over lanes, the same offsets, and the same f32 online softmax and warp merge
+// (OnlineSoftmaxUpdate, WarpMergeFactor). Only the order of the 32-lane dot-product sum
+// differs from the shuffle tree.
+void EmulateAttendRow(const KvCacheView& c, const int32_t* table, int64_t kv_head, const float* q,
+                      int64_t num_keys, float scale, float* out) {
+  auto load = [&](int64_t off) { return Bf16ToF32(static_cast<const uint16_t*>(c.base)[off]); };
+  std::vector<int> seen(num_keys, 0);
+  SoftmaxState state[kAttentionWarps];
+  std::vector<float> acc(kAttentionWarps * c.head_dim, 0.0f);  // [warp][d]: lanes' registers
+  for (int warp = 0; warp < kAttentionWarps; ++warp) {
+    for (int64_t t = warp; t < num_keys; t += kAttentionWarps) {
+      ++seen[t];
+      const int64_t k_off = KvElementOffset(c, table[t / c.block_size], kv_head, t, false);
+      float dot = 0.0f;
+      for (int lane = 0; lane < kWarpSize; ++lane) {
+        float partial = 0.0f;
+        for (int j = 0; j < kMaxDimsPerLane; ++j) {
+          const int64_t d = lane + j * kWarpSize;
+          if (d < c.head_dim) {
+            partial += q[d] * scale * load(k_off + d);
+          }
+        }
+        dot += partial;
+      }
+      const SoftmaxStep step = OnlineSoftmaxUpdate(&state[warp], dot);
+      const int64_t v_off = k_off + c.kv_stride;
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        float& a = acc[warp * c.head_dim + d];
+        a = a * step.correction + step.weight * load(v_off + d);
+      }
+    }
+  }
+  for (int s : seen) {
+    ASSERT_EQ(s, 1);
+  }
+  float global_max = -INFINITY;
+  for (const SoftmaxState& st : state) {
+    global_max = std::max(global_max, st.max);
+  }
+  float total = 0.0f, factor[kAttentionWarps];
+  for (int w = 0; w < kAttentionWarps; ++w) {
+    factor[w] = WarpMergeFactor(state[w], global_max);
+    total += state[w].sum * factor[w];
+  }
+  for (int64_t d = 0; d < c.head_dim; ++d) {
+    float o = 0.0f;
+    for (int w = 0; w < kAttentionWarps; ++w) {
+      o += acc[w * c.head_dim + d] * factor[w];
+    }
+    out[d] = o / total;
+  }
+}
+
+TEST(CudaLaunchTest, OnlineSoftmaxSteps) {
+  SoftmaxState st;
+  SoftmaxStep step = OnlineSoftmaxUpdate(&st, 2.0f);  // first key
+  EXPECT_EQ(step.correction, 0.0f);
+  EXPECT_EQ(step.weight, 1.0f);
+  EXPECT_EQ(st.max, 2.0f);
+  EXPECT_EQ(st.sum, 1.0f);
+  step = OnlineSoftmaxUpdate(&st, 1.0f);  // smaller: no rescale
+  EXPECT_EQ(step.correction, 1.0f);
+  EXPECT_FLOAT_EQ(step.weight, std::exp(-1.0f));
+  step = OnlineSoftmaxUpdate(&st, 4.0f);  // larger: everything so far rescales
+  EXPECT_FLOAT_EQ(step.correction, std::exp(-2.0f));
+  EXPECT_EQ(step.weight, 1.0f);
+  EXPECT_FLOAT_EQ(st.sum, (1.0f + std::exp(-1.0f)) * std::exp(-2.0f) + 1.0f);
+  EXPECT_EQ(WarpMergeFactor(SoftmaxState{}, 3.0f), 0.0f);  // a warp without keys
+  EXPECT_EQ(WarpMergeFactor(st, 4.0f), 1.0f);
+}
+
+TEST(CudaLaunchTest, PrefillAttentionEmulationMatchesReference) {
+  std::mt19937 rng(3);
+  Pool pool(rng);
+  const int64_t num_heads = 8, start_pos = 5, num_tokens = 6;  // positions 5..10: 3 blocks
+  const std::vector<int32_t> table = {9, 2, 7};
+  const int64_t row = num_heads * Pool::kHeadDim, q_stride = row + 3, out_stride = row + 1;
+  std::vector<float> q = Random(num_tokens * q_stride, rng);
+  std::vector<float> got(num_tokens * out_stride, 0.0f), want = got;
+  PrefillAttentionParams p;
+  p.q = q.data();
+  p.out = want.data();
+  p.q_token_stride = q_stride;
+  p.out_token_stride = out_stride;
+  p.cache = pool.view;
+  p.block_table = table.data();
+  p.num_table_blocks = 3;
+  p.start_pos = start_pos;
+  p.num_tokens = num_tokens;
+  p.num_heads = num_heads;
+  reference::PrefillAttention(p);
+  const LaunchShape s = AttentionLaunch(num_tokens, num_heads, Pool::kHeadDim);
+  const float scale = AttentionScale(p.scale, Pool::kHeadDim);
+  for (int64_t b = 0; b < s.grid; ++b) {
+    const RowHead rh = RowHeadAt(b, num_heads);
+    EmulateAttendRow(p.cache, p.block_table, KvHeadOf(rh.head, num_heads, Pool::kKvHeads),
+                     q.data() + rh.row * q_stride + rh.head * Pool::kHeadDim,
+                     PrefillNumKeys(start_pos, rh.row), scale,
+                     got.data() + rh.row * out_stride + rh.head * Pool::kHeadDim);
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
+  }
+}
+
+TEST(CudaLaunchTest, DecodeAttentionEmulationMatchesReference) {
+  std::mt19937 rng(4);
+  Pool pool(rng);
+  const int64_t num_seqs = 3, num_heads = 4, max_blocks = 3;
+  // Lengths: one token, exactly one full block, and a last block holding one token.
+  const std::vector<int32_t> lens = {1, 4, 9};
+  const std::vector<int32_t> tables = {5, 0, 0, 11, 0, 0, 3, 8, 1};
+  const int64_t row = num_heads * Pool::kHeadDim;
+  std::vector<float> q = Random(num_seqs * row, rng);
+  std::vector<float> got(num_seqs * row), want(num_seqs * row);
+  DecodeAttentionParams p;
+  p.q = q.data();
+  p.out = want.data();
+  p.q_seq_stride = p.out_seq_stride = row;
+  p.cache = pool.view;
+  p.block_tables = tables.data();
+  p.max_blocks_per_seq = max_blocks;
+  p.context_lens = lens.data();
+  p.num_seqs = num_seqs;
+  p.num_heads = num_heads;
+  p.scale = 0.3f;
+  reference::DecodeAttention(p);
+  const LaunchShape s = AttentionLaunch(num_seqs, num_heads, Pool::kHeadDim);
+  for (int64_t b = 0; b < s.grid; ++b) {
+    const RowHead rh = RowHeadAt(b, num_heads);
+    EmulateAttendRow(p.cache,
+                     tables.data() + BlockTableIndex(rh.row, max_blocks, 0, Pool::kBlockSize),
+                     KvHeadOf(rh.head, num_heads, Pool::kKvHeads),
+                     q.data() + rh.row * row + rh.head * Pool::kHeadDim, lens[rh.row],
+                     AttentionScale(p.scale, Pool::kHeadDim),
+                     got.data() + rh.row * row + rh.head * Pool::kHeadDim);
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
+  }
+}
+
+TEST(CudaLaunchTest, WriteKvEmulationMatchesReferenceBitwise) {
+  std::mt19937 rng(5);
+  Pool got_pool(rng);
+  std::vector<uint16_t> want_data = got_pool.data;
+  KvCacheView want_view = got_pool.view;
+  want_view.base = want_data.data();
+  const int64_t elems = Pool::kKvHeads * Pool::kHeadDim, k_stride = elems + 2, v_stride = elems;
+  // Batched decode: token j of sequence token_seq[j], positions crossing block boundaries.
+  const std::vector<int32_t> positions = {0, 3, 4, 8};
+  const std::vector<int32_t> token_seq = {1, 0, 1, 0};
+  const std::vector<int32_t> tables = {6, 4, 10, 2, 9, 5};  // 2 sequences x 3 blocks
+  std::vector<float> k = Random(4 * k_stride, rng), v = Random(4 * v_stride, rng);
+  WriteKvParams p;
+  p.k = k.data();
+  p.v = v.data();
+  p.k_token_stride = k_stride;
+  p.v_token_stride = v_stride;
+  p.cache = want_view;
+  p.num_tokens = 4;
+  p.positions = positions.data();
+  p.token_seq = token_seq.data();
+  p.block_tables = tables.data();
+  p.num_seqs = 2;
+  p.max_blocks_per_seq = 3;
+  reference::WriteKv(p);
+  const KvCacheView& c = got_pool.view;
+  const LaunchShape s = WriteKvLaunch(p.num_tokens, c.num_kv_heads, c.head_dim);
+  auto* base = static_cast<uint16_t*>(c.base);
+  for (int64_t j = 0; j < s.grid; ++j) {
+    const int64_t pos = positions[j];
+    const int64_t block = tables[BlockTableIndex(token_seq[j], 3, pos, c.block_size)];
+    for (int64_t tid = 0; tid < s.threads; ++tid) {
+      for (int64_t e = tid; e < elems; e += s.threads) {
+        const int64_t off = KvElementOffset(c, block, e / c.head_dim, pos, false) + e % c.head_dim;
+        base[off] = F32ToBf16(k[j * k_stride + e]);
+        base[off + c.kv_stride] = F32ToBf16(v[j * v_stride + e]);
+      }
+    }
+  }
+  EXPECT_EQ(got_pool.data, want_data);
+}
+
+// Rank order of kernels/sampling_params.h: logit descending, then id ascending.
+bool Before(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
+
+TEST(CudaLaunchTest, SamplingRankKeyFollowsRankOrder) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> logits = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -1.0f,
+                               inf,
+                               -inf,
+                               1e-30f,
+                               -1e-30f,
+                               3.5f,
+                               3.5f,
+                               std::numeric_limits<float>::denorm_min(),
+                               -65504.0f,
+                               1.0f};
+  std::mt19937 rng(6);
+  for (float x : Random(50, rng)) {
+    logits.push_back(x);
+  }
+  for (size_t a = 0; a < logits.size(); ++a) {
+    for (size_t b = 0; b < logits.size(); ++b) {
+      const int32_t ia = static_cast<int32_t>(a), ib = static_cast<int32_t>(b);
+      EXPECT_EQ(SamplingRankKey(logits[a], ia) < SamplingRankKey(logits[b], ib),
+                Before(logits[a], ia, logits[b], ib))
+          << logits[a] << "@" << a << " vs " << logits[b] << "@" << b;
+    }
+  }
+}
+
+TEST(CudaLaunchTest, SmallestKeyFindsThreshold) {
+  for (uint64_t t : {uint64_t{0}, uint64_t{1}, uint64_t{12345}, uint64_t{1} << 63, ~uint64_t{0},
+                     (uint64_t{7} << 40) | 3}) {
+    int calls = 0;
+    EXPECT_EQ(SmallestKey([&](uint64_t k) {
+                ++calls;
+                return k >= t;
+              }),
+              t);
+    EXPECT_EQ(calls, 64);
+  }
+}
+
+TEST(CudaLaunchTest, SegmentsSplitInOrder) {
+  for (int64_t n : {1, 5, 255, 256, 257, 1000, 32000}) {
+    int64_t next = 0;
+    for (int64_t t = 0; t < kSamplingThreads; ++t) {
+      const Segment s = SegmentOf(t, n, kSamplingThreads);
+      ASSERT_EQ(s.begin, next) << n << " " << t;
+      ASSERT_LE(s.begin, s.end);
+      next = s.end;
+    }
+    EXPECT_EQ(next, n);
+  }
+  EXPECT_EQ(SamplingLaunch(9).grid, 9);
+  EXPECT_EQ(SamplingLaunch(9).threads % kWarpSize, 0);
+}
+
+// The sampling kernel's algorithm, one "block" run sequentially: top-k and top-p cut keys by
+// SmallestKey over rank keys, then the draw over per-thread segments in id order.
+int32_t EmulateSampleRow(const float* row, int64_t vocab, float temperature, int32_t top_k,
+                         float top_p, double u) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int64_t n = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (row[i] == row[i]) {
+      ++n;
+      mx = std::max(mx, row[i]);
+    }
+  }
+  if (n == 0) {
+    return 0;
+  }
+  const float inv_t = 1.0f / temperature;
+  auto weight = [&](int64_t i) {
+    if (std::isinf(mx)) {
+      return row[i] == mx ? 1.0f : 0.0f;
+    }
+    return std::exp((row[i] - mx) * inv_t);
+  };
+  auto key = [&](int64_t i) { return SamplingRankKey(row[i], static_cast<int32_t>(i)); };
+  uint64_t kept_max = ~uint64_t{0};
+  if (top_k > 0 && top_k < n) {
+    kept_max = SmallestKey([&](uint64_t k) {
+      int64_t c = 0;
+      for (int64_t i = 0; i < vocab; ++i) {
+        c += (row[i] == row[i] && key(i) <= k) ? 1 : 0;
+      }
+      return c >= top_k;
+    });
+  }
+  auto mass_upto = [&](uint64_t limit) {
+    double m = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (row[i] == row[i] && key(i) <= limit) {
+        m += weight(i);
+      }
+    }
+    return m;
+  };
+  if (top_p < 1.0f) {
+    const double target = static_cast<double>(top_p) * mass_upto(kept_max);
+    const uint64_t cut =
+        SmallestKey([&](uint64_t k) { return mass_upto(std::min(k, kept_max)) >= target; });
+    kept_max = std::min(cut, kept_max);
+  }
+  std::vector<double> prefix(kSamplingThreads);
+  double total = 0.0;
+  for (int64_t t = 0; t < kSamplingThreads; ++t) {
+    const Segment s = SegmentOf(t, vocab, kSamplingThreads);
+    double local = 0.0;
+    for (int64_t i = s.begin; i < s.end; ++i) {
+      if (row[i] == row[i] && key(i) <= kept_max) {
+        local += weight(i);
+      }
+    }
+    prefix[t] = total;
+    total += local;
+  }
+  const double target = u * total;
+  int32_t last = -1;
+  for (int64_t t = 0; t < kSamplingThreads; ++t) {
+    const Segment s = SegmentOf(t, vocab, kSamplingThreads);
+    double c = prefix[t];
+    for (int64_t i = s.begin; i < s.end; ++i) {
+      if (row[i] == row[i] && key(i) <= kept_max) {
+        last = static_cast<int32_t>(i);
+        c += weight(i);
+        if (c > target) {
+          return static_cast<int32_t>(i);
+        }
+      }
+    }
+  }
+  return last;
+}
+
+TEST(CudaLaunchTest, SamplingEmulationMatchesReference) {
+  std::mt19937 rng(7);
+  const int64_t vocab = 300;  // more ids than threads: multi-id segments with a short tail
+  int mismatches = 0, rows = 0;
+  for (int32_t top_k : {0, 1, 5, 299, 300}) {
+    for (float top_p : {1.0f, 0.9f, 0.3f, 1e-6f}) {
+      for (uint64_t seed = 0; seed < 6; ++seed) {
+        std::vector<float> row = Random(vocab, rng);
+        for (float& x : row) {
+          x *= 3.0f;
+        }
+        row[17] = std::numeric_limits<float>::quiet_NaN();
+        row[40] = row[41];  // a tie, broken by id
+        const float temperature = 0.7f;
+        int32_t want = -1;
+        const uint64_t step = seed * 3;
+        SamplingParams p;
+        p.logits = row.data();
+        p.out_tokens = &want;
+        p.num_seqs = 1;
+        p.vocab_size = p.logits_stride = vocab;
+        p.temperature = &temperature;
+        p.top_k = &top_k;
+        p.top_p = &top_p;
+        p.seeds = &seed;
+        p.steps = &step;
+        reference::Sample(p);
+        const int32_t got = EmulateSampleRow(row.data(), vocab, temperature, top_k, top_p,
+                                             SamplingUniform(seed, step));
+        ++rows;
+        mismatches += got != want ? 1 : 0;
+      }
+    }
+  }
+  // f32 weights vs the reference's double ones can move a draw that lands within ~1e-7 of a
+  // boundary; with these seeds none does.
+  EXPECT_EQ(mismatches, 0) << "of " << rows;
+}
+
+TEST(CudaLaunchTest, CopyAccessAndSegments) {
+  alignas(16) static char buf[256];
+  EXPECT_EQ(CopyAccessBytes(buf, buf + 64, 4096, 8192, 1024), 16);
+  EXPECT_EQ(CopyAccessBytes(buf, buf + 8, 4096, 8192, 1024), 8);
+  EXPECT_EQ(CopyAccessBytes(buf, buf, 4096, 4098, 1024), 2);
+  EXPECT_EQ(CopyAccessBytes(buf + 1, buf, 4096, 4096, 1024), 1);
+  EXPECT_EQ(CopyAccessBytes(buf, buf, 4096, 4096, 1028), 4);
+  EXPECT_EQ(CopySegmentsPerBlock(1), 1);
+  EXPECT_EQ(CopySegmentsPerBlock(kCopySegmentBytes), 1);
+  EXPECT_EQ(CopySegmentsPerBlock(kCopySegmentBytes + 1), 2);
+  EXPECT_EQ(CopyBlocksLaunch(3, 2 * kCopySegmentBytes + 48).grid, 9);
+}
+
+// CopyBlocks through the kernel's (segment, word) decomposition: a gather with scattered ids and
+// a tail segment, compared with reference::CopyBlocks byte for byte.
+TEST(CudaLaunchTest, CopyBlocksEmulationMatchesReference) {
+  const int64_t block_bytes = 2 * kCopySegmentBytes + 48, src_stride = block_bytes + 16;
+  const int64_t src_blocks = 5, copies = 3;
+  std::vector<unsigned char> src(src_blocks * src_stride);
+  std::mt19937 rng(8);
+  for (unsigned char& b : src) {
+    b = static_cast<unsigned char>(rng());
+  }
+  const std::vector<int32_t> ids = {4, 0, 2};
+  std::vector<unsigned char> got(copies * block_bytes, 0), want(copies * block_bytes, 0);
+  CopyBlocksParams p;
+  p.src = src.data();
+  p.dst = want.data();
+  p.src_ids = ids.data();
+  p.num_copies = copies;
+  p.block_bytes = block_bytes;
+  p.src_block_stride_bytes = src_stride;
+  p.dst_block_stride_bytes = block_bytes;
+  p.src_num_blocks = src_blocks;
+  p.dst_num_blocks = copies;
+  reference::CopyBlocks(p);
+  const int access = 16;  // both strides and block_bytes are multiples of 16
+  const LaunchShape s = CopyBlocksLaunch(copies, block_bytes);
+  const int64_t per_block = CopySegmentsPerBlock(block_bytes);
+  std::vector<int> hits(got.size(), 0);
+  for (int64_t b = 0; b < s.grid; ++b) {
+    const CopySegment seg = CopySegmentAt(b, per_block, block_bytes);
+    ASSERT_EQ((seg.end - seg.begin) % access, 0);
+    const unsigned char* from = src.data() + ids[seg.copy] * src_stride + seg.begin;
+    unsigned char* to = got.data() + seg.copy * block_bytes + seg.begin;
+    for (int64_t tid = 0; tid < s.threads; ++tid) {
+      for (int64_t w = tid; w < (seg.end - seg.begin) / access; w += s.threads) {
+        std::copy(from + w * access, from + (w + 1) * access, to + w * access);
+        for (int i = 0; i < access; ++i) {
+          ++hits[(to - got.data()) + w * access + i];
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+  EXPECT_EQ(got, want);
+}
+
+TEST(CudaLaunchTest, MatMulTilesAndWorkspace) {
+  MatMulParams p;
+  p.num_rows = 3;
+  p.in_features = 4096;
+  p.out_features = 14336;
+  p.x_row_stride = 4096;
+  p.y_row_stride = 14336;
+  EXPECT_EQ(MatMulTileRows(p), 14336);
+  EXPECT_EQ(MatMulWorkspaceBytes(p), 0);
+  p.w_dtype = DType::kBF16;
+  EXPECT_EQ(MatMulTileRows(p), 2048);
+  EXPECT_EQ(MatMulWorkspaceBytes(p), 2048 * 4096 * 4);
+  p.in_features = int64_t{16} << 20;  // one f32 row exceeds the tile budget: still one row
+  EXPECT_EQ(MatMulTileRows(p), 1);
+  p.in_features = 10;
+  p.out_features = 7;
+  EXPECT_EQ(MatMulTileRows(p), 7);
+  EXPECT_EQ(MatMulWorkspaceBytes(p), 7 * 10 * 4);
+}
+
+// Column-major C = op_T(A) * B as cuBLAS computes it (lda/ldb/ldc in elements).
+void HostSgemmTN(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta,
+                 float* c, int ldc) {
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      double acc = 0.0;
+      for (int l = 0; l < k; ++l) {
+        acc += static_cast<double>(a[i * lda + l]) * b[j * ldb + l];  // A^T(i, l) = A(l, i)
+      }
+      c[j * ldc + i] = static_cast<float>(acc + beta * c[j * ldc + i]);
+    }
+  }
+}
+
+// The cuBLAS MatMul path emulated with its GemmCall tiles: bias step, then per tile the bf16
+// weight rows widened to f32 and a column-major sgemm(T, N) with beta = 1, as
+// matmul_cublas.cc does. A small tile budget makes 4 tiles of 2, 2, 2 and 1 rows.
+TEST(CudaLaunchTest, MatMulGemmMappingMatchesReference) {
+  std::mt19937 rng(9);
+  for (bool accumulate : {false, true}) {
+    MatMulParams p;
+    p.num_rows = 3;
+    p.in_features = 5;
+    p.out_features = 7;
+    p.x_row_stride = 6;
+    p.y_row_stride = 9;
+    p.accumulate = accumulate;
+    p.w_dtype = DType::kBF16;
+    std::vector<float> x = Random(p.num_rows * p.x_row_stride, rng);
+    std::vector<uint16_t> w(p.out_features * p.in_features);
+    std::vector<float> wf = Random(p.out_features * p.in_features, rng);
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] = F32ToBf16(wf[i]);
+    }
+    std::vector<float> bias = Random(p.out_features, rng);
+    std::vector<float> y0 = Random(p.num_rows * p.y_row_stride, rng);
+    std::vector<float> got = y0, want = y0;
+    p.x = x.data();
+    p.w = w.data();
+    p.bias = bias.data();
+    p.y = want.data();
+    reference::MatMul(p);
+    // The bias kernel's grid-stride items (LaunchBiasInit).
+    const int64_t bias_items = p.num_rows * p.out_features;
+    ForEachGridStrideItem(ElementwiseLaunch(bias_items), bias_items, [&](int64_t i) {
+      const RowCol rc = RowColAt(i, p.out_features);
+      float& y = got[rc.row * p.y_row_stride + rc.col];
+      y = (accumulate ? y : 0.0f) + bias[rc.col];
+    });
+    const int64_t tile_bytes = 2 * p.in_features * 4;
+    const int64_t tile = MatMulTileRows(p, tile_bytes);
+    ASSERT_EQ(tile, 2);
+    std::vector<float> workspace(tile * p.in_features);
+    std::vector<int> rows;
+    for (int64_t first = 0; first < p.out_features; first += tile) {
+      const GemmCall g = MatMulTile(p, first, tile_bytes);
+      EXPECT_EQ(g.n, p.num_rows);
+      EXPECT_EQ(g.k, p.in_features);
+      ASSERT_LE(static_cast<int64_t>(g.m) * g.k, static_cast<int64_t>(workspace.size()));
+      for (int64_t i = 0; i < static_cast<int64_t>(g.m) * g.k; ++i) {
+        workspace[i] = Bf16ToF32(w[g.w_offset + i]);
+      }
+      HostSgemmTN(g.m, g.n, g.k, workspace.data(), g.lda, x.data(), g.ldb, 1.0f,
+                  got.data() + g.y_offset, g.ldc);
+      rows.push_back(g.m);
+    }
+    EXPECT_EQ(rows, (std::vector<int>{2, 2, 2, 1}));
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5f) << i;  // padding columns untouched in both
+    }
+  }
+}
+
+// A tile that does not divide out_features: the last GemmCall is the short remainder.
+TEST(CudaLaunchTest, MatMulLastTileIsTheRemainder) {
+  MatMulParams p;
+  p.num_rows = 2;
+  p.in_features = int64_t{3} << 20;  // 12 MiB per f32 row: tiles of 2 rows under 32 MiB
+  p.out_features = 5;
+  p.x_row_stride = p.in_features;
+  p.y_row_stride = 8;
+  p.w_dtype = DType::kF16;
+  ASSERT_EQ(MatMulTileRows(p), 2);
+  std::vector<int> rows;
+  for (int64_t first = 0; first < p.out_features; first += MatMulTileRows(p)) {
+    const GemmCall g = MatMulTile(p, first);
+    EXPECT_EQ(g.y_offset, first);
+    EXPECT_EQ(g.w_offset, first * p.in_features);
+    EXPECT_EQ(g.lda, p.in_features);
+    EXPECT_EQ(g.ldb, p.x_row_stride);
+    EXPECT_EQ(g.ldc, 8);
+    rows.push_back(g.m);
+  }
+  EXPECT_EQ(rows, (std::vector<int>{2, 2, 1}));
+}
+
+}  // namespace
+}  // namespace pd::kernels::cuda

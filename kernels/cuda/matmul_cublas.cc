@@ -1,0 +1,115 @@
+// MatMul on CUDA through cuBLAS: y^T = op_T(w) x^T in cuBLAS's column-major terms (the call
+// shapes come from MatMulTile in launch_config.h). All arithmetic is f32, like the CPU kernel:
+// bf16/f16 weights are widened into the workspace one tile of output rows at a time, and the
+// handle keeps CUBLAS_DEFAULT_MATH (no TF32).
+#include <cublas_v2.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch_config.h"
+
+namespace pd::kernels::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// One cuBLAS handle per (thread, device): cuBLAS handles must not be shared by threads that
+// set different streams concurrently. Destroyed at thread exit.
+class ThreadHandles {
+ public:
+  ThreadHandles() = default;
+  ThreadHandles(const ThreadHandles&) = delete;
+  ThreadHandles& operator=(const ThreadHandles&) = delete;
+  ~ThreadHandles() {
+    for (cublasHandle_t h : handles_) {
+      if (h != nullptr) {
+        (void)cublasDestroy(h);  // may fail at process exit once the driver is gone
+      }
+    }
+  }
+
+  absl::Status Get(cublasHandle_t* out) {
+    int device = 0;
+    const cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("matmul: cudaGetDevice: ", cudaGetErrorName(err)));
+    }
+    if (device < 0 || device >= kMaxDevices) {
+      return absl::InternalError(absl::StrCat("matmul: device ", device, " >= ", kMaxDevices));
+    }
+    if (handles_[device] == nullptr) {
+      cublasHandle_t h = nullptr;
+      const cublasStatus_t st = cublasCreate(&h);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        return absl::InternalError(
+            absl::StrCat("matmul: cublasCreate on device ", device, ": ", cublasGetStatusName(st)));
+      }
+      handles_[device] = h;
+    }
+    *out = handles_[device];
+    return absl::OkStatus();
+  }
+
+ private:
+  cublasHandle_t handles_[kMaxDevices] = {};
+};
+
+absl::Status FromCublas(cublasStatus_t st, const char* what) {
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat("matmul: ", what, ": ", cublasGetStatusName(st), " (",
+                                          cublasGetStatusString(st), ")"));
+}
+
+absl::Status FromCuda(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat("matmul: ", what, ": ", cudaGetErrorName(err)));
+}
+
+}  // namespace
+
+absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
+  thread_local ThreadHandles handles;
+  cublasHandle_t handle = nullptr;
+  PD_RETURN_IF_ERROR(handles.Get(&handle));
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  PD_RETURN_IF_ERROR(FromCublas(cublasSetStream(handle, stream), "cublasSetStream"));
+  float beta = p.accumulate ? 1.0f : 0.0f;
+  if (p.bias != nullptr) {
+    // y = (accumulate ? y : 0) + bias, then the GEMM accumulates onto it.
+    PD_RETURN_IF_ERROR(FromCuda(LaunchBiasInit(p.y, p.bias, p.num_rows, p.out_features,
+                                               p.y_row_stride, p.accumulate, stream),
+                                "bias launch"));
+    beta = 1.0f;
+  }
+  const float alpha = 1.0f;
+  const int64_t tile = MatMulTileRows(p);
+  for (int64_t first = 0; first < p.out_features; first += tile) {
+    const GemmCall g = MatMulTile(p, first);
+    const float* w = nullptr;
+    if (p.w_dtype == DType::kF32) {
+      w = static_cast<const float*>(p.w) + g.w_offset;
+    } else {
+      ConvertParams widen;
+      widen.in = static_cast<const uint16_t*>(p.w) + g.w_offset;
+      widen.out = p.workspace;
+      widen.n = static_cast<int64_t>(g.m) * g.k;
+      widen.in_dtype = p.w_dtype;
+      widen.out_dtype = DType::kF32;
+      PD_RETURN_IF_ERROR(FromCuda(LaunchConvert(widen, stream), "widen launch"));
+      w = static_cast<const float*>(p.workspace);
+    }
+    PD_RETURN_IF_ERROR(
+        FromCublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, g.m, g.n, g.k, &alpha, w, g.lda,
+                               p.x, g.ldb, &beta, p.y + g.y_offset, g.ldc),
+                   "cublasSgemm"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pd::kernels::cuda
