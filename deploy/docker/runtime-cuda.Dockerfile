@@ -1,5 +1,5 @@
-# pdserve runtime image, CUDA backend: the CPU image's Debian 12 userland plus the CUDA runtime
-# and NCCL libraries from NVIDIA's pinned runtime image; the GPU driver (libcuda) comes from the
+# pdserve runtime image, CUDA backend: the CPU image's Debian 12 userland plus the CUDA runtime,
+# cuBLAS and NCCL libraries from NVIDIA's pinned runtime image; the GPU driver (libcuda) comes from the
 # node through the NVIDIA container toolkit.
 #
 #   docker build -f deploy/docker/runtime-cuda.Dockerfile -t pdserve/pdserve-cuda:0.1.0 .
@@ -25,6 +25,8 @@ RUN apt-get update \
       libcpp-httplib0.11 libstdc++6 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=cuda /usr/local/cuda-13.0/targets/x86_64-linux/lib/libcudart.so.13* /usr/local/lib/pdserve-cuda/
+COPY --from=cuda /usr/local/cuda-13.0/targets/x86_64-linux/lib/libcublas.so.13* /usr/local/lib/pdserve-cuda/
+COPY --from=cuda /usr/local/cuda-13.0/targets/x86_64-linux/lib/libcublasLt.so.13* /usr/local/lib/pdserve-cuda/
 COPY --from=cuda /usr/lib/x86_64-linux-gnu/libnccl.so.2* /usr/local/lib/pdserve-cuda/
 RUN echo /usr/local/lib/pdserve-cuda > /etc/ld.so.conf.d/pdserve-cuda.conf && ldconfig
 COPY --from=build /src/build/services/router/pd-router /src/build/services/worker/pd-worker /src/build/services/tierd/pd-tierd /src/build/services/client/pd-client /src/build/loadtest/pd-loadtest /usr/local/bin/

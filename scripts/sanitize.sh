@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds and runs a chosen set of tests once more under sanitizers (issue #10 item 2):
+#   address,undefined  the unit and integration tests of the layers that own memory and
+#                      parsing: common, the KV cache and scheduler, tierd's storage and Redis
+#                      index, the transport, the router's index and scorer, the KV events
+#   thread             the concurrency-heavy ones: router index, scheduler + engine loop,
+#                      transport, Redis client, thread pool, tierd's DRAM pool
+# Each sanitizer gets its own build directory (CUDA off: nvcc does not take -fsanitize); only
+# the listed test targets are built, which keeps it within the CI budget. Called by
+# scripts/test.sh when CI=true or PD_SANITIZERS=1; run by hand as scripts/sanitize.sh
+# [address|thread] (default both). Exit status: non-zero if any build or test failed.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+
+PD_ASAN_TESTS=(
+  common_base_test common_hash_test common_metrics_test common_threads_test common_time_test
+  common_redis_client_test common_redis_client_integration_test common_redis_prefix_index_test
+  engine_kvcache_test engine_memory_test engine_scheduler_test
+  services_tierd_test services_tierd_integration_test
+  services_tierd_redis_index_test services_tierd_redis_index_integration_test
+  services_router_index_test services_router_scorer_test
+  services_kv_events_test
+  transport_test transport_conformance_test
+)
+PD_TSAN_TESTS=(
+  common_threads_test common_redis_client_integration_test
+  engine_scheduler_test engine_runtime_test
+  services_router_index_test services_tierd_test
+  transport_test
+)
+
+pd_sanitize_run() {
+  local name=$1 flags=$2
+  shift 2
+  local targets=("$@")
+  local dir="${PD_ROOT}/build-${name}"
+  local start=$SECONDS
+  pd_log "sanitizer ${name} (${flags}): configuring ${dir}"
+  cmake -S "$PD_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPD_SANITIZE="$flags" -DPD_ENABLE_CUDA=OFF -DPD_ENABLE_NCCL=OFF -DPD_WERROR=ON >/dev/null
+  pd_log "sanitizer ${name}: building ${#targets[@]} test targets"
+  cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}"
+  pd_log "sanitizer ${name}: running"
+  # Each test binary directly, from the source root as ctest would (ctest would also list the
+  # tests of every target not built here).
+  local status=0 t bin
+  for t in "${targets[@]}"; do
+    bin="$(find "$dir" -name "$t" -type f -perm -u+x | head -n 1)"
+    if [ -z "$bin" ]; then
+      pd_log "sanitizer ${name}: $t was not built"
+      status=1
+      continue
+    fi
+    if ! (cd "$PD_ROOT" &&
+      ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1" \
+      UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+      TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+      timeout 900 "$bin" --gtest_brief=1 >"$dir/$t.log" 2>&1); then
+      pd_log "sanitizer ${name}: $t FAILED; last lines of $dir/$t.log:"
+      tail -n 60 "$dir/$t.log" >&2
+      status=1
+    else
+      pd_log "sanitizer ${name}: $t passed ($(grep -c '^\[       OK \]\|^\[  PASSED' "$dir/$t.log" || true) lines ok)"
+    fi
+  done
+  pd_log "sanitizer ${name}: $((SECONDS - start)) s, status ${status}"
+  return $status
+}
+
+which=${1:-all}
+status=0
+if [ "$which" = all ] || [ "$which" = address ]; then
+  pd_sanitize_run asan address,undefined "${PD_ASAN_TESTS[@]}" || status=1
+fi
+if [ "$which" = all ] || [ "$which" = thread ]; then
+  pd_sanitize_run tsan thread "${PD_TSAN_TESTS[@]}" || status=1
+fi
+exit $status
