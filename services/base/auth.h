@@ -14,7 +14,6 @@
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +31,9 @@ namespace pd::services {
 // Metadata keys (gRPC metadata keys are lower-case).
 inline constexpr char kAuthorizationMetadata[] = "authorization";
 inline constexpr char kClusterTokenMetadata[] = "x-pd-cluster-token";
+
+// Shortest accepted cluster token (--cluster_token_file), e.g. `openssl rand -hex 32` gives 64.
+inline constexpr size_t kMinClusterTokenBytes = 16;
 
 using Sha256Digest = std::array<uint8_t, 32>;
 
