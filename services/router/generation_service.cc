@@ -88,7 +88,14 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   }
 
   void OnDone() override {
-    service_->EndStream(decode_.tenant());
+    bool release;
+    {
+      absl::MutexLock lock(&mu_);
+      release = !tenant_released_;  // normally released by MaybeFinishLocked already
+      tenant_released_ = true;
+    }
+    if (release) service_->ReleaseTenantStream(decode_.tenant());
+    service_->EndStream();
     delete this;
   }
 
@@ -283,6 +290,10 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       return std::nullopt;
     }
     finished_ = true;
+    if (!tenant_released_) {
+      tenant_released_ = true;
+      service_->ReleaseTenantStream(decode_.tenant());  // before the client sees the end
+    }
     grpc::Status final_status = status_;
     if (status_.ok() && !got_final_) {
       final_status = grpc::Status(grpc::StatusCode::INTERNAL,
@@ -327,6 +338,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   bool relayed_ ABSL_GUARDED_BY(mu_) = false;  // something was written to the client
   bool upstream_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool tenant_released_ ABSL_GUARDED_BY(mu_) = false;
   bool first_ ABSL_GUARDED_BY(mu_) = true;
   bool got_final_ ABSL_GUARDED_BY(mu_) = false;
   bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
@@ -442,8 +454,7 @@ absl::Status GenerationService::AcquireTenantStream(const std::string& tenant) {
   return absl::OkStatus();
 }
 
-void GenerationService::EndStream(const std::string& tenant) {
-  --inflight_;
+void GenerationService::ReleaseTenantStream(const std::string& tenant) {
   if (config_.max_streams_per_tenant <= 0) {
     return;
   }

@@ -91,8 +91,11 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   const Metrics& metrics() const { return metrics_; }
   WorkerPool* workers() { return workers_; }
   PlacementPolicy* policy() { return policy_; }
-  // A stream of `tenant` ended (pairs with the acquisition in Generate).
-  void EndStream(const std::string& tenant);
+  // A stream's slot of its tenant is free (pairs with the acquisition in Generate): called
+  // once per stream, before the client can see the stream end, so that a client sending its
+  // requests one after another is never refused by max_streams_per_tenant.
+  void ReleaseTenantStream(const std::string& tenant);
+  void EndStream() { --inflight_; }
 
  private:
   GenerationService() = default;
