@@ -22,18 +22,17 @@ absl::Status Run(std::vector<std::string> args, const std::string& log) {
     return e.status();
   }
   if (!e->Success()) {
-    return absl::InternalError(absl::StrCat("openssl ", args[1], " failed (", e->ToString(),
-                                            "): ", p->LogTail(10)));
+    return absl::InternalError(
+        absl::StrCat("openssl ", args[1], " failed (", e->ToString(), "): ", p->LogTail(10)));
   }
   return absl::OkStatus();
 }
 
 // A self-signed CA named `name`: <dir>/<name>.pem and <dir>/<name>.key.
 absl::Status MakeCa(const std::string& dir, const std::string& name, const std::string& log) {
-  return Run({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-              "-nodes", "-days", "2", "-subj", absl::StrCat("/CN=pdserve test ", name),
-              "-keyout", absl::StrCat(dir, "/", name, ".key"), "-out",
-              absl::StrCat(dir, "/", name, ".pem")},
+  return Run({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+              "-days", "2", "-subj", absl::StrCat("/CN=pdserve test ", name), "-keyout",
+              absl::StrCat(dir, "/", name, ".key"), "-out", absl::StrCat(dir, "/", name, ".pem")},
              log);
 }
 

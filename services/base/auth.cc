@@ -23,8 +23,7 @@ bool ValidTenant(absl::string_view t) {
     return false;
   }
   for (char c : t) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' &&
-        c != '-') {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
       return false;
     }
   }
@@ -110,8 +109,8 @@ absl::StatusOr<ApiKeyStore> ApiKeyStore::Parse(absl::string_view text, absl::str
     const absl::string_view tenant = line.substr(0, colon);
     const absl::string_view key = line.substr(colon + 1);
     if (!ValidTenant(tenant)) {
-      return bad(absl::StrCat("tenant id must be 1..", kMaxTenantBytes,
-                              " bytes of [A-Za-z0-9._-]"));
+      return bad(
+          absl::StrCat("tenant id must be 1..", kMaxTenantBytes, " bytes of [A-Za-z0-9._-]"));
     }
     if (key.size() < kMinKeyBytes || key.size() > kMaxKeyBytes) {
       return bad(absl::StrCat("key of tenant '", tenant, "' has ", key.size(), " bytes; keys are ",
@@ -208,9 +207,8 @@ std::string DeriveTenantCacheSalt(absl::string_view tenant,
   in.push_back(client_salt.has_value() ? '\1' : '\0');
   AppendLengthPrefixed(&in, client_salt.value_or(""));
   const Sha256Digest d = Sha256(in);
-  return absl::StrCat("tenant-v1:",
-                      absl::BytesToHexString(absl::string_view(
-                          reinterpret_cast<const char*>(d.data()), d.size())));
+  return absl::StrCat("tenant-v1:", absl::BytesToHexString(absl::string_view(
+                                        reinterpret_cast<const char*>(d.data()), d.size())));
 }
 
 }  // namespace pd::services

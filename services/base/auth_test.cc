@@ -108,8 +108,7 @@ TEST(ReadSecretFileTest, StripsTheNewlineAndChecksLength) {
   EXPECT_THAT(t.status().message(), Not(HasSubstr("short")));
   std::ofstream(path) << "has space inside the secret\n";
   EXPECT_EQ(ReadSecretFile(path, "--f", 1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReadSecretFile(path + ".nope", "--f", 1).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadSecretFile(path + ".nope", "--f", 1).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(DeriveTenantCacheSaltTest, SeparatesTenantsAndKeepsATenantsOwnSalts) {

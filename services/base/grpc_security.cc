@@ -48,19 +48,18 @@ struct PkeyDeleter {
 // startup error naming the flags instead of a handshake failure at the first call.
 absl::Status CheckCertAndKey(const std::string& cert_pem, const std::string& key_pem,
                              absl::string_view cert_flag, absl::string_view key_flag) {
-  std::unique_ptr<BIO, BioDeleter> cb(BIO_new_mem_buf(cert_pem.data(),
-                                                      static_cast<int>(cert_pem.size())));
+  std::unique_ptr<BIO, BioDeleter> cb(
+      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())));
   std::unique_ptr<X509, X509Deleter> cert(PEM_read_bio_X509(cb.get(), nullptr, nullptr, nullptr));
   if (cert == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(cert_flag, ": no PEM certificate"));
   }
-  std::unique_ptr<BIO, BioDeleter> kb(BIO_new_mem_buf(key_pem.data(),
-                                                      static_cast<int>(key_pem.size())));
+  std::unique_ptr<BIO, BioDeleter> kb(
+      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())));
   std::unique_ptr<EVP_PKEY, PkeyDeleter> key(
       PEM_read_bio_PrivateKey(kb.get(), nullptr, nullptr, nullptr));
   if (key == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(key_flag, ": no unencrypted PEM private key"));
+    return absl::InvalidArgumentError(absl::StrCat(key_flag, ": no unencrypted PEM private key"));
   }
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
     return absl::InvalidArgumentError(
@@ -145,8 +144,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     absl::StatusOr<std::string> ca = ReadPem(config.client_ca_file, "--tls_ca");
     if (!ca.ok()) return ca.status();
     options.pem_root_certs = *ca;
-    options.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   options.pem_key_cert_pairs.push_back({*key, *cert});
   return grpc::SslServerCredentials(options);

@@ -129,10 +129,9 @@ TEST_F(GrpcSecurityTest, TlsServerRefusesPlaintextAndServesAVerifyingClient) {
 TEST_F(GrpcSecurityTest, MutualTlsNeedsAClientCertificateFromTheClusterCa) {
   Serve({pki_.server_cert, pki_.server_key, pki_.ca_cert});
   EXPECT_EQ(Call(Client({pki_.ca_cert, "", ""})).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(Call(Client({pki_.ca_cert, pki_.other_client_cert, pki_.other_client_key}))
-                .status()
-                .code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      Call(Client({pki_.ca_cert, pki_.other_client_cert, pki_.other_client_key})).status().code(),
+      absl::StatusCode::kUnavailable);
   absl::StatusOr<std::string> r = Call(Client({pki_.ca_cert, pki_.client_cert, pki_.client_key}));
   EXPECT_TRUE(r.ok()) << r.status();
 }
@@ -146,10 +145,9 @@ TEST_F(GrpcSecurityTest, ClusterTokenIsCheckedOverPlaintextAndTls) {
     absl::StatusOr<std::string> none = Call(Client(client));
     EXPECT_EQ(none.status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_THAT(none.status().message(), HasSubstr("cluster token"));
-    EXPECT_EQ(Call(Client(client, {ClusterTokenHeader("cluster-token-for-tests-0124")}))
-                  .status()
-                  .code(),
-              absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(
+        Call(Client(client, {ClusterTokenHeader("cluster-token-for-tests-0124")})).status().code(),
+        absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(Call(Client(client, {ClusterTokenHeader("")})).status().code(),
               absl::StatusCode::kUnauthenticated);
     EXPECT_TRUE(Call(Client(client, {ClusterTokenHeader(kToken)})).ok());
@@ -167,9 +165,11 @@ TEST_F(GrpcSecurityTest, ApiKeyFromBearerMetadataNamesTheTenant) {
   EXPECT_EQ(*r, "tenant-a");
   r = Call(Client({}, {{"authorization", absl::StrCat("bearer  ", kKey)}}));
   EXPECT_TRUE(r.ok()) << r.status();
-  for (const std::vector<CallHeader>& h : std::vector<std::vector<CallHeader>>{
-           {}, {BearerHeader("wrong-key-0123456789abcdef")}, {{"authorization", kKey}},
-           {{"authorization", "Basic dTpw"}}}) {
+  for (const std::vector<CallHeader>& h :
+       std::vector<std::vector<CallHeader>>{{},
+                                            {BearerHeader("wrong-key-0123456789abcdef")},
+                                            {{"authorization", kKey}},
+                                            {{"authorization", "Basic dTpw"}}}) {
     r = Call(Client({}, h));
     EXPECT_EQ(r.status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_THAT(r.status().message(), ::testing::Not(HasSubstr("0123456789")));

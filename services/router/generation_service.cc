@@ -432,8 +432,8 @@ absl::StatusOr<std::string> GenerationService::Authenticate(
   }
   PD_ASSIGN_OR_RETURN(std::string tenant, api_keys_->Authenticate(context));
   if (request != nullptr && request->has_tenant() && request->tenant() != tenant) {
-    return absl::PermissionDeniedError(absl::StrCat("tenant '", request->tenant(),
-                                                    "' is not the api key's tenant"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant '", request->tenant(), "' is not the api key's tenant"));
   }
   return tenant;
 }
@@ -531,8 +531,8 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
   std::string salt;
   if (api_keys_.has_value()) {
     salt = services::DeriveTenantCacheSalt(
-        tenant, request.has_cache_salt() ? std::optional<std::string>(request.cache_salt())
-                                         : std::nullopt);
+        tenant,
+        request.has_cache_salt() ? std::optional<std::string>(request.cache_salt()) : std::nullopt);
   } else if (request.has_cache_salt()) {
     salt = request.cache_salt();
   }

@@ -154,12 +154,11 @@ int main(int argc, char** argv) {
             << (config->tls.enabled() ? (config->tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
                                       : " (plaintext)")
             << (config->api_keys_file.empty() ? ", no api keys" : ", api keys required")
-            << (config->cluster_token_file.empty() ? "" : ", cluster token on")
-            << ", metrics on "
+            << (config->cluster_token_file.empty() ? "" : ", cluster token on") << ", metrics on "
             << config->metrics_address.host << ":" << (*http)->port()
-            << (config->redis ? absl::StrCat(", redis ", config->redis->host, ":",
-                                             config->redis->port)
-                              : std::string(", no redis"));
+            << (config->redis
+                    ? absl::StrCat(", redis ", config->redis->host, ":", config->redis->port)
+                    : std::string(", no redis"));
   shutdown.Wait();
   (*server)->Drain(config->drain_timeout);
   LOG(INFO) << "gRPC server drained";

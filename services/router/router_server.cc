@@ -33,8 +33,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   std::vector<services::CallHeader> worker_headers;
   if (!config.cluster_token_file.empty()) {
     PD_ASSIGN_OR_RETURN(std::string token,
-                        services::ReadSecretFile(config.cluster_token_file,
-                                                 "--cluster_token_file", services::kMinClusterTokenBytes));
+                        services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
+                                                 services::kMinClusterTokenBytes));
     worker_headers.push_back(services::ClusterTokenHeader(token));
   }
   PD_ASSIGN_OR_RETURN(std::shared_ptr<const services::ClientSecurity> worker_security,
@@ -71,10 +71,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   WorkerPool* pool_ptr = server->pool_.get();
   feed->Start([pool_ptr] { return pool_ptr->Snapshot(); });
   PD_ASSIGN_OR_RETURN(server->policy_, MakePlacementPolicy(config, server->index_.get()));
-  PD_ASSIGN_OR_RETURN(server->generation_,
-                      GenerationService::Create(config, server->model_.get(), server->pool_.get(),
-                                                server->policy_.get(), metrics,
-                                                std::move(api_keys)));
+  PD_ASSIGN_OR_RETURN(
+      server->generation_,
+      GenerationService::Create(config, server->model_.get(), server->pool_.get(),
+                                server->policy_.get(), metrics, std::move(api_keys)));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -28,8 +28,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   std::vector<services::CallHeader> peer_headers;
   if (!config.cluster_token_file.empty()) {
     PD_ASSIGN_OR_RETURN(std::string token,
-                        services::ReadSecretFile(config.cluster_token_file,
-                                                 "--cluster_token_file",
+                        services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
                                                  services::kMinClusterTokenBytes));
     ctx.cluster_auth = services::ClusterTokenVerifier(token);
     peer_headers.push_back(services::ClusterTokenHeader(token));
@@ -155,13 +154,12 @@ WorkerServer::~WorkerServer() {
 std::string WorkerServer::address() const { return ctx_.grpc_address; }
 
 std::string WorkerServer::Describe() const {
-  return absl::StrCat("worker ", ctx_.worker_id, " role ", RoleName(ctx_.config.role), " on ",
-                      ctx_.grpc_address,
-                      ctx_.config.tls.enabled()
-                          ? (ctx_.config.tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
-                          : " (plaintext)",
-                      ctx_.cluster_auth.enabled() ? ", cluster token on" : "", ", ",
-                      runtime_->Describe(), ", transport ", handoff_->backend());
+  return absl::StrCat(
+      "worker ", ctx_.worker_id, " role ", RoleName(ctx_.config.role), " on ", ctx_.grpc_address,
+      ctx_.config.tls.enabled() ? (ctx_.config.tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
+                                : " (plaintext)",
+      ctx_.cluster_auth.enabled() ? ", cluster token on" : "", ", ", runtime_->Describe(),
+      ", transport ", handoff_->backend());
 }
 
 void WorkerServer::Drain(absl::Duration timeout) {

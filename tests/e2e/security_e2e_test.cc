@@ -79,12 +79,12 @@ class SecureCluster {
     CHECK(pki.ok()) << pki.status();
     pki_ = *pki;
     WriteFile(dir + "/cluster-token", absl::StrCat(kToken, "\n"));
-    WriteFile(dir + "/api-keys", absl::StrCat("# e2e keys\ntenant-a:", kKeyA, "\ntenant-b:",
-                                              kKeyB, "\n"));
+    WriteFile(dir + "/api-keys",
+              absl::StrCat("# e2e keys\ntenant-a:", kKeyA, "\ntenant-b:", kKeyB, "\n"));
     const std::vector<std::string> security = {
-        "--tls_cert=" + pki_.server_cert,        "--tls_key=" + pki_.server_key,
-        "--client_tls_ca=" + pki_.ca_cert,       "--client_tls_cert=" + pki_.client_cert,
-        "--client_tls_key=" + pki_.client_key,   "--cluster_token_file=" + dir + "/cluster-token"};
+        "--tls_cert=" + pki_.server_cert,      "--tls_key=" + pki_.server_key,
+        "--client_tls_ca=" + pki_.ca_cert,     "--client_tls_cert=" + pki_.client_cert,
+        "--client_tls_key=" + pki_.client_key, "--cluster_token_file=" + dir + "/cluster-token"};
     prefill_port_ = StartWorker("prefill", security);
     decode_port_ = StartWorker("decode", security);
     router_port_ = FreePort();
@@ -192,18 +192,13 @@ class SecureCluster {
 
   int StartWorker(const std::string& role, const std::vector<std::string>& security) {
     const int port = FreePort();
-    std::vector<std::string> args = {kWorker,
-                                     "--role=" + role,
-                                     absl::StrCat("--model=", kModel),
-                                     absl::StrCat("--tokenizer=", kTokenizer),
-                                     absl::StrCat("--grpc_address=127.0.0.1:", port),
-                                     absl::StrCat("--metrics_address=127.0.0.1:", FreePort()),
-                                     "--worker_id=" + role,
-                                     "--kv_blocks=256",
-                                     "--threads=1",
-                                     "--drain_timeout=2s",
-                                     // Workers require client certificates (mutual TLS).
-                                     "--tls_ca=" + pki_.ca_cert};
+    std::vector<std::string> args = {
+        kWorker, "--role=" + role, absl::StrCat("--model=", kModel),
+        absl::StrCat("--tokenizer=", kTokenizer), absl::StrCat("--grpc_address=127.0.0.1:", port),
+        absl::StrCat("--metrics_address=127.0.0.1:", FreePort()), "--worker_id=" + role,
+        "--kv_blocks=256", "--threads=1", "--drain_timeout=2s",
+        // Workers require client certificates (mutual TLS).
+        "--tls_ca=" + pki_.ca_cert};
     if (role == "decode") {
       // Slow steps keep a long stream open while the per-tenant bound is checked.
       args.push_back("--step_delay=10ms");
@@ -262,14 +257,12 @@ TEST_F(SecurityE2eTest, PublicApiWithoutAValidKeyIsUnauthenticated) {
            {{"authorization", kKeyA}}}) {
     auto api = cluster_->Api(headers);
     Generated g = SecureCluster::Generate(api.get(), Request("Once upon a time", 4));
-    EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
-        << g.status.error_message();
+    EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << g.status.error_message();
     EXPECT_TRUE(g.tokens.empty());
     EXPECT_THAT(g.status.error_message(), ::testing::Not(HasSubstr("0123456789")));
     grpc::ClientContext ctx;
     v1::ListModelsResponse models;
-    EXPECT_EQ(api->ListModels(&ctx, {}, &models).error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(api->ListModels(&ctx, {}, &models).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
   // A valid key cannot claim another tenant.
   auto api = cluster_->Api({services::BearerHeader(kKeyB)});
@@ -319,15 +312,13 @@ TEST_F(SecurityE2eTest, InternalRpcsRefuseCallersWithoutTheClusterToken) {
       grpc::ClientContext ctx;
       ctx.set_deadline(deadline());
       iv1::WorkerLoad load;
-      EXPECT_EQ(prefill->GetLoad(&ctx, {}, &load).error_code(),
-                grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(prefill->GetLoad(&ctx, {}, &load).error_code(), grpc::StatusCode::UNAUTHENTICATED);
     }
     {
       grpc::ClientContext ctx;
       ctx.set_deadline(deadline());
       iv1::PrefillResponse resp;
-      EXPECT_EQ(prefill->Prefill(&ctx, {}, &resp).error_code(),
-                grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(prefill->Prefill(&ctx, {}, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
     }
     {
       grpc::ClientContext ctx;
