@@ -2,7 +2,8 @@
 // pd-router with TLS and API keys, a decode and a prefill pd-worker with mutual TLS and the
 // cluster token — started once for every check, with certificates made by the openssl CLI.
 //
-//   - the public API answers UNAUTHENTICATED without a key or with a bad one;
+//   - the public API answers UNAUTHENTICATED without a key or with a bad one, PERMISSION_DENIED
+//     to a key claiming another tenant, RESOURCE_EXHAUSTED to a message over the size limit;
 //   - plaintext clients cannot connect to the router or a worker;
 //   - internal RPCs (DecodeService, PrefillService, KvEventService) refuse callers without the
 //     cluster token, and callers without a client certificate cannot connect;
@@ -53,6 +54,7 @@ constexpr char kToken[] = "e2e-cluster-token-0123456789abcdef";
 constexpr char kKeyA[] = "e2e-key-of-tenant-a-0123456789";
 constexpr char kKeyB[] = "e2e-key-of-tenant-b-0123456789";
 constexpr int kMaxStreamsPerTenant = 1;
+constexpr int kMaxMessageBytes = 64 << 10;
 
 int FreePort() {
   absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
@@ -99,7 +101,8 @@ class SecureCluster {
         "--health_interval=200ms",
         "--drain_timeout=2s",
         "--api_keys_file=" + dir + "/api-keys",
-        absl::StrCat("--max_streams_per_tenant=", kMaxStreamsPerTenant)};
+        absl::StrCat("--max_streams_per_tenant=", kMaxStreamsPerTenant),
+        absl::StrCat("--max_message_bytes=", kMaxMessageBytes)};
     args.insert(args.end(), security.begin(), security.end());
     // The public API is TLS without client certificates: clients authenticate with keys.
     absl::StatusOr<Subprocess> r = Subprocess::Spawn(args, dir + "/router.log");
@@ -248,7 +251,7 @@ pd::testing::TempDir* SecurityE2eTest::dir_ = nullptr;
 SecureCluster* SecurityE2eTest::cluster_ = nullptr;
 bool SecurityE2eTest::ready_ = false;
 
-TEST_F(SecurityE2eTest, PublicApiWithoutAValidKeyIsUnauthenticated) {
+TEST_F(SecurityE2eTest, PublicApiNeedsAValidKeyOfItsOwnTenantAndBoundsMessages) {
   for (const std::vector<services::CallHeader>& headers :
        std::vector<std::vector<services::CallHeader>>{
            {},
@@ -270,6 +273,11 @@ TEST_F(SecurityE2eTest, PublicApiWithoutAValidKeyIsUnauthenticated) {
   req.set_tenant("tenant-a");
   EXPECT_EQ(SecureCluster::Generate(api.get(), req).status.error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+  // Messages above --max_message_bytes are refused by gRPC itself.
+  Generated big =
+      SecureCluster::Generate(api.get(), Request(std::string(kMaxMessageBytes + 1, 'a'), 4));
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << big.status.error_message();
 }
 
 TEST_F(SecurityE2eTest, PlaintextClientsCannotConnect) {
