@@ -1,6 +1,7 @@
 // Edge security with real processes on loopback (docs/security.md): one secured cluster —
 // pd-router with TLS and API keys, a decode and a prefill pd-worker with mutual TLS and the
-// cluster token — started once for every check, with certificates made by the openssl CLI.
+// cluster token — with certificates made by the openssl CLI; one cluster per test process
+// (ctest runs each case in its own process, about 1.5 s each).
 //
 //   - the public API answers UNAUTHENTICATED without a key or with a bad one, PERMISSION_DENIED
 //     to a key claiming another tenant, RESOURCE_EXHAUSTED to a message over the size limit;
@@ -9,9 +10,11 @@
 //     cluster token, and callers without a client certificate cannot connect;
 //   - tenant B's prompt gets no cached tokens from tenant A's identical prompt (even when B
 //     sends A's derived salt as its own), A's repeat does, and the output is the same;
-//   - a tenant's concurrent streams are bounded.
+//   - a tenant's concurrent streams are bounded;
+//   - the cluster's own traffic (health, KV events, remote prefill) flows over mTLS + token.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log/log.h"
@@ -93,7 +97,7 @@ class SecureCluster {
     std::vector<std::string> args = {
         kRouter,
         absl::StrCat("--grpc_address=127.0.0.1:", router_port_),
-        absl::StrCat("--metrics_address=127.0.0.1:", FreePort()),
+        absl::StrCat("--metrics_address=127.0.0.1:", router_metrics_port_ = FreePort()),
         absl::StrCat("--model=", kModel),
         absl::StrCat("--tokenizer=", kTokenizer),
         absl::StrCat("--decode_workers=127.0.0.1:", decode_port_),
@@ -166,12 +170,23 @@ class SecureCluster {
     return out;
   }
 
+  // Prometheus text of the router / the decode worker ("" when unreachable).
+  std::string RouterMetrics() const { return HttpGet(router_metrics_port_, "/metrics"); }
+  std::string DecodeMetrics() const { return HttpGet(decode_metrics_port_, "/metrics"); }
+
   const pd::testing::TestPki& pki() const { return pki_; }
   int router_port() const { return router_port_; }
   int decode_port() const { return decode_port_; }
   int prefill_port() const { return prefill_port_; }
 
  private:
+  static std::string HttpGet(int port, const std::string& path) {
+    httplib::Client http("127.0.0.1", port);
+    http.set_connection_timeout(2);
+    auto res = http.Get(path.c_str());
+    return res ? res->body : "";
+  }
+
   // True when a TCP connection to 127.0.0.1:`port` is accepted.
   static bool Listening(int port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -195,10 +210,12 @@ class SecureCluster {
 
   int StartWorker(const std::string& role, const std::vector<std::string>& security) {
     const int port = FreePort();
+    const int mport = FreePort();
+    if (role == "decode") decode_metrics_port_ = mport;
     std::vector<std::string> args = {
         kWorker, "--role=" + role, absl::StrCat("--model=", kModel),
         absl::StrCat("--tokenizer=", kTokenizer), absl::StrCat("--grpc_address=127.0.0.1:", port),
-        absl::StrCat("--metrics_address=127.0.0.1:", FreePort()), "--worker_id=" + role,
+        absl::StrCat("--metrics_address=127.0.0.1:", mport), "--worker_id=" + role,
         "--kv_blocks=256", "--threads=1", "--drain_timeout=2s",
         // Workers require client certificates (mutual TLS).
         "--tls_ca=" + pki_.ca_cert};
@@ -218,6 +235,7 @@ class SecureCluster {
   std::vector<std::pair<std::string, Subprocess>> workers_;
   std::optional<Subprocess> router_;
   int router_port_ = 0, decode_port_ = 0, prefill_port_ = 0;
+  int router_metrics_port_ = 0, decode_metrics_port_ = 0;
 };
 
 class SecurityE2eTest : public ::testing::Test {
@@ -435,6 +453,29 @@ TEST_F(SecurityE2eTest, ATenantsConcurrentStreamsAreBounded) {
     absl::SleepFor(absl::Milliseconds(50));
   } while (absl::Now() < deadline);
   EXPECT_TRUE(again.ok()) << again.error_message();
+}
+
+TEST_F(SecurityE2eTest, ClusterTrafficFlowsOverMutualTlsWithTheToken) {
+  // The router's health checks and KV event streams reached both workers ...
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  std::string m;
+  do {
+    m = cluster_->RouterMetrics();
+    if (absl::StrContains(m, "pd_router_workers_healthy 2") &&
+        absl::StrContains(m, "pd_router_kv_event_streams_connected 2")) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < deadline);
+  EXPECT_THAT(m, HasSubstr("pd_router_workers_healthy 2"));
+  EXPECT_THAT(m, HasSubstr("pd_router_kv_event_streams_connected 2"));
+  // ... and the decode worker had its prompts prefilled by the prefill worker.
+  auto api = cluster_->Api({services::BearerHeader(kKeyA)});
+  Generated g = SecureCluster::Generate(api.get(), Request("Lily and Ben went to the park.", 4));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << cluster_->Logs();
+  EXPECT_THAT(cluster_->DecodeMetrics(), HasSubstr("pd_worker_prefills_total{where=\"remote\"}"));
+  EXPECT_THAT(cluster_->DecodeMetrics(),
+              ::testing::Not(HasSubstr("pd_worker_prefills_total{where=\"fallback\"}")));
 }
 
 }  // namespace
