@@ -11,11 +11,13 @@
 //   - tenant B's prompt gets no cached tokens from tenant A's identical prompt (even when B
 //     sends A's derived salt as its own), A's repeat does, and the output is the same;
 //   - a tenant's concurrent streams are bounded;
-//   - the cluster's own traffic (health, KV events, remote prefill) flows over mTLS + token.
+//   - the cluster's own traffic (health, KV events, remote prefill) flows over mTLS + token,
+//     also after a worker restarts.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -166,7 +168,7 @@ class SecureCluster {
 
   std::string Logs() {
     std::string out = absl::StrCat("--- router\n", router_->LogTail(30));
-    for (auto& [name, p] : workers_) absl::StrAppend(&out, "--- ", name, "\n", p.LogTail(20));
+    for (Worker& w : workers_) absl::StrAppend(&out, "--- ", w.role, "\n", w.process.LogTail(20));
     return out;
   }
 
@@ -226,13 +228,33 @@ class SecureCluster {
     args.insert(args.end(), security.begin(), security.end());
     absl::StatusOr<Subprocess> p = Subprocess::Spawn(args, dir_ + "/" + role + ".log");
     CHECK(p.ok()) << p.status();
-    workers_.emplace_back(role, *std::move(p));
+    workers_.push_back({role, args, *std::move(p)});
     return port;
   }
 
+ public:
+  // SIGKILLs the worker of `role` and starts it again on the same ports.
+  void RestartWorker(const std::string& role) {
+    for (Worker& w : workers_) {
+      if (w.role != role) continue;
+      CHECK(w.process.Signal(SIGKILL).ok());
+      CHECK(w.process.Wait(absl::Seconds(10)).ok());
+      absl::StatusOr<Subprocess> p = Subprocess::Spawn(w.args, dir_ + "/" + role + ".log");
+      CHECK(p.ok()) << p.status();
+      w.process = *std::move(p);
+    }
+  }
+
+ private:
+  struct Worker {
+    std::string role;
+    std::vector<std::string> args;
+    Subprocess process;
+  };
+
   std::string dir_;
   pd::testing::TestPki pki_;
-  std::vector<std::pair<std::string, Subprocess>> workers_;
+  std::vector<Worker> workers_;
   std::optional<Subprocess> router_;
   int router_port_ = 0, decode_port_ = 0, prefill_port_ = 0;
   int router_metrics_port_ = 0, decode_metrics_port_ = 0;
@@ -476,6 +498,23 @@ TEST_F(SecurityE2eTest, ClusterTrafficFlowsOverMutualTlsWithTheToken) {
   EXPECT_THAT(cluster_->DecodeMetrics(), HasSubstr("pd_worker_prefills_total{where=\"remote\"}"));
   EXPECT_THAT(cluster_->DecodeMetrics(),
               ::testing::Not(HasSubstr("pd_worker_prefills_total{where=\"fallback\"}")));
+}
+
+TEST_F(SecurityE2eTest, ARestartedWorkerRejoinsOverMutualTls) {
+  // Channels that saw the worker go away reconnect with TLS and the token (runs last: it
+  // changes the cluster; each case has its own cluster under ctest).
+  cluster_->RestartWorker("decode");
+  auto api = cluster_->Api({services::BearerHeader(kKeyA)});
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  Generated g;
+  do {
+    g = SecureCluster::Generate(api.get(), Request("One day, a little bird", 4));
+    if (g.status.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  } while (absl::Now() < deadline);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << cluster_->Logs();
+  EXPECT_EQ(g.tokens.size(), 4u);
+  EXPECT_THAT(cluster_->DecodeMetrics(), HasSubstr("pd_worker_prefills_total{where=\"remote\"}"));
 }
 
 }  // namespace
