@@ -444,8 +444,7 @@ absl::Status GenerationService::AcquireTenantStream(const std::string& tenant) {
   }
   absl::MutexLock lock(&tenants_mu_);
   int64_t& open = tenant_streams_[tenant];
-  if (open >= config_.max_streams_per_tenant) {
-    if (open == 0) tenant_streams_.erase(tenant);
+  if (open >= config_.max_streams_per_tenant) {  // open >= 1: the entry existed before
     return absl::ResourceExhaustedError(
         absl::StrCat("tenant '", tenant, "' has ", config_.max_streams_per_tenant,
                      " streams open (--max_streams_per_tenant); retry later"));
