@@ -13,6 +13,8 @@
 #include "loadtest/length_spec.h"
 #include "loadtest/progress.h"
 #include "loadtest/target.h"
+#include "services/base/auth.h"
+#include "services/base/grpc_security.h"
 
 namespace pd::loadtest {
 namespace {
@@ -94,12 +96,22 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
     }
   }
 
-  lt->channels_ = MakeChannels(config.target, config.num_channels);
+  std::vector<services::CallHeader> headers;
+  if (!config.api_key_file.empty()) {
+    PD_ASSIGN_OR_RETURN(std::string key,
+                        services::ReadSecretFile(config.api_key_file, "--api_key_file",
+                                                 services::ApiKeyStore::kMinKeyBytes));
+    headers.push_back(services::BearerHeader(key));
+  }
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const services::ClientSecurity> security,
+                      services::ClientSecurity::Create(
+                          {config.tls_ca, config.tls_cert, config.tls_key}, headers, "--tls_"));
+  lt->channels_ = MakeChannels(config.target, config.num_channels, security);
   PD_ASSIGN_OR_RETURN(lt->model_, ProbeTarget(lt->channels_[0], config.target, config.model,
                                               config.connect_timeout));
   std::vector<pdserve::v1::ModelInfo> models = {lt->model_};
   if (config.compare()) {
-    lt->compare_channels_ = MakeChannels(config.compare_target, config.num_channels);
+    lt->compare_channels_ = MakeChannels(config.compare_target, config.num_channels, security);
     PD_ASSIGN_OR_RETURN(pdserve::v1::ModelInfo compare_model,
                         ProbeTarget(lt->compare_channels_[0], config.compare_target, config.model,
                                     config.connect_timeout));

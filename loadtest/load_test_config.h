@@ -57,6 +57,13 @@ struct LoadTestConfig {
   absl::Duration request_timeout = absl::Minutes(10);  // per request; 0 = none
   bool ignore_eos = true;
   std::string cache_salt;  // "" = unset
+  // Security of the connections to the target(s) (docs/security.md): a file holding the API
+  // key sent as "authorization: Bearer <key>" ("" = none), and TLS: the CA of the target's
+  // certificate ("" = plaintext) and a client certificate and key for targets requiring mTLS.
+  std::string api_key_file;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
 
   // Metrics and outputs.
   double slo_ttft_ms = 0;   // 0 = no TTFT SLO

@@ -62,6 +62,11 @@ ABSL_FLAG(bool, plot, true, "with --output_dir: write gnuplot scripts, data and 
 ABSL_FLAG(std::string, gnuplot, "gnuplot",
           "gnuplot program that renders the plots; empty = write the scripts only");
 ABSL_FLAG(std::string, progress, "auto", "auto | bar | lines | off (on stderr)");
+ABSL_FLAG(std::string, api_key_file, "",
+          "file holding the API key, sent as 'authorization: Bearer <key>'; empty = none");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA of the target's certificate: set = TLS");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for a target requiring mTLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 
 namespace {
 
@@ -109,6 +114,10 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.plot = absl::GetFlag(FLAGS_plot);
   c.gnuplot = absl::GetFlag(FLAGS_gnuplot);
   c.progress = absl::GetFlag(FLAGS_progress);
+  c.api_key_file = absl::GetFlag(FLAGS_api_key_file);
+  c.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  c.tls_key = absl::GetFlag(FLAGS_tls_key);
   return c;
 }
 

@@ -16,7 +16,10 @@ namespace pd::loadtest {
 
 namespace v1 = ::pdserve::v1;
 
-std::vector<std::shared_ptr<grpc::Channel>> MakeChannels(const std::string& target, int count) {
+std::vector<std::shared_ptr<grpc::Channel>> MakeChannels(
+    const std::string& target, int count,
+    std::shared_ptr<const services::ClientSecurity> security) {
+  if (security == nullptr) security = services::ClientSecurity::Insecure();
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < count; ++i) {
     grpc::ChannelArguments args;
@@ -25,7 +28,7 @@ std::vector<std::shared_ptr<grpc::Channel>> MakeChannels(const std::string& targ
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("pd.loadtest.channel_index", i);
     args.SetMaxReceiveMessageSize(-1);
-    channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    channels.push_back(security->CreateChannel(target, args));
   }
   return channels;
 }

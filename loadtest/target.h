@@ -12,12 +12,15 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "pd/v1/generation.pb.h"
+#include "services/base/grpc_security.h"
 
 namespace pd::loadtest {
 
-// `count` insecure channels to `target` ("host:port"), each its own HTTP/2 connection (they do
-// not share subchannels).
-std::vector<std::shared_ptr<grpc::Channel>> MakeChannels(const std::string& target, int count);
+// `count` channels to `target` ("host:port"), each its own HTTP/2 connection (they do not share
+// subchannels), with `security`'s TLS and headers; null = plaintext without headers.
+std::vector<std::shared_ptr<grpc::Channel>> MakeChannels(
+    const std::string& target, int count,
+    std::shared_ptr<const services::ClientSecurity> security = nullptr);
 
 // Waits up to `timeout` for the channel to connect, then calls ListModels (same deadline) and
 // returns the served model `model` ("" = the default, i.e. the first listed).

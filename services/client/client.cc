@@ -51,8 +51,12 @@ grpc::ChannelArguments FastReconnectChannelArgs() {
 }
 
 std::shared_ptr<grpc::Channel> Connect(const std::string& address) {
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   FastReconnectChannelArgs());
+  return Connect(address, *services::ClientSecurity::Insecure());
+}
+
+std::shared_ptr<grpc::Channel> Connect(const std::string& address,
+                                       const services::ClientSecurity& security) {
+  return security.CreateChannel(address, FastReconnectChannelArgs());
 }
 
 absl::Status WaitReady(const std::shared_ptr<grpc::Channel>& channel, absl::Duration timeout,

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "pd/v1/generation.grpc.pb.h"
+#include "services/base/grpc_security.h"
 #include "services/base/shutdown_signal.h"
 
 namespace pd::client {
@@ -29,6 +30,9 @@ grpc::ChannelArguments FastReconnectChannelArgs();
 
 // An insecure channel to `address` ("127.0.0.1:50051") with FastReconnectChannelArgs().
 std::shared_ptr<grpc::Channel> Connect(const std::string& address);
+// The same with `security`'s TLS and headers (the API key).
+std::shared_ptr<grpc::Channel> Connect(const std::string& address,
+                                       const services::ClientSecurity& security);
 
 // Ready means: the gRPC health service answers SERVING for the whole server, and ListModels
 // lists at least one model (the router lists a model only while a decode worker is up). Tries

@@ -8,6 +8,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "common/log/log.h"
+#include "services/base/auth.h"
+#include "services/base/grpc_security.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
 #include "services/client/args.h"
@@ -33,6 +35,11 @@ ABSL_FLAG(bool, stats, true, "print usage and timing stats on stderr after the s
 ABSL_FLAG(absl::Duration, wait_ready, absl::ZeroDuration(),
           "first retry until the router is healthy and lists a model, for up to this long");
 ABSL_FLAG(bool, list_models, false, "list the router's models and exit");
+ABSL_FLAG(std::string, api_key_file, "",
+          "file holding the API key, sent as 'authorization: Bearer <key>'; empty = none");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA of the router's certificate: set = TLS");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for a router requiring mTLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 
 namespace {
 
@@ -108,9 +115,23 @@ int main(int argc, char** argv) {
     req = *std::move(built);
   }
 
+  std::vector<pd::services::CallHeader> headers;
+  if (const std::string path = absl::GetFlag(FLAGS_api_key_file); !path.empty()) {
+    absl::StatusOr<std::string> key = pd::services::ReadSecretFile(
+        path, "--api_key_file", pd::services::ApiKeyStore::kMinKeyBytes);
+    if (!key.ok()) Fail(2, std::string(key.status().message()));
+    headers.push_back(pd::services::BearerHeader(*key));
+  }
+  absl::StatusOr<std::shared_ptr<const pd::services::ClientSecurity>> security =
+      pd::services::ClientSecurity::Create(
+          {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+           absl::GetFlag(FLAGS_tls_key)},
+          std::move(headers), "--tls_");
+  if (!security.ok()) Fail(2, std::string(security.status().message()));
+
   pd::client::Interrupter interrupter;  // Ctrl-C: cancel the stream, or exit 130 at once
   const std::string router = absl::GetFlag(FLAGS_router);
-  std::shared_ptr<grpc::Channel> channel = pd::client::Connect(router);
+  std::shared_ptr<grpc::Channel> channel = pd::client::Connect(router, **security);
   if (const absl::Duration wait = absl::GetFlag(FLAGS_wait_ready); wait > absl::ZeroDuration()) {
     if (absl::Status s = pd::client::WaitReady(channel, wait); !s.ok()) {
       return Error("router " + router + " " + std::string(s.message()));

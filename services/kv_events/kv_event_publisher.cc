@@ -149,11 +149,12 @@ grpc::ServerWriteReactor<iv1::KvEventBatch>* KvEventPublisher::Subscribe(
   auto* stream = new Stream(this, who);
   {
     absl::MutexLock lock(&mu_);
-    absl::Status refused;
-    if (shutting_down_) {
+    // Checked first: a caller without the cluster token learns nothing, not even readiness.
+    absl::Status refused = config_.cluster_auth.Check(*context, "KvEventService.Subscribe");
+    if (refused.ok() && shutting_down_) {
       refused = absl::UnavailableError(
           absl::StrCat("kv event publisher of worker ", worker_id_, " is shutting down"));
-    } else if (worker_id_.empty()) {
+    } else if (refused.ok() && worker_id_.empty()) {
       refused = absl::UnavailableError("kv event publisher is not ready: worker id not set yet");
     }
     if (!refused.ok()) {

@@ -44,6 +44,7 @@
 #include "common/hash/block_hash.h"
 #include "engine/kvcache/kv_event_listener.h"
 #include "pd/v1/kv_events.grpc.pb.h"
+#include "services/base/auth.h"
 #include "services/kv_events/kv_event_log.h"
 
 namespace pd::kv_events {
@@ -63,6 +64,8 @@ struct KvEventPublisherConfig {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Tokens per block, for BlockStored.num_tokens; >= 0, 0 = unknown.
   int64_t block_size = 0;
+  // Subscribe calls without the cluster token end with UNAUTHENTICATED; disabled = no check.
+  services::ClusterTokenVerifier cluster_auth;
 
   // InvalidArgument naming the field.
   absl::Status Validate() const;
@@ -105,7 +108,8 @@ class KvEventPublisher final : public kvcache::KvEventListener,
   void OnBlocksRemoved(absl::Span<const BlockHash> hashes) override;
   void OnAllCleared() override;
 
-  // KvEventService.Subscribe (gRPC callback thread).
+  // KvEventService.Subscribe (gRPC callback thread). UNAUTHENTICATED without the cluster token
+  // when config.cluster_auth is enabled.
   grpc::ServerWriteReactor<pdserve::internal::v1::KvEventBatch>* Subscribe(
       grpc::CallbackServerContext* context,
       const pdserve::internal::v1::SubscribeRequest* request) override;

@@ -102,8 +102,9 @@ KvEventSubscriber::KvEventSubscriber(KvEventSubscriberConfig config) : config_(s
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_min)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_max)));
-  stub_ = iv1::KvEventService::NewStub(
-      grpc::CreateCustomChannel(config_.address, grpc::InsecureChannelCredentials(), args));
+  const std::shared_ptr<const services::ClientSecurity> security =
+      config_.security != nullptr ? config_.security : services::ClientSecurity::Insecure();
+  stub_ = iv1::KvEventService::NewStub(security->CreateChannel(config_.address, args));
   if (config_.resume_sequence > 0 && config_.resume_epoch != 0) {
     synced_ = true;
     epoch_ = config_.resume_epoch;

@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "pd/v1/kv_events.grpc.pb.h"
+#include "services/base/grpc_security.h"
 
 namespace pd::kv_events {
 
@@ -38,6 +39,8 @@ struct KvEventSubscriberConfig {
   std::string address;
   // Sent as SubscribeRequest.subscriber_id, for the publisher's logs. May be empty.
   std::string subscriber_id;
+  // TLS and the cluster token of the channel to the publisher; null = plaintext, no token.
+  std::shared_ptr<const services::ClientSecurity> security;
   // Delay before resubscribing, doubling after each attempt that failed (delivered nothing,
   // or a batch the subscriber rejected) from backoff_min up to backoff_max, back to
   // backoff_min after a stream that worked; 0 < backoff_min <= backoff_max.

@@ -88,6 +88,13 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   }
 
   void OnDone() override {
+    bool release;
+    {
+      absl::MutexLock lock(&mu_);
+      release = !tenant_released_;  // normally released by MaybeFinishLocked already
+      tenant_released_ = true;
+    }
+    if (release) service_->ReleaseTenantStream(decode_.tenant());
     service_->EndStream();
     delete this;
   }
@@ -283,6 +290,10 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       return std::nullopt;
     }
     finished_ = true;
+    if (!tenant_released_) {
+      tenant_released_ = true;
+      service_->ReleaseTenantStream(decode_.tenant());  // before the client sees the end
+    }
     grpc::Status final_status = status_;
     if (status_.ok() && !got_final_) {
       final_status = grpc::Status(grpc::StatusCode::INTERNAL,
@@ -327,6 +338,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   bool relayed_ ABSL_GUARDED_BY(mu_) = false;  // something was written to the client
   bool upstream_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool tenant_released_ ABSL_GUARDED_BY(mu_) = false;
   bool first_ ABSL_GUARDED_BY(mu_) = true;
   bool got_final_ ABSL_GUARDED_BY(mu_) = false;
   bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
@@ -349,10 +361,11 @@ std::string BaseName(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
     const RouterConfig& config, const engine::ModelFront* model, WorkerPool* workers,
-    PlacementPolicy* policy, metrics::Registry* r) {
+    PlacementPolicy* policy, metrics::Registry* r, std::optional<services::ApiKeyStore> api_keys) {
   PD_RETURN_IF_ERROR(config.limits.Validate());
   std::unique_ptr<GenerationService> s(new GenerationService());
   s->config_ = config;
+  s->api_keys_ = std::move(api_keys);
   s->model_ = model;
   s->workers_ = workers;
   s->policy_ = policy;
@@ -412,11 +425,54 @@ void GenerationService::Count(absl::string_view method, absl::StatusCode code) {
   metrics_.requests->WithLabels({std::string(method), absl::StatusCodeToString(code)}).Increment();
 }
 
+absl::StatusOr<std::string> GenerationService::Authenticate(
+    const grpc::CallbackServerContext& context, const v1::GenerateRequest* request) const {
+  if (!api_keys_.has_value()) {
+    return request != nullptr && request->has_tenant() ? request->tenant() : std::string();
+  }
+  PD_ASSIGN_OR_RETURN(std::string tenant, api_keys_->Authenticate(context));
+  if (request != nullptr && request->has_tenant() && request->tenant() != tenant) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant '", request->tenant(), "' is not the api key's tenant"));
+  }
+  return tenant;
+}
+
+absl::Status GenerationService::AcquireTenantStream(const std::string& tenant) {
+  if (config_.max_streams_per_tenant <= 0) {
+    return absl::OkStatus();
+  }
+  absl::MutexLock lock(&tenants_mu_);
+  int64_t& open = tenant_streams_[tenant];
+  if (open >= config_.max_streams_per_tenant) {  // open >= 1: the entry existed before
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant '", tenant, "' has ", config_.max_streams_per_tenant,
+                     " streams open (--max_streams_per_tenant); retry later"));
+  }
+  ++open;
+  return absl::OkStatus();
+}
+
+void GenerationService::ReleaseTenantStream(const std::string& tenant) {
+  if (config_.max_streams_per_tenant <= 0) {
+    return;
+  }
+  absl::MutexLock lock(&tenants_mu_);
+  auto it = tenant_streams_.find(tenant);
+  if (it != tenant_streams_.end() && --it->second <= 0) {
+    tenant_streams_.erase(it);  // the map holds only tenants with open streams
+  }
+}
+
 absl::StatusOr<BlockHash> GenerationService::SeedFor(const std::string& cache_salt) {
   absl::MutexLock lock(&seeds_mu_);
   auto it = seeds_.find(cache_salt);
   if (it != seeds_.end()) {
     return it->second;
+  }
+  // Salts come from clients: bound the cache (a miss costs one small hash).
+  if (seeds_.size() >= 4096) {
+    seeds_.clear();
   }
   HashSeedInput in;
   in.model_fingerprint = model_->fingerprint();
@@ -428,9 +484,9 @@ absl::StatusOr<BlockHash> GenerationService::SeedFor(const std::string& cache_sa
   return seed;
 }
 
-absl::Status GenerationService::Prepare(const grpc::CallbackServerContext& context,
-                                        const v1::GenerateRequest& request,
-                                        iv1::DecodeRequest* decode, Placement* placement) {
+absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
+                                        const std::string& tenant, iv1::DecodeRequest* decode,
+                                        Placement* placement) {
   PD_RETURN_IF_ERROR(ValidateGenerateRequest(request, config_.limits));
   if (!request.model().empty() && request.model() != model_id_) {
     return absl::NotFoundError(absl::StrCat("unknown model '", request.model(),
@@ -469,7 +525,16 @@ absl::Status GenerationService::Prepare(const grpc::CallbackServerContext& conte
     return absl::ResourceExhaustedError(absl::StrCat(
         "router has ", config_.max_inflight, " streams open (--max_inflight); retry later"));
   }
-  const std::string salt = request.has_cache_salt() ? request.cache_salt() : "";
+  // With API keys the salt is bound to the authenticated tenant: no client salt can make one
+  // tenant's block hashes equal another's. Without keys the client's salt is used as sent.
+  std::string salt;
+  if (api_keys_.has_value()) {
+    salt = services::DeriveTenantCacheSalt(
+        tenant,
+        request.has_cache_salt() ? std::optional<std::string>(request.cache_salt()) : std::nullopt);
+  } else if (request.has_cache_salt()) {
+    salt = request.cache_salt();
+  }
   PD_ASSIGN_OR_RETURN(BlockHash seed, SeedFor(salt));
   std::vector<uint32_t> tokens(decode->token_ids().begin(), decode->token_ids().end());
   const std::vector<BlockHash> chain =
@@ -492,9 +557,8 @@ absl::Status GenerationService::Prepare(const grpc::CallbackServerContext& conte
     decode->set_prefill_address(workers_->Snapshot()[placement->prefill_index].address);
   }
   decode->set_timeout_ms(request.timeout_ms());
-  decode->set_tenant(request.has_tenant() ? request.tenant() : "");
+  decode->set_tenant(tenant);
   decode->set_cache_salt(salt);
-  (void)context;
   return absl::OkStatus();
 }
 
@@ -503,7 +567,14 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   const absl::Time start = absl::Now();
   iv1::DecodeRequest decode;
   Placement placement;
-  absl::Status status = Prepare(*context, *request, &decode, &placement);
+  absl::StatusOr<std::string> tenant = Authenticate(*context, request);
+  absl::Status status = tenant.status();
+  if (status.ok()) {
+    status = Prepare(*request, *tenant, &decode, &placement);
+  }
+  if (status.ok()) {
+    status = AcquireTenantStream(*tenant);  // released by EndStream when the stream is done
+  }
   metrics_.routing_latency->WithLabels({}).Observe(absl::ToDoubleSeconds(absl::Now() - start));
   if (!status.ok()) {
     VLOG(1) << "Generate client_request_id=" << request->client_request_id() << ": " << status;
@@ -530,6 +601,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
 grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
                                                         const v1::ListModelsRequest* /*request*/,
                                                         v1::ListModelsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::StatusOr<std::string> tenant = Authenticate(*context, nullptr); !tenant.ok()) {
+    Count("ListModels", tenant.status().code());
+    reactor->Finish(services::ToGrpcStatus(tenant.status()));
+    return reactor;
+  }
   bool any = false;
   for (const WorkerSnapshot& w : workers_->Snapshot()) {
     any = any || (w.healthy && w.can_decode);
@@ -543,7 +620,6 @@ grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerCont
     m->set_vocab_size(static_cast<uint32_t>(model_->config().vocab_size));
   }
   Count("ListModels", absl::StatusCode::kOk);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -6,11 +6,17 @@
 // cancellation propagate to the worker; a worker failing mid-stream ends the client's stream
 // with UNAVAILABLE and takes the worker out of the pool until it answers health checks again.
 //
+// With API keys (RouterConfig::api_keys_file) every call is authenticated first: no or an
+// unknown key is UNAUTHENTICATED, the request's tenant is the key's, and the cache salt sent to
+// the workers is derived from that tenant (and the client's salt), so tenants never share
+// cached blocks. At most max_streams_per_tenant streams per tenant are open at once.
+//
 // Thread-safety: handlers run on gRPC's callback threads; the class is thread-safe.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +26,7 @@
 #include "common/metrics/metrics.h"
 #include "engine/runtime/model_front.h"
 #include "pd/v1/generation.grpc.pb.h"
+#include "services/base/auth.h"
 #include "services/router/request_validation.h"
 #include "services/router/router_config.h"
 #include "services/router/worker_pool.h"
@@ -50,12 +57,12 @@ class PlacementPolicy {
 
 class GenerationService final : public pdserve::v1::Generation::CallbackService {
  public:
-  // Everything passed must outlive the service. Registers the router's metrics.
-  static absl::StatusOr<std::unique_ptr<GenerationService>> Create(const RouterConfig& config,
-                                                                   const engine::ModelFront* model,
-                                                                   WorkerPool* workers,
-                                                                   PlacementPolicy* policy,
-                                                                   metrics::Registry* metrics);
+  // Everything passed must outlive the service. Registers the router's metrics. `api_keys`:
+  // nullopt = no authentication (the client's tenant and cache_salt are used as sent).
+  static absl::StatusOr<std::unique_ptr<GenerationService>> Create(
+      const RouterConfig& config, const engine::ModelFront* model, WorkerPool* workers,
+      PlacementPolicy* policy, metrics::Registry* metrics,
+      std::optional<services::ApiKeyStore> api_keys = std::nullopt);
 
   grpc::ServerWriteReactor<pdserve::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const pdserve::v1::GenerateRequest* request) override;
@@ -84,14 +91,24 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   const Metrics& metrics() const { return metrics_; }
   WorkerPool* workers() { return workers_; }
   PlacementPolicy* policy() { return policy_; }
+  // A stream's slot of its tenant is free (pairs with the acquisition in Generate): called
+  // once per stream, before the client can see the stream end, so that a client sending its
+  // requests one after another is never refused by max_streams_per_tenant.
+  void ReleaseTenantStream(const std::string& tenant);
   void EndStream() { --inflight_; }
 
  private:
   GenerationService() = default;
 
+  // The caller's tenant: the API key's when keys are configured (UNAUTHENTICATED without a
+  // valid key; PERMISSION_DENIED when `request` names another tenant), else the request's
+  // tenant ("" = default). `request` may be null (ListModels).
+  absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& context,
+                                           const pdserve::v1::GenerateRequest* request) const;
+  // Counts a new stream of `tenant`; RESOURCE_EXHAUSTED at max_streams_per_tenant.
+  absl::Status AcquireTenantStream(const std::string& tenant);
   // Validation, tokenization, hashing and placement: the DecodeRequest to send and where.
-  absl::Status Prepare(const grpc::CallbackServerContext& context,
-                       const pdserve::v1::GenerateRequest& request,
+  absl::Status Prepare(const pdserve::v1::GenerateRequest& request, const std::string& tenant,
                        pdserve::internal::v1::DecodeRequest* decode, Placement* placement);
   absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 
@@ -103,8 +120,11 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   Metrics metrics_;
   std::atomic<int64_t> inflight_{0};
   std::atomic<uint64_t> next_request_{1};
+  std::optional<services::ApiKeyStore> api_keys_;
   absl::Mutex seeds_mu_;
   absl::flat_hash_map<std::string, BlockHash> seeds_ ABSL_GUARDED_BY(seeds_mu_);
+  absl::Mutex tenants_mu_;
+  absl::flat_hash_map<std::string, int64_t> tenant_streams_ ABSL_GUARDED_BY(tenants_mu_);
 };
 
 }  // namespace pd::router

@@ -75,6 +75,7 @@ void KvEventFeed::Reconcile() {
     c.address = address;
     c.subscriber_id = options_.subscriber_id;
     c.idle_timeout = options_.idle_timeout;
+    c.security = options_.security;
     KvIndex* index = index_;
     std::shared_ptr<std::atomic<int64_t>> errors = apply_errors_;
     c.on_batch = [index, errors, id = worker_id](

@@ -31,6 +31,8 @@ struct KvEventFeedOptions {
   std::string subscriber_id = "pd-router";
   absl::Duration reconcile_interval = absl::Seconds(1);
   absl::Duration idle_timeout = absl::Seconds(5);  // > the workers' heartbeat interval (1 s)
+  // TLS and cluster token of the streams from the workers; null = plaintext, no token.
+  std::shared_ptr<const services::ClientSecurity> security;
 };
 
 struct KvEventFeedStats {

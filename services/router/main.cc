@@ -52,6 +52,22 @@ ABSL_FLAG(int64_t, index_max_blocks, 4'000'000,
 ABSL_FLAG(int64_t, max_inflight, 1024, "open streams; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, health_interval, absl::Milliseconds(500),
           "worker health and load polling interval");
+// Security (docs/security.md).
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of the public API; empty = plaintext");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA of client certificates: set = clients need one (mTLS)");
+ABSL_FLAG(std::string, client_tls_ca, "",
+          "PEM CA of the workers' certificates: set = TLS on calls to workers");
+ABSL_FLAG(std::string, client_tls_cert, "", "PEM client certificate for workers requiring mTLS");
+ABSL_FLAG(std::string, client_tls_key, "", "PEM private key of --client_tls_cert");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "file holding the cluster token sent on every call to a worker; empty = none");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "'tenant:key' lines; set = the public API needs 'authorization: Bearer <key>' and "
+          "cache salts are derived from the key's tenant");
+ABSL_FLAG(int64_t, max_streams_per_tenant, 0,
+          "open Generate streams per tenant; more get RESOURCE_EXHAUSTED; 0 = unbounded");
+ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "largest request message of the public API");
 
 namespace {
 
@@ -99,6 +115,14 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.index_max_blocks = absl::GetFlag(FLAGS_index_max_blocks);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   config.health_interval = absl::GetFlag(FLAGS_health_interval);
+  config.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                absl::GetFlag(FLAGS_tls_ca)};
+  config.worker_tls = {absl::GetFlag(FLAGS_client_tls_ca), absl::GetFlag(FLAGS_client_tls_cert),
+                       absl::GetFlag(FLAGS_client_tls_key)};
+  config.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
+  config.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  config.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
+  config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   PD_RETURN_IF_ERROR(config.Validate());
   return config;
 }
@@ -126,11 +150,15 @@ int main(int argc, char** argv) {
   if (!http.ok()) {
     pd::services::ExitWithStartupError(kProgram, http.status());
   }
-  LOG(INFO) << "pd-router serving gRPC on " << (*server)->address() << ", metrics on "
+  LOG(INFO) << "pd-router serving gRPC on " << (*server)->address()
+            << (config->tls.enabled() ? (config->tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
+                                      : " (plaintext)")
+            << (config->api_keys_file.empty() ? ", no api keys" : ", api keys required")
+            << (config->cluster_token_file.empty() ? "" : ", cluster token on") << ", metrics on "
             << config->metrics_address.host << ":" << (*http)->port()
-            << (config->redis ? absl::StrCat(", redis ", config->redis->host, ":",
-                                             config->redis->port)
-                              : std::string(", no redis"));
+            << (config->redis
+                    ? absl::StrCat(", redis ", config->redis->host, ":", config->redis->port)
+                    : std::string(", no redis"));
   shutdown.Wait();
   (*server)->Drain(config->drain_timeout);
   LOG(INFO) << "gRPC server drained";

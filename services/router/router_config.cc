@@ -57,6 +57,16 @@ absl::Status RouterConfig::Validate() const {
   if (max_inflight <= 0) {
     return absl::InvalidArgumentError("--max_inflight must be > 0");
   }
+  if (max_streams_per_tenant < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_streams_per_tenant must be >= 0 (0 = unbounded), got ", max_streams_per_tenant));
+  }
+  if (max_message_bytes < 1024 || max_message_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes must be in [1024, 1073741824], got ", max_message_bytes));
+  }
+  if (absl::Status s = tls.Validate(); !s.ok()) return s;
+  if (absl::Status s = worker_tls.Validate("--client_tls_"); !s.ok()) return s;
   if (health_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--health_interval must be > 0");
   }

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/redis/redis_client.h"
+#include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
 #include "services/router/request_validation.h"
 
@@ -54,6 +55,26 @@ struct RouterConfig {
   int64_t max_inflight = 1024;
   // How often each worker's health and load are polled.
   absl::Duration health_interval = absl::Milliseconds(500);
+
+  // Security (docs/security.md). TLS of the public API (--tls_cert, --tls_key; --tls_ca makes
+  // it mutual); unset = plaintext.
+  services::TlsServerConfig tls;
+  // TLS of the router's calls to the workers (--client_tls_ca, --client_tls_cert,
+  // --client_tls_key); unset = plaintext.
+  services::TlsClientConfig worker_tls;
+  // File holding the cluster token sent on every call to a worker (--cluster_token_file);
+  // "" = none. Read at Start; the token is never logged.
+  std::string cluster_token_file;
+  // "tenant:key" lines (services/base/auth.h ApiKeyStore); "" = the public API needs no key
+  // and the client's tenant and cache_salt are taken as sent. With keys, every call needs
+  // "authorization: Bearer <key>" (else UNAUTHENTICATED), the tenant is the key's, and the
+  // prefix-cache salt is derived from it (DeriveTenantCacheSalt).
+  std::string api_keys_file;
+  // Generate streams one tenant may have open at once; more get RESOURCE_EXHAUSTED. 0 = no
+  // per-tenant bound (max_inflight still applies).
+  int64_t max_streams_per_tenant = 0;
+  // Largest request message the public API accepts (gRPC receive limit), in bytes.
+  int64_t max_message_bytes = 4 << 20;
 
   // InvalidArgument naming the flag (e.g. "--block_size") and the bad value.
   absl::Status Validate() const;

@@ -1,6 +1,9 @@
 #include "services/router/router_config.h"
 
+#include <functional>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -69,6 +72,38 @@ TEST(RouterConfigTest, RejectsBadScorerWeightsNamingTheFlag) {
   c = Valid();
   c.nvme_hit_weight = 1;  // the bound itself is allowed
   EXPECT_TRUE(c.Validate().ok());
+}
+
+TEST(RouterConfigTest, RejectsBadSecurityAndLimitFlagsNamingTheFlag) {
+  struct Case {
+    std::function<void(RouterConfig*)> mutate;
+    std::string flag;
+  };
+  for (const Case& c : std::vector<Case>{
+           {[](RouterConfig* r) { r->max_streams_per_tenant = -1; }, "--max_streams_per_tenant"},
+           {[](RouterConfig* r) { r->max_message_bytes = 100; }, "--max_message_bytes"},
+           {[](RouterConfig* r) { r->max_message_bytes = int64_t{2} << 30; },
+            "--max_message_bytes"},
+           {[](RouterConfig* r) { r->tls.cert_file = "c.pem"; }, "--tls_key"},
+           {[](RouterConfig* r) { r->tls.client_ca_file = "ca.pem"; }, "--tls_ca"},
+           {[](RouterConfig* r) { r->worker_tls.cert_file = "c.pem"; }, "--client_tls_key"},
+           {[](RouterConfig* r) {
+              r->worker_tls.cert_file = "c.pem";
+              r->worker_tls.key_file = "k.pem";
+            },
+            "--client_tls_ca"},
+       }) {
+    RouterConfig r = Valid();
+    c.mutate(&r);
+    const absl::Status s = r.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.flag;
+    EXPECT_NE(s.message().find(c.flag), absl::string_view::npos) << s;
+  }
+  RouterConfig r = Valid();
+  r.tls = {"c.pem", "k.pem", "ca.pem"};
+  r.worker_tls = {"ca.pem", "c.pem", "k.pem"};
+  r.max_streams_per_tenant = 8;
+  EXPECT_TRUE(r.Validate().ok()) << r.Validate();  // files are read by RouterServer::Start
 }
 
 }  // namespace

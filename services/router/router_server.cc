@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "services/base/auth.h"
+#include "services/base/grpc_security.h"
 #include "services/router/placement.h"
 
 namespace pd::router {
@@ -25,6 +27,24 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     server->redis_ = *std::move(client);
   }
   PD_RETURN_IF_ERROR(services::CheckCanListen(config.grpc_address, "--grpc_address"));
+  // Security files are read once, here: a bad file is a startup error naming its flag.
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> server_credentials,
+                      services::MakeServerCredentials(config.tls));
+  std::vector<services::CallHeader> worker_headers;
+  if (!config.cluster_token_file.empty()) {
+    PD_ASSIGN_OR_RETURN(std::string token,
+                        services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
+                                                 services::kMinClusterTokenBytes));
+    worker_headers.push_back(services::ClusterTokenHeader(token));
+  }
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const services::ClientSecurity> worker_security,
+                      services::ClientSecurity::Create(config.worker_tls, worker_headers));
+  std::optional<services::ApiKeyStore> api_keys;
+  if (!config.api_keys_file.empty()) {
+    PD_ASSIGN_OR_RETURN(api_keys, services::ApiKeyStore::ReadFile(config.api_keys_file));
+    LOG(INFO) << "public API: " << api_keys->num_keys() << " api keys of "
+              << api_keys->num_tenants() << " tenants";
+  }
   absl::StatusOr<std::unique_ptr<engine::ModelFront>> model =
       engine::ModelFront::Load(config.model, config.tokenizer);
   if (!model.ok()) {
@@ -36,10 +56,13 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   pool_options.health_interval = config.health_interval;
   pool_options.model_fingerprint = server->model_->fingerprint();
   pool_options.block_size = static_cast<uint32_t>(config.block_size);
+  pool_options.security = worker_security;
   KvIndexConfig index_config;
   index_config.max_blocks = config.index_max_blocks;
   PD_ASSIGN_OR_RETURN(server->index_, KvIndex::Create(index_config));
-  server->feed_ = std::make_unique<KvEventFeed>(server->index_.get(), KvEventFeedOptions{});
+  KvEventFeedOptions feed_options;
+  feed_options.security = worker_security;
+  server->feed_ = std::make_unique<KvEventFeed>(server->index_.get(), feed_options);
   KvEventFeed* feed = server->feed_.get();
   PD_ASSIGN_OR_RETURN(server->pool_,
                       WorkerPool::Create(config.decode_workers, config.prefill_workers,
@@ -48,14 +71,15 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   WorkerPool* pool_ptr = server->pool_.get();
   feed->Start([pool_ptr] { return pool_ptr->Snapshot(); });
   PD_ASSIGN_OR_RETURN(server->policy_, MakePlacementPolicy(config, server->index_.get()));
-  PD_ASSIGN_OR_RETURN(server->generation_,
-                      GenerationService::Create(config, server->model_.get(), server->pool_.get(),
-                                                server->policy_.get(), metrics));
+  PD_ASSIGN_OR_RETURN(
+      server->generation_,
+      GenerationService::Create(config, server->model_.get(), server->pool_.get(),
+                                server->policy_.get(), metrics, std::move(api_keys)));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.grpc_address.ToString(), grpc::InsecureServerCredentials(),
-                           &server->port_);
+  builder.AddListeningPort(config.grpc_address.ToString(), server_credentials, &server->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   builder.RegisterService(server->generation_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

@@ -44,6 +44,9 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
   pool->options_ = std::move(options);
   pool->on_health_change_ = std::move(on_health_change);
   std::map<std::string, Worker*> by_address;
+  const std::shared_ptr<const services::ClientSecurity> security =
+      pool->options_.security != nullptr ? pool->options_.security
+                                         : services::ClientSecurity::Insecure();
   auto add = [&](const std::string& address, bool decode) -> absl::Status {
     if (address.empty()) {
       return absl::InvalidArgumentError(
@@ -61,7 +64,7 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
       args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       args.SetMaxReceiveMessageSize(64 << 20);
-      owned->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      owned->channel = security->CreateChannel(address, args);
       owned->decode = iv1::DecodeService::NewStub(owned->channel);
       owned->prefill = iv1::PrefillService::NewStub(owned->channel);
       w = owned.get();

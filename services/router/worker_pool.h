@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "pd/v1/worker.grpc.pb.h"
+#include "services/base/grpc_security.h"
 
 namespace pd::router {
 
@@ -30,6 +31,8 @@ struct WorkerPoolOptions {
   absl::Duration rpc_timeout = absl::Seconds(1);
   std::string model_fingerprint;  // workers must report this one
   uint32_t block_size = 16;       // and this block size
+  // TLS and cluster token of the channels to the workers; null = plaintext, no token.
+  std::shared_ptr<const services::ClientSecurity> security;
 };
 
 struct WorkerSnapshot {

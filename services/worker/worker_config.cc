@@ -43,6 +43,8 @@ absl::Status WorkerConfig::Validate() const {
   if (drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout must be >= 0");
   }
+  PD_RETURN_IF_ERROR(tls.Validate());
+  PD_RETURN_IF_ERROR(peer_tls.Validate("--client_tls_"));
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "engine/runtime/model_runtime.h"
+#include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
 
 namespace pd::worker {
@@ -43,6 +44,13 @@ struct WorkerConfig {
   absl::Duration step_delay = absl::ZeroDuration();
   // How long SIGTERM waits for in-flight streams before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // Security (docs/security.md): TLS of the internal gRPC server (--tls_cert, --tls_key;
+  // --tls_ca = callers need a client certificate), TLS of calls to other workers
+  // (--client_tls_*), and the cluster token file every internal call must carry; all unset =
+  // plaintext and no token (local development).
+  services::TlsServerConfig tls;
+  services::TlsClientConfig peer_tls;
+  std::string cluster_token_file;
 
   // InvalidArgument naming the flag.
   absl::Status Validate() const;

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "services/base/auth.h"
+#include "services/base/grpc_security.h"
 #include "services/worker/convert.h"
 
 namespace pd::worker {
@@ -20,6 +22,19 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   WorkerContext& ctx = s->ctx_;
   ctx.config = config;
   PD_ASSIGN_OR_RETURN(ctx.metrics, WorkerMetrics::Register(metrics));
+  // Security files are read once, here: a bad file is a startup error naming its flag.
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> server_credentials,
+                      services::MakeServerCredentials(config.tls));
+  std::vector<services::CallHeader> peer_headers;
+  if (!config.cluster_token_file.empty()) {
+    PD_ASSIGN_OR_RETURN(std::string token,
+                        services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
+                                                 services::kMinClusterTokenBytes));
+    ctx.cluster_auth = services::ClusterTokenVerifier(token);
+    peer_headers.push_back(services::ClusterTokenHeader(token));
+  }
+  PD_ASSIGN_OR_RETURN(ctx.peer_security,
+                      services::ClientSecurity::Create(config.peer_tls, std::move(peer_headers)));
   // The publisher must exist before the runtime (it is the pool's listener), but the worker id
   // defaults to the gRPC address as bound, known only once the server is up (port 0 picks it):
   // it starts with --worker_id, possibly empty, and gets the final id right after the bind.
@@ -28,6 +43,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   kv_events::KvEventPublisherConfig events;
   events.worker_id = config.worker_id;
   events.block_size = config.runtime.block_size;
+  events.cluster_auth = ctx.cluster_auth;
   PD_ASSIGN_OR_RETURN(s->kv_events_, kv_events::KvEventPublisher::Create(events));
   engine::ModelRuntimeConfig runtime_config = config.runtime;
   runtime_config.kv_listener = s->kv_events_.get();
@@ -72,8 +88,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.grpc_address.ToString(), grpc::InsecureServerCredentials(),
-                           &s->port_);
+  builder.AddListeningPort(config.grpc_address.ToString(), server_credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(64 << 20);
   if (config.role != WorkerRole::kPrefill) {
     builder.RegisterService(s->decode_.get());
@@ -198,11 +213,14 @@ WorkerServer::~WorkerServer() {
 std::string WorkerServer::address() const { return ctx_.grpc_address; }
 
 std::string WorkerServer::Describe() const {
-  return absl::StrCat("worker ", ctx_.worker_id, " role ", RoleName(ctx_.config.role), " on ",
-                      ctx_.grpc_address, ", ", runtime_->Describe(), ", transport ",
-                      handoff_->backend(),
-                      tiers_ != nullptr ? absl::StrCat(", tierd ", ctx_.config.tierd_address)
-                                        : std::string(", no tierd"));
+  return absl::StrCat(
+      "worker ", ctx_.worker_id, " role ", RoleName(ctx_.config.role), " on ", ctx_.grpc_address,
+      ctx_.config.tls.enabled() ? (ctx_.config.tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
+                                : " (plaintext)",
+      ctx_.cluster_auth.enabled() ? ", cluster token on" : "", ", ", runtime_->Describe(),
+      ", transport ", handoff_->backend(),
+      tiers_ != nullptr ? absl::StrCat(", tierd ", ctx_.config.tierd_address)
+                        : std::string(", no tierd"));
 }
 
 void WorkerServer::Drain(absl::Duration timeout) {

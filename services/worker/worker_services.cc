@@ -410,8 +410,7 @@ iv1::PrefillService::Stub* PrefillClients::Get(const std::string& address) {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stub = iv1::PrefillService::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stub = iv1::PrefillService::NewStub(security_->CreateChannel(address, args));
   }
   return stub.get();
 }
@@ -421,6 +420,11 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
   auto remote = std::make_shared<RemoteStats>();
   const pd::RequestId id = ctx_->NewRequestId();
   auto* reactor = new GenerateReactor(ctx_, id, request->request_id(), remote);
+  if (absl::Status auth = ctx_->cluster_auth.Check(*context, "DecodeService.Generate");
+      !auth.ok()) {
+    reactor->Reject(auth);
+    return reactor;
+  }
   if (ctx_->config.role == WorkerRole::kPrefill) {
     reactor->Reject(absl::FailedPreconditionError(
         absl::StrCat("worker ", ctx_->worker_id, " runs as prefill; it does not decode")));
@@ -468,18 +472,20 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetLoad(grpc::CallbackServerContext* context,
                                                      const iv1::GetLoadRequest* /*request*/,
                                                      iv1::WorkerLoad* response) {
-  *response = ctx_->Load();
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  const absl::Status auth = ctx_->cluster_auth.Check(*context, "DecodeService.GetLoad");
+  if (auth.ok()) *response = ctx_->Load();
+  reactor->Finish(services::ToGrpcStatus(auth));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetInfo(grpc::CallbackServerContext* context,
                                                      const iv1::GetInfoRequest* /*request*/,
                                                      iv1::WorkerInfo* response) {
-  *response = ctx_->Info();
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  const absl::Status auth = ctx_->cluster_auth.Check(*context, "DecodeService.GetInfo");
+  if (auth.ok()) *response = ctx_->Info();
+  reactor->Finish(services::ToGrpcStatus(auth));
   return reactor;
 }
 
@@ -549,6 +555,11 @@ grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContex
   job->id = ctx_->NewRequestId();
   job->received = absl::Now();
   job->deadline = DeadlineOf(context, 0);
+  if (absl::Status auth = ctx_->cluster_auth.Check(*context, "PrefillService.Prefill");
+      !auth.ok()) {
+    job->Finish(auth);
+    return job->reactor;
+  }
   if (ctx_->config.role == WorkerRole::kDecode) {
     job->Finish(absl::FailedPreconditionError(
         absl::StrCat("worker ", ctx_->worker_id, " runs as decode; it does not serve prefills")));
@@ -637,18 +648,20 @@ grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* PrefillServiceImpl::GetLoad(grpc::CallbackServerContext* context,
                                                       const iv1::GetLoadRequest* /*request*/,
                                                       iv1::WorkerLoad* response) {
-  *response = ctx_->Load();
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  const absl::Status auth = ctx_->cluster_auth.Check(*context, "PrefillService.GetLoad");
+  if (auth.ok()) *response = ctx_->Load();
+  reactor->Finish(services::ToGrpcStatus(auth));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PrefillServiceImpl::GetInfo(grpc::CallbackServerContext* context,
                                                       const iv1::GetInfoRequest* /*request*/,
                                                       iv1::WorkerInfo* response) {
-  *response = ctx_->Info();
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  const absl::Status auth = ctx_->cluster_auth.Check(*context, "PrefillService.GetInfo");
+  if (auth.ok()) *response = ctx_->Info();
+  reactor->Finish(services::ToGrpcStatus(auth));
   return reactor;
 }
 

@@ -16,6 +16,8 @@
 #include "engine/runtime/engine_loop.h"
 #include "engine/runtime/model_runtime.h"
 #include "pd/v1/worker.grpc.pb.h"
+#include "services/base/auth.h"
+#include "services/base/grpc_security.h"
 #include "services/tierd/tier_client.h"
 #include "services/worker/local_block_set.h"
 #include "services/worker/worker_config.h"
@@ -51,6 +53,10 @@ struct WorkerContext {
   const LocalBlockSet* local_blocks = nullptr;
   pdserve::internal::v1::KvLayout layout;
   WorkerMetrics metrics;
+  // Every internal call must carry the cluster token when enabled (UNAUTHENTICATED otherwise).
+  services::ClusterTokenVerifier cluster_auth;
+  // TLS and cluster token of this worker's calls to prefill workers; null = plaintext.
+  std::shared_ptr<const services::ClientSecurity> peer_security;
 
   pdserve::internal::v1::WorkerInfo Info() const;
   pdserve::internal::v1::WorkerLoad Load() const;
@@ -63,9 +69,14 @@ struct WorkerContext {
 // Channels to prefill workers, one per address, created on first use.
 class PrefillClients {
  public:
+  // `security` null = plaintext, no token.
+  explicit PrefillClients(std::shared_ptr<const services::ClientSecurity> security)
+      : security_(security != nullptr ? std::move(security)
+                                      : services::ClientSecurity::Insecure()) {}
   pdserve::internal::v1::PrefillService::Stub* Get(const std::string& address);
 
  private:
+  const std::shared_ptr<const services::ClientSecurity> security_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<pdserve::internal::v1::PrefillService::Stub>>
       stubs_ ABSL_GUARDED_BY(mu_);
@@ -73,7 +84,8 @@ class PrefillClients {
 
 class DecodeServiceImpl final : public pdserve::internal::v1::DecodeService::CallbackService {
  public:
-  explicit DecodeServiceImpl(WorkerContext* ctx) : ctx_(ctx) {}
+  explicit DecodeServiceImpl(WorkerContext* ctx)
+      : ctx_(ctx), prefill_clients_(ctx->peer_security) {}
 
   grpc::ServerWriteReactor<pdserve::internal::v1::DecodeResponse>* Generate(
       grpc::CallbackServerContext* context,

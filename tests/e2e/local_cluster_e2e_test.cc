@@ -186,6 +186,66 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
   }
 }
 
+// --secure: TLS, mutual TLS between router and workers, the cluster token and a generated API
+// key (docs/security.md). pd-client needs the CA and the key; no secret reaches a log.
+TEST_F(LocalClusterE2eTest, SecureClusterServesOnlyClientsWithTheCaAndTheKey) {
+  if (!Exists(kModel) || !Exists(kTokenizer)) {
+    GTEST_SKIP() << "stories260K not found under " << PD_SHARED_DIR;
+  }
+  run_dir_ = Dir() + "/run";
+  const std::string ready_file = Dir() + "/ready";
+  absl::StatusOr<Subprocess> cluster = Subprocess::Spawn(
+      {kPdLocal, "--build-dir", PD_BINARY_DIR, "--run_dir", run_dir_, "--ready_file", ready_file,
+       "--port=0", "--model", kModel, "--tokenizer", kTokenizer, "--prefill=1", "--decode=1",
+       "--secure", "--stop_timeout=10", "--start_timeout=40"},
+      Dir() + "/pd-local.log");
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(40);
+  while (!Exists(ready_file) && absl::Now() < deadline) {
+    std::optional<ExitInfo> ended = cluster->Poll();
+    ASSERT_FALSE(ended.has_value()) << "pd-local " << ended->ToString() << ":\n"
+                                    << cluster->LogTail(60);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(Exists(ready_file)) << cluster->LogTail(60);
+  const std::string endpoint(absl::StripAsciiWhitespace(ReadFile(ready_file)));
+  const std::string secrets = run_dir_ + "/secrets";
+
+  CommandResult gen = RunCommand(Dir(), "secure-generate",
+                                 {kClient, "--router", endpoint, "--tls_ca=" + secrets + "/ca.pem",
+                                  "--api_key_file=" + secrets + "/api-key", "--token-ids=1",
+                                  "--max-tokens=30", "--timeout=20s"});
+  ASSERT_TRUE(gen.exit.Success()) << gen.exit.ToString() << "\n" << gen.err;
+  EXPECT_THAT(gen.out, StartsWith(std::string(kReadmeGreedyText).substr(0, 40))) << gen.out;
+
+  CommandResult no_key = RunCommand(
+      Dir(), "secure-no-key",
+      {kClient, "--router", endpoint, "--tls_ca=" + secrets + "/ca.pem", "--timeout=10s", "hi"});
+  EXPECT_EQ(no_key.exit.code, 1) << no_key.err;
+  EXPECT_THAT(no_key.err, HasSubstr("UNAUTHENTICATED"));
+  CommandResult plaintext =
+      RunCommand(Dir(), "secure-plaintext",
+                 {kClient, "--router", endpoint, "--api_key_file=" + secrets + "/api-key",
+                  "--timeout=5s", "hi"});
+  EXPECT_EQ(plaintext.exit.code, 1) << plaintext.err;
+  EXPECT_THAT(plaintext.err, HasSubstr("UNAVAILABLE"));
+
+  const std::string key(absl::StripAsciiWhitespace(ReadFile(secrets + "/api-key")));
+  const std::string token(absl::StripAsciiWhitespace(ReadFile(secrets + "/cluster-token")));
+  ASSERT_GE(key.size(), 32u);
+  ASSERT_GE(token.size(), 32u);
+  ASSERT_TRUE(cluster->Signal(SIGINT).ok());
+  absl::StatusOr<ExitInfo> exit = cluster->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit.ok()) << "pd-local did not stop:\n" << cluster->LogTail(40);
+  EXPECT_TRUE(exit->Success()) << exit->ToString();
+  for (const std::string& log : {cluster->ReadLog(), ReadFile(run_dir_ + "/router.log"),
+                                 ReadFile(run_dir_ + "/decode-0.log"),
+                                 ReadFile(run_dir_ + "/prefill-0.log"), gen.err, no_key.err}) {
+    EXPECT_THAT(log, ::testing::Not(HasSubstr(key)));
+    EXPECT_THAT(log, ::testing::Not(HasSubstr(token)));
+  }
+}
+
 TEST_F(LocalClusterE2eTest, UsageErrorsExitTwoAndRpcErrorsExitOne) {
   CommandResult help = RunCommand(Dir(), "local-help", {kPdLocal, "--help"});
   EXPECT_TRUE(help.exit.Success()) << help.exit.ToString();

@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -107,6 +109,30 @@ TEST_F(RouterE2eTest, BadConfigurationIsOneLineAndNonZeroExit) {
   ExpectStartupError({absl::StrCat("--redis_address=127.0.0.1:", dead),
                       absl::StrCat("--grpc_address=127.0.0.1:", FreePort())},
                      absl::StrCat("redis 127.0.0.1:", dead, ": connect: connection refused"));
+}
+
+TEST_F(RouterE2eTest, BadSecurityFilesAreOneLineStartupErrorsThatNeverQuoteASecret) {
+  const std::string keys = dir_->File("api-keys");
+  std::ofstream(keys) << "# keys\ntenant-a:short-secret\n";
+  ExpectStartupError({"--api_keys_file=" + keys},
+                     "--api_keys_file " + keys + ":2: key of tenant 'tenant-a' has 12 bytes");
+  ExpectStartupError({"--api_keys_file=" + keys + ".missing"}, "--api_keys_file: cannot read");
+  const std::string token = dir_->File("token");
+  std::ofstream(token) << "tiny-token\n";
+  ExpectStartupError({"--cluster_token_file=" + token}, "--cluster_token_file: the secret in");
+  ExpectStartupError({"--tls_cert=" + keys}, "--tls_cert and --tls_key must be set together");
+  ExpectStartupError({"--tls_cert=" + keys, "--tls_key=" + keys},
+                     "--tls_cert: " + keys + " holds no PEM data");
+  ExpectStartupError({"--client_tls_cert=" + keys, "--client_tls_key=" + keys},
+                     "--client_tls_cert needs --client_tls_ca");
+  for (int i = 1; i <= runs_; ++i) {
+    std::ifstream in(dir_->File(absl::StrCat("fail", i, ".log")));
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string log = text.str();
+    EXPECT_THAT(log, ::testing::Not(HasSubstr("short-secret")));
+    EXPECT_THAT(log, ::testing::Not(HasSubstr("tiny-token")));
+  }
 }
 
 TEST_F(RouterE2eTest, ServesHealthApiAndMetricsThenDrainsOnSigterm) {
