@@ -65,8 +65,9 @@ TierClient::TierClient(TierClientConfig config) : config_(std::move(config)) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  stub_ = v1::TierService::NewStub(grpc::CreateCustomChannel(
-      config_.tierd_address, grpc::InsecureChannelCredentials(), args));
+  const std::shared_ptr<const services::ClientSecurity> security =
+      config_.security != nullptr ? config_.security : services::ClientSecurity::Insecure();
+  stub_ = v1::TierService::NewStub(security->CreateChannel(config_.tierd_address, args));
 }
 
 absl::StatusOr<std::unique_ptr<TierClient>> TierClient::Start(TierClientConfig config) {

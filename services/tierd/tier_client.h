@@ -37,6 +37,7 @@
 #include "absl/types/span.h"
 #include "common/hash/block_hash.h"
 #include "pd/v1/tierd.grpc.pb.h"
+#include "services/base/grpc_security.h"
 #include "services/tierd/shm_region.h"
 #include "services/tierd/tier_store.h"
 
@@ -46,6 +47,9 @@ struct TierClientConfig {
   std::string tierd_address;  // "host:port" of the node's pd-tierd. Required.
   std::string worker_id;      // for tierd's logs. Required.
   pdserve::internal::v1::KvLayout layout;  // the worker's; tierd refuses a different one
+  // TLS and the cluster token for the channel to tierd (the worker's peer security); null =
+  // plaintext, no token.
+  std::shared_ptr<const services::ClientSecurity> security;
   int64_t max_staged_blocks = 256;   // evicted blocks waiting to be offered (memory bound)
   int64_t offer_batch_blocks = 64;   // blocks per AllocateSlots/Commit round
   absl::Duration rpc_timeout = absl::Seconds(2);

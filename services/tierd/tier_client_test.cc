@@ -3,6 +3,7 @@
 // comes back is re-attached to without failing anything.
 #include "services/tierd/tier_client.h"
 
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -11,8 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/testing/temp_dir.h"
+#include "common/testing/test_pki.h"
 #include "engine/runtime/model_front.h"
 #include "engine/runtime/model_runtime.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/tierd/tierd_server.h"
 #include "services/worker/convert.h"
@@ -154,6 +158,65 @@ TEST_F(TierClientTest, TierdDownThenBack) {
   ASSERT_NE(run, nullptr);
   EXPECT_EQ(run->size(), 1u);
   EXPECT_GE(client->Stats().attaches_total, 2u);
+}
+
+// With TLS (mutual) and a cluster token, only a client with both gets in.
+TEST_F(TierClientTest, TlsAndClusterTokenGuardEveryCall) {
+  server_.reset();
+  auto dir = pd::testing::TempDir::Create("pd-tier-tls-");
+  ASSERT_TRUE(dir.ok());
+  auto pki = pd::testing::MakeTestPki(dir->path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  const std::string token_file = dir->File("token");
+  {
+    std::FILE* f = std::fopen(token_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(token.c_str(), f);
+    std::fclose(f);
+  }
+  config_.tls = {pki->server_cert, pki->server_key, pki->ca_cert};
+  config_.cluster_token_file = token_file;
+  config_.grpc_address.port = 0;
+  StartServer();
+
+  auto connect = [&](std::vector<services::CallHeader> headers) {
+    auto security = services::ClientSecurity::Create(
+        {pki->ca_cert, pki->client_cert, pki->client_key}, std::move(headers));
+    EXPECT_TRUE(security.ok()) << security.status();
+    return *security;
+  };
+  // TLS and the token: attaches and works.
+  TierClientConfig c;
+  c.tierd_address = server_->address();
+  c.worker_id = "worker-secure";
+  c.layout = layout_;
+  c.security = connect({services::ClusterTokenHeader(token)});
+  auto client = TierClient::Start(c);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->WaitAttached(absl::Seconds(10)));
+  (*client)->Offer(ClientHash(5), BlockBytes(5));
+  (*client)->FlushOffersForTest();
+  EXPECT_EQ((*client)->Stats().offer_stored_blocks_total, 1u);
+
+  // TLS without the token: UNAUTHENTICATED on every call.
+  auto no_token = v1::TierService::NewStub(
+      connect({})->CreateChannel(server_->address(), grpc::ChannelArguments()));
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx1;
+  ctx1.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::Status s = no_token->Lookup(&ctx1, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("cluster token"));
+
+  // Plaintext: no connection at all.
+  auto plain = v1::TierService::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  EXPECT_FALSE(plain->Lookup(&ctx2, req, &resp).ok());
+  client->reset();
 }
 
 }  // namespace

@@ -43,8 +43,9 @@ absl::StatusOr<std::vector<BlockHash>> ParseHashes(const std::string& bytes,
   return out;
 }
 
-TierServiceImpl::TierServiceImpl(TierStore* store, v1::KvLayout layout, Clock* clock)
-    : store_(store), layout_(std::move(layout)), clock_(clock) {}
+TierServiceImpl::TierServiceImpl(TierStore* store, v1::KvLayout layout,
+                                 services::ClusterTokenVerifier auth, Clock* clock)
+    : store_(store), layout_(std::move(layout)), auth_(std::move(auth)), clock_(clock) {}
 
 absl::Status TierServiceImpl::CheckSession(uint64_t id) {
   absl::MutexLock lock(&mu_);
@@ -59,8 +60,11 @@ absl::Status TierServiceImpl::CheckSession(uint64_t id) {
   return absl::OkStatus();
 }
 
-grpc::Status TierServiceImpl::Attach(grpc::ServerContext*, const v1::AttachRequest* req,
+grpc::Status TierServiceImpl::Attach(grpc::ServerContext* context, const v1::AttachRequest* req,
                                      v1::AttachResponse* resp) {
+  if (absl::Status s = auth_.Check(*context, "TierService.Attach"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
   if (req->worker_id().empty()) {
     absl::MutexLock lock(&mu_);
     ++counters_.attach_rejected_total;
@@ -91,8 +95,11 @@ grpc::Status TierServiceImpl::Attach(grpc::ServerContext*, const v1::AttachReque
   return grpc::Status::OK;
 }
 
-grpc::Status TierServiceImpl::Detach(grpc::ServerContext*, const v1::DetachRequest* req,
+grpc::Status TierServiceImpl::Detach(grpc::ServerContext* context, const v1::DetachRequest* req,
                                      v1::DetachResponse*) {
+  if (absl::Status s = auth_.Check(*context, "TierService.Detach"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
   std::string worker;
   {
     absl::MutexLock lock(&mu_);
@@ -109,8 +116,11 @@ grpc::Status TierServiceImpl::Detach(grpc::ServerContext*, const v1::DetachReque
   return grpc::Status::OK;
 }
 
-grpc::Status TierServiceImpl::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
+grpc::Status TierServiceImpl::Lookup(grpc::ServerContext* context, const v1::LookupRequest* req,
                                      v1::LookupResponse* resp) {
+  if (absl::Status s = auth_.Check(*context, "TierService.Lookup"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
   absl::StatusOr<std::vector<BlockHash>> chain = ParseHashes(req->block_hashes(), "block_hashes");
   if (!chain.ok()) {
     return services::ToGrpcStatus(chain.status());
@@ -125,9 +135,12 @@ grpc::Status TierServiceImpl::Lookup(grpc::ServerContext*, const v1::LookupReque
   return grpc::Status::OK;
 }
 
-grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext*,
+grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext* context,
                                             const v1::AllocateSlotsRequest* req,
                                             v1::AllocateSlotsResponse* resp) {
+  if (absl::Status s = auth_.Check(*context, "TierService.AllocateSlots"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
   if (absl::Status s = CheckSession(req->session_id()); !s.ok()) {
     return services::ToGrpcStatus(s);
   }
@@ -165,8 +178,11 @@ grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status TierServiceImpl::Commit(grpc::ServerContext*, const v1::CommitRequest* req,
+grpc::Status TierServiceImpl::Commit(grpc::ServerContext* context, const v1::CommitRequest* req,
                                      v1::CommitResponse* resp) {
+  if (absl::Status s = auth_.Check(*context, "TierService.Commit"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
   if (absl::Status s = CheckSession(req->session_id()); !s.ok()) {
     return services::ToGrpcStatus(s);
   }
@@ -196,8 +212,11 @@ grpc::Status TierServiceImpl::Commit(grpc::ServerContext*, const v1::CommitReque
   return grpc::Status::OK;
 }
 
-grpc::Status TierServiceImpl::Promote(grpc::ServerContext*, const v1::PromoteRequest* req,
+grpc::Status TierServiceImpl::Promote(grpc::ServerContext* context, const v1::PromoteRequest* req,
                                       v1::PromoteResponse* resp) {
+  if (absl::Status s = auth_.Check(*context, "TierService.Promote"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
   if (absl::Status s = CheckSession(req->session_id()); !s.ok()) {
     return services::ToGrpcStatus(s);
   }
@@ -218,8 +237,11 @@ grpc::Status TierServiceImpl::Promote(grpc::ServerContext*, const v1::PromoteReq
   return grpc::Status::OK;
 }
 
-grpc::Status TierServiceImpl::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
+grpc::Status TierServiceImpl::Release(grpc::ServerContext* context, const v1::ReleaseRequest* req,
                                       v1::ReleaseResponse*) {
+  if (absl::Status s = auth_.Check(*context, "TierService.Release"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
   if (absl::Status s = CheckSession(req->session_id()); !s.ok()) {
     return services::ToGrpcStatus(s);
   }
@@ -234,8 +256,11 @@ grpc::Status TierServiceImpl::Release(grpc::ServerContext*, const v1::ReleaseReq
   return grpc::Status::OK;
 }
 
-grpc::Status TierServiceImpl::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+grpc::Status TierServiceImpl::Stats(grpc::ServerContext* context, const v1::StatsRequest*,
                                     v1::TierStats* resp) {
+  if (absl::Status s = auth_.Check(*context, "TierService.Stats"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
   FillStats(resp);
   return grpc::Status::OK;
 }

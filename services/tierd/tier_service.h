@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/time/clock.h"
 #include "pd/v1/tierd.grpc.pb.h"
+#include "services/base/auth.h"
 #include "services/tierd/redis_index.h"
 #include "services/tierd/tier_store.h"
 
@@ -44,8 +45,9 @@ struct TierServiceStats {
 class TierServiceImpl final : public pdserve::internal::v1::TierService::Service {
  public:
   // `store` (not owned) outlives the service. `layout` is the pool's, as workers send theirs.
+  // `auth` checks the cluster token of every call (disabled by default: every call passes).
   TierServiceImpl(TierStore* store, pdserve::internal::v1::KvLayout layout,
-                  Clock* clock = Clock::Real());
+                  services::ClusterTokenVerifier auth = {}, Clock* clock = Clock::Real());
 
   grpc::Status Attach(grpc::ServerContext* ctx, const pdserve::internal::v1::AttachRequest* req,
                       pdserve::internal::v1::AttachResponse* resp) override;
@@ -87,6 +89,7 @@ class TierServiceImpl final : public pdserve::internal::v1::TierService::Service
 
   TierStore* const store_;
   const pdserve::internal::v1::KvLayout layout_;
+  const services::ClusterTokenVerifier auth_;
   Clock* const clock_;
   const RedisIndex* redis_index_ = nullptr;
 

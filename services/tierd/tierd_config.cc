@@ -44,7 +44,7 @@ absl::Status TierdConfig::Validate() const {
       session_idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("maintenance interval and session timeout must be > 0");
   }
-  return absl::OkStatus();
+  return tls.Validate();
 }
 
 }  // namespace pd::tierd

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/redis/redis_client.h"
+#include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
 
 namespace pd::tierd {
@@ -48,6 +49,12 @@ struct TierdConfig {
   // A session with no call for this long is dropped (its worker died without Detach).
   absl::Duration session_idle_timeout = absl::Minutes(10);
   absl::Duration drain_timeout = absl::Seconds(10);
+
+  // Security (docs/security.md): TLS of the TierService (--tls_cert, --tls_key; --tls_ca =
+  // callers need a client certificate) and the cluster token every call must carry
+  // (--cluster_token_file). All unset = plaintext, open (local development).
+  services::TlsServerConfig tls;
+  std::string cluster_token_file;
 
   // InvalidArgument naming the flag and its value.
   absl::Status Validate() const;

@@ -11,6 +11,8 @@
 #include "common/log/log.h"
 #include "engine/runtime/model_front.h"
 #include "engine/runtime/model_runtime.h"
+#include "services/base/auth.h"
+#include "services/base/grpc_security.h"
 #include "services/worker/convert.h"
 
 namespace pd::tierd {
@@ -90,8 +92,17 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   }
   s->guard_ = std::make_unique<AdmissionGuard>();
   s->store_ = std::make_unique<TierStore>(s->dram_.get(), s->nvme_.get(), s->guard_.get());
+  services::ClusterTokenVerifier auth;
+  if (!config.cluster_token_file.empty()) {
+    PD_ASSIGN_OR_RETURN(std::string token,
+                        services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
+                                                 services::kMinClusterTokenBytes));
+    auth = services::ClusterTokenVerifier(token);
+  }
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      services::MakeServerCredentials(config.tls));
   s->service_ = std::make_unique<TierServiceImpl>(
-      s->store_.get(), worker::LayoutToProto(layout, fingerprint));
+      s->store_.get(), worker::LayoutToProto(layout, fingerprint), std::move(auth));
 
   TierdServer* self = s.get();
   if (sink != nullptr) {
@@ -125,8 +136,7 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.grpc_address.ToString(), grpc::InsecureServerCredentials(),
-                           &s->port_);
+  builder.AddListeningPort(config.grpc_address.ToString(), credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(16 << 20);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
@@ -154,7 +164,10 @@ std::string TierdServer::address() const {
 
 std::string TierdServer::Describe() const {
   std::string out = absl::StrCat(
-      "tierd on node ", node_, " at ", address(), ": DRAM ", dram_->num_slots(), " slots of ",
+      "tierd on node ", node_, " at ", address(),
+      config_.tls.enabled() ? (config_.tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
+                            : " (plaintext)",
+      config_.cluster_token_file.empty() ? "" : ", cluster token on", ": DRAM ", dram_->num_slots(), " slots of ",
       dram_->block_bytes(), " bytes in ", dram_->shm_name());
   if (nvme_ != nullptr) {
     const NvmeStoreStats st = nvme_->Stats();

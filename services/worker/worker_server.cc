@@ -110,6 +110,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     tc.tierd_address = config.tierd_address;
     tc.worker_id = ctx.worker_id;
     tc.layout = ctx.layout;
+    tc.security = ctx.peer_security;
     absl::StatusOr<std::unique_ptr<tierd::TierClient>> tiers = tierd::TierClient::Start(tc);
     if (!tiers.ok()) {
       return absl::Status(tiers.status().code(), absl::StrCat("--tierd_address ",
