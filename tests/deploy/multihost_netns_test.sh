@@ -238,6 +238,17 @@ sent=$(metric d "http://$B:9101/metrics" 'pd_worker_kv_transfer_bytes_total{dire
 [ -n "$sent" ] && awk -v v="$sent" 'BEGIN {exit !(v > 0)}' ||
   fail "prefill worker on node-b sent no KV bytes (pd_worker_kv_transfer_bytes_total{direction=\"out\"}=$sent)"
 check "node-b sent $sent KV bytes to node-c over UCX (UCX_TLS=tcp)"
+# The transport's own log names the UCX lanes it got: tcp on the namespaces' eth0, never shared
+# memory (sysv/posix/cma would mean the KV did not cross the "network").
+lane=$(grep -h "ucx connection .*data path" "$run"/*.log 2>/dev/null | head -n 1)
+case "$lane" in
+  *tcp/eth0*) ;;
+  *) fail "no UCX connection over tcp/eth0 in the workers' logs: '${lane:-none}'" ;;
+esac
+case "$lane" in
+  *sysv*|*posix*|*cma*) fail "UCX used shared memory between namespaces: $lane" ;;
+esac
+check "UCX lanes between the namespaces: ${lane#*] }"
 
 # Tiers: later prompts evict earlier blocks from node-c's decode pool into node-c's tierd, which
 # publishes them to Redis on node-a; the first prompt again must give the same text.
