@@ -36,10 +36,17 @@ pd_sanitize_run() {
   local dir="${PD_ROOT}/build-${name}"
   local start=$SECONDS
   pd_log "sanitizer ${name} (${flags}): configuring ${dir}"
-  cmake -S "$PD_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPD_SANITIZE="$flags" -DPD_ENABLE_CUDA=OFF -DPD_ENABLE_NCCL=OFF -DPD_WERROR=ON >/dev/null
+  if ! cmake -S "$PD_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPD_SANITIZE="$flags" -DPD_ENABLE_CUDA=OFF -DPD_ENABLE_NCCL=OFF -DPD_WERROR=ON >/dev/null; then
+    pd_log "sanitizer ${name}: configure failed"
+    return 1
+  fi
   pd_log "sanitizer ${name}: building ${#targets[@]} test targets"
-  cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}"
+  # (Explicit checks: this function runs under `||`, where set -e does not apply.)
+  if ! cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}"; then
+    pd_log "sanitizer ${name}: build failed"
+    return 1
+  fi
   pd_log "sanitizer ${name}: running"
   # Each test binary directly, from the source root as ctest would (ctest would also list the
   # tests of every target not built here).

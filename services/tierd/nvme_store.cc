@@ -40,8 +40,12 @@ struct FreeDeleter {
 };
 using AlignedBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
 
+// aligned_alloc needs a size that is a multiple of the alignment (C11; ASan enforces it), and
+// bounce buffers of 512-byte-aligned (buffered-mode) slots need not be one: round up.
 AlignedBuffer AllocAligned(size_t bytes) {
-  return AlignedBuffer(static_cast<uint8_t*>(std::aligned_alloc(kSlotAlignBytes, bytes)));
+  const size_t align = static_cast<size_t>(kSlotAlignBytes);
+  return AlignedBuffer(static_cast<uint8_t*>(
+      std::aligned_alloc(align, std::max(align, (bytes + align - 1) / align * align))));
 }
 
 bool UsableInPlace(const uint8_t* p, size_t size, int64_t slot_bytes, int64_t align) {

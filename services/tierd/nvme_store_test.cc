@@ -33,7 +33,9 @@ class AlignedSlots {
  public:
   AlignedSlots(size_t n, size_t slot_bytes)
       : slot_bytes_(slot_bytes),
-        data_(static_cast<uint8_t*>(std::aligned_alloc(4096, n * slot_bytes))) {
+        // aligned_alloc's size must be a multiple of the alignment.
+        data_(static_cast<uint8_t*>(
+            std::aligned_alloc(4096, (n * slot_bytes + 4095) / 4096 * 4096))) {
     std::memset(data_, 0, n * slot_bytes);
   }
   ~AlignedSlots() { std::free(data_); }
