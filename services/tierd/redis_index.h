@@ -23,9 +23,11 @@
 // max_batch updates: per batch one `SET blk:.. tier EX ttl` or `DEL blk:..` per update, plus one
 // SADD and one SREM on node:<node>:blocks carrying all the batch's members.
 //
-// Resync: on the first connect, after every failed call (connection lost, timeout, error reply),
-// after updates were dropped (pending map full) and every entry_ttl/2 (TTL refresh), the thread
-// re-mirrors the node from `snapshot` (what TierStore holds now):
+// Resync: on the first connect, after every failed call (connection lost, timeout, error reply)
+// and every reconnect (RedisClient may reconnect within a call that then succeeds: the server may
+// have restarted empty), after updates were dropped (pending map full) and every entry_ttl/2
+// (TTL refresh), the thread re-mirrors the node from `snapshot` (what TierStore holds now).
+// While idle, a PING every retry_interval notices an outage or restart. A resync:
 //   1. the pending map is cleared (the snapshot supersedes everything queued so far),
 //   2. the old membership set is read (SSCAN) and every member not in the snapshot has its
 //      blk: key deleted and is removed from the set (batches of max_batch),
@@ -210,6 +212,8 @@ class RedisIndex {
   // `num_del` unpublished entries. A failed call or any error reply is an error.
   absl::Status SendBatch(const std::vector<std::vector<std::string>>& commands, uint64_t num_set,
                          uint64_t num_del) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Schedules a resync when the client reconnected since the last check.
+  void NoteReconnects() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Drops the connection and schedules a reconnect + resync.
   void OnFailure(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
 
@@ -225,6 +229,8 @@ class RedisIndex {
   bool need_resync_ ABSL_GUARDED_BY(io_mu_) = true;
   absl::Time next_connect_ ABSL_GUARDED_BY(io_mu_) = absl::InfinitePast();
   absl::Time next_refresh_ ABSL_GUARDED_BY(io_mu_) = absl::InfinitePast();
+  absl::Time next_probe_ ABSL_GUARDED_BY(io_mu_) = absl::InfinitePast();  // next idle PING
+  uint64_t seen_reconnects_ ABSL_GUARDED_BY(io_mu_) = 0;  // client_->Stats().num_reconnects
 
   mutable absl::Mutex mu_;  // pending updates, stats, stop flag
   redis_index_internal::PendingUpdates pending_ ABSL_GUARDED_BY(mu_);
