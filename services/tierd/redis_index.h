@@ -34,9 +34,9 @@
 //   3. every snapshot entry is written again (SET EX + SADD, batches of max_batch), then the set's
 //      TTL is refreshed and the node is added to `nodes`.
 // Step 2 deviates from "delete everything, then republish" on purpose: entries the node still
-// holds stay visible to the router throughout the resync. Cost of a refresh: about one SET per
-// held block per entry_ttl/2 (a million blocks every 5 minutes is ~3,300 SET/s, well under a
-// percent of one Redis core at the pipelined rates of docs/benchmarks.md).
+// holds stay visible to the router throughout the resync. Cost of a refresh: one SET + one set
+// member per held block per entry_ttl/2; Redis spends ~3.3 us of CPU on each (docs/benchmarks.md
+// "Redis prefix index"), so a million blocks every 5 minutes is ~1% of one Redis core.
 //
 // Availability: Redis being down never fails tierd. Create succeeds without a server; the thread
 // retries the connection every retry_interval, updates keep being queued (up to max_pending, then
@@ -50,8 +50,9 @@
 //
 // Thread-safety: thread-safe. Publish, Unpublish and Stats never block on Redis (they take a
 // short internal mutex); Flush and the background thread serialize their Redis work on a second
-// mutex. `snapshot` is called on the background thread or inside Flush, without RedisIndex's
-// mutexes held, so it may take the store's own locks (but must not call Flush).
+// (I/O) mutex. `snapshot` is called on the background thread or inside Flush with only the I/O
+// mutex held, so it may take the store's own locks while other threads Publish; it must not call
+// Flush.
 #pragma once
 
 #include <cstdint>
@@ -89,7 +90,8 @@ struct RedisIndexConfig {
   int64_t max_batch = 1024;         // updates per pipelined round trip, in [1, 1'000'000]
   int64_t max_pending = 1'000'000;  // distinct hashes queued; beyond it updates are dropped; >= 1
   absl::Duration flush_interval = absl::Milliseconds(10);  // background flush period, > 0
-  absl::Duration retry_interval = absl::Seconds(1);        // reconnect period while down, > 0
+  // Reconnect period while Redis is down, and PING period while it is up and idle; > 0.
+  absl::Duration retry_interval = absl::Seconds(1);
 
   // InvalidArgument naming the first bad field and its value.
   absl::Status Validate() const;
