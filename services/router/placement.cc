@@ -9,8 +9,12 @@
 namespace pd::router {
 
 ScoredPlacementPolicy::ScoredPlacementPolicy(std::unique_ptr<WorkerScorer> scorer,
-                                             const KvIndex* index, int64_t block_size)
-    : scorer_(std::move(scorer)), index_(index), block_size_(block_size) {}
+                                             const KvIndex* index, int64_t block_size,
+                                             TierCredit* tier_credit)
+    : scorer_(std::move(scorer)),
+      index_(index),
+      block_size_(block_size),
+      tier_credit_(tier_credit) {}
 
 absl::string_view ScoredPlacementPolicy::name() const {
   return PolicyName(scorer_->config().policy);
@@ -50,6 +54,16 @@ absl::StatusOr<Placement> ScoredPlacementPolicy::Choose(
   std::vector<WorkerOverlap> overlaps;
   if (index_ != nullptr && !chain.empty()) {
     overlaps = index_->Match(chain);
+  }
+  if (tier_credit_ != nullptr && !chain.empty()) {
+    std::vector<NodeWorker> nodes;
+    nodes.reserve(workers.size());
+    for (const WorkerSnapshot& w : workers) {
+      if (w.healthy && !w.worker_id.empty() && !w.node_name.empty()) {
+        nodes.push_back(NodeWorker{w.worker_id, w.node_name});
+      }
+    }
+    tier_credit_->Extend(chain, nodes, &overlaps);
   }
   absl::StatusOr<RoutingDecision> d =
       scorer_->Choose(candidates, overlaps, prompt_tokens, block_size_);
@@ -92,10 +106,12 @@ absl::StatusOr<ScorerConfig> ScorerConfigFor(const RouterConfig& config) {
 }
 
 absl::StatusOr<std::unique_ptr<PlacementPolicy>> MakePlacementPolicy(const RouterConfig& config,
-                                                                     const KvIndex* index) {
+                                                                     const KvIndex* index,
+                                                                     TierCredit* tier_credit) {
   PD_ASSIGN_OR_RETURN(ScorerConfig scorer_config, ScorerConfigFor(config));
   PD_ASSIGN_OR_RETURN(std::unique_ptr<WorkerScorer> scorer, WorkerScorer::Create(scorer_config));
-  return std::make_unique<ScoredPlacementPolicy>(std::move(scorer), index, config.block_size);
+  return std::make_unique<ScoredPlacementPolicy>(std::move(scorer), index, config.block_size,
+                                                 tier_credit);
 }
 
 }  // namespace pd::router

@@ -22,6 +22,10 @@ struct RouterConfig {
   // The cluster's Redis prefix index; unset = run without Redis (no lower-tier credit). The
   // password comes from --redis_password_file, never from a flag value.
   std::optional<redis::RedisConfig> redis;
+  // Bound of one lower-tier lookup in the Redis prefix index while placing a request (connect
+  // and each socket read/write); slower or failed lookups place without lower-tier credit and
+  // pause lookups for a second (services/router/tier_credit.h). >= 1ms.
+  absl::Duration redis_lookup_timeout = absl::Milliseconds(5);
   // Tokens per KV block; must equal the workers' block size.
   int block_size = 16;
   // How long SIGTERM waits for in-flight streams before cancelling them.

@@ -70,7 +70,14 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
                                          [feed](const WorkerSnapshot&) { feed->Poke(); }));
   WorkerPool* pool_ptr = server->pool_.get();
   feed->Start([pool_ptr] { return pool_ptr->Snapshot(); });
-  PD_ASSIGN_OR_RETURN(server->policy_, MakePlacementPolicy(config, server->index_.get()));
+  if (config.redis.has_value()) {
+    // Lower-tier credit from the nodes' tierd entries in Redis, on connections of its own.
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<RedisTierLookup> lookup,
+                        RedisTierLookup::Create(*config.redis, config.redis_lookup_timeout));
+    PD_ASSIGN_OR_RETURN(server->tier_credit_, TierCredit::Create(std::move(lookup), {}));
+  }
+  PD_ASSIGN_OR_RETURN(server->policy_, MakePlacementPolicy(config, server->index_.get(),
+                                                           server->tier_credit_.get()));
   PD_ASSIGN_OR_RETURN(
       server->generation_,
       GenerationService::Create(config, server->model_.get(), server->pool_.get(),
@@ -90,8 +97,33 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   GenerationService* gen = server->generation_.get();
   KvIndex* index = server->index_.get();
   server->metrics_ = metrics;
-  server->collector_ = metrics->AddCollector([pool, gen, index, feed](
-                                                 metrics::CollectorSink& sink) {
+  TierCredit* credit = server->tier_credit_.get();
+  server->collector_ = metrics->AddCollector([pool, gen, index, feed,
+                                              credit](metrics::CollectorSink& sink) {
+    if (credit != nullptr) {
+      const TierCreditStats cs = credit->Stats();
+      sink.AddCounter("pd_router_tier_credit_lookups_total",
+                      "Redis prefix index lookups made while placing requests",
+                      static_cast<double>(cs.lookups_total));
+      sink.AddCounter("pd_router_tier_credit_errors_total",
+                      "Failed or timed-out Redis prefix index lookups (placed without credit)",
+                      static_cast<double>(cs.errors_total));
+      sink.AddCounter("pd_router_tier_credit_skipped_total",
+                      "Placements without a lookup: breaker open after a failure, or all "
+                      "lookup connections busy",
+                      static_cast<double>(cs.skipped_total));
+      sink.AddGauge("pd_router_tier_credit_breaker_open",
+                    "1 while Redis lookups are paused after a failure", cs.breaker_open ? 1 : 0);
+      sink.AddCounter("pd_router_tier_credit_workers_total",
+                      "Worker overlaps extended by lower-tier blocks from Redis",
+                      static_cast<double>(cs.credited_workers_total));
+      sink.AddCounter("pd_router_tier_credit_blocks_total",
+                      "Lower-tier blocks credited from Redis, by tier",
+                      static_cast<double>(cs.dram_blocks_total), {{"tier", "dram"}});
+      sink.AddCounter("pd_router_tier_credit_blocks_total",
+                      "Lower-tier blocks credited from Redis, by tier",
+                      static_cast<double>(cs.nvme_blocks_total), {{"tier", "nvme"}});
+    }
     const KvEventFeedStats fs = feed->Stats();
     sink.AddGauge("pd_router_kv_event_streams", "Workers whose KV events are followed",
                   static_cast<double>(fs.subscribers));

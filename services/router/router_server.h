@@ -16,6 +16,7 @@
 #include "services/router/kv_event_feed.h"
 #include "services/router/kv_index.h"
 #include "services/router/router_config.h"
+#include "services/router/tier_credit.h"
 #include "services/router/worker_pool.h"
 
 namespace grpc {
@@ -58,6 +59,7 @@ class RouterServer {
   std::unique_ptr<KvIndex> index_;
   std::unique_ptr<KvEventFeed> feed_;
   std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<TierCredit> tier_credit_;  // null without Redis; used by policy_
   std::unique_ptr<PlacementPolicy> policy_;
   std::unique_ptr<GenerationService> generation_;
   std::unique_ptr<grpc::Server> server_;

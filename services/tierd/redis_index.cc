@@ -210,8 +210,19 @@ absl::Status RedisIndex::RunOnce(bool force) {
       return client.status();
     }
     client_ = *std::move(client);
+    seen_reconnects_ = 0;
     need_resync_ = true;
+    next_probe_ = now + config_.retry_interval;
+  } else if (now >= next_probe_) {
+    // Ask Redis every retry_interval even when idle, so an outage or a restart (which loses
+    // every entry) is noticed without waiting for the next update.
+    next_probe_ = now + config_.retry_interval;
+    if (absl::StatusOr<RedisReply> pong = client_->Command({"PING"}); !pong.ok()) {
+      OnFailure(pong.status());
+      return pong.status();
+    }
   }
+  NoteReconnects();
   bool overflowed;
   {
     absl::MutexLock lock(&mu_);
@@ -241,7 +252,18 @@ absl::Status RedisIndex::RunOnce(bool force) {
     OnFailure(s);
     return s;
   }
+  NoteReconnects();  // a pipeline that rode through a reconnect: resync in the next round
   return absl::OkStatus();
+}
+
+void RedisIndex::NoteReconnects() {
+  // RedisClient reconnects inside a call and then succeeds, hiding that the server may have
+  // restarted empty: treat every reconnect like an outage.
+  const uint64_t reconnects = client_->Stats().num_reconnects;
+  if (reconnects != seen_reconnects_) {
+    seen_reconnects_ = reconnects;
+    need_resync_ = true;
+  }
 }
 
 absl::Status RedisIndex::Resync() {

@@ -23,18 +23,20 @@
 // max_batch updates: per batch one `SET blk:.. tier EX ttl` or `DEL blk:..` per update, plus one
 // SADD and one SREM on node:<node>:blocks carrying all the batch's members.
 //
-// Resync: on the first connect, after every failed call (connection lost, timeout, error reply),
-// after updates were dropped (pending map full) and every entry_ttl/2 (TTL refresh), the thread
-// re-mirrors the node from `snapshot` (what TierStore holds now):
+// Resync: on the first connect, after every failed call (connection lost, timeout, error reply)
+// and every reconnect (RedisClient may reconnect within a call that then succeeds: the server may
+// have restarted empty), after updates were dropped (pending map full) and every entry_ttl/2
+// (TTL refresh), the thread re-mirrors the node from `snapshot` (what TierStore holds now).
+// While idle, a PING every retry_interval notices an outage or restart. A resync:
 //   1. the pending map is cleared (the snapshot supersedes everything queued so far),
 //   2. the old membership set is read (SSCAN) and every member not in the snapshot has its
 //      blk: key deleted and is removed from the set (batches of max_batch),
 //   3. every snapshot entry is written again (SET EX + SADD, batches of max_batch), then the set's
 //      TTL is refreshed and the node is added to `nodes`.
 // Step 2 deviates from "delete everything, then republish" on purpose: entries the node still
-// holds stay visible to the router throughout the resync. Cost of a refresh: about one SET per
-// held block per entry_ttl/2 (a million blocks every 5 minutes is ~3,300 SET/s, well under a
-// percent of one Redis core at the pipelined rates of docs/benchmarks.md).
+// holds stay visible to the router throughout the resync. Cost of a refresh: one SET + one set
+// member per held block per entry_ttl/2; Redis spends ~3.3 us of CPU on each (docs/benchmarks.md
+// "Redis prefix index"), so a million blocks every 5 minutes is ~1% of one Redis core.
 //
 // Availability: Redis being down never fails tierd. Create succeeds without a server; the thread
 // retries the connection every retry_interval, updates keep being queued (up to max_pending, then
@@ -48,8 +50,9 @@
 //
 // Thread-safety: thread-safe. Publish, Unpublish and Stats never block on Redis (they take a
 // short internal mutex); Flush and the background thread serialize their Redis work on a second
-// mutex. `snapshot` is called on the background thread or inside Flush, without RedisIndex's
-// mutexes held, so it may take the store's own locks (but must not call Flush).
+// (I/O) mutex. `snapshot` is called on the background thread or inside Flush with only the I/O
+// mutex held, so it may take the store's own locks while other threads Publish; it must not call
+// Flush.
 #pragma once
 
 #include <cstdint>
@@ -87,7 +90,8 @@ struct RedisIndexConfig {
   int64_t max_batch = 1024;         // updates per pipelined round trip, in [1, 1'000'000]
   int64_t max_pending = 1'000'000;  // distinct hashes queued; beyond it updates are dropped; >= 1
   absl::Duration flush_interval = absl::Milliseconds(10);  // background flush period, > 0
-  absl::Duration retry_interval = absl::Seconds(1);        // reconnect period while down, > 0
+  // Reconnect period while Redis is down, and PING period while it is up and idle; > 0.
+  absl::Duration retry_interval = absl::Seconds(1);
 
   // InvalidArgument naming the first bad field and its value.
   absl::Status Validate() const;
@@ -210,6 +214,8 @@ class RedisIndex {
   // `num_del` unpublished entries. A failed call or any error reply is an error.
   absl::Status SendBatch(const std::vector<std::vector<std::string>>& commands, uint64_t num_set,
                          uint64_t num_del) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Schedules a resync when the client reconnected since the last check.
+  void NoteReconnects() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Drops the connection and schedules a reconnect + resync.
   void OnFailure(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
 
@@ -225,6 +231,8 @@ class RedisIndex {
   bool need_resync_ ABSL_GUARDED_BY(io_mu_) = true;
   absl::Time next_connect_ ABSL_GUARDED_BY(io_mu_) = absl::InfinitePast();
   absl::Time next_refresh_ ABSL_GUARDED_BY(io_mu_) = absl::InfinitePast();
+  absl::Time next_probe_ ABSL_GUARDED_BY(io_mu_) = absl::InfinitePast();  // next idle PING
+  uint64_t seen_reconnects_ ABSL_GUARDED_BY(io_mu_) = 0;  // client_->Stats().num_reconnects
 
   mutable absl::Mutex mu_;  // pending updates, stats, stop flag
   redis_index_internal::PendingUpdates pending_ ABSL_GUARDED_BY(mu_);

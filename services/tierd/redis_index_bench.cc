@@ -8,11 +8,16 @@
 //                     [--redis_benchmark=PATH]
 //
 // It starts its own redis-server on a free 127.0.0.1 port (no persistence), then per repetition:
-//   1. ceiling: `redis-benchmark -p PORT -P 16 -t set -n R -q` (its own requests/s);
+//   1. ceiling: `redis-benchmark -p PORT -P 16 -t set -n R -q` (its own requests/s), then
+//      `redis-benchmark ... -r 100000000 SET pd:bench:blk:x:__rand_int__ dram EX 600` (what the
+//      server does for one entry without our client: a new key with a TTL);
 //   2. FLUSHALL, then `updates` Publish calls of distinct random hashes (alternating DRAM/NVMe)
 //      followed by one Flush, timed together: each update becomes `SET blk:<node>:<hex> <tier>
-//      EX 600` plus its member in the batch's SADD, sent in pipelines of `batch` updates.
-// The ratio is taken per repetition, then the median is printed. Exits non-zero on any error.
+//      EX 600` plus its member in the batch's SADD, sent in pipelines of `batch` updates
+//      ("insert"); then the same hashes again with the other tier ("overwrite": a TTL refresh or
+//      a DRAM -> NVMe move).
+// redis-server's main-thread CPU time (INFO cpu) is read around each timed pass. The ratio is
+// taken per repetition, then the median is printed. Exits non-zero on any error.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -132,16 +137,10 @@ struct IndexRun {
   uint64_t batches = 0;
 };
 
-absl::StatusOr<IndexRun> RunIndex(RedisIndex& index, redis::RedisClient& admin, int64_t updates,
-                                  std::mt19937_64& rng) {
-  auto flushed = admin.Command({"FLUSHALL"});
-  if (!flushed.ok()) {
-    return flushed.status();
-  }
-  std::vector<BlockHash> hashes(static_cast<size_t>(updates));
-  for (BlockHash& h : hashes) {
-    h = BlockHash{rng(), rng()};
-  }
+// Publishes `hashes` (tier alternating, starting with DRAM when `flip` is false) and flushes,
+// timed together.
+absl::StatusOr<IndexRun> TimedPublish(RedisIndex& index, redis::RedisClient& admin,
+                                      const std::vector<BlockHash>& hashes, bool flip) {
   auto cpu_before = ServerCpuSeconds(admin);
   if (!cpu_before.ok()) {
     return cpu_before.status();
@@ -150,7 +149,7 @@ absl::StatusOr<IndexRun> RunIndex(RedisIndex& index, redis::RedisClient& admin, 
   const uint64_t published_before = index.Stats().published_total;
   const absl::Time start = absl::Now();
   for (size_t i = 0; i < hashes.size(); ++i) {
-    index.Publish(hashes[i], i % 2 == 0 ? TierKind::kDram : TierKind::kNvme);
+    index.Publish(hashes[i], (i % 2 == 0) != flip ? TierKind::kDram : TierKind::kNvme);
   }
   const absl::Time flush_start = absl::Now();
   if (absl::Status s = index.Flush(); !s.ok()) {
@@ -162,16 +161,39 @@ absl::StatusOr<IndexRun> RunIndex(RedisIndex& index, redis::RedisClient& admin, 
     return cpu_after.status();
   }
   const RedisIndexStats stats = index.Stats();
-  if (stats.published_total - published_before != static_cast<uint64_t>(updates)) {
+  if (stats.published_total - published_before != hashes.size()) {
     return absl::InternalError(absl::StrCat("published ", stats.published_total - published_before,
-                                            " of ", updates, " updates"));
+                                            " of ", hashes.size(), " updates"));
   }
   IndexRun run;
-  run.updates_per_s = static_cast<double>(updates) / absl::ToDoubleSeconds(end - start);
+  run.updates_per_s = static_cast<double>(hashes.size()) / absl::ToDoubleSeconds(end - start);
   run.flush_seconds = absl::ToDoubleSeconds(end - flush_start);
   run.batches = stats.batches_total - batches_before;
   run.server_cpu_seconds = *cpu_after - *cpu_before;
   return run;
+}
+
+// Into an empty Redis: `updates` new entries (insert), then the same hashes again with the other
+// tier (overwrite: what a TTL refresh or a DRAM -> NVMe move costs).
+absl::StatusOr<std::pair<IndexRun, IndexRun>> RunIndex(RedisIndex& index, redis::RedisClient& admin,
+                                                       int64_t updates, std::mt19937_64& rng) {
+  auto flushed = admin.Command({"FLUSHALL"});
+  if (!flushed.ok()) {
+    return flushed.status();
+  }
+  std::vector<BlockHash> hashes(static_cast<size_t>(updates));
+  for (BlockHash& h : hashes) {
+    h = BlockHash{rng(), rng()};
+  }
+  auto insert = TimedPublish(index, admin, hashes, /*flip=*/false);
+  if (!insert.ok()) {
+    return insert.status();
+  }
+  auto overwrite = TimedPublish(index, admin, hashes, /*flip=*/true);
+  if (!overwrite.ok()) {
+    return overwrite.status();
+  }
+  return std::make_pair(*insert, *overwrite);
 }
 
 absl::Status Main() {
@@ -217,7 +239,7 @@ absl::Status Main() {
               static_cast<long long>(config.max_batch), LoadAverage().c_str());
   std::mt19937_64 rng(42);
   const int64_t requests = absl::GetFlag(FLAGS_redis_benchmark_requests);
-  std::vector<double> ratios, ceilings, layout_ceilings, rates;
+  std::vector<double> ratios, over_ratios, ceilings, layout_ceilings, rates, over_rates;
   for (int rep = 0; rep < reps; ++rep) {
     // The ceiling: plain SET of one key.
     auto ceiling = RunRedisBenchmark(*dir, (*server)->port(), requests, absl::StrCat("set-", rep),
@@ -236,28 +258,37 @@ absl::Status Main() {
     if (!layout.ok()) {
       return layout.status();
     }
-    auto run = RunIndex(**index, **admin, updates, rng);
-    if (!run.ok()) {
-      return run.status();
+    auto runs = RunIndex(**index, **admin, updates, rng);
+    if (!runs.ok()) {
+      return runs.status();
     }
-    const double ratio = run->updates_per_s / *ceiling;
+    const IndexRun& run = runs->first;
+    const IndexRun& over = runs->second;
+    const double ratio = run.updates_per_s / *ceiling;
+    const double over_ratio = over.updates_per_s / *ceiling;
     std::printf(
-        "rep %d: redis-benchmark -P 16 SET %.0f/s; SET new key EX %.0f/s; RedisIndex %.0f "
-        "updates/s (flush %.3f s, %llu batches, server cpu %.2f us/update); ratio %.3f\n",
-        rep, *ceiling, *layout, run->updates_per_s, run->flush_seconds,
-        static_cast<unsigned long long>(run->batches),
-        run->server_cpu_seconds * 1e6 / static_cast<double>(updates), ratio);
+        "rep %d: redis-benchmark -P 16 SET %.0f/s; SET new key EX %.0f/s; RedisIndex insert %.0f "
+        "updates/s (flush %.3f s, %llu batches, server cpu %.2f us/update), ratio %.3f; "
+        "overwrite %.0f updates/s (server cpu %.2f us/update), ratio %.3f\n",
+        rep, *ceiling, *layout, run.updates_per_s, run.flush_seconds,
+        static_cast<unsigned long long>(run.batches),
+        run.server_cpu_seconds * 1e6 / static_cast<double>(updates), ratio, over.updates_per_s,
+        over.server_cpu_seconds * 1e6 / static_cast<double>(updates), over_ratio);
     std::fflush(stdout);
     ratios.push_back(ratio);
+    over_ratios.push_back(over_ratio);
     ceilings.push_back(*ceiling);
     layout_ceilings.push_back(*layout);
-    rates.push_back(run->updates_per_s);
+    rates.push_back(run.updates_per_s);
+    over_rates.push_back(over.updates_per_s);
   }
   std::printf(
-      "median: redis-benchmark -P 16 SET %.0f/s, SET new key EX %.0f/s, RedisIndex %.0f "
-      "updates/s; ratio %.3f (target >= 0.5), vs SET new key EX %.3f; load %s\n",
+      "median: redis-benchmark -P 16 SET %.0f/s, SET new key EX %.0f/s; RedisIndex insert %.0f "
+      "updates/s, ratio %.3f (target >= 0.5), vs SET new key EX %.3f; overwrite %.0f updates/s, "
+      "ratio %.3f; load %s\n",
       Median(ceilings), Median(layout_ceilings), Median(rates), Median(ratios),
-      Median(rates) / Median(layout_ceilings), LoadAverage().c_str());
+      Median(rates) / Median(layout_ceilings), Median(over_rates), Median(over_ratios),
+      LoadAverage().c_str());
   return absl::OkStatus();
 }
 

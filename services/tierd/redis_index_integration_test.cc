@@ -372,6 +372,24 @@ TEST_F(RedisIndexIntegrationTest, RepopulatesFromSnapshotAfterRedisRestart) {
   EXPECT_THAT(Members(*client, client->Key("nodes")), ElementsAre("n1"));
 }
 
+// Redis restarted (empty) while the node had nothing to update: the idle probe notices and the
+// resync repopulates it.
+TEST_F(RedisIndexIntegrationTest, RepopulatesAfterRestartWithoutAnyUpdates) {
+  StartServer();
+  FakeHoldings holdings;
+  holdings.Set({{H(1), TierKind::kNvme}, {H(2), TierKind::kDram}});
+  auto index = CreateIndex(Redis(), Index("n1"), holdings);
+  ASSERT_NE(index, nullptr);
+  ASSERT_TRUE(index->Flush().ok());
+  ASSERT_TRUE(server_->Restart().ok()) << server_->LogTail();
+  auto client = Client(Redis());
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(PollUntil([&] {
+    return LookupOrEmpty(*client, "n1", {H(1), H(2)}).size() == 2;
+  })) << "resyncs="
+      << index->Stats().resyncs_total << " errors=" << index->Stats().errors_total;
+}
+
 // A restarted tierd (new RedisIndex, same node) holding fewer blocks removes its stale entries
 // and leaves other nodes alone.
 TEST_F(RedisIndexIntegrationTest, ResyncRemovesStaleEntriesOfItsOwnNodeOnly) {

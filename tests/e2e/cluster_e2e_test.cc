@@ -22,7 +22,9 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "common/log/log.h"
+#include "common/redis/redis_client.h"
 #include "common/testing/net.h"
+#include "common/testing/redis_server.h"
 #include "common/testing/subprocess.h"
 #include "common/testing/temp_dir.h"
 #include "engine/runtime/model_runtime.h"
@@ -454,6 +456,73 @@ TEST_F(ClusterE2eTest, CacheAwarePlacementFollowsThePrefixAndBalancesDistinctOne
   const double n2 = DecodeOk(c, 2) - before2, n3 = DecodeOk(c, 3) - before3;
   EXPECT_EQ(n2 + n3, 40);
   EXPECT_LE(std::max(n2, n3) / 20.0, 1.25) << n2 << " vs " << n3;
+}
+
+// issue #6 acceptance: redis-server SIGKILLed while the router uses it for lower-tier credit ->
+// every request still succeeds with the same output, only the credit lookups fail; Redis back
+// -> lookups answer again.
+TEST_F(ClusterE2eTest, KilledRedisOnlyRemovesLowerTierCredit) {
+  absl::StatusOr<std::unique_ptr<pd::testing::RedisServer>> redis =
+      pd::testing::RedisServer::Start({});
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  Reference ref;
+  Cluster c(
+      Dir(), 1, 1, "cache_aware", {"--node_name=node-e2e"},
+      {absl::StrCat("--redis_address=127.0.0.1:", (*redis)->port()), "--redis_key_prefix=pd:e2e:"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  auto metric = [&](const std::string& name) { return Metric(c.RouterMetrics(), name); };
+  // Prompts of a few full blocks that no worker holds yet (a distinct start each), so every
+  // placement asks Redis for the continuation after 0 HBM blocks.
+  auto generate_all = [&](int round) {
+    for (int i = 0; i < 4; ++i) {
+      const std::string prompt = absl::StrCat(
+          round, " ", i, " ", kPrompts[i],
+          " there was a little girl named Lily. She loved to play outside in the park with her "
+          "friends. One day, she saw a big red ball under a tree and");
+      Generated g = c.GenerateText(prompt, 6);
+      ASSERT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << c.Logs();
+      EXPECT_EQ(g.tokens, ref.Greedy(prompt, 6).first) << prompt;
+    }
+  };
+
+  generate_all(0);
+  EXPECT_GE(metric("pd_router_tier_credit_lookups_total"), 4);
+  EXPECT_EQ(metric("pd_router_tier_credit_errors_total"), 0);
+
+  // SIGKILL: no chance to close connections.
+  redis::RedisConfig config;
+  config.port = (*redis)->port();
+  absl::StatusOr<std::unique_ptr<redis::RedisClient>> admin = redis::RedisClient::Connect(config);
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  absl::StatusOr<redis::RedisReply> info = (*admin)->Command({"INFO", "server"});
+  ASSERT_TRUE(info.ok()) << info.status();
+  int pid = 0;
+  for (absl::string_view line : absl::StrSplit(info->str, "\r\n")) {
+    if (absl::ConsumePrefix(&line, "process_id:")) {
+      ASSERT_TRUE(absl::SimpleAtoi(line, &pid)) << line;
+    }
+  }
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ASSERT_TRUE((*redis)->Stop().ok());  // reaps it
+
+  generate_all(1);
+  EXPECT_GE(metric("pd_router_tier_credit_errors_total"), 1) << c.RouterMetrics();
+
+  // Redis back on the same port: after the breaker's pause, lookups answer again.
+  ASSERT_TRUE((*redis)->Restart().ok()) << (*redis)->LogTail();
+  const double errors = metric("pd_router_tier_credit_errors_total");
+  const double lookups = metric("pd_router_tier_credit_lookups_total");
+  int round = 2;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        generate_all(round++);
+        return metric("pd_router_tier_credit_breaker_open") == 0 &&
+               metric("pd_router_tier_credit_lookups_total") > lookups + 1;
+      },
+      absl::Seconds(30)))
+      << c.RouterMetrics();
+  EXPECT_LE(metric("pd_router_tier_credit_errors_total"), errors + 1);
 }
 
 }  // namespace
