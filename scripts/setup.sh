@@ -61,6 +61,11 @@ pd_install_packages() {
     "${missing[@]}" >/dev/null
 }
 
+# ccache: key objects by paths relative to the checkout, so clones in other directories (CI's)
+# reuse this machine's cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PD_ROOT}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+
 pd_configure_and_build() {
   local args=(-S "$PD_ROOT" -B "$PD_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$PD_BUILD_TYPE")
   if [ "${CI:-}" = "true" ]; then
