@@ -71,7 +71,7 @@ pd_sanitize_run() {
       tail -n 60 "$dir/$t.log" >&2
       status=1
     else
-      pd_log "sanitizer ${name}: $t passed ($(grep -c '^\[       OK \]\|^\[  PASSED' "$dir/$t.log" || true) lines ok)"
+      pd_log "sanitizer ${name}: $t: $(grep -a -o 'PASSED  \] [0-9]* tests\?' "$dir/$t.log" | tail -n 1 | sed 's/PASSED  ] //') passed"
     fi
   done
   pd_log "sanitizer ${name}: $((SECONDS - start)) s, status ${status}"
