@@ -137,4 +137,30 @@ void ExtendBlockHashes(const BlockHash& seed, absl::Span<const uint32_t> tokens,
   }
 }
 
+std::string ConcatBlockHashes(absl::Span<const BlockHash> hashes) {
+  std::string out;
+  out.reserve(hashes.size() * 16);
+  for (const BlockHash& h : hashes) {
+    out += h.ToBytes();
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<BlockHash>> SplitBlockHashes(absl::string_view bytes) {
+  if (bytes.size() % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        bytes.size(), " bytes is not a whole number of 16-byte block hashes"));
+  }
+  std::vector<BlockHash> out;
+  out.reserve(bytes.size() / 16);
+  for (size_t i = 0; i < bytes.size(); i += 16) {
+    absl::StatusOr<BlockHash> h = BlockHash::FromBytes(bytes.substr(i, 16));
+    if (!h.ok()) {
+      return h.status();
+    }
+    out.push_back(*h);
+  }
+  return out;
+}
+
 }  // namespace pd

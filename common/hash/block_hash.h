@@ -76,4 +76,10 @@ std::vector<BlockHash> ComputeBlockHashes(const BlockHash& seed, absl::Span<cons
 void ExtendBlockHashes(const BlockHash& seed, absl::Span<const uint32_t> tokens,
                        uint32_t block_size, std::vector<BlockHash>* chain);
 
+// The wire form of a run of hashes (proto `bytes` fields such as block_hashes): each hash's
+// 16 ToBytes() bytes, concatenated in order.
+std::string ConcatBlockHashes(absl::Span<const BlockHash> hashes);
+// Its inverse. InvalidArgument when the length is not a multiple of 16.
+absl::StatusOr<std::vector<BlockHash>> SplitBlockHashes(absl::string_view bytes);
+
 }  // namespace pd

@@ -20,15 +20,6 @@ kvcache::SequenceId Seq(const SimRequest& r) {
   return kvcache::SequenceId(static_cast<uint64_t>(r.id));
 }
 
-std::string ConcatHashes(absl::Span<const BlockHash> hashes) {
-  std::string out;
-  out.reserve(hashes.size() * 16);
-  for (const BlockHash& h : hashes) {
-    out += h.ToBytes();
-  }
-  return out;
-}
-
 }  // namespace
 
 absl::Status TimeModel::Validate() const {
@@ -264,7 +255,7 @@ iv1::KvEvent* SimWorker::NewEvent() {
 void SimWorker::OnBlocksStored(absl::Span<const BlockHash> hashes,
                                std::optional<BlockHash> parent) {
   iv1::BlockStored* stored = NewEvent()->mutable_stored();
-  stored->set_block_hashes(ConcatHashes(hashes));
+  stored->set_block_hashes(ConcatBlockHashes(hashes));
   if (parent.has_value()) {
     stored->set_parent_hash(parent->ToBytes());
   }
@@ -275,7 +266,7 @@ void SimWorker::OnBlocksStored(absl::Span<const BlockHash> hashes,
 
 void SimWorker::OnBlocksRemoved(absl::Span<const BlockHash> hashes) {
   iv1::BlockRemoved* removed = NewEvent()->mutable_removed();
-  removed->set_block_hashes(ConcatHashes(hashes));
+  removed->set_block_hashes(ConcatBlockHashes(hashes));
   removed->set_tier(iv1::TIER_HBM);
   stats_.removed_blocks += static_cast<int64_t>(hashes.size());
 }

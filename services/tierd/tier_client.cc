@@ -15,19 +15,6 @@ namespace pd::tierd {
 
 namespace v1 = pdserve::internal::v1;
 
-namespace {
-
-std::string HashBytes(absl::Span<const BlockHash> hashes) {
-  std::string out;
-  out.reserve(hashes.size() * 16);
-  for (const BlockHash& h : hashes) {
-    out += h.ToBytes();
-  }
-  return out;
-}
-
-}  // namespace
-
 absl::Status TierClientConfig::Validate() const {
   if (tierd_address.empty()) {
     return absl::InvalidArgumentError("tier client: tierd_address is empty");
@@ -315,7 +302,7 @@ void TierClient::RunPrepare(PrepareJob job) {
   }
   v1::PromoteRequest req;
   req.set_session_id(run->session_);
-  req.set_block_hashes(HashBytes(job.chain));
+  req.set_block_hashes(ConcatBlockHashes(job.chain));
   v1::PromoteResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
@@ -374,7 +361,7 @@ void TierClient::RunOffers(std::vector<Staged> batch) {
   }
   v1::AllocateSlotsRequest areq;
   areq.set_session_id(session);
-  areq.set_block_hashes(HashBytes(hashes));
+  areq.set_block_hashes(ConcatBlockHashes(hashes));
   v1::AllocateSlotsResponse aresp;
   grpc::ClientContext actx;
   actx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/tierd/tierd_server.h"
+#include "services/tierd/tierd_test_util.h"
 #include "services/worker/convert.h"
 
 namespace pd::tierd {
@@ -26,8 +27,6 @@ namespace {
 
 namespace v1 = pdserve::internal::v1;
 
-constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
-constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
 
 BlockHash ClientHash(int i) {
   std::string bytes(16, '\x11');
@@ -38,16 +37,8 @@ BlockHash ClientHash(int i) {
 class TierClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto front = engine::ModelFront::Load(kModel, kTokenizer);
-    ASSERT_TRUE(front.ok()) << front.status();
-    layout_ = worker::LayoutToProto(engine::KvLayoutForModel((*front)->config(), 16),
-                                    (*front)->fingerprint());
-    config_.grpc_address = {"127.0.0.1", 0};
-    config_.node_name = "client-test";
-    config_.shm_name = absl::StrCat("/pd-tierc-test-", ::getpid());
-    config_.model = kModel;
-    config_.tokenizer = kTokenizer;
-    config_.dram_mib = 2;
+    layout_ = testing::Stories260KLayout();
+    config_ = testing::TestTierdConfig("client-test", 2);
     StartServer();
   }
 

@@ -27,20 +27,11 @@ grpc::Status Invalid(std::string message) {
 
 absl::StatusOr<std::vector<BlockHash>> ParseHashes(const std::string& bytes,
                                                    absl::string_view field) {
-  if (bytes.size() % 16 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", bytes.size(), " bytes is not a whole number of 16-byte block hashes"));
+  absl::StatusOr<std::vector<BlockHash>> hashes = SplitBlockHashes(bytes);
+  if (!hashes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", hashes.status().message()));
   }
-  std::vector<BlockHash> out;
-  out.reserve(bytes.size() / 16);
-  for (size_t i = 0; i < bytes.size(); i += 16) {
-    absl::StatusOr<BlockHash> h = BlockHash::FromBytes(absl::string_view(bytes).substr(i, 16));
-    if (!h.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": ", h.status().message()));
-    }
-    out.push_back(*h);
-  }
-  return out;
+  return hashes;
 }
 
 TierServiceImpl::TierServiceImpl(TierStore* store, v1::KvLayout layout,

@@ -281,40 +281,34 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
     const TierStoreStats st = store_->Stats();
     const TierServiceStats sv = service_->ServiceStats();
     const auto d = [](auto v) { return static_cast<double>(v); };
-    sink.AddGauge("pd_tierd_capacity_blocks", "Blocks each tier can hold",
-                  d(st.dram.capacity_blocks), {{"tier", "dram"}});
-    sink.AddGauge("pd_tierd_blocks", "Blocks held per tier (DRAM: valid, i.e. readable)",
-                  d(st.dram.valid_blocks), {{"tier", "dram"}});
-    sink.AddGauge("pd_tierd_bytes", "Block bytes held per tier",
-                  d(st.dram.valid_blocks * dram_->block_bytes()), {{"tier", "dram"}});
+    // The families every tier reports, labelled by tier.
+    const auto tier = [&](const char* name, int64_t capacity, int64_t blocks, int64_t bytes,
+                          uint64_t stored, uint64_t evicted, uint64_t hits, uint64_t corrupt) {
+      const metrics::LabelPairs l = {{"tier", name}};
+      sink.AddGauge("pd_tierd_capacity_blocks", "Blocks each tier can hold", d(capacity), l);
+      sink.AddGauge("pd_tierd_blocks", "Blocks held per tier (DRAM: valid, i.e. readable)",
+                    d(blocks), l);
+      sink.AddGauge("pd_tierd_bytes", "Block bytes held per tier", d(bytes), l);
+      sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier", d(stored),
+                      l);
+      sink.AddCounter("pd_tierd_evicted_blocks_total", "Blocks that left each tier to make room",
+                      d(evicted), l);
+      sink.AddCounter("pd_tierd_hit_blocks_total", "Blocks served to workers from each tier",
+                      d(hits), l);
+      sink.AddCounter("pd_tierd_checksum_failures_total",
+                      "Blocks dropped because their bytes failed the checksum", d(corrupt), l);
+    };
+    tier("dram", st.dram.capacity_blocks, st.dram.valid_blocks,
+         st.dram.valid_blocks * dram_->block_bytes(), st.dram.stored_blocks_total,
+         st.dram.evicted_blocks_total, st.dram.hit_blocks_total,
+         st.dram.checksum_failures_total + st.dram_corrupt_total);
     sink.AddGauge("pd_tierd_claimed_blocks", "DRAM slots reserved or pinned by workers",
                   d(st.dram.pinned_blocks));
-    sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier",
-                    d(st.dram.stored_blocks_total), {{"tier", "dram"}});
-    sink.AddCounter("pd_tierd_evicted_blocks_total", "Blocks that left each tier to make room",
-                    d(st.dram.evicted_blocks_total), {{"tier", "dram"}});
-    sink.AddCounter("pd_tierd_hit_blocks_total", "Blocks served to workers from each tier",
-                    d(st.dram.hit_blocks_total), {{"tier", "dram"}});
-    sink.AddCounter("pd_tierd_checksum_failures_total",
-                    "Blocks dropped because their bytes failed the checksum",
-                    d(st.dram.checksum_failures_total + st.dram_corrupt_total),
-                    {{"tier", "dram"}});
     if (st.nvme.has_value()) {
-      sink.AddGauge("pd_tierd_capacity_blocks", "Blocks each tier can hold",
-                    d(st.nvme->capacity_blocks), {{"tier", "nvme"}});
-      sink.AddGauge("pd_tierd_blocks", "Blocks held per tier (DRAM: valid, i.e. readable)",
-                    d(st.nvme->used_blocks), {{"tier", "nvme"}});
-      sink.AddGauge("pd_tierd_bytes", "Block bytes held per tier",
-                    d(st.nvme->used_blocks * nvme_->block_bytes()), {{"tier", "nvme"}});
-      sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier",
-                      d(st.nvme->stored_blocks_total), {{"tier", "nvme"}});
-      sink.AddCounter("pd_tierd_evicted_blocks_total", "Blocks that left each tier to make room",
-                      d(st.nvme->evicted_blocks_total), {{"tier", "nvme"}});
-      sink.AddCounter("pd_tierd_hit_blocks_total", "Blocks served to workers from each tier",
-                      d(st.nvme->hit_blocks_total), {{"tier", "nvme"}});
-      sink.AddCounter("pd_tierd_checksum_failures_total",
-                      "Blocks dropped because their bytes failed the checksum",
-                      d(st.nvme->checksum_failures_total), {{"tier", "nvme"}});
+      tier("nvme", st.nvme->capacity_blocks, st.nvme->used_blocks,
+           st.nvme->used_blocks * nvme_->block_bytes(), st.nvme->stored_blocks_total,
+           st.nvme->evicted_blocks_total, st.nvme->hit_blocks_total,
+           st.nvme->checksum_failures_total);
       sink.AddGauge("pd_tierd_nvme_accepting_spills",
                     "1 while the NVMe tier accepts spills, 0 after a disk-full error",
                     st.nvme->accepting_spills ? 1 : 0);

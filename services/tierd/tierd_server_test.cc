@@ -24,6 +24,7 @@
 #include "services/tierd/checksum.h"
 #include "engine/runtime/model_front.h"
 #include "engine/runtime/model_runtime.h"
+#include "services/tierd/tierd_test_util.h"
 #include "services/worker/convert.h"
 
 namespace pd::tierd {
@@ -32,8 +33,6 @@ namespace {
 namespace v1 = pdserve::internal::v1;
 using ::testing::HasSubstr;
 
-constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
-constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
 
 // Records the latest location of every hash the server publishes.
 class RecordingSink : public LocationSink {
@@ -73,16 +72,8 @@ std::string Bytes(const std::vector<BlockHash>& hashes) {
 class TierdServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto front = engine::ModelFront::Load(kModel, kTokenizer);
-    ASSERT_TRUE(front.ok()) << front.status();
-    layout_ = worker::LayoutToProto(engine::KvLayoutForModel((*front)->config(), 16),
-                                    (*front)->fingerprint());
-    config_.grpc_address = {"127.0.0.1", 0};
-    config_.node_name = "test-node";
-    config_.shm_name = absl::StrCat("/pd-tierd-test-", ::getpid());
-    config_.model = kModel;
-    config_.tokenizer = kTokenizer;
-    config_.dram_mib = 1;
+    layout_ = testing::Stories260KLayout();
+    config_ = testing::TestTierdConfig("test-node", 1);
     config_.maintenance_interval = absl::Milliseconds(5);
   }
 

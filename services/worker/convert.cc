@@ -110,12 +110,7 @@ absl::Status CheckLayout(const pdserve::internal::v1::KvLayout& mine,
 }
 
 std::string HashesToBytes(absl::Span<const BlockHash> hashes) {
-  std::string out;
-  out.reserve(hashes.size() * 16);
-  for (const BlockHash& h : hashes) {
-    out += h.ToBytes();
-  }
-  return out;
+  return ConcatBlockHashes(hashes);
 }
 
 namespace {

@@ -53,13 +53,9 @@ void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
                      engine::GenerationRequest r,
                      std::function<void(const absl::Status&)> rejected) {
   std::vector<BlockHash> chain;
-  for (size_t i = 0; ctx->tiers != nullptr && i + 16 <= chain_bytes.size(); i += 16) {
-    absl::StatusOr<BlockHash> h = BlockHash::FromBytes(absl::string_view(chain_bytes).substr(i, 16));
-    if (!h.ok()) {
-      chain.clear();
-      break;
-    }
-    chain.push_back(*h);
+  if (ctx->tiers != nullptr) {
+    // A malformed chain only costs the tier lookup; the scheduler hashes the prompt itself.
+    chain = SplitBlockHashes(chain_bytes).value_or(std::vector<BlockHash>{});
   }
   const int64_t local = chain.empty() ? 0 : ctx->local_blocks->LeadingMatch(chain);
   if (ctx->tiers == nullptr || local >= static_cast<int64_t>(chain.size())) {
