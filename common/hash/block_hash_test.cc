@@ -128,4 +128,18 @@ TEST(BlockHashTest, InvalidSeedInputNamesTheField) {
 }
 
 }  // namespace
+TEST(BlockHashBytesTest, ConcatAndSplitRoundTrip) {
+  const std::vector<BlockHash> hashes = {BlockHash{1, 2}, BlockHash{3, 4}, BlockHash{~0ull, 0}};
+  const std::string bytes = ConcatBlockHashes(hashes);
+  ASSERT_EQ(bytes.size(), 48u);
+  EXPECT_EQ(bytes.substr(16, 16), hashes[1].ToBytes());
+  absl::StatusOr<std::vector<BlockHash>> back = SplitBlockHashes(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, hashes);
+  EXPECT_TRUE(SplitBlockHashes("").ok());
+  absl::StatusOr<std::vector<BlockHash>> bad = SplitBlockHashes(bytes.substr(0, 47));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("47 bytes"), std::string::npos) << bad.status();
+}
+
 }  // namespace pd
