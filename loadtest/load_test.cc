@@ -134,6 +134,21 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
     info.workload_options.push_back({"prefix_len", absl::StrCat(config.prefix_len)});
     info.workload_options.push_back({"suffix_len", absl::StrCat(config.suffix_len)});
     info.workload_options.push_back({"output_len", output_len.ToString()});
+  } else if (workload == "multi_turn") {
+    PD_ASSIGN_OR_RETURN(const LengthSpec user_len, LengthSpec::Parse(config.user_len));
+    // The longest prompt: every turn at its longest, unless the cap ends conversations sooner.
+    int64_t longest_prompt = config.system_prompt_len + config.num_turns * user_len.max() +
+                             (config.num_turns - 1) * output_len.max();
+    if (config.max_input_len > 0) {
+      longest_prompt = std::min(longest_prompt, config.max_input_len);
+    }
+    WarnAboutContext(longest_prompt, longest_prompt + output_len.max(), context);
+    info.workload_options.push_back({"num_conversations", absl::StrCat(config.num_conversations)});
+    info.workload_options.push_back({"num_turns", absl::StrCat(config.num_turns)});
+    info.workload_options.push_back({"system_prompt_len", absl::StrCat(config.system_prompt_len)});
+    info.workload_options.push_back({"user_len", user_len.ToString()});
+    info.workload_options.push_back({"output_len", output_len.ToString()});
+    info.workload_options.push_back({"max_input_len", absl::StrCat(config.max_input_len)});
   } else {
     const Trace& trace = *lt->trace_;
     int64_t longest_prompt = 0;
@@ -186,6 +201,18 @@ absl::StatusOr<std::unique_ptr<Workload>> LoadTest::MakeWorkload() const {
     return MakeSharedPrefixWorkload({config_.num_prefixes, config_.suffixes_per_prefix,
                                      config_.prefix_len, config_.suffix_len, output_len, vocab_,
                                      config_.seed});
+  }
+  if (workload == "multi_turn") {
+    MultiTurnOptions o;
+    o.num_conversations = config_.num_conversations;
+    o.num_turns = config_.num_turns;
+    o.system_prompt_len = config_.system_prompt_len;
+    PD_ASSIGN_OR_RETURN(o.user_len, LengthSpec::Parse(config_.user_len));
+    o.output_len = output_len;
+    o.max_prompt_len = config_.max_input_len;
+    o.vocab = vocab_;
+    o.seed = config_.seed;
+    return MakeMultiTurnWorkload(o);
   }
   return MakeTraceWorkload(*trace_, {config_.trace_block_tokens, vocab_});
 }

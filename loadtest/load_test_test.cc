@@ -139,6 +139,29 @@ TEST_F(LoadTestTest, SharedPrefixReportsThePrefixCacheHitRatio) {
   EXPECT_DOUBLE_EQ(*out.summary.prefix_cache_hit_ratio, 14.0 * 64 / (16 * 72));
 }
 
+// Two conversations of three turns, sequential: each turn hits the previous turn's prompt
+// (not the synthesized reply, which the server never saw as a prompt), and the second
+// conversation's first turn hits the shared system prompt.
+TEST_F(LoadTestTest, MultiTurnHitsThePreviousTurn) {
+  FakeGenerationServerOptions so;
+  so.simulate_prefix_cache = true;  // block_size 16
+  StartServer(so);
+  LoadTestConfig c = Config();
+  c.workload = "multi_turn";
+  c.num_conversations = 2;
+  c.num_turns = 3;
+  c.system_prompt_len = 32;
+  c.user_len = "16";
+  c.output_len = "16";
+  c.concurrency = 1;  // sequential, so the hit count is exact
+  c.num_requests = 6;
+  const LoadTestOutcome out = RunOk(c);
+  EXPECT_EQ(out.summary.completed, 6);
+  // Prompts 48, 48, 80, 80, 112, 112; hits 0, 32 (system), 48, 48, 80, 80.
+  EXPECT_EQ(out.summary.usage_prompt_tokens, 480);
+  EXPECT_EQ(out.summary.usage_cached_tokens, 288);
+}
+
 TEST_F(LoadTestTest, TraceReplayFromFile) {
   FakeGenerationServerOptions so;
   so.simulate_prefix_cache = true;

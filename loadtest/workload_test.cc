@@ -1,5 +1,6 @@
 #include "loadtest/workload.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "absl/container/flat_hash_set.h"
@@ -88,6 +89,110 @@ TEST(WorkloadTest, SharedPrefixRejectsBadOptions) {
   o.prefix_len = 1;
   o.vocab = {5, 5};
   EXPECT_EQ(MakeSharedPrefixWorkload(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+bool StartsWith(const std::vector<uint32_t>& v, const std::vector<uint32_t>& prefix) {
+  return v.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), v.begin());
+}
+
+MultiTurnOptions ChatOptions() {
+  MultiTurnOptions o;
+  o.num_conversations = 3;
+  o.num_turns = 4;
+  o.system_prompt_len = 20;
+  o.user_len = LengthSpec::Fixed(10);
+  o.output_len = LengthSpec::Fixed(7);
+  o.vocab = kVocab;
+  o.seed = 5;
+  return o;
+}
+
+// Request i and i + 3 are consecutive turns of one conversation (3 slots, round-robin): the
+// later prompt is the earlier one, 7 reply tokens and 10 new user tokens.
+TEST(WorkloadTest, MultiTurnEachTurnExtendsThePreviousOne) {
+  auto w = MakeMultiTurnWorkload(ChatOptions());
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->name(), "multi_turn");
+  EXPECT_FALSE((*w)->size().has_value());
+  std::vector<RequestSpec> reqs = Take(**w, 15);
+  ASSERT_EQ(reqs.size(), 15u);
+  const std::vector<uint32_t> system(reqs[0].prompt.begin(), reqs[0].prompt.begin() + 20);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(reqs[i].index, static_cast<int64_t>(i));
+    EXPECT_EQ(reqs[i].output_len, 7);
+    EXPECT_TRUE(StartsWith(reqs[i].prompt, system)) << i;  // every conversation shares it
+    const size_t turn = (i / 3) % 4;                       // 4 turns, then a new conversation
+    EXPECT_EQ(reqs[i].prompt.size(), 20 + 10 * (turn + 1) + 7 * turn) << i;
+    if (turn > 0) {
+      EXPECT_TRUE(StartsWith(reqs[i].prompt, reqs[i - 3].prompt)) << i;
+    }
+    for (uint32_t t : reqs[i].prompt) {
+      ASSERT_GE(t, kVocab.lo);
+      ASSERT_LT(t, kVocab.hi);
+    }
+  }
+  // Different conversations part after the system prompt; a slot's fifth request starts a new
+  // conversation, not a fifth turn.
+  EXPECT_NE(std::vector<uint32_t>(reqs[0].prompt.begin() + 20, reqs[0].prompt.end()),
+            std::vector<uint32_t>(reqs[1].prompt.begin() + 20, reqs[1].prompt.end()));
+  EXPECT_FALSE(StartsWith(reqs[12].prompt, reqs[9].prompt));
+  EXPECT_NE(reqs[12].prompt, reqs[0].prompt);
+}
+
+TEST(WorkloadTest, MultiTurnIsDeterministicPerSeed) {
+  auto a = MakeMultiTurnWorkload(ChatOptions());
+  auto b = MakeMultiTurnWorkload(ChatOptions());
+  MultiTurnOptions other = ChatOptions();
+  other.seed = 6;
+  auto c = MakeMultiTurnWorkload(other);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  std::vector<RequestSpec> ra = Take(**a, 10), rb = Take(**b, 10), rc = Take(**c, 10);
+  for (size_t i = 0; i < ra.size(); ++i) {
+    EXPECT_EQ(ra[i].prompt, rb[i].prompt) << i;
+    EXPECT_NE(ra[i].prompt, rc[i].prompt) << i;
+  }
+}
+
+// With a cap, a conversation ends before a prompt would exceed it and the slot starts anew.
+TEST(WorkloadTest, MultiTurnCapEndsConversationsEarly) {
+  MultiTurnOptions o = ChatOptions();
+  o.num_conversations = 1;
+  o.num_turns = 100;
+  o.user_len = *LengthSpec::Parse("uniform:5,15");
+  o.output_len = *LengthSpec::Parse("uniform:1,20");
+  o.max_prompt_len = 80;
+  auto w = MakeMultiTurnWorkload(o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<RequestSpec> reqs = Take(**w, 200);
+  int conversations = 1;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_LE(reqs[i].prompt.size(), 80u) << i;
+    if (i > 0 && !StartsWith(reqs[i].prompt, reqs[i - 1].prompt)) {
+      ++conversations;
+      EXPECT_LE(reqs[i].prompt.size(), 35u) << i;  // a first turn: system + one user message
+    }
+  }
+  EXPECT_GT(conversations, 10);
+  EXPECT_LT(conversations, 100);
+}
+
+TEST(WorkloadTest, MultiTurnRejectsBadOptions) {
+  MultiTurnOptions o = ChatOptions();
+  o.num_conversations = 0;
+  EXPECT_EQ(MakeMultiTurnWorkload(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = ChatOptions();
+  o.num_turns = 0;
+  EXPECT_EQ(MakeMultiTurnWorkload(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = ChatOptions();
+  o.system_prompt_len = -1;
+  EXPECT_EQ(MakeMultiTurnWorkload(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = ChatOptions();
+  o.max_prompt_len = 29;  // system 20 + user 10 does not fit
+  absl::Status s = MakeMultiTurnWorkload(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("does not fit --max_input_len 29"), absl::string_view::npos) << s;
+  o.max_prompt_len = 30;
+  EXPECT_TRUE(MakeMultiTurnWorkload(o).ok());
 }
 
 TEST(WorkloadTest, TraceReplaysRecordsWithSharedBlocks) {
