@@ -301,6 +301,10 @@ bool LoadTest::RunOnce(double request_rate, const std::string& sweep_label,
     TargetRun run;
     run.label = target == 0 ? "A" : "B";
     run.stem = target == 0 ? "a" : "b";
+    if (!sweep_label.empty()) {  // a compared sweep: "A rate=4", records_a_rate_4.csv
+      run.label = absl::StrCat(run.label, " ", sweep_label);
+      run.stem = absl::StrCat(run.stem, "_rate_", request_rate);
+    }
     int64_t first = INT64_MAX;
     int64_t last = 0;
     for (RequestRecord& r : result.records) {
@@ -336,8 +340,22 @@ LoadTestOutcome LoadTest::Run() {
     out.table += SummaryTable(run.summary, run.info);
   }
   if (config_.compare()) {
-    out.table += CompareTable({"A", out.runs[0].summary, out.runs[0].info},
-                              {"B", out.runs[1].summary, out.runs[1].info});
+    // Runs come in pairs (A, B), one pair per rate of a sweep.
+    std::vector<LabeledSummary> a_runs;
+    std::vector<LabeledSummary> b_runs;
+    for (size_t i = 0; i + 1 < out.runs.size(); i += 2) {
+      if (!sweep_rates_.empty()) {
+        absl::StrAppend(&out.table, "rate ", out.runs[i].info.request_rate, " req/s:\n");
+      }
+      out.table += CompareTable({"A", out.runs[i].summary, out.runs[i].info},
+                                {"B", out.runs[i + 1].summary, out.runs[i + 1].info});
+      a_runs.push_back({"A", out.runs[i].summary, out.runs[i].info});
+      b_runs.push_back({"B", out.runs[i + 1].summary, out.runs[i + 1].info});
+    }
+    if (!sweep_rates_.empty()) {
+      absl::StrAppend(&out.table, "A = ", config_.target, "\n", SweepTable(a_runs),
+                      "B = ", config_.compare_target, "\n", SweepTable(b_runs));
+    }
   } else if (!sweep_rates_.empty()) {
     std::vector<LabeledSummary> rates;
     for (const TargetRun& run : out.runs) {
@@ -355,7 +373,13 @@ void LoadTest::WriteReports(LoadTestOutcome* out) const {
     labeled.push_back({run.label, run.summary, run.info});
   }
   std::string json;
-  if (config_.compare()) {
+  if (config_.compare() && !sweep_rates_.empty()) {
+    std::vector<std::pair<LabeledSummary, LabeledSummary>> pairs;
+    for (size_t i = 0; i + 1 < labeled.size(); i += 2) {
+      pairs.emplace_back(labeled[i], labeled[i + 1]);
+    }
+    json = CompareSweepJson(pairs);
+  } else if (config_.compare()) {
     json = CompareJson(labeled[0], labeled[1]);
   } else if (!sweep_rates_.empty()) {
     json = SweepJson(labeled);
@@ -388,13 +412,27 @@ void LoadTest::WriteReports(LoadTestOutcome* out) const {
     return;
   }
   std::vector<PlotRun> plot_runs;
-  std::vector<SweepPoint> sweep;
-  for (const TargetRun& run : out->runs) {
-    std::string label = run.info.target;
+  // Sweep series: one, or A's and B's in a compared sweep.
+  std::vector<SweepSeries> sweep;
+  if (!sweep_rates_.empty()) {
     if (config_.compare()) {
+      sweep.push_back({absl::StrCat("A ", config_.target), "a", {}});
+      sweep.push_back({absl::StrCat("B ", config_.compare_target), "b", {}});
+    } else {
+      sweep.push_back({"", "", {}});
+    }
+  }
+  for (size_t i = 0; i < out->runs.size(); ++i) {
+    const TargetRun& run = out->runs[i];
+    std::string label = run.info.target;
+    if (config_.compare() && !sweep_rates_.empty()) {
+      label = absl::StrCat(i % 2 == 0 ? "A " : "B ", run.info.request_rate, " req/s");
+    } else if (config_.compare()) {
       label = absl::StrCat(run.label, " ", run.info.target);
     } else if (!sweep_rates_.empty()) {
       label = absl::StrCat(run.info.request_rate, " req/s");
+    }
+    if (!sweep_rates_.empty()) {
       SweepPoint p;
       p.request_rate = run.info.request_rate;
       p.request_throughput = run.summary.request_throughput;
@@ -404,7 +442,7 @@ void LoadTest::WriteReports(LoadTestOutcome* out) const {
       }
       p.mean_ttft_ms = run.summary.ttft.mean;
       p.p99_ttft_ms = run.summary.ttft.p99;
-      sweep.push_back(p);
+      sweep[config_.compare() ? i % 2 : 0].points.push_back(p);
     }
     plot_runs.push_back({label, run.stem, &run.records});
   }

@@ -172,10 +172,6 @@ absl::Status LoadTestConfig::Validate() const {
           "--request_rates needs an open-loop arrival (poisson or gamma), got --arrival=",
           ArrivalModeName(mode)));
     }
-    if (compare()) {
-      return absl::InvalidArgumentError(
-          "--request_rates and --compare_target cannot be combined yet: run the sweep per target");
-    }
   }
   if ((compare() || !rates.empty()) && !output_csv.empty()) {
     return absl::InvalidArgumentError(

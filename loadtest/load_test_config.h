@@ -53,7 +53,8 @@ struct LoadTestConfig {
   int64_t concurrency = 0;  // closed: in flight; otherwise a cap (0 = none)
   double request_rate = 0;  // open loop: requests per second
   // Rate sweep: "1,2,4,8" runs the whole load once per rate (open loop), one after the other;
-  // "" = one run at request_rate. Exclusive with request_rate and compare_target.
+  // "" = one run at request_rate. Exclusive with request_rate; with compare_target each rate
+  // runs both targets interleaved.
   std::string request_rates;
   double burstiness = 1.0;                             // gamma shape
   uint64_t seed = 0;                                   // workload and arrival randomness
