@@ -1,6 +1,8 @@
 #include "loadtest/workload.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <deque>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -78,12 +80,23 @@ class MultiTurnWorkload final : public Workload {
       : o_(o), rng_(o.seed), slots_(static_cast<size_t>(o.num_conversations)) {
     AppendBlock(BlockKey(KeyDomain::kChatSystem, o_.seed), o_.system_prompt_len, o_.vocab,
                 &system_prompt_);
+    for (int64_t i = 0; i < o_.num_conversations; ++i) {
+      by_last_use_.push_back(i);
+    }
   }
   absl::string_view name() const override { return "multi_turn"; }
   std::optional<int64_t> size() const override { return std::nullopt; }
 
   bool Next(RequestSpec* out) override {
-    Conversation& c = slots_[static_cast<size_t>(next_ % o_.num_conversations)];
+    // The next slot: a uniform draw among the least recently used half. A slot just used
+    // waits at least floor(C / 2) requests, C on average, and the order has no period that a
+    // round-robin router could align with.
+    const size_t half = (by_last_use_.size() + 1) / 2;
+    const size_t pick = std::uniform_int_distribution<size_t>(0, half - 1)(rng_);
+    const int64_t slot = by_last_use_[pick];
+    by_last_use_.erase(by_last_use_.begin() + static_cast<std::ptrdiff_t>(pick));
+    by_last_use_.push_back(slot);
+    Conversation& c = slots_[static_cast<size_t>(slot)];
     const int64_t user_len = o_.user_len.Sample(rng_);
     const int64_t output_len = o_.output_len.Sample(rng_);
     const bool capped = o_.max_prompt_len > 0 &&
@@ -121,6 +134,7 @@ class MultiTurnWorkload final : public Workload {
   std::mt19937_64 rng_;
   std::vector<uint32_t> system_prompt_;
   std::vector<Conversation> slots_;
+  std::deque<int64_t> by_last_use_;  // slot indices, least recently used first
   int64_t next_ = 0;
   int64_t next_conversation_ = 0;
 };

@@ -70,17 +70,19 @@ struct SharedPrefixOptions {
   uint64_t seed = 0;
 };
 
-// Multi-turn chat. num_conversations conversations are in progress at once, each in a slot; the
-// workload visits the slots round-robin, sending the next turn of the slot's conversation, so
-// turn k+1 of a conversation follows its turn k after num_conversations - 1 other requests.
+// Multi-turn chat. num_conversations (C) conversations are in progress at once, each in a
+// slot. Each request is the next turn of a slot drawn uniformly from the least recently used
+// half of the slots, so turn k+1 of a conversation follows its turn k after at least
+// floor(C / 2) and on average C requests, in an order without a period (a fixed rotation would
+// line up with a round-robin router's and give it perfect affinity).
 // A conversation's first prompt is the system prompt (shared by every conversation) and a user
 // message; turn k+1's prompt appends the reply to turn k (output_len tokens of turn k,
 // synthesized: the workload does not read the server's answer, so a server's cache holds
 // turn k's prompt but not its reply, as with a trace's prompt-only hash ids) and a new user
 // message. After num_turns turns, or when the next prompt would exceed max_prompt_len, the
 // slot starts a new conversation. The workload does not wait for replies: with a closed loop,
-// keep concurrency <= num_conversations so that a turn is normally sent after the previous one
-// finished.
+// keep concurrency <= num_conversations / 2 so that a turn is normally sent after the previous
+// one finished.
 struct MultiTurnOptions {
   int64_t num_conversations = 16;  // >= 1
   int64_t num_turns = 8;           // turns per conversation, >= 1

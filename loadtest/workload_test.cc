@@ -107,36 +107,81 @@ MultiTurnOptions ChatOptions() {
   return o;
 }
 
-// Request i and i + 3 are consecutive turns of one conversation (3 slots, round-robin): the
-// later prompt is the earlier one, 7 reply tokens and 10 new user tokens.
+// Every prompt is a first turn (system prompt + 10 user tokens) or extends an earlier prompt
+// of its conversation by that turn's 7 reply tokens and 10 new user tokens; a conversation has
+// at most 4 turns, and its next turn comes at least floor(3 / 2) = 1 other request later.
 TEST(WorkloadTest, MultiTurnEachTurnExtendsThePreviousOne) {
   auto w = MakeMultiTurnWorkload(ChatOptions());
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ((*w)->name(), "multi_turn");
   EXPECT_FALSE((*w)->size().has_value());
-  std::vector<RequestSpec> reqs = Take(**w, 15);
-  ASSERT_EQ(reqs.size(), 15u);
+  std::vector<RequestSpec> reqs = Take(**w, 60);
+  ASSERT_EQ(reqs.size(), 60u);
   const std::vector<uint32_t> system(reqs[0].prompt.begin(), reqs[0].prompt.begin() + 20);
+  std::vector<size_t> last_turn_of_open;  // requests whose conversation may continue
+  int first_turns = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(reqs[i].index, static_cast<int64_t>(i));
     EXPECT_EQ(reqs[i].output_len, 7);
     EXPECT_TRUE(StartsWith(reqs[i].prompt, system)) << i;  // every conversation shares it
-    const size_t turn = (i / 3) % 4;                       // 4 turns, then a new conversation
-    EXPECT_EQ(reqs[i].prompt.size(), 20 + 10 * (turn + 1) + 7 * turn) << i;
-    if (turn > 0) {
-      EXPECT_TRUE(StartsWith(reqs[i].prompt, reqs[i - 3].prompt)) << i;
-    }
     for (uint32_t t : reqs[i].prompt) {
       ASSERT_GE(t, kVocab.lo);
       ASSERT_LT(t, kVocab.hi);
     }
+    const size_t len = reqs[i].prompt.size();
+    ASSERT_EQ((len - 30) % 17, 0u) << i;  // 20 + 10 (turn + 1) + 7 turn
+    const size_t turn = (len - 30) / 17;
+    ASSERT_LE(turn, 3u) << i;
+    if (turn == 0) {
+      ++first_turns;
+    } else {
+      // Exactly one open conversation's last turn is its prefix, and it is one turn shorter.
+      int parents = 0;
+      for (size_t j : last_turn_of_open) {
+        if (StartsWith(reqs[i].prompt, reqs[j].prompt)) {
+          ++parents;
+          EXPECT_EQ(reqs[j].prompt.size() + 17, len) << i << " " << j;
+          EXPECT_GE(i - j, 2u) << i << " " << j;
+        }
+      }
+      EXPECT_EQ(parents, 1) << i;
+      std::erase_if(last_turn_of_open,
+                    [&](size_t j) { return StartsWith(reqs[i].prompt, reqs[j].prompt); });
+    }
+    if (turn < 3) {
+      last_turn_of_open.push_back(i);
+    }
   }
-  // Different conversations part after the system prompt; a slot's fifth request starts a new
-  // conversation, not a fifth turn.
+  EXPECT_GE(first_turns, 15);  // 60 requests of at most 4 turns
+  EXPECT_LE(first_turns, 20);
+  // Different conversations part right after the system prompt.
   EXPECT_NE(std::vector<uint32_t>(reqs[0].prompt.begin() + 20, reqs[0].prompt.end()),
             std::vector<uint32_t>(reqs[1].prompt.begin() + 20, reqs[1].prompt.end()));
-  EXPECT_FALSE(StartsWith(reqs[12].prompt, reqs[9].prompt));
-  EXPECT_NE(reqs[12].prompt, reqs[0].prompt);
+}
+
+// Against a 4-worker round robin (request i on worker i mod 4) with 8 conversations, a turn
+// must not always land on the worker of its previous turn, as a fixed rotation of slots would.
+TEST(WorkloadTest, MultiTurnOrderDoesNotAlignWithRoundRobin) {
+  MultiTurnOptions o = ChatOptions();
+  o.num_conversations = 8;
+  o.num_turns = 1000;
+  auto w = MakeMultiTurnWorkload(o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<RequestSpec> reqs = Take(**w, 400);
+  // The previous turn of request i is the latest earlier prompt that is its prefix.
+  int same_worker = 0;
+  int continued = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    for (size_t j = i; j-- > 0;) {
+      if (StartsWith(reqs[i].prompt, reqs[j].prompt)) {
+        ++continued;
+        same_worker += (i % 4 == j % 4) ? 1 : 0;
+        break;
+      }
+    }
+  }
+  EXPECT_GT(continued, 350);
+  EXPECT_LT(same_worker, continued / 2);  // about a quarter
 }
 
 TEST(WorkloadTest, MultiTurnIsDeterministicPerSeed) {
