@@ -26,13 +26,14 @@
 //            + backlog(d)                                            work queued before it
 //            + decode_load_weight · (active_kv_blocks(d) + (B - h(d))) · occ(d)    KV pressure
 //   alpha    = prefill_weight + backlog_prefill_weight · mean{backlog(d') : pref(d') < max pref}
+//              (the mean is 0 when no candidate holds less than the others)
 // KV memory counts in proportion to how full the pool is: a pool at 1% costs nothing worth a
 // cache miss, a nearly full one evicts or preempts. alpha prices recomputation by how busy the
 // workers are that would do it: a prefix moved away from its holder is computed again on a
 // worker that is itself busy, which delays everything queued there, while an idle one absorbs
 // it (so a hot prefix whose holders are loaded still spills over to idle workers: holders do
-// not count in the mean). Without backlog, alpha = prefill_weight and score(d) is the time to
-// the first token in blocks.
+// not count in the mean). Without backlog, alpha = prefill_weight and, KV pressure aside,
+// score(d) is the time to the first token in blocks.
 // local(d) holds when d would prefill the request itself: no healthy can_prefill worker other
 // than d, or fewer than disagg_threshold_tokens uncached tokens on d
 // (prompt_tokens - (h + r + n)·S). d's own overlap always counts, whether or not it prefills:
@@ -46,7 +47,7 @@
 // Prefill worker, unless local(D): among healthy can_prefill candidates p != D, the smallest
 // (score, requests, rotation) with
 //   score(p) = prefill_weight · (B - max(eff(p), eff(D))) + queued_prefill_tokens(p) / S
-//            + load(p)
+//            + inflight_weight · inflight_assigned(p)
 // (P reuses its own cache and skips the blocks D already holds).
 //
 // round_robin / random: D is the next (a uniformly random) healthy can_decode candidate; P the
