@@ -262,7 +262,11 @@ absl::StatusOr<RoutingDecision> WorkerScorer::Choose(absl::Span<const WorkerCand
         const int64_t new_blocks = prompt_blocks - o.hbm;
         Rank r;
         r.does_not_fit = c.total_kv_blocks > 0 && NonNegative(c.free_kv_blocks) < new_blocks;
-        const double kv_blocks = static_cast<double>(NonNegative(c.active_kv_blocks) + new_blocks);
+        // A short hit does not attract through the KV term either: its shared blocks count as
+        // new ones (see pref in the header).
+        const int64_t charged_blocks = pref[d] > 0 ? new_blocks : prompt_blocks;
+        const double kv_blocks =
+            static_cast<double>(NonNegative(c.active_kv_blocks) + charged_blocks);
         const double occupancy =
             c.total_kv_blocks > 0
                 ? std::min(1.0, kv_blocks / static_cast<double>(c.total_kv_blocks))

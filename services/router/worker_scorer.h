@@ -19,12 +19,14 @@
 //   backlog(w)   = [local(w)] · queued_prefill_tokens(w) / S + inflight_weight · inflight_assigned
 //                  prefill work queued on w, in blocks: its last report plus the requests sent
 //                  since (charged an average prompt each)
-//   occ(w)       = min(1, (active_kv_blocks(w) + B - h(w)) / total_kv_blocks(w)); 1 before the
-//                  first report
+//   kv(w)        = active_kv_blocks(w) + B - h(w) when pref(w) > 0, else active_kv_blocks(w) + B
+//                  KV blocks w would reference (a short hit does not attract through this term
+//                  either)
+//   occ(w)       = min(1, kv(w) / total_kv_blocks(w)); 1 before the first report
 // Decode worker: each healthy can_decode candidate d is scored
 //   score(d) = alpha · (B - pref(d))                                 work the request still needs
 //            + backlog(d)                                            work queued before it
-//            + decode_load_weight · (active_kv_blocks(d) + (B - h(d))) · occ(d)    KV pressure
+//            + decode_load_weight · kv(d) · occ(d)                   KV pressure
 //   alpha    = prefill_weight + backlog_prefill_weight · mean{backlog(d') : pref(d') < max pref}
 //              (the mean is 0 when no candidate holds less than the others)
 // KV memory counts in proportion to how full the pool is: a pool at 1% costs nothing worth a
@@ -38,7 +40,7 @@
 // than d, or fewer than disagg_threshold_tokens uncached tokens on d
 // (prompt_tokens - (h + r + n)·S). d's own overlap always counts, whether or not it prefills:
 // what d holds is neither recomputed by P nor transferred (P skips D's cached blocks), and its
-// HBM hits are shared, so they add no KV blocks (the B - h(d) term).
+// HBM hits are shared, so they add no KV blocks (the B - h(d) of kv(d)).
 // D = the candidate with the smallest (does not fit, score, requests, rotation), where "does not
 // fit" is free_kv_blocks < B - h(d) on a worker that reports total_kv_blocks > 0, requests =
 // running + waiting + inflight_assigned, and rotation starts at a cursor that advances on every
