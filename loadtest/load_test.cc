@@ -146,6 +146,21 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
     info.workload_options.push_back({"prefix_len", absl::StrCat(config.prefix_len)});
     info.workload_options.push_back({"suffix_len", absl::StrCat(config.suffix_len)});
     info.workload_options.push_back({"output_len", output_len.ToString()});
+  } else if (workload == "multi_turn") {
+    PD_ASSIGN_OR_RETURN(const LengthSpec user_len, LengthSpec::Parse(config.user_len));
+    // The longest prompt: every turn at its longest, unless the cap ends conversations sooner.
+    int64_t longest_prompt = config.system_prompt_len + config.num_turns * user_len.max() +
+                             (config.num_turns - 1) * output_len.max();
+    if (config.max_input_len > 0) {
+      longest_prompt = std::min(longest_prompt, config.max_input_len);
+    }
+    WarnAboutContext(longest_prompt, longest_prompt + output_len.max(), context);
+    info.workload_options.push_back({"num_conversations", absl::StrCat(config.num_conversations)});
+    info.workload_options.push_back({"num_turns", absl::StrCat(config.num_turns)});
+    info.workload_options.push_back({"system_prompt_len", absl::StrCat(config.system_prompt_len)});
+    info.workload_options.push_back({"user_len", user_len.ToString()});
+    info.workload_options.push_back({"output_len", output_len.ToString()});
+    info.workload_options.push_back({"max_input_len", absl::StrCat(config.max_input_len)});
   } else {
     const Trace& trace = *lt->trace_;
     int64_t longest_prompt = 0;
@@ -198,6 +213,18 @@ absl::StatusOr<std::unique_ptr<Workload>> LoadTest::MakeWorkload() const {
     return MakeSharedPrefixWorkload({config_.num_prefixes, config_.suffixes_per_prefix,
                                      config_.prefix_len, config_.suffix_len, output_len, vocab_,
                                      config_.seed});
+  }
+  if (workload == "multi_turn") {
+    MultiTurnOptions o;
+    o.num_conversations = config_.num_conversations;
+    o.num_turns = config_.num_turns;
+    o.system_prompt_len = config_.system_prompt_len;
+    PD_ASSIGN_OR_RETURN(o.user_len, LengthSpec::Parse(config_.user_len));
+    o.output_len = output_len;
+    o.max_prompt_len = config_.max_input_len;
+    o.vocab = vocab_;
+    o.seed = config_.seed;
+    return MakeMultiTurnWorkload(o);
   }
   return MakeTraceWorkload(*trace_, {config_.trace_block_tokens, vocab_});
 }
@@ -286,6 +313,10 @@ bool LoadTest::RunOnce(double request_rate, const std::string& sweep_label,
     TargetRun run;
     run.label = target == 0 ? "A" : "B";
     run.stem = target == 0 ? "a" : "b";
+    if (!sweep_label.empty()) {  // a compared sweep: "A rate=4", records_a_rate_4.csv
+      run.label = absl::StrCat(run.label, " ", sweep_label);
+      run.stem = absl::StrCat(run.stem, "_rate_", request_rate);
+    }
     int64_t first = INT64_MAX;
     int64_t last = 0;
     for (RequestRecord& r : result.records) {
@@ -321,8 +352,22 @@ LoadTestOutcome LoadTest::Run() {
     out.table += SummaryTable(run.summary, run.info);
   }
   if (config_.compare()) {
-    out.table += CompareTable({"A", out.runs[0].summary, out.runs[0].info},
-                              {"B", out.runs[1].summary, out.runs[1].info});
+    // Runs come in pairs (A, B), one pair per rate of a sweep.
+    std::vector<LabeledSummary> a_runs;
+    std::vector<LabeledSummary> b_runs;
+    for (size_t i = 0; i + 1 < out.runs.size(); i += 2) {
+      if (!sweep_rates_.empty()) {
+        absl::StrAppend(&out.table, "rate ", out.runs[i].info.request_rate, " req/s:\n");
+      }
+      out.table += CompareTable({"A", out.runs[i].summary, out.runs[i].info},
+                                {"B", out.runs[i + 1].summary, out.runs[i + 1].info});
+      a_runs.push_back({"A", out.runs[i].summary, out.runs[i].info});
+      b_runs.push_back({"B", out.runs[i + 1].summary, out.runs[i + 1].info});
+    }
+    if (!sweep_rates_.empty()) {
+      absl::StrAppend(&out.table, "A = ", config_.target, "\n", SweepTable(a_runs),
+                      "B = ", config_.compare_target, "\n", SweepTable(b_runs));
+    }
   } else if (!sweep_rates_.empty()) {
     std::vector<LabeledSummary> rates;
     for (const TargetRun& run : out.runs) {
@@ -340,7 +385,13 @@ void LoadTest::WriteReports(LoadTestOutcome* out) const {
     labeled.push_back({run.label, run.summary, run.info});
   }
   std::string json;
-  if (config_.compare()) {
+  if (config_.compare() && !sweep_rates_.empty()) {
+    std::vector<std::pair<LabeledSummary, LabeledSummary>> pairs;
+    for (size_t i = 0; i + 1 < labeled.size(); i += 2) {
+      pairs.emplace_back(labeled[i], labeled[i + 1]);
+    }
+    json = CompareSweepJson(pairs);
+  } else if (config_.compare()) {
     json = CompareJson(labeled[0], labeled[1]);
   } else if (!sweep_rates_.empty()) {
     json = SweepJson(labeled);
@@ -373,13 +424,27 @@ void LoadTest::WriteReports(LoadTestOutcome* out) const {
     return;
   }
   std::vector<PlotRun> plot_runs;
-  std::vector<SweepPoint> sweep;
-  for (const TargetRun& run : out->runs) {
-    std::string label = run.info.target;
+  // Sweep series: one, or A's and B's in a compared sweep.
+  std::vector<SweepSeries> sweep;
+  if (!sweep_rates_.empty()) {
     if (config_.compare()) {
+      sweep.push_back({absl::StrCat("A ", config_.target), "a", {}});
+      sweep.push_back({absl::StrCat("B ", config_.compare_target), "b", {}});
+    } else {
+      sweep.push_back({"", "", {}});
+    }
+  }
+  for (size_t i = 0; i < out->runs.size(); ++i) {
+    const TargetRun& run = out->runs[i];
+    std::string label = run.info.target;
+    if (config_.compare() && !sweep_rates_.empty()) {
+      label = absl::StrCat(i % 2 == 0 ? "A " : "B ", run.info.request_rate, " req/s");
+    } else if (config_.compare()) {
       label = absl::StrCat(run.label, " ", run.info.target);
     } else if (!sweep_rates_.empty()) {
       label = absl::StrCat(run.info.request_rate, " req/s");
+    }
+    if (!sweep_rates_.empty()) {
       SweepPoint p;
       p.request_rate = run.info.request_rate;
       p.request_throughput = run.summary.request_throughput;
@@ -389,7 +454,7 @@ void LoadTest::WriteReports(LoadTestOutcome* out) const {
       }
       p.mean_ttft_ms = run.summary.ttft.mean;
       p.p99_ttft_ms = run.summary.ttft.p99;
-      sweep.push_back(p);
+      sweep[config_.compare() ? i % 2 : 0].points.push_back(p);
     }
     plot_runs.push_back({label, run.stem, &run.records});
   }

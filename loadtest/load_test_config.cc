@@ -25,6 +25,9 @@ std::string LoadTestConfig::WorkloadName() const {
   if (workload == "shared_prefix" || workload == "shared-prefix") {
     return "shared_prefix";
   }
+  if (workload == "multi_turn" || workload == "multi-turn") {
+    return "multi_turn";
+  }
   return "";
 }
 
@@ -92,7 +95,7 @@ absl::Status LoadTestConfig::Validate() const {
   }
   const std::string name = WorkloadName();
   if (name.empty()) {
-    return Invalid("workload", "must be synthetic, shared_prefix or trace",
+    return Invalid("workload", "must be synthetic, shared_prefix, multi_turn or trace",
                    absl::StrCat("'", workload, "'"));
   }
   if (absl::StatusOr<LengthSpec> s = LengthSpec::Parse(input_len); !s.ok()) {
@@ -107,6 +110,24 @@ absl::Status LoadTestConfig::Validate() const {
     }
     if (prefix_len < 1 || suffix_len < 0) {
       return absl::InvalidArgumentError("--prefix_len must be >= 1 and --suffix_len >= 0");
+    }
+  }
+  if (name == "multi_turn") {
+    if (absl::StatusOr<LengthSpec> s = LengthSpec::Parse(user_len); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--user_len: ", s.status().message()));
+    }
+    if (num_conversations < 1 || num_conversations > 1'000'000) {
+      return Invalid("num_conversations", "must be in [1, 1000000]",
+                     absl::StrCat(num_conversations));
+    }
+    if (num_turns < 1) {
+      return Invalid("num_turns", "must be >= 1", absl::StrCat(num_turns));
+    }
+    if (system_prompt_len < 0) {
+      return Invalid("system_prompt_len", "must be >= 0", absl::StrCat(system_prompt_len));
+    }
+    if (max_input_len < 0) {
+      return Invalid("max_input_len", "must be >= 0", absl::StrCat(max_input_len));
     }
   }
   if (name == "trace") {
@@ -150,10 +171,6 @@ absl::Status LoadTestConfig::Validate() const {
       return absl::InvalidArgumentError(absl::StrCat(
           "--request_rates needs an open-loop arrival (poisson or gamma), got --arrival=",
           ArrivalModeName(mode)));
-    }
-    if (compare()) {
-      return absl::InvalidArgumentError(
-          "--request_rates and --compare_target cannot be combined yet: run the sweep per target");
     }
   }
   if ((compare() || !rates.empty()) && !output_csv.empty()) {

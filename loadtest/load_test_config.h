@@ -26,17 +26,22 @@ struct LoadTestConfig {
   // that two routers in front of the same workers never hit each other's prefixes.
   bool compare_salt = true;
 
-  // Workload: "synthetic", "shared_prefix" (or "shared-prefix") or "trace".
+  // Workload: "synthetic", "shared_prefix" (or "shared-prefix"), "multi_turn" (or
+  // "multi-turn") or "trace".
   std::string workload = "synthetic";
   std::string input_len = "128";      // LengthSpec (synthetic)
-  std::string output_len = "128";     // LengthSpec (synthetic, shared_prefix)
+  std::string output_len = "128";     // LengthSpec (synthetic, shared_prefix, multi_turn)
   int64_t num_prefixes = 8;           // shared_prefix: P
   int64_t suffixes_per_prefix = 16;   // shared_prefix: S
   int64_t prefix_len = 512;           // shared_prefix: tokens per prefix
   int64_t suffix_len = 64;            // shared_prefix: tokens per suffix
+  int64_t num_conversations = 16;     // multi_turn: conversations in progress at once
+  int64_t num_turns = 8;              // multi_turn: turns per conversation
+  int64_t system_prompt_len = 64;     // multi_turn: tokens shared by every conversation
+  std::string user_len = "64";        // multi_turn: LengthSpec of a user message
   std::string trace;                  // trace: path of the JSONL file
   double time_scale = 1.0;            // trace: timestamp multiplier (0.5 = twice as fast)
-  int64_t max_input_len = 0;          // trace: prompt cap in tokens; 0 = none
+  int64_t max_input_len = 0;          // trace, multi_turn: prompt cap in tokens; 0 = none
   int64_t trace_block_tokens = 512;   // trace: tokens per hash id
   std::string on_bad_line = "abort";  // trace: "abort" or "skip"
   uint32_t vocab_size = 0;  // token ids < this; 0 = the model's vocab_size from ListModels
@@ -48,7 +53,8 @@ struct LoadTestConfig {
   int64_t concurrency = 0;  // closed: in flight; otherwise a cap (0 = none)
   double request_rate = 0;  // open loop: requests per second
   // Rate sweep: "1,2,4,8" runs the whole load once per rate (open loop), one after the other;
-  // "" = one run at request_rate. Exclusive with request_rate and compare_target.
+  // "" = one run at request_rate. Exclusive with request_rate; with compare_target each rate
+  // runs both targets interleaved.
   std::string request_rates;
   double burstiness = 1.0;                             // gamma shape
   uint64_t seed = 0;                                   // workload and arrival randomness
@@ -81,7 +87,8 @@ struct LoadTestConfig {
   // malformed length specs, missing bounds, an arrival the workload cannot use, ...).
   absl::Status Validate() const;
 
-  // The canonical workload name ("shared_prefix" for "shared-prefix"); "" when unknown.
+  // The canonical workload name ("shared_prefix" for "shared-prefix", "multi_turn" for
+  // "multi-turn"); "" when unknown.
   std::string WorkloadName() const;
   // The arrival process after resolving "auto". InvalidArgument as Validate.
   absl::StatusOr<ArrivalMode> ResolveArrival() const;

@@ -47,8 +47,35 @@ TEST(LoadTestConfigTest, WorkloadNames) {
   c.workload = "shared-prefix";
   EXPECT_EQ(c.WorkloadName(), "shared_prefix");
   EXPECT_TRUE(c.Validate().ok());
+  c.workload = "multi-turn";
+  EXPECT_EQ(c.WorkloadName(), "multi_turn");
+  EXPECT_TRUE(c.Validate().ok());
   c.workload = "chat";
-  ExpectInvalid(c, "--workload must be synthetic, shared_prefix or trace");
+  ExpectInvalid(c, "--workload must be synthetic, shared_prefix, multi_turn or trace");
+}
+
+TEST(LoadTestConfigTest, RejectsInvalidMultiTurnValues) {
+  LoadTestConfig c = Closed();
+  c.workload = "multi_turn";
+  EXPECT_TRUE(c.Validate().ok());
+  c.num_conversations = 0;
+  ExpectInvalid(c, "--num_conversations must be in [1, 1000000], got 0");
+  c = Closed();
+  c.workload = "multi_turn";
+  c.num_turns = 0;
+  ExpectInvalid(c, "--num_turns must be >= 1, got 0");
+  c = Closed();
+  c.workload = "multi_turn";
+  c.user_len = "uniform:5";
+  ExpectInvalid(c, "--user_len: ");
+  c = Closed();
+  c.workload = "multi_turn";
+  c.system_prompt_len = -1;
+  ExpectInvalid(c, "--system_prompt_len must be >= 0, got -1");
+  c = Closed();
+  c.workload = "multi_turn";
+  c.max_input_len = -5;
+  ExpectInvalid(c, "--max_input_len must be >= 0, got -5");
 }
 
 TEST(LoadTestConfigTest, RejectsInvalidValues) {
@@ -124,9 +151,9 @@ TEST(LoadTestConfigTest, RateSweep) {
   bad.arrival = "closed";
   bad.concurrency = 4;
   ExpectInvalid(bad, "--request_rates needs an open-loop arrival");
-  bad = c;
-  bad.compare_target = "127.0.0.1:2";
-  ExpectInvalid(bad, "cannot be combined");
+  LoadTestConfig compared = c;  // a compared sweep runs both targets at each rate
+  compared.compare_target = "127.0.0.1:2";
+  EXPECT_TRUE(compared.Validate().ok());
   bad = c;
   bad.output_csv = "x.csv";
   ExpectInvalid(bad, "use --output_dir");

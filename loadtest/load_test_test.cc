@@ -139,6 +139,29 @@ TEST_F(LoadTestTest, SharedPrefixReportsThePrefixCacheHitRatio) {
   EXPECT_DOUBLE_EQ(*out.summary.prefix_cache_hit_ratio, 14.0 * 64 / (16 * 72));
 }
 
+// Two conversations of three turns, sequential: each turn hits the previous turn's prompt
+// (not the synthesized reply, which the server never saw as a prompt), and the second
+// conversation's first turn hits the shared system prompt.
+TEST_F(LoadTestTest, MultiTurnHitsThePreviousTurn) {
+  FakeGenerationServerOptions so;
+  so.simulate_prefix_cache = true;  // block_size 16
+  StartServer(so);
+  LoadTestConfig c = Config();
+  c.workload = "multi_turn";
+  c.num_conversations = 2;
+  c.num_turns = 3;
+  c.system_prompt_len = 32;
+  c.user_len = "16";
+  c.output_len = "16";
+  c.concurrency = 1;  // sequential, so the hit count is exact
+  c.num_requests = 6;
+  const LoadTestOutcome out = RunOk(c);
+  EXPECT_EQ(out.summary.completed, 6);
+  // Prompts 48, 48, 80, 80, 112, 112; hits 0, 32 (system), 48, 48, 80, 80.
+  EXPECT_EQ(out.summary.usage_prompt_tokens, 480);
+  EXPECT_EQ(out.summary.usage_cached_tokens, 288);
+}
+
 TEST_F(LoadTestTest, TraceReplayFromFile) {
   FakeGenerationServerOptions so;
   so.simulate_prefix_cache = true;
@@ -344,6 +367,57 @@ TEST_F(LoadTestTest, RateSweepRunsEachRateWithItsOwnSummary) {
   }
   ASSERT_TRUE(out.plots.has_value());
   EXPECT_TRUE(out.plots->images.empty());
+}
+
+// A compared sweep: at each rate both targets get the same requests interleaved; the report
+// has a (A, B) pair per rate, a ratio table per rate, one sweep table and one throughput
+// series per target.
+TEST_F(LoadTestTest, CompareModeWithARateSweep) {
+  FakeGenerationServerOptions ao;
+  ao.simulate_prefix_cache = true;
+  StartServer(ao);
+  FakeGenerationServerOptions bo;
+  bo.first_token_delay = absl::Milliseconds(20);
+  absl::StatusOr<std::unique_ptr<FakeGenerationServer>> b = FakeGenerationServer::Start(bo);
+  ASSERT_TRUE(b.ok()) << b.status();
+  LoadTestConfig c = Config();
+  c.compare_target = (*b)->address();
+  c.output_csv = "";
+  c.output_dir = dir_->File("cmpsweep");
+  c.gnuplot = "";
+  c.request_rates = "200,400";
+  c.workload = "shared_prefix";
+  c.num_prefixes = 2;
+  c.suffixes_per_prefix = 2;
+  c.prefix_len = 32;
+  c.suffix_len = 0;
+  c.output_len = "2";
+  c.num_requests = 10;
+  const LoadTestOutcome out = RunOk(c);
+  ASSERT_EQ(out.runs.size(), 4u);
+  EXPECT_EQ(server_->stats().requests, 20);
+  EXPECT_EQ((*b)->stats().requests, 20);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(out.runs[i].summary.completed, 10) << i;
+    EXPECT_EQ(out.runs[i].info.request_rate, i < 2 ? 200 : 400) << i;
+    EXPECT_EQ(out.runs[i].info.target, i % 2 == 0 ? c.target : (*b)->address()) << i;
+  }
+  EXPECT_EQ(out.runs[2].label, "A rate=400");
+  EXPECT_THAT(out.table, HasSubstr("rate 400 req/s:\n============ pd-loadtest compare (B / A)"));
+  EXPECT_THAT(out.table, HasSubstr(absl::StrCat("B = ", (*b)->address(), "\n====")));
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(dir_->File("cmpsweep/summary.json")));
+  EXPECT_EQ(j["mode"], "compare_sweep");
+  EXPECT_EQ(j["request_rates"], nlohmann::json::parse("[200.0, 400.0]"));
+  ASSERT_EQ(j["a"].size(), 2u);
+  ASSERT_EQ(j["ratios"].size(), 2u);
+  EXPECT_EQ(j["b"][1]["config"]["target"], (*b)->address());
+  EXPECT_GT(j["ratios"][1]["mean_ttft_ms"].get<double>(), 1.0);  // B answers 20 ms late
+  for (const char* f : {"records_a_rate_200.csv", "records_b_rate_400.csv", "throughput_a.dat",
+                        "throughput_b.dat", "cdf_b_rate_400_ttft.dat"}) {
+    EXPECT_FALSE(ReadFile(dir_->File(absl::StrCat("cmpsweep/", f))).empty()) << f;
+  }
+  const std::string tp = ReadFile(dir_->File("cmpsweep/throughput.gp"));
+  EXPECT_THAT(tp, HasSubstr(absl::StrCat("title \"B ", (*b)->address(), " throughput\"")));
 }
 
 TEST_F(LoadTestTest, StopBeforeASweepRunsNothingMore) {

@@ -25,17 +25,24 @@ ABSL_FLAG(std::string, compare_target, "",
           "interleaved, and the report gives B/A ratios");
 ABSL_FLAG(bool, compare_salt, true,
           "compare mode: separate cache_salt per target (cache_salt + /a, /b)");
-ABSL_FLAG(std::string, workload, "synthetic", "synthetic | shared_prefix | trace");
+ABSL_FLAG(std::string, workload, "synthetic", "synthetic | shared_prefix | multi_turn | trace");
 ABSL_FLAG(std::string, input_len, "128",
           "synthetic prompt length: N, uniform:A,B, normal:MEAN,SD[,MIN,MAX]");
-ABSL_FLAG(std::string, output_len, "128", "output length (synthetic, shared_prefix); same syntax");
+ABSL_FLAG(std::string, output_len, "128",
+          "output length (synthetic, shared_prefix, multi_turn replies); same syntax");
 ABSL_FLAG(int64_t, num_prefixes, 8, "shared_prefix: number of distinct prefixes P");
 ABSL_FLAG(int64_t, suffixes_per_prefix, 16, "shared_prefix: suffixes per prefix S");
 ABSL_FLAG(int64_t, prefix_len, 512, "shared_prefix: prefix length in tokens");
 ABSL_FLAG(int64_t, suffix_len, 64, "shared_prefix: suffix length in tokens");
+ABSL_FLAG(int64_t, num_conversations, 16, "multi_turn: conversations in progress at once");
+ABSL_FLAG(int64_t, num_turns, 8, "multi_turn: turns per conversation");
+ABSL_FLAG(int64_t, system_prompt_len, 64, "multi_turn: system prompt tokens (every conversation)");
+ABSL_FLAG(std::string, user_len, "64", "multi_turn: user message length; --input_len syntax");
 ABSL_FLAG(std::string, trace, "", "trace: Mooncake-format JSONL file");
 ABSL_FLAG(double, time_scale, 1.0, "trace: timestamp multiplier (0.5 = twice as fast)");
-ABSL_FLAG(int64_t, max_input_len, 0, "trace: cap prompts at this many tokens; 0 = no cap");
+ABSL_FLAG(int64_t, max_input_len, 0,
+          "trace: cap prompts at this many tokens; multi_turn: end a conversation before its "
+          "prompt exceeds this; 0 = no cap");
 ABSL_FLAG(int64_t, trace_block_tokens, 512, "trace: tokens per hash id");
 ABSL_FLAG(std::string, on_bad_line, "abort", "trace: malformed line -> abort | skip");
 ABSL_FLAG(uint32_t, vocab_size, 0, "token ids < this; 0 = ask the target (ListModels)");
@@ -88,6 +95,10 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.suffixes_per_prefix = absl::GetFlag(FLAGS_suffixes_per_prefix);
   c.prefix_len = absl::GetFlag(FLAGS_prefix_len);
   c.suffix_len = absl::GetFlag(FLAGS_suffix_len);
+  c.num_conversations = absl::GetFlag(FLAGS_num_conversations);
+  c.num_turns = absl::GetFlag(FLAGS_num_turns);
+  c.system_prompt_len = absl::GetFlag(FLAGS_system_prompt_len);
+  c.user_len = absl::GetFlag(FLAGS_user_len);
   c.trace = absl::GetFlag(FLAGS_trace);
   c.time_scale = absl::GetFlag(FLAGS_time_scale);
   c.max_input_len = absl::GetFlag(FLAGS_max_input_len);
@@ -132,7 +143,7 @@ int main(int argc, char** argv) {
   }
   pd::services::ParseFlagsAndInitLogging(
       static_cast<int>(cargs.size()), cargs.data(),
-      "pd-loadtest --target=HOST:PORT --workload=synthetic|shared_prefix|trace "
+      "pd-loadtest --target=HOST:PORT --workload=synthetic|shared_prefix|multi_turn|trace "
       "(--concurrency=N | --request_rate=R | --request_rates=R1,R2,...) [--num_requests=N] "
       "[--duration=D] [--compare_target=HOST:PORT] [--output_dir=DIR] ... "
       "(dashed names like --slo-ttft-ms work too; see docs/loadtest.md)");

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -105,6 +107,10 @@ absl::Status WriteCdfData(const std::string& path, const PlotRun& run, LatencyMe
     absl::StrAppendFormat(&out, "%.6g %.6g\n", value, fraction);
   }
   return WriteFile(path, out);
+}
+
+std::string SweepDataFile(const SweepSeries& series) {
+  return series.stem.empty() ? "throughput.dat" : absl::StrCat("throughput_", series.stem, ".dat");
 }
 
 absl::Status WriteSweepData(const std::string& path, const std::vector<SweepPoint>& sweep) {
@@ -222,38 +228,49 @@ std::string LatencyCdfScript(const std::vector<PlotRun>& runs,
   return s;
 }
 
-std::string ThroughputScript(bool with_goodput) {
+std::string ThroughputScript(const std::vector<SweepSeries>& series, bool with_goodput) {
   std::string s =
       "# pd-loadtest sweep: throughput versus offered request rate (loadtest/plot.h).\n"
-      "# Render with: gnuplot throughput.gp. Data: throughput.dat, columns 1 = request_rate,\n"
+      "# Render with: gnuplot throughput.gp. Data: throughput*.dat, columns 1 = request_rate,\n"
       "# 2 = request_throughput, 3 = output_throughput, 4 = request_goodput, 5 = mean_ttft_ms,\n"
       "# 6 = p99_ttft_ms.\n";
   s += Preamble("throughput.png", 1500, 500);
+  // One plot command per panel: "file" using 1:<column> ... title "<label> <what>" per line.
+  auto lines = [&](std::initializer_list<std::tuple<int, int, const char*>> columns) {
+    std::string out;
+    for (const SweepSeries& one : series) {
+      const std::string file = SweepDataFile(one);
+      const std::string prefix = one.label.empty() ? "" : absl::StrCat(one.label, " ");
+      for (const auto& [column, point_type, what] : columns) {
+        absl::StrAppend(&out, out.empty() ? "plot " : ", \\\n     ", "\"", file,
+                        "\" using 1:", column, " with linespoints lw 2 pt ", point_type, " title ",
+                        Quoted(absl::StrCat(prefix, what)));
+      }
+    }
+    return out;
+  };
   s += "set datafile missing \"NaN\"\n"
        "set multiplot layout 1,3 title \"pd-loadtest: rate sweep\"\n"
        "set grid\n"
        "set key top left\n"
        "set xlabel \"offered request rate (req/s)\"\n"
        "set title \"Requests\"\n"
-       "set ylabel \"req/s\"\n"
-       "plot \"throughput.dat\" using 1:2 with linespoints lw 2 pt 7 title \"throughput\"";
-  if (with_goodput) {
-    s += ", \\\n     \"throughput.dat\" using 1:4 with linespoints lw 2 pt 5 title \"goodput\"";
-  }
+       "set ylabel \"req/s\"\n";
+  s += with_goodput ? lines({{2, 7, "throughput"}, {4, 5, "goodput"}})
+                    : lines({{2, 7, "throughput"}});
   s += ", \\\n     x with lines dt 2 lc rgb \"gray\" title \"offered\"\n"
        "set title \"Output tokens\"\n"
-       "set ylabel \"tokens/s\"\n"
-       "plot \"throughput.dat\" using 1:3 with linespoints lw 2 pt 7 title \"output throughput\"\n"
-       "set title \"TTFT\"\n"
-       "set ylabel \"ms\"\n"
-       "plot \"throughput.dat\" using 1:5 with linespoints lw 2 pt 7 title \"mean\", \\\n"
-       "     \"throughput.dat\" using 1:6 with linespoints lw 2 pt 5 title \"p99\"\n"
-       "unset multiplot\n";
+       "set ylabel \"tokens/s\"\n";
+  s += lines({{3, 7, "output throughput"}});
+  s += "\nset title \"TTFT\"\n"
+       "set ylabel \"ms\"\n";
+  s += lines({{5, 7, "mean"}, {6, 5, "p99"}});
+  s += "\nunset multiplot\n";
   return s;
 }
 
 absl::StatusOr<PlotFiles> WritePlots(const std::string& dir, const std::vector<PlotRun>& runs,
-                                     const std::vector<SweepPoint>& sweep,
+                                     const std::vector<SweepSeries>& sweep,
                                      const std::string& gnuplot) {
   PlotFiles files;
   if (!runs.empty()) {
@@ -275,17 +292,25 @@ absl::StatusOr<PlotFiles> WritePlots(const std::string& dir, const std::vector<P
     }
     files.scripts.push_back(script);
   }
-  if (!sweep.empty()) {
-    const std::string data = absl::StrCat(dir, "/throughput.dat");
-    if (absl::Status s = WriteSweepData(data, sweep); !s.ok()) {
+  std::vector<SweepSeries> series;
+  bool with_goodput = false;
+  for (const SweepSeries& one : sweep) {
+    if (one.points.empty()) {
+      continue;
+    }
+    series.push_back(one);
+    const std::string data = absl::StrCat(dir, "/", SweepDataFile(one));
+    if (absl::Status s = WriteSweepData(data, one.points); !s.ok()) {
       return s;
     }
     files.data.push_back(data);
-    const bool with_goodput = std::any_of(sweep.begin(), sweep.end(), [](const SweepPoint& p) {
-      return p.request_goodput.has_value();
-    });
+    with_goodput = with_goodput ||
+                   std::any_of(one.points.begin(), one.points.end(),
+                               [](const SweepPoint& p) { return p.request_goodput.has_value(); });
+  }
+  if (!series.empty()) {
     const std::string script = absl::StrCat(dir, "/throughput.gp");
-    if (absl::Status s = WriteFile(script, ThroughputScript(with_goodput)); !s.ok()) {
+    if (absl::Status s = WriteFile(script, ThroughputScript(series, with_goodput)); !s.ok()) {
       return s;
     }
     files.scripts.push_back(script);

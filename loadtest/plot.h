@@ -9,10 +9,12 @@
 //                                       B of a comparison, or each rate of a sweep).
 //                     data: cdf_<stem>_<metric>.dat, columns latency_ms, cumulative_fraction.
 //   throughput.gp  -> throughput.png    (sweeps) request throughput and goodput, output token
-//                                       throughput and TTFT (mean, p99) versus the offered rate.
-//                     data: throughput.dat, columns request_rate, request_throughput,
-//                     output_throughput, request_goodput (NaN without an SLO), mean_ttft_ms,
-//                     p99_ttft_ms.
+//                                       throughput and TTFT (mean, p99) versus the offered rate,
+//                                       one set of lines per series (one target, or A and B of
+//                                       a compared sweep).
+//                     data: throughput.dat (one series) or throughput_<stem>.dat per series,
+//                     columns request_rate, request_throughput, output_throughput,
+//                     request_goodput (NaN without an SLO), mean_ttft_ms, p99_ttft_ms.
 //
 // Thread-compatible; WritePlots runs gnuplot as a child process and waits for it.
 #pragma once
@@ -60,6 +62,13 @@ struct SweepPoint {
   double p99_ttft_ms = 0;
 };
 
+// The rates of one target's sweep.
+struct SweepSeries {
+  std::string label;  // legend prefix ("A 127.0.0.1:50051"); "" for a single series
+  std::string stem;   // data file throughput_<stem>.dat, [A-Za-z0-9_.-]; "" = throughput.dat
+  std::vector<SweepPoint> points;
+};
+
 struct PlotFiles {
   std::vector<std::string> data;     // data files written
   std::vector<std::string> scripts;  // gnuplot scripts written
@@ -73,17 +82,18 @@ struct PlotFiles {
 std::string LatencyCdfScript(const std::vector<PlotRun>& runs,
                              const std::vector<std::vector<bool>>& has_samples);
 
-// The script of throughput.png; `with_goodput` adds the goodput line.
-std::string ThroughputScript(bool with_goodput);
+// The script of throughput.png for `series` (their labels and stems; the points are not
+// read); `with_goodput` adds the goodput lines.
+std::string ThroughputScript(const std::vector<SweepSeries>& series, bool with_goodput);
 
 // Writes the data and scripts above into `dir` (an existing directory): latency_cdf.* when `runs`
-// is not empty, throughput.* when `sweep` is not empty. Then, unless `gnuplot` is empty, runs
-// `gnuplot <script>` in `dir` for each script (`gnuplot` is a program name looked up on PATH or
-// a path), its output going to dir/gnuplot.log. Errors: a file that cannot be written
+// is not empty, throughput.* when `sweep` has a series with points. Then, unless `gnuplot` is
+// empty, runs `gnuplot <script>` in `dir` for each script (`gnuplot` is a program name looked up on
+// PATH or a path), its output going to dir/gnuplot.log. Errors: a file that cannot be written
 // (NotFound/Internal with the path). gnuplot missing or failing is not an error: the scripts
 // and data stay and `note` says what happened.
 absl::StatusOr<PlotFiles> WritePlots(const std::string& dir, const std::vector<PlotRun>& runs,
-                                     const std::vector<SweepPoint>& sweep,
+                                     const std::vector<SweepSeries>& sweep,
                                      const std::string& gnuplot);
 
 }  // namespace pd::loadtest

@@ -87,7 +87,7 @@ TEST(PlotTest, WritesScriptsThatReferenceTheirDataColumns) {
   sweep[0] = {1, 0.98, 98, std::nullopt, 12, 30};
   sweep[1] = {2, 1.9, 190, std::nullopt, 15, 40};
   absl::StatusOr<PlotFiles> files =
-      WritePlots(dir->path(), {{"A x", "a", &a}, {"B \"y\"", "b", &b}}, sweep, "");
+      WritePlots(dir->path(), {{"A x", "a", &a}, {"B \"y\"", "b", &b}}, {{"", "", sweep}}, "");
   ASSERT_TRUE(files.ok()) << files.status();
   EXPECT_EQ(files->data.size(), 8u + 1u);
   EXPECT_THAT(files->images, IsEmpty());
@@ -114,7 +114,29 @@ TEST(PlotTest, WritesScriptsThatReferenceTheirDataColumns) {
   EXPECT_THAT(tp, Not(HasSubstr("using 1:4")));  // no SLO, no goodput line
   const std::string data = ReadFile(dir->File("throughput.dat"));
   EXPECT_THAT(data, HasSubstr("\n1 0.98 98 NaN 12 30\n2 1.9 190 NaN 15 40\n"));
-  EXPECT_THAT(ThroughputScript(true), HasSubstr("\"throughput.dat\" using 1:4"));
+  EXPECT_THAT(ThroughputScript({{"", "", {}}}, true), HasSubstr("\"throughput.dat\" using 1:4"));
+}
+
+// A compared sweep: one data file and one set of lines per target, titled by its label.
+TEST(PlotTest, TwoSweepSeriesGetTheirOwnDataAndLines) {
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-plot-");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::vector<SweepSeries> sweep = {
+      {"A x:1", "a", {{1, 1, 10, 0.5, 3, 4}, {2, 2, 20, 1.5, 3, 5}}},
+      {"B y:2", "b", {{1, 0.9, 9, 0.4, 6, 8}, {2, 1.2, 12, 0.2, 9, 30}}}};
+  absl::StatusOr<PlotFiles> files = WritePlots(dir->path(), {}, sweep, "");
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->data.size(), 2u);
+  EXPECT_THAT(ReadFile(dir->File("throughput_a.dat")), HasSubstr("\n1 1 10 0.5 3 4\n"));
+  EXPECT_THAT(ReadFile(dir->File("throughput_b.dat")), HasSubstr("\n2 1.2 12 0.2 9 30\n"));
+  EXPECT_FALSE(std::filesystem::exists(dir->File("throughput.dat")));
+  const std::string tp = ReadFile(dir->File("throughput.gp"));
+  for (const char* line :
+       {"\"throughput_a.dat\" using 1:2 with linespoints lw 2 pt 7 title \"A x:1 throughput\"",
+        "\"throughput_b.dat\" using 1:4 with linespoints lw 2 pt 5 title \"B y:2 goodput\"",
+        "\"throughput_b.dat\" using 1:3", "\"throughput_a.dat\" using 1:6"}) {
+    EXPECT_THAT(tp, HasSubstr(line));
+  }
 }
 
 TEST(PlotTest, MissingGnuplotKeepsTheScripts) {
@@ -141,7 +163,8 @@ TEST(PlotTest, GnuplotRendersTheImagesWhenInstalled) {
     r.output_tokens = 1;
     r.itl_ns.clear();
   }
-  std::vector<SweepPoint> sweep = {{1, 1, 10, 0.5, 3, 4}, {2, 2, 20, 1.5, 3, 5}};
+  std::vector<SweepSeries> sweep = {{"A", "a", {{1, 1, 10, 0.5, 3, 4}, {2, 2, 20, 1.5, 3, 5}}},
+                                    {"B", "b", {{1, 1, 9, 0.5, 6, 8}, {2, 1.5, 15, 0.2, 9, 30}}}};
   absl::StatusOr<PlotFiles> files =
       WritePlots(dir->path(), {{"a", "a", &a}, {"b", "b", &b}}, sweep, "gnuplot");
   ASSERT_TRUE(files.ok()) << files.status();

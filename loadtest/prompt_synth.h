@@ -32,6 +32,9 @@ enum class KeyDomain : uint64_t {
   kUniquePrompt = 2,  // a = seed, b = request index
   kSharedPrefix = 3,  // a = seed, b = prefix index
   kSharedSuffix = 4,  // a = seed, b = prefix index, c = suffix index
+  kChatSystem = 5,    // a = seed
+  kChatUser = 6,      // a = seed, b = conversation, c = turn
+  kChatReply = 7,     // a = seed, b = conversation, c = turn
 };
 
 // The 64-bit key of a token block.

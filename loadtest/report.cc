@@ -178,6 +178,30 @@ std::string CompareJson(const LabeledSummary& a, const LabeledSummary& b) {
   return Dump(j);
 }
 
+std::string CompareSweepJson(const std::vector<std::pair<LabeledSummary, LabeledSummary>>& pairs) {
+  ordered_json j;
+  j["mode"] = "compare_sweep";
+  ordered_json rates = ordered_json::array();
+  ordered_json a = ordered_json::array();
+  ordered_json b = ordered_json::array();
+  ordered_json ratios = ordered_json::array();
+  for (const auto& [ra, rb] : pairs) {
+    rates.push_back(ra.info.request_rate);
+    a.push_back(SummaryObject(ra.summary, ra.info));
+    b.push_back(SummaryObject(rb.summary, rb.info));
+    ordered_json r = ordered_json::object();
+    for (const MetricRatio& m : CompareMetrics(ra.summary, rb.summary)) {
+      r[m.name] = OptionalNumber(m.ratio);
+    }
+    ratios.push_back(r);
+  }
+  j["request_rates"] = rates;
+  j["a"] = a;
+  j["b"] = b;
+  j["ratios"] = ratios;
+  return Dump(j);
+}
+
 std::string CompareTable(const LabeledSummary& a, const LabeledSummary& b) {
   std::string t = "============ pd-loadtest compare (B / A) ============\n";
   absl::StrAppendFormat(&t, "A = %s, B = %s (same requests, interleaved)\n", a.info.target,

@@ -72,6 +72,10 @@ std::vector<MetricRatio> CompareMetrics(const Summary& a, const Summary& b);
 // {"mode": "compare", "a": SummaryJson(a), "b": SummaryJson(b), "ratios": {name: B/A or null}}.
 std::string CompareJson(const LabeledSummary& a, const LabeledSummary& b);
 
+// A compared sweep, one (A, B) pair per rate: {"mode": "compare_sweep", "request_rates": [...],
+// "a": [SummaryJson per rate], "b": [...], "ratios": [{name: B/A or null} per rate]}.
+std::string CompareSweepJson(const std::vector<std::pair<LabeledSummary, LabeledSummary>>& pairs);
+
 // The ratio table printed after both summaries: metric, A, B, B/A.
 std::string CompareTable(const LabeledSummary& a, const LabeledSummary& b);
 

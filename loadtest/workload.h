@@ -8,8 +8,11 @@
 //                  seeded random order that visits the whole pool before repeating a prompt.
 //   trace          a Mooncake trace replayed record by record; prompts synthesized from the
 //                  hash ids (equal ids give equal 512-token blocks, see prompt_synth.h).
+//   multi_turn     chat conversations: turn k's prompt is turn k-1's prompt, the assistant's
+//                  reply to it and a new user message, so each turn extends the previous
+//                  conversation (MultiTurnOptions below).
 //
-// All are deterministic for a given seed. Multi-turn chat is not implemented yet (issue #7).
+// All are deterministic for a given seed.
 // A Workload is used by one thread (the load runner's issuer); thread-compatible.
 #pragma once
 
@@ -42,7 +45,7 @@ struct RequestSpec {
 class Workload {
  public:
   virtual ~Workload() = default;
-  // "synthetic", "shared_prefix" or "trace".
+  // "synthetic", "shared_prefix", "multi_turn" or "trace".
   virtual absl::string_view name() const = 0;
   // Fills `out` with the next request; false once the workload is exhausted (trace end).
   virtual bool Next(RequestSpec* out) = 0;
@@ -67,6 +70,32 @@ struct SharedPrefixOptions {
   uint64_t seed = 0;
 };
 
+// Multi-turn chat. num_conversations (C) conversations are in progress at once, each in a
+// slot. Each request is the next turn of a slot drawn uniformly from the least recently used
+// half of the slots, so turn k+1 of a conversation follows its turn k after at least
+// floor(C / 2) and on average C requests, in an order without a period (a fixed rotation would
+// line up with a round-robin router's and give it perfect affinity).
+// A conversation's first prompt is the system prompt (shared by every conversation) and a user
+// message; turn k+1's prompt appends the reply to turn k (output_len tokens of turn k,
+// synthesized: the workload does not read the server's answer, so a server's cache holds
+// turn k's prompt but not its reply, as with a trace's prompt-only hash ids) and a new user
+// message. After num_turns turns, or when the next prompt would exceed max_prompt_len, the
+// slot starts a new conversation. The workload does not wait for replies: with a closed loop,
+// keep concurrency <= num_conversations / 2 so that a turn is normally sent after the previous
+// one finished.
+struct MultiTurnOptions {
+  int64_t num_conversations = 16;  // >= 1
+  int64_t num_turns = 8;           // turns per conversation, >= 1
+  int64_t system_prompt_len = 64;  // tokens shared by every conversation, >= 0
+  LengthSpec user_len = LengthSpec::Fixed(64);
+  LengthSpec output_len = LengthSpec::Fixed(128);  // the reply, sent as max_tokens
+  // A conversation ends before a prompt would exceed this many tokens; 0 = no cap. Must leave
+  // room for a first turn (system_prompt_len + the largest user_len).
+  int64_t max_prompt_len = 0;
+  VocabRange vocab;
+  uint64_t seed = 0;
+};
+
 struct TraceWorkloadOptions {
   int64_t block_tokens = 512;  // tokens per hash id; as given to ParseTrace
   VocabRange vocab;
@@ -76,6 +105,7 @@ struct TraceWorkloadOptions {
 absl::StatusOr<std::unique_ptr<Workload>> MakeSyntheticWorkload(const SyntheticOptions& options);
 absl::StatusOr<std::unique_ptr<Workload>> MakeSharedPrefixWorkload(
     const SharedPrefixOptions& options);
+absl::StatusOr<std::unique_ptr<Workload>> MakeMultiTurnWorkload(const MultiTurnOptions& options);
 absl::StatusOr<std::unique_ptr<Workload>> MakeTraceWorkload(Trace trace,
                                                             const TraceWorkloadOptions& options);
 

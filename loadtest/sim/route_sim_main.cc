@@ -43,6 +43,10 @@ ABSL_FLAG(int64_t, index_max_blocks, 4'000'000, "KvIndex entry bound (pd-router 
 ABSL_FLAG(double, prefill_weight, 1.0, "cache_aware: pd-router --prefill_weight");
 ABSL_FLAG(double, decode_load_weight, 1.0, "cache_aware: pd-router --decode_load_weight");
 ABSL_FLAG(double, inflight_weight, 8.0, "cache_aware: pd-router --inflight_weight");
+ABSL_FLAG(double, backlog_prefill_weight, 4.0,
+          "cache_aware: added to the prefill weight per block of backlog on the other workers");
+ABSL_FLAG(double, min_hit_fraction, 0.2,
+          "cache_aware: a hit attracts a request only when it covers this fraction of the prompt");
 ABSL_FLAG(uint64_t, seed, 0, "seed of random placement and arrival jitter");
 ABSL_FLAG(absl::Duration, arrival_jitter, absl::ZeroDuration(),
           "delay each arrival by a uniform draw in [0, this); 0 = replay bursts as they are");
@@ -81,6 +85,8 @@ RouteSimConfig BaseConfigFromFlags() {
   c.scorer.prefill_weight = absl::GetFlag(FLAGS_prefill_weight);
   c.scorer.decode_load_weight = absl::GetFlag(FLAGS_decode_load_weight);
   c.scorer.inflight_weight = absl::GetFlag(FLAGS_inflight_weight);
+  c.scorer.backlog_prefill_weight = absl::GetFlag(FLAGS_backlog_prefill_weight);
+  c.scorer.min_hit_fraction = absl::GetFlag(FLAGS_min_hit_fraction);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.arrival_jitter = absl::GetFlag(FLAGS_arrival_jitter);
   return c;

@@ -43,6 +43,8 @@ ordered_json ConfigJson(const RouteSimRunInfo& info) {
   j["prefill_weight"] = c.scorer.prefill_weight;
   j["decode_load_weight"] = c.scorer.decode_load_weight;
   j["inflight_weight"] = c.scorer.inflight_weight;
+  j["backlog_prefill_weight"] = c.scorer.backlog_prefill_weight;
+  j["min_hit_fraction"] = c.scorer.min_hit_fraction;
   j["seed"] = c.seed;
   j["arrival_jitter_ms"] = Ms(c.arrival_jitter);
   j["started_at"] = info.started_at;
@@ -120,11 +122,11 @@ std::string RouteSimJson(const std::vector<RouteSimResult>& results, const Route
 }
 
 std::string RouteSimTable(const std::vector<RouteSimResult>& results) {
-  std::string t = absl::StrFormat("%-7s %-12s %9s %9s %11s %9s %11s %10s %10s %9s\n", "workers",
+  std::string t = absl::StrFormat("%-7s %-12s %9s %9s %11s %9s %11s %10s %10s %9s %6s\n", "workers",
                                   "policy", "hit_ratio", "vs_pooled", "prefill_max", "req_max",
-                                  "ttft_mean", "ttft_p50", "ttft_p99", "rejected");
-  absl::StrAppendFormat(&t, "%-7s %-12s %9s %9s %11s %9s %11s %10s %10s %9s\n", "", "", "", "",
-                        "/mean", "/mean", "(ms)", "(ms)", "(ms)", "");
+                                  "ttft_mean", "ttft_p50", "ttft_p99", "rejected", "idle");
+  absl::StrAppendFormat(&t, "%-7s %-12s %9s %9s %11s %9s %11s %10s %10s %9s %6s\n", "", "", "", "",
+                        "/mean", "/mean", "(ms)", "(ms)", "(ms)", "", "");
   int last_workers = -1;
   for (const RouteSimResult& r : results) {
     if (last_workers >= 0 && r.num_workers != last_workers) {
@@ -133,10 +135,14 @@ std::string RouteSimTable(const std::vector<RouteSimResult>& results) {
     last_workers = r.num_workers;
     const double pooled = PooledHitRatio(results, r.num_workers);
     const std::string vs = pooled > 0 ? absl::StrFormat("%.4f", r.hit_ratio / pooled) : "-";
-    absl::StrAppendFormat(&t, "%-7d %-12s %9.4f %9s %11.3f %9.3f %11.1f %10.1f %10.1f %9d\n",
+    int idle = 0;  // workers that never prefilled a request
+    for (const SimWorkerResult& w : r.workers) {
+      idle += w.stats.requests == 0 ? 1 : 0;
+    }
+    absl::StrAppendFormat(&t, "%-7d %-12s %9.4f %9s %11.3f %9.3f %11.1f %10.1f %10.1f %9d %6d\n",
                           r.num_workers, SimPolicyName(r.policy), r.hit_ratio, vs,
                           r.prefill_imbalance, r.request_imbalance, r.ttft.mean, r.ttft.median,
-                          r.ttft.p99, r.rejected);
+                          r.ttft.p99, r.rejected, idle);
   }
   return t;
 }

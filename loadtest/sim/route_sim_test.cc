@@ -280,5 +280,40 @@ TEST(RouteSimTest, ReportHasEveryPolicyAndTheRatioToPooled) {
   EXPECT_THAT(table, HasSubstr("pooled"));
 }
 
+// Every request starts with the same one-block system prompt and continues with 19 blocks of
+// its own, 2 s apart (each finished before the next). With the default min_hit_fraction the
+// one-block hit does not pull requests to the workers holding it and all 8 workers get work;
+// with every hit attracting, the first holder takes everything (the trap at many idle-ish
+// workers) — the hit ratio is the same, only the spread differs.
+TEST(RouteSimTest, AShortCommonPrefixDoesNotLeaveWorkersIdle) {
+  Trace t;
+  uint64_t next_id = 1'000;
+  for (int i = 0; i < 80; ++i) {
+    std::vector<uint64_t> ids = {7};
+    for (int k = 0; k < 19; ++k) {
+      ids.push_back(next_id++);
+    }
+    t.records.push_back(Record(i * 2.0, 20 * 512, 4, std::move(ids)));
+  }
+  auto used = [](const RouteSimResult& r) {
+    int n = 0;
+    for (const SimWorkerResult& w : r.workers) {
+      n += w.stats.requests > 0 ? 1 : 0;
+    }
+    return n;
+  };
+  RouteSimConfig c = Config(SimPolicy::kCacheAware, 8);
+  const RouteSimResult spread = RunOk(t, c);
+  EXPECT_EQ(used(spread), 8);
+  EXPECT_LE(spread.request_imbalance, 1.2);
+  c.scorer.min_hit_fraction = 0;
+  const RouteSimResult trapped = RunOk(t, c);
+  EXPECT_EQ(used(trapped), 1);
+  EXPECT_EQ(spread.requests, 80);
+  // Both hit block 7 on every request after a worker's first: 72 vs 79 hits of 512 tokens.
+  EXPECT_EQ(spread.cached_tokens, 72 * 512);
+  EXPECT_EQ(trapped.cached_tokens, 79 * 512);
+}
+
 }  // namespace
 }  // namespace pd::loadtest::sim

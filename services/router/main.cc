@@ -47,6 +47,12 @@ ABSL_FLAG(double, decode_load_weight, 1.0,
           "cache_aware: weight of a worker's referenced KV blocks against prefill work");
 ABSL_FLAG(double, inflight_weight, 8.0,
           "cache_aware: blocks charged per stream this router has open on a worker");
+ABSL_FLAG(double, backlog_prefill_weight, 4.0,
+          "cache_aware: added to --prefill_weight per block of prefill backlog on the workers "
+          "that hold less of the prompt than the best");
+ABSL_FLAG(double, min_hit_fraction, 0.2,
+          "cache_aware: a cached prefix attracts a request only when it covers this fraction "
+          "of the prompt [0, 1]");
 ABSL_FLAG(int64_t, index_max_blocks, 4'000'000,
           "bound of the KV block index in (worker, block, tier) entries, ~110 bytes each");
 ABSL_FLAG(int64_t, max_inflight, 1024, "open streams; more get RESOURCE_EXHAUSTED");
@@ -112,6 +118,8 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.nvme_hit_weight = absl::GetFlag(FLAGS_nvme_hit_weight);
   config.decode_load_weight = absl::GetFlag(FLAGS_decode_load_weight);
   config.inflight_weight = absl::GetFlag(FLAGS_inflight_weight);
+  config.backlog_prefill_weight = absl::GetFlag(FLAGS_backlog_prefill_weight);
+  config.min_hit_fraction = absl::GetFlag(FLAGS_min_hit_fraction);
   config.index_max_blocks = absl::GetFlag(FLAGS_index_max_blocks);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   config.health_interval = absl::GetFlag(FLAGS_health_interval);

@@ -97,6 +97,8 @@ absl::StatusOr<ScorerConfig> ScorerConfigFor(const RouterConfig& config) {
   s.nvme_hit_weight = config.nvme_hit_weight;
   s.decode_load_weight = config.decode_load_weight;
   s.inflight_weight = config.inflight_weight;
+  s.backlog_prefill_weight = config.backlog_prefill_weight;
+  s.min_hit_fraction = config.min_hit_fraction;
   s.disagg_threshold_tokens = config.disagg_threshold_tokens;
   if (absl::Status st = s.Validate(); !st.ok()) {
     // The scorer names its fields as the flags are named.

@@ -40,7 +40,9 @@ absl::Status RouterConfig::Validate() const {
         {"--dram_hit_weight", dram_hit_weight, 1},
         {"--nvme_hit_weight", nvme_hit_weight, 1},
         {"--decode_load_weight", decode_load_weight, -1},
-        {"--inflight_weight", inflight_weight, -1}}) {
+        {"--inflight_weight", inflight_weight, -1},
+        {"--backlog_prefill_weight", backlog_prefill_weight, -1},
+        {"--min_hit_fraction", min_hit_fraction, 1}}) {
     if (!std::isfinite(value) || value < 0 || (max >= 0 && value > max)) {
       return absl::InvalidArgumentError(absl::StrCat(
           flag, " must be ", max >= 0 ? absl::StrCat("in [0, ", max, "]") : std::string(">= 0"),

@@ -53,6 +53,8 @@ struct RouterConfig {
   double nvme_hit_weight = 0.3;
   double decode_load_weight = 1.0;
   double inflight_weight = 8.0;
+  double backlog_prefill_weight = 4.0;
+  double min_hit_fraction = 0.2;
   // Bound of the KV block index: (worker, block, tier) entries kept (~110 bytes each).
   int64_t index_max_blocks = 4'000'000;
   // Streams open at once; more are refused with RESOURCE_EXHAUSTED.

@@ -67,6 +67,12 @@ TEST(RouterConfigTest, RejectsBadScorerWeightsNamingTheFlag) {
   c.inflight_weight = std::numeric_limits<double>::quiet_NaN();
   EXPECT_NE(c.Validate().message().find("--inflight_weight"), absl::string_view::npos);
   c = Valid();
+  c.backlog_prefill_weight = -2;
+  EXPECT_NE(c.Validate().message().find("--backlog_prefill_weight"), absl::string_view::npos);
+  c = Valid();
+  c.min_hit_fraction = 1.5;
+  EXPECT_NE(c.Validate().message().find("--min_hit_fraction"), absl::string_view::npos);
+  c = Valid();
   c.index_max_blocks = 0;
   EXPECT_NE(c.Validate().message().find("--index_max_blocks"), absl::string_view::npos);
   c = Valid();

@@ -118,7 +118,9 @@ absl::Status ScorerConfig::Validate() const {
         {"dram_hit_weight", dram_hit_weight, 1.0},
         {"nvme_hit_weight", nvme_hit_weight, 1.0},
         {"decode_load_weight", decode_load_weight, kUnbounded},
-        {"inflight_weight", inflight_weight, kUnbounded}}) {
+        {"inflight_weight", inflight_weight, kUnbounded},
+        {"backlog_prefill_weight", backlog_prefill_weight, kUnbounded},
+        {"min_hit_fraction", min_hit_fraction, 1.0}}) {
     absl::Status status = CheckWeight(field, value, max);
     if (!status.ok()) {
       return status;
@@ -227,20 +229,50 @@ absl::StatusOr<RoutingDecision> WorkerScorer::Choose(absl::Span<const WorkerCand
       break;
     }
     case ScorerPolicy::kCacheAware: {
+      const double b_blocks = static_cast<double>(prompt_blocks);
+      // backlog(d), pref(d) and alpha of the cost model.
+      absl::InlinedVector<double, 64> backlog(n, 0.0);
+      absl::InlinedVector<double, 64> pref(n, 0.0);
+      double max_pref = 0;
+      for (int d : decoders) {
+        const WorkerCandidate& c = candidates[d];
+        backlog[d] =
+            config_.inflight_weight * static_cast<double>(NonNegative(c.inflight_assigned));
+        if (local(d)) {
+          backlog[d] += static_cast<double>(NonNegative(c.queued_prefill_tokens)) / bs;
+        }
+        const double eff = overlap[d].effective;
+        pref[d] = eff >= config_.min_hit_fraction * b_blocks ? eff : 0.0;
+        max_pref = std::max(max_pref, pref[d]);
+      }
+      double others_backlog = 0;
+      int num_others = 0;
+      for (int d : decoders) {
+        if (DefinitelyLess(pref[d], max_pref)) {
+          others_backlog += backlog[d];
+          ++num_others;
+        }
+      }
+      const double alpha =
+          config_.prefill_weight +
+          (num_others > 0 ? config_.backlog_prefill_weight * others_backlog / num_others : 0.0);
       auto rank = [&](int d) {
         const WorkerCandidate& c = candidates[d];
         const Overlap& o = overlap[d];
         const int64_t new_blocks = prompt_blocks - o.hbm;
         Rank r;
         r.does_not_fit = c.total_kv_blocks > 0 && NonNegative(c.free_kv_blocks) < new_blocks;
-        r.score =
-            config_.prefill_weight * (static_cast<double>(prompt_blocks) - o.effective) +
-            config_.decode_load_weight *
-                (static_cast<double>(NonNegative(c.active_kv_blocks) + new_blocks) +
-                 config_.inflight_weight * static_cast<double>(NonNegative(c.inflight_assigned)));
-        if (local(d)) {
-          r.score += static_cast<double>(NonNegative(c.queued_prefill_tokens)) / bs;
-        }
+        // A short hit does not attract through the KV term either: its shared blocks count as
+        // new ones (see pref in the header).
+        const int64_t charged_blocks = pref[d] > 0 ? new_blocks : prompt_blocks;
+        const double kv_blocks =
+            static_cast<double>(NonNegative(c.active_kv_blocks) + charged_blocks);
+        const double occupancy =
+            c.total_kv_blocks > 0
+                ? std::min(1.0, kv_blocks / static_cast<double>(c.total_kv_blocks))
+                : 1.0;
+        r.score = alpha * (b_blocks - pref[d]) + backlog[d] +
+                  config_.decode_load_weight * kv_blocks * occupancy;
         r.requests = Requests(c);
         return r;
       };

@@ -11,18 +11,36 @@
 //                  clamped so that h + r + n <= floor(prompt_tokens / S)
 //   eff(w)       = h + (1 - dram_hit_weight)·r + (1 - nvme_hit_weight)·n
 //                  blocks of prefill work w's cache saves (a tier hit still costs its restore)
-//   uncached(w)  = B - eff(w)
-//   load(w)      = inflight_weight · inflight_assigned      (requests sent since the last
-//                                                            load report, in blocks)
+//   pref(w)      = eff(w) when eff(w) >= min_hit_fraction · B, else 0: the hit placement
+//                  prefers w for. A short hit (a system prompt every warm worker holds) still
+//                  saves its blocks on whichever worker holds it, but does not attract requests,
+//                  or the workers holding it would take everything at light load and the rest
+//                  never warm up.
+//   backlog(w)   = [local(w)] · queued_prefill_tokens(w) / S + inflight_weight · inflight_assigned
+//                  prefill work queued on w, in blocks: its last report plus the requests sent
+//                  since (charged an average prompt each)
+//   kv(w)        = active_kv_blocks(w) + B - h(w) when pref(w) > 0, else active_kv_blocks(w) + B
+//                  KV blocks w would reference (a short hit does not attract through this term
+//                  either)
+//   occ(w)       = min(1, kv(w) / total_kv_blocks(w)); 1 before the first report
 // Decode worker: each healthy can_decode candidate d is scored
-//   score(d) = prefill_weight · uncached(d)                      work the request still needs
-//            + [local(d)] · queued_prefill_tokens(d) / S         d's prefill queue, if d prefills
-//            + decode_load_weight · (active_kv_blocks(d) + (B - h(d)) + load(d))
-// where local(d) holds when d would prefill the request itself: no healthy can_prefill worker
-// other than d, or fewer than disagg_threshold_tokens uncached tokens on d
+//   score(d) = alpha · (B - pref(d))                                 work the request still needs
+//            + backlog(d)                                            work queued before it
+//            + decode_load_weight · kv(d) · occ(d)                   KV pressure
+//   alpha    = prefill_weight + backlog_prefill_weight · mean{backlog(d') : pref(d') < max pref}
+//              (the mean is 0 when no candidate holds less than the others)
+// KV memory counts in proportion to how full the pool is: a pool at 1% costs nothing worth a
+// cache miss, a nearly full one evicts or preempts. alpha prices recomputation by how busy the
+// workers are that would do it: a prefix moved away from its holder is computed again on a
+// worker that is itself busy, which delays everything queued there, while an idle one absorbs
+// it (so a hot prefix whose holders are loaded still spills over to idle workers: holders do
+// not count in the mean). Without backlog, alpha = prefill_weight and, KV pressure aside,
+// score(d) is the time to the first token in blocks.
+// local(d) holds when d would prefill the request itself: no healthy can_prefill worker other
+// than d, or fewer than disagg_threshold_tokens uncached tokens on d
 // (prompt_tokens - (h + r + n)·S). d's own overlap always counts, whether or not it prefills:
 // what d holds is neither recomputed by P nor transferred (P skips D's cached blocks), and its
-// HBM hits are shared, so they add no KV blocks (the B - h(d) term).
+// HBM hits are shared, so they add no KV blocks (the B - h(d) of kv(d)).
 // D = the candidate with the smallest (does not fit, score, requests, rotation), where "does not
 // fit" is free_kv_blocks < B - h(d) on a worker that reports total_kv_blocks > 0, requests =
 // running + waiting + inflight_assigned, and rotation starts at a cursor that advances on every
@@ -31,7 +49,7 @@
 // Prefill worker, unless local(D): among healthy can_prefill candidates p != D, the smallest
 // (score, requests, rotation) with
 //   score(p) = prefill_weight · (B - max(eff(p), eff(D))) + queued_prefill_tokens(p) / S
-//            + load(p)
+//            + inflight_weight · inflight_assigned(p)
 // (P reuses its own cache and skips the blocks D already holds).
 //
 // round_robin / random: D is the next (a uniformly random) healthy can_decode candidate; P the
@@ -80,22 +98,31 @@ struct ScorerConfig {
   // Same for a block restored from the NVMe tier. In [0, 1].
   double nvme_hit_weight = 0.3;
 
-  // Weight of decode load (KV blocks referenced on the worker, plus this request's new ones)
-  // against prefill work. >= 0.
+  // Weight of decode load (KV blocks referenced on the worker, plus this request's new ones,
+  // scaled by how full its pool is) against prefill work. >= 0.
   double decode_load_weight = 1.0;
 
-  // Blocks charged per request the router has placed on a worker and not yet seen finish
-  // (WorkerCandidate::inflight_assigned); about an average prompt's blocks. Makes placement
-  // load-aware between load reports. >= 0.
+  // Blocks of prefill backlog charged per request the router has placed on a worker and not
+  // yet seen finish (WorkerCandidate::inflight_assigned); about an average prompt's blocks.
+  // Makes placement load-aware between load reports. >= 0.
   double inflight_weight = 8.0;
+
+  // Added to prefill_weight per block of mean backlog on the workers that hold less of the
+  // prompt than the best (alpha in the file comment). 0 = a cache miss always costs
+  // prefill_weight per block. >= 0.
+  double backlog_prefill_weight = 4.0;
+
+  // A worker's hit attracts the request only when it covers at least this fraction of the
+  // prompt's blocks (pref in the file comment). 0 = every hit attracts. In [0, 1].
+  double min_hit_fraction = 0.2;
 
   // When the chosen decode worker would have to compute fewer than this many prompt tokens
   // (after its cache hits), it prefills locally and no prefill worker is used. 0 = always use
   // a prefill worker when one exists. >= 0.
   int64_t disagg_threshold_tokens = 256;
 
-  // InvalidArgument naming the field when a weight is negative or not finite, a hit weight is
-  // above 1, or disagg_threshold_tokens is negative.
+  // InvalidArgument naming the field when a weight is negative or not finite, a hit weight or
+  // min_hit_fraction is above 1, or disagg_threshold_tokens is negative.
   absl::Status Validate() const;
 };
 

@@ -77,6 +77,8 @@ TEST(ScorerConfigTest, ValidateNamesTheField) {
       {"nvme_hit_weight", [](ScorerConfig& c) { c.nvme_hit_weight = -0.1; }},
       {"decode_load_weight", [](ScorerConfig& c) { c.decode_load_weight = std::nan(""); }},
       {"inflight_weight", [](ScorerConfig& c) { c.inflight_weight = -3; }},
+      {"backlog_prefill_weight", [](ScorerConfig& c) { c.backlog_prefill_weight = -0.5; }},
+      {"min_hit_fraction", [](ScorerConfig& c) { c.min_hit_fraction = 1.2; }},
       {"disagg_threshold_tokens", [](ScorerConfig& c) { c.disagg_threshold_tokens = -1; }},
       {"policy", [](ScorerConfig& c) { c.policy = static_cast<ScorerPolicy>(42); }},
   };
@@ -359,6 +361,86 @@ TEST(WorkerScorerTest, ConcurrentChoose) {
       t.join();
     }
   }
+}
+
+// KV memory costs in proportion to how full the pool is: 500 referenced blocks in a pool of
+// 100,000 do not outweigh a 6-block hit, the same blocks in a pool of 2,500 do.
+TEST(WorkerScorerTest, KvLoadCountsAsThePoolFills) {
+  auto scorer = NewScorer();
+  std::vector<WorkerCandidate> workers = Workers(2);
+  workers[0].active_kv_blocks = 500;
+  workers[0].total_kv_blocks = 100'000;
+  workers[0].free_kv_blocks = 99'500;
+  RoutingDecision d = MustChoose(*scorer, workers, {{"w0", 6, 0, 0}}, 8 * kBlockSize);
+  EXPECT_EQ(d.decode_index, 0);
+  EXPECT_EQ(d.reason, "cache_hit");
+  workers[0].total_kv_blocks = 2'500;
+  workers[0].free_kv_blocks = 2'000;
+  d = MustChoose(*scorer, workers, {{"w0", 6, 0, 0}}, 8 * kBlockSize);
+  EXPECT_EQ(d.decode_index, 1);
+  EXPECT_EQ(d.reason, "load");
+}
+
+// A hit below min_hit_fraction of the prompt (a 1-block system prompt of a 24-block prompt)
+// does not pull requests to the workers holding it: an idle cold worker gets the request, so
+// that at light load every worker warms up instead of the first holders taking everything.
+TEST(WorkerScorerTest, AShortHitDoesNotAttract) {
+  std::vector<WorkerCandidate> workers = Workers(4);
+  for (int w : {0, 1}) {
+    workers[w].active_kv_blocks = 24;  // one request decoding
+    workers[w].running = 1;
+  }
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 1, 0, 0}, {"w1", 1, 0, 0}};
+  auto scorer = NewScorer();
+  for (int i = 0; i < 4; ++i) {
+    RoutingDecision d = MustChoose(*scorer, workers, overlaps, 24 * kBlockSize);
+    EXPECT_GE(d.decode_index, 2) << i;
+    EXPECT_EQ(d.reason, "load");
+  }
+  ScorerConfig every_hit;
+  every_hit.min_hit_fraction = 0;
+  auto attracted = NewScorer(every_hit);
+  for (int i = 0; i < 4; ++i) {
+    RoutingDecision d = MustChoose(*attracted, workers, overlaps, 24 * kBlockSize);
+    EXPECT_LE(d.decode_index, 1) << i;
+    EXPECT_EQ(d.reason, "cache_hit");
+  }
+}
+
+// The holder of half the prompt has 40 blocks queued, the others 20 each: moving the request
+// saves 20 blocks of waiting but adds 12 blocks of work to a busy worker. With the backlog
+// weight the request stays on its holder; with a flat prefill weight it moves.
+TEST(WorkerScorerTest, BusyOtherWorkersKeepARequestOnItsHolder) {
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].queued_prefill_tokens = 40 * kBlockSize;
+  workers[1].queued_prefill_tokens = 20 * kBlockSize;
+  workers[2].queued_prefill_tokens = 20 * kBlockSize;
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 12, 0, 0}};
+  auto scorer = NewScorer();
+  EXPECT_EQ(MustChoose(*scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  ScorerConfig flat;
+  flat.backlog_prefill_weight = 0;
+  auto flat_scorer = NewScorer(flat);
+  EXPECT_NE(MustChoose(*flat_scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+}
+
+// The backlog that raises the price of a miss is the backlog of the workers that would
+// recompute, not the holders': holders of a hot prefix with 40 blocks queued each hand the
+// request to an idle worker, which is what lets a hot prefix spread.
+TEST(WorkerScorerTest, BusyHoldersSpillToAnIdleWorker) {
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].queued_prefill_tokens = 40 * kBlockSize;
+  workers[1].queued_prefill_tokens = 40 * kBlockSize;
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 12, 0, 0}, {"w1", 12, 0, 0}};
+  auto scorer = NewScorer();
+  RoutingDecision d = MustChoose(*scorer, workers, overlaps, 24 * kBlockSize);
+  EXPECT_EQ(d.decode_index, 2);
+  EXPECT_EQ(d.reason, "load");
+  // Once the idle worker is as busy, the holders keep it.
+  workers[2].queued_prefill_tokens = 40 * kBlockSize;
+  d = MustChoose(*scorer, workers, overlaps, 24 * kBlockSize);
+  EXPECT_LE(d.decode_index, 1);
+  EXPECT_EQ(d.reason, "cache_hit");
 }
 
 TEST(WorkerScorerTest, OverlapsAreClampedToThePrompt) {
