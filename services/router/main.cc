@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
-#include "services/base/metrics_http_server.h"
+#include "services/base/serve.h"
 #include "services/base/process_metrics.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
@@ -152,25 +152,15 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     pd::services::ExitWithStartupError(kProgram, server.status());
   }
-  absl::StatusOr<std::unique_ptr<pd::services::MetricsHttpServer>> http =
-      pd::services::MetricsHttpServer::Start(
-          {config->metrics_address.host, config->metrics_address.port}, &registry);
-  if (!http.ok()) {
-    pd::services::ExitWithStartupError(kProgram, http.status());
-  }
-  LOG(INFO) << "pd-router serving gRPC on " << (*server)->address()
-            << (config->tls.enabled() ? (config->tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
-                                      : " (plaintext)")
-            << (config->api_keys_file.empty() ? ", no api keys" : ", api keys required")
-            << (config->cluster_token_file.empty() ? "" : ", cluster token on") << ", metrics on "
-            << config->metrics_address.host << ":" << (*http)->port()
-            << (config->redis
-                    ? absl::StrCat(", redis ", config->redis->host, ":", config->redis->port)
+  const std::string describe = absl::StrCat(
+      "gRPC on ", (*server)->address(),
+      config->tls.enabled() ? (config->tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
+                            : " (plaintext)",
+      config->api_keys_file.empty() ? ", no api keys" : ", api keys required",
+      config->cluster_token_file.empty() ? "" : ", cluster token on",
+      config->redis ? absl::StrCat(", redis ", config->redis->host, ":", config->redis->port)
                     : std::string(", no redis"));
-  shutdown.Wait();
-  (*server)->Drain(config->drain_timeout);
-  LOG(INFO) << "gRPC server drained";
-  (*http)->Stop();
-  LOG(INFO) << "pd-router stopped";
-  return 0;
+  return pd::services::ServeUntilShutdown(
+      kProgram, shutdown, &registry, config->metrics_address, config->drain_timeout, describe,
+      [&](absl::Duration timeout) { (*server)->Drain(timeout); });
 }

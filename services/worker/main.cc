@@ -4,7 +4,7 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
-#include "services/base/metrics_http_server.h"
+#include "services/base/serve.h"
 #include "services/base/process_metrics.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
@@ -111,18 +111,7 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     pd::services::ExitWithStartupError(kProgram, server.status());
   }
-  absl::StatusOr<std::unique_ptr<pd::services::MetricsHttpServer>> http =
-      pd::services::MetricsHttpServer::Start(
-          {config->metrics_address.host, config->metrics_address.port}, &registry);
-  if (!http.ok()) {
-    pd::services::ExitWithStartupError(kProgram, http.status());
-  }
-  LOG(INFO) << "pd-worker serving: " << (*server)->Describe() << "; metrics on "
-            << config->metrics_address.host << ":" << (*http)->port();
-  shutdown.Wait();
-  LOG(INFO) << "draining (up to " << config->drain_timeout << ")";
-  (*server)->Drain(config->drain_timeout);
-  (*http)->Stop();
-  LOG(INFO) << "pd-worker stopped";
-  return 0;
+  return pd::services::ServeUntilShutdown(
+      kProgram, shutdown, &registry, config->metrics_address, config->drain_timeout,
+      (*server)->Describe(), [&](absl::Duration timeout) { (*server)->Drain(timeout); });
 }
