@@ -11,8 +11,15 @@ absl::Status TierdConfig::Validate() const {
   if (block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("--block_size must be > 0, got ", block_size));
   }
-  if (dram_mib <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--dram_mib must be > 0, got ", dram_mib));
+  // Upper bounds keep MiB -> bytes far from int64 overflow (1 PiB is beyond any machine).
+  constexpr int64_t kMaxMib = int64_t{1} << 30;
+  if (dram_mib <= 0 || dram_mib > kMaxMib) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dram_mib must be in [1, ", kMaxMib, "], got ", dram_mib));
+  }
+  if (nvme_mib < 0 || nvme_mib > kMaxMib) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nvme_mib must be in [0, ", kMaxMib, "], got ", nvme_mib));
   }
   if (!(low_watermark >= 0 && low_watermark < high_watermark && high_watermark <= 1)) {
     return absl::InvalidArgumentError(

@@ -72,7 +72,13 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   dram.high_watermark = config.high_watermark;
   dram.low_watermark = config.low_watermark;
   dram.lease = config.lease;
-  PD_ASSIGN_OR_RETURN(s->dram_, DramPool::Create(dram));
+  absl::StatusOr<std::unique_ptr<DramPool>> pool = DramPool::Create(dram);
+  if (!pool.ok()) {
+    return absl::Status(pool.status().code(), absl::StrCat("--dram_mib ", config.dram_mib, " (",
+                                                           dram.num_slots, " slots): ",
+                                                           pool.status().message()));
+  }
+  s->dram_ = *std::move(pool);
 
   if (!config.nvme_dir.empty()) {
     NvmeStoreConfig nvme;

@@ -440,6 +440,18 @@ TEST_F(TierdServerTest, StartupErrorsNameTheFlag) {
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("--nvme_mib"));
 
   bad = config_;
+  bad.dram_mib = int64_t{1} << 40;
+  s = TierdServer::Start(bad, &registry_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("--dram_mib must be in"));
+
+  bad = config_;
+  bad.dram_mib = 999'999'999;  // ~1 PB of slots: more than the pool's slot ids can address
+  s = TierdServer::Start(bad, &registry_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("--dram_mib 999999999"));
+
+  bad = config_;
   bad.low_watermark = 0.95;
   s = TierdServer::Start(bad, &registry_);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
