@@ -115,11 +115,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
       msg.set_finish_reason(FinishReasonToProto(out.finish_reason));
       const uint32_t p_cached = remote_->prefill_cached_tokens.load();
       msg.mutable_usage()->set_prompt_tokens(out.prompt_tokens);
-      msg.mutable_usage()->set_cached_tokens(
-          std::min(out.prompt_tokens, out.cached_tokens + p_cached));
+      const uint32_t cached = std::min(out.prompt_tokens, out.cached_tokens + p_cached);
+      msg.mutable_usage()->set_cached_tokens(cached);
       msg.mutable_usage()->set_completion_tokens(out.completion_tokens);
+      // Of those, restored from the node's tiers here or on the prefill worker.
       msg.mutable_usage()->set_tier_cached_tokens(
-          std::min(out.prompt_tokens, out.restored_tokens + remote_->prefill_tier_cached_tokens.load()));
+          std::min(cached, out.restored_tokens + remote_->prefill_tier_cached_tokens.load()));
       pdserve::v1::Timings* t = msg.mutable_timings();
       t->set_queue_us(absl::ToInt64Microseconds(out.timings.queue));
       t->set_prefill_us(absl::ToInt64Microseconds(out.timings.prefill));
