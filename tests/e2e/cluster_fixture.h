@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,51 @@ inline int FreePort() {
   absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
   CHECK(port.ok()) << port.status();
   return *port;
+}
+
+// A server child process that listens on a gRPC port and serves /healthz on a metrics port.
+struct ServingProcess {
+  Subprocess process;
+  std::vector<std::string> args;
+  int grpc_port = 0;
+  int metrics_port = 0;
+};
+
+// Spawns make_args(grpc_port, metrics_port) on free loopback ports and waits until its /healthz
+// answers. Ports are picked free but can be taken by another test before the child binds them
+// (ctest runs tests in parallel): a child that exits reporting a bind failure is started again
+// on fresh ports, up to 3 times. CHECK-fails when it does not come up within `timeout`.
+inline ServingProcess SpawnServing(
+    const std::function<std::vector<std::string>(int grpc_port, int metrics_port)>& make_args,
+    const std::string& log_path, absl::Duration timeout = absl::Seconds(30)) {
+  for (int attempt = 1;; ++attempt) {
+    const int port = FreePort();
+    const int mport = FreePort();
+    std::vector<std::string> args = make_args(port, mport);
+    absl::StatusOr<Subprocess> p = Subprocess::Spawn(args, log_path);
+    CHECK(p.ok()) << p.status();
+    const absl::Time deadline = absl::Now() + timeout;
+    bool exited = false;
+    while (absl::Now() < deadline) {
+      httplib::Client http("127.0.0.1", mport);
+      http.set_connection_timeout(1);
+      if (auto res = http.Get("/healthz"); res && res->status == 200) {
+        return ServingProcess{*std::move(p), std::move(args), port, mport};
+      }
+      if (p->Poll().has_value()) {
+        exited = true;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    const std::string log = p->ReadLog();
+    const bool port_race = absl::StrContains(log, "cannot start server") ||
+                           absl::StrContains(log, "address already in use") ||
+                           absl::StrContains(log, "Address already in use");
+    CHECK(exited && port_race && attempt < 3)
+        << args[0] << " did not come up (attempt " << attempt << "):\n" << p->LogTail(30);
+    LOG(WARNING) << args[0] << " lost a port race; starting it again on other ports";
+  }
 }
 
 // What one Generate call returned.
@@ -103,28 +149,29 @@ class Cluster {
     for (int i = 0; i < decode; ++i) {
       d_addrs.push_back(StartWorker("decode", absl::StrCat("decode-", i)));
     }
-    router_port_ = FreePort();
-    router_metrics_port_ = FreePort();
-    router_args_ = {kRouter,
-                    "--drain_timeout=10s",
-                    absl::StrCat("--grpc_address=127.0.0.1:", router_port_),
-                    absl::StrCat("--metrics_address=127.0.0.1:", router_metrics_port_),
-                    absl::StrCat("--model=", kModel),
-                    absl::StrCat("--tokenizer=", kTokenizer),
-                    absl::StrCat("--decode_workers=", absl::StrJoin(d_addrs, ",")),
-                    absl::StrCat("--prefill_workers=", absl::StrJoin(p_addrs, ",")),
-                    absl::StrCat("--policy=", policy),
-                    "--health_interval=200ms"};
-    router_args_.insert(router_args_.end(), router_flags.begin(), router_flags.end());
-    absl::StatusOr<Subprocess> r = Subprocess::Spawn(router_args_, dir_ + "/router.log");
-    CHECK(r.ok()) << r.status();
-    router_.emplace(*std::move(r));
-    // Create the channel once the router listens: a channel that saw "connection refused"
-    // backs off for seconds before trying again.
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (HttpGet(router_metrics_port_, "/metrics").empty() && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    // Create the channel once the router listens (SpawnServing waits for it): a channel that
+    // saw "connection refused" backs off for seconds before trying again.
+    ServingProcess r = SpawnServing(
+        [&](int port, int mport) {
+          std::vector<std::string> args = {
+              kRouter,
+              "--drain_timeout=10s",
+              absl::StrCat("--grpc_address=127.0.0.1:", port),
+              absl::StrCat("--metrics_address=127.0.0.1:", mport),
+              absl::StrCat("--model=", kModel),
+              absl::StrCat("--tokenizer=", kTokenizer),
+              absl::StrCat("--decode_workers=", absl::StrJoin(d_addrs, ",")),
+              absl::StrCat("--prefill_workers=", absl::StrJoin(p_addrs, ",")),
+              absl::StrCat("--policy=", policy),
+              "--health_interval=200ms"};
+          args.insert(args.end(), router_flags.begin(), router_flags.end());
+          return args;
+        },
+        dir_ + "/router.log");
+    router_port_ = r.grpc_port;
+    router_metrics_port_ = r.metrics_port;
+    router_args_ = std::move(r.args);
+    router_.emplace(std::move(r.process));
     channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", router_port_),
                                    grpc::InsecureChannelCredentials());
     api_ = pdserve::v1::Generation::NewStub(channel_);
@@ -212,24 +259,30 @@ class Cluster {
 
  private:
   std::string StartWorker(const std::string& role, const std::string& id) {
+    ServingProcess s = SpawnServing(
+        [&](int port, int mport) {
+          std::vector<std::string> args = {kWorker,
+                                           "--role=" + role,
+                                           absl::StrCat("--model=", kModel),
+                                           absl::StrCat("--tokenizer=", kTokenizer),
+                                           absl::StrCat("--grpc_address=127.0.0.1:", port),
+                                           absl::StrCat("--metrics_address=127.0.0.1:", mport),
+                                           "--worker_id=" + id,
+                                           "--kv_blocks=256",
+                                           "--threads=1",
+                                           "--drain_timeout=2s"};
+          args.insert(args.end(), worker_flags_.begin(), worker_flags_.end());
+          return args;
+        },
+        dir_ + "/" + id + ".log");
     Worker w;
     w.role = role;
     w.id = id;
-    w.grpc_port = FreePort();
-    w.metrics_port = FreePort();
-    w.args = {kWorker,
-              "--role=" + role,
-              absl::StrCat("--model=", kModel),
-              absl::StrCat("--tokenizer=", kTokenizer),
-              absl::StrCat("--grpc_address=127.0.0.1:", w.grpc_port),
-              absl::StrCat("--metrics_address=127.0.0.1:", w.metrics_port),
-              "--worker_id=" + id,
-              "--kv_blocks=256",
-              "--threads=1",
-              "--drain_timeout=2s"};
-    w.args.insert(w.args.end(), worker_flags_.begin(), worker_flags_.end());
+    w.grpc_port = s.grpc_port;
+    w.metrics_port = s.metrics_port;
+    w.args = std::move(s.args);
+    w.process.emplace(std::move(s.process));
     workers_.push_back(std::move(w));
-    RestartWorker(static_cast<int>(workers_.size()) - 1);
     return absl::StrCat("127.0.0.1:", workers_.back().grpc_port);
   }
 
@@ -249,25 +302,32 @@ class Tierd {
   // pd-tierd with a 1 MiB DRAM tier (51 stories260K blocks) and 16 MiB of NVMe in DIR/nvme;
   // `extra` flags come last (they override).
   explicit Tierd(const std::string& dir, std::vector<std::string> extra = {}) : dir_(dir) {
-    port_ = FreePort();
-    metrics_port_ = FreePort();
-    args_ = {kTierd,
-             absl::StrCat("--grpc_address=127.0.0.1:", port_),
-             absl::StrCat("--metrics_address=127.0.0.1:", metrics_port_),
-             "--node_name=e2e-node",
-             absl::StrCat("--shm_name=/pd-e2e-tier-", ::getpid()),
-             absl::StrCat("--model=", kModel),
-             absl::StrCat("--tokenizer=", kTokenizer),
-             "--dram_mib=1",
-             "--high_watermark=0.8",
-             "--low_watermark=0.5",
-             "--nvme_dir=" + dir + "/nvme",
-             "--nvme_mib=16",
-             "--drain_timeout=1s"};
-    args_.insert(args_.end(), extra.begin(), extra.end());
-    Start();
+    ServingProcess s = SpawnServing(
+        [&](int port, int mport) {
+          std::vector<std::string> args = {kTierd,
+                                           absl::StrCat("--grpc_address=127.0.0.1:", port),
+                                           absl::StrCat("--metrics_address=127.0.0.1:", mport),
+                                           "--node_name=e2e-node",
+                                           absl::StrCat("--shm_name=/pd-e2e-tier-", ::getpid()),
+                                           absl::StrCat("--model=", kModel),
+                                           absl::StrCat("--tokenizer=", kTokenizer),
+                                           "--dram_mib=1",
+                                           "--high_watermark=0.8",
+                                           "--low_watermark=0.5",
+                                           "--nvme_dir=" + dir + "/nvme",
+                                           "--nvme_mib=16",
+                                           "--drain_timeout=1s"};
+          args.insert(args.end(), extra.begin(), extra.end());
+          return args;
+        },
+        dir_ + "/tierd.log");
+    port_ = s.grpc_port;
+    metrics_port_ = s.metrics_port;
+    args_ = std::move(s.args);
+    process_.emplace(std::move(s.process));
   }
 
+  // Starts it again after Kill, on the same ports (the workers point at them).
   void Start() {
     absl::StatusOr<Subprocess> p = Subprocess::Spawn(args_, dir_ + "/tierd.log");
     CHECK(p.ok()) << p.status();

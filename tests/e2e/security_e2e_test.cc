@@ -42,6 +42,7 @@
 #include "pd/v1/worker.grpc.pb.h"
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
+#include "tests/e2e/cluster_fixture.h"
 
 namespace pd {
 namespace {
@@ -61,12 +62,6 @@ constexpr char kKeyA[] = "e2e-key-of-tenant-a-0123456789";
 constexpr char kKeyB[] = "e2e-key-of-tenant-b-0123456789";
 constexpr int kMaxStreamsPerTenant = 1;
 constexpr int kMaxMessageBytes = 64 << 10;
-
-int FreePort() {
-  absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
-  CHECK(port.ok()) << port.status();
-  return *port;
-}
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path);
@@ -95,25 +90,29 @@ class SecureCluster {
         "--client_tls_key=" + pki_.client_key, "--cluster_token_file=" + dir + "/cluster-token"};
     prefill_port_ = StartWorker("prefill", security);
     decode_port_ = StartWorker("decode", security);
-    router_port_ = FreePort();
-    std::vector<std::string> args = {
-        kRouter,
-        absl::StrCat("--grpc_address=127.0.0.1:", router_port_),
-        absl::StrCat("--metrics_address=127.0.0.1:", router_metrics_port_ = FreePort()),
-        absl::StrCat("--model=", kModel),
-        absl::StrCat("--tokenizer=", kTokenizer),
-        absl::StrCat("--decode_workers=127.0.0.1:", decode_port_),
-        absl::StrCat("--prefill_workers=127.0.0.1:", prefill_port_),
-        "--health_interval=200ms",
-        "--drain_timeout=2s",
-        "--api_keys_file=" + dir + "/api-keys",
-        absl::StrCat("--max_streams_per_tenant=", kMaxStreamsPerTenant),
-        absl::StrCat("--max_message_bytes=", kMaxMessageBytes)};
-    args.insert(args.end(), security.begin(), security.end());
     // The public API is TLS without client certificates: clients authenticate with keys.
-    absl::StatusOr<Subprocess> r = Subprocess::Spawn(args, dir + "/router.log");
-    CHECK(r.ok()) << r.status();
-    router_.emplace(*std::move(r));
+    e2e::ServingProcess r = e2e::SpawnServing(
+        [&](int port, int mport) {
+          std::vector<std::string> args = {
+              kRouter,
+              absl::StrCat("--grpc_address=127.0.0.1:", port),
+              absl::StrCat("--metrics_address=127.0.0.1:", mport),
+              absl::StrCat("--model=", kModel),
+              absl::StrCat("--tokenizer=", kTokenizer),
+              absl::StrCat("--decode_workers=127.0.0.1:", decode_port_),
+              absl::StrCat("--prefill_workers=127.0.0.1:", prefill_port_),
+              "--health_interval=200ms",
+              "--drain_timeout=2s",
+              "--api_keys_file=" + dir + "/api-keys",
+              absl::StrCat("--max_streams_per_tenant=", kMaxStreamsPerTenant),
+              absl::StrCat("--max_message_bytes=", kMaxMessageBytes)};
+          args.insert(args.end(), security.begin(), security.end());
+          return args;
+        },
+        dir + "/router.log");
+    router_port_ = r.grpc_port;
+    router_metrics_port_ = r.metrics_port;
+    router_.emplace(std::move(r.process));
   }
 
   // A channel to the router over TLS carrying `headers`.
@@ -211,25 +210,27 @@ class SecureCluster {
   }
 
   int StartWorker(const std::string& role, const std::vector<std::string>& security) {
-    const int port = FreePort();
-    const int mport = FreePort();
-    if (role == "decode") decode_metrics_port_ = mport;
-    std::vector<std::string> args = {
-        kWorker, "--role=" + role, absl::StrCat("--model=", kModel),
-        absl::StrCat("--tokenizer=", kTokenizer), absl::StrCat("--grpc_address=127.0.0.1:", port),
-        absl::StrCat("--metrics_address=127.0.0.1:", mport), "--worker_id=" + role,
-        "--kv_blocks=256", "--threads=1", "--drain_timeout=2s",
-        // Workers require client certificates (mutual TLS).
-        "--tls_ca=" + pki_.ca_cert};
-    if (role == "decode") {
-      // Slow steps keep a long stream open while the per-tenant bound is checked.
-      args.push_back("--step_delay=10ms");
-    }
-    args.insert(args.end(), security.begin(), security.end());
-    absl::StatusOr<Subprocess> p = Subprocess::Spawn(args, dir_ + "/" + role + ".log");
-    CHECK(p.ok()) << p.status();
-    workers_.push_back({role, args, *std::move(p)});
-    return port;
+    e2e::ServingProcess s = e2e::SpawnServing(
+        [&](int port, int mport) {
+          std::vector<std::string> args = {
+              kWorker, "--role=" + role, absl::StrCat("--model=", kModel),
+              absl::StrCat("--tokenizer=", kTokenizer),
+              absl::StrCat("--grpc_address=127.0.0.1:", port),
+              absl::StrCat("--metrics_address=127.0.0.1:", mport), "--worker_id=" + role,
+              "--kv_blocks=256", "--threads=1", "--drain_timeout=2s",
+              // Workers require client certificates (mutual TLS).
+              "--tls_ca=" + pki_.ca_cert};
+          if (role == "decode") {
+            // Slow steps keep a long stream open while the per-tenant bound is checked.
+            args.push_back("--step_delay=10ms");
+          }
+          args.insert(args.end(), security.begin(), security.end());
+          return args;
+        },
+        dir_ + "/" + role + ".log");
+    if (role == "decode") decode_metrics_port_ = s.metrics_port;
+    workers_.push_back({role, std::move(s.args), std::move(s.process)});
+    return s.grpc_port;
   }
 
  public:
