@@ -14,9 +14,8 @@ namespace pd::kernels {
 // past its block count, src and dst pools that partly overlap (the same pool, src == dst with
 // equal strides, is fine), and (kCpu only, where ids are host memory) an id outside its range,
 // two copies writing the same destination block, or, within one pool, a block that is both
-// read and written; Unimplemented
-// when no backend built for ctx.device exists. On kCuda the ids are device memory and are not
-// read by dispatch: the caller guarantees their range.
+// read and written; Unimplemented when no backend built for ctx.device exists. On kCuda the ids
+// are device memory and are not read by dispatch: the caller guarantees their range.
 absl::Status CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p);
 
 bool SupportsCopyBlocks(Device device);

@@ -101,4 +101,10 @@ absl::Status CheckCanListen(const HostPort& address, absl::string_view what) {
   }
 }
 
+std::string HostName() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
 }  // namespace pd::services

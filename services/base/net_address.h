@@ -22,6 +22,9 @@ struct HostPort {
 // an empty host.
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, absl::string_view what);
 
+// This machine's host name (gethostname), the default node name of workers and tierd.
+std::string HostName();
+
 // Tries to bind a TCP socket to `address` (SO_REUSEADDR, like gRPC and httplib) and releases
 // it. Unavailable "<what> 127.0.0.1:50051: address already in use" when taken;
 // InvalidArgument when the host is not a local numeric address; PermissionDenied for

@@ -2,7 +2,6 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <unistd.h>
 
 #include <utility>
 
@@ -18,12 +17,6 @@
 namespace pd::tierd {
 
 namespace {
-
-std::string HostName() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
-}
 
 // The Redis prefix index as the server's location sink.
 class RedisSink final : public LocationSink {
@@ -45,7 +38,7 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   PD_RETURN_IF_ERROR(services::CheckCanListen(config.grpc_address, "--grpc_address"));
   std::unique_ptr<TierdServer> s(new TierdServer());
   s->config_ = config;
-  s->node_ = config.node_name.empty() ? HostName() : config.node_name;
+  s->node_ = config.node_name.empty() ? services::HostName() : config.node_name;
 
   // The layout and fingerprint exactly as the workers compute them.
   absl::StatusOr<std::unique_ptr<engine::ModelFront>> front =

@@ -2,7 +2,6 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -122,13 +121,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     ctx.tiers = s->tiers_.get();
     ctx.local_blocks = s->local_blocks_.get();
   }
-  if (config.node_name.empty()) {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    ctx.node_name = host;
-  } else {
-    ctx.node_name = config.node_name;
-  }
+  ctx.node_name = config.node_name.empty() ? services::HostName() : config.node_name;
   engine::EngineLoop* loop = s->loop_.get();
   kv_events::KvEventPublisher* publisher = s->kv_events_.get();
   tierd::TierClient* tiers = s->tiers_.get();

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log/log.h"
@@ -33,6 +35,18 @@ inline constexpr char kWorker[] = PD_BINARY_DIR "/services/worker/pd-worker";
 inline constexpr char kTierd[] = PD_BINARY_DIR "/services/tierd/pd-tierd";
 inline constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
 inline constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
+
+// The value of the sample `series` (metric name with its labels, exactly as exposed) in
+// Prometheus text; `absent` when there is no such sample (or the process is down).
+inline double Metric(const std::string& text, const std::string& series, double absent = 0) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+    }
+  }
+  return absent;
+}
 
 inline int FreePort() {
   absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();

@@ -35,18 +35,9 @@ namespace {
 
 using ::pd::e2e::Cluster;
 using ::pd::e2e::Generated;
+using ::pd::e2e::Metric;
 using ::pd::e2e::Reference;
 using ::pd::e2e::Tierd;
-
-double Metric(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StartsWith(line, series + " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-    }
-  }
-  return -1;  // absent (process down)
-}
 
 int SoakSeconds() {
   int s = 150;
@@ -191,9 +182,11 @@ TEST(SoakE2eTest, ClusterSurvivesKillsOfEveryComponentWithExactOutputs) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   auto drained = [&] {
     for (int i = 0; i < 3; ++i) {
-      if (Metric(c.WorkerMetrics(i), "pd_worker_kv_blocks{state=\"used\"}") != 0) return false;
+      if (Metric(c.WorkerMetrics(i), "pd_worker_kv_blocks{state=\"used\"}", -1) != 0) {
+        return false;
+      }
     }
-    return Metric(tierd.Metrics(), "pd_tierd_claimed_blocks") == 0;
+    return Metric(tierd.Metrics(), "pd_tierd_claimed_blocks", -1) == 0;
   };
   while (!drained() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(200));
   EXPECT_TRUE(drained()) << c.WorkerMetrics(0) << tierd.Metrics();

@@ -28,21 +28,10 @@ namespace {
 using ::pd::e2e::Cluster;
 using ::pd::e2e::FreePort;
 using ::pd::e2e::Generated;
+using ::pd::e2e::Metric;
 using ::pd::e2e::Reference;
 using ::pd::e2e::Tierd;
 using ::pd::testing::Subprocess;
-
-// The value of the sample `series` (name with labels, exactly as exposed) in Prometheus text,
-// 0 when absent.
-double Metric(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StartsWith(line, series + " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-    }
-  }
-  return 0;
-}
 
 // Twelve prompts of ~140 tokens (8+ full blocks each) with distinct first blocks.
 std::vector<std::string> Prompts() {
