@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -70,6 +71,9 @@ struct TransportCaps {
   bool two_sided = false;      // data sent as messages the receiver places
   bool notifications = false;  // the receiver's Expectation completes (true for all backends)
   bool cancel = false;         // Cancel is implemented
+  // AllocateHost gives pool memory this backend moves faster than memory from elsewhere (UCX:
+  // shared segments a peer on the host writes with one memcpy); pools should come from it.
+  bool fast_host_allocation = false;
 };
 
 enum class TransferPhase : uint8_t { kPending, kDone, kFailed };
@@ -80,6 +84,19 @@ struct TransferState {
   uint64_t bytes = 0;   // payload bytes of the transfer (all of them once kDone)
 
   bool finished() const { return phase != TransferPhase::kPending; }
+};
+
+// Host memory a transport allocated for a pool (KvTransport::AllocateHost). The bytes stay at
+// data() until the object is destroyed, which must happen after every region inside it was
+// deregistered; it may outlive the transport that made it. Zero-filled when returned.
+// Thread-compatible.
+class HostAllocation {
+ public:
+  virtual ~HostAllocation() = default;
+  virtual void* data() const = 0;
+  virtual uint64_t size() const = 0;
+  // How the memory was obtained, for logs (e.g. "mmap", "ucx sysv segment").
+  virtual std::string Describe() const = 0;
 };
 
 struct TransferOptions {
@@ -109,6 +126,13 @@ class KvTransport {
   // for it are rejected from then on. Returns after any in-progress write into it has stopped.
   // NotFound for an unknown handle.
   virtual absl::Status Deregister(RegionHandle region) = 0;
+
+  // Allocates `bytes` (> 0) of host memory for a pool this transport will move data into or
+  // out of, placed where the backend reaches it fastest: UCX maps it through ucp_mem_map, so
+  // a peer on the same host writes into it with one memcpy (a shared-memory segment) instead of
+  // a kernel-assisted copy. Register it like any other memory. The default is a page-aligned
+  // anonymous mapping. InvalidArgument for 0, ResourceExhausted when no memory is left.
+  virtual absl::StatusOr<std::unique_ptr<HostAllocation>> AllocateHost(uint64_t bytes);
 
   // Bytes a peer passes to Connect (out of band, e.g. in worker registration).
   virtual std::string LocalEndpoint() const = 0;

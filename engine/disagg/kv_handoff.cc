@@ -35,14 +35,42 @@ absl::StatusOr<transport::PoolGeometry> GeometryFor(const kvcache::KvLayout& lay
 absl::StatusOr<std::unique_ptr<KvHandoff>> KvHandoff::Create(
     const KvHandoffConfig& config, void* base, uint64_t size_bytes,
     const transport::PoolGeometry& geometry) {
-  std::unique_ptr<KvHandoff> h(new KvHandoff());
-  h->geometry_ = geometry;
-  PD_ASSIGN_OR_RETURN(h->transport_, transport::CreateTransport(config.transport));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<KvHandoff> h, CreateUnregistered(config));
+  PD_RETURN_IF_ERROR(h->RegisterPool(base, size_bytes, geometry));
+  return h;
+}
+
+absl::Status KvHandoff::RegisterPool(void* base, uint64_t size_bytes,
+                                     const transport::PoolGeometry& geometry) {
+  if (registered_) {
+    return absl::FailedPreconditionError("kv handoff: the pool is registered already");
+  }
   transport::MemoryRegion region;
   region.base = base;
   region.size_bytes = size_bytes;
   region.geometry = geometry;
-  PD_ASSIGN_OR_RETURN(h->region_, h->transport_->Register(region));
+  PD_ASSIGN_OR_RETURN(region_, transport_->Register(region));
+  geometry_ = geometry;
+  registered_ = true;
+  return absl::OkStatus();
+}
+
+std::function<absl::StatusOr<std::shared_ptr<transport::HostAllocation>>(uint64_t)>
+KvHandoff::PoolAllocator() {
+  if (!transport_->Caps().fast_host_allocation) {
+    return {};
+  }
+  return [t = transport_.get()](
+             uint64_t bytes) -> absl::StatusOr<std::shared_ptr<transport::HostAllocation>> {
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<transport::HostAllocation> a, t->AllocateHost(bytes));
+    return std::shared_ptr<transport::HostAllocation>(std::move(a));
+  };
+}
+
+absl::StatusOr<std::unique_ptr<KvHandoff>> KvHandoff::CreateUnregistered(
+    const KvHandoffConfig& config) {
+  std::unique_ptr<KvHandoff> h(new KvHandoff());
+  PD_ASSIGN_OR_RETURN(h->transport_, transport::CreateTransport(config.transport));
   {
     std::random_device rd;
     absl::MutexLock lock(&h->mu_);
@@ -60,7 +88,7 @@ KvHandoff::~KvHandoff() {
   if (completions_.joinable()) {
     completions_.join();
   }
-  if (transport_ != nullptr) {
+  if (transport_ != nullptr && registered_) {
     absl::Status s = transport_->Deregister(region_);
     if (!s.ok()) {
       LOG(WARNING) << "kv handoff: deregister: " << s;

@@ -50,6 +50,18 @@ class KvHandoff {
   static absl::StatusOr<std::unique_ptr<KvHandoff>> Create(const KvHandoffConfig& config,
                                                            void* base, uint64_t size_bytes,
                                                            const transport::PoolGeometry& geometry);
+  // Creates the transport only, so that the pool can be allocated by it (PoolAllocator) before
+  // RegisterPool. Nothing but PoolAllocator and RegisterPool may be called before RegisterPool.
+  static absl::StatusOr<std::unique_ptr<KvHandoff>> CreateUnregistered(
+      const KvHandoffConfig& config);
+  // Registers the pool once; FailedPrecondition when one is registered already.
+  absl::Status RegisterPool(void* base, uint64_t size_bytes,
+                            const transport::PoolGeometry& geometry);
+  // An allocator for the pool's memory from the transport (KvTransport::AllocateHost) when its
+  // Caps() say that is faster, else empty (allocate it anywhere). The memory may outlive this
+  // handoff; the pool must stay until the handoff is destroyed (it deregisters then).
+  std::function<absl::StatusOr<std::shared_ptr<transport::HostAllocation>>(uint64_t bytes)>
+  PoolAllocator();
   // Stops the completion thread (pending callbacks get a Cancelled state) and deregisters.
   ~KvHandoff();
   KvHandoff(const KvHandoff&) = delete;
@@ -98,6 +110,7 @@ class KvHandoff {
   transport::PoolGeometry geometry_;
   std::unique_ptr<transport::KvTransport> transport_;
   transport::RegionHandle region_;
+  bool registered_ = false;  // set once by RegisterPool, before any other use
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, transport::PeerHandle> peers_ ABSL_GUARDED_BY(mu_);
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);

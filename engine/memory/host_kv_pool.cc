@@ -37,6 +37,21 @@ absl::StatusOr<std::unique_ptr<HostKvPool>> HostKvPool::Create(const kvcache::Kv
                                                    block_bytes, " bytes overflow the size"));
   }
   const size_t mapped_bytes = (size_bytes + page - 1) / page * page;
+  if (options.allocator) {
+    PD_ASSIGN_OR_RETURN(ExternalPoolMemory ext, options.allocator(size_bytes));
+    if (ext.base == nullptr || ext.owner == nullptr || ext.size < size_bytes ||
+        reinterpret_cast<uintptr_t>(ext.base) % 64 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host kv pool: external memory at ", reinterpret_cast<uintptr_t>(ext.base), " of ",
+          ext.size, " bytes is unusable for ", size_bytes,
+          " bytes (needs an owner, that size and 64-byte alignment)"));
+    }
+    LOG(INFO) << "host kv pool: " << num_blocks << " blocks of " << block_bytes << " bytes ("
+              << size_bytes << " bytes in " << ext.description << "), layout "
+              << layout.ToString();
+    return std::unique_ptr<HostKvPool>(new HostKvPool(layout, num_blocks, ext.base, ext.size,
+                                                      false, std::move(ext.owner)));
+  }
   const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (options.populate ? MAP_POPULATE : 0);
   void* base = mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (base == MAP_FAILED) {
@@ -57,20 +72,26 @@ absl::StatusOr<std::unique_ptr<HostKvPool>> HostKvPool::Create(const kvcache::Kv
             << size_bytes << " bytes, huge_pages=" << huge_pages
             << ", populate=" << options.populate << "), layout " << layout.ToString();
   return std::unique_ptr<HostKvPool>(
-      new HostKvPool(layout, num_blocks, static_cast<uint8_t*>(base), mapped_bytes, huge_pages));
+      new HostKvPool(layout, num_blocks, static_cast<uint8_t*>(base), mapped_bytes, huge_pages,
+                     nullptr));
 }
 
 HostKvPool::HostKvPool(const kvcache::KvLayout& layout, int64_t num_blocks, uint8_t* base,
-                       size_t mapped_bytes, bool huge_pages)
+                       size_t mapped_bytes, bool huge_pages,
+                       std::shared_ptr<void> external_owner)
     : layout_(layout),
       num_blocks_(num_blocks),
       block_bytes_(static_cast<size_t>(layout.block_bytes())),
       size_bytes_(block_bytes_ * static_cast<size_t>(num_blocks)),
       base_(base),
       mapped_bytes_(mapped_bytes),
-      huge_pages_(huge_pages) {}
+      huge_pages_(huge_pages),
+      external_owner_(std::move(external_owner)) {}
 
 HostKvPool::~HostKvPool() {
+  if (external_owner_ != nullptr) {
+    return;  // the owner frees it (when its last reference goes)
+  }
   if (munmap(base_, mapped_bytes_) != 0) {
     LOG(ERROR) << "host kv pool: munmap of " << mapped_bytes_
                << " bytes failed: " << std::strerror(errno);

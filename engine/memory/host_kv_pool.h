@@ -15,13 +15,26 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "common/base/strong_id.h"
 #include "engine/kvcache/kv_layout.h"
 
 namespace pd::memory {
+
+// Pool memory obtained elsewhere, e.g. from the KV transport (KvTransport::AllocateHost) so that
+// peers reach it fastest. `base` is 64-byte aligned, holds at least the pool's bytes and reads
+// as zeros; `owner` keeps it alive until the pool is destroyed.
+struct ExternalPoolMemory {
+  uint8_t* base = nullptr;
+  size_t size = 0;
+  std::shared_ptr<void> owner;
+  std::string description;  // for the start-up log, e.g. "ucx ucp_mem_map allocation"
+};
+using PoolMemoryAllocator = std::function<absl::StatusOr<ExternalPoolMemory>(size_t bytes)>;
 
 struct HostKvPoolOptions {
   // Fault every page in at creation (MAP_POPULATE), so the first requests do not pay page
@@ -30,6 +43,9 @@ struct HostKvPoolOptions {
   // Ask for transparent huge pages (madvise MADV_HUGEPAGE) when the pool is at least one huge
   // page; silently skipped where the kernel does not allow it.
   bool huge_pages = true;
+  // Where the bytes come from; empty = an anonymous mapping made here (then `populate` and
+  // `huge_pages` apply; they do not to external memory).
+  PoolMemoryAllocator allocator;
 };
 
 class HostKvPool {
@@ -37,7 +53,8 @@ class HostKvPool {
   // Maps a pool of `num_blocks` blocks of `layout`.
   //   InvalidArgument    the layout is invalid, num_blocks is not in [1, 2^32 - 2], or the size
   //                      overflows;
-  //   ResourceExhausted  the mapping failed (message names the bytes and strerror).
+  //   ResourceExhausted  the mapping failed (message names the bytes and strerror);
+  //   the allocator's error, or InvalidArgument when its memory is too small or misaligned.
   static absl::StatusOr<std::unique_ptr<HostKvPool>> Create(const kvcache::KvLayout& layout,
                                                             int64_t num_blocks,
                                                             HostKvPoolOptions options = {});
@@ -62,7 +79,7 @@ class HostKvPool {
 
  private:
   HostKvPool(const kvcache::KvLayout& layout, int64_t num_blocks, uint8_t* base,
-             size_t mapped_bytes, bool huge_pages);
+             size_t mapped_bytes, bool huge_pages, std::shared_ptr<void> external_owner);
   // Byte offset of `block` from base_ (CHECKs the id).
   size_t BlockOffset(BlockId block) const;
 
@@ -70,9 +87,10 @@ class HostKvPool {
   const int64_t num_blocks_;
   const size_t block_bytes_;
   const size_t size_bytes_;
-  uint8_t* const base_;        // owned mapping of mapped_bytes_
+  uint8_t* const base_;        // owned mapping of mapped_bytes_, or external memory
   const size_t mapped_bytes_;  // size_bytes_ rounded up to whole pages
   const bool huge_pages_;
+  std::shared_ptr<void> external_owner_;  // set: base_ is external memory, not unmapped here
 };
 
 }  // namespace pd::memory

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -104,6 +106,46 @@ TEST(HostKvPoolTest, MappingFailureIsResourceExhaustedNamingTheBytes) {
   auto pool = HostKvPool::Create(l, int64_t{1} << 30);
   EXPECT_TRUE(absl::IsResourceExhausted(pool.status())) << pool.status();
   EXPECT_THAT(pool.status().message(), HasSubstr("1125899906842624 bytes"));
+}
+
+TEST(HostKvPoolTest, AdoptsExternalMemoryAndLeavesItToItsOwner) {
+  auto buffer = std::make_shared<std::vector<uint64_t>>(5120 / 8 + 8, 0);
+  std::weak_ptr<std::vector<uint64_t>> alive = buffer;
+  size_t asked = 0;
+  HostKvPoolOptions options;
+  options.allocator = [&](size_t bytes) -> absl::StatusOr<ExternalPoolMemory> {
+    asked = bytes;
+    return ExternalPoolMemory{reinterpret_cast<uint8_t*>(buffer->data()), buffer->size() * 8,
+                              buffer, "test vector"};
+  };
+  {
+    auto pool = HostKvPool::Create(Small(), 10, options);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    EXPECT_EQ(asked, 5120u);
+    EXPECT_EQ((*pool)->base(), reinterpret_cast<uint8_t*>(buffer->data()));
+    EXPECT_EQ((*pool)->BlockData(BlockId(9)), (*pool)->base() + 9 * 512);
+    std::memset((*pool)->BlockData(BlockId(9)), 0xab, 512);
+    buffer.reset();  // the pool keeps it alive
+    EXPECT_FALSE(alive.expired());
+    EXPECT_EQ(alive.lock()->at(9 * 512 / 8), 0xababababababababULL);
+  }
+  EXPECT_TRUE(alive.expired());  // released with the pool, not unmapped by it
+}
+
+TEST(HostKvPoolTest, UnusableExternalMemoryIsNamed) {
+  auto small = std::make_shared<std::vector<uint64_t>>(16, 0);
+  HostKvPoolOptions options;
+  options.allocator = [&](size_t) -> absl::StatusOr<ExternalPoolMemory> {
+    return ExternalPoolMemory{reinterpret_cast<uint8_t*>(small->data()), 128, small, "tiny"};
+  };
+  auto pool = HostKvPool::Create(Small(), 10, options);
+  EXPECT_TRUE(absl::IsInvalidArgument(pool.status())) << pool.status();
+  EXPECT_THAT(pool.status().message(), HasSubstr("128 bytes is unusable for 5120 bytes"));
+  options.allocator = [](size_t) -> absl::StatusOr<ExternalPoolMemory> {
+    return absl::ResourceExhaustedError("no segment left");
+  };
+  pool = HostKvPool::Create(Small(), 10, options);
+  EXPECT_TRUE(absl::IsResourceExhausted(pool.status())) << pool.status();
 }
 
 TEST(HostKvPoolDeathTest, OutOfRangeBlockIsAProgrammingError) {

@@ -62,7 +62,10 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     rt->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
   }
   rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size);
-  PD_ASSIGN_OR_RETURN(rt->pool_, memory::HostKvPool::Create(rt->layout_, config.kv_blocks));
+  memory::HostKvPoolOptions pool_options;
+  pool_options.allocator = config.pool_allocator;
+  PD_ASSIGN_OR_RETURN(rt->pool_,
+                      memory::HostKvPool::Create(rt->layout_, config.kv_blocks, pool_options));
   kvcache::BlockPool::EvictionHook hook;
   if (config.on_evict) {
     memory::HostKvPool* pool = rt->pool_.get();

@@ -40,6 +40,9 @@ struct ModelRuntimeConfig {
   // eviction), e.g. to offer it to the node's DRAM tier. Runs on the scheduler thread inside
   // an allocation: copy the bytes and return quickly. Empty = none.
   std::function<void(const BlockHash& hash, absl::Span<const uint8_t> block)> on_evict;
+  // Where the KV pool's bytes come from (e.g. the KV transport's AllocateHost, so peers write
+  // into it fastest); empty = an anonymous mapping with transparent huge pages.
+  memory::PoolMemoryAllocator pool_allocator;
 
   // InvalidArgument naming the field.
   absl::Status Validate() const;

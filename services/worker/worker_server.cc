@@ -59,23 +59,44 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       }
     };
   }
-  PD_ASSIGN_OR_RETURN(s->runtime_, engine::ModelRuntime::Create(runtime_config));
-  ctx.runtime = s->runtime_.get();
-  ctx.layout = LayoutToProto(s->runtime_->kv_layout(), s->runtime_->fingerprint());
-
+  // The transport comes first so that the KV pool can live in memory it allocated (UCX: a
+  // shared segment a decode peer on this host writes with one memcpy); the pool is registered
+  // once the model has fixed its geometry. handoff_ is destroyed before runtime_ (members).
   disagg::KvHandoffConfig handoff;
   handoff.transport.backend = config.transport;
   handoff.transport.listen_host = config.transport_host;
+  const auto transport_error = [&](const absl::Status& e) {
+    return absl::Status(e.code(), absl::StrCat("--transport ", config.transport, ": ", e.message()));
+  };
+  absl::StatusOr<std::unique_ptr<disagg::KvHandoff>> h =
+      disagg::KvHandoff::CreateUnregistered(handoff);
+  if (!h.ok()) {
+    return transport_error(h.status());
+  }
+  s->handoff_ = *std::move(h);
+  if (auto allocate = s->handoff_->PoolAllocator()) {
+    runtime_config.pool_allocator =
+        [allocate](size_t bytes) -> absl::StatusOr<memory::ExternalPoolMemory> {
+      PD_ASSIGN_OR_RETURN(std::shared_ptr<transport::HostAllocation> a, allocate(bytes));
+      memory::ExternalPoolMemory m;
+      m.base = static_cast<uint8_t*>(a->data());
+      m.size = a->size();
+      m.description = a->Describe();
+      m.owner = std::move(a);
+      return m;
+    };
+  }
+  PD_ASSIGN_OR_RETURN(s->runtime_, engine::ModelRuntime::Create(runtime_config));
+  ctx.runtime = s->runtime_.get();
+  ctx.layout = LayoutToProto(s->runtime_->kv_layout(), s->runtime_->fingerprint());
   PD_ASSIGN_OR_RETURN(transport::PoolGeometry geometry,
                       disagg::GeometryFor(s->runtime_->kv_layout(), s->runtime_->fingerprint(),
                                           config.runtime.kv_blocks));
-  absl::StatusOr<std::unique_ptr<disagg::KvHandoff>> h = disagg::KvHandoff::Create(
-      handoff, s->runtime_->kv_pool()->base(), s->runtime_->kv_pool()->size_bytes(), geometry);
-  if (!h.ok()) {
-    return absl::Status(h.status().code(),
-                        absl::StrCat("--transport ", config.transport, ": ", h.status().message()));
+  if (absl::Status r = s->handoff_->RegisterPool(s->runtime_->kv_pool()->base(),
+                                                 s->runtime_->kv_pool()->size_bytes(), geometry);
+      !r.ok()) {
+    return transport_error(r);
   }
-  s->handoff_ = *std::move(h);
   ctx.handoff = s->handoff_.get();
 
   engine::EngineLoop::Options loop_options;

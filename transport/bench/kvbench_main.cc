@@ -37,6 +37,9 @@ ABSL_FLAG(std::vector<std::string>, block_kib,
           std::vector<std::string>({"64", "256", "1024", "2048", "4096"}), "block sizes in KiB");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "32", "64"}),
           "blocks per transfer");
+ABSL_FLAG(std::string, pool_memory, "transport",
+          "where both pools live: transport (KvTransport::AllocateHost, as pd-worker does) | "
+          "heap (new[])");
 ABSL_FLAG(int, iters, 20, "timed transfers per point (after 2 warm-up transfers)");
 ABSL_FLAG(std::string, peer_binary,
           PD_BINARY_DIR "/transport/conformance/transport_conformance_peer", "receiver binary");
@@ -67,6 +70,8 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
                     : path == "am" ? UcxDataPath::kActiveMessage
                                    : UcxDataPath::kAuto;
   args.push_back(absl::StrCat("--ucx_data_path=", path));
+  const std::string pool_memory = absl::GetFlag(FLAGS_pool_memory);
+  args.push_back(absl::StrCat("--pool_memory=", pool_memory));
   absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateTransport(c);
   if (!t.ok()) {
     return t.status();
@@ -77,12 +82,24 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
   if (!peer.ok()) {
     return peer.status();
   }
-  std::unique_ptr<char[]> mem(new char[block_bytes * num_blocks]);
-  std::memset(mem.get(), 0x5a, block_bytes * num_blocks);
+  std::unique_ptr<HostAllocation> allocation;
+  std::unique_ptr<char[]> heap;
+  char* mem = nullptr;
+  if (pool_memory != "transport" && pool_memory != "heap") {
+    return absl::InvalidArgumentError(absl::StrCat("--pool_memory: unknown value ", pool_memory));
+  }
+  if (pool_memory == "transport") {
+    PD_ASSIGN_OR_RETURN(allocation, sender->AllocateHost(block_bytes * num_blocks));
+    mem = static_cast<char*>(allocation->data());
+  } else {
+    heap.reset(new char[block_bytes * num_blocks]);
+    mem = heap.get();
+  }
+  std::memset(mem, 0x5a, block_bytes * num_blocks);
   const PoolGeometry g = conformance::TestGeometry(block_bytes, num_blocks);
   PD_ASSIGN_OR_RETURN(
       RegionHandle src,
-      sender->Register(MemoryRegion{mem.get(), block_bytes * num_blocks, MemoryKind::kHost, 0, g}));
+      sender->Register(MemoryRegion{mem, block_bytes * num_blocks, MemoryKind::kHost, 0, g}));
   PD_ASSIGN_OR_RETURN(std::string ep, (*peer)->Call("endpoint"));
   PD_ASSIGN_OR_RETURN(PeerHandle h, sender->Connect(absl::HexStringToBytes(ep)));
   std::vector<BlockPair> pairs;
@@ -116,6 +133,7 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
     }
   }
   (*peer)->Call("quit").IgnoreError();
+  PD_RETURN_IF_ERROR(sender->Deregister(src));  // before the allocation goes
   const double bytes = static_cast<double>(block_bytes) * batch;
   // Single-thread memcpy of the same blocks into a second pool of the same size.
   std::vector<double> copy_gibps;
@@ -126,7 +144,7 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
       const absl::Time start = absl::Now();
       for (uint32_t b = 0; b < batch; ++b) {
         std::memcpy(dst_pool.get() + uint64_t{b} * block_bytes,
-                    mem.get() + uint64_t{b} * block_bytes, block_bytes);
+                    mem + uint64_t{b} * block_bytes, block_bytes);
       }
       const double dt = absl::ToDoubleSeconds(absl::Now() - start);
       if (i >= 0) {

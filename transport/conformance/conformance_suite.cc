@@ -165,6 +165,61 @@ TEST_P(KvTransportConformance, RegisterValidatesInput) {
   EXPECT_EQ(h.sender->Poll(TransferId(999)).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Memory from AllocateHost is zeroed, registrable, and carries transfers both ways; it may be
+// freed after its transport is gone.
+TEST_P(KvTransportConformance, AllocateHostMemoryCarriesTransfers) {
+  PD_HARNESS(h);
+  EXPECT_EQ(h.sender->AllocateHost(0).status().code(), absl::StatusCode::kInvalidArgument);
+  const PoolGeometry g = TestGeometry(4096, 16);
+  const uint64_t size = g.block_bytes * g.num_blocks;
+  absl::StatusOr<std::unique_ptr<HostAllocation>> src_mem = h.sender->AllocateHost(size);
+  absl::StatusOr<std::unique_ptr<HostAllocation>> dst_mem = h.receiver->AllocateHost(size);
+  ASSERT_TRUE(src_mem.ok()) << src_mem.status();
+  ASSERT_TRUE(dst_mem.ok()) << dst_mem.status();
+  ASSERT_GE((*dst_mem)->size(), size);
+  EXPECT_FALSE((*dst_mem)->Describe().empty());
+  char* s = static_cast<char*>((*src_mem)->data());
+  char* d = static_cast<char*>((*dst_mem)->data());
+  EXPECT_TRUE(std::all_of(d, d + size, [](char c) { return c == 0; }));
+  for (uint32_t b = 0; b < g.num_blocks; ++b) {
+    FillPattern(kSeed, b, s + uint64_t{b} * g.block_bytes, g.block_bytes);
+  }
+  Pool src;
+  src.geometry = g;
+  Pool dst;
+  dst.geometry = g;
+  absl::StatusOr<RegionHandle> sh = h.sender->Register({s, size, MemoryKind::kHost, 0, g});
+  absl::StatusOr<RegionHandle> dh = h.receiver->Register({d, size, MemoryKind::kHost, 0, g});
+  ASSERT_TRUE(sh.ok() && dh.ok()) << sh.status() << " / " << dh.status();
+  src.handle = *sh;
+  dst.handle = *dh;
+  const std::vector<BlockPair> pairs = RandomPairs(12, 16, 16, 3);
+  auto [st, rt] = h.Transfer(src, dst, pairs, 1);
+  ASSERT_EQ(st.phase, TransferPhase::kDone) << st.status;
+  ASSERT_EQ(rt.phase, TransferPhase::kDone) << rt.status;
+  for (const BlockPair& p : pairs) {
+    EXPECT_EQ(FirstPatternMismatch(kSeed, p.src.value(), d + uint64_t{p.dst.value()} * g.block_bytes,
+                                   g.block_bytes),
+              -1)
+        << "dst block " << p.dst.value();
+  }
+  // Re-registering the same allocation gives a fresh region that still works.
+  ASSERT_TRUE(h.receiver->Deregister(dst.handle).ok());
+  dh = h.receiver->Register({d, size, MemoryKind::kHost, 0, g});
+  ASSERT_TRUE(dh.ok()) << dh.status();
+  dst.handle = *dh;
+  const std::vector<BlockPair> more = Contiguous(0, 8, 8);
+  std::tie(st, rt) = h.Transfer(src, dst, more, 2);
+  ASSERT_EQ(st.phase, TransferPhase::kDone) << st.status;
+  ASSERT_EQ(rt.phase, TransferPhase::kDone) << rt.status;
+  EXPECT_EQ(FirstPatternMismatch(kSeed, 7, d + 15 * g.block_bytes, g.block_bytes), -1);
+  // The transports go first; the allocations are freed afterwards.
+  h.sender.reset();
+  h.receiver.reset();
+  src_mem->reset();
+  dst_mem->reset();
+}
+
 TEST_P(KvTransportConformance, ConnectRejectsGarbageEndpoint) {
   PD_HARNESS(h);
   EXPECT_EQ(h.sender->Connect("not an endpoint").status().code(),

@@ -40,6 +40,8 @@ ABSL_FLAG(uint64_t, block_bytes, 4096, "bytes per block");
 ABSL_FLAG(uint64_t, num_blocks, 64, "blocks in the pool");
 ABSL_FLAG(std::string, dtype, "bf16", "geometry dtype (for mismatch tests)");
 ABSL_FLAG(bool, fill_pattern, false, "fill the pool with the test pattern (seed 42)");
+ABSL_FLAG(std::string, pool_memory, "heap",
+          "where the pool lives: heap (new[]) | transport (KvTransport::AllocateHost)");
 
 namespace pd::transport::conformance {
 namespace {
@@ -64,13 +66,26 @@ class Peer {
     geometry_ = TestGeometry(absl::GetFlag(FLAGS_block_bytes), absl::GetFlag(FLAGS_num_blocks));
     geometry_.dtype = absl::GetFlag(FLAGS_dtype);
     const uint64_t size = geometry_.block_bytes * geometry_.num_blocks;
-    mem_.reset(new char[size]);
+    const std::string where = absl::GetFlag(FLAGS_pool_memory);
+    if (where == "transport") {
+      absl::StatusOr<std::unique_ptr<HostAllocation>> a = transport_->AllocateHost(size);
+      if (!a.ok()) {
+        return a.status();
+      }
+      allocation_ = *std::move(a);
+      base_ = static_cast<char*>(allocation_->data());
+    } else if (where == "heap") {
+      heap_.reset(new char[size]);
+      base_ = heap_.get();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--pool_memory: unknown value ", where));
+    }
     if (absl::GetFlag(FLAGS_fill_pattern)) {
       for (uint32_t b = 0; b < geometry_.num_blocks; ++b) {
         FillPattern(42, b, Block(b), geometry_.block_bytes);
       }
     } else {
-      std::memset(mem_.get(), 0xEE, size);
+      std::memset(base_, 0xEE, size);
     }
     return RegisterPool();
   }
@@ -189,11 +204,11 @@ class Peer {
   }
 
  private:
-  char* Block(uint32_t b) { return mem_.get() + uint64_t{b} * geometry_.block_bytes; }
+  char* Block(uint32_t b) { return base_ + uint64_t{b} * geometry_.block_bytes; }
 
   absl::Status RegisterPool() {
     MemoryRegion r;
-    r.base = mem_.get();
+    r.base = base_;
     r.size_bytes = geometry_.block_bytes * geometry_.num_blocks;
     r.geometry = geometry_;
     absl::StatusOr<RegionHandle> h = transport_->Register(r);
@@ -204,9 +219,12 @@ class Peer {
     return absl::OkStatus();
   }
 
+  // Declared before transport_: the allocation (which may come from it) is freed after it.
+  std::unique_ptr<HostAllocation> allocation_;
+  std::unique_ptr<char[]> heap_;
+  char* base_ = nullptr;
   std::unique_ptr<KvTransport> transport_;
   PoolGeometry geometry_;
-  std::unique_ptr<char[]> mem_;
   RegionHandle region_;
 };
 

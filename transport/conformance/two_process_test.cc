@@ -31,6 +31,7 @@ struct TwoProcessParam {
   std::string backend;
   std::string ucx_tls;                 // empty: UCX defaults
   std::string ucx_data_path = "auto";  // auto | rma | am (both processes)
+  std::string pool_memory = "heap";    // heap | transport (KvTransport::AllocateHost), both sides
 };
 
 UcxDataPath ParseDataPath(const std::string& s) {
@@ -64,12 +65,22 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
   // Registers a pattern-filled source pool here.
   void MakeSource(uint64_t block_bytes, uint64_t num_blocks) {
     geometry_ = TestGeometry(block_bytes, num_blocks);
-    mem_.reset(new char[block_bytes * num_blocks]);
+    char* base = nullptr;
+    if (GetParam().pool_memory == "transport") {
+      absl::StatusOr<std::unique_ptr<HostAllocation>> a =
+          local_->AllocateHost(block_bytes * num_blocks);
+      ASSERT_TRUE(a.ok()) << a.status();
+      allocation_ = *std::move(a);
+      base = static_cast<char*>(allocation_->data());
+    } else {
+      mem_.reset(new char[block_bytes * num_blocks]);
+      base = mem_.get();
+    }
     for (uint32_t b = 0; b < num_blocks; ++b) {
-      FillPattern(kSeed, b, mem_.get() + b * block_bytes, block_bytes);
+      FillPattern(kSeed, b, base + b * block_bytes, block_bytes);
     }
     absl::StatusOr<RegionHandle> h = local_->Register(
-        MemoryRegion{mem_.get(), block_bytes * num_blocks, MemoryKind::kHost, 0, geometry_});
+        MemoryRegion{base, block_bytes * num_blocks, MemoryKind::kHost, 0, geometry_});
     ASSERT_TRUE(h.ok()) << h.status();
     src_ = *h;
   }
@@ -83,6 +94,7 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
       args.push_back(absl::StrCat("--ucx_tls=", GetParam().ucx_tls));
     }
     args.push_back(absl::StrCat("--ucx_data_path=", GetParam().ucx_data_path));
+    args.push_back(absl::StrCat("--pool_memory=", GetParam().pool_memory));
     absl::StatusOr<std::unique_ptr<PeerControl>> p =
         PeerControl::Start(PD_BINARY_DIR "/transport/conformance/transport_conformance_peer", args,
                            dir_->File(absl::StrCat("peer", generation, ".log")), absl::Seconds(20));
@@ -141,6 +153,7 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
   }
 
   std::optional<testing::TempDir> dir_;
+  std::unique_ptr<HostAllocation> allocation_;  // outlives local_ (registered in it)
   std::unique_ptr<KvTransport> local_;
   PoolGeometry geometry_;
   std::unique_ptr<char[]> mem_;
@@ -275,7 +288,12 @@ INSTANTIATE_TEST_SUITE_P(
                       TwoProcessParam{"ucx_rma_shm_self_tcp", "ucx", "shm,self,tcp", "rma"},
                       TwoProcessParam{"ucx_am_shm_self_tcp", "ucx", "shm,self,tcp", "am"},
                       TwoProcessParam{"ucx_tcp", "ucx", "tcp"},
-                      TwoProcessParam{"ucx_am_tcp", "ucx", "tcp", "am"}),
+                      TwoProcessParam{"ucx_am_tcp", "ucx", "tcp", "am"},
+                      // Pools from AllocateHost: over shm, kAuto puts into the peer's segment.
+                      TwoProcessParam{"ucx_mapped_shm_self_tcp", "ucx", "shm,self,tcp", "auto",
+                                      "transport"},
+                      TwoProcessParam{"ucx_mapped_tcp", "ucx", "tcp", "auto", "transport"},
+                      TwoProcessParam{"tcp_mapped", "tcp", "", "auto", "transport"}),
     [](const ::testing::TestParamInfo<TwoProcessParam>& i) { return i.param.name; });
 
 }  // namespace

@@ -48,6 +48,9 @@ class FaultInjectingTransport : public KvTransport {
   TransportCaps Caps() const override { return inner_->Caps(); }
   absl::StatusOr<RegionHandle> Register(const MemoryRegion& region) override;
   absl::Status Deregister(RegionHandle region) override;
+  absl::StatusOr<std::unique_ptr<HostAllocation>> AllocateHost(uint64_t bytes) override {
+    return inner_->AllocateHost(bytes);
+  }
   std::string LocalEndpoint() const override { return inner_->LocalEndpoint(); }
   absl::StatusOr<PeerHandle> Connect(absl::string_view endpoint) override;
   absl::Status Disconnect(PeerHandle peer) override;

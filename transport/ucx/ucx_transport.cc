@@ -152,6 +152,22 @@ bool IsGoodPutTransport(absl::string_view tl) {
          absl::StartsWith(tl, "cuda_ipc") || absl::StartsWith(tl, "gdr");
 }
 
+// Shared-memory transports: a put into memory the receiver allocated through UCX (a sysv/posix
+// segment this process attaches when it unpacks the rkey) is a memcpy.
+bool IsSharedMemoryTransport(absl::string_view tl) {
+  return absl::StartsWith(tl, "sysv") || absl::StartsWith(tl, "posix") ||
+         absl::StartsWith(tl, "xpmem");
+}
+
+// Whether a region descriptor's backend blob says the region is a UCX allocation.
+bool DescriptorIsMapped(absl::string_view blob) {
+  transport_internal::ByteReader r(blob);
+  r.U64();
+  r.Bytes();
+  const uint8_t mapped = r.U8();
+  return r.ok() && mapped == 1;
+}
+
 // ---- RAII for ucp handles (all used on the progress thread only) ---------------------------
 struct ContextDeleter {
   void operator()(ucp_context* c) const { ucp_cleanup(c); }
@@ -165,7 +181,8 @@ struct ListenerDeleter {
 struct ConfigDeleter {
   void operator()(ucp_config_t* c) const { ucp_config_release(c); }
 };
-using UcpContext = std::unique_ptr<ucp_context, ContextDeleter>;
+// Shared: host allocations made through the context (AllocateHost) may outlive the transport.
+using UcpContext = std::shared_ptr<ucp_context>;
 using UcpWorker = std::unique_ptr<ucp_worker, WorkerDeleter>;
 using UcpListener = std::unique_ptr<ucp_listener, ListenerDeleter>;
 using UcpConfig = std::unique_ptr<ucp_config_t, ConfigDeleter>;
@@ -182,6 +199,53 @@ class UcpMem {
  private:
   ucp_context_h ctx_;
   ucp_mem_h memh_;
+};
+
+// Host memory allocated by ucp_mem_map(ALLOCATE) and the registry the transport looks it up
+// in when the memory is registered. The context is created thread-safe (mt_workers_shared), so
+// mapping and unmapping may run on any thread.
+struct UcxAllocations {
+  struct Entry {
+    uint64_t size = 0;
+    ucp_mem_h memh = nullptr;
+  };
+  UcpContext context;
+  absl::Mutex mu;
+  absl::flat_hash_map<uintptr_t, Entry> by_base ABSL_GUARDED_BY(mu);
+
+  // The allocation containing [base, base + size), if any.
+  const Entry* Find(const void* base, uint64_t size) ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    const auto b = reinterpret_cast<uintptr_t>(base);
+    for (const auto& [start, e] : by_base) {
+      if (b >= start && b + size <= start + e.size) {
+        return &e;
+      }
+    }
+    return nullptr;
+  }
+};
+
+class UcxHostAllocation : public HostAllocation {
+ public:
+  UcxHostAllocation(std::shared_ptr<UcxAllocations> registry, void* data, uint64_t size,
+                    ucp_mem_h memh)
+      : registry_(std::move(registry)), data_(data), size_(size), memh_(memh) {}
+  ~UcxHostAllocation() override {
+    {
+      absl::MutexLock lock(&registry_->mu);
+      registry_->by_base.erase(reinterpret_cast<uintptr_t>(data_));
+    }
+    ucp_mem_unmap(registry_->context.get(), memh_);
+  }
+  void* data() const override { return data_; }
+  uint64_t size() const override { return size_; }
+  std::string Describe() const override { return "ucx ucp_mem_map allocation"; }
+
+ private:
+  std::shared_ptr<UcxAllocations> registry_;
+  void* const data_;
+  const uint64_t size_;
+  ucp_mem_h const memh_;
 };
 
 // An endpoint; closed (force: peers may be dead) and progressed until released.
@@ -233,10 +297,17 @@ struct UcxConn {
   std::unique_ptr<UcpEndpoint> ep;
   std::unique_ptr<UcpEndpoint> data_ep;  // client: shm/cma/rdma endpoint (null: use ep)
   bool rma = false;                      // client: data moves by put + flush
+  // client: puts into a receiver's transport-allocated memory (a shared segment) go over
+  // this connection's shm lanes as one memcpy, so kAuto uses RMA for such regions.
+  bool mapped_rma = false;
   std::string data_lanes;                // client: "am=<tl> rma=<tl>" of the data endpoint
   bool dead = false;
   bool client = false;
-  absl::flat_hash_map<uint64_t, DataHeader> in_flight;  // client: seq -> ids, awaiting status
+  struct InFlight {
+    DataHeader h;
+    bool rma = false;  // moves by put + flush (else AM frames on the data endpoint)
+  };
+  absl::flat_hash_map<uint64_t, InFlight> in_flight;  // client: seq -> ids, awaiting status
   absl::flat_hash_map<uint64_t, ucp_rkey_h> rkeys;      // client: unpacked, by region nonce
   UcxTransport* owner = nullptr;
 };
@@ -283,10 +354,12 @@ class UcxTransport : public KvTransport {
     c.two_sided = options_.data_path != UcxDataPath::kRma;
     c.notifications = true;
     c.cancel = true;
+    c.fast_host_allocation = true;
     return c;
   }
   absl::StatusOr<RegionHandle> Register(const MemoryRegion& region) override;
   absl::Status Deregister(RegionHandle region) override;
+  absl::StatusOr<std::unique_ptr<HostAllocation>> AllocateHost(uint64_t bytes) override;
   std::string LocalEndpoint() const override;
   absl::StatusOr<PeerHandle> Connect(absl::string_view endpoint) override;
   absl::StatusOr<Expectation> ExpectTransfer(uint64_t tag, RegionHandle dst,
@@ -346,7 +419,9 @@ class UcxTransport : public KvTransport {
   uint64_t next_conn_ = 1;
   absl::flat_hash_map<uint64_t, std::unique_ptr<UcxConn>> conns_;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, SeqState> seqs_;  // (conn, seq)
-  absl::flat_hash_map<uint64_t, std::unique_ptr<UcpMem>> mems_;        // by region handle
+  // By region handle; null for a region inside an allocation (allocations_ owns its memh).
+  absl::flat_hash_map<uint64_t, std::unique_ptr<UcpMem>> mems_;
+  std::shared_ptr<UcxAllocations> allocations_;
   std::vector<std::unique_ptr<UcxConn>> graveyard_;   // failed conns, closed by the loop
   std::string worker_address_;                        // ucp_worker_get_address bytes
   absl::flat_hash_map<uint64_t, RmaPost> rma_posts_;  // sender, by seq
@@ -427,14 +502,18 @@ absl::Status UcxTransport::Init() {
     }
   }
   ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  // Context calls (ucp_mem_map/unmap of AllocateHost) may come from any thread.
+  params.mt_workers_shared = 1;
   ucp_context_h ctx = nullptr;
   s = ucp_init(&params, config.get(), &ctx);
   if (s != UCS_OK) {
     return UcsError("ucp_init", s);
   }
-  context_.reset(ctx);
+  context_ = UcpContext(ctx, ContextDeleter());
+  allocations_ = std::make_shared<UcxAllocations>();
+  allocations_->context = context_;
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
@@ -1077,6 +1156,8 @@ void UcxTransport::SetupDataPath(UcxConn& conn, const std::string& worker_addres
       conn.data_lanes =
           absl::StrCat("am=", am.empty() ? "-" : am, " rma=", rma.empty() ? "-" : rma);
       conn.rma = want == UcxDataPath::kAuto && conn.data_ep != nullptr && IsGoodPutTransport(rma);
+      conn.mapped_rma =
+          want == UcxDataPath::kAuto && conn.data_ep != nullptr && IsSharedMemoryTransport(am);
     }
   }
   if (want == UcxDataPath::kRma) {
@@ -1084,7 +1165,8 @@ void UcxTransport::SetupDataPath(UcxConn& conn, const std::string& worker_addres
   }
   LOG(INFO) << "ucx connection " << conn.id << ": data endpoint "
             << (conn.data_ep != nullptr ? "yes" : "no") << " (" << conn.data_lanes
-            << "), data path " << (conn.rma ? "rma" : "am");
+            << "), data path "
+            << (conn.rma ? "rma" : conn.mapped_rma ? "am, rma into ucx-allocated pools" : "am");
 }
 
 absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) {
@@ -1092,17 +1174,28 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
   if (region.base == nullptr || region.size_bytes == 0) {
     return absl::InvalidArgumentError("register: null base or zero size");
   }
-  ucp_mem_h memh = nullptr;
+  // Memory from AllocateHost is mapped already: its memh's rkey lets a peer on this host attach
+  // the segment (a put is then a memcpy), which a second ucp_mem_map of the range would lose.
+  ucp_mem_h allocated = nullptr;
+  {
+    absl::ReaderMutexLock lock(&allocations_->mu);
+    if (const UcxAllocations::Entry* e = allocations_->Find(region.base, region.size_bytes)) {
+      allocated = e->memh;
+    }
+  }
+  ucp_mem_h memh = allocated;
   std::string blob;
   ucs_status_t status = UCS_OK;
   RunSync([&] {
-    ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address = region.base;
-    mp.length = region.size_bytes;
-    status = ucp_mem_map(context_.get(), &mp, &memh);
-    if (status != UCS_OK) {
-      return;
+    if (memh == nullptr) {
+      ucp_mem_map_params_t mp{};
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+      mp.address = region.base;
+      mp.length = region.size_bytes;
+      status = ucp_mem_map(context_.get(), &mp, &memh);
+      if (status != UCS_OK) {
+        return;
+      }
     }
     void* rkey = nullptr;
     size_t rkey_len = 0;
@@ -1110,6 +1203,7 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
       transport_internal::ByteWriter w;
       w.U64(reinterpret_cast<uintptr_t>(region.base));
       w.Bytes(absl::string_view(static_cast<const char*>(rkey), rkey_len));
+      w.U8(allocated != nullptr ? 1 : 0);  // DescriptorIsMapped
       blob = w.Take();
       ucp_rkey_buffer_release(rkey);
     }
@@ -1118,7 +1212,10 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
     return UcsError("ucp_mem_map", status);
   }
   absl::StatusOr<RegionHandle> h = core_.AddRegion(region, /*allow_cuda=*/false, blob);
-  auto mem = std::make_unique<UcpMem>(context_.get(), memh);
+  std::unique_ptr<UcpMem> mem;
+  if (allocated == nullptr) {
+    mem = std::make_unique<UcpMem>(context_.get(), memh);
+  }
   if (!h.ok()) {
     RunSync([&] { mem.reset(); });
     return h;
@@ -1127,9 +1224,44 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
   return h;
 }
 
+absl::StatusOr<std::unique_ptr<HostAllocation>> UcxTransport::AllocateHost(uint64_t bytes) {
+  if (bytes == 0) {
+    return absl::InvalidArgumentError("allocate host memory: 0 bytes");
+  }
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  const ucs_status_t st = ucp_mem_map(context_.get(), &mp, &memh);
+  if (st != UCS_OK) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "allocate host memory: ucp_mem_map(ALLOCATE) of ", bytes, " bytes: ",
+        ucs_status_string(st)));
+  }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  if (ucp_mem_query(memh, &attr) != UCS_OK || attr.address == nullptr || attr.length < bytes) {
+    ucp_mem_unmap(context_.get(), memh);
+    return absl::InternalError("allocate host memory: ucp_mem_query gave no address");
+  }
+  // Fresh shared segments read as zeros, but UCX may fall back to heap memory: zero it (this
+  // also faults the pages in now rather than under the first transfers).
+  std::memset(attr.address, 0, bytes);
+  {
+    absl::MutexLock lock(&allocations_->mu);
+    allocations_->by_base[reinterpret_cast<uintptr_t>(attr.address)] =
+        UcxAllocations::Entry{attr.length, memh};
+  }
+  return std::unique_ptr<HostAllocation>(
+      new UcxHostAllocation(allocations_, attr.address, bytes, memh));
+}
+
 absl::Status UcxTransport::Deregister(RegionHandle region) {
   PD_RETURN_IF_ERROR(core_.RemoveRegion(region).status());
-  RunSync([&] { mems_.erase(region.value()); });
+  RunSync([&] { mems_.erase(region.value()); });  // a null entry (allocation) unmaps nothing
   return absl::OkStatus();
 }
 
@@ -1277,8 +1409,11 @@ void UcxTransport::StartPost(uint64_t conn_id, PreparedPost post) {
     SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0, /*on_data_ep=*/!conn->rma);
     return;
   }
-  conn->in_flight[seq] = h;
-  if (conn->rma) {
+  // RMA when the connection uses it, or when the receiver's region is a UCX allocation that this
+  // connection's shm lanes reach with a plain memcpy (see SetupDataPath).
+  const bool rma = conn->rma || (conn->mapped_rma && DescriptorIsMapped(post.desc.blob));
+  conn->in_flight[seq] = UcxConn::InFlight{h, rma};
+  if (rma) {
     // Ask the receiver to hold the runs; OnRmaGrant puts them.
     std::string runs;
     runs.reserve(post.runs.size() * sizeof(RunWire));
@@ -1323,9 +1458,10 @@ absl::Status UcxTransport::Cancel(TransferId id) {
           if (rma_posts_.contains(seq)) {
             return;  // the RMA state machine tells the receiver once no put is in flight
           }
-          DataHeader h = it->second;
+          DataHeader h = it->second.h;
+          const bool rma = it->second.rma;
           conn->in_flight.erase(it);
-          SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0, /*on_data_ep=*/!conn->rma);
+          SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0, /*on_data_ep=*/!rma);
           return;
         }
       }
