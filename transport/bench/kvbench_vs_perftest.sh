@@ -16,13 +16,13 @@ command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get in
 out=$(mktemp -d /tmp/pd-kvbench-vs-perftest.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 
-# perftest TLS TEST SIZE ITERS -> MB/s (perftest's MB = 2^20 bytes), "overall" bandwidth column
+# perftest TLS TEST SIZE ITERS WARMUP -> MB/s (perftest's MB = 2^20 bytes), "overall" bandwidth column
 perftest() {
   local port=$((20000 + RANDOM % 20000))
   UCX_TLS=$1 ucx_perftest -p "$port" >"$out/server.log" 2>&1 &
   local server=$!
   sleep 0.5
-  UCX_TLS=$1 ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" -w 20 -f 2>"$out/client.err" |
+  UCX_TLS=$1 ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" -w "$5" -f 2>"$out/client.err" |
     awk '/Final|^ *[0-9]/ {v=$(NF-2)} END {print v}'
   wait "$server" 2>/dev/null || true
 }
@@ -42,8 +42,9 @@ for ((r = 1; r <= rounds; r++)); do
     done
     for t in ucp_put_bw ucp_get ucp_am_bw tag_bw; do
       for size in 2097152 67108864; do
-        n=$((size == 2097152 ? 500 : 30))
-        mbs=$(perftest "$pt_tls" "$t" "$size" "$n")
+        # 64 MiB: few iterations (tcp put moves ~0.03 GiB/s; 20 of them would take a minute)
+        if ((size == 2097152)); then n=500 w=20; else n=10 w=3; fi
+        mbs=$(perftest "$pt_tls" "$t" "$size" "$n" "$w")
         echo "{\"round\":$r,\"what\":\"ucx_perftest $pt_tls $t $size\",\"gib_s\":$(python3 -c "print(${mbs:-0}/1024)")}"
       done
     done
