@@ -94,8 +94,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       release = !tenant_released_;  // normally released by MaybeFinishLocked already
       tenant_released_ = true;
     }
-    if (release) service_->ReleaseTenantStream(decode_.tenant());
-    service_->EndStream();
+    if (release) service_->ReleaseStream(decode_.tenant());
     delete this;
   }
 
@@ -292,7 +291,7 @@ class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     finished_ = true;
     if (!tenant_released_) {
       tenant_released_ = true;
-      service_->ReleaseTenantStream(decode_.tenant());  // before the client sees the end
+      service_->ReleaseStream(decode_.tenant());  // before the client sees the end
     }
     grpc::Status final_status = status_;
     if (status_.ok() && !got_final_) {
@@ -438,13 +437,20 @@ absl::StatusOr<std::string> GenerationService::Authenticate(
   return tenant;
 }
 
-absl::Status GenerationService::AcquireTenantStream(const std::string& tenant) {
+absl::Status GenerationService::AcquireStream(const std::string& tenant) {
+  // Increment first, then check: two concurrent requests cannot both take the last slot.
+  if (inflight_.fetch_add(1) >= config_.max_inflight) {
+    --inflight_;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "router has ", config_.max_inflight, " streams open (--max_inflight); retry later"));
+  }
   if (config_.max_streams_per_tenant <= 0) {
     return absl::OkStatus();
   }
   absl::MutexLock lock(&tenants_mu_);
   int64_t& open = tenant_streams_[tenant];
   if (open >= config_.max_streams_per_tenant) {  // open >= 1: the entry existed before
+    --inflight_;
     return absl::ResourceExhaustedError(
         absl::StrCat("tenant '", tenant, "' has ", config_.max_streams_per_tenant,
                      " streams open (--max_streams_per_tenant); retry later"));
@@ -453,7 +459,8 @@ absl::Status GenerationService::AcquireTenantStream(const std::string& tenant) {
   return absl::OkStatus();
 }
 
-void GenerationService::ReleaseTenantStream(const std::string& tenant) {
+void GenerationService::ReleaseStream(const std::string& tenant) {
+  --inflight_;
   if (config_.max_streams_per_tenant <= 0) {
     return;
   }
@@ -521,10 +528,6 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
           "sampling.stop_token_ids: ", t, " is out of range: vocabulary size is ", mc.vocab_size));
     }
   }
-  if (inflight_.load() >= config_.max_inflight) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "router has ", config_.max_inflight, " streams open (--max_inflight); retry later"));
-  }
   // With API keys the salt is bound to the authenticated tenant: no client salt can make one
   // tenant's block hashes equal another's. Without keys the client's salt is used as sent.
   std::string salt;
@@ -573,7 +576,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     status = Prepare(*request, *tenant, &decode, &placement);
   }
   if (status.ok()) {
-    status = AcquireTenantStream(*tenant);  // released by EndStream when the stream is done
+    status = AcquireStream(*tenant);  // released by ReleaseStream, before the client sees the end
   }
   metrics_.routing_latency->WithLabels({}).Observe(absl::ToDoubleSeconds(absl::Now() - start));
   if (!status.ok()) {
@@ -589,7 +592,6 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   if (request->timeout_ms() > 0) {
     deadline = std::min(deadline, start + absl::Milliseconds(request->timeout_ms()));
   }
-  ++inflight_;
   VLOG(1) << "request_id=" << decode.request_id()
           << " client_request_id=" << request->client_request_id() << " -> decode "
           << placement.decode_index << " prefill " << placement.prefill_index << " ("

@@ -91,11 +91,10 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   const Metrics& metrics() const { return metrics_; }
   WorkerPool* workers() { return workers_; }
   PlacementPolicy* policy() { return policy_; }
-  // A stream's slot of its tenant is free (pairs with the acquisition in Generate): called
-  // once per stream, before the client can see the stream end, so that a client sending its
-  // requests one after another is never refused by max_streams_per_tenant.
-  void ReleaseTenantStream(const std::string& tenant);
-  void EndStream() { --inflight_; }
+  // A stream's slots (of --max_inflight and of its tenant's --max_streams_per_tenant) are free
+  // (pairs with AcquireStream in Generate): called once per stream, before the client can see
+  // the stream end, so that a client sending its requests one after another is never refused.
+  void ReleaseStream(const std::string& tenant);
 
  private:
   GenerationService() = default;
@@ -105,8 +104,9 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   // tenant ("" = default). `request` may be null (ListModels).
   absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& context,
                                            const pdserve::v1::GenerateRequest* request) const;
-  // Counts a new stream of `tenant`; RESOURCE_EXHAUSTED at max_streams_per_tenant.
-  absl::Status AcquireTenantStream(const std::string& tenant);
+  // Counts a new stream (and one of `tenant`'s); RESOURCE_EXHAUSTED at --max_inflight or
+  // --max_streams_per_tenant, with nothing counted.
+  absl::Status AcquireStream(const std::string& tenant);
   // Validation, tokenization, hashing and placement: the DecodeRequest to send and where.
   absl::Status Prepare(const pdserve::v1::GenerateRequest& request, const std::string& tenant,
                        pdserve::internal::v1::DecodeRequest* decode, Placement* placement);

@@ -409,6 +409,37 @@ TEST_F(ClusterE2eTest, ThousandConcurrentStreamsCompleteOrAreRejectedAndNoneHang
   EXPECT_LT(after - baseline, 1 << 20) << "router heap " << baseline << " -> " << after;
 }
 
+// The --max_inflight slot is free before the client sees its stream end: a client sending
+// requests one after another is never refused, even at a limit of one stream.
+TEST_F(ClusterE2eTest, OneStreamLimitNeverRefusesRequestsSentOneAfterAnother) {
+  Cluster c(Dir(), 0, 1, "round_robin", {}, {"--max_inflight=1"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  for (int i = 0; i < 40; ++i) {
+    Generated g = c.GenerateText(absl::StrCat("Once upon a time ", i), 2);
+    ASSERT_TRUE(g.status.ok()) << "request " << i << ": " << g.status.error_message();
+  }
+  // While one stream is open, a second is refused with the limit named.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  pdserve::v1::GenerateRequest slow;
+  slow.set_text("Once upon a time");
+  slow.mutable_sampling()->set_max_tokens(400);
+  slow.mutable_sampling()->set_ignore_eos(true);
+  auto reader = c.api()->Generate(&ctx, slow);
+  pdserve::v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));  // the stream is open and counted
+  Generated refused = c.GenerateText("Once", 2);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.status.error_message().find("--max_inflight"), std::string::npos)
+      << refused.status.error_message();
+  ctx.TryCancel();
+  while (reader->Read(&first)) {
+  }
+  (void)reader->Finish();  // CANCELLED
+  EXPECT_TRUE(
+      Eventually([&] { return Metric(c.RouterMetrics(), "pd_router_inflight_streams") == 0; }));
+}
+
 // Requests that worker `i` finished with OK, from its metrics.
 double DecodeOk(Cluster& c, int i) {
   return std::max(0.0, Metric(c.WorkerMetrics(i),
