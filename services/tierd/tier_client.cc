@@ -192,6 +192,14 @@ bool TierClient::Attach() {
   num_slots_ = resp.num_slots();
   slot_bytes_ = static_cast<int64_t>(resp.slot_bytes());
   attached_ = true;
+  stats_.node_mismatch = !config_.node_name.empty() && !resp.node_name().empty() &&
+                         resp.node_name() != config_.node_name;
+  if (stats_.node_mismatch) {
+    LOG(ERROR) << "tier client: tierd at " << config_.tierd_address << " is node '"
+               << resp.node_name() << "' but this worker is node '" << config_.node_name
+               << "': the router credits blocks spilled there to '" << resp.node_name()
+               << "', never to this worker; give pd-worker and pd-tierd the same --node_name";
+  }
   ++stats_.attaches_total;
   LOG(INFO) << "tier client: attached to tierd at " << config_.tierd_address << " (pool "
             << resp.shm_name() << ", " << resp.num_slots() << " slots)";

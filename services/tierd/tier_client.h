@@ -46,6 +46,9 @@ namespace pd::tierd {
 struct TierClientConfig {
   std::string tierd_address;  // "host:port" of the node's pd-tierd. Required.
   std::string worker_id;      // for tierd's logs. Required.
+  // The worker's node name (WorkerInfo.node_name); a tierd reporting another one is logged as
+  // an error and counted (the router would credit the wrong node). Empty = not checked.
+  std::string node_name;
   pdserve::internal::v1::KvLayout layout;  // the worker's; tierd refuses a different one
   // TLS and the cluster token for the channel to tierd (the worker's peer security); null =
   // plaintext, no token.
@@ -71,6 +74,7 @@ struct TierClientStats {
   uint64_t promoted_blocks_total = 0;       // blocks made readable by Promote
   uint64_t promoted_from_nvme_total = 0;    // of those, read from NVMe by tierd
   uint64_t checksum_failures_total = 0;     // CopyOut copies that failed verification
+  bool node_mismatch = false;               // the attached tierd names another node
 };
 
 class TierClient;

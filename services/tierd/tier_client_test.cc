@@ -49,10 +49,11 @@ class TierClientTest : public ::testing::Test {
     config_.grpc_address.port = server_->port();  // a restart reuses the port
   }
 
-  std::unique_ptr<TierClient> StartClient() {
+  std::unique_ptr<TierClient> StartClient(const std::string& node_name = "") {
     TierClientConfig c;
     c.tierd_address = server_->address();
     c.worker_id = "worker-a";
+    c.node_name = node_name;
     c.layout = layout_;
     c.reattach_interval = absl::Milliseconds(50);
     auto client = TierClient::Start(c);
@@ -112,6 +113,19 @@ TEST_F(TierClientTest, OfferThenPrepareAndCopyOut) {
 
   // Nothing cached for this chain: nullptr, right away.
   EXPECT_EQ(PrepareSync(client.get(), {ClientHash(77)}), nullptr);
+}
+
+TEST_F(TierClientTest, AnotherNodesTierdIsFlagged) {
+  ASSERT_FALSE(config_.node_name.empty());
+  std::unique_ptr<TierClient> same = StartClient(config_.node_name);
+  ASSERT_TRUE(same->WaitAttached(absl::Seconds(10)));
+  EXPECT_FALSE(same->Stats().node_mismatch);
+  std::unique_ptr<TierClient> other = StartClient("not-" + config_.node_name);
+  ASSERT_TRUE(other->WaitAttached(absl::Seconds(10)));
+  EXPECT_TRUE(other->Stats().node_mismatch);  // still attached: its tiers work locally
+  std::unique_ptr<TierClient> unchecked = StartClient();
+  ASSERT_TRUE(unchecked->WaitAttached(absl::Seconds(10)));
+  EXPECT_FALSE(unchecked->Stats().node_mismatch);
 }
 
 TEST_F(TierClientTest, DamagedSlotFailsVerification) {

@@ -83,6 +83,7 @@ grpc::Status TierServiceImpl::Attach(grpc::ServerContext* context, const v1::Att
   resp->set_num_slots(static_cast<uint32_t>(dram->num_slots()));
   resp->set_slot_bytes(static_cast<uint64_t>(dram->slot_bytes()));
   resp->set_lease_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(dram->lease())));
+  resp->set_node_name(node_name_);
   return grpc::Status::OK;
 }
 

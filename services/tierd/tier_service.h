@@ -69,6 +69,8 @@ class TierServiceImpl final : public pdserve::internal::v1::TierService::Service
 
   // The Redis index whose state Stats reports (may stay unset: no Redis). Call before serving.
   void SetRedisIndex(const RedisIndex* index) { redis_index_ = index; }
+  // This node's name, returned by Attach (AttachResponse.node_name). Call before serving.
+  void SetNodeName(std::string node) { node_name_ = std::move(node); }
 
   // Drops sessions idle for longer than `idle` (releasing their claims). Returns how many.
   int PruneIdleSessions(absl::Duration idle);
@@ -91,6 +93,7 @@ class TierServiceImpl final : public pdserve::internal::v1::TierService::Service
   const pdserve::internal::v1::KvLayout layout_;
   const services::ClusterTokenVerifier auth_;
   Clock* const clock_;
+  std::string node_name_;
   const RedisIndex* redis_index_ = nullptr;
 
   mutable absl::Mutex mu_;

@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
                       services::MakeServerCredentials(config.tls));
   s->service_ = std::make_unique<TierServiceImpl>(
       s->store_.get(), worker::LayoutToProto(layout, fingerprint), std::move(auth));
+  s->service_->SetNodeName(s->node_);
 
   TierdServer* self = s.get();
   if (sink != nullptr) {

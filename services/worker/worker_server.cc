@@ -125,10 +125,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   ctx.grpc_address = services::HostPort{config.grpc_address.host, s->port_}.ToString();
   ctx.worker_id = config.worker_id.empty() ? ctx.grpc_address : config.worker_id;
   s->kv_events_->SetWorkerId(ctx.worker_id);
+  ctx.node_name = config.node_name.empty() ? services::HostName() : config.node_name;
   if (!config.tierd_address.empty()) {
     tierd::TierClientConfig tc;
     tc.tierd_address = config.tierd_address;
     tc.worker_id = ctx.worker_id;
+    tc.node_name = ctx.node_name;
     tc.layout = ctx.layout;
     tc.security = ctx.peer_security;
     absl::StatusOr<std::unique_ptr<tierd::TierClient>> tiers = tierd::TierClient::Start(tc);
@@ -142,7 +144,6 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     ctx.tiers = s->tiers_.get();
     ctx.local_blocks = s->local_blocks_.get();
   }
-  ctx.node_name = config.node_name.empty() ? services::HostName() : config.node_name;
   engine::EngineLoop* loop = s->loop_.get();
   kv_events::KvEventPublisher* publisher = s->kv_events_.get();
   tierd::TierClient* tiers = s->tiers_.get();
@@ -151,6 +152,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       const tierd::TierClientStats t = tiers->Stats();
       sink.AddGauge("pd_worker_tierd_attached", "1 while attached to the node's pd-tierd",
                     t.attached ? 1 : 0);
+      sink.AddGauge("pd_worker_tierd_node_mismatch",
+                    "1 while the attached pd-tierd names another node than this worker's "
+                    "--node_name (its blocks get no routing credit for this worker)",
+                    t.node_mismatch ? 1 : 0);
       sink.AddCounter("pd_worker_tier_offered_blocks_total",
                       "Evicted blocks offered to the node's DRAM tier, by outcome",
                       static_cast<double>(t.offer_stored_blocks_total), {{"outcome", "stored"}});
