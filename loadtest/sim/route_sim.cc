@@ -111,7 +111,9 @@ absl::Status Simulation::Init() {
     shared_pool_ = *std::move(pool);
   } else {
     router::KvIndexConfig ic;
-    ic.max_blocks = config_.index_max_blocks;
+    ic.max_blocks = config_.index_max_blocks > 0
+                        ? config_.index_max_blocks
+                        : router::AutoIndexBound(config_.capacity_blocks * config_.num_workers);
     absl::StatusOr<std::unique_ptr<router::KvIndex>> index = router::KvIndex::Create(ic);
     if (!index.ok()) {
       return index.status();
@@ -539,9 +541,9 @@ absl::Status RouteSimConfig::Validate() const {
     return absl::InvalidArgumentError(
         "--load_report_delay, --event_delay and --arrival_jitter must be >= 0");
   }
-  if (index_max_blocks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--index_max_blocks must be > 0, got ", index_max_blocks));
+  if (index_max_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--index_max_blocks must be >= 0 (0 = automatic), got ", index_max_blocks));
   }
   if (absl::Status s = scorer.Validate(); !s.ok()) {
     return s;

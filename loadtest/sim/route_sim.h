@@ -66,7 +66,7 @@ struct RouteSimConfig {
   absl::Duration load_report_interval = absl::Milliseconds(500);  // > 0 (pd-router's health)
   absl::Duration load_report_delay = absl::ZeroDuration();        // >= 0
   absl::Duration event_delay = absl::Milliseconds(10);            // >= 0
-  int64_t index_max_blocks = 4'000'000;                           // KvIndexConfig::max_blocks
+  int64_t index_max_blocks = 0;  // KvIndexConfig::max_blocks; 0 = pd-router's automatic bound
   // Weights of cache_aware (and disagg threshold); `policy` inside is ignored.
   router::ScorerConfig scorer;
   uint64_t seed = 0;

@@ -39,7 +39,9 @@ ABSL_FLAG(absl::Duration, load_report_delay, absl::ZeroDuration(),
           "a load report reaches the router this long after it is taken");
 ABSL_FLAG(absl::Duration, event_delay, absl::Milliseconds(10),
           "a KV event reaches the router's index this long after it happens");
-ABSL_FLAG(int64_t, index_max_blocks, 4'000'000, "KvIndex entry bound (pd-router flag)");
+ABSL_FLAG(int64_t, index_max_blocks, 0,
+          "KvIndex entry bound (pd-router flag); 0 = pd-router's automatic bound for these "
+          "workers' pools");
 ABSL_FLAG(double, prefill_weight, 1.0, "cache_aware: pd-router --prefill_weight");
 ABSL_FLAG(double, decode_load_weight, 1.0, "cache_aware: pd-router --decode_load_weight");
 ABSL_FLAG(double, inflight_weight, 8.0, "cache_aware: pd-router --inflight_weight");

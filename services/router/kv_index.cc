@@ -347,7 +347,11 @@ absl::StatusOr<std::unique_ptr<KvIndex>> KvIndex::Create(KvIndexConfig config) {
 }
 
 KvIndex::KvIndex(KvIndexConfig config)
-    : config_(std::move(config)), free_nodes_(kNil), lru_head_(kNil), lru_tail_(kNil) {}
+    : config_(std::move(config)),
+      max_blocks_(config_.max_blocks),
+      free_nodes_(kNil),
+      lru_head_(kNil),
+      lru_tail_(kNil) {}
 
 KvIndex::~KvIndex() = default;
 
@@ -487,8 +491,8 @@ void KvIndex::AddEntryLocked(uint16_t worker, const BlockHash& hash, uint8_t tie
     LruPushBackLocked(holder->node);
     return;
   }
-  if (entries_ >= config_.max_blocks) {
-    while (entries_ >= config_.max_blocks && lru_head_ != kNil) {
+  if (entries_ >= max_blocks_) {
+    while (entries_ >= max_blocks_ && lru_head_ != kNil) {
       evictions_ += DropNodeLocked(lru_head_);
     }
     // Eviction may have dropped this very block or pair.
@@ -744,6 +748,11 @@ std::vector<WorkerOverlap> KvIndex::Match(absl::Span<const BlockHash> chain) con
   return out;
 }
 
+void KvIndex::RaiseMaxBlocks(int64_t max_blocks) {
+  WriteSection section(this);
+  max_blocks_ = std::max(max_blocks_, max_blocks);
+}
+
 KvIndexStats KvIndex::Stats() const {
   ReadSection lock(this);
   KvIndexStats stats;
@@ -751,6 +760,7 @@ KvIndexStats KvIndex::Stats() const {
   stats.blocks = static_cast<int64_t>(blocks_.size());
   stats.workers = static_cast<int64_t>(slot_by_id_.size());
   stats.evictions = evictions_;
+  stats.max_blocks = max_blocks_;
   stats.events_applied = events_applied_;
   stats.snapshot_chunks = snapshot_chunks_;
   stats.rejected_batches = rejected_batches_;

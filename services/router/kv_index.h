@@ -26,6 +26,7 @@
 // thread); calls for different workers may run concurrently.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -43,6 +44,15 @@
 #include "pd/v1/kv_events.pb.h"
 
 namespace pd::router {
+
+// The router's automatic bound (--index_max_blocks=0) for workers whose pools hold
+// `total_pool_blocks` blocks together: two entries per block (a pool block and one lower tier),
+// at least kAutoIndexMinBlocks.
+inline constexpr int64_t kAutoIndexMinBlocks = 1'000'000;
+inline constexpr int64_t kAutoIndexEntriesPerBlock = 2;
+inline int64_t AutoIndexBound(int64_t total_pool_blocks) {
+  return std::max(kAutoIndexMinBlocks, total_pool_blocks * kAutoIndexEntriesPerBlock);
+}
 
 struct KvIndexConfig {
   // Bound on the number of (worker, block, tier) entries held; > 0. See the file comment for
@@ -75,6 +85,7 @@ struct KvIndexStats {
   int64_t blocks = 0;            // distinct block hashes held by at least one worker now
   int64_t workers = 0;           // workers known now (seen in Apply, not removed)
   int64_t evictions = 0;         // entries dropped by the max_blocks bound, since creation
+  int64_t max_blocks = 0;        // the bound now
   int64_t events_applied = 0;    // KvEvents applied, since creation
   int64_t snapshot_chunks = 0;   // snapshot chunks (batches with a snapshot) applied
   int64_t rejected_batches = 0;  // Apply calls that returned an error
@@ -124,6 +135,10 @@ class KvIndex {
   std::vector<WorkerOverlap> Match(absl::Span<const BlockHash> chain) const;
 
   KvIndexStats Stats() const;
+
+  // Raises the entry bound to `max_blocks` (no effect when it is not above the current one):
+  // the router's automatic bound grows as workers report their pool sizes.
+  void RaiseMaxBlocks(int64_t max_blocks);
 
  private:
   // One (worker, block) pair: its tiers and its place in the LRU list and the worker's list.
@@ -196,6 +211,7 @@ class KvIndex {
 
   const KvIndexConfig config_;
   mutable absl::Mutex mu_;
+  int64_t max_blocks_ ABSL_GUARDED_BY(mu_);  // config_.max_blocks, raised by RaiseMaxBlocks
   // Readers blocked on mu_ (see ReadSection); a long write yields to them.
   mutable std::atomic<int> readers_waiting_{0};
   absl::flat_hash_map<BlockHash, Holders> blocks_ ABSL_GUARDED_BY(mu_);

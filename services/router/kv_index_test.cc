@@ -337,6 +337,20 @@ TEST(KvIndexTest, BoundEvictsLeastRecentlyStoredChainTailsFirst) {
   EXPECT_EQ(index->Stats().entries, 10);
 }
 
+TEST(KvIndexTest, RaisedBoundStopsEvictionsAndNeverLowers) {
+  auto index = NewIndex(/*max_blocks=*/4);
+  ASSERT_TRUE(index->Apply("a", Batch({Stored(Chain(1, 0, 6), TIER_HBM)})).ok());
+  EXPECT_EQ(index->Stats().evictions, 2);
+  EXPECT_EQ(index->Stats().max_blocks, 4);
+  index->RaiseMaxBlocks(12);
+  index->RaiseMaxBlocks(5);  // not a raise: ignored
+  EXPECT_EQ(index->Stats().max_blocks, 12);
+  ASSERT_TRUE(index->Apply("b", Batch({Stored(Chain(2, 0, 8), TIER_HBM)})).ok());
+  EXPECT_EQ(index->Stats().evictions, 2);
+  EXPECT_EQ(index->Stats().entries, 12);
+  EXPECT_THAT(index->Match(Chain(2, 0, 8)), ElementsAre(OverlapIs(Overlap("b", 8))));
+}
+
 TEST(KvIndexTest, BoundNeverExceededUnderChurn) {
   auto index = NewIndex(/*max_blocks=*/500);
   absl::BitGen rng;

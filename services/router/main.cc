@@ -53,8 +53,10 @@ ABSL_FLAG(double, backlog_prefill_weight, 4.0,
 ABSL_FLAG(double, min_hit_fraction, 0.2,
           "cache_aware: a cached prefix attracts a request only when it covers this fraction "
           "of the prompt [0, 1]");
-ABSL_FLAG(int64_t, index_max_blocks, 4'000'000,
-          "bound of the KV block index in (worker, block, tier) entries, ~110 bytes each");
+ABSL_FLAG(int64_t, index_max_blocks, 0,
+          "bound of the KV block index in (worker, block, tier) entries, ~110 bytes each; "
+          "0 = automatic: 2 per KV block of the workers' pools (as they report them), at "
+          "least 1,000,000");
 ABSL_FLAG(int64_t, max_inflight, 1024, "open streams; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, health_interval, absl::Milliseconds(500),
           "worker health and load polling interval");

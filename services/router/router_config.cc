@@ -49,9 +49,9 @@ absl::Status RouterConfig::Validate() const {
           ", got ", value));
     }
   }
-  if (index_max_blocks <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--index_max_blocks must be > 0, got ", index_max_blocks));
+  if (index_max_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--index_max_blocks must be >= 0 (0 = automatic), got ", index_max_blocks));
   }
   if (disagg_threshold_tokens < 0) {
     return absl::InvalidArgumentError("--disagg_threshold_tokens must be >= 0");

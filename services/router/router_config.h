@@ -1,6 +1,7 @@
 // pd-router's configuration: plain values parsed from flags in main.cc, validated once.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,8 +56,9 @@ struct RouterConfig {
   double inflight_weight = 8.0;
   double backlog_prefill_weight = 4.0;
   double min_hit_fraction = 0.2;
-  // Bound of the KV block index: (worker, block, tier) entries kept (~110 bytes each).
-  int64_t index_max_blocks = 4'000'000;
+  // Bound of the KV index in (worker, block, tier) entries (~110 bytes each); 0 = automatic:
+  // AutoIndexBound (kv_index.h) of the workers' pools as they report them.
+  int64_t index_max_blocks = 0;
   // Streams open at once; more are refused with RESOURCE_EXHAUSTED.
   int64_t max_inflight = 1024;
   // How often each worker's health and load are polled.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "services/router/kv_index.h"
 
 namespace pd::router {
 namespace {
@@ -73,8 +74,12 @@ TEST(RouterConfigTest, RejectsBadScorerWeightsNamingTheFlag) {
   c.min_hit_fraction = 1.5;
   EXPECT_NE(c.Validate().message().find("--min_hit_fraction"), absl::string_view::npos);
   c = Valid();
-  c.index_max_blocks = 0;
+  c.index_max_blocks = -1;
   EXPECT_NE(c.Validate().message().find("--index_max_blocks"), absl::string_view::npos);
+  c.index_max_blocks = 0;  // automatic
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(AutoIndexBound(0), kAutoIndexMinBlocks);
+  EXPECT_EQ(AutoIndexBound(8 * 640'000), 10'240'000);  // 8 workers x 640k-block pools
   c = Valid();
   c.nvme_hit_weight = 1;  // the bound itself is allowed
   EXPECT_TRUE(c.Validate().ok());

@@ -3,7 +3,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "services/base/auth.h"
@@ -58,16 +61,36 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   pool_options.block_size = static_cast<uint32_t>(config.block_size);
   pool_options.security = worker_security;
   KvIndexConfig index_config;
-  index_config.max_blocks = config.index_max_blocks;
+  const bool auto_bound = config.index_max_blocks == 0;
+  index_config.max_blocks = auto_bound ? kAutoIndexMinBlocks : config.index_max_blocks;
   PD_ASSIGN_OR_RETURN(server->index_, KvIndex::Create(index_config));
   KvEventFeedOptions feed_options;
   feed_options.security = worker_security;
   server->feed_ = std::make_unique<KvEventFeed>(server->index_.get(), feed_options);
   KvEventFeed* feed = server->feed_.get();
+  KvIndex* index = server->index_.get();
+  // Automatic bound: every worker's pool size as it last reported it (a worker that left keeps
+  // its share: its blocks may return with it), kAutoIndexEntriesPerBlock entries per block.
+  struct PoolSizes {
+    absl::Mutex mu;  // health callbacks come from one thread per worker
+    absl::flat_hash_map<std::string, int64_t> blocks ABSL_GUARDED_BY(mu);
+  };
+  auto sizes = std::make_shared<PoolSizes>();
+  auto on_health = [feed, index, auto_bound, sizes](const WorkerSnapshot& w) {
+    feed->Poke();
+    if (auto_bound && w.healthy && w.load.total_kv_blocks() > 0) {
+      int64_t total = 0;
+      {
+        absl::MutexLock lock(&sizes->mu);
+        sizes->blocks[w.address] = static_cast<int64_t>(w.load.total_kv_blocks());
+        for (const auto& [address, blocks] : sizes->blocks) total += blocks;
+      }
+      index->RaiseMaxBlocks(AutoIndexBound(total));
+    }
+  };
   PD_ASSIGN_OR_RETURN(server->pool_,
                       WorkerPool::Create(config.decode_workers, config.prefill_workers,
-                                         pool_options,
-                                         [feed](const WorkerSnapshot&) { feed->Poke(); }));
+                                         pool_options, std::move(on_health)));
   WorkerPool* pool_ptr = server->pool_.get();
   feed->Start([pool_ptr] { return pool_ptr->Snapshot(); });
   if (config.redis.has_value()) {
@@ -95,7 +118,6 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   }
   WorkerPool* pool = server->pool_.get();
   GenerationService* gen = server->generation_.get();
-  KvIndex* index = server->index_.get();
   server->metrics_ = metrics;
   TierCredit* credit = server->tier_credit_.get();
   server->collector_ = metrics->AddCollector([pool, gen, index, feed,
@@ -139,6 +161,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
                   static_cast<double>(st.entries));
     sink.AddGauge("pd_router_index_workers", "Workers with state in the KV index",
                   static_cast<double>(st.workers));
+    sink.AddGauge("pd_router_index_max_entries",
+                  "Bound of the KV index in entries (--index_max_blocks, or the automatic bound)",
+                  static_cast<double>(st.max_blocks));
     sink.AddCounter("pd_router_index_evictions_total",
                     "Index entries dropped by --index_max_blocks", static_cast<double>(st.evictions));
     sink.AddCounter("pd_router_index_events_total", "KV events applied to the index",

@@ -194,6 +194,7 @@ void WorkerPool::SetHealthy(Worker& w, bool healthy, const std::string& error) {
     snap.can_decode = w.configured_decode;
     snap.can_prefill = w.configured_prefill;
     snap.healthy = healthy;
+    snap.load = w.load;
     snap.last_error = w.last_error;
   }
   if (healthy) {
