@@ -41,6 +41,8 @@ absl::StatusOr<std::unique_ptr<KvHandoff>> KvHandoff::Create(
   transport::MemoryRegion region;
   region.base = base;
   region.size_bytes = size_bytes;
+  region.kind = config.memory_kind;
+  region.device = config.cuda_device;
   region.geometry = geometry;
   PD_ASSIGN_OR_RETURN(h->region_, h->transport_->Register(region));
   {

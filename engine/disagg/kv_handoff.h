@@ -31,6 +31,10 @@ namespace pd::disagg {
 
 struct KvHandoffConfig {
   transport::TransportConfig transport;
+  // What the pool is: host memory, or (--device cuda) device memory of CUDA device
+  // `cuda_device`. A backend that cannot register the kind refuses at Create.
+  transport::MemoryKind memory_kind = transport::MemoryKind::kHost;
+  int cuda_device = 0;
   absl::Duration transfer_timeout = absl::Seconds(30);  // default bound of one transfer
 };
 

@@ -66,14 +66,21 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   disagg::KvHandoffConfig handoff;
   handoff.transport.backend = config.transport;
   handoff.transport.listen_host = config.transport_host;
+  memory::KvPoolMemory* pool = s->runtime_->kv_memory();
+  if (pool->device() == kernels::Device::kCuda) {
+    handoff.memory_kind = transport::MemoryKind::kCuda;
+  }
   PD_ASSIGN_OR_RETURN(transport::PoolGeometry geometry,
                       disagg::GeometryFor(s->runtime_->kv_layout(), s->runtime_->fingerprint(),
                                           config.runtime.kv_blocks));
-  absl::StatusOr<std::unique_ptr<disagg::KvHandoff>> h = disagg::KvHandoff::Create(
-      handoff, s->runtime_->kv_pool()->base(), s->runtime_->kv_pool()->size_bytes(), geometry);
+  absl::StatusOr<std::unique_ptr<disagg::KvHandoff>> h =
+      disagg::KvHandoff::Create(handoff, pool->base(), pool->size_bytes(), geometry);
   if (!h.ok()) {
-    return absl::Status(h.status().code(),
-                        absl::StrCat("--transport ", config.transport, ": ", h.status().message()));
+    // With --device cuda the backend must register device memory; say which flag pair failed.
+    return absl::Status(
+        h.status().code(),
+        absl::StrCat("--transport ", config.transport, " with --device ",
+                     engine::DeviceName(pool->device()), ": ", h.status().message()));
   }
   s->handoff_ = *std::move(h);
   ctx.handoff = s->handoff_.get();

@@ -6,6 +6,7 @@
 #include <deque>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -72,12 +73,33 @@ void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
       engine::TierPrefix& tp = request->tier_prefix;
       tp.first_block = local;
       tp.chain.assign(tail.begin(), tail.begin() + static_cast<int64_t>(run->size()));
-      memory::HostKvPool* pool = ctx->runtime->kv_pool();
-      tp.copy_in = [run, pool, local](int64_t index, BlockId dst) {
-        const int64_t k = index - local;
-        return k >= 0 && k < static_cast<int64_t>(run->size()) &&
-               run->CopyOut(static_cast<size_t>(k), pool->BlockData(dst));
-      };
+      if (memory::HostKvPool* pool = ctx->runtime->kv_pool()) {
+        tp.copy_in = [run, pool, local](int64_t index, BlockId dst) {
+          const int64_t k = index - local;
+          return k >= 0 && k < static_cast<int64_t>(run->size()) &&
+                 run->CopyOut(static_cast<size_t>(k), pool->BlockData(dst));
+        };
+      } else {
+        // Device pool: the block is copied out of tierd's shared memory and verified on the
+        // host (CopyOut), then uploaded; a failed upload stops the restore like a bad checksum.
+        memory::KvPoolMemory* device_pool = ctx->runtime->kv_memory();
+        tp.copy_in = [run, device_pool, local](int64_t index, BlockId dst) {
+          const int64_t k = index - local;
+          if (k < 0 || k >= static_cast<int64_t>(run->size())) {
+            return false;
+          }
+          std::vector<uint8_t> staging(device_pool->block_bytes());
+          if (!run->CopyOut(static_cast<size_t>(k), staging.data())) {
+            return false;
+          }
+          absl::Status s = device_pool->WriteBlock(dst, staging.data());
+          if (!s.ok()) {
+            LOG_EVERY_N(WARNING, 100) << "tier restore into device block " << dst.value()
+                                      << " failed: " << s;
+          }
+          return s.ok();
+        };
+      }
       tp.release = [tiers = ctx->tiers, run] { tiers->Release(*run); };
     }
     if (absl::Status s = ctx->loop->Submit(std::move(*request)); !s.ok()) {
