@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "kernels/device_memory.h"
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
 #include "services/worker/convert.h"
@@ -117,6 +118,21 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     tc.worker_id = ctx.worker_id;
     tc.layout = ctx.layout;
     tc.security = ctx.peer_security;
+    if (pool->device() == kernels::Device::kCuda) {
+      // Restores copy tierd's shared memory straight into device blocks: page-lock each mapping
+      // so cudaMemcpyAsync DMAs from it. Unpinned still works (CUDA stages pageable memory).
+      tc.on_map = [](uint8_t* data, size_t size_bytes) -> absl::AnyInvocable<void()> {
+        absl::StatusOr<kernels::HostRegistration> pin = kernels::HostRegistration::Register(
+            kernels::Device::kCuda, data, static_cast<int64_t>(size_bytes));
+        if (!pin.ok()) {
+          LOG(WARNING) << "tier pool mapping of " << size_bytes
+                       << " bytes not page-locked for the GPU (restores use pageable copies): "
+                       << pin.status();
+          return nullptr;
+        }
+        return [pin = *std::move(pin)]() mutable { pin = kernels::HostRegistration(); };
+      };
+    }
     absl::StatusOr<std::unique_ptr<tierd::TierClient>> tiers = tierd::TierClient::Start(tc);
     if (!tiers.ok()) {
       return absl::Status(tiers.status().code(), absl::StrCat("--tierd_address ",

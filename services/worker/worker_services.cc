@@ -80,24 +80,23 @@ void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
                  run->CopyOut(static_cast<size_t>(k), pool->BlockData(dst));
         };
       } else {
-        // Device pool: the block is copied out of tierd's shared memory and verified on the
-        // host (CopyOut), then uploaded; a failed upload stops the restore like a bad checksum.
+        // Device pool: cudaMemcpyAsync straight from tierd's shared memory (page-locked by the
+        // worker's TierClient on_map hook) into the device block, then the shm bytes are
+        // verified against tierd's checksum; a failed copy or checksum stops the restore there.
         memory::KvPoolMemory* device_pool = ctx->runtime->kv_memory();
         tp.copy_in = [run, device_pool, local](int64_t index, BlockId dst) {
           const int64_t k = index - local;
-          if (k < 0 || k >= static_cast<int64_t>(run->size())) {
+          if (k < 0 || k >= static_cast<int64_t>(run->size()) ||
+              run->block_bytes() != static_cast<int64_t>(device_pool->block_bytes())) {
             return false;
           }
-          std::vector<uint8_t> staging(device_pool->block_bytes());
-          if (!run->CopyOut(static_cast<size_t>(k), staging.data())) {
-            return false;
-          }
-          absl::Status s = device_pool->WriteBlock(dst, staging.data());
+          absl::Status s = device_pool->WriteBlock(dst, run->BlockBytes(static_cast<size_t>(k)));
           if (!s.ok()) {
             LOG_EVERY_N(WARNING, 100) << "tier restore into device block " << dst.value()
                                       << " failed: " << s;
+            return false;
           }
-          return s.ok();
+          return run->Verify(static_cast<size_t>(k));
         };
       }
       tp.release = [tiers = ctx->tiers, run] { tiers->Release(*run); };
