@@ -111,42 +111,41 @@ absl::Status LlamaForward::AllocateScratch() {
   const ModelConfig& c = config_;
   const int64_t t = options_.max_batch_tokens;
   const int64_t wide = std::max<int64_t>(c.dim, c.q_dim());
-  const bool on_device = ctx_.device != kernels::Device::kCpu;
-  // (pointer to set, bytes); every piece starts 256-byte aligned.
-  struct Piece {
-    void** ptr;
-    int64_t bytes;
-  };
-  void* inv_freq = nullptr;
-  void *positions = nullptr, *token_seq = nullptr, *tables = nullptr, *lens = nullptr;
-  std::vector<Piece> pieces = {
-      {reinterpret_cast<void**>(&x_), t * c.dim * 4},
-      {reinterpret_cast<void**>(&xb_), t * wide * 4},
-      {reinterpret_cast<void**>(&q_), t * c.q_dim() * 4},
-      {reinterpret_cast<void**>(&k_), t * c.kv_dim * 4},
-      {reinterpret_cast<void**>(&v_), t * c.kv_dim * 4},
-      {reinterpret_cast<void**>(&att_), t * c.q_dim() * 4},
-      {reinterpret_cast<void**>(&gate_), t * c.hidden_dim * 4},
-      {reinterpret_cast<void**>(&up_), t * c.hidden_dim * 4},
-      {reinterpret_cast<void**>(&logits_tmp_), options_.max_seqs * int64_t{c.vocab_size} * 4},
-      {&workspace_, workspace_bytes_},
-  };
-  if (on_device) {
-    pieces.push_back({&inv_freq, static_cast<int64_t>(inv_freq_host_.size()) * 4});
-    pieces.push_back({&positions, static_cast<int64_t>(positions_.size()) * 4});
-    pieces.push_back({&token_seq, static_cast<int64_t>(token_seq_.size()) * 4});
-    pieces.push_back({&tables, static_cast<int64_t>(block_tables_.size()) * 4});
-    pieces.push_back({&lens, static_cast<int64_t>(context_lens_.size()) * 4});
-  }
-  int64_t total = 0;
-  std::vector<int64_t> offsets;
-  for (const Piece& p : pieces) {
-    offsets.push_back(total);
-    total += (p.bytes + 255) / 256 * 256;
-  }
-  PD_ASSIGN_OR_RETURN(scratch_, kernels::DeviceBuffer::Allocate(ctx_.device, total));
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    *pieces[i].ptr = pieces[i].bytes > 0 ? scratch_.as<uint8_t>() + offsets[i] : nullptr;
+  const bool on_device = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
+  void *inv_freq = nullptr, *positions = nullptr, *token_seq = nullptr, *tables = nullptr,
+       *lens = nullptr;
+  // Pass 0 measures, pass 1 carves the allocation in the same order; pieces start 256-byte
+  // aligned, empty pieces are nullptr.
+  for (int pass = 0; pass < 2; ++pass) {
+    int64_t offset = 0;
+    auto carve = [&](int64_t bytes) -> void* {
+      if (bytes == 0) {
+        return nullptr;
+      }
+      void* p = pass == 0 ? nullptr : scratch_.as<uint8_t>() + offset;
+      offset += (bytes + 255) / 256 * 256;
+      return p;
+    };
+    x_ = static_cast<float*>(carve(t * c.dim * 4));
+    xb_ = static_cast<float*>(carve(t * wide * 4));
+    q_ = static_cast<float*>(carve(t * c.q_dim() * 4));
+    k_ = static_cast<float*>(carve(t * c.kv_dim * 4));
+    v_ = static_cast<float*>(carve(t * c.kv_dim * 4));
+    att_ = static_cast<float*>(carve(t * c.q_dim() * 4));
+    gate_ = static_cast<float*>(carve(t * c.hidden_dim * 4));
+    up_ = static_cast<float*>(carve(t * c.hidden_dim * 4));
+    logits_tmp_ = static_cast<float*>(carve(options_.max_seqs * int64_t{c.vocab_size} * 4));
+    workspace_ = carve(workspace_bytes_);
+    if (on_device) {
+      inv_freq = carve(static_cast<int64_t>(inv_freq_host_.size()) * 4);
+      positions = carve(static_cast<int64_t>(positions_.size()) * 4);
+      token_seq = carve(static_cast<int64_t>(token_seq_.size()) * 4);
+      tables = carve(static_cast<int64_t>(block_tables_.size()) * 4);
+      lens = carve(static_cast<int64_t>(context_lens_.size()) * 4);
+    }
+    if (pass == 0) {
+      PD_ASSIGN_OR_RETURN(scratch_, kernels::DeviceBuffer::Allocate(ctx_.device, offset));
+    }
   }
   if (!on_device) {
     inv_freq_ = inv_freq_host_.data();
@@ -282,7 +281,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
       PD_RETURN_IF_ERROR(kernels::Convert(ctx_, embed));
     }
   }
-  if (ctx_.device != kernels::Device::kCpu) {
+  if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
     // The kernels read these from device memory. Pageable sources: CUDA has staged them by the
     // time each call returns, so the host vectors may be rebuilt by the next Forward().
     const int64_t num_seqs = static_cast<int64_t>(slots_.size());

@@ -50,6 +50,10 @@ struct ForwardSequence {
 struct ForwardOptions {
   int64_t max_batch_tokens = 256;  // bound on the sum of new tokens per Forward() call
   int64_t max_seqs = 64;           // bound on sequences per call
+  // Keep inv_freq and the batch metadata in the scratch allocation and upload them every
+  // call, as on kCuda (where this is always so), also on kCpu: tests run the CUDA path's
+  // staging on the host. Results are bitwise the same either way.
+  bool staged_metadata = false;
 };
 
 class LlamaForward {

@@ -188,6 +188,38 @@ TEST_F(LlamaForwardTest, CudaDeviceWithoutDeviceOrBackendIsAClearError) {
   }
 }
 
+// The CUDA path's staging (inv_freq and batch metadata carved from the scratch allocation and
+// uploaded each call) run on the host: bitwise the logits and KV of the direct path, for a
+// mixed batch of decodes and prefills and then a decode step over those prefixes.
+TEST_F(LlamaForwardTest, StagedMetadataGivesBitwiseEqualResults) {
+  std::unique_ptr<LlamaForward> direct = MakeForward(16);
+  ASSERT_NE(direct, nullptr);
+  const std::vector<float> pool_direct_before = pool_;
+  const ModelConfig& c = weights_.config;
+  std::vector<float> pool2(pool_.size(), 0.0f);
+  ForwardOptions staged_options;
+  staged_options.staged_metadata = true;
+  absl::StatusOr<std::unique_ptr<LlamaForward>> staged = LlamaForward::Create(
+      &weights_, {pool2.data(), kernels::DType::kF32, 16, kBlockSize}, kernels::OpContext{},
+      staged_options);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  const int64_t vocab = c.vocab_size;
+  const std::vector<uint32_t> p1 = {1, 403, 407, 261, 378, 11, 300, 290, 350, 273, 270, 280,
+                                    301, 302, 303, 304, 305, 306, 307, 308};  // 20
+  const std::vector<uint32_t> p2 = {1, 265, 266};
+  const std::vector<uint32_t> one = {42}, next = {7}, next2 = {9};
+  const std::vector<int32_t> t1 = {5, 2}, t2 = {9}, t3 = {0};
+  std::vector<float> a(3 * vocab), b(3 * vocab);
+  ASSERT_TRUE(direct->Forward({{p1, 0, t1}, {one, 0, t3}, {p2, 0, t2}}, a.data()).ok());
+  ASSERT_TRUE((*staged)->Forward({{p1, 0, t1}, {one, 0, t3}, {p2, 0, t2}}, b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  ASSERT_TRUE(direct->Forward({{next, 20, t1}, {next2, 3, t2}}, a.data()).ok());
+  ASSERT_TRUE((*staged)->Forward({{next, 20, t1}, {next2, 3, t2}}, b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), 2 * vocab * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(pool_.data(), pool2.data(), pool2.size() * sizeof(float)), 0);
+  EXPECT_NE(pool_, pool_direct_before);  // KV was written at all
+}
+
 // DeviceWeights on kCpu is a full host copy in one allocation: a forward pass over the copy
 // gives bitwise the logits of the original, so the upload's layout (every tensor, its size,
 // the shared classifier) is checked without a GPU.
