@@ -78,10 +78,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       disagg::KvHandoff::Create(handoff, pool->base(), pool->size_bytes(), geometry);
   if (!h.ok()) {
     // With --device cuda the backend must register device memory; say which flag pair failed.
+    const bool gpu_pool_refused = pool->device() == kernels::Device::kCuda &&
+                                  h.status().code() == absl::StatusCode::kUnimplemented;
     return absl::Status(
         h.status().code(),
         absl::StrCat("--transport ", config.transport, " with --device ",
-                     engine::DeviceName(pool->device()), ": ", h.status().message()));
+                     engine::DeviceName(pool->device()), ": ", h.status().message(),
+                     gpu_pool_refused ? " (no KV transport registers GPU memory yet, issue #9 "
+                                        "item 3; pd-generate --device cuda runs the engine alone)"
+                                      : ""));
   }
   s->handoff_ = *std::move(h);
   ctx.handoff = s->handoff_.get();
