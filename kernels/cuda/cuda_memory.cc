@@ -61,7 +61,13 @@ absl::StatusOr<void*> DeviceAlloc(int64_t bytes) {
   if (err != cudaSuccess) {
     return FromCuda(err, absl::StrCat("cudaMalloc of ", bytes, " bytes"));
   }
-  const cudaError_t set = cudaMemset(p, 0, static_cast<size_t>(bytes));
+  // cudaMemset of device memory may return before it completes, on the legacy default stream,
+  // which our non-blocking streams do not wait for: wait here, so the zeros land before any
+  // work on any stream can touch the buffer.
+  cudaError_t set = cudaMemset(p, 0, static_cast<size_t>(bytes));
+  if (set == cudaSuccess) {
+    set = cudaStreamSynchronize(cudaStreamLegacy);
+  }
   if (set != cudaSuccess) {
     (void)cudaFree(p);
     return FromCuda(set, absl::StrCat("cudaMemset of ", bytes, " bytes"));

@@ -12,9 +12,10 @@
 
 namespace pd::kernels::cuda {
 
-// cudaMalloc + cudaMemset to zero (synchronous). bytes > 0.
+// cudaMalloc + cudaMemset to zero, complete when this returns. bytes > 0.
 absl::StatusOr<void*> DeviceAlloc(int64_t bytes);
-// cudaFree; errors are logged-free and ignored (the process is tearing the memory down).
+// cudaFree (which waits for the device); errors are ignored: nothing can be done about them
+// while memory is released.
 void DeviceFree(void* p);
 
 // cudaMemcpyAsync(cudaMemcpyDefault) on `stream`.
