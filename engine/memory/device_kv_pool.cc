@@ -26,7 +26,8 @@ absl::StatusOr<std::unique_ptr<DeviceKvPool>> DeviceKvPool::Create(const kvcache
   }
   PD_RETURN_IF_ERROR(kernels::CheckDeviceAvailable(device));
   PD_ASSIGN_OR_RETURN(kernels::DeviceStream stream, kernels::DeviceStream::Create(device));
-  absl::StatusOr<kernels::DeviceBuffer> buffer = kernels::DeviceBuffer::Allocate(device, size_bytes);
+  absl::StatusOr<kernels::DeviceBuffer> buffer =
+      kernels::DeviceBuffer::Allocate(device, size_bytes);
   if (!buffer.ok()) {
     return absl::Status(buffer.status().code(),
                         absl::StrCat("device kv pool of ", num_blocks, " blocks (", size_bytes,
@@ -51,16 +52,16 @@ DeviceKvPool::DeviceKvPool(const kvcache::KvLayout& layout, int64_t num_blocks,
 absl::Status DeviceKvPool::ReadBlock(BlockId block, uint8_t* dst) {
   PD_RETURN_IF_ERROR(internal::CheckBlockCopy(block, num_blocks_, dst));
   const uint8_t* src = buffer_.as<uint8_t>() + block.value() * block_bytes_;
-  PD_RETURN_IF_ERROR(kernels::CopyAsync(stream_.context(), dst, src,
-                                        static_cast<int64_t>(block_bytes_)));
+  PD_RETURN_IF_ERROR(
+      kernels::CopyAsync(stream_.context(), dst, src, static_cast<int64_t>(block_bytes_)));
   return stream_.Synchronize();
 }
 
 absl::Status DeviceKvPool::WriteBlock(BlockId block, const uint8_t* src) {
   PD_RETURN_IF_ERROR(internal::CheckBlockCopy(block, num_blocks_, src));
   uint8_t* dst = buffer_.as<uint8_t>() + block.value() * block_bytes_;
-  PD_RETURN_IF_ERROR(kernels::CopyAsync(stream_.context(), dst, src,
-                                        static_cast<int64_t>(block_bytes_)));
+  PD_RETURN_IF_ERROR(
+      kernels::CopyAsync(stream_.context(), dst, src, static_cast<int64_t>(block_bytes_)));
   return stream_.Synchronize();
 }
 

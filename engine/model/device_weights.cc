@@ -32,8 +32,8 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
   const ModelConfig& c = host.config;
   PD_RETURN_IF_ERROR(c.Validate());
   if (static_cast<int64_t>(host.layers.size()) != c.n_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("device weights: ", host.layers.size(),
-                                                   " layers, config says ", c.n_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device weights: ", host.layers.size(), " layers, config says ", c.n_layers));
   }
   std::unique_ptr<DeviceWeights> d(new DeviceWeights());
   ModelWeights& v = d->view_;

@@ -336,8 +336,7 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   const int64_t q_dim = c.q_dim();
 
   // Attention block.
-  PD_RETURN_IF_ERROR(
-      RmsNormRows(ctx_, x_, w.attn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
+  PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.attn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wq, w.bq, q_, num_tokens, c.dim, q_dim, false));
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wk, w.bk, k_, num_tokens, c.dim, c.kv_dim, false));
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wv, w.bv, v_, num_tokens, c.dim, c.kv_dim, false));
@@ -404,12 +403,9 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   PD_RETURN_IF_ERROR(MatMul(att_, w.wo, nullptr, x_, num_tokens, q_dim, c.dim, true));
 
   // MLP block: x += W_down (silu(W_gate xb) * (W_up xb)).
-  PD_RETURN_IF_ERROR(
-      RmsNormRows(ctx_, x_, w.ffn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
-  PD_RETURN_IF_ERROR(
-      MatMul(xb_, w.w_gate, nullptr, gate_, num_tokens, c.dim, c.hidden_dim, false));
-  PD_RETURN_IF_ERROR(
-      MatMul(xb_, w.w_up, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.ffn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, nullptr, gate_, num_tokens, c.dim, c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_up, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
   kernels::SiluMulParams silu;
   silu.gate = gate_;
   silu.up = up_;

@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/device_weights.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/llama2c_tokenizer.h"
-#include "engine/model/device_weights.h"
 #include "engine/model/model_weights.h"
-#include "kernels/device_memory.h"
 #include "gtest/gtest.h"
+#include "kernels/device_memory.h"
 
 namespace pd::engine {
 namespace {
@@ -199,13 +199,13 @@ TEST_F(LlamaForwardTest, StagedMetadataGivesBitwiseEqualResults) {
   std::vector<float> pool2(pool_.size(), 0.0f);
   ForwardOptions staged_options;
   staged_options.staged_metadata = true;
-  absl::StatusOr<std::unique_ptr<LlamaForward>> staged = LlamaForward::Create(
-      &weights_, {pool2.data(), kernels::DType::kF32, 16, kBlockSize}, kernels::OpContext{},
-      staged_options);
+  absl::StatusOr<std::unique_ptr<LlamaForward>> staged =
+      LlamaForward::Create(&weights_, {pool2.data(), kernels::DType::kF32, 16, kBlockSize},
+                           kernels::OpContext{}, staged_options);
   ASSERT_TRUE(staged.ok()) << staged.status();
   const int64_t vocab = c.vocab_size;
-  const std::vector<uint32_t> p1 = {1, 403, 407, 261, 378, 11, 300, 290, 350, 273, 270, 280,
-                                    301, 302, 303, 304, 305, 306, 307, 308};  // 20
+  const std::vector<uint32_t> p1 = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273,
+                                    270, 280, 301, 302, 303, 304, 305, 306, 307, 308};  // 20
   const std::vector<uint32_t> p2 = {1, 265, 266};
   const std::vector<uint32_t> one = {42}, next = {7}, next2 = {9};
   const std::vector<int32_t> t1 = {5, 2}, t2 = {9}, t3 = {0};

@@ -108,8 +108,8 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     // no forward pass is writing it). A failed copy loses only the tier offer.
     memory::KvPoolMemory* pool = rt->memory_.get();
     hook = [pool, on_evict = config.on_evict,
-            staging = std::vector<uint8_t>(rt->memory_->block_bytes())](
-               const BlockHash& hash, BlockId block) mutable {
+            staging = std::vector<uint8_t>(rt->memory_->block_bytes())](const BlockHash& hash,
+                                                                        BlockId block) mutable {
       if (absl::Status s = pool->ReadBlock(block, staging.data()); !s.ok()) {
         LOG_EVERY_N(WARNING, 100) << "evicted block " << block.value()
                                   << " not offered to the tiers: " << s;
@@ -129,10 +129,10 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   }
   PD_ASSIGN_OR_RETURN(
       rt->forward_,
-      LlamaForward::Create(forward_weights,
-                           {rt->memory_->base(), rt->layout_.dtype, config.kv_blocks,
-                            config.block_size},
-                           ctx, {config.scheduler.max_batch_tokens, config.scheduler.max_running}));
+      LlamaForward::Create(
+          forward_weights,
+          {rt->memory_->base(), rt->layout_.dtype, config.kv_blocks, config.block_size}, ctx,
+          {config.scheduler.max_batch_tokens, config.scheduler.max_running}));
   PD_ASSIGN_OR_RETURN(rt->scheduler_,
                       Scheduler::Create(config.scheduler, rt->forward_.get(), rt->kv_.get(),
                                         rt->tokenizer_.get(), rt->weights_.fingerprint));

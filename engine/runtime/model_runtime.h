@@ -96,12 +96,12 @@ class ModelRuntime {
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   kvcache::KvLayout layout_;
-  std::unique_ptr<memory::HostKvPool> pool_;    // device cpu
-  kernels::DeviceStream stream_;                // device cuda: the forward pass's stream
+  std::unique_ptr<memory::HostKvPool> pool_;       // device cpu
+  kernels::DeviceStream stream_;                   // device cuda: the forward pass's stream
   std::unique_ptr<DeviceWeights> device_weights_;  // device cuda
   std::unique_ptr<memory::KvPoolMemory> memory_;   // a view of pool_, or the DeviceKvPool
   std::unique_ptr<kvcache::KvCacheManager> kv_;
-  std::unique_ptr<ParallelFor> parallel_;       // device cpu
+  std::unique_ptr<ParallelFor> parallel_;  // device cpu
   std::unique_ptr<LlamaForward> forward_;
   std::unique_ptr<Scheduler> scheduler_;
 };

@@ -20,22 +20,20 @@
 namespace pd::engine {
 namespace {
 
-bool CudaUsable() {
-  return kernels::CheckDeviceAvailable(kernels::Device::kCuda).ok();
-}
+bool CudaUsable() { return kernels::CheckDeviceAvailable(kernels::Device::kCuda).ok(); }
 
-#define PD_SKIP_WITHOUT_CUDA()                                                             \
-  if (!CudaUsable()) {                                                                     \
-    GTEST_SKIP() << "no CUDA device: "                                                     \
-                 << kernels::CheckDeviceAvailable(kernels::Device::kCuda).message();       \
+#define PD_SKIP_WITHOUT_CUDA()                                                       \
+  if (!CudaUsable()) {                                                               \
+    GTEST_SKIP() << "no CUDA device: "                                               \
+                 << kernels::CheckDeviceAvailable(kernels::Device::kCuda).message(); \
   }
 
 const std::vector<std::vector<uint32_t>> kPrompts = {
     {1},
-    {1, 403, 407, 261, 378, 11, 300, 290, 350, 273, 270, 280, 301, 302, 303, 304, 305, 306, 307,
-     308, 309, 310, 311},
+    {1,   403, 407, 261, 378, 11,  300, 290, 350, 273, 270, 280,
+     301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311},
     {1, 265, 266, 267},
-    {1, 403, 407, 261, 378, 11, 300, 290, 350, 273, 270, 280, 301, 302, 303, 304, 305, 306, 307,
+    {1,   403, 407, 261, 378, 11,  300, 290, 350, 273, 270, 280, 301, 302, 303, 304, 305, 306, 307,
      308, 309, 310, 311, 312, 313, 314, 315, 316, 317, 318, 319, 320, 321, 322, 323, 324, 325}};
 
 TEST(ModelRuntimeCudaTest, GreedyOutputEqualsTheCpuEngine) {
@@ -84,7 +82,8 @@ TEST(ModelRuntimeCudaTest, ForwardLogitsMatchTheCpuWithinTolerance) {
   absl::StatusOr<Llama2cCheckpoint> ckpt = Llama2cCheckpoint::Load(testing::kStoriesModel);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   const ModelWeights host = WeightsFromLlama2c(*ckpt);
-  absl::StatusOr<kernels::DeviceStream> stream = kernels::DeviceStream::Create(kernels::Device::kCuda);
+  absl::StatusOr<kernels::DeviceStream> stream =
+      kernels::DeviceStream::Create(kernels::Device::kCuda);
   ASSERT_TRUE(stream.ok()) << stream.status();
   const kernels::OpContext ctx = stream->context();
   absl::StatusOr<std::unique_ptr<DeviceWeights>> dw = DeviceWeights::Upload(host, ctx);

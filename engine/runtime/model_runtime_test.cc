@@ -40,8 +40,7 @@ TEST(ModelRuntimeTest, CpuRuntimeExposesItsHostPoolThroughKvMemory) {
   std::vector<uint8_t> block(mem->block_bytes());
   for (uint32_t b = 0; b < 64; ++b) {
     ASSERT_TRUE(mem->ReadBlock(BlockId(b), block.data()).ok());
-    ASSERT_EQ(std::memcmp(block.data(), (*rt)->kv_pool()->BlockData(BlockId(b)), block.size()),
-              0);
+    ASSERT_EQ(std::memcmp(block.data(), (*rt)->kv_pool()->BlockData(BlockId(b)), block.size()), 0);
   }
 }
 

@@ -26,7 +26,8 @@ absl::Status FromCuda(cudaError_t err, absl::string_view what) {
   // Reset the (non-sticky) last-error state so a later unrelated call does not report it.
   (void)cudaGetLastError();
   if (IsNoDevice(err)) {
-    return absl::FailedPreconditionError(absl::StrCat("no CUDA device: ", what, ": ", ErrorText(err)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device: ", what, ": ", ErrorText(err)));
   }
   return absl::InternalError(absl::StrCat(what, ": ", ErrorText(err)));
 }

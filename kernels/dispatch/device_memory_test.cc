@@ -75,8 +75,7 @@ TEST(DeviceMemoryTest, CpuCopyStreamAndEvent) {
   EXPECT_EQ(event->Record(OpContext{Device::kCuda, nullptr, nullptr}).code(),
             absl::StatusCode::kInvalidArgument);
 
-  absl::StatusOr<HostRegistration> reg =
-      HostRegistration::Register(Device::kCpu, dst.data(), 400);
+  absl::StatusOr<HostRegistration> reg = HostRegistration::Register(Device::kCpu, dst.data(), 400);
   ASSERT_TRUE(reg.ok());
   EXPECT_TRUE(reg->registered());
   EXPECT_EQ(HostRegistration::Register(Device::kCpu, nullptr, 4).status().code(),

@@ -158,7 +158,8 @@ TEST_F(TierClientTest, OnMapHookAndInPlaceVerification) {
   client->Offer(ClientHash(1), BlockBytes(1));
   client->Offer(ClientHash(2), BlockBytes(2));
   client->FlushOffersForTest();
-  std::shared_ptr<const PromotedRun> run = PrepareSync(client.get(), {ClientHash(1), ClientHash(2)});
+  std::shared_ptr<const PromotedRun> run =
+      PrepareSync(client.get(), {ClientHash(1), ClientHash(2)});
   ASSERT_NE(run, nullptr);
   ASSERT_EQ(run->size(), 2u);
   EXPECT_EQ(run->block_bytes(), layout_.block_bytes());

@@ -92,8 +92,8 @@ void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
           }
           absl::Status s = device_pool->WriteBlock(dst, run->BlockBytes(static_cast<size_t>(k)));
           if (!s.ok()) {
-            LOG_EVERY_N(WARNING, 100) << "tier restore into device block " << dst.value()
-                                      << " failed: " << s;
+            LOG_EVERY_N(WARNING, 100)
+                << "tier restore into device block " << dst.value() << " failed: " << s;
             return false;
           }
           return run->Verify(static_cast<size_t>(k));

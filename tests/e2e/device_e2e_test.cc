@@ -81,9 +81,9 @@ class DeviceE2eTest : public ::testing::Test {
   }
 
   CommandResult Worker(const std::string& name, const std::string& device) {
-    return Run(name, {kWorker, "--model", kModel, "--tokenizer", kTokenizer,
-                      "--grpc_address=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
-                      "--transport=tcp", "--device=" + device});
+    return Run(name,
+               {kWorker, "--model", kModel, "--tokenizer", kTokenizer, "--grpc_address=127.0.0.1:0",
+                "--metrics_address=127.0.0.1:0", "--transport=tcp", "--device=" + device});
   }
 
   std::optional<pd::testing::TempDir> dir_;
