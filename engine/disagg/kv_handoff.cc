@@ -48,6 +48,8 @@ absl::Status KvHandoff::RegisterPool(void* base, uint64_t size_bytes,
   transport::MemoryRegion region;
   region.base = base;
   region.size_bytes = size_bytes;
+  region.kind = memory_kind_;
+  region.device = cuda_device_;
   region.geometry = geometry;
   PD_ASSIGN_OR_RETURN(region_, transport_->Register(region));
   geometry_ = geometry;
@@ -57,7 +59,7 @@ absl::Status KvHandoff::RegisterPool(void* base, uint64_t size_bytes,
 
 std::function<absl::StatusOr<std::shared_ptr<transport::HostAllocation>>(uint64_t)>
 KvHandoff::PoolAllocator() {
-  if (!transport_->Caps().fast_host_allocation) {
+  if (memory_kind_ != transport::MemoryKind::kHost || !transport_->Caps().fast_host_allocation) {
     return {};
   }
   return [t = transport_.get()](
@@ -70,6 +72,8 @@ KvHandoff::PoolAllocator() {
 absl::StatusOr<std::unique_ptr<KvHandoff>> KvHandoff::CreateUnregistered(
     const KvHandoffConfig& config) {
   std::unique_ptr<KvHandoff> h(new KvHandoff());
+  h->memory_kind_ = config.memory_kind;
+  h->cuda_device_ = config.cuda_device;
   PD_ASSIGN_OR_RETURN(h->transport_, transport::CreateTransport(config.transport));
   {
     std::random_device rd;

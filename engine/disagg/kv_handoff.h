@@ -31,6 +31,10 @@ namespace pd::disagg {
 
 struct KvHandoffConfig {
   transport::TransportConfig transport;
+  // What the pool is: host memory, or (--device cuda) device memory of CUDA device
+  // `cuda_device`. A backend that cannot register the kind refuses at Create.
+  transport::MemoryKind memory_kind = transport::MemoryKind::kHost;
+  int cuda_device = 0;
   absl::Duration transfer_timeout = absl::Seconds(30);  // default bound of one transfer
 };
 
@@ -54,11 +58,12 @@ class KvHandoff {
   // RegisterPool. Nothing but PoolAllocator and RegisterPool may be called before RegisterPool.
   static absl::StatusOr<std::unique_ptr<KvHandoff>> CreateUnregistered(
       const KvHandoffConfig& config);
-  // Registers the pool once; FailedPrecondition when one is registered already.
+  // Registers the pool (of the config's memory_kind) once; FailedPrecondition when one is
+  // registered already.
   absl::Status RegisterPool(void* base, uint64_t size_bytes,
                             const transport::PoolGeometry& geometry);
-  // An allocator for the pool's memory from the transport (KvTransport::AllocateHost) when its
-  // Caps() say that is faster, else empty (allocate it anywhere). The memory may outlive this
+  // An allocator for a host pool's memory from the transport (KvTransport::AllocateHost) when
+  // its Caps() say that is faster, else empty (allocate it anywhere; always for device pools). The memory may outlive this
   // handoff; the pool must stay until the handoff is destroyed (it deregisters then).
   std::function<absl::StatusOr<std::shared_ptr<transport::HostAllocation>>(uint64_t bytes)>
   PoolAllocator();
@@ -111,6 +116,8 @@ class KvHandoff {
   std::unique_ptr<transport::KvTransport> transport_;
   transport::RegionHandle region_;
   bool registered_ = false;  // set once by RegisterPool, before any other use
+  transport::MemoryKind memory_kind_ = transport::MemoryKind::kHost;  // of the pool
+  int cuda_device_ = 0;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, transport::PeerHandle> peers_ ABSL_GUARDED_BY(mu_);
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);

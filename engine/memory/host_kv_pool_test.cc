@@ -111,23 +111,26 @@ TEST(HostKvPoolTest, MappingFailureIsResourceExhaustedNamingTheBytes) {
 TEST(HostKvPoolTest, AdoptsExternalMemoryAndLeavesItToItsOwner) {
   auto buffer = std::make_shared<std::vector<uint64_t>>(5120 / 8 + 8, 0);
   std::weak_ptr<std::vector<uint64_t>> alive = buffer;
+  // 64-byte aligned start inside the buffer (8 spare words).
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(buffer->data());
+  uint8_t* const base = reinterpret_cast<uint8_t*>((raw + 63) / 64 * 64);
+  const size_t word = static_cast<size_t>(base - reinterpret_cast<uint8_t*>(raw)) / 8;
   size_t asked = 0;
   HostKvPoolOptions options;
   options.allocator = [&](size_t bytes) -> absl::StatusOr<ExternalPoolMemory> {
     asked = bytes;
-    return ExternalPoolMemory{reinterpret_cast<uint8_t*>(buffer->data()), buffer->size() * 8,
-                              buffer, "test vector"};
+    return ExternalPoolMemory{base, 5120, buffer, "test vector"};
   };
   {
     auto pool = HostKvPool::Create(Small(), 10, options);
     ASSERT_TRUE(pool.ok()) << pool.status();
     EXPECT_EQ(asked, 5120u);
-    EXPECT_EQ((*pool)->base(), reinterpret_cast<uint8_t*>(buffer->data()));
+    EXPECT_EQ((*pool)->base(), base);
     EXPECT_EQ((*pool)->BlockData(BlockId(9)), (*pool)->base() + 9 * 512);
     std::memset((*pool)->BlockData(BlockId(9)), 0xab, 512);
     buffer.reset();  // the pool keeps it alive
     EXPECT_FALSE(alive.expired());
-    EXPECT_EQ(alive.lock()->at(9 * 512 / 8), 0xababababababababULL);
+    EXPECT_EQ(alive.lock()->at(word + 9 * 512 / 8), 0xababababababababULL);
   }
   EXPECT_TRUE(alive.expired());  // released with the pool, not unmapped by it
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -58,13 +59,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
         absl::StrCat("forward options: need 0 < max_seqs <= max_batch_tokens, got ",
                      options.max_seqs, " and ", options.max_batch_tokens));
   }
-  if (ctx.device != kernels::Device::kCpu) {
-    // The activations below are host vectors; the CUDA kernels exist (kernels/cuda) but the
-    // device-memory forward pass does not yet.
-    return absl::UnimplementedError(
-        "llama forward: only the cpu device is implemented (the cuda forward pass is issue #9 "
-        "item 2)");
-  }
+  // Unimplemented naming PD_ENABLE_CUDA in builds without CUDA, FailedPrecondition without a
+  // device: said before the kernel checks, which would only say "no kernels".
+  PD_RETURN_IF_ERROR(kernels::CheckDeviceAvailable(ctx.device));
   if (!kernels::SupportsMatMul(ctx.device, weights->dtype) ||
       !kernels::SupportsAttention(ctx.device, pool.dtype)) {
     return absl::UnimplementedError(absl::StrCat(
@@ -83,27 +80,16 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
     rope.llama3.high_freq_factor = c.rope_scaling->high_freq_factor;
     rope.llama3.original_max_position_embeddings = c.rope_scaling->original_max_position_embeddings;
   }
-  PD_ASSIGN_OR_RETURN(f->inv_freq_, kernels::ComputeRopeInvFreq(rope));
+  PD_ASSIGN_OR_RETURN(f->inv_freq_host_, kernels::ComputeRopeInvFreq(rope));
 
   const int64_t t = options.max_batch_tokens;
-  const int64_t wide = std::max<int64_t>(c.dim, c.q_dim());
-  f->x_.resize(t * c.dim);
-  f->xb_.resize(t * wide);
-  f->q_.resize(t * c.q_dim());
-  f->k_.resize(t * c.kv_dim);
-  f->v_.resize(t * c.kv_dim);
-  f->att_.resize(t * c.q_dim());
-  f->gate_.resize(t * c.hidden_dim);
-  f->up_.resize(t * c.hidden_dim);
   f->positions_.resize(t);
   f->token_seq_.resize(t);
   f->max_blocks_per_seq_ = (c.seq_len + pool.block_size - 1) / pool.block_size;
   f->block_tables_.resize(options.max_seqs * f->max_blocks_per_seq_);
   f->context_lens_.resize(options.max_seqs);
-  f->logits_tmp_.resize(options.max_seqs * static_cast<int64_t>(c.vocab_size));
 
   // One workspace for the largest matmul of any layer at the largest batch.
-  int64_t workspace = 0;
   const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},      {t, c.dim, c.kv_dim},
                                {t, c.q_dim(), c.dim},      {t, c.dim, c.hidden_dim},
                                {t, c.hidden_dim, c.dim},   {options.max_seqs, c.dim, c.vocab_size}};
@@ -115,10 +101,68 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
     p.x_row_stride = s[1];
     p.y_row_stride = s[2];
     p.w_dtype = weights->dtype;
-    workspace = std::max(workspace, kernels::MatMulWorkspaceBytes(ctx, p));
+    f->workspace_bytes_ = std::max(f->workspace_bytes_, kernels::MatMulWorkspaceBytes(ctx, p));
   }
-  f->workspace_.resize(workspace);
+  PD_RETURN_IF_ERROR(f->AllocateScratch());
   return f;
+}
+
+absl::Status LlamaForward::AllocateScratch() {
+  const ModelConfig& c = config_;
+  const int64_t t = options_.max_batch_tokens;
+  const int64_t wide = std::max<int64_t>(c.dim, c.q_dim());
+  const bool on_device = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
+  void *inv_freq = nullptr, *positions = nullptr, *token_seq = nullptr, *tables = nullptr,
+       *lens = nullptr;
+  // Pass 0 measures, pass 1 carves the allocation in the same order; pieces start 256-byte
+  // aligned, empty pieces are nullptr.
+  for (int pass = 0; pass < 2; ++pass) {
+    int64_t offset = 0;
+    auto carve = [&](int64_t bytes) -> void* {
+      if (bytes == 0) {
+        return nullptr;
+      }
+      void* p = pass == 0 ? nullptr : scratch_.as<uint8_t>() + offset;
+      offset += (bytes + 255) / 256 * 256;
+      return p;
+    };
+    x_ = static_cast<float*>(carve(t * c.dim * 4));
+    xb_ = static_cast<float*>(carve(t * wide * 4));
+    q_ = static_cast<float*>(carve(t * c.q_dim() * 4));
+    k_ = static_cast<float*>(carve(t * c.kv_dim * 4));
+    v_ = static_cast<float*>(carve(t * c.kv_dim * 4));
+    att_ = static_cast<float*>(carve(t * c.q_dim() * 4));
+    gate_ = static_cast<float*>(carve(t * c.hidden_dim * 4));
+    up_ = static_cast<float*>(carve(t * c.hidden_dim * 4));
+    logits_tmp_ = static_cast<float*>(carve(options_.max_seqs * int64_t{c.vocab_size} * 4));
+    workspace_ = carve(workspace_bytes_);
+    if (on_device) {
+      inv_freq = carve(static_cast<int64_t>(inv_freq_host_.size()) * 4);
+      positions = carve(static_cast<int64_t>(positions_.size()) * 4);
+      token_seq = carve(static_cast<int64_t>(token_seq_.size()) * 4);
+      tables = carve(static_cast<int64_t>(block_tables_.size()) * 4);
+      lens = carve(static_cast<int64_t>(context_lens_.size()) * 4);
+    }
+    if (pass == 0) {
+      PD_ASSIGN_OR_RETURN(scratch_, kernels::DeviceBuffer::Allocate(ctx_.device, offset));
+    }
+  }
+  if (!on_device) {
+    inv_freq_ = inv_freq_host_.data();
+    d_positions_ = positions_.data();
+    d_token_seq_ = token_seq_.data();
+    d_block_tables_ = block_tables_.data();
+    d_context_lens_ = context_lens_.data();
+    return absl::OkStatus();
+  }
+  inv_freq_ = static_cast<const float*>(inv_freq);
+  d_positions_ = static_cast<int32_t*>(positions);
+  d_token_seq_ = static_cast<int32_t*>(token_seq);
+  d_block_tables_ = static_cast<int32_t*>(tables);
+  d_context_lens_ = static_cast<int32_t*>(lens);
+  PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, inv_freq, inv_freq_host_.data(),
+                                        static_cast<int64_t>(inv_freq_host_.size()) * 4));
+  return kernels::SynchronizeStream(ctx_);
 }
 
 int64_t LlamaForward::block_bytes() const {
@@ -192,15 +236,13 @@ absl::Status LlamaForward::MatMul(const float* x, const void* w, const float* bi
   p.y_row_stride = out;
   p.w_dtype = weights_->dtype;
   p.accumulate = accumulate;
-  p.workspace = workspace_.empty() ? nullptr : workspace_.data();
-  p.workspace_bytes = static_cast<int64_t>(workspace_.size());
+  p.workspace = workspace_;
+  p.workspace_bytes = workspace_bytes_;
   return kernels::MatMul(ctx_, p);
 }
 
-absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, float* logits) {
-  PD_RETURN_IF_ERROR(Validate(batch));
+absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSequence> batch) {
   const ModelConfig& c = config_;
-
   // Lay out the batch: single-token sequences first, so their queries are contiguous rows.
   slots_.clear();
   for (int pass = 0; pass < 2; ++pass) {
@@ -229,7 +271,7 @@ absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, floa
     for (int64_t j = 0; j < slot.num_tokens; ++j, ++row) {
       positions_[row] = static_cast<int32_t>(slot.start_pos + j);
       token_seq_[row] = static_cast<int32_t>(i);
-      kernels::ConvertParams embed;
+      kernels::ConvertParams embed;  // on kCuda: a device row of the device embedding
       embed.in = static_cast<const uint8_t*>(weights_->embedding) +
                  static_cast<int64_t>(seq.tokens[j]) * c.dim * dsize;
       embed.out = &x_[row * c.dim];
@@ -239,29 +281,53 @@ absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, floa
       PD_RETURN_IF_ERROR(kernels::Convert(ctx_, embed));
     }
   }
-  const int64_t num_tokens = row;
+  if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
+    // The kernels read these from device memory. Pageable sources: CUDA has staged them by the
+    // time each call returns, so the host vectors may be rebuilt by the next Forward().
+    const int64_t num_seqs = static_cast<int64_t>(slots_.size());
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_positions_, positions_.data(), row * 4));
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_token_seq_, token_seq_.data(), row * 4));
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_block_tables_, block_tables_.data(),
+                                          num_seqs * max_blocks_per_seq_ * 4));
+    PD_RETURN_IF_ERROR(
+        kernels::CopyAsync(ctx_, d_context_lens_, context_lens_.data(), num_seqs * 4));
+  }
+  return row;
+}
+
+absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, float* logits) {
+  PD_RETURN_IF_ERROR(Validate(batch));
+  const ModelConfig& c = config_;
+  PD_ASSIGN_OR_RETURN(const int64_t num_tokens, PrepareBatch(batch));
 
   for (int l = 0; l < c.n_layers; ++l) {
     PD_RETURN_IF_ERROR(Layer(l, num_tokens));
   }
 
   // Final norm and classifier for each sequence's last new token, in slot order. Compacted in
-  // place: slot i's last row is >= i and beyond every earlier destination row.
+  // place: slot i's last row is >= i and beyond every earlier destination row, so the copies
+  // (in order; on one stream on kCuda) never read a row already overwritten.
   const int64_t num_seqs = static_cast<int64_t>(slots_.size());
+  const int64_t row_bytes = c.dim * static_cast<int64_t>(sizeof(float));
   for (int64_t i = 0; i < num_seqs; ++i) {
     const int64_t last = slots_[i].first_token + slots_[i].num_tokens - 1;
-    std::memmove(&x_[i * c.dim], &x_[last * c.dim], c.dim * sizeof(float));
+    if (last != i) {
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, &x_[i * c.dim], &x_[last * c.dim], row_bytes));
+    }
   }
-  PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_.data(), weights_->final_norm, xb_.data(), num_seqs,
-                                 c.dim, c.rms_norm_eps));
+  PD_RETURN_IF_ERROR(
+      RmsNormRows(ctx_, x_, weights_->final_norm, xb_, num_seqs, c.dim, c.rms_norm_eps));
   // MatMul with the classifier weights (the same dtype as every matrix).
-  PD_RETURN_IF_ERROR(MatMul(xb_.data(), weights_->classifier, nullptr, logits_tmp_.data(),
-                            num_seqs, c.dim, c.vocab_size, /*accumulate=*/false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, nullptr, logits_tmp_, num_seqs, c.dim,
+                            c.vocab_size, /*accumulate=*/false));
+  const int64_t vocab_bytes = c.vocab_size * static_cast<int64_t>(sizeof(float));
   for (int64_t i = 0; i < num_seqs; ++i) {
-    std::memcpy(logits + slots_[i].batch_index * c.vocab_size, &logits_tmp_[i * c.vocab_size],
-                c.vocab_size * sizeof(float));
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, logits + slots_[i].batch_index * c.vocab_size,
+                                          &logits_tmp_[i * c.vocab_size], vocab_bytes));
   }
-  return absl::OkStatus();
+  // The one synchronisation of the step (a no-op on kCpu): the logits are on the host after it,
+  // and a fault of any kernel of the step surfaces here.
+  return kernels::SynchronizeStream(ctx_);
 }
 
 absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
@@ -270,17 +336,16 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   const int64_t q_dim = c.q_dim();
 
   // Attention block.
-  PD_RETURN_IF_ERROR(
-      RmsNormRows(ctx_, x_.data(), w.attn_norm, xb_.data(), num_tokens, c.dim, c.rms_norm_eps));
-  PD_RETURN_IF_ERROR(MatMul(xb_.data(), w.wq, w.bq, q_.data(), num_tokens, c.dim, q_dim, false));
-  PD_RETURN_IF_ERROR(MatMul(xb_.data(), w.wk, w.bk, k_.data(), num_tokens, c.dim, c.kv_dim, false));
-  PD_RETURN_IF_ERROR(MatMul(xb_.data(), w.wv, w.bv, v_.data(), num_tokens, c.dim, c.kv_dim, false));
+  PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.attn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wq, w.bq, q_, num_tokens, c.dim, q_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wk, w.bk, k_, num_tokens, c.dim, c.kv_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wv, w.bv, v_, num_tokens, c.dim, c.kv_dim, false));
 
   kernels::RopeParams rope;
-  rope.q = q_.data();
-  rope.k = k_.data();
-  rope.positions = positions_.data();
-  rope.inv_freq = inv_freq_.data();
+  rope.q = q_;
+  rope.k = k_;
+  rope.positions = d_positions_;
+  rope.inv_freq = inv_freq_;
   rope.num_tokens = num_tokens;
   rope.num_heads = c.n_heads;
   rope.num_kv_heads = c.n_kv_heads;
@@ -292,29 +357,29 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
 
   const kernels::KvCacheView cache = CacheView(layer);
   kernels::WriteKvParams write;
-  write.k = k_.data();
-  write.v = v_.data();
+  write.k = k_;
+  write.v = v_;
   write.k_token_stride = c.kv_dim;
   write.v_token_stride = c.kv_dim;
   write.cache = cache;
   write.num_tokens = num_tokens;
-  write.positions = positions_.data();
-  write.token_seq = token_seq_.data();
-  write.block_tables = block_tables_.data();
+  write.positions = d_positions_;
+  write.token_seq = d_token_seq_;
+  write.block_tables = d_block_tables_;
   write.num_seqs = static_cast<int64_t>(slots_.size());
   write.max_blocks_per_seq = max_blocks_per_seq_;
   PD_RETURN_IF_ERROR(kernels::WriteKv(ctx_, write));
 
   if (num_decode_slots_ > 0) {
     kernels::DecodeAttentionParams d;
-    d.q = q_.data();
-    d.out = att_.data();
+    d.q = q_;
+    d.out = att_;
     d.q_seq_stride = q_dim;
     d.out_seq_stride = q_dim;
     d.cache = cache;
-    d.block_tables = block_tables_.data();
+    d.block_tables = d_block_tables_;
     d.max_blocks_per_seq = max_blocks_per_seq_;
-    d.context_lens = context_lens_.data();
+    d.context_lens = d_context_lens_;
     d.num_seqs = num_decode_slots_;
     d.num_heads = c.n_heads;
     PD_RETURN_IF_ERROR(kernels::DecodeAttention(ctx_, d));
@@ -327,7 +392,7 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
     p.q_token_stride = q_dim;
     p.out_token_stride = q_dim;
     p.cache = cache;
-    p.block_table = &block_tables_[i * max_blocks_per_seq_];
+    p.block_table = d_block_tables_ + i * max_blocks_per_seq_;
     p.num_table_blocks = max_blocks_per_seq_;
     p.start_pos = slot.start_pos;
     p.num_tokens = slot.num_tokens;
@@ -335,26 +400,23 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(kernels::PrefillAttention(ctx_, p));
   }
   // x += attn Wo
-  PD_RETURN_IF_ERROR(MatMul(att_.data(), w.wo, nullptr, x_.data(), num_tokens, q_dim, c.dim, true));
+  PD_RETURN_IF_ERROR(MatMul(att_, w.wo, nullptr, x_, num_tokens, q_dim, c.dim, true));
 
   // MLP block: x += W_down (silu(W_gate xb) * (W_up xb)).
-  PD_RETURN_IF_ERROR(
-      RmsNormRows(ctx_, x_.data(), w.ffn_norm, xb_.data(), num_tokens, c.dim, c.rms_norm_eps));
-  PD_RETURN_IF_ERROR(
-      MatMul(xb_.data(), w.w_gate, nullptr, gate_.data(), num_tokens, c.dim, c.hidden_dim, false));
-  PD_RETURN_IF_ERROR(
-      MatMul(xb_.data(), w.w_up, nullptr, up_.data(), num_tokens, c.dim, c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.ffn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, nullptr, gate_, num_tokens, c.dim, c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_up, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
   kernels::SiluMulParams silu;
-  silu.gate = gate_.data();
-  silu.up = up_.data();
-  silu.out = gate_.data();
+  silu.gate = gate_;
+  silu.up = up_;
+  silu.out = gate_;
   silu.num_rows = num_tokens;
   silu.dim = c.hidden_dim;
   silu.gate_row_stride = c.hidden_dim;
   silu.up_row_stride = c.hidden_dim;
   silu.out_row_stride = c.hidden_dim;
   PD_RETURN_IF_ERROR(kernels::SiluMul(ctx_, silu));
-  return MatMul(gate_.data(), w.w_down, nullptr, x_.data(), num_tokens, c.hidden_dim, c.dim, true);
+  return MatMul(gate_, w.w_down, nullptr, x_, num_tokens, c.hidden_dim, c.dim, true);
 }
 
 }  // namespace pd::engine

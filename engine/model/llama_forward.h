@@ -11,7 +11,12 @@
 // sequence's logits do not depend on what it is batched with, on how its prompt is chunked, or
 // on whether its prefix came from the cache (tested bitwise in llama_forward_test.cc).
 //
-// Thread-compatible: one caller at a time (the scheduler thread); kernels use ctx.parallel.
+// Devices: on kernels::Device::kCpu everything is host memory and kernels use ctx.parallel. On
+// kCuda the weights (a DeviceWeights view), the pool and all scratch are device memory; each
+// Forward() uploads the batch metadata, queues every layer on ctx.stream, copies the logits
+// back and synchronises the stream once.
+//
+// Thread-compatible: one caller at a time (the scheduler thread).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +27,7 @@
 #include "absl/types/span.h"
 #include "engine/model/model_weights.h"
 #include "kernels/attention_params.h"
+#include "kernels/device_memory.h"
 #include "kernels/types.h"
 
 namespace pd::engine {
@@ -44,13 +50,21 @@ struct ForwardSequence {
 struct ForwardOptions {
   int64_t max_batch_tokens = 256;  // bound on the sum of new tokens per Forward() call
   int64_t max_seqs = 64;           // bound on sequences per call
+  // Keep inv_freq and the batch metadata in the scratch allocation and upload them every
+  // call, as on kCuda (where this is always so), also on kCpu: tests run the CUDA path's
+  // staging on the host. Results are bitwise the same either way.
+  bool staged_metadata = false;
 };
 
 class LlamaForward {
  public:
   // `weights` must outlive the object; the pool must match the model (num_kv_heads, head_dim
-  // and layers come from weights->config). InvalidArgument for inconsistent geometry;
-  // Unimplemented when a kernel does not support the weight or cache dtype on ctx.device.
+  // and layers come from weights->config). On kCuda, `weights` and `pool.base` must be device
+  // memory (DeviceWeights, DeviceKvPool) and ctx.stream a stream of the current device (or
+  // nullptr). InvalidArgument for inconsistent geometry; Unimplemented when a kernel does not
+  // support the weight or cache dtype on ctx.device, or the build has no CUDA (naming
+  // PD_ENABLE_CUDA); FailedPrecondition "no CUDA device"; ResourceExhausted when the scratch
+  // memory does not fit.
   static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const ModelWeights* weights,
                                                               KvPoolView pool,
                                                               kernels::OpContext ctx,
@@ -60,6 +74,8 @@ class LlamaForward {
   // (the pool is then untouched): InvalidArgument for an empty sequence, a token id >= vocab, a
   // block table that does not cover the sequence or names a block outside the pool, too many tokens
   // or sequences for the options; OutOfRange when a position reaches the model's context length.
+  // On kCuda, Internal for a failed launch, copy or synchronisation (naming the CUDA error); the
+  // pool contents of the batch's new positions are then undefined.
   absl::Status Forward(absl::Span<const ForwardSequence> batch, float* logits);
 
   int64_t vocab_size() const { return config_.vocab_size; }
@@ -75,6 +91,11 @@ class LlamaForward {
   absl::Status Layer(int layer, int64_t num_tokens);
   absl::Status MatMul(const float* x, const void* w, const float* bias, float* y, int64_t num_rows,
                       int64_t in, int64_t out, bool accumulate);
+  // Allocates scratch_ on ctx_.device and points the scratch pointers into it.
+  absl::Status AllocateScratch();
+  // Embeds the batch's tokens into x_, builds and (kCuda) uploads the metadata; returns the
+  // number of token rows.
+  absl::StatusOr<int64_t> PrepareBatch(absl::Span<const ForwardSequence> batch);
   kernels::KvCacheView CacheView(int layer) const;
 
   const ModelWeights* weights_;
@@ -82,7 +103,6 @@ class LlamaForward {
   const KvPoolView pool_;
   const kernels::OpContext ctx_;
   const ForwardOptions options_;
-  std::vector<float> inv_freq_;
 
   // Per-call layout of the batch. Single-token sequences come first (contiguous, one
   // DecodeAttention call for all of them), then multi-token ones (one PrefillAttention each).
@@ -95,12 +115,23 @@ class LlamaForward {
   std::vector<Slot> slots_;
   int64_t num_decode_slots_ = 0;
 
-  // Scratch, sized for options_.max_batch_tokens rows (activations) / max_seqs (tables).
-  std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_;
+  // Scratch on ctx.device, sized for options_.max_batch_tokens rows (activations) / max_seqs
+  // (tables, logits): one allocation, the pointers below point into it.
+  kernels::DeviceBuffer scratch_;
+  float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
+  float *att_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
+  float* logits_tmp_ = nullptr;  // [max_seqs][vocab], slot order
+  void* workspace_ = nullptr;    // matmul workspace (device memory on kCuda); null when 0 bytes
+  int64_t workspace_bytes_ = 0;
+  const float* inv_freq_ = nullptr;  // [head_dim / 2]
+
+  // Batch metadata, built on the host each call; the d_* pointers are what the kernels read:
+  // the host vectors themselves on kCpu, device copies (uploaded once per Forward) on kCuda.
+  std::vector<float> inv_freq_host_;
   std::vector<int32_t> positions_, token_seq_, block_tables_, context_lens_;
+  int32_t *d_positions_ = nullptr, *d_token_seq_ = nullptr, *d_block_tables_ = nullptr,
+          *d_context_lens_ = nullptr;
   int64_t max_blocks_per_seq_ = 0;
-  std::vector<float> logits_tmp_;  // [max_seqs][vocab], slot order
-  std::vector<uint8_t> workspace_;
 };
 
 }  // namespace pd::engine

@@ -5,10 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/device_weights.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/llama2c_tokenizer.h"
 #include "engine/model/model_weights.h"
 #include "gtest/gtest.h"
+#include "kernels/device_memory.h"
 
 namespace pd::engine {
 namespace {
@@ -164,14 +166,98 @@ TEST_F(LlamaForwardTest, RejectsBadInputBeforeTouchingThePool) {
 
 // Only the CPU forward pass exists: a CUDA context is refused whether or not the CUDA kernels
 // are built (they would be handed host buffers).
-TEST_F(LlamaForwardTest, CudaDeviceIsUnimplemented) {
+// --device cuda where it cannot run says why: the build lacks CUDA (Unimplemented naming
+// PD_ENABLE_CUDA) or the machine lacks a device (FailedPrecondition). On a GPU machine the
+// CUDA forward pass is compared with this one in llama_forward_cuda_test.cc (label gpu).
+TEST_F(LlamaForwardTest, CudaDeviceWithoutDeviceOrBackendIsAClearError) {
   const ModelConfig& c = weights_.config;
   pool_.assign(int64_t{c.n_layers} * 2 * c.kv_dim * kBlockSize, 0.0f);
   KvPoolView view{pool_.data(), kernels::DType::kF32, 1, kBlockSize};
   kernels::OpContext cuda;
   cuda.device = kernels::Device::kCuda;
-  EXPECT_EQ(LlamaForward::Create(&weights_, view, cuda, ForwardOptions{}).status().code(),
-            absl::StatusCode::kUnimplemented);
+  if (!kernels::DeviceMemoryBuilt(kernels::Device::kCuda)) {
+    const absl::Status s = LlamaForward::Create(&weights_, view, cuda, ForwardOptions{}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_NE(s.message().find("PD_ENABLE_CUDA"), absl::string_view::npos) << s;
+  } else if (kernels::DeviceCount(kernels::Device::kCuda) == 0) {
+    const absl::Status s = LlamaForward::Create(&weights_, view, cuda, ForwardOptions{}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("no CUDA device"), absl::string_view::npos) << s;
+  } else {
+    GTEST_SKIP() << "a CUDA device exists: see llama_forward_cuda_test.cc";
+  }
+}
+
+// The CUDA path's staging (inv_freq and batch metadata carved from the scratch allocation and
+// uploaded each call) run on the host: bitwise the logits and KV of the direct path, for a
+// mixed batch of decodes and prefills and then a decode step over those prefixes.
+TEST_F(LlamaForwardTest, StagedMetadataGivesBitwiseEqualResults) {
+  std::unique_ptr<LlamaForward> direct = MakeForward(16);
+  ASSERT_NE(direct, nullptr);
+  const std::vector<float> pool_direct_before = pool_;
+  const ModelConfig& c = weights_.config;
+  std::vector<float> pool2(pool_.size(), 0.0f);
+  ForwardOptions staged_options;
+  staged_options.staged_metadata = true;
+  absl::StatusOr<std::unique_ptr<LlamaForward>> staged =
+      LlamaForward::Create(&weights_, {pool2.data(), kernels::DType::kF32, 16, kBlockSize},
+                           kernels::OpContext{}, staged_options);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  const int64_t vocab = c.vocab_size;
+  const std::vector<uint32_t> p1 = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273,
+                                    270, 280, 301, 302, 303, 304, 305, 306, 307, 308};  // 20
+  const std::vector<uint32_t> p2 = {1, 265, 266};
+  const std::vector<uint32_t> one = {42}, next = {7}, next2 = {9};
+  const std::vector<int32_t> t1 = {5, 2}, t2 = {9}, t3 = {0};
+  std::vector<float> a(3 * vocab), b(3 * vocab);
+  ASSERT_TRUE(direct->Forward({{p1, 0, t1}, {one, 0, t3}, {p2, 0, t2}}, a.data()).ok());
+  ASSERT_TRUE((*staged)->Forward({{p1, 0, t1}, {one, 0, t3}, {p2, 0, t2}}, b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  ASSERT_TRUE(direct->Forward({{next, 20, t1}, {next2, 3, t2}}, a.data()).ok());
+  ASSERT_TRUE((*staged)->Forward({{next, 20, t1}, {next2, 3, t2}}, b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), 2 * vocab * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(pool_.data(), pool2.data(), pool2.size() * sizeof(float)), 0);
+  EXPECT_NE(pool_, pool_direct_before);  // KV was written at all
+}
+
+// DeviceWeights on kCpu is a full host copy in one allocation: a forward pass over the copy
+// gives bitwise the logits of the original, so the upload's layout (every tensor, its size,
+// the shared classifier) is checked without a GPU.
+TEST_F(LlamaForwardTest, UploadedWeightsGiveBitwiseEqualLogits) {
+  absl::StatusOr<std::unique_ptr<DeviceWeights>> uploaded =
+      DeviceWeights::Upload(weights_, kernels::OpContext{});
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  const ModelWeights& copy = (*uploaded)->weights();
+  EXPECT_EQ(copy.fingerprint, weights_.fingerprint);
+  EXPECT_NE(copy.embedding, weights_.embedding);
+  EXPECT_NE(copy.layers[0].wq, weights_.layers[0].wq);
+  EXPECT_EQ(copy.classifier == copy.embedding, weights_.classifier == weights_.embedding);
+  EXPECT_TRUE(copy.owned.empty());
+
+  std::unique_ptr<LlamaForward> original = MakeForward(8);
+  ASSERT_NE(original, nullptr);
+  const ModelConfig& c = weights_.config;
+  std::vector<float> pool2(8 * int64_t{c.n_layers} * 2 * c.kv_dim * kBlockSize, 0.0f);
+  absl::StatusOr<std::unique_ptr<LlamaForward>> on_copy = LlamaForward::Create(
+      &copy, {pool2.data(), kernels::DType::kF32, 8, kBlockSize}, kernels::OpContext{}, {});
+  ASSERT_TRUE(on_copy.ok()) << on_copy.status();
+  const std::vector<uint32_t> prompt = {1, 403, 407, 261, 378, 11, 300, 290, 350, 273};
+  const std::vector<int32_t> table = Table(0, 1);
+  std::vector<float> a(original->vocab_size()), b(original->vocab_size());
+  ASSERT_TRUE(original->Forward({{prompt, 0, table}}, a.data()).ok());
+  ASSERT_TRUE((*on_copy)->Forward({{prompt, 0, table}}, b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(pool_.data(), pool2.data(), pool2.size() * sizeof(float)), 0);
+
+  ModelWeights broken;  // a layer without wq
+  broken.config = weights_.config;
+  broken.embedding = weights_.embedding;
+  broken.classifier = weights_.classifier;
+  broken.final_norm = weights_.final_norm;
+  broken.layers = weights_.layers;
+  broken.layers.back().wq = nullptr;
+  EXPECT_EQ(DeviceWeights::Upload(broken, kernels::OpContext{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

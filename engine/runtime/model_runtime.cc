@@ -3,9 +3,12 @@
 #include <sys/stat.h>
 
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/log/log.h"
+#include "engine/memory/device_kv_pool.h"
 #include "engine/model/hf_tokenizer.h"
 #include "engine/model/llama2c_tokenizer.h"
 
@@ -30,12 +33,29 @@ absl::Status ModelRuntimeConfig::Validate() const {
 
 ModelRuntime::~ModelRuntime() = default;
 
+absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name) {
+  if (name == "cpu") {
+    return kernels::Device::kCpu;
+  }
+  if (name == "cuda") {
+    return kernels::Device::kCuda;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device must be cpu or cuda, got \"", name, "\""));
+}
+
+absl::string_view DeviceName(kernels::Device device) {
+  return device == kernels::Device::kCuda ? "cuda" : "cpu";
+}
+
 kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size) {
   return {c.n_layers, c.n_kv_heads, c.head_dim, block_size, kernels::DType::kF32};
 }
 
 absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeConfig config) {
   PD_RETURN_IF_ERROR(config.Validate());
+  // Before loading anything: "this build has no CUDA" / "no CUDA device" are startup errors.
+  PD_RETURN_IF_ERROR(kernels::CheckDeviceAvailable(config.device));
   std::unique_ptr<ModelRuntime> rt(new ModelRuntime());
   struct stat st;
   if (::stat(config.model.c_str(), &st) != 0) {
@@ -62,31 +82,60 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     rt->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
   }
   rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size);
-  memory::HostKvPoolOptions pool_options;
-  pool_options.allocator = config.pool_allocator;
-  PD_ASSIGN_OR_RETURN(rt->pool_,
-                      memory::HostKvPool::Create(rt->layout_, config.kv_blocks, pool_options));
+  const bool on_cuda = config.device == kernels::Device::kCuda;
+  kernels::OpContext ctx;
+  ctx.device = config.device;
+  const ModelWeights* forward_weights = &rt->weights_;
+  if (on_cuda) {
+    PD_ASSIGN_OR_RETURN(rt->stream_, kernels::DeviceStream::Create(config.device));
+    ctx.stream = rt->stream_.handle();
+    PD_ASSIGN_OR_RETURN(rt->device_weights_, DeviceWeights::Upload(rt->weights_, ctx));
+    forward_weights = &rt->device_weights_->weights();
+    PD_ASSIGN_OR_RETURN(rt->memory_,
+                        memory::DeviceKvPool::Create(rt->layout_, config.kv_blocks, config.device));
+  } else {
+    memory::HostKvPoolOptions pool_options;
+    pool_options.allocator = config.pool_allocator;
+    PD_ASSIGN_OR_RETURN(rt->pool_,
+                        memory::HostKvPool::Create(rt->layout_, config.kv_blocks, pool_options));
+    rt->memory_ = std::make_unique<memory::HostKvPoolMemory>(rt->pool_.get());
+  }
   kvcache::BlockPool::EvictionHook hook;
-  if (config.on_evict) {
+  if (config.on_evict && !on_cuda) {
     memory::HostKvPool* pool = rt->pool_.get();
     hook = [pool, on_evict = config.on_evict](const BlockHash& hash, BlockId block) {
       on_evict(hash, absl::MakeConstSpan(pool->BlockData(block), pool->block_bytes()));
+    };
+  } else if (config.on_evict) {
+    // Device pool: the block comes to a host buffer first (scheduler thread, between steps, so
+    // no forward pass is writing it). A failed copy loses only the tier offer.
+    memory::KvPoolMemory* pool = rt->memory_.get();
+    hook = [pool, on_evict = config.on_evict,
+            staging = std::vector<uint8_t>(rt->memory_->block_bytes())](const BlockHash& hash,
+                                                                        BlockId block) mutable {
+      if (absl::Status s = pool->ReadBlock(block, staging.data()); !s.ok()) {
+        LOG_EVERY_N(WARNING, 100) << "evicted block " << block.value()
+                                  << " not offered to the tiers: " << s;
+        return;
+      }
+      on_evict(hash, absl::MakeConstSpan(staging));
     };
   }
   PD_ASSIGN_OR_RETURN(rt->kv_,
                       kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size},
                                                        config.kv_listener, std::move(hook)));
-  const int threads =
-      config.threads > 0 ? config.threads : std::max(1u, std::thread::hardware_concurrency());
-  rt->parallel_ = std::make_unique<ParallelFor>(ParallelFor::Options{threads});
-  kernels::OpContext ctx;
-  ctx.parallel = rt->parallel_.get();
+  if (!on_cuda) {
+    const int threads =
+        config.threads > 0 ? config.threads : std::max(1u, std::thread::hardware_concurrency());
+    rt->parallel_ = std::make_unique<ParallelFor>(ParallelFor::Options{threads});
+    ctx.parallel = rt->parallel_.get();
+  }
   PD_ASSIGN_OR_RETURN(
       rt->forward_,
-      LlamaForward::Create(&rt->weights_,
-                           {rt->pool_->base(), kernels::DType::kF32, config.kv_blocks,
-                            config.block_size},
-                           ctx, {config.scheduler.max_batch_tokens, config.scheduler.max_running}));
+      LlamaForward::Create(
+          forward_weights,
+          {rt->memory_->base(), rt->layout_.dtype, config.kv_blocks, config.block_size}, ctx,
+          {config.scheduler.max_batch_tokens, config.scheduler.max_running}));
   PD_ASSIGN_OR_RETURN(rt->scheduler_,
                       Scheduler::Create(config.scheduler, rt->forward_.get(), rt->kv_.get(),
                                         rt->tokenizer_.get(), rt->weights_.fingerprint));
@@ -100,7 +149,8 @@ std::string ModelRuntime::Describe() const {
                       c.n_layers, " layers, dim ", c.dim, ", vocab ", c.vocab_size, ", context ",
                       c.seq_len, ", fingerprint ", weights_.fingerprint.substr(0, 12),
                       "), kv pool ", config_.kv_blocks, " blocks x ", config_.block_size,
-                      " tokens (", pool_->size_bytes() >> 20, " MiB)");
+                      " tokens (", memory_->size_bytes() >> 20, " MiB) on ",
+                      DeviceName(config_.device));
 }
 
 }  // namespace pd::engine

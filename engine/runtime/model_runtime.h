@@ -1,6 +1,7 @@
 // ModelRuntime: everything one worker needs to run a model, built from a path: the weights
-// (a Hugging Face directory or a llama2.c checkpoint), the tokenizer, the host KV pool, the KV
-// cache manager, the forward pass, the CPU thread team and the scheduler.
+// (a Hugging Face directory or a llama2.c checkpoint), the tokenizer, the KV pool (host memory,
+// or device memory with --device cuda), the KV cache manager, the forward pass, the CPU thread
+// team (cpu) or CUDA stream (cuda) and the scheduler.
 //
 // Used by pd-generate and pd-worker. Thread-compatible: the scheduler is driven by one thread.
 #pragma once
@@ -10,17 +11,21 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/hash/block_hash.h"
 #include "common/threads/parallel_for.h"
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/memory/host_kv_pool.h"
+#include "engine/memory/kv_pool_memory.h"
+#include "engine/model/device_weights.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/llama_forward.h"
 #include "engine/model/model_weights.h"
 #include "engine/model/tokenizer.h"
 #include "engine/scheduler/scheduler.h"
+#include "kernels/device_memory.h"
 
 namespace pd::engine {
 
@@ -31,7 +36,10 @@ struct ModelRuntimeConfig {
   std::string tokenizer;
   int64_t kv_blocks = 1024;  // KV pool size in blocks
   int64_t block_size = 16;   // tokens per block
-  int threads = 0;           // CPU threads for kernels; 0 = all cores
+  int threads = 0;           // CPU threads for kernels; 0 = all cores (unused on cuda)
+  // Where the weights, the KV pool and the forward pass live (--device cpu|cuda). On cuda the
+  // weights are uploaded once and the pool is device memory of the current CUDA device.
+  kernels::Device device = kernels::Device::kCpu;
   SchedulerConfig scheduler;
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
   // = none. Not owned; must outlive the runtime.
@@ -48,6 +56,11 @@ struct ModelRuntimeConfig {
   absl::Status Validate() const;
 };
 
+// "cpu" -> kCpu, "cuda" -> kCuda; InvalidArgument naming --device otherwise.
+absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name);
+// "cpu" or "cuda".
+absl::string_view DeviceName(kernels::Device device);
+
 // The KV layout a worker of this model uses for `block_size`-token blocks (cache dtype f32 on
 // the CPU backend). pd-tierd derives its pool geometry from the same function, so a worker's
 // layout and its node's tiers agree by construction.
@@ -56,7 +69,10 @@ kvcache::KvLayout KvLayoutForModel(const ModelConfig& config, int64_t block_size
 class ModelRuntime {
  public:
   // Errors: NotFound for a missing model or tokenizer file, InvalidArgument for a malformed
-  // one (naming the file and the problem), ResourceExhausted when the KV pool cannot be mapped.
+  // one (naming the file and the problem), ResourceExhausted when the KV pool cannot be mapped
+  // or allocated. With device cuda: Unimplemented naming PD_ENABLE_CUDA in a build without
+  // CUDA, FailedPrecondition "no CUDA device" where none is usable (both before the model is
+  // loaded), Internal for a failed upload.
   static absl::StatusOr<std::unique_ptr<ModelRuntime>> Create(ModelRuntimeConfig config);
   ~ModelRuntime();
 
@@ -65,7 +81,11 @@ class ModelRuntime {
   const ModelConfig& model_config() const { return weights_.config; }
   const std::string& fingerprint() const { return weights_.fingerprint; }
   const kvcache::KvLayout& kv_layout() const { return layout_; }
+  // The host pool (device cpu), or nullptr on device cuda: use kv_memory() for block copies.
   memory::HostKvPool* kv_pool() { return pool_.get(); }
+  // The pool's bytes on either device (registration with the transport, block copies).
+  memory::KvPoolMemory* kv_memory() { return memory_.get(); }
+  kernels::Device device() const { return config_.device; }
   kvcache::KvCacheManager* kv_cache() { return kv_.get(); }
   // One line describing the model and the pool, for startup logs.
   std::string Describe() const;
@@ -79,9 +99,12 @@ class ModelRuntime {
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   kvcache::KvLayout layout_;
-  std::unique_ptr<memory::HostKvPool> pool_;
+  std::unique_ptr<memory::HostKvPool> pool_;       // device cpu
+  kernels::DeviceStream stream_;                   // device cuda: the forward pass's stream
+  std::unique_ptr<DeviceWeights> device_weights_;  // device cuda
+  std::unique_ptr<memory::KvPoolMemory> memory_;   // a view of pool_, or the DeviceKvPool
   std::unique_ptr<kvcache::KvCacheManager> kv_;
-  std::unique_ptr<ParallelFor> parallel_;
+  std::unique_ptr<ParallelFor> parallel_;  // device cpu
   std::unique_ptr<LlamaForward> forward_;
   std::unique_ptr<Scheduler> scheduler_;
 };

@@ -20,6 +20,7 @@ ABSL_FLAG(int32_t, top_k, 0, "sample from the k most likely tokens; 0 = off");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(int64_t, kv_blocks, 256, "KV pool size in blocks of 16 tokens");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
+ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
 
 namespace {
 
@@ -40,6 +41,9 @@ int main(int argc, char** argv) {
   config.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   config.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   config.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<pd::kernels::Device> device = pd::engine::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) Fail(device.status());
+  config.device = *device;
   config.scheduler.max_running = 1;
   absl::StatusOr<std::unique_ptr<pd::engine::ModelRuntime>> rt =
       pd::engine::ModelRuntime::Create(config);

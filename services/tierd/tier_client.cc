@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -40,6 +41,19 @@ bool PromotedRun::CopyOut(size_t k, uint8_t* dst) const {
   const uint8_t* src = region_->data() + static_cast<size_t>(slots_[k]) * slot_bytes_;
   std::memcpy(dst, src, static_cast<size_t>(block_bytes_));
   if (BlockChecksum(absl::MakeConstSpan(dst, static_cast<size_t>(block_bytes_))) !=
+      checksums_[k]) {
+    client_->CountChecksumFailure();
+    return false;
+  }
+  return true;
+}
+
+const uint8_t* PromotedRun::BlockBytes(size_t k) const {
+  return region_->data() + static_cast<size_t>(slots_[k]) * slot_bytes_;
+}
+
+bool PromotedRun::Verify(size_t k) const {
+  if (BlockChecksum(absl::MakeConstSpan(BlockBytes(k), static_cast<size_t>(block_bytes_))) !=
       checksums_[k]) {
     client_->CountChecksumFailure();
     return false;
@@ -186,9 +200,25 @@ bool TierClient::Attach() {
     ++stats_.rpc_failures_total;
     return false;
   }
+  std::shared_ptr<ShmRegion> mapped;
+  if (config_.on_map) {
+    // The hook's cleanup runs before the unmap, whoever drops the mapping last (this client on
+    // re-attach, or a PromotedRun still in use).
+    absl::AnyInvocable<void()> before_unmap =
+        config_.on_map((*region)->data(), (*region)->size_bytes());
+    mapped = std::shared_ptr<ShmRegion>(
+        region->release(), [before_unmap = std::move(before_unmap)](ShmRegion* r) mutable {
+          if (before_unmap) {
+            before_unmap();
+          }
+          std::default_delete<ShmRegion>()(r);
+        });
+  } else {
+    mapped = std::shared_ptr<ShmRegion>(std::move(*region));
+  }
   absl::MutexLock lock(&mu_);
   session_ = resp.session_id();
-  region_ = std::shared_ptr<ShmRegion>(std::move(*region));
+  region_ = std::move(mapped);
   num_slots_ = resp.num_slots();
   slot_bytes_ = static_cast<int64_t>(resp.slot_bytes());
   attached_ = true;

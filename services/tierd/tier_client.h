@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -57,6 +58,11 @@ struct TierClientConfig {
   int64_t offer_batch_blocks = 64;   // blocks per AllocateSlots/Commit round
   absl::Duration rpc_timeout = absl::Seconds(2);
   absl::Duration reattach_interval = absl::Seconds(1);
+  // Called on the client thread each time tierd's DRAM pool is mapped (attach and every
+  // re-attach) with the mapping; the callable it returns runs right before that mapping is
+  // unmapped. A worker whose KV pool is GPU memory page-locks the mapping here
+  // (cudaHostRegister), so restores copy shm -> device with DMA. Empty = none.
+  std::function<absl::AnyInvocable<void()>(uint8_t* data, size_t size_bytes)> on_map;
 
   // InvalidArgument naming the field.
   absl::Status Validate() const;
@@ -89,6 +95,15 @@ class PromotedRun {
   // Copies block k into `dst` (block_bytes bytes) and verifies the copy against tierd's
   // checksum. false when it does not match (the slot was reused after its lease, or damaged).
   bool CopyOut(size_t k, uint8_t* dst) const;
+  // For a copy the caller makes itself (a device pool: cudaMemcpyAsync straight from shared
+  // memory): block k's bytes in tierd's pool, block_bytes() long, valid while the run lives.
+  // Call Verify(k) after the copy.
+  const uint8_t* BlockBytes(size_t k) const;
+  // Whether block k's bytes in shared memory hash to tierd's checksum now (false counts a
+  // checksum failure, as CopyOut does). Checked after the copy, it catches a slot reused during
+  // the copy, as CopyOut's check of its own copy does.
+  bool Verify(size_t k) const;
+  int64_t block_bytes() const { return block_bytes_; }
 
  private:
   friend class TierClient;

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -49,8 +51,11 @@ class TierClientTest : public ::testing::Test {
     config_.grpc_address.port = server_->port();  // a restart reuses the port
   }
 
-  std::unique_ptr<TierClient> StartClient(const std::string& node_name = "") {
+  std::unique_ptr<TierClient> StartClient(
+      std::function<absl::AnyInvocable<void()>(uint8_t*, size_t)> on_map = nullptr,
+      const std::string& node_name = "") {
     TierClientConfig c;
+    c.on_map = std::move(on_map);
     c.tierd_address = server_->address();
     c.worker_id = "worker-a";
     c.node_name = node_name;
@@ -117,10 +122,10 @@ TEST_F(TierClientTest, OfferThenPrepareAndCopyOut) {
 
 TEST_F(TierClientTest, AnotherNodesTierdIsFlagged) {
   ASSERT_FALSE(config_.node_name.empty());
-  std::unique_ptr<TierClient> same = StartClient(config_.node_name);
+  std::unique_ptr<TierClient> same = StartClient(nullptr, config_.node_name);
   ASSERT_TRUE(same->WaitAttached(absl::Seconds(10)));
   EXPECT_FALSE(same->Stats().node_mismatch);
-  std::unique_ptr<TierClient> other = StartClient("not-" + config_.node_name);
+  std::unique_ptr<TierClient> other = StartClient(nullptr, "not-" + config_.node_name);
   ASSERT_TRUE(other->WaitAttached(absl::Seconds(10)));
   EXPECT_TRUE(other->Stats().node_mismatch);  // still attached: its tiers work locally
   std::unique_ptr<TierClient> unchecked = StartClient();
@@ -143,6 +148,55 @@ TEST_F(TierClientTest, DamagedSlotFailsVerification) {
   std::vector<uint8_t> dst(layout_.block_bytes());
   EXPECT_FALSE(run->CopyOut(0, dst.data()));
   EXPECT_EQ(client->Stats().checksum_failures_total, 1u);
+}
+
+// The device-pool restore path: BlockBytes points into the mapping handed to on_map, Verify
+// checks the shm bytes in place, and on_map's cleanup runs once, when the last user of the
+// mapping (client or run) lets go.
+TEST_F(TierClientTest, OnMapHookAndInPlaceVerification) {
+  struct Mapping {
+    uint8_t* data = nullptr;
+    size_t size_bytes = 0;
+    int maps = 0;
+    int unmaps = 0;
+  };
+  auto seen = std::make_shared<Mapping>();
+  std::unique_ptr<TierClient> client =
+      StartClient([seen](uint8_t* data, size_t size_bytes) -> absl::AnyInvocable<void()> {
+        seen->data = data;
+        seen->size_bytes = size_bytes;
+        ++seen->maps;
+        return [seen] { ++seen->unmaps; };
+      });
+  ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
+  EXPECT_EQ(seen->maps, 1);
+  client->Offer(ClientHash(1), BlockBytes(1));
+  client->Offer(ClientHash(2), BlockBytes(2));
+  client->FlushOffersForTest();
+  std::shared_ptr<const PromotedRun> run =
+      PrepareSync(client.get(), {ClientHash(1), ClientHash(2)});
+  ASSERT_NE(run, nullptr);
+  ASSERT_EQ(run->size(), 2u);
+  EXPECT_EQ(run->block_bytes(), layout_.block_bytes());
+  for (size_t k = 0; k < 2; ++k) {
+    const uint8_t* bytes = run->BlockBytes(k);
+    ASSERT_GE(bytes, seen->data);
+    ASSERT_LE(bytes + run->block_bytes(), seen->data + seen->size_bytes);
+    EXPECT_EQ(std::vector<uint8_t>(bytes, bytes + run->block_bytes()),
+              BlockBytes(static_cast<int>(k) + 1));
+    EXPECT_TRUE(run->Verify(k));
+  }
+  const std::vector<PromotedBlock> pinned =
+      server_->store()->Promote(SessionId(12345), {ClientHash(2)});
+  ASSERT_EQ(pinned.size(), 1u);
+  server_->store()->dram()->SlotData(pinned[0].slot)[7] ^= 0xff;
+  EXPECT_FALSE(run->Verify(1));
+  EXPECT_EQ(client->Stats().checksum_failures_total, 1u);
+  client->Release(*run);
+  client.reset();
+  EXPECT_EQ(seen->unmaps, 0);  // the run still reads the mapping
+  run.reset();
+  EXPECT_EQ(seen->unmaps, 1);
 }
 
 TEST_F(TierClientTest, TierdDownThenBack) {

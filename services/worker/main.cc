@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, node_name, "",
 ABSL_FLAG(int64_t, kv_blocks, 1024, "KV pool size in blocks");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV block (must match the router and peers)");
 ABSL_FLAG(int, threads, 0, "CPU threads for the kernels; 0 = all cores");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the weights, KV pool and forward pass live: cpu | cuda (CUDA device 0 of "
+          "CUDA_VISIBLE_DEVICES)");
 ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
 ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
 ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");
@@ -67,6 +70,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   c.runtime.block_size = absl::GetFlag(FLAGS_block_size);
   c.runtime.threads = absl::GetFlag(FLAGS_threads);
+  PD_ASSIGN_OR_RETURN(c.runtime.device, pd::engine::ParseDevice(absl::GetFlag(FLAGS_device)));
   c.runtime.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   c.runtime.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);

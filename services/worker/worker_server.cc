@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "kernels/device_memory.h"
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
 #include "services/worker/convert.h"
@@ -65,8 +66,20 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   disagg::KvHandoffConfig handoff;
   handoff.transport.backend = config.transport;
   handoff.transport.listen_host = config.transport_host;
+  if (runtime_config.device == kernels::Device::kCuda) {
+    handoff.memory_kind = transport::MemoryKind::kCuda;
+  }
   const auto transport_error = [&](const absl::Status& e) {
-    return absl::Status(e.code(), absl::StrCat("--transport ", config.transport, ": ", e.message()));
+    // With --device cuda the backend must register device memory; say which flag pair failed.
+    const bool gpu_pool_refused = handoff.memory_kind == transport::MemoryKind::kCuda &&
+                                  e.code() == absl::StatusCode::kUnimplemented;
+    return absl::Status(
+        e.code(),
+        absl::StrCat("--transport ", config.transport, " with --device ",
+                     engine::DeviceName(runtime_config.device), ": ", e.message(),
+                     gpu_pool_refused ? " (this backend does not register GPU memory; "
+                                        "pd-generate --device cuda runs the engine alone)"
+                                      : ""));
   };
   absl::StatusOr<std::unique_ptr<disagg::KvHandoff>> h =
       disagg::KvHandoff::CreateUnregistered(handoff);
@@ -89,11 +102,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   PD_ASSIGN_OR_RETURN(s->runtime_, engine::ModelRuntime::Create(runtime_config));
   ctx.runtime = s->runtime_.get();
   ctx.layout = LayoutToProto(s->runtime_->kv_layout(), s->runtime_->fingerprint());
+  memory::KvPoolMemory* pool = s->runtime_->kv_memory();
   PD_ASSIGN_OR_RETURN(transport::PoolGeometry geometry,
                       disagg::GeometryFor(s->runtime_->kv_layout(), s->runtime_->fingerprint(),
                                           config.runtime.kv_blocks));
-  if (absl::Status r = s->handoff_->RegisterPool(s->runtime_->kv_pool()->base(),
-                                                 s->runtime_->kv_pool()->size_bytes(), geometry);
+  if (absl::Status r = s->handoff_->RegisterPool(pool->base(), pool->size_bytes(), geometry);
       !r.ok()) {
     return transport_error(r);
   }
@@ -133,6 +146,21 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     tc.node_name = ctx.node_name;
     tc.layout = ctx.layout;
     tc.security = ctx.peer_security;
+    if (pool->device() == kernels::Device::kCuda) {
+      // Restores copy tierd's shared memory straight into device blocks: page-lock each mapping
+      // so cudaMemcpyAsync DMAs from it. Unpinned still works (CUDA stages pageable memory).
+      tc.on_map = [](uint8_t* data, size_t size_bytes) -> absl::AnyInvocable<void()> {
+        absl::StatusOr<kernels::HostRegistration> pin = kernels::HostRegistration::Register(
+            kernels::Device::kCuda, data, static_cast<int64_t>(size_bytes));
+        if (!pin.ok()) {
+          LOG(WARNING) << "tier pool mapping of " << size_bytes
+                       << " bytes not page-locked for the GPU (restores use pageable copies): "
+                       << pin.status();
+          return nullptr;
+        }
+        return [pin = *std::move(pin)]() mutable { pin = kernels::HostRegistration(); };
+      };
+    }
     absl::StatusOr<std::unique_ptr<tierd::TierClient>> tiers = tierd::TierClient::Start(tc);
     if (!tiers.ok()) {
       return absl::Status(tiers.status().code(), absl::StrCat("--tierd_address ",

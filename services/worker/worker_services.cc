@@ -6,6 +6,7 @@
 #include <deque>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -72,12 +73,32 @@ void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
       engine::TierPrefix& tp = request->tier_prefix;
       tp.first_block = local;
       tp.chain.assign(tail.begin(), tail.begin() + static_cast<int64_t>(run->size()));
-      memory::HostKvPool* pool = ctx->runtime->kv_pool();
-      tp.copy_in = [run, pool, local](int64_t index, BlockId dst) {
-        const int64_t k = index - local;
-        return k >= 0 && k < static_cast<int64_t>(run->size()) &&
-               run->CopyOut(static_cast<size_t>(k), pool->BlockData(dst));
-      };
+      if (memory::HostKvPool* pool = ctx->runtime->kv_pool()) {
+        tp.copy_in = [run, pool, local](int64_t index, BlockId dst) {
+          const int64_t k = index - local;
+          return k >= 0 && k < static_cast<int64_t>(run->size()) &&
+                 run->CopyOut(static_cast<size_t>(k), pool->BlockData(dst));
+        };
+      } else {
+        // Device pool: cudaMemcpyAsync straight from tierd's shared memory (page-locked by the
+        // worker's TierClient on_map hook) into the device block, then the shm bytes are
+        // verified against tierd's checksum; a failed copy or checksum stops the restore there.
+        memory::KvPoolMemory* device_pool = ctx->runtime->kv_memory();
+        tp.copy_in = [run, device_pool, local](int64_t index, BlockId dst) {
+          const int64_t k = index - local;
+          if (k < 0 || k >= static_cast<int64_t>(run->size()) ||
+              run->block_bytes() != static_cast<int64_t>(device_pool->block_bytes())) {
+            return false;
+          }
+          absl::Status s = device_pool->WriteBlock(dst, run->BlockBytes(static_cast<size_t>(k)));
+          if (!s.ok()) {
+            LOG_EVERY_N(WARNING, 100)
+                << "tier restore into device block " << dst.value() << " failed: " << s;
+            return false;
+          }
+          return run->Verify(static_cast<size_t>(k));
+        };
+      }
       tp.release = [tiers = ctx->tiers, run] { tiers->Release(*run); };
     }
     if (absl::Status s = ctx->loop->Submit(std::move(*request)); !s.ok()) {

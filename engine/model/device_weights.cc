@@ -1,0 +1,104 @@
+#include "engine/model/device_weights.h"
+
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace pd::engine {
+namespace {
+
+constexpr int64_t kAlign = 256;
+
+int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// One tensor to upload: where it is on the host, how many bytes, and the view field to point
+// at its device copy.
+struct Piece {
+  const void* src;
+  int64_t bytes;
+  std::function<void(const void*)> point_at;  // sets the view's field to the device copy
+  int64_t offset = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
+    const ModelWeights& host, const kernels::OpContext& ctx) {
+  const ModelConfig& c = host.config;
+  PD_RETURN_IF_ERROR(c.Validate());
+  if (static_cast<int64_t>(host.layers.size()) != c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device weights: ", host.layers.size(), " layers, config says ", c.n_layers));
+  }
+  std::unique_ptr<DeviceWeights> d(new DeviceWeights());
+  ModelWeights& v = d->view_;
+  v.config = c;
+  v.fingerprint = host.fingerprint;
+  v.dtype = host.dtype;
+  v.layers.resize(c.n_layers);
+
+  const int64_t w = kernels::DTypeSize(host.dtype);
+  const int64_t f = sizeof(float);
+  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
+  std::vector<Piece> pieces;
+  // `required` tensors must be present; optional ones (biases) stay null when absent.
+  auto add = [&pieces](const void* src, int64_t bytes, auto** field, bool required,
+                       absl::string_view name) -> absl::Status {
+    if (src == nullptr) {
+      if (required) {
+        return absl::InvalidArgumentError(absl::StrCat("device weights: ", name, " is missing"));
+      }
+      return absl::OkStatus();
+    }
+    using Field = std::remove_pointer_t<decltype(field)>;  // const float* or const void*
+    pieces.push_back({src, bytes, [field](const void* p) { *field = static_cast<Field>(p); }});
+    return absl::OkStatus();
+  };
+  PD_RETURN_IF_ERROR(add(host.embedding, c.vocab_size * dim * w, &v.embedding, true, "embedding"));
+  if (host.classifier != host.embedding) {
+    PD_RETURN_IF_ERROR(
+        add(host.classifier, c.vocab_size * dim * w, &v.classifier, true, "classifier"));
+  }
+  PD_RETURN_IF_ERROR(add(host.final_norm, dim * f, &v.final_norm, true, "final norm"));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& h = host.layers[l];
+    LayerWeights& o = v.layers[l];
+    const std::string at = absl::StrCat(" of layer ", l);
+    PD_RETURN_IF_ERROR(add(h.attn_norm, dim * f, &o.attn_norm, true, "attn_norm" + at));
+    PD_RETURN_IF_ERROR(add(h.wq, q * dim * w, &o.wq, true, "wq" + at));
+    PD_RETURN_IF_ERROR(add(h.wk, kv * dim * w, &o.wk, true, "wk" + at));
+    PD_RETURN_IF_ERROR(add(h.wv, kv * dim * w, &o.wv, true, "wv" + at));
+    PD_RETURN_IF_ERROR(add(h.wo, dim * q * w, &o.wo, true, "wo" + at));
+    PD_RETURN_IF_ERROR(add(h.bq, q * f, &o.bq, false, "bq" + at));
+    PD_RETURN_IF_ERROR(add(h.bk, kv * f, &o.bk, false, "bk" + at));
+    PD_RETURN_IF_ERROR(add(h.bv, kv * f, &o.bv, false, "bv" + at));
+    PD_RETURN_IF_ERROR(add(h.ffn_norm, dim * f, &o.ffn_norm, true, "ffn_norm" + at));
+    PD_RETURN_IF_ERROR(add(h.w_gate, hidden * dim * w, &o.w_gate, true, "w_gate" + at));
+    PD_RETURN_IF_ERROR(add(h.w_up, hidden * dim * w, &o.w_up, true, "w_up" + at));
+    PD_RETURN_IF_ERROR(add(h.w_down, dim * hidden * w, &o.w_down, true, "w_down" + at));
+  }
+  int64_t total = 0;
+  for (Piece& p : pieces) {
+    p.offset = total;
+    total += AlignUp(p.bytes);
+  }
+  PD_ASSIGN_OR_RETURN(d->buffer_, kernels::DeviceBuffer::Allocate(ctx.device, total));
+  uint8_t* base = d->buffer_.as<uint8_t>();
+  for (const Piece& p : pieces) {
+    p.point_at(base + p.offset);
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx, base + p.offset, p.src, p.bytes));
+  }
+  if (host.classifier == host.embedding) {
+    v.classifier = v.embedding;
+  }
+  // Host sources may be pageable mmapped files: wait before returning so the caller may unmap.
+  PD_RETURN_IF_ERROR(kernels::SynchronizeStream(ctx));
+  return d;
+}
+
+}  // namespace pd::engine

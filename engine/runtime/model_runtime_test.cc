@@ -1,0 +1,64 @@
+// ModelRuntime device selection (label unit): --device parsing, the cpu runtime's pool view,
+// and the startup error of --device cuda where this machine cannot run it.
+#include "engine/runtime/model_runtime.h"
+
+#include "engine/runtime/runtime_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/device_memory.h"
+
+namespace pd::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ModelRuntimeTest, ParsesDeviceNames) {
+  EXPECT_EQ(*ParseDevice("cpu"), kernels::Device::kCpu);
+  EXPECT_EQ(*ParseDevice("cuda"), kernels::Device::kCuda);
+  const absl::Status bad = ParseDevice("gpu").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("--device"));
+  EXPECT_EQ(DeviceName(kernels::Device::kCpu), "cpu");
+  EXPECT_EQ(DeviceName(kernels::Device::kCuda), "cuda");
+}
+
+TEST(ModelRuntimeTest, CpuRuntimeExposesItsHostPoolThroughKvMemory) {
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> rt =
+      ModelRuntime::Create(testing::StoriesConfig(kernels::Device::kCpu));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_NE((*rt)->kv_pool(), nullptr);
+  memory::KvPoolMemory* mem = (*rt)->kv_memory();
+  EXPECT_EQ(mem->device(), kernels::Device::kCpu);
+  EXPECT_EQ(mem->base(), (*rt)->kv_pool()->base());
+  EXPECT_EQ(mem->size_bytes(), (*rt)->kv_pool()->size_bytes());
+  EXPECT_EQ((*rt)->device(), kernels::Device::kCpu);
+  EXPECT_THAT((*rt)->Describe(), HasSubstr("on cpu"));
+  // A generation writes KV into the pool; ReadBlock sees the same bytes as BlockData.
+  std::vector<testing::Generated> out = testing::GreedyAll(rt->get(), {{1, 403, 407}}, 4);
+  ASSERT_TRUE(out[0].status.ok()) << out[0].status;
+  EXPECT_EQ(out[0].tokens.size(), 4u);
+  std::vector<uint8_t> block(mem->block_bytes());
+  for (uint32_t b = 0; b < 64; ++b) {
+    ASSERT_TRUE(mem->ReadBlock(BlockId(b), block.data()).ok());
+    ASSERT_EQ(std::memcmp(block.data(), (*rt)->kv_pool()->BlockData(BlockId(b)), block.size()), 0);
+  }
+}
+
+TEST(ModelRuntimeTest, CudaWhereItCannotRunFailsAtStartupNamingWhy) {
+  if (kernels::DeviceMemoryBuilt(kernels::Device::kCuda) &&
+      kernels::DeviceCount(kernels::Device::kCuda) > 0) {
+    GTEST_SKIP() << "a CUDA device exists: model_runtime_cuda_test covers it";
+  }
+  const absl::Status s =
+      ModelRuntime::Create(testing::StoriesConfig(kernels::Device::kCuda)).status();
+  if (!kernels::DeviceMemoryBuilt(kernels::Device::kCuda)) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_THAT(s.message(), HasSubstr("PD_ENABLE_CUDA"));
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.message(), HasSubstr("no CUDA device"));
+  }
+}
+
+}  // namespace
+}  // namespace pd::engine
