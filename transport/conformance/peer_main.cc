@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "transport/conformance/conformance_suite.h"
 #include "transport/registry.h"
+#include "transport/testing/test_device_memory.h"
 
 ABSL_FLAG(std::string, control, "", "host:port of the test's control socket");
 ABSL_FLAG(std::string, backend, "tcp", "transport backend");
@@ -40,6 +42,8 @@ ABSL_FLAG(uint64_t, block_bytes, 4096, "bytes per block");
 ABSL_FLAG(uint64_t, num_blocks, 64, "blocks in the pool");
 ABSL_FLAG(std::string, dtype, "bf16", "geometry dtype (for mismatch tests)");
 ABSL_FLAG(bool, fill_pattern, false, "fill the pool with the test pattern (seed 42)");
+ABSL_FLAG(std::string, memory, "host", "pool memory: host | cuda (cudaMalloc, builds with NCCL)");
+ABSL_FLAG(int, cuda_device, 0, "CUDA device of a cuda pool and of the nccl transport");
 
 namespace pd::transport::conformance {
 namespace {
@@ -56,6 +60,7 @@ class Peer {
     c.ucx_data_path = path == "rma"  ? UcxDataPath::kRma
                       : path == "am" ? UcxDataPath::kActiveMessage
                                      : UcxDataPath::kAuto;
+    c.cuda_device = absl::GetFlag(FLAGS_cuda_device);
     absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateTransport(c);
     if (!t.ok()) {
       return t.status();
@@ -71,6 +76,20 @@ class Peer {
       }
     } else {
       std::memset(mem_.get(), 0xEE, size);
+    }
+    if (absl::GetFlag(FLAGS_memory) == "cuda") {
+      absl::StatusOr<TestDeviceBuffer> d =
+          TestDeviceBuffer::Allocate(size, absl::GetFlag(FLAGS_cuda_device));
+      if (!d.ok()) {
+        return d.status();
+      }
+      dev_.emplace(*std::move(d));
+      absl::Status s = dev_->CopyFromHost(0, mem_.get(), size);
+      if (!s.ok()) {
+        return s;
+      }
+    } else if (absl::GetFlag(FLAGS_memory) != "host") {
+      return absl::InvalidArgumentError("--memory must be host or cuda");
     }
     return RegisterPool();
   }
@@ -140,8 +159,9 @@ class Peer {
       for (absl::string_view b : absl::StrSplit(a[1], ',')) {
         uint32_t v = 0;
         absl::SimpleAtoi(b, &v);
+        const char* block = Block(v);
         for (uint64_t i = 0; i < geometry_.block_bytes; ++i) {
-          if (Block(v)[i] != static_cast<char>(0xEE)) {
+          if (block[i] != static_cast<char>(0xEE)) {
             return absl::StrCat("err block ", v, " was written");
           }
         }
@@ -189,11 +209,22 @@ class Peer {
   }
 
  private:
-  char* Block(uint32_t b) { return mem_.get() + uint64_t{b} * geometry_.block_bytes; }
+  // Host view of block `b`; device pools are read back first.
+  char* Block(uint32_t b) {
+    const uint64_t off = uint64_t{b} * geometry_.block_bytes;
+    if (dev_.has_value() && !dev_->CopyToHost(off, mem_.get() + off, geometry_.block_bytes).ok()) {
+      std::memset(mem_.get() + off, 0, geometry_.block_bytes);  // fails verify and sentinel
+    }
+    return mem_.get() + off;
+  }
 
   absl::Status RegisterPool() {
     MemoryRegion r;
-    r.base = mem_.get();
+    r.base = dev_.has_value() ? dev_->data() : mem_.get();
+    if (dev_.has_value()) {
+      r.kind = MemoryKind::kCuda;
+      r.device = dev_->device();
+    }
     r.size_bytes = geometry_.block_bytes * geometry_.num_blocks;
     r.geometry = geometry_;
     absl::StatusOr<RegionHandle> h = transport_->Register(r);
@@ -206,7 +237,8 @@ class Peer {
 
   std::unique_ptr<KvTransport> transport_;
   PoolGeometry geometry_;
-  std::unique_ptr<char[]> mem_;
+  std::unique_ptr<char[]> mem_;  // the pool (host) or its host mirror (cuda)
+  std::optional<TestDeviceBuffer> dev_;
   RegionHandle region_;
 };
 
