@@ -145,7 +145,7 @@ struct Conn {
   uint64_t id = 0;
   bool outbound = false;
   int fd = -1;
-  uint64_t peer_instance = 0;
+  std::atomic<uint64_t> peer_instance{0};  // set by the handshake
   std::atomic<bool> dead{false};         // no new work; set before the communicator is aborted
   std::atomic<bool> reader_done{false};  // the reader thread is about to return
   std::thread reader;
@@ -219,7 +219,10 @@ class NcclTransport : public KvTransport {
   bool Running() const { return !stopping_.load(std::memory_order_relaxed); }
   absl::Status InitComm(Conn& conn, const ncclUniqueId& uid, int rank, absl::Time deadline);
   absl::Status SendFrame(Conn& conn, FrameType type, absl::string_view body);
-  void AbortConn(Conn& conn, const absl::Status& why);
+  // Aborts the communicator (ending its in-flight groups), closes the control connection and
+  // fails what waits for an answer. `drain_stream`: also wait for the stream to stop before
+  // releasing the unanswered transfers' pins (after a half-issued group).
+  void AbortConn(Conn& conn, const absl::Status& why, bool drain_stream = false);
   void AddConn(const std::shared_ptr<Conn>& conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(uint64_t region);
   void WakeProgress();
@@ -381,14 +384,16 @@ absl::Status NcclTransport::InitComm(Conn& conn, const ncclUniqueId& uid, int ra
   return absl::OkStatus();
 }
 
-void NcclTransport::AbortConn(Conn& conn, const absl::Status& why) {
+void NcclTransport::AbortConn(Conn& conn, const absl::Status& why, bool drain_stream) {
   std::vector<AwaitingGo> unanswered;
+  bool busy = false;
   {
     absl::MutexLock lock(&conn.mu);
     conn.dead.store(true);
     if (conn.aborted) {
       return;
     }
+    busy = !conn.issued.empty() || !conn.awaiting_go.empty();
     conn.aborted = true;
     conn.death = why;
     if (conn.comm != nullptr) {
@@ -406,9 +411,15 @@ void NcclTransport::AbortConn(Conn& conn, const absl::Status& why) {
     conn.awaiting_go.clear();
   }
   ::shutdown(conn.fd, SHUT_RDWR);
-  if (conn.peer_instance != 0 && Running()) {
+  if (drain_stream && conn.stream != nullptr) {
+    DeviceGuard device(options_.device);
+    cudaStreamSynchronize(conn.stream);
+  }
+  if (busy && Running()) {
     LOG(WARNING) << "nccl transport: connection to instance " << conn.peer_instance
-                 << " aborted: " << why;
+                 << " aborted with transfers in flight: " << why;
+  } else if (conn.peer_instance != 0 && Running()) {
+    LOG(INFO) << "nccl transport: instance " << conn.peer_instance << " left: " << why;
   }
   for (AwaitingGo& a : unanswered) {
     core_.Finish(a.post.id, why);
@@ -513,7 +524,7 @@ void NcclTransport::InboundLoop(std::shared_ptr<Conn> conn) {
     }
   }
   AbortConn(*conn, absl::UnavailableError(absl::StrCat(
-                       "nccl connection from instance ", conn->peer_instance,
+                       "nccl connection from instance ", conn->peer_instance.load(),
                        " closed mid-transfer (peer died?): ", s.message())));
   conn->reader_done.store(true);
 }
@@ -577,8 +588,7 @@ bool NcclTransport::HandleTransfer(Conn& conn, const TransferFrame& frame) {
   if (!s.ok()) {
     // The group may be half-issued: only an abort brings both sides back to a known state.
     // The grants end once the aborted kernels stopped writing.
-    AbortConn(conn, s);
-    cudaStreamSynchronize(conn.stream);
+    AbortConn(conn, s, /*drain_stream=*/true);
     for (const WriteGrant& g : op.grants) {
       core_.EndWrite(g, false, s);
     }
@@ -775,7 +785,7 @@ absl::StatusOr<TransferId> NcclTransport::PostTransfer(PeerHandle handle, uint64
   absl::Status s = queued ? SendFrame(*conn, FrameType::kTransfer, body) : absl::OkStatus();
   if (!s.ok()) {
     AbortConn(*conn, absl::UnavailableError(absl::StrCat("nccl control connection to instance ",
-                                                         conn->peer_instance,
+                                                         conn->peer_instance.load(),
                                                          " broke: ", s.message())));
   }
   if (!queued) {
@@ -853,7 +863,7 @@ void NcclTransport::OutboundLoop(std::shared_ptr<Conn> conn) {
     }
   }
   AbortConn(*conn, absl::UnavailableError(absl::StrCat(
-                       "nccl connection to instance ", conn->peer_instance,
+                       "nccl connection to instance ", conn->peer_instance.load(),
                        " closed before the transfer completed (peer died?): ", s.message())));
   conn->reader_done.store(true);
 }
@@ -904,8 +914,8 @@ bool NcclTransport::HandleGo(Conn& conn, uint64_t seq) {
       if (s.ok()) {
         conn.issued.push_back(std::move(op));
       } else {
-        // Put it back so the abort below fails and unpins it with everything else... after
-        // the aborted kernels stopped reading: wait for the stream first.
+        // Put it back: the abort below fails and unpins it with everything else, after the
+        // aborted kernels stopped reading.
         if (op.event != nullptr) {
           cudaEventDestroy(op.event);
           op.event = nullptr;
@@ -916,19 +926,8 @@ bool NcclTransport::HandleGo(Conn& conn, uint64_t seq) {
   }
   if (!s.ok()) {
     LOG(WARNING) << "nccl sender: " << s;
-    // Abort first (ends half-issued kernels), then drain the stream so nothing reads the
-    // pinned regions AbortConn is about to release.
-    {
-      absl::MutexLock lock(&conn.mu);
-      conn.dead.store(true);
-      if (!conn.aborted && conn.comm != nullptr) {
-        DeviceGuard device(options_.device);
-        ncclCommAbort(conn.comm);
-        conn.comm = nullptr;
-      }
-    }
-    cudaStreamSynchronize(conn.stream);
-    AbortConn(conn, s);
+    // Ends half-issued kernels and drains the stream before the pins go.
+    AbortConn(conn, s, /*drain_stream=*/true);
     return false;
   }
   WakeProgress();
