@@ -1,6 +1,6 @@
 // Which backends the two-process conformance fixture (two_process_test.cc) runs: each test
 // binary links one definition of TwoProcessParams() (two_process_params.cc for the CI
-// backends, nccl_two_process_params.cc for NCCL over GPU memory). Test-only.
+// backends, gpu_two_process_params.cc for NCCL and UCX over GPU memory). Test-only.
 #pragma once
 
 #include <ostream>
@@ -16,7 +16,7 @@ struct TwoProcessParam {
   std::string backend;
   std::string ucx_tls;                 // empty: UCX defaults
   std::string ucx_data_path = "auto";  // auto | rma | am (both processes)
-  MemoryKind memory = MemoryKind::kHost;  // kCuda: cudaMalloc pools, needs two devices
+  MemoryKind memory = MemoryKind::kHost;  // kCuda: cudaMalloc pools
   int local_device = 0;                   // kCuda: the sender's device (this process)
   int peer_device = 1;                    // kCuda: the receiver's device (the peer process)
 };

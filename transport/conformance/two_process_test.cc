@@ -60,6 +60,9 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
     absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateTransport(c);
     ASSERT_TRUE(t.ok()) << t.status();
     local_ = *std::move(t);
+    if (GetParam().memory == MemoryKind::kCuda && !local_->Caps().cuda_memory) {
+      GTEST_SKIP() << "this " << GetParam().backend << " build cannot move CUDA memory";
+    }
   }
 
   // Registers a pattern-filled source pool here.

@@ -147,6 +147,15 @@ bool IsFastTransport(absl::string_view tl) {
 // endpoint's first transfers and 10-20% of 1-block transfers take 10-15 ms (tail not yet
 // diagnosed; suspect a completion that does not wake the worker's event fd), so AM stays the
 // shm default until that is fixed; kRma selects it explicitly.
+// Whether a descriptor's blob (base, packed rkey, memory kind) names a device region.
+bool DescriptorTargetsDevice(absl::string_view blob) {
+  transport_internal::ByteReader r(blob);
+  r.U64();
+  r.Bytes();
+  const uint8_t kind = r.U8();
+  return r.ok() && kind == static_cast<uint8_t>(MemoryKind::kCuda);
+}
+
 bool IsGoodPutTransport(absl::string_view tl) {
   return absl::StartsWith(tl, "rc") || absl::StartsWith(tl, "dc") ||
          absl::StartsWith(tl, "cuda_ipc") || absl::StartsWith(tl, "gdr");
@@ -279,6 +288,7 @@ class UcxTransport : public KvTransport {
   TransportCaps Caps() const override {
     TransportCaps c;
     c.host_memory = true;
+    c.cuda_memory = cuda_memory_;
     c.one_sided = options_.data_path != UcxDataPath::kActiveMessage;
     c.two_sided = options_.data_path != UcxDataPath::kRma;
     c.notifications = true;
@@ -343,6 +353,9 @@ class UcxTransport : public KvTransport {
   UcpWorker worker_;
   UcpListener listener_;
   int efd_ = -1;
+  // The UCX context supports UCS_MEMORY_TYPE_CUDA (ucp_context_query): a UCX built with
+  // cuda_copy/cuda_ipc (Debian's is not). Set once in Create.
+  bool cuda_memory_ = false;
   uint64_t next_conn_ = 1;
   absl::flat_hash_map<uint64_t, std::unique_ptr<UcxConn>> conns_;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, SeqState> seqs_;  // (conn, seq)
@@ -435,6 +448,11 @@ absl::Status UcxTransport::Init() {
     return UcsError("ucp_init", s);
   }
   context_.reset(ctx);
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context_.get(), &attr) == UCS_OK) {
+    cuda_memory_ = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  }
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
@@ -839,6 +857,17 @@ ucs_status_t UcxTransport::OnAm(unsigned id, const void* header, size_t header_l
     core_.EndWrite(*grant, false, absl::DataLossError("ucx frame length mismatch"));
     grant = absl::DataLossError("ucx frame length does not match its blocks");
   }
+  if (grant.ok()) {
+    // Safety net: active-message data into device memory would be a CPU copy (eager) or need
+    // a memory-typed receive; senders put into device regions instead (StartPost).
+    absl::StatusOr<transport_internal::RegionInfo> region = core_.GetRegion(grant->exp->region);
+    if (region.ok() && region->region.kind == MemoryKind::kCuda) {
+      core_.EndWrite(*grant, false,
+                     absl::FailedPreconditionError("ucx: active-message data for a device region"));
+      grant = absl::FailedPreconditionError(
+          "ucx: device-memory blocks are written by RMA only; the sender used active messages");
+    }
+  }
   if (!grant.ok()) {
     st.failed = true;
     SendStatus(conn_id, h.seq, grant.status());
@@ -1092,6 +1121,12 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
   if (region.base == nullptr || region.size_bytes == 0) {
     return absl::InvalidArgumentError("register: null base or zero size");
   }
+  const bool cuda = region.kind == MemoryKind::kCuda;
+  if (cuda && !cuda_memory_) {
+    return absl::UnimplementedError(
+        "this UCX build has no CUDA memory support (ucp_context_query reports no "
+        "UCS_MEMORY_TYPE_CUDA); install UCX with cuda_copy/cuda_ipc, or use the nccl transport");
+  }
   ucp_mem_h memh = nullptr;
   std::string blob;
   ucs_status_t status = UCS_OK;
@@ -1100,6 +1135,10 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = region.base;
     mp.length = region.size_bytes;
+    if (cuda) {
+      mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+      mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     status = ucp_mem_map(context_.get(), &mp, &memh);
     if (status != UCS_OK) {
       return;
@@ -1110,6 +1149,7 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
       transport_internal::ByteWriter w;
       w.U64(reinterpret_cast<uintptr_t>(region.base));
       w.Bytes(absl::string_view(static_cast<const char*>(rkey), rkey_len));
+      w.U8(static_cast<uint8_t>(region.kind));  // senders put into device memory (RMA only)
       blob = w.Take();
       ucp_rkey_buffer_release(rkey);
     }
@@ -1117,7 +1157,7 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
   if (status != UCS_OK) {
     return UcsError("ucp_mem_map", status);
   }
-  absl::StatusOr<RegionHandle> h = core_.AddRegion(region, /*allow_cuda=*/false, blob);
+  absl::StatusOr<RegionHandle> h = core_.AddRegion(region, /*allow_cuda=*/cuda_memory_, blob);
   auto mem = std::make_unique<UcpMem>(context_.get(), memh);
   if (!h.ok()) {
     RunSync([&] { mem.reset(); });
@@ -1278,7 +1318,9 @@ void UcxTransport::StartPost(uint64_t conn_id, PreparedPost post) {
     return;
   }
   conn->in_flight[seq] = h;
-  if (conn->rma) {
+  // Device-memory destinations are written by put (UCX moves them with cuda_ipc/cuda_copy/
+  // RDMA); the AM path would make the receiver's CPU copy into device memory.
+  if (conn->rma || DescriptorTargetsDevice(post.desc.blob)) {
     // Ask the receiver to hold the runs; OnRmaGrant puts them.
     std::string runs;
     runs.reserve(post.runs.size() * sizeof(RunWire));
