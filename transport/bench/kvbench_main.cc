@@ -104,8 +104,8 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
   MemoryRegion region{mem.get(), block_bytes * num_blocks, MemoryKind::kHost, 0, g};
   std::optional<TestDeviceBuffer> dev;
   if (cuda) {
-    PD_ASSIGN_OR_RETURN(TestDeviceBuffer d, TestDeviceBuffer::Allocate(
-                                                region.size_bytes, c.cuda_device));
+    PD_ASSIGN_OR_RETURN(TestDeviceBuffer d,
+                        TestDeviceBuffer::Allocate(region.size_bytes, c.cuda_device));
     PD_RETURN_IF_ERROR(d.CopyFromHost(0, mem.get(), region.size_bytes));
     dev.emplace(std::move(d));
     region.base = dev->data();

@@ -2,14 +2,13 @@
 // through cudaMemcpy), two transports in one process. Label gpu; every test skips where its
 // backend cannot run:
 //  - nccl: sender (and the suite's third transport) on device 0, receiver on device 1; needs
-//    two CUDA devices (NCCL rejects two ranks of one communicator on the same GPU).
+//    two CUDA devices (NCCL does not support two ranks of one communicator on the same GPU).
 //  - ucx: all on device 0 (UCX picks cuda_ipc/cuda_copy); needs a UCX built with CUDA support
 //    (Debian's is not: there Register(kCuda) is Unimplemented, see ucx_transport_test).
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-
 #include "transport/conformance/conformance_suite.h"
 #include "transport/registry.h"
 #include "transport/testing/test_device_memory.h"
@@ -33,7 +32,7 @@ std::string SkipReason() {
   const int devices = TestDeviceCount();
   if (devices < 2) {
     return absl::StrCat("needs two CUDA devices, ", devices,
-                        " usable (NCCL rejects two ranks of one communicator on one GPU)");
+                        " usable (NCCL does not support two ranks of one communicator on one GPU)");
   }
   return "";
 }

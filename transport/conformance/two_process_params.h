@@ -14,8 +14,8 @@ namespace pd::transport::conformance {
 struct TwoProcessParam {
   std::string name;
   std::string backend;
-  std::string ucx_tls;                 // empty: UCX defaults
-  std::string ucx_data_path = "auto";  // auto | rma | am (both processes)
+  std::string ucx_tls;                    // empty: UCX defaults
+  std::string ucx_data_path = "auto";     // auto | rma | am (both processes)
   MemoryKind memory = MemoryKind::kHost;  // kCuda: cudaMalloc pools
   int local_device = 0;                   // kCuda: the sender's device (this process)
   int peer_device = 1;                    // kCuda: the receiver's device (the peer process)

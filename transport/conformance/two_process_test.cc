@@ -45,7 +45,7 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
         TestDeviceCount() <= std::max(GetParam().local_device, GetParam().peer_device)) {
       GTEST_SKIP() << "needs CUDA devices " << GetParam().local_device << " and "
                    << GetParam().peer_device << " (" << TestDeviceCount()
-                   << " usable; NCCL rejects two ranks of one communicator on one GPU)";
+                   << " usable; NCCL does not support two ranks of one communicator on one GPU)";
     }
     absl::StatusOr<testing::TempDir> dir = testing::TempDir::Create("pd-transport-2p-");
     ASSERT_TRUE(dir.ok());
@@ -287,9 +287,10 @@ TEST_P(TwoProcessTest, PeerKilledMidBatchFailsWithinTimeoutThenRestartedPeerWork
   RoundTrip(*again, *h2, 2, {pairs.begin(), pairs.begin() + 8});
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, TwoProcessTest, ::testing::ValuesIn(TwoProcessParams()),
-    [](const ::testing::TestParamInfo<TwoProcessParam>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Backends, TwoProcessTest, ::testing::ValuesIn(TwoProcessParams()),
+                         [](const ::testing::TestParamInfo<TwoProcessParam>& i) {
+                           return i.param.name;
+                         });
 
 }  // namespace
 }  // namespace pd::transport::conformance

@@ -116,7 +116,6 @@ struct CUevent_st {
   std::vector<std::shared_ptr<OpState>> waits;  // guarded by S().mu
 };
 
-
 struct ncclComm {
   std::shared_ptr<pd::transport::fake_cuda::Pair> pair;
   int rank = 0;
@@ -432,9 +431,8 @@ ncclResult_t ncclGroupStart() {
   return ncclSuccess;
 }
 
-
-ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer,
-                      ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
   if (type != ncclUint8) {
     return ncclInvalidArgument;  // the backend moves bytes
   }

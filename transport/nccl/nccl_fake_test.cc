@@ -88,7 +88,9 @@ class NcclFakeTest : public ::testing::Test {
   }
 
   // Expects blocks 0..n-1 at the receiver and posts src i -> dst i.
-  std::pair<TransferId, TransferId> Start(uint64_t tag, uint32_t n, absl::Duration timeout) {
+  // `receiver_timeout` (default: `timeout`) bounds the expectation.
+  std::pair<TransferId, TransferId> Start(uint64_t tag, uint32_t n, absl::Duration timeout,
+                                          absl::Duration receiver_timeout = absl::ZeroDuration()) {
     std::vector<BlockId> blocks;
     std::vector<BlockPair> pairs;
     for (uint32_t i = 0; i < n; ++i) {
@@ -96,8 +98,9 @@ class NcclFakeTest : public ::testing::Test {
       pairs.push_back({BlockId(i), BlockId(i)});
     }
     TransferOptions o;
-    o.timeout = timeout;
+    o.timeout = receiver_timeout > absl::ZeroDuration() ? receiver_timeout : timeout;
     absl::StatusOr<Expectation> e = receiver_->ExpectTransfer(tag, dst_.handle, blocks, o);
+    o.timeout = timeout;
     EXPECT_TRUE(e.ok()) << e.status();
     absl::StatusOr<TransferId> id =
         sender_->PostTransfer(peer_, tag, src_.handle, pairs, e->descriptor, o);
@@ -166,7 +169,8 @@ TEST_F(NcclFakeTest, ReceiverCancelWithGroupInFlightAbortsConnection) {
 
 TEST_F(NcclFakeTest, SenderTimeoutWithGroupInFlightAbortsAndDeregisterReturns) {
   fake_cuda::PauseCopies(true);
-  auto [send, recv] = Start(4, 8, absl::Milliseconds(200));
+  // Only the sender times out (the receiver would otherwise race it to abort).
+  auto [send, recv] = Start(4, 8, absl::Milliseconds(200), absl::Seconds(30));
   absl::StatusOr<TransferState> s = sender_->Wait(send, absl::Seconds(10));
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->phase, TransferPhase::kFailed);
@@ -193,8 +197,7 @@ TEST_F(NcclFakeTest, ReceiverDestroyedMidBatchFailsSenderUnavailable) {
   EXPECT_EQ(s->phase, TransferPhase::kFailed);
   EXPECT_EQ(s->status.code(), absl::StatusCode::kUnavailable) << s->status;
   EXPECT_TRUE(sender_->Deregister(src_.handle).ok());
-  absl::StatusOr<TransferId> again =
-      sender_->PostTransfer(peer_, 6, src_.handle, {}, "", {});
+  absl::StatusOr<TransferId> again = sender_->PostTransfer(peer_, 6, src_.handle, {}, "", {});
   EXPECT_FALSE(again.ok());
 }
 

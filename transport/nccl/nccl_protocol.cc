@@ -130,9 +130,8 @@ absl::StatusOr<TransferFrame> DecodeTransfer(absl::string_view body) {
         absl::StrCat("nccl transfer frame: malformed body of ", body.size(), " bytes"));
   }
   if (f.block_bytes == 0 || n == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl transfer frame seq ", f.seq,
-                                                   ": block_bytes ", f.block_bytes, ", ", n,
-                                                   " runs"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl transfer frame seq ", f.seq, ": block_bytes ", f.block_bytes, ", ", n, " runs"));
   }
   f.runs.reserve(n);
   uint64_t blocks = 0;
@@ -193,8 +192,7 @@ TransferFrame MakeTransferFrame(const PreparedPost& post) {
 }
 
 absl::StatusOr<std::vector<WriteGrant>> AcquireGrants(TransportCore& core,
-                                                      const TransferFrame& frame,
-                                                      uint64_t source) {
+                                                      const TransferFrame& frame, uint64_t source) {
   std::vector<WriteGrant> grants;
   grants.reserve(frame.runs.size());
   absl::Status error;
@@ -229,8 +227,7 @@ template <bool kSend>
 absl::Status MoveAll(int fd, char* p, size_t n, absl::Time deadline,
                      const std::function<bool()>& keep_going) {
   while (n > 0) {
-    const ssize_t r =
-        kSend ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, MSG_WAITALL);
+    const ssize_t r = kSend ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, MSG_WAITALL);
     if (r > 0) {
       p += r;
       n -= static_cast<size_t>(r);
@@ -240,16 +237,15 @@ absl::Status MoveAll(int fd, char* p, size_t n, absl::Time deadline,
       return absl::UnavailableError("nccl control connection closed by the peer");
     }
     if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat("nccl control connection ",
-                                                 kSend ? "send" : "recv", ": ",
-                                                 std::strerror(errno)));
+      return absl::UnavailableError(absl::StrCat(
+          "nccl control connection ", kSend ? "send" : "recv", ": ", std::strerror(errno)));
     }
     if (keep_going && !keep_going()) {
       return absl::CancelledError("nccl control connection: stopped");
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "nccl control connection: ", kSend ? "send" : "recv", " timed out"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("nccl control connection: ", kSend ? "send" : "recv", " timed out"));
     }
   }
   return absl::OkStatus();

@@ -73,7 +73,7 @@ TEST(NcclProtocolTest, TransferRoundTripAndMalformedBodies) {
   EXPECT_EQ(out->TotalBytes(), 4u * 4099);
 
   EXPECT_FALSE(DecodeTransfer(body.substr(0, body.size() - 1)).ok());  // truncated run
-  EXPECT_FALSE(DecodeTransfer(body + std::string(8, '\0')).ok());  // trailing bytes
+  EXPECT_FALSE(DecodeTransfer(body + std::string(8, '\0')).ok());      // trailing bytes
   TransferFrame empty = in;
   empty.runs.clear();
   EXPECT_FALSE(DecodeTransfer(EncodeTransfer(empty)).ok());
@@ -87,8 +87,7 @@ TEST(NcclProtocolTest, TransferRoundTripAndMalformedBodies) {
   TransferFrame overflow = in;
   overflow.block_bytes = uint64_t{1} << 62;
   overflow.runs = {{0, 0, 8}};
-  EXPECT_THAT(DecodeTransfer(EncodeTransfer(overflow)).status().message(),
-              HasSubstr("overflows"));
+  EXPECT_THAT(DecodeTransfer(EncodeTransfer(overflow)).status().message(), HasSubstr("overflows"));
 }
 
 TEST(NcclProtocolTest, StatusRoundTrip) {
@@ -157,7 +156,8 @@ class GrantTest : public ::testing::Test {
 
 TEST_F(GrantTest, AcceptsAnnouncedRunsThenCompletes) {
   Expectation e = Expect(5, {2, 3, 4, 9});
-  absl::StatusOr<std::vector<WriteGrant>> g = AcquireGrants(core_, Frame(5, {{0, 2, 3}, {0, 9, 1}}), 77);
+  absl::StatusOr<std::vector<WriteGrant>> g =
+      AcquireGrants(core_, Frame(5, {{0, 2, 3}, {0, 9, 1}}), 77);
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_EQ(g->size(), 2u);
   EXPECT_EQ((*g)[0].dst, mem_.data() + 2 * 256);
@@ -261,8 +261,8 @@ class SocketPairTest : public ::testing::Test {
 TEST_F(SocketPairTest, FramesArriveInOrder) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   ASSERT_TRUE(WriteFrame(fds_[0], FrameType::kHello, EncodeHello({1, 2, 3}), deadline).ok());
-  ASSERT_TRUE(WriteFrame(fds_[0], FrameType::kGo, EncodeStatus({5, absl::OkStatus()}), deadline)
-                  .ok());
+  ASSERT_TRUE(
+      WriteFrame(fds_[0], FrameType::kGo, EncodeStatus({5, absl::OkStatus()}), deadline).ok());
   absl::StatusOr<Frame> a = ReadFrame(fds_[1], deadline, nullptr);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->type, FrameType::kHello);
@@ -296,8 +296,7 @@ TEST_F(SocketPairTest, LargeFrameCrossesSocketBuffers) {
 }
 
 TEST_F(SocketPairTest, ClosedPeerIsUnavailableAndStopIsCancelled) {
-  absl::StatusOr<Frame> stopped =
-      ReadFrame(fds_[1], absl::InfiniteFuture(), [] { return false; });
+  absl::StatusOr<Frame> stopped = ReadFrame(fds_[1], absl::InfiniteFuture(), [] { return false; });
   EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled);
   absl::StatusOr<Frame> late = ReadFrame(fds_[1], absl::Now(), nullptr);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);

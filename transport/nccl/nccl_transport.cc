@@ -146,8 +146,8 @@ struct Conn {
   bool outbound = false;
   int fd = -1;
   std::atomic<uint64_t> peer_instance{0};  // set by the handshake
-  std::atomic<bool> dead{false};         // no new work; set before the communicator is aborted
-  std::atomic<bool> reader_done{false};  // the reader thread is about to return
+  std::atomic<bool> dead{false};           // no new work; set before the communicator is aborted
+  std::atomic<bool> reader_done{false};    // the reader thread is about to return
   std::thread reader;
   cudaStream_t stream = nullptr;  // created with the communicator, destroyed when reaped
   absl::Mutex write_mu;           // serializes frame writes on fd
@@ -254,7 +254,7 @@ class NcclTransport : public KvTransport {
   // Source regions read by posted transfers that are not retired yet; Deregister waits.
   absl::flat_hash_map<uint64_t, int> pins_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> posted_ ABSL_GUARDED_BY(mu_);  // sender transfers in flight
-  bool work_ ABSL_GUARDED_BY(mu_) = false;                      // wakes the progress thread
+  bool work_ ABSL_GUARDED_BY(mu_) = false;                     // wakes the progress thread
 };
 
 NcclTransport::~NcclTransport() {
@@ -316,9 +316,9 @@ absl::StatusOr<RegionHandle> NcclTransport::Register(const MemoryRegion& region)
   }
   // Both ends of the region must be device memory of our device (a host pointer given as
   // kCuda would make NCCL fault on the GPU instead of failing here).
-  const char* ends[] = {static_cast<const char*>(region.base),
-                        static_cast<const char*>(region.base) +
-                            (region.size_bytes > 0 ? region.size_bytes - 1 : 0)};
+  const char* ends[] = {
+      static_cast<const char*>(region.base),
+      static_cast<const char*>(region.base) + (region.size_bytes > 0 ? region.size_bytes - 1 : 0)};
   for (const char* p : ends) {
     cudaPointerAttributes attr{};
     const cudaError_t e = cudaPointerGetAttributes(&attr, p);
@@ -388,9 +388,16 @@ void NcclTransport::AbortConn(Conn& conn, const absl::Status& why, bool drain_st
   std::vector<AwaitingGo> unanswered;
   bool busy = false;
   {
-    absl::MutexLock lock(&conn.mu);
+    absl::ReleasableMutexLock lock(&conn.mu);
     conn.dead.store(true);
     if (conn.aborted) {
+      lock.Release();
+      // Someone else aborted; the caller may still need the stream stopped before it releases
+      // what a half-issued group referenced.
+      if (drain_stream && conn.stream != nullptr) {
+        DeviceGuard device(options_.device);
+        cudaStreamSynchronize(conn.stream);
+      }
       return;
     }
     busy = !conn.issued.empty() || !conn.awaiting_go.empty();
@@ -509,8 +516,7 @@ void NcclTransport::InboundLoop(std::shared_ptr<Conn> conn) {
     }
     if (f->type != FrameType::kTransfer) {
       s = absl::InvalidArgumentError(absl::StrCat("nccl receiver: unexpected ",
-                                                  nccl_internal::FrameTypeName(f->type),
-                                                  " frame"));
+                                                  nccl_internal::FrameTypeName(f->type), " frame"));
       break;
     }
     absl::StatusOr<TransferFrame> t = nccl_internal::DecodeTransfer(f->body);
@@ -523,9 +529,9 @@ void NcclTransport::InboundLoop(std::shared_ptr<Conn> conn) {
       break;
     }
   }
-  AbortConn(*conn, absl::UnavailableError(absl::StrCat(
-                       "nccl connection from instance ", conn->peer_instance.load(),
-                       " closed mid-transfer (peer died?): ", s.message())));
+  AbortConn(*conn, absl::UnavailableError(
+                       absl::StrCat("nccl connection from instance ", conn->peer_instance.load(),
+                                    " closed mid-transfer (peer died?): ", s.message())));
   conn->reader_done.store(true);
 }
 
@@ -656,14 +662,14 @@ absl::StatusOr<PeerHandle> NcclTransport::Connect(absl::string_view endpoint) {
   hello.expected_instance_id = e->instance_id;
   absl::Status s = SendFrame(*conn, FrameType::kHello, nccl_internal::EncodeHello(hello));
   if (!s.ok()) {
-    return absl::UnavailableError(absl::StrCat("nccl handshake with ", e->address, ": ", s.message()));
+    return absl::UnavailableError(
+        absl::StrCat("nccl handshake with ", e->address, ": ", s.message()));
   }
   absl::StatusOr<Frame> f = ReadFrame(fd, deadline, nullptr);
   absl::StatusOr<nccl_internal::HelloFrame> reply =
-      !f.ok() ? f.status()
-      : f->type == FrameType::kHello
-          ? nccl_internal::DecodeHello(f->body)
-          : absl::InvalidArgumentError("expected a hello frame");
+      !f.ok()                        ? f.status()
+      : f->type == FrameType::kHello ? nccl_internal::DecodeHello(f->body)
+                                     : absl::InvalidArgumentError("expected a hello frame");
   if (!reply.ok()) {
     return absl::UnavailableError(
         absl::StrCat("nccl handshake with ", e->address, " failed: ", reply.status().message()));
@@ -674,10 +680,11 @@ absl::StatusOr<PeerHandle> NcclTransport::Connect(absl::string_view endpoint) {
                      " remote=", reply->protocol_version));
   }
   if (reply->instance_id != e->instance_id) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("endpoint names transport instance ", e->instance_id, " but ", e->address,
-                     " is instance ", reply->instance_id, " (peer restarted? fetch its new "
-                     "endpoint)"));
+    return absl::FailedPreconditionError(absl::StrCat("endpoint names transport instance ",
+                                                      e->instance_id, " but ", e->address,
+                                                      " is instance ", reply->instance_id,
+                                                      " (peer restarted? fetch its new "
+                                                      "endpoint)"));
   }
   conn->peer_instance = reply->instance_id;
   ncclUniqueId uid;
@@ -695,10 +702,10 @@ absl::StatusOr<PeerHandle> NcclTransport::Connect(absl::string_view endpoint) {
   }
   if (s.ok()) {
     f = ReadFrame(fd, deadline, nullptr);
-    absl::StatusOr<StatusFrame> ready =
-        !f.ok() ? f.status()
-        : f->type == FrameType::kReady ? nccl_internal::DecodeStatus(f->body)
-                                       : absl::InvalidArgumentError("expected a ready frame");
+    absl::StatusOr<StatusFrame> ready = !f.ok() ? f.status()
+                                        : f->type == FrameType::kReady
+                                            ? nccl_internal::DecodeStatus(f->body)
+                                            : absl::InvalidArgumentError("expected a ready frame");
     s = ready.ok() ? ready->status : ready.status();
   }
   if (!s.ok()) {
@@ -857,8 +864,8 @@ void NcclTransport::OutboundLoop(std::shared_ptr<Conn> conn) {
         posted_.erase(st->seq);
       }
     } else {
-      s = absl::InvalidArgumentError(absl::StrCat(
-          "nccl sender: unexpected ", nccl_internal::FrameTypeName(f->type), " frame"));
+      s = absl::InvalidArgumentError(absl::StrCat("nccl sender: unexpected ",
+                                                  nccl_internal::FrameTypeName(f->type), " frame"));
       break;
     }
   }
@@ -958,8 +965,8 @@ bool NcclTransport::ProgressConn(Conn& conn) {
         if (st.ok() && st->phase == TransferPhase::kFailed) {
           // The receiver did not answer in time. Its GO may still come, with receives posted
           // that nothing would match: abort instead of guessing.
-          stale = absl::UnavailableError(absl::StrCat("nccl receiver did not answer transfer ",
-                                                      seq, " (", st->status.message(),
+          stale = absl::UnavailableError(absl::StrCat("nccl receiver did not answer transfer ", seq,
+                                                      " (", st->status.message(),
                                                       "); connection aborted"));
           break;
         }

@@ -70,8 +70,8 @@ void TestDeviceBuffer::Free::operator()(void* p) const {
 
 absl::Status TestDeviceBuffer::CopyFromHost(uint64_t offset, const void* src, uint64_t n) {
   if (offset > size_ || n > size_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("copy of ", n, " bytes at ", offset,
-                                              " leaves a buffer of ", size_));
+    return absl::OutOfRangeError(
+        absl::StrCat("copy of ", n, " bytes at ", offset, " leaves a buffer of ", size_));
   }
   DeviceScope scope(device_);
   return CudaStatus(cudaMemcpy(static_cast<char*>(data()) + offset, src, n, cudaMemcpyHostToDevice),
@@ -80,8 +80,8 @@ absl::Status TestDeviceBuffer::CopyFromHost(uint64_t offset, const void* src, ui
 
 absl::Status TestDeviceBuffer::CopyToHost(uint64_t offset, void* dst, uint64_t n) const {
   if (offset > size_ || n > size_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("copy of ", n, " bytes at ", offset,
-                                              " leaves a buffer of ", size_));
+    return absl::OutOfRangeError(
+        absl::StrCat("copy of ", n, " bytes at ", offset, " leaves a buffer of ", size_));
   }
   DeviceScope scope(device_);
   return CudaStatus(
