@@ -134,6 +134,7 @@ TEST_F(NcclFakeTest, CancelIsForExpectationsOnly) {
   fake_cuda::PauseCopies(false);
   EXPECT_EQ(sender_->Wait(send, absl::Seconds(10))->phase, TransferPhase::kDone);
   EXPECT_EQ(receiver_->Wait(recv, absl::Seconds(10))->phase, TransferPhase::kDone);
+  EXPECT_TRUE(sender_->Cancel(send).ok());  // no effect on a finished transfer
 }
 
 TEST_F(NcclFakeTest, ReceiverCancelWithGroupInFlightAbortsConnection) {

@@ -806,14 +806,20 @@ absl::StatusOr<TransferId> NcclTransport::PostTransfer(PeerHandle handle, uint64
 }
 
 absl::Status NcclTransport::Cancel(TransferId id) {
+  bool posted = false;
   {
     absl::MutexLock lock(&mu_);
-    if (posted_.contains(id.value())) {
-      return absl::UnimplementedError(absl::StrCat(
-          "nccl transport cannot cancel posted transfer ", id.value(),
-          ": NCCL has no per-operation cancel; it ends at its timeout (the connection is "
-          "aborted then if the send was issued)"));
+    posted = posted_.contains(id.value());
+  }
+  if (posted) {
+    absl::StatusOr<TransferState> st = core_.Poll(id);
+    if (st.ok() && st->finished()) {
+      return absl::OkStatus();  // no effect on a finished transfer (its group may still retire)
     }
+    return absl::UnimplementedError(absl::StrCat(
+        "nccl transport cannot cancel posted transfer ", id.value(),
+        ": NCCL has no per-operation cancel; it ends at its timeout (the connection is "
+        "aborted then if the send was issued)"));
   }
   // Expectations (and finished transfers: no effect). An expectation whose receive group is
   // in flight stops when the progress thread aborts that connection.
