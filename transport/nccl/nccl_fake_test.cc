@@ -115,6 +115,36 @@ class NcclFakeTest : public ::testing::Test {
   DevicePool dst_;
 };
 
+TEST_F(NcclFakeTest, CreateAndRegisterChecks) {
+  NcclTransportOptions o;
+  o.device = fake_cuda::kFakeDeviceCount;
+  EXPECT_EQ(CreateNcclTransport(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.device = 0;
+  o.listen_host = "localhost";  // not numeric
+  EXPECT_EQ(CreateNcclTransport(o).status().code(), absl::StatusCode::kInvalidArgument);
+
+  const TransportCaps caps = sender_->Caps();
+  EXPECT_TRUE(caps.cuda_memory && caps.two_sided && caps.notifications);
+  EXPECT_FALSE(caps.host_memory || caps.cancel || caps.one_sided);
+  std::vector<char> host(kBlockBytes * kBlocks);
+  MemoryRegion r{host.data(), host.size(), MemoryKind::kHost, 0,
+                 TestGeometry(kBlockBytes, kBlocks)};
+  EXPECT_EQ(sender_->Register(r).status().code(), absl::StatusCode::kUnimplemented);
+  r.kind = MemoryKind::kCuda;  // a host pointer claimed to be device memory
+  EXPECT_EQ(sender_->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.base = src_.buf->data();
+  r.device = 1;  // the sender serves device 0
+  EXPECT_EQ(sender_->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.device = 0;
+  r.size_bytes = src_.buf->size() + 1;  // runs past the allocation
+  EXPECT_EQ(sender_->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  // Device 1 memory registered with the device 0 transport.
+  r.base = dst_.buf->data();
+  r.size_bytes = dst_.buf->size();
+  EXPECT_EQ(sender_->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sender_->Connect("garbage").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(NcclFakeTest, SameDeviceOnBothEndsFailsConnect) {
   NcclTransportOptions o;
   o.device = 1;
