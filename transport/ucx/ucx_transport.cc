@@ -857,9 +857,10 @@ ucs_status_t UcxTransport::OnAm(unsigned id, const void* header, size_t header_l
     core_.EndWrite(*grant, false, absl::DataLossError("ucx frame length mismatch"));
     grant = absl::DataLossError("ucx frame length does not match its blocks");
   }
-  if (grant.ok()) {
+  if (grant.ok() && cuda_memory_) {
     // Safety net: active-message data into device memory would be a CPU copy (eager) or need
-    // a memory-typed receive; senders put into device regions instead (StartPost).
+    // a memory-typed receive; senders put into device regions instead (StartPost). Without
+    // CUDA support no device region exists.
     absl::StatusOr<transport_internal::RegionInfo> region = core_.GetRegion(grant->exp->region);
     if (region.ok() && region->region.kind == MemoryKind::kCuda) {
       core_.EndWrite(*grant, false,
