@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "transport/internal/transport_core.h"
 #include "transport/nccl/nccl_protocol.h"
@@ -218,6 +220,17 @@ class NcclTransport : public KvTransport {
  private:
   bool Running() const { return !stopping_.load(std::memory_order_relaxed); }
   absl::Status InitComm(Conn& conn, const ncclUniqueId& uid, int rank, absl::Time deadline);
+  // Issues one NCCL group on the connection's stream — sends of `buffers` to rank 1, or
+  // receives into them from rank 0 — and records `*event` after it. `after_enqueue` runs
+  // between ncclGroupEnd and the wait for the enqueue (the receiver sends GO there). On error
+  // the group may be half-issued: the caller aborts the connection.
+  struct Buffer {
+    void* data = nullptr;
+    uint64_t bytes = 0;
+  };
+  absl::Status IssueGroupLocked(Conn& conn, bool send, const std::vector<Buffer>& buffers,
+                                const std::function<absl::Status()>& after_enqueue,
+                                cudaEvent_t* event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(conn.mu);
   absl::Status SendFrame(Conn& conn, FrameType type, absl::string_view body);
   // Aborts the communicator (ending its in-flight groups), closes the control connection and
   // fails what waits for an answer. `drain_stream`: also wait for the stream to stop before
@@ -381,6 +394,47 @@ absl::Status NcclTransport::InitComm(Conn& conn, const ncclUniqueId& uid, int ra
   }
   absl::MutexLock lock(&conn.mu);
   conn.comm = comm;
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::IssueGroupLocked(Conn& conn, bool send,
+                                             const std::vector<Buffer>& buffers,
+                                             const std::function<absl::Status()>& after_enqueue,
+                                             cudaEvent_t* event) {
+  const char* what = send ? "ncclSend" : "ncclRecv";
+  ncclResult_t r = ncclGroupStart();
+  for (const Buffer& b : buffers) {
+    if (r != ncclSuccess && r != ncclInProgress) {
+      break;
+    }
+    r = send ? ncclSend(b.data, b.bytes, ncclUint8, /*peer=*/1, conn.comm, conn.stream)
+             : ncclRecv(b.data, b.bytes, ncclUint8, /*peer=*/0, conn.comm, conn.stream);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (r != ncclSuccess && r != ncclInProgress) {
+    return absl::UnavailableError(NcclError(what, r));
+  }
+  if (end != ncclSuccess && end != ncclInProgress) {
+    return absl::UnavailableError(NcclError(absl::StrCat("ncclGroupEnd (", what, ")"), end));
+  }
+  if (after_enqueue) {
+    PD_RETURN_IF_ERROR(after_enqueue());
+  }
+  // Non-blocking communicator: no other NCCL call, and no stream work, until the enqueue left
+  // ncclInProgress.
+  PD_RETURN_IF_ERROR(
+      WaitComm(conn.comm, absl::Now() + options_.connect_timeout, absl::StrCat(what, " enqueue")));
+  cudaError_t ce = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+  if (ce != cudaSuccess) {
+    *event = nullptr;
+    return absl::InternalError(CudaError("cudaEventCreate", ce));
+  }
+  ce = cudaEventRecord(*event, conn.stream);
+  if (ce != cudaSuccess) {
+    cudaEventDestroy(*event);
+    *event = nullptr;
+    return absl::InternalError(CudaError("cudaEventRecord", ce));
+  }
   return absl::OkStatus();
 }
 
@@ -557,35 +611,19 @@ bool NcclTransport::HandleTransfer(Conn& conn, const TransferFrame& frame) {
       s = absl::UnavailableError("nccl connection aborted");
     } else {
       // Receives are issued in frame order, and GO follows from this thread: the sender
-      // issues its sends in GO order, so both sides' groups line up (nccl_protocol.h).
-      ncclResult_t r = ncclGroupStart();
+      // issues its sends in GO order, so both sides' groups line up (nccl_protocol.h). GO
+      // goes before the wait: the first group's connection setup needs the sender's sends.
+      std::vector<Buffer> buffers;
       for (const WriteGrant& g : op.grants) {
-        if (r == ncclSuccess || r == ncclInProgress) {
-          r = ncclRecv(g.dst, g.length, ncclUint8, /*peer=*/0, conn.comm, conn.stream);
-        }
+        buffers.push_back({g.dst, g.length});
       }
-      const ncclResult_t end = ncclGroupEnd();
-      if (r != ncclSuccess && r != ncclInProgress) {
-        s = absl::UnavailableError(NcclError("ncclRecv", r));
-      } else if (end != ncclSuccess && end != ncclInProgress) {
-        s = absl::UnavailableError(NcclError("ncclGroupEnd (recv)", end));
-      } else {
-        // GO before waiting: the first group's connection setup needs the sender's sends.
-        s = SendFrame(conn, FrameType::kGo,
-                      nccl_internal::EncodeStatus(StatusFrame{frame.seq, absl::OkStatus()}));
-        if (s.ok()) {
-          s = WaitComm(conn.comm, absl::Now() + options_.connect_timeout, "nccl recv enqueue");
-        }
-      }
-      if (s.ok()) {
-        cudaError_t ce = cudaEventCreateWithFlags(&op.event, cudaEventDisableTiming);
-        if (ce == cudaSuccess) {
-          ce = cudaEventRecord(op.event, conn.stream);
-        }
-        if (ce != cudaSuccess) {
-          s = absl::InternalError(CudaError("nccl recv: cudaEventRecord", ce));
-        }
-      }
+      s = IssueGroupLocked(
+          conn, /*send=*/false, buffers,
+          [&] {
+            return SendFrame(conn, FrameType::kGo,
+                             nccl_internal::EncodeStatus(StatusFrame{frame.seq, absl::OkStatus()}));
+          },
+          &op.event);
       if (s.ok()) {
         conn.issued.push_back(std::move(op));
       }
@@ -597,9 +635,6 @@ bool NcclTransport::HandleTransfer(Conn& conn, const TransferFrame& frame) {
     AbortConn(conn, s, /*drain_stream=*/true);
     for (const WriteGrant& g : op.grants) {
       core_.EndWrite(g, false, s);
-    }
-    if (op.event != nullptr) {
-      cudaEventDestroy(op.event);
     }
     return false;
   }
@@ -899,40 +934,18 @@ bool NcclTransport::HandleGo(Conn& conn, uint64_t seq) {
       const PreparedPost& post = a.post;
       // Issued even if the transfer timed out meanwhile: the receiver's receives are posted
       // and the source region is pinned, so sending keeps both sides in step.
-      ncclResult_t r = ncclGroupStart();
+      std::vector<Buffer> buffers;
       for (const BlockRun& run : post.runs) {
-        if (r == ncclSuccess || r == ncclInProgress) {
-          r = ncclSend(post.src_base + uint64_t{run.src_first} * post.block_bytes,
-                       uint64_t{run.num_blocks} * post.block_bytes, ncclUint8, /*peer=*/1,
-                       conn.comm, conn.stream);
-        }
+        buffers.push_back(
+            {const_cast<char*>(post.src_base) + uint64_t{run.src_first} * post.block_bytes,
+             uint64_t{run.num_blocks} * post.block_bytes});
       }
-      const ncclResult_t end = ncclGroupEnd();
-      if (r != ncclSuccess && r != ncclInProgress) {
-        s = absl::UnavailableError(NcclError("ncclSend", r));
-      } else if (end != ncclSuccess && end != ncclInProgress) {
-        s = absl::UnavailableError(NcclError("ncclGroupEnd (send)", end));
-      } else {
-        s = WaitComm(conn.comm, absl::Now() + options_.connect_timeout, "nccl send enqueue");
-      }
-      if (s.ok()) {
-        cudaError_t ce = cudaEventCreateWithFlags(&op.event, cudaEventDisableTiming);
-        if (ce == cudaSuccess) {
-          ce = cudaEventRecord(op.event, conn.stream);
-        }
-        if (ce != cudaSuccess) {
-          s = absl::InternalError(CudaError("nccl send: cudaEventRecord", ce));
-        }
-      }
+      s = IssueGroupLocked(conn, /*send=*/true, buffers, nullptr, &op.event);
       if (s.ok()) {
         conn.issued.push_back(std::move(op));
       } else {
         // Put it back: the abort below fails and unpins it with everything else, after the
         // aborted kernels stopped reading.
-        if (op.event != nullptr) {
-          cudaEventDestroy(op.event);
-          op.event = nullptr;
-        }
         conn.awaiting_go[seq] = std::move(a);
       }
     }
