@@ -125,6 +125,42 @@ absl::StatusOr<sockaddr_in> ParseHostPort(absl::string_view host, int port) {
   return addr;
 }
 
+// A connected TCP socket to "host:port" (numeric IPv4), or Unavailable within `timeout`.
+absl::StatusOr<int> DialTcp(absl::string_view address, absl::Duration timeout) {
+  std::vector<absl::string_view> hp = absl::StrSplit(address, absl::MaxSplits(':', 1));
+  int port = 0;
+  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad nccl endpoint address: ", address));
+  }
+  absl::StatusOr<sockaddr_in> addr = ParseHostPort(hp[0], port);
+  if (!addr.ok()) {
+    return addr.status();
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  int err = 0;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 &&
+      errno != EINPROGRESS) {
+    err = errno;
+  } else {
+    pollfd p{fd, POLLOUT, 0};
+    socklen_t len = sizeof(err);
+    if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) != 1) {
+      err = ETIMEDOUT;
+    } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+      err = errno;
+    }
+  }
+  if (err != 0) {
+    ::close(fd);
+    return absl::UnavailableError(absl::StrCat("nccl connect ", address, ": ", std::strerror(err)));
+  }
+  SetSocketOptions(fd);
+  return fd;
+}
+
 // One NCCL group in flight: a sender's sends or a receiver's recvs of one transfer.
 struct Op {
   uint64_t seq = 0;  // the sender's transfer id
@@ -243,12 +279,21 @@ class NcclTransport : public KvTransport {
   void AcceptLoop();
   void InboundLoop(std::shared_ptr<Conn> conn);
   absl::Status InboundHandshake(Conn& conn);
+  // Connector side: HELLO exchange, unique id, communicator (rank 0), READY.
+  absl::Status ClientHandshake(Conn& conn, const EndpointInfo& e);
   bool HandleTransfer(Conn& conn, const TransferFrame& frame);
   void OutboundLoop(std::shared_ptr<Conn> conn);
   bool HandleGo(Conn& conn, uint64_t seq);
 
   void ProgressLoop();
   bool ProgressConn(Conn& conn);  // returns whether ops remain in flight
+  // Non-OK when a pending group's transfer already failed (sender) or its expectation ended
+  // (receiver). Requires conn.mu.
+  absl::Status OutlivedItsTransfer(const Conn& conn, const Op& op);
+  // Completes finished groups: a receiver's ok group completes its expectation and answers
+  // DONE; failed ones fail with `death`; a sender's releases its pin.
+  void RetireOps(Conn& conn, std::vector<Op>& ok_ops, std::vector<Op>& failed_ops,
+                 const absl::Status& death);
   void Reap();
 
   const NcclTransportOptions options_;
@@ -661,87 +706,28 @@ absl::StatusOr<PeerHandle> NcclTransport::Connect(absl::string_view endpoint) {
       }
     }
   }
-  std::vector<absl::string_view> hp = absl::StrSplit(e->address, absl::MaxSplits(':', 1));
-  int port = 0;
-  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) {
-    return absl::InvalidArgumentError(absl::StrCat("bad nccl endpoint address: ", e->address));
-  }
-  absl::StatusOr<sockaddr_in> addr = ParseHostPort(hp[0], port);
-  if (!addr.ok()) {
-    return addr.status();
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  absl::StatusOr<int> fd = DialTcp(e->address, options_.connect_timeout);
+  if (!fd.ok()) {
+    return fd.status();
   }
   auto conn = std::make_shared<Conn>();
-  conn->fd = fd;
+  conn->fd = *fd;
   conn->outbound = true;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 &&
-      errno != EINPROGRESS) {
-    return absl::UnavailableError(
-        absl::StrCat("nccl connect ", e->address, ": ", std::strerror(errno)));
-  }
-  pollfd p{fd, POLLOUT, 0};
-  int err = 0;
-  socklen_t len = sizeof(err);
-  if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(options_.connect_timeout))) != 1 ||
-      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-    return absl::UnavailableError(absl::StrCat("nccl connect ", e->address, ": ",
-                                               err != 0 ? std::strerror(err) : "timed out"));
-  }
-  SetSocketOptions(fd);
-  const absl::Time deadline = absl::Now() + options_.connect_timeout;
-  nccl_internal::HelloFrame hello;
-  hello.instance_id = core_.instance_id();
-  hello.expected_instance_id = e->instance_id;
-  absl::Status s = SendFrame(*conn, FrameType::kHello, nccl_internal::EncodeHello(hello));
-  if (!s.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("nccl handshake with ", e->address, ": ", s.message()));
-  }
-  absl::StatusOr<Frame> f = ReadFrame(fd, deadline, nullptr);
-  absl::StatusOr<nccl_internal::HelloFrame> reply =
-      !f.ok()                        ? f.status()
-      : f->type == FrameType::kHello ? nccl_internal::DecodeHello(f->body)
-                                     : absl::InvalidArgumentError("expected a hello frame");
-  if (!reply.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("nccl handshake with ", e->address, " failed: ", reply.status().message()));
-  }
-  if (reply->protocol_version != kTransportProtocolVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("nccl protocol version mismatch: local=", kTransportProtocolVersion,
-                     " remote=", reply->protocol_version));
-  }
-  if (reply->instance_id != e->instance_id) {
-    return absl::FailedPreconditionError(absl::StrCat("endpoint names transport instance ",
-                                                      e->instance_id, " but ", e->address,
-                                                      " is instance ", reply->instance_id,
-                                                      " (peer restarted? fetch its new "
-                                                      "endpoint)"));
-  }
-  conn->peer_instance = reply->instance_id;
-  ncclUniqueId uid;
-  {
-    DeviceGuard device(options_.device);
-    const ncclResult_t r = ncclGetUniqueId(&uid);
-    if (r != ncclSuccess) {
-      return absl::UnavailableError(NcclError("ncclGetUniqueId", r));
+  absl::Status s = ClientHandshake(*conn, *e);
+  uint32_t handle = 0;
+  if (s.ok()) {
+    // Checked under mu_: the destructor sets stopping_ under mu_, then aborts what is in
+    // conns_, so a connection is either added before (and aborted with the rest) or not at all.
+    absl::MutexLock lock(&mu_);
+    if (Running()) {
+      conn->id = next_conn_++;
+      handle = next_peer_++;
+      AddConn(conn);
+      peers_[handle] = conn;
+      conn->reader = std::thread([this, conn] { OutboundLoop(conn); });
+    } else {
+      s = absl::UnavailableError("nccl transport is shutting down");
     }
-  }
-  s = SendFrame(*conn, FrameType::kUniqueId,
-                absl::string_view(reinterpret_cast<const char*>(&uid), sizeof(uid)));
-  if (s.ok()) {
-    s = InitComm(*conn, uid, /*rank=*/0, deadline);
-  }
-  if (s.ok()) {
-    f = ReadFrame(fd, deadline, nullptr);
-    absl::StatusOr<StatusFrame> ready = !f.ok() ? f.status()
-                                        : f->type == FrameType::kReady
-                                            ? nccl_internal::DecodeStatus(f->body)
-                                            : absl::InvalidArgumentError("expected a ready frame");
-    s = ready.ok() ? ready->status : ready.status();
   }
   if (!s.ok()) {
     AbortConn(*conn, s);
@@ -750,21 +736,64 @@ absl::StatusOr<PeerHandle> NcclTransport::Connect(absl::string_view endpoint) {
       cudaStreamDestroy(conn->stream);
       conn->stream = nullptr;
     }
-    return absl::UnavailableError(
-        absl::StrCat("nccl connect to ", e->address, ": communicator not created: ", s.message()));
+    return s;
   }
-  absl::MutexLock lock(&mu_);
-  if (!Running()) {
-    AbortConn(*conn, absl::UnavailableError("nccl transport is shutting down"));
-    return absl::UnavailableError("nccl transport is shutting down");
-  }
-  conn->id = next_conn_++;
-  const uint32_t handle = next_peer_++;
-  AddConn(conn);
-  peers_[handle] = conn;
-  conn->reader = std::thread([this, conn] { OutboundLoop(conn); });
   VLOG(1) << "nccl transport connected to " << e->address << " instance " << e->instance_id;
   return PeerHandle(handle);
+}
+
+absl::Status NcclTransport::ClientHandshake(Conn& conn, const EndpointInfo& e) {
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  nccl_internal::HelloFrame hello;
+  hello.instance_id = core_.instance_id();
+  hello.expected_instance_id = e.instance_id;
+  absl::Status s = SendFrame(conn, FrameType::kHello, nccl_internal::EncodeHello(hello));
+  absl::StatusOr<Frame> f = s.ok() ? ReadFrame(conn.fd, deadline, nullptr) : s;
+  absl::StatusOr<nccl_internal::HelloFrame> reply =
+      !f.ok()                        ? f.status()
+      : f->type == FrameType::kHello ? nccl_internal::DecodeHello(f->body)
+                                     : absl::InvalidArgumentError("expected a hello frame");
+  if (!reply.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("nccl handshake with ", e.address, " failed: ", reply.status().message()));
+  }
+  if (reply->protocol_version != kTransportProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("nccl protocol version mismatch: local=", kTransportProtocolVersion,
+                     " remote=", reply->protocol_version));
+  }
+  if (reply->instance_id != e.instance_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "endpoint names transport instance ", e.instance_id, " but ", e.address, " is instance ",
+        reply->instance_id, " (peer restarted? fetch its new endpoint)"));
+  }
+  conn.peer_instance = reply->instance_id;
+  ncclUniqueId uid;
+  {
+    DeviceGuard device(options_.device);
+    const ncclResult_t r = ncclGetUniqueId(&uid);
+    if (r != ncclSuccess) {
+      return absl::UnavailableError(NcclError("ncclGetUniqueId", r));
+    }
+  }
+  s = SendFrame(conn, FrameType::kUniqueId,
+                absl::string_view(reinterpret_cast<const char*>(&uid), sizeof(uid)));
+  if (s.ok()) {
+    s = InitComm(conn, uid, /*rank=*/0, deadline);
+  }
+  if (s.ok()) {
+    f = ReadFrame(conn.fd, deadline, nullptr);
+    absl::StatusOr<StatusFrame> ready = !f.ok() ? f.status()
+                                        : f->type == FrameType::kReady
+                                            ? nccl_internal::DecodeStatus(f->body)
+                                            : absl::InvalidArgumentError("expected a ready frame");
+    s = ready.ok() ? ready->status : ready.status();
+  }
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("nccl connect to ", e.address, ": communicator not created: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NcclTransport::Disconnect(PeerHandle handle) {
@@ -995,26 +1024,7 @@ bool NcclTransport::ProgressConn(Conn& conn) {
       const cudaError_t e = cudaEventQuery(it->event);
       if (e == cudaErrorNotReady) {
         if (!conn.aborted && stale.ok()) {
-          // An issued group that outlived its transfer: NCCL cannot cancel it.
-          if (conn.outbound) {
-            absl::StatusOr<TransferState> st = core_.Poll(TransferId(it->seq));
-            if (st.ok() && st->phase == TransferPhase::kFailed) {
-              stale = absl::UnavailableError(absl::StrCat(
-                  "nccl send of transfer ", it->seq, " still in flight after it failed (",
-                  st->status.message(), "); connection aborted"));
-            }
-          } else {
-            for (const WriteGrant& g : it->grants) {
-              core_.IsPending(g.exp->id);  // applies the expectation's deadline
-              if (!g.Valid()) {
-                stale = absl::UnavailableError(
-                    absl::StrCat("nccl receive for tag ", it->tag,
-                                 " still in flight after its expectation ended; connection "
-                                 "aborted"));
-                break;
-              }
-            }
-          }
+          stale = OutlivedItsTransfer(conn, *it);
         }
         ++it;
         continue;
@@ -1043,6 +1053,34 @@ bool NcclTransport::ProgressConn(Conn& conn) {
   if (death.ok()) {
     death = absl::UnavailableError("nccl connection aborted");
   }
+  RetireOps(conn, ok_ops, failed_ops, death);
+  return remaining;
+}
+
+absl::Status NcclTransport::OutlivedItsTransfer(const Conn& conn, const Op& op) {
+  // An issued group that outlived its transfer: NCCL cannot cancel it, so the caller aborts.
+  if (conn.outbound) {
+    absl::StatusOr<TransferState> st = core_.Poll(TransferId(op.seq));
+    if (st.ok() && st->phase == TransferPhase::kFailed) {
+      return absl::UnavailableError(absl::StrCat("nccl send of transfer ", op.seq,
+                                                 " still in flight after it failed (",
+                                                 st->status.message(), "); connection aborted"));
+    }
+    return absl::OkStatus();
+  }
+  for (const WriteGrant& g : op.grants) {
+    core_.IsPending(g.exp->id);  // applies the expectation's deadline
+    if (!g.Valid()) {
+      return absl::UnavailableError(absl::StrCat("nccl receive for tag ", op.tag,
+                                                 " still in flight after its expectation ended; "
+                                                 "connection aborted"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void NcclTransport::RetireOps(Conn& conn, std::vector<Op>& ok_ops, std::vector<Op>& failed_ops,
+                              const absl::Status& death) {
   for (Op& op : ok_ops) {
     cudaEventDestroy(op.event);
     if (conn.outbound) {
@@ -1075,7 +1113,6 @@ bool NcclTransport::ProgressConn(Conn& conn) {
       }
     }
   }
-  return remaining;
 }
 
 void NcclTransport::Reap() {
