@@ -19,10 +19,10 @@
 //    (ncclCommAbort) and fails every transfer on it with Unavailable; Connect again builds a
 //    fresh one. NCCL cannot cancel one operation, so an issued group that outlives its transfer
 //    (timeout, receiver Cancel or Deregister) aborts its connection too.
-//  - Cancel: receiver expectations only (Caps().cancel is false): a posted send is answered
-//    Unimplemented and ends at its timeout.
-//  - Memory: MemoryKind::kCuda on `device` only; one device per transport. NCCL rejects two
-//    ranks of one communicator on the same GPU, so the two ends must use different devices.
+//  - Cancel: receiver expectations only (Caps().cancel is false): Cancel of a pending posted
+//    transfer is Unimplemented (it ends at its timeout); of a finished one, a no-op.
+//  - Memory: MemoryKind::kCuda on `device` only; one device per transport. NCCL does not
+//    support two ranks of one communicator on one GPU, so the two ends use different devices.
 //  - Deregister of a source pool waits until no issued send reads from it.
 //
 // Thread-safe.
