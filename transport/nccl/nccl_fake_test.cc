@@ -4,8 +4,10 @@
 // itself; the real library runs in the gpu-labelled suites.
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "transport/conformance/conformance_suite.h"
 #include "transport/nccl/fake_cuda_nccl.h"
@@ -230,6 +232,80 @@ TEST_F(NcclFakeTest, ReceiverDestroyedMidBatchFailsSenderUnavailable) {
   EXPECT_TRUE(sender_->Deregister(src_.handle).ok());
   absl::StatusOr<TransferId> again = sender_->PostTransfer(peer_, 6, src_.handle, {}, "", {});
   EXPECT_FALSE(again.ok());
+}
+
+TEST_F(NcclFakeTest, ConcurrentPostersKeepGroupsInStep) {
+  // Four threads post 10 transfers each of 1..4 blocks on one connection, with copies paused
+  // now and then: the groups must still pair up send-for-recv (a mismatch would be a size
+  // error in the fake, or wrong bytes), and every block must hold its source's pattern.
+  constexpr uint32_t kDstBlocks = 4 * 10 * 4;
+  DevicePool big_src;
+  DevicePool big_dst;
+  {
+    absl::StatusOr<TestDeviceBuffer> a = TestDeviceBuffer::Allocate(kBlockBytes * kBlocks, 0);
+    absl::StatusOr<TestDeviceBuffer> b = TestDeviceBuffer::Allocate(kBlockBytes * kDstBlocks, 1);
+    ASSERT_TRUE(a.ok() && b.ok());
+    big_src.buf = std::make_unique<TestDeviceBuffer>(*std::move(a));
+    big_dst.buf = std::make_unique<TestDeviceBuffer>(*std::move(b));
+    std::vector<char> host(kBlockBytes * kBlocks);
+    for (uint32_t i = 0; i < kBlocks; ++i) {
+      FillPattern(42, i, host.data() + i * kBlockBytes, kBlockBytes);
+    }
+    ASSERT_TRUE(big_src.buf->CopyFromHost(0, host.data(), host.size()).ok());
+    absl::StatusOr<RegionHandle> hs =
+        sender_->Register(MemoryRegion{big_src.buf->data(), host.size(), MemoryKind::kCuda, 0,
+                                       TestGeometry(kBlockBytes, kBlocks)});
+    absl::StatusOr<RegionHandle> hd = receiver_->Register(
+        MemoryRegion{big_dst.buf->data(), kBlockBytes * kDstBlocks, MemoryKind::kCuda, 1,
+                     TestGeometry(kBlockBytes, kDstBlocks)});
+    ASSERT_TRUE(hs.ok() && hd.ok());
+    big_src.handle = *hs;
+    big_dst.handle = *hd;
+  }
+  std::vector<BlockPair> all;
+  absl::Mutex mu;
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint32_t k = 0; k < 10; ++k) {
+        const uint32_t n = 1 + (t + k) % 4;
+        const uint32_t dst_first = (t * 10 + k) * 4;
+        std::vector<BlockId> blocks;
+        std::vector<BlockPair> pairs;
+        for (uint32_t i = 0; i < n; ++i) {
+          blocks.push_back(BlockId(dst_first + i));
+          pairs.push_back({BlockId((t * 3 + k + i) % kBlocks), BlockId(dst_first + i)});
+        }
+        const uint64_t tag = 1000 + t * 100 + k;
+        absl::StatusOr<Expectation> e = receiver_->ExpectTransfer(tag, big_dst.handle, blocks, {});
+        ASSERT_TRUE(e.ok()) << e.status();
+        absl::StatusOr<TransferId> id =
+            sender_->PostTransfer(peer_, tag, big_src.handle, pairs, e->descriptor, {});
+        ASSERT_TRUE(id.ok()) << id.status();
+        if (t == 0 && k % 3 == 0) {
+          fake_cuda::PauseCopies(true);
+          absl::SleepFor(absl::Milliseconds(2));
+          fake_cuda::PauseCopies(false);
+        }
+        EXPECT_EQ(sender_->Wait(*id, absl::Seconds(20))->phase, TransferPhase::kDone);
+        EXPECT_EQ(receiver_->Wait(e->id, absl::Seconds(20))->phase, TransferPhase::kDone);
+        absl::MutexLock lock(&mu);
+        all.insert(all.end(), pairs.begin(), pairs.end());
+      }
+    });
+  }
+  for (std::thread& th : threads) {
+    th.join();
+  }
+  std::vector<char> host(kBlockBytes * kDstBlocks);
+  ASSERT_TRUE(big_dst.buf->CopyToHost(0, host.data(), host.size()).ok());
+  ASSERT_EQ(all.size(), 100u);
+  for (const BlockPair& p : all) {
+    EXPECT_EQ(FirstPatternMismatch(42, p.src.value(), host.data() + p.dst.value() * kBlockBytes,
+                                   kBlockBytes),
+              -1)
+        << "dst block " << p.dst.value();
+  }
 }
 
 TEST_F(NcclFakeTest, DataArrivesOnlyInAnnouncedBlocks) {
