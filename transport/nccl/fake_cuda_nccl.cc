@@ -159,8 +159,9 @@ int AbortCount() {
   return S().aborts;
 }
 
-int PendingOps() {
-  std::lock_guard<std::mutex> lock(S().mu);
+namespace {
+
+int PendingOpsLocked() {
   int n = 0;
   std::vector<std::weak_ptr<OpState>> live;
   for (auto& w : S().issued) {
@@ -171,6 +172,19 @@ int PendingOps() {
   }
   S().issued = std::move(live);
   return n;
+}
+
+}  // namespace
+
+int PendingOps() {
+  std::lock_guard<std::mutex> lock(S().mu);
+  return PendingOpsLocked();
+}
+
+bool WaitForPendingOps(int n, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(S().mu);
+  return S().cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                         [n] { return PendingOpsLocked() >= n; });
 }
 
 size_t CopiedBytes() {

@@ -30,6 +30,8 @@ int AbortCount();
 
 // Issued send/recv operations not completed yet (over all communicators).
 int PendingOps();
+// Blocks until PendingOps() >= n or `timeout_ms` passed; returns whether it got there.
+bool WaitForPendingOps(int n, int timeout_ms);
 
 // Bytes copied by matched send/recv pairs so far.
 size_t CopiedBytes();

@@ -174,10 +174,7 @@ TEST_F(NcclFakeTest, ReceiverCancelWithGroupInFlightAbortsConnection) {
   const int aborts = fake_cuda::AbortCount();
   auto [send, recv] = Start(2, 4, absl::Seconds(30));
   // Wait until both groups are issued (the receiver's recv, then the sender's send).
-  for (int i = 0; i < 10000 && fake_cuda::PendingOps() < 2; ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  ASSERT_GE(fake_cuda::PendingOps(), 2);
+  ASSERT_TRUE(fake_cuda::WaitForPendingOps(2, 10000));
   // Cancel returns only after the in-flight receive stopped: that takes an abort.
   ASSERT_TRUE(receiver_->Cancel(recv).ok());
   EXPECT_EQ(receiver_->Poll(recv)->status.code(), absl::StatusCode::kCancelled);
@@ -283,8 +280,7 @@ TEST_F(NcclFakeTest, ConcurrentPostersKeepGroupsInStep) {
             sender_->PostTransfer(peer_, tag, big_src.handle, pairs, e->descriptor, {});
         ASSERT_TRUE(id.ok()) << id.status();
         if (t == 0 && k % 3 == 0) {
-          fake_cuda::PauseCopies(true);
-          absl::SleepFor(absl::Milliseconds(2));
+          fake_cuda::PauseCopies(true);  // other threads' groups queue up meanwhile
           fake_cuda::PauseCopies(false);
         }
         EXPECT_EQ(sender_->Wait(*id, absl::Seconds(20))->phase, TransferPhase::kDone);
