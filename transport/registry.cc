@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<KvTransport>> MakeNccl(const TransportConfig& con
   o.listen_host = config.listen_host;
   o.listen_port = config.listen_port;
   o.connect_timeout = config.connect_timeout;
+  o.device = config.cuda_device;
   return CreateNcclTransport(o);
 }
 #endif
@@ -92,6 +93,10 @@ absl::Status TransportConfig::Validate() const {
   if (listen_port < 0 || listen_port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("transport config: listen_port ", listen_port, " out of range"));
+  }
+  if (cuda_device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport config: cuda_device ", cuda_device, " is negative"));
   }
   if (connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("transport config: connect_timeout must be positive");

@@ -49,6 +49,10 @@ struct TransportConfig {
   // ucx: a progress thread sleeps on the worker's event fd when idle (false: busy-poll).
   bool ucx_blocking_progress = true;
 
+  // nccl: the CUDA device whose pools this transport moves and whose communicators it creates
+  // (one device per transport; the two ends of a connection must be on different GPUs).
+  int cuda_device = 0;
+
   // loopback: the in-process hub connecting transports; a fresh one when null.
   // Shared by every loopback transport attached to it.
   std::shared_ptr<LoopbackHub> loopback_hub;

@@ -7,11 +7,15 @@
 //   pd-kvbench --backend=ucx --ucx_tls=shm,self,tcp --block_kib=2048 --batches=32 --iters=20
 //
 // Each point also reports `memcpy_gib_per_s`: one thread copying the same blocks between two
-// pools of the same size in this process (the single-core ceiling for the same working set).
+// pools of the same size in this process (the single-core ceiling for the same working set);
+// with device pools (--memory=cuda, the default for --backend=nccl) it is omitted.
+//
+//   pd-kvbench --backend=nccl --cuda_device=0 --peer_cuda_device=1 --block_kib=2048
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,8 +33,14 @@
 #include "transport/conformance/conformance_suite.h"
 #include "transport/conformance/peer_control.h"
 #include "transport/registry.h"
+#include "transport/testing/test_device_memory.h"
 
-ABSL_FLAG(std::string, backend, "tcp", "tcp | ucx");
+ABSL_FLAG(std::string, backend, "tcp", "tcp | ucx | nccl");
+ABSL_FLAG(std::string, memory, "auto",
+          "pool memory: host | cuda (cudaMalloc; builds with NCCL) | auto (cuda for nccl)");
+ABSL_FLAG(int, cuda_device, 0, "cuda pools and nccl: this process's (sender's) device");
+ABSL_FLAG(int, peer_cuda_device, 1,
+          "cuda pools and nccl: the receiver's device (NCCL needs a different GPU per rank)");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX_TLS for both processes (e.g. shm,self,tcp or tcp)");
 ABSL_FLAG(std::string, ucx_data_path, "auto", "ucx data path: auto | rma | am");
 ABSL_FLAG(std::vector<std::string>, block_kib,
@@ -54,13 +64,24 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+bool UseCudaPools() {
+  const std::string m = absl::GetFlag(FLAGS_memory);
+  return m == "cuda" || (m == "auto" && absl::GetFlag(FLAGS_backend) == "nccl");
+}
+
 absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
   const uint32_t num_blocks = 64;
+  const bool cuda = UseCudaPools();
   TransportConfig c;
   c.backend = absl::GetFlag(FLAGS_backend);
+  c.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   std::vector<std::string> args = {absl::StrCat("--backend=", c.backend),
                                    absl::StrCat("--block_bytes=", block_bytes),
                                    absl::StrCat("--num_blocks=", num_blocks)};
+  if (cuda) {
+    args.push_back("--memory=cuda");
+    args.push_back(absl::StrCat("--cuda_device=", absl::GetFlag(FLAGS_peer_cuda_device)));
+  }
   if (!absl::GetFlag(FLAGS_ucx_tls).empty()) {
     c.ucx_options.push_back({"TLS", absl::GetFlag(FLAGS_ucx_tls)});
     args.push_back(absl::StrCat("--ucx_tls=", absl::GetFlag(FLAGS_ucx_tls)));
@@ -97,9 +118,18 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
   }
   std::memset(mem, 0x5a, block_bytes * num_blocks);
   const PoolGeometry g = conformance::TestGeometry(block_bytes, num_blocks);
-  PD_ASSIGN_OR_RETURN(
-      RegionHandle src,
-      sender->Register(MemoryRegion{mem, block_bytes * num_blocks, MemoryKind::kHost, 0, g}));
+  MemoryRegion region{mem, block_bytes * num_blocks, MemoryKind::kHost, 0, g};
+  std::optional<TestDeviceBuffer> dev;
+  if (cuda) {
+    PD_ASSIGN_OR_RETURN(TestDeviceBuffer d,
+                        TestDeviceBuffer::Allocate(region.size_bytes, c.cuda_device));
+    PD_RETURN_IF_ERROR(d.CopyFromHost(0, mem, region.size_bytes));
+    dev.emplace(std::move(d));
+    region.base = dev->data();
+    region.kind = MemoryKind::kCuda;
+    region.device = c.cuda_device;
+  }
+  PD_ASSIGN_OR_RETURN(RegionHandle src, sender->Register(region));
   PD_ASSIGN_OR_RETURN(std::string ep, (*peer)->Call("endpoint"));
   PD_ASSIGN_OR_RETURN(PeerHandle h, sender->Connect(absl::HexStringToBytes(ep)));
   std::vector<BlockPair> pairs;
@@ -137,7 +167,7 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
   const double bytes = static_cast<double>(block_bytes) * batch;
   // Single-thread memcpy of the same blocks into a second pool of the same size.
   std::vector<double> copy_gibps;
-  {
+  if (!cuda) {
     std::unique_ptr<char[]> dst_pool(new char[block_bytes * num_blocks]);
     std::memset(dst_pool.get(), 0, block_bytes * num_blocks);
     for (int i = -2; i < iters; ++i) {
@@ -166,7 +196,10 @@ absl::StatusOr<nlohmann::json> RunPoint(uint64_t block_bytes, uint32_t batch) {
   j["iters"] = iters;
   j["gib_per_s_median"] = Percentile(gibps, 0.5);
   j["gib_per_s_p10"] = Percentile(gibps, 0.1);
-  j["memcpy_gib_per_s"] = Percentile(copy_gibps, 0.5);
+  if (!copy_gibps.empty()) {
+    j["memcpy_gib_per_s"] = Percentile(copy_gibps, 0.5);
+  }
+  j["memory"] = cuda ? "cuda" : "host";
   j["latency_us_p50"] = Percentile(seconds, 0.5) * 1e6;
   j["latency_us_p90"] = Percentile(seconds, 0.9) * 1e6;
   j["latency_us_p99"] = Percentile(seconds, 0.99) * 1e6;

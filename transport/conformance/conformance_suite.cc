@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "gmock/gmock.h"
+#include "transport/testing/test_device_memory.h"
 
 namespace pd::transport::conformance {
 namespace {
@@ -17,29 +19,66 @@ constexpr char kSentinel = static_cast<char>(0xEE);
 constexpr uint64_t kSeed = 42;
 const absl::Duration kWait = absl::Seconds(10);
 
+// A test pool: host memory, or device memory with a host mirror that block()/all() refresh
+// (pattern fill and verification go through cudaMemcpy for device pools).
 struct Pool {
-  std::unique_ptr<char[]> mem;
+  std::unique_ptr<char[]> mem;  // the pool (host) or its host mirror (device)
+  std::optional<TestDeviceBuffer> dev;
   PoolGeometry geometry;
   RegionHandle handle;
-  char* block(uint32_t b) { return mem.get() + uint64_t{b} * geometry.block_bytes; }
+  MemoryKind kind = MemoryKind::kHost;
+  int device = 0;
+
+  void* base() { return dev.has_value() ? dev->data() : mem.get(); }
+  uint64_t size() const { return geometry.block_bytes * geometry.num_blocks; }
+  // Host view of block `b`, read back from the device first for device pools.
+  char* block(uint32_t b) {
+    const uint64_t off = uint64_t{b} * geometry.block_bytes;
+    if (dev.has_value()) {
+      EXPECT_TRUE(dev->CopyToHost(off, mem.get() + off, geometry.block_bytes).ok());
+    }
+    return mem.get() + off;
+  }
+  // Host view of the whole pool.
+  char* all() {
+    if (dev.has_value()) {
+      EXPECT_TRUE(dev->CopyToHost(0, mem.get(), size()).ok());
+    }
+    return mem.get();
+  }
 };
 
-// Source pools hold the pattern; destination pools the sentinel.
-Pool MakePool(KvTransport& t, const PoolGeometry& g, bool source) {
+// Source pools hold the pattern; destination pools the sentinel. `index` names the transport
+// (ConformanceParam::make) so device pools land on its device.
+Pool MakePool(KvTransport& t, const PoolGeometry& g, bool source, int index = -1) {
+  const ConformanceParam& param = ::testing::TestWithParam<ConformanceParam>::GetParam();
   Pool p;
   p.geometry = g;
   const uint64_t size = g.block_bytes * g.num_blocks;
   p.mem.reset(new char[size]);
   if (source) {
     for (uint32_t b = 0; b < g.num_blocks; ++b) {
-      FillPattern(kSeed, b, p.block(b), g.block_bytes);
+      FillPattern(kSeed, b, p.mem.get() + uint64_t{b} * g.block_bytes, g.block_bytes);
     }
   } else {
     std::memset(p.mem.get(), kSentinel, size);
   }
+  p.kind = param.memory;
+  if (param.memory == MemoryKind::kCuda) {
+    p.device = param.device_of ? param.device_of(index < 0 ? (source ? 0 : 1) : index) : 0;
+    absl::StatusOr<TestDeviceBuffer> d = TestDeviceBuffer::Allocate(size, p.device);
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) {
+      return p;
+    }
+    EXPECT_TRUE(d->CopyFromHost(0, p.mem.get(), size).ok());
+    p.dev.emplace(*std::move(d));
+  }
   MemoryRegion r;
-  r.base = p.mem.get();
+  r.base = p.base();
   r.size_bytes = size;
+  r.kind = p.kind;
+  r.device = p.device;
   r.geometry = g;
   absl::StatusOr<RegionHandle> h = t.Register(r);
   EXPECT_TRUE(h.ok()) << h.status();
@@ -56,8 +95,15 @@ class Harness {
   explicit Harness(const ConformanceParam& param) : param_(param) {}
 
   bool Init() {
+    if (param_.skip_reason) {
+      const std::string why = param_.skip_reason();
+      if (!why.empty()) {
+        [&] { GTEST_SKIP() << why; }();  // marks the test skipped; the caller returns
+        return false;
+      }
+    }
     absl::StatusOr<std::unique_ptr<KvTransport>> a = param_.make(0);
-    absl::StatusOr<std::unique_ptr<KvTransport>> b = param_.make(0);
+    absl::StatusOr<std::unique_ptr<KvTransport>> b = param_.make(1);
     if (!a.ok() || !b.ok()) {
       ADD_FAILURE() << a.status() << " / " << b.status();
       return false;
@@ -143,7 +189,7 @@ TEST_P(KvTransportConformance, NameAndCaps) {
   PD_HARNESS(h);
   EXPECT_EQ(h.sender->Name(), GetParam().name.substr(0, h.sender->Name().size()));
   const TransportCaps caps = h.sender->Caps();
-  EXPECT_TRUE(caps.host_memory);
+  EXPECT_TRUE(GetParam().memory == MemoryKind::kCuda ? caps.cuda_memory : caps.host_memory);
   EXPECT_TRUE(caps.notifications);
   EXPECT_TRUE(caps.one_sided || caps.two_sided);
 }
@@ -154,6 +200,16 @@ TEST_P(KvTransportConformance, RegisterValidatesInput) {
   MemoryRegion r;
   r.base = mem.data();
   r.size_bytes = mem.size();
+  std::optional<TestDeviceBuffer> dev;
+  if (GetParam().memory == MemoryKind::kCuda) {
+    absl::StatusOr<TestDeviceBuffer> d =
+        TestDeviceBuffer::Allocate(4096, GetParam().device_of ? GetParam().device_of(0) : 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    dev.emplace(*std::move(d));
+    r.base = dev->data();
+    r.kind = MemoryKind::kCuda;
+    r.device = dev->device();
+  }
   r.geometry = TestGeometry(1024, 8);  // needs 8 KiB
   EXPECT_EQ(h.sender->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
   r.geometry = TestGeometry(0, 4);
@@ -168,6 +224,9 @@ TEST_P(KvTransportConformance, RegisterValidatesInput) {
 // Memory from AllocateHost is zeroed, registrable, and carries transfers both ways; it may be
 // freed after its transport is gone.
 TEST_P(KvTransportConformance, AllocateHostMemoryCarriesTransfers) {
+  if (GetParam().memory != MemoryKind::kHost) {
+    GTEST_SKIP() << "the backend moves device memory; AllocateHost is for host pools";
+  }
   PD_HARNESS(h);
   EXPECT_EQ(h.sender->AllocateHost(0).status().code(), absl::StatusCode::kInvalidArgument);
   const PoolGeometry g = TestGeometry(4096, 16);
@@ -337,7 +396,7 @@ TEST_P(KvTransportConformance, PairsMustMatchAnnouncement) {
             absl::StatusCode::kInvalidArgument);  // tag differs from the descriptor's
   EXPECT_EQ(h.receiver->ExpectTransfer(5, dst.handle, announced).status().code(),
             absl::StatusCode::kAlreadyExists);
-  EXPECT_TRUE(AllSentinel(dst.mem.get(), 16 * 1024));
+  EXPECT_TRUE(AllSentinel(dst.all(), 16 * 1024));
 }
 
 TEST_P(KvTransportConformance, HandshakeMismatchNamesBothSides) {
@@ -355,22 +414,22 @@ TEST_P(KvTransportConformance, HandshakeMismatchNamesBothSides) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("dtype sender=bf16 receiver=fp16"));
   EXPECT_THAT(s.message(), HasSubstr("num_kv_heads sender=2 receiver=8"));
-  EXPECT_TRUE(AllSentinel(dst.mem.get(), 8 * 1024));
+  EXPECT_TRUE(AllSentinel(dst.all(), 8 * 1024));
 }
 
 TEST_P(KvTransportConformance, DescriptorForAnotherPeerRejected) {
   PD_HARNESS(h);
-  absl::StatusOr<std::unique_ptr<KvTransport>> other = GetParam().make(0);
+  absl::StatusOr<std::unique_ptr<KvTransport>> other = GetParam().make(2);
   ASSERT_TRUE(other.ok()) << other.status();
   Pool src = MakePool(*h.sender, TestGeometry(1024, 8), true);
-  Pool elsewhere = MakePool(**other, TestGeometry(1024, 8), false);
+  Pool elsewhere = MakePool(**other, TestGeometry(1024, 8), false, 2);
   const BlockId blocks[] = {BlockId(0)};
   absl::StatusOr<Expectation> e = (*other)->ExpectTransfer(8, elsewhere.handle, blocks);
   ASSERT_TRUE(e.ok());
   const BlockPair pairs[] = {{BlockId(0), BlockId(0)}};
   absl::Status s = h.sender->PostTransfer(h.peer, 8, src.handle, pairs, e->descriptor).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_TRUE(AllSentinel(elsewhere.mem.get(), 8 * 1024));
+  EXPECT_TRUE(AllSentinel(elsewhere.all(), 8 * 1024));
 }
 
 TEST_P(KvTransportConformance, StaleDescriptorAfterReRegisterRejected) {
@@ -389,7 +448,9 @@ TEST_P(KvTransportConformance, StaleDescriptorAfterReRegisterRejected) {
   // ...and after re-registering the same memory, a new expectation under the same tag does
   // not accept the old descriptor.
   MemoryRegion again;
-  again.base = dst.mem.get();
+  again.base = dst.base();
+  again.kind = dst.kind;
+  again.device = dst.device;
   again.size_bytes = 8 * 2048;
   again.geometry = dst.geometry;
   absl::StatusOr<RegionHandle> h2 = h.receiver->Register(again);
@@ -408,7 +469,7 @@ TEST_P(KvTransportConformance, StaleDescriptorAfterReRegisterRejected) {
   } else {
     EXPECT_EQ(id.status().code(), absl::StatusCode::kFailedPrecondition) << id.status();
   }
-  EXPECT_TRUE(AllSentinel(dst.mem.get(), 8 * 2048));
+  EXPECT_TRUE(AllSentinel(dst.all(), 8 * 2048));
   // The fresh descriptor works.
   absl::StatusOr<TransferId> ok =
       h.sender->PostTransfer(h.peer, 9, src.handle, pairs, fresh->descriptor);
@@ -481,7 +542,7 @@ TEST_P(KvTransportConformance, ReceiverCancelRejectsData) {
     absl::StatusOr<TransferState> s = h.sender->Wait(*id, kWait);
     EXPECT_EQ(s->phase, TransferPhase::kFailed);
   }
-  EXPECT_TRUE(AllSentinel(dst.mem.get(), 8 * 1024));
+  EXPECT_TRUE(AllSentinel(dst.all(), 8 * 1024));
 }
 
 TEST_P(KvTransportConformance, ExpectationTimesOut) {

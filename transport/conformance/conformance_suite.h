@@ -24,8 +24,16 @@ namespace pd::transport::conformance {
 struct ConformanceParam {
   std::string name;
   // Returns a fresh transport; all transports made by one test talk to each other (the
-  // loopback factory shares a hub across calls made for the same `group`).
-  std::function<absl::StatusOr<std::unique_ptr<KvTransport>>(int group)> make;
+  // loopback factory shares one hub). `index` says which one a test is making: 0 the sender,
+  // 1 the receiver, 2 a third transport; device-bound backends pick their device from it.
+  std::function<absl::StatusOr<std::unique_ptr<KvTransport>>(int index)> make;
+  // Where test pools live: host memory, or device memory (TestDeviceBuffer) on
+  // `device_of(index)` for the transport made with that index.
+  MemoryKind memory = MemoryKind::kHost;
+  std::function<int(int index)> device_of;
+  // When set and non-empty, every test of this param is skipped with the reason (a missing
+  // GPU, or fewer GPUs than the backend needs).
+  std::function<std::string()> skip_reason;
 };
 
 // gtest prints the name instead of the struct's bytes.

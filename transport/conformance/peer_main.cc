@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "transport/conformance/conformance_suite.h"
 #include "transport/registry.h"
+#include "transport/testing/test_device_memory.h"
 
 ABSL_FLAG(std::string, control, "", "host:port of the test's control socket");
 ABSL_FLAG(std::string, backend, "tcp", "transport backend");
@@ -41,7 +43,9 @@ ABSL_FLAG(uint64_t, num_blocks, 64, "blocks in the pool");
 ABSL_FLAG(std::string, dtype, "bf16", "geometry dtype (for mismatch tests)");
 ABSL_FLAG(bool, fill_pattern, false, "fill the pool with the test pattern (seed 42)");
 ABSL_FLAG(std::string, pool_memory, "heap",
-          "where the pool lives: heap (new[]) | transport (KvTransport::AllocateHost)");
+          "where a host pool lives: heap (new[]) | transport (KvTransport::AllocateHost)");
+ABSL_FLAG(std::string, memory, "host", "pool memory: host | cuda (cudaMalloc, builds with NCCL)");
+ABSL_FLAG(int, cuda_device, 0, "CUDA device of a cuda pool and of the nccl transport");
 
 namespace pd::transport::conformance {
 namespace {
@@ -58,6 +62,7 @@ class Peer {
     c.ucx_data_path = path == "rma"  ? UcxDataPath::kRma
                       : path == "am" ? UcxDataPath::kActiveMessage
                                      : UcxDataPath::kAuto;
+    c.cuda_device = absl::GetFlag(FLAGS_cuda_device);
     absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateTransport(c);
     if (!t.ok()) {
       return t.status();
@@ -86,6 +91,20 @@ class Peer {
       }
     } else {
       std::memset(base_, 0xEE, size);
+    }
+    if (absl::GetFlag(FLAGS_memory) == "cuda") {
+      absl::StatusOr<TestDeviceBuffer> d =
+          TestDeviceBuffer::Allocate(size, absl::GetFlag(FLAGS_cuda_device));
+      if (!d.ok()) {
+        return d.status();
+      }
+      dev_.emplace(*std::move(d));
+      absl::Status s = dev_->CopyFromHost(0, base_, size);
+      if (!s.ok()) {
+        return s;
+      }
+    } else if (absl::GetFlag(FLAGS_memory) != "host") {
+      return absl::InvalidArgumentError("--memory must be host or cuda");
     }
     return RegisterPool();
   }
@@ -155,8 +174,9 @@ class Peer {
       for (absl::string_view b : absl::StrSplit(a[1], ',')) {
         uint32_t v = 0;
         absl::SimpleAtoi(b, &v);
+        const char* block = Block(v);
         for (uint64_t i = 0; i < geometry_.block_bytes; ++i) {
-          if (Block(v)[i] != static_cast<char>(0xEE)) {
+          if (block[i] != static_cast<char>(0xEE)) {
             return absl::StrCat("err block ", v, " was written");
           }
         }
@@ -204,11 +224,22 @@ class Peer {
   }
 
  private:
-  char* Block(uint32_t b) { return base_ + uint64_t{b} * geometry_.block_bytes; }
+  // Host view of block `b`; device pools are read back first.
+  char* Block(uint32_t b) {
+    const uint64_t off = uint64_t{b} * geometry_.block_bytes;
+    if (dev_.has_value() && !dev_->CopyToHost(off, base_ + off, geometry_.block_bytes).ok()) {
+      std::memset(base_ + off, 0, geometry_.block_bytes);  // fails verify and sentinel
+    }
+    return base_ + off;
+  }
 
   absl::Status RegisterPool() {
     MemoryRegion r;
-    r.base = base_;
+    r.base = dev_.has_value() ? dev_->data() : base_;
+    if (dev_.has_value()) {
+      r.kind = MemoryKind::kCuda;
+      r.device = dev_->device();
+    }
     r.size_bytes = geometry_.block_bytes * geometry_.num_blocks;
     r.geometry = geometry_;
     absl::StatusOr<RegionHandle> h = transport_->Register(r);
@@ -225,6 +256,7 @@ class Peer {
   char* base_ = nullptr;
   std::unique_ptr<KvTransport> transport_;
   PoolGeometry geometry_;
+  std::optional<TestDeviceBuffer> dev_;  // a cuda pool; base_ is then its host mirror
   RegionHandle region_;
 };
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,20 +20,14 @@
 #include "gtest/gtest.h"
 #include "transport/conformance/conformance_suite.h"
 #include "transport/conformance/peer_control.h"
+#include "transport/conformance/two_process_params.h"
 #include "transport/registry.h"
+#include "transport/testing/test_device_memory.h"
 
 namespace pd::transport::conformance {
 namespace {
 
 constexpr uint64_t kSeed = 42;
-
-struct TwoProcessParam {
-  std::string name;
-  std::string backend;
-  std::string ucx_tls;                 // empty: UCX defaults
-  std::string ucx_data_path = "auto";  // auto | rma | am (both processes)
-  std::string pool_memory = "heap";    // heap | transport (KvTransport::AllocateHost), both sides
-};
 
 UcxDataPath ParseDataPath(const std::string& s) {
   return s == "rma"  ? UcxDataPath::kRma
@@ -40,13 +35,17 @@ UcxDataPath ParseDataPath(const std::string& s) {
                      : UcxDataPath::kAuto;
 }
 
-void PrintTo(const TwoProcessParam& p, std::ostream* os) { *os << p.name; }
-
 class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
  protected:
   void SetUp() override {
     if (!IsTransportBuilt(GetParam().backend)) {
       GTEST_SKIP() << GetParam().backend << " not built";
+    }
+    if (GetParam().memory == MemoryKind::kCuda &&
+        TestDeviceCount() <= std::max(GetParam().local_device, GetParam().peer_device)) {
+      GTEST_SKIP() << "needs CUDA devices " << GetParam().local_device << " and "
+                   << GetParam().peer_device << " (" << TestDeviceCount()
+                   << " usable; NCCL does not support two ranks of one communicator on one GPU)";
     }
     absl::StatusOr<testing::TempDir> dir = testing::TempDir::Create("pd-transport-2p-");
     ASSERT_TRUE(dir.ok());
@@ -57,9 +56,13 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
       c.ucx_options.push_back({"TLS", GetParam().ucx_tls});
     }
     c.ucx_data_path = ParseDataPath(GetParam().ucx_data_path);
+    c.cuda_device = GetParam().local_device;
     absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateTransport(c);
     ASSERT_TRUE(t.ok()) << t.status();
     local_ = *std::move(t);
+    if (GetParam().memory == MemoryKind::kCuda && !local_->Caps().cuda_memory) {
+      GTEST_SKIP() << "this " << GetParam().backend << " build cannot move CUDA memory";
+    }
   }
 
   // Registers a pattern-filled source pool here.
@@ -79,8 +82,18 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
     for (uint32_t b = 0; b < num_blocks; ++b) {
       FillPattern(kSeed, b, base + b * block_bytes, block_bytes);
     }
-    absl::StatusOr<RegionHandle> h = local_->Register(
-        MemoryRegion{base, block_bytes * num_blocks, MemoryKind::kHost, 0, geometry_});
+    MemoryRegion r{base, block_bytes * num_blocks, MemoryKind::kHost, 0, geometry_};
+    if (GetParam().memory == MemoryKind::kCuda) {
+      absl::StatusOr<TestDeviceBuffer> d =
+          TestDeviceBuffer::Allocate(r.size_bytes, GetParam().local_device);
+      ASSERT_TRUE(d.ok()) << d.status();
+      ASSERT_TRUE(d->CopyFromHost(0, base, r.size_bytes).ok());
+      dev_.emplace(*std::move(d));
+      r.base = dev_->data();
+      r.kind = MemoryKind::kCuda;
+      r.device = GetParam().local_device;
+    }
+    absl::StatusOr<RegionHandle> h = local_->Register(r);
     ASSERT_TRUE(h.ok()) << h.status();
     src_ = *h;
   }
@@ -95,6 +108,10 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
     }
     args.push_back(absl::StrCat("--ucx_data_path=", GetParam().ucx_data_path));
     args.push_back(absl::StrCat("--pool_memory=", GetParam().pool_memory));
+    if (GetParam().memory == MemoryKind::kCuda) {
+      args.push_back("--memory=cuda");
+      args.push_back(absl::StrCat("--cuda_device=", GetParam().peer_device));
+    }
     absl::StatusOr<std::unique_ptr<PeerControl>> p =
         PeerControl::Start(PD_BINARY_DIR "/transport/conformance/transport_conformance_peer", args,
                            dir_->File(absl::StrCat("peer", generation, ".log")), absl::Seconds(20));
@@ -156,7 +173,8 @@ class TwoProcessTest : public ::testing::TestWithParam<TwoProcessParam> {
   std::unique_ptr<HostAllocation> allocation_;  // outlives local_ (registered in it)
   std::unique_ptr<KvTransport> local_;
   PoolGeometry geometry_;
-  std::unique_ptr<char[]> mem_;
+  std::unique_ptr<char[]> mem_;  // the source pool (host) or its pattern (cuda)
+  std::optional<TestDeviceBuffer> dev_;
   RegionHandle src_;
 };
 
@@ -281,20 +299,10 @@ TEST_P(TwoProcessTest, PeerKilledMidBatchFailsWithinTimeoutThenRestartedPeerWork
   RoundTrip(*again, *h2, 2, {pairs.begin(), pairs.begin() + 8});
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, TwoProcessTest,
-    ::testing::Values(TwoProcessParam{"tcp", "tcp", ""},
-                      TwoProcessParam{"ucx_shm_self_tcp", "ucx", "shm,self,tcp"},
-                      TwoProcessParam{"ucx_rma_shm_self_tcp", "ucx", "shm,self,tcp", "rma"},
-                      TwoProcessParam{"ucx_am_shm_self_tcp", "ucx", "shm,self,tcp", "am"},
-                      TwoProcessParam{"ucx_tcp", "ucx", "tcp"},
-                      TwoProcessParam{"ucx_am_tcp", "ucx", "tcp", "am"},
-                      // Pools from AllocateHost: over shm, kAuto puts into the peer's segment.
-                      TwoProcessParam{"ucx_mapped_shm_self_tcp", "ucx", "shm,self,tcp", "auto",
-                                      "transport"},
-                      TwoProcessParam{"ucx_mapped_tcp", "ucx", "tcp", "auto", "transport"},
-                      TwoProcessParam{"tcp_mapped", "tcp", "", "auto", "transport"}),
-    [](const ::testing::TestParamInfo<TwoProcessParam>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Backends, TwoProcessTest, ::testing::ValuesIn(TwoProcessParams()),
+                         [](const ::testing::TestParamInfo<TwoProcessParam>& i) {
+                           return i.param.name;
+                         });
 
 }  // namespace
 }  // namespace pd::transport::conformance

@@ -147,6 +147,16 @@ bool IsFastTransport(absl::string_view tl) {
 // endpoint's first transfers and 10-20% of 1-block transfers take 10-15 ms (tail not yet
 // diagnosed; suspect a completion that does not wake the worker's event fd), so AM stays the
 // shm default until that is fixed; kRma selects it explicitly.
+// Whether a descriptor's blob (base, packed rkey, memory kind, mapped flag) names a device
+// region.
+bool DescriptorTargetsDevice(absl::string_view blob) {
+  transport_internal::ByteReader r(blob);
+  r.U64();
+  r.Bytes();
+  const uint8_t kind = r.U8();
+  return r.ok() && kind == static_cast<uint8_t>(MemoryKind::kCuda);
+}
+
 bool IsGoodPutTransport(absl::string_view tl) {
   return absl::StartsWith(tl, "rc") || absl::StartsWith(tl, "dc") ||
          absl::StartsWith(tl, "cuda_ipc") || absl::StartsWith(tl, "gdr");
@@ -164,6 +174,7 @@ bool DescriptorIsMapped(absl::string_view blob) {
   transport_internal::ByteReader r(blob);
   r.U64();
   r.Bytes();
+  r.U8();  // memory kind (DescriptorTargetsDevice)
   const uint8_t mapped = r.U8();
   return r.ok() && mapped == 1;
 }
@@ -350,6 +361,7 @@ class UcxTransport : public KvTransport {
   TransportCaps Caps() const override {
     TransportCaps c;
     c.host_memory = true;
+    c.cuda_memory = cuda_memory_;
     c.one_sided = options_.data_path != UcxDataPath::kActiveMessage;
     c.two_sided = options_.data_path != UcxDataPath::kRma;
     c.notifications = true;
@@ -416,6 +428,9 @@ class UcxTransport : public KvTransport {
   UcpWorker worker_;
   UcpListener listener_;
   int efd_ = -1;
+  // The UCX context supports UCS_MEMORY_TYPE_CUDA (ucp_context_query): a UCX built with
+  // cuda_copy/cuda_ipc (Debian's is not). Set once in Create.
+  bool cuda_memory_ = false;
   uint64_t next_conn_ = 1;
   absl::flat_hash_map<uint64_t, std::unique_ptr<UcxConn>> conns_;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, SeqState> seqs_;  // (conn, seq)
@@ -514,6 +529,11 @@ absl::Status UcxTransport::Init() {
   context_ = UcpContext(ctx, ContextDeleter());
   allocations_ = std::make_shared<UcxAllocations>();
   allocations_->context = context_;
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context_.get(), &attr) == UCS_OK) {
+    cuda_memory_ = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  }
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
@@ -918,6 +938,18 @@ ucs_status_t UcxTransport::OnAm(unsigned id, const void* header, size_t header_l
     core_.EndWrite(*grant, false, absl::DataLossError("ucx frame length mismatch"));
     grant = absl::DataLossError("ucx frame length does not match its blocks");
   }
+  if (grant.ok() && cuda_memory_) {
+    // Safety net: active-message data into device memory would be a CPU copy (eager) or need
+    // a memory-typed receive; senders put into device regions instead (StartPost). Without
+    // CUDA support no device region exists.
+    absl::StatusOr<transport_internal::RegionInfo> region = core_.GetRegion(grant->exp->region);
+    if (region.ok() && region->region.kind == MemoryKind::kCuda) {
+      core_.EndWrite(*grant, false,
+                     absl::FailedPreconditionError("ucx: active-message data for a device region"));
+      grant = absl::FailedPreconditionError(
+          "ucx: device-memory blocks are written by RMA only; the sender used active messages");
+    }
+  }
   if (!grant.ok()) {
     st.failed = true;
     SendStatus(conn_id, h.seq, grant.status());
@@ -1174,10 +1206,16 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
   if (region.base == nullptr || region.size_bytes == 0) {
     return absl::InvalidArgumentError("register: null base or zero size");
   }
+  const bool cuda = region.kind == MemoryKind::kCuda;
+  if (cuda && !cuda_memory_) {
+    return absl::UnimplementedError(
+        "this UCX build has no CUDA memory support (ucp_context_query reports no "
+        "UCS_MEMORY_TYPE_CUDA); install UCX with cuda_copy/cuda_ipc, or use the nccl transport");
+  }
   // Memory from AllocateHost is mapped already: its memh's rkey lets a peer on this host attach
   // the segment (a put is then a memcpy), which a second ucp_mem_map of the range would lose.
   ucp_mem_h allocated = nullptr;
-  {
+  if (!cuda) {
     absl::ReaderMutexLock lock(&allocations_->mu);
     if (const UcxAllocations::Entry* e = allocations_->Find(region.base, region.size_bytes)) {
       allocated = e->memh;
@@ -1192,6 +1230,10 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
       mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
       mp.address = region.base;
       mp.length = region.size_bytes;
+      if (cuda) {
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+      }
       status = ucp_mem_map(context_.get(), &mp, &memh);
       if (status != UCS_OK) {
         return;
@@ -1203,7 +1245,8 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
       transport_internal::ByteWriter w;
       w.U64(reinterpret_cast<uintptr_t>(region.base));
       w.Bytes(absl::string_view(static_cast<const char*>(rkey), rkey_len));
-      w.U8(allocated != nullptr ? 1 : 0);  // DescriptorIsMapped
+      w.U8(static_cast<uint8_t>(region.kind));  // senders put into device memory (RMA only)
+      w.U8(allocated != nullptr ? 1 : 0);       // DescriptorIsMapped
       blob = w.Take();
       ucp_rkey_buffer_release(rkey);
     }
@@ -1211,7 +1254,7 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
   if (status != UCS_OK) {
     return UcsError("ucp_mem_map", status);
   }
-  absl::StatusOr<RegionHandle> h = core_.AddRegion(region, /*allow_cuda=*/false, blob);
+  absl::StatusOr<RegionHandle> h = core_.AddRegion(region, /*allow_cuda=*/cuda_memory_, blob);
   std::unique_ptr<UcpMem> mem;
   if (allocated == nullptr) {
     mem = std::make_unique<UcpMem>(context_.get(), memh);
@@ -1409,12 +1452,14 @@ void UcxTransport::StartPost(uint64_t conn_id, PreparedPost post) {
     SendAm(*conn, kAmCancel, &h, sizeof(h), nullptr, 0, 0, /*on_data_ep=*/!conn->rma);
     return;
   }
-  // RMA when the connection uses it, or when the receiver's region is a UCX allocation that this
-  // connection's shm lanes reach with a plain memcpy (see SetupDataPath).
-  const bool rma = conn->rma || (conn->mapped_rma && DescriptorIsMapped(post.desc.blob));
+  // RMA when the connection uses it; for device-memory destinations (UCX moves them with
+  // cuda_ipc/cuda_copy/RDMA; the AM path would make the receiver's CPU copy into device memory);
+  // and when the receiver's region is a UCX allocation that this connection's shm lanes reach
+  // with a plain memcpy (see SetupDataPath).
+  const bool rma = conn->rma || DescriptorTargetsDevice(post.desc.blob) ||
+                   (conn->mapped_rma && DescriptorIsMapped(post.desc.blob));
   conn->in_flight[seq] = UcxConn::InFlight{h, rma};
-  if (rma) {
-    // Ask the receiver to hold the runs; OnRmaGrant puts them.
+  if (rma) {    // Ask the receiver to hold the runs; OnRmaGrant puts them.
     std::string runs;
     runs.reserve(post.runs.size() * sizeof(RunWire));
     for (const BlockRun& run : post.runs) {
