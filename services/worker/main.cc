@@ -32,7 +32,8 @@ ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
 ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
 ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, transport, pd::transport::IsTransportBuilt("ucx") ? "ucx" : "tcp",
-          "KV transport for the prefill -> decode handoff: ucx | tcp");
+          "KV transport for the prefill -> decode handoff: ucx | tcp (host pools) | nccl "
+          "(GPU pools, --device cuda; the two workers on different GPUs)");
 ABSL_FLAG(std::string, transport_host, "127.0.0.1",
           "numeric IPv4 address the KV transport listens on");
 ABSL_FLAG(std::string, tierd_address, "",

@@ -153,9 +153,12 @@ class Reference {
 class Cluster {
  public:
   // `prefill` prefill workers and `decode` decode workers, all on loopback.
+  // `worker_env(worker id)` gives environment assignments ("NAME=value") for that worker, e.g.
+  // CUDA_VISIBLE_DEVICES per worker (started through /usr/bin/env).
   Cluster(const std::string& dir, int prefill, int decode, std::string policy = "round_robin",
-          std::vector<std::string> worker_flags = {}, std::vector<std::string> router_flags = {})
-      : dir_(dir), worker_flags_(std::move(worker_flags)) {
+          std::vector<std::string> worker_flags = {}, std::vector<std::string> router_flags = {},
+          std::function<std::vector<std::string>(const std::string&)> worker_env = nullptr)
+      : dir_(dir), worker_flags_(std::move(worker_flags)), worker_env_(std::move(worker_env)) {
     std::vector<std::string> d_addrs, p_addrs;
     for (int i = 0; i < prefill; ++i) {
       p_addrs.push_back(StartWorker("prefill", absl::StrCat("prefill-", i)));
@@ -275,7 +278,12 @@ class Cluster {
   std::string StartWorker(const std::string& role, const std::string& id) {
     ServingProcess s = SpawnServing(
         [&](int port, int mport) {
-          std::vector<std::string> args = {kWorker,
+          std::vector<std::string> args;
+          if (worker_env_) {
+            args.push_back("/usr/bin/env");
+            for (const std::string& kv : worker_env_(id)) args.push_back(kv);
+          }
+          std::vector<std::string> worker = {kWorker,
                                            "--role=" + role,
                                            absl::StrCat("--model=", kModel),
                                            absl::StrCat("--tokenizer=", kTokenizer),
@@ -285,6 +293,7 @@ class Cluster {
                                            "--kv_blocks=256",
                                            "--threads=1",
                                            "--drain_timeout=2s"};
+          args.insert(args.end(), worker.begin(), worker.end());
           args.insert(args.end(), worker_flags_.begin(), worker_flags_.end());
           return args;
         },
@@ -302,6 +311,7 @@ class Cluster {
 
   std::string dir_;
   std::vector<std::string> worker_flags_;
+  std::function<std::vector<std::string>(const std::string&)> worker_env_;
   std::vector<Worker> workers_;
   int router_port_ = 0, router_metrics_port_ = 0;
   std::vector<std::string> router_args_;
