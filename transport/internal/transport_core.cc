@@ -412,4 +412,12 @@ absl::StatusOr<PreparedPost> TransportCore::PreparePost(uint64_t peer_instance_i
   return post;
 }
 
+std::string CoreBackedTransport::LocalEndpoint() const {
+  EndpointInfo e;
+  e.backend = core_.backend();
+  e.instance_id = core_.instance_id();
+  e.address = address_;
+  return e.Encode();
+}
+
 }  // namespace pd::transport::transport_internal

@@ -156,4 +156,31 @@ class TransportCore {
       ABSL_GUARDED_BY(mu_);  // by tag
 };
 
+// A backend built on TransportCore: the methods every such backend answers the same way —
+// its name, its endpoint (backend name, instance id, `address_`), announcements, polling and
+// waiting — live here; a backend adds its data movement.
+class CoreBackedTransport : public KvTransport {
+ public:
+  absl::string_view Name() const override { return core_.backend(); }
+  std::string LocalEndpoint() const override;
+  absl::StatusOr<Expectation> ExpectTransfer(uint64_t tag, RegionHandle dst,
+                                             absl::Span<const BlockId> dst_blocks,
+                                             const TransferOptions& options) override {
+    return core_.Expect(tag, dst, dst_blocks, options);
+  }
+  absl::StatusOr<TransferState> Poll(TransferId id) override { return core_.Poll(id); }
+  absl::StatusOr<TransferState> Wait(TransferId id, absl::Duration timeout) override {
+    return core_.Wait(id, timeout);
+  }
+
+ protected:
+  // `address` is what peers dial ("host:port"); a backend that learns it later sets address_
+  // before the transport is shared.
+  explicit CoreBackedTransport(std::string backend, std::string address = "")
+      : core_(std::move(backend)), address_(std::move(address)) {}
+
+  TransportCore core_;
+  std::string address_;
+};
+
 }  // namespace pd::transport::transport_internal

@@ -205,19 +205,17 @@ struct Conn {
   }
 };
 
-class NcclTransport : public KvTransport {
+class NcclTransport : public transport_internal::CoreBackedTransport {
  public:
   NcclTransport(NcclTransportOptions options, int listen_fd, std::string address)
-      : options_(std::move(options)),
-        core_("nccl"),
-        listen_fd_(listen_fd),
-        address_(std::move(address)) {
+      : CoreBackedTransport("nccl", std::move(address)),
+        options_(std::move(options)),
+        listen_fd_(listen_fd) {
     acceptor_ = std::thread([this] { AcceptLoop(); });
     progress_ = std::thread([this] { ProgressLoop(); });
   }
   ~NcclTransport() override;
 
-  absl::string_view Name() const override { return "nccl"; }
   TransportCaps Caps() const override {
     TransportCaps c;
     c.cuda_memory = true;
@@ -229,28 +227,12 @@ class NcclTransport : public KvTransport {
 
   absl::StatusOr<RegionHandle> Register(const MemoryRegion& region) override;
   absl::Status Deregister(RegionHandle region) override;
-  std::string LocalEndpoint() const override {
-    EndpointInfo e;
-    e.backend = "nccl";
-    e.instance_id = core_.instance_id();
-    e.address = address_;
-    return e.Encode();
-  }
   absl::StatusOr<PeerHandle> Connect(absl::string_view endpoint) override;
   absl::Status Disconnect(PeerHandle peer) override;
-  absl::StatusOr<Expectation> ExpectTransfer(uint64_t tag, RegionHandle dst,
-                                             absl::Span<const BlockId> dst_blocks,
-                                             const TransferOptions& options) override {
-    return core_.Expect(tag, dst, dst_blocks, options);
-  }
   absl::StatusOr<TransferId> PostTransfer(PeerHandle peer, uint64_t tag, RegionHandle src,
                                           absl::Span<const BlockPair> pairs,
                                           absl::string_view remote_descriptor,
                                           const TransferOptions& options) override;
-  absl::StatusOr<TransferState> Poll(TransferId id) override { return core_.Poll(id); }
-  absl::StatusOr<TransferState> Wait(TransferId id, absl::Duration timeout) override {
-    return core_.Wait(id, timeout);
-  }
   absl::Status Cancel(TransferId id) override;
 
  private:
@@ -297,9 +279,7 @@ class NcclTransport : public KvTransport {
   void Reap();
 
   const NcclTransportOptions options_;
-  TransportCore core_;
   const int listen_fd_;
-  const std::string address_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   std::thread progress_;

@@ -166,13 +166,12 @@ struct Conn {
   }
 };
 
-class TcpTransport : public KvTransport {
+class TcpTransport : public transport_internal::CoreBackedTransport {
  public:
   TcpTransport(TcpTransportOptions options, int listen_fd, std::string address)
-      : options_(std::move(options)),
-        core_("tcp"),
-        listen_fd_(listen_fd),
-        address_(std::move(address)) {
+      : CoreBackedTransport("tcp", std::move(address)),
+        options_(std::move(options)),
+        listen_fd_(listen_fd) {
     acceptor_ = std::thread([this] { AcceptLoop(); });
   }
 
@@ -206,7 +205,6 @@ class TcpTransport : public KvTransport {
     ::close(listen_fd_);
   }
 
-  absl::string_view Name() const override { return "tcp"; }
 
   TransportCaps Caps() const override {
     TransportCaps c;
@@ -225,32 +223,14 @@ class TcpTransport : public KvTransport {
     return core_.RemoveRegion(region).status();
   }
 
-  std::string LocalEndpoint() const override {
-    EndpointInfo e;
-    e.backend = "tcp";
-    e.instance_id = core_.instance_id();
-    e.address = address_;
-    return e.Encode();
-  }
-
   absl::StatusOr<PeerHandle> Connect(absl::string_view endpoint) override;
   absl::Status Disconnect(PeerHandle peer) override;
-
-  absl::StatusOr<Expectation> ExpectTransfer(uint64_t tag, RegionHandle dst,
-                                             absl::Span<const BlockId> dst_blocks,
-                                             const TransferOptions& options) override {
-    return core_.Expect(tag, dst, dst_blocks, options);
-  }
 
   absl::StatusOr<TransferId> PostTransfer(PeerHandle peer, uint64_t tag, RegionHandle src,
                                           absl::Span<const BlockPair> pairs,
                                           absl::string_view remote_descriptor,
                                           const TransferOptions& options) override;
 
-  absl::StatusOr<TransferState> Poll(TransferId id) override { return core_.Poll(id); }
-  absl::StatusOr<TransferState> Wait(TransferId id, absl::Duration timeout) override {
-    return core_.Wait(id, timeout);
-  }
   absl::Status Cancel(TransferId id) override {
     // The sender thread notices before its next frame and sends CANCEL; a cancelled
     // expectation rejects later frames (the sender learns through an ERROR frame).
@@ -279,9 +259,7 @@ class TcpTransport : public KvTransport {
   bool Running() const { return !stopping_.load(std::memory_order_relaxed); }
 
   const TcpTransportOptions options_;
-  TransportCore core_;
   const int listen_fd_;
-  const std::string address_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
 

@@ -352,12 +352,11 @@ struct RecvCtx {
   uint64_t seq;
 };
 
-class UcxTransport : public KvTransport {
+class UcxTransport : public transport_internal::CoreBackedTransport {
  public:
   static absl::StatusOr<std::unique_ptr<KvTransport>> Create(const UcxTransportOptions& o);
   ~UcxTransport() override;
 
-  absl::string_view Name() const override { return "ucx"; }
   TransportCaps Caps() const override {
     TransportCaps c;
     c.host_memory = true;
@@ -372,21 +371,11 @@ class UcxTransport : public KvTransport {
   absl::StatusOr<RegionHandle> Register(const MemoryRegion& region) override;
   absl::Status Deregister(RegionHandle region) override;
   absl::StatusOr<std::unique_ptr<HostAllocation>> AllocateHost(uint64_t bytes) override;
-  std::string LocalEndpoint() const override;
   absl::StatusOr<PeerHandle> Connect(absl::string_view endpoint) override;
-  absl::StatusOr<Expectation> ExpectTransfer(uint64_t tag, RegionHandle dst,
-                                             absl::Span<const BlockId> dst_blocks,
-                                             const TransferOptions& options) override {
-    return core_.Expect(tag, dst, dst_blocks, options);
-  }
   absl::StatusOr<TransferId> PostTransfer(PeerHandle peer, uint64_t tag, RegionHandle src,
                                           absl::Span<const BlockPair> pairs,
                                           absl::string_view remote_descriptor,
                                           const TransferOptions& options) override;
-  absl::StatusOr<TransferState> Poll(TransferId id) override { return core_.Poll(id); }
-  absl::StatusOr<TransferState> Wait(TransferId id, absl::Duration timeout) override {
-    return core_.Wait(id, timeout);
-  }
   absl::Status Cancel(TransferId id) override;
 
   // ---- progress-thread callbacks
@@ -399,7 +388,8 @@ class UcxTransport : public KvTransport {
   void OnRmaOpDone(uint64_t seq, ucs_status_t status);
 
  private:
-  explicit UcxTransport(UcxTransportOptions o) : options_(std::move(o)), core_("ucx") {}
+  explicit UcxTransport(UcxTransportOptions o)
+      : CoreBackedTransport("ucx"), options_(std::move(o)) {}
   absl::Status Init();
   void Loop();
   // Runs `fn` on the progress thread; RunSync waits for it.
@@ -420,8 +410,6 @@ class UcxTransport : public KvTransport {
   void ReleaseGrants(uint64_t conn_id, uint64_t seq, bool ok, const absl::Status& why);
 
   const UcxTransportOptions options_;
-  TransportCore core_;
-  std::string address_;
 
   // Progress-thread-only state.
   UcpContext context_;
@@ -1306,14 +1294,6 @@ absl::Status UcxTransport::Deregister(RegionHandle region) {
   PD_RETURN_IF_ERROR(core_.RemoveRegion(region).status());
   RunSync([&] { mems_.erase(region.value()); });  // a null entry (allocation) unmaps nothing
   return absl::OkStatus();
-}
-
-std::string UcxTransport::LocalEndpoint() const {
-  EndpointInfo e;
-  e.backend = "ucx";
-  e.instance_id = core_.instance_id();
-  e.address = address_;
-  return e.Encode();
 }
 
 absl::StatusOr<PeerHandle> UcxTransport::Connect(absl::string_view endpoint) {
