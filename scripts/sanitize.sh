@@ -24,7 +24,7 @@ PD_ASAN_TESTS=(
   services_tierd_redis_index_test services_tierd_redis_index_integration_test
   services_router_index_test services_router_scorer_test
   services_kv_events_test
-  transport_test transport_conformance_test transport_two_process_test
+  transport_test transport_conformance_test transport_two_process_test transport_ucx_test
 )
 PD_TSAN_TESTS=(
   common_threads_test common_redis_client_integration_test

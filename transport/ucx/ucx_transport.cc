@@ -12,7 +12,9 @@
 // cma/rdma rma_bw lanes); it is kept only when UCX picked such a lane for it, and peer failure
 // is still detected on the control endpoint, which force-closes the data endpoint.
 //
-// Data paths (chosen per connection, see UcxDataPath):
+// Data paths (chosen per connection, see UcxDataPath, and per destination region: device
+// regions and, over shared-memory lanes, regions the receiver allocated with AllocateHost are
+// always written by RMA):
 //  * Active messages. Each coalesced run is one ucp_am_send_nbx whose header names (seq, tag,
 //    nonce, dst run); the receiver validates the run against its expectation before it accepts
 //    any byte, then receives eager data by memcpy or rendezvous data with ucp_am_recv_data_nbx
@@ -49,6 +51,7 @@
 #include "common/log/log.h"
 #include "transport/internal/byte_codec.h"
 #include "transport/internal/transport_core.h"
+#include "transport/ucx/ucx_internal.h"
 
 namespace pd::transport {
 namespace {
@@ -57,232 +60,39 @@ using transport_internal::PreparedPost;
 using transport_internal::TransportCore;
 using transport_internal::WriteGrant;
 
-constexpr uint64_t kMaxFrameBytes = 16 << 20;
-
-enum AmId : unsigned {
-  kAmHello = 1,       // header Hello, REPLY flag
-  kAmHelloReply = 2,  // header Hello
-  kAmData = 3,        // header DataHeader, payload
-  kAmEnd = 4,         // header DataHeader (runs unused)
-  kAmCancel = 5,      // header DataHeader
-  kAmStatus = 6,      // header StatusHeader, payload = message
-  kAmRmaReq = 7,      // header DataHeader, payload = RunWire[]: grant these runs
-  kAmRmaGrant = 8,    // header StatusHeader (code OK): the runs are held, put them
-  kAmRmaDone = 9,     // header DataHeader: every put of seq is flushed
-};
-
-// Hello: payload = the sender's nothing; HelloReply: payload = receiver's worker address.
-struct Hello {
-  uint64_t instance = 0;
-  uint64_t version = 0;
-  uint64_t cookie = 0;
-  uint64_t conn = 0;  // reply: the receiver's id of this connection (names it on the data ep)
-};
-
-struct DataHeader {
-  uint64_t seq = 0;
-  uint64_t tag = 0;
-  uint64_t nonce = 0;
-  uint64_t rconn = 0;  // the receiver's connection id (AMs on the data ep have no reply ep)
-  uint32_t dst_first = 0;
-  uint32_t num_blocks = 0;
-};
-
-struct RunWire {
-  uint32_t dst_first = 0;
-  uint32_t num_blocks = 0;
-};
-
-struct StatusHeader {
-  uint64_t seq = 0;
-  uint32_t code = 0;
-  uint32_t pad = 0;
-};
-
-absl::Status UcsError(absl::string_view what, ucs_status_t s) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
-}
-
-// ucp_ep_print_info's text (its lanes and the protocols chosen per operation).
-std::string EpInfo(ucp_ep_h ep) {
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* f = ::open_memstream(&buf, &len);
-  if (f == nullptr) {
-    return "";
-  }
-  ucp_ep_print_info(ep, f);
-  std::fclose(f);
-  std::string out(buf, len);
-  std::free(buf);
-  return out;
-}
-
-// The transport named on the lane carrying `role` in EpInfo text ("" if none), e.g.
-// "cma/memory" for "lane[3]:  5:cma/memory.0 md[4] -> ... rma_bw#0".
-std::string LaneTransport(absl::string_view info, absl::string_view role) {
-  for (absl::string_view line : absl::StrSplit(info, '\n')) {
-    if (!absl::StrContains(line, "lane[") || !absl::StrContains(line, role)) {
-      continue;
-    }
-    const size_t colon = line.find(':', line.find(']'));
-    const size_t c2 = colon == absl::string_view::npos ? colon : line.find(':', colon + 1);
-    if (c2 == absl::string_view::npos) {
-      return "";
-    }
-    absl::string_view rest = line.substr(c2 + 1);
-    return std::string(rest.substr(0, rest.find_first_of(" .")));
-  }
-  return "";
-}
-
-// Transports that move bulk data without a socket: shared memory, cma/knem/xpmem, RDMA, CUDA.
-bool IsFastTransport(absl::string_view tl) {
-  return !tl.empty() && !absl::StartsWith(tl, "tcp") && !absl::StartsWith(tl, "self");
-}
-
-// Transports for which kAuto picks put + flush: RMA (rc/dc) and CUDA IPC. Not tcp (put is
-// 0.2 GiB/s vs ~5.8 for AM, docs/benchmarks.md). Not yet shm: puts to registered user memory
-// over sysv/posix+cma reach 7.5-8.8 GiB/s median at 2 MiB x 32 (vs 4.8 for AM), but a fresh data
-// endpoint's first transfers and 10-20% of 1-block transfers take 10-15 ms (tail not yet
-// diagnosed; suspect a completion that does not wake the worker's event fd), so AM stays the
-// shm default until that is fixed; kRma selects it explicitly.
-// Whether a descriptor's blob (base, packed rkey, memory kind, mapped flag) names a device
-// region.
-bool DescriptorTargetsDevice(absl::string_view blob) {
-  transport_internal::ByteReader r(blob);
-  r.U64();
-  r.Bytes();
-  const uint8_t kind = r.U8();
-  return r.ok() && kind == static_cast<uint8_t>(MemoryKind::kCuda);
-}
-
-bool IsGoodPutTransport(absl::string_view tl) {
-  return absl::StartsWith(tl, "rc") || absl::StartsWith(tl, "dc") ||
-         absl::StartsWith(tl, "cuda_ipc") || absl::StartsWith(tl, "gdr");
-}
-
-// Shared-memory transports: a put into memory the receiver allocated through UCX (a sysv/posix
-// segment this process attaches when it unpacks the rkey) is a memcpy.
-bool IsSharedMemoryTransport(absl::string_view tl) {
-  return absl::StartsWith(tl, "sysv") || absl::StartsWith(tl, "posix") ||
-         absl::StartsWith(tl, "xpmem");
-}
-
-// Whether a region descriptor's backend blob says the region is a UCX allocation.
-bool DescriptorIsMapped(absl::string_view blob) {
-  transport_internal::ByteReader r(blob);
-  r.U64();
-  r.Bytes();
-  r.U8();  // memory kind (DescriptorTargetsDevice)
-  const uint8_t mapped = r.U8();
-  return r.ok() && mapped == 1;
-}
-
-// ---- RAII for ucp handles (all used on the progress thread only) ---------------------------
-struct ContextDeleter {
-  void operator()(ucp_context* c) const { ucp_cleanup(c); }
-};
-struct WorkerDeleter {
-  void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }
-};
-struct ListenerDeleter {
-  void operator()(ucp_listener* l) const { ucp_listener_destroy(l); }
-};
-struct ConfigDeleter {
-  void operator()(ucp_config_t* c) const { ucp_config_release(c); }
-};
-// Shared: host allocations made through the context (AllocateHost) may outlive the transport.
-using UcpContext = std::shared_ptr<ucp_context>;
-using UcpWorker = std::unique_ptr<ucp_worker, WorkerDeleter>;
-using UcpListener = std::unique_ptr<ucp_listener, ListenerDeleter>;
-using UcpConfig = std::unique_ptr<ucp_config_t, ConfigDeleter>;
-
-// A registered memory region (ucp_mem_map) and its packed rkey.
-class UcpMem {
- public:
-  UcpMem(ucp_context_h ctx, ucp_mem_h memh) : ctx_(ctx), memh_(memh) {}
-  UcpMem(const UcpMem&) = delete;
-  UcpMem& operator=(const UcpMem&) = delete;
-  ~UcpMem() { ucp_mem_unmap(ctx_, memh_); }
-  ucp_mem_h get() const { return memh_; }
-
- private:
-  ucp_context_h ctx_;
-  ucp_mem_h memh_;
-};
-
-// Host memory allocated by ucp_mem_map(ALLOCATE) and the registry the transport looks it up
-// in when the memory is registered. The context is created thread-safe (mt_workers_shared), so
-// mapping and unmapping may run on any thread.
-struct UcxAllocations {
-  struct Entry {
-    uint64_t size = 0;
-    ucp_mem_h memh = nullptr;
-  };
-  UcpContext context;
-  absl::Mutex mu;
-  absl::flat_hash_map<uintptr_t, Entry> by_base ABSL_GUARDED_BY(mu);
-
-  // The allocation containing [base, base + size), if any.
-  const Entry* Find(const void* base, uint64_t size) ABSL_SHARED_LOCKS_REQUIRED(mu) {
-    const auto b = reinterpret_cast<uintptr_t>(base);
-    for (const auto& [start, e] : by_base) {
-      if (b >= start && b + size <= start + e.size) {
-        return &e;
-      }
-    }
-    return nullptr;
-  }
-};
-
-class UcxHostAllocation : public HostAllocation {
- public:
-  UcxHostAllocation(std::shared_ptr<UcxAllocations> registry, void* data, uint64_t size,
-                    ucp_mem_h memh)
-      : registry_(std::move(registry)), data_(data), size_(size), memh_(memh) {}
-  ~UcxHostAllocation() override {
-    {
-      absl::MutexLock lock(&registry_->mu);
-      registry_->by_base.erase(reinterpret_cast<uintptr_t>(data_));
-    }
-    ucp_mem_unmap(registry_->context.get(), memh_);
-  }
-  void* data() const override { return data_; }
-  uint64_t size() const override { return size_; }
-  std::string Describe() const override { return "ucx ucp_mem_map allocation"; }
-
- private:
-  std::shared_ptr<UcxAllocations> registry_;
-  void* const data_;
-  const uint64_t size_;
-  ucp_mem_h const memh_;
-};
-
-// An endpoint; closed (force: peers may be dead) and progressed until released.
-class UcpEndpoint {
- public:
-  UcpEndpoint(ucp_worker_h w, ucp_ep_h ep) : worker_(w), ep_(ep) {}
-  UcpEndpoint(const UcpEndpoint&) = delete;
-  UcpEndpoint& operator=(const UcpEndpoint&) = delete;
-  ~UcpEndpoint() {
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &p);
-    if (UCS_PTR_IS_PTR(req)) {
-      while (ucp_request_check_status(req) == UCS_INPROGRESS) {
-        ucp_worker_progress(worker_);
-      }
-      ucp_request_free(req);
-    }
-  }
-  ucp_ep_h get() const { return ep_; }
-
- private:
-  ucp_worker_h worker_;
-  ucp_ep_h ep_;
-};
+using ucx_internal::ConfigDeleter;
+using ucx_internal::ContextDeleter;
+using ucx_internal::DataHeader;
+using ucx_internal::DescriptorIsMapped;
+using ucx_internal::DescriptorTargetsDevice;
+using ucx_internal::EncodeRegionBlob;
+using ucx_internal::EpInfo;
+using ucx_internal::Hello;
+using ucx_internal::IsFastTransport;
+using ucx_internal::IsGoodPutTransport;
+using ucx_internal::IsSharedMemoryTransport;
+using ucx_internal::kMaxFrameBytes;
+using ucx_internal::LaneTransport;
+using ucx_internal::RunWire;
+using ucx_internal::StatusHeader;
+using ucx_internal::UcpConfig;
+using ucx_internal::UcpContext;
+using ucx_internal::UcpEndpoint;
+using ucx_internal::UcpListener;
+using ucx_internal::UcpMem;
+using ucx_internal::UcpWorker;
+using ucx_internal::UcsError;
+using ucx_internal::UcxAllocations;
+using ucx_internal::UcxHostAllocation;
+using ucx_internal::kAmHello;
+using ucx_internal::kAmHelloReply;
+using ucx_internal::kAmData;
+using ucx_internal::kAmEnd;
+using ucx_internal::kAmCancel;
+using ucx_internal::kAmStatus;
+using ucx_internal::kAmRmaReq;
+using ucx_internal::kAmRmaGrant;
+using ucx_internal::kAmRmaDone;
 
 class UcxTransport;
 
@@ -1230,12 +1040,9 @@ absl::StatusOr<RegionHandle> UcxTransport::Register(const MemoryRegion& region) 
     void* rkey = nullptr;
     size_t rkey_len = 0;
     if (ucp_rkey_pack(context_.get(), memh, &rkey, &rkey_len) == UCS_OK) {
-      transport_internal::ByteWriter w;
-      w.U64(reinterpret_cast<uintptr_t>(region.base));
-      w.Bytes(absl::string_view(static_cast<const char*>(rkey), rkey_len));
-      w.U8(static_cast<uint8_t>(region.kind));  // senders put into device memory (RMA only)
-      w.U8(allocated != nullptr ? 1 : 0);       // DescriptorIsMapped
-      blob = w.Take();
+      blob = EncodeRegionBlob(reinterpret_cast<uintptr_t>(region.base),
+                              absl::string_view(static_cast<const char*>(rkey), rkey_len),
+                              region.kind, allocated != nullptr);
       ucp_rkey_buffer_release(rkey);
     }
   });

@@ -1,9 +1,12 @@
 // UcxTransport checks that need no peer: device-memory registration follows what the UCX
 // library supports (Debian's UCX 1.13 has no CUDA transports, so there it must be a clear
-// Unimplemented naming the fix). Data movement is covered by transport/conformance.
+// Unimplemented naming the fix); the lane parsing and descriptor blob that choose the data path;
+// transport-allocated host memory. Data movement is covered by transport/conformance.
 #include "transport/ucx/ucx_transport.h"
 
 #include <vector>
+
+#include "transport/ucx/ucx_internal.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -32,6 +35,71 @@ TEST(UcxTransportTest, CudaRegistrationFollowsUcxSupport) {
   // Host memory still registers.
   r.kind = MemoryKind::kHost;
   EXPECT_TRUE((*t)->Register(r).ok());
+}
+
+TEST(UcxInternalTest, LaneTransportReadsTheLaneOfARole) {
+  // Lines as ucp_ep_print_info prints them (UCX 1.13, a data endpoint on one host).
+  const std::string info =
+      "#\n# UCP endpoint\n#\n"
+      "#               peer: <no debug data>\n"
+      "#                 lane[0]:  2:sysv/memory.0 md[2]  -> md[2]/sysv/sysdev[255] am am_bw#0\n"
+      "#                 lane[1]:  5:cma/memory.0 md[4]   -> md[4]/cma/sysdev[255] rma_bw#0\n";
+  EXPECT_EQ(ucx_internal::LaneTransport(info, "am_bw#0"), "sysv/memory");
+  EXPECT_EQ(ucx_internal::LaneTransport(info, "rma_bw#0"), "cma/memory");
+  EXPECT_EQ(ucx_internal::LaneTransport(info, "amo"), "");
+  EXPECT_EQ(ucx_internal::LaneTransport("garbage", "am_bw#0"), "");
+  EXPECT_TRUE(ucx_internal::IsSharedMemoryTransport("sysv/memory"));
+  EXPECT_TRUE(ucx_internal::IsSharedMemoryTransport("posix/memory"));
+  EXPECT_FALSE(ucx_internal::IsSharedMemoryTransport("cma/memory"));
+  EXPECT_FALSE(ucx_internal::IsSharedMemoryTransport("tcp/lo"));
+  EXPECT_TRUE(ucx_internal::IsFastTransport("cma/memory"));
+  EXPECT_FALSE(ucx_internal::IsFastTransport("tcp/eth0"));
+  EXPECT_TRUE(ucx_internal::IsGoodPutTransport("rc_mlx5/mlx5_0:1"));
+  EXPECT_FALSE(ucx_internal::IsGoodPutTransport("sysv/memory"));
+}
+
+TEST(UcxInternalTest, RegionBlobSaysDeviceAndMapped) {
+  const std::string rkey = "packed rkey bytes";
+  using ucx_internal::DescriptorIsMapped;
+  using ucx_internal::DescriptorTargetsDevice;
+  using ucx_internal::EncodeRegionBlob;
+  EXPECT_FALSE(DescriptorTargetsDevice(EncodeRegionBlob(4096, rkey, MemoryKind::kHost, false)));
+  EXPECT_FALSE(DescriptorIsMapped(EncodeRegionBlob(4096, rkey, MemoryKind::kHost, false)));
+  EXPECT_TRUE(DescriptorIsMapped(EncodeRegionBlob(4096, rkey, MemoryKind::kHost, true)));
+  EXPECT_TRUE(DescriptorTargetsDevice(EncodeRegionBlob(4096, rkey, MemoryKind::kCuda, false)));
+  EXPECT_FALSE(DescriptorIsMapped(EncodeRegionBlob(4096, rkey, MemoryKind::kCuda, false)));
+  // A truncated blob (an older peer, garbage) never selects a path.
+  std::string cut = EncodeRegionBlob(4096, rkey, MemoryKind::kCuda, true);
+  cut.pop_back();
+  EXPECT_FALSE(DescriptorIsMapped(cut));
+  EXPECT_FALSE(DescriptorIsMapped(""));
+  EXPECT_FALSE(DescriptorTargetsDevice(""));
+}
+
+TEST(UcxTransportTest, HostAllocationsAreZeroedAndOutliveTheTransport) {
+  UcxTransportOptions o;
+  o.ucp_options.push_back({"TLS", "shm,self,tcp"});
+  absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateUcxTransport(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE((*t)->Caps().fast_host_allocation);
+  absl::StatusOr<std::unique_ptr<HostAllocation>> a = (*t)->AllocateHost(3 << 20);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_GE((*a)->size(), uint64_t{3} << 20);
+  const char* p = static_cast<const char*>((*a)->data());
+  EXPECT_EQ(p[0], 0);
+  EXPECT_EQ(p[(3 << 20) - 1], 0);
+  PoolGeometry g;
+  g.dtype = "bf16";
+  g.block_bytes = 1 << 20;
+  g.num_blocks = 3;
+  absl::StatusOr<RegionHandle> h =
+      (*t)->Register({(*a)->data(), uint64_t{3} << 20, MemoryKind::kHost, 0, g});
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE((*t)->Deregister(*h).ok());
+  t->reset();  // the transport goes first; the allocation still unmaps cleanly
+  static_cast<char*>((*a)->data())[42] = 1;
+  a->reset();
+  EXPECT_EQ((*t), nullptr);
 }
 
 }  // namespace

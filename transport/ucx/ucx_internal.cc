@@ -1,0 +1,102 @@
+#include "transport/ucx/ucx_internal.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "transport/internal/byte_codec.h"
+
+namespace pd::transport::ucx_internal {
+
+absl::Status UcsError(absl::string_view what, ucs_status_t s) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
+}
+
+std::string EpInfo(ucp_ep_h ep) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = ::open_memstream(&buf, &len);
+  if (f == nullptr) {
+    return "";
+  }
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  std::string out(buf, len);
+  std::free(buf);
+  return out;
+}
+
+std::string LaneTransport(absl::string_view info, absl::string_view role) {
+  for (absl::string_view line : absl::StrSplit(info, '\n')) {
+    if (!absl::StrContains(line, "lane[") || !absl::StrContains(line, role)) {
+      continue;
+    }
+    const size_t colon = line.find(':', line.find(']'));
+    const size_t c2 = colon == absl::string_view::npos ? colon : line.find(':', colon + 1);
+    if (c2 == absl::string_view::npos) {
+      return "";
+    }
+    absl::string_view rest = line.substr(c2 + 1);
+    return std::string(rest.substr(0, rest.find_first_of(" .")));
+  }
+  return "";
+}
+
+bool IsFastTransport(absl::string_view tl) {
+  return !tl.empty() && !absl::StartsWith(tl, "tcp") && !absl::StartsWith(tl, "self");
+}
+
+bool IsGoodPutTransport(absl::string_view tl) {
+  return absl::StartsWith(tl, "rc") || absl::StartsWith(tl, "dc") ||
+         absl::StartsWith(tl, "cuda_ipc") || absl::StartsWith(tl, "gdr");
+}
+
+bool IsSharedMemoryTransport(absl::string_view tl) {
+  return absl::StartsWith(tl, "sysv") || absl::StartsWith(tl, "posix") ||
+         absl::StartsWith(tl, "xpmem");
+}
+
+std::string EncodeRegionBlob(uint64_t base, absl::string_view packed_rkey, MemoryKind kind,
+                             bool mapped) {
+  transport_internal::ByteWriter w;
+  w.U64(base);
+  w.Bytes(packed_rkey);
+  w.U8(static_cast<uint8_t>(kind));
+  w.U8(mapped ? 1 : 0);
+  return w.Take();
+}
+
+namespace {
+
+struct RegionBlob {
+  uint8_t kind = 0;
+  uint8_t mapped = 0;
+  bool ok = false;
+};
+
+RegionBlob DecodeRegionBlob(absl::string_view blob) {
+  transport_internal::ByteReader r(blob);
+  r.U64();
+  r.Bytes();
+  RegionBlob b;
+  b.kind = r.U8();
+  b.mapped = r.U8();
+  b.ok = r.ok();
+  return b;
+}
+
+}  // namespace
+
+bool DescriptorTargetsDevice(absl::string_view blob) {
+  const RegionBlob b = DecodeRegionBlob(blob);
+  return b.ok && b.kind == static_cast<uint8_t>(MemoryKind::kCuda);
+}
+
+bool DescriptorIsMapped(absl::string_view blob) {
+  const RegionBlob b = DecodeRegionBlob(blob);
+  return b.ok && b.mapped == 1;
+}
+
+}  // namespace pd::transport::ucx_internal
