@@ -101,24 +101,20 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     rt->memory_ = std::make_unique<memory::HostKvPoolMemory>(rt->pool_.get());
   }
   kvcache::BlockPool::EvictionHook hook;
-  if (config.on_evict && !on_cuda) {
-    memory::HostKvPool* pool = rt->pool_.get();
-    hook = [pool, on_evict = config.on_evict](const BlockHash& hash, BlockId block) {
-      on_evict(hash, absl::MakeConstSpan(pool->BlockData(block), pool->block_bytes()));
-    };
-  } else if (config.on_evict) {
-    // Device pool: the block comes to a host buffer first (scheduler thread, between steps, so
-    // no forward pass is writing it). A failed copy loses only the tier offer.
+  if (config.on_evict) {
+    // The scheduler thread evicts between steps, so no forward pass is writing the block. A
+    // device pool copies it out with cudaMemcpyAsync and waits (into page-locked shared memory
+    // when the tier client has an unbound slot). A failed copy loses only the tier offer.
     memory::KvPoolMemory* pool = rt->memory_.get();
-    hook = [pool, on_evict = config.on_evict,
-            staging = std::vector<uint8_t>(rt->memory_->block_bytes())](const BlockHash& hash,
-                                                                        BlockId block) mutable {
-      if (absl::Status s = pool->ReadBlock(block, staging.data()); !s.ok()) {
-        LOG_EVERY_N(WARNING, 100) << "evicted block " << block.value()
-                                  << " not offered to the tiers: " << s;
-        return;
-      }
-      on_evict(hash, absl::MakeConstSpan(staging));
+    hook = [pool, on_evict = config.on_evict](const BlockHash& hash, BlockId block) {
+      on_evict(hash, [&](uint8_t* dst) {
+        absl::Status s = pool->ReadBlock(block, dst);
+        if (!s.ok()) {
+          LOG_EVERY_N(WARNING, 100) << "evicted block " << block.value()
+                                    << " not offered to the tiers: " << s;
+        }
+        return s.ok();
+      });
     };
   }
   PD_ASSIGN_OR_RETURN(rt->kv_,

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -44,10 +45,13 @@ struct ModelRuntimeConfig {
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
   // = none. Not owned; must outlive the runtime.
   kvcache::KvEventListener* kv_listener = nullptr;
-  // Called with a cached block's hash and bytes right before the pool reuses the block (LRU
-  // eviction), e.g. to offer it to the node's DRAM tier. Runs on the scheduler thread inside
-  // an allocation: copy the bytes and return quickly. Empty = none.
-  std::function<void(const BlockHash& hash, absl::Span<const uint8_t> block)> on_evict;
+  // Called with a cached block's hash right before the pool reuses the block (LRU eviction),
+  // e.g. to offer it to the node's DRAM tier: `copy_to(dst)` copies the block's bytes to host
+  // memory at `dst` (from a device pool with cudaMemcpyAsync, waited for) and says whether it
+  // worked; valid only during the call. Runs on the scheduler thread inside an allocation:
+  // return quickly. Empty = none.
+  using CopyBlockTo = absl::FunctionRef<bool(uint8_t* dst)>;
+  std::function<void(const BlockHash& hash, CopyBlockTo copy_to)> on_evict;
   // Where the KV pool's bytes come from (e.g. the KV transport's AllocateHost, so peers write
   // into it fastest); empty = an anonymous mapping with transparent huge pages.
   memory::PoolMemoryAllocator pool_allocator;

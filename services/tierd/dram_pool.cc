@@ -150,6 +150,32 @@ Reservation DramPool::Reserve(const BlockHash& hash, SessionId session) {
   return {ReserveOutcome::kGranted, DramSlot(s)};
 }
 
+Reservation DramPool::ReserveUnbound(SessionId session) {
+  absl::MutexLock lock(&mu_);
+  if (free_.empty()) {
+    return {ReserveOutcome::kNoSpace, DramSlot()};
+  }
+  const uint32_t s = free_.back();
+  free_.pop_back();
+  Slot& slot = slots_[s];
+  slot.state = SlotState::kWriting;
+  slot.unbound = true;
+  slot.claims.push_back(Claim{session, DeadlineFor(session)});
+  ++writing_;
+  ++unbound_;
+  return {ReserveOutcome::kGranted, DramSlot(s)};
+}
+
+bool DramPool::IsUnboundReservation(SessionId session, DramSlot slot_id) const {
+  absl::MutexLock lock(&mu_);
+  if (slot_id.value() >= slots_.size()) {
+    return false;
+  }
+  const Slot& slot = slots_[slot_id.value()];
+  return slot.state == SlotState::kWriting && slot.unbound &&
+         slot.claims.front().session == session;
+}
+
 CommitOutcome DramPool::Commit(SessionId session, DramSlot slot_id, const BlockHash& hash,
                                uint64_t checksum, CommitOptions options) {
   if (slot_id.value() >= slots_.size()) {
@@ -158,9 +184,23 @@ CommitOutcome DramPool::Commit(SessionId session, DramSlot slot_id, const BlockH
   const uint32_t s = slot_id.value();
   {
     absl::MutexLock lock(&mu_);
-    const Slot& slot = slots_[s];
-    if (slot.state != SlotState::kWriting || slot.hash != hash ||
-        slot.claims.front().session != session) {
+    Slot& slot = slots_[s];
+    if (slot.state != SlotState::kWriting || slot.claims.front().session != session) {
+      return CommitOutcome::kNotReserved;
+    }
+    if (slot.unbound) {
+      // The block is named now: held already (or being filled) ends it, else the hash is taken
+      // as if reserved for it from the start.
+      --unbound_;
+      if (index_.contains(hash)) {
+        --writing_;
+        FreeSlot(s);
+        return CommitOutcome::kAlreadyHeld;
+      }
+      slot.unbound = false;
+      slot.hash = hash;
+      index_.emplace(hash, s);
+    } else if (slot.hash != hash) {
       return CommitOutcome::kNotReserved;
     }
   }
@@ -243,7 +283,11 @@ int DramPool::DropClaims(uint32_t s, Pred pred) {
     if (!pred(slot.claims.front())) {
       return 0;
     }
-    index_.erase(slot.hash);
+    if (slot.unbound) {
+      --unbound_;
+    } else {
+      index_.erase(slot.hash);
+    }
     --writing_;
     FreeSlot(s);
     return 1;
@@ -366,6 +410,7 @@ DramPoolStats DramPool::Stats() const {
   stats.used_blocks = config_.num_slots - static_cast<int64_t>(free_.size());
   stats.valid_blocks = valid_;
   stats.pinned_blocks = writing_ + pinned_;
+  stats.unbound_blocks = unbound_;
   stats.evicting_blocks = evicting_;
   return stats;
 }

@@ -13,7 +13,9 @@
 //     +---FinishEviction--- kEvicting <--TakeEvictionCandidates-- kValid (unpinned, coldest)
 //
 // - kWriting: reserved for one hash by one session, which copies the block in. The hash counts
-//   as held (a second Reserve of it answers kAlreadyHeld) but Pin does not see it yet.
+//   as held (a second Reserve of it answers kAlreadyHeld) but Pin does not see it yet. An
+//   unbound reservation (ReserveUnbound) names no hash yet: the session copies a block in first
+//   (a worker evicting a block it must copy out before it could ask) and names it at Commit.
 // - kValid: tierd owns the block; it is indexed by hash and sits in the LRU list ordered by last
 //   access (Commit and Pin count as accesses; Contains does not).
 // - kPinned: kValid with one or more read pins (several sessions may pin one block); pinned
@@ -115,6 +117,7 @@ enum class CommitOutcome : uint8_t {
   kStored,            // the block is kValid (and pinned when CommitOptions::pin_for is set)
   kChecksumMismatch,  // the slot's bytes do not hash to the checksum; slot freed
   kNotReserved,       // no reservation of this slot by this session for this hash
+  kAlreadyHeld,       // (unbound reservations) the pool holds or is filling the hash; slot freed
 };
 
 struct CommitOptions {
@@ -147,6 +150,7 @@ struct DramPoolStats {
   int64_t used_blocks = 0;            // every slot not kFree (including reserved and evicting)
   int64_t valid_blocks = 0;           // kValid + kPinned
   int64_t pinned_blocks = 0;          // slots reserved or pinned by sessions (kWriting + kPinned)
+  int64_t unbound_blocks = 0;         // of those, unbound reservations (ReserveUnbound)
   int64_t evicting_blocks = 0;        // kEvicting
   uint64_t stored_blocks_total = 0;   // successful Commits
   uint64_t evicted_blocks_total = 0;  // FinishEviction'ed slots
@@ -192,10 +196,15 @@ class DramPool {
 
   // Reserves a free slot for `hash` on behalf of `session`, or says why not. Does not evict.
   Reservation Reserve(const BlockHash& hash, SessionId session);
+  // Reserves a free slot for a block `session` names only at Commit (kGranted or kNoSpace).
+  Reservation ReserveUnbound(SessionId session);
+  // Whether `slot` is an unbound reservation of `session`.
+  bool IsUnboundReservation(SessionId session, DramSlot slot) const;
 
   // Turns `session`'s reservation of `slot` for `hash` into a stored block with `checksum`
   // (XXH3-64 of its block bytes), verifying the bytes unless options say otherwise. The block
-  // becomes the most recently used. Ends the reservation in every outcome but kNotReserved.
+  // becomes the most recently used. Ends the reservation in every outcome but kNotReserved. An
+  // unbound reservation takes `hash` here, or ends kAlreadyHeld when the pool has it.
   CommitOutcome Commit(SessionId session, DramSlot slot, const BlockHash& hash, uint64_t checksum,
                        CommitOptions options = {});
 
@@ -247,6 +256,7 @@ class DramPool {
     uint64_t checksum = 0;
     uint32_t hits = 0;
     std::vector<Claim> claims;  // kWriting: the one reservation; kValid: pins
+    bool unbound = false;       // kWriting without a hash yet (not in index_)
     // LRU list links (slot indices; kNone at the ends); linked only while kValid.
     uint32_t prev = kNone;
     uint32_t next = kNone;
@@ -280,6 +290,7 @@ class DramPool {
   int64_t valid_ ABSL_GUARDED_BY(mu_) = 0;   // kValid including pinned
   int64_t pinned_ ABSL_GUARDED_BY(mu_) = 0;  // kValid slots with at least one pin
   int64_t evicting_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t unbound_ ABSL_GUARDED_BY(mu_) = 0;  // kWriting slots with unbound set
   DramPoolStats totals_ ABSL_GUARDED_BY(mu_);  // only the *_total fields are used
 };
 

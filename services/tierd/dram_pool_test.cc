@@ -67,6 +67,61 @@ TEST_F(DramPoolTest, GeometryIsPageAligned) {
   EXPECT_EQ(SlotBytesFor(4097), 8192);
 }
 
+TEST_F(DramPoolTest, UnboundReservationIsNamedAtCommit) {
+  auto pool = MakePool(4);
+  ASSERT_NE(pool, nullptr);
+  Store(*pool, H(7));
+  Reservation a = pool->ReserveUnbound(kWorkerA);
+  Reservation b = pool->ReserveUnbound(kWorkerA);
+  Reservation c = pool->ReserveUnbound(kWorkerB);
+  ASSERT_EQ(a.outcome, ReserveOutcome::kGranted);
+  ASSERT_EQ(b.outcome, ReserveOutcome::kGranted);
+  ASSERT_EQ(c.outcome, ReserveOutcome::kGranted);
+  EXPECT_EQ(pool->ReserveUnbound(kWorkerA).outcome, ReserveOutcome::kNoSpace);
+  EXPECT_EQ(pool->Stats().unbound_blocks, 3);
+  EXPECT_TRUE(pool->IsUnboundReservation(kWorkerA, a.slot));
+  EXPECT_FALSE(pool->IsUnboundReservation(kWorkerB, a.slot));
+  EXPECT_EQ(pool->StateOf(a.slot), SlotState::kWriting);
+  std::memset(pool->SlotData(a.slot), 0x11, pool->block_bytes());
+  const uint64_t checksum = BlockChecksum(pool->BlockSpan(a.slot));
+  // Another session cannot name it; the owner names it at Commit.
+  EXPECT_EQ(pool->Commit(kWorkerB, a.slot, H(1), checksum), CommitOutcome::kNotReserved);
+  EXPECT_EQ(pool->Commit(kWorkerA, a.slot, H(1), checksum), CommitOutcome::kStored);
+  EXPECT_TRUE(pool->Contains(H(1)));
+  EXPECT_FALSE(pool->IsUnboundReservation(kWorkerA, a.slot));
+  // A block the pool already holds (or is filling) ends the reservation, slot freed.
+  EXPECT_EQ(pool->Commit(kWorkerA, b.slot, H(7), 0), CommitOutcome::kAlreadyHeld);
+  EXPECT_EQ(pool->StateOf(b.slot), SlotState::kFree);
+  Reservation named = pool->Reserve(H(9), kWorkerA);  // reuses the freed slot
+  ASSERT_EQ(named.outcome, ReserveOutcome::kGranted);
+  EXPECT_EQ(pool->Commit(kWorkerB, c.slot, H(9), 0), CommitOutcome::kAlreadyHeld);
+  // A wrong checksum drops the block like a named reservation's.
+  Reservation d = pool->ReserveUnbound(kWorkerB);
+  ASSERT_EQ(d.outcome, ReserveOutcome::kGranted);
+  EXPECT_EQ(pool->Commit(kWorkerB, d.slot, H(3), 12345), CommitOutcome::kChecksumMismatch);
+  EXPECT_FALSE(pool->Contains(H(3)));
+  EXPECT_EQ(pool->Reserve(H(3), kWorkerB).outcome, ReserveOutcome::kGranted);
+  EXPECT_EQ(pool->Stats().unbound_blocks, 0);
+}
+
+TEST_F(DramPoolTest, UnboundReservationsExpireAndReleaseWithoutTouchingTheIndex) {
+  auto pool = MakePool(3);
+  ASSERT_NE(pool, nullptr);
+  Store(*pool, H(1));
+  Reservation a = pool->ReserveUnbound(kWorkerA);
+  Reservation b = pool->ReserveUnbound(kWorkerB);
+  ASSERT_EQ(a.outcome, ReserveOutcome::kGranted);
+  ASSERT_EQ(b.outcome, ReserveOutcome::kGranted);
+  EXPECT_EQ(pool->Release(kWorkerA, {a.slot}), 1);
+  EXPECT_EQ(pool->StateOf(a.slot), SlotState::kFree);
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_EQ(pool->ExpireClaims(), 1);
+  EXPECT_EQ(pool->StateOf(b.slot), SlotState::kFree);
+  EXPECT_TRUE(pool->Contains(H(1)));  // the stored block is untouched
+  EXPECT_EQ(pool->Stats().unbound_blocks, 0);
+  EXPECT_EQ(pool->Reserve(H(1), kWorkerB).outcome, ReserveOutcome::kAlreadyHeld);
+}
+
 TEST_F(DramPoolTest, OfferFlowReserveCommitPinRelease) {
   auto pool = MakePool(4);
   ASSERT_NE(pool, nullptr);

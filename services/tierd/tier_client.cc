@@ -2,7 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <memory>
 #include <utility>
 
@@ -25,6 +27,10 @@ absl::Status TierClientConfig::Validate() const {
   }
   if (layout.block_bytes() == 0) {
     return absl::InvalidArgumentError("tier client: layout.block_bytes is 0");
+  }
+  if (unbound_slots < 0 || unbound_slots > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tier client: unbound_slots must be in [0, 4096], got ", unbound_slots));
   }
   if (max_staged_blocks < 1 || offer_batch_blocks < 1) {
     return absl::InvalidArgumentError(
@@ -108,13 +114,85 @@ TierClient::~TierClient() {
 }
 
 void TierClient::Offer(const BlockHash& hash, absl::Span<const uint8_t> block) {
-  absl::MutexLock lock(&mu_);
-  if (!attached_ || static_cast<int64_t>(staged_.size()) >= config_.max_staged_blocks ||
-      static_cast<int64_t>(block.size()) != static_cast<int64_t>(config_.layout.block_bytes())) {
+  if (static_cast<int64_t>(block.size()) != static_cast<int64_t>(config_.layout.block_bytes())) {
+    absl::MutexLock lock(&mu_);
     ++stats_.offer_dropped_blocks_total;
     return;
   }
-  staged_.push_back(Staged{hash, std::vector<uint8_t>(block.begin(), block.end())});
+  Offer(hash, [&](uint8_t* dst) {
+    std::memcpy(dst, block.data(), block.size());
+    return true;
+  });
+}
+
+void TierClient::DropStaleUnboundLocked() {
+  const absl::Time now = absl::Now();
+  Releases stale{session_, {}};
+  while (!unbound_.empty()) {
+    const Unbound& u = unbound_.front();
+    const bool old_session = u.session != session_;
+    // Half the lease left at least: a fill and the Commit that follows fit well inside it.
+    if (!old_session && now - u.granted < lease_ / 2) {
+      break;
+    }
+    if (!old_session) {
+      stale.slots.push_back(u.slot);
+    }
+    unbound_.pop_front();
+  }
+  if (!stale.slots.empty()) {
+    releases_.push_back(std::move(stale));
+  }
+}
+
+void TierClient::Offer(const BlockHash& hash, BlockFill fill) {
+  const int64_t block_bytes = config_.layout.block_bytes();
+  std::optional<Unbound> slot;
+  std::shared_ptr<ShmRegion> region;
+  int64_t slot_bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!attached_) {
+      ++stats_.offer_dropped_blocks_total;
+      return;
+    }
+    DropStaleUnboundLocked();
+    if (!unbound_.empty()) {
+      slot = unbound_.front();
+      unbound_.pop_front();
+      region = region_;
+      slot_bytes = slot_bytes_;
+    } else if (static_cast<int64_t>(staged_.size()) >= config_.max_staged_blocks) {
+      ++stats_.offer_dropped_blocks_total;
+      return;
+    }
+  }
+  if (slot.has_value()) {
+    // Straight into tierd's shared memory: the slot is ours until Commit, Release or its lease
+    // (which has at least half left, see DropStaleUnboundLocked).
+    const bool ok = fill(region->data() + static_cast<size_t>(slot->slot) * slot_bytes);
+    absl::MutexLock lock(&mu_);
+    if (ok) {
+      filled_.push_back(Filled{slot->session, slot->slot, hash});
+      ++stats_.offered_in_place_blocks_total;
+    } else {
+      releases_.push_back(Releases{slot->session, {slot->slot}});
+      ++stats_.offer_dropped_blocks_total;
+    }
+    return;
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(block_bytes));
+  if (!fill(bytes.data())) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.offer_dropped_blocks_total;
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!attached_ || static_cast<int64_t>(staged_.size()) >= config_.max_staged_blocks) {
+    ++stats_.offer_dropped_blocks_total;
+    return;
+  }
+  staged_.push_back(Staged{hash, std::move(bytes)});
 }
 
 void TierClient::Prepare(std::vector<BlockHash> chain, PrepareDone done) {
@@ -142,7 +220,7 @@ bool TierClient::WaitAttached(absl::Duration timeout) {
 void TierClient::FlushOffersForTest() {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !attached_ || (staged_.empty() && !offering_);
+    return stopping_ || !attached_ || (staged_.empty() && filled_.empty() && !offering_);
   };
   mu_.Await(absl::Condition(&done));
 }
@@ -221,6 +299,8 @@ bool TierClient::Attach() {
   region_ = std::move(mapped);
   num_slots_ = resp.num_slots();
   slot_bytes_ = static_cast<int64_t>(resp.slot_bytes());
+  lease_ = absl::Milliseconds(resp.lease_ms());
+  unbound_.clear();  // an older session's reservations ended with it
   attached_ = true;
   stats_.node_mismatch = !config_.node_name.empty() && !resp.node_name().empty() &&
                          resp.node_name() != config_.node_name;
@@ -242,11 +322,16 @@ void TierClient::Loop() {
     std::optional<PrepareJob> prepare;
     std::vector<Staged> offers;
     std::vector<Releases> releases;
+    std::vector<Filled> filled;
+    int64_t reserve = 0;
     bool attached = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !prepares_.empty() || !staged_.empty() || !releases_.empty();
+        return stopping_ || !prepares_.empty() || !staged_.empty() || !releases_.empty() ||
+               !filled_.empty() ||
+               (attached_ && static_cast<int64_t>(unbound_.size()) * 2 < config_.unbound_slots &&
+                absl::Now() >= next_reserve_);
       };
       const absl::Duration wait =
           attached_ ? absl::Seconds(1) : std::max(absl::ZeroDuration(), next_attach - absl::Now());
@@ -256,6 +341,13 @@ void TierClient::Loop() {
       }
       attached = attached_;
       if (attached) {
+        DropStaleUnboundLocked();
+        filled.swap(filled_);
+        // Refill once half the reserve is used (one AllocateSlots for many evictions).
+        if (static_cast<int64_t>(unbound_.size()) * 2 < config_.unbound_slots &&
+            absl::Now() >= next_reserve_) {
+          reserve = config_.unbound_slots - static_cast<int64_t>(unbound_.size());
+        }
         releases.swap(releases_);
         if (!prepares_.empty()) {
           prepare = std::move(prepares_.front());
@@ -266,12 +358,14 @@ void TierClient::Loop() {
             offers.push_back(std::move(staged_.front()));
             staged_.pop_front();
           }
-          offering_ = !offers.empty();
         }
+        offering_ = !offers.empty() || !filled.empty();
       } else {
         // Detached: nothing queued can be served; requests compute instead.
-        stats_.offer_dropped_blocks_total += staged_.size();
+        stats_.offer_dropped_blocks_total += staged_.size() + filled_.size();
         staged_.clear();
+        filled_.clear();
+        unbound_.clear();
         releases_.clear();  // the old session's pins end with it (tierd restarted or lease)
       }
     }
@@ -293,14 +387,113 @@ void TierClient::Loop() {
     if (!releases.empty()) {
       RunReleases(std::move(releases));
     }
+    const bool committed = !filled.empty();
+    if (committed) {
+      RunCommits(std::move(filled));
+    }
+    if (reserve > 0) {
+      RunReserve(reserve);
+    }
     if (prepare.has_value()) {
       RunPrepare(*std::move(prepare));
     }
     if (!offers.empty()) {
       RunOffers(std::move(offers));
+    }
+    if (!offers.empty() || committed) {
       absl::MutexLock lock(&mu_);
       offering_ = false;
     }
+  }
+}
+
+void TierClient::RunCommits(std::vector<Filled> filled) {
+  uint64_t session = 0;
+  std::shared_ptr<ShmRegion> region;
+  int64_t slot_bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_;
+    region = region_;
+    slot_bytes = slot_bytes_;
+  }
+  const auto block_bytes = static_cast<size_t>(config_.layout.block_bytes());
+  v1::CommitRequest req;
+  req.set_session_id(session);
+  uint64_t dropped = 0;
+  for (const Filled& f : filled) {
+    if (f.session != session) {
+      ++dropped;  // filled under a session that has ended (tierd restarted)
+      continue;
+    }
+    v1::CommitEntry* e = req.add_entries();
+    e->set_block_hash(f.hash.ToBytes());
+    e->set_slot(f.slot);
+    e->set_checksum(BlockChecksum(absl::MakeConstSpan(
+        region->data() + static_cast<size_t>(f.slot) * slot_bytes, block_bytes)));
+  }
+  uint64_t stored = 0;
+  uint64_t skipped = 0;
+  if (req.entries_size() > 0) {
+    v1::CommitResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+    if (grpc::Status s = stub_->Commit(&ctx, req, &resp); !s.ok()) {
+      OnRpcFailure(s, "Commit");  // the reservations expire with their lease
+      dropped += static_cast<uint64_t>(req.entries_size());
+    } else {
+      for (int r : resp.results()) {
+        if (r == v1::COMMIT_STATUS_STORED) {
+          ++stored;
+        } else if (r == v1::COMMIT_STATUS_ALREADY_HELD) {
+          ++skipped;
+        } else {
+          ++dropped;
+        }
+      }
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.offered_blocks_total += filled.size();
+  stats_.offer_stored_blocks_total += stored;
+  stats_.offer_skipped_blocks_total += skipped;
+  stats_.offer_dropped_blocks_total += dropped;
+}
+
+void TierClient::RunReserve(int64_t count) {
+  uint64_t session = 0;
+  int64_t num_slots = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_;
+    num_slots = num_slots_;
+  }
+  v1::AllocateSlotsRequest req;
+  req.set_session_id(session);
+  req.set_unbound_slots(static_cast<uint32_t>(std::min(count, num_slots)));
+  v1::AllocateSlotsResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+  const absl::Time granted = absl::Now();  // before tierd starts the leases
+  // A short pause before the next try when tierd could not grant them all (every slot pinned or
+  // reserved): offers go through staging meanwhile.
+  constexpr absl::Duration kRetry = absl::Milliseconds(200);
+  if (grpc::Status s = stub_->AllocateSlots(&ctx, req, &resp); !s.ok()) {
+    OnRpcFailure(s, "AllocateSlots");
+    absl::MutexLock lock(&mu_);
+    next_reserve_ = absl::Now() + kRetry;
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  int64_t granted_slots = 0;
+  for (const v1::SlotGrant& g : resp.grants()) {
+    if (g.status() == v1::SLOT_GRANT_STATUS_GRANTED && static_cast<int64_t>(g.slot()) < num_slots) {
+      unbound_.push_back(Unbound{session, g.slot(), granted});
+      ++granted_slots;
+    }
+  }
+  if (granted_slots < req.unbound_slots()) {
+    next_reserve_ = absl::Now() + kRetry;
   }
 }
 

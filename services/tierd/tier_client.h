@@ -32,6 +32,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -56,6 +57,10 @@ struct TierClientConfig {
   std::shared_ptr<const services::ClientSecurity> security;
   int64_t max_staged_blocks = 256;   // evicted blocks waiting to be offered (memory bound)
   int64_t offer_batch_blocks = 64;   // blocks per AllocateSlots/Commit round
+  // DRAM slots kept reserved without a block (tierd.proto AllocateSlots.unbound_slots), so an
+  // evicted block is copied once, straight into shared memory (from a GPU pool: cudaMemcpyAsync
+  // into the page-locked slot), and named at Commit. 0 = every offer goes through staging.
+  int64_t unbound_slots = 0;
   absl::Duration rpc_timeout = absl::Seconds(2);
   absl::Duration reattach_interval = absl::Seconds(1);
   // Called on the client thread each time tierd's DRAM pool is mapped (attach and every
@@ -76,6 +81,7 @@ struct TierClientStats {
   uint64_t offer_stored_blocks_total = 0;   // committed into DRAM
   uint64_t offer_skipped_blocks_total = 0;  // the node already had them
   uint64_t offer_dropped_blocks_total = 0;  // no slot, staging full, tierd down, bad commit
+  uint64_t offered_in_place_blocks_total = 0;  // of the offers, copied straight into a slot
   uint64_t prepares_total = 0;              // Prepare calls answered
   uint64_t promoted_blocks_total = 0;       // blocks made readable by Promote
   uint64_t promoted_from_nvme_total = 0;    // of those, read from NVMe by tierd
@@ -130,6 +136,13 @@ class TierClient {
   TierClient(const TierClient&) = delete;
   TierClient& operator=(const TierClient&) = delete;
 
+  // Offers an evicted block. `fill` writes its block_bytes bytes to `dst` (false: the block
+  // could not be read; nothing is offered) and is called before Offer returns, on the caller's
+  // thread: into an unbound DRAM slot when one is reserved, else into a staging buffer the
+  // client thread offers later. Never blocks on tierd.
+  using BlockFill = absl::FunctionRef<bool(uint8_t* dst)>;
+  void Offer(const BlockHash& hash, BlockFill fill);
+  // The same for bytes in host memory (block_bytes long, else dropped).
   void Offer(const BlockHash& hash, absl::Span<const uint8_t> block);
   void Prepare(std::vector<BlockHash> chain, PrepareDone done);
   void Release(const PromotedRun& run);
@@ -154,6 +167,16 @@ class TierClient {
     uint64_t session = 0;
     std::vector<uint32_t> slots;
   };
+  struct Unbound {  // a reserved slot not yet filled
+    uint64_t session = 0;
+    uint32_t slot = 0;
+    absl::Time granted;
+  };
+  struct Filled {  // an unbound slot filled by Offer, to commit
+    uint64_t session = 0;
+    uint32_t slot = 0;
+    BlockHash hash;
+  };
 
   friend class PromotedRun;  // counts checksum failures
 
@@ -163,6 +186,11 @@ class TierClient {
   void RunPrepare(PrepareJob job);
   void RunOffers(std::vector<Staged> batch);
   void RunReleases(std::vector<Releases> releases);
+  void RunCommits(std::vector<Filled> filled);
+  void RunReserve(int64_t count);
+  // Unbound slots of an older session, or too close to their lease's end to be filled safely,
+  // are dropped (and released when still this session's).
+  void DropStaleUnboundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a failed call; FAILED_PRECONDITION (unknown session) or UNAVAILABLE detaches.
   void OnRpcFailure(const grpc::Status& status, absl::string_view what);
   void CountChecksumFailure();
@@ -177,6 +205,10 @@ class TierClient {
   std::shared_ptr<ShmRegion> region_ ABSL_GUARDED_BY(mu_);
   int64_t num_slots_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t slot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);
+  std::deque<Unbound> unbound_ ABSL_GUARDED_BY(mu_);
+  std::vector<Filled> filled_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_reserve_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // refill backoff
   std::deque<PrepareJob> prepares_ ABSL_GUARDED_BY(mu_);
   std::deque<Staged> staged_ ABSL_GUARDED_BY(mu_);
   std::vector<Releases> releases_ ABSL_GUARDED_BY(mu_);

@@ -53,8 +53,9 @@ class TierClientTest : public ::testing::Test {
 
   std::unique_ptr<TierClient> StartClient(
       std::function<absl::AnyInvocable<void()>(uint8_t*, size_t)> on_map = nullptr,
-      const std::string& node_name = "") {
+      const std::string& node_name = "", int64_t unbound_slots = 0) {
     TierClientConfig c;
+    c.unbound_slots = unbound_slots;
     c.on_map = std::move(on_map);
     c.tierd_address = server_->address();
     c.worker_id = "worker-a";
@@ -131,6 +132,76 @@ TEST_F(TierClientTest, AnotherNodesTierdIsFlagged) {
   std::unique_ptr<TierClient> unchecked = StartClient();
   ASSERT_TRUE(unchecked->WaitAttached(absl::Seconds(10)));
   EXPECT_FALSE(unchecked->Stats().node_mismatch);
+}
+
+// With unbound slots reserved ahead, an offer's bytes go straight into tierd's shared memory and
+// the block is named at Commit: stored, skipped when the node has it, dropped when the fill
+// fails (the slot goes back to tierd), and restored byte for byte.
+TEST_F(TierClientTest, InPlaceOffersCopyOnceIntoReservedSlots) {
+  std::unique_ptr<TierClient> client = StartClient(nullptr, "", /*unbound_slots=*/4);
+  ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
+  for (int i = 0; i < 100 && server_->store()->dram()->Stats().pinned_blocks < 4; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));  // the client thread reserves the 4 slots
+  }
+  EXPECT_EQ(server_->store()->dram()->Stats().pinned_blocks, 4);  // reserved count as claims
+  int fills = 0;
+  for (int i = 0; i < 3; ++i) {
+    client->Offer(ClientHash(i), [&](uint8_t* dst) {
+      ++fills;
+      std::vector<uint8_t> b = BlockBytes(i);
+      std::memcpy(dst, b.data(), b.size());
+      return true;
+    });
+  }
+  client->FlushOffersForTest();
+  EXPECT_EQ(fills, 3);
+  TierClientStats st = client->Stats();
+  EXPECT_EQ(st.offered_in_place_blocks_total, 3u);
+  EXPECT_EQ(st.offer_stored_blocks_total, 3u);
+  // Held already: the copy is made (it had to be, before the block was reused) but not kept.
+  client->Offer(ClientHash(1), BlockBytes(1));
+  // A block that cannot be read: nothing offered, the slot released.
+  client->Offer(ClientHash(9), [](uint8_t*) { return false; });
+  client->FlushOffersForTest();
+  st = client->Stats();
+  EXPECT_EQ(st.offer_skipped_blocks_total, 1u);
+  EXPECT_GE(st.offer_dropped_blocks_total, 1u);
+  EXPECT_FALSE(server_->store()->dram()->Contains(ClientHash(9)));
+  std::shared_ptr<const PromotedRun> run =
+      PrepareSync(client.get(), {ClientHash(0), ClientHash(1), ClientHash(2)});
+  ASSERT_NE(run, nullptr);
+  ASSERT_EQ(run->size(), 3u);
+  std::vector<uint8_t> dst(layout_.block_bytes());
+  for (size_t k = 0; k < 3; ++k) {
+    ASSERT_TRUE(run->CopyOut(k, dst.data()));
+    EXPECT_EQ(dst, BlockBytes(static_cast<int>(k)));
+  }
+  client->Release(*run);
+}
+
+// A tierd restart ends the session's reservations: the client reserves again in the new
+// session and in-place offers keep working.
+TEST_F(TierClientTest, InPlaceOffersSurviveATierdRestart) {
+  std::unique_ptr<TierClient> client = StartClient(nullptr, "", /*unbound_slots=*/2);
+  ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
+  client->Offer(ClientHash(1), BlockBytes(1));
+  client->FlushOffersForTest();
+  server_.reset();
+  StartServer();
+  const uint64_t attaches = client->Stats().attaches_total;
+  for (int i = 0; i < 500 && client->Stats().attaches_total == attaches; ++i) {
+    client->Offer(ClientHash(100 + i), BlockBytes(3));  // detects the restart (or is dropped)
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
+  for (int i = 0; i < 100 && server_->store()->dram()->Stats().pinned_blocks < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const uint64_t in_place = client->Stats().offered_in_place_blocks_total;
+  client->Offer(ClientHash(7), BlockBytes(7));
+  client->FlushOffersForTest();
+  EXPECT_EQ(client->Stats().offered_in_place_blocks_total, in_place + 1);
+  EXPECT_TRUE(server_->store()->dram()->Contains(ClientHash(7)));
 }
 
 TEST_F(TierClientTest, DamagedSlotFailsVerification) {

@@ -141,9 +141,9 @@ grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext* context,
   if (!hashes.ok()) {
     return services::ToGrpcStatus(hashes.status());
   }
-  if (static_cast<int64_t>(hashes->size()) > store_->dram()->num_slots()) {
-    return Invalid(absl::StrCat("allocate_slots: ", hashes->size(),
-                                " blocks requested but the pool has ",
+  if (static_cast<int64_t>(hashes->size()) + req->unbound_slots() > store_->dram()->num_slots()) {
+    return Invalid(absl::StrCat("allocate_slots: ", hashes->size(), " blocks and ",
+                                req->unbound_slots(), " unbound slots requested but the pool has ",
                                 store_->dram()->num_slots(), " slots"));
   }
   absl::flat_hash_set<BlockHash> seen;
@@ -152,7 +152,8 @@ grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext* context,
       return Invalid(absl::StrCat("allocate_slots: block ", h.ToHex(), " is listed twice"));
     }
   }
-  for (const Reservation& r : store_->AllocateSlots(SessionId(req->session_id()), *hashes)) {
+  for (const Reservation& r : store_->AllocateSlots(SessionId(req->session_id()), *hashes,
+                                                    req->unbound_slots())) {
     v1::SlotGrant* g = resp->add_grants();
     switch (r.outcome) {
       case ReserveOutcome::kGranted:
@@ -198,6 +199,9 @@ grpc::Status TierServiceImpl::Commit(grpc::ServerContext* context, const v1::Com
         break;
       case CommitOutcome::kNotReserved:
         resp->add_results(v1::COMMIT_STATUS_NOT_RESERVED);
+        break;
+      case CommitOutcome::kAlreadyHeld:
+        resp->add_results(v1::COMMIT_STATUS_ALREADY_HELD);
         break;
     }
   }

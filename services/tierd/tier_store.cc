@@ -68,8 +68,9 @@ std::vector<TierKind> TierStore::Lookup(absl::Span<const BlockHash> chain) const
 }
 
 std::vector<Reservation> TierStore::AllocateSlots(SessionId session,
-                                                  absl::Span<const BlockHash> hashes) {
-  std::vector<Reservation> out(hashes.size());
+                                                  absl::Span<const BlockHash> hashes,
+                                                  int64_t unbound) {
+  std::vector<Reservation> out(hashes.size() + static_cast<size_t>(std::max<int64_t>(0, unbound)));
   std::vector<size_t> no_space;
   for (size_t i = 0; i < hashes.size(); ++i) {
     guard_->Record(hashes[i]);
@@ -82,10 +83,17 @@ std::vector<Reservation> TierStore::AllocateSlots(SessionId session,
       no_space.push_back(i);
     }
   }
+  for (size_t i = hashes.size(); i < out.size(); ++i) {
+    out[i] = dram_->ReserveUnbound(session);
+    if (out[i].outcome == ReserveOutcome::kNoSpace) {
+      no_space.push_back(i);
+    }
+  }
   if (!no_space.empty()) {
     Evict(static_cast<int64_t>(no_space.size()));
     for (size_t i : no_space) {
-      out[i] = dram_->Reserve(hashes[i], session);
+      out[i] = i < hashes.size() ? dram_->Reserve(hashes[i], session)
+                                 : dram_->ReserveUnbound(session);
     }
   }
   return out;
@@ -93,6 +101,13 @@ std::vector<Reservation> TierStore::AllocateSlots(SessionId session,
 
 CommitOutcome TierStore::Commit(SessionId session, DramSlot slot, const BlockHash& hash,
                                 uint64_t checksum) {
+  if (dram_->IsUnboundReservation(session, slot)) {
+    guard_->Record(hash);  // the visit AllocateSlots counts for a named block
+    if (nvme_ != nullptr && nvme_->Contains(hash)) {
+      dram_->Release(session, absl::MakeConstSpan(&slot, 1));
+      return CommitOutcome::kAlreadyHeld;
+    }
+  }
   const CommitOutcome outcome = dram_->Commit(session, slot, hash, checksum);
   if (outcome == CommitOutcome::kStored && listener_) {
     listener_(absl::MakeConstSpan(&hash, 1));

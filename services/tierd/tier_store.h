@@ -108,10 +108,13 @@ class TierStore {
 
   // One reservation per hash (tierd.proto AllocateSlots): kAlreadyHeld when DRAM or NVMe holds
   // it or someone is offering it; kNoSpace when no DRAM slot can be freed (all reserved or
-  // pinned). Spills synchronously when DRAM is full. Counts a visit of every hash.
-  std::vector<Reservation> AllocateSlots(SessionId session, absl::Span<const BlockHash> hashes);
+  // pinned). Spills synchronously when DRAM is full. Counts a visit of every hash. Then
+  // `unbound` reservations for blocks named at Commit (DramPool::ReserveUnbound), appended.
+  std::vector<Reservation> AllocateSlots(SessionId session, absl::Span<const BlockHash> hashes,
+                                         int64_t unbound = 0);
 
-  // Hands a filled slot over (DramPool::Commit, verifying the checksum).
+  // Hands a filled slot over (DramPool::Commit, verifying the checksum). An unbound
+  // reservation's block counts a visit here and ends kAlreadyHeld when NVMe or DRAM holds it.
   CommitOutcome Commit(SessionId session, DramSlot slot, const BlockHash& hash, uint64_t checksum);
 
   // Makes the leading blocks of `chain` readable in DRAM slots pinned for `session`, reading

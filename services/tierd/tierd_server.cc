@@ -302,8 +302,12 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
          st.dram.valid_blocks * dram_->block_bytes(), st.dram.stored_blocks_total,
          st.dram.evicted_blocks_total, st.dram.hit_blocks_total,
          st.dram.checksum_failures_total + st.dram_corrupt_total);
-    sink.AddGauge("pd_tierd_claimed_blocks", "DRAM slots reserved or pinned by workers",
-                  d(st.dram.pinned_blocks));
+    sink.AddGauge("pd_tierd_claimed_blocks",
+                  "DRAM slots reserved for a named block or pinned by workers",
+                  d(st.dram.pinned_blocks - st.dram.unbound_blocks));
+    sink.AddGauge("pd_tierd_unbound_reserved_blocks",
+                  "DRAM slots workers keep reserved for in-place offers (named at Commit)",
+                  d(st.dram.unbound_blocks));
     if (st.nvme.has_value()) {
       tier("nvme", st.nvme->capacity_blocks, st.nvme->used_blocks,
            st.nvme->used_blocks * nvme_->block_bytes(), st.nvme->stored_blocks_total,

@@ -53,10 +53,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     s->tier_slot_ = std::make_shared<std::atomic<tierd::TierClient*>>(nullptr);
     // Scheduler thread, inside an allocation: the client copies the block and returns.
     runtime_config.on_evict = [slot = s->tier_slot_](const BlockHash& hash,
-                                                     absl::Span<const uint8_t> block) {
+                                                     engine::ModelRuntimeConfig::CopyBlockTo copy) {
       // Pairs with the release store after the client started (and the clear in Drain).
       if (tierd::TierClient* client = slot->load(std::memory_order_acquire)) {
-        client->Offer(hash, block);
+        client->Offer(hash, copy);
       }
     };
   }
@@ -144,6 +144,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     tc.tierd_address = config.tierd_address;
     tc.worker_id = ctx.worker_id;
     tc.node_name = ctx.node_name;
+    // Evicted blocks are copied once, straight into a reserved DRAM slot (a GPU pool: by
+    // cudaMemcpyAsync into the page-locked mapping), while reservations last.
+    tc.unbound_slots = 16;
     tc.layout = ctx.layout;
     tc.security = ctx.peer_security;
     if (pool->device() == kernels::Device::kCuda) {
@@ -193,6 +196,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       sink.AddCounter("pd_worker_tier_offered_blocks_total",
                       "Evicted blocks offered to the node's DRAM tier, by outcome",
                       static_cast<double>(t.offer_dropped_blocks_total), {{"outcome", "dropped"}});
+      sink.AddCounter("pd_worker_tier_offered_in_place_blocks_total",
+                      "Evicted blocks copied straight into a reserved slot of the node's DRAM "
+                      "tier (no staging copy)",
+                      static_cast<double>(t.offered_in_place_blocks_total));
       sink.AddCounter("pd_worker_tier_promoted_blocks_total",
                       "Blocks the node's tiers made readable for prompts, by source tier",
                       static_cast<double>(t.promoted_blocks_total - t.promoted_from_nvme_total),

@@ -186,7 +186,9 @@ TEST(SoakE2eTest, ClusterSurvivesKillsOfEveryComponentWithExactOutputs) {
         return false;
       }
     }
-    return Metric(tierd.Metrics(), "pd_tierd_claimed_blocks", -1) == 0;
+    // Slots workers keep reserved for in-place offers are bounded (16 per attached worker).
+    return Metric(tierd.Metrics(), "pd_tierd_claimed_blocks", -1) == 0 &&
+           Metric(tierd.Metrics(), "pd_tierd_unbound_reserved_blocks", -1) <= 3 * 16;
   };
   while (!drained() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(200));
   EXPECT_TRUE(drained()) << c.WorkerMetrics(0) << tierd.Metrics();

@@ -116,6 +116,8 @@ TEST_F(TierE2eTest, EvictedBlocksComeBackFromDramAndNvmeWithExactOutput) {
   EXPECT_GT(Metric(wm, "pd_worker_tier_promoted_blocks_total{tier=\"dram\"}"), 0) << wm;
   EXPECT_GT(Metric(wm, "pd_worker_tier_promoted_blocks_total{tier=\"nvme\"}"), 0) << wm;
   EXPECT_GT(Metric(wm, "pd_worker_tier_restored_blocks_total"), 0) << wm;
+  // Evicted blocks went straight into reserved DRAM slots (one copy), not only through staging.
+  EXPECT_GT(Metric(wm, "pd_worker_tier_offered_in_place_blocks_total"), 0) << wm;
   const std::string tm = tierd.Metrics();
   EXPECT_GT(Metric(tm, "pd_tierd_spill_blocks_total"), 0) << tm;
   EXPECT_GT(Metric(tm, "pd_tierd_hit_blocks_total{tier=\"nvme\"}"), 0) << tm;
