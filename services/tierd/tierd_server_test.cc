@@ -240,6 +240,56 @@ TEST_F(TierdServerTest, OfferLookupPromoteRelease) {
   EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_hit_blocks_total{tier=\"dram\"} 4"));
 }
 
+// Unbound slots over RPC: granted after the hashes' grants, named at Commit, a held block
+// answered ALREADY_HELD, and the total bounded by the pool.
+TEST_F(TierdServerTest, UnboundSlotsAreNamedAtCommit) {
+  StartServer();
+  Attach();
+  ASSERT_EQ(Offer(0, 1), 1);
+  v1::AllocateSlotsRequest areq;
+  areq.set_session_id(attach_.session_id());
+  areq.set_block_hashes(Bytes({HashOf(5)}));
+  areq.set_unbound_slots(2);
+  v1::AllocateSlotsResponse aresp;
+  grpc::ClientContext actx;
+  ASSERT_TRUE(stub_->AllocateSlots(&actx, areq, &aresp).ok());
+  ASSERT_EQ(aresp.grants_size(), 3);
+  for (const v1::SlotGrant& g : aresp.grants()) {
+    ASSERT_EQ(g.status(), v1::SLOT_GRANT_STATUS_GRANTED);
+  }
+  const uint32_t u1 = aresp.grants(1).slot();
+  const uint32_t u2 = aresp.grants(2).slot();
+  std::memset(Slot(u1), 0x42, layout_.block_bytes());
+  std::memset(Slot(u2), 0x43, layout_.block_bytes());
+  v1::CommitRequest creq;
+  creq.set_session_id(attach_.session_id());
+  v1::CommitEntry* e = creq.add_entries();
+  e->set_block_hash(HashOf(7).ToBytes());
+  e->set_slot(u1);
+  e->set_checksum(BlockChecksum(Block(u1)));
+  e = creq.add_entries();
+  e->set_block_hash(HashOf(0).ToBytes());  // the node holds it already
+  e->set_slot(u2);
+  e->set_checksum(BlockChecksum(Block(u2)));
+  v1::CommitResponse cresp;
+  grpc::ClientContext cctx;
+  ASSERT_TRUE(stub_->Commit(&cctx, creq, &cresp).ok());
+  ASSERT_EQ(cresp.results_size(), 2);
+  EXPECT_EQ(cresp.results(0), v1::COMMIT_STATUS_STORED);
+  EXPECT_EQ(cresp.results(1), v1::COMMIT_STATUS_ALREADY_HELD);
+  EXPECT_EQ(Lookup(7, 1), std::vector<v1::Tier>{v1::TIER_DRAM});
+  // HashOf(5)'s named reservation stays; nothing unbound is left.
+  EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_unbound_reserved_blocks 0"));
+  EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_claimed_blocks 1"));
+
+  areq.clear_block_hashes();
+  areq.set_unbound_slots(static_cast<uint32_t>(attach_.num_slots()) + 1);
+  grpc::ClientContext actx2;
+  grpc::Status s = stub_->AllocateSlots(&actx2, areq, &aresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("unbound slots requested"));
+}
+
 TEST_F(TierdServerTest, ChecksumMismatchIsRefused) {
   StartServer();
   Attach();
