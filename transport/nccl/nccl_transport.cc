@@ -1,6 +1,5 @@
 #include "transport/nccl/nccl_transport.h"
 
-#include <arpa/inet.h>
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <nccl.h>
@@ -28,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "transport/internal/socket_util.h"
 #include "transport/internal/transport_core.h"
 #include "transport/nccl/nccl_protocol.h"
 
@@ -113,52 +113,6 @@ void SetSocketOptions(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-absl::StatusOr<sockaddr_in> ParseHostPort(absl::string_view host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, std::string(host).c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("not a numeric IPv4 address: ", host));
-  }
-  return addr;
-}
-
-// A connected TCP socket to "host:port" (numeric IPv4), or Unavailable within `timeout`.
-absl::StatusOr<int> DialTcp(absl::string_view address, absl::Duration timeout) {
-  std::vector<absl::string_view> hp = absl::StrSplit(address, absl::MaxSplits(':', 1));
-  int port = 0;
-  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) {
-    return absl::InvalidArgumentError(absl::StrCat("bad nccl endpoint address: ", address));
-  }
-  absl::StatusOr<sockaddr_in> addr = ParseHostPort(hp[0], port);
-  if (!addr.ok()) {
-    return addr.status();
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  }
-  int err = 0;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 &&
-      errno != EINPROGRESS) {
-    err = errno;
-  } else {
-    pollfd p{fd, POLLOUT, 0};
-    socklen_t len = sizeof(err);
-    if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) != 1) {
-      err = ETIMEDOUT;
-    } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
-      err = errno;
-    }
-  }
-  if (err != 0) {
-    ::close(fd);
-    return absl::UnavailableError(absl::StrCat("nccl connect ", address, ": ", std::strerror(err)));
-  }
-  SetSocketOptions(fd);
-  return fd;
 }
 
 // One NCCL group in flight: a sender's sends or a receiver's recvs of one transfer.
@@ -686,10 +640,11 @@ absl::StatusOr<PeerHandle> NcclTransport::Connect(absl::string_view endpoint) {
       }
     }
   }
-  absl::StatusOr<int> fd = DialTcp(e->address, options_.connect_timeout);
+  absl::StatusOr<int> fd = transport_internal::DialTcp(e->address, options_.connect_timeout, "nccl");
   if (!fd.ok()) {
     return fd.status();
   }
+  SetSocketOptions(*fd);
   auto conn = std::make_shared<Conn>();
   conn->fd = *fd;
   conn->outbound = true;
@@ -1180,29 +1135,11 @@ absl::StatusOr<std::unique_ptr<KvTransport>> CreateNcclTransport(
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("nccl transport: connect_timeout must be positive");
   }
-  absl::StatusOr<sockaddr_in> addr = ParseHostPort(options.listen_host, options.listen_port);
-  if (!addr.ok()) {
-    return addr.status();
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  }
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  socklen_t len = sizeof(*addr);
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 ||
-      ::listen(fd, 64) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&*addr), &len) != 0) {
-    absl::Status s = absl::UnavailableError(absl::StrCat(
-        "nccl listen ", options.listen_host, ":", options.listen_port, ": ", std::strerror(errno)));
-    ::close(fd);
-    return s;
-  }
-  int version = 0;
-  ncclGetVersion(&version);
-  VLOG(1) << "nccl transport: NCCL " << version << ", device " << options.device;
-  std::string address = absl::StrCat(options.listen_host, ":", ntohs(addr->sin_port));
-  return std::unique_ptr<KvTransport>(new NcclTransport(options, fd, std::move(address)));
+  PD_ASSIGN_OR_RETURN(
+      transport_internal::ListeningSocket listener,
+      transport_internal::ListenTcp(options.listen_host, options.listen_port, "nccl"));
+  return std::unique_ptr<KvTransport>(
+      new NcclTransport(options, listener.fd, std::move(listener.address)));
 }
 
 }  // namespace pd::transport

@@ -1,6 +1,5 @@
 #include "transport/tcp/tcp_transport.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -24,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "transport/internal/socket_util.h"
 #include "transport/internal/transport_core.h"
 
 namespace pd::transport {
@@ -132,16 +132,6 @@ ReadResult ReadFull(int fd, void* buf, size_t n, KeepGoing keep_going) {
     }
   }
   return ReadResult::kOk;
-}
-
-absl::StatusOr<sockaddr_in> ParseHostPort(absl::string_view host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, std::string(host).c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("not a numeric IPv4 address: ", host));
-  }
-  return addr;
 }
 
 void SetNoDelay(int fd) {
@@ -449,34 +439,11 @@ absl::StatusOr<PeerHandle> TcpTransport::Connect(absl::string_view endpoint) {
       }
     }
   }
-  std::vector<absl::string_view> hp = absl::StrSplit(e->address, absl::MaxSplits(':', 1));
-  int port = 0;
-  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) {
-    return absl::InvalidArgumentError(absl::StrCat("bad tcp address: ", e->address));
-  }
-  absl::StatusOr<sockaddr_in> addr = ParseHostPort(hp[0], port);
-  if (!addr.ok()) {
-    return addr.status();
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    return absl::InternalError(Errno("socket"));
-  }
+  PD_ASSIGN_OR_RETURN(const int fd,
+                      transport_internal::DialTcp(e->address, options_.connect_timeout, "tcp"));
   auto conn = std::make_shared<Conn>();
-  conn->fd = fd;
+  conn->fd = fd;  // closed with conn on every path below
   SetNoDelay(fd);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 &&
-      errno != EINPROGRESS) {
-    return absl::UnavailableError(Errno(absl::StrCat("tcp connect ", e->address)));
-  }
-  pollfd p{fd, POLLOUT, 0};
-  int err = 0;
-  socklen_t len = sizeof(err);
-  if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(options_.connect_timeout))) != 1 ||
-      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-    return absl::UnavailableError(absl::StrCat("tcp connect ", e->address, ": ",
-                                               err != 0 ? std::strerror(err) : "timed out"));
-  }
   SetBlockingWithTimeouts(fd);
   FrameHeader hello;
   hello.type = kHello;
@@ -699,26 +666,11 @@ absl::StatusOr<std::unique_ptr<KvTransport>> CreateTcpTransport(
   if (options.max_frame_bytes == 0) {
     return absl::InvalidArgumentError("tcp transport: max_frame_bytes must be positive");
   }
-  absl::StatusOr<sockaddr_in> addr = ParseHostPort(options.listen_host, options.listen_port);
-  if (!addr.ok()) {
-    return addr.status();
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    return absl::InternalError(Errno("socket"));
-  }
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  socklen_t len = sizeof(*addr);
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 ||
-      ::listen(fd, 64) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&*addr), &len) != 0) {
-    absl::Status s = absl::UnavailableError(
-        Errno(absl::StrCat("tcp listen ", options.listen_host, ":", options.listen_port)));
-    ::close(fd);
-    return s;
-  }
-  std::string address = absl::StrCat(options.listen_host, ":", ntohs(addr->sin_port));
-  return std::unique_ptr<KvTransport>(new TcpTransport(options, fd, std::move(address)));
+  PD_ASSIGN_OR_RETURN(
+      transport_internal::ListeningSocket listener,
+      transport_internal::ListenTcp(options.listen_host, options.listen_port, "tcp"));
+  return std::unique_ptr<KvTransport>(
+      new TcpTransport(options, listener.fd, std::move(listener.address)));
 }
 
 }  // namespace pd::transport
