@@ -229,6 +229,7 @@ TierClientStats TierClient::Stats() const {
   absl::MutexLock lock(&mu_);
   TierClientStats st = stats_;
   st.attached = attached_;
+  st.unbound_slots_held = static_cast<int64_t>(unbound_.size());
   return st;
 }
 

@@ -82,6 +82,7 @@ struct TierClientStats {
   uint64_t offer_skipped_blocks_total = 0;  // the node already had them
   uint64_t offer_dropped_blocks_total = 0;  // no slot, staging full, tierd down, bad commit
   uint64_t offered_in_place_blocks_total = 0;  // of the offers, copied straight into a slot
+  int64_t unbound_slots_held = 0;              // reserved slots ready for in-place offers now
   uint64_t prepares_total = 0;              // Prepare calls answered
   uint64_t promoted_blocks_total = 0;       // blocks made readable by Promote
   uint64_t promoted_from_nvme_total = 0;    // of those, read from NVMe by tierd

@@ -140,10 +140,12 @@ TEST_F(TierClientTest, AnotherNodesTierdIsFlagged) {
 TEST_F(TierClientTest, InPlaceOffersCopyOnceIntoReservedSlots) {
   std::unique_ptr<TierClient> client = StartClient(nullptr, "", /*unbound_slots=*/4);
   ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
-  for (int i = 0; i < 100 && server_->store()->dram()->Stats().pinned_blocks < 4; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));  // the client thread reserves the 4 slots
+  // The client thread reserves the 4 slots (tierd grants them before the client has them).
+  for (int i = 0; i < 1000 && client->Stats().unbound_slots_held < 4; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(server_->store()->dram()->Stats().pinned_blocks, 4);  // reserved count as claims
+  ASSERT_EQ(client->Stats().unbound_slots_held, 4);
+  EXPECT_EQ(server_->store()->dram()->Stats().unbound_blocks, 4);
   int fills = 0;
   for (int i = 0; i < 3; ++i) {
     client->Offer(ClientHash(i), [&](uint8_t* dst) {
@@ -194,9 +196,10 @@ TEST_F(TierClientTest, InPlaceOffersSurviveATierdRestart) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
-  for (int i = 0; i < 100 && server_->store()->dram()->Stats().pinned_blocks < 2; ++i) {
+  for (int i = 0; i < 1000 && client->Stats().unbound_slots_held < 2; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
+  ASSERT_EQ(client->Stats().unbound_slots_held, 2);
   const uint64_t in_place = client->Stats().offered_in_place_blocks_total;
   client->Offer(ClientHash(7), BlockBytes(7));
   client->FlushOffersForTest();
