@@ -125,6 +125,11 @@ void TierClient::Offer(const BlockHash& hash, absl::Span<const uint8_t> block) {
   });
 }
 
+int64_t TierClient::UnboundTargetLocked() const {
+  // At most an eighth of a small pool, so a few workers' reserves never crowd out the blocks.
+  return std::min(config_.unbound_slots, num_slots_ / 8);
+}
+
 void TierClient::DropStaleUnboundLocked() {
   const absl::Time now = absl::Now();
   Releases stale{session_, {}};
@@ -331,7 +336,7 @@ void TierClient::Loop() {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !prepares_.empty() || !staged_.empty() || !releases_.empty() ||
                !filled_.empty() ||
-               (attached_ && static_cast<int64_t>(unbound_.size()) * 2 < config_.unbound_slots &&
+               (attached_ && static_cast<int64_t>(unbound_.size()) * 2 < UnboundTargetLocked() &&
                 absl::Now() >= next_reserve_);
       };
       const absl::Duration wait =
@@ -345,9 +350,9 @@ void TierClient::Loop() {
         DropStaleUnboundLocked();
         filled.swap(filled_);
         // Refill once half the reserve is used (one AllocateSlots for many evictions).
-        if (static_cast<int64_t>(unbound_.size()) * 2 < config_.unbound_slots &&
+        if (static_cast<int64_t>(unbound_.size()) * 2 < UnboundTargetLocked() &&
             absl::Now() >= next_reserve_) {
-          reserve = config_.unbound_slots - static_cast<int64_t>(unbound_.size());
+          reserve = UnboundTargetLocked() - static_cast<int64_t>(unbound_.size());
         }
         releases.swap(releases_);
         if (!prepares_.empty()) {

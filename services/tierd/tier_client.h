@@ -57,7 +57,8 @@ struct TierClientConfig {
   std::shared_ptr<const services::ClientSecurity> security;
   int64_t max_staged_blocks = 256;   // evicted blocks waiting to be offered (memory bound)
   int64_t offer_batch_blocks = 64;   // blocks per AllocateSlots/Commit round
-  // DRAM slots kept reserved without a block (tierd.proto AllocateSlots.unbound_slots), so an
+  // DRAM slots kept reserved without a block (tierd.proto AllocateSlots.unbound_slots; at most
+  // an eighth of tierd's pool), so an
   // evicted block is copied once, straight into shared memory (from a GPU pool: cudaMemcpyAsync
   // into the page-locked slot), and named at Commit. 0 = every offer goes through staging.
   int64_t unbound_slots = 0;
@@ -192,6 +193,8 @@ class TierClient {
   // Unbound slots of an older session, or too close to their lease's end to be filled safely,
   // are dropped (and released when still this session's).
   void DropStaleUnboundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many unbound slots to keep: config_.unbound_slots, at most num_slots_ / 8.
+  int64_t UnboundTargetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a failed call; FAILED_PRECONDITION (unknown session) or UNAVAILABLE detaches.
   void OnRpcFailure(const grpc::Status& status, absl::string_view what);
   void CountChecksumFailure();
