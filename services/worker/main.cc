@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, transport_host, "127.0.0.1",
           "numeric IPv4 address the KV transport listens on");
 ABSL_FLAG(std::string, tierd_address, "",
           "the node's pd-tierd host:port (DRAM/NVMe tiers); empty = none");
+ABSL_FLAG(int64_t, tier_offer_slots, -1,
+          "DRAM slots kept reserved so evicted blocks are copied straight into tierd's shared "
+          "memory; -1 = 16 with --device cuda, 0 on the CPU");
 ABSL_FLAG(absl::Duration, prefill_timeout, absl::Seconds(30),
           "decode side: bound on one remote prefill; past it decode prefills locally");
 ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
@@ -85,6 +88,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.transport = absl::GetFlag(FLAGS_transport);
   c.transport_host = absl::GetFlag(FLAGS_transport_host);
   c.tierd_address = absl::GetFlag(FLAGS_tierd_address);
+  c.tier_offer_slots = absl::GetFlag(FLAGS_tier_offer_slots);
   c.prefill_timeout = absl::GetFlag(FLAGS_prefill_timeout);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   c.step_delay = absl::GetFlag(FLAGS_step_delay);

@@ -40,6 +40,10 @@ absl::Status WorkerConfig::Validate() const {
   if (prefill_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--prefill_timeout must be > 0");
   }
+  if (tier_offer_slots < -1 || tier_offer_slots > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tier_offer_slots must be in [-1, 4096] (-1 = automatic), got ", tier_offer_slots));
+  }
   if (drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout must be >= 0");
   }

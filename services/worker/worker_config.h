@@ -37,6 +37,11 @@ struct WorkerConfig {
   // The node's pd-tierd ("host:port"); empty = no lower tiers. Evicted blocks are offered to it
   // and prompts are restored from it before prefill. tierd being down never fails a request.
   std::string tierd_address;
+  // DRAM slots kept reserved so an evicted block is copied once, straight into tierd's shared
+  // memory (tierd.proto unbound slots); -1 = automatic: 16 with --device cuda (cudaMemcpyAsync
+  // into the page-locked slot), 0 on the CPU (a copy to a hot staging buffer costs the
+  // scheduler thread less than one into a cold DRAM slot; offer_bench). At most 4096.
+  int64_t tier_offer_slots = -1;
   // Upper bound of one remote prefill (RPC + transfer) as seen by the decode side; the
   // request's own deadline applies when earlier. Past it, decode prefills locally.
   absl::Duration prefill_timeout = absl::Seconds(30);

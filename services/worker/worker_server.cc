@@ -144,9 +144,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     tc.tierd_address = config.tierd_address;
     tc.worker_id = ctx.worker_id;
     tc.node_name = ctx.node_name;
-    // Evicted blocks are copied once, straight into a reserved DRAM slot (a GPU pool: by
-    // cudaMemcpyAsync into the page-locked mapping), while reservations last.
-    tc.unbound_slots = 16;
+    // Evicted blocks copied once, straight into a reserved DRAM slot: the GPU default (by
+    // cudaMemcpyAsync into the page-locked mapping); see WorkerConfig::tier_offer_slots.
+    tc.unbound_slots = config.tier_offer_slots >= 0 ? config.tier_offer_slots
+                       : s->runtime_->kv_memory()->device() == kernels::Device::kCuda ? 16
+                                                                                      : 0;
     tc.layout = ctx.layout;
     tc.security = ctx.peer_security;
     if (pool->device() == kernels::Device::kCuda) {

@@ -97,8 +97,10 @@ TEST_F(TierE2eTest, EvictedBlocksComeBackFromDramAndNvmeWithExactOutput) {
   const std::string dir = dir_->path();
   Tierd tierd(dir);
   // The router keeps every request on the decode worker (prefill there), whose pool of 24
-  // blocks holds under three prompts.
-  Cluster c(dir, 1, 1, "round_robin", {"--kv_blocks=24", "--tierd_address=" + tierd.address()},
+  // blocks holds under three prompts. Evicted blocks go straight into reserved DRAM slots (the
+  // GPU default, forced on here; the other tests use the CPU default, staging).
+  Cluster c(dir, 1, 1, "round_robin",
+            {"--kv_blocks=24", "--tierd_address=" + tierd.address(), "--tier_offer_slots=16"},
             {"--disagg_threshold_tokens=100000"});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
   const std::vector<std::string> prompts = Prompts();
