@@ -136,34 +136,37 @@ Reservation DramPool::Reserve(const BlockHash& hash, SessionId session) {
   if (index_.contains(hash)) {
     return {ReserveOutcome::kAlreadyHeld, DramSlot()};
   }
-  if (free_.empty()) {
+  const std::optional<uint32_t> s = TakeFreeSlotLocked(session);
+  if (!s.has_value()) {
     return {ReserveOutcome::kNoSpace, DramSlot()};
+  }
+  slots_[*s].hash = hash;
+  index_.emplace(hash, *s);
+  return {ReserveOutcome::kGranted, DramSlot(*s)};
+}
+
+std::optional<uint32_t> DramPool::TakeFreeSlotLocked(SessionId session) {
+  if (free_.empty()) {
+    return std::nullopt;
   }
   const uint32_t s = free_.back();
   free_.pop_back();
   Slot& slot = slots_[s];
   slot.state = SlotState::kWriting;
-  slot.hash = hash;
   slot.claims.push_back(Claim{session, DeadlineFor(session)});
-  index_.emplace(hash, s);
   ++writing_;
-  return {ReserveOutcome::kGranted, DramSlot(s)};
+  return s;
 }
 
 Reservation DramPool::ReserveUnbound(SessionId session) {
   absl::MutexLock lock(&mu_);
-  if (free_.empty()) {
+  const std::optional<uint32_t> s = TakeFreeSlotLocked(session);
+  if (!s.has_value()) {
     return {ReserveOutcome::kNoSpace, DramSlot()};
   }
-  const uint32_t s = free_.back();
-  free_.pop_back();
-  Slot& slot = slots_[s];
-  slot.state = SlotState::kWriting;
-  slot.unbound = true;
-  slot.claims.push_back(Claim{session, DeadlineFor(session)});
-  ++writing_;
+  slots_[*s].unbound = true;
   ++unbound_;
-  return {ReserveOutcome::kGranted, DramSlot(s)};
+  return {ReserveOutcome::kGranted, DramSlot(*s)};
 }
 
 bool DramPool::IsUnboundReservation(SessionId session, DramSlot slot_id) const {

@@ -270,6 +270,9 @@ class DramPool {
   void LinkMru(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unlink(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeSlot(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free slot made kWriting with `session`'s claim (the caller names or unbinds it); nullopt
+  // when none is free.
+  std::optional<uint32_t> TakeFreeSlotLocked(SessionId session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops claims of `slot` matching `pred`; frees a reservation. Returns the number dropped.
   template <typename Pred>
   int DropClaims(uint32_t slot, Pred pred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
