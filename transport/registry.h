@@ -19,19 +19,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "transport/kv_transport.h"
+#include "transport/ucx_data_path.h"
 
 namespace pd::transport {
 
 class LoopbackHub;
-
-// How the UCX backend moves data, chosen per connection from the lanes UCX selected for it
-// (logged at VLOG(1); Caps().one_sided / two_sided say which paths are allowed):
-//  kAuto: RMA (put + flush + completion message) when the data endpoint's bulk lane is RDMA
-//         (rc/dc) or CUDA IPC; active messages otherwise: over tcp (UCX's tcp RMA is an order
-//         of magnitude slower than its AM path) and, for now, over shm (RMA is faster at large
-//         batches there but has an undiagnosed 10-15 ms tail). See docs/benchmarks.md.
-//  kRma, kActiveMessage: force one path (tests, benchmarks).
-enum class UcxDataPath : uint8_t { kAuto, kRma, kActiveMessage };
 
 struct TransportConfig {
   std::string backend = "tcp";
@@ -45,7 +37,7 @@ struct TransportConfig {
   // prefix, e.g. {"TLS", "shm,self,tcp"}); never read from or written to the environment by
   // the library (UCX itself still honours UCX_* variables the process was started with).
   std::vector<std::pair<std::string, std::string>> ucx_options;
-  UcxDataPath ucx_data_path = UcxDataPath::kAuto;
+  UcxDataPath ucx_data_path = UcxDataPath::kAuto;  // see transport/ucx_data_path.h
   // ucx: a progress thread sleeps on the worker's event fd when idle (false: busy-poll).
   bool ucx_blocking_progress = true;
 

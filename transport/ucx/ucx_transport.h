@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "transport/kv_transport.h"
-#include "transport/registry.h"
+#include "transport/ucx_data_path.h"
 
 namespace pd::transport {
 
