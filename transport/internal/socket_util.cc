@@ -1,8 +1,11 @@
 #include "transport/internal/socket_util.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,6 +83,30 @@ absl::StatusOr<int> DialTcp(absl::string_view address, absl::Duration timeout,
     ::close(fd);
     return absl::UnavailableError(
         absl::StrCat(backend, " connect ", address, ": ", std::strerror(err)));
+  }
+  return fd;
+}
+
+void SetStreamSocketOptions(int fd, absl::Duration slice) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags >= 0) {
+    ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  }
+  timeval tv = absl::ToTimeval(slice);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+int AcceptTcp(int listen_fd, absl::Duration slice) {
+  pollfd p{listen_fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(slice))) <= 0) {
+    return -1;
+  }
+  const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) {
+    SetStreamSocketOptions(fd, slice);
   }
   return fd;
 }

@@ -27,6 +27,16 @@ uint64_t RandomId() {
   return v;
 }
 
+absl::StatusOr<EndpointInfo> DecodePeerEndpoint(absl::string_view backend,
+                                                absl::string_view endpoint) {
+  absl::StatusOr<EndpointInfo> e = EndpointInfo::Decode(endpoint);
+  if (e.ok() && e->backend != backend) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(backend, " transport cannot connect to a ", e->backend, " endpoint"));
+  }
+  return e;
+}
+
 TransportCore::TransportCore(std::string backend)
     : backend_(std::move(backend)), instance_id_(RandomId()) {}
 

@@ -19,12 +19,18 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "transport/handshake.h"
 #include "transport/kv_transport.h"
 
 namespace pd::transport::transport_internal {
 
 // A random 64-bit value (instance ids, nonces); never 0.
 uint64_t RandomId();
+
+// The endpoint a `backend` transport's Connect was given: InvalidArgument for garbage,
+// FailedPrecondition for another protocol version or an endpoint of another backend.
+absl::StatusOr<EndpointInfo> DecodePeerEndpoint(absl::string_view backend,
+                                                absl::string_view endpoint);
 
 struct RegionInfo {
   MemoryRegion region;

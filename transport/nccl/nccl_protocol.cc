@@ -1,20 +1,19 @@
 #include "transport/nccl/nccl_protocol.h"
 
-#include <sys/socket.h>
-
-#include <cerrno>
 #include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "transport/internal/byte_codec.h"
+#include "transport/internal/socket_io.h"
 
 namespace pd::transport::nccl_internal {
 
 using transport_internal::ByteReader;
 using transport_internal::ByteWriter;
 using transport_internal::PreparedPost;
+using transport_internal::SocketIo;
 using transport_internal::TransportCore;
 using transport_internal::WriteGrant;
 
@@ -222,46 +221,50 @@ absl::StatusOr<std::vector<WriteGrant>> AcquireGrants(TransportCore& core,
 
 namespace {
 
-// Polls `fd` (receive or send timeout slices) until `n` bytes moved.
-template <bool kSend>
-absl::Status MoveAll(int fd, char* p, size_t n, absl::Time deadline,
+// Moves `n` bytes at `p` over `fd` (send or receive) in timeout slices: Cancelled once
+// `keep_going` (when set) turns false, DeadlineExceeded once `deadline` passed.
+absl::Status MoveAll(bool send, int fd, char* p, size_t n, absl::Time deadline,
                      const std::function<bool()>& keep_going) {
-  while (n > 0) {
-    const ssize_t r = kSend ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, MSG_WAITALL);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<size_t>(r);
-      continue;
-    }
-    if (r == 0 && !kSend) {
-      return absl::UnavailableError("nccl control connection closed by the peer");
-    }
-    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat(
-          "nccl control connection ", kSend ? "send" : "recv", ": ", std::strerror(errno)));
-    }
+  bool stopped = false;
+  auto go_on = [&] {
     if (keep_going && !keep_going()) {
-      return absl::CancelledError("nccl control connection: stopped");
+      stopped = true;
+      return false;
     }
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("nccl control connection: ", kSend ? "send" : "recv", " timed out"));
-    }
+    return absl::Now() < deadline;
+  };
+  int error = 0;
+  const SocketIo r = send ? transport_internal::WriteAll(fd, {{p, n}}, go_on, &error)
+                          : transport_internal::ReadFull(fd, p, n, go_on, &error);
+  const char* what = send ? "send" : "recv";
+  switch (r) {
+    case SocketIo::kOk:
+      return absl::OkStatus();
+    case SocketIo::kClosed:
+      return absl::UnavailableError("nccl control connection closed by the peer");
+    case SocketIo::kFailed:
+      return absl::UnavailableError(
+          absl::StrCat("nccl control connection ", what, ": ", std::strerror(error)));
+    case SocketIo::kStopped:
+      break;
   }
-  return absl::OkStatus();
+  if (stopped) {
+    return absl::CancelledError("nccl control connection: stopped");
+  }
+  return absl::DeadlineExceededError(absl::StrCat("nccl control connection: ", what, " timed out"));
 }
 
 }  // namespace
 
 absl::Status WriteFrame(int fd, FrameType type, absl::string_view body, absl::Time deadline) {
   std::string bytes = EncodeFrame(type, body);
-  return MoveAll<true>(fd, bytes.data(), bytes.size(), deadline, nullptr);
+  return MoveAll(/*send=*/true, fd, bytes.data(), bytes.size(), deadline, nullptr);
 }
 
 absl::StatusOr<Frame> ReadFrame(int fd, absl::Time deadline,
                                 const std::function<bool()>& keep_going) {
   char header[kFrameHeaderBytes];
-  absl::Status s = MoveAll<false>(fd, header, sizeof(header), deadline, keep_going);
+  absl::Status s = MoveAll(/*send=*/false, fd, header, sizeof(header), deadline, keep_going);
   if (!s.ok()) {
     return s;
   }
@@ -272,7 +275,7 @@ absl::StatusOr<Frame> ReadFrame(int fd, absl::Time deadline,
   Frame f;
   f.type = h->type;
   f.body.resize(h->body_bytes);
-  s = MoveAll<false>(fd, f.body.data(), f.body.size(), deadline, keep_going);
+  s = MoveAll(/*send=*/false, fd, f.body.data(), f.body.size(), deadline, keep_going);
   if (!s.ok()) {
     return s;
   }

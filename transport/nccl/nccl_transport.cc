@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "transport/internal/peer_table.h"
 #include "transport/internal/socket_util.h"
 #include "transport/internal/transport_core.h"
 #include "transport/nccl/nccl_protocol.h"
@@ -44,7 +45,8 @@ using transport_internal::PreparedPost;
 using transport_internal::TransportCore;
 using transport_internal::WriteGrant;
 
-constexpr int kSocketSliceMs = 50;
+// Control sockets wake their threads this often to re-check whether to keep going.
+constexpr absl::Duration kSocketSlice = absl::Milliseconds(50);
 // The progress thread polls CUDA events this often while any group is in flight, and waits
 // for work (or this long, to notice async errors and reap closed connections) otherwise.
 constexpr absl::Duration kBusyPoll = absl::Microseconds(100);
@@ -101,18 +103,6 @@ absl::Status WaitComm(ncclComm_t comm, absl::Time deadline, absl::string_view wh
     }
     absl::SleepFor(kNcclPoll);
   }
-}
-
-void SetSocketOptions(int fd) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags >= 0) {
-    ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  }
-  timeval tv{0, kSocketSliceMs * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 // One NCCL group in flight: a sender's sends or a receiver's recvs of one transfer.
@@ -239,10 +229,9 @@ class NcclTransport : public transport_internal::CoreBackedTransport {
   std::thread progress_;
 
   absl::Mutex mu_;
-  uint32_t next_peer_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_conn_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint32_t, std::shared_ptr<Conn>> peers_ ABSL_GUARDED_BY(mu_);
+  transport_internal::PeerTable<std::shared_ptr<Conn>> peers_ ABSL_GUARDED_BY(mu_);
   // Source regions read by posted transfers that are not retired yet; Deregister waits.
   absl::flat_hash_map<uint64_t, int> pins_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> posted_ ABSL_GUARDED_BY(mu_);  // sender transfers in flight
@@ -477,15 +466,10 @@ void NcclTransport::AbortConn(Conn& conn, const absl::Status& why, bool drain_st
 
 void NcclTransport::AcceptLoop() {
   while (Running()) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, kSocketSliceMs) <= 0) {
-      continue;
-    }
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = transport_internal::AcceptTcp(listen_fd_, kSocketSlice);
     if (fd < 0) {
       continue;
     }
-    SetSocketOptions(fd);
     auto conn = std::make_shared<Conn>();
     conn->fd = fd;
     absl::MutexLock lock(&mu_);
@@ -624,41 +608,33 @@ bool NcclTransport::HandleTransfer(Conn& conn, const TransferFrame& frame) {
 // ---- sender side
 
 absl::StatusOr<PeerHandle> NcclTransport::Connect(absl::string_view endpoint) {
-  absl::StatusOr<EndpointInfo> e = EndpointInfo::Decode(endpoint);
-  if (!e.ok()) {
-    return e.status();
-  }
-  if (e->backend != "nccl") {
-    return absl::FailedPreconditionError(
-        absl::StrCat("nccl transport cannot connect to a ", e->backend, " endpoint"));
-  }
+  PD_ASSIGN_OR_RETURN(const EndpointInfo e,
+                      transport_internal::DecodePeerEndpoint("nccl", endpoint));
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [handle, c] : peers_) {
-      if (c->peer_instance == e->instance_id && !c->dead.load()) {
-        return PeerHandle(handle);
-      }
+    std::optional<PeerHandle> live = peers_.FindIf([&](const std::shared_ptr<Conn>& c) {
+      return c->peer_instance == e.instance_id && !c->dead.load();
+    });
+    if (live.has_value()) {
+      return *live;
     }
   }
-  absl::StatusOr<int> fd = transport_internal::DialTcp(e->address, options_.connect_timeout, "nccl");
-  if (!fd.ok()) {
-    return fd.status();
-  }
-  SetSocketOptions(*fd);
+  PD_ASSIGN_OR_RETURN(const int fd,
+                      transport_internal::DialTcp(e.address, options_.connect_timeout, "nccl"));
+  transport_internal::SetStreamSocketOptions(fd, kSocketSlice);
   auto conn = std::make_shared<Conn>();
-  conn->fd = *fd;
+  conn->fd = fd;
   conn->outbound = true;
-  absl::Status s = ClientHandshake(*conn, *e);
-  uint32_t handle = 0;
+  absl::Status s = ClientHandshake(*conn, e);
+  PeerHandle handle;
   if (s.ok()) {
     // Checked under mu_: the destructor sets stopping_ under mu_, then aborts what is in
     // conns_, so a connection is either added before (and aborted with the rest) or not at all.
     absl::MutexLock lock(&mu_);
     if (Running()) {
       conn->id = next_conn_++;
-      handle = next_peer_++;
       AddConn(conn);
-      peers_[handle] = conn;
+      handle = peers_.Add(conn);
       conn->reader = std::thread([this, conn] { OutboundLoop(conn); });
     } else {
       s = absl::UnavailableError("nccl transport is shutting down");
@@ -673,8 +649,8 @@ absl::StatusOr<PeerHandle> NcclTransport::Connect(absl::string_view endpoint) {
     }
     return s;
   }
-  VLOG(1) << "nccl transport connected to " << e->address << " instance " << e->instance_id;
-  return PeerHandle(handle);
+  VLOG(1) << "nccl transport connected to " << e.address << " instance " << e.instance_id;
+  return handle;
 }
 
 absl::Status NcclTransport::ClientHandshake(Conn& conn, const EndpointInfo& e) {
@@ -735,12 +711,7 @@ absl::Status NcclTransport::Disconnect(PeerHandle handle) {
   std::shared_ptr<Conn> conn;
   {
     absl::MutexLock lock(&mu_);
-    auto it = peers_.find(handle.value());
-    if (it == peers_.end()) {
-      return absl::NotFoundError(absl::StrCat("disconnect: unknown peer ", handle.value()));
-    }
-    conn = it->second;
-    peers_.erase(it);
+    PD_ASSIGN_OR_RETURN(conn, peers_.Remove(handle));
   }
   AbortConn(*conn, absl::CancelledError(absl::StrCat("peer ", handle.value(), " disconnected")));
   return absl::OkStatus();
@@ -754,17 +725,12 @@ absl::StatusOr<TransferId> NcclTransport::PostTransfer(PeerHandle handle, uint64
   std::shared_ptr<Conn> conn;
   {
     absl::MutexLock lock(&mu_);
-    auto it = peers_.find(handle.value());
-    if (it == peers_.end()) {
-      return absl::NotFoundError(absl::StrCat("post: unknown peer ", handle.value()));
-    }
-    conn = it->second;
+    PD_ASSIGN_OR_RETURN(conn, peers_.Get(handle, "post"));
     ++pins_[src.value()];  // before PreparePost: a racing Deregister then waits for us
   }
   if (conn->dead.load()) {
     Unpin(src.value());
-    return absl::UnavailableError(
-        absl::StrCat("post: connection to peer ", handle.value(), " is closed; Connect again"));
+    return transport_internal::ClosedPeerError(handle);
   }
   absl::StatusOr<PreparedPost> post =
       core_.PreparePost(conn->peer_instance, tag, src, pairs, remote_descriptor, options);

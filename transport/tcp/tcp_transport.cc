@@ -1,28 +1,25 @@
 #include "transport/tcp/tcp_transport.h"
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/numbers.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "transport/internal/peer_table.h"
+#include "transport/internal/socket_io.h"
 #include "transport/internal/socket_util.h"
 #include "transport/internal/transport_core.h"
 
@@ -30,11 +27,14 @@ namespace pd::transport {
 namespace {
 
 using transport_internal::PreparedPost;
+using transport_internal::ReadFull;
+using transport_internal::SocketIo;
 using transport_internal::TransportCore;
 using transport_internal::WriteGrant;
 
 constexpr uint32_t kFrameMagic = 0x46544450;  // "PDTF"
-constexpr int kPollSliceMs = 50;
+// Connected sockets wake their threads this often to re-check whether to keep going.
+constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 constexpr uint64_t kIoChunkBytes = 1 << 20;
 constexpr uint64_t kMaxDrainBytes = uint64_t{1} << 34;  // larger frames close the connection
 
@@ -59,84 +59,19 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 48);
 
-std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
-
-// Connected sockets are blocking with send/receive timeouts of one poll slice: one syscall
-// moves as much as the socket buffers allow (a whole chunk with MSG_WAITALL) instead of
-// waking per segment, and a timeout returns control to re-check whether to keep going.
-void SetBlockingWithTimeouts(int fd) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags >= 0) {
-    ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+// Writes all of `iov`; keep_going() is asked after a whole slice without progress.
+absl::Status SendAll(int fd, std::vector<iovec> iov, absl::FunctionRef<bool()> keep_going) {
+  int error = 0;
+  switch (transport_internal::WriteAll(fd, std::move(iov), keep_going, &error)) {
+    case SocketIo::kOk:
+      return absl::OkStatus();
+    case SocketIo::kStopped:
+      return absl::DeadlineExceededError("tcp send stalled after the transfer ended");
+    case SocketIo::kClosed:
+    case SocketIo::kFailed:
+      break;
   }
-  timeval tv{0, kPollSliceMs * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-// Writes all of `iov` (one sendmsg for header + payload). Gives up when the socket fails, or
-// when `keep_going()` turns false and nothing moved for a poll slice (a stalled peer).
-template <typename KeepGoing>
-absl::Status WriteAll(int fd, std::vector<iovec> iov, KeepGoing keep_going) {
-  size_t first = 0;
-  while (first < iov.size()) {
-    msghdr msg{};
-    msg.msg_iov = iov.data() + first;
-    msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
-    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        return absl::UnavailableError(Errno("tcp send"));
-      }
-      if (!keep_going()) {  // a whole slice without progress
-        return absl::DeadlineExceededError("tcp send stalled after the transfer ended");
-      }
-      continue;
-    }
-    size_t left = static_cast<size_t>(n);
-    while (first < iov.size() && left >= iov[first].iov_len) {
-      left -= iov[first].iov_len;
-      ++first;
-    }
-    if (first < iov.size()) {
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
-      iov[first].iov_len -= left;
-    }
-  }
-  return absl::OkStatus();
-}
-
-enum class ReadResult { kOk, kClosed, kStopped };
-
-// Reads exactly `n` bytes straight into `buf` (MSG_WAITALL: one syscall per chunk) from a
-// socket with a receive timeout, re-checking `keep_going()` on every timeout.
-template <typename KeepGoing>
-ReadResult ReadFull(int fd, void* buf, size_t n, KeepGoing keep_going) {
-  char* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, p, n, MSG_WAITALL);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<size_t>(r);
-    } else if (r == 0) {
-      return ReadResult::kClosed;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      if (!keep_going()) {
-        return ReadResult::kStopped;
-      }
-    } else {
-      return ReadResult::kClosed;
-    }
-  }
-  return ReadResult::kOk;
-}
-
-void SetNoDelay(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return absl::UnavailableError(absl::StrCat("tcp send: ", std::strerror(error)));
 }
 
 // One TCP connection and its reader thread. Outbound connections belong to a Peer (which
@@ -174,9 +109,7 @@ class TcpTransport : public transport_internal::CoreBackedTransport {
       for (auto& [id, c] : inbound_) {
         conns.push_back(c);
       }
-      for (auto& [h, p] : peers_) {
-        peers.push_back(p);
-      }
+      peers = peers_.Values();
     }
     for (auto& c : conns) {
       ::shutdown(c->fd, SHUT_RDWR);
@@ -194,7 +127,6 @@ class TcpTransport : public transport_internal::CoreBackedTransport {
     }
     ::close(listen_fd_);
   }
-
 
   TransportCaps Caps() const override {
     TransportCaps c;
@@ -254,9 +186,8 @@ class TcpTransport : public transport_internal::CoreBackedTransport {
   std::thread acceptor_;
 
   absl::Mutex mu_;
-  uint32_t next_peer_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_conn_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint32_t, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  transport_internal::PeerTable<std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Conn>> inbound_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -267,21 +198,15 @@ absl::Status TcpTransport::SendFrame(Conn& conn, FrameHeader h, absl::string_vie
     iov.push_back({const_cast<char*>(body.data()), body.size()});
   }
   absl::MutexLock lock(&conn.write_mu);
-  return WriteAll(conn.fd, std::move(iov), [] { return false; });
+  return SendAll(conn.fd, std::move(iov), [] { return false; });
 }
 
 void TcpTransport::AcceptLoop() {
   while (Running()) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, kPollSliceMs) <= 0) {
-      continue;
-    }
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = transport_internal::AcceptTcp(listen_fd_, kPollSlice);
     if (fd < 0) {
       continue;
     }
-    SetNoDelay(fd);
-    SetBlockingWithTimeouts(fd);
     auto conn = std::make_shared<Conn>();
     conn->fd = fd;
     absl::MutexLock lock(&mu_);
@@ -310,7 +235,7 @@ bool TcpTransport::Drain(Conn& conn, uint64_t n) {
   std::vector<char> scratch(std::min<uint64_t>(n, kIoChunkBytes));
   while (n > 0) {
     const size_t k = std::min<uint64_t>(n, scratch.size());
-    if (ReadFull(conn.fd, scratch.data(), k, [this] { return Running(); }) != ReadResult::kOk) {
+    if (ReadFull(conn.fd, scratch.data(), k, [this] { return Running(); }) != SocketIo::kOk) {
       return false;
     }
     n -= k;
@@ -338,7 +263,7 @@ bool TcpTransport::HandleData(Conn& conn, const FrameHeader& h,
     while (done < h.length && grant->Valid()) {
       const uint64_t k = std::min<uint64_t>(h.length - done, kIoChunkBytes);
       if (ReadFull(conn.fd, grant->dst + done, k, [&] { return Running() && grant->Valid(); }) !=
-          ReadResult::kOk) {
+          SocketIo::kOk) {
         if (!grant->Valid()) {
           break;  // cancelled or deregistered mid-frame: drain the rest below
         }
@@ -376,7 +301,7 @@ void TcpTransport::InboundLoop(std::shared_ptr<Conn> conn) {
   auto keep_going = [this] { return Running(); };
   // Hello: learn who is sending, answer with our instance id.
   FrameHeader h;
-  bool ok = ReadFull(conn->fd, &h, sizeof(h), keep_going) == ReadResult::kOk &&
+  bool ok = ReadFull(conn->fd, &h, sizeof(h), keep_going) == SocketIo::kOk &&
             h.magic == kFrameMagic && h.type == kHello && h.seq == kTransportProtocolVersion;
   if (ok) {
     conn->peer_instance = h.tag;
@@ -388,8 +313,7 @@ void TcpTransport::InboundLoop(std::shared_ptr<Conn> conn) {
   }
   absl::flat_hash_set<uint64_t> failed_seqs;  // drained silently after their ERROR
   while (ok && Running()) {
-    if (ReadFull(conn->fd, &h, sizeof(h), keep_going) != ReadResult::kOk ||
-        h.magic != kFrameMagic) {
+    if (ReadFull(conn->fd, &h, sizeof(h), keep_going) != SocketIo::kOk || h.magic != kFrameMagic) {
       break;
     }
     if (h.type == kData) {
@@ -423,28 +347,22 @@ void TcpTransport::InboundLoop(std::shared_ptr<Conn> conn) {
 }
 
 absl::StatusOr<PeerHandle> TcpTransport::Connect(absl::string_view endpoint) {
-  absl::StatusOr<EndpointInfo> e = EndpointInfo::Decode(endpoint);
-  if (!e.ok()) {
-    return e.status();
-  }
-  if (e->backend != "tcp") {
-    return absl::FailedPreconditionError(
-        absl::StrCat("tcp transport cannot connect to a ", e->backend, " endpoint"));
-  }
+  PD_ASSIGN_OR_RETURN(const EndpointInfo e,
+                      transport_internal::DecodePeerEndpoint("tcp", endpoint));
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [handle, peer] : peers_) {
-      if (peer->conn->peer_instance == e->instance_id && !peer->conn->dead.load()) {
-        return PeerHandle(handle);
-      }
+    std::optional<PeerHandle> live = peers_.FindIf([&](const std::shared_ptr<Peer>& p) {
+      return p->conn->peer_instance == e.instance_id && !p->conn->dead.load();
+    });
+    if (live.has_value()) {
+      return *live;
     }
   }
   PD_ASSIGN_OR_RETURN(const int fd,
-                      transport_internal::DialTcp(e->address, options_.connect_timeout, "tcp"));
+                      transport_internal::DialTcp(e.address, options_.connect_timeout, "tcp"));
   auto conn = std::make_shared<Conn>();
   conn->fd = fd;  // closed with conn on every path below
-  SetNoDelay(fd);
-  SetBlockingWithTimeouts(fd);
+  transport_internal::SetStreamSocketOptions(fd, kPollSlice);
   FrameHeader hello;
   hello.type = kHello;
   hello.seq = kTransportProtocolVersion;
@@ -453,17 +371,17 @@ absl::StatusOr<PeerHandle> TcpTransport::Connect(absl::string_view endpoint) {
   const absl::Time hello_deadline = absl::Now() + options_.connect_timeout;
   FrameHeader reply;
   if (ReadFull(fd, &reply, sizeof(reply), [&] { return absl::Now() < hello_deadline; }) !=
-          ReadResult::kOk ||
+          SocketIo::kOk ||
       reply.magic != kFrameMagic || reply.type != kHello) {
-    return absl::UnavailableError(absl::StrCat("tcp handshake with ", e->address, " failed"));
+    return absl::UnavailableError(absl::StrCat("tcp handshake with ", e.address, " failed"));
   }
   if (reply.seq != kTransportProtocolVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         "tcp protocol version mismatch: local=", kTransportProtocolVersion, " remote=", reply.seq));
   }
-  if (reply.tag != e->instance_id) {
+  if (reply.tag != e.instance_id) {
     return absl::FailedPreconditionError(
-        absl::StrCat("endpoint names transport instance ", e->instance_id, " but ", e->address,
+        absl::StrCat("endpoint names transport instance ", e.instance_id, " but ", e.address,
                      " is instance ", reply.tag, " (peer restarted? fetch its new endpoint)"));
   }
   conn->peer_instance = reply.tag;
@@ -474,24 +392,18 @@ absl::StatusOr<PeerHandle> TcpTransport::Connect(absl::string_view endpoint) {
     return absl::UnavailableError("tcp transport is shutting down");
   }
   conn->id = next_conn_++;
-  const uint32_t handle = next_peer_++;
-  peers_[handle] = peer;
+  const PeerHandle handle = peers_.Add(peer);
   peer->sender = std::thread([this, peer] { SenderLoop(peer); });
   conn->reader = std::thread([this, peer] { OutboundReaderLoop(peer); });
-  VLOG(1) << "tcp transport connected to " << e->address << " instance " << e->instance_id;
-  return PeerHandle(handle);
+  VLOG(1) << "tcp transport connected to " << e.address << " instance " << e.instance_id;
+  return handle;
 }
 
 absl::Status TcpTransport::Disconnect(PeerHandle handle) {
   std::shared_ptr<Peer> peer;
   {
     absl::MutexLock lock(&mu_);
-    auto it = peers_.find(handle.value());
-    if (it == peers_.end()) {
-      return absl::NotFoundError(absl::StrCat("disconnect: unknown peer ", handle.value()));
-    }
-    peer = it->second;
-    peers_.erase(it);
+    PD_ASSIGN_OR_RETURN(peer, peers_.Remove(handle));
   }
   PeerDied(*peer, absl::CancelledError(absl::StrCat("peer ", handle.value(), " disconnected")));
   ::shutdown(peer->conn->fd, SHUT_RDWR);
@@ -508,15 +420,10 @@ absl::StatusOr<TransferId> TcpTransport::PostTransfer(PeerHandle handle, uint64_
   std::shared_ptr<Peer> peer;
   {
     absl::MutexLock lock(&mu_);
-    auto it = peers_.find(handle.value());
-    if (it == peers_.end()) {
-      return absl::NotFoundError(absl::StrCat("post: unknown peer ", handle.value()));
-    }
-    peer = it->second;
+    PD_ASSIGN_OR_RETURN(peer, peers_.Get(handle, "post"));
   }
   if (peer->conn->dead.load()) {
-    return absl::UnavailableError(
-        absl::StrCat("post: connection to peer ", handle.value(), " is closed; Connect again"));
+    return transport_internal::ClosedPeerError(handle);
   }
   absl::StatusOr<PreparedPost> post =
       core_.PreparePost(peer->conn->peer_instance, tag, src, pairs, remote_descriptor, options);
@@ -562,7 +469,7 @@ void TcpTransport::SenderLoop(std::shared_ptr<Peer> peer) {
         return peer->cv_wake || !peer->queue.empty() || !Running();
       };
       while (!ready()) {
-        mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(kPollSliceMs));
+        mu_.AwaitWithTimeout(absl::Condition(&ready), kPollSlice);
       }
       if (peer->queue.empty() || peer->conn->dead.load() || !Running()) {
         if (peer->conn->dead.load() || !Running()) {
@@ -611,7 +518,7 @@ absl::Status TcpTransport::SendTransfer(Peer& peer, const PreparedPost& post) {
       const char* src = post.src_base + uint64_t{run.src_first + off} * post.block_bytes;
       std::vector<iovec> iov = {{&h, sizeof(h)}, {const_cast<char*>(src), h.length}};
       absl::MutexLock lock(&conn.write_mu);
-      PD_RETURN_IF_ERROR(WriteAll(conn.fd, std::move(iov), pending));
+      PD_RETURN_IF_ERROR(SendAll(conn.fd, std::move(iov), pending));
     }
   }
   h.type = kEnd;
@@ -624,9 +531,9 @@ void TcpTransport::OutboundReaderLoop(std::shared_ptr<Peer> peer) {
   Conn& conn = *peer->conn;
   FrameHeader h;
   while (Running() && !conn.dead.load()) {
-    const ReadResult r =
+    const SocketIo r =
         ReadFull(conn.fd, &h, sizeof(h), [&] { return Running() && !conn.dead.load(); });
-    if (r != ReadResult::kOk || h.magic != kFrameMagic || (h.type != kAck && h.type != kError)) {
+    if (r != SocketIo::kOk || h.magic != kFrameMagic || (h.type != kAck && h.type != kError)) {
       break;
     }
     std::string msg;
@@ -636,7 +543,7 @@ void TcpTransport::OutboundReaderLoop(std::shared_ptr<Peer> peer) {
       }
       msg.resize(h.length);
       if (ReadFull(conn.fd, msg.data(), msg.size(), [this] { return Running(); }) !=
-          ReadResult::kOk) {
+          SocketIo::kOk) {
         break;
       }
     }

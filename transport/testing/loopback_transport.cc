@@ -56,13 +56,9 @@ class LoopbackTransport::Impl {
   }
 
   absl::StatusOr<PeerHandle> Connect(absl::string_view endpoint) {
-    absl::StatusOr<EndpointInfo> e = EndpointInfo::Decode(endpoint);
+    absl::StatusOr<EndpointInfo> e = transport_internal::DecodePeerEndpoint("loopback", endpoint);
     if (!e.ok()) {
       return e.status();
-    }
-    if (e->backend != "loopback") {
-      return absl::FailedPreconditionError(
-          absl::StrCat("loopback transport cannot connect to a ", e->backend, " endpoint"));
     }
     if (hub_->Find(e->instance_id) == nullptr) {
       return absl::UnavailableError(
