@@ -1,7 +1,7 @@
-// Internals of the UCX backend shared by ucx_transport.cc and its tests: the wire format of the
-// active messages, the region descriptor's backend blob, lane inspection, and RAII for ucp
-// handles. Private to transport/ucx (it includes ucp.h; nothing outside this folder may include
-// it).
+// Internals of the UCX backend shared by its sources (ucx_transport_impl.h lists them) and its
+// tests: the wire format of the active messages, the region descriptor's backend blob, lane
+// inspection, and RAII for ucp handles. Private to transport/ucx (it includes ucp.h; nothing
+// outside this folder may include it).
 #pragma once
 
 #include <ucp/api/ucp.h>
