@@ -1,5 +1,6 @@
 #include "engine/runtime/engine_loop.h"
 
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -52,6 +53,15 @@ GenerationRequest Request(uint64_t id, std::vector<uint32_t> prompt, uint32_t ma
   return r;
 }
 
+// Posts a command and waits until the loop thread ran it: everything the loop did before
+// (steps, their stats) happened before this returns. False if it did not run within 60 s.
+bool WaitForLoopTurn(EngineLoop& loop) {
+  // Shared by this waiter and the posted command, which may still run after a timeout.
+  auto ran = std::make_shared<absl::Notification>();
+  loop.Post([ran](Scheduler&) { ran->Notify(); });
+  return ran->WaitForNotificationWithTimeout(absl::Seconds(60));
+}
+
 TEST(EngineLoopTest, ConcurrentSubmitsGiveSequentialOutputs) {
   std::unique_ptr<ModelRuntime> rt = Stories();
   // Reference: one request at a time.
@@ -79,11 +89,9 @@ TEST(EngineLoopTest, ConcurrentSubmitsGiveSequentialOutputs) {
     ASSERT_TRUE(got[i].done.WaitForNotificationWithTimeout(absl::Seconds(60)));
     EXPECT_EQ(got[i].tokens, expected[i]) << i;
   }
-  // Stats are refreshed after the step that emitted the last output.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (loop.Stats().finished < 8 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  // Stats are refreshed after the step that emitted the last output, before the loop runs
+  // what was posted after it: once a posted command ran, they include every request.
+  ASSERT_TRUE(WaitForLoopTurn(loop));
   EXPECT_EQ(loop.Stats().finished, 8);  // cumulative over both loops
 }
 

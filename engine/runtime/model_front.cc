@@ -8,7 +8,6 @@
 #include "engine/model/hf_tokenizer.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/llama2c_tokenizer.h"
-#include "engine/model/model_weights.h"
 
 namespace pd::engine {
 
@@ -20,10 +19,11 @@ absl::StatusOr<std::unique_ptr<ModelFront>> ModelFront::Load(const std::string& 
     return absl::NotFoundError(absl::StrCat("model '", model, "' does not exist"));
   }
   if (S_ISDIR(st.st_mode)) {
+    // The loader's config and fingerprint are what ModelWeights carries to the workers; the
+    // weights themselves (and the kernels that convert them) are not needed here.
     PD_ASSIGN_OR_RETURN(HfModel hf, HfModel::Load(model));
-    PD_ASSIGN_OR_RETURN(ModelWeights w, WeightsFromHf(hf));
-    f->config_ = w.config;
-    f->fingerprint_ = w.fingerprint;
+    f->config_ = hf.config();
+    f->fingerprint_ = hf.Fingerprint();
     const std::string path = tokenizer.empty() ? absl::StrCat(model, "/tokenizer.json") : tokenizer;
     PD_ASSIGN_OR_RETURN(HfTokenizer tok, HfTokenizer::Load(path));
     f->tokenizer_ = std::make_unique<HfTokenizer>(std::move(tok));
@@ -33,11 +33,10 @@ absl::StatusOr<std::unique_ptr<ModelFront>> ModelFront::Load(const std::string& 
           "model ", model, " is a llama2.c checkpoint: pass its tokenizer.bin with --tokenizer"));
     }
     PD_ASSIGN_OR_RETURN(Llama2cCheckpoint ckpt, Llama2cCheckpoint::Load(model));
-    ModelWeights w = WeightsFromLlama2c(ckpt);
-    f->config_ = w.config;
-    f->fingerprint_ = w.fingerprint;
+    f->config_ = ckpt.config();
+    f->fingerprint_ = ckpt.Fingerprint();
     PD_ASSIGN_OR_RETURN(Llama2cTokenizer tok,
-                        Llama2cTokenizer::Load(tokenizer, w.config.vocab_size));
+                        Llama2cTokenizer::Load(tokenizer, f->config_.vocab_size));
     f->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
   }
   return f;
