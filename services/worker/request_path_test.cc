@@ -330,14 +330,24 @@ TEST_F(RequestPathTest, CancelWhilePrefillInFlightEndsCancelledAndFreesBlocks) {
     cancelled.Notify();
   });
   ASSERT_TRUE(cancelled.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_FALSE(c.done.HasBeenNotified()) << "blocks are reserved until the prefill is over";
-  peer_->Open();
-  ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  // The stream ends at once; the blocks stay reserved for the write still to come.
+  ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   {
     absl::MutexLock lock(&c.mu);
     EXPECT_EQ(c.last.status.code(), absl::StatusCode::kCancelled) << c.last.status;
     EXPECT_EQ(c.last.finish_reason, engine::FinishReason::kAbort);
   }
+  engine::SchedulerStats held = StatsAfterPosted(decode_->loop.get());
+  EXPECT_EQ(held.remote_prefills, 1);
+  EXPECT_EQ(held.kv.num_blocks_used, 3);
+  peer_->Open();
+  // The prefill runs and lands in the reserved blocks; its outcome releases them. Each check
+  // waits for the engine loop (it wakes every poll interval while a remote prefill is pending).
+  const absl::Time by = absl::Now() + absl::Seconds(30);
+  while (held.remote_prefills > 0 && absl::Now() < by) {
+    held = StatsAfterPosted(decode_->loop.get());
+  }
+  EXPECT_EQ(held.remote_prefills, 0);
   // Exactly one outcome was posted for the request.
   EXPECT_EQ(Prefills(*decode_, "remote") + Prefills(*decode_, "fallback"), 1);
   ExpectBlocksFreed();
