@@ -234,6 +234,22 @@ class RequestPathTest : public ::testing::Test {
     return c.tokens;
   }
 
+  // Runs the prompt through a peer in `mode` (prefill deadline `timeout`) and checks that the
+  // output equals a local prefill's, token for token, and where the prompt was prefilled.
+  void ExpectOutputOfLocalPrefill(LoopbackPrefillPeer::Mode mode, absl::Duration timeout,
+                                  bool remote) {
+    const std::vector<uint32_t> want = LocalReference();
+    peer_ = std::make_unique<LoopbackPrefillPeer>(&prefill_->ctx, mode);
+    Collected c;
+    Submit(Decode("remote"), peer_.get(), timeout, &c);
+    ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    absl::MutexLock lock(&c.mu);
+    EXPECT_TRUE(c.last.status.ok()) << c.last.status;
+    EXPECT_EQ(c.last.prefilled_remotely, remote);
+    EXPECT_EQ(c.tokens, want);
+    EXPECT_EQ(peer_->calls(), 1);
+  }
+
   double Prefills(const Side& side, const std::string& where) {
     return side.ctx.metrics.prefills->WithLabels({where}).Value();
   }
@@ -257,19 +273,8 @@ class RequestPathTest : public ::testing::Test {
 };
 
 TEST_F(RequestPathTest, RemotePrefillEqualsLocalPrefill) {
-  const std::vector<uint32_t> want = LocalReference();
-  peer_ =
-      std::make_unique<LoopbackPrefillPeer>(&prefill_->ctx, LoopbackPrefillPeer::Mode::kForward);
-  Collected c;
-  Submit(Decode("remote"), peer_.get(), absl::Seconds(30), &c);
-  ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  {
-    absl::MutexLock lock(&c.mu);
-    EXPECT_TRUE(c.last.status.ok()) << c.last.status;
-    EXPECT_TRUE(c.last.prefilled_remotely);
-    EXPECT_EQ(c.tokens, want);
-  }
-  EXPECT_EQ(peer_->calls(), 1);
+  ExpectOutputOfLocalPrefill(LoopbackPrefillPeer::Mode::kForward, absl::Seconds(30),
+                             /*remote=*/true);
   EXPECT_EQ(Prefills(*decode_, "remote"), 1);
   EXPECT_EQ(Prefills(*decode_, "fallback"), 0);
   // Every prompt block the decode side did not hold went over the transport, both ways counted.
@@ -281,36 +286,16 @@ TEST_F(RequestPathTest, RemotePrefillEqualsLocalPrefill) {
 }
 
 TEST_F(RequestPathTest, PeerThatNeverAnswersFallsBackAtTheDeadline) {
-  const std::vector<uint32_t> want = LocalReference();
-  peer_ = std::make_unique<LoopbackPrefillPeer>(&prefill_->ctx,
-                                                LoopbackPrefillPeer::Mode::kNeverAnswer);
-  Collected c;
-  Submit(Decode("timeout"), peer_.get(), absl::Milliseconds(200), &c);
-  ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  {
-    absl::MutexLock lock(&c.mu);
-    EXPECT_TRUE(c.last.status.ok()) << c.last.status;
-    EXPECT_FALSE(c.last.prefilled_remotely);
-    EXPECT_EQ(c.tokens, want);
-  }
-  EXPECT_EQ(peer_->calls(), 1);
+  ExpectOutputOfLocalPrefill(LoopbackPrefillPeer::Mode::kNeverAnswer, absl::Milliseconds(200),
+                             /*remote=*/false);
   EXPECT_EQ(Prefills(*decode_, "remote"), 0);
   EXPECT_EQ(Prefills(*decode_, "fallback"), 1);
   ExpectBlocksFreed();
 }
 
 TEST_F(RequestPathTest, PeerFailureFallsBackToLocalPrefill) {
-  const std::vector<uint32_t> want = LocalReference();
-  peer_ = std::make_unique<LoopbackPrefillPeer>(&prefill_->ctx, LoopbackPrefillPeer::Mode::kFail);
-  Collected c;
-  Submit(Decode("failure"), peer_.get(), absl::Seconds(30), &c);
-  ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  {
-    absl::MutexLock lock(&c.mu);
-    EXPECT_TRUE(c.last.status.ok()) << c.last.status;
-    EXPECT_FALSE(c.last.prefilled_remotely);
-    EXPECT_EQ(c.tokens, want);
-  }
+  ExpectOutputOfLocalPrefill(LoopbackPrefillPeer::Mode::kFail, absl::Seconds(30),
+                             /*remote=*/false);
   EXPECT_EQ(Prefills(*decode_, "remote"), 0);
   EXPECT_EQ(Prefills(*decode_, "fallback"), 1);
   EXPECT_EQ(StatsAfterPosted(decode_->loop.get()).remote_prefill_failures, 1);

@@ -230,7 +230,8 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
                         ". Once upon a time, there was a little girl named Lily. She "
                         "loved to play outside in the park with her friends. One day, she saw a "
                         "big red ball under a tree. She ran to the ball and picked it up. It was "
-                        "shiny and round. Lily wanted to show it to her mom, so she went home.");
+                        "shiny and round. Lily wanted to show it to her mom, so she went home. Her "
+                        "mom smiled and said it was a very nice ball. Then they");
   };
   constexpr int kPrompts = 6;
   for (int k = 0; k < kPrompts; ++k) {
