@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "services/base/grpc_status.h"
-#include "services/worker/convert.h"
+#include "services/base/kv_layout_proto.h"
 
 namespace pd::tierd {
 
@@ -61,7 +61,7 @@ grpc::Status TierServiceImpl::Attach(grpc::ServerContext* context, const v1::Att
     ++counters_.attach_rejected_total;
     return Invalid("attach: worker_id is empty");
   }
-  if (absl::Status s = worker::CheckLayout(layout_, req->layout(), "tierd", "worker"); !s.ok()) {
+  if (absl::Status s = services::CheckLayout(layout_, req->layout(), "tierd", "worker"); !s.ok()) {
     LOG(WARNING) << "tierd: refused worker " << req->worker_id() << ": " << s.message();
     absl::MutexLock lock(&mu_);
     ++counters_.attach_rejected_total;

@@ -12,7 +12,7 @@
 #include "engine/runtime/model_runtime.h"
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
-#include "services/worker/convert.h"
+#include "services/base/kv_layout_proto.h"
 
 namespace pd::tierd {
 
@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                       services::MakeServerCredentials(config.tls));
   s->service_ = std::make_unique<TierServiceImpl>(
-      s->store_.get(), worker::LayoutToProto(layout, fingerprint), std::move(auth));
+      s->store_.get(), services::LayoutToProto(layout, fingerprint), std::move(auth));
   s->service_->SetNodeName(s->node_);
 
   TierdServer* self = s.get();

@@ -18,14 +18,14 @@
 #include "common/redis/redis_client.h"
 #include "common/testing/redis_server.h"
 #include "common/testing/temp_dir.h"
+#include "engine/runtime/model_front.h"
+#include "engine/runtime/model_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pd/v1/tierd.grpc.pb.h"
+#include "services/base/kv_layout_proto.h"
 #include "services/tierd/checksum.h"
-#include "engine/runtime/model_front.h"
-#include "engine/runtime/model_runtime.h"
 #include "services/tierd/tierd_test_util.h"
-#include "services/worker/convert.h"
 
 namespace pd::tierd {
 namespace {

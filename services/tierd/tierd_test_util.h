@@ -11,8 +11,8 @@
 #include "engine/runtime/model_runtime.h"
 #include "gtest/gtest.h"
 #include "pd/v1/worker.pb.h"
+#include "services/base/kv_layout_proto.h"
 #include "services/tierd/tierd_config.h"
-#include "services/worker/convert.h"
 
 namespace pd::tierd::testing {
 
@@ -24,8 +24,8 @@ inline pdserve::internal::v1::KvLayout Stories260KLayout() {
   auto front = engine::ModelFront::Load(kModel, kTokenizer);
   EXPECT_TRUE(front.ok()) << front.status();
   if (!front.ok()) return {};
-  return worker::LayoutToProto(engine::KvLayoutForModel((*front)->config(), 16),
-                               (*front)->fingerprint());
+  return services::LayoutToProto(engine::KvLayoutForModel((*front)->config(), 16),
+                                 (*front)->fingerprint());
 }
 
 // tierd on 127.0.0.1:0 for stories260K with a `dram_mib` DRAM tier and no NVMe, Redis or

@@ -34,19 +34,6 @@ TEST(ConvertTest, SamplingDefaultsAndRanges) {
   EXPECT_EQ(s->stop_token_ids.size(), 1u);
 }
 
-TEST(ConvertTest, LayoutMismatchNamesEveryField) {
-  kvcache::KvLayout a{4, 2, 8, 16, kernels::DType::kF32};
-  kvcache::KvLayout b{4, 2, 8, 32, kernels::DType::kF32};
-  auto pa = LayoutToProto(a, "abc");
-  EXPECT_TRUE(CheckLayout(pa, pa, "prefill", "decode").ok());
-  auto pb = LayoutToProto(b, "abd");
-  absl::Status s = CheckLayout(pa, pb, "prefill", "decode");
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("block_size prefill=16 decode=32"));
-  EXPECT_THAT(s.message(), HasSubstr("model_fingerprint prefill=abc decode=abd"));
-  EXPECT_THAT(s.message(), HasSubstr("block_bytes"));
-}
-
 TEST(ConvertTest, FinishReasonsMap) {
   EXPECT_EQ(FinishReasonToProto(engine::FinishReason::kStopString),
             pdserve::v1::FINISH_REASON_STOP_STRING);

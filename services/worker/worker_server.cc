@@ -9,7 +9,7 @@
 #include "kernels/device_memory.h"
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
-#include "services/worker/convert.h"
+#include "services/base/kv_layout_proto.h"
 
 namespace pd::worker {
 
@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   PD_ASSIGN_OR_RETURN(s->runtime_, engine::ModelRuntime::Create(runtime_config));
   ctx.runtime = s->runtime_.get();
-  ctx.layout = LayoutToProto(s->runtime_->kv_layout(), s->runtime_->fingerprint());
+  ctx.layout = services::LayoutToProto(s->runtime_->kv_layout(), s->runtime_->fingerprint());
   memory::KvPoolMemory* pool = s->runtime_->kv_memory();
   PD_ASSIGN_OR_RETURN(transport::PoolGeometry geometry,
                       disagg::GeometryFor(s->runtime_->kv_layout(), s->runtime_->fingerprint(),

@@ -15,8 +15,12 @@
 #include "engine/runtime/engine_loop.h"
 #include "engine/runtime/model_runtime.h"
 #include "services/kv_events/kv_event_publisher.h"
+#include "services/tier_client/tier_client.h"
+#include "services/worker/decode_service.h"
+#include "services/worker/local_block_set.h"
+#include "services/worker/prefill_service.h"
 #include "services/worker/worker_config.h"
-#include "services/worker/worker_services.h"
+#include "services/worker/worker_context.h"
 
 namespace grpc {
 class Server;

@@ -1,6 +1,8 @@
 // deploy/local/pd-local and pd-client as an operator uses them: start the local cluster with
-// stories260K, stream the model README's greedy text through pd-client, stop it with SIGINT, and
-// leave no process behind. Also the usage-error and RPC-error exit codes of both tools.
+// stories260K, stream the model README's greedy text through pd-client, check that the workers
+// and pd-tierd name the same node (a prompt evicted to DRAM is placed with tier credit), stop it
+// with SIGINT, and leave no process behind. Also the usage-error and RPC-error exit codes of both
+// tools.
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -105,6 +108,33 @@ bool ClusterProcessAlive(pid_t pid) {
          absl::StrContains(cmdline, "pd-tierd") || absl::StrContains(cmdline, "redis-server");
 }
 
+// The metrics URL of each process in a pd-local run dir's cluster.txt ("router" for the router's
+// "router_metrics URL" line, else the line's name before "... metrics URL").
+std::vector<std::pair<std::string, std::string>> MetricsUrls(const std::string& run_dir) {
+  std::vector<std::pair<std::string, std::string>> urls;
+  for (absl::string_view line : absl::StrSplit(ReadFile(run_dir + "/cluster.txt"), '\n')) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() == 2 && f[0] == "router_metrics") {
+      urls.emplace_back("router", f[1]);
+    }
+    for (size_t i = 1; i + 1 < f.size(); ++i) {
+      if (f[i] == "metrics") urls.emplace_back(f[0], f[i + 1]);
+    }
+  }
+  return urls;
+}
+
+// The value of `series` (e.g. `pd_tierd_blocks{tier="dram"}`) in Prometheus text, or -1.
+double Metric(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, series) && absl::ConsumePrefix(&line, " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(absl::StripAsciiWhitespace(line), &v)) return v;
+    }
+  }
+  return -1;
+}
+
 class LocalClusterE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -124,6 +154,12 @@ class LocalClusterE2eTest : public ::testing::Test {
   }
   std::string Dir() const { return dir_->path(); }
 
+  std::string Scrape(const std::string& url) {
+    CommandResult r = RunCommand(Dir(), "scrape", {"curl", "-sf", "--max-time", "5", url});
+    EXPECT_TRUE(r.exit.Success()) << url << ": " << r.exit.ToString() << " " << r.err;
+    return r.out;
+  }
+
   std::optional<pd::testing::TempDir> dir_;
   std::string run_dir_;
 };
@@ -137,7 +173,8 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
   absl::StatusOr<Subprocess> cluster = Subprocess::Spawn(
       {kPdLocal, "--build-dir", PD_BINARY_DIR, "--run_dir", run_dir_, "--ready_file", ready_file,
        "--port=0", "--model", kModel, "--tokenizer", kTokenizer, "--prefill=1", "--decode=1",
-       "--stop_timeout=10", "--start_timeout=40"},
+       // Small pools: a few prompts evict each other's blocks to pd-tierd's DRAM tier.
+       "--worker_arg=--kv_blocks=24", "--stop_timeout=10", "--start_timeout=40"},
       Dir() + "/pd-local.log");
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
@@ -168,13 +205,74 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
   ASSERT_TRUE(models.exit.Success()) << models.exit.ToString() << "\n" << models.err;
   EXPECT_THAT(models.out, StartsWith("stories260K block_size=16 "));
 
+  // Workers and pd-tierd name the same node, so the router credits the node's DRAM blocks to
+  // them: no worker reports a mismatch, and a prompt whose blocks were evicted to DRAM is placed
+  // with tier credit from the Redis index.
+  std::string router_url, tierd_url;
+  std::vector<std::string> worker_urls;
+  for (const auto& [name, url] : MetricsUrls(run_dir_)) {
+    if (name == "router") router_url = url;
+    if (name == "tierd") tierd_url = url;
+    if (name == "prefill-0" || name == "decode-0") worker_urls.push_back(url);
+  }
+  ASSERT_FALSE(router_url.empty()) << ReadFile(run_dir_ + "/cluster.txt");
+  ASSERT_FALSE(tierd_url.empty()) << ReadFile(run_dir_ + "/cluster.txt");
+  ASSERT_EQ(worker_urls.size(), 2u) << ReadFile(run_dir_ + "/cluster.txt");
+  for (const std::string& url : worker_urls) {
+    const std::string m = Scrape(url);
+    EXPECT_EQ(Metric(m, "pd_worker_tierd_attached"), 1) << url << "\n" << m;
+    EXPECT_EQ(Metric(m, "pd_worker_tierd_node_mismatch"), 0) << url << "\n" << m;
+  }
+  // Six prompts of ~140 tokens (9+ blocks each) through pools of 24 blocks: the first ones are
+  // evicted from both workers and offered to DRAM, which tierd publishes to Redis.
+  auto prompt = [](int k) {
+    return absl::StrCat("Tale ", k,
+                        ". Once upon a time, there was a little girl named Lily. She "
+                        "loved to play outside in the park with her friends. One day, she saw a "
+                        "big red ball under a tree. She ran to the ball and picked it up. It was "
+                        "shiny and round. Lily wanted to show it to her mom, so she went home. Her "
+                        "mom smiled and said it was a very nice ball. Then they");
+  };
+  constexpr int kPrompts = 6;
+  for (int k = 0; k < kPrompts; ++k) {
+    CommandResult r =
+        RunCommand(Dir(), "fill",
+                   {kClient, "--router=" + endpoint, "--max_tokens=2", "--timeout=20s", prompt(k)});
+    ASSERT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.err;
+  }
+  const absl::Time published_by = absl::Now() + absl::Seconds(15);
+  std::string tm = Scrape(tierd_url);
+  while ((Metric(tm, "pd_tierd_redis_published_total") <= 0 ||
+          Metric(tm, "pd_tierd_redis_pending_updates") != 0) &&
+         absl::Now() < published_by) {
+    absl::SleepFor(absl::Milliseconds(100));
+    tm = Scrape(tierd_url);
+  }
+  ASSERT_GT(Metric(tm, "pd_tierd_blocks{tier=\"dram\"}"), 0) << tm;
+  ASSERT_GT(Metric(tm, "pd_tierd_redis_published_total"), 0) << tm;
+  // Asking again for the oldest prompts: each placement looks its chain up in Redis. A lookup
+  // may miss its 5 ms budget on a loaded machine, so up to three evicted prompts are tried.
+  double credited = 0;
+  std::string rm;
+  for (int k = 0; k < 3 && credited <= 0; ++k) {
+    CommandResult r =
+        RunCommand(Dir(), "again",
+                   {kClient, "--router=" + endpoint, "--max_tokens=2", "--timeout=20s", prompt(k)});
+    ASSERT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.err;
+    rm = Scrape(router_url);
+    credited = Metric(rm, "pd_router_tier_credit_workers_total");
+  }
+  EXPECT_GT(credited, 0) << rm;
+  EXPECT_GT(Metric(rm, "pd_router_tier_credit_blocks_total{tier=\"dram\"}"), 0) << rm;
+
   const std::vector<std::pair<std::string, pid_t>> pids = ReadPids(run_dir_);
   std::vector<std::string> names;
   for (const auto& [name, pid] : pids) {
     names.push_back(name);
     EXPECT_TRUE(ClusterProcessAlive(pid)) << name << " " << pid;
   }
-  EXPECT_THAT(names, ::testing::UnorderedElementsAre("redis", "tierd", "prefill-0", "decode-0", "router"));
+  EXPECT_THAT(names,
+              ::testing::UnorderedElementsAre("redis", "tierd", "prefill-0", "decode-0", "router"));
 
   ASSERT_TRUE(cluster->Signal(SIGINT).ok());
   absl::StatusOr<ExitInfo> exit = cluster->Wait(absl::Seconds(30));

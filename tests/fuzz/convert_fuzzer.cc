@@ -1,11 +1,12 @@
-// Fuzzes the worker's proto <-> engine conversions (services/worker/convert.h) on a
+// Fuzzes the worker's proto <-> engine conversions (services/worker/convert.h) and the KV
+// layout's wire form (services/base/kv_layout_proto.h) on a
 // PrefillRequest parsed from the input (protobuf wire format): it carries the sampling
 // parameters, the prefill side's KV layout, block hashes and opaque transport bytes.
 //
 // Checks: SamplingFromProto accepts exactly the documented ranges and copies every field;
 // CheckLayout is reflexive, names every differing field and round-trips with LayoutToProto;
 // ToValidUtf8 matches an independent implementation of Unicode's "maximal subpart"
-// replacement; HashesToBytes inverts BlockHash::FromBytes; FinishReasonToProto is total.
+// replacement; ConcatBlockHashes inverts BlockHash::FromBytes; FinishReasonToProto is total.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -15,6 +16,7 @@
 #include "engine/kvcache/kv_layout.h"
 #include "google/protobuf/stubs/logging.h"
 #include "pd/v1/worker.pb.h"
+#include "services/base/kv_layout_proto.h"
 #include "services/worker/convert.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -55,11 +57,11 @@ void CheckSampling(const SamplingParams& p) {
 }
 
 void CheckLayouts(const iv1::KvLayout& theirs) {
-  CHECK(pd::worker::CheckLayout(theirs, theirs, "a", "b").ok());
+  CHECK(pd::services::CheckLayout(theirs, theirs, "a", "b").ok());
   iv1::KvLayout other = theirs;
   other.set_block_size(theirs.block_size() + 1);
   other.set_head_dim(theirs.head_dim() ^ 1);
-  const absl::Status diff = pd::worker::CheckLayout(theirs, other, "mine", "theirs");
+  const absl::Status diff = pd::services::CheckLayout(theirs, other, "mine", "theirs");
   CHECK(absl::IsFailedPrecondition(diff)) << diff;
   CHECK(diff.message().find("block_size mine=") != absl::string_view::npos) << diff;
   CHECK(diff.message().find("head_dim mine=") != absl::string_view::npos) << diff;
@@ -84,12 +86,12 @@ void CheckLayouts(const iv1::KvLayout& theirs) {
   if (!layout.Validate().ok()) {
     return;
   }
-  const iv1::KvLayout mine = pd::worker::LayoutToProto(layout, theirs.model_fingerprint());
+  const iv1::KvLayout mine = pd::services::LayoutToProto(layout, theirs.model_fingerprint());
   CHECK_EQ(mine.num_layers(), theirs.num_layers());
   CHECK_EQ(mine.block_size(), theirs.block_size());
   CHECK_EQ(mine.block_bytes(), static_cast<uint64_t>(layout.block_bytes()));
-  CHECK(pd::worker::CheckLayout(mine, mine, "a", "b").ok());
-  const absl::Status status = pd::worker::CheckLayout(mine, theirs, "prefill", "decode");
+  CHECK(pd::services::CheckLayout(mine, mine, "a", "b").ok());
+  const absl::Status status = pd::services::CheckLayout(mine, theirs, "prefill", "decode");
   CHECK(status.ok() || absl::IsFailedPrecondition(status)) << status;
 }
 
@@ -145,7 +147,7 @@ void CheckHashes(const std::string& bytes) {
     CHECK(h.ok()) << h.status();
     hashes.push_back(*h);
   }
-  const std::string back = pd::worker::HashesToBytes(hashes);
+  const std::string back = pd::ConcatBlockHashes(hashes);
   CHECK(back == bytes.substr(0, hashes.size() * 16));
   if (bytes.size() % 16 != 0) {
     CHECK(!pd::BlockHash::FromBytes(absl::string_view(bytes).substr(hashes.size() * 16)).ok());

@@ -32,9 +32,9 @@
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
 #include "engine/runtime/model_runtime.h"
-#include "services/tierd/tier_client.h"
+#include "services/base/kv_layout_proto.h"
+#include "services/tier_client/tier_client.h"
 #include "services/tierd/tierd_server.h"
-#include "services/worker/convert.h"
 
 ABSL_FLAG(std::string, model, "", "HF model directory or llama2.c checkpoint (required)");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.bin of a llama2.c checkpoint");
@@ -95,7 +95,7 @@ int Main() {
   tierd::TierClientConfig cc;
   cc.tierd_address = (*server)->address();
   cc.worker_id = "bench";
-  cc.layout = worker::LayoutToProto(layout, runtime.fingerprint());
+  cc.layout = services::LayoutToProto(layout, runtime.fingerprint());
   auto client = tierd::TierClient::Start(cc);
   CHECK(client.ok()) << client.status();
   CHECK((*client)->WaitAttached(absl::Seconds(10)));

@@ -1,7 +1,7 @@
 // TierClient against a real TierdServer on loopback: offers land in DRAM, Prepare pins a
 // chain whose copies verify, a damaged slot fails verification, and a tierd that goes away and
 // comes back is re-attached to without failing anything.
-#include "services/tierd/tier_client.h"
+#include "services/tier_client/tier_client.h"
 
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -22,7 +22,6 @@
 #include "gtest/gtest.h"
 #include "services/tierd/tierd_server.h"
 #include "services/tierd/tierd_test_util.h"
-#include "services/worker/convert.h"
 
 namespace pd::tierd {
 namespace {
@@ -112,9 +111,7 @@ TEST_F(TierClientTest, OfferThenPrepareAndCopyOut) {
   }
   EXPECT_EQ(server_->store()->Stats().dram.pinned_blocks, 3);
   client->Release(*run);  // sent by the client thread
-  for (int i = 0; i < 100 && server_->store()->Stats().dram.pinned_blocks > 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  client->FlushOffersForTest();  // returns once the release was answered
   EXPECT_EQ(server_->store()->Stats().dram.pinned_blocks, 0);
 
   // Nothing cached for this chain: nullptr, right away.
@@ -141,9 +138,8 @@ TEST_F(TierClientTest, InPlaceOffersCopyOnceIntoReservedSlots) {
   std::unique_ptr<TierClient> client = StartClient(nullptr, "", /*unbound_slots=*/4);
   ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
   // The client thread reserves the 4 slots (tierd grants them before the client has them).
-  for (int i = 0; i < 1000 && client->Stats().unbound_slots_held < 4; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  EXPECT_TRUE(client->AwaitStatsForTest(
+      [](const TierClientStats& st) { return st.unbound_slots_held >= 4; }, absl::Seconds(10)));
   ASSERT_EQ(client->Stats().unbound_slots_held, 4);
   EXPECT_EQ(server_->store()->dram()->Stats().unbound_blocks, 4);
   int fills = 0;
@@ -191,14 +187,17 @@ TEST_F(TierClientTest, InPlaceOffersSurviveATierdRestart) {
   server_.reset();
   StartServer();
   const uint64_t attaches = client->Stats().attaches_total;
-  for (int i = 0; i < 500 && client->Stats().attaches_total == attaches; ++i) {
-    client->Offer(ClientHash(100 + i), BlockBytes(3));  // detects the restart (or is dropped)
-    absl::SleepFor(absl::Milliseconds(10));
+  const auto reattached = [attaches](const TierClientStats& st) {
+    return st.attaches_total > attaches;
+  };
+  // Each offer's failed call detects the restart (or the offer is dropped); no sleeping.
+  for (int i = 0; i < 100 && !client->AwaitStatsForTest(reattached, absl::Milliseconds(100)); ++i) {
+    client->Offer(ClientHash(100 + i), BlockBytes(3));
+    client->FlushOffersForTest();
   }
   ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
-  for (int i = 0; i < 1000 && client->Stats().unbound_slots_held < 2; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  EXPECT_TRUE(client->AwaitStatsForTest(
+      [](const TierClientStats& st) { return st.unbound_slots_held >= 2; }, absl::Seconds(10)));
   ASSERT_EQ(client->Stats().unbound_slots_held, 2);
   const uint64_t in_place = client->Stats().offered_in_place_blocks_total;
   client->Offer(ClientHash(7), BlockBytes(7));

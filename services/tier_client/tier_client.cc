@@ -1,11 +1,11 @@
-#include "services/tierd/tier_client.h"
+#include "services/tier_client/tier_client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -225,13 +225,25 @@ bool TierClient::WaitAttached(absl::Duration timeout) {
 void TierClient::FlushOffersForTest() {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !attached_ || (staged_.empty() && filled_.empty() && !offering_);
+    return stopping_ || !attached_ ||
+           (staged_.empty() && filled_.empty() && releases_.empty() && !sending_);
   };
   mu_.Await(absl::Condition(&done));
 }
 
+bool TierClient::AwaitStatsForTest(absl::FunctionRef<bool(const TierClientStats&)> done,
+                                   absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done(StatsLocked()); };
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+}
+
 TierClientStats TierClient::Stats() const {
   absl::MutexLock lock(&mu_);
+  return StatsLocked();
+}
+
+TierClientStats TierClient::StatsLocked() const {
   TierClientStats st = stats_;
   st.attached = attached_;
   st.unbound_slots_held = static_cast<int64_t>(unbound_.size());
@@ -365,7 +377,7 @@ void TierClient::Loop() {
             staged_.pop_front();
           }
         }
-        offering_ = !offers.empty() || !filled.empty();
+        sending_ = !offers.empty() || !filled.empty() || !releases.empty();
       } else {
         // Detached: nothing queued can be served; requests compute instead.
         stats_.offer_dropped_blocks_total += staged_.size() + filled_.size();
@@ -390,7 +402,8 @@ void TierClient::Loop() {
       }
       continue;
     }
-    if (!releases.empty()) {
+    const bool released = !releases.empty();
+    if (released) {
       RunReleases(std::move(releases));
     }
     const bool committed = !filled.empty();
@@ -403,12 +416,13 @@ void TierClient::Loop() {
     if (prepare.has_value()) {
       RunPrepare(*std::move(prepare));
     }
-    if (!offers.empty()) {
+    const bool offered = !offers.empty();  // read before the move empties it
+    if (offered) {
       RunOffers(std::move(offers));
     }
-    if (!offers.empty() || committed) {
+    if (offered || committed || released) {
       absl::MutexLock lock(&mu_);
-      offering_ = false;
+      sending_ = false;
     }
   }
 }

@@ -151,8 +151,12 @@ class TierClient {
 
   // Blocks until the client is attached or `timeout` passes (tests, startup logs).
   bool WaitAttached(absl::Duration timeout);
-  // Blocks until every offer staged so far was sent (tests).
+  // Blocks until every offer and release queued so far was sent (tests).
   void FlushOffersForTest();
+  // Blocks until `done` holds for the client's statistics or `timeout` passes; returns whether
+  // it held (tests). `done` runs under the client's lock: it must only read its argument.
+  bool AwaitStatsForTest(absl::FunctionRef<bool(const TierClientStats&)> done,
+                         absl::Duration timeout);
 
   TierClientStats Stats() const;
 
@@ -198,6 +202,7 @@ class TierClient {
   // Counts a failed call; FAILED_PRECONDITION (unknown session) or UNAVAILABLE detaches.
   void OnRpcFailure(const grpc::Status& status, absl::string_view what);
   void CountChecksumFailure();
+  TierClientStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TierClientConfig config_;
   std::unique_ptr<pdserve::internal::v1::TierService::Stub> stub_;
@@ -216,7 +221,8 @@ class TierClient {
   std::deque<PrepareJob> prepares_ ABSL_GUARDED_BY(mu_);
   std::deque<Staged> staged_ ABSL_GUARDED_BY(mu_);
   std::vector<Releases> releases_ ABSL_GUARDED_BY(mu_);
-  bool offering_ ABSL_GUARDED_BY(mu_) = false;  // a batch is being offered right now
+  // A batch of offers, commits or releases is being sent right now.
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
   TierClientStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

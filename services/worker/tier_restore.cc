@@ -1,0 +1,73 @@
+#include "services/worker/tier_restore.h"
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "common/hash/block_hash.h"
+#include "common/log/log.h"
+#include "engine/memory/kv_pool_memory.h"
+
+namespace pd::worker {
+namespace {
+
+// Copies block `index` of the prompt chain (`first_block` = chain index of run's block 0) from
+// tierd's shared memory into pool block `dst` and verifies it. Scheduler thread.
+bool CopyIn(const tierd::PromotedRun& run, memory::KvPoolMemory* pool, int64_t first_block,
+            int64_t index, BlockId dst) {
+  const int64_t k = index - first_block;
+  if (k < 0 || k >= static_cast<int64_t>(run.size()) ||
+      run.block_bytes() != static_cast<int64_t>(pool->block_bytes())) {
+    return false;
+  }
+  // Device pools: cudaMemcpyAsync straight from tierd's shared memory (page-locked by the
+  // worker's TierClient on_map hook), waited for; host pools: memcpy.
+  absl::Status s = pool->WriteBlock(dst, run.BlockBytes(static_cast<size_t>(k)));
+  if (!s.ok()) {
+    LOG_EVERY_N(WARNING, 100) << "tier restore into pool block " << dst.value() << " failed: " << s;
+    return false;
+  }
+  // After the copy: a slot reused (lease over) or damaged while it was read fails here.
+  return run.Verify(static_cast<size_t>(k));
+}
+
+}  // namespace
+
+void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
+                     engine::GenerationRequest r,
+                     std::function<void(const absl::Status&)> rejected) {
+  std::vector<BlockHash> chain;
+  if (ctx->tiers != nullptr) {
+    // A malformed chain only costs the tier lookup; the scheduler hashes the prompt itself.
+    chain = SplitBlockHashes(chain_bytes).value_or(std::vector<BlockHash>{});
+  }
+  const int64_t local = chain.empty() ? 0 : ctx->local_blocks->LeadingMatch(chain);
+  if (ctx->tiers == nullptr || local >= static_cast<int64_t>(chain.size())) {
+    if (absl::Status s = ctx->loop->Submit(std::move(r)); !s.ok()) {
+      rejected(s);
+    }
+    return;
+  }
+  std::vector<BlockHash> tail(chain.begin() + local, chain.end());
+  auto request = std::make_shared<engine::GenerationRequest>(std::move(r));
+  ctx->tiers->Prepare(tail, [ctx, request, local, tail, rejected = std::move(rejected)](
+                                std::shared_ptr<const tierd::PromotedRun> run) {
+    if (run != nullptr) {
+      engine::TierPrefix& tp = request->tier_prefix;
+      tp.first_block = local;
+      tp.chain.assign(tail.begin(), tail.begin() + static_cast<int64_t>(run->size()));
+      tp.copy_in = [run, pool = ctx->runtime->kv_memory(), local](int64_t index, BlockId dst) {
+        return CopyIn(*run, pool, local, index, dst);
+      };
+      tp.release = [tiers = ctx->tiers, run] { tiers->Release(*run); };
+    }
+    if (absl::Status s = ctx->loop->Submit(std::move(*request)); !s.ok()) {
+      if (run != nullptr) {
+        ctx->tiers->Release(*run);  // the refused request never reached the scheduler
+      }
+      rejected(s);
+    }
+  });
+}
+
+}  // namespace pd::worker
