@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "loadtest/cli_args.h"
+#include "common/base/dashed_flags.h"
 #include "loadtest/load_test.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
@@ -135,8 +135,7 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args =
-      pd::loadtest::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
+  std::vector<std::string> args = pd::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
   std::vector<char*> cargs;
   for (std::string& a : args) {
     cargs.push_back(a.data());
