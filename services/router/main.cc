@@ -1,18 +1,17 @@
 // pd-router: the public gRPC front of a pdserve cluster.
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
-#include "services/base/serve.h"
+#include "services/base/auth.h"
 #include "services/base/process_metrics.h"
+#include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
-#include "common/base/status_macros.h"
 #include "services/router/router_server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051", "public gRPC API listen address");
@@ -83,25 +82,23 @@ constexpr char kProgram[] = "pd-router";
 
 absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   pd::router::RouterConfig config;
-  PD_ASSIGN_OR_RETURN(config.grpc_address, pd::services::ParseHostPort(
-                                               absl::GetFlag(FLAGS_grpc_address), "--grpc_address"));
-  PD_ASSIGN_OR_RETURN(config.metrics_address,
-                      pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address),
-                                                  "--metrics_address"));
+  PD_ASSIGN_OR_RETURN(
+      config.grpc_address,
+      pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address), "--grpc_address"));
+  PD_ASSIGN_OR_RETURN(
+      config.metrics_address,
+      pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address), "--metrics_address"));
   if (!absl::GetFlag(FLAGS_redis_address).empty()) {
-    PD_ASSIGN_OR_RETURN(pd::services::HostPort redis, pd::services::ParseHostPort(
-                                                          absl::GetFlag(FLAGS_redis_address),
-                                                          "--redis_address"));
+    PD_ASSIGN_OR_RETURN(
+        pd::services::HostPort redis,
+        pd::services::ParseHostPort(absl::GetFlag(FLAGS_redis_address), "--redis_address"));
     config.redis.emplace();
     config.redis->host = redis.host;
     config.redis->port = redis.port;
     config.redis->key_prefix = absl::GetFlag(FLAGS_redis_key_prefix);
     if (const std::string path = absl::GetFlag(FLAGS_redis_password_file); !path.empty()) {
-      std::ifstream in(path);
-      if (!in) {
-        return absl::NotFoundError(absl::StrCat("--redis_password_file: cannot read ", path));
-      }
-      std::getline(in, config.redis->password);
+      PD_ASSIGN_OR_RETURN(config.redis->password,
+                          pd::services::ReadSecretFile(path, "--redis_password_file", 1));
     }
   }
   config.block_size = absl::GetFlag(FLAGS_block_size);
