@@ -9,6 +9,7 @@
 #include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
+#include "services/base/tls_flags.h"
 #include "services/tierd/tierd_server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50071", "TierService listen address (node-local)");
@@ -34,11 +35,7 @@ ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH pas
 ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(absl::Duration, redis_entry_ttl, absl::Minutes(10), "TTL of a block's Redis entry");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10), "SIGTERM drain bound");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate of the TierService: set = TLS (with --tls_key)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA of client certificates: set = callers need one (mTLS)");
+// --tls_cert, --tls_key, --tls_ca: services/base/tls_flags.h.
 ABSL_FLAG(std::string, cluster_token_file, "",
           "file with the cluster token; set = every call must carry it (docs/security.md)");
 
@@ -80,8 +77,7 @@ absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
   }
   c.redis_entry_ttl = absl::GetFlag(FLAGS_redis_entry_ttl);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
-  c.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-           absl::GetFlag(FLAGS_tls_ca)};
+  c.tls = pd::services::ServerTlsFromFlags();
   c.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
   PD_RETURN_IF_ERROR(c.Validate());
   return c;
