@@ -1,5 +1,5 @@
-// Command-line spelling: pd-loadtest accepts dashed flag names (--slo-ttft-ms, as vLLM and the
-// issue spell them) as well as absl's underscore names (--slo_ttft_ms).
+// Command-line list values of pd-loadtest and pd-routesim. (Dashed flag names such as
+// --slo-ttft-ms are rewritten by UndashFlagNames, common/base/dashed_flags.h.)
 #pragma once
 
 #include <cstdint>
@@ -10,12 +10,6 @@
 #include "absl/strings/string_view.h"
 
 namespace pd::loadtest {
-
-// Rewrites the name part of every flag argument from dashes to underscores, leaving values
-// alone: "--slo-ttft-ms=50" -> "--slo_ttft_ms=50", "-on-bad-line" -> "-on_bad_line",
-// "--workload=shared-prefix" unchanged. Non-flag arguments and everything after "--" are
-// returned unchanged; args[0] (the program) too.
-std::vector<std::string> UndashFlagNames(const std::vector<std::string>& args);
 
 // Comma-separated lists of list flags ("1,2,4,8"; spaces around items allowed). `flag` names
 // the flag in errors. InvalidArgument for an empty list, an empty item or a malformed number.

@@ -10,10 +10,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "loadtest/cli_args.h"
+#include "common/base/dashed_flags.h"
 #include "loadtest/load_test.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
+#include "services/base/tls_flags.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "host:port of the Generation server (pd-router)");
 ABSL_FLAG(std::string, model, "", "model id; empty = the target's default model");
@@ -71,9 +72,7 @@ ABSL_FLAG(std::string, gnuplot, "gnuplot",
 ABSL_FLAG(std::string, progress, "auto", "auto | bar | lines | off (on stderr)");
 ABSL_FLAG(std::string, api_key_file, "",
           "file holding the API key, sent as 'authorization: Bearer <key>'; empty = none");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA of the target's certificate: set = TLS");
-ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for a target requiring mTLS");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+// --tls_ca, --tls_cert, --tls_key: services/base/tls_flags.h.
 
 namespace {
 
@@ -126,17 +125,17 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.gnuplot = absl::GetFlag(FLAGS_gnuplot);
   c.progress = absl::GetFlag(FLAGS_progress);
   c.api_key_file = absl::GetFlag(FLAGS_api_key_file);
-  c.tls_ca = absl::GetFlag(FLAGS_tls_ca);
-  c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  c.tls_key = absl::GetFlag(FLAGS_tls_key);
+  const pd::services::TlsClientConfig tls = pd::services::ClientTlsFromFlags();
+  c.tls_ca = tls.ca_file;
+  c.tls_cert = tls.cert_file;
+  c.tls_key = tls.key_file;
   return c;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args =
-      pd::loadtest::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
+  std::vector<std::string> args = pd::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
   std::vector<char*> cargs;
   for (std::string& a : args) {
     cargs.push_back(a.data());

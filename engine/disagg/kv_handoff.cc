@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "kernels/type_names.h"
 
 namespace pd::disagg {
 
@@ -21,7 +22,7 @@ absl::StatusOr<transport::PoolGeometry> GeometryFor(const kvcache::KvLayout& lay
         absl::StrCat("model fingerprint '", fingerprint_hex, "' is not >= 16 hex digits"));
   }
   g.model_fingerprint = fp;
-  g.dtype = std::string(kvcache::DTypeName(layout.dtype));
+  g.dtype = std::string(kernels::DTypeName(layout.dtype));
   g.block_size = static_cast<uint32_t>(layout.block_size);
   g.num_layers = static_cast<uint32_t>(layout.num_layers);
   g.num_kv_heads = static_cast<uint32_t>(layout.num_kv_heads);

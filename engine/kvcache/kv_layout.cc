@@ -5,18 +5,6 @@
 
 namespace pd::kvcache {
 
-absl::string_view DTypeName(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::kF32:
-      return "f32";
-    case kernels::DType::kBF16:
-      return "bf16";
-    case kernels::DType::kF16:
-      return "f16";
-  }
-  return "unknown";
-}
-
 absl::Status KvLayout::Validate() const {
   struct Field {
     const char* name;
@@ -29,7 +17,7 @@ absl::Status KvLayout::Validate() const {
           absl::StrCat("kv layout: ", f.name, " must be positive, got ", f.value));
     }
   }
-  if (DTypeName(dtype) == "unknown") {
+  if (kernels::DTypeName(dtype) == "unknown") {
     return absl::InvalidArgumentError(
         absl::StrCat("kv layout: unknown dtype ", static_cast<int>(dtype)));
   }
@@ -37,10 +25,10 @@ absl::Status KvLayout::Validate() const {
   int64_t bytes = element_size_bytes();
   for (int64_t factor : {int64_t{2}, num_layers, num_kv_heads, block_size, head_dim}) {
     if (bytes > kMaxBlockBytes / factor) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("kv layout: block of layers=", num_layers, " kv_heads=", num_kv_heads,
-                       " head_dim=", head_dim, " block_size=", block_size,
-                       " dtype=", DTypeName(dtype), " exceeds ", kMaxBlockBytes, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv layout: block of layers=", num_layers, " kv_heads=", num_kv_heads,
+          " head_dim=", head_dim, " block_size=", block_size, " dtype=", kernels::DTypeName(dtype),
+          " exceeds ", kMaxBlockBytes, " bytes"));
     }
     bytes *= factor;
   }
@@ -57,7 +45,7 @@ int64_t KvLayout::ElementOffset(int64_t layer, KvPart part, int64_t head, int64_
 
 std::string KvLayout::ToString() const {
   return absl::StrCat("layers=", num_layers, " kv_heads=", num_kv_heads, " head_dim=", head_dim,
-                      " block_size=", block_size, " dtype=", DTypeName(dtype),
+                      " block_size=", block_size, " dtype=", kernels::DTypeName(dtype),
                       " block_bytes=", Validate().ok() ? block_bytes() : 0);
 }
 

@@ -16,15 +16,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kernels/type_names.h"  // DTypeName: the layout dtype's name in messages and handshakes
 #include "kernels/types.h"
 
 namespace pd::kvcache {
 
 // Which half of a layer's KV: the K part comes first in a block, then the V part.
 enum class KvPart : uint8_t { kKey = 0, kValue = 1 };
-
-// Lower-case name of `dtype` ("f32", "bf16", "f16"), as used in block-hash seeds and handshakes.
-absl::string_view DTypeName(kernels::DType dtype);
 
 struct KvLayout {
   int64_t num_layers = 0;    // > 0

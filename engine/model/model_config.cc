@@ -6,24 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/type_names.h"
 
 namespace pd::engine {
 namespace {
 
 static_assert(std::endian::native == std::endian::little,
               "CanonicalConfigBytes assumes a little-endian host");
-
-absl::string_view DTypeLabel(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::kF32:
-      return "f32";
-    case kernels::DType::kBF16:
-      return "bf16";
-    case kernels::DType::kF16:
-      return "f16";
-  }
-  return "unknown";
-}
 
 bool PositiveFinite(float v) { return std::isfinite(v) && v > 0.0f; }
 
@@ -136,7 +125,7 @@ std::string ModelConfig::DebugString() const {
     absl::StrAppend(&out, bos_id);
   }
   absl::StrAppend(&out, " eos_ids=[", absl::StrJoin(eos_ids, ","), "]",
-                  " weight_dtype=", DTypeLabel(weight_dtype));
+                  " weight_dtype=", kernels::DTypeName(weight_dtype));
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -12,6 +13,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/dispatch/kernel_test_util.h"
 #include "kernels/half.h"
+#include "kernels/type_names.h"
 
 namespace pd::kernels {
 namespace {
@@ -286,15 +288,7 @@ TEST_P(CudaAttentionTest, PrefillMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(CacheDtypes, CudaAttentionTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& info) {
-                           switch (info.param) {
-                             case DType::kF32:
-                               return "f32";
-                             case DType::kBF16:
-                               return "bf16";
-                             case DType::kF16:
-                               return "f16";
-                           }
-                           return "unknown";
+                           return std::string(DTypeName(info.param));
                          });
 
 // A non-default stream: the work is queued on it and done after cudaStreamSynchronize.

@@ -6,18 +6,6 @@
 
 namespace pd::kernels::dispatch_internal {
 
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-  }
-  return "unknown";
-}
-
 const char* DeviceName(Device device) {
   switch (device) {
     case Device::kCpu:

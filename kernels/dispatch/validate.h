@@ -5,11 +5,11 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention_params.h"
+#include "kernels/type_names.h"
 #include "kernels/types.h"
 
 namespace pd::kernels::dispatch_internal {
 
-const char* DTypeName(DType dtype);
 const char* DeviceName(Device device);
 
 // Elements spanned by `rows` rows of `cols` elements, `stride` apart (rows, cols > 0).

@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
+#include "common/base/dashed_flags.h"
 #include "common/log/log.h"
 #include "loadtest/cli_args.h"
 #include "loadtest/report.h"
@@ -97,8 +98,7 @@ RouteSimConfig BaseConfigFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args =
-      pd::loadtest::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
+  std::vector<std::string> args = pd::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
   std::vector<char*> cargs;
   for (std::string& a : args) {
     cargs.push_back(a.data());

@@ -156,9 +156,17 @@ std::optional<std::string> ApiKeyStore::TenantOf(absl::string_view key) const {
   return found->tenant;
 }
 
+std::optional<absl::string_view> AuthorizationMetadata(const grpc::ServerContextBase& context) {
+  return Metadata(context, kAuthorizationMetadata);
+}
+
 absl::StatusOr<std::string> ApiKeyStore::Authenticate(
     const grpc::ServerContextBase& context) const {
-  const std::optional<absl::string_view> header = Metadata(context, kAuthorizationMetadata);
+  return AuthenticateHeader(AuthorizationMetadata(context));
+}
+
+absl::StatusOr<std::string> ApiKeyStore::AuthenticateHeader(
+    std::optional<absl::string_view> header) const {
   if (!header.has_value()) {
     return absl::UnauthenticatedError(
         "missing api key: send metadata \"authorization: Bearer <key>\"");

@@ -60,6 +60,9 @@ absl::StatusOr<std::string> ReadSecretFile(absl::string_view path, absl::string_
 // Tenant ids are 1..128 bytes of [A-Za-z0-9._-]; keys are 16..4096 bytes without whitespace;
 // blank lines and lines starting with '#' are skipped; a tenant may have several keys (rotation)
 // but a key belongs to one tenant only.
+// The value of the first "authorization" metadata entry of a call, or nullopt.
+std::optional<absl::string_view> AuthorizationMetadata(const grpc::ServerContextBase& context);
+
 class ApiKeyStore {
  public:
   static constexpr size_t kMinKeyBytes = 16;
@@ -80,6 +83,10 @@ class ApiKeyStore {
   // case-insensitive). Unauthenticated, without echoing anything of the key, when the header
   // is missing, not a Bearer token, or the key is unknown.
   absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& context) const;
+  // The same from the value of an "authorization" header (gRPC metadata or HTTP header, as a
+  // front end received it); nullopt = no such header.
+  absl::StatusOr<std::string> AuthenticateHeader(
+      std::optional<absl::string_view> authorization) const;
 
   size_t num_keys() const { return keys_.size(); }
   size_t num_tenants() const;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/base/dashed_flags.h"
 #include "common/base/status_macros.h"
 
 namespace pd::client {
@@ -17,22 +18,6 @@ namespace {
 bool IsFlag(absl::string_view arg) { return arg.size() >= 2 && arg[0] == '-' && arg != "--"; }
 
 }  // namespace
-
-std::string UndashFlag(absl::string_view arg) {
-  if (!IsFlag(arg)) {
-    return std::string(arg);
-  }
-  const size_t dashes = absl::StartsWith(arg, "--") ? 2 : 1;
-  const size_t eq = arg.find('=');
-  const size_t name_end = eq == absl::string_view::npos ? arg.size() : eq;
-  std::string out(arg);
-  for (size_t i = dashes; i < name_end; ++i) {
-    if (out[i] == '-') {
-      out[i] = '_';
-    }
-  }
-  return out;
-}
 
 absl::StatusOr<PreparsedArgs> PreparseArgs(const std::vector<std::string>& argv,
                                            const FlagLookup& lookup) {

@@ -37,14 +37,9 @@ struct PreparsedArgs {
   std::vector<std::string> stop;
 };
 
-// Rewrites the name part of a flag argument from dashes to underscores, leaving the value alone:
-// "--max-tokens=5" -> "--max_tokens=5", "-top-k" -> "-top_k", "--stop=a-b" -> "--stop=a-b".
-// Arguments that are not flags ("prompt", "-", "--") are returned unchanged.
-std::string UndashFlag(absl::string_view arg);
-
 // The pre-pass over argv (argv[0] first), so that usage errors exit with status 2 instead of
 // absl's 1 and repeated --stop flags accumulate instead of the last one winning:
-//  - dashed flag names are accepted (UndashFlag);
+//  - dashed flag names are accepted (UndashFlag, common/base/dashed_flags.h);
 //  - every flag must exist (`lookup`; --noNAME is NAME for booleans) and its value must pass
 //    the flag's check; a non-boolean flag without "=" takes the next argument as its value;
 //  - `--stop V` / `--stop=V` occurrences are taken out into `stop`;

@@ -38,17 +38,6 @@ absl::StatusOr<PreparsedArgs> Pre(std::vector<std::string> args) {
   return PreparseArgs(args, FakeLookup);
 }
 
-TEST(UndashFlagTest, RewritesOnlyTheNameOfFlags) {
-  EXPECT_EQ(UndashFlag("--max-tokens=5"), "--max_tokens=5");
-  EXPECT_EQ(UndashFlag("--max-tokens"), "--max_tokens");
-  EXPECT_EQ(UndashFlag("-top-k=3"), "-top_k=3");
-  EXPECT_EQ(UndashFlag("--stop=a-b-c"), "--stop=a-b-c");
-  EXPECT_EQ(UndashFlag("--cache-salt=--x"), "--cache_salt=--x");
-  EXPECT_EQ(UndashFlag("Once-upon"), "Once-upon");
-  EXPECT_EQ(UndashFlag("-"), "-");
-  EXPECT_EQ(UndashFlag("--"), "--");
-}
-
 TEST(PreparseArgsTest, AcceptsDashedNamesBothValueFormsAndBooleans) {
   absl::StatusOr<PreparsedArgs> p = Pre({"Once upon a time", "--max-tokens", "64", "--ignore-eos",
                                          "--router=127.0.0.1:1", "--nojson", "-top-p=0.5"});

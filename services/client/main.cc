@@ -12,6 +12,7 @@
 #include "services/base/grpc_security.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
+#include "services/base/tls_flags.h"
 #include "services/client/args.h"
 #include "services/client/client.h"
 
@@ -37,9 +38,7 @@ ABSL_FLAG(absl::Duration, wait_ready, absl::ZeroDuration(),
 ABSL_FLAG(bool, list_models, false, "list the router's models and exit");
 ABSL_FLAG(std::string, api_key_file, "",
           "file holding the API key, sent as 'authorization: Bearer <key>'; empty = none");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA of the router's certificate: set = TLS");
-ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for a router requiring mTLS");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+// --tls_ca, --tls_cert, --tls_key: services/base/tls_flags.h.
 
 namespace {
 
@@ -123,10 +122,8 @@ int main(int argc, char** argv) {
     headers.push_back(pd::services::BearerHeader(*key));
   }
   absl::StatusOr<std::shared_ptr<const pd::services::ClientSecurity>> security =
-      pd::services::ClientSecurity::Create(
-          {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
-           absl::GetFlag(FLAGS_tls_key)},
-          std::move(headers), "--tls_");
+      pd::services::ClientSecurity::Create(pd::services::ClientTlsFromFlags(), std::move(headers),
+                                           "--tls_");
   if (!security.ok()) Fail(2, std::string(security.status().message()));
 
   pd::client::Interrupter interrupter;  // Ctrl-C: cancel the stream, or exit 130 at once

@@ -20,24 +20,16 @@ constexpr int64_t kChunkOverheadBytes = 64;
 // Estimated bytes of one event besides its hashes (sequence, framing, the deque entry).
 constexpr int64_t kEventOverheadBytes = 48;
 
-void AppendHash(const BlockHash& h, std::string* out) {
-  char b[kHashBytes];
-  for (int k = 0; k < 8; ++k) {
-    b[k] = static_cast<char>(h.high >> (56 - 8 * k));
-    b[8 + k] = static_cast<char>(h.low >> (56 - 8 * k));
-  }
-  out->append(b, kHashBytes);
-}
-
 void FillStored(absl::Span<const HeldBlock* const> run, const std::optional<BlockHash>& parent,
                 int64_t block_size, iv1::BlockStored* stored) {
-  std::string* hashes = stored->mutable_block_hashes();
-  hashes->reserve(run.size() * kHashBytes);
+  std::vector<BlockHash> hashes;
+  hashes.reserve(run.size());
   for (const HeldBlock* b : run) {
-    AppendHash(b->hash, hashes);
+    hashes.push_back(b->hash);
   }
+  stored->set_block_hashes(ConcatBlockHashes(hashes));
   if (parent.has_value()) {
-    AppendHash(*parent, stored->mutable_parent_hash());
+    stored->set_parent_hash(parent->ToBytes());
   }
   stored->set_tier(iv1::TIER_HBM);
   stored->set_num_tokens(static_cast<uint32_t>(static_cast<int64_t>(run.size()) * block_size));
@@ -128,22 +120,20 @@ int KvEventLog::Stored(absl::Span<const BlockHash> hashes, std::optional<BlockHa
     const size_t end = std::min(hashes.size(), begin + static_cast<size_t>(kMaxHashesPerEvent));
     iv1::KvEvent event;
     iv1::BlockStored* stored = event.mutable_stored();
-    std::string* bytes = stored->mutable_block_hashes();
-    bytes->reserve((end - begin) * kHashBytes);
+    stored->set_block_hashes(ConcatBlockHashes(hashes.subspan(begin, end - begin)));
     std::optional<BlockHash> prev =
         begin == 0 ? parent : std::optional<BlockHash>(hashes[begin - 1]);
     if (prev.has_value()) {
-      AppendHash(*prev, stored->mutable_parent_hash());
+      stored->set_parent_hash(prev->ToBytes());
     }
     for (size_t i = begin; i < end; ++i) {
-      AppendHash(hashes[i], bytes);
       held_.insert_or_assign(hashes[i], prev);
       prev = hashes[i];
     }
     stored->set_tier(iv1::TIER_HBM);
     stored->set_num_tokens(
         static_cast<uint32_t>(static_cast<int64_t>(end - begin) * config_.block_size));
-    const int64_t size = static_cast<int64_t>(bytes->size()) + kEventOverheadBytes;
+    const int64_t size = static_cast<int64_t>(stored->block_hashes().size()) + kEventOverheadBytes;
     Append(std::move(event), size);
     ++appended;
   }
@@ -156,14 +146,12 @@ int KvEventLog::Removed(absl::Span<const BlockHash> hashes) {
   }
   iv1::KvEvent event;
   iv1::BlockRemoved* removed = event.mutable_removed();
-  std::string* bytes = removed->mutable_block_hashes();
-  bytes->reserve(hashes.size() * kHashBytes);
+  removed->set_block_hashes(ConcatBlockHashes(hashes));
   for (const BlockHash& h : hashes) {
-    AppendHash(h, bytes);
     held_.erase(h);
   }
   removed->set_tier(iv1::TIER_HBM);
-  const int64_t size = static_cast<int64_t>(bytes->size()) + kEventOverheadBytes;
+  const int64_t size = static_cast<int64_t>(removed->block_hashes().size()) + kEventOverheadBytes;
   Append(std::move(event), size);
   return 1;
 }
@@ -240,15 +228,6 @@ absl::StatusOr<int> KvEventLog::CopyEvents(
     ++i;
   }
   return copied;
-}
-
-std::string HashesToBytes(absl::Span<const BlockHash> hashes) {
-  std::string out;
-  out.reserve(hashes.size() * kHashBytes);
-  for (const BlockHash& h : hashes) {
-    AppendHash(h, &out);
-  }
-  return out;
 }
 
 std::vector<iv1::KvEventBatch> BuildSnapshotBatches(absl::string_view worker_id, uint64_t epoch,

@@ -128,9 +128,6 @@ class KvEventLog {
   absl::flat_hash_map<BlockHash, std::optional<BlockHash>> held_;
 };
 
-// The 16-byte wire form of `hashes`, concatenated (BlockHash::ToBytes of each).
-std::string HashesToBytes(absl::Span<const BlockHash> hashes);
-
 // The snapshot of `blocks` as of `sequence`, as the batches of a stream: one or more chunks,
 // each a KvEventBatch with worker_id, epoch and snapshot {sequence, reason, blocks, complete}
 // set (complete only on the last) and no events, each serializing to at most `max_chunk_bytes`

@@ -22,14 +22,10 @@ constexpr uint64_t kEpoch = 77;
 BlockHash H(uint64_t i) { return BlockHash{0xabc0000000000000ULL + i, i * 31 + 7}; }
 
 std::vector<BlockHash> Decode(absl::string_view bytes) {
-  std::vector<BlockHash> out;
   EXPECT_EQ(bytes.size() % 16, 0u);
-  for (size_t i = 0; i + 16 <= bytes.size(); i += 16) {
-    absl::StatusOr<BlockHash> h = BlockHash::FromBytes(bytes.substr(i, 16));
-    EXPECT_TRUE(h.ok()) << h.status();
-    out.push_back(h.ok() ? *h : BlockHash{});
-  }
-  return out;
+  absl::StatusOr<std::vector<BlockHash>> out = SplitBlockHashes(bytes);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *std::move(out) : std::vector<BlockHash>();
 }
 
 std::optional<BlockHash> DecodeParent(absl::string_view bytes) {

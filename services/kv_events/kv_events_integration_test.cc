@@ -45,13 +45,9 @@ bool Eventually(const std::function<bool()>& done, absl::Duration timeout = absl
 }
 
 std::vector<BlockHash> Decode(absl::string_view bytes) {
-  std::vector<BlockHash> out;
-  for (size_t i = 0; i + 16 <= bytes.size(); i += 16) {
-    absl::StatusOr<BlockHash> h = BlockHash::FromBytes(bytes.substr(i, 16));
-    CHECK(h.ok());
-    out.push_back(*h);
-  }
-  return out;
+  absl::StatusOr<std::vector<BlockHash>> out = SplitBlockHashes(bytes);
+  CHECK(out.ok()) << out.status();
+  return *std::move(out);
 }
 
 std::optional<BlockHash> DecodeParent(absl::string_view bytes) {

@@ -11,6 +11,7 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "services/base/grpc_status.h"
+#include "services/router/router_stream.h"
 
 namespace pd::router {
 namespace {
@@ -31,323 +32,38 @@ class FinishedWriter final : public grpc::ServerWriteReactor<v1::GenerateRespons
   void OnDone() override { delete this; }  // gRPC's reactor ownership contract
 };
 
-// One client stream relayed from a DecodeService.Generate call, in lockstep: read one worker
-// message, write it to the client, read the next. Finishes the client stream once the worker
-// call is done (its status is the outcome). Deletes itself when both are done.
-//
-// A decode worker that fails with UNAVAILABLE before anything was relayed to the client (it
-// died, or was unreachable) is retried once on another placement: the request is the same
-// (same seed), so the output is what the first worker would have produced.
-class RouterStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+// The gRPC client side of a RouterStream: its messages become the reactor's writes, the
+// client's cancellation the stream's Cancel. Deletes itself (and the stream) when gRPC is done
+// with the call, which is after End: the worker calls are done then.
+class GrpcStreamWriter final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+                               public StreamSink {
  public:
-  static constexpr int kMaxAttempts = 2;
-
-  RouterStream(GenerationService* service, grpc::CallbackServerContext* server_ctx,
-               iv1::DecodeRequest decode, Placement placement, absl::Time deadline)
-      : service_(service), decode_(std::move(decode)), deadline_(deadline),
-        received_(absl::Now()) {
-    (void)server_ctx;
-    Attempt* a;
-    {
-      absl::MutexLock lock(&mu_);
-      a = NewAttemptLocked(std::move(placement));
-    }
-    Launch(a);
+  GrpcStreamWriter() = default;
+  // Starts `stream`, whose sink is this writer.
+  void Start(std::unique_ptr<RouterStream> stream) {
+    stream_ = std::move(stream);
+    stream_->Start();
   }
 
-  void OnWriteDone(bool ok) override {
-    std::optional<grpc::Status> finish;
-    Attempt* cancel = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) {
-        cancelled_by_client_ = true;
-        cancel = attempt_.get();  // the client is gone: stop the worker
-      } else if (!upstream_done_) {
-        attempt_->upstream.StartRead(&attempt_->in);
-      }
-      finish = MaybeFinishLocked();
-    }
-    if (cancel != nullptr) {
-      cancel->ctx.TryCancel();
-      cancel->upstream.RemoveHold();  // no read will follow (see Launch)
-    }
-    // Outside the lock: OnDone (which deletes this) may run as soon as Finish is called.
-    if (finish.has_value()) Finish(*finish);
-  }
+  void Send(const v1::GenerateResponse& response) override { StartWrite(&response); }
+  void End(const absl::Status& status) override { Finish(services::ToGrpcStatus(status)); }
 
-  void OnCancel() override {
-    Attempt* attempt;
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_by_client_ = true;
-      attempt = attempt_.get();
-    }
-    attempt->ctx.TryCancel();  // attempts live as long as this stream
-  }
-
-  void OnDone() override {
-    bool release;
-    {
-      absl::MutexLock lock(&mu_);
-      release = !tenant_released_;  // normally released by MaybeFinishLocked already
-      tenant_released_ = true;
-    }
-    if (release) service_->ReleaseStream(decode_.tenant());
-    delete this;
-  }
+  void OnWriteDone(bool ok) override { stream_->OnSent(ok); }
+  void OnCancel() override { stream_->Cancel(); }
+  void OnDone() override { delete this; }  // gRPC's reactor ownership contract
 
  private:
-  // One DecodeService.Generate call.
-  struct Attempt;
-  class Upstream final : public grpc::ClientReadReactor<iv1::DecodeResponse> {
-   public:
-    Upstream(RouterStream* s, Attempt* a) : s_(s), a_(a) {}
-    void OnReadDone(bool ok) override { s_->OnUpstreamRead(a_, ok); }
-    void OnDone(const grpc::Status& status) override { s_->OnUpstreamDone(a_, status); }
-
-   private:
-    RouterStream* s_;
-    Attempt* a_;
-  };
-  struct Attempt {
-    Attempt(RouterStream* s, Placement p) : placement(std::move(p)), upstream(s, this) {}
-    const Placement placement;
-    grpc::ClientContext ctx;
-    Upstream upstream;
-    iv1::DecodeResponse in;
-  };
-
-  // Makes `placement` the current attempt; Launch (outside mu_: gRPC may run a reaction
-  // inline) then starts its call.
-  Attempt* NewAttemptLocked(Placement placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    WorkerPool* pool = service_->workers();
-    pool->AddInflight(placement.decode_index, 1, placement.new_blocks);
-    if (placement.prefill_index >= 0) {
-      pool->AddInflight(placement.prefill_index, 1);
-    }
-    if (attempt_ != nullptr) {
-      retired_.push_back(std::move(attempt_));
-    }
-    attempt_ = std::make_unique<Attempt>(this, std::move(placement));
-    Attempt& a = *attempt_;
-    if (deadline_ != absl::InfiniteFuture()) {
-      a.ctx.set_deadline(absl::ToChronoTime(deadline_));
-    }
-    ++attempts_;
-    upstream_done_ = false;
-    return &a;
-  }
-
-  // `decode_` is not changed while a call is in flight, so it is read here without mu_.
-  void Launch(Attempt* a) {
-    service_->workers()
-        ->decode_stub(a->placement.decode_index)
-        ->async()
-        ->Generate(&a->ctx, &decode_, &a->upstream);
-    // The next read is started from OnWriteDone, outside the upstream's reactions: without a
-    // hold, the call could finish (and free its state) between a read's end and that StartRead.
-    // Released when no read will follow: a read that ends the stream, or a failed client write.
-    a->upstream.AddHold();
-    a->upstream.StartRead(&a->in);
-    a->upstream.StartCall();
-  }
-
-  void EndAttemptLocked(const Attempt& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    WorkerPool* pool = service_->workers();
-    pool->AddInflight(a.placement.decode_index, -1, a.placement.new_blocks);
-    if (a.placement.prefill_index >= 0) {
-      pool->AddInflight(a.placement.prefill_index, -1);
-    }
-  }
-
-  void OnUpstreamRead(Attempt* a, bool ok) {
-    if (!ok) {
-      // End of stream: OnDone follows with the status. Before the final message it may also
-      // be a message that failed to parse; gRPC then delivers the status only after every
-      // remaining message was read, which never happens: cancel so OnDone comes.
-      bool cancel = false;
-      {
-        absl::MutexLock lock(&mu_);
-        cancel = read_failed_ = !got_final_;
-      }
-      if (cancel) a->ctx.TryCancel();
-      a->upstream.RemoveHold();  // no read follows: OnDone may come
-      return;
-    }
-    absl::MutexLock lock(&mu_);
-    const iv1::DecodeResponse& in = a->in;
-    out_.Clear();
-    *out_.mutable_token_ids() = in.token_ids();
-    out_.set_text(in.text());
-    completion_tokens_ += in.token_ids_size();
-    if (in.token_ids_size() > 0) {
-      const absl::Time now = absl::Now();
-      if (!first_) {
-        // Inter-token latency as the client sees it: one observation per message after the
-        // first, spread over the tokens it carries.
-        const double gap = absl::ToDoubleSeconds(now - last_token_) / in.token_ids_size();
-        metrics::Histogram& itl = service_->metrics().itl->WithLabels({});
-        for (int i = 0; i < in.token_ids_size(); ++i) itl.Observe(gap);
-      }
-      last_token_ = now;
-    }
-    if (first_) {
-      out_.set_request_id(decode_.request_id());
-      if (in.token_ids_size() > 0) {
-        first_token_ = last_token_;
-        first_ = false;
-      }
-    }
-    if (in.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-      out_.set_request_id(decode_.request_id());
-      out_.set_finish_reason(in.finish_reason());
-      *out_.mutable_usage() = in.usage();
-      v1::Timings* t = out_.mutable_timings();
-      *t = in.timings();
-      const absl::Time now = absl::Now();
-      // Router-side times include routing and the hop to the worker.
-      t->set_total_us(absl::ToInt64Microseconds(now - received_));
-      if (first_token_ != absl::InfinitePast()) {
-        t->set_first_token_us(absl::ToInt64Microseconds(first_token_ - received_));
-      }
-      got_final_ = true;
-      usage_ = in.usage();
-    }
-    relayed_ = true;
-    writing_ = true;
-    StartWrite(&out_);
-  }
-
-  void OnUpstreamDone(Attempt* a, const grpc::Status& status) {
-    std::optional<grpc::Status> finish;
-    Attempt* retry = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      EndAttemptLocked(*a);
-      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-        // The worker died or is unreachable: no new requests until it answers health checks.
-        service_->workers()->MarkFailed(a->placement.decode_index,
-                                        services::FromGrpcStatus(status));
-        if (!relayed_ && !cancelled_by_client_ && attempts_ < kMaxAttempts &&
-            absl::Now() < deadline_) {
-          retry = Retry(status);
-        }
-      }
-    }
-    if (retry != nullptr) {
-      Launch(retry);
-      return;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      upstream_done_ = true;
-      status_ = status;
-      if (read_failed_ && status.error_code() == grpc::StatusCode::CANCELLED &&
-          !cancelled_by_client_) {
-        status_ = grpc::Status(grpc::StatusCode::INTERNAL,
-                               "decode worker sent a message the router cannot read");
-      }
-      finish = MaybeFinishLocked();
-    }
-    if (finish.has_value()) Finish(*finish);
-  }
-
-  // Places the request again (the failed worker is out of the pool now): the new attempt to
-  // Launch, or null when no worker can take it.
-  Attempt* Retry(const grpc::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<BlockHash> chain;
-    const std::string& bytes = decode_.block_hashes();
-    for (size_t i = 0; i + 16 <= bytes.size(); i += 16) {
-      absl::StatusOr<BlockHash> h = BlockHash::FromBytes(absl::string_view(bytes).substr(i, 16));
-      if (!h.ok()) return nullptr;
-      chain.push_back(*h);
-    }
-    std::vector<WorkerSnapshot> workers = service_->workers()->Snapshot();
-    absl::StatusOr<Placement> p =
-        service_->policy()->Choose(chain, decode_.token_ids_size(), workers);
-    if (!p.ok()) {
-      return nullptr;
-    }
-    if (p->prefill_index >= 0) {
-      decode_.set_prefill_address(workers[p->prefill_index].address);
-    } else {
-      decode_.clear_prefill_address();
-    }
-    LOG(WARNING) << "request_id=" << decode_.request_id() << ": decode worker failed before "
-                 << "the first token (" << why.error_message() << "); retrying on worker "
-                 << p->decode_index;
-    service_->metrics().retries->WithLabels({}).Increment();
-    return NewAttemptLocked(*std::move(p));
-  }
-
-  // The status to Finish the client stream with, once the worker call is done and no write is
-  // in flight; nullopt otherwise (and after it was returned once).
-  std::optional<grpc::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!upstream_done_ || writing_ || finished_) {
-      return std::nullopt;
-    }
-    finished_ = true;
-    if (!tenant_released_) {
-      tenant_released_ = true;
-      service_->ReleaseStream(decode_.tenant());  // before the client sees the end
-    }
-    grpc::Status final_status = status_;
-    if (status_.ok() && !got_final_) {
-      final_status = grpc::Status(grpc::StatusCode::INTERNAL,
-                                  "decode worker ended the stream without a finish reason");
-    }
-    if (status_.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      final_status =
-          grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                       absl::StrCat("decode worker failed: ", status_.error_message(), " (retry)"));
-    }
-    const GenerationService::Metrics& m = service_->metrics();
-    if (final_status.ok()) {
-      const absl::Time now = absl::Now();
-      if (first_token_ != absl::InfinitePast()) {
-        m.ttft->WithLabels({}).Observe(absl::ToDoubleSeconds(first_token_ - received_));
-        if (completion_tokens_ > 1) {
-          m.tpot->WithLabels({}).Observe(absl::ToDoubleSeconds(now - first_token_) /
-                                         (completion_tokens_ - 1));
-        }
-      }
-      m.e2e->WithLabels({}).Observe(absl::ToDoubleSeconds(now - received_));
-      m.tokens->WithLabels({"prompt"}).Increment(usage_.prompt_tokens());
-      m.tokens->WithLabels({"cached"}).Increment(usage_.cached_tokens());
-      m.tokens->WithLabels({"generated"}).Increment(usage_.completion_tokens());
-    }
-    service_->Count("Generate", static_cast<absl::StatusCode>(final_status.error_code()));
-    VLOG(1) << "request_id=" << decode_.request_id() << " done: " << final_status.error_message();
-    return final_status;
-  }
-
-  GenerationService* const service_;
-  iv1::DecodeRequest decode_;  // changed only between attempts (prefill_address)
-  const absl::Time deadline_;
-  const absl::Time received_;
-  absl::Mutex mu_;
-  std::unique_ptr<Attempt> attempt_ ABSL_GUARDED_BY(mu_);
-  // Finished attempts: kept until the stream is deleted, as OnCancel may still name one.
-  std::vector<std::unique_ptr<Attempt>> retired_ ABSL_GUARDED_BY(mu_);
-  int attempts_ ABSL_GUARDED_BY(mu_) = 0;
-  v1::GenerateResponse out_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool relayed_ ABSL_GUARDED_BY(mu_) = false;  // something was written to the client
-  bool upstream_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool tenant_released_ ABSL_GUARDED_BY(mu_) = false;
-  bool first_ ABSL_GUARDED_BY(mu_) = true;
-  bool got_final_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_by_client_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time first_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time last_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  v1::Usage usage_ ABSL_GUARDED_BY(mu_);
-  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<RouterStream> stream_;
 };
+
+// The caller of a gRPC call, as NewStream and Authenticate take it.
+CallerAuth GrpcCaller(const grpc::CallbackServerContext& context) {
+  CallerAuth caller;
+  if (std::optional<absl::string_view> h = services::AuthorizationMetadata(context)) {
+    caller.authorization = std::string(*h);
+  }
+  return caller;
+}
 
 std::string BaseName(const std::string& path) {
   std::string p = path;
@@ -425,11 +141,11 @@ void GenerationService::Count(absl::string_view method, absl::StatusCode code) {
 }
 
 absl::StatusOr<std::string> GenerationService::Authenticate(
-    const grpc::CallbackServerContext& context, const v1::GenerateRequest* request) const {
+    const CallerAuth& caller, const v1::GenerateRequest* request) const {
   if (!api_keys_.has_value()) {
     return request != nullptr && request->has_tenant() ? request->tenant() : std::string();
   }
-  PD_ASSIGN_OR_RETURN(std::string tenant, api_keys_->Authenticate(context));
+  PD_ASSIGN_OR_RETURN(std::string tenant, api_keys_->AuthenticateHeader(caller.authorization));
   if (request != nullptr && request->has_tenant() && request->tenant() != tenant) {
     return absl::PermissionDeniedError(
         absl::StrCat("tenant '", request->tenant(), "' is not the api key's tenant"));
@@ -547,10 +263,7 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
   static std::atomic<uint64_t> epoch{std::random_device{}()};
   decode->set_request_id(
       absl::StrFormat("%08x-%d", epoch.load() & 0xffffffff, next_request_.fetch_add(1)));
-  std::string hashes;
-  hashes.reserve(chain.size() * 16);
-  for (const BlockHash& h : chain) hashes += h.ToBytes();
-  decode->set_block_hashes(std::move(hashes));
+  decode->set_block_hashes(ConcatBlockHashes(chain));
   *decode->mutable_sampling() = request.sampling();
   if (!request.sampling().has_seed()) {
     thread_local std::mt19937_64 gen{std::random_device{}()};
@@ -565,46 +278,61 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
   return absl::OkStatus();
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+absl::StatusOr<std::unique_ptr<RouterStream>> GenerationService::NewStream(
+    const v1::GenerateRequest& request, const CallerAuth& caller, absl::Time client_deadline,
+    StreamSink* sink) {
   const absl::Time start = absl::Now();
   iv1::DecodeRequest decode;
   Placement placement;
-  absl::StatusOr<std::string> tenant = Authenticate(*context, request);
+  absl::StatusOr<std::string> tenant = Authenticate(caller, &request);
   absl::Status status = tenant.status();
   if (status.ok()) {
-    status = Prepare(*request, *tenant, &decode, &placement);
+    status = Prepare(request, *tenant, &decode, &placement);
   }
   if (status.ok()) {
     status = AcquireStream(*tenant);  // released by ReleaseStream, before the client sees the end
   }
   metrics_.routing_latency->WithLabels({}).Observe(absl::ToDoubleSeconds(absl::Now() - start));
   if (!status.ok()) {
-    VLOG(1) << "Generate client_request_id=" << request->client_request_id() << ": " << status;
+    VLOG(1) << "Generate client_request_id=" << request.client_request_id() << ": " << status;
     Count("Generate", status.code());
-    return new FinishedWriter(services::ToGrpcStatus(status));
+    return status;
   }
   metrics_.routing->WithLabels({std::string(policy_->name()), placement.reason}).Increment();
   metrics_.prefill_placement->WithLabels({placement.prefill_reason}).Increment();
   metrics_.routed_cached_blocks->WithLabels({}).Increment(
       static_cast<uint64_t>(placement.cached_blocks));
-  absl::Time deadline = absl::FromChrono(context->deadline());
-  if (request->timeout_ms() > 0) {
-    deadline = std::min(deadline, start + absl::Milliseconds(request->timeout_ms()));
+  absl::Time deadline = client_deadline;
+  if (request.timeout_ms() > 0) {
+    deadline = std::min(deadline, start + absl::Milliseconds(request.timeout_ms()));
   }
   VLOG(1) << "request_id=" << decode.request_id()
-          << " client_request_id=" << request->client_request_id() << " -> decode "
+          << " client_request_id=" << request.client_request_id() << " -> decode "
           << placement.decode_index << " prefill " << placement.prefill_index << " ("
-          << placement.reason << ", " << placement.prefill_reason << ", "
-          << placement.cached_blocks << " blocks cached)";
-  return new RouterStream(this, context, std::move(decode), std::move(placement), deadline);
+          << placement.reason << ", " << placement.prefill_reason << ", " << placement.cached_blocks
+          << " blocks cached)";
+  return std::make_unique<RouterStream>(this, sink, std::move(decode), std::move(placement),
+                                        deadline);
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto writer = std::make_unique<GrpcStreamWriter>();
+  absl::StatusOr<std::unique_ptr<RouterStream>> stream = NewStream(
+      *request, GrpcCaller(*context), absl::FromChrono(context->deadline()), writer.get());
+  if (!stream.ok()) {
+    return new FinishedWriter(services::ToGrpcStatus(stream.status()));
+  }
+  writer->Start(*std::move(stream));
+  return writer.release();  // deletes itself in OnDone
 }
 
 grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
                                                         const v1::ListModelsRequest* /*request*/,
                                                         v1::ListModelsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<std::string> tenant = Authenticate(*context, nullptr); !tenant.ok()) {
+  if (absl::StatusOr<std::string> tenant = Authenticate(GrpcCaller(*context), nullptr);
+      !tenant.ok()) {
     Count("ListModels", tenant.status().code());
     reactor->Finish(services::ToGrpcStatus(tenant.status()));
     return reactor;

@@ -11,6 +11,10 @@
 // the workers is derived from that tenant (and the client's salt), so tenants never share
 // cached blocks. At most max_streams_per_tenant streams per tenant are open at once.
 //
+// The relay itself (and the retry of a worker that fails before the first token) is a
+// RouterStream (router_stream.h); Generate drives one through a gRPC ServerWriteReactor, and a
+// front end speaking another protocol calls NewStream with a StreamSink of its own.
+//
 // Thread-safety: handlers run on gRPC's callback threads; the class is thread-safe.
 #pragma once
 
@@ -22,6 +26,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/hash/block_hash.h"
 #include "common/metrics/metrics.h"
 #include "engine/runtime/model_front.h"
@@ -32,6 +37,16 @@
 #include "services/router/worker_pool.h"
 
 namespace pd::router {
+
+class RouterStream;
+class StreamSink;
+
+// What a front end knows of who calls Generate, for authentication.
+struct CallerAuth {
+  // The value of the call's "authorization" gRPC metadata or HTTP header ("Bearer <key>");
+  // nullopt when the call has none.
+  std::optional<std::string> authorization;
+};
 
 // Where one request runs.
 struct Placement {
@@ -67,6 +82,17 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   grpc::ServerWriteReactor<pdserve::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const pdserve::v1::GenerateRequest* request) override;
 
+  // Generate for any front end: authenticates `caller`, validates, tokenizes and places
+  // `request`, takes a stream slot (--max_inflight, --max_streams_per_tenant) and returns the
+  // stream that relays the worker's answer to `sink`; the caller calls Start on it once `sink`
+  // can reach it. `client_deadline` is the client's own deadline (InfiniteFuture = none);
+  // request.timeout_ms shortens it. On failure nothing is sent to `sink` and the status is what
+  // the client gets (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, NOT_FOUND,
+  // UNAVAILABLE without a decode worker, RESOURCE_EXHAUSTED at a limit); it is counted already.
+  absl::StatusOr<std::unique_ptr<RouterStream>> NewStream(
+      const pdserve::v1::GenerateRequest& request, const CallerAuth& caller,
+      absl::Time client_deadline, StreamSink* sink);
+
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const pdserve::v1::ListModelsRequest* request,
                                        pdserve::v1::ListModelsResponse* response) override;
@@ -75,8 +101,8 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
 
   // Internal: shared with the per-stream reactors.
   struct Metrics {
-    metrics::Family<metrics::Counter>* requests = nullptr;  // {method, code}
-    metrics::Family<metrics::Counter>* routing = nullptr;   // {policy, reason}
+    metrics::Family<metrics::Counter>* requests = nullptr;           // {method, code}
+    metrics::Family<metrics::Counter>* routing = nullptr;            // {policy, reason}
     metrics::Family<metrics::Counter>* prefill_placement = nullptr;  // {placement}
     metrics::Family<metrics::Counter>* routed_cached_blocks = nullptr;
     metrics::Family<metrics::Histogram>* ttft = nullptr;
@@ -102,7 +128,7 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   // The caller's tenant: the API key's when keys are configured (UNAUTHENTICATED without a
   // valid key; PERMISSION_DENIED when `request` names another tenant), else the request's
   // tenant ("" = default). `request` may be null (ListModels).
-  absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& context,
+  absl::StatusOr<std::string> Authenticate(const CallerAuth& caller,
                                            const pdserve::v1::GenerateRequest* request) const;
   // Counts a new stream (and one of `tenant`'s); RESOURCE_EXHAUSTED at --max_inflight or
   // --max_streams_per_tenant, with nothing counted.

@@ -38,13 +38,7 @@ std::vector<BlockHash> Chain(uint64_t chain, int begin, int end) {
   return out;
 }
 
-std::string Bytes(const std::vector<BlockHash>& hashes) {
-  std::string out;
-  for (const BlockHash& h : hashes) {
-    out += h.ToBytes();
-  }
-  return out;
-}
+std::string Bytes(const std::vector<BlockHash>& hashes) { return ConcatBlockHashes(hashes); }
 
 KvEvent Stored(const std::vector<BlockHash>& hashes, Tier tier) {
   KvEvent e;

@@ -1,18 +1,18 @@
 // pd-router: the public gRPC front of a pdserve cluster.
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
-#include "services/base/serve.h"
+#include "services/base/auth.h"
 #include "services/base/process_metrics.h"
+#include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
-#include "common/base/status_macros.h"
+#include "services/base/tls_flags.h"
 #include "services/router/router_server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051", "public gRPC API listen address");
@@ -61,13 +61,7 @@ ABSL_FLAG(int64_t, max_inflight, 1024, "open streams; more get RESOURCE_EXHAUSTE
 ABSL_FLAG(absl::Duration, health_interval, absl::Milliseconds(500),
           "worker health and load polling interval");
 // Security (docs/security.md).
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of the public API; empty = plaintext");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA of client certificates: set = clients need one (mTLS)");
-ABSL_FLAG(std::string, client_tls_ca, "",
-          "PEM CA of the workers' certificates: set = TLS on calls to workers");
-ABSL_FLAG(std::string, client_tls_cert, "", "PEM client certificate for workers requiring mTLS");
-ABSL_FLAG(std::string, client_tls_key, "", "PEM private key of --client_tls_cert");
+// --tls_* and --client_tls_*: services/base/tls_flags.h.
 ABSL_FLAG(std::string, cluster_token_file, "",
           "file holding the cluster token sent on every call to a worker; empty = none");
 ABSL_FLAG(std::string, api_keys_file, "",
@@ -83,25 +77,23 @@ constexpr char kProgram[] = "pd-router";
 
 absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   pd::router::RouterConfig config;
-  PD_ASSIGN_OR_RETURN(config.grpc_address, pd::services::ParseHostPort(
-                                               absl::GetFlag(FLAGS_grpc_address), "--grpc_address"));
-  PD_ASSIGN_OR_RETURN(config.metrics_address,
-                      pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address),
-                                                  "--metrics_address"));
+  PD_ASSIGN_OR_RETURN(
+      config.grpc_address,
+      pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address), "--grpc_address"));
+  PD_ASSIGN_OR_RETURN(
+      config.metrics_address,
+      pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address), "--metrics_address"));
   if (!absl::GetFlag(FLAGS_redis_address).empty()) {
-    PD_ASSIGN_OR_RETURN(pd::services::HostPort redis, pd::services::ParseHostPort(
-                                                          absl::GetFlag(FLAGS_redis_address),
-                                                          "--redis_address"));
+    PD_ASSIGN_OR_RETURN(
+        pd::services::HostPort redis,
+        pd::services::ParseHostPort(absl::GetFlag(FLAGS_redis_address), "--redis_address"));
     config.redis.emplace();
     config.redis->host = redis.host;
     config.redis->port = redis.port;
     config.redis->key_prefix = absl::GetFlag(FLAGS_redis_key_prefix);
     if (const std::string path = absl::GetFlag(FLAGS_redis_password_file); !path.empty()) {
-      std::ifstream in(path);
-      if (!in) {
-        return absl::NotFoundError(absl::StrCat("--redis_password_file: cannot read ", path));
-      }
-      std::getline(in, config.redis->password);
+      PD_ASSIGN_OR_RETURN(config.redis->password,
+                          pd::services::ReadSecretFile(path, "--redis_password_file", 1));
     }
   }
   config.block_size = absl::GetFlag(FLAGS_block_size);
@@ -125,10 +117,8 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.index_max_blocks = absl::GetFlag(FLAGS_index_max_blocks);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   config.health_interval = absl::GetFlag(FLAGS_health_interval);
-  config.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                absl::GetFlag(FLAGS_tls_ca)};
-  config.worker_tls = {absl::GetFlag(FLAGS_client_tls_ca), absl::GetFlag(FLAGS_client_tls_cert),
-                       absl::GetFlag(FLAGS_client_tls_key)};
+  config.tls = pd::services::ServerTlsFromFlags();
+  config.worker_tls = pd::services::WorkerClientTlsFromFlags();
   config.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
   config.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   config.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);

@@ -29,9 +29,7 @@ void Store(KvIndex& index, const std::string& worker, absl::Span<const BlockHash
   batch.set_epoch(7);
   iv1::KvEvent* e = batch.add_events();
   e->set_sequence(sequence);
-  std::string hashes;
-  for (const BlockHash& h : chain) hashes += h.ToBytes();
-  e->mutable_stored()->set_block_hashes(hashes);
+  e->mutable_stored()->set_block_hashes(ConcatBlockHashes(chain));
   e->mutable_stored()->set_tier(iv1::TIER_HBM);
   e->mutable_stored()->set_num_tokens(static_cast<uint32_t>(chain.size() * kBlock));
   ASSERT_TRUE(index.Apply(worker, batch).ok());
@@ -69,9 +67,8 @@ TEST(PlacementTest, CacheAwareFollowsTheIndexedPrefix) {
   Store(*index, "d1", chain, 1);
   std::unique_ptr<PlacementPolicy> policy = Make("cache_aware", index.get());
   EXPECT_EQ(policy->name(), "cache_aware");
-  const std::vector<WorkerSnapshot> workers = {Worker(0, "p0", false, true),
-                                               Worker(1, "d0", true, false),
-                                               Worker(2, "d1", true, false)};
+  const std::vector<WorkerSnapshot> workers = {
+      Worker(0, "p0", false, true), Worker(1, "d0", true, false), Worker(2, "d1", true, false)};
   for (int i = 0; i < 4; ++i) {
     absl::StatusOr<Placement> p = policy->Choose(chain, 8 * kBlock + 1, workers);
     ASSERT_TRUE(p.ok()) << p.status();

@@ -310,10 +310,7 @@ TEST(WorkerScorerTest, HotPrefixSpillsOverWhenItsHolderGetsLoaded) {
   for (uint64_t i = 0; i < 64; ++i) {
     chain.push_back(BlockHash{42, i});
   }
-  std::string chain_bytes;
-  for (const BlockHash& h : chain) {
-    chain_bytes += h.ToBytes();
-  }
+  const std::string chain_bytes = ConcatBlockHashes(chain);
   std::vector<int> assigned(4, 0);
   int cache_hits = 0;
   for (int request = 0; request < 400; ++request) {

@@ -1,30 +1,33 @@
 // pd-tierd: a node's lower KV tiers (DRAM in shared memory, NVMe slab files) for its workers.
-#include <fstream>
-
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
-#include "services/base/serve.h"
+#include "services/base/auth.h"
 #include "services/base/process_metrics.h"
+#include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
+#include "services/base/tls_flags.h"
 #include "services/tierd/tierd_server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50071", "TierService listen address (node-local)");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9102", "Prometheus /metrics listen address");
-ABSL_FLAG(std::string, node_name, "", "node name, as the node's workers report it; empty = hostname");
+ABSL_FLAG(std::string, node_name, "",
+          "node name, as the node's workers report it; empty = hostname");
 ABSL_FLAG(std::string, model, "",
           "the workers' model (HF directory or llama2.c .bin with --tokenizer): KV layout source");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.bin of a llama2.c checkpoint");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(int64_t, dram_mib, 1024, "DRAM tier size in MiB (POSIX shared memory)");
-ABSL_FLAG(std::string, shm_name, "", "shared-memory object of the DRAM tier; empty = /pdserve-NODE-g2");
+ABSL_FLAG(std::string, shm_name, "",
+          "shared-memory object of the DRAM tier; empty = /pdserve-NODE-g2");
 ABSL_FLAG(double, high_watermark, 0.90, "DRAM occupancy above which cold blocks spill to NVMe");
 ABSL_FLAG(double, low_watermark, 0.75, "DRAM occupancy a spill round brings it down to");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(30), "lifetime of a worker's slot claim");
-ABSL_FLAG(std::string, nvme_dir, "", "directory of the NVMe tier's slab files; empty = no NVMe tier");
+ABSL_FLAG(std::string, nvme_dir, "",
+          "directory of the NVMe tier's slab files; empty = no NVMe tier");
 ABSL_FLAG(int64_t, nvme_mib, 0, "NVMe tier size in MiB (with --nvme_dir)");
 ABSL_FLAG(bool, nvme_verify_on_open, false, "read and verify every NVMe block at startup");
 ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty = no Redis");
@@ -32,9 +35,7 @@ ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH pas
 ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(absl::Duration, redis_entry_ttl, absl::Minutes(10), "TTL of a block's Redis entry");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10), "SIGTERM drain bound");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of the TierService: set = TLS (with --tls_key)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA of client certificates: set = callers need one (mTLS)");
+// --tls_cert, --tls_key, --tls_ca: services/base/tls_flags.h.
 ABSL_FLAG(std::string, cluster_token_file, "",
           "file with the cluster token; set = every call must carry it (docs/security.md)");
 
@@ -44,11 +45,11 @@ constexpr char kProgram[] = "pd-tierd";
 
 absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
   pd::tierd::TierdConfig c;
-  PD_ASSIGN_OR_RETURN(c.grpc_address, pd::services::ParseHostPort(
-                                          absl::GetFlag(FLAGS_grpc_address), "--grpc_address"));
-  PD_ASSIGN_OR_RETURN(c.metrics_address,
-                      pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address),
-                                                  "--metrics_address"));
+  PD_ASSIGN_OR_RETURN(c.grpc_address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address),
+                                                                  "--grpc_address"));
+  PD_ASSIGN_OR_RETURN(
+      c.metrics_address,
+      pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address), "--metrics_address"));
   c.node_name = absl::GetFlag(FLAGS_node_name);
   c.model = absl::GetFlag(FLAGS_model);
   c.tokenizer = absl::GetFlag(FLAGS_tokenizer);
@@ -62,24 +63,21 @@ absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
   c.nvme_mib = absl::GetFlag(FLAGS_nvme_mib);
   c.nvme_verify_on_open = absl::GetFlag(FLAGS_nvme_verify_on_open);
   if (!absl::GetFlag(FLAGS_redis_address).empty()) {
-    PD_ASSIGN_OR_RETURN(pd::services::HostPort redis,
-                        pd::services::ParseHostPort(absl::GetFlag(FLAGS_redis_address),
-                                                    "--redis_address"));
+    PD_ASSIGN_OR_RETURN(
+        pd::services::HostPort redis,
+        pd::services::ParseHostPort(absl::GetFlag(FLAGS_redis_address), "--redis_address"));
     c.redis.emplace();
     c.redis->host = redis.host;
     c.redis->port = redis.port;
     c.redis->key_prefix = absl::GetFlag(FLAGS_redis_key_prefix);
     if (const std::string path = absl::GetFlag(FLAGS_redis_password_file); !path.empty()) {
-      std::ifstream in(path);
-      if (!in) {
-        return absl::NotFoundError(absl::StrCat("--redis_password_file: cannot read ", path));
-      }
-      std::getline(in, c.redis->password);
+      PD_ASSIGN_OR_RETURN(c.redis->password,
+                          pd::services::ReadSecretFile(path, "--redis_password_file", 1));
     }
   }
   c.redis_entry_ttl = absl::GetFlag(FLAGS_redis_entry_ttl);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
-  c.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
+  c.tls = pd::services::ServerTlsFromFlags();
   c.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
   PD_RETURN_IF_ERROR(c.Validate());
   return c;

@@ -33,7 +33,6 @@ namespace {
 namespace v1 = pdserve::internal::v1;
 using ::testing::HasSubstr;
 
-
 // Records the latest location of every hash the server publishes.
 class RecordingSink : public LocationSink {
  public:
@@ -63,11 +62,7 @@ BlockHash HashOf(int i) {
   return *BlockHash::FromBytes(bytes);
 }
 
-std::string Bytes(const std::vector<BlockHash>& hashes) {
-  std::string out;
-  for (const BlockHash& h : hashes) out += h.ToBytes();
-  return out;
-}
+std::string Bytes(const std::vector<BlockHash>& hashes) { return ConcatBlockHashes(hashes); }
 
 class TierdServerTest : public ::testing::Test {
  protected:
@@ -237,7 +232,8 @@ TEST_F(TierdServerTest, OfferLookupPromoteRelease) {
   EXPECT_EQ(stats.tiers(0).hit_blocks_total(), 4u);
   EXPECT_EQ(stats.tiers(0).pinned_blocks(), 0u);
   EXPECT_EQ(stats.num_sessions(), 1u);
-  EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_hit_blocks_total{tier=\"dram\"} 4"));
+  EXPECT_THAT(registry_.RenderPrometheus(),
+              HasSubstr("pd_tierd_hit_blocks_total{tier=\"dram\"} 4"));
 }
 
 // Unbound slots over RPC: granted after the hashes' grants, named at Commit, a held block
@@ -350,8 +346,7 @@ TEST_F(TierdServerTest, BadArgumentsAndUnknownSessions) {
   preq.set_session_id(attach_.session_id());
   v1::PromoteResponse presp;
   grpc::ClientContext c5;
-  EXPECT_EQ(stub_->Promote(&c5, preq, &presp).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(stub_->Promote(&c5, preq, &presp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 // DRAM (1 MiB) overflows into a real NVMe directory; blocks come back from NVMe with their

@@ -4,10 +4,11 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
-#include "services/base/serve.h"
 #include "services/base/process_metrics.h"
+#include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
+#include "services/base/tls_flags.h"
 #include "services/worker/worker_server.h"
 #include "transport/registry.h"
 
@@ -47,14 +48,7 @@ ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
           "testing: sleep after every engine step (slows generation down on purpose)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "SIGTERM drain bound");
 // Security (docs/security.md).
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate of the internal gRPC server; empty = plaintext");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA of client certificates: set = callers need one (mTLS)");
-ABSL_FLAG(std::string, client_tls_ca, "",
-          "PEM CA of other workers' certificates: set = TLS on calls to prefill workers");
-ABSL_FLAG(std::string, client_tls_cert, "", "PEM client certificate for workers requiring mTLS");
-ABSL_FLAG(std::string, client_tls_key, "", "PEM private key of --client_tls_cert");
+// --tls_* and --client_tls_*: services/base/tls_flags.h.
 ABSL_FLAG(std::string, cluster_token_file, "",
           "file holding the cluster token: internal calls without it are refused, and calls "
           "to other workers carry it; empty = no token");
@@ -92,10 +86,8 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.prefill_timeout = absl::GetFlag(FLAGS_prefill_timeout);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   c.step_delay = absl::GetFlag(FLAGS_step_delay);
-  c.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-           absl::GetFlag(FLAGS_tls_ca)};
-  c.peer_tls = {absl::GetFlag(FLAGS_client_tls_ca), absl::GetFlag(FLAGS_client_tls_cert),
-                absl::GetFlag(FLAGS_client_tls_key)};
+  c.tls = pd::services::ServerTlsFromFlags();
+  c.peer_tls = pd::services::WorkerClientTlsFromFlags();
   c.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
   PD_RETURN_IF_ERROR(c.Validate());
   return c;

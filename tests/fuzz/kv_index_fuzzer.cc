@@ -41,14 +41,12 @@ uint8_t TierBit(int tier) {
                                   : 0;
 }
 
+// The whole hashes of `bytes` (a trailing partial one is ignored).
 std::vector<BlockHash> Hashes(absl::string_view bytes) {
-  std::vector<BlockHash> out;
-  for (size_t i = 0; i + 16 <= bytes.size(); i += 16) {
-    absl::StatusOr<BlockHash> h = BlockHash::FromBytes(bytes.substr(i, 16));
-    CHECK(h.ok());
-    out.push_back(*h);
-  }
-  return out;
+  absl::StatusOr<std::vector<BlockHash>> out =
+      SplitBlockHashes(bytes.substr(0, bytes.size() / 16 * 16));
+  CHECK(out.ok()) << out.status();
+  return *std::move(out);
 }
 
 class ShadowIndex {

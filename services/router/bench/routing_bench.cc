@@ -72,12 +72,7 @@ std::string WorkerId(int w) { return absl::StrCat("worker-", w); }
 BlockHash RandomHash(std::mt19937_64& rng) { return BlockHash{rng(), rng()}; }
 
 std::string Bytes(const std::vector<BlockHash>& chain, size_t begin, size_t end) {
-  std::string out;
-  out.reserve((end - begin) * 16);
-  for (size_t i = begin; i < end; ++i) {
-    out += chain[i].ToBytes();
-  }
-  return out;
+  return ConcatBlockHashes(absl::MakeConstSpan(chain).subspan(begin, end - begin));
 }
 
 struct Workload {

@@ -1,0 +1,22 @@
+// Dashed flag names on the command line: the binaries that accept them (pd-client, pd-loadtest,
+// pd-routesim) rewrite "--max-tokens=5" to absl's "--max_tokens=5" before absl parses argv.
+// Pure string functions; thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace pd {
+
+// Rewrites the name part of a flag argument from dashes to underscores, leaving the value alone:
+// "--max-tokens=5" -> "--max_tokens=5", "-top-k" -> "-top_k", "--stop=a-b" -> "--stop=a-b".
+// Arguments that are not flags ("prompt", "-", "--") are returned unchanged.
+std::string UndashFlag(absl::string_view arg);
+
+// UndashFlag of every argument of `args` except args[0] (the program) and everything after a
+// "--" argument (positional only).
+std::vector<std::string> UndashFlagNames(const std::vector<std::string>& args);
+
+}  // namespace pd

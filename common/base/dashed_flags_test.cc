@@ -1,0 +1,39 @@
+#include "common/base/dashed_flags.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd {
+namespace {
+
+using ::testing::ElementsAre;
+
+TEST(UndashFlagTest, RewritesOnlyTheNameOfFlags) {
+  EXPECT_EQ(UndashFlag("--max-tokens=5"), "--max_tokens=5");
+  EXPECT_EQ(UndashFlag("--max-tokens"), "--max_tokens");
+  EXPECT_EQ(UndashFlag("-top-k=3"), "-top_k=3");
+  EXPECT_EQ(UndashFlag("--stop=a-b-c"), "--stop=a-b-c");
+  EXPECT_EQ(UndashFlag("--cache-salt=--x"), "--cache_salt=--x");
+  EXPECT_EQ(UndashFlag("--already_underscored=1"), "--already_underscored=1");
+  EXPECT_EQ(UndashFlag("Once-upon"), "Once-upon");
+  EXPECT_EQ(UndashFlag("-"), "-");
+  EXPECT_EQ(UndashFlag("--"), "--");
+  EXPECT_EQ(UndashFlag(""), "");
+}
+
+TEST(UndashFlagNamesTest, RewritesDashedFlagNamesOnly) {
+  EXPECT_THAT(UndashFlagNames({"pd-loadtest", "--slo-ttft-ms=50", "-on-bad-line", "skip",
+                               "--workload=shared-prefix", "--output-json", "/tmp/a-b.json",
+                               "--num_requests=3", "-", "--", "--not-a-flag"}),
+              ElementsAre("pd-loadtest", "--slo_ttft_ms=50", "-on_bad_line", "skip",
+                          "--workload=shared-prefix", "--output_json", "/tmp/a-b.json",
+                          "--num_requests=3", "-", "--", "--not-a-flag"));
+}
+
+TEST(UndashFlagNamesTest, LeavesProgramNameAlone) {
+  EXPECT_THAT(UndashFlagNames({"-odd-name"}), ElementsAre("-odd-name"));
+  EXPECT_THAT(UndashFlagNames({}), ElementsAre());
+}
+
+}  // namespace
+}  // namespace pd

@@ -1,0 +1,14 @@
+// Names of the plain kernel types (kernels/types.h) for messages, configs and wire fields:
+// the one spelling every layer uses. Host code only (types.h itself stays free of Abseil for
+// nvcc). Thread-safe.
+#pragma once
+
+#include "absl/strings/string_view.h"
+#include "kernels/types.h"
+
+namespace pd::kernels {
+
+// "f32", "bf16", "f16"; "unknown" for a value outside the enum.
+absl::string_view DTypeName(DType dtype);
+
+}  // namespace pd::kernels

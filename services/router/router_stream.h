@@ -1,0 +1,121 @@
+// RouterStream: one client's Generate stream, relayed from a DecodeService.Generate call on the
+// decode worker a placement chose, independent of the protocol the client speaks.
+//
+// The stream runs in lockstep: read one worker message, hand it to the client's StreamSink,
+// read the next once the sink says it was sent. The client's stream ends (StreamSink::End) once
+// the worker call is done; its status is the outcome, with two rewrites: a worker ending without
+// a finish reason is INTERNAL, and a worker failing with UNAVAILABLE is UNAVAILABLE "... (retry)"
+// (the client may retry; the worker is out of the pool until it answers health checks again).
+//
+// A decode worker that fails with UNAVAILABLE before anything was sent to the client (it died,
+// or was unreachable) is retried once on another placement: the request is the same (same
+// seed), so the output is what the first worker would have produced.
+//
+// The gRPC front (GenerationService::Generate) drives it through a ServerWriteReactor; another
+// front (HTTP) gets one from GenerationService::NewStream with a sink of its own, so admission,
+// placement, relay, retry and metrics stay in one place.
+//
+// Thread-safety: the methods may be called from any thread, concurrently with the worker
+// call's reactions (gRPC callback threads); the class is thread-safe.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "pd/v1/generation.pb.h"
+#include "pd/v1/worker.grpc.pb.h"
+#include "services/router/generation_service.h"
+
+namespace pd::router {
+
+// The client side of one RouterStream: how its messages and its end reach the client.
+// Implementations: the gRPC ServerWriteReactor of GenerationService::Generate; test sinks.
+class StreamSink {
+ public:
+  virtual ~StreamSink() = default;
+  // Starts sending `response` to the client. `response` stays valid and unchanged until the
+  // sink calls RouterStream::OnSent, which it must do exactly once per Send (ok = false when the
+  // client is gone). At most one Send is outstanding; Send is never called after End.
+  // Called with no lock of the stream held: OnSent may be called before Send returns.
+  virtual void Send(const pdserve::v1::GenerateResponse& response) = 0;
+  // Ends the client's stream with `status` (OK = it ended with a finish reason). Called exactly
+  // once, when no Send is outstanding, with no lock of the stream held.
+  virtual void End(const absl::Status& status) = 0;
+};
+
+class RouterStream {
+ public:
+  static constexpr int kMaxAttempts = 2;
+
+  // A stream of `decode` (prepared and placed by GenerationService) to `placement`'s workers.
+  // Nothing starts before Start. `service` and `sink` must outlive the stream; `deadline`
+  // bounds every attempt (InfiniteFuture = none). The stream holds one of the service's
+  // stream slots (GenerationService::AcquireStream), released before the client sees the end,
+  // or when the stream is destroyed.
+  RouterStream(GenerationService* service, StreamSink* sink,
+               pdserve::internal::v1::DecodeRequest decode, Placement placement,
+               absl::Time deadline);
+  // Destroy only after StreamSink::End was called, or when Start never was: the worker calls
+  // are done then.
+  ~RouterStream();
+
+  RouterStream(const RouterStream&) = delete;
+  RouterStream& operator=(const RouterStream&) = delete;
+
+  // Starts the first worker call. Call once, when the sink can reach this stream (its Send
+  // reactions call OnSent). Sink calls follow on gRPC's threads.
+  void Start();
+  // The sink finished the last Send: `ok` = written, false = the client is gone (the worker
+  // call is cancelled and the stream ends).
+  void OnSent(bool ok);
+  // The client cancelled (or its deadline passed): the worker call is cancelled; the stream
+  // ends with the worker call's status. Idempotent; may come before Start.
+  void Cancel();
+
+ private:
+  struct Attempt;
+  class Upstream;
+
+  Attempt* NewAttemptLocked(Placement placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Launch(Attempt* a);
+  void EndAttemptLocked(const Attempt& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnUpstreamRead(Attempt* a, bool ok);
+  void OnUpstreamDone(Attempt* a, const absl::Status& status);
+  Attempt* Retry(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<absl::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  GenerationService* const service_;
+  StreamSink* const sink_;
+  pdserve::internal::v1::DecodeRequest decode_;  // changed only between attempts (prefill_address)
+  const absl::Time deadline_;
+  const absl::Time received_;
+  absl::Mutex mu_;
+  Placement first_placement_ ABSL_GUARDED_BY(mu_);  // until Start
+  std::unique_ptr<Attempt> attempt_ ABSL_GUARDED_BY(mu_);
+  // Finished attempts: kept until the stream is deleted, as Cancel may still name one.
+  std::vector<std::unique_ptr<Attempt>> retired_ ABSL_GUARDED_BY(mu_);
+  int attempts_ ABSL_GUARDED_BY(mu_) = 0;
+  // The message being sent: written under mu_ while no Send is outstanding (writing_ false),
+  // read by the sink until OnSent.
+  pdserve::v1::GenerateResponse out_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool relayed_ ABSL_GUARDED_BY(mu_) = false;  // something was sent to the client
+  bool upstream_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool tenant_released_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_ ABSL_GUARDED_BY(mu_) = true;
+  bool got_final_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_by_client_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  pdserve::v1::Usage usage_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pd::router
