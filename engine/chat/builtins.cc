@@ -447,7 +447,7 @@ absl::StatusOr<Dict> MappingFromArgs(absl::string_view what, const CallArgs& arg
 
 }  // namespace
 
-const Value& CallArgs::Get(size_t index, absl::string_view name, const Value& fallback) const {
+Value CallArgs::Get(size_t index, absl::string_view name, const Value& fallback) const {
   if (index < positional.size()) {
     return positional[index];
   }

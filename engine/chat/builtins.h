@@ -26,7 +26,7 @@ struct CallArgs {
   std::vector<std::pair<std::string, Value>> kwargs;
 
   // The argument at `index` or named `name`; `fallback` when neither was given.
-  const Value& Get(size_t index, absl::string_view name, const Value& fallback) const;
+  Value Get(size_t index, absl::string_view name, const Value& fallback) const;
   // InvalidArgument when more than `max_positional` positional arguments or a keyword not in
   // `names` was given; `what` names the callee in the message.
   absl::Status Check(absl::string_view what, size_t max_positional,

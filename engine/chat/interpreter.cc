@@ -674,7 +674,12 @@ absl::StatusOr<Value> Interpreter::Binary(const std::string& op, const Value& a,
 
 absl::StatusOr<std::string> RenderTree(const StmtList& body, const Value& context,
                                        const RenderLimits& limits) {
-  return Interpreter(context, limits).Run(body);
+  absl::StatusOr<std::string> out = Interpreter(context, limits).Run(body);
+  if (!out.ok()) {
+    // The payloads are internal bookkeeping: callers get the code and the message only.
+    return absl::Status(out.status().code(), out.status().message());
+  }
+  return out;
 }
 
 }  // namespace pd::chat::internal
