@@ -1,5 +1,5 @@
-// The filters of the Jinja2 subset (`value | name(args)`), with Jinja2 3.1's semantics and
-// Hugging Face's `tojson`.
+// The filters (`value | name(args)`) and tests (`value is name(args)`) of the Jinja2 subset,
+// with Jinja2 3.1's semantics and Hugging Face's `tojson`.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -502,6 +502,89 @@ absl::StatusOr<Value> CallFilter(absl::string_view name, const Value& v, const C
     return total;
   }
   return absl::InvalidArgumentError(absl::StrCat("no filter named '", name, "'"));
+}
+
+bool IsKnownFilter(absl::string_view name) {
+  static constexpr absl::string_view kFilters[] = {
+      "abs",        "attr",    "capitalize", "count",       "d",      "default",    "e",
+      "escape",     "first",   "float",      "forceescape", "indent", "int",        "items",
+      "join",       "last",    "length",     "list",        "lower",  "map",        "reject",
+      "rejectattr", "replace", "reverse",    "safe",        "select", "selectattr", "sort",
+      "string",     "sum",     "title",      "tojson",      "trim",   "upper"};
+  return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
+}
+
+bool IsKnownTest(absl::string_view name) {
+  static constexpr absl::string_view kTests[] = {
+      "defined",     "undefined", "none",     "string", "mapping", "number",
+      "integer",     "float",     "boolean",  "true",   "false",   "callable",
+      "iterable",    "sequence",  "lower",    "upper",  "odd",     "even",
+      "divisibleby", "eq",        "equalto",  "==",     "ne",      "!=",
+      "sameas",      "lt",        "lessthan", "<",      "gt",      "greaterthan",
+      ">",           "le",        "<=",       "ge",     ">=",      "in"};
+  return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
+}
+
+absl::StatusOr<bool> CallTest(absl::string_view name, const Value& v, const CallArgs& args,
+                              Budget* budget) {
+  PD_RETURN_IF_ERROR(budget->Charge(1));
+  const Value undefined;
+  const Value& arg = args.Get(0, "", undefined);
+  if (name == "defined") return !v.is_undefined();
+  if (name == "undefined") return v.is_undefined();
+  if (name == "none") return v.is_none();
+  if (name == "string") return v.is_string();
+  if (name == "mapping") return v.is_dict();
+  if (name == "number") return v.is_number();
+  if (name == "integer") return v.is_int();
+  if (name == "float") return v.is_float();
+  if (name == "boolean") return v.is_bool();
+  if (name == "true") return v.is_bool() && v.bool_value();
+  if (name == "false") return v.is_bool() && !v.bool_value();
+  if (name == "callable") return v.is_callable();
+  if (name == "iterable") {
+    return v.is_undefined() || v.is_list() || v.is_dict() || v.is_string();
+  }
+  if (name == "sequence") {
+    return v.is_undefined() || v.is_list() || v.is_dict() || v.is_string();
+  }
+  if (name == "lower" || name == "upper") {
+    const std::string s = ToPythonStr(v);
+    const bool cased = std::any_of(s.begin(), s.end(), absl::ascii_isalpha);
+    return cased && (name == "lower" ? std::none_of(s.begin(), s.end(), absl::ascii_isupper)
+                                     : std::none_of(s.begin(), s.end(), absl::ascii_islower));
+  }
+  if (name == "odd" || name == "even" || name == "divisibleby") {
+    if (!v.is_int() && !v.is_bool()) {
+      return TypeError(absl::StrCat("test '", name, "' needs an integer, got ", v.TypeName()));
+    }
+    int64_t d = 2;
+    if (name == "divisibleby") {
+      if (!arg.is_int() || arg.int_value() == 0) {
+        return TypeError("divisibleby needs a non-zero integer argument");
+      }
+      d = arg.int_value();
+    }
+    const int64_t r = d == -1 ? 0 : v.AsInt() % d;
+    return name == "odd" ? r != 0 : r == 0;
+  }
+  if (name == "eq" || name == "equalto" || name == "==") return Equals(v, arg);
+  if (name == "ne" || name == "!=") return !Equals(v, arg);
+  if (name == "sameas") {
+    return v.kind() == arg.kind() && (v.is_none() || v.is_undefined() || Equals(v, arg));
+  }
+  if (name == "lt" || name == "lessthan" || name == "<") return LessThan(v, arg);
+  if (name == "gt" || name == "greaterthan" || name == ">") return LessThan(arg, v);
+  if (name == "le" || name == "<=") {
+    PD_ASSIGN_OR_RETURN(bool gt, LessThan(arg, v));
+    return !gt;
+  }
+  if (name == "ge" || name == ">=") {
+    PD_ASSIGN_OR_RETURN(bool lt, LessThan(v, arg));
+    return !lt;
+  }
+  if (name == "in") return Contains(arg, v, budget);
+  return absl::InvalidArgumentError(absl::StrCat("no test named '", name, "'"));
 }
 
 }  // namespace pd::chat::internal
