@@ -24,7 +24,7 @@ PD_PACKAGES=(
   libabsl-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev libxxhash-dev liburing-dev libpcre2-dev libcpp-httplib-dev
-  iproute2 procps curl fio python3
+  iproute2 procps curl fio python3 python3-jinja2  # jinja2: engine/chat differential test
   libssl-dev openssl             # SHA-256/CRYPTO_memcmp for auth; openssl CLI makes test certs
   gnuplot-nox                    # pd-loadtest plots (optional at run time)
   clang libclang-rt-14-dev       # libFuzzer targets (tests/fuzz, the slow fuzz_libfuzzer test)

@@ -378,6 +378,22 @@ def trace_seeds():
     }
 
 
+# ---- jinja (engine/chat) ------------------------------------------------------------------
+def jinja_seeds():
+    """Every differential-test template, plus a few edge cases."""
+    d = os.path.join(ROOT, "engine", "chat", "testdata")
+    seeds = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".jinja"):
+            with open(os.path.join(d, f), "rb") as fh:
+                seeds[f[:-len(".jinja")].replace(".", "_")] = fh.read()
+    seeds["empty"] = b""
+    seeds["deep_parens"] = b"{{ " + b"(" * 60 + b"1" + b")" * 60 + b" }}"
+    seeds["recursive_macro"] = b"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"
+    seeds["big_loop"] = b"{% for i in range(100000) %}{{ i }}{% endfor %}"
+    return seeds
+
+
 def main():
     write_seeds("safetensors_fuzzer", safetensors_seeds())
     write_seeds("llama2c_tokenizer_fuzzer", llama2c_tokenizer_seeds())
@@ -388,6 +404,7 @@ def main():
     write_seeds("convert_fuzzer", convert_seeds())
     write_seeds("kv_index_fuzzer", kv_index_seeds())
     write_seeds("trace_fuzzer", trace_seeds())
+    write_seeds("jinja_fuzzer", jinja_seeds())
     return 0
 
 

@@ -1,0 +1,158 @@
+#include "engine/chat/chat_template.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "engine/model/mapped_file.h"
+
+namespace pd::chat {
+namespace {
+
+// A special token as tokenizer_config.json writes it: a string, an AddedToken object
+// ({"content": "<s>", ...}) or null/absent.
+absl::StatusOr<std::string> SpecialToken(const Value& config, absl::string_view field,
+                                         absl::string_view name) {
+  const Value* v = config.dict().Find(field);
+  if (v == nullptr || v->is_none()) {
+    return std::string();
+  }
+  if (v->is_string()) {
+    return v->str();
+  }
+  if (v->is_dict()) {
+    const Value* content = v->dict().Find("content");
+    if (content != nullptr && content->is_string()) {
+      return content->str();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      name, ": \"", field, "\" must be a string or an object with a string \"content\""));
+}
+
+// The chat_template field: a string, or [{"name": ..., "template": ...}] (take "default").
+// Sets *found to false when the field is absent or null.
+absl::StatusOr<std::string> TemplateField(const Value& config, absl::string_view name,
+                                          bool* found) {
+  *found = false;
+  const Value* v = config.dict().Find("chat_template");
+  if (v == nullptr || v->is_none()) {
+    return std::string();
+  }
+  if (v->is_string()) {
+    *found = true;
+    return v->str();
+  }
+  if (!v->is_list()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": \"chat_template\" must be a string or a list of templates"));
+  }
+  std::string names;
+  for (const Value& entry : v->list()) {
+    const Value* n = entry.is_dict() ? entry.dict().Find("name") : nullptr;
+    const Value* t = entry.is_dict() ? entry.dict().Find("template") : nullptr;
+    if (n == nullptr || t == nullptr || !n->is_string() || !t->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": each \"chat_template\" entry needs string \"name\" and \"template\""));
+    }
+    if (n->str() == "default") {
+      *found = true;
+      return t->str();
+    }
+    absl::StrAppend(&names, names.empty() ? "" : ", ", n->str());
+  }
+  return absl::NotFoundError(absl::StrCat(
+      name, ": \"chat_template\" has no template named \"default\" (has: ", names, ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string source, std::string bos_token,
+                                                  std::string eos_token,
+                                                  const RenderLimits& limits) {
+  TemplateOptions options;
+  options.trim_blocks = true;
+  options.lstrip_blocks = true;
+  absl::StatusOr<Template> tmpl = Template::Parse(source, options);
+  if (!tmpl.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("chat template: ", tmpl.status().message()));
+  }
+  return ChatTemplate(*std::move(tmpl), std::move(source), std::move(bos_token),
+                      std::move(eos_token), limits);
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfigJson(absl::string_view json,
+                                                                   absl::string_view name,
+                                                                   const RenderLimits& limits) {
+  absl::StatusOr<Value> config = ParseJsonValue(json);
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", config.status().message()));
+  }
+  if (!config->is_dict()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not a JSON object"));
+  }
+  bool found = false;
+  PD_ASSIGN_OR_RETURN(std::string source, TemplateField(*config, name, &found));
+  if (!found) {
+    return absl::NotFoundError(absl::StrCat(name, " has no \"chat_template\""));
+  }
+  PD_ASSIGN_OR_RETURN(std::string bos, SpecialToken(*config, "bos_token", name));
+  PD_ASSIGN_OR_RETURN(std::string eos, SpecialToken(*config, "eos_token", name));
+  return Create(std::move(source), std::move(bos), std::move(eos), limits);
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(absl::string_view model_dir,
+                                                        const RenderLimits& limits) {
+  const std::string config_path = absl::StrCat(model_dir, "/tokenizer_config.json");
+  PD_ASSIGN_OR_RETURN(engine::MappedFile config, engine::MappedFile::Open(config_path));
+  absl::StatusOr<ChatTemplate> t = FromTokenizerConfigJson(config.contents(), config_path, limits);
+  if (!absl::IsNotFound(t.status())) {
+    return t;
+  }
+  // Newer transformers save the template beside the config, in chat_template.jinja.
+  const std::string jinja_path = absl::StrCat(model_dir, "/chat_template.jinja");
+  absl::StatusOr<engine::MappedFile> jinja = engine::MappedFile::Open(jinja_path);
+  if (!jinja.ok()) {
+    if (absl::IsNotFound(jinja.status())) {
+      return absl::NotFoundError(
+          absl::StrCat(config_path, " has no \"chat_template\" and there is no ", jinja_path));
+    }
+    return jinja.status();
+  }
+  // Take bos/eos from the config: a template-less config still names them.
+  PD_ASSIGN_OR_RETURN(Value parsed, ParseJsonValue(config.contents()));
+  if (!parsed.is_dict()) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
+  }
+  PD_ASSIGN_OR_RETURN(std::string bos, SpecialToken(parsed, "bos_token", config_path));
+  PD_ASSIGN_OR_RETURN(std::string eos, SpecialToken(parsed, "eos_token", config_path));
+  return Create(std::string(jinja->contents()), std::move(bos), std::move(eos), limits);
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
+                                                 bool add_generation_prompt,
+                                                 const Value& extra_vars) const {
+  ValueList list;
+  list.reserve(messages.size());
+  for (const ChatMessage& m : messages) {
+    Dict d;
+    d.Set(Value::String("role"), Value::String(m.role));
+    d.Set(Value::String("content"), Value::String(m.content));
+    list.push_back(Value::MakeDict(std::move(d)));
+  }
+  Dict context;
+  context.Set(Value::String("messages"), Value::List(std::move(list)));
+  context.Set(Value::String("add_generation_prompt"), Value::Bool(add_generation_prompt));
+  context.Set(Value::String("bos_token"), Value::String(bos_token_));
+  context.Set(Value::String("eos_token"), Value::String(eos_token_));
+  if (extra_vars.is_dict()) {
+    for (const auto& [k, v] : extra_vars.dict().items) {
+      context.Set(k, v);
+    }
+  }
+  return template_.Render(Value::MakeDict(std::move(context)), limits_);
+}
+
+}  // namespace pd::chat

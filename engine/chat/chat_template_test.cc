@@ -1,0 +1,108 @@
+#include "engine/chat/chat_template.h"
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd::chat {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kChatMl[] =
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+const std::vector<ChatMessage> kConversation = {{"system", "Be brief."}, {"user", "Hi"}};
+
+TEST(ChatTemplateTest, RendersMessagesAndGenerationPrompt) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(kChatMl, "<s>", "</s>");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t->Render(kConversation, true),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(*t->Render({{"user", "x"}}, false), "<|im_start|>user\nx<|im_end|>\n");
+}
+
+TEST(ChatTemplateTest, TrimsBlocksLikeHuggingFace) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(
+      "{{ bos_token }}\n{% for m in messages %}\n  {% if m.role == 'user' %}\n[{{ m.content }}]\n"
+      "  {% endif %}\n{% endfor %}\n{{ eos_token }}",
+      "<s>", "</s>");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t->Render(kConversation, false), "<s>\n[Hi]\n</s>");
+}
+
+TEST(ChatTemplateTest, ExtraVarsAndRaiseException) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('first message must be user') }}"
+      "{% endif %}{{ tools | tojson }}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<Value> extra = ParseJsonValue(R"({"tools": [{"name": "f"}]})");
+  ASSERT_TRUE(extra.ok());
+  EXPECT_EQ(*t->Render({{"user", "x"}}, false, *extra), "[{\"name\": \"f\"}]");
+  EXPECT_EQ(t->Render(kConversation, false).status(),
+            absl::InvalidArgumentError("first message must be user"));
+}
+
+TEST(ChatTemplateTest, SyntaxErrorNamesLine) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Create("ok\n{% if %}", "", "");
+  ASSERT_FALSE(t.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(t.status()));
+  EXPECT_THAT(t.status().message(), HasSubstr("line 2"));
+}
+
+TEST(ChatTemplateTest, TokenizerConfigForms) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::FromTokenizerConfigJson(
+      R"({"chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}",
+          "bos_token": {"content": "<|begin|>", "lstrip": false}, "eos_token": "<|end|>"})",
+      "cfg");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->bos_token(), "<|begin|>");
+  EXPECT_EQ(*t->Render({{"user", "x"}}, false), "<|begin|>x<|end|>");
+
+  t = ChatTemplate::FromTokenizerConfigJson(
+      R"({"chat_template": [{"name": "tool_use", "template": "T"},
+                            {"name": "default", "template": "D"}], "bos_token": null})",
+      "cfg");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->source(), "D");
+  EXPECT_EQ(t->bos_token(), "");
+
+  EXPECT_TRUE(absl::IsNotFound(
+      ChatTemplate::FromTokenizerConfigJson(R"({"bos_token": "<s>"})", "cfg").status()));
+  EXPECT_TRUE(absl::IsNotFound(ChatTemplate::FromTokenizerConfigJson(
+                                   R"({"chat_template": [{"name": "x", "template": "T"}]})", "cfg")
+                                   .status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(ChatTemplate::FromTokenizerConfigJson("{not json", "cfg").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ChatTemplate::FromTokenizerConfigJson(R"({"chat_template": 3})", "cfg").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ChatTemplate::FromTokenizerConfigJson(R"({"chat_template": "x", "eos_token": 1})", "cfg")
+          .status()));
+}
+
+TEST(ChatTemplateTest, FromModelDirFallsBackToChatTemplateJinja) {
+  absl::StatusOr<testing::TempDir> dir = testing::TempDir::Create();
+  ASSERT_TRUE(dir.ok());
+  EXPECT_TRUE(absl::IsNotFound(ChatTemplate::FromModelDir(dir->path()).status()));
+  std::ofstream(dir->File("tokenizer_config.json")) << R"({"eos_token": "</s>"})";
+  EXPECT_TRUE(absl::IsNotFound(ChatTemplate::FromModelDir(dir->path()).status()));
+  std::ofstream(dir->File("chat_template.jinja")) << "{{ messages | length }}{{ eos_token }}\n";
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::FromModelDir(dir->path());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t->Render(kConversation, false), "2</s>");
+  std::ofstream(dir->File("tokenizer_config.json")) << R"({"chat_template": "cfg"})";
+  t = ChatTemplate::FromModelDir(dir->path());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->source(), "cfg");
+}
+
+}  // namespace
+}  // namespace pd::chat
