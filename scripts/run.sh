@@ -56,6 +56,9 @@ while [ ! -s "$ready_file" ]; do
   sleep 0.2
 done
 endpoint="$(cat "$ready_file")"
+openai_url="$(cat "$ready_file.openai" 2>/dev/null || true)"
+model_id="$(curl -sf --max-time 2 "$openai_url/models" | python3 -c \
+  'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])' 2>/dev/null || echo MODEL)"
 
 prompt="Once upon a time"
 pd_log "sample: pd-client --router=$endpoint --max_tokens=64 --echo \"$prompt\""
@@ -73,6 +76,9 @@ cat >&2 <<MSG
 [pdserve] The local cluster keeps running on $endpoint. Send more prompts from another terminal:
 [pdserve]   $client --router=$endpoint --max-tokens 64 "Lily and Ben went to the park"
 [pdserve]   $client --router=$endpoint --json --temperature 0.8 --seed 7 "The cat sat"
+[pdserve] The OpenAI-compatible HTTP API is on $openai_url (docs/openai.md):
+[pdserve]   curl -sN $openai_url/completions -H 'Content-Type: application/json' \\
+[pdserve]     -d '{"model": "$model_id", "prompt": "Once upon a time", "max_tokens": 32, "stream": true}'
 [pdserve] Ctrl-C stops it (router, then workers, then redis).
 MSG
 trap 'trap - EXIT; stop_cluster; exit 0' INT TERM

@@ -61,6 +61,26 @@ pd_install_packages() {
     "${missing[@]}" >/dev/null
 }
 
+# The official `openai` npm package for the OpenAI API e2e test (tests/e2e/openai, pinned by its
+# package-lock.json). Node.js comes with this machine kind; Debian's nodejs + npm otherwise.
+pd_install_npm() {
+  local dir="$PD_ROOT/tests/e2e/openai"
+  if ! command -v npm >/dev/null; then
+    pd_log "installing Debian's nodejs and npm"
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+      nodejs npm >/dev/null
+  fi
+  # npm ci again only when the lockfile changed since the last install (a copy is the stamp).
+  if ! cmp -s "$dir/package-lock.json" "$dir/node_modules/.pd-installed-lock" 2>/dev/null; then
+    pd_log "installing the npm packages of tests/e2e/openai (npm ci)"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
+      cp package-lock.json node_modules/.pd-installed-lock)
+  fi
+}
+
 # ccache: key objects by paths relative to the checkout, so clones in other directories (CI's)
 # reuse this machine's cache.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PD_ROOT}"
@@ -90,6 +110,7 @@ pd_configure_and_build() {
 
 pd_setup() {
   pd_install_packages
+  pd_install_npm
   pd_configure_and_build
 }
 

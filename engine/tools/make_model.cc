@@ -22,9 +22,29 @@
 #include "engine/model/safetensors_writer.h"
 #include "engine/tools/tokenizer_builder.h"
 #include "kernels/half.h"
+#include "nlohmann/json.hpp"
 
 namespace pd::engine {
 namespace {
+
+// The chat template every generated model carries (tokenizer_config.json "chat_template"), so
+// the router's /v1/chat/completions works on them. Role markers are plain text: the generated
+// vocabulary has no chat tokens, and the weights are random anyway.
+constexpr char kChatTemplate[] =
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] | trim + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+
+// tokenizer_config.json: the tokenizer class, BOS/EOS, context length and the chat template.
+std::string TokenizerConfigJson(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["tokenizer_class"] = "PreTrainedTokenizerFast";
+  j["bos_token"] = "<|begin_of_text|>";
+  j["eos_token"] = "<|end_of_text|>";
+  j["model_max_length"] = c.seq_len;
+  j["chat_template"] = kChatTemplate;
+  return j.dump(2) + "\n";
+}
 
 constexpr size_t kChunkElements = 1u << 20;
 
@@ -313,11 +333,7 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
                       BuildTokenizerJson(static_cast<uint32_t>(c.vocab_size)));
   PD_RETURN_IF_ERROR(WriteFile(absl::StrCat(dir, "/tokenizer.json"), tokenizer));
   PD_RETURN_IF_ERROR(
-      WriteFile(absl::StrCat(dir, "/tokenizer_config.json"),
-                absl::StrCat("{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n",
-                             "  \"bos_token\": \"<|begin_of_text|>\",\n",
-                             "  \"eos_token\": \"<|end_of_text|>\",\n",
-                             "  \"model_max_length\": ", c.seq_len, "\n}\n")));
+      WriteFile(absl::StrCat(dir, "/tokenizer_config.json"), TokenizerConfigJson(c)));
   const absl::Time weights_start = absl::Now();
   PD_RETURN_IF_ERROR(WriteWeights(options, c, absl::StrCat(dir, "/model.safetensors"), &result));
   result.weight_seconds = absl::ToDoubleSeconds(absl::Now() - weights_start);

@@ -327,6 +327,13 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   return writer.release();  // deletes itself in OnDone
 }
 
+bool GenerationService::ServesModel() const {
+  for (const WorkerSnapshot& w : workers_->Snapshot()) {
+    if (w.healthy && w.can_decode) return true;
+  }
+  return false;
+}
+
 grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
                                                         const v1::ListModelsRequest* /*request*/,
                                                         v1::ListModelsResponse* response) {
@@ -337,11 +344,7 @@ grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerCont
     reactor->Finish(services::ToGrpcStatus(tenant.status()));
     return reactor;
   }
-  bool any = false;
-  for (const WorkerSnapshot& w : workers_->Snapshot()) {
-    any = any || (w.healthy && w.can_decode);
-  }
-  if (any) {  // a model is served only while a decode worker is up
+  if (ServesModel()) {  // a model is served only while a decode worker is up
     v1::ModelInfo* m = response->add_models();
     m->set_id(model_id_);
     m->set_block_size(static_cast<uint32_t>(config_.block_size));

@@ -99,6 +99,17 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
 
   int64_t inflight() const { return inflight_.load(); }
 
+  // The caller's tenant: the API key's when keys are configured (UNAUTHENTICATED without a
+  // valid key; PERMISSION_DENIED when `request` names another tenant), else the request's
+  // tenant ("" = default). `request` may be null (ListModels). Front ends call it first, so a
+  // caller without a key learns nothing else about its request.
+  absl::StatusOr<std::string> Authenticate(const CallerAuth& caller,
+                                           const pdserve::v1::GenerateRequest* request) const;
+  // The served model's id (ListModels, GenerateRequest.model).
+  const std::string& model_id() const { return model_id_; }
+  // Whether the model is served now: a decode worker is healthy.
+  bool ServesModel() const;
+
   // Internal: shared with the per-stream reactors.
   struct Metrics {
     metrics::Family<metrics::Counter>* requests = nullptr;           // {method, code}
@@ -125,11 +136,6 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
  private:
   GenerationService() = default;
 
-  // The caller's tenant: the API key's when keys are configured (UNAUTHENTICATED without a
-  // valid key; PERMISSION_DENIED when `request` names another tenant), else the request's
-  // tenant ("" = default). `request` may be null (ListModels).
-  absl::StatusOr<std::string> Authenticate(const CallerAuth& caller,
-                                           const pdserve::v1::GenerateRequest* request) const;
   // Counts a new stream (and one of `tenant`'s); RESOURCE_EXHAUSTED at --max_inflight or
   // --max_streams_per_tenant, with nothing counted.
   absl::Status AcquireStream(const std::string& tenant);

@@ -1,5 +1,6 @@
 // pd-router: the public gRPC front of a pdserve cluster.
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -13,9 +14,20 @@
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
 #include "services/base/tls_flags.h"
+#include "services/router/openai/http_front.h"
 #include "services/router/router_server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051", "public gRPC API listen address");
+ABSL_FLAG(std::string, http_address, "",
+          "OpenAI-compatible HTTP API listen address (docs/openai.md); empty = off");
+ABSL_FLAG(int64_t, http_max_body_bytes, 4 << 20, "HTTP request bodies above this get 413");
+ABSL_FLAG(int64_t, http_max_connections, 4096,
+          "HTTP connections doing work at once (each holds a thread); more get 503");
+ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(5),
+          "an idle HTTP keep-alive connection is closed after this long");
+ABSL_FLAG(std::string, chat_template, "",
+          "Jinja chat template file for /v1/chat/completions, replacing the model's "
+          "(tokenizer_config.json chat_template); llama2.c models have none");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9100", "Prometheus /metrics listen address");
 ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty = no Redis");
 ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
@@ -127,6 +139,29 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   return config;
 }
 
+// The HTTP front's config, or nullopt when --http_address is empty.
+absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> HttpConfigFromFlags(
+    const pd::router::RouterConfig& router) {
+  if (absl::GetFlag(FLAGS_http_address).empty()) {
+    if (!absl::GetFlag(FLAGS_chat_template).empty()) {
+      return absl::InvalidArgumentError("--chat_template needs --http_address (the HTTP API)");
+    }
+    return std::nullopt;
+  }
+  pd::router::openai::HttpFrontConfig c;
+  PD_ASSIGN_OR_RETURN(
+      c.address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_http_address), "--http_address"));
+  c.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
+  c.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  c.idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  c.tls = router.tls;
+  c.limits.max_tokens_limit = router.limits.max_tokens_limit;
+  c.limits.max_prompt_tokens = router.limits.max_prompt_tokens;
+  c.limits.max_stop_strings = router.limits.max_stop_strings;
+  PD_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,15 +179,44 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     pd::services::ExitWithStartupError(kProgram, server.status());
   }
+  std::unique_ptr<pd::router::openai::HttpFront> http;
+  absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> http_config =
+      HttpConfigFromFlags(*config);
+  if (!http_config.ok()) {
+    pd::services::ExitWithStartupError(kProgram, http_config.status());
+  }
+  if (http_config->has_value()) {
+    absl::StatusOr<std::unique_ptr<pd::chat::ChatTemplate>> chat_template =
+        pd::router::openai::LoadChatTemplate(config->model, absl::GetFlag(FLAGS_chat_template));
+    if (!chat_template.ok()) {
+      pd::services::ExitWithStartupError(kProgram, chat_template.status());
+    }
+    absl::StatusOr<std::unique_ptr<pd::router::openai::HttpFront>> front =
+        pd::router::openai::HttpFront::Start(**http_config, (*server)->generation(),
+                                             &(*server)->model(), *std::move(chat_template),
+                                             &registry);
+    if (!front.ok()) {
+      pd::services::ExitWithStartupError(kProgram, front.status());
+    }
+    http = *std::move(front);
+  }
   const std::string describe = absl::StrCat(
       "gRPC on ", (*server)->address(),
       config->tls.enabled() ? (config->tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
                             : " (plaintext)",
+      http != nullptr ? absl::StrCat(", OpenAI HTTP API on port ", http->port()) : "",
       config->api_keys_file.empty() ? ", no api keys" : ", api keys required",
       config->cluster_token_file.empty() ? "" : ", cluster token on",
       config->redis ? absl::StrCat(", redis ", config->redis->host, ":", config->redis->port)
                     : std::string(", no redis"));
   return pd::services::ServeUntilShutdown(
       kProgram, shutdown, &registry, config->metrics_address, config->drain_timeout, describe,
-      [&](absl::Duration timeout) { (*server)->Drain(timeout); });
+      [&](absl::Duration timeout) {
+        // Both fronts drain at once: new requests are refused on both from the start.
+        const absl::Time deadline = absl::Now() + timeout;
+        std::thread http_drain;
+        if (http != nullptr) http_drain = std::thread([&] { http->Drain(deadline); });
+        (*server)->Drain(timeout);
+        if (http_drain.joinable()) http_drain.join();
+      });
 }

@@ -37,6 +37,8 @@ class RouterServer {
   bool WaitForWorkers(absl::Duration timeout) const { return pool_->WaitForDecodeWorker(timeout); }
   WorkerPool* pool() { return pool_.get(); }
   const engine::ModelFront& model() const { return *model_; }
+  // The public API's service, which the OpenAI HTTP front (openai/http_front.h) shares.
+  GenerationService* generation() { return generation_.get(); }
 
   // The bound gRPC address (the real port when configured with port 0).
   std::string address() const;

@@ -201,6 +201,7 @@ class Cluster {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
       pdserve::v1::ListModelsResponse models;
+      if (!api_key_.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key_);
       if (api_->ListModels(&ctx, {}, &models).ok() && models.models_size() == 1 &&
           AllWorkersJoined()) {
         return true;
@@ -220,6 +221,7 @@ class Cluster {
     grpc::ClientContext local;
     grpc::ClientContext& ctx = ctx_in ? *ctx_in : local;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    if (!api_key_.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key_);
     Generated g;
     auto reader = api_->Generate(&ctx, req);
     pdserve::v1::GenerateResponse resp;
@@ -239,6 +241,9 @@ class Cluster {
     req.mutable_sampling()->set_max_tokens(max_tokens);
     return Generate(req);
   }
+
+  // Sent as "authorization: Bearer <key>" on the fixture's own calls (routers with API keys).
+  void set_api_key(std::string key) { api_key_ = std::move(key); }
 
   std::string RouterMetrics() { return HttpGet(router_metrics_port_, "/metrics"); }
   std::string WorkerMetrics(int i) { return HttpGet(workers_[i].metrics_port, "/metrics"); }
@@ -318,6 +323,7 @@ class Cluster {
   std::optional<Subprocess> router_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pdserve::v1::Generation::Stub> api_;
+  std::string api_key_;
 };
 
 // A pd-tierd child process on loopback.

@@ -1,0 +1,638 @@
+#include "services/router/openai/http_front.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/base/status_macros.h"
+#include "common/log/log.h"
+#include "nlohmann/json.hpp"
+#include "services/router/generation_service.h"
+#include "services/router/openai/openai_response.h"
+#include "services/router/router_stream.h"
+
+namespace pd::router::openai {
+
+namespace v1 = pdserve::v1;
+
+// How many connection threads run; shared by the front and the task queues httplib owns.
+struct HttpFront::ConnectionCount {
+  mutable absl::Mutex mu;
+  int64_t active ABSL_GUARDED_BY(mu) = 0;
+
+  int64_t Get() const {
+    absl::MutexLock lock(&mu);
+    return active;
+  }
+};
+
+namespace {
+
+// Runs each connection on a thread of its own: a stream blocks its thread for as long as the
+// generation runs, so a fixed pool would cap the streams open at once at its size. The detached
+// threads keep the count alive until they have left it.
+class ConnectionThreads final : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(std::shared_ptr<HttpFront::ConnectionCount> count)
+      : count_(std::move(count)) {}
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      absl::MutexLock lock(&count_->mu);
+      ++count_->active;
+    }
+    std::thread([count = count_, fn = std::move(fn)] {
+      fn();
+      absl::MutexLock lock(&count->mu);
+      --count->active;
+    }).detach();
+  }
+
+  // httplib calls this when its accept loop ends: wait for the connections.
+  void shutdown() override {
+    absl::MutexLock lock(&count_->mu);
+    count_->mu.Await(absl::Condition(
+        +[](int64_t* active) { return *active == 0; }, &count_->active));
+  }
+
+ private:
+  std::shared_ptr<HttpFront::ConnectionCount> count_;
+};
+
+}  // namespace
+
+using json = nlohmann::json;
+
+// The client side of one RouterStream for a connection thread that waits on it: RouterStream
+// hands a message over (Send) and the thread takes it, writes it, and acknowledges (OnSent).
+class BlockingSink final : public StreamSink {
+ public:
+  void Send(const v1::GenerateResponse& response) override {
+    absl::MutexLock lock(&mu_);
+    pending_ = &response;
+  }
+  void End(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    end_ = status;
+  }
+
+  enum class Next { kMessage, kEnd, kTimeout };
+  // Waits up to `timeout` for a message (copied to `msg`; acknowledge it with OnSent) or the
+  // stream's end (its status in `end`).
+  Next Wait(absl::Duration timeout, v1::GenerateResponse* msg, absl::Status* end) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &BlockingSink::ReadyLocked), timeout);
+    if (pending_ != nullptr) {
+      *msg = *pending_;
+      pending_ = nullptr;
+      return Next::kMessage;
+    }
+    if (end_.has_value()) {
+      *end = *end_;
+      return Next::kEnd;
+    }
+    return Next::kTimeout;
+  }
+
+ private:
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_ != nullptr || end_.has_value();
+  }
+
+  absl::Mutex mu_;
+  const v1::GenerateResponse* pending_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::optional<absl::Status> end_ ABSL_GUARDED_BY(mu_);
+};
+
+struct HttpStream;
+
+// The streams running, so that Stop can cancel them.
+class LiveStreams {
+ public:
+  void Add(HttpStream* s) {
+    absl::MutexLock lock(&mu_);
+    streams_.insert(s);
+  }
+  void Remove(HttpStream* s) {
+    absl::MutexLock lock(&mu_);
+    streams_.erase(s);
+  }
+  void CancelAll();
+  // Waits until no stream runs or `deadline` passes.
+  void WaitIdle(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(
+        absl::Condition(
+            +[](absl::flat_hash_set<HttpStream*>* s) { return s->empty(); }, &streams_),
+        deadline);
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_set<HttpStream*> streams_ ABSL_GUARDED_BY(mu_);
+};
+
+// One generation request of the HTTP front: the sink, the router stream and the response being
+// built. Destroyed on the connection thread; a stream that has not ended is cancelled and
+// waited for first (RouterStream may be destroyed only after its end).
+struct HttpStream {
+  explicit HttpStream(LiveStreams* live) : live(live) {}
+  ~HttpStream() {
+    if (stream == nullptr) return;
+    live->Remove(this);
+    if (!ended) {
+      stream->Cancel();
+      for (;;) {
+        v1::GenerateResponse msg;
+        absl::Status end;
+        const BlockingSink::Next n = sink.Wait(absl::InfiniteDuration(), &msg, &end);
+        if (n == BlockingSink::Next::kEnd) break;
+        if (n == BlockingSink::Next::kMessage) stream->OnSent(false);
+      }
+    }
+    stream.reset();
+  }
+
+  // The next message, or the end (ended/end_status set). Waits at most `timeout`.
+  BlockingSink::Next Next(absl::Duration timeout, v1::GenerateResponse* msg) {
+    absl::Status end;
+    const BlockingSink::Next n = sink.Wait(timeout, msg, &end);
+    if (n == BlockingSink::Next::kEnd) {
+      ended = true;
+      end_status = end;
+    }
+    return n;
+  }
+
+  LiveStreams* const live;
+  BlockingSink sink;
+  std::unique_ptr<RouterStream> stream;
+  std::optional<ResponseBuilder> builder;  // once the first message came
+  bool ended = false;
+  absl::Status end_status;
+};
+
+void LiveStreams::CancelAll() {
+  absl::MutexLock lock(&mu_);
+  for (HttpStream* s : streams_) s->stream->Cancel();
+}
+
+namespace {
+
+// How often an idle stream writes an SSE comment: a client that went away is noticed (the write
+// fails) and its generation cancelled even before the first token.
+constexpr absl::Duration kStreamPing = absl::Seconds(5);
+
+void SetError(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  if (e.http_status == 429 || e.http_status == 503) {
+    res.set_header("Retry-After", "1");
+  }
+  res.set_content(ErrorBody(e), "application/json");
+}
+
+std::string Header(const httplib::Request& req, const char* name) {
+  return req.has_header(name) ? req.get_header_value(name) : std::string();
+}
+
+CallerAuth Caller(const httplib::Request& req) {
+  CallerAuth caller;
+  if (req.has_header("Authorization")) {
+    caller.authorization = req.get_header_value("Authorization");
+  }
+  return caller;
+}
+
+}  // namespace
+
+namespace {
+
+// `bos_token` / `eos_token` of a tokenizer_config.json: a string or {"content": ...}.
+std::string SpecialToken(const json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return (*it)["content"].get<std::string>();
+  }
+  return "";
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<chat::ChatTemplate>> LoadChatTemplate(const std::string& model,
+                                                                     const std::string& file) {
+  const bool hf_dir = IsDirectory(model);
+  if (file.empty()) {
+    if (!hf_dir) return nullptr;  // llama2.c: no template
+    absl::StatusOr<chat::ChatTemplate> t = chat::ChatTemplate::FromModelDir(model);
+    if (absl::IsNotFound(t.status())) {
+      LOG(WARNING) << "http: " << model << " has no chat template: /v1/chat/completions "
+                   << "answers 400 (give one with --chat_template)";
+      return nullptr;
+    }
+    if (!t.ok()) return t.status();
+    return std::make_unique<chat::ChatTemplate>(*std::move(t));
+  }
+  PD_ASSIGN_OR_RETURN(std::string source, ReadWholeFile(file));
+  std::string bos, eos;
+  if (hf_dir) {
+    absl::StatusOr<std::string> config = ReadWholeFile(model + "/tokenizer_config.json");
+    if (config.ok()) {
+      const json j = json::parse(*config, nullptr, false);
+      if (j.is_object()) {
+        bos = SpecialToken(j, "bos_token");
+        eos = SpecialToken(j, "eos_token");
+      }
+    }
+  }
+  absl::StatusOr<chat::ChatTemplate> t =
+      chat::ChatTemplate::Create(std::move(source), std::move(bos), std::move(eos));
+  if (!t.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chat_template ", file, ": ", t.status().message()));
+  }
+  return std::make_unique<chat::ChatTemplate>(*std::move(t));
+}
+
+absl::Status HttpFrontConfig::Validate() const {
+  if (address.port < 0 || address.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_address: bad port ", address.port));
+  }
+  if (max_body_bytes < 1024) {
+    return absl::InvalidArgumentError("--http_max_body_bytes must be at least 1024");
+  }
+  if (max_connections < 1) {
+    return absl::InvalidArgumentError("--http_max_connections must be at least 1");
+  }
+  if (idle_timeout < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--http_idle_timeout must be at least 1s");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
+    const HttpFrontConfig& config, GenerationService* service, const engine::ModelFront* model,
+    std::unique_ptr<chat::ChatTemplate> chat_template, metrics::Registry* registry) {
+  PD_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<HttpFront> f(new HttpFront());
+  f->config_ = config;
+  f->service_ = service;
+  f->model_ = model;
+  f->chat_template_ = std::move(chat_template);
+  f->live_ = std::make_unique<LiveStreams>();
+  PD_ASSIGN_OR_RETURN(
+      f->metrics_.requests,
+      registry->AddCounter("pd_router_http_requests_total",
+                           "OpenAI HTTP API requests by path and HTTP status", {"path", "status"}));
+  PD_ASSIGN_OR_RETURN(
+      f->metrics_.connections,
+      registry->AddGauge("pd_router_http_connections", "OpenAI HTTP API connections open", {}));
+  if (config.tls.enabled()) {
+    f->server_ = std::make_unique<httplib::SSLServer>(
+        config.tls.cert_file.c_str(), config.tls.key_file.c_str(),
+        config.tls.client_ca_file.empty() ? nullptr : config.tls.client_ca_file.c_str());
+    if (!f->server_->is_valid()) {
+      return absl::InvalidArgumentError(
+          "http: cannot load the TLS certificate/key (--tls_cert, --tls_key, --tls_ca)");
+    }
+  } else {
+    f->server_ = std::make_unique<httplib::Server>();
+  }
+  httplib::Server& s = *f->server_;
+  HttpFront* front = f.get();
+  // httplib owns the queue it gets from this factory (its API hands out a raw pointer).
+  f->connections_ = std::make_shared<ConnectionCount>();
+  s.new_task_queue = [count = f->connections_] { return new ConnectionThreads(count); };
+  s.set_payload_max_length(static_cast<size_t>(config.max_body_bytes));
+  // Only SO_REUSEADDR: httplib's default SO_REUSEPORT would let a second process share the port.
+  s.set_socket_options([](int sock) {
+    int yes = 1;
+    (void)::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  s.set_keep_alive_max_count(100000);
+  // Also bounds how long Stop waits on an idle keep-alive connection.
+  s.set_keep_alive_timeout(absl::ToInt64Seconds(config.idle_timeout));
+  s.set_read_timeout(30, 0);
+  s.set_write_timeout(30, 0);
+  f->Route();
+  const int port =
+      config.address.port == 0
+          ? s.bind_to_any_port(config.address.host)
+          : (s.bind_to_port(config.address.host, config.address.port) ? config.address.port : -1);
+  if (port < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("http: cannot listen on ", config.address.host, ":", config.address.port));
+  }
+  f->port_ = port;
+  f->registry_ = registry;
+  f->collector_ = registry->AddCollector([front](metrics::CollectorSink& sink) {
+    sink.AddGauge("pd_router_http_connections", "OpenAI HTTP API connections open",
+                  static_cast<double>(front->connections_->Get()));
+  });
+  f->listener_ = std::thread([front] {
+    if (!front->server_->listen_after_bind()) {
+      LOG(ERROR) << "http: accept loop ended with an error";
+    }
+    front->accept_loop_exited_ = true;
+  });
+  // httplib's stop() does nothing until the accept loop runs: wait for it (microseconds).
+  while (!s.is_running() && !f->accept_loop_exited_) {
+    absl::SleepFor(absl::Microseconds(50));
+  }
+  LOG(INFO) << "http: OpenAI API on " << config.address.host << ":" << port
+            << (config.tls.enabled() ? " (tls)" : " (plaintext)");
+  return f;
+}
+
+HttpFront::~HttpFront() { Stop(); }
+
+void HttpFront::Drain(absl::Time deadline) {
+  draining_ = true;
+  live_->WaitIdle(deadline);
+  Stop();
+}
+
+void HttpFront::Stop() {
+  if (stopped_.exchange(true) || server_ == nullptr) return;
+  if (collector_.has_value()) registry_->RemoveCollector(*collector_);
+  draining_ = true;
+  server_->stop();
+  live_->CancelAll();  // the connection threads wait on their streams' ends
+  if (listener_.joinable()) listener_.join();
+}
+
+absl::Status HttpFront::Admit() const {
+  if (draining_) {
+    return absl::UnavailableError("router is draining; retry on another router");
+  }
+  if (connections_->Get() > config_.max_connections) {
+    return absl::UnavailableError(absl::StrCat("router has ", config_.max_connections,
+                                               " HTTP connections open (--http_max_connections); "
+                                               "retry later"));
+  }
+  return absl::OkStatus();
+}
+
+void HttpFront::Reply(httplib::Response& res, const absl::Status& status) {
+  SetError(res, ErrorFromStatus(status));
+}
+
+void HttpFront::Route() {
+  httplib::Server& s = *server_;
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    absl::Status ok = Admit();
+    if (ok.ok() && !service_->ServesModel()) {
+      ok = absl::UnavailableError("no healthy decode worker");
+    }
+    if (ok.ok()) {
+      res.set_content("", "text/plain");
+    } else {
+      Reply(res, ok);
+    }
+  });
+  s.Get("/v1/models",
+        [this](const httplib::Request& req, httplib::Response& res) { HandleModels(req, res); });
+  s.Get(R"(/v1/models/(.+))",
+        [this](const httplib::Request& req, httplib::Response& res) { HandleModels(req, res); });
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(Endpoint::kCompletions, req, res);
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(Endpoint::kChat, req, res);
+  });
+  // 404 (no route), 413 (body too large) and the like from httplib itself get an error object.
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.http_status = res.status;
+    e.type = "invalid_request_error";
+    if (res.status == 404) {
+      e.message = absl::StrCat("no such endpoint: ", req.method, " ", req.path);
+      e.code = "not_found";
+    } else if (res.status == 413) {
+      e.message = "request body is too large (--http_max_body_bytes)";
+      e.code = "request_too_large";
+    } else {
+      e.message = absl::StrCat("http error ", res.status);
+      if (res.status >= 500) e.type = "server_error";
+    }
+    res.set_content(ErrorBody(e), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.requests
+        ->WithLabels(
+            {req.matches.empty() ? std::string("other") : req.path, absl::StrCat(res.status)})
+        .Increment();
+  });
+}
+
+void HttpFront::HandleModels(const httplib::Request& req, httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = service_->Authenticate(Caller(req), nullptr);
+  if (!tenant.ok()) {
+    Reply(res, tenant.status());
+    return;
+  }
+  json model = {{"id", service_->model_id()},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "pdserve"},
+                {"max_model_len", model_->config().seq_len}};
+  if (req.matches.size() > 1) {
+    if (req.matches[1] != service_->model_id()) {
+      Reply(res, WithParam(absl::NotFoundError(absl::StrCat("model '", std::string(req.matches[1]),
+                                                            "' does not exist")),
+                           "model"));
+      return;
+    }
+    res.set_content(model.dump(), "application/json");
+    return;
+  }
+  json list = {{"object", "list"}, {"data", json::array()}};
+  if (service_->ServesModel()) list["data"].push_back(model);
+  res.set_content(list.dump(), "application/json");
+}
+
+absl::StatusOr<v1::GenerateRequest> HttpFront::ToGenerateRequest(const OpenAiRequest& r,
+                                                                 std::string* echo) const {
+  v1::GenerateRequest g;
+  g.set_model(r.model);
+  *g.mutable_sampling() = r.sampling;
+  if (r.cache_salt.has_value()) g.set_cache_salt(*r.cache_salt);
+  if (r.endpoint == Endpoint::kCompletions) {
+    if (r.prompt_text.has_value()) {
+      g.set_text(*r.prompt_text);
+      if (r.echo) *echo = *r.prompt_text;
+    } else {
+      g.mutable_token_ids()->mutable_ids()->Add(r.prompt_ids->begin(), r.prompt_ids->end());
+      if (r.echo) {
+        absl::StatusOr<std::string> text = model_->tokenizer().Decode(*r.prompt_ids);
+        if (!text.ok()) return WithParam(text.status(), "prompt");
+        *echo = *std::move(text);
+      }
+    }
+    return g;
+  }
+  if (chat_template_ == nullptr) {
+    return WithParam(absl::InvalidArgumentError(
+                         "this model has no chat template (no chat_template in its "
+                         "tokenizer_config.json): use /v1/completions, or start pd-router with "
+                         "--chat_template FILE"),
+                     "messages");
+  }
+  std::vector<chat::ChatMessage> messages;
+  messages.reserve(r.messages.size());
+  for (const ChatMessage& m : r.messages) messages.push_back({m.role, m.content});
+  absl::StatusOr<std::string> text = chat_template_->Render(messages, r.add_generation_prompt);
+  if (!text.ok()) {
+    return WithParam(
+        absl::InvalidArgumentError(absl::StrCat("chat template: ", text.status().message())),
+        "messages");
+  }
+  // A template that writes the BOS token itself gets no second one from the tokenizer.
+  const bool add_bos = model_->add_bos() && chat_template_->bos_token().empty();
+  absl::StatusOr<std::vector<uint32_t>> ids = model_->tokenizer().Encode(*text, add_bos, false);
+  if (!ids.ok()) return WithParam(ids.status(), "messages");
+  g.mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+  return g;
+}
+
+void HttpFront::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
+                               httplib::Response& res) {
+  if (absl::Status ok = Admit(); !ok.ok()) {
+    Reply(res, ok);
+    return;
+  }
+  // Authentication first, as OpenAI does: a client without a key learns nothing else.
+  absl::StatusOr<std::string> tenant = service_->Authenticate(Caller(req), nullptr);
+  if (!tenant.ok()) {
+    Reply(res, tenant.status());
+    return;
+  }
+  absl::StatusOr<OpenAiRequest> parsed = ParseRequest(endpoint, req.body, config_.limits);
+  if (!parsed.ok()) {
+    Reply(res, parsed.status());
+    return;
+  }
+  const OpenAiRequest& r = *parsed;
+  if (r.logprobs >= 0) {
+    Reply(
+        res,
+        WithParam(absl::UnimplementedError("logprobs are not implemented by this server yet (#17)"),
+                  "logprobs"));
+    return;
+  }
+  std::string echo;
+  absl::StatusOr<v1::GenerateRequest> g = ToGenerateRequest(r, &echo);
+  if (!g.ok()) {
+    Reply(res, g.status());
+    return;
+  }
+  g->set_client_request_id(Header(req, "X-Request-Id"));
+  auto st = std::make_shared<HttpStream>(live_.get());
+  absl::StatusOr<std::unique_ptr<RouterStream>> stream =
+      service_->NewStream(*g, Caller(req), absl::InfiniteFuture(), &st->sink);
+  if (!stream.ok()) {
+    Reply(res, stream.status());
+    return;
+  }
+  st->stream = *std::move(stream);
+  live_->Add(st.get());
+  st->stream->Start();
+  // The first message (or an early end) decides the HTTP status.
+  v1::GenerateResponse first;
+  while (st->Next(absl::InfiniteDuration(), &first) == BlockingSink::Next::kTimeout) {
+  }
+  if (st->ended) {
+    Reply(res, st->end_status.ok() ? absl::InternalError("the stream ended before any output")
+                                   : st->end_status);
+    return;
+  }
+  const std::string id =
+      absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", first.request_id());
+  st->builder->emplace(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(),
+                       std::move(echo));
+  if (!r.stream) {
+    st->builder->Add(first);
+    st->stream->OnSent(true);
+    v1::GenerateResponse msg;
+    while (!st->ended) {
+      if (st->Next(absl::InfiniteDuration(), &msg) == BlockingSink::Next::kMessage) {
+        st->builder->Add(msg);
+        st->stream->OnSent(true);
+      }
+    }
+    if (!st->end_status.ok()) {
+      Reply(res, st->end_status);
+      return;
+    }
+    res.set_content(st->builder->Body(), "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto pending = std::make_shared<std::string>(st->builder->StreamEvents(first));
+  res.set_chunked_content_provider(
+      "text/event-stream", [st, pending](size_t /*offset*/, httplib::DataSink& sink) {
+        if (!pending->empty()) {  // the first message, acknowledged once written
+          const bool ok = sink.write(pending->data(), pending->size());
+          pending->clear();
+          st->stream->OnSent(ok);
+          return ok;
+        }
+        if (st->ended) {
+          sink.done();
+          return true;
+        }
+        v1::GenerateResponse msg;
+        switch (st->Next(kStreamPing, &msg)) {
+          case BlockingSink::Next::kMessage: {
+            const std::string events = st->builder->StreamEvents(msg);
+            const bool ok = events.empty() || sink.write(events.data(), events.size());
+            st->stream->OnSent(ok);
+            return ok;
+          }
+          case BlockingSink::Next::kTimeout: {
+            static constexpr char kPing[] = ": ping\n\n";
+            return sink.write(kPing, sizeof(kPing) - 1);
+          }
+          case BlockingSink::Next::kEnd: {
+            std::string tail;
+            if (!st->end_status.ok()) {
+              tail = ResponseBuilder::ErrorEvent(ErrorFromStatus(st->end_status));
+            }
+            tail += ResponseBuilder::DoneEvent();
+            const bool ok = sink.write(tail.data(), tail.size());
+            if (ok) sink.done();
+            return ok;
+          }
+        }
+        return false;
+      });
+}
+
+}  // namespace pd::router::openai

@@ -1,0 +1,467 @@
+#include "services/router/openai/openai_request.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pd::router::openai {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kParamPayload[] = "type.pdserve/openai.param";
+
+absl::Status Bad(absl::string_view param, absl::string_view message) {
+  return WithParam(absl::InvalidArgumentError(absl::StrCat(param, ": ", message)), param);
+}
+
+const char* TypeName(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an unsupported value";
+  }
+}
+
+absl::Status WrongType(absl::string_view param, absl::string_view want, const json& v) {
+  return Bad(param, absl::StrCat("must be ", want, ", got ", TypeName(v)));
+}
+
+absl::StatusOr<bool> GetBool(absl::string_view param, const json& v) {
+  if (!v.is_boolean()) return WrongType(param, "a boolean", v);
+  return v.get<bool>();
+}
+
+absl::StatusOr<double> GetNumber(absl::string_view param, const json& v) {
+  if (!v.is_number()) return WrongType(param, "a number", v);
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) return Bad(param, "must be finite");
+  return d;
+}
+
+// An integer in [lo, hi]; an integral float (5.0) counts as an integer.
+absl::StatusOr<int64_t> GetInt(absl::string_view param, const json& v, int64_t lo, int64_t hi) {
+  int64_t x;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Bad(param, absl::StrCat("must be at most ", hi));
+    }
+    x = static_cast<int64_t>(u);
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.0e15) {
+      return Bad(param, "must be an integer");
+    }
+    x = static_cast<int64_t>(d);
+  } else {
+    return WrongType(param, "an integer", v);
+  }
+  if (x < lo || x > hi) {
+    return Bad(param, absl::StrCat("must be in [", lo, ", ", hi, "], got ", x));
+  }
+  return x;
+}
+
+absl::StatusOr<std::string> GetString(absl::string_view param, const json& v) {
+  if (!v.is_string()) return WrongType(param, "a string", v);
+  return v.get<std::string>();
+}
+
+// "stop": a string or an array of strings.
+absl::Status ParseStop(const json& v, const ParseLimits& limits, pdserve::v1::SamplingParams* s) {
+  std::vector<std::string> stops;
+  if (v.is_string()) {
+    stops.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string()) return WrongType(absl::StrCat("stop[", i, "]"), "a string", v[i]);
+      stops.push_back(v[i].get<std::string>());
+    }
+  } else {
+    return WrongType("stop", "a string or an array of strings", v);
+  }
+  if (stops.size() > limits.max_stop_strings) {
+    return Bad("stop", absl::StrCat("at most ", limits.max_stop_strings, " stop strings, got ",
+                                    stops.size()));
+  }
+  for (std::string& stop : stops) {
+    if (stop.empty()) return Bad("stop", "stop strings must not be empty");
+    s->add_stop(std::move(stop));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint32_t>> ParseTokenIds(absl::string_view param, const json& v,
+                                                    uint32_t max_count) {
+  if (v.size() > max_count) {
+    return Bad(param, absl::StrCat("at most ", max_count, " token ids, got ", v.size()));
+  }
+  std::vector<uint32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    PD_ASSIGN_OR_RETURN(int64_t id, GetInt(absl::StrCat(param, "[", i, "]"), v[i], 0,
+                                           std::numeric_limits<uint32_t>::max()));
+    ids.push_back(static_cast<uint32_t>(id));
+  }
+  return ids;
+}
+
+// "prompt": a string, an array of token ids, or a one-element array of either.
+absl::Status ParsePrompt(const json& v, const ParseLimits& limits, OpenAiRequest* r) {
+  if (v.is_string()) {
+    r->prompt_text = v.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!v.is_array()) {
+    return WrongType("prompt", "a string or an array of token ids", v);
+  }
+  if (v.empty()) return Bad("prompt", "must not be empty");
+  if (v[0].is_string() || v[0].is_array()) {
+    if (v.size() != 1) {
+      return Bad("prompt", absl::StrCat("batches of prompts are not supported (", v.size(),
+                                        " given): send one prompt per request"));
+    }
+    return ParsePrompt(v[0], limits, r);
+  }
+  PD_ASSIGN_OR_RETURN(std::vector<uint32_t> ids,
+                      ParseTokenIds("prompt", v, limits.max_prompt_tokens));
+  r->prompt_ids = std::move(ids);
+  return absl::OkStatus();
+}
+
+// One message's "content": a string, null (assistant only) or an array of text parts.
+absl::StatusOr<std::string> ParseContent(const std::string& param, const json& v,
+                                         const std::string& role) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) {
+    if (role == "assistant") return std::string();
+    return Bad(param, "must not be null");
+  }
+  if (!v.is_array()) return WrongType(param, "a string or an array of content parts", v);
+  std::string text;
+  for (size_t j = 0; j < v.size(); ++j) {
+    const std::string part = absl::StrCat(param, "[", j, "]");
+    const json& p = v[j];
+    if (!p.is_object()) return WrongType(part, "an object", p);
+    auto type = p.find("type");
+    if (type == p.end() || !type->is_string()) {
+      return Bad(absl::StrCat(part, ".type"), "is required and must be a string");
+    }
+    if (type->get<std::string>() != "text") {
+      return Bad(absl::StrCat(part, ".type"),
+                 absl::StrCat("content parts of type '", type->get<std::string>(),
+                              "' are not supported; only 'text'"));
+    }
+    for (const auto& [key, value] : p.items()) {
+      if (key == "type") continue;
+      if (key != "text") return Bad(absl::StrCat(part, ".", key), "unrecognized field");
+      if (!value.is_string()) return WrongType(absl::StrCat(part, ".text"), "a string", value);
+      text += value.get<std::string>();
+    }
+  }
+  return text;
+}
+
+absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiRequest* r) {
+  if (!v.is_array()) return WrongType("messages", "an array", v);
+  if (v.empty()) return Bad("messages", "must not be empty");
+  if (v.size() > limits.max_messages) {
+    return Bad("messages",
+               absl::StrCat("at most ", limits.max_messages, " messages, got ", v.size()));
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string param = absl::StrCat("messages[", i, "]");
+    const json& m = v[i];
+    if (!m.is_object()) return WrongType(param, "an object", m);
+    auto role_it = m.find("role");
+    if (role_it == m.end() || !role_it->is_string()) {
+      return Bad(absl::StrCat(param, ".role"), "is required and must be a string");
+    }
+    std::string role = role_it->get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant") {
+      return Bad(absl::StrCat(param, ".role"),
+                 absl::StrCat("role '", role_it->get<std::string>(),
+                              "' is not supported; use system, developer, user or assistant"));
+    }
+    ChatMessage msg;
+    msg.role = role;
+    bool has_content = false;
+    for (const auto& [key, value] : m.items()) {
+      const std::string field = absl::StrCat(param, ".", key);
+      if (key == "role") continue;
+      if (key == "content") {
+        PD_ASSIGN_OR_RETURN(std::string content, ParseContent(field, value, role));
+        msg.content = std::move(content);
+        has_content = true;
+      } else if (key == "name") {
+        if (!value.is_string() && !value.is_null()) return WrongType(field, "a string", value);
+      } else if (key == "tool_calls" || key == "function_call" || key == "tool_call_id" ||
+                 key == "audio" || key == "refusal") {
+        if (!value.is_null()) return Bad(field, "is not supported by this server");
+      } else {
+        return Bad(field, "unrecognized field");
+      }
+    }
+    if (!has_content && role != "assistant") {
+      return Bad(absl::StrCat(param, ".content"), "is required");
+    }
+    r->messages.push_back(std::move(msg));
+  }
+  return absl::OkStatus();
+}
+
+// Fields that exist in the OpenAI API but which this server cannot honour: refused unless null
+// or at the value that changes nothing.
+absl::Status CheckUnsupported(const std::string& key, const json& v) {
+  if (v.is_null()) return absl::OkStatus();
+  if (key == "presence_penalty" || key == "frequency_penalty") {
+    if (v.is_number() && v.get<double>() == 0.0) return absl::OkStatus();
+    return Bad(key, "is not supported by this server (only 0)");
+  }
+  if (key == "repetition_penalty") {
+    if (v.is_number() && v.get<double>() == 1.0) return absl::OkStatus();
+    return Bad(key, "is not supported by this server (only 1)");
+  }
+  if (key == "logit_bias") {
+    if (v.is_object() && v.empty()) return absl::OkStatus();
+    return Bad(key, "is not supported by this server");
+  }
+  if (key == "response_format") {
+    if (v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text") {
+      return absl::OkStatus();
+    }
+    return Bad(key, "only {\"type\": \"text\"} is supported by this server");
+  }
+  if (key == "tool_choice") {
+    if (v == "none") return absl::OkStatus();
+    return Bad(key, "tools are not supported by this server");
+  }
+  if (key == "tools" || key == "functions") {
+    if (v.is_array() && v.empty()) return absl::OkStatus();
+    return Bad(key, "tools are not supported by this server");
+  }
+  if (key == "function_call") {
+    if (v == "none") return absl::OkStatus();
+    return Bad(key, "tools are not supported by this server");
+  }
+  if (key == "suffix") {
+    if (v.is_string() && v.get<std::string>().empty()) return absl::OkStatus();
+    return Bad(key, "is not supported by this server");
+  }
+  if (key == "parallel_tool_calls" || key == "store" || key == "metadata" ||
+      key == "service_tier" || key == "user") {
+    return absl::OkStatus();  // no effect on the output
+  }
+  return Bad(key, "is not supported by this server");
+}
+
+bool IsKnownUnsupported(const std::string& key) {
+  static const char* const kKeys[] = {"presence_penalty",
+                                      "frequency_penalty",
+                                      "repetition_penalty",
+                                      "logit_bias",
+                                      "response_format",
+                                      "tool_choice",
+                                      "tools",
+                                      "functions",
+                                      "function_call",
+                                      "suffix",
+                                      "parallel_tool_calls",
+                                      "store",
+                                      "metadata",
+                                      "service_tier",
+                                      "user",
+                                      "audio",
+                                      "modalities",
+                                      "prediction",
+                                      "reasoning_effort",
+                                      "web_search_options"};
+  for (const char* k : kKeys) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::string_view EndpointName(Endpoint endpoint) {
+  return endpoint == Endpoint::kChat ? "chat.completions" : "completions";
+}
+
+std::string ParamOf(const absl::Status& status) {
+  absl::optional<absl::Cord> p = status.GetPayload(kParamPayload);
+  return p.has_value() ? std::string(*p) : std::string();
+}
+
+absl::Status WithParam(absl::Status status, absl::string_view param) {
+  status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view body,
+                                           const ParseLimits& limits) {
+  const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return absl::InvalidArgumentError("request body is not valid JSON (or not valid UTF-8)");
+  }
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request body must be a JSON object, got ", TypeName(doc)));
+  }
+  OpenAiRequest r;
+  r.endpoint = endpoint;
+  const bool chat = endpoint == Endpoint::kChat;
+  pdserve::v1::SamplingParams& s = r.sampling;
+  s.set_temperature(1.0f);
+  s.set_top_p(1.0f);
+  s.set_max_tokens(chat ? 0 : 16);
+  bool has_model = false;
+  bool has_input = false;
+  bool logprobs_flag = false;           // chat "logprobs": true
+  std::optional<int64_t> top_logprobs;  // chat
+  std::optional<int64_t> max_tokens;
+  std::optional<int64_t> max_completion_tokens;
+  for (const auto& [key, v] : doc.items()) {
+    // Explicit nulls mean "not set" (some clients send every field).
+    if (v.is_null() && key != "model" && key != "messages" && key != "prompt") continue;
+    if (key == "model") {
+      PD_ASSIGN_OR_RETURN(std::string m, GetString(key, v));
+      r.model = std::move(m);
+      has_model = true;
+    } else if (key == "prompt" && !chat) {
+      PD_RETURN_IF_ERROR(ParsePrompt(v, limits, &r));
+      has_input = true;
+    } else if (key == "messages" && chat) {
+      PD_RETURN_IF_ERROR(ParseMessages(v, limits, &r));
+      has_input = true;
+    } else if (key == "max_tokens" || key == "max_completion_tokens") {
+      PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 1, limits.max_tokens_limit));
+      (key == "max_tokens" ? max_tokens : max_completion_tokens) = n;
+    } else if (key == "min_tokens") {
+      PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 0, limits.max_tokens_limit));
+      s.set_min_tokens(static_cast<uint32_t>(n));
+    } else if (key == "temperature") {
+      PD_ASSIGN_OR_RETURN(double t, GetNumber(key, v));
+      if (t < 0 || t > 2) return Bad(key, absl::StrCat("must be in [0, 2], got ", t));
+      s.set_temperature(static_cast<float>(t));
+    } else if (key == "top_p") {
+      PD_ASSIGN_OR_RETURN(double p, GetNumber(key, v));
+      if (p <= 0 || p > 1) return Bad(key, absl::StrCat("must be in (0, 1], got ", p));
+      s.set_top_p(static_cast<float>(p));
+    } else if (key == "top_k") {
+      PD_ASSIGN_OR_RETURN(int64_t k, GetInt(key, v, -1, 1 << 20));
+      s.set_top_k(k <= 0 ? 0 : static_cast<uint32_t>(k));  // -1 and 0 = off (vLLM)
+    } else if (key == "seed") {
+      PD_ASSIGN_OR_RETURN(int64_t seed, GetInt(key, v, std::numeric_limits<int64_t>::min(),
+                                               std::numeric_limits<int64_t>::max()));
+      s.set_seed(static_cast<uint64_t>(seed));
+    } else if (key == "stop") {
+      PD_RETURN_IF_ERROR(ParseStop(v, limits, &s));
+    } else if (key == "stop_token_ids") {
+      if (!v.is_array()) return WrongType(key, "an array of token ids", v);
+      PD_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, ParseTokenIds(key, v, 1024));
+      for (uint32_t id : ids) s.add_stop_token_ids(id);
+    } else if (key == "ignore_eos") {
+      PD_ASSIGN_OR_RETURN(bool b, GetBool(key, v));
+      s.set_ignore_eos(b);
+    } else if (key == "n" || key == "best_of") {
+      PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 1, 1 << 20));
+      if (n != 1) return Bad(key, "only 1 is supported by this server");
+    } else if (key == "stream") {
+      PD_ASSIGN_OR_RETURN(bool b, GetBool(key, v));
+      r.stream = b;
+    } else if (key == "stream_options") {
+      if (!v.is_object()) return WrongType(key, "an object", v);
+      for (const auto& [k2, v2] : v.items()) {
+        const std::string field = absl::StrCat(key, ".", k2);
+        if (k2 == "include_usage") {
+          PD_ASSIGN_OR_RETURN(bool b, GetBool(field, v2));
+          r.include_usage = b;
+        } else if (k2 == "continuous_usage_stats") {
+          PD_ASSIGN_OR_RETURN(bool b, GetBool(field, v2));
+          if (b) return Bad(field, "is not supported by this server");
+        } else {
+          return Bad(field, "unrecognized field");
+        }
+      }
+    } else if (key == "echo" && !chat) {
+      PD_ASSIGN_OR_RETURN(bool b, GetBool(key, v));
+      r.echo = b;
+    } else if (key == "logprobs") {
+      if (chat) {
+        PD_ASSIGN_OR_RETURN(bool b, GetBool(key, v));
+        logprobs_flag = b;
+      } else {
+        PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 0, limits.max_top_logprobs));
+        r.logprobs = static_cast<int32_t>(n);
+      }
+    } else if (key == "top_logprobs" && chat) {
+      PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 0, limits.max_top_logprobs));
+      top_logprobs = n;
+    } else if (key == "add_generation_prompt" && chat) {
+      PD_ASSIGN_OR_RETURN(bool b, GetBool(key, v));
+      r.add_generation_prompt = b;
+    } else if (key == "cache_salt") {
+      PD_ASSIGN_OR_RETURN(std::string salt, GetString(key, v));
+      r.cache_salt = std::move(salt);
+    } else if (IsKnownUnsupported(key)) {
+      PD_RETURN_IF_ERROR(CheckUnsupported(key, v));
+    } else {
+      return Bad(key, absl::StrCat("unrecognized request argument for /v1/",
+                                   chat ? "chat/completions" : "completions"));
+    }
+  }
+  if (!has_model) return Bad("model", "is required");
+  if (!has_input) {
+    return chat ? Bad("messages", "is required") : Bad("prompt", "is required");
+  }
+  if (max_tokens.has_value() && max_completion_tokens.has_value() &&
+      *max_tokens != *max_completion_tokens) {
+    return Bad("max_completion_tokens", "differs from max_tokens; send one of them");
+  }
+  if (max_completion_tokens.has_value())
+    s.set_max_tokens(static_cast<uint32_t>(*max_completion_tokens));
+  if (max_tokens.has_value()) s.set_max_tokens(static_cast<uint32_t>(*max_tokens));
+  if (s.min_tokens() > 0 && s.max_tokens() > 0 && s.min_tokens() > s.max_tokens()) {
+    return Bad("min_tokens", "must not exceed max_tokens");
+  }
+  if (chat) {
+    if (top_logprobs.has_value() && !logprobs_flag) {
+      return Bad("top_logprobs", "needs \"logprobs\": true");
+    }
+    if (logprobs_flag) r.logprobs = static_cast<int32_t>(top_logprobs.value_or(0));
+  }
+  if (r.echo && r.logprobs >= 0) {
+    return Bad("echo", "echo with logprobs (prompt logprobs) is not supported by this server");
+  }
+  if (r.include_usage && !r.stream) {
+    return Bad("stream_options", "is only allowed with \"stream\": true");
+  }
+  return r;
+}
+
+}  // namespace pd::router::openai

@@ -1,0 +1,79 @@
+// OpenAI-compatible request bodies (POST /v1/completions, POST /v1/chat/completions) parsed and
+// checked into the router's terms. Every field the OpenAI API defines is either honoured or
+// refused with InvalidArgument naming it; unknown fields are refused too, so a client never
+// believes a setting took effect when it did not (docs/openai.md lists them).
+//
+// Errors carry the offending field in a status payload (ParamOf), which the HTTP front turns
+// into the error object's "param".
+//
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pd/v1/generation.pb.h"
+
+namespace pd::router::openai {
+
+enum class Endpoint { kCompletions, kChat };
+
+// "completions" / "chat.completions" (metrics labels, logs).
+absl::string_view EndpointName(Endpoint endpoint);
+
+// One chat message with its content flattened to text (text parts concatenated in order).
+// Roles: "system" (also for OpenAI's "developer"), "user", "assistant".
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+struct ParseLimits {
+  uint32_t max_tokens_limit = 131072;  // max_tokens / max_completion_tokens upper bound
+  uint32_t max_stop_strings = 16;
+  uint32_t max_messages = 4096;
+  uint32_t max_prompt_tokens = 131072;  // token-id prompts
+  uint32_t max_top_logprobs = 20;
+};
+
+// A request as the router runs it.
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  // kCompletions: exactly one of text / token ids (an array of integers).
+  std::optional<std::string> prompt_text;
+  std::optional<std::vector<uint32_t>> prompt_ids;
+  // kChat: at least one message.
+  std::vector<ChatMessage> messages;
+  bool add_generation_prompt = true;  // kChat (extension, as vLLM accepts it)
+  // max_tokens (0 = until the context is full), temperature, top_p, top_k, seed, stop,
+  // stop_token_ids, min_tokens, ignore_eos. OpenAI's defaults apply: temperature 1, top_p 1,
+  // max_tokens 16 for completions and unbounded for chat.
+  pdserve::v1::SamplingParams sampling;
+  std::optional<std::string> cache_salt;  // extension
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // kCompletions: the prompt's text precedes the completion
+  // Logprobs of the generated tokens: -1 = not asked; else how many alternatives per token
+  // (completions: `logprobs: N`; chat: `logprobs: true` with `top_logprobs: N`).
+  int32_t logprobs = -1;
+};
+
+// Parses and checks `body` (a JSON object). InvalidArgument naming the field for malformed JSON,
+// wrong types, out-of-range values, unknown fields, and fields this server cannot honour (n > 1,
+// best_of > 1, echo with logprobs, suffix, tools, penalties, logit_bias, non-text content parts,
+// response formats other than text).
+absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view body,
+                                           const ParseLimits& limits);
+
+// The request field an error names ("" when none): set by ParseRequest's errors.
+std::string ParamOf(const absl::Status& status);
+// `status` with `param` attached (see ParamOf).
+absl::Status WithParam(absl::Status status, absl::string_view param);
+
+}  // namespace pd::router::openai

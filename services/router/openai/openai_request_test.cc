@@ -1,0 +1,188 @@
+#include "services/router/openai/openai_request.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd::router::openai {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+absl::StatusOr<OpenAiRequest> Completions(const std::string& body) {
+  return ParseRequest(Endpoint::kCompletions, body, ParseLimits());
+}
+absl::StatusOr<OpenAiRequest> Chat(const std::string& body) {
+  return ParseRequest(Endpoint::kChat, body, ParseLimits());
+}
+
+// The error names the field both in its message and as its param.
+void ExpectBad(const absl::StatusOr<OpenAiRequest>& r, const std::string& param,
+               const std::string& message_part) {
+  ASSERT_FALSE(r.ok()) << "expected an error naming " << param;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(ParamOf(r.status()), param) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr(message_part));
+}
+
+TEST(OpenAiRequestTest, CompletionsDefaultsFollowOpenAi) {
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({"model": "m", "prompt": "Once upon"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, "m");
+  EXPECT_EQ(r->prompt_text, "Once upon");
+  EXPECT_FALSE(r->prompt_ids.has_value());
+  EXPECT_EQ(r->sampling.max_tokens(), 16u);
+  EXPECT_FLOAT_EQ(r->sampling.temperature(), 1.0f);
+  EXPECT_FLOAT_EQ(r->sampling.top_p(), 1.0f);
+  EXPECT_FALSE(r->sampling.has_seed());
+  EXPECT_FALSE(r->stream);
+  EXPECT_EQ(r->logprobs, -1);
+}
+
+TEST(OpenAiRequestTest, CompletionsFieldsMapToSampling) {
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({
+      "model": "m", "prompt": [1, 2, 3], "max_tokens": 7, "temperature": 0, "top_p": 0.5,
+      "top_k": 40, "seed": 42, "stop": ["\n", "END"], "stream": true,
+      "stream_options": {"include_usage": true}, "ignore_eos": true, "min_tokens": 2,
+      "stop_token_ids": [5], "n": 1, "user": "u", "presence_penalty": 0, "echo": false,
+      "cache_salt": "s"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(*r->prompt_ids, ElementsAre(1, 2, 3));
+  EXPECT_EQ(r->sampling.max_tokens(), 7u);
+  EXPECT_FLOAT_EQ(r->sampling.temperature(), 0.0f);
+  EXPECT_FLOAT_EQ(r->sampling.top_p(), 0.5f);
+  EXPECT_EQ(r->sampling.top_k(), 40u);
+  EXPECT_EQ(r->sampling.seed(), 42u);
+  EXPECT_THAT(r->sampling.stop(), ElementsAre("\n", "END"));
+  EXPECT_THAT(r->sampling.stop_token_ids(), ElementsAre(5u));
+  EXPECT_TRUE(r->sampling.ignore_eos());
+  EXPECT_EQ(r->sampling.min_tokens(), 2u);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(r->cache_salt, "s");
+}
+
+TEST(OpenAiRequestTest, PromptForms) {
+  EXPECT_EQ(Completions(R"({"model":"m","prompt":["hi"]})")->prompt_text, "hi");
+  EXPECT_THAT(*Completions(R"({"model":"m","prompt":[[4,5]]})")->prompt_ids, ElementsAre(4, 5));
+  ExpectBad(Completions(R"({"model":"m","prompt":["a","b"]})"), "prompt", "batches");
+  ExpectBad(Completions(R"({"model":"m","prompt":[]})"), "prompt", "empty");
+  ExpectBad(Completions(R"({"model":"m","prompt":[1,-2]})"), "prompt[1]", "must be in");
+  ExpectBad(Completions(R"({"model":"m","prompt":[1,2.5]})"), "prompt[1]", "integer");
+  ExpectBad(Completions(R"({"model":"m","prompt":7})"), "prompt", "string or an array");
+  ExpectBad(Completions(R"({"model":"m"})"), "prompt", "required");
+  ExpectBad(Completions(R"({"prompt":"x"})"), "model", "required");
+}
+
+TEST(OpenAiRequestTest, MalformedBodies) {
+  for (const char* body : {"", "{", "[1]", "null", "{\"model\": \"m\",}", "\"text\""}) {
+    absl::StatusOr<OpenAiRequest> r = Completions(body);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << body;
+  }
+  // Invalid UTF-8 inside a string.
+  const std::string bad_utf8 = std::string(R"({"model":"m","prompt":")") + "\xff\xfe" + "\"}";
+  EXPECT_THAT(Completions(bad_utf8).status().message(), HasSubstr("UTF-8"));
+}
+
+TEST(OpenAiRequestTest, WrongTypesAndRanges) {
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","max_tokens":"5"})"), "max_tokens", "integer");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","max_tokens":0})"), "max_tokens",
+            "must be in [1, 131072]");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","max_tokens":100000000})"), "max_tokens",
+            "must be in");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","temperature":3})"), "temperature", "[0, 2]");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","top_p":0})"), "top_p", "(0, 1]");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","stream":"yes"})"), "stream", "boolean");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","stop":[""]})"), "stop", "empty");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","stop":[1]})"), "stop[0]", "string");
+  ExpectBad(Completions(R"({"model":5,"prompt":"x"})"), "model", "string");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","min_tokens":9,"max_tokens":3})"),
+            "min_tokens", "exceed");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","stream_options":{"include_usage":true}})"),
+            "stream_options", "stream");
+  // An integral float is an integer.
+  EXPECT_EQ(Completions(R"({"model":"m","prompt":"x","max_tokens":5.0})")->sampling.max_tokens(),
+            5u);
+}
+
+TEST(OpenAiRequestTest, UnknownAndUnsupportedFieldsAreRefusedByName) {
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","frobnicate":1})"), "frobnicate",
+            "unrecognized");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","n":2})"), "n", "only 1");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","best_of":3})"), "best_of", "only 1");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","suffix":"y"})"), "suffix", "not supported");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","echo":true,"logprobs":1})"), "echo",
+            "logprobs");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","frequency_penalty":0.5})"),
+            "frequency_penalty", "not supported");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","logit_bias":{"5":1}})"), "logit_bias",
+            "not supported");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                    "tools":[{"type":"function"}]})"),
+            "tools", "not supported");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                    "response_format":{"type":"json_object"}})"),
+            "response_format", "text");
+  // Fields at their no-op values, and explicit nulls, are accepted.
+  EXPECT_TRUE(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                      "frequency_penalty":0,"logit_bias":{},"tools":[],"n":null,"stop":null,
+                      "response_format":{"type":"text"},"seed":null})")
+                  .ok());
+}
+
+TEST(OpenAiRequestTest, ChatMessages) {
+  absl::StatusOr<OpenAiRequest> r = Chat(R"({"model":"m","messages":[
+      {"role":"developer","content":"be brief"},
+      {"role":"user","content":[{"type":"text","text":"Hello "},{"type":"text","text":"there"}]},
+      {"role":"assistant","content":null},
+      {"role":"user","content":"again","name":"bob"}],
+      "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 3})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_EQ(r->messages[0].role, "system");
+  EXPECT_EQ(r->messages[1].content, "Hello there");
+  EXPECT_EQ(r->messages[2].role, "assistant");
+  EXPECT_EQ(r->messages[2].content, "");
+  EXPECT_EQ(r->sampling.max_tokens(), 9u);
+  EXPECT_EQ(r->logprobs, 3);
+  EXPECT_TRUE(r->add_generation_prompt);
+  // Chat's default max_tokens is unbounded (0 = until the context is full).
+  EXPECT_EQ(
+      Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}]})")->sampling.max_tokens(),
+      0u);
+}
+
+TEST(OpenAiRequestTest, ChatErrorsNameTheMessage) {
+  ExpectBad(Chat(R"({"model":"m","messages":[]})"), "messages", "empty");
+  ExpectBad(Chat(R"({"model":"m"})"), "messages", "required");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"tool","content":"x"}]})"), "messages[0].role",
+            "not supported");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"content":"x"}]})"), "messages[0].role", "required");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user"}]})"), "messages[0].content",
+            "required");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":null}]})"),
+            "messages[0].content", "null");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url",
+                    "image_url":{"url":"x"}}]}]})"),
+            "messages[0].content[0].type", "image_url");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x","extra":1}]})"),
+            "messages[0].extra", "unrecognized");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})"),
+            "top_logprobs", "logprobs");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,
+                    "top_logprobs":21})"),
+            "top_logprobs", "[0, 20]");
+  // prompt belongs to completions, messages to chat.
+  ExpectBad(Chat(R"({"model":"m","prompt":"x","messages":[{"role":"user","content":"x"}]})"),
+            "prompt", "unrecognized");
+}
+
+TEST(OpenAiRequestTest, ParamSurvivesOnlyOnTaggedStatuses) {
+  EXPECT_EQ(ParamOf(absl::InvalidArgumentError("x")), "");
+  EXPECT_EQ(ParamOf(WithParam(absl::NotFoundError("x"), "model")), "model");
+}
+
+}  // namespace
+}  // namespace pd::router::openai

@@ -1,0 +1,240 @@
+// pd-router's OpenAI HTTP API on a real disaggregated cluster (stories260K, API keys on):
+// greedy text over HTTP equals the reference engine and the gRPC API, curl reads the raw SSE,
+// every bad request of a catalogue gets its status and error object, and the official `openai`
+// Node SDK (tests/e2e/openai, installed by scripts/setup.sh) drives completions, chat, streaming,
+// errors and a mid-stream disconnect, after which the decode worker has freed the request.
+#include <httplib.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/testing/subprocess.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/e2e/cluster_fixture.h"
+
+namespace pd {
+namespace {
+
+using ::pd::e2e::Cluster;
+using ::pd::e2e::FreePort;
+using ::pd::e2e::Metric;
+using ::pd::e2e::Reference;
+using ::pd::testing::Subprocess;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+constexpr char kKey[] = "sk-pdserve-e2e-0123456789abcdef";
+constexpr char kPrompt[] = "Once upon a time";
+constexpr uint32_t kMaxTokens = 24;
+// A chat template for stories260K (llama2.c models carry none): the router renders it with the
+// same Jinja engine it uses for Hugging Face models.
+constexpr char kTemplate[] =
+    "{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}";
+
+void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path);
+  out << contents;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+class OpenAiE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-openai-");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_.emplace(*std::move(dir));
+    WriteFile(Path("keys"), absl::StrCat("default:", kKey, "\n"));
+    WriteFile(Path("chat.jinja"), kTemplate);
+    http_port_ = FreePort();
+    cluster_.emplace(dir_->path(), 1, 1, "round_robin", std::vector<std::string>{},
+                     std::vector<std::string>{absl::StrCat("--http_address=127.0.0.1:", http_port_),
+                                              "--api_keys_file=" + Path("keys"),
+                                              "--chat_template=" + Path("chat.jinja"),
+                                              "--http_max_body_bytes=65536"});
+    cluster_->set_api_key(kKey);
+    ASSERT_TRUE(cluster_->WaitReady(absl::Seconds(60))) << cluster_->Logs();
+  }
+
+  std::string Path(const std::string& name) { return absl::StrCat(dir_->path(), "/", name); }
+
+  httplib::Result Post(const std::string& path, const std::string& body,
+                       const std::string& key = kKey) {
+    httplib::Client http("127.0.0.1", http_port_);
+    http.set_read_timeout(60, 0);
+    httplib::Headers headers;
+    if (!key.empty()) headers.emplace("Authorization", absl::StrCat("Bearer ", key));
+    return http.Post(path.c_str(), headers, body, "application/json");
+  }
+
+  std::optional<pd::testing::TempDir> dir_;
+  std::optional<Cluster> cluster_;
+  int http_port_ = 0;
+};
+
+TEST_F(OpenAiE2eTest, GreedyTextEqualsTheEngineAndGrpc) {
+  Reference ref;
+  const std::string expected = ref.Greedy(kPrompt, kMaxTokens).second;
+  const e2e::Generated grpc_out = cluster_->GenerateText(kPrompt, kMaxTokens);
+  ASSERT_TRUE(grpc_out.status.ok()) << grpc_out.status.error_message();
+  ASSERT_EQ(grpc_out.text, expected);
+
+  const json req = {{"model", "stories260K.bin"},
+                    {"prompt", kPrompt},
+                    {"max_tokens", kMaxTokens},
+                    {"temperature", 0}};
+  httplib::Result res = Post("/v1/completions", req.dump());
+  ASSERT_TRUE(res) << cluster_->Logs();
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["choices"][0]["text"], expected);
+  EXPECT_EQ(body["usage"]["completion_tokens"], kMaxTokens);
+  EXPECT_TRUE(absl::StartsWith(body["id"].get<std::string>(), "cmpl-"));
+
+  // The same prompt as token ids (the tokenizer's ids, BOS included) gives the same text.
+  json by_ids = req;
+  by_ids["prompt"] = ref.Encode(kPrompt);
+  res = Post("/v1/completions", by_ids.dump());
+  ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "no response");
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], expected);
+
+  // Raw SSE through curl: data lines, the text in order, a usage chunk, [DONE].
+  json stream_req = req;
+  stream_req["stream"] = true;
+  stream_req["stream_options"] = {{"include_usage", true}};
+  WriteFile(Path("stream.json"), stream_req.dump());
+  absl::StatusOr<Subprocess> curl = Subprocess::Spawn(
+      {"/usr/bin/curl", "-sN", "--max-time", "60", "-H",
+       absl::StrCat("Authorization: Bearer ", kKey), "-H", "Content-Type: application/json",
+       "--data-binary", "@" + Path("stream.json"), "-o", Path("stream.out"),
+       absl::StrCat("http://127.0.0.1:", http_port_, "/v1/completions")},
+      Path("curl.log"));
+  ASSERT_TRUE(curl.ok()) << curl.status();
+  absl::StatusOr<pd::testing::ExitInfo> exit = curl->Wait(absl::Seconds(90));
+  ASSERT_TRUE(exit.ok() && exit->Success()) << curl->ReadLog();
+  std::ifstream in(Path("stream.out"));
+  const std::string sse((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string streamed;
+  bool done = false, usage = false;
+  for (absl::string_view event : absl::StrSplit(sse, "\n\n", absl::SkipEmpty())) {
+    ASSERT_TRUE(absl::StartsWith(event, "data: ")) << sse;
+    const absl::string_view data = event.substr(6);
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json chunk = json::parse(data);
+    if (chunk.contains("usage") && chunk["usage"].is_object()) usage = true;
+    for (const json& c : chunk["choices"]) streamed += c["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, expected);
+  EXPECT_TRUE(done) << sse;
+  EXPECT_TRUE(usage) << sse;
+}
+
+TEST_F(OpenAiE2eTest, BadRequestsGetTheirStatusAndErrorObject) {
+  struct Case {
+    std::string name, path, body, key;
+    int status;
+    std::string param;  // "" = null
+  };
+  const std::string ok_prompt = R"("model":"stories260K.bin","prompt":"Hi")";
+  const std::vector<Case> cases = {
+      {"malformed json", "/v1/completions", "{\"model\": ", kKey, 400, ""},
+      {"not an object", "/v1/completions", "[1,2]", kKey, 400, ""},
+      {"wrong type", "/v1/completions", "{" + ok_prompt + ",\"max_tokens\":\"9\"}", kKey, 400,
+       "max_tokens"},
+      {"huge max_tokens", "/v1/completions", "{" + ok_prompt + ",\"max_tokens\":99999999}", kKey,
+       400, "max_tokens"},
+      {"invalid utf-8", "/v1/completions",
+       std::string("{\"model\":\"stories260K.bin\",\"prompt\":\"\xc3\x28\"}"), kKey, 400, ""},
+      {"unknown field", "/v1/completions", "{" + ok_prompt + ",\"foo\":1}", kKey, 400, "foo"},
+      {"n > 1", "/v1/chat/completions",
+       R"({"model":"stories260K.bin","messages":[{"role":"user","content":"x"}],"n":3})", kKey, 400,
+       "n"},
+      {"prompt past the context", "/v1/completions",
+       R"({"model":"stories260K.bin","prompt":")" + std::string(6000, 'a') + "\"}", kKey, 400, ""},
+      {"oversized body", "/v1/completions",
+       R"({"model":"stories260K.bin","prompt":")" + std::string(70000, 'a') + "\"}", kKey, 413, ""},
+      {"no key", "/v1/completions", "{" + ok_prompt + "}", "", 401, ""},
+      {"wrong key", "/v1/completions", "{" + ok_prompt + "}", "sk-wrong-wrong-wrong-wrong", 401,
+       ""},
+      {"unknown model", "/v1/completions", R"({"model":"gpt-5","prompt":"Hi"})", kKey, 404,
+       "model"},
+      {"unknown path", "/v1/embeddings", "{}", kKey, 404, ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    httplib::Result res = Post(c.path, c.body, c.key);
+    ASSERT_TRUE(res) << "no response";
+    EXPECT_EQ(res->status, c.status) << res->body;
+    const json body = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(body.is_object() && body.contains("error")) << res->body;
+    const json& e = body["error"];
+    EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty());
+    EXPECT_TRUE(e["type"].is_string());
+    EXPECT_TRUE(e.contains("code"));
+    if (c.param.empty()) {
+      EXPECT_TRUE(e.contains("param"));
+    } else {
+      EXPECT_EQ(e["param"], c.param);
+    }
+  }
+  // The router is still serving.
+  httplib::Client http("127.0.0.1", http_port_);
+  httplib::Result health = http.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST_F(OpenAiE2eTest, OfficialNodeSdk) {
+  const std::string dir = PD_SOURCE_DIR "/tests/e2e/openai";
+  std::ifstream installed(dir + "/node_modules/openai/package.json");
+  ASSERT_TRUE(installed.good())
+      << "the openai npm package is missing: scripts/setup.sh installs it (npm ci in " << dir
+      << ")";
+  Reference ref;
+  const std::string expected = ref.Greedy(kPrompt, kMaxTokens).second;
+  absl::StatusOr<Subprocess> node = Subprocess::Spawn(
+      {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", http_port_, "/v1"),
+       absl::StrCat("PD_OPENAI_KEY=", kKey), "PD_OPENAI_MODEL=stories260K.bin",
+       absl::StrCat("PD_PROMPT=", kPrompt), absl::StrCat("PD_MAX_TOKENS=", kMaxTokens),
+       "PD_EXPECTED=" + expected, "node", dir + "/sdk_check.mjs"},
+      Path("node.log"));
+  ASSERT_TRUE(node.ok()) << node.status();
+  absl::StatusOr<pd::testing::ExitInfo> exit = node->Wait(absl::Seconds(120));
+  const std::string log = node->ReadLog();
+  ASSERT_TRUE(exit.ok() && exit->Success()) << log << cluster_->Logs();
+  for (const char* check :
+       {"ok models.list", "ok completions", "ok completions.stream", "ok chat", "ok chat.stream",
+        "ok error.unknown_model", "ok error.n", "ok error.api_key", "ok disconnect"}) {
+    EXPECT_THAT(log, HasSubstr(check));
+  }
+  // The aborted stream was cancelled on the decode worker and its blocks returned: nothing
+  // runs and no block stays in use (worker 1 is the decode worker).
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::string m;
+  while (absl::Now() < deadline) {
+    m = cluster_->WorkerMetrics(1);
+    if (Metric(m, "pd_worker_requests_running") == 0 &&
+        Metric(m, "pd_worker_kv_blocks{state=\"used\"}", -1) == 0 &&
+        Metric(m, "pd_worker_requests_total{rpc=\"Decode.Generate\",code=\"CANCELLED\"}") >= 1) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_GE(Metric(m, "pd_worker_requests_total{rpc=\"Decode.Generate\",code=\"CANCELLED\"}"), 1)
+      << m;
+  EXPECT_EQ(Metric(m, "pd_worker_requests_running"), 0) << m;
+  EXPECT_EQ(Metric(m, "pd_worker_kv_blocks{state=\"used\"}", -1), 0) << m;
+}
+
+}  // namespace
+}  // namespace pd
