@@ -5,11 +5,14 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "engine/model/hf_tokenizer.h"
+#include "engine/model/llama2c_tokenizer.h"
 #include "loadtest/length_spec.h"
 #include "loadtest/progress.h"
 #include "loadtest/target.h"
@@ -48,7 +51,10 @@ absl::StatusOr<VocabRange> ResolveVocab(const LoadTestConfig& config,
     if (config.vocab_size == 0) {
       if (m.vocab_size() == 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "target ", target, " does not report the model's vocab_size: pass --vocab_size"));
+            "target ", target, " does not report the model's vocab_size: pass --vocab_size",
+            config.BackendOf(static_cast<int>(i)) == "openai"
+                ? " or --tokenizer (OpenAI servers do not report it)"
+                : ""));
       }
       vocab.hi = vocab.hi == 0 ? m.vocab_size() : std::min(vocab.hi, m.vocab_size());
     } else if (m.vocab_size() > 0 && vocab.hi > m.vocab_size()) {
@@ -62,6 +68,43 @@ absl::StatusOr<VocabRange> ResolveVocab(const LoadTestConfig& config,
         absl::StrCat("--vocab_lo ", vocab.lo, " must be < the vocabulary size ", vocab.hi));
   }
   return vocab;
+}
+
+// --tokenizer: a tokenizer.json, a directory holding one, or a llama2.c tokenizer.bin (whose
+// size is --vocab_size).
+absl::StatusOr<std::shared_ptr<const engine::Tokenizer>> LoadTokenizer(const std::string& path,
+                                                                       uint32_t vocab_size) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    PD_ASSIGN_OR_RETURN(engine::HfTokenizer t,
+                        engine::HfTokenizer::Load(absl::StrCat(path, "/tokenizer.json")));
+    return std::make_shared<const engine::HfTokenizer>(std::move(t));
+  }
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("--tokenizer '", path, "' does not exist"));
+  }
+  if (absl::EndsWith(path, ".json")) {
+    PD_ASSIGN_OR_RETURN(engine::HfTokenizer t, engine::HfTokenizer::Load(path));
+    return std::make_shared<const engine::HfTokenizer>(std::move(t));
+  }
+  if (vocab_size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer '", path, "' is a llama2.c tokenizer.bin: pass its size with --vocab_size"));
+  }
+  PD_ASSIGN_OR_RETURN(engine::Llama2cTokenizer t, engine::Llama2cTokenizer::Load(path, vocab_size));
+  return std::make_shared<const engine::Llama2cTokenizer>(std::move(t));
+}
+
+// What an OpenAI server's model list tells: the id and, from vLLM, the context length; the
+// vocabulary comes from the tokenizer when there is one.
+pdserve::v1::ModelInfo ModelInfoOf(const OpenAiModel& m, const engine::Tokenizer* tokenizer) {
+  pdserve::v1::ModelInfo info;
+  info.set_id(m.id);
+  info.set_max_context_tokens(static_cast<uint32_t>(std::max<int64_t>(m.max_model_len, 0)));
+  if (tokenizer != nullptr) {
+    info.set_vocab_size(tokenizer->vocab_size());
+  }
+  return info;
 }
 
 std::string CsvName(const TargetRun& run) {
@@ -96,27 +139,57 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
     }
   }
 
-  std::vector<services::CallHeader> headers;
+  if (!config.tokenizer.empty()) {
+    PD_ASSIGN_OR_RETURN(lt->tokenizer_, LoadTokenizer(config.tokenizer, config.vocab_size));
+  }
+  std::string api_key;
   if (!config.api_key_file.empty()) {
-    PD_ASSIGN_OR_RETURN(std::string key,
-                        services::ReadSecretFile(config.api_key_file, "--api_key_file",
-                                                 services::ApiKeyStore::kMinKeyBytes));
-    headers.push_back(services::BearerHeader(key));
+    // pdserve's keys are at least kMinKeyBytes long; other servers' may be shorter.
+    const bool any_grpc =
+        config.BackendOf(0) == "grpc" || (config.compare() && config.BackendOf(1) == "grpc");
+    PD_ASSIGN_OR_RETURN(
+        api_key, services::ReadSecretFile(config.api_key_file, "--api_key_file",
+                                          any_grpc ? services::ApiKeyStore::kMinKeyBytes : 1));
   }
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const services::ClientSecurity> security,
-                      services::ClientSecurity::Create(
+  std::shared_ptr<const services::ClientSecurity> security;
+  std::vector<pdserve::v1::ModelInfo> models;
+  for (int t = 0; t < (config.compare() ? 2 : 1); ++t) {
+    const std::string& address = t == 0 ? config.target : config.compare_target;
+    RunnerTarget& target = lt->targets_[t];
+    if (config.BackendOf(t) == "grpc") {
+      if (security == nullptr) {
+        std::vector<services::CallHeader> headers;
+        if (!api_key.empty()) {
+          headers.push_back(services::BearerHeader(api_key));
+        }
+        PD_ASSIGN_OR_RETURN(
+            security, services::ClientSecurity::Create(
                           {config.tls_ca, config.tls_cert, config.tls_key}, headers, "--tls_"));
-  lt->channels_ = MakeChannels(config.target, config.num_channels, security);
-  PD_ASSIGN_OR_RETURN(lt->model_, ProbeTarget(lt->channels_[0], config.target, config.model,
-                                              config.connect_timeout));
-  std::vector<pdserve::v1::ModelInfo> models = {lt->model_};
-  if (config.compare()) {
-    lt->compare_channels_ = MakeChannels(config.compare_target, config.num_channels, security);
-    PD_ASSIGN_OR_RETURN(pdserve::v1::ModelInfo compare_model,
-                        ProbeTarget(lt->compare_channels_[0], config.compare_target, config.model,
-                                    config.connect_timeout));
-    models.push_back(std::move(compare_model));
+      }
+      target.backend = Backend::kGrpc;
+      target.channels = MakeChannels(address, config.num_channels, security);
+      PD_ASSIGN_OR_RETURN(
+          pdserve::v1::ModelInfo model,
+          ProbeTarget(target.channels[0], address, config.model, config.connect_timeout));
+      models.push_back(std::move(model));
+      continue;
+    }
+    target.backend = Backend::kOpenAi;
+    OpenAiClientOptions& o = target.openai;
+    o.url = address;
+    PD_ASSIGN_OR_RETURN(o.endpoint, ParseOpenAiEndpoint(t == 0 ? "endpoint" : "compare_endpoint",
+                                                        config.EndpointOf(t)));
+    o.api_key = api_key;
+    o.tls_ca = config.tls_ca;
+    o.tokenizer = lt->tokenizer_;
+    o.connect_timeout = config.connect_timeout;
+    // The salt is an extension some servers reject: sent only when the user set one.
+    target.openai_cache_salt = !config.cache_salt.empty();
+    PD_ASSIGN_OR_RETURN(const OpenAiModel model, ProbeOpenAiTarget(o, config.model));
+    o.model = model.id;
+    models.push_back(ModelInfoOf(model, lt->tokenizer_.get()));
   }
+  lt->model_ = models[0];
   PD_ASSIGN_OR_RETURN(lt->vocab_, ResolveVocab(config, models));
   const VocabRange vocab = lt->vocab_;
 
@@ -181,8 +254,19 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
     info.workload_options.push_back({"trace_skipped_lines", absl::StrCat(trace.skipped.size())});
     info.workload_options.push_back({"trace_capped_requests", absl::StrCat(trace.num_capped)});
   }
+  const auto add_backend = [&](int t, const char* prefix) {
+    info.workload_options.push_back({absl::StrCat(prefix, "backend"), config.BackendOf(t)});
+    if (config.BackendOf(t) == "openai") {
+      info.workload_options.push_back({absl::StrCat(prefix, "endpoint"), config.EndpointOf(t)});
+    }
+  };
+  add_backend(0, "");
   if (config.compare()) {
     info.workload_options.push_back({"compare_target", config.compare_target});
+    add_backend(1, "compare_");
+  }
+  if (config.temperature != 0) {
+    info.workload_options.push_back({"temperature", absl::StrCat(config.temperature)});
   }
   // Everything a run needs is checked now, not at the first (or a later) rate.
   PD_RETURN_IF_ERROR(lt->MakeWorkload().status());
@@ -242,6 +326,7 @@ RunnerOptions LoadTest::RunnerOptionsFor(double request_rate) const {
   ro.duration = config_.duration;
   ro.request_timeout = config_.request_timeout;
   ro.ignore_eos = config_.ignore_eos;
+  ro.temperature = config_.temperature;
   ro.cache_salt = config_.cache_salt;
   if (config_.compare() && config_.compare_salt) {
     ro.cache_salt = absl::StrCat(config_.cache_salt, "/a");
@@ -265,8 +350,12 @@ bool LoadTest::RunOnce(double request_rate, const std::string& sweep_label,
                        std::vector<TargetRun>* runs) {
   absl::StatusOr<std::unique_ptr<Workload>> workload = MakeWorkload();
   CHECK(workload.ok()) << workload.status();  // checked in Create
+  std::optional<RunnerTarget> compare;
+  if (config_.compare()) {
+    compare = targets_[1];
+  }
   absl::StatusOr<std::unique_ptr<LoadRunner>> runner =
-      LoadRunner::Create(RunnerOptionsFor(request_rate), channels_, compare_channels_);
+      LoadRunner::Create(RunnerOptionsFor(request_rate), targets_[0], std::move(compare));
   CHECK(runner.ok()) << runner.status();  // checked in Create
   {
     absl::MutexLock lock(&mu_);

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/model/tokenizer.h"
 #include "loadtest/load_test_config.h"
 #include "loadtest/metrics.h"
 #include "loadtest/plot.h"
@@ -59,9 +60,9 @@ struct LoadTestOutcome {
 class LoadTest {
  public:
   // Errors (all before any load is sent): InvalidArgument for the config or a malformed trace
-  // line ("<path>:<line>: ..."), NotFound for a missing trace file or model, Unavailable for an
-  // unreachable target or compare target (ProbeTarget), InvalidArgument when the token range
-  // does not fit a model's vocabulary.
+  // line ("<path>:<line>: ..."), NotFound for a missing trace file, tokenizer or model,
+  // Unavailable for an unreachable target or compare target (ProbeTarget, ProbeOpenAiTarget),
+  // InvalidArgument when the token range does not fit a model's vocabulary.
   static absl::StatusOr<std::unique_ptr<LoadTest>> Create(const LoadTestConfig& config);
 
   // Runs the load (every rate of a sweep), then writes the reports (also after Stop: a partial
@@ -90,8 +91,10 @@ class LoadTest {
   VocabRange vocab_;
   std::optional<Trace> trace_;  // trace workloads: copied into each run's workload
   std::vector<double> sweep_rates_;
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;
-  std::vector<std::shared_ptr<grpc::Channel>> compare_channels_;
+  // How to reach the target [0] and the compare target [1] (compare mode only).
+  RunnerTarget targets_[2];
+  // The --tokenizer (chat prompts, vocabulary); shared with the runners' OpenAI clients.
+  std::shared_ptr<const engine::Tokenizer> tokenizer_;
   RunInfo info_;  // template of each run's RunInfo
 
   absl::Mutex mu_;

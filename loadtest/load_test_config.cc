@@ -2,10 +2,12 @@
 
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "loadtest/cli_args.h"
 #include "loadtest/length_spec.h"
+#include "loadtest/openai_stream.h"
 #include "loadtest/progress.h"
 #include "loadtest/trace.h"
 
@@ -16,7 +18,50 @@ absl::Status Invalid(absl::string_view flag, absl::string_view rule, absl::strin
   return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", rule, ", got ", got));
 }
 
+// Checks the backend, endpoint and address of target `t` (0 or 1).
+absl::Status ValidateTarget(const LoadTestConfig& c, int t) {
+  const std::string backend = c.BackendOf(t);
+  const char* backend_flag = t == 0 ? "backend" : "compare_backend";
+  const char* target_flag = t == 0 ? "target" : "compare_target";
+  const std::string& address = t == 0 ? c.target : c.compare_target;
+  if (backend == "grpc") {
+    if (absl::StartsWith(address, "http://") || absl::StartsWith(address, "https://")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", target_flag, " '", address, "' is a URL but --", backend_flag,
+          " is grpc (host:port): use --", backend_flag, "=openai for OpenAI-compatible servers"));
+    }
+    return absl::OkStatus();
+  }
+  if (backend != "openai") {
+    return Invalid(backend_flag, "must be grpc or openai", absl::StrCat("'", backend, "'"));
+  }
+  PD_ASSIGN_OR_RETURN(
+      const OpenAiEndpoint endpoint,
+      ParseOpenAiEndpoint(t == 0 ? "endpoint" : "compare_endpoint", c.EndpointOf(t)));
+  PD_RETURN_IF_ERROR(ParseOpenAiUrl(target_flag, address).status());
+  if (endpoint == OpenAiEndpoint::kChat && c.tokenizer.empty()) {
+    return absl::InvalidArgumentError(
+        "the chat endpoint sends text: pass --tokenizer (the model's tokenizer.json, its "
+        "directory, or a llama2.c tokenizer.bin with --vocab_size) to decode the workload's "
+        "token ids");
+  }
+  if (!c.tls_cert.empty() || !c.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert / --tls_key (mTLS) apply to grpc targets only; an openai target takes "
+        "--tls_ca for an https URL");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::string LoadTestConfig::BackendOf(int t) const {
+  return t == 1 && !compare_backend.empty() ? compare_backend : backend;
+}
+
+std::string LoadTestConfig::EndpointOf(int t) const {
+  return t == 1 && !compare_endpoint.empty() ? compare_endpoint : endpoint;
+}
 
 std::string LoadTestConfig::WorkloadName() const {
   if (workload == "synthetic" || workload == "trace") {
@@ -83,6 +128,16 @@ absl::StatusOr<ArrivalMode> LoadTestConfig::ResolveArrival() const {
 absl::Status LoadTestConfig::Validate() const {
   if (target.empty()) {
     return absl::InvalidArgumentError("--target is empty (expected host:port)");
+  }
+  PD_RETURN_IF_ERROR(ValidateTarget(*this, 0));
+  if (compare()) {
+    PD_RETURN_IF_ERROR(ValidateTarget(*this, 1));
+  } else if (!compare_backend.empty() || !compare_endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "--compare_backend and --compare_endpoint need --compare_target");
+  }
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    return Invalid("temperature", "must be >= 0 and finite", absl::StrCat(temperature));
   }
   if (connect_timeout <= absl::ZeroDuration()) {
     return Invalid("connect_timeout", "must be > 0", absl::FormatDuration(connect_timeout));

@@ -13,8 +13,13 @@
 namespace pd::loadtest {
 
 struct LoadTestConfig {
-  // Target.
-  std::string target = "127.0.0.1:50051";             // host:port of a pdserve.v1.Generation server
+  // Target. backend "grpc": `target` is host:port of a pdserve.v1.Generation server; "openai":
+  // the base URL of an OpenAI-compatible server (http://HOST:PORT, with or without /v1), sent
+  // to `endpoint`: "completions" (token-id prompts) or "chat" (prompts decoded to text with
+  // `tokenizer`, one user message).
+  std::string backend = "grpc";
+  std::string endpoint = "completions";
+  std::string target = "127.0.0.1:50051";
   std::string model;                                  // "" = the target's default model
   absl::Duration connect_timeout = absl::Seconds(5);  // readiness check bound
   int num_channels = 2;                               // HTTP/2 connections, [1, 64]
@@ -22,6 +27,8 @@ struct LoadTestConfig {
   // Compare mode: host:port of a second target; "" = off. The workload is sent to both,
   // interleaved request by request (LoadRunner), and the report gives B/A ratios.
   std::string compare_target;
+  std::string compare_backend;   // "" = backend
+  std::string compare_endpoint;  // "" = endpoint
   // Compare mode: give each target's requests its own cache_salt (cache_salt + "/a", "/b"), so
   // that two routers in front of the same workers never hit each other's prefixes.
   bool compare_salt = true;
@@ -46,6 +53,10 @@ struct LoadTestConfig {
   std::string on_bad_line = "abort";  // trace: "abort" or "skip"
   uint32_t vocab_size = 0;  // token ids < this; 0 = the model's vocab_size from ListModels
   uint32_t vocab_lo = 3;    // smallest token id used (skips llama2.c's UNK/BOS/EOS)
+  // The model's tokenizer: a tokenizer.json, a Hugging Face model directory holding one, or a
+  // llama2.c tokenizer.bin (with vocab_size). Needed by the chat endpoint (text prompts); also
+  // gives the vocabulary size an OpenAI server does not report. "" = none.
+  std::string tokenizer;
 
   // Arrival: "auto", "closed", "poisson", "gamma" or "trace". auto = poisson (gamma when
   // burstiness != 1) if request_rate > 0, else trace timestamps for a trace, else closed.
@@ -62,6 +73,7 @@ struct LoadTestConfig {
   absl::Duration duration = absl::ZeroDuration();      // 0 = no bound
   absl::Duration request_timeout = absl::Minutes(10);  // per request; 0 = none
   bool ignore_eos = true;
+  double temperature = 0;  // sampling temperature of every request; 0 = greedy
   std::string cache_salt;  // "" = unset
   // Security of the connections to the target(s) (docs/security.md): a file holding the API
   // key sent as "authorization: Bearer <key>" ("" = none), and TLS: the CA of the target's
@@ -96,6 +108,9 @@ struct LoadTestConfig {
   // a rate <= 0.
   absl::StatusOr<std::vector<double>> SweepRates() const;
   bool compare() const { return !compare_target.empty(); }
+  // The backend / endpoint of target 0 (--target) or 1 (--compare_target), defaults applied.
+  std::string BackendOf(int target) const;
+  std::string EndpointOf(int target) const;
 };
 
 }  // namespace pd::loadtest

@@ -1,4 +1,5 @@
-// pd-loadtest: load generator for pdserve.v1.Generation servers (pd-router). See
+// pd-loadtest: load generator for pdserve.v1.Generation servers (pd-router) and
+// OpenAI-compatible HTTP servers (--backend=openai). See
 // docs/loadtest.md for the workloads, arrival processes, metric definitions and reports.
 //
 // Exit status: 0 after a complete run (failed requests are reported, not fatal); 1 for a bad
@@ -16,7 +17,13 @@
 #include "services/base/startup.h"
 #include "services/base/tls_flags.h"
 
-ABSL_FLAG(std::string, target, "127.0.0.1:50051", "host:port of the Generation server (pd-router)");
+ABSL_FLAG(std::string, backend, "grpc",
+          "grpc (pdserve.v1.Generation) | openai (OpenAI-compatible HTTP server)");
+ABSL_FLAG(std::string, endpoint, "completions",
+          "openai: completions (token-id prompts) | chat (text prompts; needs --tokenizer)");
+ABSL_FLAG(std::string, target, "127.0.0.1:50051",
+          "grpc: host:port of the Generation server (pd-router); openai: base URL "
+          "http://HOST:PORT[/v1]");
 ABSL_FLAG(std::string, model, "", "model id; empty = the target's default model");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5), "readiness check bound");
 ABSL_FLAG(int, num_channels, 2, "gRPC connections to the target, [1, 64]");
@@ -24,6 +31,8 @@ ABSL_FLAG(int, client_threads, 2, "threads polling the streams' completion queue
 ABSL_FLAG(std::string, compare_target, "",
           "compare mode: host:port of a second target (B); every request goes to both, "
           "interleaved, and the report gives B/A ratios");
+ABSL_FLAG(std::string, compare_backend, "", "compare mode: backend of B; empty = --backend");
+ABSL_FLAG(std::string, compare_endpoint, "", "compare mode: endpoint of B; empty = --endpoint");
 ABSL_FLAG(bool, compare_salt, true,
           "compare mode: separate cache_salt per target (cache_salt + /a, /b)");
 ABSL_FLAG(std::string, workload, "synthetic", "synthetic | shared_prefix | multi_turn | trace");
@@ -48,6 +57,9 @@ ABSL_FLAG(int64_t, trace_block_tokens, 512, "trace: tokens per hash id");
 ABSL_FLAG(std::string, on_bad_line, "abort", "trace: malformed line -> abort | skip");
 ABSL_FLAG(uint32_t, vocab_size, 0, "token ids < this; 0 = ask the target (ListModels)");
 ABSL_FLAG(uint32_t, vocab_lo, 3, "smallest token id in synthesized prompts");
+ABSL_FLAG(std::string, tokenizer, "",
+          "the model's tokenizer.json (or its directory, or a llama2.c tokenizer.bin with "
+          "--vocab_size): decodes prompts for --endpoint=chat and gives the vocabulary size");
 ABSL_FLAG(std::string, arrival, "auto", "auto | closed | poisson | gamma | trace");
 ABSL_FLAG(int64_t, concurrency, 0, "closed loop: requests in flight; otherwise a cap (0 = none)");
 ABSL_FLAG(double, request_rate, 0, "open loop: mean requests per second");
@@ -59,6 +71,7 @@ ABSL_FLAG(int64_t, num_requests, 0, "stop after this many requests; 0 = no bound
 ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(), "stop issuing after this; 0 = none");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "per-request deadline; 0 = none");
 ABSL_FLAG(bool, ignore_eos, true, "ask the server to generate exactly the output length");
+ABSL_FLAG(double, temperature, 0, "sampling temperature of every request; 0 = greedy");
 ABSL_FLAG(std::string, cache_salt, "", "cache_salt of every request; empty = unset");
 ABSL_FLAG(double, slo_ttft_ms, 0, "goodput SLO on TTFT in ms; 0 = none");
 ABSL_FLAG(double, slo_tpot_ms, 0, "goodput SLO on TPOT in ms; 0 = none");
@@ -80,12 +93,16 @@ constexpr char kProgram[] = "pd-loadtest";
 
 pd::loadtest::LoadTestConfig ConfigFromFlags() {
   pd::loadtest::LoadTestConfig c;
+  c.backend = absl::GetFlag(FLAGS_backend);
+  c.endpoint = absl::GetFlag(FLAGS_endpoint);
   c.target = absl::GetFlag(FLAGS_target);
   c.model = absl::GetFlag(FLAGS_model);
   c.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   c.num_channels = absl::GetFlag(FLAGS_num_channels);
   c.client_threads = absl::GetFlag(FLAGS_client_threads);
   c.compare_target = absl::GetFlag(FLAGS_compare_target);
+  c.compare_backend = absl::GetFlag(FLAGS_compare_backend);
+  c.compare_endpoint = absl::GetFlag(FLAGS_compare_endpoint);
   c.compare_salt = absl::GetFlag(FLAGS_compare_salt);
   c.workload = absl::GetFlag(FLAGS_workload);
   c.input_len = absl::GetFlag(FLAGS_input_len);
@@ -105,6 +122,7 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.on_bad_line = absl::GetFlag(FLAGS_on_bad_line);
   c.vocab_size = absl::GetFlag(FLAGS_vocab_size);
   c.vocab_lo = absl::GetFlag(FLAGS_vocab_lo);
+  c.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   c.arrival = absl::GetFlag(FLAGS_arrival);
   c.concurrency = absl::GetFlag(FLAGS_concurrency);
   c.request_rate = absl::GetFlag(FLAGS_request_rate);
@@ -115,6 +133,7 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.duration = absl::GetFlag(FLAGS_duration);
   c.request_timeout = absl::GetFlag(FLAGS_request_timeout);
   c.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  c.temperature = absl::GetFlag(FLAGS_temperature);
   c.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   c.slo_ttft_ms = absl::GetFlag(FLAGS_slo_ttft_ms);
   c.slo_tpot_ms = absl::GetFlag(FLAGS_slo_tpot_ms);
@@ -142,7 +161,8 @@ int main(int argc, char** argv) {
   }
   pd::services::ParseFlagsAndInitLogging(
       static_cast<int>(cargs.size()), cargs.data(),
-      "pd-loadtest --target=HOST:PORT --workload=synthetic|shared_prefix|multi_turn|trace "
+      "pd-loadtest [--backend=grpc|openai [--endpoint=completions|chat]] "
+      "--target=HOST:PORT|URL --workload=synthetic|shared_prefix|multi_turn|trace "
       "(--concurrency=N | --request_rate=R | --request_rates=R1,R2,...) [--num_requests=N] "
       "[--duration=D] [--compare_target=HOST:PORT] [--output_dir=DIR] ... "
       "(dashed names like --slo-ttft-ms work too; see docs/loadtest.md)");

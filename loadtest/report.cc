@@ -287,6 +287,11 @@ std::string SummaryTable(const Summary& s, const RunInfo& info) {
   }
   absl::StrAppendFormat(&t, "%-34s %.2f\n", "Benchmark duration (s):", s.duration_s);
   absl::StrAppendFormat(&t, "%-34s %d\n", "Total input tokens:", s.total_input_tokens);
+  if (s.usage_prompt_tokens > 0 && s.usage_prompt_tokens != s.total_input_tokens) {
+    // Text prompts (the chat endpoint): the server's tokenization and template decide.
+    absl::StrAppendFormat(&t, "%-34s %d (server usage; %d sent as asked)\n",
+                          "Total prompt tokens:", s.usage_prompt_tokens, s.total_input_tokens);
+  }
   absl::StrAppendFormat(&t, "%-34s %d\n", "Total generated tokens:", s.total_output_tokens);
   if (s.short_outputs > 0) {
     absl::StrAppendFormat(&t, "%-34s %d (fewer tokens than requested)\n",

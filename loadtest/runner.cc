@@ -1,20 +1,14 @@
 #include "loadtest/runner.h"
 
-#include <grpcpp/client_context.h>
-#include <grpcpp/support/async_stream.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "common/log/log.h"
-#include "services/base/grpc_status.h"
+#include "loadtest/grpc_client.h"
 
 namespace pd::loadtest {
-
-namespace v1 = ::pdserve::v1;
 
 namespace {
 
@@ -57,150 +51,75 @@ absl::Status RunnerOptions::Validate() const {
   return absl::OkStatus();
 }
 
-// One Generate stream driven through a completion queue: StartCall -> Read ... Read (not ok at
-// the end of the stream) -> Finish. Owns its context, request and response. Exactly one
-// operation is pending at a time, so its events are handled one after another (on the polling
-// thread of its queue) and need no lock.
-class LoadRunner::Call {
- public:
-  enum class Op { kStart, kRead, kFinish };
-
-  // The tag of an operation: the completion queue hands it back with the event.
-  struct Tag {
-    Call* call;
-    Op op;
-  };
-
-  Call(LoadRunner* runner, RequestRecord record) : runner_(runner), record_(std::move(record)) {
-    record_.itl_ns.reserve(static_cast<size_t>(std::max<int64_t>(record_.max_tokens - 1, 0)));
-  }
-
-  v1::GenerateRequest& request() { return request_; }
-  grpc::ClientContext& context() { return context_; }
-  // Set under the runner's mutex by Stop, read under it by Finished.
-  bool cancelled_by_client = false;
-
-  // Starts the stream on `cq`. Events follow on the queue's polling thread.
-  void Start(v1::Generation::Stub* stub, grpc::CompletionQueue* cq) {
-    reader_ = stub->PrepareAsyncGenerate(&context_, request_, cq);
-    record_.start_ns = runner_->NowNs();
-    reader_->StartCall(&start_tag_);
-  }
-
-  // Handles one event. Returns true when the stream is over and the call may be deleted.
-  bool Proceed(Op op, bool ok) {
-    switch (op) {
-      case Op::kStart:
-      case Op::kRead:
-        if (!ok) {
-          // Failed start or end of stream: the status comes with Finish.
-          reader_->Finish(&status_, &finish_tag_);
-          return false;
-        }
-        if (op == Op::kRead) {
-          OnMessage();
-        }
-        reader_->Read(&response_, &read_tag_);
-        return false;
-      case Op::kFinish:
-        OnDone();
-        return true;
-    }
-    return false;
-  }
-
- private:
-  void OnMessage() {
-    const int64_t now = runner_->NowNs();
-    const int k = response_.token_ids_size();
-    if (k > 0) {
-      if (record_.first_token_ns < 0) {
-        record_.first_token_ns = now;
-      } else {
-        const int64_t gap = (now - last_token_ns_) / k;
-        record_.itl_ns.insert(record_.itl_ns.end(), static_cast<size_t>(k), gap);
-      }
-      last_token_ns_ = now;
-      record_.output_tokens += k;
-      runner_->output_tokens_.fetch_add(k, std::memory_order_relaxed);
-    }
-    if (response_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-      const std::string& name = v1::FinishReason_Name(response_.finish_reason());
-      record_.finish_reason = std::string(absl::StripPrefix(name, "FINISH_REASON_"));
-      if (response_.has_usage()) {
-        record_.has_usage = true;
-        record_.prompt_tokens = response_.usage().prompt_tokens();
-        record_.cached_tokens = response_.usage().cached_tokens();
-        record_.completion_tokens = response_.usage().completion_tokens();
-      }
-    }
-  }
-
-  void OnDone() {
-    record_.end_ns = runner_->NowNs();
-    if (!status_.ok()) {
-      record_.code = services::FromGrpcStatus(status_).code();
-      record_.error = status_.error_message();
-    } else if (record_.finish_reason.empty()) {
-      // The API promises a final message with a finish reason; its absence is a server bug.
-      record_.code = absl::StatusCode::kInternal;
-      record_.error = "stream ended OK without a finish reason";
-    }
-    runner_->Finished(this, std::move(record_));
-  }
-
-  LoadRunner* const runner_;
-  RequestRecord record_;
-  int64_t last_token_ns_ = 0;
-  Tag start_tag_{this, Op::kStart};
-  Tag read_tag_{this, Op::kRead};
-  Tag finish_tag_{this, Op::kFinish};
-  grpc::ClientContext context_;
-  v1::GenerateRequest request_;
-  v1::GenerateResponse response_;
-  grpc::Status status_;
-  std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateResponse>> reader_;
-};
-
-LoadRunner::LoadRunner(RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels,
-                       std::vector<std::shared_ptr<grpc::Channel>> compare_channels)
-    : options_(std::move(options)) {
-  for (auto& channel : channels) {
-    stubs_[0].push_back(v1::Generation::NewStub(channel));
-    channels_.push_back(std::move(channel));
-  }
-  for (auto& channel : compare_channels) {
-    stubs_[1].push_back(v1::Generation::NewStub(channel));
-    channels_.push_back(std::move(channel));
-  }
-  for (int i = 0; i < options_.num_threads; ++i) {
-    cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
-    pollers_.emplace_back([this, cq = cqs_.back().get()] { Poll(cq); });
-  }
-}
-
-void LoadRunner::Poll(grpc::CompletionQueue* cq) {
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq->Next(&tag, &ok)) {
-    Call::Tag* t = static_cast<Call::Tag*>(tag);
-    if (t->call->Proceed(t->op, ok)) {
-      delete t->call;
-    }
-  }
-}
+LoadRunner::LoadRunner(RunnerOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(
     RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels,
     std::vector<std::shared_ptr<grpc::Channel>> compare_channels) {
+  RunnerTarget target;
+  target.channels = std::move(channels);
+  std::optional<RunnerTarget> compare;
+  if (!compare_channels.empty()) {
+    compare.emplace();
+    compare->channels = std::move(compare_channels);
+  }
+  return Create(std::move(options), std::move(target), std::move(compare));
+}
+
+absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(
+    RunnerOptions options, RunnerTarget target, std::optional<RunnerTarget> compare) {
   if (absl::Status s = options.Validate(); !s.ok()) {
     return s;
   }
-  if (channels.empty()) {
-    return absl::InvalidArgumentError("LoadRunner needs at least one channel");
+  RunnerTarget* targets[2] = {&target, compare.has_value() ? &*compare : nullptr};
+  for (RunnerTarget* t : targets) {
+    if (t != nullptr && t->backend == Backend::kGrpc && t->channels.empty()) {
+      return absl::InvalidArgumentError("LoadRunner needs at least one channel");
+    }
   }
-  return std::unique_ptr<LoadRunner>(
-      new LoadRunner(std::move(options), std::move(channels), std::move(compare_channels)));
+  std::unique_ptr<LoadRunner> runner(new LoadRunner(std::move(options)));
+  const RunnerOptions& o = runner->options_;
+  // One gRPC client for every gRPC target, so that both share the polling threads.
+  std::vector<std::shared_ptr<grpc::Channel>> grpc_channels[2];
+  bool any_grpc = false;
+  for (int i = 0; i < 2; ++i) {
+    if (targets[i] != nullptr && targets[i]->backend == Backend::kGrpc) {
+      grpc_channels[i] = std::move(targets[i]->channels);
+      any_grpc = true;
+    }
+  }
+  if (any_grpc) {
+    GrpcClientOptions go;
+    go.model = o.model;
+    go.request_timeout = o.request_timeout;
+    go.ignore_eos = o.ignore_eos;
+    go.temperature = o.temperature;
+    go.num_threads = o.num_threads;
+    runner->owned_clients_.push_back(std::make_unique<GrpcClient>(
+        runner.get(), go, std::move(grpc_channels[0]), std::move(grpc_channels[1])));
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (targets[i] == nullptr) {
+      continue;
+    }
+    if (targets[i]->backend == Backend::kGrpc) {
+      runner->clients_[i] = runner->owned_clients_.front().get();
+      continue;
+    }
+    OpenAiClientOptions oo = targets[i]->openai;
+    oo.request_timeout = o.request_timeout;
+    oo.ignore_eos = o.ignore_eos;
+    oo.temperature = o.temperature;
+    absl::StatusOr<std::unique_ptr<OpenAiClient>> client =
+        OpenAiClient::Create(runner.get(), std::move(oo));
+    if (!client.ok()) {
+      return client.status();
+    }
+    runner->clients_[i] = client->get();
+    runner->send_salt_[i] = targets[i]->openai_cache_salt;
+    runner->owned_clients_.push_back(*std::move(client));
+  }
+  return runner;
 }
 
 LoadRunner::~LoadRunner() {
@@ -208,18 +127,9 @@ LoadRunner::~LoadRunner() {
     // Calls hold a pointer to the runner: never destroy it under them.
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](absl::flat_hash_set<Call*>* s) { return s->empty(); }, &in_flight_));
+        +[](absl::flat_hash_set<InFlight*>* s) { return s->empty(); }, &in_flight_));
   }
-  for (auto& cq : cqs_) {
-    cq->Shutdown();
-  }
-  for (std::thread& t : pollers_) {
-    t.join();
-  }
-}
-
-int64_t LoadRunner::NowNs() const {
-  return SteadyNowNs() - start_steady_ns_.load(std::memory_order_acquire);
+  owned_clients_.clear();  // joins their threads
 }
 
 bool LoadRunner::SleepUntil(int64_t offset_ns) {
@@ -265,48 +175,30 @@ bool LoadRunner::Launch(RequestSpec& spec, int64_t scheduled_ns, int target, boo
   record.scheduled_ns = scheduled_ns;
   record.input_tokens = static_cast<int64_t>(spec.prompt.size());
   record.max_tokens = spec.output_len;
-  auto call = std::make_unique<Call>(this, std::move(record));
-  v1::GenerateRequest& req = call->request();
-  req.set_model(options_.model);
-  if (move_prompt) {
-    req.mutable_token_ids()->mutable_ids()->Assign(spec.prompt.begin(), spec.prompt.end());
-    spec.prompt.clear();
-  } else {
-    req.mutable_token_ids()->mutable_ids()->Assign(spec.prompt.begin(), spec.prompt.end());
+  RequestParams params;
+  params.client_request_id = absl::StrCat("pd-loadtest-", spec.index, target == 1 ? "-b" : "");
+  if (send_salt_[target]) {
+    params.cache_salt = target == 1 ? options_.compare_cache_salt : options_.cache_salt;
   }
-  req.mutable_sampling()->set_max_tokens(static_cast<uint32_t>(spec.output_len));
-  req.mutable_sampling()->set_ignore_eos(options_.ignore_eos);
-  req.set_client_request_id(absl::StrCat("pd-loadtest-", spec.index, target == 1 ? "-b" : ""));
-  const std::string& salt = target == 1 ? options_.compare_cache_salt : options_.cache_salt;
-  if (!salt.empty()) {
-    req.set_cache_salt(salt);
-  }
-  if (options_.request_timeout > absl::ZeroDuration()) {
-    call->context().set_deadline(std::chrono::system_clock::now() +
-                                 absl::ToChronoNanoseconds(options_.request_timeout));
-  }
-  Call* raw = call.get();
+  RequestClient* client = clients_[target];
+  std::unique_ptr<InFlight> request = client->Prepare(spec, move_prompt, params, std::move(record));
   {
     absl::MutexLock lock(&mu_);
     if (stop_) {
       return false;
     }
-    in_flight_.insert(raw);
+    in_flight_.insert(request.get());
     ++sent_;
     max_in_flight_ = std::max<int64_t>(max_in_flight_, static_cast<int64_t>(in_flight_.size()));
   }
-  v1::Generation::Stub* stub = stubs_[target][next_stub_[target]].get();
-  next_stub_[target] = (next_stub_[target] + 1) % stubs_[target].size();
-  grpc::CompletionQueue* cq = cqs_[next_cq_].get();
-  next_cq_ = (next_cq_ + 1) % cqs_.size();
-  call.release()->Start(stub, cq);  // deleted by its polling thread after the Finish event
+  client->Start(std::move(request));  // deleted by the client after Finished
   return true;
 }
 
-void LoadRunner::Finished(Call* call, RequestRecord record) {
+void LoadRunner::Finished(InFlight* request, RequestRecord record) {
   absl::MutexLock lock(&mu_);
-  in_flight_.erase(call);
-  record.cancelled_by_client = call->cancelled_by_client && record.code != absl::StatusCode::kOk;
+  in_flight_.erase(request);
+  record.cancelled_by_client = request->cancelled_by_client && record.code != absl::StatusCode::kOk;
   if (record.ok()) {
     ++completed_;
   } else {
@@ -385,7 +277,7 @@ RunResult LoadRunner::Run(Workload* workload) {
   RunResult result;
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](absl::flat_hash_set<Call*>* s) { return s->empty(); }, &in_flight_));
+      +[](absl::flat_hash_set<InFlight*>* s) { return s->empty(); }, &in_flight_));
   result.records = std::move(records_);
   records_.clear();
   std::sort(result.records.begin(), result.records.end(),
@@ -408,9 +300,9 @@ void LoadRunner::Stop() {
     return;
   }
   stop_ = true;
-  for (Call* call : in_flight_) {
-    call->cancelled_by_client = true;
-    call->context().TryCancel();
+  for (InFlight* request : in_flight_) {
+    request->cancelled_by_client = true;
+    request->Cancel();
   }
 }
 

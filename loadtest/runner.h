@@ -1,14 +1,14 @@
-// LoadRunner: sends a workload's requests to a pdserve.v1.Generation target and records what
-// happened to each (see metrics.h for the record and the metric definitions).
+// LoadRunner: sends a workload's requests to a target and records what happened to each (see
+// metrics.h for the record and the metric definitions).
 //
-// Requests are gRPC completion-queue async streams (grpc::ClientAsyncReader): any number of
-// streams in flight are driven by `num_threads` polling threads (one CompletionQueue each; the
-// thread that polls runs the handler, with no hand-off to an executor), and one issuer thread
-// (the caller of Run) paces the arrivals. Every request sends token ids with max_tokens = the
-// workload's output length and ignore_eos, so output lengths are as specified.
+// One issuer thread (the caller of Run) paces the arrivals; a RequestClient per protocol
+// (request_client.h) sends the requests: pdserve.v1.Generation over gRPC async streams
+// (grpc_client.h, `num_threads` polling threads) or the OpenAI HTTP API (openai_client.h).
+// Every request asks for max_tokens = the workload's output length with ignore_eos, so output
+// lengths are as specified.
 //
 // Thread-safety: Run() is called once, from one thread; Stop() and Progress() may be called
-// from any thread at any time. Stream events are handled on the runner's polling threads.
+// from any thread at any time. Stream events are handled on the clients' threads.
 #pragma once
 
 #include <grpcpp/channel.h>
@@ -17,8 +17,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -28,9 +28,10 @@
 #include "absl/time/time.h"
 #include "loadtest/arrival.h"
 #include "loadtest/metrics.h"
+#include "loadtest/openai_client.h"
 #include "loadtest/progress.h"
+#include "loadtest/request_client.h"
 #include "loadtest/workload.h"
-#include "pd/v1/generation.grpc.pb.h"
 
 namespace pd::loadtest {
 
@@ -50,6 +51,7 @@ struct RunnerOptions {
   // gRPC deadline of each request; zero = none.
   absl::Duration request_timeout = absl::Minutes(10);
   bool ignore_eos = true;
+  double temperature = 0;  // sampling temperature (0 = greedy)
   std::string cache_salt;  // GenerateRequest.cache_salt; "" = unset
   // Compare mode (a second group of channels): cache_salt of the copies sent there; "" = unset.
   std::string compare_cache_salt;
@@ -59,6 +61,18 @@ struct RunnerOptions {
   absl::Status Validate() const;
 };
 
+// One target of a run and how to reach it.
+struct RunnerTarget {
+  Backend backend = Backend::kGrpc;
+  // kGrpc: connections to the target (at least one); requests go round-robin over them.
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  // kOpenAi: the client's settings; request_timeout, ignore_eos and temperature are taken from
+  // RunnerOptions.
+  OpenAiClientOptions openai;
+  // kOpenAi: send cache_salt (an extension not every server accepts) only when this is set.
+  bool openai_cache_salt = false;
+};
+
 struct RunResult {
   std::vector<RequestRecord> records;  // one per sent request, in workload order (then target)
   int64_t duration_ns = 0;             // first send -> last completion
@@ -66,7 +80,7 @@ struct RunResult {
   bool stopped = false;                // Stop() was called before the run ended
 };
 
-class LoadRunner {
+class LoadRunner : public RequestSink {
  public:
   // `channels` (at least one) connect to the target; requests go round-robin over them (each
   // channel is one HTTP/2 connection). InvalidArgument for invalid options.
@@ -80,9 +94,14 @@ class LoadRunner {
   static absl::StatusOr<std::unique_ptr<LoadRunner>> Create(
       RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels,
       std::vector<std::shared_ptr<grpc::Channel>> compare_channels = {});
+  // The same for targets of any backend; compare mode when `compare` is set. The two targets
+  // may use different backends. InvalidArgument for invalid options or targets.
+  static absl::StatusOr<std::unique_ptr<LoadRunner>> Create(RunnerOptions options,
+                                                            RunnerTarget target,
+                                                            std::optional<RunnerTarget> compare);
   // Waits for requests still in flight (there are none after Run returns), then stops the
   // polling threads.
-  ~LoadRunner();
+  ~LoadRunner() override;
   LoadRunner(const LoadRunner&) = delete;
   LoadRunner& operator=(const LoadRunner&) = delete;
 
@@ -96,14 +115,11 @@ class LoadRunner {
 
   ProgressSnapshot Progress() const;
 
- private:
-  class Call;
+  // RequestSink: called by the clients when a request ended.
+  void Finished(InFlight* request, RequestRecord record) override;
 
-  LoadRunner(RunnerOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels,
-             std::vector<std::shared_ptr<grpc::Channel>> compare_channels);
-  // Body of a polling thread: handles the events of `cq` until it is shut down.
-  void Poll(grpc::CompletionQueue* cq);
-  int64_t NowNs() const;
+ private:
+  explicit LoadRunner(RunnerOptions options);
   // Blocks until `offset_ns` after the start. False when stopped first.
   bool SleepUntil(int64_t offset_ns);
   // Blocks until `slots` more requests fit under the in-flight limit. False when stopped first
@@ -112,27 +128,19 @@ class LoadRunner {
   // Starts `spec` on `target` (0 = the target, 1 = the compare target), moving its prompt when
   // `move_prompt`. False when stopped.
   bool Launch(RequestSpec& spec, int64_t scheduled_ns, int target, bool move_prompt);
-  int num_targets() const { return stubs_[1].empty() ? 1 : 2; }
-  // Called by a Call when its stream ended.
-  void Finished(Call* call, RequestRecord record);
+  int num_targets() const { return clients_[1] == nullptr ? 1 : 2; }
 
   const RunnerOptions options_;
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;  // both targets'
-  // Per target: [0] the target, [1] the compare target (empty outside compare mode).
-  std::vector<std::unique_ptr<pdserve::v1::Generation::Stub>> stubs_[2];
-  std::vector<std::unique_ptr<grpc::CompletionQueue>> cqs_;
-  std::vector<std::thread> pollers_;  // one per cq
-  size_t next_stub_[2] = {0, 0};      // issuer thread only
-  size_t next_cq_ = 0;                // issuer thread only
-  // Steady-clock time of the start, set by Run before the first send; 0 before. Release/acquire
-  // so that gRPC and progress threads see it once set.
-  std::atomic<int64_t> start_steady_ns_{0};
-  std::atomic<int64_t> output_tokens_{0};  // relaxed: a progress counter only
+  // The clients (one gRPC client serves both targets when both are gRPC), and per target
+  // ([0] the target, [1] the compare target, null outside compare mode) the one it uses.
+  std::vector<std::unique_ptr<RequestClient>> owned_clients_;
+  RequestClient* clients_[2] = {nullptr, nullptr};
+  bool send_salt_[2] = {true, true};  // whether the target gets cache_salt
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  absl::flat_hash_set<Call*> in_flight_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<InFlight*> in_flight_ ABSL_GUARDED_BY(mu_);
   std::vector<RequestRecord> records_ ABSL_GUARDED_BY(mu_);
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
