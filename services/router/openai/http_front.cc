@@ -308,9 +308,6 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
       f->metrics_.requests,
       registry->AddCounter("pd_router_http_requests_total",
                            "OpenAI HTTP API requests by path and HTTP status", {"path", "status"}));
-  PD_ASSIGN_OR_RETURN(
-      f->metrics_.connections,
-      registry->AddGauge("pd_router_http_connections", "OpenAI HTTP API connections open", {}));
   if (config.tls.enabled()) {
     f->server_ = std::make_unique<httplib::SSLServer>(
         config.tls.cert_file.c_str(), config.tls.key_file.c_str(),
@@ -425,24 +422,25 @@ void HttpFront::Route() {
     HandleGenerate(Endpoint::kChat, req, res);
   });
   // 404 (no route), 413 (body too large) and the like from httplib itself get an error object.
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.http_status = res.status;
-    e.type = "invalid_request_error";
-    if (res.status == 404) {
-      e.message = absl::StrCat("no such endpoint: ", req.method, " ", req.path);
-      e.code = "not_found";
-    } else if (res.status == 413) {
-      e.message = "request body is too large (--http_max_body_bytes)";
-      e.code = "request_too_large";
-    } else {
-      e.message = absl::StrCat("http error ", res.status);
-      if (res.status >= 500) e.type = "server_error";
-    }
-    res.set_content(ErrorBody(e), "application/json");
-    return httplib::Server::HandlerResponse::Handled;
-  });
+  s.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError e;
+        e.http_status = res.status;
+        e.type = "invalid_request_error";
+        if (res.status == 404) {
+          e.message = absl::StrCat("no such endpoint: ", req.method, " ", req.path);
+          e.code = "not_found";
+        } else if (res.status == 413) {
+          e.message = "request body is too large (--http_max_body_bytes)";
+          e.code = "request_too_large";
+        } else {
+          e.message = absl::StrCat("http error ", res.status);
+          if (res.status >= 500) e.type = "server_error";
+        }
+        res.set_content(ErrorBody(e), "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     metrics_.requests
         ->WithLabels(
@@ -574,8 +572,8 @@ void HttpFront::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   }
   const std::string id =
       absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", first.request_id());
-  st->builder->emplace(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(),
-                       std::move(echo));
+  st->builder.emplace(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(),
+                      std::move(echo));
   if (!r.stream) {
     st->builder->Add(first);
     st->stream->OnSent(true);
