@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -28,6 +29,21 @@ struct SamplingOptions {
   std::vector<std::string> stop;          // stop strings
   std::vector<uint32_t> stop_token_ids;   // ids that end generation like EOS
   bool ignore_eos = false;
+  // Log-probabilities of the generated tokens: -1 = not asked (no cost); N in [0, 20] = each
+  // token's logprob plus its N most likely alternatives (GenerationOutput::logprobs).
+  int32_t logprobs = -1;
+};
+
+// The log-probability of one generated token and its most likely alternatives, under the raw
+// model distribution: log_softmax of the logits, before temperature, top-k and top-p (what
+// vLLM reports by default), computed by kernels::LogProbs (kernels/logprobs_params.h defines
+// the non-finite cases: a NaN logit has logprob -inf, a row of NaN logits gives NaN).
+struct TokenLogprob {
+  float logprob = 0.0f;  // of the generated token (natural log, <= 0)
+  // The SamplingOptions::logprobs most likely tokens as (id, logprob), most likely first, ties
+  // by ascending id (the order of greedy sampling); fewer only when fewer tokens have p > 0.
+  // The generated token appears here only if it is among them.
+  std::vector<std::pair<uint32_t, float>> top;
 };
 
 enum class FinishReason : uint8_t {
@@ -51,6 +67,10 @@ struct RequestTimings {
 struct GenerationOutput {
   RequestId id;
   std::vector<uint32_t> new_tokens;  // generated since the last output
+  // One entry per new_tokens entry, in order, when the request asked (sampling.logprobs >= 0);
+  // empty otherwise. Each token's entry is emitted once, even if the request is preempted and
+  // recomputed later.
+  std::vector<TokenLogprob> logprobs;
   std::string text;                  // UTF-8 delta, never ending inside a character
   FinishReason finish_reason = FinishReason::kNone;  // set on the last output only
   absl::Status status;               // non-OK with kAbort / kError
@@ -88,6 +108,9 @@ struct RemotePrefillTarget {
 struct PrefilledBlocks {
   RequestId id;
   uint32_t first_token = 0;
+  // first_token's entry when the request asked for logprobs (sampling.logprobs >= 0): pass it
+  // to the decode side's Scheduler::CompleteRemotePrefill.
+  std::optional<TokenLogprob> first_logprob;
   int64_t cached_tokens = 0;        // prompt tokens this worker reused from its own cache
   int64_t restored_tokens = 0;      // of cached_tokens, restored from the node's tiers
   absl::Duration restore;           // copying those in

@@ -6,9 +6,38 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "kernels/logprobs.h"
 #include "kernels/sampling.h"
 
 namespace pd::engine {
+namespace {
+
+// The entry of `token` sampled from one logits row of `vocab` floats, with `top_n` alternatives.
+absl::StatusOr<TokenLogprob> ComputeLogprob(const float* logits, int64_t vocab, int32_t token,
+                                            int32_t top_n) {
+  float token_logprob = 0.0f;
+  int32_t ids[kernels::kMaxTopLogprobs];
+  float logprobs[kernels::kMaxTopLogprobs];
+  kernels::LogProbsParams p;
+  p.logits = logits;
+  p.num_seqs = 1;
+  p.vocab_size = vocab;
+  p.logits_stride = vocab;
+  p.tokens = &token;
+  p.out_token_logprobs = &token_logprob;
+  p.top_n = top_n;
+  p.out_top_ids = ids;
+  p.out_top_logprobs = logprobs;
+  PD_RETURN_IF_ERROR(kernels::LogProbs(kernels::OpContext{}, p));
+  TokenLogprob out;
+  out.logprob = token_logprob;
+  for (int32_t j = 0; j < top_n && ids[j] >= 0; ++j) {
+    out.top.emplace_back(static_cast<uint32_t>(ids[j]), logprobs[j]);
+  }
+  return out;
+}
+
+}  // namespace
 
 struct Scheduler::Sequence {
   GenerationRequest request;
@@ -28,6 +57,7 @@ struct Scheduler::Sequence {
   std::string text;
   size_t text_sent = 0;
   std::vector<uint32_t> unsent_tokens;
+  std::vector<TokenLogprob> unsent_logprobs;  // aligned with unsent_tokens when asked
   FinishReason finished = FinishReason::kNone;
   absl::Status status;
   bool cancel_requested = false;
@@ -141,6 +171,11 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
                                                    " KV blocks, the pool has ",
                                                    kv_->num_blocks()));
   }
+  if (request.sampling.logprobs < -1 || request.sampling.logprobs > kernels::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": logprobs ",
+                                                   request.sampling.logprobs, " outside [-1, ",
+                                                   kernels::kMaxTopLogprobs, "]"));
+  }
   if (request.remote_prefill != nullptr && request.on_prefilled != nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", id, ": remote_prefill and on_prefilled are exclusive"));
@@ -200,6 +235,8 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   out.id = seq->request.id;
   out.new_tokens = std::move(seq->unsent_tokens);
   seq->unsent_tokens.clear();
+  out.logprobs = std::move(seq->unsent_logprobs);
+  seq->unsent_logprobs.clear();
   // Held-back text is released (a stop string match was cut off already); an incomplete UTF-8
   // tail is flushed raw unless the text ended at a stop string.
   std::string tail = seq->detok->Flush();
@@ -385,7 +422,8 @@ Scheduler::Sequence* Scheduler::FindRunning(RequestId id) {
   return nullptr;
 }
 
-absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token) {
+absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token,
+                                              std::optional<TokenLogprob> first_logprob) {
   Sequence* seq = FindRunning(id);
   if (seq == nullptr || !seq->remote_pending) {
     return absl::NotFoundError(
@@ -401,6 +439,23 @@ absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token
         "request ", id.ToString(), ": remote first token ", first_token, " >= vocab size ",
         forward_->vocab_size(), "; prefilling locally"));
   }
+  const int32_t asked = seq->request.sampling.logprobs;
+  if (asked < 0) {
+    first_logprob.reset();
+  } else {
+    const bool usable =
+        first_logprob.has_value() && first_logprob->top.size() <= static_cast<size_t>(asked) &&
+        std::all_of(first_logprob->top.begin(), first_logprob->top.end(), [&](const auto& t) {
+          return t.first < static_cast<uint32_t>(forward_->vocab_size());
+        });
+    if (!usable) {
+      ++stats_.remote_prefill_failures;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", id.ToString(), ": asked for logprobs (", asked,
+          " alternatives) but the remote first token's entry is ",
+          first_logprob.has_value() ? "malformed" : "missing", "; prefilling locally"));
+    }
+  }
   const uint32_t block_size = static_cast<uint32_t>(kv_->block_size());
   seq->num_computed = static_cast<int64_t>(seq->tokens.size());
   seq->chain = ComputeBlockHashes(seq->seed, seq->tokens, block_size);
@@ -408,7 +463,7 @@ absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token
   CHECK(commit.ok()) << commit;  // the chain hashes exactly the prompt's full blocks
   seq->prefill_done = clock_->Now();
   seq->prefilled_remotely = true;
-  AcceptToken(seq, first_token);
+  AcceptToken(seq, first_token, std::move(first_logprob));
   return absl::OkStatus();
 }
 
@@ -438,10 +493,11 @@ absl::Status Scheduler::ReleasePrefilled(RequestId id) {
   return absl::NotFoundError(absl::StrCat("request ", id.ToString(), " holds no prefilled blocks"));
 }
 
-void Scheduler::OnPrefilled(Sequence* seq, uint32_t token) {
+void Scheduler::OnPrefilled(Sequence* seq, uint32_t token, std::optional<TokenLogprob> logprob) {
   PrefilledBlocks out;
   out.id = seq->request.id;
   out.first_token = token;
+  out.first_logprob = std::move(logprob);
   out.cached_tokens = seq->cached_tokens;
   out.restored_tokens = std::min(seq->restored_tokens, seq->cached_tokens);
   out.restore = seq->restore_time;
@@ -516,7 +572,7 @@ void Scheduler::EnsureSlots() {
   }
 }
 
-void Scheduler::AcceptToken(Sequence* seq, uint32_t token) {
+void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLogprob> logprob) {
   const ModelConfig& c = forward_->config();
   const SamplingOptions& so = seq->request.sampling;
   if (seq->num_generated() == 0) {
@@ -524,6 +580,9 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token) {
   }
   seq->tokens.push_back(token);
   seq->unsent_tokens.push_back(token);
+  if (logprob.has_value()) {
+    seq->unsent_logprobs.push_back(*std::move(logprob));
+  }
   ++stats_.decode_tokens;
   const size_t generated = seq->num_generated();
   const bool may_stop = generated >= so.min_tokens;
@@ -571,6 +630,8 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token) {
   out.id = seq->request.id;
   out.new_tokens = std::move(seq->unsent_tokens);
   seq->unsent_tokens.clear();
+  out.logprobs = std::move(seq->unsent_logprobs);
+  seq->unsent_logprobs.clear();
   const size_t sendable = std::max(seq->text.size() - hold, seq->text_sent);
   out.text = seq->text.substr(seq->text_sent, sendable - seq->text_sent);
   seq->text_sent = sendable;
@@ -685,11 +746,21 @@ bool Scheduler::Step() {
       Finish(seq, FinishReason::kError, sampled);
       continue;
     }
+    // Log-probabilities only for requests that asked, from the same host logits row.
+    std::optional<TokenLogprob> logprob;
+    if (so.logprobs >= 0) {
+      absl::StatusOr<TokenLogprob> lp = ComputeLogprob(sp.logits, vocab, token, so.logprobs);
+      if (!lp.ok()) {
+        Finish(seq, FinishReason::kError, lp.status());
+        continue;
+      }
+      logprob = *std::move(lp);
+    }
     if (seq->request.on_prefilled != nullptr) {
-      OnPrefilled(seq, static_cast<uint32_t>(token));
+      OnPrefilled(seq, static_cast<uint32_t>(token), std::move(logprob));
       continue;
     }
-    AcceptToken(seq, static_cast<uint32_t>(token));
+    AcceptToken(seq, static_cast<uint32_t>(token), std::move(logprob));
   }
   MoveHeld();
   SweepFinished();

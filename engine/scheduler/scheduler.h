@@ -18,6 +18,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,11 +84,16 @@ class Scheduler {
   absl::Status Cancel(RequestId id);
 
   // Decode side of a disaggregated prefill (GenerationRequest::remote_prefill): the prompt's
-  // KV is in the target blocks and the prefill worker sampled `first_token`. The request
-  // continues with decode. NotFound when `id` has no remote prefill outstanding;
-  // InvalidArgument when `first_token` is out of the vocabulary (the request then prefills
-  // locally, as after FailRemotePrefill). A request cancelled meanwhile just releases its blocks.
-  absl::Status CompleteRemotePrefill(RequestId id, uint32_t first_token);
+  // KV is in the target blocks and the prefill worker sampled `first_token`, with
+  // `first_logprob` its PrefilledBlocks::first_logprob. The request continues with decode.
+  // NotFound when `id` has no remote prefill outstanding; InvalidArgument when `first_token`
+  // is out of the vocabulary, or when the request asked for logprobs and `first_logprob` is
+  // missing, has more alternatives than asked or an id out of the vocabulary (the request
+  // then prefills locally, as after FailRemotePrefill, and computes its own entry). An entry
+  // given for a request that did not ask is ignored. A request cancelled meanwhile just
+  // releases its blocks.
+  absl::Status CompleteRemotePrefill(RequestId id, uint32_t first_token,
+                                     std::optional<TokenLogprob> first_logprob = std::nullopt);
 
   // The remote prefill of `id` failed and no write into its blocks is in progress any more
   // (the transfer was cancelled or finished): the request prefills locally into the same
@@ -126,11 +132,12 @@ class Scheduler {
   void EnsureSlots();
   void Preempt(size_t running_index);
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
-  void AcceptToken(Sequence* seq, uint32_t token);
+  // `logprob` is the token's entry when the request asked for logprobs.
+  void AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLogprob> logprob);
   void SweepFinished();
   void MoveHeld();
   Sequence* FindRunning(RequestId id);
-  void OnPrefilled(Sequence* seq, uint32_t token);
+  void OnPrefilled(Sequence* seq, uint32_t token, std::optional<TokenLogprob> logprob);
   absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 
   const SchedulerConfig config_;

@@ -1,9 +1,11 @@
 #include "engine/scheduler/scheduler.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,8 @@ constexpr char kTokenizer[] = PD_SHARED_DIR "/models/stories260K/tok512.bin";
 // What a finished request produced.
 struct Result {
   std::vector<uint32_t> tokens;
+  std::vector<TokenLogprob> logprobs;
+  int misaligned_outputs = 0;  // outputs with logprobs not aligned with their new tokens
   std::string text;
   GenerationOutput last;
   int outputs = 0;
@@ -80,6 +84,10 @@ class Harness {
     r.on_output = [this, id](GenerationOutput out) {
       Result& res = results_[id];
       res.tokens.insert(res.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+      if (!out.logprobs.empty() && out.logprobs.size() != out.new_tokens.size()) {
+        ++res.misaligned_outputs;
+      }
+      res.logprobs.insert(res.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
       res.text += out.text;
       ++res.outputs;
       if (out.finish_reason != FinishReason::kNone) {
@@ -111,6 +119,36 @@ class Harness {
     return ComputeBlockHashes(*seed, prompt, 16);
   }
   memory::HostKvPool* pool() { return pool_.get(); }
+
+  // The logits row each generated token was sampled from, recomputed by a forward pass of its
+  // own (own pool, one sequence, prompt in one chunk, then one token per step).
+  std::vector<std::vector<float>> LogitsAlong(const std::vector<uint32_t>& prompt,
+                                              const std::vector<uint32_t>& generated) {
+    constexpr int64_t kBlocks = 32;
+    kvcache::KvLayout layout{weights_.config.n_layers, weights_.config.n_kv_heads,
+                             weights_.config.head_dim, 16, kernels::DType::kF32};
+    absl::StatusOr<std::unique_ptr<memory::HostKvPool>> pool =
+        memory::HostKvPool::Create(layout, kBlocks);
+    CHECK(pool.ok()) << pool.status();
+    absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
+        &weights_, {(*pool)->base(), kernels::DType::kF32, kBlocks, 16}, {}, {});
+    CHECK(f.ok()) << f.status();
+    std::vector<int32_t> table(kBlocks);
+    for (int32_t b = 0; b < kBlocks; ++b) table[b] = b;
+    std::vector<uint32_t> seq = prompt;
+    seq.insert(seq.end(), generated.begin(), generated.end());
+    std::vector<std::vector<float>> rows;
+    std::vector<float> logits(weights_.config.vocab_size);
+    absl::Span<const uint32_t> all(seq);
+    CHECK((*f)->Forward({{all.first(prompt.size()), 0, table}}, logits.data()).ok());
+    rows.push_back(logits);
+    for (size_t i = 0; i + 1 < generated.size(); ++i) {
+      const int64_t pos = static_cast<int64_t>(prompt.size() + i);
+      CHECK((*f)->Forward({{all.subspan(pos, 1), pos, table}}, logits.data()).ok());
+      rows.push_back(logits);
+    }
+    return rows;
+  }
 
  private:
   std::unique_ptr<Llama2cCheckpoint> checkpoint_;
@@ -580,6 +618,194 @@ TEST(SchedulerTierTest, ReleasedWhenTheRequestNeverRuns) {
   EXPECT_EQ(d.results()[1].last.finish_reason, FinishReason::kAbort);
   EXPECT_TRUE(released);
   EXPECT_EQ(copies, 0);
+}
+
+}  // namespace
+}  // namespace pd::engine
+
+namespace pd::engine {
+namespace {
+
+// log_softmax of one row in double: the definition, independent of kernels::LogProbs.
+std::vector<double> LogSoftmax(const std::vector<float>& row) {
+  const double m = *std::max_element(row.begin(), row.end());
+  double sum = 0.0;
+  for (float x : row) sum += std::exp(x - m);
+  std::vector<double> out;
+  for (float x : row) out.push_back(x - m - std::log(sum));
+  return out;
+}
+
+// Checks r's entries against log_softmax of the recomputed logits: one entry per token, the
+// token's logprob, `n` alternatives that are the n most likely tokens, most likely first.
+void ExpectLogprobsOfTheLogits(Harness* h, const std::vector<uint32_t>& prompt, const Result& r,
+                               int32_t n, bool greedy) {
+  ASSERT_EQ(r.logprobs.size(), r.tokens.size());
+  EXPECT_EQ(r.misaligned_outputs, 0);
+  const std::vector<std::vector<float>> rows = h->LogitsAlong(prompt, r.tokens);
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    const std::vector<double> want = LogSoftmax(rows[i]);
+    const TokenLogprob& got = r.logprobs[i];
+    EXPECT_NEAR(got.logprob, want[r.tokens[i]], 1e-5) << "token " << i;
+    EXPECT_LE(got.logprob, 0.0f);
+    ASSERT_EQ(got.top.size(), static_cast<size_t>(n)) << "token " << i;
+    std::vector<uint32_t> order(want.size());
+    for (uint32_t v = 0; v < order.size(); ++v) order[v] = v;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t a, uint32_t b) { return rows[i][a] > rows[i][b]; });
+    for (int32_t j = 0; j < n; ++j) {
+      EXPECT_EQ(got.top[j].first, order[j]) << "token " << i << " alternative " << j;
+      EXPECT_NEAR(got.top[j].second, want[order[j]], 1e-5);
+      if (j > 0) {
+        EXPECT_GE(got.top[j - 1].second, got.top[j].second);
+      }
+    }
+    if (greedy && n > 0) {
+      EXPECT_EQ(got.top[0].first, r.tokens[i]) << "token " << i;
+      EXPECT_EQ(got.top[0].second, got.logprob);
+    }
+  }
+}
+
+SamplingOptions WithLogprobs(uint32_t max_tokens, int32_t n) {
+  SamplingOptions s = MaxTokens(max_tokens);
+  s.logprobs = n;
+  return s;
+}
+
+TEST(SchedulerLogprobsTest, EntriesAreLogSoftmaxOfTheLogits) {
+  Harness h(64, {});
+  const std::vector<uint32_t> prompt = h.Encode(kPrompts[0]);
+  ASSERT_TRUE(h.Submit(1, prompt, WithLogprobs(12, 5)).ok());
+  SamplingOptions sampled = WithLogprobs(12, 3);
+  sampled.temperature = 1.3f;  // the entries stay those of the raw distribution
+  sampled.top_k = 10;
+  sampled.seed = 77;
+  ASSERT_TRUE(h.Submit(2, prompt, sampled).ok());
+  ASSERT_TRUE(h.Submit(3, prompt, WithLogprobs(6, 0)).ok());
+  ASSERT_TRUE(h.Submit(4, prompt, MaxTokens(12)).ok());  // not asked
+  h.RunToCompletion();
+  ExpectLogprobsOfTheLogits(&h, prompt, h.results()[1], 5, /*greedy=*/true);
+  ExpectLogprobsOfTheLogits(&h, prompt, h.results()[2], 3, /*greedy=*/false);
+  ExpectLogprobsOfTheLogits(&h, prompt, h.results()[3], 0, /*greedy=*/true);
+  EXPECT_TRUE(h.results()[4].logprobs.empty());
+  EXPECT_EQ(h.results()[4].tokens, h.results()[1].tokens);  // asking changes no token
+  EXPECT_EQ(h.results()[2].last.finish_reason, FinishReason::kLength);
+}
+
+TEST(SchedulerLogprobsTest, SubmitRejectsOutOfRange) {
+  Harness h(64, {});
+  EXPECT_EQ(h.Submit(1, {1}, WithLogprobs(4, 21)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.Submit(1, {1}, WithLogprobs(4, -2)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(h.Submit(1, {1}, WithLogprobs(4, 20)).ok());
+  h.RunToCompletion();
+  ASSERT_EQ(h.results()[1].logprobs.size(), 4u);
+  EXPECT_EQ(h.results()[1].logprobs[0].top.size(), 20u);
+}
+
+// Preemption recomputes the KV of emitted tokens but never emits their entries again: the
+// entries equal those of an undisturbed run, one per token.
+TEST(SchedulerLogprobsTest, PreemptionKeepsTheEntries) {
+  std::map<int, Result> alone;
+  for (int i = 0; i < 4; ++i) {
+    Harness h(64, {});
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), WithLogprobs(60, 2)).ok());
+    h.RunToCompletion();
+    alone[i] = h.results()[i];
+  }
+  Harness h(12, {});
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), WithLogprobs(60, 2)).ok());
+  }
+  h.RunToCompletion();
+  EXPECT_GT(h.scheduler()->Stats().preemptions, 0);
+  for (int i = 0; i < 4; ++i) {
+    const Result& r = h.results()[i];
+    EXPECT_EQ(r.tokens, alone[i].tokens);
+    ASSERT_EQ(r.logprobs.size(), r.tokens.size()) << i;
+    EXPECT_EQ(r.misaligned_outputs, 0);
+    for (size_t t = 0; t < r.logprobs.size(); ++t) {
+      EXPECT_EQ(r.logprobs[t].logprob, alone[i].logprobs[t].logprob) << i << " " << t;
+      EXPECT_EQ(r.logprobs[t].top, alone[i].logprobs[t].top) << i << " " << t;
+    }
+  }
+}
+
+// The first token is sampled on the prefill side: its entry travels in PrefilledBlocks to
+// CompleteRemotePrefill. A decode side that asked but got no entry prefills locally.
+TEST(SchedulerLogprobsTest, RemotePrefillCarriesTheFirstEntry) {
+  Harness local(64, {});
+  const std::vector<uint32_t> prompt = local.Encode(kPrompts[1]);
+  ASSERT_TRUE(local.Submit(1, prompt, WithLogprobs(10, 4)).ok());
+  local.RunToCompletion();
+  const Result& want = local.results()[1];
+  ASSERT_EQ(want.logprobs.size(), 10u);
+
+  // Prefill side: the entry comes with the first token; a request not asking gets none.
+  Harness p(64, {});
+  std::optional<PrefilledBlocks> prefilled, plain;
+  GenerationRequest pr;
+  pr.on_prefilled = [&](PrefilledBlocks b) { prefilled = std::move(b); };
+  ASSERT_TRUE(p.SubmitRequest(7, prompt, WithLogprobs(10, 4), "", std::move(pr)).ok());
+  GenerationRequest pr2;
+  pr2.on_prefilled = [&](PrefilledBlocks b) { plain = std::move(b); };
+  ASSERT_TRUE(p.SubmitRequest(8, prompt, MaxTokens(10), "", std::move(pr2)).ok());
+  while (!prefilled.has_value() || !plain.has_value()) {
+    ASSERT_TRUE(p.scheduler()->Step());
+  }
+  ASSERT_TRUE(prefilled->first_logprob.has_value());
+  EXPECT_EQ(prefilled->first_logprob->logprob, want.logprobs[0].logprob);
+  EXPECT_EQ(prefilled->first_logprob->top, want.logprobs[0].top);
+  EXPECT_FALSE(plain->first_logprob.has_value());
+
+  for (bool send_entry : {true, false}) {
+    Harness d(64, {});
+    std::optional<RemotePrefillTarget> target;
+    GenerationRequest dr;
+    dr.remote_prefill = [&](RemotePrefillTarget t) { target = std::move(t); };
+    ASSERT_TRUE(d.SubmitRequest(1, prompt, WithLogprobs(10, 4), "", std::move(dr)).ok());
+    d.scheduler()->Step();
+    ASSERT_TRUE(target.has_value());
+    for (size_t b = 0; b < target->block_ids.size(); ++b) {
+      std::memcpy(d.pool()->BlockData(target->block_ids[b]),
+                  p.pool()->BlockData(prefilled->block_ids[target->first_block + b]),
+                  d.pool()->block_bytes());
+    }
+    const absl::Status done =
+        send_entry ? d.scheduler()->CompleteRemotePrefill(RequestId(1), prefilled->first_token,
+                                                          prefilled->first_logprob)
+                   : d.scheduler()->CompleteRemotePrefill(RequestId(1), prefilled->first_token);
+    if (send_entry) {
+      ASSERT_TRUE(done.ok()) << done;
+    } else {
+      EXPECT_EQ(done.code(), absl::StatusCode::kInvalidArgument) << done;
+      EXPECT_THAT(done.message(), HasSubstr("logprobs"));
+    }
+    d.RunToCompletion();
+    const Result& r = d.results()[1];
+    EXPECT_EQ(r.last.prefilled_remotely, send_entry);
+    EXPECT_EQ(r.tokens, want.tokens);
+    ASSERT_EQ(r.logprobs.size(), want.logprobs.size());
+    EXPECT_EQ(r.misaligned_outputs, 0);
+    for (size_t t = 0; t < r.logprobs.size(); ++t) {
+      EXPECT_EQ(r.logprobs[t].logprob, want.logprobs[t].logprob) << t;
+      EXPECT_EQ(r.logprobs[t].top, want.logprobs[t].top) << t;
+    }
+  }
+  // An entry with more alternatives than asked is refused as well.
+  Harness d(64, {});
+  GenerationRequest dr;
+  dr.remote_prefill = [](RemotePrefillTarget) {};
+  ASSERT_TRUE(d.SubmitRequest(1, prompt, WithLogprobs(10, 1), "", std::move(dr)).ok());
+  d.scheduler()->Step();
+  EXPECT_EQ(
+      d.scheduler()
+          ->CompleteRemotePrefill(RequestId(1), prefilled->first_token, prefilled->first_logprob)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.scheduler()->Stats().remote_prefill_failures, 1);
+  ASSERT_TRUE(p.scheduler()->ReleasePrefilled(RequestId(7)).ok());
+  ASSERT_TRUE(p.scheduler()->ReleasePrefilled(RequestId(8)).ok());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/half.h"
+#include "kernels/logprobs.h"
 #include "kernels/matmul.h"
 #include "kernels/sampling.h"
 
@@ -288,6 +289,43 @@ BENCHMARK(BM_Sample)
     ->Args({0, 90})
     ->Args({50, 90})
     ->ArgNames({"top_k", "top_p"})
+    ->Unit(benchmark::kMicrosecond);
+
+// ---- Log-probabilities of one Llama-3 vocabulary row ------------------------------------------
+// Args: top_n, isa (0 scalar, 1 avx2, 2 avx512; clamped to what the CPU runs).
+void BM_LogProbs(benchmark::State& state) {
+  const int64_t vocab = 128256;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> logits(vocab);
+  for (float& v : logits) {
+    v = dist(rng);
+  }
+  const int32_t top_n = static_cast<int32_t>(state.range(0));
+  const int32_t token = 17;
+  float token_logprob = 0.0f;
+  std::vector<int32_t> ids(kMaxTopLogprobs);
+  std::vector<float> logprobs(kMaxTopLogprobs);
+  LogProbsParams p;
+  p.logits = logits.data();
+  p.num_seqs = 1;
+  p.vocab_size = vocab;
+  p.logits_stride = vocab;
+  p.tokens = &token;
+  p.out_token_logprobs = &token_logprob;
+  p.top_n = top_n;
+  p.out_top_ids = ids.data();
+  p.out_top_logprobs = logprobs.data();
+  cpu::SetIsaForTest(static_cast<cpu::Isa>(state.range(1)));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(LogProbs(OpContext{}, p));
+  }
+  cpu::SetIsaForTest(cpu::DetectedIsa());
+  state.SetBytesProcessed(state.iterations() * vocab * 4);
+}
+BENCHMARK(BM_LogProbs)
+    ->ArgsProduct({{0, 5, 20}, {0, 1, 2}})
+    ->ArgNames({"top_n", "isa"})
     ->Unit(benchmark::kMicrosecond);
 
 // ---- ParallelFor fork-join cost (empty chunks) -------------------------------------------------

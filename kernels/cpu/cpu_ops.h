@@ -6,6 +6,7 @@
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
 #include "kernels/elementwise_params.h"
+#include "kernels/logprobs_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
 #include "kernels/rope_params.h"
@@ -36,6 +37,9 @@ void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 
 int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
 void Sample(const OpContext& ctx, const SamplingParams& p);
+
+// Rows spread over ctx.parallel; no workspace.
+void LogProbs(const OpContext& ctx, const LogProbsParams& p);
 
 // memcpy per block, blocks spread over ctx.parallel.
 void CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p);

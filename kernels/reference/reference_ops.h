@@ -7,6 +7,7 @@
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
 #include "kernels/elementwise_params.h"
+#include "kernels/logprobs_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
 #include "kernels/rope_params.h"
@@ -37,6 +38,9 @@ void DecodeAttention(const DecodeAttentionParams& p);
 
 // Full sort of every row, probabilities in double; ignores the workspace.
 void Sample(const SamplingParams& p);
+
+// Every log p of a row in double, then a full sort of the tokens with p > 0.
+void LogProbs(const LogProbsParams& p);
 
 // Byte by byte.
 void CopyBlocks(const CopyBlocksParams& p);

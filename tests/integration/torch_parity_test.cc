@@ -1,5 +1,7 @@
 // The engine's logits against the PyTorch oracle (tests/reference/llama_reference.py, run as a
-// child process under /usr/bin/python3): prefill and 32 decode steps, f32 within 1e-4 relative.
+// child process under /usr/bin/python3): prefill and 32 decode steps, f32 within 1e-4 relative;
+// and the top-5 log-probabilities kernels::LogProbs derives from the engine's logits against
+// torch.log_softmax of the oracle's, within what the logits' difference allows.
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "engine/model/model_weights.h"
 #include "engine/tools/make_model.h"
 #include "gtest/gtest.h"
+#include "kernels/logprobs.h"
 
 namespace pd::engine {
 namespace {
@@ -23,13 +26,39 @@ namespace {
 constexpr char kOracle[] = PD_SOURCE_DIR "/tests/reference/llama_reference.py";
 constexpr int kDecodeSteps = 32;
 constexpr int64_t kBlockSize = 16;
+constexpr int kTopLogprobs = 5;
 
 // The oracle's output file: tokens (prompt then generated) and one logits row per position.
 struct Reference {
   uint32_t vocab = 0, num_prompt = 0, num_steps = 0;
   std::vector<uint32_t> tokens;
   std::vector<float> logits;  // [num_prompt + num_steps][vocab]
+  // torch.log_softmax top-k of every row, as torch.topk ranks them.
+  uint32_t top_k = 0;
+  std::vector<int32_t> top_ids;  // [num_prompt + num_steps][top_k]
+  std::vector<float> top_logprobs;
 };
+
+absl::Status ReadTopLogprobs(const std::string& path, Reference* r) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4];
+  uint32_t header[3];
+  if (!in.read(magic, 4) || std::string(magic, 4) != "PDLP" ||
+      !in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != 1 ||
+      header[1] != r->num_prompt + r->num_steps) {
+    return absl::DataLossError(absl::StrCat("bad oracle logprobs ", path));
+  }
+  r->top_k = header[2];
+  r->top_ids.resize(static_cast<size_t>(header[1]) * r->top_k);
+  r->top_logprobs.resize(r->top_ids.size());
+  for (uint32_t row = 0; row < header[1]; ++row) {
+    if (!in.read(reinterpret_cast<char*>(&r->top_ids[row * r->top_k]), r->top_k * 4) ||
+        !in.read(reinterpret_cast<char*>(&r->top_logprobs[row * r->top_k]), r->top_k * 4)) {
+      return absl::DataLossError(absl::StrCat("truncated oracle logprobs ", path));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Reference> ReadReference(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -39,7 +68,10 @@ absl::StatusOr<Reference> ReadReference(const std::string& path) {
       !in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != 1) {
     return absl::DataLossError(absl::StrCat("bad oracle output ", path));
   }
-  Reference r{header[1], header[2], header[3], {}, {}};
+  Reference r;
+  r.vocab = header[1];
+  r.num_prompt = header[2];
+  r.num_steps = header[3];
   r.tokens.resize(r.num_prompt + r.num_steps);
   r.logits.resize(static_cast<size_t>(r.num_prompt + r.num_steps) * r.vocab);
   if (!in.read(reinterpret_cast<char*>(r.tokens.data()), r.tokens.size() * 4) ||
@@ -55,8 +87,10 @@ absl::StatusOr<Reference> RunOracle(std::vector<std::string> model_args,
   std::vector<std::string> argv = {"/usr/bin/python3", kOracle};
   argv.insert(argv.end(), model_args.begin(), model_args.end());
   const std::string out = dir.File("oracle.pdrl");
+  const std::string logprobs_out = dir.File("oracle.pdlp");
   argv.insert(argv.end(), {"--tokens", absl::StrJoin(prompt, ","), "--decode-steps",
-                           std::to_string(kDecodeSteps), "--out", out});
+                           std::to_string(kDecodeSteps), "--out", out, "--logprobs-out",
+                           logprobs_out, "--top-logprobs", std::to_string(kTopLogprobs)});
   absl::StatusOr<pd::testing::Subprocess> p =
       pd::testing::Subprocess::Spawn(argv, dir.File("oracle.log"));
   if (!p.ok()) return p.status();
@@ -65,7 +99,43 @@ absl::StatusOr<Reference> RunOracle(std::vector<std::string> model_args,
   if (!exit->Success()) {
     return absl::InternalError(absl::StrCat("oracle ", exit->ToString(), ": ", p->LogTail()));
   }
-  return ReadReference(out);
+  absl::StatusOr<Reference> ref = ReadReference(out);
+  if (!ref.ok()) return ref.status();
+  absl::Status top = ReadTopLogprobs(logprobs_out, &*ref);
+  if (!top.ok()) return top;
+  return ref;
+}
+
+// The engine's top-k log-probabilities of one row (kernels::LogProbs on its logits) against
+// torch's. Each log p is x - logsumexp(x), so it moves by at most twice the logits' largest
+// difference `max_diff`; ids may differ only where torch's own values are that close (a
+// near-tie that the logits' noise may order either way).
+void ExpectTopLogprobsMatch(const std::vector<float>& logits, const Reference& ref, int64_t row,
+                            double max_diff) {
+  const int32_t k = static_cast<int32_t>(ref.top_k);
+  std::vector<int32_t> ids(k);
+  std::vector<float> values(k);
+  kernels::LogProbsParams p;
+  p.logits = logits.data();
+  p.num_seqs = 1;
+  p.vocab_size = ref.vocab;
+  p.logits_stride = ref.vocab;
+  p.top_n = k;
+  p.out_top_ids = ids.data();
+  p.out_top_logprobs = values.data();
+  ASSERT_TRUE(kernels::LogProbs(kernels::OpContext{}, p).ok());
+  const int32_t* want_ids = &ref.top_ids[row * k];
+  const float* want = &ref.top_logprobs[row * k];
+  for (int32_t j = 0; j < k; ++j) {
+    const double tol = 2 * max_diff + 1e-5 * std::max(1.0, std::abs(double{want[j]}));
+    EXPECT_NEAR(values[j], want[j], tol) << "row " << row << " rank " << j;
+    if (ids[j] != want_ids[j]) {
+      const bool near_tie = (j > 0 && want[j - 1] - want[j] <= 2 * tol) ||
+                            (j + 1 < k && want[j] - want[j + 1] <= 2 * tol);
+      EXPECT_TRUE(near_tie) << "row " << row << " rank " << j << ": id " << ids[j] << ", torch "
+                            << want_ids[j] << " (" << want[j] << ")";
+    }
+  }
 }
 
 // Feeds the oracle's sequence through the engine (prompt as one prefill, then one token per
@@ -89,6 +159,7 @@ void ExpectMatchesOracle(const ModelWeights& weights, const Reference& ref, doub
       max_diff = std::max(max_diff, std::abs(double{logits[v]} - want[v]));
     }
     EXPECT_LE(max_diff / max_ref, rel_tol) << "row " << row << ": max diff " << max_diff;
+    ExpectTopLogprobsMatch(logits, ref, row, max_diff);
   };
   absl::Span<const uint32_t> seq(ref.tokens);
   ASSERT_TRUE((*f)->Forward({{seq.first(ref.num_prompt), 0, table}}, logits.data()).ok());

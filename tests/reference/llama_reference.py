@@ -6,6 +6,7 @@ writes them in the PDRL binary format described in README.md next to this file.
 
   /usr/bin/python3 tests/reference/llama_reference.py (--hf DIR | --llama2c FILE) \
       --tokens 1,403,407 [--decode-steps N] [--dtype f32|bf16] [--tok tok512.bin] --out FILE
+      [--logprobs-out FILE [--top-logprobs K]]
 
 Only torch (1.13, Debian's python3-torch), numpy and the standard library are used.
 """
@@ -300,6 +301,9 @@ def main():
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--tok", metavar="FILE", help="llama2.c tokenizer.bin: also print the text")
     ap.add_argument("--out", required=True, help="output PDRL file")
+    ap.add_argument("--logprobs-out", metavar="FILE",
+                    help="also write torch.log_softmax top-K of every row (PDLP, README.md)")
+    ap.add_argument("--top-logprobs", type=int, default=5, help="K for --logprobs-out")
     args = ap.parse_args()
 
     t0 = time.time()
@@ -335,6 +339,15 @@ def main():
         f.write(struct.pack("<4sIIII", b"PDRL", 1, V, len(prompt), n))
         f.write(np.asarray(prompt + generated, dtype="<u4").tobytes())
         f.write(logits.numpy().astype("<f4").tobytes())
+    if args.logprobs_out:
+        # What an OpenAI-style server reports: log_softmax of the raw f32 logits, top-K.
+        k = min(args.top_logprobs, V)
+        values, ids = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+        with open(args.logprobs_out, "wb") as f:
+            f.write(struct.pack("<4sIII", b"PDLP", 1, logits.shape[0], k))
+            for r in range(logits.shape[0]):
+                f.write(ids[r].numpy().astype("<i4").tobytes())
+                f.write(values[r].numpy().astype("<f4").tobytes())
     print(json.dumps({"generated": generated}))
     if args.tok:
         seq, prev = (prompt[1:], 1) if prompt[0] == 1 else (prompt, None)  # BOS is not printed
