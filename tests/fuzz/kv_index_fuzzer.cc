@@ -44,7 +44,7 @@ uint8_t TierBit(int tier) {
 // The whole hashes of `bytes` (a trailing partial one is ignored).
 std::vector<BlockHash> Hashes(absl::string_view bytes) {
   absl::StatusOr<std::vector<BlockHash>> out =
-      SplitBlockHashes(bytes.substr(0, bytes.size() / 16 * 16));
+      pd::SplitBlockHashes(bytes.substr(0, bytes.size() / 16 * 16));
   CHECK(out.ok()) << out.status();
   return *std::move(out);
 }
