@@ -192,6 +192,7 @@ namespace {
 // How often an idle stream writes an SSE comment: a client that went away is noticed (the write
 // fails) and its generation cancelled even before the first token.
 constexpr absl::Duration kStreamPing = absl::Seconds(5);
+constexpr int kListenBacklog = 4096;
 
 void SetError(httplib::Response& res, const ApiError& e) {
   res.status = e.http_status;
@@ -326,9 +327,12 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   s.new_task_queue = [count = f->connections_] { return new ConnectionThreads(count); };
   s.set_payload_max_length(static_cast<size_t>(config.max_body_bytes));
   // Only SO_REUSEADDR: httplib's default SO_REUSEPORT would let a second process share the port.
-  s.set_socket_options([](int sock) {
+  // The listening socket is remembered so its backlog can be raised after bind (below).
+  auto listen_fd = std::make_shared<int>(-1);
+  s.set_socket_options([listen_fd](int sock) {
     int yes = 1;
     (void)::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    *listen_fd = sock;
   });
   s.set_keep_alive_max_count(100000);
   // Also bounds how long Stop waits on an idle keep-alive connection.
@@ -343,6 +347,12 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   if (port < 0) {
     return absl::UnavailableError(
         absl::StrCat("http: cannot listen on ", config.address.host, ":", config.address.port));
+  }
+  // httplib listens with a backlog of 5: a burst of clients connecting at once (a load test
+  // opening a thousand streams) would see dropped SYNs and connect timeouts. Linux lets a second
+  // listen() on the same socket raise the backlog (capped by net.core.somaxconn).
+  if (*listen_fd >= 0 && ::listen(*listen_fd, kListenBacklog) != 0) {
+    PLOG(WARNING) << "http: listen backlog stays at httplib's default";
   }
   f->port_ = port;
   f->registry_ = registry;
