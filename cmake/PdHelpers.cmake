@@ -32,7 +32,9 @@ endfunction()
 
 # LABELS is required: CI selects tests by label (unit, kernel, integration, e2e, slow, gpu).
 function(pd_cc_test)
-  cmake_parse_arguments(PD "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  # SERIAL: ctest runs the test's cases with nothing else at once (load tests that measure
+  # or saturate the machine).
+  cmake_parse_arguments(PD "SERIAL" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT PD_BUILD_TESTS)
     return()
   endif()
@@ -52,10 +54,14 @@ function(pd_cc_test)
   pd_apply_warnings(${PD_NAME})
   # POST_BUILD discovery (lists tests right after linking, milliseconds). PRE_TEST would avoid
   # that, but CMake 3.25 generates a self-including file for it with single-config generators.
+  set(_serial)
+  if(PD_SERIAL)
+    set(_serial RUN_SERIAL TRUE)
+  endif()
   gtest_discover_tests(${PD_NAME}
     DISCOVERY_TIMEOUT 30
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS "${PD_LABELS}" TIMEOUT ${PD_TIMEOUT})
+    PROPERTIES LABELS "${PD_LABELS}" TIMEOUT ${PD_TIMEOUT} ${_serial})
 endfunction()
 
 # pd_forbid_link_deps(TARGET <target> FORBIDDEN <target>...): fails the configure when <target>

@@ -37,7 +37,8 @@ for (const r of results) {
     counts[r.value] += 1;
   } else {
     counts.failed += 1;
-    if (counts.errors.length < 5) counts.errors.push(String(r.reason));
+    const cause = r.reason && r.reason.cause ? ` (${r.reason.cause.code || r.reason.cause})` : '';
+    if (counts.errors.length < 5) counts.errors.push(String(r.reason) + cause);
   }
 }
 console.log(JSON.stringify(counts));
