@@ -75,6 +75,13 @@ absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const Reques
   if (s.top_k() > static_cast<uint32_t>(INT32_MAX)) {
     return Invalid("sampling.top_k", absl::StrCat(s.top_k(), " exceeds ", INT32_MAX));
   }
+  // The engine's bound (kernels::kMaxTopLogprobs, OpenAI's top_logprobs limit); refused here
+  // so that the client hears it from the router, not from a worker.
+  constexpr uint32_t kMaxLogprobs = 20;
+  if (s.has_logprobs() && s.logprobs() > kMaxLogprobs) {
+    return Invalid("sampling.logprobs",
+                   absl::StrCat("must be in [0, ", kMaxLogprobs, "], got ", s.logprobs()));
+  }
   if (static_cast<uint32_t>(s.stop_size()) > limits.max_stop_strings) {
     return Invalid("sampling.stop", absl::StrCat(s.stop_size(), " entries exceed the limit ",
                                                  limits.max_stop_strings));

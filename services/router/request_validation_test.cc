@@ -33,6 +33,7 @@ TEST(RequestValidationTest, AcceptsMinimalAndFullRequests) {
   s->add_stop("\n\n");
   s->add_stop("é");
   s->add_stop_token_ids(2);
+  s->set_logprobs(20);
   full.set_client_request_id("abc");
   full.set_tenant("team-a");
   full.set_cache_salt("salt");
@@ -79,6 +80,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TopKAboveInt32",
                 [](GenerateRequest* r) { r->mutable_sampling()->set_top_k(2147483648u); },
                 "sampling.top_k"},
+        BadCase{"LogprobsAbove20",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_logprobs(21); },
+                "sampling.logprobs"},
         BadCase{"MinAboveMax",
                 [](GenerateRequest* r) { r->mutable_sampling()->set_min_tokens(64); },
                 "sampling.min_tokens"},

@@ -199,6 +199,7 @@ void RouterStream::OnUpstreamRead(Attempt* a, bool ok) {
     out_.Clear();
     *out_.mutable_token_ids() = in.token_ids();
     out_.set_text(in.text());
+    *out_.mutable_logprobs() = in.logprobs();
     completion_tokens_ += in.token_ids_size();
     if (in.token_ids_size() > 0) {
       const absl::Time now = absl::Now();

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/logprobs_params.h"
 
 namespace pd::worker {
 
@@ -33,6 +34,13 @@ absl::StatusOr<engine::SamplingOptions> SamplingFromProto(const pdserve::v1::Sam
   s.stop.assign(p.stop().begin(), p.stop().end());
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.ignore_eos = p.ignore_eos();
+  if (p.has_logprobs()) {
+    if (p.logprobs() > static_cast<uint32_t>(kernels::kMaxTopLogprobs)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.logprobs must be in [0, ", kernels::kMaxTopLogprobs, "], got ", p.logprobs()));
+    }
+    s.logprobs = static_cast<int32_t>(p.logprobs());
+  }
   return s;
 }
 
@@ -52,6 +60,26 @@ pdserve::v1::FinishReason FinishReasonToProto(engine::FinishReason reason) {
       return pdserve::v1::FINISH_REASON_ERROR;
   }
   return pdserve::v1::FINISH_REASON_ERROR;
+}
+
+void TokenLogprobToProto(const engine::TokenLogprob& in, pdserve::v1::TokenLogprob* out) {
+  out->set_logprob(in.logprob);
+  out->mutable_top()->Reserve(static_cast<int>(in.top.size()));
+  for (const auto& [id, lp] : in.top) {
+    pdserve::v1::TopLogprob* t = out->add_top();
+    t->set_token_id(id);
+    t->set_logprob(lp);
+  }
+}
+
+engine::TokenLogprob TokenLogprobFromProto(const pdserve::v1::TokenLogprob& in) {
+  engine::TokenLogprob out;
+  out.logprob = in.logprob();
+  out.top.reserve(in.top_size());
+  for (const pdserve::v1::TopLogprob& t : in.top()) {
+    out.top.emplace_back(t.token_id(), t.logprob());
+  }
+  return out;
 }
 
 namespace {

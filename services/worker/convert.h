@@ -18,6 +18,11 @@ absl::StatusOr<engine::SamplingOptions> SamplingFromProto(const pdserve::v1::Sam
 
 pdserve::v1::FinishReason FinishReasonToProto(engine::FinishReason reason);
 
+// A generated token's logprob entry on the wire and back. FromProto checks nothing: the
+// scheduler validates the entry (CompleteRemotePrefill) against what the request asked.
+void TokenLogprobToProto(const engine::TokenLogprob& in, pdserve::v1::TokenLogprob* out);
+engine::TokenLogprob TokenLogprobFromProto(const pdserve::v1::TokenLogprob& in);
+
 // `text` with every byte that is not part of a well-formed UTF-8 character replaced by U+FFFD
 // (one per maximal ill-formed subsequence, as Unicode recommends), so that it fits a proto
 // `string` field: the detokenizer passes bytes through when a model's tokens do not form

@@ -32,6 +32,26 @@ TEST(ConvertTest, SamplingDefaultsAndRanges) {
   EXPECT_EQ(s->seed, 42u);
   EXPECT_EQ(s->stop.size(), 1u);
   EXPECT_EQ(s->stop_token_ids.size(), 1u);
+  EXPECT_EQ(s->logprobs, -1);  // unset = not asked
+  p.set_logprobs(0);
+  EXPECT_EQ(SamplingFromProto(p)->logprobs, 0);
+  p.set_logprobs(20);
+  EXPECT_EQ(SamplingFromProto(p)->logprobs, 20);
+  p.set_logprobs(21);
+  EXPECT_THAT(SamplingFromProto(p).status().message(), HasSubstr("sampling.logprobs"));
+}
+
+TEST(ConvertTest, TokenLogprobRoundTrips) {
+  engine::TokenLogprob in;
+  in.logprob = -0.25f;
+  in.top = {{7, -0.25f}, {3, -2.5f}};
+  pdserve::v1::TokenLogprob wire;
+  TokenLogprobToProto(in, &wire);
+  ASSERT_EQ(wire.top_size(), 2);
+  EXPECT_EQ(wire.top(1).token_id(), 3u);
+  const engine::TokenLogprob out = TokenLogprobFromProto(wire);
+  EXPECT_EQ(out.logprob, in.logprob);
+  EXPECT_EQ(out.top, in.top);
 }
 
 TEST(ConvertTest, FinishReasonsMap) {

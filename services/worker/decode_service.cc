@@ -51,6 +51,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
     iv1::DecodeResponse msg;
     msg.mutable_token_ids()->Add(out.new_tokens.begin(), out.new_tokens.end());
     msg.set_text(ToValidUtf8(std::move(out.text)));
+    msg.mutable_logprobs()->Reserve(static_cast<int>(out.logprobs.size()));
+    for (const engine::TokenLogprob& lp : out.logprobs) {
+      TokenLogprobToProto(lp, msg.add_logprobs());
+    }
     const bool last = out.finish_reason != engine::FinishReason::kNone;
     if (last) {
       msg.set_finish_reason(FinishReasonToProto(out.finish_reason));
@@ -126,6 +130,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
         iv1::DecodeResponse& next = queue_.front();
         current_.mutable_token_ids()->MergeFrom(next.token_ids());
         current_.mutable_text()->append(next.text());
+        current_.mutable_logprobs()->MergeFrom(next.logprobs());
         if (next.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED) {
           current_.set_finish_reason(next.finish_reason());
           *current_.mutable_usage() = next.usage();

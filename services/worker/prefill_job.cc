@@ -113,6 +113,9 @@ void PrefillJob::OnPrefilled(std::shared_ptr<PrefillJob> self, engine::Prefilled
   const uint32_t p_cached =
       static_cast<uint32_t>(std::max<int64_t>(0, b.cached_tokens - first * block_size));
   response_.set_first_token_id(b.first_token);
+  if (b.first_logprob.has_value()) {
+    TokenLogprobToProto(*b.first_logprob, response_.mutable_first_logprob());
+  }
   response_.set_prefill_cached_tokens(p_cached);
   response_.set_prefill_tier_cached_tokens(
       std::min(p_cached, static_cast<uint32_t>(b.restored_tokens)));

@@ -6,6 +6,7 @@
 
 #include "common/hash/block_hash.h"
 #include "common/log/log.h"
+#include "services/worker/convert.h"
 
 namespace pd::worker {
 namespace {
@@ -99,6 +100,10 @@ iv1::PrefillRequest RemotePrefill::BuildRequest(const engine::RemotePrefillTarge
 
 void RemotePrefill::OnPeerAnswer(const absl::Status& status, const iv1::PrefillResponse& response) {
   uint64_t bytes = 0;
+  std::optional<engine::TokenLogprob> first_logprob;
+  if (response.has_first_logprob()) {
+    first_logprob = TokenLogprobFromProto(response.first_logprob());
+  }
   {
     absl::MutexLock lock(&mu_);
     if (state_ != State::kCalling) {
@@ -113,6 +118,7 @@ void RemotePrefill::OnPeerAnswer(const absl::Status& status, const iv1::PrefillR
       stats_->kv_restore_us = response.timings().kv_restore_us();
       first_token_ = response.first_token_id();
       if (!transfer_done_) {
+        first_logprob_ = std::move(first_logprob);
         state_ = State::kAwaitingTransfer;
         return;
       }
@@ -123,12 +129,13 @@ void RemotePrefill::OnPeerAnswer(const absl::Status& status, const iv1::PrefillR
   if (!status.ok()) {
     Fail(status, /*cancel_expectation=*/true);
   } else {
-    Complete(response.first_token_id(), bytes);
+    Complete(response.first_token_id(), std::move(first_logprob), bytes);
   }
 }
 
 void RemotePrefill::OnTransfer(const transport::TransferState& st) {
   uint32_t first = 0;
+  std::optional<engine::TokenLogprob> first_logprob;
   {
     absl::MutexLock lock(&mu_);
     if (state_ == State::kDone || state_ == State::kFailed) {
@@ -143,22 +150,31 @@ void RemotePrefill::OnTransfer(const transport::TransferState& st) {
     } else {
       state_ = State::kDone;
       first = first_token_;
+      first_logprob = std::move(first_logprob_);
     }
   }
   if (st.phase != transport::TransferPhase::kDone) {
     Fail(st.status, /*cancel_expectation=*/true);
   } else {
-    Complete(first, st.bytes);
+    Complete(first, std::move(first_logprob), st.bytes);
   }
 }
 
-void RemotePrefill::Complete(uint32_t first_token, uint64_t bytes) {
-  ctx_->metrics.prefills->WithLabels({"remote"}).Increment();
+void RemotePrefill::Complete(uint32_t first_token,
+                             std::optional<engine::TokenLogprob> first_logprob, uint64_t bytes) {
   ctx_->metrics.kv_transfer_bytes->WithLabels({"in"}).Increment(bytes);
-  ctx_->loop->Post([id = id_, first_token](engine::Scheduler& s) {
-    absl::Status done = s.CompleteRemotePrefill(id, first_token);
-    if (!done.ok()) {
-      LOG(WARNING) << done;
+  ctx_->loop->Post([ctx = ctx_, id = id_, request_id = decode_->request_id(), first_token,
+                    first_logprob = std::move(first_logprob)](engine::Scheduler& s) mutable {
+    const absl::Status done = s.CompleteRemotePrefill(id, first_token, std::move(first_logprob));
+    if (done.ok()) {
+      ctx->metrics.prefills->WithLabels({"remote"}).Increment();
+      return;
+    }
+    LOG(WARNING) << "request_id=" << request_id << ": " << done;
+    if (done.code() == absl::StatusCode::kInvalidArgument) {
+      // The prefill worker's answer was refused (a first token or logprob entry out of range):
+      // the scheduler prefills the request locally instead.
+      ctx->metrics.prefills->WithLabels({"fallback"}).Increment();
     }
   });
 }

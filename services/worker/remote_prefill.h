@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -86,7 +87,8 @@ class RemotePrefill {
   // The expectation finished, failed, or its deadline passed (the handoff's thread).
   void OnTransfer(const transport::TransferState& state);
   // Terminal steps, called once, outside mu_.
-  void Complete(uint32_t first_token, uint64_t bytes);
+  void Complete(uint32_t first_token, std::optional<engine::TokenLogprob> first_logprob,
+                uint64_t bytes);
   void Fail(const absl::Status& why, bool cancel_expectation);
 
   WorkerContext* const ctx_;
@@ -101,6 +103,7 @@ class RemotePrefill {
   bool transfer_done_ ABSL_GUARDED_BY(mu_) = false;  // the bytes are in (kCalling)
   uint64_t transfer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t first_token_ ABSL_GUARDED_BY(mu_) = 0;  // from the answer (kAwaitingTransfer)
+  std::optional<engine::TokenLogprob> first_logprob_ ABSL_GUARDED_BY(mu_);  // idem, when asked
 };
 
 }  // namespace pd::worker

@@ -128,17 +128,24 @@ class Reference {
     return *ids;
   }
 
-  std::pair<std::vector<uint32_t>, std::string> Greedy(const std::string& prompt,
-                                                       uint32_t max_tokens) {
+  // Greedy tokens and text of `prompt`; with `logprobs`, also each token's entry with
+  // `top_logprobs` alternatives.
+  std::pair<std::vector<uint32_t>, std::string> Greedy(
+      const std::string& prompt, uint32_t max_tokens,
+      std::vector<engine::TokenLogprob>* logprobs = nullptr, int32_t top_logprobs = 0) {
     std::vector<uint32_t> tokens;
     std::string text;
     engine::GenerationRequest r;
     r.id = RequestId(next_++);
     r.prompt = Encode(prompt);
     r.sampling.max_tokens = max_tokens;
+    if (logprobs != nullptr) r.sampling.logprobs = top_logprobs;
     r.on_output = [&](engine::GenerationOutput o) {
       tokens.insert(tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
       text += o.text;
+      if (logprobs != nullptr) {
+        logprobs->insert(logprobs->end(), o.logprobs.begin(), o.logprobs.end());
+      }
     };
     CHECK(rt_->scheduler()->Submit(std::move(r)).ok());
     while (!rt_->scheduler()->idle()) rt_->scheduler()->Step();

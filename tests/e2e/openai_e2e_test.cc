@@ -5,6 +5,7 @@
 // errors and a mid-stream disconnect, after which the decode worker has freed the request.
 #include <httplib.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -137,6 +138,87 @@ TEST_F(OpenAiE2eTest, GreedyTextEqualsTheEngineAndGrpc) {
   EXPECT_EQ(streamed, expected);
   EXPECT_TRUE(done) << sse;
   EXPECT_TRUE(usage) << sse;
+}
+
+// Logprobs travel from the engine through both workers (the first token's entry is computed
+// by the prefill worker, the rest by the decode worker) and the router to the client: the
+// completions values equal the in-process engine's bit for bit (a float survives JSON's
+// double), and the chat stream's entries name the tokens that make up its text.
+TEST_F(OpenAiE2eTest, LogprobsEqualTheEngine) {
+  constexpr int kTop = 3;
+  Reference ref;
+  std::vector<engine::TokenLogprob> expected;
+  const auto [tokens, text] = ref.Greedy(kPrompt, kMaxTokens, &expected, kTop);
+  ASSERT_EQ(expected.size(), tokens.size());
+
+  const json req = {{"model", "stories260K.bin"}, {"prompt", kPrompt},
+                    {"max_tokens", kMaxTokens},   {"temperature", 0},
+                    {"logprobs", kTop}};
+  httplib::Result res = Post("/v1/completions", req.dump());
+  ASSERT_TRUE(res) << cluster_->Logs();
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json choice = json::parse(res->body)["choices"][0];
+  ASSERT_EQ(choice["text"], text);
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), expected.size()) << lp.dump();
+  std::string joined;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(lp["token_logprobs"][i].get<float>(), expected[i].logprob) << "token " << i;
+    // The alternatives plus the sampled token (the same one under greedy): kTop entries whose
+    // values are the engine's.
+    std::vector<float> want, got;
+    for (const auto& [id, v] : expected[i].top) want.push_back(v);
+    for (const auto& [name, v] : lp["top_logprobs"][i].items()) got.push_back(v.get<float>());
+    std::sort(want.begin(), want.end());
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, want) << "token " << i << ": " << lp["top_logprobs"][i].dump();
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size()) << "token " << i;  // ASCII
+    joined += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined, text);
+  // The decode worker (index 1) took the prefill worker's first token and its entry: a missing
+  // or malformed entry would have made it prefill locally ("fallback").
+  const std::string decode_metrics = cluster_->WorkerMetrics(1);
+  EXPECT_GE(Metric(decode_metrics, "pd_worker_prefills_total{where=\"remote\"}"), 1)
+      << decode_metrics;
+  EXPECT_EQ(Metric(decode_metrics, "pd_worker_prefills_total{where=\"fallback\"}"), 0)
+      << decode_metrics;
+
+  // Chat, streamed: one entry per generated token, each naming its token's bytes; under
+  // greedy decoding the sampled token is the most likely one.
+  const json chat = {{"model", "stories260K.bin"},
+                     {"messages", {{{"role", "user"}, {"content", kPrompt}}}},
+                     {"max_tokens", kMaxTokens},
+                     {"temperature", 0},
+                     {"logprobs", true},
+                     {"top_logprobs", 2},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  res = Post("/v1/chat/completions", chat.dump());
+  ASSERT_TRUE(res && res->status == 200) << (res ? res->body : cluster_->Logs());
+  std::string content, from_bytes;
+  size_t entries = 0, completion_tokens = 0;
+  for (absl::string_view event : absl::StrSplit(res->body, "\n\n", absl::SkipEmpty())) {
+    const absl::string_view data = event.substr(6);
+    if (data == "[DONE]") continue;
+    const json chunk = json::parse(data);
+    if (chunk["usage"].is_object()) completion_tokens = chunk["usage"]["completion_tokens"];
+    for (const json& c : chunk["choices"]) {
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      if (c["logprobs"].is_null()) continue;
+      for (const json& e : c["logprobs"]["content"]) {
+        ++entries;
+        for (int b : e["bytes"]) from_bytes += static_cast<char>(b);
+        ASSERT_EQ(e["top_logprobs"].size(), 2u) << e.dump();
+        EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]) << e.dump();
+        EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]) << e.dump();
+        EXPECT_LE(e["logprob"].get<double>(), 0.0);
+      }
+    }
+  }
+  EXPECT_GT(entries, 0u);
+  EXPECT_EQ(entries, completion_tokens);
+  EXPECT_EQ(from_bytes, content);
 }
 
 TEST_F(OpenAiE2eTest, BadRequestsGetTheirStatusAndErrorObject) {

@@ -490,6 +490,7 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::ToGenerateRequest(const OpenAiReq
   v1::GenerateRequest g;
   g.set_model(r.model);
   *g.mutable_sampling() = r.sampling;
+  if (r.logprobs >= 0) g.mutable_sampling()->set_logprobs(static_cast<uint32_t>(r.logprobs));
   if (r.cache_salt.has_value()) g.set_cache_salt(*r.cache_salt);
   if (r.endpoint == Endpoint::kCompletions) {
     if (r.prompt_text.has_value()) {
@@ -547,13 +548,6 @@ void HttpFront::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     return;
   }
   const OpenAiRequest& r = *parsed;
-  if (r.logprobs >= 0) {
-    Reply(
-        res,
-        WithParam(absl::UnimplementedError("logprobs are not implemented by this server yet (#17)"),
-                  "logprobs"));
-    return;
-  }
   std::string echo;
   absl::StatusOr<v1::GenerateRequest> g = ToGenerateRequest(r, &echo);
   if (!g.ok()) {
@@ -582,8 +576,15 @@ void HttpFront::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   }
   const std::string id =
       absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", first.request_id());
+  TokenBytesFn token_bytes;
+  if (r.logprobs >= 0) {
+    token_bytes = [tokenizer = &model_->tokenizer()](uint32_t prev, uint32_t token) {
+      absl::StatusOr<std::string> bytes = tokenizer->DecodeToken(prev, token);
+      return bytes.ok() ? *std::move(bytes) : std::string();
+    };
+  }
   st->builder.emplace(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(),
-                      std::move(echo));
+                      std::move(echo), std::move(token_bytes));
   if (!r.stream) {
     st->builder->Add(first);
     st->stream->OnSent(true);

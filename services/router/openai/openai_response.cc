@@ -1,5 +1,7 @@
 #include "services/router/openai/openai_response.h"
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -17,7 +19,96 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string Event(const std::string& data) { return absl::StrCat("data: ", data, "\n\n"); }
 
+// Unicode code points in `bytes` (what a client's string length counts), counting each byte
+// that is not a UTF-8 continuation byte.
+int64_t CodePoints(absl::string_view bytes) {
+  int64_t n = 0;
+  for (const char c : bytes) {
+    if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++n;
+  }
+  return n;
+}
+
+json ByteArray(const std::string& bytes) {
+  json a = json::array();
+  for (const char c : bytes) a.push_back(static_cast<unsigned char>(c));
+  return a;
+}
+
+// A JSON number, or null for NaN (nlohmann writes non-finite numbers as null anyway; explicit
+// here so the shape is documented).
+json LogprobValue(float logprob) {
+  const double v = JsonLogprob(logprob);
+  return std::isnan(v) ? json(nullptr) : json(v);
+}
+
+// The choice's logprobs object, in `endpoint`'s shape (ResponseBuilder's comment), for `tokens`
+// and their entries, continuing after the tokens already rendered: `*prev_token` is the token
+// before tokens[0], `*text_offset` its code-point offset (completions); both are advanced.
+json RenderLogprobs(Endpoint endpoint, const TokenBytesFn& token_bytes,
+                    const google::protobuf::RepeatedField<uint32_t>& tokens,
+                    const google::protobuf::RepeatedPtrField<pdserve::v1::TokenLogprob>& logprobs,
+                    uint32_t* prev_token, int64_t* text_offset) {
+  const bool chat = endpoint == Endpoint::kChat;
+  const auto bytes_of = [&](uint32_t prev, uint32_t token) {
+    return token_bytes != nullptr ? token_bytes(prev, token) : std::string();
+  };
+  json content = json::array();  // chat
+  json names = json::array(), values = json::array(), tops = json::array(),
+       offsets = json::array();  // completions
+  // A worker sends one entry per token; should one be missing, the tokens without an entry are
+  // left out rather than paired with another token's entry.
+  const int n = std::min(tokens.size(), logprobs.size());
+  for (int i = 0; i < n; ++i) {
+    const uint32_t token = tokens.Get(i);
+    const pdserve::v1::TokenLogprob& lp = logprobs.Get(i);
+    const std::string bytes = bytes_of(*prev_token, token);
+    if (chat) {
+      json entry;
+      entry["token"] = bytes;
+      entry["logprob"] = LogprobValue(lp.logprob());
+      entry["bytes"] = ByteArray(bytes);
+      json top = json::array();
+      for (const pdserve::v1::TopLogprob& t : lp.top()) {
+        const std::string alt = bytes_of(*prev_token, t.token_id());
+        top.push_back(
+            {{"token", alt}, {"logprob", LogprobValue(t.logprob())}, {"bytes", ByteArray(alt)}});
+      }
+      entry["top_logprobs"] = std::move(top);
+      content.push_back(std::move(entry));
+    } else {
+      names.push_back(bytes);
+      values.push_back(LogprobValue(lp.logprob()));
+      json top = json::object();
+      for (const pdserve::v1::TopLogprob& t : lp.top()) {
+        top[bytes_of(*prev_token, t.token_id())] = LogprobValue(t.logprob());
+      }
+      top[bytes] = LogprobValue(lp.logprob());  // the sampled token is always listed
+      tops.push_back(std::move(top));
+      offsets.push_back(*text_offset);
+      *text_offset += CodePoints(bytes);
+    }
+    *prev_token = token;
+  }
+  json out = json::object();
+  if (chat) {
+    out["content"] = std::move(content);
+    out["refusal"] = nullptr;
+  } else {
+    out["tokens"] = std::move(names);
+    out["token_logprobs"] = std::move(values);
+    out["top_logprobs"] = std::move(tops);
+    out["text_offset"] = std::move(offsets);
+  }
+  return out;
+}
+
 }  // namespace
+
+double JsonLogprob(float logprob) {
+  if (std::isinf(logprob) && logprob < 0) return -9999.0;
+  return static_cast<double>(logprob);
+}
 
 ApiError ErrorFromStatus(const absl::Status& status) {
   ApiError e;
@@ -95,13 +186,18 @@ absl::string_view FinishReasonName(pdserve::v1::FinishReason reason) {
 }
 
 ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, int64_t created,
-                                 std::string model, std::string echo_text)
+                                 std::string model, std::string echo_text,
+                                 TokenBytesFn token_bytes)
     : endpoint_(request.endpoint),
       include_usage_(request.include_usage),
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)),
-      echo_text_(std::move(echo_text)) {}
+      echo_text_(std::move(echo_text)),
+      logprobs_(request.logprobs),
+      token_bytes_(std::move(token_bytes)),
+      text_offset_(CodePoints(echo_text_)) {}
+
 
 std::string ResponseBuilder::UsageJson() const {
   json u;
@@ -126,7 +222,7 @@ std::string ResponseBuilder::Chunk(const std::string& choice_json, bool with_usa
 std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& msg) {
   std::string out;
   const bool chat = endpoint_ == Endpoint::kChat;
-  auto text_choice = [&](const std::string& text) {
+  auto text_choice = [&](const std::string& text, json logprobs) {
     json c;
     c["index"] = 0;
     if (chat) {
@@ -134,7 +230,7 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
     } else {
       c["text"] = text;
     }
-    c["logprobs"] = nullptr;
+    c["logprobs"] = std::move(logprobs);
     c["finish_reason"] = nullptr;
     return Dump(c);
   };
@@ -148,11 +244,16 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
       c["finish_reason"] = nullptr;
       out += Event(Chunk(Dump(c), true));
     } else if (!echo_text_.empty()) {
-      out += Event(Chunk(text_choice(echo_text_), true));
+      out += Event(Chunk(text_choice(echo_text_, nullptr), true));
     }
   }
-  if (!msg.text().empty()) {
-    out += Event(Chunk(text_choice(msg.text()), true));
+  // Tokens whose text is held back still get their logprobs now, in a chunk with no text.
+  const bool logprobs = wants_logprobs() && msg.logprobs_size() > 0;
+  if (!msg.text().empty() || logprobs) {
+    json lp = logprobs ? RenderLogprobs(endpoint_, token_bytes_, msg.token_ids(), msg.logprobs(),
+                                        &prev_token_, &text_offset_)
+                       : json(nullptr);
+    out += Event(Chunk(text_choice(msg.text(), std::move(lp)), true));
   }
   if (msg.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED) {
     finish_reason_ = msg.finish_reason();
@@ -183,6 +284,15 @@ std::string ResponseBuilder::ErrorEvent(const ApiError& error) { return Event(Er
 
 void ResponseBuilder::Add(const pdserve::v1::GenerateResponse& msg) {
   text_ += msg.text();
+  if (wants_logprobs()) {
+    // Paired by position; a message whose entries do not match its tokens contributes only the
+    // pairs it has (RenderLogprobs), so later tokens still meet their own entries.
+    const int n = std::min(msg.token_ids_size(), msg.logprobs_size());
+    for (int i = 0; i < n; ++i) {
+      tokens_.Add(msg.token_ids(i));
+      *token_logprobs_.Add() = msg.logprobs(i);
+    }
+  }
   if (msg.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED) {
     finish_reason_ = msg.finish_reason();
     usage_ = msg.usage();
@@ -198,7 +308,14 @@ std::string ResponseBuilder::Body() const {
   } else {
     c["text"] = echo_text_ + text_;
   }
-  c["logprobs"] = nullptr;
+  if (wants_logprobs()) {
+    uint32_t prev = kNoPrevToken;
+    int64_t offset = CodePoints(echo_text_);
+    c["logprobs"] =
+        RenderLogprobs(endpoint_, token_bytes_, tokens_, token_logprobs_, &prev, &offset);
+  } else {
+    c["logprobs"] = nullptr;
+  }
   c["finish_reason"] = FinishReasonName(finish_reason_);
   return absl::StrCat("{\"id\":", Dump(id_), ",\"object\":\"",
                       chat ? "chat.completion" : "text_completion", "\",\"created\":", created_,

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,12 +40,33 @@ std::string ErrorBody(const ApiError& error);
 // "stop" / "length" for the finish reasons that end a request normally.
 absl::string_view FinishReasonName(pdserve::v1::FinishReason reason);
 
+// The bytes of token `token` when it follows `prev` (engine::Tokenizer::DecodeToken; prev may
+// be kNoPrevToken); any bytes, not necessarily whole UTF-8 characters. Used to name the tokens
+// of logprobs. An id the tokenizer refuses should give "".
+using TokenBytesFn = std::function<std::string(uint32_t prev, uint32_t token)>;
+inline constexpr uint32_t kNoPrevToken = std::numeric_limits<uint32_t>::max();
+
+// A logprob as JSON carries it: -inf (a token of probability 0) becomes -9999.0, as vLLM
+// reports it, since JSON has no infinity; NaN (the model produced NaN logits) stays NaN and is
+// written as null.
+double JsonLogprob(float logprob);
+
 class ResponseBuilder {
  public:
   // `id` is the response id ("cmpl-..." / "chatcmpl-..."); `created` in Unix seconds;
-  // `echo_text` precedes the completion's text (completions with echo).
+  // `echo_text` precedes the completion's text (completions with echo). `token_bytes` names
+  // the tokens of logprobs; needed only when the request asked for them (request.logprobs
+  // >= 0), whose messages then carry GenerateResponse.logprobs:
+  //  - chat: choice.logprobs = {"content": [{token, logprob, bytes, top_logprobs: [{token,
+  //    logprob, bytes}]}], "refusal": null}, top_logprobs holding request.logprobs entries;
+  //  - completions: choice.logprobs = {tokens, token_logprobs, top_logprobs, text_offset},
+  //    each top_logprobs entry a {token: logprob} object of the request.logprobs alternatives
+  //    plus the sampled token (as vLLM and the legacy OpenAI API do), text_offset the token's
+  //    start in the choice's text in characters (code points), echoed prompt included.
+  // A streamed chunk carries the entries of the tokens that arrived with it, so a chunk may
+  // have logprobs and no text (bytes held back until a character completes).
   ResponseBuilder(const OpenAiRequest& request, std::string id, int64_t created, std::string model,
-                  std::string echo_text);
+                  std::string echo_text, TokenBytesFn token_bytes = nullptr);
 
   // Stream: the chunks ("data: {...}\n\n" events) that relay `msg`, in order. The first call
   // also emits the chat stream's role chunk (or the echoed prompt); the message carrying the
@@ -64,6 +87,7 @@ class ResponseBuilder {
  private:
   std::string Chunk(const std::string& choice_json, bool with_usage_null) const;
   std::string UsageJson() const;
+  bool wants_logprobs() const { return logprobs_ >= 0; }
 
   const Endpoint endpoint_;
   const bool include_usage_;
@@ -71,6 +95,13 @@ class ResponseBuilder {
   const int64_t created_;
   const std::string model_;
   std::string echo_text_;
+  const int32_t logprobs_;
+  const TokenBytesFn token_bytes_;
+  uint32_t prev_token_ = kNoPrevToken;
+  int64_t text_offset_ = 0;  // code points before the next token (completions)
+  // Non-streaming: every generated token and its entry, rendered by Body().
+  google::protobuf::RepeatedField<uint32_t> tokens_;
+  google::protobuf::RepeatedPtrField<pdserve::v1::TokenLogprob> token_logprobs_;
   bool started_ = false;
   std::string text_;
   pdserve::v1::FinishReason finish_reason_ = pdserve::v1::FINISH_REASON_UNSPECIFIED;

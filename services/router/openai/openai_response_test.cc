@@ -1,5 +1,6 @@
 #include "services/router/openai/openai_response.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,98 @@ TEST(OpenAiResponseTest, ErrorEventIsOneDataLine) {
   const std::vector<std::string> events = Events(ev);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(json::parse(events[0])["error"]["message"], "worker died");
+}
+
+
+// Tokens 10, 11, 12 are "a", "\xC3" (half of "é") and "\xA9"; an alternative 99 is "zz".
+std::string FakeBytes(uint32_t /*prev*/, uint32_t token) {
+  switch (token) {
+    case 10:
+      return "a";
+    case 11:
+      return "\xC3";
+    case 12:
+      return "\xA9";
+    default:
+      return "zz";
+  }
+}
+
+v1::GenerateResponse LogprobMsg(const std::vector<uint32_t>& tokens, const std::string& text,
+                                v1::FinishReason finish = {}) {
+  v1::GenerateResponse m;
+  m.set_text(text);
+  for (uint32_t t : tokens) {
+    m.add_token_ids(t);
+    v1::TokenLogprob* lp = m.add_logprobs();
+    lp->set_logprob(-0.5f);
+    v1::TopLogprob* top = lp->add_top();
+    top->set_token_id(99);
+    top->set_logprob(-std::numeric_limits<float>::infinity());
+  }
+  if (finish != v1::FINISH_REASON_UNSPECIFIED) {
+    m.set_finish_reason(finish);
+    m.mutable_usage()->set_completion_tokens(static_cast<uint32_t>(tokens.size()));
+  }
+  return m;
+}
+
+TEST(OpenAiResponseTest, ChatLogprobsNameTokensWithBytesAndClampMinusInfinity) {
+  OpenAiRequest r = Request(Endpoint::kChat);
+  r.stream = false;
+  r.logprobs = 1;
+  ResponseBuilder b(r, "chatcmpl-1", 7, "m", "", FakeBytes);
+  b.Add(LogprobMsg({10, 11}, "a"));
+  b.Add(LogprobMsg({12}, "\xC3\xA9", v1::FINISH_REASON_LENGTH));
+  const json body = json::parse(b.Body());
+  const json& content = body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u);
+  EXPECT_EQ(content[0]["token"], "a");
+  EXPECT_EQ(content[0]["logprob"], -0.5);
+  EXPECT_EQ(content[0]["bytes"], json::array({97}));
+  EXPECT_EQ(content[1]["bytes"], json::array({0xC3}));  // half a character: bytes say which
+  EXPECT_EQ(content[1]["token"], "\xEF\xBF\xBD");        // and the string is U+FFFD
+  ASSERT_EQ(content[2]["top_logprobs"].size(), 1u);
+  EXPECT_EQ(content[2]["top_logprobs"][0]["token"], "zz");
+  EXPECT_EQ(content[2]["top_logprobs"][0]["logprob"], -9999.0);
+  EXPECT_TRUE(body["choices"][0]["logprobs"]["refusal"].is_null());
+}
+
+TEST(OpenAiResponseTest, CompletionLogprobsHaveOffsetsAfterTheEcho) {
+  OpenAiRequest r = Request(Endpoint::kCompletions);
+  r.stream = false;
+  r.logprobs = 1;
+  ResponseBuilder b(r, "cmpl-1", 7, "m", "h\xC3\xA9", FakeBytes);  // echo: 2 characters
+  b.Add(LogprobMsg({10, 11, 12, 10}, "a\xC3\xA9" "a", v1::FINISH_REASON_STOP));
+  const json lp = json::parse(b.Body())["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"].size(), 4u);
+  EXPECT_EQ(lp["token_logprobs"][0], -0.5);
+  EXPECT_EQ(lp["text_offset"], json::array({2, 3, 4, 4}));  // "\xA9" continues a character
+  EXPECT_EQ(lp["top_logprobs"][0], json({{"zz", -9999.0}, {"a", -0.5}}));  // + sampled token
+}
+
+TEST(OpenAiResponseTest, StreamedLogprobsTravelWithTheirTokensEvenWithoutText) {
+  OpenAiRequest r = Request(Endpoint::kChat);
+  r.logprobs = 0;
+  ResponseBuilder b(r, "chatcmpl-1", 7, "m", "", FakeBytes);
+  std::vector<std::string> ev = Events(b.StreamEvents(LogprobMsg({11}, "")));  // held back
+  ASSERT_EQ(ev.size(), 2u);  // role chunk, then the token's logprobs with empty content
+  const json held = json::parse(ev[1]);
+  EXPECT_EQ(held["choices"][0]["delta"]["content"], "");
+  EXPECT_EQ(held["choices"][0]["logprobs"]["content"].size(), 1u);
+  ev = Events(b.StreamEvents(LogprobMsg({12}, "\xC3\xA9", v1::FINISH_REASON_STOP)));
+  ASSERT_EQ(ev.size(), 2u);  // text + its logprobs, then the finish chunk
+  EXPECT_EQ(json::parse(ev[0])["choices"][0]["logprobs"]["content"][0]["bytes"],
+            json::array({0xA9}));
+  EXPECT_TRUE(json::parse(ev[1])["choices"][0]["logprobs"].is_null());
+}
+
+TEST(OpenAiResponseTest, NoLogprobsUnlessAsked) {
+  OpenAiRequest r = Request(Endpoint::kCompletions);
+  r.stream = false;
+  ResponseBuilder b(r, "cmpl-1", 7, "m", "", FakeBytes);
+  b.Add(LogprobMsg({10}, "a", v1::FINISH_REASON_STOP));
+  EXPECT_TRUE(json::parse(b.Body())["choices"][0]["logprobs"].is_null());
 }
 
 }  // namespace
