@@ -72,6 +72,10 @@ ABSL_FLAG(int64_t, index_max_blocks, 0,
 ABSL_FLAG(int64_t, max_inflight, 1024, "open streams; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, health_interval, absl::Milliseconds(500),
           "worker health and load polling interval");
+ABSL_FLAG(absl::Duration, health_timeout, absl::Seconds(1), "deadline of each health-check RPC");
+ABSL_FLAG(int32_t, health_missed_checks, 3,
+          "consecutive health checks a worker may miss by timing out (busy) before it leaves the "
+          "pool; 1 = the first timeout takes it out. A refused connection takes it out at once");
 // Security (docs/security.md).
 // --tls_* and --client_tls_*: services/base/tls_flags.h.
 ABSL_FLAG(std::string, cluster_token_file, "",
@@ -129,6 +133,8 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.index_max_blocks = absl::GetFlag(FLAGS_index_max_blocks);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   config.health_interval = absl::GetFlag(FLAGS_health_interval);
+  config.health_timeout = absl::GetFlag(FLAGS_health_timeout);
+  config.health_missed_checks = absl::GetFlag(FLAGS_health_missed_checks);
   config.tls = pd::services::ServerTlsFromFlags();
   config.worker_tls = pd::services::WorkerClientTlsFromFlags();
   config.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);

@@ -72,6 +72,13 @@ absl::Status RouterConfig::Validate() const {
   if (health_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--health_interval must be > 0");
   }
+  if (health_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--health_timeout must be > 0");
+  }
+  if (health_missed_checks < 1 || health_missed_checks > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--health_missed_checks must be in [1, 100], got ", health_missed_checks));
+  }
   return limits.Validate();
 }
 

@@ -63,6 +63,11 @@ struct RouterConfig {
   int64_t max_inflight = 1024;
   // How often each worker's health and load are polled.
   absl::Duration health_interval = absl::Milliseconds(500);
+  // Deadline of each health-check RPC.
+  absl::Duration health_timeout = absl::Seconds(1);
+  // Consecutive health checks a worker may miss by timing out (busy, not dead) and stay in the
+  // pool; a refused connection or a wrong identity takes it out at once.
+  int health_missed_checks = 3;
 
   // Security (docs/security.md). TLS of the public API (--tls_cert, --tls_key; --tls_ca makes
   // it mutual); unset = plaintext.

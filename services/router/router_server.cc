@@ -57,6 +57,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   server->model_ = *std::move(model);
   WorkerPoolOptions pool_options;
   pool_options.health_interval = config.health_interval;
+  pool_options.rpc_timeout = config.health_timeout;
+  pool_options.max_missed_checks = config.health_missed_checks;
   pool_options.model_fingerprint = server->model_->fingerprint();
   pool_options.block_size = static_cast<uint32_t>(config.block_size);
   pool_options.security = worker_security;

@@ -27,6 +27,7 @@ struct WorkerPool::Worker {
   std::string node_name;
   iv1::WorkerLoad load;
   std::string last_error;
+  int missed_checks = 0;  // consecutive GetLoad timeouts
   std::atomic<int64_t> inflight{0};
   std::atomic<int64_t> assigned_blocks{0};
   int64_t inflight_at_report = 0;         // guarded by WorkerPool::mu_
@@ -39,6 +40,10 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
     HealthCallback on_health_change) {
   if (decode_addresses.empty()) {
     return absl::InvalidArgumentError("--decode_workers: at least one decode worker is needed");
+  }
+  if (options.max_missed_checks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_missed_checks must be >= 1, got ",
+                                                   options.max_missed_checks));
   }
   std::unique_ptr<WorkerPool> pool(new WorkerPool());
   pool->options_ = std::move(options);
@@ -159,11 +164,23 @@ void WorkerPool::Check(Worker& w) {
   grpc::Status s = w.configured_decode ? w.decode->GetLoad(&ctx, {}, &load)
                                        : w.prefill->GetLoad(&ctx, {}, &load);
   if (!s.ok()) {
-    SetHealthy(w, false, absl::StrCat("GetLoad: ", s.error_message()));
+    const std::string why = absl::StrCat("GetLoad: ", s.error_message());
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      absl::MutexLock lock(&mu_);
+      // Busy, perhaps saturated: give it a few more checks before routing around it.
+      if (w.healthy && ++w.missed_checks < options_.max_missed_checks) {
+        w.last_error = why;
+        LOG(WARNING) << "worker " << w.address << " missed health check " << w.missed_checks
+                     << " of " << options_.max_missed_checks << ": " << why;
+        return;
+      }
+    }
+    SetHealthy(w, false, why);
     return;
   }
   {
     absl::MutexLock lock(&mu_);
+    w.missed_checks = 0;
     w.load = load;
     w.inflight_at_report = inflight_before;
     w.assigned_blocks_at_report = blocks_before;
@@ -182,6 +199,7 @@ void WorkerPool::SetHealthy(Worker& w, bool healthy, const std::string& error) {
     if (!healthy) {
       w.verified = false;  // re-verify when it answers again (it may have restarted)
       w.last_error = error;
+      w.missed_checks = 0;
     }
     if (w.healthy == healthy) {
       return;

@@ -1,7 +1,8 @@
 // WorkerPool: the router's registry of workers. Workers are configured by address
 // (--decode_workers, --prefill_workers); a background thread per worker checks it every
 // `health_interval` (GetInfo until it is verified, then GetLoad), so a dead worker leaves the
-// pool within one interval plus one RPC timeout, and a restarted one rejoins by itself.
+// pool within one interval plus one RPC timeout (a hung one, whose checks time out, after
+// max_missed_checks of them), and a restarted one rejoins by itself.
 //
 // A worker is admitted only when its GetInfo matches the router's model fingerprint and block
 // size and its role serves the list it was configured in; otherwise it stays out with the
@@ -29,6 +30,11 @@ namespace pd::router {
 struct WorkerPoolOptions {
   absl::Duration health_interval = absl::Milliseconds(500);
   absl::Duration rpc_timeout = absl::Seconds(1);
+  // A verified worker whose GetLoad times out this many times in a row leaves the pool; fewer
+  // timeouts (a worker too busy to answer in time) keep it in, with its last load. Any other
+  // failure (connection refused, UNAVAILABLE, a GetInfo that fails or does not match) takes
+  // it out at once. >= 1.
+  int max_missed_checks = 3;
   std::string model_fingerprint;  // workers must report this one
   uint32_t block_size = 16;       // and this block size
   // TLS and cluster token of the channels to the workers; null = plaintext, no token.

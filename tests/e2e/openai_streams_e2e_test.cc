@@ -2,6 +2,7 @@
 // finishes (or is refused with 429), none hangs, and the router's connections, threads and
 // memory come back once they are done. Label slow: bounded to a couple of minutes.
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -23,20 +24,22 @@ using ::pd::testing::Subprocess;
 
 constexpr int kStreams = 1000;
 
-// DISABLED until #17's 1,000-stream acceptance holds reliably: about 1 run in 5 some streams
-// fail (undici UND_ERR_SOCKET on reused keep-alive connections; at 900 in flight, 503s after the
-// saturated worker missed its 1 s health checks). Run it with --gtest_also_run_disabled_tests.
-TEST(OpenAiStreamsE2eTest, DISABLED_ThousandConcurrentStreamsFinishAndResourcesReturn) {
+TEST(OpenAiStreamsE2eTest, ThousandConcurrentStreamsFinishAndResourcesReturn) {
   const std::string dir = PD_SOURCE_DIR "/tests/e2e/openai";
   std::ifstream installed(dir + "/node_modules/openai/package.json");
   ASSERT_TRUE(installed.good()) << "scripts/setup.sh installs tests/e2e/openai (npm ci)";
   absl::StatusOr<pd::testing::TempDir> tmp = pd::testing::TempDir::Create("pd-streams-");
   ASSERT_TRUE(tmp.ok()) << tmp.status();
   const int http_port = FreePort();
-  // One decode worker; --max_inflight well below the stream count: the rest get 429. (At 900 in
-  // flight the saturated worker missed its 1 s health checks and the router answered 503.)
+  // One decode worker and the router's default limits (--max_inflight 1024: every stream is
+  // admitted). --http_idle_timeout is also how long httplib waits for a new connection's first
+  // request: here the node client shares two cores with the router, the worker and 1,000
+  // connection threads, and with the default 5 s about 1 run in 6 it wrote some requests later
+  // than that after connecting (the router closed those connections unanswered: undici
+  // UND_ERR_SOCKET "other side closed", bytesRead 0). A client on a machine of its own does
+  // not lag like that.
   Cluster cluster(tmp->path(), 0, 1, "round_robin", {"--kv_blocks=512"},
-                  {absl::StrCat("--http_address=127.0.0.1:", http_port), "--max_inflight=400"});
+                  {absl::StrCat("--http_address=127.0.0.1:", http_port), "--http_idle_timeout=30s"});
   ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60))) << cluster.Logs();
   const std::string before = cluster.RouterMetrics();
   const double threads_before = Metric(before, "pd_process_threads");
@@ -49,13 +52,16 @@ TEST(OpenAiStreamsE2eTest, DISABLED_ThousandConcurrentStreamsFinishAndResourcesR
   ASSERT_TRUE(node.ok()) << node.status();
   absl::StatusOr<pd::testing::ExitInfo> exit = node->Wait(absl::Seconds(180));
   const std::string log = node->ReadLog();
-  ASSERT_TRUE(exit.ok() && exit->Success()) << log << cluster.Logs();
+  ASSERT_TRUE(exit.ok() && exit->Success())
+      << (exit.ok() ? exit->ToString() : exit.status().ToString()) << "\n"
+      << log << cluster.Logs();
   const size_t brace = log.rfind('{');
   ASSERT_NE(brace, std::string::npos) << log;
   const nlohmann::json counts = nlohmann::json::parse(log.substr(brace), nullptr, false);
   ASSERT_TRUE(counts.is_object()) << log;
+  std::cout << "streams: " << counts.dump() << "\n";
   EXPECT_EQ(counts["done"].get<int>() + counts["rate_limited"].get<int>(), kStreams) << log;
-  EXPECT_GE(counts["done"].get<int>(), 200) << log;
+  EXPECT_GE(counts["done"].get<int>(), 500) << log;
   EXPECT_EQ(counts["failed"], 0) << log;
 
   // Connections close and their threads end; memory comes back near where it was.

@@ -9,7 +9,18 @@ const n = Number(process.env.PD_STREAMS);
 const maxTokens = Number(process.env.PD_MAX_TOKENS || '8');
 const timeoutMs = Number(process.env.PD_TIMEOUT_MS || '120000');
 
+const start = Date.now();
+
 async function one(i) {
+  try {
+    return await request(i);
+  } catch (e) {
+    e.atMs = Date.now() - start;  // when it failed, from the start: tells timeouts apart
+    throw e;
+  }
+}
+
+async function request(i) {
   const res = await fetch(`${base}/completions`, {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
@@ -37,8 +48,11 @@ for (const r of results) {
     counts[r.value] += 1;
   } else {
     counts.failed += 1;
-    const cause = r.reason && r.reason.cause ? ` (${r.reason.cause.code || r.reason.cause})` : '';
-    if (counts.errors.length < 5) counts.errors.push(String(r.reason) + cause);
+    const c = r.reason && r.reason.cause;
+    const cause = c ? ` (${c.code || ''} ${c.message || c}${c.socket ? ' ' + JSON.stringify(c.socket) : ''})` : '';
+    if (counts.errors.length < 5) {
+      counts.errors.push(`${String(r.reason)}${cause} after ${r.reason && r.reason.atMs} ms`);
+    }
   }
 }
 console.log(JSON.stringify(counts));
