@@ -3,6 +3,7 @@
 // nvcc). Thread-safe.
 #pragma once
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/types.h"
 
@@ -10,5 +11,8 @@ namespace pd::kernels {
 
 // "f32", "bf16", "f16"; "unknown" for a value outside the enum.
 absl::string_view DTypeName(DType dtype);
+
+// The inverse of DTypeName. InvalidArgument listing the accepted names otherwise.
+absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 
 }  // namespace pd::kernels

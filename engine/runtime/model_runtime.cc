@@ -11,6 +11,8 @@
 #include "engine/memory/device_kv_pool.h"
 #include "engine/model/hf_tokenizer.h"
 #include "engine/model/llama2c_tokenizer.h"
+#include "kernels/attention.h"
+#include "kernels/type_names.h"
 
 namespace pd::engine {
 
@@ -27,6 +29,10 @@ absl::Status ModelRuntimeConfig::Validate() const {
   }
   if (threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads));
+  }
+  if (!kernels::SupportsAttention(device, kv_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_dtype ", kernels::DTypeName(kv_dtype),
+                                                   " is not supported on ", DeviceName(device)));
   }
   return scheduler.Validate();
 }
@@ -48,8 +54,9 @@ absl::string_view DeviceName(kernels::Device device) {
   return device == kernels::Device::kCuda ? "cuda" : "cpu";
 }
 
-kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size) {
-  return {c.n_layers, c.n_kv_heads, c.head_dim, block_size, kernels::DType::kF32};
+kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size,
+                                   kernels::DType kv_dtype) {
+  return {c.n_layers, c.n_kv_heads, c.head_dim, block_size, kv_dtype};
 }
 
 absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeConfig config) {
@@ -81,7 +88,9 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
                         Llama2cTokenizer::Load(config.tokenizer, rt->weights_.config.vocab_size));
     rt->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
   }
-  rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size);
+  rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size, config.kv_dtype);
+  // The block-hash seed names the cache dtype: blocks of different dtypes never match.
+  config.scheduler.kv_dtype = std::string(kernels::DTypeName(config.kv_dtype));
   const bool on_cuda = config.device == kernels::Device::kCuda;
   kernels::OpContext ctx;
   ctx.device = config.device;

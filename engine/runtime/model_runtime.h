@@ -41,6 +41,10 @@ struct ModelRuntimeConfig {
   // Where the weights, the KV pool and the forward pass live (--device cpu|cuda). On cuda the
   // weights are uploaded once and the pool is device memory of the current CUDA device.
   kernels::Device device = kernels::Device::kCpu;
+  // Dtype of the KV cache (--kv_dtype). It is part of the KV layout every peer checks (prefill
+  // and decode workers, the node's tiers) and of the block-hash seed (scheduler.kv_dtype is set
+  // from it), so caches of different dtypes never mix. The device must support it.
+  kernels::DType kv_dtype = kernels::DType::kF32;
   SchedulerConfig scheduler;
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
   // = none. Not owned; must outlive the runtime.
@@ -65,10 +69,11 @@ absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name);
 // "cpu" or "cuda".
 absl::string_view DeviceName(kernels::Device device);
 
-// The KV layout a worker of this model uses for `block_size`-token blocks (cache dtype f32 on
-// the CPU backend). pd-tierd derives its pool geometry from the same function, so a worker's
-// layout and its node's tiers agree by construction.
-kvcache::KvLayout KvLayoutForModel(const ModelConfig& config, int64_t block_size);
+// The KV layout a worker of this model uses for `block_size`-token blocks of `kv_dtype`.
+// pd-tierd derives its pool geometry from the same function, so a worker's layout and its
+// node's tiers agree by construction.
+kvcache::KvLayout KvLayoutForModel(const ModelConfig& config, int64_t block_size,
+                                   kernels::DType kv_dtype = kernels::DType::kF32);
 
 class ModelRuntime {
  public:

@@ -5,10 +5,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/log/log.h"
 #include "engine/runtime/model_runtime.h"
+#include "kernels/type_names.h"
 
 ABSL_FLAG(std::string, model, "", "HF model directory or llama2.c checkpoint file (required)");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer file (llama2.c: required; HF: tokenizer.json)");
@@ -21,6 +23,7 @@ ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(int64_t, kv_blocks, 256, "KV pool size in blocks of 16 tokens");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16");
 
 namespace {
 
@@ -44,6 +47,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<pd::kernels::Device> device = pd::engine::ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) Fail(device.status());
   config.device = *device;
+  absl::StatusOr<pd::kernels::DType> kv_dtype =
+      pd::kernels::DTypeFromName(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message())));
+  }
+  config.kv_dtype = *kv_dtype;
   config.scheduler.max_running = 1;
   absl::StatusOr<std::unique_ptr<pd::engine::ModelRuntime>> rt =
       pd::engine::ModelRuntime::Create(config);

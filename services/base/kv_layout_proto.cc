@@ -11,20 +11,7 @@ pdserve::internal::v1::KvLayout LayoutToProto(const kvcache::KvLayout& layout,
                                               const std::string& fingerprint) {
   pdserve::internal::v1::KvLayout p;
   p.set_model_fingerprint(fingerprint);
-  switch (layout.dtype) {
-    case kernels::DType::kF32:
-      p.set_dtype(pdserve::internal::v1::KV_DTYPE_FP32);
-      break;
-    case kernels::DType::kBF16:
-      p.set_dtype(pdserve::internal::v1::KV_DTYPE_BF16);
-      break;
-    case kernels::DType::kF16:
-      p.set_dtype(pdserve::internal::v1::KV_DTYPE_FP16);
-      break;
-    default:
-      p.set_dtype(pdserve::internal::v1::KV_DTYPE_UNSPECIFIED);
-      break;
-  }
+  p.set_dtype(KvDtypeToProto(layout.dtype));
   p.set_block_size(static_cast<uint32_t>(layout.block_size));
   p.set_num_layers(static_cast<uint32_t>(layout.num_layers));
   p.set_num_kv_heads(static_cast<uint32_t>(layout.num_kv_heads));

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/kvcache/kv_layout.h"
 #include "pd/v1/worker.pb.h"
+#include "services/base/kv_dtype_proto.h"
 
 namespace pd::services {
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "kernels/type_names.h"
 #include "services/base/grpc_status.h"
 #include "services/router/router_stream.h"
 
@@ -199,7 +200,7 @@ absl::StatusOr<BlockHash> GenerationService::SeedFor(const std::string& cache_sa
   }
   HashSeedInput in;
   in.model_fingerprint = model_->fingerprint();
-  in.kv_dtype = "f32";  // the workers' KV cache dtype (engine SchedulerConfig::kv_dtype)
+  in.kv_dtype = std::string(kernels::DTypeName(config_.kv_dtype));  // as the workers' seed
   in.block_size = static_cast<uint32_t>(config_.block_size);
   in.cache_salt = cache_salt;
   PD_ASSIGN_OR_RETURN(BlockHash seed, ComputeHashSeed(in));

@@ -8,6 +8,7 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
+#include "kernels/type_names.h"
 #include "services/base/auth.h"
 #include "services/base/process_metrics.h"
 #include "services/base/serve.h"
@@ -33,6 +34,9 @@ ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty =
 ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
 ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block (must match the workers)");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "the workers' KV cache dtype: f32 | bf16 | f16 (block hashes include it; a worker of "
+          "another dtype stays out of the pool)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "SIGTERM drain bound");
 ABSL_FLAG(uint32_t, max_prompt_tokens, 131072, "largest accepted token-id prompt");
 ABSL_FLAG(uint32_t, max_tokens_limit, 131072, "largest accepted sampling.max_tokens");
@@ -113,6 +117,12 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
     }
   }
   config.block_size = absl::GetFlag(FLAGS_block_size);
+  absl::StatusOr<pd::kernels::DType> kv_dtype =
+      pd::kernels::DTypeFromName(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
+  }
+  config.kv_dtype = *kv_dtype;
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   config.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
   config.limits.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/redis/redis_client.h"
+#include "kernels/types.h"
 #include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
 #include "services/router/request_validation.h"
@@ -29,6 +30,9 @@ struct RouterConfig {
   absl::Duration redis_lookup_timeout = absl::Milliseconds(5);
   // Tokens per KV block; must equal the workers' block size.
   int block_size = 16;
+  // The workers' KV cache dtype (--kv_dtype): part of the block-hash seed, and a worker whose
+  // layout has another dtype stays out of the pool.
+  kernels::DType kv_dtype = kernels::DType::kF32;
   // How long SIGTERM waits for in-flight streams before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
   RequestLimits limits;

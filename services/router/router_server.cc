@@ -11,6 +11,7 @@
 #include "common/log/log.h"
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
+#include "services/base/kv_dtype_proto.h"
 #include "services/router/placement.h"
 
 namespace pd::router {
@@ -61,6 +62,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   pool_options.max_missed_checks = config.health_missed_checks;
   pool_options.model_fingerprint = server->model_->fingerprint();
   pool_options.block_size = static_cast<uint32_t>(config.block_size);
+  pool_options.kv_dtype = services::KvDtypeToProto(config.kv_dtype);
   pool_options.security = worker_security;
   KvIndexConfig index_config;
   const bool auto_bound = config.index_max_blocks == 0;

@@ -198,6 +198,7 @@ class FakeDecodeWorker final : public iv1::DecodeService::CallbackService {
     info->set_grpc_address(address());
     info->set_model_fingerprint(fingerprint_);
     info->mutable_layout()->set_block_size(16);
+    info->mutable_layout()->set_dtype(iv1::KV_DTYPE_FP32);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;

@@ -141,6 +141,10 @@ void WorkerPool::Check(Worker& w) {
     } else if (info.layout().block_size() != options_.block_size) {
       problem = absl::StrCat("block size ", info.layout().block_size(), " != router's ",
                              options_.block_size);
+    } else if (info.layout().dtype() != options_.kv_dtype) {
+      problem = absl::StrCat("KV dtype ", iv1::KvDtype_Name(info.layout().dtype()),
+                             " != router's ", iv1::KvDtype_Name(options_.kv_dtype),
+                             " (--kv_dtype)");
     } else if (w.configured_decode && info.role() == iv1::WORKER_ROLE_PREFILL) {
       problem = "listed in --decode_workers but runs --role prefill";
     } else if (w.configured_prefill && info.role() == iv1::WORKER_ROLE_DECODE) {

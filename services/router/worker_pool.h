@@ -37,6 +37,8 @@ struct WorkerPoolOptions {
   int max_missed_checks = 3;
   std::string model_fingerprint;  // workers must report this one
   uint32_t block_size = 16;       // and this block size
+  // and this KV cache dtype (their layout's)
+  pdserve::internal::v1::KvDtype kv_dtype = pdserve::internal::v1::KV_DTYPE_FP32;
   // TLS and cluster token of the channels to the workers; null = plaintext, no token.
   std::shared_ptr<const services::ClientSecurity> security;
 };

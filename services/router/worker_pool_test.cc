@@ -51,6 +51,7 @@ class SlowWorker final : public iv1::DecodeService::Service {
     info->set_role(iv1::WORKER_ROLE_DECODE);
     info->set_model_fingerprint(kFingerprint);
     info->mutable_layout()->set_block_size(16);
+    info->mutable_layout()->set_dtype(iv1::KV_DTYPE_FP32);
     return grpc::Status::OK;
   }
   grpc::Status GetLoad(grpc::ServerContext* context, const iv1::GetLoadRequest*,
@@ -159,6 +160,20 @@ TEST_F(WorkerPoolTest, AGoneWorkerLeavesAtOnce) {
   StartPool(/*max_missed_checks=*/100);  // timeouts tolerated; a refused connection is not
   worker_.Shutdown();
   ASSERT_TRUE(WaitUntilLeft(absl::Seconds(10)));
+}
+
+TEST_F(WorkerPoolTest, AWorkerWithAnotherKvDtypeStaysOut) {
+  WorkerPoolOptions options;
+  options.health_interval = absl::Milliseconds(20);
+  options.model_fingerprint = kFingerprint;
+  options.kv_dtype = iv1::KV_DTYPE_BF16;  // the worker's cache is f32
+  absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
+      WorkerPool::Create({worker_.address()}, {}, options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_FALSE((*pool)->WaitForDecodeWorker(absl::Milliseconds(300)));
+  const std::string error = (*pool)->Snapshot()[0].last_error;
+  EXPECT_NE(error.find("KV dtype KV_DTYPE_FP32 != router's KV_DTYPE_BF16"), std::string::npos)
+      << error;
 }
 
 TEST_F(WorkerPoolTest, RejectsZeroMissedChecks) {

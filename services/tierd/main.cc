@@ -4,6 +4,7 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
+#include "kernels/type_names.h"
 #include "services/base/auth.h"
 #include "services/base/process_metrics.h"
 #include "services/base/serve.h"
@@ -20,6 +21,8 @@ ABSL_FLAG(std::string, model, "",
           "the workers' model (HF directory or llama2.c .bin with --tokenizer): KV layout source");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.bin of a llama2.c checkpoint");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV block (must match the workers)");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "KV cache dtype: f32 | bf16 | f16 (must match the workers)");
 ABSL_FLAG(int64_t, dram_mib, 1024, "DRAM tier size in MiB (POSIX shared memory)");
 ABSL_FLAG(std::string, shm_name, "",
           "shared-memory object of the DRAM tier; empty = /pdserve-NODE-g2");
@@ -54,6 +57,12 @@ absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
   c.model = absl::GetFlag(FLAGS_model);
   c.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   c.block_size = absl::GetFlag(FLAGS_block_size);
+  absl::StatusOr<pd::kernels::DType> kv_dtype =
+      pd::kernels::DTypeFromName(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
+  }
+  c.kv_dtype = *kv_dtype;
   c.dram_mib = absl::GetFlag(FLAGS_dram_mib);
   c.shm_name = absl::GetFlag(FLAGS_shm_name);
   c.high_watermark = absl::GetFlag(FLAGS_high_watermark);

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/redis/redis_client.h"
+#include "kernels/types.h"
 #include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
 
@@ -27,6 +28,7 @@ struct TierdConfig {
   std::string model;
   std::string tokenizer;
   int64_t block_size = 16;  // tokens per block; must match the workers
+  kernels::DType kv_dtype = kernels::DType::kF32;  // KV cache dtype; must match the workers
 
   // DRAM tier: shared-memory pool of dram_mib MiB (rounded down to whole slots, >= 1 slot).
   int64_t dram_mib = 1024;

@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
                         absl::StrCat("--model ", config.model, ": ", front.status().message()));
   }
   const kvcache::KvLayout layout =
-      engine::KvLayoutForModel((*front)->config(), config.block_size);
+      engine::KvLayoutForModel((*front)->config(), config.block_size, config.kv_dtype);
   PD_RETURN_IF_ERROR(layout.Validate());
   const std::string fingerprint = (*front)->fingerprint();
 

@@ -10,6 +10,7 @@
 #include "services/base/startup.h"
 #include "services/base/tls_flags.h"
 #include "services/worker/worker_server.h"
+#include "kernels/type_names.h"
 #include "transport/registry.h"
 
 ABSL_FLAG(std::string, role, "both", "prefill | decode | both (aggregated)");
@@ -29,6 +30,9 @@ ABSL_FLAG(int, threads, 0, "CPU threads for the kernels; 0 = all cores");
 ABSL_FLAG(std::string, device, "cpu",
           "where the weights, KV pool and forward pass live: cpu | cuda (CUDA device 0 of "
           "CUDA_VISIBLE_DEVICES)");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "KV cache dtype: f32 | bf16 | f16 (the same on every worker, the router and pd-tierd "
+          "of a cluster: the KV layout and the block hashes include it)");
 ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
 ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
 ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");
@@ -69,6 +73,12 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.block_size = absl::GetFlag(FLAGS_block_size);
   c.runtime.threads = absl::GetFlag(FLAGS_threads);
   PD_ASSIGN_OR_RETURN(c.runtime.device, pd::engine::ParseDevice(absl::GetFlag(FLAGS_device)));
+  absl::StatusOr<pd::kernels::DType> kv_dtype =
+      pd::kernels::DTypeFromName(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
+  }
+  c.runtime.kv_dtype = *kv_dtype;
   c.runtime.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   c.runtime.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);

@@ -556,5 +556,37 @@ TEST_F(ClusterE2eTest, KilledRedisOnlyRemovesLowerTierCredit) {
   EXPECT_LE(metric("pd_router_tier_credit_errors_total"), errors + 1);
 }
 
+// --kv_dtype bf16 on every process: the output equals the in-process engine with a bf16 cache
+// (and differs from nothing else: no f32 block ever mixes in), disaggregated and on a cache hit.
+TEST_F(ClusterE2eTest, Bf16KvCacheIsExactDisaggregatedAndOnCacheHits) {
+  Reference ref(kernels::DType::kBF16);
+  Cluster c(Dir(), 1, 1, "cache_aware", {"--kv_dtype=bf16"}, {"--kv_dtype=bf16"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  // (On this prompt the bf16 text happens to equal the f32 one: the pools must say bf16.)
+  EXPECT_THAT(c.Logs(), HasSubstr("dtype=bf16 block_bytes=10240")) << c.Logs();
+  const std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day, she";
+  auto [tokens, text] = ref.Greedy(prompt, 32);
+  Generated first = c.GenerateText(prompt, 32);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
+  // The decode worker's KV events reach the router's index (asynchronously) before the second.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (Metric(c.RouterMetrics(), "pd_router_index_blocks") == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  Generated second = c.GenerateText(prompt, 32);
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(first.tokens, tokens);
+  EXPECT_EQ(first.text, text);
+  EXPECT_EQ(second.tokens, tokens);
+  EXPECT_GT(second.last.usage().cached_tokens(), 0u) << second.last.DebugString();
+  const std::string dm = c.WorkerMetrics(1);
+  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"}")) << dm;
+  // The router hashes prompts with the workers' dtype in the seed: its index (fed with the
+  // workers' hashes) found the cached prefix when it placed the second request.
+  EXPECT_GT(Metric(c.RouterMetrics(), "pd_router_routed_cached_blocks_total"), 0);
+}
+
 }  // namespace
 }  // namespace pd

@@ -111,12 +111,13 @@ struct Generated {
 // The single-process engine: the reference every cluster path must match.
 class Reference {
  public:
-  Reference() {
+  explicit Reference(kernels::DType kv_dtype = kernels::DType::kF32) {
     engine::ModelRuntimeConfig c;
     c.model = kModel;
     c.tokenizer = kTokenizer;
     c.kv_blocks = 256;
     c.threads = 1;
+    c.kv_dtype = kv_dtype;
     absl::StatusOr<std::unique_ptr<engine::ModelRuntime>> rt = engine::ModelRuntime::Create(c);
     CHECK(rt.ok()) << rt.status();
     rt_ = *std::move(rt);
