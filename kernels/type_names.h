@@ -3,12 +3,17 @@
 // nvcc). Thread-safe.
 #pragma once
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/types.h"
 
 namespace pd::kernels {
 
-// "f32", "bf16", "f16"; "unknown" for a value outside the enum.
+// "f32", "bf16", "f16", "i8", "fp8_e4m3"; "unknown" for a value outside the enum.
 absl::string_view DTypeName(DType dtype);
+
+// The DType named `name` (exactly as DTypeName spells it, case-sensitive); InvalidArgument
+// listing the accepted names otherwise.
+absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 
 }  // namespace pd::kernels

@@ -48,6 +48,9 @@ struct Simd {
   static V LoadBf16N(const uint16_t* p, int n) { return n > 0 ? Bf16ToF32(*p) : 0.0f; }
   static V LoadF16(const uint16_t* p) { return F16ToF32(*p); }
   static V LoadF16N(const uint16_t* p, int n) { return n > 0 ? F16ToF32(*p) : 0.0f; }
+  // kW codes of a quantized KV cache, decoded (not yet scaled): int8 and fp8 E4M3.
+  static V LoadI8(const int8_t* p) { return static_cast<float>(*p); }
+  static V LoadE4M3(const uint8_t* p) { return E4M3ToF32(*p); }
   static void StoreBf16(uint16_t* p, V v) { *p = F32ToBf16(v); }
   static void StoreBf16N(uint16_t* p, V v, int n) {
     if (n > 0) {
@@ -118,6 +121,23 @@ struct Simd {
   static V LoadBf16N(const uint16_t* p, int n) { return Bf16Widen(Load8x16N(p, n)); }
   static V LoadF16(const uint16_t* p) { return _mm256_cvtph_ps(Load8x16(p)); }
   static V LoadF16N(const uint16_t* p, int n) { return _mm256_cvtph_ps(Load8x16N(p, n)); }
+  static V LoadI8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // E4M3 -> f16 bits (sign, then exponent and mantissa shifted into place; f16's bias is 8 more,
+  // and its wider range holds E4M3's subnormals as f16 subnormals), widened exactly, times 2^8.
+  // Only S.1111.111 needs a fix-up: it is NaN in E4M3 but 480 in this mapping.
+  static V LoadE4M3(const uint8_t* p) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7),
+                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    const V f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256 nan =
+        _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+    return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), nan);
+  }
   static __m128i Bf16Narrow(V v) {
     const __m256i x = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
@@ -223,6 +243,21 @@ struct Simd {
   static V LoadBf16N(const uint16_t* p, int n) { return Bf16Widen(Load16x16N(p, n)); }
   static V LoadF16(const uint16_t* p) { return _mm512_cvtph_ps(Load16x16(p)); }
   static V LoadF16N(const uint16_t* p, int n) { return _mm512_cvtph_ps(Load16x16N(p, n)); }
+  static V LoadI8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // As avx2::Simd::LoadE4M3, 16 codes at a time.
+  static V LoadE4M3(const uint8_t* p) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    const __m256i h =
+        _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+                        _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    const V f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    return _mm512_mask_mov_ps(f, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f)),
+                              _mm512_set1_ps(NAN));
+  }
   static __m256i Bf16Narrow(V v) {
     const __m512i x = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
