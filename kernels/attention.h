@@ -11,7 +11,8 @@
 // the scalar parameters only, and the caller guarantees positions, context lengths and block ids
 // are in range (an out-of-range id is an illegal address on the device, reported at the next
 // synchronising CUDA call). CUDA results match the CPU's within f32 rounding (different
-// summation order), and WriteKv stores bitwise the same cache values.
+// summation order), and WriteKv stores bitwise the same cache values. Quantized caches (i8,
+// fp8_e4m3): WriteKv on kCpu stores bitwise the bytes (codes and scales) of kernels/reference.
 #pragma once
 
 #include "absl/status/status.h"
@@ -22,14 +23,18 @@ namespace pd::kernels {
 // Errors for all three: InvalidArgument for null pointers, non-positive sizes, strides smaller
 // than a token's heads, num_heads not a multiple of num_kv_heads, head_dim above
 // kMaxAttentionHeadDim, a pool view with a non-positive stride, head_stride < block_size *
-// head_dim or this layer's K and V not inside one block_stride, and (kCpu only) positions or
-// context lengths outside the block table, or a block id outside [0, cache.num_blocks);
-// Internal with the CUDA error name when a CUDA launch fails;
-// Unimplemented when no backend built for ctx.device supports cache.dtype.
+// head_dim or this layer's K and V not inside one block_stride, for a quantized cache a scale
+// region that is misaligned, overlaps the layer's data or leaves the block, and (kCpu only)
+// positions or context lengths outside the block table, or a block id outside
+// [0, cache.num_blocks); Internal with the CUDA error name when a CUDA launch fails;
+// Unimplemented when no backend built for ctx.device supports cache.dtype (the quantized
+// dtypes i8 and fp8_e4m3 run on kCpu only for now: on kCuda the message names the dtype and #18).
 absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 
+// Whether a backend built for `device` reads and writes caches of `cache_dtype`: kCpu every
+// dtype, kCuda (when built) f32, bf16 and f16.
 bool SupportsAttention(Device device, DType cache_dtype);
 
 }  // namespace pd::kernels

@@ -1,6 +1,25 @@
 // Parameters of the paged-attention op family: WriteKv, PrefillAttention, DecodeAttention.
 // Plain structs shared by every backend (included by .cu files: keep them free of Abseil and
-// glog). Activations (q, k, v, out) are f32; the KV pool is f32, bf16 or f16.
+// glog). Activations (q, k, v, out) are f32; the KV pool is f32, bf16, f16, or one of the
+// quantized dtypes i8 and fp8 E4M3.
+//
+// Quantized KV caches (IsQuantizedKvDType): each (token, kv head) row of head_dim values is
+// stored as head_dim 1-byte codes plus one f32 scale, so a token's bytes depend only on its own
+// K/V values (chunked prefill, prefix-cache hits, disaggregated prefill and restores all produce
+// the same bytes). The scales live inside the block (see KvCacheView), so a block stays one
+// contiguous extent of bytes. WriteKv quantizes a row x[0, head_dim) as follows (float
+// arithmetic, each expression a single operation so no FMA contraction can change it; the
+// reference, CPU and CUDA backends produce identical bytes):
+//   if any x[d] is NaN or +-inf:  scale = NaN, q[d] = 0 (the row reads back as NaN, as an f32
+//                                 cache holding the NaN would poison attention)
+//   amax = max_d |x[d]|
+//   if amax == 0:                 scale = 0, q[d] = 0
+//   i8:   scale = amax / 127.0f, inv = 127.0f / amax,
+//         q[d] = clamp(nearbyint(x[d] * inv), -127, 127)   (round half to even; -128 unused)
+//   fp8:  scale = amax / 448.0f, inv = 448.0f / amax,
+//         q[d] = F32ToE4M3(x[d] * inv)                     (kernels/half.h: RNE, saturating)
+// Attention dequantizes on the fly in f32: value = decode(q[d]) * scale, where decode is
+// static_cast<float>(int8_t) for i8 and E4M3ToF32 for fp8.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +33,15 @@ inline constexpr int64_t kMaxAttentionHeadDim = 256;
 
 // One layer's view of the KV block pool. The kernels take strides instead of the engine's
 // struct, so any block layout with contiguous [token][head_dim] rows works. In elements of
-// `dtype` from `base`, for physical block b, kv head h, token slot t in the block, element d:
+// `dtype` from `base` (for the quantized dtypes an element is one byte), for physical block b,
+// kv head h, token slot t in the block, element d:
 //   K = b * block_stride + layer * layer_stride + h * head_stride + t * head_dim + d
 //   V = the K offset + kv_stride
+// Quantized dtypes only: the f32 scale of row (b, h, t) is at BYTE offset
+//   b * block_stride + scale_offset + 4 * (layer * scale_layer_stride + h * scale_head_stride + t)
+// for K, plus 4 * scale_kv_stride for V (scale strides in floats, token stride 1). The scale
+// region must not overlap the layer's data and must be 4-byte aligned (base, block_stride and
+// scale_offset multiples of 4).
 // DESIGN.md's layout ([layer][K|V][kv_head][token][head_dim] per block) is DenseKvCacheView.
 struct KvCacheView {
   void* base = nullptr;  // the pool: num_blocks blocks
@@ -30,9 +55,35 @@ struct KvCacheView {
   int64_t kv_stride = 0;  // K -> V of the same layer
   int64_t head_stride = 0;
   int64_t layer = 0;  // which layer this call reads or writes
+  // Quantized dtypes only (ignored otherwise): where the per-row scales are.
+  int64_t scale_offset = 0;        // bytes from a block's start to its scale region
+  int64_t scale_layer_stride = 0;  // floats
+  int64_t scale_kv_stride = 0;     // floats, K scales -> V scales of the same layer
+  int64_t scale_head_stride = 0;   // floats
 };
 
-// The DESIGN.md block layout: each block is [num_layers][2][num_kv_heads][block_size][head_dim].
+// Bytes from a Dense block's start to its scale region: the 1-byte data region
+// [num_layers][2][num_kv_heads][block_size][head_dim] rounded up to a multiple of 16.
+constexpr int64_t DenseKvScaleOffset(int64_t num_layers, int64_t num_kv_heads, int64_t block_size,
+                                     int64_t head_dim) {
+  return (num_layers * 2 * num_kv_heads * block_size * head_dim + 15) / 16 * 16;
+}
+
+// Bytes of one DenseKvCacheView block: num_layers * 2 * num_kv_heads * block_size * head_dim
+// elements of DTypeSize(dtype); for a quantized dtype, the 1-byte data, padding to a multiple
+// of 16 bytes, then the f32 scales [num_layers][2][num_kv_heads][block_size]. The one definition
+// of a block's size (the engine's KvLayout uses it).
+constexpr int64_t DenseKvBlockBytes(DType dtype, int64_t num_layers, int64_t num_kv_heads,
+                                    int64_t block_size, int64_t head_dim) {
+  if (IsQuantizedKvDType(dtype)) {
+    return DenseKvScaleOffset(num_layers, num_kv_heads, block_size, head_dim) +
+           num_layers * 2 * num_kv_heads * block_size * 4;
+  }
+  return num_layers * 2 * num_kv_heads * block_size * head_dim * DTypeSize(dtype);
+}
+
+// The DESIGN.md block layout: each block is [num_layers][2][num_kv_heads][block_size][head_dim],
+// for a quantized dtype followed by its scales as in DenseKvBlockBytes.
 constexpr KvCacheView DenseKvCacheView(void* base, DType dtype, int64_t num_blocks,
                                        int64_t num_layers, int64_t num_kv_heads, int64_t block_size,
                                        int64_t head_dim, int64_t layer) {
@@ -48,6 +99,13 @@ constexpr KvCacheView DenseKvCacheView(void* base, DType dtype, int64_t num_bloc
   v.layer_stride = 2 * v.kv_stride;
   v.block_stride = num_layers * v.layer_stride;
   v.layer = layer;
+  if (IsQuantizedKvDType(dtype)) {
+    v.block_stride = DenseKvBlockBytes(dtype, num_layers, num_kv_heads, block_size, head_dim);
+    v.scale_offset = DenseKvScaleOffset(num_layers, num_kv_heads, block_size, head_dim);
+    v.scale_head_stride = block_size;
+    v.scale_kv_stride = num_kv_heads * block_size;
+    v.scale_layer_stride = 2 * v.scale_kv_stride;
+  }
   return v;
 }
 
@@ -55,7 +113,8 @@ constexpr KvCacheView DenseKvCacheView(void* base, DType dtype, int64_t num_bloc
 // position p lives in block table[s][p / block_size], slot p % block_size.
 
 // Writes K and V of num_tokens tokens into the pool (f32 -> cache dtype, rounded as in
-// kernels/half.h). Token j goes to position positions[j] of sequence token_seq[j].
+// kernels/half.h, or quantized with a per-row scale as described at the top of this file). Token j
+// goes to position positions[j] of sequence token_seq[j].
 struct WriteKvParams {
   const float* k = nullptr;  // [num_tokens][k_token_stride]; each token's [num_kv_heads][head_dim]
   const float* v = nullptr;  // [num_tokens][v_token_stride]; likewise

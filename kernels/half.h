@@ -1,10 +1,18 @@
-// Scalar conversions between f32 and the 16-bit storage types bf16 and f16 (IEEE binary16),
-// bit-exact and portable. Plain header (no Abseil; includable by nvcc-compiled code); the bulk,
-// vectorised form is the Convert op in kernels/convert.h, which rounds identically.
+// Scalar conversions between f32 and the 16-bit storage types bf16 and f16 (IEEE binary16), and
+// the 8-bit KV-cache type fp8 E4M3, bit-exact and portable. Plain header (no Abseil; includable by
+// nvcc-compiled code); the bulk, vectorised form is the Convert op in kernels/convert.h, which
+// rounds identically.
 //
 // f32 -> 16 bit rounds to nearest, ties to even, keeps subnormals (no flush to zero), turns
 // overflow into +-inf and any NaN into a quiet NaN of the same sign (payload truncated).
 // 16 bit -> f32 is exact (a signalling NaN comes back quiet, as F16C hardware does).
+//
+// fp8 E4M3 is the OCP FP8 format of NVIDIA hardware and torch.float8_e4m3fn: sign, 4 exponent
+// bits (bias 7), 3 mantissa bits; no infinities; S.1111.111 is NaN, so the largest finite
+// magnitude is 448 (S.1111.110) and the smallest subnormal 2^-9. f32 -> E4M3 rounds to nearest,
+// ties to even, keeps subnormals, SATURATES finite overflow and +-inf to +-448 (as the cuda_fp8
+// __NV_SATFINITE conversions do) and maps any NaN to S.1111.111 of the same sign. E4M3 -> f32
+// is exact (both NaN codes give a quiet NaN of their sign).
 #pragma once
 
 #include <cstdint>
@@ -108,6 +116,55 @@ PD_HOST_DEVICE inline uint16_t F32ToF16(float f) {
     ++h;
   }
   return static_cast<uint16_t>(sign | h);
+}
+
+PD_HOST_DEVICE inline float E4M3ToF32(uint8_t code) {
+  const uint32_t sign = static_cast<uint32_t>(code & 0x80u) << 24;
+  const uint32_t exp = (code >> 3) & 0xfu;
+  const uint32_t mant = code & 0x7u;
+  if (exp == 0xf && mant == 0x7) {
+    return F32FromBits(sign | 0x7fc00000u);
+  }
+  if (exp == 0) {
+    // Subnormal (or zero): mant * 2^-9, exact in f32.
+    const float magnitude = static_cast<float>(mant) * 0.001953125f;
+    return F32FromBits(sign | F32Bits(magnitude));
+  }
+  return F32FromBits(sign | ((exp + 120u) << 23) | (mant << 20));  // rebias 7 -> 127
+}
+
+PD_HOST_DEVICE inline uint8_t F32ToE4M3(float f) {
+  const uint32_t x = F32Bits(f);
+  const uint32_t sign = (x >> 24) & 0x80u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) {
+    return static_cast<uint8_t>(sign | 0x7fu);  // NaN
+  }
+  if (abs >= 0x43e00000u) {  // >= 448 (including inf): saturate to the largest finite
+    return static_cast<uint8_t>(sign | 0x7eu);
+  }
+  if (abs < 0x3c800000u) {     // below 2^-6: an E4M3 subnormal (or zero)
+    if (abs <= 0x3a800000u) {  // <= 2^-10, half the smallest subnormal: zero (the tie is even)
+      return static_cast<uint8_t>(sign);
+    }
+    // value = m * 2^(e - 150); in units of 2^-9 that is m >> (141 - e), shift in [21, 24].
+    const uint32_t e = abs >> 23;
+    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 141u - e;
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u) != 0)) {
+      ++q;  // may carry into the smallest normal, which is the right encoding
+    }
+    return static_cast<uint8_t>(sign | q);
+  }
+  uint32_t h = (abs - 0x3c000000u) >> 20;  // rebias 127 -> 7, drop 20 mantissa bits
+  const uint32_t rem = abs & 0xfffffu;
+  if (rem > 0x80000u || (rem == 0x80000u && (h & 1u) != 0)) {
+    ++h;  // below 448 this never reaches the NaN code 0x7f: 447.99... rounds to 448 = 0x7e
+  }
+  return static_cast<uint8_t>(sign | h);
 }
 
 }  // namespace pd::kernels

@@ -1,8 +1,15 @@
 #include "kernels/type_names.h"
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 
 namespace pd::kernels {
+namespace {
+
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3};
+
+}  // namespace
 
 absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
@@ -12,16 +19,24 @@ absl::string_view DTypeName(DType dtype) {
       return "bf16";
     case DType::kF16:
       return "f16";
+    case DType::kI8:
+      return "i8";
+    case DType::kF8E4M3:
+      return "fp8_e4m3";
   }
   return "unknown";
 }
 
 absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
-  for (const DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
-    if (name == DTypeName(d)) return d;
+  std::string accepted;
+  for (DType dtype : kAllDTypes) {
+    if (DTypeName(dtype) == name) {
+      return dtype;
+    }
+    absl::StrAppend(&accepted, accepted.empty() ? "" : ", ", DTypeName(dtype));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype '", name, "' (expected f32, bf16 or f16)"));
+      absl::StrCat("unknown dtype \"", name, "\"; accepted: ", accepted));
 }
 
 }  // namespace pd::kernels

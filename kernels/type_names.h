@@ -9,10 +9,11 @@
 
 namespace pd::kernels {
 
-// "f32", "bf16", "f16"; "unknown" for a value outside the enum.
+// "f32", "bf16", "f16", "i8", "fp8_e4m3"; "unknown" for a value outside the enum.
 absl::string_view DTypeName(DType dtype);
 
-// The inverse of DTypeName. InvalidArgument listing the accepted names otherwise.
+// The DType named `name` (exactly as DTypeName spells it, case-sensitive); InvalidArgument
+// listing the accepted names otherwise.
 absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 
 }  // namespace pd::kernels

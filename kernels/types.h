@@ -13,11 +13,30 @@ namespace pd::kernels {
 // Where a tensor's memory lives. Decided when memory is placed, never per call.
 enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
 
-// Element types of activations and KV caches.
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// Element types of activations, weights and KV caches. kI8 and kF8E4M3 are KV-cache dtypes only
+// (quantized per (token, kv head) row with an f32 scale stored in the block, see
+// kernels/attention_params.h); every other op rejects them.
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI8 = 3, kF8E4M3 = 4 };
 
-// Bytes per element of `dtype`.
-constexpr int DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+// Bytes per element of `dtype` (for the quantized dtypes: of the data, without the scales).
+constexpr int DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kI8:
+    case DType::kF8E4M3:
+      return 1;
+  }
+  return 0;
+}
+
+// Whether `dtype` is a quantized KV-cache dtype (1-byte codes plus per-row f32 scales).
+constexpr bool IsQuantizedKvDType(DType dtype) {
+  return dtype == DType::kI8 || dtype == DType::kF8E4M3;
+}
 
 // Execution context of one kernel call. Nothing in it is owned; pointers must outlive the call.
 // `stream` is a cudaStream_t for kCuda (nullptr = the default stream) and unused for kCpu.

@@ -21,6 +21,11 @@ absl::Status KvLayout::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("kv layout: unknown dtype ", static_cast<int>(dtype)));
   }
+  if (kernels::IsQuantizedKvDType(dtype)) {
+    // TODO(#18): blocks of quantized dtypes carry their scales (kernels::DenseKvBlockBytes).
+    return absl::UnimplementedError(absl::StrCat("kv layout: KV dtype ", kernels::DTypeName(dtype),
+                                                 " is not supported by the engine yet (#18)"));
+  }
   // Multiply step by step against the limit so no intermediate product can overflow.
   int64_t bytes = element_size_bytes();
   for (int64_t factor : {int64_t{2}, num_layers, num_kv_heads, block_size, head_dim}) {

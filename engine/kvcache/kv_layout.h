@@ -32,6 +32,7 @@ struct KvLayout {
   kernels::DType dtype = kernels::DType::kF32;
 
   // InvalidArgument naming the field when a dimension is not positive or the dtype is unknown;
+  // Unimplemented for the quantized KV dtypes (i8, fp8_e4m3: not wired into the engine yet);
   // InvalidArgument when one block would exceed kMaxBlockBytes.
   absl::Status Validate() const;
 

@@ -70,6 +70,11 @@ TEST(KvLayoutTest, ValidateNamesTheBadField) {
   l = Tiny();
   l.dtype = static_cast<kernels::DType>(9);
   EXPECT_THAT(l.Validate().message(), HasSubstr("dtype"));
+  for (kernels::DType q : {kernels::DType::kI8, kernels::DType::kF8E4M3}) {
+    l = Tiny();
+    l.dtype = q;  // TODO(#18): quantized blocks carry scales; the engine does not size them yet
+    EXPECT_TRUE(absl::IsUnimplemented(l.Validate())) << l.Validate();
+  }
   l = Tiny();
   l.num_layers = int64_t{1} << 40;  // would overflow any int64 product without the guard
   l.head_dim = int64_t{1} << 40;

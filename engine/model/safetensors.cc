@@ -206,6 +206,9 @@ SafetensorsDtype FromKernelDType(kernels::DType dtype) {
       return SafetensorsDtype::kBF16;
     case kernels::DType::kF16:
       return SafetensorsDtype::kF16;
+    case kernels::DType::kI8:
+    case kernels::DType::kF8E4M3:
+      break;  // KV-cache-only dtypes are never weights
   }
   return SafetensorsDtype::kF32;
 }

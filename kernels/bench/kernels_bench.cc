@@ -249,6 +249,70 @@ BENCHMARK(BM_DecodeAttention)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
+// ---- Decode attention by KV dtype: the quantized caches vs bf16/f32, one thread ---------------
+// Args: batch, context, dtype (kernels/types.h: 0 f32, 1 bf16, 2 f16, 3 i8, 4 fp8_e4m3).
+// bytes_per_second counts the KV bytes read (codes plus scales for the quantized dtypes).
+void BM_DecodeAttentionKvDType(benchmark::State& state) {
+  const int64_t batch = state.range(0), context = state.range(1);
+  const auto dtype = static_cast<DType>(state.range(2));
+  const int64_t heads = 32, kv_heads = 8, head_dim = 64, block = 16, layers = 1;
+  const int64_t blocks_per_seq = (context + block - 1) / block;
+  const int64_t num_blocks = batch * blocks_per_seq;
+  const int64_t block_bytes = DenseKvBlockBytes(dtype, layers, kv_heads, block, head_dim);
+  const KvCacheView probe =
+      DenseKvCacheView(nullptr, dtype, num_blocks, layers, kv_heads, block, head_dim, 0);
+  std::vector<uint8_t> pool;
+  if (IsQuantizedKvDType(dtype)) {
+    // Codes from random N(0, 1) rows (no NaN codes), scales of an N(0, 0.02) row.
+    std::mt19937 rng(3);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    pool.resize(num_blocks * block_bytes);
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      uint8_t* blk = pool.data() + b * block_bytes;
+      for (int64_t i = 0; i < probe.scale_offset; ++i) {
+        const float x = dist(rng) * 32.0f;
+        blk[i] = dtype == DType::kI8
+                     ? static_cast<uint8_t>(static_cast<int8_t>(std::clamp(x, -127.0f, 127.0f)))
+                     : F32ToE4M3(x);
+      }
+      std::vector<float> scales(layers * 2 * kv_heads * block, 0.02f / 32.0f);
+      std::memcpy(blk + probe.scale_offset, scales.data(), scales.size() * sizeof(float));
+    }
+  } else {
+    pool = RandomBytesAs(num_blocks * layers * 2 * kv_heads * block * head_dim, dtype, 3);
+  }
+  std::vector<int32_t> tables(num_blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), std::mt19937(4));
+  std::vector<int32_t> lens(batch, static_cast<int32_t>(context));
+  std::vector<float> q(batch * heads * head_dim, 0.1f), out(q.size());
+  DecodeAttentionParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.q_seq_stride = heads * head_dim;
+  p.out_seq_stride = heads * head_dim;
+  p.cache = DenseKvCacheView(pool.data(), dtype, num_blocks, layers, kv_heads, block, head_dim, 0);
+  p.block_tables = tables.data();
+  p.max_blocks_per_seq = blocks_per_seq;
+  p.context_lens = lens.data();
+  p.num_seqs = batch;
+  p.num_heads = heads;
+  const OpContext ctx = Context(1);
+  if (!DecodeAttention(ctx, p).ok()) {
+    state.SkipWithError("decode attention rejected the parameters");
+    return;
+  }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(DecodeAttention(ctx, p));
+  }
+  state.SetBytesProcessed(state.iterations() * batch * blocks_per_seq * block_bytes);
+}
+BENCHMARK(BM_DecodeAttentionKvDType)
+    ->ArgsProduct({{1, 16}, {512, 4096}, {0, 1, 3, 4}})
+    ->ArgNames({"batch", "context", "dtype"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 // ---- Sampling one Llama-3 vocabulary row --------------------------------------------------------
 // Args: top_k (0 = off), top_p * 100.
 void BM_Sample(benchmark::State& state) {

@@ -73,6 +73,20 @@ void WriteKv(const OpContext& ctx, const WriteKvParams& p) {
           static_cast<char*>(c.base) +
           (block * c.block_stride + c.layer * c.layer_stride + (pos % c.block_size) * c.head_dim) *
               esize;
+      if (IsQuantizedKvDType(c.dtype)) {
+        auto* k_scale = reinterpret_cast<float*>(static_cast<char*>(c.base) +
+                                                 block * c.block_stride + c.scale_offset) +
+                        c.layer * c.scale_layer_stride + pos % c.block_size;
+        for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+          auto* dst = reinterpret_cast<uint8_t*>(k_dst + h * c.head_stride);
+          float* scale = k_scale + h * c.scale_head_stride;
+          PD_ISA_DISPATCH(QuantizeRow(p.k + j * p.k_token_stride + h * c.head_dim, c.head_dim,
+                                      c.dtype, dst, scale));
+          PD_ISA_DISPATCH(QuantizeRow(p.v + j * p.v_token_stride + h * c.head_dim, c.head_dim,
+                                      c.dtype, dst + c.kv_stride, scale + c.scale_kv_stride));
+        }
+        continue;
+      }
       for (int64_t h = 0; h < c.num_kv_heads; ++h) {
         char* dst = k_dst + h * c.head_stride * esize;
         PD_ISA_DISPATCH(ConvertRow(p.k + j * p.k_token_stride + h * c.head_dim, DType::kF32, dst,

@@ -48,6 +48,11 @@ struct Simd {
   static V LoadBf16N(const uint16_t* p, int n) { return n > 0 ? Bf16ToF32(*p) : 0.0f; }
   static V LoadF16(const uint16_t* p) { return F16ToF32(*p); }
   static V LoadF16N(const uint16_t* p, int n) { return n > 0 ? F16ToF32(*p) : 0.0f; }
+  // kW codes of a quantized KV cache, decoded (not yet scaled): int8, and fp8 E4M3 times 2^-8
+  // (exact; the vector decoders produce that without a multiply, the caller folds 2^8 into the
+  // row's scale).
+  static V LoadI8(const int8_t* p) { return static_cast<float>(*p); }
+  static V LoadE4M3Over256(const uint8_t* p) { return E4M3ToF32(*p) * 0.00390625f; }
   static void StoreBf16(uint16_t* p, V v) { *p = F32ToBf16(v); }
   static void StoreBf16N(uint16_t* p, V v, int n) {
     if (n > 0) {
@@ -118,6 +123,23 @@ struct Simd {
   static V LoadBf16N(const uint16_t* p, int n) { return Bf16Widen(Load8x16N(p, n)); }
   static V LoadF16(const uint16_t* p) { return _mm256_cvtph_ps(Load8x16(p)); }
   static V LoadF16N(const uint16_t* p, int n) { return _mm256_cvtph_ps(Load8x16N(p, n)); }
+  static V LoadI8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // E4M3 -> f16 bits, widened exactly: the value times 2^-8 (f16's exponent bias is 8 more, and
+  // its wider range holds E4M3's subnormals as f16 subnormals). Sign-extending the code to 16
+  // bits and shifting left by 7 gives S S EEEE MMM 0000000; clearing bit 14 leaves the f16
+  // S 0 EEEE MMM 0000000. Only S.1111.111 needs a fix-up: NaN in E4M3, 1.875 in this mapping.
+  static V LoadE4M3Over256(const uint8_t* p) {
+    const __m128i s =
+        _mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 7);
+    const __m128i h = _mm_and_si128(s, _mm_set1_epi16(static_cast<int16_t>(0xbfff)));
+    const __m128i mag = _mm_and_si128(s, _mm_set1_epi16(0x3f80));
+    const __m256 nan =
+        _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80))));
+    return _mm256_blendv_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(NAN), nan);
+  }
   static __m128i Bf16Narrow(V v) {
     const __m256i x = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
@@ -223,6 +245,19 @@ struct Simd {
   static V LoadBf16N(const uint16_t* p, int n) { return Bf16Widen(Load16x16N(p, n)); }
   static V LoadF16(const uint16_t* p) { return _mm512_cvtph_ps(Load16x16(p)); }
   static V LoadF16N(const uint16_t* p, int n) { return _mm512_cvtph_ps(Load16x16N(p, n)); }
+  static V LoadI8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // As avx2::Simd::LoadE4M3Over256, 16 codes at a time.
+  static V LoadE4M3Over256(const uint8_t* p) {
+    const __m256i s = _mm256_slli_epi16(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7);
+    const __m256i h = _mm256_and_si256(s, _mm256_set1_epi16(static_cast<int16_t>(0xbfff)));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(s, _mm256_set1_epi16(0x3f80)),
+                                                  _mm256_set1_epi16(0x3f80));
+    return _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan, _mm512_set1_ps(NAN));
+  }
   static __m256i Bf16Narrow(V v) {
     const __m512i x = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));

@@ -41,6 +41,9 @@ __device__ inline float LoadKv(const void* base, DType dtype, int64_t off) {
       return Bf16ToF32(static_cast<const uint16_t*>(base)[off]);
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(base)[off]);
+    case DType::kI8:
+    case DType::kF8E4M3:
+      break;  // TODO(#18): quantized caches; dispatch rejects them on CUDA for now
   }
   return 0.0f;
 }
@@ -57,6 +60,9 @@ __device__ inline void StoreKv(void* base, DType dtype, int64_t off, float v) {
     case DType::kF16:
       static_cast<uint16_t*>(base)[off] = F32ToF16(v);
       return;
+    case DType::kI8:
+    case DType::kF8E4M3:
+      return;  // TODO(#18): quantized caches; dispatch rejects them on CUDA for now
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "build_config.h"
+#include "common/base/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
 #if PD_WITH_CUDA
@@ -11,15 +12,20 @@
 
 namespace pd::kernels {
 
+using dispatch_internal::CheckDenseDType;
+using dispatch_internal::IsDenseDType;
 using dispatch_internal::NoBackend;
 using dispatch_internal::Overlaps;
 
-bool SupportsConvert(Device device, DType, DType) {
+bool SupportsConvert(Device device, DType in_dtype, DType out_dtype) {
+  if (!IsDenseDType(in_dtype) || !IsDenseDType(out_dtype)) {
+    return false;  // quantized KV dtypes are written only by WriteKv
+  }
   switch (device) {
     case Device::kCpu:
-      return true;  // every pair
+      return true;  // every pair of f32, bf16, f16
     case Device::kCuda:
-      return PD_WITH_CUDA;  // every pair
+      return PD_WITH_CUDA;  // every pair of f32, bf16, f16
   }
   return false;
 }
@@ -28,6 +34,8 @@ absl::Status Convert(const OpContext& ctx, const ConvertParams& p) {
   if (p.n < 0) {
     return absl::InvalidArgumentError(absl::StrCat("convert: n must be >= 0, got ", p.n));
   }
+  PD_RETURN_IF_ERROR(CheckDenseDType("convert", "input", p.in_dtype));
+  PD_RETURN_IF_ERROR(CheckDenseDType("convert", "output", p.out_dtype));
   if (p.n == 0) {
     return absl::OkStatus();  // pointers may be null
   }

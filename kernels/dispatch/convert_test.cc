@@ -167,6 +167,22 @@ TEST(ConvertTest, RejectsBadInput) {
   EXPECT_EQ(Convert(OpContext{}, p).code(), absl::StatusCode::kInvalidArgument);
   p = ConvertParams{buf.data(), buf.data() + 8, 4, DType::kF32, DType::kBF16};
   EXPECT_TRUE(SupportsConvert(Device::kCpu, DType::kBF16, DType::kF16));
+  // The quantized KV dtypes need a per-row scale: only WriteKv produces them.
+  for (DType q : {DType::kI8, DType::kF8E4M3}) {
+    EXPECT_FALSE(SupportsConvert(Device::kCpu, q, DType::kF32));
+    EXPECT_FALSE(SupportsConvert(Device::kCpu, DType::kF32, q));
+    const absl::Status in =
+        Convert(OpContext{}, ConvertParams{buf.data(), buf.data() + 8, 4, q, DType::kF32});
+    EXPECT_EQ(in.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(in.message().find("KV-cache-only"), absl::string_view::npos) << in;
+    EXPECT_EQ(
+        Convert(OpContext{}, ConvertParams{buf.data(), buf.data() + 8, 4, DType::kF32, q}).code(),
+        absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(Convert(OpContext{}, ConvertParams{buf.data(), buf.data() + 8, 4, static_cast<DType>(9),
+                                               DType::kF32})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   if (!SupportsConvert(Device::kCuda, DType::kBF16, DType::kF32)) {
     EXPECT_EQ(Convert(OpContext{Device::kCuda, nullptr}, p).code(),
               absl::StatusCode::kUnimplemented);

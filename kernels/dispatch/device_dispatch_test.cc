@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/convert.h"
@@ -13,6 +14,7 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/sampling.h"
+#include "kernels/type_names.h"
 
 namespace pd::kernels {
 namespace {
@@ -34,6 +36,54 @@ TEST(DeviceDispatchTest, CudaSupportIsConsistentAcrossOps) {
     EXPECT_EQ(SupportsMatMul(Device::kCuda, w), cuda);
   }
   EXPECT_FALSE(SupportsRmsNorm(Device::kCuda, DType::kBF16));  // f32 activations only
+}
+
+// Quantized KV caches run on the CPU only for now; on kCuda every attention op says which
+// dtype and which issue, whether or not the CUDA backend is built.
+TEST(DeviceDispatchTest, QuantizedKvCacheIsUnimplementedOnCuda) {
+  std::vector<float> buf(256);
+  float* f = buf.data();
+  for (DType q : {DType::kI8, DType::kF8E4M3}) {
+    EXPECT_TRUE(SupportsAttention(Device::kCpu, q));
+    EXPECT_FALSE(SupportsAttention(Device::kCuda, q));
+    const int32_t zero = 0, one = 1;
+    DecodeAttentionParams dp;
+    dp.q = f;
+    dp.out = f + 32;
+    dp.block_tables = &zero;
+    dp.context_lens = &one;
+    dp.cache = DenseKvCacheView(f + 64, q, 1, 1, 2, 4, 2, 0);
+    dp.q_seq_stride = dp.out_seq_stride = 4;
+    dp.max_blocks_per_seq = 1;
+    dp.num_seqs = 1;
+    dp.num_heads = 2;
+    const absl::Status s = DecodeAttention(kCuda, dp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(s.message().find(
+                  absl::StrCat("KV dtype ", DTypeName(q), " is not implemented on CUDA yet (#18)")),
+              absl::string_view::npos)
+        << s;
+    PrefillAttentionParams pp;
+    pp.q = f;
+    pp.out = f + 32;
+    pp.q_token_stride = pp.out_token_stride = 4;
+    pp.cache = dp.cache;
+    pp.block_table = &zero;
+    pp.num_table_blocks = 1;
+    pp.num_tokens = 1;
+    pp.num_heads = 2;
+    EXPECT_EQ(PrefillAttention(kCuda, pp).code(), absl::StatusCode::kUnimplemented);
+    WriteKvParams wp;
+    wp.k = f;
+    wp.v = f + 4;
+    wp.k_token_stride = wp.v_token_stride = 4;
+    wp.cache = dp.cache;
+    wp.num_tokens = 1;
+    wp.positions = &zero;
+    wp.block_tables = &zero;
+    wp.max_blocks_per_seq = 1;
+    EXPECT_EQ(WriteKv(kCuda, wp).code(), absl::StatusCode::kUnimplemented);
+  }
 }
 
 TEST(DeviceDispatchTest, CudaValidatesScalarsBeforeTheDevice) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "build_config.h"
+#include "common/base/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
 #if PD_WITH_CUDA
@@ -15,12 +16,16 @@
 
 namespace pd::kernels {
 
+using dispatch_internal::CheckDenseDType;
+using dispatch_internal::IsDenseDType;
 using dispatch_internal::NoBackend;
 using dispatch_internal::Overlaps;
 using dispatch_internal::Span;
 
 bool SupportsMatMul(Device device, DType w_dtype) {
-  (void)w_dtype;  // both backends take f32, bf16 and f16 weights
+  if (!IsDenseDType(w_dtype)) {
+    return false;  // both backends take f32, bf16 and f16 weights only
+  }
   switch (device) {
     case Device::kCpu:
       return true;
@@ -48,6 +53,7 @@ absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
   if (p.x == nullptr || p.w == nullptr || p.y == nullptr) {
     return absl::InvalidArgumentError("matmul: null x, w or y");
   }
+  PD_RETURN_IF_ERROR(CheckDenseDType("matmul", "weight", p.w_dtype));
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();  // BLAS takes int
   if (p.num_rows <= 0 || p.in_features <= 0 || p.out_features <= 0 || p.num_rows > kMaxInt ||
       p.in_features > kMaxInt || p.out_features > kMaxInt) {

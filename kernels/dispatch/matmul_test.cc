@@ -251,6 +251,14 @@ TEST(MatMulDispatchTest, RejectsBadInput) {
   EXPECT_NE(s.message().find("workspace"), absl::string_view::npos) << s;
   cpu::SetIsaForTest(cpu::DetectedIsa());
   EXPECT_TRUE(SupportsMatMul(Device::kCpu, DType::kF16));
+  for (DType q : {DType::kI8, DType::kF8E4M3}) {  // KV-cache-only dtypes
+    EXPECT_FALSE(SupportsMatMul(Device::kCpu, q));
+    bad = p;
+    bad.w_dtype = q;
+    const absl::Status qs = MatMul(OpContext{}, bad);
+    EXPECT_EQ(qs.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(qs.message().find("KV-cache-only"), absl::string_view::npos) << qs;
+  }
   if (!SupportsMatMul(Device::kCuda, DType::kF32)) {
     EXPECT_EQ(MatMul(OpContext{Device::kCuda, nullptr}, p).code(),
               absl::StatusCode::kUnimplemented);

@@ -87,6 +87,9 @@ TEST(RmsNormDispatchTest, RejectsBadInput) {
   p.dtype = DType::kBF16;
   EXPECT_EQ(RmsNorm(OpContext{}, p).code(), absl::StatusCode::kUnimplemented);
   EXPECT_FALSE(SupportsRmsNorm(Device::kCpu, DType::kBF16));
+  p.dtype = DType::kI8;  // KV-cache-only
+  EXPECT_EQ(RmsNorm(OpContext{}, p).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE(SupportsRmsNorm(Device::kCpu, DType::kI8));
 }
 
 }  // namespace

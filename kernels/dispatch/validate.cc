@@ -21,6 +21,41 @@ bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   return a0 < b0 + static_cast<uintptr_t>(b_bytes) && b0 < a0 + static_cast<uintptr_t>(a_bytes);
 }
 
+namespace {
+
+// The scale region of a quantized view: aligned floats, after the layer's data (which ends at
+// byte data_end of the block), inside the block.
+absl::Status CheckKvScales(const char* op, const KvCacheView& c, int64_t data_end) {
+  if (reinterpret_cast<uintptr_t>(c.base) % 4 != 0 || c.block_stride % 4 != 0 ||
+      c.scale_offset % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", DTypeName(c.dtype), " cache base, block_stride ", c.block_stride,
+                     " and scale_offset ", c.scale_offset, " must be multiples of 4 bytes"));
+  }
+  if (c.scale_head_stride < c.block_size || c.scale_kv_stride <= 0 || c.scale_layer_stride <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", DTypeName(c.dtype), " cache scale strides (layer ",
+                     c.scale_layer_stride, " kv ", c.scale_kv_stride, " head ", c.scale_head_stride,
+                     ") must be > 0, the head stride >= block_size ", c.block_size));
+  }
+  const int64_t k_scales = (c.num_kv_heads - 1) * c.scale_head_stride + c.block_size;
+  if (c.scale_kv_stride < k_scales) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": cache scale_kv_stride ", c.scale_kv_stride, " < K scale extent ", k_scales));
+  }
+  const int64_t scales_end =
+      c.scale_offset + 4 * (c.layer * c.scale_layer_stride + c.scale_kv_stride + k_scales);
+  if (c.scale_offset < data_end || scales_end > c.block_stride) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": layer ", c.layer, " scales [", c.scale_offset, ", ", scales_end,
+                     ") must start after its data (byte ", data_end,
+                     ") and end within block_stride ", c.block_stride));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckKvCacheView(const char* op, const KvCacheView& c) {
   if (c.base == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": null cache base"));
@@ -48,9 +83,13 @@ absl::Status CheckKvCacheView(const char* op, const KvCacheView& c) {
         absl::StrCat(op, ": cache head_stride ", c.head_stride, " < block_size * head_dim ",
                      head_extent, " or kv_stride ", c.kv_stride, " < K extent ", k_extent));
   }
-  if (c.layer * c.layer_stride + c.kv_stride + k_extent > c.block_stride) {
+  const int64_t data_end = c.layer * c.layer_stride + c.kv_stride + k_extent;
+  if (data_end > c.block_stride) {
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": layer ", c.layer, " K/V extent ends past block_stride ", c.block_stride));
+  }
+  if (IsQuantizedKvDType(c.dtype)) {
+    return CheckKvScales(op, c, data_end);
   }
   return absl::OkStatus();
 }
@@ -64,6 +103,23 @@ absl::Status CheckBlockIds(const char* op, const int32_t* table, int64_t count,
     }
   }
   return absl::OkStatus();
+}
+
+bool IsDenseDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+absl::Status CheckDenseDType(const char* op, const char* what, DType dtype) {
+  if (IsDenseDType(dtype)) {
+    return absl::OkStatus();
+  }
+  if (IsQuantizedKvDType(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, " dtype ", DTypeName(dtype),
+                                                   " is a KV-cache-only dtype; ", op,
+                                                   " takes f32, bf16 or f16"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": unknown ", what, " dtype ", static_cast<int>(dtype)));
 }
 
 absl::Status NoBackend(const char* op, Device device, DType dtype) {

@@ -26,6 +26,13 @@ absl::Status CheckKvCacheView(const char* op, const KvCacheView& c);
 // InvalidArgument naming `op` unless table[0, count) are all in [0, num_blocks).
 absl::Status CheckBlockIds(const char* op, const int32_t* table, int64_t count, int64_t num_blocks);
 
+// Whether `dtype` is an activation/weight dtype (f32, bf16, f16): not a quantized KV-cache dtype
+// and not a value outside the enum.
+bool IsDenseDType(DType dtype);
+
+// InvalidArgument naming `op` and `what` (e.g. "weight") unless IsDenseDType(dtype).
+absl::Status CheckDenseDType(const char* op, const char* what, DType dtype);
+
 // Unimplemented naming `op`, device and dtype.
 absl::Status NoBackend(const char* op, Device device, DType dtype);
 

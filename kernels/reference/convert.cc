@@ -12,6 +12,9 @@ float LoadAsF32(const void* base, DType dtype, int64_t i) {
       return Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kI8:
+    case DType::kF8E4M3:
+      break;  // KV-cache-only dtypes: Convert rejects them
   }
   return 0.0f;
 }
@@ -27,6 +30,9 @@ void StoreFromF32(void* base, DType dtype, int64_t i, float v) {
     case DType::kF16:
       static_cast<uint16_t*>(base)[i] = F32ToF16(v);
       return;
+    case DType::kI8:
+    case DType::kF8E4M3:
+      return;  // KV-cache-only dtypes: Convert rejects them
   }
 }
 

@@ -13,6 +13,9 @@ double WeightAt(const MatMulParams& p, int64_t o, int64_t i) {
       return Bf16ToF32(static_cast<const uint16_t*>(p.w)[idx]);
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(p.w)[idx]);
+    case DType::kI8:
+    case DType::kF8E4M3:
+      break;  // KV-cache-only dtypes: MatMul rejects them
   }
   return 0.0;
 }
