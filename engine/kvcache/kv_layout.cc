@@ -21,11 +21,6 @@ absl::Status KvLayout::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("kv layout: unknown dtype ", static_cast<int>(dtype)));
   }
-  if (kernels::IsQuantizedKvDType(dtype)) {
-    // TODO(#18): blocks of quantized dtypes carry their scales (kernels::DenseKvBlockBytes).
-    return absl::UnimplementedError(absl::StrCat("kv layout: KV dtype ", kernels::DTypeName(dtype),
-                                                 " is not supported by the engine yet (#18)"));
-  }
   // Multiply step by step against the limit so no intermediate product can overflow.
   int64_t bytes = element_size_bytes();
   for (int64_t factor : {int64_t{2}, num_layers, num_kv_heads, block_size, head_dim}) {
@@ -36,6 +31,12 @@ absl::Status KvLayout::Validate() const {
           " exceeds ", kMaxBlockBytes, " bytes"));
     }
     bytes *= factor;
+  }
+  // Quantized blocks add their scales (at most 4 bytes per row of >= 1 byte: no overflow).
+  if (block_bytes() > kMaxBlockBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("kv layout: block of ", block_bytes(),
+                                                   " bytes (with scales) exceeds ",
+                                                   kMaxBlockBytes, " bytes"));
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kernels/attention_params.h"  // DenseKvBlockBytes
 #include "kernels/type_names.h"  // DTypeName: the layout dtype's name in messages and handshakes
 #include "kernels/types.h"
 
@@ -32,7 +33,6 @@ struct KvLayout {
   kernels::DType dtype = kernels::DType::kF32;
 
   // InvalidArgument naming the field when a dimension is not positive or the dtype is unknown;
-  // Unimplemented for the quantized KV dtypes (i8, fp8_e4m3: not wired into the engine yet);
   // InvalidArgument when one block would exceed kMaxBlockBytes.
   absl::Status Validate() const;
 
@@ -51,7 +51,11 @@ struct KvLayout {
 
   // Elements and bytes of one whole block.
   int64_t block_elements() const { return num_layers * layer_stride(); }
-  int64_t block_bytes() const { return block_elements() * element_size_bytes(); }
+  // For the quantized dtypes (i8, fp8_e4m3) block_elements() is the 1-byte data; the block
+  // then continues with its f32 scales (kernels::DenseKvBlockBytes, the one definition).
+  int64_t block_bytes() const {
+    return kernels::DenseKvBlockBytes(dtype, num_layers, num_kv_heads, block_size, head_dim);
+  }
 
   // Elements of one layer's K (or V) part of a block: [num_kv_heads][block_size][head_dim].
   int64_t part_elements() const { return kv_stride(); }

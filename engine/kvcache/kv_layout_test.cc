@@ -72,8 +72,10 @@ TEST(KvLayoutTest, ValidateNamesTheBadField) {
   EXPECT_THAT(l.Validate().message(), HasSubstr("dtype"));
   for (kernels::DType q : {kernels::DType::kI8, kernels::DType::kF8E4M3}) {
     l = Tiny();
-    l.dtype = q;  // TODO(#18): quantized blocks carry scales; the engine does not size them yet
-    EXPECT_TRUE(absl::IsUnimplemented(l.Validate())) << l.Validate();
+    l.dtype = q;  // quantized: 1-byte data padded to 16 bytes, then an f32 scale per row
+    EXPECT_TRUE(l.Validate().ok()) << l.Validate();
+    const int64_t rows = l.num_layers * 2 * l.num_kv_heads * l.block_size;
+    EXPECT_EQ(l.block_bytes(), (rows * l.head_dim + 15) / 16 * 16 + 4 * rows);
   }
   l = Tiny();
   l.num_layers = int64_t{1} << 40;  // would overflow any int64 product without the guard

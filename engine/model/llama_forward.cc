@@ -166,8 +166,8 @@ absl::Status LlamaForward::AllocateScratch() {
 }
 
 int64_t LlamaForward::block_bytes() const {
-  return static_cast<int64_t>(config_.n_layers) * 2 * config_.kv_dim * pool_.block_size *
-         kernels::DTypeSize(pool_.dtype);
+  return kernels::DenseKvBlockBytes(pool_.dtype, config_.n_layers, config_.n_kv_heads,
+                                    pool_.block_size, config_.head_dim);
 }
 
 kernels::KvCacheView LlamaForward::CacheView(int layer) const {

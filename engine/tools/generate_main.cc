@@ -23,7 +23,7 @@ ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(int64_t, kv_blocks, 256, "KV pool size in blocks of 16 tokens");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
-ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3");
 
 namespace {
 

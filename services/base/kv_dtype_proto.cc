@@ -10,6 +10,10 @@ pdserve::internal::v1::KvDtype KvDtypeToProto(kernels::DType dtype) {
       return pdserve::internal::v1::KV_DTYPE_BF16;
     case kernels::DType::kF16:
       return pdserve::internal::v1::KV_DTYPE_FP16;
+    case kernels::DType::kI8:
+      return pdserve::internal::v1::KV_DTYPE_INT8;
+    case kernels::DType::kF8E4M3:
+      return pdserve::internal::v1::KV_DTYPE_FP8_E4M3;
     default:
       return pdserve::internal::v1::KV_DTYPE_UNSPECIFIED;
   }

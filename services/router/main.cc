@@ -35,8 +35,8 @@ ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH pas
 ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "the workers' KV cache dtype: f32 | bf16 | f16 (block hashes include it; a worker of "
-          "another dtype stays out of the pool)");
+          "the workers' KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (block hashes include "
+          "it; a worker of another dtype stays out of the pool)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "SIGTERM drain bound");
 ABSL_FLAG(uint32_t, max_prompt_tokens, 131072, "largest accepted token-id prompt");
 ABSL_FLAG(uint32_t, max_tokens_limit, 131072, "largest accepted sampling.max_tokens");

@@ -31,8 +31,8 @@ ABSL_FLAG(std::string, device, "cpu",
           "where the weights, KV pool and forward pass live: cpu | cuda (CUDA device 0 of "
           "CUDA_VISIBLE_DEVICES)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "KV cache dtype: f32 | bf16 | f16 (the same on every worker, the router and pd-tierd "
-          "of a cluster: the KV layout and the block hashes include it)");
+          "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (the same on every worker, the "
+          "router and pd-tierd of a cluster: the KV layout and the block hashes include it)");
 ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
 ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
 ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");

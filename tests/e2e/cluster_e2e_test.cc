@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <functional>
@@ -556,36 +557,54 @@ TEST_F(ClusterE2eTest, KilledRedisOnlyRemovesLowerTierCredit) {
   EXPECT_LE(metric("pd_router_tier_credit_errors_total"), errors + 1);
 }
 
-// --kv_dtype bf16 on every process: the output equals the in-process engine with a bf16 cache
-// (and differs from nothing else: no f32 block ever mixes in), disaggregated and on a cache hit.
-TEST_F(ClusterE2eTest, Bf16KvCacheIsExactDisaggregatedAndOnCacheHits) {
-  Reference ref(kernels::DType::kBF16);
-  Cluster c(Dir(), 1, 1, "cache_aware", {"--kv_dtype=bf16"}, {"--kv_dtype=bf16"});
-  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
-  // (On this prompt the bf16 text happens to equal the f32 one: the pools must say bf16.)
-  EXPECT_THAT(c.Logs(), HasSubstr("dtype=bf16 block_bytes=10240")) << c.Logs();
+// --kv_dtype on every process, for each non-f32 dtype: the output equals the in-process engine
+// with the same cache dtype, disaggregated (the prefill worker's blocks, scales included, cross
+// the transport) and on a cache hit the router placed by its index (it hashes with the
+// workers' dtype). Quantized caches change the text: the check is exact, not approximate.
+TEST_F(ClusterE2eTest, KvDtypesAreExactDisaggregatedAndOnCacheHits) {
+  struct Case {
+    kernels::DType dtype;
+    int64_t block_bytes;  // stories260K: 5 layers, 4 kv heads, head_dim 8, 16 tokens
+  };
+  const Case cases[] = {{kernels::DType::kBF16, 10240},
+                        {kernels::DType::kI8, 5120 + 2560},  // 1-byte data + an f32 per row
+                        {kernels::DType::kF8E4M3, 5120 + 2560}};
   const std::string prompt =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
       "park with her friends. One day, she";
-  auto [tokens, text] = ref.Greedy(prompt, 32);
-  Generated first = c.GenerateText(prompt, 32);
-  ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
-  // The decode worker's KV events reach the router's index (asynchronously) before the second.
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (Metric(c.RouterMetrics(), "pd_router_index_blocks") == 0 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(50));
+  for (const Case& k : cases) {
+    const std::string name(kernels::DTypeName(k.dtype));
+    SCOPED_TRACE(name);
+    Reference ref(k.dtype);
+    auto [tokens, text] = ref.Greedy(prompt, 48);
+    const std::string dir = absl::StrCat(Dir(), "/", name);
+    ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+    const std::string flag = "--kv_dtype=" + name;
+    Cluster c(dir, 1, 1, "cache_aware", {flag}, {flag});
+    ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+    EXPECT_THAT(c.Logs(), HasSubstr(absl::StrCat("dtype=", name, " block_bytes=", k.block_bytes)))
+        << c.Logs();
+    Generated first = c.GenerateText(prompt, 48);
+    ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
+    // The decode worker's KV events reach the router's index (asynchronously) first.
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (Metric(c.RouterMetrics(), "pd_router_index_blocks") == 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    Generated second = c.GenerateText(prompt, 48);
+    ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+    EXPECT_EQ(first.tokens, tokens);
+    EXPECT_EQ(first.text, text);
+    EXPECT_EQ(second.tokens, tokens);
+    EXPECT_GT(second.last.usage().cached_tokens(), 0u) << second.last.DebugString();
+    const std::string dm = c.WorkerMetrics(1);
+    EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"}")) << dm;
+    EXPECT_GT(Metric(c.RouterMetrics(), "pd_router_routed_cached_blocks_total"), 0);
   }
-  Generated second = c.GenerateText(prompt, 32);
-  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
-  EXPECT_EQ(first.tokens, tokens);
-  EXPECT_EQ(first.text, text);
-  EXPECT_EQ(second.tokens, tokens);
-  EXPECT_GT(second.last.usage().cached_tokens(), 0u) << second.last.DebugString();
-  const std::string dm = c.WorkerMetrics(1);
-  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"}")) << dm;
-  // The router hashes prompts with the workers' dtype in the seed: its index (fed with the
-  // workers' hashes) found the cached prefix when it placed the second request.
-  EXPECT_GT(Metric(c.RouterMetrics(), "pd_router_routed_cached_blocks_total"), 0);
+  // The quantized caches really change the output (so equality above is not f32's text).
+  Reference f32;
+  Reference fp8(kernels::DType::kF8E4M3);
+  EXPECT_NE(f32.Greedy(prompt, 48).first, fp8.Greedy(prompt, 48).first);
 }
 
 }  // namespace
