@@ -196,6 +196,7 @@ void RouterStream::OnUpstreamRead(Attempt* a, bool ok) {
   {
     absl::MutexLock lock(&mu_);
     const iv1::DecodeResponse& in = a->in;
+    service_->workers()->NoteActivity(a->placement.decode_index);
     out_.Clear();
     *out_.mutable_token_ids() = in.token_ids();
     out_.set_text(in.text());

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log/log.h"
 #include "services/base/grpc_status.h"
 
@@ -28,6 +29,7 @@ struct WorkerPool::Worker {
   iv1::WorkerLoad load;
   std::string last_error;
   int missed_checks = 0;  // consecutive GetLoad timeouts
+  std::atomic<int64_t> last_activity_ns{0};  // absl::GetCurrentTimeNanos of the last message
   std::atomic<int64_t> inflight{0};
   std::atomic<int64_t> assigned_blocks{0};
   int64_t inflight_at_report = 0;         // guarded by WorkerPool::mu_
@@ -170,8 +172,18 @@ void WorkerPool::Check(Worker& w) {
   if (!s.ok()) {
     const std::string why = absl::StrCat("GetLoad: ", s.error_message());
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      const absl::Duration since_activity =
+          absl::Nanoseconds(absl::GetCurrentTimeNanos() - w.last_activity_ns.load());
+      const bool streaming = since_activity < options_.health_interval + options_.rpc_timeout;
       absl::MutexLock lock(&mu_);
-      // Busy, perhaps saturated: give it a few more checks before routing around it.
+      // Busy, perhaps saturated: give it a few more checks before routing around it, and any
+      // number while its streams keep delivering.
+      if (w.healthy && streaming) {
+        w.last_error = why;
+        LOG_EVERY_N(WARNING, 10) << "worker " << w.address << " missed a health check but its "
+                                 << "streams are delivering: kept (" << why << ")";
+        return;
+      }
       if (w.healthy && ++w.missed_checks < options_.max_missed_checks) {
         w.last_error = why;
         LOG(WARNING) << "worker " << w.address << " missed health check " << w.missed_checks
@@ -264,6 +276,10 @@ void WorkerPool::MarkFailed(int index, const absl::Status& why) {
 void WorkerPool::AddInflight(int index, int64_t delta, int64_t blocks) {
   workers_[index]->inflight += delta;
   workers_[index]->assigned_blocks += delta * blocks;
+}
+
+void WorkerPool::NoteActivity(int index) {
+  workers_[index]->last_activity_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
 }
 
 bool WorkerPool::WaitForDecodeWorker(absl::Duration timeout) const {

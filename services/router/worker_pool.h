@@ -31,9 +31,11 @@ struct WorkerPoolOptions {
   absl::Duration health_interval = absl::Milliseconds(500);
   absl::Duration rpc_timeout = absl::Seconds(1);
   // A verified worker whose GetLoad times out this many times in a row leaves the pool; fewer
-  // timeouts (a worker too busy to answer in time) keep it in, with its last load. Any other
-  // failure (connection refused, UNAVAILABLE, a GetInfo that fails or does not match) takes
-  // it out at once. >= 1.
+  // timeouts (a worker too busy to answer in time) keep it in, with its last load. A timeout
+  // does not count while the worker's streams delivered a message within the last
+  // health_interval + rpc_timeout (NoteActivity): it is evidently alive, only saturated. Any
+  // other failure (connection refused, UNAVAILABLE, a GetInfo that fails or does not match)
+  // takes it out at once. >= 1.
   int max_missed_checks = 3;
   std::string model_fingerprint;  // workers must report this one
   uint32_t block_size = 16;       // and this block size
@@ -85,6 +87,9 @@ class WorkerPool {
   void MarkFailed(int index, const absl::Status& why);
   // A stream opened (delta 1) or closed (-1) on the worker, with `blocks` new KV blocks.
   void AddInflight(int index, int64_t delta, int64_t blocks = 0);
+  // A stream on the worker delivered a message: evidence that it is alive (see
+  // max_missed_checks). Cheap (one relaxed atomic store); call on every message.
+  void NoteActivity(int index);
 
   // Blocks until at least one decode-capable worker is healthy or `timeout` passes.
   bool WaitForDecodeWorker(absl::Duration timeout) const;

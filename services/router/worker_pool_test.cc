@@ -156,6 +156,21 @@ TEST_F(WorkerPoolTest, OneMissedCheckIsEnoughWhenAskedFor) {
   worker_.set_load_delay(absl::ZeroDuration());
 }
 
+TEST_F(WorkerPoolTest, AWorkerWhoseStreamsDeliverStaysWhileItsChecksTimeOut) {
+  StartPool(/*max_missed_checks=*/1);  // one timeout would take an idle worker out
+  worker_.set_load_delay(absl::Seconds(30));
+  const absl::Time until = absl::Now() + 4 * (kTimeout + absl::Milliseconds(20));
+  while (absl::Now() < until) {  // its streams keep delivering messages
+    pool_->NoteActivity(0);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(Changes(), std::vector<bool>{true});  // several checks timed out; never left
+  EXPECT_GE(worker_.load_calls(), 3);
+  // The streams stop: the next timeout takes it out.
+  ASSERT_TRUE(WaitUntilLeft(absl::Seconds(10)));
+  worker_.set_load_delay(absl::ZeroDuration());
+}
+
 TEST_F(WorkerPoolTest, AGoneWorkerLeavesAtOnce) {
   StartPool(/*max_missed_checks=*/100);  // timeouts tolerated; a refused connection is not
   worker_.Shutdown();
