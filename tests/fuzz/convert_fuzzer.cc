@@ -29,7 +29,8 @@ bool SamplingValid(const SamplingParams& p) {
   return std::isfinite(p.temperature()) && p.temperature() >= 0 && std::isfinite(p.top_p()) &&
          p.top_p() >= 0 && p.top_p() <= 1 &&
          (p.max_tokens() == 0 || p.min_tokens() <= p.max_tokens()) &&
-         p.top_k() <= static_cast<uint32_t>(INT32_MAX);
+         p.top_k() <= static_cast<uint32_t>(INT32_MAX) &&
+         (!p.has_logprobs() || p.logprobs() <= 20);  // OpenAI's top_logprobs bound
 }
 
 void CheckSampling(const SamplingParams& p) {
@@ -54,6 +55,7 @@ void CheckSampling(const SamplingParams& p) {
   CHECK(std::vector<uint32_t>(p.stop_token_ids().begin(), p.stop_token_ids().end()) ==
         s->stop_token_ids);
   CHECK_EQ(s->ignore_eos, p.ignore_eos());
+  CHECK_EQ(s->logprobs, p.has_logprobs() ? static_cast<int32_t>(p.logprobs()) : -1);
 }
 
 void CheckLayouts(const iv1::KvLayout& theirs) {

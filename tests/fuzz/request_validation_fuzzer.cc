@@ -61,6 +61,9 @@ bool RefValid(const GenerateRequest& r, const RequestLimits& l) {
   if (!std::isfinite(s.top_p()) || s.top_p() < 0 || s.top_p() > 1) {
     return false;
   }
+  if (s.has_logprobs() && s.logprobs() > 20) {
+    return false;  // the engine's (and OpenAI's) bound on top logprobs
+  }
   if (s.top_k() > static_cast<uint32_t>(INT32_MAX)) {
     return false;  // the engine's top_k is an int32
   }
