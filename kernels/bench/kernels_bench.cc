@@ -211,37 +211,76 @@ BENCHMARK(BM_MatMul)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// ---- Decode attention: B sequences of ctx tokens, Llama-3.2-1B heads, bf16 cache ----------------
-// Args: batch, context, threads.
+// ---- Decode attention: B sequences of ctx tokens, Llama-3.2-1B heads ----------------------------
+// A paged pool of `batch` sequences of `context` tokens in cache `dtype` (shuffled block tables)
+// and the DecodeAttention parameters over it; shared by the benchmarks below.
+struct DecodeAttentionSetup {
+  static constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 64, kBlock = 16, kLayers = 1;
+
+  DecodeAttentionSetup(int64_t batch, int64_t context, DType dtype)
+      : blocks_per_seq((context + kBlock - 1) / kBlock),
+        num_blocks(batch * blocks_per_seq),
+        block_bytes(DenseKvBlockBytes(dtype, kLayers, kKvHeads, kBlock, kHeadDim)),
+        tables(num_blocks),
+        lens(batch, static_cast<int32_t>(context)),
+        q(batch * kHeads * kHeadDim, 0.1f),
+        out(q.size()) {
+    if (IsQuantizedKvDType(dtype)) {
+      // Codes from random N(0, 1) rows (no NaN codes), scales of an N(0, 0.02) row.
+      const KvCacheView probe =
+          DenseKvCacheView(nullptr, dtype, num_blocks, kLayers, kKvHeads, kBlock, kHeadDim, 0);
+      std::mt19937 rng(3);
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      pool.resize(num_blocks * block_bytes);
+      const std::vector<float> scales(kLayers * 2 * kKvHeads * kBlock, 0.02f / 32.0f);
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        uint8_t* blk = pool.data() + b * block_bytes;
+        for (int64_t i = 0; i < probe.scale_offset; ++i) {
+          const float x = dist(rng) * 32.0f;
+          blk[i] = dtype == DType::kI8
+                       ? static_cast<uint8_t>(static_cast<int8_t>(std::clamp(x, -127.0f, 127.0f)))
+                       : F32ToE4M3(x);
+        }
+        std::memcpy(blk + probe.scale_offset, scales.data(), scales.size() * sizeof(float));
+      }
+    } else {
+      pool = RandomBytesAs(num_blocks * kLayers * 2 * kKvHeads * kBlock * kHeadDim, dtype, 3);
+    }
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), std::mt19937(4));
+    p.q = q.data();
+    p.out = out.data();
+    p.q_seq_stride = kHeads * kHeadDim;
+    p.out_seq_stride = kHeads * kHeadDim;
+    p.cache =
+        DenseKvCacheView(pool.data(), dtype, num_blocks, kLayers, kKvHeads, kBlock, kHeadDim, 0);
+    p.block_tables = tables.data();
+    p.max_blocks_per_seq = blocks_per_seq;
+    p.context_lens = lens.data();
+    p.num_seqs = batch;
+    p.num_heads = kHeads;
+  }
+
+  const int64_t blocks_per_seq;
+  const int64_t num_blocks;
+  const int64_t block_bytes;
+  std::vector<uint8_t> pool;
+  std::vector<int32_t> tables;
+  std::vector<int32_t> lens;
+  std::vector<float> q, out;
+  DecodeAttentionParams p;
+};
+
+// bf16 cache. Args: batch, context, threads.
 void BM_DecodeAttention(benchmark::State& state) {
   const int64_t batch = state.range(0), context = state.range(1);
   const OpContext ctx = Context(static_cast<int>(state.range(2)));
-  const int64_t heads = 32, kv_heads = 8, head_dim = 64, block = 16, layers = 1;
-  const int64_t blocks_per_seq = (context + block - 1) / block;
-  const int64_t num_blocks = batch * blocks_per_seq;
-  std::vector<uint8_t> pool =
-      RandomBytesAs(num_blocks * layers * 2 * kv_heads * block * head_dim, DType::kBF16, 3);
-  std::vector<int32_t> tables(num_blocks);
-  std::iota(tables.begin(), tables.end(), 0);
-  std::shuffle(tables.begin(), tables.end(), std::mt19937(4));
-  std::vector<int32_t> lens(batch, static_cast<int32_t>(context));
-  std::vector<float> q(batch * heads * head_dim, 0.1f), out(q.size());
-  DecodeAttentionParams p;
-  p.q = q.data();
-  p.out = out.data();
-  p.q_seq_stride = heads * head_dim;
-  p.out_seq_stride = heads * head_dim;
-  p.cache =
-      DenseKvCacheView(pool.data(), DType::kBF16, num_blocks, layers, kv_heads, block, head_dim, 0);
-  p.block_tables = tables.data();
-  p.max_blocks_per_seq = blocks_per_seq;
-  p.context_lens = lens.data();
-  p.num_seqs = batch;
-  p.num_heads = heads;
+  const DecodeAttentionSetup s(batch, context, DType::kBF16);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(DecodeAttention(ctx, p));
+    benchmark::DoNotOptimize(DecodeAttention(ctx, s.p));
   }
-  state.SetBytesProcessed(state.iterations() * batch * context * kv_heads * head_dim * 2 * 2);
+  state.SetBytesProcessed(state.iterations() * batch * context * DecodeAttentionSetup::kKvHeads *
+                          DecodeAttentionSetup::kHeadDim * 2 * 2);
 }
 BENCHMARK(BM_DecodeAttention)
     ->ArgsProduct({{1, 16}, {512, 4096}, {1, 2}})
@@ -249,63 +288,21 @@ BENCHMARK(BM_DecodeAttention)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// ---- Decode attention by KV dtype: the quantized caches vs bf16/f32, one thread ---------------
-// Args: batch, context, dtype (kernels/types.h: 0 f32, 1 bf16, 2 f16, 3 i8, 4 fp8_e4m3).
-// bytes_per_second counts the KV bytes read (codes plus scales for the quantized dtypes).
+// By KV dtype, the quantized caches vs bf16/f32, one thread. Args: batch, context, dtype
+// (kernels/types.h: 0 f32, 1 bf16, 2 f16, 3 i8, 4 fp8_e4m3). bytes_per_second counts the KV
+// bytes read (codes plus scales for the quantized dtypes).
 void BM_DecodeAttentionKvDType(benchmark::State& state) {
   const int64_t batch = state.range(0), context = state.range(1);
-  const auto dtype = static_cast<DType>(state.range(2));
-  const int64_t heads = 32, kv_heads = 8, head_dim = 64, block = 16, layers = 1;
-  const int64_t blocks_per_seq = (context + block - 1) / block;
-  const int64_t num_blocks = batch * blocks_per_seq;
-  const int64_t block_bytes = DenseKvBlockBytes(dtype, layers, kv_heads, block, head_dim);
-  const KvCacheView probe =
-      DenseKvCacheView(nullptr, dtype, num_blocks, layers, kv_heads, block, head_dim, 0);
-  std::vector<uint8_t> pool;
-  if (IsQuantizedKvDType(dtype)) {
-    // Codes from random N(0, 1) rows (no NaN codes), scales of an N(0, 0.02) row.
-    std::mt19937 rng(3);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    pool.resize(num_blocks * block_bytes);
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      uint8_t* blk = pool.data() + b * block_bytes;
-      for (int64_t i = 0; i < probe.scale_offset; ++i) {
-        const float x = dist(rng) * 32.0f;
-        blk[i] = dtype == DType::kI8
-                     ? static_cast<uint8_t>(static_cast<int8_t>(std::clamp(x, -127.0f, 127.0f)))
-                     : F32ToE4M3(x);
-      }
-      std::vector<float> scales(layers * 2 * kv_heads * block, 0.02f / 32.0f);
-      std::memcpy(blk + probe.scale_offset, scales.data(), scales.size() * sizeof(float));
-    }
-  } else {
-    pool = RandomBytesAs(num_blocks * layers * 2 * kv_heads * block * head_dim, dtype, 3);
-  }
-  std::vector<int32_t> tables(num_blocks);
-  std::iota(tables.begin(), tables.end(), 0);
-  std::shuffle(tables.begin(), tables.end(), std::mt19937(4));
-  std::vector<int32_t> lens(batch, static_cast<int32_t>(context));
-  std::vector<float> q(batch * heads * head_dim, 0.1f), out(q.size());
-  DecodeAttentionParams p;
-  p.q = q.data();
-  p.out = out.data();
-  p.q_seq_stride = heads * head_dim;
-  p.out_seq_stride = heads * head_dim;
-  p.cache = DenseKvCacheView(pool.data(), dtype, num_blocks, layers, kv_heads, block, head_dim, 0);
-  p.block_tables = tables.data();
-  p.max_blocks_per_seq = blocks_per_seq;
-  p.context_lens = lens.data();
-  p.num_seqs = batch;
-  p.num_heads = heads;
+  const DecodeAttentionSetup s(batch, context, static_cast<DType>(state.range(2)));
   const OpContext ctx = Context(1);
-  if (!DecodeAttention(ctx, p).ok()) {
+  if (!DecodeAttention(ctx, s.p).ok()) {
     state.SkipWithError("decode attention rejected the parameters");
     return;
   }
   for (auto _ : state) {
-    benchmark::DoNotOptimize(DecodeAttention(ctx, p));
+    benchmark::DoNotOptimize(DecodeAttention(ctx, s.p));
   }
-  state.SetBytesProcessed(state.iterations() * batch * blocks_per_seq * block_bytes);
+  state.SetBytesProcessed(state.iterations() * batch * s.blocks_per_seq * s.block_bytes);
 }
 BENCHMARK(BM_DecodeAttentionKvDType)
     ->ArgsProduct({{1, 16}, {512, 4096}, {0, 1, 3, 4}})
