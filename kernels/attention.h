@@ -30,6 +30,9 @@ namespace pd::kernels {
 // Unimplemented when no backend built for ctx.device supports cache.dtype (the quantized
 // dtypes i8 and fp8_e4m3 run on kCpu only for now: on kCuda the message names the dtype and #18).
 absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
+// ReadKv: the same errors as WriteKv, and InvalidArgument when k and v overlap; kCpu only for
+// now (Unimplemented on kCuda).
+absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 

@@ -131,6 +131,24 @@ struct WriteKvParams {
   int64_t max_blocks_per_seq = 0;
 };
 
+// Reads K and V of num_tokens cached tokens back to f32: the inverse of WriteKv, with the same
+// addressing (token j is position positions[j] of sequence token_seq[j]). Widened exactly from
+// bf16/f16; dequantized as decode(code) * scale (one f32 multiply) from i8/fp8. Used to move
+// cached keys to other positions (the sink + window KV policy re-rotates its sink tokens).
+struct ReadKvParams {
+  float* k = nullptr;  // [num_tokens][k_token_stride]; each token's [num_kv_heads][head_dim]
+  float* v = nullptr;  // [num_tokens][v_token_stride]; likewise; must not overlap k
+  int64_t k_token_stride = 0;  // >= num_kv_heads * head_dim, likewise below
+  int64_t v_token_stride = 0;
+  KvCacheView cache;
+  int64_t num_tokens = 0;
+  const int32_t* positions = nullptr;     // [num_tokens], >= 0
+  const int32_t* token_seq = nullptr;     // as in WriteKvParams
+  const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks_per_seq]
+  int64_t num_seqs = 1;
+  int64_t max_blocks_per_seq = 0;
+};
+
 // Causal attention of num_tokens new tokens of ONE sequence at positions
 // [start_pos, start_pos + num_tokens), whose K/V are already in the pool (WriteKv first). The
 // query at position p attends keys 0..p read through block_table, so start_pos > 0 (a prefix

@@ -98,6 +98,46 @@ void WriteKv(const OpContext& ctx, const WriteKvParams& p) {
   });
 }
 
+void ReadKv(const OpContext& ctx, const ReadKvParams& p) {
+  const KvCacheView& c = p.cache;
+  const int64_t esize = DTypeSize(c.dtype);
+  const int64_t min_tokens = std::max<int64_t>(1, 32768 / (c.num_kv_heads * c.head_dim));
+  ParallelRange(ctx, p.num_tokens, min_tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
+      const int64_t pos = p.positions[j];
+      const int64_t block = p.block_tables[seq * p.max_blocks_per_seq + pos / c.block_size];
+      const char* k_src =
+          static_cast<const char*>(c.base) +
+          (block * c.block_stride + c.layer * c.layer_stride + (pos % c.block_size) * c.head_dim) *
+              esize;
+      const float* k_scale =
+          reinterpret_cast<const float*>(static_cast<const char*>(c.base) + block * c.block_stride +
+                                         c.scale_offset) +
+          c.layer * c.scale_layer_stride + pos % c.block_size;
+      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const char* src = k_src + (h * c.head_stride + kv * c.kv_stride) * esize;
+          float* dst = kv == 0 ? p.k + j * p.k_token_stride + h * c.head_dim
+                               : p.v + j * p.v_token_stride + h * c.head_dim;
+          if (!IsQuantizedKvDType(c.dtype)) {
+            PD_ISA_DISPATCH(ConvertRow(src, c.dtype, dst, DType::kF32, c.head_dim));
+            continue;
+          }
+          const float scale = k_scale[h * c.scale_head_stride + kv * c.scale_kv_stride];
+          const auto* codes = reinterpret_cast<const uint8_t*>(src);
+          for (int64_t d = 0; d < c.head_dim; ++d) {
+            const float code = c.dtype == DType::kI8
+                                   ? static_cast<float>(static_cast<int8_t>(codes[d]))
+                                   : E4M3ToF32(codes[d]);
+            dst[d] = code * scale;
+          }
+        }
+      }
+    }
+  });
+}
+
 void PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p) {
   const KvCacheView& c = p.cache;
   const int64_t group = p.num_heads / c.num_kv_heads;

@@ -32,6 +32,7 @@ void SiluMul(const OpContext& ctx, const SiluMulParams& p);
 void Add(const OpContext& ctx, const AddParams& p);
 
 void WriteKv(const OpContext& ctx, const WriteKvParams& p);
+void ReadKv(const OpContext& ctx, const ReadKvParams& p);
 void PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 

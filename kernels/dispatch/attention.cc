@@ -69,48 +69,78 @@ bool SupportsAttention(Device device, DType cache_dtype) {
   return false;
 }
 
-absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
-  constexpr const char* kOp = "write_kv";
+namespace {
+
+// The checks WriteKv and ReadKv share (P is WriteKvParams or ReadKvParams). On kCpu it also
+// checks every token's position and block id.
+template <typename P>
+absl::Status CheckKvRows(const char* op, const OpContext& ctx, const P& p) {
   if (p.k == nullptr || p.v == nullptr || p.positions == nullptr || p.block_tables == nullptr) {
-    return absl::InvalidArgumentError("write_kv: null k, v, positions or block_tables");
+    return absl::InvalidArgumentError(absl::StrCat(op, ": null k, v, positions or block_tables"));
   }
-  PD_RETURN_IF_ERROR(CheckKvCacheView(kOp, p.cache));
+  PD_RETURN_IF_ERROR(CheckKvCacheView(op, p.cache));
   const KvCacheView& c = p.cache;
   if (p.num_tokens <= 0 || p.num_seqs <= 0 || p.max_blocks_per_seq <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("write_kv: num_tokens, num_seqs and max_blocks_per_seq must be > 0, got ",
+        absl::StrCat(op, ": num_tokens, num_seqs and max_blocks_per_seq must be > 0, got ",
                      p.num_tokens, ", ", p.num_seqs, ", ", p.max_blocks_per_seq));
   }
   const int64_t token_elems = c.num_kv_heads * c.head_dim;
   if (p.k_token_stride < token_elems || p.v_token_stride < token_elems) {
-    return absl::InvalidArgumentError(absl::StrCat("write_kv: token strides (k ", p.k_token_stride,
+    return absl::InvalidArgumentError(absl::StrCat(op, ": token strides (k ", p.k_token_stride,
                                                    ", v ", p.v_token_stride,
                                                    ") < num_kv_heads * head_dim ", token_elems));
   }
   if (!SupportsAttention(ctx.device, c.dtype)) {
-    return Unsupported(kOp, ctx.device, c.dtype);
+    return Unsupported(op, ctx.device, c.dtype);
   }
-#if PD_WITH_CUDA
-  if (ctx.device == Device::kCuda) {
-    return cuda::WriteKv(ctx, p);  // positions and tables are device memory: not read here
+  if (ctx.device != Device::kCpu) {
+    return absl::OkStatus();  // positions and tables are device memory: not read here
   }
-#endif
   for (int64_t j = 0; j < p.num_tokens; ++j) {
     const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
     if (seq < 0 || seq >= p.num_seqs) {
-      return absl::InvalidArgumentError(absl::StrCat("write_kv: token ", j, " has sequence ", seq,
-                                                     " outside [0, ", p.num_seqs, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": token ", j, " has sequence ", seq, " outside [0, ", p.num_seqs, ")"));
     }
     const int64_t pos = p.positions[j];
     if (pos < 0 || pos / c.block_size >= p.max_blocks_per_seq) {
       return absl::InvalidArgumentError(
-          absl::StrCat("write_kv: token ", j, " position ", pos, " outside the block table (",
+          absl::StrCat(op, ": token ", j, " position ", pos, " outside the block table (",
                        p.max_blocks_per_seq, " blocks of ", c.block_size, ")"));
     }
     PD_RETURN_IF_ERROR(CheckBlockIds(
-        kOp, p.block_tables + seq * p.max_blocks_per_seq + pos / c.block_size, 1, c.num_blocks));
+        op, p.block_tables + seq * p.max_blocks_per_seq + pos / c.block_size, 1, c.num_blocks));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
+  PD_RETURN_IF_ERROR(CheckKvRows("write_kv", ctx, p));
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::WriteKv(ctx, p);
+  }
+#endif
   cpu::WriteKv(ctx, p);
+  return absl::OkStatus();
+}
+
+absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p) {
+  constexpr const char* kOp = "read_kv";
+  if (ctx.device != Device::kCpu) {
+    // TODO(#18): a CUDA ReadKv (the sink + window policy runs on kCpu only for now).
+    return absl::UnimplementedError("read_kv: not implemented on CUDA yet (#18)");
+  }
+  PD_RETURN_IF_ERROR(CheckKvRows(kOp, ctx, p));
+  const int64_t row_elems = p.cache.num_kv_heads * p.cache.head_dim;
+  if (Overlaps(p.k, Span(p.num_tokens, p.k_token_stride, row_elems) * 4, p.v,
+               Span(p.num_tokens, p.v_token_stride, row_elems) * 4)) {
+    return absl::InvalidArgumentError("read_kv: k and v overlap");
+  }
+  cpu::ReadKv(ctx, p);
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/dispatch/kernel_test_util.h"
 #include "kernels/half.h"
@@ -236,6 +237,113 @@ TEST(WriteKvCpuTest, MatchesReferenceBitForBit) {
       ASSERT_EQ(got.bytes(), want.bytes()) << variant.Name() << " dtype " << DTypeName(dtype);
     }
   }
+}
+
+// ReadKv inverts WriteKv: exactly for f32 (bf16/f16: the stored rounding), within the row's
+// quantization step for i8/fp8; CPU equals the reference bit for bit on every ISA variant.
+TEST(ReadKvCpuTest, InvertsWriteKvAndMatchesReference) {
+  std::mt19937 rng(2);
+  for (DType dtype : kAllKvDTypes) {
+    for (const CpuVariant& variant : CpuVariants()) {
+      VariantScope scope(variant);
+      Geometry g;
+      g.dtype = dtype;
+      g.head_dim = 24;
+      g.num_kv_heads = 3;
+      Pool pool(g);
+      const int64_t num_tokens = 7, token_elems = g.num_kv_heads * g.head_dim;
+      const int64_t stride = token_elems + 3;
+      std::vector<float> k = RandomVector(num_tokens * stride, rng);
+      std::vector<float> v = RandomVector(num_tokens * stride, rng);
+      std::vector<int32_t> tables(2 * 3);
+      std::iota(tables.begin(), tables.end(), 9);
+      std::vector<int32_t> seq = {0, 1, 1, 0, 1, 0, 0};
+      std::vector<int32_t> pos = {0, 5, 11, 6, 0, 9, 3};
+      WriteKvParams w;
+      w.k = k.data();
+      w.v = v.data();
+      w.k_token_stride = stride;
+      w.v_token_stride = stride;
+      w.cache = pool.View(1);
+      w.num_tokens = num_tokens;
+      w.positions = pos.data();
+      w.token_seq = seq.data();
+      w.block_tables = tables.data();
+      w.num_seqs = 2;
+      w.max_blocks_per_seq = 3;
+      ASSERT_TRUE(WriteKv(scope.ctx(), w).ok());
+      std::vector<float> got_k(num_tokens * stride, -1.0f), got_v(got_k);
+      std::vector<float> want_k(got_k), want_v(got_k);
+      ReadKvParams r;
+      r.k = got_k.data();
+      r.v = got_v.data();
+      r.k_token_stride = stride;
+      r.v_token_stride = stride;
+      r.cache = pool.View(1);
+      r.num_tokens = num_tokens;
+      r.positions = pos.data();
+      r.token_seq = seq.data();
+      r.block_tables = tables.data();
+      r.num_seqs = 2;
+      r.max_blocks_per_seq = 3;
+      ASSERT_TRUE(ReadKv(scope.ctx(), r).ok());
+      r.k = want_k.data();
+      r.v = want_v.data();
+      reference::ReadKv(r);
+      ASSERT_EQ(got_k, want_k) << variant.Name() << " dtype " << DTypeName(dtype);
+      ASSERT_EQ(got_v, want_v) << variant.Name() << " dtype " << DTypeName(dtype);
+      // Relative step of one stored value: f32 exact, bf16 2^-8, f16 2^-11, fp8 2^-4, i8 one
+      // code of amax / 127 (amax <= ~4.5 for these N(0, 1) rows).
+      const double tol = dtype == DType::kF32    ? 0.0
+                         : dtype == DType::kBF16 ? 1.0 / 256
+                         : dtype == DType::kF16  ? 1.0 / 2048
+                         : dtype == DType::kI8   ? 0.02
+                                                 : 1.0 / 16;
+      for (int64_t j = 0; j < num_tokens; ++j) {
+        for (int64_t e = 0; e < token_elems; ++e) {
+          const size_t i = static_cast<size_t>(j * stride + e);
+          const double bound = dtype == DType::kI8 ? tol : tol * std::fabs(k[i]) + 1e-30;
+          ASSERT_LE(std::fabs(got_k[i] - k[i]), bound) << DTypeName(dtype) << " k " << i;
+          const double vbound = dtype == DType::kI8 ? tol : tol * std::fabs(v[i]) + 1e-30;
+          ASSERT_LE(std::fabs(got_v[i] - v[i]), vbound) << DTypeName(dtype) << " v " << i;
+        }
+        // Stride padding is not written.
+        ASSERT_EQ(got_k[j * stride + token_elems], -1.0f);
+      }
+    }
+  }
+}
+
+TEST(ReadKvDispatchTest, RejectsBadInput) {
+  Geometry g;
+  Pool pool(g);
+  std::vector<float> k(64), v(64);
+  std::vector<int32_t> table = {0, 1}, pos = {0};
+  ReadKvParams r;
+  r.k = k.data();
+  r.v = v.data();
+  r.k_token_stride = 32;
+  r.v_token_stride = 32;
+  r.cache = pool.View(0);
+  r.num_tokens = 1;
+  r.positions = pos.data();
+  r.block_tables = table.data();
+  r.max_blocks_per_seq = 2;
+  ASSERT_TRUE(ReadKv(OpContext{}, r).ok());
+  ReadKvParams bad = r;
+  bad.v = k.data() + 16;
+  EXPECT_THAT(ReadKv(OpContext{}, bad).message(), ::testing::HasSubstr("k and v overlap"));
+  bad = r;
+  pos[0] = 8;  // block 2 of a 2-block table
+  EXPECT_THAT(ReadKv(OpContext{}, bad).message(), ::testing::HasSubstr("outside the block table"));
+  pos[0] = 0;
+  table[0] = 64;
+  EXPECT_THAT(ReadKv(OpContext{}, bad).message(), ::testing::HasSubstr("block"));
+  bad.positions = nullptr;
+  EXPECT_THAT(ReadKv(OpContext{}, bad).message(), ::testing::HasSubstr("null"));
+  OpContext cuda;
+  cuda.device = Device::kCuda;
+  EXPECT_EQ(ReadKv(cuda, r).code(), absl::StatusCode::kUnimplemented);
 }
 
 struct DecodeCase {

@@ -151,6 +151,22 @@ void WriteKv(const WriteKvParams& p) {
   }
 }
 
+void ReadKv(const ReadKvParams& p) {
+  const KvCacheView& c = p.cache;
+  for (int64_t j = 0; j < p.num_tokens; ++j) {
+    const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
+    const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        p.k[j * p.k_token_stride + h * c.head_dim + d] =
+            static_cast<float>(Load(c, table, false, h, p.positions[j], d));
+        p.v[j * p.v_token_stride + h * c.head_dim + d] =
+            static_cast<float>(Load(c, table, true, h, p.positions[j], d));
+      }
+    }
+  }
+}
+
 void PrefillAttention(const PrefillAttentionParams& p) {
   const int64_t group = p.num_heads / p.cache.num_kv_heads;
   const double scale = Scale(p.scale, p.cache.head_dim);

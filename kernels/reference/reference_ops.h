@@ -32,6 +32,7 @@ void Add(const AddParams& p);
 
 // WriteKv rounds through kernels/half.h, so a CPU implementation must match it bit for bit.
 void WriteKv(const WriteKvParams& p);
+void ReadKv(const ReadKvParams& p);
 // Two-pass softmax in double over every visible key (no online rescaling).
 void PrefillAttention(const PrefillAttentionParams& p);
 void DecodeAttention(const DecodeAttentionParams& p);
