@@ -31,6 +31,12 @@ class BlockTable {
   int64_t num_committed_blocks() const { return num_committed_blocks_; }
   // Leading blocks that were prefix-cache hits when the prompt was allocated.
   int64_t num_cached_blocks() const { return num_cached_blocks_; }
+  // Sink + window KV policy (KvCacheManager::ForkLeadingBlocks, DropBlock): once a block was
+  // dropped or forked the table no longer maps logical block i to tokens [i * block_size, ...)
+  // of the text, and nothing more of it is committed to the prefix cache.
+  bool windowed() const { return windowed_; }
+  // Original leading blocks set aside by ForkLeadingBlocks (still referenced by this table).
+  absl::Span<const BlockId> set_aside() const { return set_aside_; }
 
  private:
   friend class KvCacheManager;
@@ -39,6 +45,8 @@ class BlockTable {
   int64_t num_tokens_ = 0;
   int64_t num_committed_blocks_ = 0;
   int64_t num_cached_blocks_ = 0;
+  bool windowed_ = false;
+  std::vector<BlockId> set_aside_;
 };
 
 }  // namespace pd::kvcache

@@ -179,6 +179,10 @@ absl::Status KvCacheManager::AppendTokens(SequenceId seq, int64_t num_tokens) {
 
 absl::Status KvCacheManager::CommitBlocks(SequenceId seq, absl::Span<const BlockHash> chain) {
   PD_ASSIGN_OR_RETURN(BlockTable * table, FindTable(seq));
+  if (table->windowed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kv cache: sequence ", seq.ToString(), " dropped or forked blocks; it commits no more"));
+  }
   const int64_t num_hashes = static_cast<int64_t>(chain.size());
   const int64_t num_full_blocks = table->num_tokens_ / block_size_;
   if (num_hashes > num_full_blocks) {
@@ -206,11 +210,57 @@ absl::Status KvCacheManager::Free(SequenceId seq) {
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("kv cache: unknown sequence ", seq.ToString()));
   }
-  const std::vector<BlockId>& blocks = it->second.blocks_;
-  for (auto block = blocks.rbegin(); block != blocks.rend(); ++block) {
-    pool_.Release(*block);
+  for (const std::vector<BlockId>* blocks : {&it->second.blocks_, &it->second.set_aside_}) {
+    for (auto block = blocks->rbegin(); block != blocks->rend(); ++block) {
+      pool_.Release(*block);
+    }
   }
   tables_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<BlockId>> KvCacheManager::ForkLeadingBlocks(SequenceId seq,
+                                                                       int64_t num_blocks) {
+  PD_ASSIGN_OR_RETURN(BlockTable * table, FindTable(seq));
+  if (num_blocks <= 0 || num_blocks >= table->num_blocks() ||
+      num_blocks * block_size_ > table->num_tokens_ || !table->set_aside_.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv cache: sequence ", seq.ToString(), " cannot fork its first ", num_blocks,
+                     " blocks (it has ", table->num_blocks(), " blocks, ", table->num_tokens_,
+                     " tokens", table->set_aside_.empty() ? "" : ", and forked before", ")"));
+  }
+  std::vector<BlockId> fresh;
+  absl::Status status = pool_.Allocate(num_blocks, &fresh);
+  if (!status.ok()) {
+    if (absl::IsResourceExhausted(status)) {
+      ++counters_.allocation_failures;
+    }
+    return absl::Status(status.code(), absl::StrCat(status.message(), " (sequence ", seq.ToString(),
+                                                    " forking ", num_blocks, " blocks)"));
+  }
+  table->set_aside_.assign(table->blocks_.begin(), table->blocks_.begin() + num_blocks);
+  std::copy(fresh.begin(), fresh.end(), table->blocks_.begin());
+  table->windowed_ = true;
+  table->num_committed_blocks_ = 0;
+  table->num_cached_blocks_ = 0;
+  return fresh;
+}
+
+absl::Status KvCacheManager::DropBlock(SequenceId seq, int64_t index) {
+  PD_ASSIGN_OR_RETURN(BlockTable * table, FindTable(seq));
+  if (index < 0 || index >= table->num_blocks() - 1 ||
+      (index + 1) * block_size_ > table->num_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: sequence ", seq.ToString(), " cannot drop block ", index, " (it has ",
+        table->num_blocks(), " blocks, ", table->num_tokens_, " tokens; the last is kept)"));
+  }
+  const BlockId block = table->blocks_[static_cast<size_t>(index)];
+  table->blocks_.erase(table->blocks_.begin() + index);
+  table->num_tokens_ -= block_size_;
+  table->windowed_ = true;
+  table->num_committed_blocks_ = std::min(table->num_committed_blocks_, index);
+  table->num_cached_blocks_ = std::min(table->num_cached_blocks_, index);
+  pool_.Release(block);
   return absl::OkStatus();
 }
 

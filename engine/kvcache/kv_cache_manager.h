@@ -134,8 +134,25 @@ class KvCacheManager {
   // this one stays a private duplicate). `chain` covers blocks from 0 and may be longer each
   // call (blocks before num_committed_blocks() are skipped, so repeating a call is free).
   // InvalidArgument if `chain` is longer than the sequence's full blocks; FailedPrecondition if
-  // a block already holds a different hash. Emits OnBlocksStored for newly cached hashes.
+  // a block already holds a different hash, or when the table is windowed(). Emits
+  // OnBlocksStored for newly cached hashes.
   absl::Status CommitBlocks(SequenceId seq, absl::Span<const BlockHash> chain);
+
+  // Sink + window KV policy (the scheduler's --kv_sink_tokens / --kv_window_tokens).
+  //
+  // ForkLeadingBlocks: moves the first `num_blocks` blocks of `seq`'s table aside (they stay
+  // referenced, unchanged, and are released by Free) and puts that many fresh private blocks in
+  // their place; returns the fresh ones, in order (the caller fills them). The table becomes
+  // windowed(). InvalidArgument unless 0 < num_blocks < the table's blocks, those blocks are
+  // full, and nothing was set aside before; ResourceExhausted (nothing changed) when the fresh
+  // blocks do not fit.
+  absl::StatusOr<std::vector<BlockId>> ForkLeadingBlocks(SequenceId seq, int64_t num_blocks);
+  // DropBlock: removes logical block `index` (full, and not the last) from `seq`'s table and
+  // releases its reference (a hashed block at ref 0 stays a prefix-cache entry, at the back
+  // of the LRU); later blocks move down one index and the table holds block_size fewer tokens.
+  // The table becomes windowed(). InvalidArgument for an index outside [0, blocks - 1) or a
+  // block that is not full.
+  absl::Status DropBlock(SequenceId seq, int64_t index);
 
   // Drops `seq`'s table and its references, last block first: hashed blocks reaching ref 0 go to
   // the back of the LRU (so a chain's tail is evicted before its head, which keeps the rest

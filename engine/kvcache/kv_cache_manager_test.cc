@@ -197,6 +197,63 @@ TEST_F(KvCacheManagerTest, AppendTokensGrowsAtBlockBoundaries) {
   ExpectConsistent();
 }
 
+// The sink + window policy's two operations: the forked originals stay referenced (and
+// cached, untouched) until Free; a dropped block leaves the table at once and keeps its hash.
+TEST_F(KvCacheManagerTest, ForkAndDropKeepTheOriginalsAndReleaseTheDropped) {
+  Make(8);
+  const std::vector<uint32_t> tokens = Tokens(13);  // 3 full blocks + 1 token
+  EXPECT_EQ(MustAllocate(S(1), tokens), 0);
+  const std::vector<BlockHash> chain = Chain(tokens);
+  ASSERT_TRUE(kv_->CommitBlocks(S(1), chain).ok());
+  const std::vector<BlockId> before = Blocks(S(1));
+  ASSERT_EQ(before.size(), 4u);
+
+  absl::StatusOr<std::vector<BlockId>> fresh = kv_->ForkLeadingBlocks(S(1), 1);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  ASSERT_EQ(fresh->size(), 1u);
+  EXPECT_THAT(Blocks(S(1)), ElementsAre((*fresh)[0], before[1], before[2], before[3]));
+  EXPECT_THAT(kv_->GetTable(S(1))->set_aside(), ElementsAre(before[0]));
+  EXPECT_TRUE(kv_->GetTable(S(1))->windowed());
+  EXPECT_EQ(kv_->pool().ref_count(before[0]), 1);
+  EXPECT_EQ(kv_->Stats().num_blocks_used, 5);
+  EXPECT_TRUE(absl::IsInvalidArgument(kv_->ForkLeadingBlocks(S(1), 1).status()));  // once
+  EXPECT_TRUE(absl::IsFailedPrecondition(kv_->CommitBlocks(S(1), chain)));
+
+  ASSERT_TRUE(kv_->DropBlock(S(1), 1).ok());  // text block 1
+  EXPECT_THAT(Blocks(S(1)), ElementsAre((*fresh)[0], before[2], before[3]));
+  EXPECT_EQ(kv_->GetTable(S(1))->num_tokens(), 9);
+  EXPECT_EQ(kv_->pool().ref_count(before[1]), 0);
+  EXPECT_TRUE(kv_->pool().IsEvictable(before[1]));  // still a prefix-cache hit
+  EXPECT_EQ(kv_->Match(chain), 3);
+  EXPECT_TRUE(absl::IsInvalidArgument(kv_->DropBlock(S(1), 2)));  // the last block
+  EXPECT_TRUE(absl::IsInvalidArgument(kv_->DropBlock(S(1), -1)));
+  EXPECT_TRUE(absl::IsNotFound(kv_->DropBlock(S(9), 0)));
+  ExpectConsistent();
+
+  // Appending past the window reuses the dropped block only after the free ones.
+  ASSERT_TRUE(kv_->AppendTokens(S(1), 4).ok());
+  EXPECT_EQ(kv_->GetTable(S(1))->num_blocks(), 4);
+  ASSERT_TRUE(kv_->Free(S(1)).ok());
+  EXPECT_EQ(kv_->Stats().num_blocks_used, 0);
+  EXPECT_TRUE(kv_->pool().IsEvictable(before[0]));  // the original sink block is cached again
+  EXPECT_EQ(kv_->Match(chain), 3);
+  ExpectConsistent();
+}
+
+TEST_F(KvCacheManagerTest, ForkChecksItsArgumentsAndIsAllOrNothing) {
+  Make(3);
+  EXPECT_EQ(MustAllocate(S(1), Tokens(6)), 0);  // 2 blocks, the second partial
+  EXPECT_TRUE(absl::IsInvalidArgument(kv_->ForkLeadingBlocks(S(1), 0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(kv_->ForkLeadingBlocks(S(1), 2).status()));  // all
+  EXPECT_TRUE(absl::IsInvalidArgument(kv_->DropBlock(S(1), 1)));  // partial and last
+  EXPECT_TRUE(absl::IsNotFound(kv_->ForkLeadingBlocks(S(2), 1).status()));
+  EXPECT_EQ(MustAllocate(S(2), Tokens(1, 7)), 0);  // the pool is full now
+  EXPECT_TRUE(absl::IsResourceExhausted(kv_->ForkLeadingBlocks(S(1), 1).status()));
+  EXPECT_FALSE(kv_->GetTable(S(1))->windowed());
+  EXPECT_TRUE(kv_->GetTable(S(1))->set_aside().empty());
+  ExpectConsistent();
+}
+
 TEST_F(KvCacheManagerTest, CommitDuringDecodeEmitsChainedEventsInOrder) {
   Make(8);
   std::vector<uint32_t> tokens = Tokens(6);
