@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -49,9 +51,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
                                                                    ForwardOptions options) {
   PD_RETURN_IF_ERROR(weights->config.Validate());
   if (pool.base == nullptr || pool.num_blocks <= 0 || pool.block_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv pool: base must be set and num_blocks, block_size > 0, got ", pool.num_blocks, ", ",
-        pool.block_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv pool: base must be set and num_blocks, block_size > 0, got ",
+                     pool.num_blocks, ", ", pool.block_size));
   }
   if (options.max_batch_tokens <= 0 || options.max_seqs <= 0 ||
       options.max_seqs > options.max_batch_tokens) {
@@ -64,9 +66,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   PD_RETURN_IF_ERROR(kernels::CheckDeviceAvailable(ctx.device));
   if (!kernels::SupportsMatMul(ctx.device, weights->dtype) ||
       !kernels::SupportsAttention(ctx.device, pool.dtype)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "no kernels on this device for weight dtype ", static_cast<int>(weights->dtype),
-        " with kv dtype ", static_cast<int>(pool.dtype)));
+    return absl::UnimplementedError(absl::StrCat("no kernels on this device for weight dtype ",
+                                                 static_cast<int>(weights->dtype),
+                                                 " with kv dtype ", static_cast<int>(pool.dtype)));
   }
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   const ModelConfig& c = f->config_;
@@ -90,9 +92,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   f->context_lens_.resize(options.max_seqs);
 
   // One workspace for the largest matmul of any layer at the largest batch.
-  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},      {t, c.dim, c.kv_dim},
-                               {t, c.q_dim(), c.dim},      {t, c.dim, c.hidden_dim},
-                               {t, c.hidden_dim, c.dim},   {options.max_seqs, c.dim, c.vocab_size}};
+  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},    {t, c.dim, c.kv_dim},
+                               {t, c.q_dim(), c.dim},    {t, c.dim, c.hidden_dim},
+                               {t, c.hidden_dim, c.dim}, {options.max_seqs, c.dim, c.vocab_size}};
   for (const auto& s : shapes) {
     kernels::MatMulParams p;
     p.num_rows = s[0];
@@ -177,8 +179,8 @@ kernels::KvCacheView LlamaForward::CacheView(int layer) const {
 
 absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) const {
   if (batch.empty() || static_cast<int64_t>(batch.size()) > options_.max_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat("forward: batch of ", batch.size(),
-                                                   " sequences, limit ", options_.max_seqs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: batch of ", batch.size(), " sequences, limit ", options_.max_seqs));
   }
   int64_t total = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -189,9 +191,19 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
           absl::StrCat("forward: sequence ", s, " has no new tokens or a negative start"));
     }
     const int64_t end = seq.start_pos + n;
+    if (seq.rope_offset != 0) {
+      if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
+        return absl::UnimplementedError(
+            "forward: rope_offset (the sink + window KV policy) runs on kCpu only for now (#18)");
+      }
+      if (seq.rope_offset < 0 || end + seq.rope_offset > std::numeric_limits<int32_t>::max()) {
+        return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " rope offset ",
+                                                  seq.rope_offset, " out of range"));
+      }
+    }
     if (end > config_.seq_len) {
-      return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " reaches position ",
-                                                end, ", beyond the context of ", config_.seq_len));
+      return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " reaches position ", end,
+                                                ", beyond the context of ", config_.seq_len));
     }
     const int64_t needed = (end + pool_.block_size - 1) / pool_.block_size;
     if (static_cast<int64_t>(seq.block_table.size()) < needed) {
@@ -203,21 +215,20 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
       if (seq.block_table[b] < 0 || seq.block_table[b] >= pool_.num_blocks) {
         return absl::InvalidArgumentError(absl::StrCat("forward: sequence ", s, " block ", b,
                                                        " is ", seq.block_table[b],
-                                                       ", outside the pool of ",
-                                                       pool_.num_blocks));
+                                                       ", outside the pool of ", pool_.num_blocks));
       }
     }
     for (uint32_t token : seq.tokens) {
       if (token >= static_cast<uint32_t>(config_.vocab_size)) {
-        return absl::InvalidArgumentError(absl::StrCat("forward: token id ", token,
-                                                       " >= vocab size ", config_.vocab_size));
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: token id ", token, " >= vocab size ", config_.vocab_size));
       }
     }
     total += n;
   }
   if (total > options_.max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("forward: ", total, " tokens in the batch, limit ",
-                                                   options_.max_batch_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward: ", total, " tokens in the batch, limit ", options_.max_batch_tokens));
   }
   return absl::OkStatus();
 }
@@ -241,6 +252,75 @@ absl::Status LlamaForward::MatMul(const float* x, const void* w, const float* bi
   return kernels::MatMul(ctx_, p);
 }
 
+absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
+                                             absl::Span<const int32_t> dst, int64_t num_tokens,
+                                             int64_t delta) {
+  const ModelConfig& c = config_;
+  if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
+    return absl::UnimplementedError("forward: CopyBlocksShifted runs on kCpu only for now (#18)");
+  }
+  const int64_t needed = (num_tokens + pool_.block_size - 1) / pool_.block_size;
+  if (num_tokens <= 0 || delta < 0 || delta > std::numeric_limits<int32_t>::max() ||
+      static_cast<int64_t>(src.size()) < needed || static_cast<int64_t>(dst.size()) < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward: CopyBlocksShifted of ", num_tokens, " tokens by ", delta, " needs ", needed,
+        " source and destination blocks, got ", src.size(), " and ", dst.size()));
+  }
+  for (int64_t i = 0; i < needed; ++i) {
+    for (int64_t j = 0; j < needed; ++j) {
+      if (src[i] == dst[j]) {
+        return absl::InvalidArgumentError(absl::StrCat("forward: CopyBlocksShifted: block ", src[i],
+                                                       " is source and destination"));
+      }
+    }
+  }
+  // Chunks of at most max_batch_tokens rows through the k_/v_ scratch; q_ carries the keys
+  // through Rope (it rotates its "q" rows, the keys here, and no kv rows).
+  std::vector<int32_t> pos, shifted;
+  for (int64_t first = 0; first < num_tokens; first += options_.max_batch_tokens) {
+    const int64_t n = std::min(options_.max_batch_tokens, num_tokens - first);
+    pos.resize(n);
+    std::iota(pos.begin(), pos.end(), static_cast<int32_t>(first));
+    shifted.assign(n, static_cast<int32_t>(delta));
+    for (int l = 0; l < c.n_layers; ++l) {
+      kernels::ReadKvParams read;
+      read.k = q_;
+      read.v = v_;
+      read.k_token_stride = c.kv_dim;
+      read.v_token_stride = c.kv_dim;
+      read.cache = CacheView(l);
+      read.num_tokens = n;
+      read.positions = pos.data();
+      read.block_tables = src.data();
+      read.max_blocks_per_seq = needed;
+      PD_RETURN_IF_ERROR(kernels::ReadKv(ctx_, read));
+      kernels::RopeParams rope;
+      rope.q = q_;
+      rope.positions = shifted.data();
+      rope.inv_freq = inv_freq_;
+      rope.num_tokens = n;
+      rope.num_heads = c.n_kv_heads;
+      rope.num_kv_heads = 0;
+      rope.head_dim = c.head_dim;
+      rope.q_token_stride = c.kv_dim;
+      rope.style = RopeStyleOf(c.rope_form);
+      PD_RETURN_IF_ERROR(kernels::Rope(ctx_, rope));
+      kernels::WriteKvParams write;
+      write.k = q_;
+      write.v = v_;
+      write.k_token_stride = c.kv_dim;
+      write.v_token_stride = c.kv_dim;
+      write.cache = read.cache;
+      write.num_tokens = n;
+      write.positions = pos.data();
+      write.block_tables = dst.data();
+      write.max_blocks_per_seq = needed;
+      PD_RETURN_IF_ERROR(kernels::WriteKv(ctx_, write));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSequence> batch) {
   const ModelConfig& c = config_;
   // Lay out the batch: single-token sequences first, so their queries are contiguous rows.
@@ -258,6 +338,8 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
     }
   }
   int64_t row = 0;
+  bool offsets = false;
+  rope_positions_.resize(positions_.size());
   const int64_t dsize = kernels::DTypeSize(weights_->dtype);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
@@ -270,6 +352,8 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
     context_lens_[i] = static_cast<int32_t>(slot.start_pos + slot.num_tokens);
     for (int64_t j = 0; j < slot.num_tokens; ++j, ++row) {
       positions_[row] = static_cast<int32_t>(slot.start_pos + j);
+      rope_positions_[row] = static_cast<int32_t>(slot.start_pos + j + seq.rope_offset);
+      offsets = offsets || seq.rope_offset != 0;
       token_seq_[row] = static_cast<int32_t>(i);
       kernels::ConvertParams embed;  // on kCuda: a device row of the device embedding
       embed.in = static_cast<const uint8_t*>(weights_->embedding) +
@@ -281,6 +365,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
       PD_RETURN_IF_ERROR(kernels::Convert(ctx_, embed));
     }
   }
+  d_rope_positions_ = offsets ? rope_positions_.data() : d_positions_;  // (Validate: kCpu)
   if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
     // The kernels read these from device memory. Pageable sources: CUDA has staged them by the
     // time each call returns, so the host vectors may be rebuilt by the next Forward().
@@ -344,7 +429,7 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   kernels::RopeParams rope;
   rope.q = q_;
   rope.k = k_;
-  rope.positions = d_positions_;
+  rope.positions = d_rope_positions_;
   rope.inv_freq = inv_freq_;
   rope.num_tokens = num_tokens;
   rope.num_heads = c.n_heads;

@@ -45,6 +45,10 @@ struct ForwardSequence {
   absl::Span<const uint32_t> tokens;      // the new tokens, >= 1
   int64_t start_pos = 0;                  // position of tokens[0]
   absl::Span<const int32_t> block_table;  // physical blocks covering [0, start_pos + n)
+  // RoPE position of tokens[j] = start_pos + j + rope_offset (start_pos + j is its slot in the
+  // cache). Non-zero only under the sink + window KV policy (the scheduler), where dropped
+  // blocks put slots behind text positions: kCpu without staged_metadata only for now.
+  int64_t rope_offset = 0;
 };
 
 struct ForwardOptions {
@@ -78,7 +82,19 @@ class LlamaForward {
   // pool contents of the batch's new positions are then undefined.
   absl::Status Forward(absl::Span<const ForwardSequence> batch, float* logits);
 
+  // Copies the K/V of cache positions [0, num_tokens) of the blocks `src` (logical order) into
+  // the same positions of the blocks `dst`, every layer, with the keys rotated `delta` RoPE
+  // positions further (R(delta) R(p) k = R(p + delta) k): the values are read back to f32
+  // (kernels::ReadKv), the keys rotated (kernels::Rope) and both written again (kernels::WriteKv,
+  // which re-quantizes a quantized cache). The sink + window policy keeps its sink tokens'
+  // pristine blocks and rebuilds their live copies from them with this after each dropped
+  // block, so a key is rotated once from its original, never repeatedly. `src` and `dst` must
+  // not share a block. InvalidArgument for bad ids or sizes, Unimplemented on kCuda.
+  absl::Status CopyBlocksShifted(absl::Span<const int32_t> src, absl::Span<const int32_t> dst,
+                                 int64_t num_tokens, int64_t delta);
+
   int64_t vocab_size() const { return config_.vocab_size; }
+  kernels::Device device() const { return ctx_.device; }
   const ForwardOptions& options() const { return options_; }
   const ModelConfig& config() const { return config_; }
   // Bytes of one KV block of this model at the pool's dtype.
@@ -129,6 +145,9 @@ class LlamaForward {
   // the host vectors themselves on kCpu, device copies (uploaded once per Forward) on kCuda.
   std::vector<float> inv_freq_host_;
   std::vector<int32_t> positions_, token_seq_, block_tables_, context_lens_;
+  // RoPE positions when some sequence has a rope_offset (kCpu only); else d_positions_.
+  std::vector<int32_t> rope_positions_;
+  const int32_t* d_rope_positions_ = nullptr;
   int32_t *d_positions_ = nullptr, *d_token_seq_ = nullptr, *d_block_tables_ = nullptr,
           *d_context_lens_ = nullptr;
   int64_t max_blocks_per_seq_ = 0;
