@@ -1,6 +1,7 @@
 #include "engine/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -47,9 +48,12 @@ struct Scheduler::Sequence {
   size_t prompt_len = 0;
   std::vector<BlockHash> chain;  // hashes of the full blocks of tokens[0, num_computed)
   int64_t num_computed = 0;      // tokens whose KV is in the pool
-  int64_t num_allocated = 0;     // tokens with a slot in the block table
+  int64_t num_allocated = 0;     // tokens with a slot in the block table (dropped included)
+  // Sink + window policy: text tokens dropped from the cache. Text position p >= the sinks
+  // lives at cache slot p - dropped; RoPE uses the text position.
+  int64_t dropped = 0;
   bool admitted_once = false;
-  uint32_t cached_tokens = 0;    // at first admission
+  uint32_t cached_tokens = 0;  // at first admission
   uint32_t num_preemptions = 0;
   // Text: generated text so far and how much of it was sent (the rest is held back because it
   // could start a stop string).
@@ -61,11 +65,11 @@ struct Scheduler::Sequence {
   FinishReason finished = FinishReason::kNone;
   absl::Status status;
   bool cancel_requested = false;
-  bool remote_started = false;     // remote_prefill was called (only at first admission)
-  bool remote_pending = false;     // waiting for Complete/FailRemotePrefill
+  bool remote_started = false;  // remote_prefill was called (only at first admission)
+  bool remote_pending = false;  // waiting for Complete/FailRemotePrefill
   bool prefilled_remotely = false;
-  bool held = false;               // prefill-only: computed, blocks held for the transfer
-  uint32_t restored_tokens = 0;    // restored from the node's tiers at first admission
+  bool held = false;             // prefill-only: computed, blocks held for the transfer
+  uint32_t restored_tokens = 0;  // restored from the node's tiers at first admission
   absl::Duration restore_time;
   absl::Time submitted, first_scheduled, prefill_done, first_token;
 
@@ -84,15 +88,20 @@ struct Scheduler::Sequence {
 
 absl::Status SchedulerConfig::Validate() const {
   if (max_batch_tokens <= 0 || max_running <= 0 || max_running > max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scheduler: need 0 < max_running <= max_batch_tokens, got ", max_running, " and ",
-        max_batch_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler: need 0 < max_running <= max_batch_tokens, got ", max_running,
+                     " and ", max_batch_tokens));
   }
   if (max_waiting <= 0) {
     return absl::InvalidArgumentError("scheduler: max_waiting must be > 0");
   }
   if (kv_dtype.empty()) {
     return absl::InvalidArgumentError("scheduler: kv_dtype is empty");
+  }
+  if (kv_sink_tokens < 0 || kv_window_tokens < 0 || (kv_sink_tokens > 0 && kv_window_tokens == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("scheduler: kv_sink_tokens (", kv_sink_tokens,
+                                                   ") and kv_window_tokens (", kv_window_tokens,
+                                                   ") must be >= 0, and sinks need a window > 0"));
   }
   return absl::OkStatus();
 }
@@ -109,25 +118,41 @@ Scheduler::Scheduler(SchedulerConfig config, LlamaForward* forward,
 
 Scheduler::~Scheduler() = default;
 
-absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(SchedulerConfig config,
-                                                             LlamaForward* forward,
-                                                             kvcache::KvCacheManager* kv_cache,
-                                                             const Tokenizer* tokenizer,
-                                                             std::string model_fingerprint,
-                                                             Clock* clock) {
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
+    SchedulerConfig config, LlamaForward* forward, kvcache::KvCacheManager* kv_cache,
+    const Tokenizer* tokenizer, std::string model_fingerprint, Clock* clock) {
   PD_RETURN_IF_ERROR(config.Validate());
   if (forward == nullptr || kv_cache == nullptr || tokenizer == nullptr || clock == nullptr) {
-    return absl::InvalidArgumentError("scheduler: forward, kv cache, tokenizer and clock are required");
+    return absl::InvalidArgumentError(
+        "scheduler: forward, kv cache, tokenizer and clock are required");
   }
   if (config.max_batch_tokens > forward->options().max_batch_tokens ||
       config.max_running > forward->options().max_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scheduler: max_batch_tokens ", config.max_batch_tokens, " / max_running ",
-        config.max_running, " exceed the forward pass's ", forward->options().max_batch_tokens,
-        " / ", forward->options().max_seqs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler: max_batch_tokens ", config.max_batch_tokens, " / max_running ",
+                     config.max_running, " exceed the forward pass's ",
+                     forward->options().max_batch_tokens, " / ", forward->options().max_seqs));
+  }
+  const int64_t block_size = kv_cache->block_size();
+  const int64_t sink_blocks = (config.kv_sink_tokens + block_size - 1) / block_size;
+  const int64_t window_blocks = (config.kv_window_tokens + block_size - 1) / block_size;
+  if (window_blocks > 0) {
+    const int64_t cap = (sink_blocks + window_blocks + 1) * block_size;
+    if (cap > forward->config().seq_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scheduler: the sink + window cache of ", sink_blocks, " + ", window_blocks,
+                       " + 1 blocks (", cap, " tokens) exceeds the model's context of ",
+                       forward->config().seq_len, " tokens"));
+    }
+    if (forward->device() != kernels::Device::kCpu) {
+      return absl::UnimplementedError(
+          "scheduler: the sink + window KV policy runs on --device cpu only for now (#18)");
+    }
   }
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), forward, kv_cache, tokenizer,
                                              std::move(model_fingerprint), clock));
+  s->sink_blocks_ = sink_blocks;
+  s->window_blocks_ = window_blocks;
   s->logits_.resize(forward->options().max_seqs * forward->vocab_size());
   return s;
 }
@@ -160,16 +185,24 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
     }
   }
   if (static_cast<int64_t>(request.prompt.size()) >= c.seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt of ",
-                                                   request.prompt.size(),
-                                                   " tokens does not fit the context of ",
-                                                   c.seq_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": prompt of ", request.prompt.size(),
+                     " tokens does not fit the context of ", c.seq_len));
   }
-  const int64_t needed = kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + 1);
+  int64_t needed = kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + 1);
+  if (windowed()) {
+    needed = std::min(needed, sink_blocks_ + window_blocks_ + 1 + sink_blocks_);
+    if (request.on_prefilled != nullptr &&
+        static_cast<int64_t>(request.prompt.size()) > CacheCapTokens()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", id, ": prefill-only prompt of ", request.prompt.size(),
+                       " tokens exceeds the sink + window cache of ", CacheCapTokens(),
+                       " tokens (its blocks would be dropped before the transfer)"));
+    }
+  }
   if (needed > kv_->num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt needs ", needed,
-                                                   " KV blocks, the pool has ",
-                                                   kv_->num_blocks()));
+                                                   " KV blocks, the pool has ", kv_->num_blocks()));
   }
   if (request.sampling.logprobs < -1 || request.sampling.logprobs > kernels::kMaxTopLogprobs) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": logprobs ",
@@ -255,8 +288,7 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   out.timings.restore = seq->restore_time;
   out.prefilled_remotely = seq->prefilled_remotely;
   const absl::Time now = clock_->Now();
-  const absl::Time scheduled =
-      seq->admitted_once ? seq->first_scheduled : now;
+  const absl::Time scheduled = seq->admitted_once ? seq->first_scheduled : now;
   out.timings.queue = scheduled - seq->submitted;
   out.timings.prefill =
       seq->prefill_done > scheduled ? seq->prefill_done - scheduled : absl::ZeroDuration();
@@ -302,20 +334,27 @@ void Scheduler::SweepFinished() {
 void Scheduler::Admit() {
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_running) {
     Sequence* seq = waiting_.front().get();
-    std::vector<BlockHash> chain =
-        ComputeBlockHashes(seq->seed, seq->tokens, static_cast<uint32_t>(kv_->block_size()));
+    // Under the sink + window policy only the first CacheCapTokens() are allocated now; the
+    // rest is allocated (and earlier blocks dropped) block by block as it is computed.
+    const int64_t num_tokens = static_cast<int64_t>(seq->tokens.size());
+    const int64_t to_allocate = std::min(num_tokens, CacheCapTokens());
+    std::vector<BlockHash> chain = ComputeBlockHashes(
+        seq->seed, absl::MakeConstSpan(seq->tokens).first(static_cast<size_t>(to_allocate)),
+        static_cast<uint32_t>(kv_->block_size()));
     // A remote prefill is tried once, at first admission; a preempted request recomputes here.
-    const bool remote = seq->request.remote_prefill != nullptr && !seq->remote_started;
+    // A prompt that needs a drop is computed here (the prefill worker would not drop).
+    const bool remote =
+        seq->request.remote_prefill != nullptr && !seq->remote_started && to_allocate == num_tokens;
     if (!seq->admitted_once && !seq->request.tier_prefix.chain.empty()) {
       const absl::Time start = clock_->Now();
-      seq->restored_tokens = static_cast<uint32_t>(RestoreFromTiers(seq, chain) * kv_->block_size());
+      seq->restored_tokens =
+          static_cast<uint32_t>(RestoreFromTiers(seq, chain) * kv_->block_size());
       seq->restore_time = clock_->Now() - start;
     }
     std::optional<kvcache::ImportTarget> import;
     absl::StatusOr<int64_t> cached = 0;
     if (remote) {
-      absl::StatusOr<kvcache::ImportTarget> t =
-          kv_->ImportBlocks(seq->kv_id, chain, static_cast<int64_t>(seq->tokens.size()));
+      absl::StatusOr<kvcache::ImportTarget> t = kv_->ImportBlocks(seq->kv_id, chain, num_tokens);
       if (t.ok()) {
         cached = t->num_cached_tokens;
         import = *std::move(t);
@@ -323,7 +362,7 @@ void Scheduler::Admit() {
         cached = t.status();
       }
     } else {
-      cached = kv_->AllocatePrompt(seq->kv_id, chain, static_cast<int64_t>(seq->tokens.size()));
+      cached = kv_->AllocatePrompt(seq->kv_id, chain, to_allocate);
     }
     if (absl::IsResourceExhausted(cached.status())) {
       if (running_.empty()) {
@@ -343,7 +382,7 @@ void Scheduler::Admit() {
       continue;
     }
     seq->num_computed = *cached;
-    seq->num_allocated = static_cast<int64_t>(seq->tokens.size());
+    seq->num_allocated = to_allocate;
     seq->chain.assign(chain.begin(), chain.begin() + *cached / kv_->block_size());
     if (!seq->admitted_once) {
       seq->admitted_once = true;
@@ -371,9 +410,9 @@ int64_t Scheduler::RestoreFromTiers(Sequence* seq, absl::Span<const BlockHash> c
   const int64_t block_size = kv_->block_size();
   const int64_t local = kv_->Match(chain);
   // Blocks wholly before the last prompt token: that token's block is always computed.
-  int64_t end = std::min<int64_t>(
-      {tp.first_block + static_cast<int64_t>(tp.chain.size()), static_cast<int64_t>(chain.size()),
-       (static_cast<int64_t>(seq->tokens.size()) - 1) / block_size});
+  int64_t end = std::min<int64_t>({tp.first_block + static_cast<int64_t>(tp.chain.size()),
+                                   static_cast<int64_t>(chain.size()),
+                                   (static_cast<int64_t>(seq->tokens.size()) - 1) / block_size});
   for (int64_t i = std::max(local, tp.first_block); i < end; ++i) {
     if (tp.chain[static_cast<size_t>(i - tp.first_block)] != chain[static_cast<size_t>(i)]) {
       end = i;  // not this prompt's block (another salt or model): never use it
@@ -435,9 +474,9 @@ absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token
   }
   if (first_token >= static_cast<uint32_t>(forward_->vocab_size())) {
     ++stats_.remote_prefill_failures;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request ", id.ToString(), ": remote first token ", first_token, " >= vocab size ",
-        forward_->vocab_size(), "; prefilling locally"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id.ToString(), ": remote first token ", first_token,
+                     " >= vocab size ", forward_->vocab_size(), "; prefilling locally"));
   }
   const int32_t asked = seq->request.sampling.logprobs;
   if (asked < 0) {
@@ -528,6 +567,7 @@ void Scheduler::Preempt(size_t running_index) {
   CHECK(s.ok()) << s;
   victim->num_computed = 0;
   victim->num_allocated = 0;
+  victim->dropped = 0;
   victim->chain.clear();
   ++victim->num_preemptions;
   ++stats_.preemptions;
@@ -535,39 +575,106 @@ void Scheduler::Preempt(size_t running_index) {
   waiting_.push_front(std::move(victim));
 }
 
+int64_t Scheduler::CacheCapTokens() const {
+  return windowed() ? (sink_blocks_ + window_blocks_ + 1) * kv_->block_size()
+                    : std::numeric_limits<int64_t>::max();
+}
+
+absl::Status Scheduler::SlideWindow(Sequence* seq) {
+  if (sink_blocks_ > 0 && seq->dropped == 0) {
+    PD_RETURN_IF_ERROR(kv_->ForkLeadingBlocks(seq->kv_id, sink_blocks_).status());
+  }
+  absl::Status dropped = kv_->DropBlock(seq->kv_id, sink_blocks_);
+  CHECK(dropped.ok()) << dropped;  // S + W + 1 full blocks are held
+  seq->dropped += kv_->block_size();
+  ++stats_.window_dropped_blocks;
+  if (sink_blocks_ == 0) {
+    return absl::OkStatus();
+  }
+  const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
+  std::vector<int32_t> originals, live;
+  for (int64_t i = 0; i < sink_blocks_; ++i) {
+    originals.push_back(static_cast<int32_t>(table->set_aside()[i].value()));
+    live.push_back(static_cast<int32_t>(table->blocks()[i].value()));
+  }
+  absl::Status copied =
+      forward_->CopyBlocksShifted(originals, live, sink_blocks_ * kv_->block_size(), seq->dropped);
+  if (!copied.ok()) {
+    return absl::InternalError(
+        absl::StrCat("sink + window: rebuilding the sinks failed: ", copied.message()));
+  }
+  return absl::OkStatus();
+}
+
+bool Scheduler::PreemptYoungestFor(size_t i) {
+  // The youngest request not waiting for a remote prefill (its blocks may be being written);
+  // `i` itself always qualifies.
+  size_t victim = running_.size() - 1;
+  while (victim > i && running_[victim]->remote_pending) {
+    --victim;
+  }
+  Preempt(victim);
+  return victim != i;
+}
+
+int64_t Scheduler::AllocateSlots(size_t i, int64_t num_tokens) {
+  Sequence* seq = running_[i].get();
+  while (true) {
+    absl::Status s = kv_->AppendTokens(seq->kv_id, num_tokens);
+    if (s.ok()) {
+      seq->num_allocated += num_tokens;
+      return num_tokens;
+    }
+    CHECK(absl::IsResourceExhausted(s)) << s;
+    if (running_.size() == 1) {
+      Finish(
+          seq, FinishReason::kError,
+          absl::ResourceExhaustedError(absl::StrCat(
+              "request ", seq->request.id.ToString(), ": KV pool of ", kv_->num_blocks(),
+              " blocks cannot hold ", seq->num_allocated - seq->dropped + num_tokens, " tokens")));
+      return 0;
+    }
+    if (!PreemptYoungestFor(i)) {
+      return 0;  // it preempted itself; it is waiting now
+    }
+  }
+}
+
 void Scheduler::EnsureSlots() {
   // Every running sequence needs a slot for each token it has not computed yet (a newly
-  // sampled token). Oldest first; preempt the youngest when blocks run out.
+  // sampled token, or under the sink + window policy the rest of a long prompt). Oldest
+  // first; preempt the youngest when blocks run out. A sequence that preempts itself is the
+  // youngest not waiting for a remote prefill, so every one after it waits for one.
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence* seq = running_[i].get();
     const int64_t missing = static_cast<int64_t>(seq->tokens.size()) - seq->num_allocated;
     if (missing <= 0 || seq->finished != FinishReason::kNone) {
       continue;
     }
-    while (true) {
-      absl::Status s = kv_->AppendTokens(seq->kv_id, missing);
-      if (s.ok()) {
-        seq->num_allocated += missing;
-        break;
+    int64_t room = CacheCapTokens() - (seq->num_allocated - seq->dropped);
+    if (room == 0) {
+      // Sink + window at its cap: once everything held is computed, drop the oldest window
+      // block and go on one block at a time (until then the batch computes what is held).
+      if (seq->num_computed < seq->num_allocated) {
+        continue;
       }
-      CHECK(absl::IsResourceExhausted(s)) << s;
-      if (running_.size() == 1) {
-        Finish(seq, FinishReason::kError,
-               absl::ResourceExhaustedError(absl::StrCat(
-                   "request ", seq->request.id.ToString(), ": KV pool of ", kv_->num_blocks(),
-                   " blocks cannot hold ", seq->tokens.size(), " tokens")));
-        return;
+      absl::Status slid;
+      while (absl::IsResourceExhausted(slid = SlideWindow(seq))) {
+        if (running_.size() == 1) {
+          break;
+        }
+        if (!PreemptYoungestFor(i)) {
+          return;
+        }
       }
-      // The youngest request not waiting for a remote prefill (its blocks may be being
-      // written); `i` itself always qualifies.
-      size_t victim = running_.size() - 1;
-      while (victim > i && running_[victim]->remote_pending) {
-        --victim;
+      if (!slid.ok()) {
+        Finish(seq, FinishReason::kError, slid);
+        continue;
       }
-      Preempt(victim);
-      if (victim == i) {
-        break;  // it preempted itself; it is waiting now
-      }
+      room = kv_->block_size();
+    }
+    if (AllocateSlots(i, std::min(missing, room)) == 0) {
+      return;
     }
   }
 }
@@ -586,8 +693,8 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLo
   ++stats_.decode_tokens;
   const size_t generated = seq->num_generated();
   const bool may_stop = generated >= so.min_tokens;
-  const bool is_eos = !so.ignore_eos && std::find(c.eos_ids.begin(), c.eos_ids.end(), token) !=
-                                            c.eos_ids.end();
+  const bool is_eos =
+      !so.ignore_eos && std::find(c.eos_ids.begin(), c.eos_ids.end(), token) != c.eos_ids.end();
   const bool is_stop_id = std::find(so.stop_token_ids.begin(), so.stop_token_ids.end(), token) !=
                           so.stop_token_ids.end();
   if (may_stop && (is_eos || is_stop_id)) {
@@ -621,8 +728,11 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLo
       }
     }
   }
-  if ((so.max_tokens > 0 && generated >= so.max_tokens) ||
-      static_cast<int64_t>(seq->tokens.size()) >= c.seq_len) {
+  // The context bounds the length unless the sink + window policy keeps the cache within it;
+  // then only max_tokens does (0 = the context, as without the policy).
+  const bool context_full =
+      static_cast<int64_t>(seq->tokens.size()) >= c.seq_len && (!windowed() || so.max_tokens == 0);
+  if ((so.max_tokens > 0 && generated >= so.max_tokens) || context_full) {
     Finish(seq, FinishReason::kLength, absl::OkStatus());
     return;
   }
@@ -665,7 +775,11 @@ bool Scheduler::Step() {
       if (todo <= 0 || (todo == 1) != (pass == 0) || budget <= 0) {
         continue;
       }
-      const int64_t n = std::min(todo, budget);
+      // Under the sink + window policy the slots may cover only part of the todo.
+      const int64_t n = std::min({todo, budget, seq->num_allocated - seq->num_computed});
+      if (n <= 0) {
+        continue;
+      }
       budget -= n;
       members.push_back(seq);
       const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
@@ -676,7 +790,9 @@ bool Scheduler::Step() {
       }
       tables.push_back(std::move(ids));
       batch.push_back({absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, n),
-                       seq->num_computed, {}});
+                       seq->num_computed - seq->dropped,
+                       {},
+                       seq->dropped});
     }
   }
   if (batch.empty()) {
@@ -705,10 +821,12 @@ bool Scheduler::Step() {
     if (seq->num_computed <= static_cast<int64_t>(seq->prompt_len)) {
       stats_.prefill_tokens += n;
     }
-    ExtendBlockHashes(seq->seed, absl::MakeConstSpan(seq->tokens).first(seq->num_computed),
-                      block_size, &seq->chain);
-    absl::Status commit = kv_->CommitBlocks(seq->kv_id, seq->chain);
-    CHECK(commit.ok()) << commit;  // the chain hashes exactly the computed tokens
+    if (!kv_->GetTable(seq->kv_id)->windowed()) {  // (after a drop nothing more is shared)
+      ExtendBlockHashes(seq->seed, absl::MakeConstSpan(seq->tokens).first(seq->num_computed),
+                        block_size, &seq->chain);
+      absl::Status commit = kv_->CommitBlocks(seq->kv_id, seq->chain);
+      CHECK(commit.ok()) << commit;  // the chain hashes exactly the computed tokens
+    }
     if (seq->num_computed < static_cast<int64_t>(seq->tokens.size())) {
       continue;  // a prefill chunk short of the end: no token yet
     }

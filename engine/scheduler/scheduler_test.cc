@@ -119,6 +119,7 @@ class Harness {
     return ComputeBlockHashes(*seed, prompt, 16);
   }
   memory::HostKvPool* pool() { return pool_.get(); }
+  const kvcache::KvCacheManager& kv() const { return *kv_; }
 
   // The logits row each generated token was sampled from, recomputed by a forward pass of its
   // own (own pool, one sequence, prompt in one chunk, then one token per step).
@@ -207,8 +208,8 @@ TEST(SchedulerTest, OutputsIdenticalAloneBatchedChunkedAndCached) {
     EXPECT_EQ(h.results()[i].tokens, alone[i]) << "prompt " << i;
   }
   // A new prompt twice on the same scheduler: the second time its full blocks are cache hits.
-  std::vector<uint32_t> long_prompt = h.Encode(
-      "Zebras in a green field sang loudly while the bright sun shone over the hills.");
+  std::vector<uint32_t> long_prompt =
+      h.Encode("Zebras in a green field sang loudly while the bright sun shone over the hills.");
   ASSERT_GE(long_prompt.size(), 17u);
   ASSERT_TRUE(h.Submit(10, long_prompt, MaxTokens(16)).ok());
   h.RunToCompletion();
@@ -245,6 +246,175 @@ TEST(SchedulerTest, PreemptedRequestsProduceUndisturbedOutput) {
     preempted += h.results()[i].last.num_preemptions;
   }
   EXPECT_GT(preempted, 0u);
+}
+
+// ---- Sink + window KV policy (block size 16: 1 sink block, 4 window blocks, cap 6 blocks).
+
+SamplingOptions Long(uint32_t n) {
+  SamplingOptions s = MaxTokens(n);
+  s.ignore_eos = true;  // stories260K ends its stories: keep going
+  return s;
+}
+
+SchedulerConfig Windowed(int64_t sink, int64_t window, int64_t max_batch_tokens = 256) {
+  SchedulerConfig c;
+  c.kv_sink_tokens = sink;
+  c.kv_window_tokens = window;
+  c.max_batch_tokens = max_batch_tokens;
+  c.max_running = std::min<int64_t>(c.max_running, max_batch_tokens);
+  return c;
+}
+
+// Generates 4x the model's 512-token context with flat memory, and pins the blocks dropped:
+// the table never exceeds S + W + 1 blocks, the dropped one is always the oldest after the
+// sinks, the sinks' originals are held aside, and up to the first drop the output is the
+// full cache's.
+TEST(SchedulerWindowTest, FourTimesTheContextWithFlatMemoryDroppingTheOldestWindowBlock) {
+  constexpr int64_t kSinks = 1, kWindow = 4, kCap = kSinks + kWindow + 1;
+  const std::vector<uint32_t> prompt = {1};
+  Harness full(64, {});
+  ASSERT_TRUE(full.Submit(1, prompt, Long(500)).ok());
+  full.RunToCompletion();
+
+  Harness h(64, Windowed(16, 64));
+  ASSERT_TRUE(h.Submit(1, prompt, Long(2048)).ok());
+  std::vector<BlockId> last;
+  size_t last_aside = 0;
+  int64_t max_used = 0, drops = 0;
+  kvcache::SequenceId seq;
+  while (!h.scheduler()->idle()) {
+    h.scheduler()->Step();
+    const kvcache::BlockTable* table = nullptr;
+    h.kv().ForEachSequence([&](kvcache::SequenceId id, const kvcache::BlockTable& t) {
+      seq = id;
+      table = &t;
+    });
+    max_used = std::max(max_used, h.kv().Stats().num_blocks_used);
+    if (table == nullptr) {
+      break;
+    }
+    ASSERT_LE(table->num_blocks(), kCap);
+    std::vector<BlockId> now(table->blocks().begin(), table->blocks().end());
+    if (!last.empty() && now.size() == last.size() && now.back() != last.back()) {
+      // A block boundary at the cap: block kSinks dropped, one appended; the sinks are the
+      // same live copies, or at the first drop fresh copies with the originals set aside.
+      ++drops;
+      ASSERT_EQ(table->set_aside().size(), static_cast<size_t>(kSinks));
+      if (last_aside == 0) {
+        ASSERT_TRUE(std::equal(table->set_aside().begin(), table->set_aside().end(), last.begin()));
+        ASSERT_NE(now.front(), last.front());
+      } else {
+        ASSERT_TRUE(std::equal(now.begin(), now.begin() + kSinks, last.begin()));
+      }
+      ASSERT_TRUE(std::equal(now.begin() + kSinks, now.end() - 1, last.begin() + kSinks + 1));
+    }
+    last = std::move(now);
+    last_aside = table->set_aside().size();
+  }
+  const Result& r = h.results()[1];
+  ASSERT_EQ(r.tokens.size(), 2048u) << r.last.status;
+  EXPECT_EQ(r.last.finish_reason, FinishReason::kLength);
+  EXPECT_LE(max_used, kCap + kSinks);  // the table plus the sinks' originals
+  // The 2048 + 1 tokens minus the last (sampled, never computed) occupy 128 text blocks; all
+  // but kCap of them were dropped, each seen above.
+  const int64_t expected_drops = 2048 / 16 - kCap;
+  EXPECT_EQ(h.scheduler()->Stats().window_dropped_blocks, expected_drops);
+  EXPECT_EQ(drops, expected_drops);
+  // Identical to the full cache until the first drop: tokens at text positions < kCap * 16.
+  const size_t same = kCap * 16 - prompt.size();
+  ASSERT_GE(full.results()[1].tokens.size(), same);
+  EXPECT_TRUE(
+      std::equal(r.tokens.begin(), r.tokens.begin() + same, full.results()[1].tokens.begin()));
+  // The text stays text after the drops (no NaN / garbage: tokens are real words).
+  EXPECT_FALSE(r.text.empty());
+}
+
+// The output does not depend on batching, chunking, preemption or on whether the past came as
+// a prompt (prefilled block by block with the drops between) or was generated.
+TEST(SchedulerWindowTest, OutputIdenticalBatchedChunkedPreemptedAndAsAPrompt) {
+  constexpr uint32_t kTokens = 200;
+  std::map<int, std::vector<uint32_t>> alone;
+  for (int i = 0; i < 3; ++i) {
+    Harness h(64, Windowed(16, 32));
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Long(kTokens)).ok());
+    h.RunToCompletion();
+    alone[i] = h.results()[i].tokens;
+    ASSERT_EQ(alone[i].size(), kTokens);
+    EXPECT_GT(h.scheduler()->Stats().window_dropped_blocks, 5);
+  }
+  {  // Batched with a tiny token budget.
+    SchedulerConfig c = Windowed(16, 32, 5);
+    c.max_running = 3;
+    Harness h(64, c);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Long(kTokens)).ok());
+    }
+    h.RunToCompletion();
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(h.results()[i].tokens, alone[i]) << "batched " << i;
+  }
+  {  // 14 blocks for three sequences of up to 5 + 1: preemption, recompute by replay.
+    Harness h(14, Windowed(16, 32));
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Long(kTokens)).ok());
+    }
+    h.RunToCompletion();
+    EXPECT_GT(h.scheduler()->Stats().preemptions, 0);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(h.results()[i].tokens, alone[i]) << "preempted " << i;
+  }
+  for (int64_t budget : {256, 7}) {  // The first 150 generated tokens as the prompt.
+    Harness h(64, Windowed(16, 32, budget));
+    std::vector<uint32_t> prompt = h.Encode(kPrompts[0]);
+    prompt.insert(prompt.end(), alone[0].begin(), alone[0].begin() + 150);
+    ASSERT_TRUE(h.Submit(1, prompt, Long(kTokens - 150)).ok());
+    h.RunToCompletion();
+    EXPECT_EQ(h.results()[1].tokens, std::vector<uint32_t>(alone[0].begin() + 150, alone[0].end()))
+        << "budget " << budget;
+  }
+}
+
+// Without sinks the policy is a plain sliding window of whole blocks.
+TEST(SchedulerWindowTest, WindowWithoutSinks) {
+  Harness h(64, Windowed(0, 32));
+  ASSERT_TRUE(h.Submit(1, {1}, Long(600)).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.results()[1].tokens.size(), 600u) << h.results()[1].last.status;
+  EXPECT_EQ(h.scheduler()->Stats().window_dropped_blocks, (600 + 15) / 16 - 3);
+}
+
+// Blocks written before the first drop are shared through the prefix cache as usual; none
+// after it. A prefill-only request that would need a drop is refused.
+TEST(SchedulerWindowTest, PrefixCacheBeforeTheFirstDropOnly) {
+  Harness h(64, Windowed(16, 32));
+  std::vector<uint32_t> prompt =
+      h.Encode("Zebras in a green field sang loudly while the bright sun shone over the hills.");
+  ASSERT_GE(prompt.size(), 17u);
+  ASSERT_TRUE(h.Submit(1, prompt, Long(150)).ok());
+  h.RunToCompletion();
+  const std::vector<uint32_t> first = h.results()[1].tokens;
+  // Cap 4 blocks: text blocks 0..3 were committed before the first drop, nothing later.
+  std::vector<uint32_t> all = prompt;
+  all.insert(all.end(), first.begin(), first.end());
+  const std::vector<BlockHash> chain = h.ChainOf(all);
+  EXPECT_EQ(h.kv().Match(chain), 4);
+  ASSERT_TRUE(h.Submit(2, prompt, Long(150)).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.results()[2].last.cached_tokens, std::min<size_t>(4, (prompt.size() - 1) / 16) * 16);
+  EXPECT_GT(h.results()[2].last.cached_tokens, 0u);
+  EXPECT_EQ(h.results()[2].tokens, first);
+
+  GenerationRequest base;
+  base.on_prefilled = [](PrefilledBlocks) {};
+  absl::Status s = h.SubmitRequest(3, std::vector<uint32_t>(65, 5), MaxTokens(1), "", base);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("sink + window"));
+}
+
+TEST(SchedulerWindowTest, ConfigIsValidated) {
+  SchedulerConfig c = Windowed(16, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(c.Validate()));
+  c = Windowed(-1, 16);
+  EXPECT_TRUE(absl::IsInvalidArgument(c.Validate()));
+  EXPECT_TRUE(Windowed(0, 16).Validate().ok());
 }
 
 TEST(SchedulerTest, StopConditions) {
@@ -509,8 +679,8 @@ std::vector<std::vector<uint8_t>> ComputeBlockBytes(const std::vector<uint32_t>&
 // A tier prefix serving blocks [first, first + n) of `chain` from `bytes`; copy number
 // `fail_at` (0-based, -1 = never) reports a failed check.
 TierPrefix MakeTierPrefix(Harness* h, const std::vector<BlockHash>& chain,
-                          const std::vector<std::vector<uint8_t>>* bytes, int64_t first,
-                          int64_t n, int fail_at, int* copies, bool* released) {
+                          const std::vector<std::vector<uint8_t>>* bytes, int64_t first, int64_t n,
+                          int fail_at, int* copies, bool* released) {
   TierPrefix tp;
   tp.first_block = first;
   tp.chain.assign(chain.begin() + first, chain.begin() + first + n);
@@ -586,9 +756,8 @@ TEST(SchedulerTierTest, RestoredBlocksGiveTheComputedOutput) {
   // The pool holds block 0; the tiers continue it from block 1.
   {
     Harness d(64, {});
-    ASSERT_TRUE(d.Submit(5, std::vector<uint32_t>(prompt.begin(), prompt.begin() + 17),
-                         MaxTokens(1))
-                    .ok());
+    ASSERT_TRUE(
+        d.Submit(5, std::vector<uint32_t>(prompt.begin(), prompt.begin() + 17), MaxTokens(1)).ok());
     d.RunToCompletion();
     int copies = 0;
     bool released = false;

@@ -253,6 +253,48 @@ class Llama:
         return self.linear(self.rmsnorm(x, self.w["norm"]), self.w["lm_head"])
 
 
+    def forward_streaming(self, token, t, cache, sink_blocks, window_blocks, block):
+        """StreamingLLM, literally: runs the token at text position t against the attention
+        sinks (text blocks [0, sink_blocks)) and the window (the window_blocks blocks before
+        t's block, and t's block up to t) once more than sink_blocks + window_blocks + 1
+        blocks exist, else against all of [0, t]. Keys are cached before RoPE and rotated at
+        their positions inside the cache (index in the kept list), the query at its own.
+        `cache` holds every token's pre-RoPE (k, v) per layer; returns [1, vocab]."""
+        c = self.c
+        H, KVH, hd = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+        k_blk = t // block
+        if k_blk < sink_blocks + window_blocks + 1:
+            kept = list(range(t + 1))
+        else:
+            kept = list(range(sink_blocks * block)) + \
+                list(range((k_blk - window_blocks) * block, t + 1))
+        cpos = torch.arange(len(kept))
+        x = self.w["embed"][torch.tensor([token], dtype=torch.long)]
+        for i, L in enumerate(self.w["layers"]):
+            h = self.rmsnorm(x, L["attn_norm"])
+            q = self.linear(h, L["wq"], L.get("bq")).view(1, H, hd)
+            k = self.linear(h, L["wk"], L.get("bk")).view(1, KVH, hd)
+            v = self.linear(h, L["wv"], L.get("bv")).view(1, KVH, hd)
+            if cache[i] is None:
+                cache[i] = ([], [])
+            cache[i][0].append(k)
+            cache[i][1].append(v)
+            keys = self.rope(torch.cat([cache[i][0][j] for j in kept]), cpos)
+            vals = torch.cat([cache[i][1][j] for j in kept])
+            q = self.rope(q, cpos[-1:])
+            keys = keys.repeat_interleave(H // KVH, dim=1)
+            vals = vals.repeat_interleave(H // KVH, dim=1)
+            scores = torch.einsum("thd,shd->hts", q, keys) / math.sqrt(hd)
+            p = torch.exp(scores - scores.max(-1, keepdim=True).values)
+            p = p / p.sum(-1, keepdim=True)
+            o = torch.einsum("hts,shd->thd", p, vals).reshape(1, H * hd)
+            x = x + self.linear(o, L["wo"], L.get("bo"))
+            h = self.rmsnorm(x, L["ffn_norm"])
+            gate = torch.nn.functional.silu(self.linear(h, L["w1"], L.get("b1")))
+            x = x + self.linear(gate * self.linear(h, L["w3"], L.get("b3")), L["w2"], L.get("b2"))
+        return self.linear(self.rmsnorm(x, self.w["norm"]), self.w["lm_head"])
+
+
 def argmax_lowest(logits):
     """Greedy pick; on exact ties the lowest token id wins."""
     return int(torch.nonzero(logits == logits.max())[0, 0])
@@ -304,6 +346,11 @@ def main():
     ap.add_argument("--logprobs-out", metavar="FILE",
                     help="also write torch.log_softmax top-K of every row (PDLP, README.md)")
     ap.add_argument("--top-logprobs", type=int, default=5, help="K for --logprobs-out")
+    ap.add_argument("--window-tokens", type=int, default=0,
+                    help="StreamingLLM sink + window cache (pdserve's --kv_window_tokens): every "
+                    "token, prompt included, runs one at a time against the sinks and the window")
+    ap.add_argument("--sink-tokens", type=int, default=0, help="with --window-tokens")
+    ap.add_argument("--block-size", type=int, default=16, help="with --window-tokens")
     args = ap.parse_args()
 
     t0 = time.time()
@@ -313,24 +360,38 @@ def main():
     V, n = cfg["vocab"], args.decode_steps
     if not prompt or any(not 0 <= t < V for t in prompt):
         sys.exit(f"prompt must be non-empty with ids in [0, {V})")
-    if cfg["max_seq"] and len(prompt) + n > cfg["max_seq"]:
+    if cfg["max_seq"] and len(prompt) + n > cfg["max_seq"] and not args.window_tokens:
         print(f"warning: {len(prompt) + n} positions > model limit {cfg['max_seq']}", file=sys.stderr)
     t1 = time.time()
 
     with torch.no_grad():
-        # Prefill the whole prompt in one pass, then decode one token at a time from the cache.
-        cache = model.new_cache()
-        rows = [model.forward(prompt, 0, cache)]
-        generated = []
-        for step in range(n):
-            tok = argmax_lowest(rows[-1][-1])
-            generated.append(tok)
-            rows.append(model.forward([tok], len(prompt) + step, cache))
-        logits = torch.cat(rows)  # [P + n, V]: row r = output after token seq[r] at position r
-        t2 = time.time()
-        # Self-check: one full causal pass over the final sequence must match the cached run.
-        full = model.forward(prompt + generated, 0, model.new_cache())
-        diff = (full - logits).abs().max().item()
+        if args.window_tokens > 0:
+            B = args.block_size
+            sb, wb = -(-args.sink_tokens // B), -(-args.window_tokens // B)
+            cache = model.new_cache()
+            rows, seq = [], list(prompt)
+            for t in range(len(prompt) + n):
+                if t >= len(prompt):
+                    seq.append(argmax_lowest(rows[-1][-1]))
+                rows.append(model.forward_streaming(seq[t], t, cache, sb, wb, B))
+            generated = seq[len(prompt):]
+            logits = torch.cat(rows)
+            diff = float("nan")  # no full-recompute equivalent
+            t2 = time.time()
+        else:
+            # Prefill the whole prompt in one pass, then decode one token at a time from the cache.
+            cache = model.new_cache()
+            rows = [model.forward(prompt, 0, cache)]
+            generated = []
+            for step in range(n):
+                tok = argmax_lowest(rows[-1][-1])
+                generated.append(tok)
+                rows.append(model.forward([tok], len(prompt) + step, cache))
+            logits = torch.cat(rows)  # [P + n, V]: row r = output after token seq[r] at position r
+            t2 = time.time()
+            # Self-check: one full causal pass over the final sequence must match the cached run.
+            full = model.forward(prompt + generated, 0, model.new_cache())
+            diff = (full - logits).abs().max().item()
     print(f"incremental vs full recompute: max abs diff {diff:.3g} "
           f"(load {t1 - t0:.2f}s, generate {t2 - t1:.2f}s, total {time.time() - t0:.2f}s)",
           file=sys.stderr)
