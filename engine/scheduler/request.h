@@ -20,18 +20,22 @@ namespace pd::engine {
 // Sampling and stopping, mirroring pdserve.v1.SamplingParams (see proto/pd/v1/generation.proto
 // for the meaning of each field).
 struct SamplingOptions {
-  uint32_t max_tokens = 0;   // 0 = until the context is full
-  uint32_t min_tokens = 0;   // stop conditions are ignored before this many tokens
-  float temperature = 0.0f;  // 0 = greedy
-  float top_p = 1.0f;        // (0, 1]
-  int32_t top_k = 0;         // 0 = off
-  uint64_t seed = 0;         // the draw for step i is SamplingUniform(seed, i)
-  std::vector<std::string> stop;          // stop strings
-  std::vector<uint32_t> stop_token_ids;   // ids that end generation like EOS
+  uint32_t max_tokens = 0;               // 0 = until the context is full
+  uint32_t min_tokens = 0;               // stop conditions are ignored before this many tokens
+  float temperature = 0.0f;              // 0 = greedy
+  float top_p = 1.0f;                    // (0, 1]
+  int32_t top_k = 0;                     // 0 = off
+  uint64_t seed = 0;                     // the draw for step i is SamplingUniform(seed, i)
+  std::vector<std::string> stop;         // stop strings
+  std::vector<uint32_t> stop_token_ids;  // ids that end generation like EOS
   bool ignore_eos = false;
   // Log-probabilities of the generated tokens: -1 = not asked (no cost); N in [0, 20] = each
   // token's logprob plus its N most likely alternatives (GenerationOutput::logprobs).
   int32_t logprobs = -1;
+  // Teacher forcing (engine-internal, for scoring text: tools and tests, not the API): the
+  // first forced_tokens.size() generated tokens are these instead of sampled ones; stop
+  // conditions and logprobs apply to them as to sampled tokens.
+  std::vector<uint32_t> forced_tokens;
 };
 
 // The log-probability of one generated token and its most likely alternatives, under the raw
@@ -71,16 +75,16 @@ struct GenerationOutput {
   // empty otherwise. Each token's entry is emitted once, even if the request is preempted and
   // recomputed later.
   std::vector<TokenLogprob> logprobs;
-  std::string text;                  // UTF-8 delta, never ending inside a character
+  std::string text;                                  // UTF-8 delta, never ending inside a character
   FinishReason finish_reason = FinishReason::kNone;  // set on the last output only
-  absl::Status status;               // non-OK with kAbort / kError
+  absl::Status status;                               // non-OK with kAbort / kError
   // Set on the last output.
   uint32_t prompt_tokens = 0;
-  uint32_t cached_tokens = 0;        // prompt tokens reused from the prefix cache
-  uint32_t restored_tokens = 0;      // of cached_tokens, restored from the node's tiers
+  uint32_t cached_tokens = 0;    // prompt tokens reused from the prefix cache
+  uint32_t restored_tokens = 0;  // of cached_tokens, restored from the node's tiers
   uint32_t completion_tokens = 0;
   uint32_t num_preemptions = 0;
-  bool prefilled_remotely = false;   // the prompt's KV came from a prefill worker
+  bool prefilled_remotely = false;  // the prompt's KV came from a prefill worker
   RequestTimings timings;
 };
 
@@ -94,10 +98,10 @@ struct GenerationOutput {
 // meanwhile, so a late remote write never lands in a reused block.
 struct RemotePrefillTarget {
   RequestId id;
-  int64_t num_cached_tokens = 0;    // tokens the decode worker had cached (not to be sent)
-  int64_t first_block = 0;          // logical index of block_ids[0]
-  std::vector<BlockId> block_ids;   // destination blocks, in order, incl. a partial last one
-  std::vector<BlockHash> chain;     // hashes of every full block of the prompt
+  int64_t num_cached_tokens = 0;   // tokens the decode worker had cached (not to be sent)
+  int64_t first_block = 0;         // logical index of block_ids[0]
+  std::vector<BlockId> block_ids;  // destination blocks, in order, incl. a partial last one
+  std::vector<BlockHash> chain;    // hashes of every full block of the prompt
 };
 
 // Prefill-only requests (prefill worker): once the prompt is computed and the first token is
@@ -111,12 +115,12 @@ struct PrefilledBlocks {
   // first_token's entry when the request asked for logprobs (sampling.logprobs >= 0): pass it
   // to the decode side's Scheduler::CompleteRemotePrefill.
   std::optional<TokenLogprob> first_logprob;
-  int64_t cached_tokens = 0;        // prompt tokens this worker reused from its own cache
-  int64_t restored_tokens = 0;      // of cached_tokens, restored from the node's tiers
-  absl::Duration restore;           // copying those in
+  int64_t cached_tokens = 0;    // prompt tokens this worker reused from its own cache
+  int64_t restored_tokens = 0;  // of cached_tokens, restored from the node's tiers
+  absl::Duration restore;       // copying those in
   std::vector<BlockId> block_ids;
-  absl::Duration queue;             // submitted -> first scheduled
-  absl::Duration prefill;           // first scheduled -> prompt computed
+  absl::Duration queue;    // submitted -> first scheduled
+  absl::Duration prefill;  // first scheduled -> prompt computed
 };
 
 // Blocks of the prompt's hash chain that the node's lower tiers (pd-tierd's DRAM/NVMe) hold
@@ -140,7 +144,7 @@ struct GenerationRequest {
   RequestId id;
   std::vector<uint32_t> prompt;  // token ids, non-empty
   SamplingOptions sampling;
-  std::string cache_salt;        // isolates this tenant's prefix cache
+  std::string cache_salt;  // isolates this tenant's prefix cache
   std::optional<absl::Time> deadline;
   // Receives every output of this request, the last one with finish_reason set. Runs on the
   // scheduler thread: must be quick and must not call into the scheduler.

@@ -204,6 +204,12 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt needs ", needed,
                                                    " KV blocks, the pool has ", kv_->num_blocks()));
   }
+  for (uint32_t t : request.sampling.forced_tokens) {
+    if (t >= static_cast<uint32_t>(c.vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", id, ": forced token id ", t, " >= vocab size ", c.vocab_size));
+    }
+  }
   if (request.sampling.logprobs < -1 || request.sampling.logprobs > kernels::kMaxTopLogprobs) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": logprobs ",
                                                    request.sampling.logprobs, " outside [-1, ",
@@ -859,7 +865,12 @@ bool Scheduler::Step() {
     }
     sp.workspace = sample_workspace_.data();
     sp.workspace_bytes = static_cast<int64_t>(sample_workspace_.size());
-    absl::Status sampled = kernels::Sample(kernels::OpContext{}, sp);
+    absl::Status sampled = absl::OkStatus();
+    if (step < so.forced_tokens.size()) {
+      token = static_cast<int32_t>(so.forced_tokens[step]);  // teacher forcing
+    } else {
+      sampled = kernels::Sample(kernels::OpContext{}, sp);
+    }
     if (!sampled.ok()) {
       Finish(seq, FinishReason::kError, sampled);
       continue;

@@ -409,6 +409,39 @@ TEST(SchedulerWindowTest, PrefixCacheBeforeTheFirstDropOnly) {
   EXPECT_THAT(s.message(), ::testing::HasSubstr("sink + window"));
 }
 
+// Teacher forcing (scoring a text): forced tokens are emitted as given, with the logprobs a
+// sampled run computes for the same tokens; sampling resumes after them.
+TEST(SchedulerTest, ForcedTokensAreScoredLikeSampledOnes) {
+  Harness h(64, {});
+  const std::vector<uint32_t> prompt = h.Encode(kPrompts[2]);
+  SamplingOptions greedy = MaxTokens(20);
+  greedy.logprobs = 3;
+  ASSERT_TRUE(h.Submit(1, prompt, greedy).ok());
+  h.RunToCompletion();
+  const Result greedy_run = h.results()[1];
+  ASSERT_EQ(greedy_run.tokens.size(), 20u);
+
+  SamplingOptions forced = greedy;
+  forced.forced_tokens.assign(greedy_run.tokens.begin(), greedy_run.tokens.begin() + 10);
+  ASSERT_TRUE(h.Submit(2, prompt, forced).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.results()[2].tokens, greedy_run.tokens);
+  ASSERT_EQ(h.results()[2].logprobs.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(h.results()[2].logprobs[i].logprob, greedy_run.logprobs[i].logprob) << i;
+  }
+
+  forced.forced_tokens = {5, 6, 7};
+  forced.max_tokens = 3;
+  ASSERT_TRUE(h.Submit(3, prompt, forced).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.results()[3].tokens, (std::vector<uint32_t>{5, 6, 7}));
+  EXPECT_LT(h.results()[3].logprobs[0].logprob, greedy_run.logprobs[0].logprob);
+
+  forced.forced_tokens = {512};
+  EXPECT_TRUE(absl::IsInvalidArgument(h.Submit(4, prompt, forced)));
+}
+
 TEST(SchedulerWindowTest, ConfigIsValidated) {
   SchedulerConfig c = Windowed(16, 0);
   EXPECT_TRUE(absl::IsInvalidArgument(c.Validate()));
