@@ -24,6 +24,12 @@ ABSL_FLAG(int64_t, kv_blocks, 256, "KV pool size in blocks of 16 tokens");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3");
+ABSL_FLAG(int64_t, kv_sink_tokens, 0,
+          "sink + window KV policy: attention-sink tokens kept (whole blocks); with "
+          "--kv_window_tokens");
+ABSL_FLAG(int64_t, kv_window_tokens, 0,
+          "sink + window KV policy: recent tokens kept (whole blocks), the rest dropped, so "
+          "--max_tokens may exceed the model's context; 0 = off (CPU only)");
 
 namespace {
 
@@ -54,6 +60,8 @@ int main(int argc, char** argv) {
   }
   config.kv_dtype = *kv_dtype;
   config.scheduler.max_running = 1;
+  config.scheduler.kv_sink_tokens = absl::GetFlag(FLAGS_kv_sink_tokens);
+  config.scheduler.kv_window_tokens = absl::GetFlag(FLAGS_kv_window_tokens);
   absl::StatusOr<std::unique_ptr<pd::engine::ModelRuntime>> rt =
       pd::engine::ModelRuntime::Create(config);
   if (!rt.ok()) Fail(rt.status());

@@ -4,13 +4,13 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
+#include "kernels/type_names.h"
 #include "services/base/process_metrics.h"
 #include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
 #include "services/base/tls_flags.h"
 #include "services/worker/worker_server.h"
-#include "kernels/type_names.h"
 #include "transport/registry.h"
 
 ABSL_FLAG(std::string, role, "both", "prefill | decode | both (aggregated)");
@@ -33,6 +33,13 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (the same on every worker, the "
           "router and pd-tierd of a cluster: the KV layout and the block hashes include it)");
+ABSL_FLAG(int64_t, kv_sink_tokens, 0,
+          "sink + window KV policy (StreamingLLM): keep the first N tokens of every sequence "
+          "(rounded up to whole blocks) as attention sinks; needs --kv_window_tokens");
+ABSL_FLAG(int64_t, kv_window_tokens, 0,
+          "sink + window KV policy: keep the most recent N tokens (rounded up to whole blocks) "
+          "besides the sinks and drop the blocks in between, so a sequence generates past the "
+          "model's context in flat memory (max_tokens then bounds it); 0 = off. CPU only");
 ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
 ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
 ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");
@@ -82,6 +89,8 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   c.runtime.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  c.runtime.scheduler.kv_sink_tokens = absl::GetFlag(FLAGS_kv_sink_tokens);
+  c.runtime.scheduler.kv_window_tokens = absl::GetFlag(FLAGS_kv_window_tokens);
   PD_ASSIGN_OR_RETURN(c.grpc_address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address),
                                                                   "--grpc_address"));
   PD_ASSIGN_OR_RETURN(

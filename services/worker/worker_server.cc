@@ -74,12 +74,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     const bool gpu_pool_refused = handoff.memory_kind == transport::MemoryKind::kCuda &&
                                   e.code() == absl::StatusCode::kUnimplemented;
     return absl::Status(
-        e.code(),
-        absl::StrCat("--transport ", config.transport, " with --device ",
-                     engine::DeviceName(runtime_config.device), ": ", e.message(),
-                     gpu_pool_refused ? " (this backend does not register GPU memory; "
-                                        "pd-generate --device cuda runs the engine alone)"
-                                      : ""));
+        e.code(), absl::StrCat("--transport ", config.transport, " with --device ",
+                               engine::DeviceName(runtime_config.device), ": ", e.message(),
+                               gpu_pool_refused ? " (this backend does not register GPU memory; "
+                                                  "pd-generate --device cuda runs the engine alone)"
+                                                : ""));
   };
   absl::StatusOr<std::unique_ptr<disagg::KvHandoff>> h =
       disagg::KvHandoff::CreateUnregistered(handoff);
@@ -168,9 +167,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     }
     absl::StatusOr<std::unique_ptr<tierd::TierClient>> tiers = tierd::TierClient::Start(tc);
     if (!tiers.ok()) {
-      return absl::Status(tiers.status().code(), absl::StrCat("--tierd_address ",
-                                                              config.tierd_address, ": ",
-                                                              tiers.status().message()));
+      return absl::Status(
+          tiers.status().code(),
+          absl::StrCat("--tierd_address ", config.tierd_address, ": ", tiers.status().message()));
     }
     s->tiers_ = *std::move(tiers);
     s->tier_slot_->store(s->tiers_.get(), std::memory_order_release);
@@ -246,6 +245,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                     st.kv.evictions);
     sink.AddCounter("pd_worker_preemptions_total", "Requests preempted (recompute)",
                     st.preemptions);
+    sink.AddCounter("pd_worker_kv_window_dropped_blocks_total",
+                    "KV blocks dropped by the sink + window policy (--kv_window_tokens)",
+                    st.window_dropped_blocks);
     sink.AddCounter("pd_worker_prefill_tokens_total", "Prompt tokens computed here",
                     st.prefill_tokens);
     sink.AddCounter("pd_worker_tier_restored_blocks_total",

@@ -38,11 +38,11 @@
 namespace pd {
 namespace {
 
-using ::pd::testing::Subprocess;
 using ::pd::e2e::Cluster;
 using ::pd::e2e::FreePort;
 using ::pd::e2e::Generated;
 using ::pd::e2e::Reference;
+using ::pd::testing::Subprocess;
 using ::testing::HasSubstr;
 
 class ClusterE2eTest : public ::testing::Test {
@@ -219,9 +219,7 @@ TEST_F(ClusterE2eTest, RequestWhoseDecodeWorkerDiesBeforeItsFirstTokenIsRetriedE
   Cluster c(Dir(), 1, 2, "round_robin", {"--step_delay=5ms", "--max_running=1"},
             {"--disagg_threshold_tokens=100000"});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
-  auto waiting = [&](int i) {
-    return Metric(c.WorkerMetrics(i), "pd_worker_requests_waiting");
-  };
+  auto waiting = [&](int i) { return Metric(c.WorkerMetrics(i), "pd_worker_requests_waiting"); };
   auto running = [&] {
     return Metric(c.WorkerMetrics(1), "pd_worker_requests_running") +
            Metric(c.WorkerMetrics(2), "pd_worker_requests_running");
@@ -605,6 +603,30 @@ TEST_F(ClusterE2eTest, KvDtypesAreExactDisaggregatedAndOnCacheHits) {
   Reference f32;
   Reference fp8(kernels::DType::kF8E4M3);
   EXPECT_NE(f32.Greedy(prompt, 48).first, fp8.Greedy(prompt, 48).first);
+}
+
+// The sink + window KV policy on the decode worker: 600 tokens, past stories260K's 512-token
+// context, through a remote prefill (the prompt fits without a drop), equal to the in-process
+// engine with the same policy; the decode worker dropped blocks and its pool stayed small.
+TEST_F(ClusterE2eTest, SinkWindowPolicyIsExactDisaggregatedPastTheContext) {
+  const std::string prompt = "Once upon a time, there was a little girl named Lily.";
+  Reference ref(kernels::DType::kF32, 16, 64);
+  auto [tokens, text] = ref.Greedy(prompt, 600, nullptr, 0, /*ignore_eos=*/true);
+  ASSERT_EQ(tokens.size(), 600u);
+  Cluster c(Dir(), 1, 1, "round_robin", {"--kv_sink_tokens=16", "--kv_window_tokens=64"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  pdserve::v1::GenerateRequest req;
+  req.set_text(prompt);
+  req.mutable_sampling()->set_max_tokens(600);
+  req.mutable_sampling()->set_ignore_eos(true);
+  Generated got = c.Generate(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << c.Logs();
+  EXPECT_EQ(got.tokens, tokens);
+  EXPECT_EQ(got.text, text);
+  const std::string dm = c.WorkerMetrics(1);
+  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"} 1")) << dm;
+  // (13 + 600 tokens) / 16 = 38 text blocks, 6 held: 32 dropped.
+  EXPECT_GE(Metric(dm, "pd_worker_kv_window_dropped_blocks_total"), 30) << dm;
 }
 
 }  // namespace

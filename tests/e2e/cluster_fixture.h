@@ -17,9 +17,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/log/log.h"
 #include "common/testing/net.h"
 #include "common/testing/subprocess.h"
@@ -94,7 +94,8 @@ inline ServingProcess SpawnServing(
                            absl::StrContains(log, "address already in use") ||
                            absl::StrContains(log, "Address already in use");
     CHECK(exited && port_race && attempt < 3)
-        << args[0] << " did not come up (attempt " << attempt << "):\n" << p->LogTail(30);
+        << args[0] << " did not come up (attempt " << attempt << "):\n"
+        << p->LogTail(30);
     LOG(WARNING) << args[0] << " lost a port race; starting it again on other ports";
   }
 }
@@ -111,13 +112,17 @@ struct Generated {
 // The single-process engine: the reference every cluster path must match.
 class Reference {
  public:
-  explicit Reference(kernels::DType kv_dtype = kernels::DType::kF32) {
+  // `sink_tokens` / `window_tokens`: the sink + window KV policy (0 = off).
+  explicit Reference(kernels::DType kv_dtype = kernels::DType::kF32, int64_t sink_tokens = 0,
+                     int64_t window_tokens = 0) {
     engine::ModelRuntimeConfig c;
     c.model = kModel;
     c.tokenizer = kTokenizer;
     c.kv_blocks = 256;
     c.threads = 1;
     c.kv_dtype = kv_dtype;
+    c.scheduler.kv_sink_tokens = sink_tokens;
+    c.scheduler.kv_window_tokens = window_tokens;
     absl::StatusOr<std::unique_ptr<engine::ModelRuntime>> rt = engine::ModelRuntime::Create(c);
     CHECK(rt.ok()) << rt.status();
     rt_ = *std::move(rt);
@@ -133,13 +138,15 @@ class Reference {
   // `top_logprobs` alternatives.
   std::pair<std::vector<uint32_t>, std::string> Greedy(
       const std::string& prompt, uint32_t max_tokens,
-      std::vector<engine::TokenLogprob>* logprobs = nullptr, int32_t top_logprobs = 0) {
+      std::vector<engine::TokenLogprob>* logprobs = nullptr, int32_t top_logprobs = 0,
+      bool ignore_eos = false) {
     std::vector<uint32_t> tokens;
     std::string text;
     engine::GenerationRequest r;
     r.id = RequestId(next_++);
     r.prompt = Encode(prompt);
     r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = ignore_eos;
     if (logprobs != nullptr) r.sampling.logprobs = top_logprobs;
     r.on_output = [&](engine::GenerationOutput o) {
       tokens.insert(tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
@@ -297,15 +304,15 @@ class Cluster {
             for (const std::string& kv : worker_env_(id)) args.push_back(kv);
           }
           std::vector<std::string> worker = {kWorker,
-                                           "--role=" + role,
-                                           absl::StrCat("--model=", kModel),
-                                           absl::StrCat("--tokenizer=", kTokenizer),
-                                           absl::StrCat("--grpc_address=127.0.0.1:", port),
-                                           absl::StrCat("--metrics_address=127.0.0.1:", mport),
-                                           "--worker_id=" + id,
-                                           "--kv_blocks=256",
-                                           "--threads=1",
-                                           "--drain_timeout=2s"};
+                                             "--role=" + role,
+                                             absl::StrCat("--model=", kModel),
+                                             absl::StrCat("--tokenizer=", kTokenizer),
+                                             absl::StrCat("--grpc_address=127.0.0.1:", port),
+                                             absl::StrCat("--metrics_address=127.0.0.1:", mport),
+                                             "--worker_id=" + id,
+                                             "--kv_blocks=256",
+                                             "--threads=1",
+                                             "--drain_timeout=2s"};
           args.insert(args.end(), worker.begin(), worker.end());
           args.insert(args.end(), worker_flags_.begin(), worker_flags_.end());
           return args;
