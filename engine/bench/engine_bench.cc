@@ -9,6 +9,9 @@
 //                              every sequence, all layers. Ceiling: STREAM triad a = b + s * c
 //                              over three 1 GiB f32 arrays (the median of 5 passes, counting
 //                              3 * 4 bytes per element as STREAM does).
+//   BM_DecodeKvDType/kv_dtype/context/threads
+//                              batch-1 decode with a `context`-token cache of each KV dtype
+//                              (random K/V); bytes read = weights + that cache. Same ceiling.
 //   BM_Prefill/tokens/threads  one sequence of `tokens` new tokens from position 0. FLOPs =
 //                              2 * (layer matmul parameters) * tokens + 2 * vocab * dim (the
 //                              classifier runs on the last token only) + causal attention
@@ -49,9 +52,12 @@
 #include "engine/model/llama_forward.h"
 #include "engine/model/model_weights.h"
 #include "engine/tools/make_model.h"
+#include "kernels/attention.h"
+#include "kernels/attention_params.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/half.h"
 #include "kernels/matmul.h"
+#include "kernels/type_names.h"
 
 namespace pd::engine {
 namespace {
@@ -340,6 +346,103 @@ void BM_Decode(benchmark::State& state) {
 BENCHMARK(BM_Decode)
     ->ArgsProduct({{1, 16}, {2, 1}})
     ->ArgNames({"batch", "threads"})
+    ->MinTime(2.0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// ---- Decode by KV dtype at long context --------------------------------------------------
+// Args: KV dtype (kernels::DType value), context tokens, threads. One sequence whose cache
+// holds `context` tokens of random K/V (written through kernels::WriteKv, so quantized
+// caches hold real codes and scales; decode speed does not depend on the values, and a real
+// 8k-token prefill would take minutes here), decoding the token at position `context` again
+// and again. bytes read per step = all weight bytes + (context + 1) tokens of K and V at the
+// cache dtype. Ceiling: the STREAM triad, as BM_Decode.
+void BM_DecodeKvDType(benchmark::State& state) {
+  const auto dtype = static_cast<kernels::DType>(state.range(0));
+  const int64_t context = state.range(1);
+  const int threads = static_cast<int>(state.range(2));
+  Engine& e = GetEngine();
+  const ModelConfig& c = e.weights.config;
+  const kvcache::KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kBlockSize, dtype};
+  const int64_t num_blocks = context / kBlockSize + 1;
+  memory::HostKvPoolOptions pool_options;
+  pool_options.populate = true;
+  absl::StatusOr<std::unique_ptr<memory::HostKvPool>> pool =
+      memory::HostKvPool::Create(layout, num_blocks, pool_options);
+  if (!pool.ok()) Die("kv pool", pool.status());
+  const kernels::OpContext ctx = Context(threads);
+  std::vector<int32_t> table(num_blocks);
+  for (int64_t b = 0; b < num_blocks; ++b) table[b] = static_cast<int32_t>(b);
+  {  // The context's K/V, every layer, 512 tokens at a time.
+    constexpr int64_t kChunk = 512;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> k(kChunk * c.kv_dim), v(kChunk * c.kv_dim);
+    std::vector<int32_t> pos(kChunk);
+    for (int64_t first = 0; first < context; first += kChunk) {
+      const int64_t n = std::min(kChunk, context - first);
+      for (int64_t j = 0; j < n; ++j) pos[j] = static_cast<int32_t>(first + j);
+      for (int l = 0; l < c.n_layers; ++l) {
+        for (float& x : k) x = dist(rng);
+        for (float& x : v) x = dist(rng);
+        kernels::WriteKvParams w;
+        w.k = k.data();
+        w.v = v.data();
+        w.k_token_stride = c.kv_dim;
+        w.v_token_stride = c.kv_dim;
+        w.cache = kernels::DenseKvCacheView((*pool)->base(), dtype, num_blocks, c.n_layers,
+                                            c.n_kv_heads, kBlockSize, c.head_dim, l);
+        w.num_tokens = n;
+        w.positions = pos.data();
+        w.block_tables = table.data();
+        w.max_blocks_per_seq = num_blocks;
+        const absl::Status status = kernels::WriteKv(ctx, w);
+        if (!status.ok()) Die("fill the context", status);
+      }
+    }
+  }
+  ForwardOptions options;
+  options.max_batch_tokens = 16;
+  options.max_seqs = 1;
+  absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
+      &e.weights, {(*pool)->base(), dtype, num_blocks, kBlockSize}, ctx, options);
+  if (!f.ok()) Die("forward", f.status());
+  const std::vector<uint32_t> tokens = RandomTokens(kDecodeSteps, 4);
+  std::vector<float> logits(c.vocab_size);
+  int64_t step = 0;
+  auto run_step = [&] {
+    const ForwardSequence seq{absl::MakeConstSpan(&tokens[step % kDecodeSteps], 1), context, table};
+    const absl::Status status = (*f)->Forward({seq}, logits.data());
+    if (!status.ok()) Die("decode step", status);
+    ++step;
+  };
+  run_step();  // warm-up
+  run_step();
+  const double triad = TriadBytesPerSecond(threads);
+  const double step_bytes = static_cast<double>(e.weight_bytes) +
+                            static_cast<double>(context + 1) * layout.block_bytes() / kBlockSize;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    run_step();
+  }
+  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  const double achieved = step_bytes * static_cast<double>(state.iterations()) / seconds.count();
+  state.SetLabel(std::string(kernels::DTypeName(dtype)));
+  state.counters["tok_per_s"] = static_cast<double>(state.iterations()) / seconds.count();
+  state.counters["GBps"] = achieved / 1e9;
+  state.counters["triad_GBps"] = triad / 1e9;
+  state.counters["ratio"] = achieved / triad;
+  state.counters["kv_MiB"] =
+      static_cast<double>(context + 1) * layout.block_bytes() / kBlockSize / (1 << 20);
+}
+BENCHMARK(BM_DecodeKvDType)
+    ->ArgsProduct(
+        {{static_cast<int64_t>(kernels::DType::kF32), static_cast<int64_t>(kernels::DType::kBF16),
+          static_cast<int64_t>(kernels::DType::kF16), static_cast<int64_t>(kernels::DType::kI8),
+          static_cast<int64_t>(kernels::DType::kF8E4M3)},
+         {128, 8192},
+         {2}})
+    ->ArgNames({"kv_dtype", "context", "threads"})
     ->MinTime(2.0)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
