@@ -859,6 +859,12 @@ TEST(AttentionDispatchTest, RejectsBadInput) {
   p = qok;
   p.cache.scale_head_stride = 1;
   expect_invalid(p, "scale rows overlap");
+  // Layer 0's view with its scales right after its own data: they would lie on layer 1's data.
+  p = DecodeParams(qb, qpool.View(0), 4, q.data(), out.data(), 0);
+  ASSERT_TRUE(DecodeAttention(OpContext{}, p).ok());
+  p.cache.scale_offset = p.cache.layer_stride;
+  p.cache.block_stride = p.cache.scale_offset + 4 * 2 * p.cache.scale_layer_stride;
+  expect_invalid(p, "scales over another layer's data");
   if (!SupportsAttention(Device::kCuda, DType::kBF16)) {
     EXPECT_EQ(DecodeAttention(OpContext{Device::kCuda, nullptr}, ok).code(),
               absl::StatusCode::kUnimplemented);

@@ -1,5 +1,6 @@
 #include "kernels/dispatch/validate.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,19 @@ absl::Status CheckKvScales(const char* op, const KvCacheView& c, int64_t data_en
         absl::StrCat(op, ": layer ", c.layer, " scales [", c.scale_offset, ", ", scales_end,
                      ") must start after its data (byte ", data_end,
                      ") and end within block_stride ", c.block_stride));
+  }
+  // The scale region has room for `layers` layers' scales; the data of every one of those
+  // layers (not only this view's) must end before it, so no view of the same block can write
+  // codes over another layer's scales. (Layers past `layers` have no room for their scales:
+  // their views fail the check above.)
+  const int64_t layers =
+      std::max(c.layer + 1, (c.block_stride - c.scale_offset) / (4 * c.scale_layer_stride));
+  const int64_t all_data_end = data_end + (layers - 1 - c.layer) * c.layer_stride;
+  if (c.scale_offset < all_data_end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the scale region at byte ", c.scale_offset, " holds scales of ", layers,
+                     " layers but overlaps the data of layer ", layers - 1, " (ends at byte ",
+                     all_data_end, ")"));
   }
   return absl::OkStatus();
 }
