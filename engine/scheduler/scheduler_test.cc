@@ -248,6 +248,34 @@ TEST(SchedulerTest, PreemptedRequestsProduceUndisturbedOutput) {
   EXPECT_GT(preempted, 0u);
 }
 
+// Issue #19 item 3: the blocks filled with a reply are committed to the prefix cache as they
+// fill (not only the prompt's), so the next turn of a conversation (prompt + reply + more)
+// hits every full block of the previous turn, reply included, with the output a cold
+// scheduler gives.
+TEST(SchedulerTest, NextTurnHitsThePreviousTurnsReply) {
+  Harness h(64, {});
+  const std::vector<uint32_t> turn1 = h.Encode(kPrompts[3]);
+  ASSERT_TRUE(h.Submit(1, turn1, MaxTokens(45)).ok());
+  h.RunToCompletion();
+  const std::vector<uint32_t>& reply = h.results()[1].tokens;
+  ASSERT_EQ(reply.size(), 45u);
+  std::vector<uint32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), reply.begin(), reply.end());
+  const std::vector<uint32_t> more = h.Encode(" Then the bird sang");
+  turn2.insert(turn2.end(), more.begin() + 1, more.end());  // (without its BOS)
+  ASSERT_TRUE(h.Submit(2, turn2, MaxTokens(20)).ok());
+  h.RunToCompletion();
+  // The last reply token was sampled but never fed back: its KV does not exist. Every full
+  // block before it does.
+  const size_t computed = turn1.size() + reply.size() - 1;
+  EXPECT_EQ(h.results()[2].last.cached_tokens, computed / 16 * 16);
+  EXPECT_GT(h.results()[2].last.cached_tokens, turn1.size());  // reply blocks hit too
+  Harness cold(64, {});
+  ASSERT_TRUE(cold.Submit(2, turn2, MaxTokens(20)).ok());
+  cold.RunToCompletion();
+  EXPECT_EQ(h.results()[2].tokens, cold.results()[2].tokens);
+}
+
 // ---- Sink + window KV policy (block size 16: 1 sink block, 4 window blocks, cap 6 blocks).
 
 SamplingOptions Long(uint32_t n) {
