@@ -12,6 +12,7 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "kernels/type_names.h"
 
 namespace pd::engine {
 namespace {
@@ -49,9 +50,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
                                                                    ForwardOptions options) {
   PD_RETURN_IF_ERROR(weights->config.Validate());
   if (pool.base == nullptr || pool.num_blocks <= 0 || pool.block_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv pool: base must be set and num_blocks, block_size > 0, got ", pool.num_blocks, ", ",
-        pool.block_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv pool: base must be set and num_blocks, block_size > 0, got ",
+                     pool.num_blocks, ", ", pool.block_size));
   }
   if (options.max_batch_tokens <= 0 || options.max_seqs <= 0 ||
       options.max_seqs > options.max_batch_tokens) {
@@ -65,8 +66,8 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   if (!kernels::SupportsMatMul(ctx.device, weights->dtype) ||
       !kernels::SupportsAttention(ctx.device, pool.dtype)) {
     return absl::UnimplementedError(absl::StrCat(
-        "no kernels on this device for weight dtype ", static_cast<int>(weights->dtype),
-        " with kv dtype ", static_cast<int>(pool.dtype)));
+        "no kernels on this device for weight dtype ", kernels::DTypeName(weights->dtype),
+        " with kv dtype ", kernels::DTypeName(pool.dtype)));
   }
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   const ModelConfig& c = f->config_;
@@ -90,9 +91,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   f->context_lens_.resize(options.max_seqs);
 
   // One workspace for the largest matmul of any layer at the largest batch.
-  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},      {t, c.dim, c.kv_dim},
-                               {t, c.q_dim(), c.dim},      {t, c.dim, c.hidden_dim},
-                               {t, c.hidden_dim, c.dim},   {options.max_seqs, c.dim, c.vocab_size}};
+  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},    {t, c.dim, c.kv_dim},
+                               {t, c.q_dim(), c.dim},    {t, c.dim, c.hidden_dim},
+                               {t, c.hidden_dim, c.dim}, {options.max_seqs, c.dim, c.vocab_size}};
   for (const auto& s : shapes) {
     kernels::MatMulParams p;
     p.num_rows = s[0];
@@ -177,8 +178,8 @@ kernels::KvCacheView LlamaForward::CacheView(int layer) const {
 
 absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) const {
   if (batch.empty() || static_cast<int64_t>(batch.size()) > options_.max_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat("forward: batch of ", batch.size(),
-                                                   " sequences, limit ", options_.max_seqs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: batch of ", batch.size(), " sequences, limit ", options_.max_seqs));
   }
   int64_t total = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -190,8 +191,8 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
     }
     const int64_t end = seq.start_pos + n;
     if (end > config_.seq_len) {
-      return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " reaches position ",
-                                                end, ", beyond the context of ", config_.seq_len));
+      return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " reaches position ", end,
+                                                ", beyond the context of ", config_.seq_len));
     }
     const int64_t needed = (end + pool_.block_size - 1) / pool_.block_size;
     if (static_cast<int64_t>(seq.block_table.size()) < needed) {
@@ -203,30 +204,31 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
       if (seq.block_table[b] < 0 || seq.block_table[b] >= pool_.num_blocks) {
         return absl::InvalidArgumentError(absl::StrCat("forward: sequence ", s, " block ", b,
                                                        " is ", seq.block_table[b],
-                                                       ", outside the pool of ",
-                                                       pool_.num_blocks));
+                                                       ", outside the pool of ", pool_.num_blocks));
       }
     }
     for (uint32_t token : seq.tokens) {
       if (token >= static_cast<uint32_t>(config_.vocab_size)) {
-        return absl::InvalidArgumentError(absl::StrCat("forward: token id ", token,
-                                                       " >= vocab size ", config_.vocab_size));
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: token id ", token, " >= vocab size ", config_.vocab_size));
       }
     }
     total += n;
   }
   if (total > options_.max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("forward: ", total, " tokens in the batch, limit ",
-                                                   options_.max_batch_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward: ", total, " tokens in the batch, limit ", options_.max_batch_tokens));
   }
   return absl::OkStatus();
 }
 
-absl::Status LlamaForward::MatMul(const float* x, const void* w, const float* bias, float* y,
-                                  int64_t num_rows, int64_t in, int64_t out, bool accumulate) {
+absl::Status LlamaForward::MatMul(const float* x, const void* w, const float* w_scales,
+                                  const float* bias, float* y, int64_t num_rows, int64_t in,
+                                  int64_t out, bool accumulate) {
   kernels::MatMulParams p;
   p.x = x;
   p.w = w;
+  p.w_scales = w_scales;
   p.bias = bias;
   p.y = y;
   p.num_rows = num_rows;
@@ -258,7 +260,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
     }
   }
   int64_t row = 0;
-  const int64_t dsize = kernels::DTypeSize(weights_->dtype);
+  const int64_t dsize = kernels::DTypeSize(weights_->embedding_dtype);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     const ForwardSequence& seq = batch[slot.batch_index];
@@ -276,7 +278,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
                  static_cast<int64_t>(seq.tokens[j]) * c.dim * dsize;
       embed.out = &x_[row * c.dim];
       embed.n = c.dim;
-      embed.in_dtype = weights_->dtype;
+      embed.in_dtype = weights_->embedding_dtype;
       embed.out_dtype = DType::kF32;
       PD_RETURN_IF_ERROR(kernels::Convert(ctx_, embed));
     }
@@ -318,8 +320,8 @@ absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, floa
   PD_RETURN_IF_ERROR(
       RmsNormRows(ctx_, x_, weights_->final_norm, xb_, num_seqs, c.dim, c.rms_norm_eps));
   // MatMul with the classifier weights (the same dtype as every matrix).
-  PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, nullptr, logits_tmp_, num_seqs, c.dim,
-                            c.vocab_size, /*accumulate=*/false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, weights_->classifier_scales, nullptr,
+                            logits_tmp_, num_seqs, c.dim, c.vocab_size, /*accumulate=*/false));
   const int64_t vocab_bytes = c.vocab_size * static_cast<int64_t>(sizeof(float));
   for (int64_t i = 0; i < num_seqs; ++i) {
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, logits + slots_[i].batch_index * c.vocab_size,
@@ -337,9 +339,9 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
 
   // Attention block.
   PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.attn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.wq, w.bq, q_, num_tokens, c.dim, q_dim, false));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.wk, w.bk, k_, num_tokens, c.dim, c.kv_dim, false));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.wv, w.bv, v_, num_tokens, c.dim, c.kv_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wq, w.wq_scales, w.bq, q_, num_tokens, c.dim, q_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wk, w.wk_scales, w.bk, k_, num_tokens, c.dim, c.kv_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wv, w.wv_scales, w.bv, v_, num_tokens, c.dim, c.kv_dim, false));
 
   kernels::RopeParams rope;
   rope.q = q_;
@@ -400,12 +402,14 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(kernels::PrefillAttention(ctx_, p));
   }
   // x += attn Wo
-  PD_RETURN_IF_ERROR(MatMul(att_, w.wo, nullptr, x_, num_tokens, q_dim, c.dim, true));
+  PD_RETURN_IF_ERROR(MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, q_dim, c.dim, true));
 
   // MLP block: x += W_down (silu(W_gate xb) * (W_up xb)).
   PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.ffn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, nullptr, gate_, num_tokens, c.dim, c.hidden_dim, false));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_up, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, w.w_gate_scales, nullptr, gate_, num_tokens, c.dim,
+                            c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(
+      MatMul(xb_, w.w_up, w.w_up_scales, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
   kernels::SiluMulParams silu;
   silu.gate = gate_;
   silu.up = up_;
@@ -416,7 +420,8 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   silu.up_row_stride = c.hidden_dim;
   silu.out_row_stride = c.hidden_dim;
   PD_RETURN_IF_ERROR(kernels::SiluMul(ctx_, silu));
-  return MatMul(gate_, w.w_down, nullptr, x_, num_tokens, c.hidden_dim, c.dim, true);
+  return MatMul(gate_, w.w_down, w.w_down_scales, nullptr, x_, num_tokens, c.hidden_dim, c.dim,
+                true);
 }
 
 }  // namespace pd::engine

@@ -6,12 +6,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "engine/memory/device_kv_pool.h"
 #include "engine/model/hf_tokenizer.h"
 #include "engine/model/llama2c_tokenizer.h"
 #include "kernels/attention.h"
+#include "kernels/matmul.h"
 #include "kernels/type_names.h"
 
 namespace pd::engine {
@@ -29,6 +32,10 @@ absl::Status ModelRuntimeConfig::Validate() const {
   }
   if (threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads));
+  }
+  if (weight_dtype == WeightDType::kInt8 && !kernels::SupportsMatMul(device, kernels::DType::kI8)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_dtype int8 is not supported on ", DeviceName(device), " yet (#18)"));
   }
   if (!kernels::SupportsAttention(device, kv_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_dtype ", kernels::DTypeName(kv_dtype),
@@ -54,6 +61,41 @@ absl::string_view DeviceName(kernels::Device device) {
   return device == kernels::Device::kCuda ? "cuda" : "cpu";
 }
 
+absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name) {
+  if (name == "auto") {
+    return WeightDType::kAuto;
+  }
+  if (name == "int8") {
+    return WeightDType::kInt8;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--weight_dtype must be auto or int8, got \"", name, "\""));
+}
+
+absl::string_view WeightDTypeName(WeightDType dtype) {
+  return dtype == WeightDType::kInt8 ? "int8" : "auto";
+}
+
+namespace {
+
+// Replaces *weights by its int8 quantization; the loaded weights move to *loaded, which the
+// quantized ones still view. Logs the time it took and the matrix bytes before and after.
+absl::Status QuantizeAtLoad(ModelWeights* weights, ModelWeights* loaded) {
+  const absl::Time start = absl::Now();
+  PD_ASSIGN_OR_RETURN(ModelWeights quantized, QuantizeWeightsInt8(*weights));
+  constexpr double kMiB = 1 << 20;
+  LOG(INFO) << "weights quantized to int8 in " << absl::ToDoubleMilliseconds(absl::Now() - start)
+            << " ms: matrices and embedding " << MatrixWeightBytes(*weights) / kMiB << " MiB ("
+            << kernels::DTypeName(weights->dtype) << ") -> " << MatrixWeightBytes(quantized) / kMiB
+            << " MiB (int8 + scales, embedding " << kernels::DTypeName(quantized.embedding_dtype)
+            << ")";
+  *loaded = std::move(*weights);  // moves keep the owned arrays (and the views into them) valid
+  *weights = std::move(quantized);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size,
                                    kernels::DType kv_dtype) {
   return {c.n_layers, c.n_kv_heads, c.head_dim, block_size, kv_dtype};
@@ -78,8 +120,9 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     rt->tokenizer_ = std::make_unique<HfTokenizer>(std::move(tok));
   } else {
     if (config.tokenizer.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model ", config.model, " is a llama2.c checkpoint: pass its tokenizer.bin with --tokenizer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model ", config.model,
+                       " is a llama2.c checkpoint: pass its tokenizer.bin with --tokenizer"));
     }
     PD_ASSIGN_OR_RETURN(Llama2cCheckpoint ckpt, Llama2cCheckpoint::Load(config.model));
     rt->llama2c_ = std::make_unique<Llama2cCheckpoint>(std::move(ckpt));
@@ -87,6 +130,9 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     PD_ASSIGN_OR_RETURN(Llama2cTokenizer tok,
                         Llama2cTokenizer::Load(config.tokenizer, rt->weights_.config.vocab_size));
     rt->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
+  }
+  if (config.weight_dtype == WeightDType::kInt8) {
+    PD_RETURN_IF_ERROR(QuantizeAtLoad(&rt->weights_, &rt->loaded_weights_));
   }
   rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size, config.kv_dtype);
   // The block-hash seed names the cache dtype: blocks of different dtypes never match.
@@ -119,8 +165,8 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
       on_evict(hash, [&](uint8_t* dst) {
         absl::Status s = pool->ReadBlock(block, dst);
         if (!s.ok()) {
-          LOG_EVERY_N(WARNING, 100) << "evicted block " << block.value()
-                                    << " not offered to the tiers: " << s;
+          LOG_EVERY_N(WARNING, 100)
+              << "evicted block " << block.value() << " not offered to the tiers: " << s;
         }
         return s.ok();
       });
@@ -128,7 +174,7 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   }
   PD_ASSIGN_OR_RETURN(rt->kv_,
                       kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size},
-                                                       config.kv_listener, std::move(hook)));
+                                                      config.kv_listener, std::move(hook)));
   if (!on_cuda) {
     const int threads =
         config.threads > 0 ? config.threads : std::max(1u, std::thread::hardware_concurrency());
@@ -152,10 +198,11 @@ std::string ModelRuntime::Describe() const {
   const ModelConfig& c = weights_.config;
   return absl::StrCat("model ", config_.model, " (", ArchitectureName(c.architecture), ", ",
                       c.n_layers, " layers, dim ", c.dim, ", vocab ", c.vocab_size, ", context ",
-                      c.seq_len, ", fingerprint ", weights_.fingerprint.substr(0, 12),
-                      "), kv pool ", config_.kv_blocks, " blocks x ", config_.block_size,
-                      " tokens (", memory_->size_bytes() >> 20, " MiB) on ",
-                      DeviceName(config_.device));
+                      c.seq_len, ", weights ", kernels::DTypeName(weights_.dtype), ", fingerprint ",
+                      weights_.fingerprint.substr(0, 12),
+                      weights_.dtype == kernels::DType::kI8 ? "+w8" : "", "), kv pool ",
+                      config_.kv_blocks, " blocks x ", config_.block_size, " tokens (",
+                      memory_->size_bytes() >> 20, " MiB) on ", DeviceName(config_.device));
 }
 
 }  // namespace pd::engine

@@ -30,6 +30,12 @@
 
 namespace pd::engine {
 
+// How the linear matrices are stored (--weight_dtype). kAuto: as in the checkpoint. kInt8: each
+// quantized at load to int8 with per-row scales (W8A8 matmuls, kernels/matmul_params.h; about
+// half the bytes of bf16 per decode step, CPU only for now); the fingerprint gets "+w8", so an
+// int8 worker never pairs with one running the checkpoint's dtype.
+enum class WeightDType : uint8_t { kAuto = 0, kInt8 = 1 };
+
 struct ModelRuntimeConfig {
   // A Hugging Face model directory (config.json, model.safetensors[.index.json],
   // tokenizer.json) or a llama2.c checkpoint file (then `tokenizer` is its tokenizer.bin).
@@ -45,6 +51,7 @@ struct ModelRuntimeConfig {
   // and decode workers, the node's tiers) and of the block-hash seed (scheduler.kv_dtype is set
   // from it), so caches of different dtypes never mix. The device must support it.
   kernels::DType kv_dtype = kernels::DType::kF32;
+  WeightDType weight_dtype = WeightDType::kAuto;
   SchedulerConfig scheduler;
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
   // = none. Not owned; must outlive the runtime.
@@ -69,6 +76,11 @@ absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name);
 // "cpu" or "cuda".
 absl::string_view DeviceName(kernels::Device device);
 
+// "auto" -> kAuto, "int8" -> kInt8; InvalidArgument listing the accepted names otherwise.
+absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name);
+// "auto" or "int8".
+absl::string_view WeightDTypeName(WeightDType dtype);
+
 // The KV layout a worker of this model uses for `block_size`-token blocks of `kv_dtype`.
 // pd-tierd derives its pool geometry from the same function, so a worker's layout and its
 // node's tiers agree by construction.
@@ -81,7 +93,8 @@ class ModelRuntime {
   // one (naming the file and the problem), ResourceExhausted when the KV pool cannot be mapped
   // or allocated. With device cuda: Unimplemented naming PD_ENABLE_CUDA in a build without
   // CUDA, FailedPrecondition "no CUDA device" where none is usable (both before the model is
-  // loaded), Internal for a failed upload.
+  // loaded), Internal for a failed upload; InvalidArgument for weight_dtype int8 on cuda (not
+  // implemented there yet, #18).
   static absl::StatusOr<std::unique_ptr<ModelRuntime>> Create(ModelRuntimeConfig config);
   ~ModelRuntime();
 
@@ -105,6 +118,9 @@ class ModelRuntime {
   ModelRuntimeConfig config_;
   std::unique_ptr<Llama2cCheckpoint> llama2c_;
   std::unique_ptr<HfModel> hf_;
+  // With weight_dtype int8: the loaded weights, which the quantized weights_ still view (norms,
+  // biases, embedding). Empty otherwise.
+  ModelWeights loaded_weights_;
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   kvcache::KvLayout layout_;

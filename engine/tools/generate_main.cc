@@ -24,6 +24,8 @@ ABSL_FLAG(int64_t, kv_blocks, 256, "KV pool size in blocks of 16 tokens");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3");
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "linear weights: auto (as stored) | int8 (quantized at load, W8A8; cpu only)");
 
 namespace {
 
@@ -53,6 +55,12 @@ int main(int argc, char** argv) {
     Fail(absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message())));
   }
   config.kv_dtype = *kv_dtype;
+  absl::StatusOr<pd::engine::WeightDType> weight_dtype =
+      pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype));
+  if (!weight_dtype.ok()) {
+    Fail(weight_dtype.status());
+  }
+  config.weight_dtype = *weight_dtype;
   config.scheduler.max_running = 1;
   absl::StatusOr<std::unique_ptr<pd::engine::ModelRuntime>> rt =
       pd::engine::ModelRuntime::Create(config);

@@ -4,13 +4,13 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
+#include "kernels/type_names.h"
 #include "services/base/process_metrics.h"
 #include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
 #include "services/base/tls_flags.h"
 #include "services/worker/worker_server.h"
-#include "kernels/type_names.h"
 #include "transport/registry.h"
 
 ABSL_FLAG(std::string, role, "both", "prefill | decode | both (aggregated)");
@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (the same on every worker, the "
           "router and pd-tierd of a cluster: the KV layout and the block hashes include it)");
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "linear weights: auto (as stored) | int8 (quantized at load, W8A8, cpu only; the model "
+          "fingerprint gets \"+w8\", so prefill and decode workers must agree)");
 ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
 ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
 ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");
@@ -79,6 +82,8 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
   }
   c.runtime.kv_dtype = *kv_dtype;
+  PD_ASSIGN_OR_RETURN(c.runtime.weight_dtype,
+                      pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
   c.runtime.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   c.runtime.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);
