@@ -161,7 +161,7 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
   }
   ModelWeights w;
   w.config = c;
-  w.fingerprint = absl::StrCat(src.fingerprint, "+w8");
+  w.fingerprint = absl::StrCat(src.fingerprint, kInt8FingerprintSuffix);
   w.dtype = kernels::DType::kI8;
   w.embedding_dtype = src.embedding_dtype;
   w.embedding = src.embedding;

@@ -61,21 +61,6 @@ absl::string_view DeviceName(kernels::Device device) {
   return device == kernels::Device::kCuda ? "cuda" : "cpu";
 }
 
-absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name) {
-  if (name == "auto") {
-    return WeightDType::kAuto;
-  }
-  if (name == "int8") {
-    return WeightDType::kInt8;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--weight_dtype must be auto or int8, got \"", name, "\""));
-}
-
-absl::string_view WeightDTypeName(WeightDType dtype) {
-  return dtype == WeightDType::kInt8 ? "int8" : "auto";
-}
-
 namespace {
 
 // Replaces *weights by its int8 quantization; the loaded weights move to *loaded, which the

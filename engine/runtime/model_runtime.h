@@ -25,16 +25,11 @@
 #include "engine/model/llama_forward.h"
 #include "engine/model/model_weights.h"
 #include "engine/model/tokenizer.h"
+#include "engine/runtime/model_front.h"
 #include "engine/scheduler/scheduler.h"
 #include "kernels/device_memory.h"
 
 namespace pd::engine {
-
-// How the linear matrices are stored (--weight_dtype). kAuto: as in the checkpoint. kInt8: each
-// quantized at load to int8 with per-row scales (W8A8 matmuls, kernels/matmul_params.h; about
-// half the bytes of bf16 per decode step, CPU only for now); the fingerprint gets "+w8", so an
-// int8 worker never pairs with one running the checkpoint's dtype.
-enum class WeightDType : uint8_t { kAuto = 0, kInt8 = 1 };
 
 struct ModelRuntimeConfig {
   // A Hugging Face model directory (config.json, model.safetensors[.index.json],
@@ -51,6 +46,7 @@ struct ModelRuntimeConfig {
   // and decode workers, the node's tiers) and of the block-hash seed (scheduler.kv_dtype is set
   // from it), so caches of different dtypes never mix. The device must support it.
   kernels::DType kv_dtype = kernels::DType::kF32;
+  // --weight_dtype (engine/runtime/model_front.h): int8 quantizes the linear matrices at load.
   WeightDType weight_dtype = WeightDType::kAuto;
   SchedulerConfig scheduler;
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
@@ -75,11 +71,6 @@ struct ModelRuntimeConfig {
 absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name);
 // "cpu" or "cuda".
 absl::string_view DeviceName(kernels::Device device);
-
-// "auto" -> kAuto, "int8" -> kInt8; InvalidArgument listing the accepted names otherwise.
-absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name);
-// "auto" or "int8".
-absl::string_view WeightDTypeName(WeightDType dtype);
 
 // The KV layout a worker of this model uses for `block_size`-token blocks of `kv_dtype`.
 // pd-tierd derives its pool geometry from the same function, so a worker's layout and its
