@@ -79,15 +79,15 @@ class Runner {
     std::unique_ptr<Runner> r(new Runner());
     const ModelConfig& c = weights->config;
     r->num_blocks_ = (max_tokens + kBlockSize - 1) / kBlockSize;
-    const int64_t bytes =
-        kernels::DenseKvBlockBytes(dtype, c.n_layers, c.n_kv_heads, kBlockSize, c.head_dim);
+    const int64_t bytes = kernels::DenseKvBlockBytes(dtype, c.n_layers, c.n_kv_heads, kBlockSize,
+                                                     c.head_dim);
     r->pool_.assign(static_cast<size_t>(r->num_blocks_ * bytes / 4 + 1), 0.0f);
     for (int64_t i = 0; i < r->num_blocks_; ++i) r->table_.push_back(static_cast<int32_t>(i));
     r->vocab_ = c.vocab_size;
-    PD_ASSIGN_OR_RETURN(
-        r->forward_,
-        LlamaForward::Create(weights, {r->pool_.data(), dtype, r->num_blocks_, kBlockSize}, {},
-                             {.max_batch_tokens = 4096, .max_seqs = 1}));
+    PD_ASSIGN_OR_RETURN(r->forward_,
+                        LlamaForward::Create(weights,
+                                             {r->pool_.data(), dtype, r->num_blocks_, kBlockSize},
+                                             {}, {.max_batch_tokens = 4096, .max_seqs = 1}));
     return r;
   }
 
@@ -114,8 +114,8 @@ class Runner {
     PD_RETURN_IF_ERROR(forward_->Forward({{prompt, 0, table_}}, logits.data()));
     std::vector<uint32_t> out;
     for (int i = 0; i < n; ++i) {
-      const uint32_t next =
-          static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const uint32_t next = static_cast<uint32_t>(
+          std::max_element(logits.begin(), logits.end()) - logits.begin());
       out.push_back(next);
       prompt.push_back(next);
       if (i + 1 == n) break;

@@ -50,9 +50,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
                                                                    ForwardOptions options) {
   PD_RETURN_IF_ERROR(weights->config.Validate());
   if (pool.base == nullptr || pool.num_blocks <= 0 || pool.block_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv pool: base must be set and num_blocks, block_size > 0, got ",
-                     pool.num_blocks, ", ", pool.block_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv pool: base must be set and num_blocks, block_size > 0, got ", pool.num_blocks, ", ",
+        pool.block_size));
   }
   if (options.max_batch_tokens <= 0 || options.max_seqs <= 0 ||
       options.max_seqs > options.max_batch_tokens) {
@@ -91,9 +91,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   f->context_lens_.resize(options.max_seqs);
 
   // One workspace for the largest matmul of any layer at the largest batch.
-  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},    {t, c.dim, c.kv_dim},
-                               {t, c.q_dim(), c.dim},    {t, c.dim, c.hidden_dim},
-                               {t, c.hidden_dim, c.dim}, {options.max_seqs, c.dim, c.vocab_size}};
+  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},      {t, c.dim, c.kv_dim},
+                               {t, c.q_dim(), c.dim},      {t, c.dim, c.hidden_dim},
+                               {t, c.hidden_dim, c.dim},   {options.max_seqs, c.dim, c.vocab_size}};
   for (const auto& s : shapes) {
     kernels::MatMulParams p;
     p.num_rows = s[0];
@@ -178,8 +178,8 @@ kernels::KvCacheView LlamaForward::CacheView(int layer) const {
 
 absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) const {
   if (batch.empty() || static_cast<int64_t>(batch.size()) > options_.max_seqs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("forward: batch of ", batch.size(), " sequences, limit ", options_.max_seqs));
+    return absl::InvalidArgumentError(absl::StrCat("forward: batch of ", batch.size(),
+                                                   " sequences, limit ", options_.max_seqs));
   }
   int64_t total = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -191,8 +191,8 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
     }
     const int64_t end = seq.start_pos + n;
     if (end > config_.seq_len) {
-      return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " reaches position ", end,
-                                                ", beyond the context of ", config_.seq_len));
+      return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " reaches position ",
+                                                end, ", beyond the context of ", config_.seq_len));
     }
     const int64_t needed = (end + pool_.block_size - 1) / pool_.block_size;
     if (static_cast<int64_t>(seq.block_table.size()) < needed) {
@@ -204,20 +204,21 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
       if (seq.block_table[b] < 0 || seq.block_table[b] >= pool_.num_blocks) {
         return absl::InvalidArgumentError(absl::StrCat("forward: sequence ", s, " block ", b,
                                                        " is ", seq.block_table[b],
-                                                       ", outside the pool of ", pool_.num_blocks));
+                                                       ", outside the pool of ",
+                                                       pool_.num_blocks));
       }
     }
     for (uint32_t token : seq.tokens) {
       if (token >= static_cast<uint32_t>(config_.vocab_size)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("forward: token id ", token, " >= vocab size ", config_.vocab_size));
+        return absl::InvalidArgumentError(absl::StrCat("forward: token id ", token,
+                                                       " >= vocab size ", config_.vocab_size));
       }
     }
     total += n;
   }
   if (total > options_.max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "forward: ", total, " tokens in the batch, limit ", options_.max_batch_tokens));
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", total, " tokens in the batch, limit ",
+                                                   options_.max_batch_tokens));
   }
   return absl::OkStatus();
 }

@@ -105,9 +105,8 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     rt->tokenizer_ = std::make_unique<HfTokenizer>(std::move(tok));
   } else {
     if (config.tokenizer.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model ", config.model,
-                       " is a llama2.c checkpoint: pass its tokenizer.bin with --tokenizer"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", config.model, " is a llama2.c checkpoint: pass its tokenizer.bin with --tokenizer"));
     }
     PD_ASSIGN_OR_RETURN(Llama2cCheckpoint ckpt, Llama2cCheckpoint::Load(config.model));
     rt->llama2c_ = std::make_unique<Llama2cCheckpoint>(std::move(ckpt));
@@ -150,8 +149,8 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
       on_evict(hash, [&](uint8_t* dst) {
         absl::Status s = pool->ReadBlock(block, dst);
         if (!s.ok()) {
-          LOG_EVERY_N(WARNING, 100)
-              << "evicted block " << block.value() << " not offered to the tiers: " << s;
+          LOG_EVERY_N(WARNING, 100) << "evicted block " << block.value()
+                                    << " not offered to the tiers: " << s;
         }
         return s.ok();
       });
@@ -159,7 +158,7 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   }
   PD_ASSIGN_OR_RETURN(rt->kv_,
                       kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size},
-                                                      config.kv_listener, std::move(hook)));
+                                                       config.kv_listener, std::move(hook)));
   if (!on_cuda) {
     const int threads =
         config.threads > 0 ? config.threads : std::max(1u, std::thread::hardware_concurrency());

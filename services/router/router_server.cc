@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   absl::StatusOr<std::unique_ptr<engine::ModelFront>> model =
       engine::ModelFront::Load(config.model, config.tokenizer, config.weight_dtype);
   if (!model.ok()) {
-    return absl::Status(model.status().code(), absl::StrCat("--model: ", model.status().message()));
+    return absl::Status(model.status().code(),
+                        absl::StrCat("--model: ", model.status().message()));
   }
   server->model_ = *std::move(model);
   WorkerPoolOptions pool_options;
@@ -91,9 +92,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
       index->RaiseMaxBlocks(AutoIndexBound(total));
     }
   };
-  PD_ASSIGN_OR_RETURN(
-      server->pool_, WorkerPool::Create(config.decode_workers, config.prefill_workers, pool_options,
-                                        std::move(on_health)));
+  PD_ASSIGN_OR_RETURN(server->pool_,
+                      WorkerPool::Create(config.decode_workers, config.prefill_workers,
+                                         pool_options, std::move(on_health)));
   WorkerPool* pool_ptr = server->pool_.get();
   feed->Start([pool_ptr] { return pool_ptr->Snapshot(); });
   if (config.redis.has_value()) {
@@ -153,8 +154,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     sink.AddGauge("pd_router_kv_event_streams", "Workers whose KV events are followed",
                   static_cast<double>(fs.subscribers));
     sink.AddGauge("pd_router_kv_event_streams_connected",
-                  "Followed workers with a live KV event stream",
-                  static_cast<double>(fs.connected));
+                  "Followed workers with a live KV event stream", static_cast<double>(fs.connected));
     sink.AddCounter("pd_router_kv_event_apply_errors_total",
                     "KV event batches the index refused (each forces a snapshot)",
                     static_cast<double>(fs.apply_errors));
@@ -169,8 +169,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
                   "Bound of the KV index in entries (--index_max_blocks, or the automatic bound)",
                   static_cast<double>(st.max_blocks));
     sink.AddCounter("pd_router_index_evictions_total",
-                    "Index entries dropped by --index_max_blocks",
-                    static_cast<double>(st.evictions));
+                    "Index entries dropped by --index_max_blocks", static_cast<double>(st.evictions));
     sink.AddCounter("pd_router_index_events_total", "KV events applied to the index",
                     static_cast<double>(st.events_applied));
     sink.AddCounter("pd_router_index_rejected_batches_total",
@@ -179,8 +178,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     int64_t healthy = 0;
     for (const WorkerSnapshot& w : pool->Snapshot()) {
       healthy += w.healthy ? 1 : 0;
-      sink.AddGauge("pd_router_worker_up", "1 while the worker is in the pool", w.healthy ? 1 : 0,
-                    {{"worker", w.address}});
+      sink.AddGauge("pd_router_worker_up", "1 while the worker is in the pool",
+                    w.healthy ? 1 : 0, {{"worker", w.address}});
       sink.AddGauge("pd_router_worker_inflight", "Streams this router has open on the worker",
                     static_cast<double>(w.inflight), {{"worker", w.address}});
       sink.AddGauge("pd_router_worker_queued_prefill_tokens",

@@ -17,8 +17,8 @@
 namespace pd::tierd {
 
 struct TierdConfig {
-  services::HostPort grpc_address{"127.0.0.1", 50071};    // TierService + health
-  services::HostPort metrics_address{"127.0.0.1", 9102};  // Prometheus /metrics
+  services::HostPort grpc_address{"127.0.0.1", 50071};     // TierService + health
+  services::HostPort metrics_address{"127.0.0.1", 9102};   // Prometheus /metrics
   // This node's name, as the node's workers report it (WorkerInfo.node_name) and as Redis
   // entries name it. Empty = the host name.
   std::string node_name;
@@ -28,7 +28,7 @@ struct TierdConfig {
   // compute them. Required.
   std::string model;
   std::string tokenizer;
-  int64_t block_size = 16;                         // tokens per block; must match the workers
+  int64_t block_size = 16;  // tokens per block; must match the workers
   kernels::DType kv_dtype = kernels::DType::kF32;  // KV cache dtype; must match the workers
   // The workers' --weight_dtype (int8 changes the fingerprint their blocks are kept under).
   engine::WeightDType weight_dtype = engine::WeightDType::kAuto;

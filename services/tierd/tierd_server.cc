@@ -58,17 +58,18 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   dram.block_bytes = layout.block_bytes();
   dram.num_slots = (config.dram_mib << 20) / SlotBytesFor(layout.block_bytes());
   if (dram.num_slots < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dram_mib ", config.dram_mib, " holds no block of ", layout.block_bytes(), " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dram_mib ", config.dram_mib, " holds no block of ", layout.block_bytes(),
+                     " bytes"));
   }
   dram.high_watermark = config.high_watermark;
   dram.low_watermark = config.low_watermark;
   dram.lease = config.lease;
   absl::StatusOr<std::unique_ptr<DramPool>> pool = DramPool::Create(dram);
   if (!pool.ok()) {
-    return absl::Status(pool.status().code(),
-                        absl::StrCat("--dram_mib ", config.dram_mib, " (", dram.num_slots,
-                                     " slots): ", pool.status().message()));
+    return absl::Status(pool.status().code(), absl::StrCat("--dram_mib ", config.dram_mib, " (",
+                                                           dram.num_slots, " slots): ",
+                                                           pool.status().message()));
   }
   s->dram_ = *std::move(pool);
 
@@ -76,14 +77,15 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     NvmeStoreConfig nvme;
     nvme.dir = config.nvme_dir;
     nvme.block_bytes = layout.block_bytes();
-    nvme.capacity_blocks =
-        std::max<int64_t>(1, (config.nvme_mib << 20) / SlotBytesFor(layout.block_bytes()));
+    nvme.capacity_blocks = std::max<int64_t>(1, (config.nvme_mib << 20) /
+                                                    SlotBytesFor(layout.block_bytes()));
     nvme.model_fingerprint = fingerprint;
     nvme.verify_on_open = config.nvme_verify_on_open;
     absl::StatusOr<std::unique_ptr<NvmeStore>> store = NvmeStore::Open(nvme);
     if (!store.ok()) {
-      return absl::Status(store.status().code(), absl::StrCat("--nvme_dir ", config.nvme_dir, ": ",
-                                                              store.status().message()));
+      return absl::Status(store.status().code(),
+                          absl::StrCat("--nvme_dir ", config.nvme_dir, ": ",
+                                       store.status().message()));
     }
     s->nvme_ = *std::move(store);
   }
@@ -109,8 +111,8 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     RedisIndexConfig ic;
     ic.node = s->node_;
     ic.entry_ttl = config.redis_entry_ttl;
-    absl::StatusOr<std::unique_ptr<RedisIndex>> index =
-        RedisIndex::Create(*config.redis, ic, [self] { return self->store_->Snapshot(); });
+    absl::StatusOr<std::unique_ptr<RedisIndex>> index = RedisIndex::Create(
+        *config.redis, ic, [self] { return self->store_->Snapshot(); });
     if (!index.ok()) {
       return absl::Status(index.status().code(),
                           absl::StrCat("--redis_address: ", index.status().message()));
@@ -165,8 +167,8 @@ std::string TierdServer::Describe() const {
       "tierd on node ", node_, " at ", address(),
       config_.tls.enabled() ? (config_.tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
                             : " (plaintext)",
-      config_.cluster_token_file.empty() ? "" : ", cluster token on", ": DRAM ", dram_->num_slots(),
-      " slots of ", dram_->block_bytes(), " bytes in ", dram_->shm_name());
+      config_.cluster_token_file.empty() ? "" : ", cluster token on", ": DRAM ", dram_->num_slots(), " slots of ",
+      dram_->block_bytes(), " bytes in ", dram_->shm_name());
   if (nvme_ != nullptr) {
     const NvmeStoreStats st = nvme_->Stats();
     absl::StrAppend(&out, ", NVMe ", st.capacity_blocks, " blocks in ", nvme_->dir(), " (",
@@ -174,10 +176,10 @@ std::string TierdServer::Describe() const {
   } else {
     absl::StrAppend(&out, ", no NVMe tier");
   }
-  absl::StrAppend(
-      &out, redis_index_ != nullptr
-                ? absl::StrCat(", redis index at ", config_.redis->host, ":", config_.redis->port)
-                : (sink_ != nullptr ? ", location index on" : ", no redis index"));
+  absl::StrAppend(&out, redis_index_ != nullptr
+                            ? absl::StrCat(", redis index at ", config_.redis->host, ":",
+                                           config_.redis->port)
+                            : (sink_ != nullptr ? ", location index on" : ", no redis index"));
   return out;
 }
 
@@ -287,7 +289,8 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
       sink.AddGauge("pd_tierd_blocks", "Blocks held per tier (DRAM: valid, i.e. readable)",
                     d(blocks), l);
       sink.AddGauge("pd_tierd_bytes", "Block bytes held per tier", d(bytes), l);
-      sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier", d(stored), l);
+      sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier", d(stored),
+                      l);
       sink.AddCounter("pd_tierd_evicted_blocks_total", "Blocks that left each tier to make room",
                       d(evicted), l);
       sink.AddCounter("pd_tierd_hit_blocks_total", "Blocks served to workers from each tier",

@@ -4,13 +4,13 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
-#include "kernels/type_names.h"
 #include "services/base/process_metrics.h"
 #include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
 #include "services/base/tls_flags.h"
 #include "services/worker/worker_server.h"
+#include "kernels/type_names.h"
 #include "transport/registry.h"
 
 ABSL_FLAG(std::string, role, "both", "prefill | decode | both (aggregated)");
