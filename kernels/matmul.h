@@ -11,6 +11,10 @@
 // thread of its own at first use, process-wide: parallelism comes from ctx.parallel only, so its
 // threads and ours never oversubscribe the cores.
 //
+// int8 weights (W8A8, see kernels/matmul_params.h): exact int32 dot products of quantized rows of
+// x and weight rows, AVX-512 VNNI (vpdpbusd), AVX2 or scalar; identical bits on every CPU path
+// and the reference, batch invariant. CPU only for now.
+//
 // CUDA: cuBLAS sgemm (f32 arithmetic, no TF32) on a per-thread, per-device handle; bias and
 // accumulate by a small kernel before the GEMM; bf16/f16 weights widened to f32 into the
 // (device) workspace one tile of output rows at a time (up to 32 MiB). Not batch invariant.
@@ -24,13 +28,15 @@
 namespace pd::kernels {
 
 // Errors: InvalidArgument for null pointers, non-positive sizes, strides smaller than the row
-// lengths, overlapping x/y, or a workspace smaller than MatMulWorkspaceBytes; Unimplemented when
-// no backend built for ctx.device supports w_dtype; Internal when a CUDA launch or cuBLAS call
-// fails.
+// lengths, overlapping x/y, a workspace smaller than MatMulWorkspaceBytes, int8 weights without
+// w_scales or with in_features > kMaxI8InFeatures, or fp8 weights; Unimplemented when no backend
+// built for ctx.device supports w_dtype (int8 weights on CUDA, for now); Internal when a CUDA
+// launch or cuBLAS call fails.
 absl::Status MatMul(const OpContext& ctx, const MatMulParams& p);
 
 // Workspace bytes MatMul(ctx, p) needs; depends on the shape, w_dtype, allow_blas, the CPU and
-// the number of threads in ctx.parallel (0 unless the sgemm path runs with bf16/f16 weights).
+// the number of threads in ctx.parallel (0 unless the sgemm path runs with bf16/f16 weights, or
+// the weights are int8: then the quantized rows of x, about num_rows * in_features bytes).
 // On kCuda: 0 for f32 weights, else one widened tile of device memory. An
 // engine can size one buffer for its largest layer and prefill chunk and pass it to every call.
 int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p);

@@ -13,9 +13,10 @@ namespace pd::kernels {
 // Where a tensor's memory lives. Decided when memory is placed, never per call.
 enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
 
-// Element types of activations, weights and KV caches. kI8 and kF8E4M3 are KV-cache dtypes only
-// (quantized per (token, kv head) row with an f32 scale stored in the block, see
-// kernels/attention_params.h); every other op rejects them.
+// Element types of activations, weights and KV caches. kI8 and kF8E4M3 are quantized KV-cache
+// dtypes (per (token, kv head) row with an f32 scale stored in the block, see
+// kernels/attention_params.h); kI8 is also a MatMul weight dtype (per output row scales, see
+// kernels/matmul_params.h). Every other op rejects them.
 enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI8 = 3, kF8E4M3 = 4 };
 
 // Bytes per element of `dtype` (for the quantized dtypes: of the data, without the scales).

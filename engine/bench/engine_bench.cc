@@ -107,7 +107,7 @@ Engine& GetEngine() {
     if (!weights.ok()) Die("weights", weights.status());
     e->weights = *std::move(weights);
     const ModelConfig& c = e->weights.config;
-    const int64_t dsize = kernels::DTypeSize(e->weights.dtype);
+    const int64_t dsize = kernels::DTypeSize(e->weights.embedding_dtype);
     for (const HfTensorRequirement& t : HfRequiredTensors(c)) {
       int64_t n = 1;
       for (int64_t d : t.shape) n *= d;

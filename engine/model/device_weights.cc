@@ -35,14 +35,20 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     return absl::InvalidArgumentError(
         absl::StrCat("device weights: ", host.layers.size(), " layers, config says ", c.n_layers));
   }
+  if (host.dtype == kernels::DType::kI8) {
+    // TODO(#18): upload the scales too once MatMul takes int8 weights on CUDA.
+    return absl::UnimplementedError("int8 weights are not implemented on CUDA yet (#18)");
+  }
   std::unique_ptr<DeviceWeights> d(new DeviceWeights());
   ModelWeights& v = d->view_;
   v.config = c;
   v.fingerprint = host.fingerprint;
   v.dtype = host.dtype;
+  v.embedding_dtype = host.embedding_dtype;
   v.layers.resize(c.n_layers);
 
   const int64_t w = kernels::DTypeSize(host.dtype);
+  const int64_t e = kernels::DTypeSize(host.embedding_dtype);
   const int64_t f = sizeof(float);
   const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
   std::vector<Piece> pieces;
@@ -59,7 +65,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     pieces.push_back({src, bytes, [field](const void* p) { *field = static_cast<Field>(p); }});
     return absl::OkStatus();
   };
-  PD_RETURN_IF_ERROR(add(host.embedding, c.vocab_size * dim * w, &v.embedding, true, "embedding"));
+  PD_RETURN_IF_ERROR(add(host.embedding, c.vocab_size * dim * e, &v.embedding, true, "embedding"));
   if (host.classifier != host.embedding) {
     PD_RETURN_IF_ERROR(
         add(host.classifier, c.vocab_size * dim * w, &v.classifier, true, "classifier"));

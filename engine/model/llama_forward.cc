@@ -14,6 +14,7 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "kernels/type_names.h"
 
 namespace pd::engine {
 namespace {
@@ -66,9 +67,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   PD_RETURN_IF_ERROR(kernels::CheckDeviceAvailable(ctx.device));
   if (!kernels::SupportsMatMul(ctx.device, weights->dtype) ||
       !kernels::SupportsAttention(ctx.device, pool.dtype)) {
-    return absl::UnimplementedError(absl::StrCat("no kernels on this device for weight dtype ",
-                                                 static_cast<int>(weights->dtype),
-                                                 " with kv dtype ", static_cast<int>(pool.dtype)));
+    return absl::UnimplementedError(absl::StrCat(
+        "no kernels on this device for weight dtype ", kernels::DTypeName(weights->dtype),
+        " with kv dtype ", kernels::DTypeName(pool.dtype)));
   }
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   const ModelConfig& c = f->config_;
@@ -233,11 +234,13 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
   return absl::OkStatus();
 }
 
-absl::Status LlamaForward::MatMul(const float* x, const void* w, const float* bias, float* y,
-                                  int64_t num_rows, int64_t in, int64_t out, bool accumulate) {
+absl::Status LlamaForward::MatMul(const float* x, const void* w, const float* w_scales,
+                                  const float* bias, float* y, int64_t num_rows, int64_t in,
+                                  int64_t out, bool accumulate) {
   kernels::MatMulParams p;
   p.x = x;
   p.w = w;
+  p.w_scales = w_scales;
   p.bias = bias;
   p.y = y;
   p.num_rows = num_rows;
@@ -340,7 +343,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
   int64_t row = 0;
   bool offsets = false;
   rope_positions_.resize(positions_.size());
-  const int64_t dsize = kernels::DTypeSize(weights_->dtype);
+  const int64_t dsize = kernels::DTypeSize(weights_->embedding_dtype);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     const ForwardSequence& seq = batch[slot.batch_index];
@@ -360,7 +363,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
                  static_cast<int64_t>(seq.tokens[j]) * c.dim * dsize;
       embed.out = &x_[row * c.dim];
       embed.n = c.dim;
-      embed.in_dtype = weights_->dtype;
+      embed.in_dtype = weights_->embedding_dtype;
       embed.out_dtype = DType::kF32;
       PD_RETURN_IF_ERROR(kernels::Convert(ctx_, embed));
     }
@@ -403,8 +406,8 @@ absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, floa
   PD_RETURN_IF_ERROR(
       RmsNormRows(ctx_, x_, weights_->final_norm, xb_, num_seqs, c.dim, c.rms_norm_eps));
   // MatMul with the classifier weights (the same dtype as every matrix).
-  PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, nullptr, logits_tmp_, num_seqs, c.dim,
-                            c.vocab_size, /*accumulate=*/false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, weights_->classifier_scales, nullptr,
+                            logits_tmp_, num_seqs, c.dim, c.vocab_size, /*accumulate=*/false));
   const int64_t vocab_bytes = c.vocab_size * static_cast<int64_t>(sizeof(float));
   for (int64_t i = 0; i < num_seqs; ++i) {
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, logits + slots_[i].batch_index * c.vocab_size,
@@ -422,9 +425,9 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
 
   // Attention block.
   PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.attn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.wq, w.bq, q_, num_tokens, c.dim, q_dim, false));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.wk, w.bk, k_, num_tokens, c.dim, c.kv_dim, false));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.wv, w.bv, v_, num_tokens, c.dim, c.kv_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wq, w.wq_scales, w.bq, q_, num_tokens, c.dim, q_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wk, w.wk_scales, w.bk, k_, num_tokens, c.dim, c.kv_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.wv, w.wv_scales, w.bv, v_, num_tokens, c.dim, c.kv_dim, false));
 
   kernels::RopeParams rope;
   rope.q = q_;
@@ -485,12 +488,14 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(kernels::PrefillAttention(ctx_, p));
   }
   // x += attn Wo
-  PD_RETURN_IF_ERROR(MatMul(att_, w.wo, nullptr, x_, num_tokens, q_dim, c.dim, true));
+  PD_RETURN_IF_ERROR(MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, q_dim, c.dim, true));
 
   // MLP block: x += W_down (silu(W_gate xb) * (W_up xb)).
   PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.ffn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, nullptr, gate_, num_tokens, c.dim, c.hidden_dim, false));
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_up, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, w.w_gate_scales, nullptr, gate_, num_tokens, c.dim,
+                            c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(
+      MatMul(xb_, w.w_up, w.w_up_scales, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
   kernels::SiluMulParams silu;
   silu.gate = gate_;
   silu.up = up_;
@@ -501,7 +506,8 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   silu.up_row_stride = c.hidden_dim;
   silu.out_row_stride = c.hidden_dim;
   PD_RETURN_IF_ERROR(kernels::SiluMul(ctx_, silu));
-  return MatMul(gate_, w.w_down, nullptr, x_, num_tokens, c.hidden_dim, c.dim, true);
+  return MatMul(gate_, w.w_down, w.w_down_scales, nullptr, x_, num_tokens, c.hidden_dim, c.dim,
+                true);
 }
 
 }  // namespace pd::engine

@@ -105,8 +105,9 @@ class LlamaForward {
                ForwardOptions options);
   absl::Status Validate(absl::Span<const ForwardSequence> batch) const;
   absl::Status Layer(int layer, int64_t num_tokens);
-  absl::Status MatMul(const float* x, const void* w, const float* bias, float* y, int64_t num_rows,
-                      int64_t in, int64_t out, bool accumulate);
+  // y (+)= x w^T + bias; w_scales: the per-row scales of int8 weights, else nullptr.
+  absl::Status MatMul(const float* x, const void* w, const float* w_scales, const float* bias,
+                      float* y, int64_t num_rows, int64_t in, int64_t out, bool accumulate);
   // Allocates scratch_ on ctx_.device and points the scratch pointers into it.
   absl::Status AllocateScratch();
   // Embeds the batch's tokens into x_, builds and (kCuda) uploads the metadata; returns the

@@ -103,4 +103,8 @@ struct ModelConfig {
 // machines and builds; changing it changes every fingerprint, so bump the version tag.
 std::string CanonicalConfigBytes(const ModelConfig& config);
 
+// Appended to a model's fingerprint when its linear matrices run as int8 (QuantizeWeightsInt8 on
+// the workers, ModelFront for pd-router and pd-tierd): int8 and unquantized workers never pair.
+inline constexpr char kInt8FingerprintSuffix[] = "+w8";
+
 }  // namespace pd::engine

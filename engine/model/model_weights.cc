@@ -1,7 +1,14 @@
 #include "engine/model/model_weights.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "kernels/convert.h"
+#include "kernels/matmul_params.h"
+#include "kernels/type_names.h"
 
 namespace pd::engine {
 
@@ -10,6 +17,7 @@ ModelWeights WeightsFromLlama2c(const Llama2cCheckpoint& checkpoint) {
   w.config = checkpoint.config();
   w.fingerprint = checkpoint.Fingerprint();
   w.dtype = kernels::DType::kF32;
+  w.embedding_dtype = kernels::DType::kF32;
   w.embedding = checkpoint.token_embedding();
   w.classifier = checkpoint.wcls();
   w.final_norm = checkpoint.rms_final();
@@ -57,6 +65,7 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
   w.config = model.config();
   w.fingerprint = model.Fingerprint();
   w.dtype = w.config.weight_dtype;
+  w.embedding_dtype = w.config.weight_dtype;
   w.embedding = model.embed_tokens().data;
   w.classifier = model.lm_head().data;
   PD_ASSIGN_OR_RETURN(w.final_norm, OwnedF32(model.norm(), &w));
@@ -78,6 +87,106 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
       PD_ASSIGN_OR_RETURN(lw.bk, OwnedF32(*hl.k_bias, &w));
       PD_ASSIGN_OR_RETURN(lw.bv, OwnedF32(*hl.v_bias, &w));
     }
+  }
+  return w;
+}
+
+int64_t MatrixWeightBytes(const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  const bool i8 = w.dtype == kernels::DType::kI8;
+  // One matrix of `rows` x `cols`, plus its scales when int8.
+  auto matrix = [&](int64_t rows, int64_t cols) {
+    return rows * cols * kernels::DTypeSize(w.dtype) + (i8 ? rows * 4 : 0);
+  };
+  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
+  int64_t total = int64_t{c.vocab_size} * dim * kernels::DTypeSize(w.embedding_dtype);
+  if (w.classifier != w.embedding) {
+    total += matrix(c.vocab_size, dim);
+  }
+  const int64_t layer = matrix(q, dim) + 2 * matrix(kv, dim) + matrix(dim, q) +
+                        2 * matrix(hidden, dim) + matrix(dim, hidden);
+  return total + layer * c.n_layers;
+}
+
+namespace {
+
+// Rows converted to f32 per step of QuantizeMatrix (bounds its scratch to ~4 MiB).
+constexpr int64_t kQuantizeChunkElements = int64_t{1} << 20;
+
+// An int8 copy of matrix `src` ([rows][cols] of `dtype`) with per-row scales, owned by `out`.
+absl::Status QuantizeMatrix(const void* src, kernels::DType dtype, int64_t rows, int64_t cols,
+                            ModelWeights* out, const void** q, const float** scales) {
+  auto codes = std::make_unique<uint8_t[]>(rows * cols);
+  auto row_scales = std::make_unique<float[]>(rows);
+  auto* codes_i8 = reinterpret_cast<int8_t*>(codes.get());
+  const int64_t chunk_rows = std::max<int64_t>(1, kQuantizeChunkElements / cols);
+  std::vector<float> f32;
+  for (int64_t r = 0; r < rows; r += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r);
+    const void* in = static_cast<const uint8_t*>(src) + r * cols * kernels::DTypeSize(dtype);
+    const float* values = static_cast<const float*>(in);
+    if (dtype != kernels::DType::kF32) {
+      f32.resize(n * cols);
+      kernels::ConvertParams p;
+      p.in = in;
+      p.out = f32.data();
+      p.n = n * cols;
+      p.in_dtype = dtype;
+      p.out_dtype = kernels::DType::kF32;
+      PD_RETURN_IF_ERROR(kernels::Convert(kernels::OpContext{}, p));
+      values = f32.data();
+    }
+    kernels::QuantizeRowsInt8(values, n, cols, codes_i8 + r * cols, row_scales.get() + r);
+  }
+  *q = codes.get();
+  *scales = row_scales.get();
+  out->owned_bytes.push_back(std::move(codes));
+  out->owned.push_back(std::move(row_scales));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
+  if (src.dtype != kernels::DType::kF32 && src.dtype != kernels::DType::kBF16 &&
+      src.dtype != kernels::DType::kF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize weights: matrices are ", kernels::DTypeName(src.dtype),
+                     "; int8 quantization takes f32, bf16 or f16 weights"));
+  }
+  const ModelConfig& c = src.config;
+  if (static_cast<int64_t>(src.layers.size()) != c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize weights: ", src.layers.size(), " layers, config says ", c.n_layers));
+  }
+  ModelWeights w;
+  w.config = c;
+  w.fingerprint = absl::StrCat(src.fingerprint, kInt8FingerprintSuffix);
+  w.dtype = kernels::DType::kI8;
+  w.embedding_dtype = src.embedding_dtype;
+  w.embedding = src.embedding;
+  w.final_norm = src.final_norm;
+  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
+  // A tied classifier is the embedding table, stored as embedding_dtype (== dtype).
+  PD_RETURN_IF_ERROR(QuantizeMatrix(src.classifier, src.dtype, c.vocab_size, dim, &w, &w.classifier,
+                                    &w.classifier_scales));
+  w.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& s = src.layers[l];
+    LayerWeights& o = w.layers[l];
+    o.attn_norm = s.attn_norm;
+    o.ffn_norm = s.ffn_norm;
+    o.bq = s.bq;
+    o.bk = s.bk;
+    o.bv = s.bv;
+    const kernels::DType d = src.dtype;
+    PD_RETURN_IF_ERROR(QuantizeMatrix(s.wq, d, q, dim, &w, &o.wq, &o.wq_scales));
+    PD_RETURN_IF_ERROR(QuantizeMatrix(s.wk, d, kv, dim, &w, &o.wk, &o.wk_scales));
+    PD_RETURN_IF_ERROR(QuantizeMatrix(s.wv, d, kv, dim, &w, &o.wv, &o.wv_scales));
+    PD_RETURN_IF_ERROR(QuantizeMatrix(s.wo, d, dim, q, &w, &o.wo, &o.wo_scales));
+    PD_RETURN_IF_ERROR(QuantizeMatrix(s.w_gate, d, hidden, dim, &w, &o.w_gate, &o.w_gate_scales));
+    PD_RETURN_IF_ERROR(QuantizeMatrix(s.w_up, d, hidden, dim, &w, &o.w_up, &o.w_up_scales));
+    PD_RETURN_IF_ERROR(QuantizeMatrix(s.w_down, d, dim, hidden, &w, &o.w_down, &o.w_down_scales));
   }
   return w;
 }

@@ -3,9 +3,12 @@
 //
 // Large matrices stay where the loader mapped them (no copies); small vectors the kernels need
 // in f32 (norm weights, biases) are converted once into storage owned here. The loader object
-// must outlive the ModelWeights. Immutable after construction: thread-safe to share.
+// must outlive the ModelWeights. QuantizeWeightsInt8 derives a view whose linear matrices are
+// int8 copies with per-row scales (owned by it), for W8A8 matmuls (kernels/matmul_params.h).
+// Immutable after construction: thread-safe to share.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,19 +34,43 @@ struct LayerWeights {
   const void* w_gate = nullptr;      // [hidden_dim][dim]
   const void* w_up = nullptr;        // [hidden_dim][dim]
   const void* w_down = nullptr;      // [dim][hidden_dim]
+  // Per-output-row scales of the matrices above when ModelWeights::dtype is kI8, else nullptr.
+  const float* wq_scales = nullptr;      // [q_dim]
+  const float* wk_scales = nullptr;      // [kv_dim]
+  const float* wv_scales = nullptr;      // [kv_dim]
+  const float* wo_scales = nullptr;      // [dim]
+  const float* w_gate_scales = nullptr;  // [hidden_dim]
+  const float* w_up_scales = nullptr;    // [hidden_dim]
+  const float* w_down_scales = nullptr;  // [dim]
 };
 
 struct ModelWeights {
   ModelConfig config;
-  std::string fingerprint;                      // the loader's model fingerprint (hex)
-  kernels::DType dtype = kernels::DType::kF32;  // storage type of every matrix
-  const void* embedding = nullptr;              // [vocab][dim]
-  const void* classifier = nullptr;             // [vocab][dim]; == embedding when shared
-  const float* final_norm = nullptr;            // [dim]
-  std::vector<LayerWeights> layers;             // n_layers
-  // Owned f32 copies backing some of the pointers above (norms, biases of bf16/f16 models).
+  // The loader's model fingerprint (hex), with "+w8" appended by QuantizeWeightsInt8: workers
+  // pair only when they run the same weights, quantized the same way.
+  std::string fingerprint;
+  // Storage type of every linear matrix (wq ... w_down, classifier): f32, bf16, f16, or kI8 with
+  // per-row f32 scales (the *_scales pointers).
+  kernels::DType dtype = kernels::DType::kF32;
+  // Storage type of the embedding table (gathered row by row, never a MatMul operand): f32,
+  // bf16 or f16. Equals dtype unless the matrices were quantized.
+  kernels::DType embedding_dtype = kernels::DType::kF32;
+  const void* embedding = nullptr;           // [vocab][dim], of embedding_dtype
+  const void* classifier = nullptr;          // [vocab][dim]; == embedding when shared (then
+                                             // dtype == embedding_dtype)
+  const float* classifier_scales = nullptr;  // [vocab] when dtype is kI8, else nullptr
+  const float* final_norm = nullptr;         // [dim]
+  std::vector<LayerWeights> layers;          // n_layers
+  // Owned f32 copies backing some of the pointers above (norms, biases of bf16/f16 models; the
+  // scales of int8 matrices).
   std::vector<std::unique_ptr<float[]>> owned;
+  // Owned bytes backing other matrices (the int8 codes made by QuantizeWeightsInt8).
+  std::vector<std::unique_ptr<uint8_t[]>> owned_bytes;
 };
+
+// Bytes of the linear matrices (with their scales) and of the embedding table: what a forward
+// pass streams per decode step, and what a weight dtype changes. A shared classifier counts once.
+int64_t MatrixWeightBytes(const ModelWeights& w);
 
 // Views into a llama2.c checkpoint (f32, no copies). `checkpoint` must outlive the result.
 ModelWeights WeightsFromLlama2c(const Llama2cCheckpoint& checkpoint);
@@ -51,5 +78,13 @@ ModelWeights WeightsFromLlama2c(const Llama2cCheckpoint& checkpoint);
 // Views into a Hugging Face model (matrices in the checkpoint's dtype, no copies; norm weights
 // and biases converted to f32). `model` must outlive the result. Internal if a conversion fails.
 absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model);
+
+// W8A8 weights (kernels/matmul_params.h): every linear matrix of `src` (wq, wk, wv, wo, w_gate,
+// w_up, w_down, classifier) quantized per output row to int8 with f32 scales, all owned by the
+// result; a classifier tied to the embedding gets its own int8 copy. The embedding (a gather),
+// norms and biases stay views of src's storage: src, and whatever it views, must outlive the
+// result. The fingerprint is src's with "+w8" appended. InvalidArgument if src is already int8
+// or its matrices are not f32, bf16 or f16.
+absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src);
 
 }  // namespace pd::engine

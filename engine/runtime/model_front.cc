@@ -11,8 +11,24 @@
 
 namespace pd::engine {
 
+absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name) {
+  if (name == "auto") {
+    return WeightDType::kAuto;
+  }
+  if (name == "int8") {
+    return WeightDType::kInt8;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--weight_dtype must be auto or int8, got \"", name, "\""));
+}
+
+absl::string_view WeightDTypeName(WeightDType dtype) {
+  return dtype == WeightDType::kInt8 ? "int8" : "auto";
+}
+
 absl::StatusOr<std::unique_ptr<ModelFront>> ModelFront::Load(const std::string& model,
-                                                             const std::string& tokenizer) {
+                                                             const std::string& tokenizer,
+                                                             WeightDType weight_dtype) {
   std::unique_ptr<ModelFront> f(new ModelFront());
   struct stat st;
   if (model.empty() || ::stat(model.c_str(), &st) != 0) {
@@ -38,6 +54,9 @@ absl::StatusOr<std::unique_ptr<ModelFront>> ModelFront::Load(const std::string& 
     PD_ASSIGN_OR_RETURN(Llama2cTokenizer tok,
                         Llama2cTokenizer::Load(tokenizer, f->config_.vocab_size));
     f->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
+  }
+  if (weight_dtype == WeightDType::kInt8) {
+    f->fingerprint_ += kInt8FingerprintSuffix;  // as QuantizeWeightsInt8 does on the workers
   }
   return f;
 }

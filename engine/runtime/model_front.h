@@ -5,22 +5,39 @@
 // Immutable after Load; thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/model/model_config.h"
 #include "engine/model/tokenizer.h"
 
 namespace pd::engine {
 
+// How the linear matrices are stored (--weight_dtype). kAuto: as in the checkpoint. kInt8: each
+// quantized at load to int8 with per-row scales (W8A8 matmuls, kernels/matmul_params.h; about
+// half the bytes of bf16 per decode step, CPU only for now); the fingerprint gets "+w8"
+// (kInt8FingerprintSuffix) on every process given the flag: workers, pd-router and pd-tierd of a
+// cluster must agree, as for
+// --kv_dtype.
+enum class WeightDType : uint8_t { kAuto = 0, kInt8 = 1 };
+
+// "auto" -> kAuto, "int8" -> kInt8; InvalidArgument listing the accepted names otherwise.
+absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name);
+// "auto" or "int8".
+absl::string_view WeightDTypeName(WeightDType dtype);
+
 class ModelFront {
  public:
   // `model` is a Hugging Face directory or a llama2.c checkpoint (then `tokenizer` is its
-  // tokenizer.bin; for directories an empty `tokenizer` means DIR/tokenizer.json). Errors as
+  // tokenizer.bin; for directories an empty `tokenizer` means DIR/tokenizer.json).
+  // `weight_dtype` is the workers' --weight_dtype (it changes their fingerprint). Errors as
   // ModelRuntime::Create.
-  static absl::StatusOr<std::unique_ptr<ModelFront>> Load(const std::string& model,
-                                                          const std::string& tokenizer);
+  static absl::StatusOr<std::unique_ptr<ModelFront>> Load(
+      const std::string& model, const std::string& tokenizer,
+      WeightDType weight_dtype = WeightDType::kAuto);
 
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }

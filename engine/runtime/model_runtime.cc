@@ -6,12 +6,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "engine/memory/device_kv_pool.h"
 #include "engine/model/hf_tokenizer.h"
 #include "engine/model/llama2c_tokenizer.h"
 #include "kernels/attention.h"
+#include "kernels/matmul.h"
 #include "kernels/type_names.h"
 
 namespace pd::engine {
@@ -29,6 +32,10 @@ absl::Status ModelRuntimeConfig::Validate() const {
   }
   if (threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads));
+  }
+  if (weight_dtype == WeightDType::kInt8 && !kernels::SupportsMatMul(device, kernels::DType::kI8)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_dtype int8 is not supported on ", DeviceName(device), " yet (#18)"));
   }
   if (!kernels::SupportsAttention(device, kv_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_dtype ", kernels::DTypeName(kv_dtype),
@@ -53,6 +60,26 @@ absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name) {
 absl::string_view DeviceName(kernels::Device device) {
   return device == kernels::Device::kCuda ? "cuda" : "cpu";
 }
+
+namespace {
+
+// Replaces *weights by its int8 quantization; the loaded weights move to *loaded, which the
+// quantized ones still view. Logs the time it took and the matrix bytes before and after.
+absl::Status QuantizeAtLoad(ModelWeights* weights, ModelWeights* loaded) {
+  const absl::Time start = absl::Now();
+  PD_ASSIGN_OR_RETURN(ModelWeights quantized, QuantizeWeightsInt8(*weights));
+  constexpr double kMiB = 1 << 20;
+  LOG(INFO) << "weights quantized to int8 in " << absl::ToDoubleMilliseconds(absl::Now() - start)
+            << " ms: matrices and embedding " << MatrixWeightBytes(*weights) / kMiB << " MiB ("
+            << kernels::DTypeName(weights->dtype) << ") -> " << MatrixWeightBytes(quantized) / kMiB
+            << " MiB (int8 + scales, embedding " << kernels::DTypeName(quantized.embedding_dtype)
+            << ")";
+  *loaded = std::move(*weights);  // moves keep the owned arrays (and the views into them) valid
+  *weights = std::move(quantized);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size,
                                    kernels::DType kv_dtype) {
@@ -87,6 +114,9 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     PD_ASSIGN_OR_RETURN(Llama2cTokenizer tok,
                         Llama2cTokenizer::Load(config.tokenizer, rt->weights_.config.vocab_size));
     rt->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
+  }
+  if (config.weight_dtype == WeightDType::kInt8) {
+    PD_RETURN_IF_ERROR(QuantizeAtLoad(&rt->weights_, &rt->loaded_weights_));
   }
   rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size, config.kv_dtype);
   // The block-hash seed names the cache dtype: blocks of different dtypes never match.
@@ -152,10 +182,11 @@ std::string ModelRuntime::Describe() const {
   const ModelConfig& c = weights_.config;
   return absl::StrCat("model ", config_.model, " (", ArchitectureName(c.architecture), ", ",
                       c.n_layers, " layers, dim ", c.dim, ", vocab ", c.vocab_size, ", context ",
-                      c.seq_len, ", fingerprint ", weights_.fingerprint.substr(0, 12),
-                      "), kv pool ", config_.kv_blocks, " blocks x ", config_.block_size,
-                      " tokens (", memory_->size_bytes() >> 20, " MiB) on ",
-                      DeviceName(config_.device));
+                      c.seq_len, ", weights ", kernels::DTypeName(weights_.dtype), ", fingerprint ",
+                      weights_.fingerprint.substr(0, 12),
+                      weights_.dtype == kernels::DType::kI8 ? "+w8" : "", "), kv pool ",
+                      config_.kv_blocks, " blocks x ", config_.block_size, " tokens (",
+                      memory_->size_bytes() >> 20, " MiB) on ", DeviceName(config_.device));
 }
 
 }  // namespace pd::engine

@@ -25,6 +25,7 @@
 #include "engine/model/llama_forward.h"
 #include "engine/model/model_weights.h"
 #include "engine/model/tokenizer.h"
+#include "engine/runtime/model_front.h"
 #include "engine/scheduler/scheduler.h"
 #include "kernels/device_memory.h"
 
@@ -45,6 +46,8 @@ struct ModelRuntimeConfig {
   // and decode workers, the node's tiers) and of the block-hash seed (scheduler.kv_dtype is set
   // from it), so caches of different dtypes never mix. The device must support it.
   kernels::DType kv_dtype = kernels::DType::kF32;
+  // --weight_dtype (engine/runtime/model_front.h): int8 quantizes the linear matrices at load.
+  WeightDType weight_dtype = WeightDType::kAuto;
   SchedulerConfig scheduler;
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
   // = none. Not owned; must outlive the runtime.
@@ -81,7 +84,8 @@ class ModelRuntime {
   // one (naming the file and the problem), ResourceExhausted when the KV pool cannot be mapped
   // or allocated. With device cuda: Unimplemented naming PD_ENABLE_CUDA in a build without
   // CUDA, FailedPrecondition "no CUDA device" where none is usable (both before the model is
-  // loaded), Internal for a failed upload.
+  // loaded), Internal for a failed upload; InvalidArgument for weight_dtype int8 on cuda (not
+  // implemented there yet, #18).
   static absl::StatusOr<std::unique_ptr<ModelRuntime>> Create(ModelRuntimeConfig config);
   ~ModelRuntime();
 
@@ -105,6 +109,9 @@ class ModelRuntime {
   ModelRuntimeConfig config_;
   std::unique_ptr<Llama2cCheckpoint> llama2c_;
   std::unique_ptr<HfModel> hf_;
+  // With weight_dtype int8: the loaded weights, which the quantized weights_ still view (norms,
+  // biases, embedding). Empty otherwise.
+  ModelWeights loaded_weights_;
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   kvcache::KvLayout layout_;

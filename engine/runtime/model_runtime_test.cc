@@ -22,6 +22,39 @@ TEST(ModelRuntimeTest, ParsesDeviceNames) {
   EXPECT_EQ(DeviceName(kernels::Device::kCuda), "cuda");
 }
 
+TEST(ModelRuntimeTest, ParsesWeightDTypes) {
+  EXPECT_EQ(*ParseWeightDType("auto"), WeightDType::kAuto);
+  EXPECT_EQ(*ParseWeightDType("int8"), WeightDType::kInt8);
+  const absl::Status bad = ParseWeightDType("int4").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("--weight_dtype must be auto or int8"));
+  EXPECT_EQ(WeightDTypeName(WeightDType::kInt8), "int8");
+}
+
+// --weight_dtype int8: a different fingerprint (so it never pairs with an f32 worker; ModelFront
+// given the flag agrees), and the
+// same greedy tokens as f32 on a short generation (quantize_weights_test measures how far).
+TEST(ModelRuntimeTest, Int8WeightsChangeTheFingerprintNotTheShortGreedyOutput) {
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> f32 =
+      ModelRuntime::Create(testing::StoriesConfig(kernels::Device::kCpu));
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ModelRuntimeConfig config = testing::StoriesConfig(kernels::Device::kCpu);
+  config.weight_dtype = WeightDType::kInt8;
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> i8 = ModelRuntime::Create(config);
+  ASSERT_TRUE(i8.ok()) << i8.status();
+  EXPECT_EQ((*i8)->fingerprint(), (*f32)->fingerprint() + "+w8");
+  // What pd-router and pd-tierd compute when told --weight_dtype int8.
+  absl::StatusOr<std::unique_ptr<ModelFront>> front =
+      ModelFront::Load(config.model, config.tokenizer, WeightDType::kInt8);
+  ASSERT_TRUE(front.ok()) << front.status();
+  EXPECT_EQ((*front)->fingerprint(), (*i8)->fingerprint());
+  EXPECT_THAT((*i8)->Describe(), HasSubstr("weights i8"));
+  std::vector<testing::Generated> a = testing::GreedyAll(f32->get(), {{1, 403, 407}}, 8);
+  std::vector<testing::Generated> b = testing::GreedyAll(i8->get(), {{1, 403, 407}}, 8);
+  ASSERT_TRUE(b[0].status.ok()) << b[0].status;
+  EXPECT_EQ(a[0].tokens, b[0].tokens);
+}
+
 TEST(ModelRuntimeTest, CpuRuntimeExposesItsHostPoolThroughKvMemory) {
   absl::StatusOr<std::unique_ptr<ModelRuntime>> rt =
       ModelRuntime::Create(testing::StoriesConfig(kernels::Device::kCpu));

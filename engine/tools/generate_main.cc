@@ -30,6 +30,8 @@ ABSL_FLAG(int64_t, kv_sink_tokens, 0,
 ABSL_FLAG(int64_t, kv_window_tokens, 0,
           "sink + window KV policy: recent tokens kept (whole blocks), the rest dropped, so "
           "--max_tokens may exceed the model's context; 0 = off (CPU only)");
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "linear weights: auto (as stored) | int8 (quantized at load, W8A8; cpu only)");
 
 namespace {
 
@@ -59,6 +61,12 @@ int main(int argc, char** argv) {
     Fail(absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message())));
   }
   config.kv_dtype = *kv_dtype;
+  absl::StatusOr<pd::engine::WeightDType> weight_dtype =
+      pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype));
+  if (!weight_dtype.ok()) {
+    Fail(weight_dtype.status());
+  }
+  config.weight_dtype = *weight_dtype;
   config.scheduler.max_running = 1;
   config.scheduler.kv_sink_tokens = absl::GetFlag(FLAGS_kv_sink_tokens);
   config.scheduler.kv_window_tokens = absl::GetFlag(FLAGS_kv_window_tokens);

@@ -211,6 +211,79 @@ BENCHMARK(BM_MatMul)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// ---- int8 vs bf16 weights at the 1b preset's decode and prefill shapes -------------------------
+// Args: m, out, in, dtype (1 = bf16, 3 = int8), threads. Cold weights (copies >= 256 MiB, so
+// every call reads them from DRAM, as a forward pass over all layers does); bytes_per_second
+// counts the weight bytes read per call (int8: codes plus scales), FLOPS 2 * m * n * k.
+void BM_MatMulWeightDType(benchmark::State& state) {
+  const int64_t m = state.range(0), out = state.range(1), in = state.range(2);
+  const DType dtype = static_cast<DType>(state.range(3));
+  const OpContext ctx = Context(static_cast<int>(state.range(4)));
+  const bool i8 = dtype == DType::kI8;
+  const int64_t w_bytes = out * in * DTypeSize(dtype) + (i8 ? out * 4 : 0);
+  const int64_t copies = std::max<int64_t>(1, (int64_t{256} << 20) / w_bytes + 1);
+  std::vector<std::vector<uint8_t>> weights;
+  std::vector<std::vector<float>> scales(copies);
+  for (int64_t c = 0; c < copies; ++c) {
+    if (i8) {
+      const std::vector<uint8_t> f = RandomBytesAs(out * in, DType::kF32, static_cast<uint32_t>(c));
+      weights.emplace_back(out * in);
+      scales[c].resize(out);
+      QuantizeRowsInt8(reinterpret_cast<const float*>(f.data()), out, in,
+                       reinterpret_cast<int8_t*>(weights.back().data()), scales[c].data());
+    } else {
+      weights.push_back(RandomBytesAs(out * in, dtype, static_cast<uint32_t>(c)));
+    }
+  }
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(m * in), y(m * out);
+  for (float& v : x) {
+    v = dist(rng);
+  }
+  MatMulParams p;
+  p.x = x.data();
+  p.y = y.data();
+  p.num_rows = m;
+  p.in_features = in;
+  p.out_features = out;
+  p.x_row_stride = in;
+  p.y_row_stride = out;
+  p.w_dtype = dtype;
+  std::vector<uint8_t> workspace(MatMulWorkspaceBytes(ctx, p));
+  p.workspace = workspace.data();
+  p.workspace_bytes = static_cast<int64_t>(workspace.size());
+  int64_t i = 0;
+  for (auto _ : state) {
+    const int64_t c = i++ % copies;
+    p.w = weights[c].data();
+    p.w_scales = i8 ? scales[c].data() : nullptr;
+    benchmark::DoNotOptimize(MatMul(ctx, p));
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * w_bytes);
+  state.counters["FLOPS"] = benchmark::Counter(static_cast<double>(2 * m * out * in),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void WeightDTypeArgs(benchmark::internal::Benchmark* b) {
+  const std::pair<int64_t, int64_t> shapes[] = {{8192, 2048}, {2048, 8192}};
+  for (int64_t m : {1, 16, 128}) {
+    for (auto [out, in] : shapes) {
+      for (int dtype : {1, 3}) {
+        for (int threads : {1, 2}) {
+          b->Args({m, out, in, dtype, threads});
+        }
+      }
+    }
+  }
+  b->ArgNames({"m", "out", "in", "dtype", "threads"});
+}
+BENCHMARK(BM_MatMulWeightDType)
+    ->Apply(WeightDTypeArgs)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 // ---- Decode attention: B sequences of ctx tokens, Llama-3.2-1B heads ----------------------------
 // A paged pool of `batch` sequences of `context` tokens in cache `dtype` (shuffled block tables)
 // and the DecodeAttention parameters over it; shared by the benchmarks below.

@@ -25,6 +25,10 @@ void MatMul(const OpContext& ctx, const MatMulParams& p);
 void MatMulDirectForTest(const OpContext& ctx, const MatMulParams& p);
 void MatMulGemmForTest(const OpContext& ctx, const MatMulParams& p);  // workspace as below
 int64_t MatMulGemmWorkspaceBytesForTest(const OpContext& ctx, const MatMulParams& p);
+// int8 weights (kernels/cpu/matmul_i8.cc), called by MatMul: the quantized rows of x and their
+// scales live in the workspace.
+int64_t MatMulI8WorkspaceBytes(const MatMulParams& p);
+void MatMulI8(const OpContext& ctx, const MatMulParams& p);
 
 void Rope(const OpContext& ctx, const RopeParams& p);
 

@@ -32,6 +32,18 @@ Isa DetectedIsa() {
   return detected;
 }
 
+bool UseAvx512Vnni() {
+#if PD_CPU_X86
+  static const bool has_vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  return has_vnni && ActiveIsa() == Isa::kAvx512;
+#else
+  return false;
+#endif
+}
+
 Isa ActiveIsa() { return Active().load(std::memory_order_relaxed); }
 
 void SetIsaForTest(Isa isa) {

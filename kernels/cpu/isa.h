@@ -24,6 +24,10 @@ void SetIsaForTest(Isa isa);
 
 const char* IsaName(Isa isa);
 
+// Whether the int8 MatMul may use AVX-512 VNNI (vpdpbusd): ActiveIsa() is kAvx512 and the CPU
+// has avx512vnni. Without it the kAvx512 int8 path runs the AVX2 code. Thread-safe.
+bool UseAvx512Vnni();
+
 }  // namespace pd::kernels::cpu
 
 #if defined(__x86_64__)
@@ -37,10 +41,12 @@ const char* IsaName(Isa isa);
 #if PD_CPU_X86 && defined(__clang__)
 #define PD_BEGIN_TARGET_AVX2 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
 #define PD_BEGIN_TARGET_AVX512 _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\"))), apply_to = function)")
+#define PD_BEGIN_TARGET_AVX512VNNI _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c\"))), apply_to = function)")
 #define PD_END_TARGET _Pragma("clang attribute pop")
 #elif PD_CPU_X86
 #define PD_BEGIN_TARGET_AVX2 _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
 #define PD_BEGIN_TARGET_AVX512 _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\")")
+#define PD_BEGIN_TARGET_AVX512VNNI _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c\")")
 #define PD_END_TARGET _Pragma("GCC pop_options")
 #endif
 // clang-format on

@@ -134,6 +134,9 @@ int64_t MatMulGemmWorkspaceBytesForTest(const OpContext& ctx, const MatMulParams
 }
 
 int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p) {
+  if (p.w_dtype == DType::kI8) {
+    return MatMulI8WorkspaceBytes(p);
+  }
   return UseGemm(p) ? MatMulGemmWorkspaceBytesForTest(ctx, p) : 0;
 }
 
@@ -141,7 +144,9 @@ void MatMulDirectForTest(const OpContext& ctx, const MatMulParams& p) { MatMulDi
 void MatMulGemmForTest(const OpContext& ctx, const MatMulParams& p) { MatMulGemm(ctx, p); }
 
 void MatMul(const OpContext& ctx, const MatMulParams& p) {
-  if (UseGemm(p)) {
+  if (p.w_dtype == DType::kI8) {
+    MatMulI8(ctx, p);
+  } else if (UseGemm(p)) {
     MatMulGemm(ctx, p);
   } else {
     MatMulDirect(ctx, p);

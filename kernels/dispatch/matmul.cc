@@ -23,8 +23,11 @@ using dispatch_internal::Overlaps;
 using dispatch_internal::Span;
 
 bool SupportsMatMul(Device device, DType w_dtype) {
+  if (w_dtype == DType::kI8) {
+    return device == Device::kCpu;  // TODO(#18): int8 weights on CUDA
+  }
   if (!IsDenseDType(w_dtype)) {
-    return false;  // both backends take f32, bf16 and f16 weights only
+    return false;  // f32, bf16 and f16 weights, and int8 (above); fp8 is KV-cache-only
   }
   switch (device) {
     case Device::kCpu:
@@ -53,7 +56,19 @@ absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
   if (p.x == nullptr || p.w == nullptr || p.y == nullptr) {
     return absl::InvalidArgumentError("matmul: null x, w or y");
   }
-  PD_RETURN_IF_ERROR(CheckDenseDType("matmul", "weight", p.w_dtype));
+  if (p.w_dtype == DType::kI8) {
+    if (p.w_scales == nullptr) {
+      return absl::InvalidArgumentError(
+          "matmul: w_scales is required with int8 weights (w_dtype i8)");
+    }
+    if (p.in_features > kMaxI8InFeatures) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("matmul: in_features ", p.in_features, " above ", kMaxI8InFeatures,
+                       " with int8 weights (the int32 sums could overflow)"));
+    }
+  } else {
+    PD_RETURN_IF_ERROR(CheckDenseDType("matmul", "weight", p.w_dtype));
+  }
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();  // BLAS takes int
   if (p.num_rows <= 0 || p.in_features <= 0 || p.out_features <= 0 || p.num_rows > kMaxInt ||
       p.in_features > kMaxInt || p.out_features > kMaxInt) {
@@ -74,6 +89,9 @@ absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
     return absl::InvalidArgumentError("matmul: y overlaps x, w or bias");
   }
   if (!SupportsMatMul(ctx.device, p.w_dtype)) {
+    if (p.w_dtype == DType::kI8 && ctx.device == Device::kCuda) {
+      return absl::UnimplementedError("int8 weights are not implemented on CUDA yet (#18)");
+    }
     return NoBackend("matmul", ctx.device, p.w_dtype);
   }
   const int64_t need = MatMulWorkspaceBytes(ctx, p);

@@ -21,7 +21,8 @@ void RmsNorm(const RmsNormParams& p);
 // Element by element through kernels/half.h.
 void Convert(const ConvertParams& p);
 
-// Double accumulation; ignores the workspace.
+// Double accumulation; ignores the workspace. int8 weights: exact int64 sums, then the f32
+// epilogue of kernels/matmul_params.h (the CPU kernels match it bit for bit).
 void MatMul(const MatMulParams& p);
 
 // Angles and rotation in double.

@@ -37,6 +37,9 @@ ABSL_FLAG(int, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "the workers' KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (block hashes include "
           "it; a worker of another dtype stays out of the pool)");
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "the workers' --weight_dtype: auto | int8 (int8 workers report the model fingerprint "
+          "with \"+w8\")");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "SIGTERM drain bound");
 ABSL_FLAG(uint32_t, max_prompt_tokens, 131072, "largest accepted token-id prompt");
 ABSL_FLAG(uint32_t, max_tokens_limit, 131072, "largest accepted sampling.max_tokens");
@@ -123,6 +126,8 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
   }
   config.kv_dtype = *kv_dtype;
+  PD_ASSIGN_OR_RETURN(config.weight_dtype,
+                      pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
   config.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   config.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
   config.limits.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);

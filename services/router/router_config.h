@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/redis/redis_client.h"
+#include "engine/runtime/model_front.h"
 #include "kernels/types.h"
 #include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
@@ -33,6 +34,9 @@ struct RouterConfig {
   // The workers' KV cache dtype (--kv_dtype): part of the block-hash seed, and a worker whose
   // layout has another dtype stays out of the pool.
   kernels::DType kv_dtype = kernels::DType::kF32;
+  // The workers' --weight_dtype: int8 changes the fingerprint they report (and the block-hash
+  // seed), so the router must be told too.
+  engine::WeightDType weight_dtype = engine::WeightDType::kAuto;
   // How long SIGTERM waits for in-flight streams before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
   RequestLimits limits;

@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
               << api_keys->num_tenants() << " tenants";
   }
   absl::StatusOr<std::unique_ptr<engine::ModelFront>> model =
-      engine::ModelFront::Load(config.model, config.tokenizer);
+      engine::ModelFront::Load(config.model, config.tokenizer, config.weight_dtype);
   if (!model.ok()) {
     return absl::Status(model.status().code(),
                         absl::StrCat("--model: ", model.status().message()));

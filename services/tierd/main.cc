@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, tokenizer, "", "tokenizer.bin of a llama2.c checkpoint");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (must match the workers)");
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "the workers' --weight_dtype: auto | int8 (int8 workers report the model fingerprint "
+          "with \"+w8\")");
 ABSL_FLAG(int64_t, dram_mib, 1024, "DRAM tier size in MiB (POSIX shared memory)");
 ABSL_FLAG(std::string, shm_name, "",
           "shared-memory object of the DRAM tier; empty = /pdserve-NODE-g2");
@@ -63,6 +66,8 @@ absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
   }
   c.kv_dtype = *kv_dtype;
+  PD_ASSIGN_OR_RETURN(c.weight_dtype,
+                      pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
   c.dram_mib = absl::GetFlag(FLAGS_dram_mib);
   c.shm_name = absl::GetFlag(FLAGS_shm_name);
   c.high_watermark = absl::GetFlag(FLAGS_high_watermark);

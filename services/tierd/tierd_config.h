@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/redis/redis_client.h"
+#include "engine/runtime/model_front.h"
 #include "kernels/types.h"
 #include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
@@ -29,6 +30,8 @@ struct TierdConfig {
   std::string tokenizer;
   int64_t block_size = 16;  // tokens per block; must match the workers
   kernels::DType kv_dtype = kernels::DType::kF32;  // KV cache dtype; must match the workers
+  // The workers' --weight_dtype (int8 changes the fingerprint their blocks are kept under).
+  engine::WeightDType weight_dtype = engine::WeightDType::kAuto;
 
   // DRAM tier: shared-memory pool of dram_mib MiB (rounded down to whole slots, >= 1 slot).
   int64_t dram_mib = 1024;

@@ -42,7 +42,7 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
 
   // The layout and fingerprint exactly as the workers compute them.
   absl::StatusOr<std::unique_ptr<engine::ModelFront>> front =
-      engine::ModelFront::Load(config.model, config.tokenizer);
+      engine::ModelFront::Load(config.model, config.tokenizer, config.weight_dtype);
   if (!front.ok()) {
     return absl::Status(front.status().code(),
                         absl::StrCat("--model ", config.model, ": ", front.status().message()));

@@ -40,6 +40,9 @@ ABSL_FLAG(int64_t, kv_window_tokens, 0,
           "sink + window KV policy: keep the most recent N tokens (rounded up to whole blocks) "
           "besides the sinks and drop the blocks in between, so a sequence generates past the "
           "model's context in flat memory (max_tokens then bounds it); 0 = off. CPU only");
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "linear weights: auto (as stored) | int8 (quantized at load, W8A8, cpu only; the model "
+          "fingerprint gets \"+w8\", so prefill and decode workers must agree)");
 ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
 ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
 ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");
@@ -86,6 +89,8 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
   }
   c.runtime.kv_dtype = *kv_dtype;
+  PD_ASSIGN_OR_RETURN(c.runtime.weight_dtype,
+                      pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
   c.runtime.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   c.runtime.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);
