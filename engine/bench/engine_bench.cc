@@ -9,6 +9,8 @@
 //                              every sequence, all layers. Ceiling: STREAM triad a = b + s * c
 //                              over three 1 GiB f32 arrays (the median of 5 passes, counting
 //                              3 * 4 bytes per element as STREAM does).
+//   BM_Decode/batch/threads/w8  w8 = 1: the same with int8 weights (QuantizeWeightsInt8: W8A8,
+//                              per-row scales); bytes = int8 codes + f32 scales + KV.
 //   BM_DecodeKvDType/kv_dtype/context/threads
 //                              batch-1 decode with a `context`-token cache of each KV dtype
 //                              (random K/V); bytes read = weights + that cache. Same ceiling.
@@ -93,6 +95,10 @@ struct Engine {
   std::map<int, std::unique_ptr<ParallelFor>> teams;
   std::map<int, std::unique_ptr<LlamaForward>> forwards;
   bool prompts_prefilled = false;
+  // int8 weights (QuantizeWeightsInt8 of `weights`), made at first use, and their forwards.
+  std::unique_ptr<ModelWeights> weights_i8;
+  int64_t weight_bytes_i8 = 0;  // int8 codes and f32 scales a decode step reads
+  std::map<int, std::unique_ptr<LlamaForward>> forwards_i8;
 };
 
 Engine& GetEngine() {
@@ -155,16 +161,39 @@ kernels::OpContext Context(int threads) {
   return ctx;
 }
 
-LlamaForward* Forward(int threads) {
+// The quantized copy of the weights (W8A8, --weight_dtype int8), made once.
+const ModelWeights& WeightsI8() {
   Engine& e = GetEngine();
-  auto& forward = e.forwards[threads];
+  if (e.weights_i8 == nullptr) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<ModelWeights> w = QuantizeWeightsInt8(e.weights);
+    if (!w.ok()) Die("quantize weights", w.status());
+    e.weights_i8 = std::make_unique<ModelWeights>(*std::move(w));
+    const ModelConfig& c = e.weights.config;
+    // One f32 scale per output row: q, k, v, o, gate, up, down of every layer; the classifier.
+    const int64_t scale_rows = static_cast<int64_t>(c.n_layers) *
+                                   (c.q_dim() + 2 * c.kv_dim + 2 * c.dim + 2 * c.hidden_dim) +
+                               c.vocab_size;
+    e.weight_bytes_i8 =
+        e.layer_matmul_params + static_cast<int64_t>(c.vocab_size) * c.dim + 4 * scale_rows;
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start;
+    std::fprintf(stderr, "engine_bench: int8 weights in %.1f s, %.3f GB read per decode step\n",
+                 dt.count(), e.weight_bytes_i8 / 1e9);
+  }
+  return *e.weights_i8;
+}
+
+LlamaForward* Forward(int threads, bool int8 = false) {
+  Engine& e = GetEngine();
+  auto& forward = int8 ? e.forwards_i8[threads] : e.forwards[threads];
   if (forward == nullptr) {
     ForwardOptions options;
     options.max_batch_tokens = kMaxPrefillTokens;
     options.max_seqs = kMaxDecodeBatch;
     absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
-        &e.weights, {e.pool->base(), kernels::DType::kF32, e.pool->num_blocks(), kBlockSize},
-        Context(threads), options);
+        int8 ? &WeightsI8() : &e.weights,
+        {e.pool->base(), kernels::DType::kF32, e.pool->num_blocks(), kBlockSize}, Context(threads),
+        options);
     if (!f.ok()) Die("forward", f.status());
     forward = *std::move(f);
   }
@@ -293,13 +322,15 @@ double GemmPeakFlopsPerSecond(int threads) {
 }
 
 // ---- Decode ----------------------------------------------------------------------------------
-// Args: batch, threads.
+// Args: batch, threads, w8 (1 = the int8 weights, W8A8; 0 = the preset's bf16).
 void BM_Decode(benchmark::State& state) {
   const int64_t batch = state.range(0);
   const int threads = static_cast<int>(state.range(1));
+  const bool int8 = state.range(2) != 0;
   Engine& e = GetEngine();
   PrefillPrompts();
-  LlamaForward* forward = Forward(threads);
+  LlamaForward* forward = Forward(threads, int8);
+  const int64_t weight_bytes = int8 ? e.weight_bytes_i8 : e.weight_bytes;
   std::vector<std::vector<int32_t>> tables(batch);
   for (int64_t s = 0; s < batch; ++s) tables[s] = DecodeTable(s);
   const std::vector<uint32_t> tokens = RandomTokens(batch * kDecodeSteps, 2);
@@ -321,7 +352,7 @@ void BM_Decode(benchmark::State& state) {
     flops += static_cast<double>(batch) *
              (2.0 * static_cast<double>(e.layer_matmul_params + vocab * c.dim) +
               4.0 * c.head_dim * c.n_heads * c.n_layers * static_cast<double>(pos + 1));
-    return e.weight_bytes + batch * (pos + 1) * e.kv_bytes_per_token;
+    return weight_bytes + batch * (pos + 1) * e.kv_bytes_per_token;
   };
   run_step();  // warm-up: pages, caches, thread team
   run_step();
@@ -344,8 +375,15 @@ void BM_Decode(benchmark::State& state) {
   state.counters["GFLOPps"] = flops / seconds.count() / 1e9;
 }
 BENCHMARK(BM_Decode)
-    ->ArgsProduct({{1, 16}, {2, 1}})
-    ->ArgNames({"batch", "threads"})
+    ->ArgsProduct({{1, 16}, {2, 1}, {0}})
+    ->ArgNames({"batch", "threads", "w8"})
+    ->MinTime(2.0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+// int8 weights at batch 1 (issue #18: against llama.cpp q8_0, 2 threads).
+BENCHMARK(BM_Decode)
+    ->ArgsProduct({{1}, {2, 1}, {1}})
+    ->ArgNames({"batch", "threads", "w8"})
     ->MinTime(2.0)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
