@@ -12,7 +12,8 @@
 // are in range (an out-of-range id is an illegal address on the device, reported at the next
 // synchronising CUDA call). CUDA results match the CPU's within f32 rounding (different
 // summation order), and WriteKv stores bitwise the same cache values. Quantized caches (i8,
-// fp8_e4m3): WriteKv on kCpu stores bitwise the bytes (codes and scales) of kernels/reference.
+// fp8_e4m3): WriteKv stores bitwise the bytes (codes and scales) of kernels/reference, on kCpu
+// and on kCuda.
 #pragma once
 
 #include "absl/status/status.h"
@@ -27,8 +28,7 @@ namespace pd::kernels {
 // region that is misaligned, overlaps the layer's data or leaves the block, and (kCpu only)
 // positions or context lengths outside the block table, or a block id outside
 // [0, cache.num_blocks); Internal with the CUDA error name when a CUDA launch fails;
-// Unimplemented when no backend built for ctx.device supports cache.dtype (the quantized
-// dtypes i8 and fp8_e4m3 run on kCpu only for now: on kCuda the message names the dtype and #18).
+// Unimplemented when no backend built for ctx.device supports cache.dtype.
 absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
 // ReadKv: the same errors as WriteKv, and InvalidArgument when k and v overlap; kCpu only for
 // now (Unimplemented on kCuda).
@@ -37,7 +37,9 @@ absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 
 // Whether a backend built for `device` reads and writes caches of `cache_dtype`: kCpu every
-// dtype, kCuda (when built) f32, bf16 and f16.
+// dtype, kCuda (when built) every dtype too. The CUDA i8/fp8 kernels are written to the same
+// rule as the CPU's (WriteKv bytes equal bit for bit) and tested by kernels/cuda's gpu tests,
+// which have not run on a GPU yet.
 bool SupportsAttention(Device device, DType cache_dtype);
 
 }  // namespace pd::kernels

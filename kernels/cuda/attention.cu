@@ -1,7 +1,9 @@
 // Paged attention on CUDA: WriteKv, PrefillAttention (causal, one sequence) and DecodeAttention
 // (one query per sequence). Simple and exact rather than fast: one thread block per (query row,
 // query head), keys split over its warps with an online softmax in f32, the cache dtype
-// (f32/bf16/f16) decided per load at run time so there is one instantiation per kernel.
+// (f32/bf16/f16, or i8/fp8 codes times their row's scale) decided per load at run time so
+// there is one instantiation per kernel. Quantized rows are written by one thread each, with
+// the reference's float operations, so the bytes equal the CPU's.
 #include <cmath>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -19,6 +21,20 @@ __global__ void WriteKvKernel(WriteKvParams p) {
   const int64_t pos = p.positions[j];
   const int64_t block_id =
       p.block_tables[BlockTableIndex(seq, p.max_blocks_per_seq, pos, c.block_size)];
+  if (IsQuantizedKvDType(c.dtype)) {
+    // One thread per (K or V, kv head) row: its scale needs the whole row.
+    for (int64_t r = threadIdx.x; r < 2 * c.num_kv_heads; r += blockDim.x) {
+      const bool value = r >= c.num_kv_heads;
+      const int64_t h = r % c.num_kv_heads;
+      const float* x =
+          (value ? p.v + j * p.v_token_stride : p.k + j * p.k_token_stride) + h * c.head_dim;
+      uint8_t* q = static_cast<uint8_t*>(c.base) + KvElementOffset(c, block_id, h, pos, value);
+      float* scale = reinterpret_cast<float*>(static_cast<char*>(c.base) +
+                                              KvScaleByteOffset(c, block_id, h, pos, value));
+      QuantizeKvRow(x, c.head_dim, c.dtype, q, scale);
+    }
+    return;
+  }
   const int64_t elems = c.num_kv_heads * c.head_dim;
   for (int64_t e = threadIdx.x; e < elems; e += blockDim.x) {
     const int64_t h = e / c.head_dim, d = e % c.head_dim;
@@ -50,12 +66,15 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
   for (int64_t t = warp; t < num_keys; t += kAttentionWarps) {
     const int64_t block_id = table[t / c.block_size];
     const int64_t k_off = KvElementOffset(c, block_id, kv_head, t, /*value=*/false);
+    // Quantized caches: code * the row's scale, one multiply as on the CPU (else * 1).
+    const float k_scale = KvRowScale(c, block_id, kv_head, t, /*value=*/false);
+    const float v_scale = KvRowScale(c, block_id, kv_head, t, /*value=*/true);
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kMaxDimsPerLane; ++j) {
       const int64_t d = lane + j * kWarpSize;
       if (d < head_dim) {
-        dot += qr[j] * LoadKv(c.base, c.dtype, k_off + d);
+        dot += qr[j] * __fmul_rn(LoadKv(c.base, c.dtype, k_off + d), k_scale);
       }
     }
     dot = WarpReduceSum(dot);  // every lane holds the score and updates the same state
@@ -65,7 +84,8 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
     for (int j = 0; j < kMaxDimsPerLane; ++j) {
       const int64_t d = lane + j * kWarpSize;
       if (d < head_dim) {
-        acc[j] = acc[j] * step.correction + step.weight * LoadKv(c.base, c.dtype, v_off + d);
+        acc[j] = acc[j] * step.correction +
+                 step.weight * __fmul_rn(LoadKv(c.base, c.dtype, v_off + d), v_scale);
       }
     }
   }

@@ -49,8 +49,8 @@ struct PagedPool {
   int64_t max_blocks = 0;
 
   PagedPool(const Shape& shape, const std::vector<int32_t>& lens, std::mt19937& rng) : s(shape) {
-    pool_host.assign(s.num_blocks * s.num_layers * 2 * s.num_kv_heads * s.block_size * s.head_dim *
-                         DTypeSize(s.dtype),
+    pool_host.assign(s.num_blocks * DenseKvBlockBytes(s.dtype, s.num_layers, s.num_kv_heads,
+                                                      s.block_size, s.head_dim),
                      0xff);
     for (int32_t len : lens) {
       max_blocks = std::max<int64_t>(max_blocks, (len + s.block_size - 1) / s.block_size);
@@ -286,7 +286,8 @@ TEST_P(CudaAttentionTest, PrefillMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CacheDtypes, CudaAttentionTest,
-                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16, DType::kI8,
+                                           DType::kF8E4M3),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });

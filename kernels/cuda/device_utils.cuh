@@ -41,11 +41,52 @@ __device__ inline float LoadKv(const void* base, DType dtype, int64_t off) {
       return Bf16ToF32(static_cast<const uint16_t*>(base)[off]);
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(base)[off]);
-    case DType::kI8:
+    case DType::kI8:  // the code; the caller multiplies by the row's scale (KvRowScale)
+      return static_cast<float>(static_cast<const int8_t*>(base)[off]);
     case DType::kF8E4M3:
-      break;  // TODO(#18): quantized caches; dispatch rejects them on CUDA for now
+      return E4M3ToF32(static_cast<const uint8_t*>(base)[off]);
   }
   return 0.0f;
+}
+
+// The f32 scale of row (K or V, kv_head, pos) of a quantized cache; 1 for the other dtypes
+// (so LoadKv(...) * KvRowScale(...) is the stored value for every dtype).
+__device__ inline float KvRowScale(const KvCacheView& c, int64_t block_id, int64_t kv_head,
+                                   int64_t pos, bool value) {
+  if (!IsQuantizedKvDType(c.dtype)) {
+    return 1.0f;
+  }
+  return *reinterpret_cast<const float*>(static_cast<const char*>(c.base) +
+                                         KvScaleByteOffset(c, block_id, kv_head, pos, value));
+}
+
+// Quantizes one row x[0, n) into codes q and *scale by the rule of kernels/attention_params.h,
+// serially in one thread, with the reference's float operations (bits equal to the CPU's).
+__device__ inline void QuantizeKvRow(const float* x, int64_t n, DType dtype, uint8_t* q,
+                                     float* scale) {
+  bool finite = true;
+  float amax = 0.0f;
+  for (int64_t d = 0; d < n; ++d) {
+    finite = finite && isfinite(x[d]);
+    amax = fmaxf(amax, fabsf(x[d]));
+  }
+  if (!finite || amax == 0.0f) {
+    *scale = finite ? 0.0f : __int_as_float(0x7fc00000);  // quiet NaN
+    for (int64_t d = 0; d < n; ++d) q[d] = 0;
+    return;
+  }
+  const float limit = dtype == DType::kI8 ? 127.0f : 448.0f;
+  *scale = __fdiv_rn(amax, limit);
+  const float inv = __fdiv_rn(limit, amax);
+  for (int64_t d = 0; d < n; ++d) {
+    const float y = __fmul_rn(x[d], inv);
+    if (dtype == DType::kI8) {
+      const float r = fminf(127.0f, fmaxf(-127.0f, rintf(y)));
+      q[d] = static_cast<uint8_t>(static_cast<int8_t>(r));
+    } else {
+      q[d] = F32ToE4M3(y);
+    }
+  }
 }
 
 // Stores f32 `v` at element `off`, rounded exactly as kernels/half.h (as the CPU WriteKv).
@@ -62,7 +103,7 @@ __device__ inline void StoreKv(void* base, DType dtype, int64_t off, float v) {
       return;
     case DType::kI8:
     case DType::kF8E4M3:
-      return;  // TODO(#18): quantized caches; dispatch rejects them on CUDA for now
+      return;  // quantized rows are written whole by QuantizeKvRow
   }
 }
 

@@ -166,6 +166,15 @@ PD_HOST_DEVICE constexpr int64_t KvElementOffset(const KvCacheView& c, int64_t b
          kv_head * c.head_stride + (pos % c.block_size) * c.head_dim;
 }
 
+// Byte offset from the pool base of the f32 scale of row (K or V, kv_head, pos) of a quantized
+// cache's block (kernels/attention_params.h: the scale region follows the block's data).
+PD_HOST_DEVICE constexpr int64_t KvScaleByteOffset(const KvCacheView& c, int64_t block_id,
+                                                   int64_t kv_head, int64_t pos, bool value) {
+  return block_id * c.block_stride + c.scale_offset +
+         4 * (c.layer * c.scale_layer_stride + (value ? c.scale_kv_stride : 0) +
+              kv_head * c.scale_head_stride + pos % c.block_size);
+}
+
 // Online softmax of one warp over its keys: state (running max m, running sum l). Folding in a
 // score x gives the new state and two factors: the warp's accumulator becomes
 // acc * correction + weight * V[x's key]. The first key (m = -inf) gets correction 0.

@@ -437,6 +437,55 @@ TEST(CudaLaunchTest, WriteKvEmulationMatchesReferenceBitwise) {
   EXPECT_EQ(got_pool.data, want_data);
 }
 
+// KvScaleByteOffset addresses the scale the reference WriteKv stores for each (layer, K or V,
+// kv head, position) of a quantized cache: rows of distinct amax, read back at the offset.
+TEST(CudaLaunchTest, KvScaleOffsetMatchesTheReferenceLayout) {
+  constexpr int64_t kLayers = 2, kHeads = 3, kBlock = 4, kDim = 8, kBlocks = 3;
+  const int64_t block_bytes = DenseKvBlockBytes(DType::kI8, kLayers, kHeads, kBlock, kDim);
+  std::vector<float> storage(static_cast<size_t>(kBlocks * block_bytes / 4 + 1), 0.0f);
+  void* base = storage.data();
+  const std::vector<int32_t> table = {2, 0};
+  float amax = 1.0f;
+  for (int64_t layer = 0; layer < kLayers; ++layer) {
+    const KvCacheView c =
+        DenseKvCacheView(base, DType::kI8, kBlocks, kLayers, kHeads, kBlock, kDim, layer);
+    for (int32_t pos : {0, 3, 5}) {
+      std::vector<float> k(kHeads * kDim, 0.0f), v(kHeads * kDim, 0.0f);
+      std::vector<float> want_k(kHeads), want_v(kHeads);
+      for (int64_t h = 0; h < kHeads; ++h) {
+        k[h * kDim + 1] = amax;
+        v[h * kDim + 2] = -(amax + 0.5f);
+        want_k[h] = amax / 127.0f;
+        want_v[h] = (amax + 0.5f) / 127.0f;
+        amax += 1.0f;
+      }
+      WriteKvParams p;
+      p.k = k.data();
+      p.v = v.data();
+      p.k_token_stride = p.v_token_stride = kHeads * kDim;
+      p.cache = c;
+      p.num_tokens = 1;
+      p.positions = &pos;
+      p.block_tables = table.data();
+      p.max_blocks_per_seq = 2;
+      reference::WriteKv(p);
+      const int64_t block = table[pos / kBlock];
+      for (int64_t h = 0; h < kHeads; ++h) {
+        float got_k = 0, got_v = 0;
+        std::memcpy(&got_k, static_cast<char*>(base) + KvScaleByteOffset(c, block, h, pos, false),
+                    4);
+        std::memcpy(&got_v, static_cast<char*>(base) + KvScaleByteOffset(c, block, h, pos, true),
+                    4);
+        EXPECT_EQ(got_k, want_k[h]) << "layer " << layer << " pos " << pos << " head " << h;
+        EXPECT_EQ(got_v, want_v[h]) << "layer " << layer << " pos " << pos << " head " << h;
+        const int64_t off = KvScaleByteOffset(c, block, h, pos, true);
+        EXPECT_GE(off, block * block_bytes + c.scale_offset);
+        EXPECT_LE(off + 4, (block + 1) * block_bytes);
+      }
+    }
+  }
+}
+
 // Rank order of kernels/sampling_params.h: logit descending, then id ascending.
 bool Before(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
 

@@ -43,16 +43,6 @@ absl::Status CheckQueryOut(const char* op, const float* q, int64_t q_stride, flo
   return absl::OkStatus();
 }
 
-// Unimplemented naming `op`, the device and the dtype; for a quantized cache on CUDA, the
-// issue that tracks those kernels.
-absl::Status Unsupported(const char* op, Device device, DType dtype) {
-  if (device == Device::kCuda && IsQuantizedKvDType(dtype)) {
-    return absl::UnimplementedError(
-        absl::StrCat(op, ": KV dtype ", DTypeName(dtype), " is not implemented on CUDA yet (#18)"));
-  }
-  return NoBackend(op, device, dtype);
-}
-
 }  // namespace
 
 bool SupportsAttention(Device device, DType cache_dtype) {
@@ -63,8 +53,7 @@ bool SupportsAttention(Device device, DType cache_dtype) {
     case Device::kCpu:
       return true;  // f32, bf16, f16, i8 and fp8 E4M3 caches
     case Device::kCuda:
-      // TODO(#18): CUDA kernels for the quantized caches.
-      return PD_WITH_CUDA && !IsQuantizedKvDType(cache_dtype);
+      return PD_WITH_CUDA;  // every dtype too (the quantized ones not yet run on a GPU)
   }
   return false;
 }
@@ -92,7 +81,7 @@ absl::Status CheckKvRows(const char* op, const OpContext& ctx, const P& p) {
                                                    ") < num_kv_heads * head_dim ", token_elems));
   }
   if (!SupportsAttention(ctx.device, c.dtype)) {
-    return Unsupported(op, ctx.device, c.dtype);
+    return NoBackend(op, ctx.device, c.dtype);
   }
   if (ctx.device != Device::kCpu) {
     return absl::OkStatus();  // positions and tables are device memory: not read here
@@ -165,7 +154,7 @@ absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams
         p.start_pos + p.num_tokens - 1, " need ", blocks));
   }
   if (!SupportsAttention(ctx.device, p.cache.dtype)) {
-    return Unsupported(kOp, ctx.device, p.cache.dtype);
+    return NoBackend(kOp, ctx.device, p.cache.dtype);
   }
 #if PD_WITH_CUDA
   if (ctx.device == Device::kCuda) {
@@ -194,7 +183,7 @@ absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& 
   PD_RETURN_IF_ERROR(CheckQueryOut(kOp, p.q, p.q_seq_stride, p.out, p.out_seq_stride, p.num_seqs,
                                    p.num_heads * p.cache.head_dim));
   if (!SupportsAttention(ctx.device, p.cache.dtype)) {
-    return Unsupported(kOp, ctx.device, p.cache.dtype);
+    return NoBackend(kOp, ctx.device, p.cache.dtype);
   }
 #if PD_WITH_CUDA
   if (ctx.device == Device::kCuda) {

@@ -27,6 +27,8 @@ TEST(DeviceDispatchTest, CudaSupportIsConsistentAcrossOps) {
   EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kF32), cuda);
   EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kBF16), cuda);
   EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kF16), cuda);
+  EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kI8), cuda);
+  EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kF8E4M3), cuda);
   EXPECT_EQ(SupportsRope(Device::kCuda), cuda);
   EXPECT_EQ(SupportsElementwise(Device::kCuda), cuda);
   EXPECT_EQ(SupportsSample(Device::kCuda), cuda);
@@ -38,41 +40,29 @@ TEST(DeviceDispatchTest, CudaSupportIsConsistentAcrossOps) {
   EXPECT_FALSE(SupportsRmsNorm(Device::kCuda, DType::kBF16));  // f32 activations only
 }
 
-// Quantized KV caches run on the CPU only for now; on kCuda every attention op says which
-// dtype and which issue, whether or not the CUDA backend is built.
-TEST(DeviceDispatchTest, QuantizedKvCacheIsUnimplementedOnCuda) {
+// Quantized KV caches follow the CUDA backend like the other dtypes: supported when it is
+// built, validated on kCuda before any launch (InvalidArgument), Unimplemented without it.
+// ReadKv (the sink + window policy's) is CPU only: Unimplemented on kCuda, naming #18.
+TEST(DeviceDispatchTest, QuantizedKvCacheFollowsTheCudaBackend) {
+  const bool cuda = SupportsRmsNorm(Device::kCuda, DType::kF32);
   std::vector<float> buf(256);
   float* f = buf.data();
+  const int32_t zero = 0, one = 1;
   for (DType q : {DType::kI8, DType::kF8E4M3}) {
     EXPECT_TRUE(SupportsAttention(Device::kCpu, q));
-    EXPECT_FALSE(SupportsAttention(Device::kCuda, q));
-    const int32_t zero = 0, one = 1;
+    EXPECT_EQ(SupportsAttention(Device::kCuda, q), cuda);
     DecodeAttentionParams dp;
     dp.q = f;
     dp.out = f + 32;
     dp.block_tables = &zero;
     dp.context_lens = &one;
     dp.cache = DenseKvCacheView(f + 64, q, 1, 1, 2, 4, 2, 0);
-    dp.q_seq_stride = dp.out_seq_stride = 4;
+    dp.q_seq_stride = 3;  // < num_heads * head_dim
+    dp.out_seq_stride = 4;
     dp.max_blocks_per_seq = 1;
     dp.num_seqs = 1;
     dp.num_heads = 2;
-    const absl::Status s = DecodeAttention(kCuda, dp);
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-    EXPECT_NE(s.message().find(
-                  absl::StrCat("KV dtype ", DTypeName(q), " is not implemented on CUDA yet (#18)")),
-              absl::string_view::npos)
-        << s;
-    PrefillAttentionParams pp;
-    pp.q = f;
-    pp.out = f + 32;
-    pp.q_token_stride = pp.out_token_stride = 4;
-    pp.cache = dp.cache;
-    pp.block_table = &zero;
-    pp.num_table_blocks = 1;
-    pp.num_tokens = 1;
-    pp.num_heads = 2;
-    EXPECT_EQ(PrefillAttention(kCuda, pp).code(), absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(DecodeAttention(kCuda, dp).code(), absl::StatusCode::kInvalidArgument);
     WriteKvParams wp;
     wp.k = f;
     wp.v = f + 4;
@@ -82,7 +72,21 @@ TEST(DeviceDispatchTest, QuantizedKvCacheIsUnimplementedOnCuda) {
     wp.positions = &zero;
     wp.block_tables = &zero;
     wp.max_blocks_per_seq = 1;
-    EXPECT_EQ(WriteKv(kCuda, wp).code(), absl::StatusCode::kUnimplemented);
+    if (!cuda) {
+      EXPECT_EQ(WriteKv(kCuda, wp).code(), absl::StatusCode::kUnimplemented);
+    }
+    ReadKvParams rp;
+    rp.k = f;
+    rp.v = f + 4;
+    rp.k_token_stride = rp.v_token_stride = 4;
+    rp.cache = dp.cache;
+    rp.num_tokens = 1;
+    rp.positions = &zero;
+    rp.block_tables = &zero;
+    rp.max_blocks_per_seq = 1;
+    const absl::Status r = ReadKv(kCuda, rp);
+    EXPECT_EQ(r.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(r.message().find("(#18)"), absl::string_view::npos) << r;
   }
 }
 
