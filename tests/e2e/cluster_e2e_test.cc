@@ -629,5 +629,34 @@ TEST_F(ClusterE2eTest, SinkWindowPolicyIsExactDisaggregatedPastTheContext) {
   EXPECT_GE(Metric(dm, "pd_worker_kv_window_dropped_blocks_total"), 30) << dm;
 }
 
+// Int8 weights (--weight_dtype=int8 on the router and the workers): a 1P+1D cluster gives the
+// in-process int8 engine's output, through a remote prefill and on a router-placed cache hit,
+// and it differs from the bf16/f32 weights' output (so equality is not the unquantized text).
+TEST_F(ClusterE2eTest, Int8WeightsAreExactDisaggregatedAndOnCacheHits) {
+  const std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day, she";
+  Reference ref(kernels::DType::kF32, 0, 0, engine::WeightDType::kInt8);
+  auto [tokens, text] = ref.Greedy(prompt, 48);
+  Cluster c(Dir(), 1, 1, "cache_aware", {"--weight_dtype=int8"}, {"--weight_dtype=int8"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  Generated first = c.GenerateText(prompt, 48);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (Metric(c.RouterMetrics(), "pd_router_index_blocks") == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  Generated second = c.GenerateText(prompt, 48);
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(first.tokens, tokens);
+  EXPECT_EQ(first.text, text);
+  EXPECT_EQ(second.tokens, tokens);
+  EXPECT_GT(second.last.usage().cached_tokens(), 0u) << second.last.DebugString();
+  const std::string dm = c.WorkerMetrics(1);
+  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"}")) << dm;
+  Reference unquantized;
+  EXPECT_NE(unquantized.Greedy(prompt, 48).first, tokens);
+}
+
 }  // namespace
 }  // namespace pd

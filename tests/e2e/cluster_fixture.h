@@ -113,8 +113,10 @@ struct Generated {
 class Reference {
  public:
   // `sink_tokens` / `window_tokens`: the sink + window KV policy (0 = off).
+  // `weight_dtype`: --weight_dtype (kAuto = as stored, kInt8 = quantized at load).
   explicit Reference(kernels::DType kv_dtype = kernels::DType::kF32, int64_t sink_tokens = 0,
-                     int64_t window_tokens = 0) {
+                     int64_t window_tokens = 0,
+                     engine::WeightDType weight_dtype = engine::WeightDType::kAuto) {
     engine::ModelRuntimeConfig c;
     c.model = kModel;
     c.tokenizer = kTokenizer;
@@ -123,6 +125,7 @@ class Reference {
     c.kv_dtype = kv_dtype;
     c.scheduler.kv_sink_tokens = sink_tokens;
     c.scheduler.kv_window_tokens = window_tokens;
+    c.weight_dtype = weight_dtype;
     absl::StatusOr<std::unique_ptr<engine::ModelRuntime>> rt = engine::ModelRuntime::Create(c);
     CHECK(rt.ok()) << rt.status();
     rt_ = *std::move(rt);
