@@ -584,11 +584,14 @@ TEST_F(ClusterE2eTest, KvDtypesAreExactDisaggregatedAndOnCacheHits) {
         << c.Logs();
     Generated first = c.GenerateText(prompt, 48);
     ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
-    // The decode worker's KV events reach the router's index (asynchronously) first.
-    const absl::Time until = absl::Now() + absl::Seconds(10);
-    while (Metric(c.RouterMetrics(), "pd_router_index_blocks") == 0 && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    // Both workers' KV events reach the router's index (asynchronously) first: a block that
+    // the prefill and the decode worker both hold has two entries (index_blocks > 0 alone may
+    // be only the prefill worker's, and then the decode placement sees no cached block).
+    ASSERT_TRUE(Eventually([&] {
+      const std::string m = c.RouterMetrics();
+      const double blocks = Metric(m, "pd_router_index_blocks");
+      return blocks > 0 && Metric(m, "pd_router_index_entries") > blocks;
+    })) << c.RouterMetrics();
     Generated second = c.GenerateText(prompt, 48);
     ASSERT_TRUE(second.status.ok()) << second.status.error_message();
     EXPECT_EQ(first.tokens, tokens);
@@ -642,10 +645,11 @@ TEST_F(ClusterE2eTest, Int8WeightsAreExactDisaggregatedAndOnCacheHits) {
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
   Generated first = c.GenerateText(prompt, 48);
   ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (Metric(c.RouterMetrics(), "pd_router_index_blocks") == 0 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_TRUE(Eventually([&] {  // both workers' KV events are in the router's index
+    const std::string m = c.RouterMetrics();
+    const double blocks = Metric(m, "pd_router_index_blocks");
+    return blocks > 0 && Metric(m, "pd_router_index_entries") > blocks;
+  })) << c.RouterMetrics();
   Generated second = c.GenerateText(prompt, 48);
   ASSERT_TRUE(second.status.ok()) << second.status.error_message();
   EXPECT_EQ(first.tokens, tokens);
