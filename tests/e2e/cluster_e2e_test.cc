@@ -212,6 +212,35 @@ bool Eventually(const std::function<bool()>& cond, absl::Duration timeout = absl
   return cond();
 }
 
+// Whether the router's KV index has heard from both workers of a 1P+1D cluster: a block the
+// prefill and the decode worker both hold has two entries (index_blocks > 0 alone may be the
+// prefill worker's events only, and then a decode placement sees no cached block).
+bool IndexHasSharedBlocks(Cluster& c) {
+  const std::string m = c.RouterMetrics();
+  const double blocks = Metric(m, "pd_router_index_blocks");
+  return blocks > 0 && Metric(m, "pd_router_index_entries") > blocks;
+}
+
+// Generates `prompt` twice (48 tokens) on a cache-aware 1P+1D cluster: both equal the
+// in-process engine's `tokens` and `text`, the first through a remote prefill, the second a
+// router-placed cache hit.
+void ExpectExactDisaggregatedAndCached(Cluster& c, const std::string& prompt,
+                                       const std::vector<uint32_t>& tokens,
+                                       const std::string& text) {
+  Generated first = c.GenerateText(prompt, 48);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
+  ASSERT_TRUE(Eventually([&] { return IndexHasSharedBlocks(c); })) << c.RouterMetrics();
+  Generated second = c.GenerateText(prompt, 48);
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(first.tokens, tokens);
+  EXPECT_EQ(first.text, text);
+  EXPECT_EQ(second.tokens, tokens);
+  EXPECT_GT(second.last.usage().cached_tokens(), 0u) << second.last.DebugString();
+  const std::string dm = c.WorkerMetrics(1);
+  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"}")) << dm;
+  EXPECT_GT(Metric(c.RouterMetrics(), "pd_router_routed_cached_blocks_total"), 0);
+}
+
 TEST_F(ClusterE2eTest, RequestWhoseDecodeWorkerDiesBeforeItsFirstTokenIsRetriedElsewhere) {
   Reference ref;
   // One running request per decode worker and no disaggregation: a second request placed on a
@@ -460,11 +489,7 @@ TEST_F(ClusterE2eTest, CacheAwarePlacementFollowsThePrefixAndBalancesDistinctOne
   // The router learns where the prefix lives from the workers' KV events: the prefill worker
   // and the decode worker both hold the prompt's full blocks (decode also the blocks its output
   // filled), so only once both streams have delivered them do blocks have two entries.
-  ASSERT_TRUE(Eventually([&] {
-    const std::string m = c.RouterMetrics();
-    const double blocks = Metric(m, "pd_router_index_blocks");
-    return blocks > 0 && Metric(m, "pd_router_index_entries") > blocks;
-  })) << c.RouterMetrics();
+  ASSERT_TRUE(Eventually([&] { return IndexHasSharedBlocks(c); })) << c.RouterMetrics();
   for (int i = 0; i < 3; ++i) {
     Generated b = c.GenerateText(prefix + " asked her mom.", 8);
     ASSERT_TRUE(b.status.ok()) << b.status.error_message();
@@ -582,25 +607,7 @@ TEST_F(ClusterE2eTest, KvDtypesAreExactDisaggregatedAndOnCacheHits) {
     ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
     EXPECT_THAT(c.Logs(), HasSubstr(absl::StrCat("dtype=", name, " block_bytes=", k.block_bytes)))
         << c.Logs();
-    Generated first = c.GenerateText(prompt, 48);
-    ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
-    // Both workers' KV events reach the router's index (asynchronously) first: a block that
-    // the prefill and the decode worker both hold has two entries (index_blocks > 0 alone may
-    // be only the prefill worker's, and then the decode placement sees no cached block).
-    ASSERT_TRUE(Eventually([&] {
-      const std::string m = c.RouterMetrics();
-      const double blocks = Metric(m, "pd_router_index_blocks");
-      return blocks > 0 && Metric(m, "pd_router_index_entries") > blocks;
-    })) << c.RouterMetrics();
-    Generated second = c.GenerateText(prompt, 48);
-    ASSERT_TRUE(second.status.ok()) << second.status.error_message();
-    EXPECT_EQ(first.tokens, tokens);
-    EXPECT_EQ(first.text, text);
-    EXPECT_EQ(second.tokens, tokens);
-    EXPECT_GT(second.last.usage().cached_tokens(), 0u) << second.last.DebugString();
-    const std::string dm = c.WorkerMetrics(1);
-    EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"}")) << dm;
-    EXPECT_GT(Metric(c.RouterMetrics(), "pd_router_routed_cached_blocks_total"), 0);
+    ExpectExactDisaggregatedAndCached(c, prompt, tokens, text);
   }
   // The quantized caches really change the output (so equality above is not f32's text).
   Reference f32;
@@ -643,21 +650,7 @@ TEST_F(ClusterE2eTest, Int8WeightsAreExactDisaggregatedAndOnCacheHits) {
   auto [tokens, text] = ref.Greedy(prompt, 48);
   Cluster c(Dir(), 1, 1, "cache_aware", {"--weight_dtype=int8"}, {"--weight_dtype=int8"});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
-  Generated first = c.GenerateText(prompt, 48);
-  ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << c.Logs();
-  ASSERT_TRUE(Eventually([&] {  // both workers' KV events are in the router's index
-    const std::string m = c.RouterMetrics();
-    const double blocks = Metric(m, "pd_router_index_blocks");
-    return blocks > 0 && Metric(m, "pd_router_index_entries") > blocks;
-  })) << c.RouterMetrics();
-  Generated second = c.GenerateText(prompt, 48);
-  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
-  EXPECT_EQ(first.tokens, tokens);
-  EXPECT_EQ(first.text, text);
-  EXPECT_EQ(second.tokens, tokens);
-  EXPECT_GT(second.last.usage().cached_tokens(), 0u) << second.last.DebugString();
-  const std::string dm = c.WorkerMetrics(1);
-  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"}")) << dm;
+  ExpectExactDisaggregatedAndCached(c, prompt, tokens, text);
   Reference unquantized;
   EXPECT_NE(unquantized.Greedy(prompt, 48).first, tokens);
 }
