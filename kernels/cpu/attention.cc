@@ -58,6 +58,28 @@ int SlotsFor(const OpContext& ctx, int64_t macs) {
   return macs < kMinParallelMacs ? 1 : NumThreads(ctx);
 }
 
+// Where a token's rows live in layer c.layer: kv head 0's K row (V is kv_stride elements
+// further, head h head_stride elements) and, for a quantized cache, kv head 0's K scale (V's
+// scale_kv_stride floats further, head h scale_head_stride). Shared by WriteKv and ReadKv.
+struct TokenRows {
+  char* k = nullptr;
+  float* k_scale = nullptr;  // quantized caches only
+};
+
+TokenRows RowsOf(const KvCacheView& c, const int32_t* block_tables, int64_t max_blocks_per_seq,
+                 int64_t seq, int64_t pos) {
+  const int64_t block = block_tables[seq * max_blocks_per_seq + pos / c.block_size];
+  char* block_base = static_cast<char*>(c.base) + block * c.block_stride * DTypeSize(c.dtype);
+  TokenRows rows;
+  rows.k = block_base +
+           (c.layer * c.layer_stride + (pos % c.block_size) * c.head_dim) * DTypeSize(c.dtype);
+  if (IsQuantizedKvDType(c.dtype)) {
+    rows.k_scale = reinterpret_cast<float*>(block_base + c.scale_offset) +
+                   c.layer * c.scale_layer_stride + pos % c.block_size;
+  }
+  return rows;
+}
+
 }  // namespace
 
 void WriteKv(const OpContext& ctx, const WriteKvParams& p) {
@@ -66,17 +88,11 @@ void WriteKv(const OpContext& ctx, const WriteKvParams& p) {
   const int64_t min_tokens = std::max<int64_t>(1, 32768 / (c.num_kv_heads * c.head_dim));
   ParallelRange(ctx, p.num_tokens, min_tokens, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
-      const int64_t pos = p.positions[j];
-      const int64_t block = p.block_tables[seq * p.max_blocks_per_seq + pos / c.block_size];
-      char* k_dst =
-          static_cast<char*>(c.base) +
-          (block * c.block_stride + c.layer * c.layer_stride + (pos % c.block_size) * c.head_dim) *
-              esize;
+      const TokenRows rows = RowsOf(c, p.block_tables, p.max_blocks_per_seq,
+                                    p.token_seq != nullptr ? p.token_seq[j] : 0, p.positions[j]);
+      char* k_dst = rows.k;
       if (IsQuantizedKvDType(c.dtype)) {
-        auto* k_scale = reinterpret_cast<float*>(static_cast<char*>(c.base) +
-                                                 block * c.block_stride + c.scale_offset) +
-                        c.layer * c.scale_layer_stride + pos % c.block_size;
+        float* k_scale = rows.k_scale;
         for (int64_t h = 0; h < c.num_kv_heads; ++h) {
           auto* dst = reinterpret_cast<uint8_t*>(k_dst + h * c.head_stride);
           float* scale = k_scale + h * c.scale_head_stride;
@@ -104,17 +120,10 @@ void ReadKv(const OpContext& ctx, const ReadKvParams& p) {
   const int64_t min_tokens = std::max<int64_t>(1, 32768 / (c.num_kv_heads * c.head_dim));
   ParallelRange(ctx, p.num_tokens, min_tokens, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
-      const int64_t pos = p.positions[j];
-      const int64_t block = p.block_tables[seq * p.max_blocks_per_seq + pos / c.block_size];
-      const char* k_src =
-          static_cast<const char*>(c.base) +
-          (block * c.block_stride + c.layer * c.layer_stride + (pos % c.block_size) * c.head_dim) *
-              esize;
-      const float* k_scale =
-          reinterpret_cast<const float*>(static_cast<const char*>(c.base) + block * c.block_stride +
-                                         c.scale_offset) +
-          c.layer * c.scale_layer_stride + pos % c.block_size;
+      const TokenRows rows = RowsOf(c, p.block_tables, p.max_blocks_per_seq,
+                                    p.token_seq != nullptr ? p.token_seq[j] : 0, p.positions[j]);
+      const char* k_src = rows.k;
+      const float* k_scale = rows.k_scale;
       for (int64_t h = 0; h < c.num_kv_heads; ++h) {
         for (int kv = 0; kv < 2; ++kv) {
           const char* src = k_src + (h * c.head_stride + kv * c.kv_stride) * esize;
