@@ -211,6 +211,9 @@ void TierdServer::MaintenanceLoop() {
 }
 
 size_t TierdServer::ResolveChanges() {
+  // Held across the publish: a caller that finds the queue empty still waits for the indexer
+  // thread's batch in flight (FlushIndexForTest returned before it and the test read "unknown").
+  absl::MutexLock resolve(&resolve_mu_);
   absl::flat_hash_set<BlockHash> changed;
   {
     absl::MutexLock lock(&mu_);

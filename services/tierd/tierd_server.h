@@ -86,8 +86,10 @@ class TierdServer {
 
   void MaintenanceLoop();
   void IndexLoop();
-  // Resolves the queued hashes into Publish/Unpublish calls. Returns how many.
-  size_t ResolveChanges();
+  // Resolves the queued hashes into Publish/Unpublish calls. Returns how many. Calls are
+  // serialized, so when it returns every change queued before the call has been published,
+  // including those another thread had already taken off the queue.
+  size_t ResolveChanges() ABSL_LOCKS_EXCLUDED(resolve_mu_, mu_);
   void RegisterMetrics(metrics::Registry* registry);
 
   TierdConfig config_;
@@ -106,6 +108,7 @@ class TierdServer {
   LocationSink* sink_ = nullptr;              // owned_sink_ or the caller's; may be null
   std::unique_ptr<grpc::Server> server_;
 
+  absl::Mutex resolve_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ResolveChanges at a time
   absl::Mutex mu_;
   absl::flat_hash_set<BlockHash> changed_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
