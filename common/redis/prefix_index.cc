@@ -17,6 +17,8 @@ std::string PrefixNodeBlocksKey(absl::string_view node) {
   return absl::StrCat("node:", node, ":blocks");
 }
 
+std::string PrefixPeerKey(absl::string_view node) { return absl::StrCat("peer:", node); }
+
 absl::string_view PrefixTierValue(PrefixTier tier) {
   return tier == PrefixTier::kNvme ? "nvme" : "dram";
 }
@@ -163,6 +165,29 @@ absl::StatusOr<std::vector<std::string>> ScanSetMembers(RedisClient& client,
   return members;
 }
 
+absl::StatusOr<std::vector<std::string>> LookupPeerAddresses(RedisClient& client,
+                                                             absl::Span<const std::string> nodes) {
+  if (nodes.empty()) {
+    return std::vector<std::string>();
+  }
+  std::vector<std::string> mget = {"MGET"};
+  for (const std::string& node : nodes) {
+    PD_RETURN_IF_ERROR(ValidatePrefixNodeName(node));
+    mget.push_back(client.Key(PrefixPeerKey(node)));
+  }
+  PD_ASSIGN_OR_RETURN(RedisReply reply, client.Command(std::move(mget)));
+  if (reply.type != RedisReply::Type::kArray || reply.elements.size() != nodes.size()) {
+    return absl::InternalError(absl::StrCat(
+        "MGET of ", nodes.size(), " peer addresses: unexpected reply ", reply.DebugString()));
+  }
+  std::vector<std::string> out;
+  out.reserve(nodes.size());
+  for (const RedisReply& r : reply.elements) {
+    out.push_back(r.type == RedisReply::Type::kString ? r.str : std::string());
+  }
+  return out;
+}
+
 absl::Status RemovePrefixIndexNode(RedisClient& client, absl::string_view node, int64_t batch) {
   PD_RETURN_IF_ERROR(ValidatePrefixNodeName(node));
   if (batch < 1) {
@@ -182,7 +207,7 @@ absl::Status RemovePrefixIndexNode(RedisClient& client, absl::string_view node, 
     (void)reply;
   }
   PD_ASSIGN_OR_RETURN(std::vector<RedisReply> replies,
-                      client.Pipeline({{"DEL", set_key},
+                      client.Pipeline({{"DEL", set_key, client.Key(PrefixPeerKey(node))},
                                        {"SREM", client.Key(kPrefixNodesKey), std::string(node)}}));
   for (const RedisReply& r : replies) {
     PD_RETURN_IF_ERROR(r.ToStatus());

@@ -4,6 +4,9 @@
 //   blk:<node>:<32 lower-case hex digits of the hash>  string "dram" or "nvme", with a TTL
 //   node:<node>:blocks                                 SET of the hex hashes <node> published
 //   nodes                                              SET of node names that published
+//   peer:<node>                                        string: the gRPC address ("host:port") at
+//                                                      which <node>'s pd-tierd serves PeerRead to
+//                                                      other nodes, with a TTL it keeps renewing
 // docs/redis_index.md describes how the writer keeps it current.
 //
 // Node names are 1..255 bytes without ':', ASCII spaces or control characters, so a key names
@@ -32,6 +35,7 @@ enum class PrefixTier : uint8_t { kDram, kNvme };
 std::string PrefixBlockKey(absl::string_view node, const BlockHash& hash);  // blk:<node>:<hex>
 std::string PrefixNodeBlocksKey(absl::string_view node);                    // node:<node>:blocks
 inline constexpr absl::string_view kPrefixNodesKey = "nodes";
+std::string PrefixPeerKey(absl::string_view node);  // peer:<node>
 
 // "dram" / "nvme", the values of blk: keys. ParsePrefixTier is the inverse; it returns false
 // (leaving *tier alone) for any other value.
@@ -69,9 +73,15 @@ absl::StatusOr<std::vector<std::vector<PrefixTier>>> LookupPrefixTiersBatch(
 absl::StatusOr<std::vector<std::string>> ScanSetMembers(RedisClient& client,
                                                         const std::string& set_key, int64_t count);
 
-// Deletes every entry `node` published (its membership set's members), the set itself, and the
-// node's name from `nodes`. Keys written without reaching the set expire by their TTL.
-// Errors: InvalidArgument (node name, batch < 1), or the client's errors.
+// The peer addresses of `nodes` (result i answers nodes[i]; "" when the node published none or
+// it expired), in one MGET. Errors: InvalidArgument (a node name), Internal (malformed reply),
+// the client's errors.
+absl::StatusOr<std::vector<std::string>> LookupPeerAddresses(RedisClient& client,
+                                                             absl::Span<const std::string> nodes);
+
+// Deletes every entry `node` published (its membership set's members), the set itself, its peer
+// address, and the node's name from `nodes`. Keys written without reaching the set expire by their
+// TTL. Errors: InvalidArgument (node name, batch < 1), or the client's errors.
 absl::Status RemovePrefixIndexNode(RedisClient& client, absl::string_view node,
                                    int64_t batch = 1024);
 

@@ -17,6 +17,7 @@ TEST(PrefixIndexKeysTest, FormatsKeysWithLowerCaseHex) {
   const BlockHash hash{0xABCDEF0011223344ULL, 0x5566778899AABBCCULL};
   EXPECT_EQ(PrefixBlockKey("node-1", hash), "blk:node-1:abcdef00112233445566778899aabbcc");
   EXPECT_EQ(PrefixNodeBlocksKey("node-1"), "node:node-1:blocks");
+  EXPECT_EQ(PrefixPeerKey("node-1"), "peer:node-1");
   EXPECT_EQ(kPrefixNodesKey, "nodes");
   RedisConfig config;
   config.key_prefix = "pd:c1:";

@@ -40,6 +40,17 @@ ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty =
 ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
 ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(absl::Duration, redis_entry_ttl, absl::Minutes(10), "TTL of a block's Redis entry");
+ABSL_FLAG(std::string, peer_transport, "",
+          "cluster-wide cache: KV transport other nodes' tierds read this node's blocks with, "
+          "and this node fetches theirs with (tcp or ucx; empty = off; needs --redis_address)");
+ABSL_FLAG(std::string, peer_transport_host, "127.0.0.1",
+          "numeric IPv4 address the peer transport listens on (this node's cluster address)");
+ABSL_FLAG(std::string, peer_advertise_address, "",
+          "host:port other nodes dial for PeerRead; empty = --grpc_address as bound");
+ABSL_FLAG(int32_t, peer_max_reads, 4, "PeerRead calls served at once (more are refused)");
+ABSL_FLAG(int64_t, peer_fetch_max_blocks, 256, "blocks asked of a peer per fetch");
+ABSL_FLAG(absl::Duration, peer_fetch_timeout, absl::Seconds(2),
+          "bound of one fetch from a peer (RPC + transfer); past it the worker recomputes");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10), "SIGTERM drain bound");
 // --tls_cert, --tls_key, --tls_ca: services/base/tls_flags.h.
 ABSL_FLAG(std::string, cluster_token_file, "",
@@ -90,6 +101,12 @@ absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
     }
   }
   c.redis_entry_ttl = absl::GetFlag(FLAGS_redis_entry_ttl);
+  c.peer_transport = absl::GetFlag(FLAGS_peer_transport);
+  c.peer_transport_host = absl::GetFlag(FLAGS_peer_transport_host);
+  c.peer_advertise_address = absl::GetFlag(FLAGS_peer_advertise_address);
+  c.peer_max_reads = absl::GetFlag(FLAGS_peer_max_reads);
+  c.peer_fetch_max_blocks = absl::GetFlag(FLAGS_peer_fetch_max_blocks);
+  c.peer_fetch_timeout = absl::GetFlag(FLAGS_peer_fetch_timeout);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   c.tls = pd::services::ServerTlsFromFlags();
   c.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
@@ -104,7 +121,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "pd-tierd: keeps a node's evicted KV blocks in DRAM and on NVMe for its workers\n"
       "  pd-tierd --model PATH [--dram_mib N] [--nvme_dir DIR --nvme_mib N] "
-      "[--redis_address HOST:PORT]");
+      "[--redis_address HOST:PORT [--peer_transport tcp|ucx]]");
   pd::services::ShutdownSignal shutdown;  // before any other thread starts
   absl::StatusOr<pd::tierd::TierdConfig> config = ConfigFromFlags();
   if (!config.ok()) {

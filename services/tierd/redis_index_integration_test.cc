@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/redis/prefix_index.h"
 #include "common/testing/redis_server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -478,8 +479,17 @@ TEST_F(RedisIndexIntegrationTest, RemoveNodeDeletesEverythingOfThatNode) {
   auto client = Client(Redis());
   ASSERT_NE(client, nullptr);
   EXPECT_THAT(Members(*client, client->Key("nodes")), ElementsAre("n1", "n2"));
+  // Peer addresses (remote restore) go with the node too.
+  ASSERT_TRUE(client->Command({"SET", client->Key("peer:n1"), "10.0.0.1:50071"}).ok());
+  ASSERT_TRUE(client->Command({"SET", client->Key("peer:n2"), "10.0.0.2:50071"}).ok());
+  auto peers = redis::LookupPeerAddresses(*client, {"n1", "n2", "n3"});
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  EXPECT_THAT(*peers, ElementsAre("10.0.0.1:50071", "10.0.0.2:50071", ""));
 
   ASSERT_TRUE(RedisIndex::RemoveNode(*client, "n1", /*batch=*/1).ok());
+  peers = redis::LookupPeerAddresses(*client, {"n1", "n2"});
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  EXPECT_THAT(*peers, ElementsAre("", "10.0.0.2:50071"));
   EXPECT_THAT(LookupOrEmpty(*client, "n1", {H(1), H(2)}), IsEmpty());
   EXPECT_THAT(Members(*client, client->Key("node:n1:blocks")), IsEmpty());
   EXPECT_THAT(Members(*client, client->Key("nodes")), ElementsAre("n2"));

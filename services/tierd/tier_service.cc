@@ -8,6 +8,7 @@
 #include "common/log/log.h"
 #include "services/base/grpc_status.h"
 #include "services/base/kv_layout_proto.h"
+#include "services/tierd/peer_link.h"
 
 namespace pd::tierd {
 
@@ -136,8 +137,7 @@ grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext* context,
   if (absl::Status s = CheckSession(req->session_id()); !s.ok()) {
     return services::ToGrpcStatus(s);
   }
-  absl::StatusOr<std::vector<BlockHash>> hashes =
-      ParseHashes(req->block_hashes(), "block_hashes");
+  absl::StatusOr<std::vector<BlockHash>> hashes = ParseHashes(req->block_hashes(), "block_hashes");
   if (!hashes.ok()) {
     return services::ToGrpcStatus(hashes.status());
   }
@@ -152,8 +152,8 @@ grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext* context,
       return Invalid(absl::StrCat("allocate_slots: block ", h.ToHex(), " is listed twice"));
     }
   }
-  for (const Reservation& r : store_->AllocateSlots(SessionId(req->session_id()), *hashes,
-                                                    req->unbound_slots())) {
+  for (const Reservation& r :
+       store_->AllocateSlots(SessionId(req->session_id()), *hashes, req->unbound_slots())) {
     v1::SlotGrant* g = resp->add_grants();
     switch (r.outcome) {
       case ReserveOutcome::kGranted:
@@ -183,14 +183,14 @@ grpc::Status TierServiceImpl::Commit(grpc::ServerContext* context, const v1::Com
     const v1::CommitEntry& e = req->entries(i);
     absl::StatusOr<BlockHash> hash = BlockHash::FromBytes(e.block_hash());
     if (!hash.ok()) {
-      return Invalid(absl::StrCat("commit: entries[", i, "].block_hash: ", hash.status().message()));
+      return Invalid(
+          absl::StrCat("commit: entries[", i, "].block_hash: ", hash.status().message()));
     }
     if (static_cast<int64_t>(e.slot()) >= store_->dram()->num_slots()) {
       resp->add_results(v1::COMMIT_STATUS_NOT_RESERVED);
       continue;
     }
-    switch (store_->Commit(SessionId(req->session_id()), DramSlot(e.slot()), *hash,
-                           e.checksum())) {
+    switch (store_->Commit(SessionId(req->session_id()), DramSlot(e.slot()), *hash, e.checksum())) {
       case CommitOutcome::kStored:
         resp->add_results(v1::COMMIT_STATUS_STORED);
         break;
@@ -220,16 +220,30 @@ grpc::Status TierServiceImpl::Promote(grpc::ServerContext* context, const v1::Pr
   if (!chain.ok()) {
     return services::ToGrpcStatus(chain.status());
   }
-  const std::vector<PromotedBlock> blocks = store_->Promote(SessionId(req->session_id()), *chain);
-  for (const PromotedBlock& b : blocks) {
+  const SessionId session(req->session_id());
+  std::vector<PromotedBlock> blocks = store_->Promote(session, *chain);
+  const size_t local = blocks.size();
+  if (peer_ != nullptr && local < chain->size()) {
+    // The rest of the chain from other nodes, into this node's DRAM, then pinned like the rest.
+    const absl::Span<const BlockHash> rest = absl::MakeConstSpan(*chain).subspan(local);
+    if (const int64_t fetched = peer_->Fetch(rest); fetched > 0) {
+      std::vector<PromotedBlock> more =
+          store_->Promote(session, rest.first(static_cast<size_t>(fetched)));
+      blocks.insert(blocks.end(), more.begin(), more.end());
+    }
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const PromotedBlock& b = blocks[i];
     v1::PromotedBlock* p = resp->add_blocks();
     p->set_slot(b.slot.value());
     p->set_checksum(b.checksum);
     p->set_source_tier(TierToProto(b.source));
+    p->set_remote(i >= local);
   }
   absl::MutexLock lock(&mu_);
   ++counters_.promotes_total;
   counters_.promote_hit_blocks_total += blocks.size();
+  counters_.promote_remote_blocks_total += blocks.size() - local;
   return grpc::Status::OK;
 }
 
@@ -259,6 +273,18 @@ grpc::Status TierServiceImpl::Stats(grpc::ServerContext* context, const v1::Stat
   }
   FillStats(resp);
   return grpc::Status::OK;
+}
+
+grpc::Status TierServiceImpl::PeerRead(grpc::ServerContext* context, const v1::PeerReadRequest* req,
+                                       v1::PeerReadResponse* resp) {
+  if (absl::Status s = auth_.Check(*context, "TierService.PeerRead"); !s.ok()) {
+    return services::ToGrpcStatus(s);
+  }
+  if (peer_ == nullptr) {
+    return services::ToGrpcStatus(absl::UnimplementedError(
+        "this pd-tierd serves no peers: start it with --peer_transport (and --redis_address)"));
+  }
+  return peer_->Serve(*req, resp);
 }
 
 void TierServiceImpl::FillStats(v1::TierStats* resp) const {

@@ -29,17 +29,20 @@
 
 namespace pd::tierd {
 
+class PeerLink;
+
 // Counters of the service itself (the stores count the rest).
 struct TierServiceStats {
-  int64_t sessions = 0;              // open now
-  uint64_t attaches_total = 0;       // successful Attach calls
+  int64_t sessions = 0;                // open now
+  uint64_t attaches_total = 0;         // successful Attach calls
   uint64_t attach_rejected_total = 0;  // Attach refused (layout mismatch, bad request)
   uint64_t lookups_total = 0;
   uint64_t lookup_hit_blocks_total = 0;
   uint64_t promotes_total = 0;
   uint64_t promote_hit_blocks_total = 0;
-  uint64_t unknown_session_total = 0;  // calls naming a session tierd does not know
-  uint64_t sessions_pruned_total = 0;  // dropped for idleness
+  uint64_t promote_remote_blocks_total = 0;  // of those, fetched from other nodes for the call
+  uint64_t unknown_session_total = 0;        // calls naming a session tierd does not know
+  uint64_t sessions_pruned_total = 0;        // dropped for idleness
 };
 
 class TierServiceImpl final : public pdserve::internal::v1::TierService::Service {
@@ -66,6 +69,13 @@ class TierServiceImpl final : public pdserve::internal::v1::TierService::Service
                        pdserve::internal::v1::ReleaseResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const pdserve::internal::v1::StatsRequest* req,
                      pdserve::internal::v1::TierStats* resp) override;
+  // UNIMPLEMENTED without a PeerLink; PeerLink::Serve otherwise.
+  grpc::Status PeerRead(grpc::ServerContext* ctx, const pdserve::internal::v1::PeerReadRequest* req,
+                        pdserve::internal::v1::PeerReadResponse* resp) override;
+
+  // The cluster-wide cache (may stay unset): PeerRead serves other nodes through it, and
+  // Promote fetches from other nodes what this one lacks of a chain. Call before serving.
+  void SetPeerLink(PeerLink* link) { peer_ = link; }
 
   // The Redis index whose state Stats reports (may stay unset: no Redis). Call before serving.
   void SetRedisIndex(const RedisIndex* index) { redis_index_ = index; }
@@ -95,6 +105,7 @@ class TierServiceImpl final : public pdserve::internal::v1::TierService::Service
   Clock* const clock_;
   std::string node_name_;
   const RedisIndex* redis_index_ = nullptr;
+  PeerLink* peer_ = nullptr;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);

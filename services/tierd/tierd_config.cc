@@ -42,14 +42,40 @@ absl::Status TierdConfig::Validate() const {
       return absl::InvalidArgumentError(absl::StrCat("--redis_address: ", s.message()));
     }
     if (redis_entry_ttl < absl::Seconds(1)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--redis_entry_ttl must be at least 1s, got ",
-                       absl::FormatDuration(redis_entry_ttl)));
+      return absl::InvalidArgumentError(absl::StrCat("--redis_entry_ttl must be at least 1s, got ",
+                                                     absl::FormatDuration(redis_entry_ttl)));
     }
   }
   if (maintenance_interval <= absl::ZeroDuration() ||
       session_idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("maintenance interval and session timeout must be > 0");
+  }
+  if (!peer_transport.empty()) {
+    if (peer_transport != "tcp" && peer_transport != "ucx") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--peer_transport must be tcp, ucx or empty (off), got '", peer_transport, "'"));
+    }
+    if (!redis.has_value()) {
+      return absl::InvalidArgumentError(
+          "--peer_transport needs --redis_address: peers find each other's blocks there");
+    }
+    if (tls.enabled() && tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--peer_transport with --tls_cert needs --tls_ca: peer tierds verify each other's "
+          "certificates with it");
+    }
+    if (peer_max_reads < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peer_max_reads must be >= 1, got ", peer_max_reads));
+    }
+    if (peer_fetch_max_blocks < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peer_fetch_max_blocks must be >= 1, got ", peer_fetch_max_blocks));
+    }
+    if (peer_fetch_timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("--peer_fetch_timeout must be > 0, got ",
+                                                     absl::FormatDuration(peer_fetch_timeout)));
+    }
   }
   return tls.Validate();
 }

@@ -17,8 +17,8 @@
 namespace pd::tierd {
 
 struct TierdConfig {
-  services::HostPort grpc_address{"127.0.0.1", 50071};     // TierService + health
-  services::HostPort metrics_address{"127.0.0.1", 9102};   // Prometheus /metrics
+  services::HostPort grpc_address{"127.0.0.1", 50071};    // TierService + health
+  services::HostPort metrics_address{"127.0.0.1", 9102};  // Prometheus /metrics
   // This node's name, as the node's workers report it (WorkerInfo.node_name) and as Redis
   // entries name it. Empty = the host name.
   std::string node_name;
@@ -28,7 +28,7 @@ struct TierdConfig {
   // compute them. Required.
   std::string model;
   std::string tokenizer;
-  int64_t block_size = 16;  // tokens per block; must match the workers
+  int64_t block_size = 16;                         // tokens per block; must match the workers
   kernels::DType kv_dtype = kernels::DType::kF32;  // KV cache dtype; must match the workers
   // The workers' --weight_dtype (int8 changes the fingerprint their blocks are kept under).
   engine::WeightDType weight_dtype = engine::WeightDType::kAuto;
@@ -48,6 +48,17 @@ struct TierdConfig {
   // Redis prefix index; unset = none (tiers still serve the node's workers).
   std::optional<redis::RedisConfig> redis;
   absl::Duration redis_entry_ttl = absl::Minutes(10);
+
+  // The cluster-wide cache (services/tierd/peer_link.h, docs/tiers.md "Remote restore"): the
+  // KV transport other nodes' tierds read this node's blocks with, and this node fetches
+  // theirs with ("tcp" or "ucx"; empty = off). Needs redis (where the blocks and the peers are).
+  std::string peer_transport;
+  std::string peer_transport_host = "127.0.0.1";  // numeric IPv4 the transport listens on
+  // This tierd's gRPC address as other nodes dial it; empty = --grpc_address as bound.
+  std::string peer_advertise_address;
+  int peer_max_reads = 4;                                // PeerRead served at once
+  int64_t peer_fetch_max_blocks = 256;                   // blocks asked per fetch
+  absl::Duration peer_fetch_timeout = absl::Seconds(2);  // RPC + transfer of one fetch
 
   // Background work: claim expiry, watermark spills, idle-session clean-up.
   absl::Duration maintenance_interval = absl::Milliseconds(200);

@@ -29,6 +29,9 @@ class RedisSink final : public LocationSink {
   RedisIndex* const index_;
 };
 
+// Lifetime of this node's peer:<node> address in Redis; renewed every third of it.
+constexpr absl::Duration kPeerAddressTtl = absl::Seconds(30);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfig& config,
@@ -58,18 +61,17 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   dram.block_bytes = layout.block_bytes();
   dram.num_slots = (config.dram_mib << 20) / SlotBytesFor(layout.block_bytes());
   if (dram.num_slots < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dram_mib ", config.dram_mib, " holds no block of ", layout.block_bytes(),
-                     " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dram_mib ", config.dram_mib, " holds no block of ", layout.block_bytes(), " bytes"));
   }
   dram.high_watermark = config.high_watermark;
   dram.low_watermark = config.low_watermark;
   dram.lease = config.lease;
   absl::StatusOr<std::unique_ptr<DramPool>> pool = DramPool::Create(dram);
   if (!pool.ok()) {
-    return absl::Status(pool.status().code(), absl::StrCat("--dram_mib ", config.dram_mib, " (",
-                                                           dram.num_slots, " slots): ",
-                                                           pool.status().message()));
+    return absl::Status(pool.status().code(),
+                        absl::StrCat("--dram_mib ", config.dram_mib, " (", dram.num_slots,
+                                     " slots): ", pool.status().message()));
   }
   s->dram_ = *std::move(pool);
 
@@ -77,15 +79,14 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     NvmeStoreConfig nvme;
     nvme.dir = config.nvme_dir;
     nvme.block_bytes = layout.block_bytes();
-    nvme.capacity_blocks = std::max<int64_t>(1, (config.nvme_mib << 20) /
-                                                    SlotBytesFor(layout.block_bytes()));
+    nvme.capacity_blocks =
+        std::max<int64_t>(1, (config.nvme_mib << 20) / SlotBytesFor(layout.block_bytes()));
     nvme.model_fingerprint = fingerprint;
     nvme.verify_on_open = config.nvme_verify_on_open;
     absl::StatusOr<std::unique_ptr<NvmeStore>> store = NvmeStore::Open(nvme);
     if (!store.ok()) {
-      return absl::Status(store.status().code(),
-                          absl::StrCat("--nvme_dir ", config.nvme_dir, ": ",
-                                       store.status().message()));
+      return absl::Status(store.status().code(), absl::StrCat("--nvme_dir ", config.nvme_dir, ": ",
+                                                              store.status().message()));
     }
     s->nvme_ = *std::move(store);
   }
@@ -111,8 +112,8 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     RedisIndexConfig ic;
     ic.node = s->node_;
     ic.entry_ttl = config.redis_entry_ttl;
-    absl::StatusOr<std::unique_ptr<RedisIndex>> index = RedisIndex::Create(
-        *config.redis, ic, [self] { return self->store_->Snapshot(); });
+    absl::StatusOr<std::unique_ptr<RedisIndex>> index =
+        RedisIndex::Create(*config.redis, ic, [self] { return self->store_->Snapshot(); });
     if (!index.ok()) {
       return absl::Status(index.status().code(),
                           absl::StrCat("--redis_address: ", index.status().message()));
@@ -134,6 +135,37 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     }
   }
 
+  if (!config.peer_transport.empty()) {
+    PeerLinkConfig pc;
+    pc.transport.backend = config.peer_transport;
+    pc.transport.listen_host = config.peer_transport_host;
+    pc.max_reads = config.peer_max_reads;
+    pc.max_fetch_blocks = config.peer_fetch_max_blocks;
+    pc.fetch_timeout = config.peer_fetch_timeout;
+    pc.node = s->node_;
+    // Outgoing calls to other tierds: this tierd's certificate (mTLS) and CA, the cluster token.
+    std::vector<services::CallHeader> headers;
+    if (!config.cluster_token_file.empty()) {
+      PD_ASSIGN_OR_RETURN(std::string token, services::ReadSecretFile(
+                                                 config.cluster_token_file, "--cluster_token_file",
+                                                 services::kMinClusterTokenBytes));
+      headers.push_back(services::ClusterTokenHeader(token));
+    }
+    services::TlsClientConfig peer_tls;
+    if (config.tls.enabled()) {
+      peer_tls = {config.tls.client_ca_file, config.tls.cert_file, config.tls.key_file};
+    }
+    PD_ASSIGN_OR_RETURN(std::shared_ptr<const services::ClientSecurity> peer_security,
+                        services::ClientSecurity::Create(peer_tls, std::move(headers), "--tls_"));
+    auto directory = std::make_unique<RedisPeerDirectory>(
+        *config.redis, s->node_, config.peer_advertise_address, kPeerAddressTtl);
+    s->peer_directory_ = directory.get();
+    PD_ASSIGN_OR_RETURN(s->peer_, PeerLink::Create(std::move(pc), s->store_.get(),
+                                                   services::LayoutToProto(layout, fingerprint),
+                                                   std::move(directory), std::move(peer_security)));
+    s->service_->SetPeerLink(s->peer_.get());
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.grpc_address.ToString(), credentials, &s->port_);
@@ -143,6 +175,12 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("--grpc_address ", config.grpc_address.ToString(), ": cannot start server"));
+  }
+  if (s->peer_ != nullptr) {
+    if (config.peer_advertise_address.empty()) {
+      s->peer_directory_->SetAddress(s->address());
+    }
+    s->peer_->Announce();
   }
   s->maintenance_ = std::thread([self] { self->MaintenanceLoop(); });
   s->indexer_ = std::thread([self] { self->IndexLoop(); });
@@ -167,8 +205,8 @@ std::string TierdServer::Describe() const {
       "tierd on node ", node_, " at ", address(),
       config_.tls.enabled() ? (config_.tls.client_ca_file.empty() ? " (tls)" : " (mtls)")
                             : " (plaintext)",
-      config_.cluster_token_file.empty() ? "" : ", cluster token on", ": DRAM ", dram_->num_slots(), " slots of ",
-      dram_->block_bytes(), " bytes in ", dram_->shm_name());
+      config_.cluster_token_file.empty() ? "" : ", cluster token on", ": DRAM ", dram_->num_slots(),
+      " slots of ", dram_->block_bytes(), " bytes in ", dram_->shm_name());
   if (nvme_ != nullptr) {
     const NvmeStoreStats st = nvme_->Stats();
     absl::StrAppend(&out, ", NVMe ", st.capacity_blocks, " blocks in ", nvme_->dir(), " (",
@@ -176,15 +214,20 @@ std::string TierdServer::Describe() const {
   } else {
     absl::StrAppend(&out, ", no NVMe tier");
   }
-  absl::StrAppend(&out, redis_index_ != nullptr
-                            ? absl::StrCat(", redis index at ", config_.redis->host, ":",
-                                           config_.redis->port)
-                            : (sink_ != nullptr ? ", location index on" : ", no redis index"));
+  if (peer_ != nullptr) {
+    absl::StrAppend(&out, ", peer transport ", config_.peer_transport, " (max ",
+                    config_.peer_max_reads, " reads served)");
+  }
+  absl::StrAppend(
+      &out, redis_index_ != nullptr
+                ? absl::StrCat(", redis index at ", config_.redis->host, ":", config_.redis->port)
+                : (sink_ != nullptr ? ", location index on" : ", no redis index"));
   return out;
 }
 
 void TierdServer::MaintenanceLoop() {
   absl::Time last_prune = absl::Now();
+  absl::Time last_announce = absl::Now();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -202,6 +245,10 @@ void TierdServer::MaintenanceLoop() {
               << " written to NVMe, " << spilled.dropped << " dropped)";
       absl::MutexLock lock(&mu_);
       ++spill_rounds_total_;
+    }
+    if (peer_ != nullptr && absl::Now() - last_announce > kPeerAddressTtl / 3) {
+      peer_->Announce();
+      last_announce = absl::Now();
     }
     if (absl::Now() - last_prune > config_.session_idle_timeout / 4) {
       service_->PruneIdleSessions(config_.session_idle_timeout);
@@ -292,8 +339,7 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
       sink.AddGauge("pd_tierd_blocks", "Blocks held per tier (DRAM: valid, i.e. readable)",
                     d(blocks), l);
       sink.AddGauge("pd_tierd_bytes", "Block bytes held per tier", d(bytes), l);
-      sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier", d(stored),
-                      l);
+      sink.AddCounter("pd_tierd_stored_blocks_total", "Blocks stored into each tier", d(stored), l);
       sink.AddCounter("pd_tierd_evicted_blocks_total", "Blocks that left each tier to make room",
                       d(evicted), l);
       sink.AddCounter("pd_tierd_hit_blocks_total", "Blocks served to workers from each tier",
@@ -384,6 +430,45 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
     sink.AddCounter("pd_tierd_attach_rejected_total",
                     "Attach calls refused (layout mismatch, bad request)",
                     d(sv.attach_rejected_total));
+    sink.AddCounter("pd_tierd_promote_remote_blocks_total",
+                    "Blocks Promote fetched from other nodes' tierds for the call",
+                    d(sv.promote_remote_blocks_total));
+    if (peer_ != nullptr) {
+      const PeerLinkStats p = peer_->Stats();
+      for (const auto& [result, n] : {std::pair<const char*, uint64_t>{"ok", p.reads_total},
+                                      {"short", p.reads_short_total},
+                                      {"busy", p.reads_busy_total},
+                                      {"failed", p.reads_failed_total}}) {
+        sink.AddCounter("pd_tierd_peer_reads_total",
+                        "PeerRead calls served to other nodes, by result", d(n),
+                        {{"result", result}});
+      }
+      sink.AddCounter("pd_tierd_peer_read_blocks_total", "Blocks sent to other nodes",
+                      d(p.read_blocks_total));
+      sink.AddCounter("pd_tierd_peer_read_bytes_total", "Block bytes sent to other nodes",
+                      d(p.read_bytes_total));
+      sink.AddGauge("pd_tierd_peer_reads_in_flight", "PeerRead calls being served now",
+                    d(p.reads_in_flight));
+      sink.AddGauge("pd_tierd_peer_pinned_blocks", "Blocks pinned by PeerRead calls now",
+                    d(p.pinned_blocks));
+      sink.AddCounter("pd_tierd_peer_fetches_total",
+                      "Fetches from other nodes attempted (a holder was found)",
+                      d(p.fetches_total));
+      sink.AddCounter("pd_tierd_peer_fetch_failures_total",
+                      "Fetches that stored nothing (holder dead, busy, timed out, ...)",
+                      d(p.fetch_failures_total));
+      sink.AddCounter("pd_tierd_peer_lookup_failures_total",
+                      "Failed lookups of other nodes' blocks in Redis", d(p.lookup_failures_total));
+      sink.AddCounter("pd_tierd_peer_fetched_blocks_total", "Blocks fetched from other nodes",
+                      d(p.fetched_blocks_total));
+      sink.AddCounter("pd_tierd_peer_fetched_bytes_total", "Block bytes fetched from other nodes",
+                      d(p.fetched_bytes_total));
+      sink.AddCounter("pd_tierd_peer_fetch_corrupt_total",
+                      "Fetched blocks that failed the holder's checksum", d(p.fetch_corrupt_total));
+      sink.AddCounter("pd_tierd_peer_fetch_seconds_total",
+                      "Wall time of fetches that stored blocks",
+                      absl::ToDoubleSeconds(p.fetch_time_total));
+    }
   });
 }
 

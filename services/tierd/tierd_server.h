@@ -30,6 +30,7 @@
 #include "services/tierd/admission_guard.h"
 #include "services/tierd/dram_pool.h"
 #include "services/tierd/nvme_store.h"
+#include "services/tierd/peer_link.h"
 #include "services/tierd/redis_index.h"
 #include "services/tierd/tier_service.h"
 #include "services/tierd/tier_store.h"
@@ -73,6 +74,7 @@ class TierdServer {
 
   TierStore* store() { return store_.get(); }
   TierServiceImpl* service() { return service_.get(); }
+  PeerLink* peer() { return peer_.get(); }  // null without --peer_transport
 
   // Waits until every tier change queued so far has been handed to the sink (tests).
   void FlushIndexForTest();
@@ -103,9 +105,11 @@ class TierdServer {
   std::unique_ptr<AdmissionGuard> guard_;
   std::unique_ptr<TierStore> store_;
   std::unique_ptr<TierServiceImpl> service_;
-  std::unique_ptr<RedisIndex> redis_index_;   // when --redis_address is set
-  std::unique_ptr<LocationSink> owned_sink_;  // forwards to redis_index_
-  LocationSink* sink_ = nullptr;              // owned_sink_ or the caller's; may be null
+  std::unique_ptr<RedisIndex> redis_index_;       // when --redis_address is set
+  std::unique_ptr<LocationSink> owned_sink_;      // forwards to redis_index_
+  std::unique_ptr<PeerLink> peer_;                // with --peer_transport
+  RedisPeerDirectory* peer_directory_ = nullptr;  // owned by peer_
+  LocationSink* sink_ = nullptr;                  // owned_sink_ or the caller's; may be null
   std::unique_ptr<grpc::Server> server_;
 
   absl::Mutex resolve_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ResolveChanges at a time

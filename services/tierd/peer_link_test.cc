@@ -1,0 +1,326 @@
+// The cluster-wide cache between two nodes' pd-tierds (issue #19 item 1): real TierdServers over
+// gRPC on loopback, the tcp KV transport between them, a real redis-server as the directory, and
+// worker sessions that map each node's shared-memory pool as a worker does.
+#include "services/tierd/peer_link.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/redis/redis_client.h"
+#include "common/testing/redis_server.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pd/v1/tierd.grpc.pb.h"
+#include "services/tierd/checksum.h"
+#include "services/tierd/redis_index.h"
+#include "services/tierd/tierd_server.h"
+#include "services/tierd/tierd_test_util.h"
+
+namespace pd::tierd {
+namespace {
+
+namespace v1 = pdserve::internal::v1;
+using ::testing::HasSubstr;
+
+BlockHash HashOf(int i) {
+  std::string bytes(16, '\0');
+  std::memcpy(bytes.data(), &i, sizeof(i));
+  bytes[15] = 0x3c;
+  return *BlockHash::FromBytes(bytes);
+}
+
+std::string Hashes(int first, int n) {
+  std::vector<BlockHash> hashes;
+  for (int i = first; i < first + n; ++i) hashes.push_back(HashOf(i));
+  return ConcatBlockHashes(hashes);
+}
+
+// A worker's session on one tierd: attach, map the pool, offer blocks whose bytes are a
+// pattern of their index, promote chains and read the slots.
+class WorkerSession {
+ public:
+  WorkerSession(const std::string& address, const v1::KvLayout& layout) : layout_(layout) {
+    stub_ =
+        v1::TierService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    v1::AttachRequest req;
+    req.set_worker_id("w");
+    *req.mutable_layout() = layout;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub_->Attach(&ctx, req, &attach_).ok());
+    auto region = DramPool::MapExisting(attach_.shm_name(), attach_.num_slots(),
+                                        static_cast<int64_t>(attach_.slot_bytes()));
+    EXPECT_TRUE(region.ok()) << region.status();
+    if (region.ok()) region_ = *std::move(region);
+  }
+
+  const uint8_t* Slot(uint32_t slot) const { return region_->data() + slot * attach_.slot_bytes(); }
+
+  // Offers HashOf(first..first+n), block i filled with byte i & 0xff; returns blocks stored.
+  int Offer(int first, int n) {
+    v1::AllocateSlotsRequest areq;
+    areq.set_session_id(attach_.session_id());
+    areq.set_block_hashes(Hashes(first, n));
+    v1::AllocateSlotsResponse aresp;
+    grpc::ClientContext actx;
+    EXPECT_TRUE(stub_->AllocateSlots(&actx, areq, &aresp).ok());
+    v1::CommitRequest creq;
+    creq.set_session_id(attach_.session_id());
+    for (int k = 0; k < aresp.grants_size(); ++k) {
+      if (aresp.grants(k).status() != v1::SLOT_GRANT_STATUS_GRANTED) continue;
+      const uint32_t slot = aresp.grants(k).slot();
+      uint8_t* data = region_->data() + slot * attach_.slot_bytes();
+      std::memset(data, (first + k) & 0xff, layout_.block_bytes());
+      v1::CommitEntry* e = creq.add_entries();
+      e->set_block_hash(HashOf(first + k).ToBytes());
+      e->set_slot(slot);
+      e->set_checksum(BlockChecksum(absl::MakeConstSpan(data, layout_.block_bytes())));
+    }
+    v1::CommitResponse cresp;
+    grpc::ClientContext cctx;
+    EXPECT_TRUE(stub_->Commit(&cctx, creq, &cresp).ok());
+    int stored = 0;
+    for (int r : cresp.results()) stored += r == v1::COMMIT_STATUS_STORED;
+    return stored;
+  }
+
+  std::vector<v1::PromotedBlock> Promote(int first, int n) {
+    v1::PromoteRequest req;
+    req.set_session_id(attach_.session_id());
+    req.set_block_hashes(Hashes(first, n));
+    v1::PromoteResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub_->Promote(&ctx, req, &resp).ok());
+    return {resp.blocks().begin(), resp.blocks().end()};
+  }
+
+  void Release(const std::vector<v1::PromotedBlock>& blocks) {
+    v1::ReleaseRequest req;
+    req.set_session_id(attach_.session_id());
+    for (const v1::PromotedBlock& b : blocks) req.add_slots(b.slot());
+    v1::ReleaseResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub_->Release(&ctx, req, &resp).ok());
+  }
+
+  v1::TierStats Stats() {
+    v1::TierStats stats;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub_->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+    return stats;
+  }
+
+  v1::TierService::Stub* stub() { return stub_.get(); }
+
+ private:
+  v1::KvLayout layout_;
+  std::unique_ptr<v1::TierService::Stub> stub_;
+  v1::AttachResponse attach_;
+  std::unique_ptr<ShmRegion> region_;
+};
+
+class PeerLinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    layout_ = testing::Stories260KLayout();
+    auto redis = pd::testing::RedisServer::Start({});
+    ASSERT_TRUE(redis.ok()) << redis.status();
+    redis_ = *std::move(redis);
+    rc_.host = redis_->host();
+    rc_.port = redis_->port();
+    rc_.key_prefix = "pdpeer:";
+  }
+
+  TierdConfig NodeConfig(const std::string& node) {
+    TierdConfig c = testing::TestTierdConfig(node, 1);
+    c.redis = rc_;
+    c.peer_transport = "tcp";
+    c.maintenance_interval = absl::Milliseconds(20);
+    c.peer_fetch_timeout = absl::Seconds(2);
+    return c;
+  }
+
+  std::unique_ptr<TierdServer> StartNode(const std::string& node, metrics::Registry* registry) {
+    auto s = TierdServer::Start(NodeConfig(node), registry);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  // Waits until Redis says `node` holds HashOf(first..first+n).
+  bool WaitIndexed(const std::string& node, int first, int n) {
+    std::vector<BlockHash> chain;
+    for (int i = first; i < first + n; ++i) chain.push_back(HashOf(i));
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      auto client = redis::RedisClient::Connect(rc_);
+      if (client.ok()) {
+        auto tiers = RedisIndex::Lookup(**client, node, chain);
+        if (tiers.ok() && static_cast<int>(tiers->size()) == n) return true;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  v1::KvLayout layout_;
+  std::unique_ptr<pd::testing::RedisServer> redis_;
+  redis::RedisConfig rc_;
+  metrics::Registry registry_a_, registry_b_;
+};
+
+TEST_F(PeerLinkTest, AnotherNodesBlocksAreFetchedVerifiedAndKept) {
+  std::unique_ptr<TierdServer> a = StartNode("peer-node-a", &registry_a_);
+  std::unique_ptr<TierdServer> b = StartNode("peer-node-b", &registry_b_);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  WorkerSession on_a(a->address(), layout_);
+  WorkerSession on_b(b->address(), layout_);
+  ASSERT_EQ(on_a.Offer(0, 6), 6);
+  ASSERT_EQ(on_b.Offer(0, 2), 2);  // B holds the first two itself
+  ASSERT_TRUE(WaitIndexed("peer-node-a", 0, 6)) << redis_->LogTail();
+
+  // B's chain 0..7: two local blocks, four from A, then the chain ends (nobody holds 6, 7).
+  std::vector<v1::PromotedBlock> blocks = on_b.Promote(0, 8);
+  ASSERT_EQ(blocks.size(), 6u);
+  for (int k = 0; k < 6; ++k) {
+    SCOPED_TRACE(k);
+    EXPECT_EQ(blocks[k].remote(), k >= 2);
+    EXPECT_EQ(blocks[k].source_tier(), v1::TIER_DRAM);
+    const uint8_t* data = on_b.Slot(blocks[k].slot());
+    EXPECT_EQ(BlockChecksum(absl::MakeConstSpan(data, layout_.block_bytes())),
+              blocks[k].checksum());
+    EXPECT_EQ(data[0], k);
+    EXPECT_EQ(data[layout_.block_bytes() - 1], k);
+  }
+  on_b.Release(blocks);
+
+  // The fetched blocks are B's own now: a second Promote finds them locally, fetches nothing.
+  blocks = on_b.Promote(0, 6);
+  ASSERT_EQ(blocks.size(), 6u);
+  for (const v1::PromotedBlock& p : blocks) EXPECT_FALSE(p.remote());
+  on_b.Release(blocks);
+  ASSERT_TRUE(WaitIndexed("peer-node-b", 0, 6));
+
+  ASSERT_NE(b->peer(), nullptr);
+  const PeerLinkStats fb = b->peer()->Stats();
+  EXPECT_EQ(fb.fetches_total, 1u);
+  EXPECT_EQ(fb.fetched_blocks_total, 4u);
+  EXPECT_EQ(fb.fetched_bytes_total, 4u * layout_.block_bytes());
+  EXPECT_EQ(fb.fetch_failures_total, 0u);
+  const PeerLinkStats sa = a->peer()->Stats();
+  EXPECT_EQ(sa.reads_total, 1u);
+  EXPECT_EQ(sa.read_blocks_total, 4u);
+  EXPECT_EQ(sa.pinned_blocks, 0);  // released after the transfer
+  EXPECT_EQ(sa.reads_in_flight, 0);
+  EXPECT_EQ(on_a.Stats().tiers(0).pinned_blocks(), 0u);
+  EXPECT_EQ(on_b.Stats().tiers(0).pinned_blocks(), 0u);
+  EXPECT_THAT(registry_a_.RenderPrometheus(),
+              HasSubstr("pd_tierd_peer_reads_total{result=\"ok\"} 1"));
+  EXPECT_THAT(registry_b_.RenderPrometheus(), HasSubstr("pd_tierd_peer_fetched_blocks_total 4"));
+  EXPECT_THAT(registry_b_.RenderPrometheus(), HasSubstr("pd_tierd_promote_remote_blocks_total 4"));
+}
+
+// The holder dies: B's Promote answers what B has (nothing) within the fetch timeout, leaks no
+// slot, and counts the failure; the holder restarted and offered again serves fetches again.
+TEST_F(PeerLinkTest, DeadHolderMeansRecomputeAndFetchesResumeAfterItsRestart) {
+  std::unique_ptr<TierdServer> a = StartNode("peer-node-a", &registry_a_);
+  std::unique_ptr<TierdServer> b = StartNode("peer-node-b", &registry_b_);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  WorkerSession on_b(b->address(), layout_);
+  {
+    WorkerSession on_a(a->address(), layout_);
+    ASSERT_EQ(on_a.Offer(0, 4), 4);
+  }
+  ASSERT_TRUE(WaitIndexed("peer-node-a", 0, 4));
+  a.reset();  // Redis still says node a holds the blocks (until their TTL)
+
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(on_b.Promote(0, 4).empty());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_EQ(b->peer()->Stats().fetch_failures_total, 1u);
+  const v1::TierStats stats = on_b.Stats();
+  EXPECT_EQ(stats.tiers(0).used_blocks(), 0u);  // the reservations went back
+  EXPECT_EQ(stats.tiers(0).pinned_blocks(), 0u);
+
+  a = StartNode("peer-node-a", &registry_a_);  // empty: the index is reconciled on connect
+  ASSERT_NE(a, nullptr);
+  WorkerSession on_a(a->address(), layout_);
+  ASSERT_EQ(on_a.Offer(0, 3), 3);
+  ASSERT_TRUE(WaitIndexed("peer-node-a", 0, 3));
+  const std::vector<v1::PromotedBlock> blocks = on_b.Promote(0, 4);
+  ASSERT_EQ(blocks.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(blocks[k].remote());
+    EXPECT_EQ(on_b.Slot(blocks[k].slot())[0], k);
+  }
+  on_b.Release(blocks);
+  EXPECT_EQ(a->peer()->Stats().pinned_blocks, 0);
+}
+
+TEST_F(PeerLinkTest, PeerReadRefusesBadRequestsAndTierdsWithoutPeers) {
+  std::unique_ptr<TierdServer> a = StartNode("peer-node-a", &registry_a_);
+  ASSERT_NE(a, nullptr);
+  WorkerSession on_a(a->address(), layout_);
+  ASSERT_EQ(on_a.Offer(0, 2), 2);
+  v1::PeerReadRequest req;
+  req.set_block_hashes(Hashes(0, 2));
+  req.add_dst_slots(0);  // one slot for two blocks
+  v1::PeerReadResponse resp;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = on_a.stub()->PeerRead(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("1 dst_slots for 2 blocks"));
+  }
+  req.set_block_hashes("short");
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(on_a.stub()->PeerRead(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  req.set_block_hashes(Hashes(0, 2));
+  req.add_dst_slots(1);
+  req.set_endpoint("not an endpoint");
+  {
+    grpc::ClientContext ctx;
+    EXPECT_FALSE(on_a.stub()->PeerRead(&ctx, req, &resp).ok());
+  }
+  EXPECT_EQ(a->peer()->Stats().pinned_blocks, 0);  // pins taken for the bad endpoint went back
+  EXPECT_EQ(on_a.Stats().tiers(0).pinned_blocks(), 0u);
+  EXPECT_EQ(a->peer()->Stats().reads_failed_total, 3u);
+
+  // A tierd without --peer_transport.
+  TierdConfig plain = testing::TestTierdConfig("peer-node-c", 1);
+  auto c = TierdServer::Start(plain, &registry_b_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto stub = v1::TierService::NewStub(
+      grpc::CreateChannel((*c)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  const grpc::Status s = stub->PeerRead(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("--peer_transport"));
+}
+
+TEST_F(PeerLinkTest, ConfigErrorsNameTheFlag) {
+  TierdConfig c = NodeConfig("peer-node-a");
+  c.peer_transport = "smoke-signals";
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("--peer_transport must be tcp"));
+  c = NodeConfig("peer-node-a");
+  c.redis.reset();
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("needs --redis_address"));
+  c = NodeConfig("peer-node-a");
+  c.peer_max_reads = 0;
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("--peer_max_reads"));
+  c = NodeConfig("peer-node-a");
+  c.peer_fetch_timeout = absl::ZeroDuration();
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("--peer_fetch_timeout"));
+}
+
+}  // namespace
+}  // namespace pd::tierd
