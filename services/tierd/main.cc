@@ -49,7 +49,7 @@ ABSL_FLAG(std::string, peer_advertise_address, "",
           "host:port other nodes dial for PeerRead; empty = --grpc_address as bound");
 ABSL_FLAG(int32_t, peer_max_reads, 4, "PeerRead calls served at once (more are refused)");
 ABSL_FLAG(int64_t, peer_fetch_max_blocks, 256, "blocks asked of a peer per fetch");
-ABSL_FLAG(absl::Duration, peer_fetch_timeout, absl::Seconds(2),
+ABSL_FLAG(absl::Duration, peer_fetch_timeout, absl::Seconds(1),
           "bound of one fetch from a peer (RPC + transfer); past it the worker recomputes");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10), "SIGTERM drain bound");
 // --tls_cert, --tls_key, --tls_ca: services/base/tls_flags.h.

@@ -350,8 +350,14 @@ v1::TierService::Stub* PeerLink::StubFor(const std::string& address) {
   return stub.get();
 }
 
-int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain) {
+int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain, absl::Time deadline) {
   if (directory_ == nullptr || chain.empty()) {
+    return 0;
+  }
+  // What is left of the caller's deadline, less a margin for the pins and the answer.
+  const absl::Duration timeout =
+      std::min(config_.fetch_timeout, deadline - absl::Now() - absl::Milliseconds(250));
+  if (timeout < absl::Milliseconds(50)) {
     return 0;
   }
   chain =
@@ -371,7 +377,8 @@ int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain) {
     return 0;
   }
   const absl::Time start = absl::Now();
-  const int64_t stored = FetchFrom(*holder, chain.first(static_cast<size_t>(holder->blocks)));
+  const int64_t stored =
+      FetchFrom(*holder, chain.first(static_cast<size_t>(holder->blocks)), timeout);
   absl::MutexLock lock(&mu_);
   ++stats_.fetches_total;
   if (stored == 0) {
@@ -384,7 +391,9 @@ int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain) {
   return stored;
 }
 
-int64_t PeerLink::FetchFrom(const PeerHolder& holder, absl::Span<const BlockHash> chain) {
+int64_t PeerLink::FetchFrom(const PeerHolder& holder, absl::Span<const BlockHash> chain,
+                            absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   const SessionId session(NextId() | kPeerSessionBit);
   // The leading run of slots granted for the chain; anything after the first refusal (held
   // already: someone else fetches or offers it; no space) is given back.
@@ -426,7 +435,7 @@ int64_t PeerLink::FetchFrom(const PeerHolder& holder, absl::Span<const BlockHash
     }
     const uint64_t tag = NextId();
     transport::TransferOptions options;
-    options.timeout = config_.fetch_timeout;
+    options.timeout = std::max(absl::Milliseconds(1), deadline - absl::Now());
     absl::StatusOr<transport::Expectation> exp =
         transport_->ExpectTransfer(tag, region_, dst, options);
     if (!exp.ok()) {
@@ -444,7 +453,7 @@ int64_t PeerLink::FetchFrom(const PeerHolder& holder, absl::Span<const BlockHash
     req.set_node_name(config_.node);
     v1::PeerReadResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.fetch_timeout));
+    ctx.set_deadline(absl::ToChronoTime(deadline));
     const grpc::Status rpc = StubFor(holder.address)->PeerRead(&ctx, req, &resp);
     if (!rpc.ok() || resp.available() < slots.size() ||
         resp.checksums_size() != static_cast<int>(slots.size())) {
@@ -459,7 +468,8 @@ int64_t PeerLink::FetchFrom(const PeerHolder& holder, absl::Span<const BlockHash
       slots.resize(keep);
       continue;
     }
-    absl::StatusOr<transport::TransferState> state = transport_->Wait(exp->id, absl::Seconds(1));
+    absl::StatusOr<transport::TransferState> state =
+        transport_->Wait(exp->id, std::max(absl::ZeroDuration(), deadline - absl::Now()));
     if (!state.ok() || state->phase != transport::TransferPhase::kDone) {
       (void)transport_->Cancel(exp->id);
       log_failure(!state.ok()

@@ -103,7 +103,7 @@ struct PeerLinkConfig {
   transport::TransportConfig transport;
   int max_reads = 4;                                // PeerRead served at once; >= 1
   int64_t max_fetch_blocks = 256;                   // blocks asked per fetch; >= 1
-  absl::Duration fetch_timeout = absl::Seconds(2);  // RPC + transfer of one fetch; > 0
+  absl::Duration fetch_timeout = absl::Seconds(1);  // RPC + transfer of one fetch; > 0
   std::string node;                                 // this node's name (PeerReadRequest)
 
   // InvalidArgument naming the flag.
@@ -149,8 +149,10 @@ class PeerLink {
 
   // Brings the leading blocks of `chain` that another node holds into this node's DRAM tier
   // (committed, unpinned). Returns how many leading blocks of `chain` were stored; 0 on any
-  // failure (counted, logged once in a while). Never throws the caller an error.
-  int64_t Fetch(absl::Span<const BlockHash> chain);
+  // failure (counted, logged once in a while). Never fails the caller. The fetch ends by
+  // `deadline` less a margin (the caller's own RPC deadline: the worker must not give up on
+  // Promote while tierd still fetches for it) or after fetch_timeout, whichever is earlier.
+  int64_t Fetch(absl::Span<const BlockHash> chain, absl::Time deadline = absl::InfiniteFuture());
 
   // Renews this node's address in the directory (the maintenance thread calls it).
   void Announce();
@@ -163,8 +165,10 @@ class PeerLink {
            std::shared_ptr<const services::ClientSecurity> security);
 
   pdserve::internal::v1::TierService::Stub* StubFor(const std::string& address);
-  // One fetch of up to `chain.size()` blocks from `holder`; returns blocks stored.
-  int64_t FetchFrom(const PeerHolder& holder, absl::Span<const BlockHash> chain);
+  // One fetch of up to `chain.size()` blocks from `holder` within `timeout`; returns blocks
+  // stored.
+  int64_t FetchFrom(const PeerHolder& holder, absl::Span<const BlockHash> chain,
+                    absl::Duration timeout);
   uint64_t NextId();
 
   const PeerLinkConfig config_;

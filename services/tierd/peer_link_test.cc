@@ -116,6 +116,7 @@ class WorkerSession {
   }
 
   v1::TierService::Stub* stub() { return stub_.get(); }
+  uint64_t session_id() const { return attach_.session_id(); }
 
  private:
   v1::KvLayout layout_;
@@ -240,9 +241,7 @@ TEST_F(PeerLinkTest, DeadHolderMeansRecomputeAndFetchesResumeAfterItsRestart) {
   ASSERT_TRUE(WaitIndexed("peer-node-a", 0, 4));
   a.reset();  // Redis still says node a holds the blocks (until their TTL)
 
-  const absl::Time start = absl::Now();
   EXPECT_TRUE(on_b.Promote(0, 4).empty());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
   EXPECT_EQ(b->peer()->Stats().fetch_failures_total, 1u);
   const v1::TierStats stats = on_b.Stats();
   EXPECT_EQ(stats.tiers(0).used_blocks(), 0u);  // the reservations went back
@@ -261,6 +260,73 @@ TEST_F(PeerLinkTest, DeadHolderMeansRecomputeAndFetchesResumeAfterItsRestart) {
   }
   on_b.Release(blocks);
   EXPECT_EQ(a->peer()->Stats().pinned_blocks, 0);
+}
+
+// A holder that answers PeerRead only after `delay` (a stalled node).
+class StalledHolder final : public v1::TierService::Service {
+ public:
+  explicit StalledHolder(absl::Duration delay) : delay_(delay) {}
+  grpc::Status PeerRead(grpc::ServerContext* ctx, const v1::PeerReadRequest*,
+                        v1::PeerReadResponse*) override {
+    const absl::Time end = absl::Now() + delay_;
+    while (absl::Now() < end && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(10));
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "stalled");
+  }
+
+ private:
+  const absl::Duration delay_;
+};
+
+// The worker's Promote deadline bounds the fetch: a stalled holder costs at most that, the
+// reservations go back and nothing stays pinned.
+TEST_F(PeerLinkTest, StalledHolderIsAbandonedBeforeTheWorkersDeadline) {
+  StalledHolder stalled(absl::Seconds(10));
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&stalled);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  {  // Redis says node z holds blocks 0..3 and serves at the stalled address.
+    auto client = redis::RedisClient::Connect(rc_);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->Command({"SADD", (*client)->Key("nodes"), "peer-node-z"}).ok());
+    ASSERT_TRUE(
+        (*client)
+            ->Command({"SET", (*client)->Key("peer:peer-node-z"), absl::StrCat("127.0.0.1:", port)})
+            .ok());
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(
+          (*client)
+              ->Command({"SET", (*client)->Key(absl::StrCat("blk:peer-node-z:", HashOf(i).ToHex())),
+                         "dram"})
+              .ok());
+    }
+  }
+  std::unique_ptr<TierdServer> b = StartNode("peer-node-b", &registry_b_);
+  ASSERT_NE(b, nullptr);
+  WorkerSession on_b(b->address(), layout_);
+  auto stub = v1::TierService::NewStub(
+      grpc::CreateChannel(b->address(), grpc::InsecureChannelCredentials()));
+  std::vector<v1::PromotedBlock> blocks;
+  {
+    // The worker's own call, with its deadline (TierClient's rpc_timeout).
+    v1::PromoteResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(1500)));
+    v1::PromoteRequest preq;
+    preq.set_session_id(on_b.session_id());
+    preq.set_block_hashes(Hashes(0, 4));
+    const grpc::Status s = stub->Promote(&ctx, preq, &resp);
+    ASSERT_TRUE(s.ok())
+        << s.error_message();  // answered before the deadline, not DEADLINE_EXCEEDED
+    EXPECT_EQ(resp.blocks_size(), 0);
+  }
+  EXPECT_EQ(b->peer()->Stats().fetch_failures_total, 1u);
+  const v1::TierStats stats = on_b.Stats();
+  EXPECT_EQ(stats.tiers(0).used_blocks(), 0u);
+  EXPECT_EQ(stats.tiers(0).pinned_blocks(), 0u);
+  server->Shutdown(absl::ToChronoTime(absl::Now()));
 }
 
 TEST_F(PeerLinkTest, PeerReadRefusesBadRequestsAndTierdsWithoutPeers) {

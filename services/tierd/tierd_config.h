@@ -56,9 +56,10 @@ struct TierdConfig {
   std::string peer_transport_host = "127.0.0.1";  // numeric IPv4 the transport listens on
   // This tierd's gRPC address as other nodes dial it; empty = --grpc_address as bound.
   std::string peer_advertise_address;
-  int peer_max_reads = 4;                                // PeerRead served at once
-  int64_t peer_fetch_max_blocks = 256;                   // blocks asked per fetch
-  absl::Duration peer_fetch_timeout = absl::Seconds(2);  // RPC + transfer of one fetch
+  int peer_max_reads = 4;               // PeerRead served at once
+  int64_t peer_fetch_max_blocks = 256;  // blocks asked per fetch
+  // RPC + transfer of one fetch; below the workers' Promote deadline (TierClient rpc_timeout 2s).
+  absl::Duration peer_fetch_timeout = absl::Seconds(1);
 
   // Background work: claim expiry, watermark spills, idle-session clean-up.
   absl::Duration maintenance_interval = absl::Milliseconds(200);
