@@ -11,7 +11,11 @@
 # prompt was prefilled on node-b and its KV moved to node-c over UCX on TCP, that each worker is
 # attached to its own node's tierd, that blocks evicted on node-c reach node-c's tierd and are
 # published to Redis on node-a, that a prompt gives the same text after its blocks were evicted,
-# and that Redis answers across namespaces only with the password.
+# and that Redis answers across namespaces only with the password. Then remote restore (issue
+# #19): with one aggregated worker per node behind its own router, a prompt cached in node-c's
+# tierd is served on node-b from blocks node-b's tierd fetched from node-c's over the tcp KV
+# transport, with the cold run's greedy text; again with node-c's tierd stalled (SIGSTOP: node-b
+# recomputes, same text) and after node-c's tierd restarted (fetches resume).
 #
 # Safety (the machine is shared and must never send these packets out):
 #   - every process runs inside a namespace through `ip netns exec` (in_ns); nothing in the root
@@ -165,9 +169,11 @@ A=${ip_of[a]} B=${ip_of[b]} C=${ip_of[c]}
 start_in_ns a redis redis-server --bind "$A" --port 6379 --protected-mode no --save '' \
   --appendonly no --dir "$run/redis" --requirepass "$password"
 
+# Each tierd listens on every address of its node: its workers dial 127.0.0.1:50071, the other
+# node's tierd dials the node address it advertises for PeerRead (remote restore, tcp transport).
 tierd_args=(--model="$model" --tokenizer="$tokenizer" --dram_mib=64 --nvme_mib=64
-  --grpc_address=127.0.0.1:50071 --redis_address="$A:6379"
-  --redis_password_file="$run/redis.pw" --redis_key_prefix="$tag")
+  --grpc_address=0.0.0.0:50071 --redis_address="$A:6379"
+  --redis_password_file="$run/redis.pw" --redis_key_prefix="$tag" --peer_transport=tcp)
 metric() {  # metric NODE URL NAME_WITH_LABELS -> value or empty (curl runs on node-d)
   in_ns d curl -sf --max-time 5 "$2" 2>/dev/null | awk -v m="$3" '$1 == m {print $2}'
 }
@@ -188,10 +194,26 @@ wait_metric() {
 
 # Node names carry the tag: pd-tierd names its shared memory /pdserve-<node>-g2, and /dev/shm is
 # the same for every namespace (and for other tests running at the same time).
-start_in_ns b tierd-b "$tierd_bin" "${tierd_args[@]}" --node_name="$tag-b" \
-  --metrics_address="$B:9102" --nvme_dir="$run/nvme-b"
-start_in_ns c tierd-c "$tierd_bin" "${tierd_args[@]}" --node_name="$tag-c" \
-  --metrics_address="$C:9102" --nvme_dir="$run/nvme-c"
+start_tierd() {  # start_tierd NODE
+  local x=$1 ip=${ip_of[$1]}
+  start_in_ns "$x" "tierd-$x" "$tierd_bin" "${tierd_args[@]}" --node_name="$tag-$x" \
+    --metrics_address="$ip:9102" --nvme_dir="$run/nvme-$x" --peer_transport_host="$ip" \
+    --peer_advertise_address="$ip:50071"
+}
+# stop NAME [SIGNAL]: stops a process started as NAME and forgets it (wait_metric checks the rest).
+stop() {
+  local pid keep=()
+  pid=$(awk -v n="$1" '$1 == n {print $2}' "$run/pids" | tail -n 1)
+  [ -n "$pid" ] || fail "stop: no process named $1"
+  kill "-${2:-TERM}" "$pid" 2>/dev/null
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  for p in "${pids[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+  pids=("${keep[@]}")
+}
+start_tierd b
+start_tierd c
 
 # Workers re-attach to a tierd that comes up later (every second); starting them after their
 # tierd keeps the checks below independent of that timing.
@@ -287,5 +309,101 @@ case "$noauth" in
   *NOAUTH*) check "Redis on node-a answers node-d only with the password" ;;
   *) fail "redis without the password answered: $noauth" ;;
 esac
+
+# ---- remote restore (issue #19): a prompt cached on node-c is served on node-b ----------------
+# Two aggregated workers, one per node, each behind its own router on node-a. A prompt generated
+# on node-c and evicted into node-c's tierd is then sent to node-b: node-b's tierd fetches its
+# blocks from node-c's tierd over the tcp KV transport, and the text must equal the cold run's.
+stop router
+stop decode
+stop prefill
+agg_args=(--model="$model" --tokenizer="$tokenizer" --threads=1 --drain_timeout=5s --kv_blocks=12
+  --tierd_address=127.0.0.1:50071 --role=both --transport=tcp)
+start_in_ns b worker-b "$worker_bin" "${agg_args[@]}" --node_name="$tag-b" --worker_id=agg-b \
+  --grpc_address="$B:50062" --metrics_address="$B:9103" --transport_host="$B"
+start_in_ns c worker-c "$worker_bin" "${agg_args[@]}" --node_name="$tag-c" --worker_id=agg-c \
+  --grpc_address="$C:50062" --metrics_address="$C:9103" --transport_host="$C"
+start_in_ns a router-c "$router_bin" --model="$model" --tokenizer="$tokenizer" \
+  --grpc_address="$A:50052" --metrics_address="$A:9104" --decode_workers="$C:50062"
+start_in_ns a router-b "$router_bin" --model="$model" --tokenizer="$tokenizer" \
+  --grpc_address="$A:50053" --metrics_address="$A:9105" --decode_workers="$B:50062"
+wait_metric "http://$A:9104/metrics" pd_router_workers_healthy 1 "router-c seeing node-c's worker"
+wait_metric "http://$A:9105/metrics" pd_router_workers_healthy 1 "router-b seeing node-b's worker"
+
+gen_via() {  # gen_via PORT NAME PROMPT: greedy, 60 tokens, through the router on node-a:PORT
+  in_ns d "$client_bin" --router="$A:$1" --max_tokens=60 --temperature=0 --timeout=60s \
+    "$3" > "$run/$2.out" 2> "$run/$2.err" || fail "pd-client $2: $(tail -n 3 "$run/$2.err")"
+}
+counter() {  # counter URL NAME: a metric's value, 0 when absent
+  local v
+  v=$(metric d "$1" "$2")
+  echo "${v:-0}"
+}
+# cache_on_c NAME PROMPT: the cold run on node-c, then two prompts that evict it from node-c's
+# pool into node-c's tierd.
+cache_on_c() {
+  local before got pending
+  before=$(counter "$TC" 'pd_tierd_stored_blocks_total{tier="dram"}')
+  gen_via 50052 "$1-cold" "$2"
+  gen_via 50052 "$1-evict1" "A small bird lived in a tall tree near the river. Every morning it sang a happy song for the $1 fish."
+  gen_via 50052 "$1-evict2" "The old man planted seeds in his garden. After the rain, green $1 plants grew everywhere he looked."
+  # The worker offers evicted blocks in the background and tierd publishes them to Redis from its
+  # index thread: wait until node-c's tierd stored new blocks and has nothing left to publish.
+  for _ in $(seq 1 100); do
+    got=$(counter "$TC" 'pd_tierd_stored_blocks_total{tier="dram"}')
+    pending=$(counter "$TC" pd_tierd_redis_pending_updates)
+    awk -v g="$got" -v b="$before" -v p="$pending" 'BEGIN {exit !(g > b && p == 0)}' && break
+    sleep 0.1
+  done
+  awk -v g="$got" -v b="$before" 'BEGIN {exit !(g > b)}' ||
+    fail "$1: node-c's tierd stored no evicted block ($before -> $got)"
+  sleep 0.3  # the last batch's Redis round trip
+}
+same_text() {  # same_text NAME: the node-b run equals the cold node-c run
+  cmp -s "$run/$1-cold.out" "$run/$1-b.out" ||
+    fail "$1: node-b's text differs from the cold run: '$(head -c 200 "$run/$1-b.out")' vs '$(head -c 200 "$run/$1-cold.out")'"
+}
+TB="http://$B:9102/metrics" TC="http://$C:9102/metrics"
+
+cache_on_c fetch "One day, a little boy named Ben found a shiny key under a big rock in the forest near his home."
+gen_via 50053 fetch-b "One day, a little boy named Ben found a shiny key under a big rock in the forest near his home."
+same_text fetch
+fetched=$(counter "$TB" pd_tierd_peer_fetched_blocks_total)
+served=$(counter "$TC" pd_tierd_peer_read_blocks_total)
+awk -v f="$fetched" -v s="$served" 'BEGIN {exit !(f > 0 && f == s)}' ||
+  fail "remote restore: node-b fetched $fetched blocks, node-c served $served"
+restored=$(counter "http://$B:9103/metrics" pd_worker_tier_restored_blocks_total)
+awk -v r="$restored" -v f="$fetched" 'BEGIN {exit !(r >= f)}' ||
+  fail "node-b's worker restored $restored blocks, fewer than the $fetched fetched"
+[ "$(counter "$TC" pd_tierd_peer_pinned_blocks)" = 0 ] || fail "node-c's tierd still pins blocks for peer reads"
+check "a prompt cached on node-c was served on node-b with $fetched blocks fetched from node-c's tierd; same greedy text as the cold run"
+
+# The holder stalls (SIGSTOP) during the next fetch: node-b gives up within its fetch timeout
+# and recomputes; the text is the same.
+cache_on_c stall "Mia had a red kite with a long tail. She ran up the hill so the wind could lift it into the sky."
+failures=$(counter "$TB" pd_tierd_peer_fetch_failures_total)
+stop_pid=$(awk '$1 == "tierd-c" {print $2}' "$run/pids" | tail -n 1)
+kill -STOP "$stop_pid"
+gen_via 50053 stall-b "Mia had a red kite with a long tail. She ran up the hill so the wind could lift it into the sky."
+kill -CONT "$stop_pid"
+same_text stall
+after=$(counter "$TB" pd_tierd_peer_fetch_failures_total)
+awk -v a="$after" -v b="$failures" 'BEGIN {exit !(a > b)}' ||
+  fail "node-b's fetch from the stalled node-c did not fail ($b -> $a)"
+check "node-c's tierd stalled mid-fetch: node-b recomputed, same text ($failures -> $after failed fetches)"
+
+# node-c's tierd restarts (DRAM lost; Redis resynced from what it holds): its worker re-attaches
+# at its next call (cache_on_c checks that the evicted blocks reach the new tierd), and fetches
+# from it resume.
+stop tierd-c
+start_tierd c
+wait_metric "$TC" pd_tierd_redis_connected 1 "restarted tierd on node-c"
+cache_on_c again "Sam and his sister built a tall castle of sand by the sea, and then a wave came and took it away."
+gen_via 50053 again-b "Sam and his sister built a tall castle of sand by the sea, and then a wave came and took it away."
+same_text again
+refetched=$(counter "$TB" pd_tierd_peer_fetched_blocks_total)
+awk -v a="$refetched" -v b="$fetched" 'BEGIN {exit !(a > b)}' ||
+  fail "no fetch from node-c's restarted tierd (fetched blocks $fetched -> $refetched)"
+check "node-c's tierd restarted: the index was resynced and node-b fetched from it again ($fetched -> $refetched blocks)"
 
 echo "$passed passed, 0 failed"
