@@ -62,6 +62,9 @@ ABSL_FLAG(double, dram_hit_weight, 0.1,
           "cache_aware: fraction of a block's prefill cost paid to restore it from DRAM [0, 1]");
 ABSL_FLAG(double, nvme_hit_weight, 0.3,
           "cache_aware: fraction of a block's prefill cost paid to restore it from NVMe [0, 1]");
+ABSL_FLAG(double, remote_hit_weight, 1.0,
+          "cache_aware: fraction of a block's prefill cost paid to fetch it from another node "
+          "that holds it [0, 1]; 1 = no credit (workers do not fetch from other nodes yet)");
 ABSL_FLAG(double, decode_load_weight, 1.0,
           "cache_aware: weight of a worker's referenced KV blocks against prefill work");
 ABSL_FLAG(double, inflight_weight, 8.0,
@@ -141,6 +144,7 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.prefill_weight = absl::GetFlag(FLAGS_prefill_weight);
   config.dram_hit_weight = absl::GetFlag(FLAGS_dram_hit_weight);
   config.nvme_hit_weight = absl::GetFlag(FLAGS_nvme_hit_weight);
+  config.remote_hit_weight = absl::GetFlag(FLAGS_remote_hit_weight);
   config.decode_load_weight = absl::GetFlag(FLAGS_decode_load_weight);
   config.inflight_weight = absl::GetFlag(FLAGS_inflight_weight);
   config.backlog_prefill_weight = absl::GetFlag(FLAGS_backlog_prefill_weight);

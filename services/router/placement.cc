@@ -95,6 +95,7 @@ absl::StatusOr<ScorerConfig> ScorerConfigFor(const RouterConfig& config) {
   s.prefill_weight = config.prefill_weight;
   s.dram_hit_weight = config.dram_hit_weight;
   s.nvme_hit_weight = config.nvme_hit_weight;
+  s.remote_hit_weight = config.remote_hit_weight;
   s.decode_load_weight = config.decode_load_weight;
   s.inflight_weight = config.inflight_weight;
   s.backlog_prefill_weight = config.backlog_prefill_weight;

@@ -60,6 +60,7 @@ struct RouterConfig {
   double prefill_weight = 1.0;
   double dram_hit_weight = 0.1;
   double nvme_hit_weight = 0.3;
+  double remote_hit_weight = 1.0;  // 1 = no credit for blocks on other nodes
   double decode_load_weight = 1.0;
   double inflight_weight = 8.0;
   double backlog_prefill_weight = 4.0;

@@ -9,8 +9,15 @@
 //                                             block included: it must be computed too)
 //   h, r, n      = worker w's leading HBM, DRAM and NVMe blocks of the chain (KvIndex::Match),
 //                  clamped so that h + r + n <= floor(prompt_tokens / S)
+//   m(w)         = max(0, max{h + r + n of another healthy candidate} - (h + r + n)(w)):
+//                  remote blocks, the leading blocks after w's own that another candidate
+//                  holds (the longest other continuation), which w could fetch from that
+//                  node instead of computing them (issue #19)
 //   eff(w)       = h + (1 - dram_hit_weight)·r + (1 - nvme_hit_weight)·n
-//                  blocks of prefill work w's cache saves (a tier hit still costs its restore)
+//                    + (1 - remote_hit_weight)·m(w)
+//                  blocks of prefill work w's cache saves (a tier hit still costs its restore,
+//                  a remote hit its fetch); remote_hit_weight = 1 (pd-router's default) gives
+//                  no remote credit
 //   pref(w)      = eff(w) when eff(w) >= min_hit_fraction · B, else 0: the hit placement
 //                  prefers w for. A short hit (a system prompt every warm worker holds) still
 //                  saves its blocks on whichever worker holds it, but does not attract requests,
@@ -36,6 +43,13 @@
 // it (so a hot prefix whose holders are loaded still spills over to idle workers: holders do
 // not count in the mean). Without backlog, alpha = prefill_weight and, KV pressure aside,
 // score(d) is the time to the first token in blocks.
+// Remote credit: with remote_hit_weight < 1 every worker that could fetch the holder's blocks
+// gets pref ~ (1 - remote_hit_weight)·eff(holder), so the holder's advantage shrinks from
+// alpha·eff(holder) to about alpha·remote_hit_weight·m, the price of the fetch: a holder whose
+// backlog exceeds that loses the request to a less busy worker that fetches, while an idle
+// holder still wins (it saves the fetch). m(w) is never longer than the holder's overlap, so a
+// short hit (block 0 everyone holds) gives a short remote credit that min_hit_fraction keeps
+// from attracting, as it does the hit itself.
 // local(d) holds when d would prefill the request itself: no healthy can_prefill worker other
 // than d, or fewer than disagg_threshold_tokens uncached tokens on d
 // (prompt_tokens - (h + r + n)·S). d's own overlap always counts, whether or not it prefills:
@@ -97,6 +111,12 @@ struct ScorerConfig {
 
   // Same for a block restored from the NVMe tier. In [0, 1].
   double nvme_hit_weight = 0.3;
+
+  // Same for a block fetched from another node (one that another candidate holds beyond this
+  // worker's own overlap: m(w) in the file comment): about fetch time / prefill time per block.
+  // In [0, 1]; 1 = no credit for remote blocks, the default while workers cannot fetch from
+  // other nodes (issue #19 item 1).
+  double remote_hit_weight = 1.0;
 
   // Weight of decode load (KV blocks referenced on the worker, plus this request's new ones,
   // scaled by how full its pool is) against prefill work. >= 0.

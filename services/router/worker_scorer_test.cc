@@ -75,6 +75,7 @@ TEST(ScorerConfigTest, ValidateNamesTheField) {
       {"prefill_weight", [](ScorerConfig& c) { c.prefill_weight = -1; }},
       {"dram_hit_weight", [](ScorerConfig& c) { c.dram_hit_weight = 1.5; }},
       {"nvme_hit_weight", [](ScorerConfig& c) { c.nvme_hit_weight = -0.1; }},
+      {"remote_hit_weight", [](ScorerConfig& c) { c.remote_hit_weight = 1.01; }},
       {"decode_load_weight", [](ScorerConfig& c) { c.decode_load_weight = std::nan(""); }},
       {"inflight_weight", [](ScorerConfig& c) { c.inflight_weight = -3; }},
       {"backlog_prefill_weight", [](ScorerConfig& c) { c.backlog_prefill_weight = -0.5; }},
@@ -438,6 +439,61 @@ TEST(WorkerScorerTest, BusyHoldersSpillToAnIdleWorker) {
   d = MustChoose(*scorer, workers, overlaps, 24 * kBlockSize);
   EXPECT_LE(d.decode_index, 1);
   EXPECT_EQ(d.reason, "cache_hit");
+}
+
+// The holder of half a 24-block prompt has 8 blocks queued, the others none. Without remote
+// credit the holder wins (12 + 8 blocks of work against 24 to recompute); when the other
+// workers could fetch those 12 blocks at a tenth of their prefill cost, an idle worker's
+// 24 - 10.8 beats the holder's 20, which is what a cluster-wide cache is for. An idle holder
+// still keeps its requests: it saves even the fetch.
+TEST(WorkerScorerTest, RemoteCreditMovesARequestFromABusyHolderToAnIdleWorker) {
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].queued_prefill_tokens = 8 * kBlockSize;
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 12, 0, 0}};
+  auto no_credit = NewScorer();  // remote_hit_weight = 1: the old model
+  RoutingDecision d = MustChoose(*no_credit, workers, overlaps, 24 * kBlockSize);
+  EXPECT_EQ(d.decode_index, 0);
+  EXPECT_EQ(d.reason, "cache_hit");
+  ScorerConfig remote;
+  remote.remote_hit_weight = 0.1;
+  auto credit = NewScorer(remote);
+  d = MustChoose(*credit, workers, overlaps, 24 * kBlockSize);
+  EXPECT_NE(d.decode_index, 0);
+  EXPECT_EQ(d.reason, "load");
+  EXPECT_EQ(d.decode_overlap_blocks, 0);  // its own overlap: the fetch is the worker's business
+  workers[0].queued_prefill_tokens = 0;
+  EXPECT_EQ(MustChoose(*credit, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  // The holder's backlog must exceed the fetch's price (alpha · 0.1 · 12 = 1.2 blocks here).
+  workers[0].queued_prefill_tokens = 1 * kBlockSize;
+  EXPECT_EQ(MustChoose(*credit, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  workers[0].queued_prefill_tokens = 2 * kBlockSize;
+  EXPECT_NE(MustChoose(*credit, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+}
+
+// m(w) is the longest other continuation: with free remote hits (weight 0) the worker holding 4
+// blocks is credited the 8 more that the 12-block holder has, the one holding none all 12, the
+// holder nothing; every worker is then worth 12 blocks, so the shortest queue wins. At weight
+// 0.5 the 4-block holder is worth 4 + 4 = 8 blocks and the empty worker 6: with equal queues
+// the partial holder wins over the empty one, and the full holder over both.
+TEST(WorkerScorerTest, RemoteCreditIsTheLongestOtherContinuation) {
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].queued_prefill_tokens = 3 * kBlockSize;
+  workers[1].queued_prefill_tokens = 2 * kBlockSize;
+  workers[2].queued_prefill_tokens = 1 * kBlockSize;
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 12, 0, 0}, {"w1", 4, 0, 0}};
+  ScorerConfig free_fetch;
+  free_fetch.remote_hit_weight = 0;
+  auto scorer = NewScorer(free_fetch);
+  EXPECT_EQ(MustChoose(*scorer, workers, overlaps, 24 * kBlockSize).decode_index, 2);
+  ScorerConfig half;
+  half.remote_hit_weight = 0.5;
+  auto half_scorer = NewScorer(half);
+  for (WorkerCandidate& w : workers) {
+    w.queued_prefill_tokens = 0;
+  }
+  EXPECT_EQ(MustChoose(*half_scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  workers[0].queued_prefill_tokens = 40 * kBlockSize;
+  EXPECT_EQ(MustChoose(*half_scorer, workers, overlaps, 24 * kBlockSize).decode_index, 1);
 }
 
 TEST(WorkerScorerTest, OverlapsAreClampedToThePrompt) {
