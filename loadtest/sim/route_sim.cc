@@ -254,6 +254,7 @@ std::vector<router::WorkerCandidate> Simulation::Candidates() const {
     c.running = static_cast<int32_t>(std::max<int64_t>(0, running - ended));
     c.waiting = static_cast<int32_t>(waiting - std::max<int64_t>(0, ended - running));
     c.inflight_assigned = std::max<int64_t>(0, d_streams);
+    c.inflight_new_blocks = std::max<int64_t>(0, d_blocks);
   }
   return candidates;
 }

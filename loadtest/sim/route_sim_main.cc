@@ -46,6 +46,12 @@ ABSL_FLAG(int64_t, index_max_blocks, 0,
 ABSL_FLAG(double, prefill_weight, 1.0, "cache_aware: pd-router --prefill_weight");
 ABSL_FLAG(double, decode_load_weight, 1.0, "cache_aware: pd-router --decode_load_weight");
 ABSL_FLAG(double, inflight_weight, 8.0, "cache_aware: pd-router --inflight_weight");
+ABSL_FLAG(double, inflight_blocks_weight, -1,
+          "cache_aware: pd-router --inflight_blocks_weight (the new prompt blocks placed on a "
+          "worker since its last report, added to its backlog); negative (the default) = 1 with "
+          "--remote_fetch (with fetches placement is mostly load balancing, and the trace's "
+          "3-second bursts need the real size of what was just placed), 0 (pd-router's "
+          "default) without");
 ABSL_FLAG(double, backlog_prefill_weight, 4.0,
           "cache_aware: added to the prefill weight per block of backlog on the other workers");
 ABSL_FLAG(double, min_hit_fraction, 0.2,
@@ -112,6 +118,9 @@ RouteSimConfig BaseConfigFromFlags() {
   c.remote.bandwidth_gbps = absl::GetFlag(FLAGS_fetch_bandwidth_gbps);
   c.remote.latency = absl::GetFlag(FLAGS_fetch_latency);
   // The scorer credits remote blocks at what the simulated fetch costs, unless told otherwise.
+  const double inflight_blocks_weight = absl::GetFlag(FLAGS_inflight_blocks_weight);
+  c.scorer.inflight_blocks_weight =
+      inflight_blocks_weight < 0 ? (c.remote.enabled ? 1.0 : 0.0) : inflight_blocks_weight;
   const double remote_hit_weight = absl::GetFlag(FLAGS_remote_hit_weight);
   c.scorer.remote_hit_weight =
       remote_hit_weight < 0 ? pd::loadtest::sim::RemoteHitWeightFromModel(c) : remote_hit_weight;

@@ -43,6 +43,7 @@ ordered_json ConfigJson(const RouteSimRunInfo& info) {
   j["prefill_weight"] = c.scorer.prefill_weight;
   j["decode_load_weight"] = c.scorer.decode_load_weight;
   j["inflight_weight"] = c.scorer.inflight_weight;
+  j["inflight_blocks_weight"] = c.scorer.inflight_blocks_weight;
   j["backlog_prefill_weight"] = c.scorer.backlog_prefill_weight;
   j["min_hit_fraction"] = c.scorer.min_hit_fraction;
   j["remote_hit_weight"] = c.scorer.remote_hit_weight;

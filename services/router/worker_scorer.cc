@@ -153,6 +153,7 @@ absl::Status ScorerConfig::Validate() const {
         {"remote_hit_weight", remote_hit_weight, 1.0},
         {"decode_load_weight", decode_load_weight, kUnbounded},
         {"inflight_weight", inflight_weight, kUnbounded},
+        {"inflight_blocks_weight", inflight_blocks_weight, kUnbounded},
         {"backlog_prefill_weight", backlog_prefill_weight, kUnbounded},
         {"min_hit_fraction", min_hit_fraction, 1.0}}) {
     absl::Status status = CheckWeight(field, value, max);
@@ -276,7 +277,9 @@ absl::StatusOr<RoutingDecision> WorkerScorer::Choose(absl::Span<const WorkerCand
         backlog[d] =
             config_.inflight_weight * static_cast<double>(NonNegative(c.inflight_assigned));
         if (local(d)) {
-          backlog[d] += static_cast<double>(NonNegative(c.queued_prefill_tokens)) / bs;
+          backlog[d] += static_cast<double>(NonNegative(c.queued_prefill_tokens)) / bs +
+                        config_.inflight_blocks_weight *
+                            static_cast<double>(NonNegative(c.inflight_new_blocks));
         }
         const double eff = overlap[d].effective;
         pref[d] = eff >= config_.min_hit_fraction * b_blocks ? eff : 0.0;
@@ -290,9 +293,13 @@ absl::StatusOr<RoutingDecision> WorkerScorer::Choose(absl::Span<const WorkerCand
           ++num_others;
         }
       }
+      // A move off the holder costs what the others pay for the prefix: all of it without
+      // remote credit, the fetch with it (see alpha in the header).
       const double alpha =
           config_.prefill_weight +
-          (num_others > 0 ? config_.backlog_prefill_weight * others_backlog / num_others : 0.0);
+          (num_others > 0 ? config_.backlog_prefill_weight * config_.remote_hit_weight *
+                                others_backlog / num_others
+                          : 0.0);
       auto rank = [&](int d) {
         const WorkerCandidate& c = candidates[d];
         const Overlap& o = overlap[d];

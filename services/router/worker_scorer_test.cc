@@ -78,6 +78,7 @@ TEST(ScorerConfigTest, ValidateNamesTheField) {
       {"remote_hit_weight", [](ScorerConfig& c) { c.remote_hit_weight = 1.01; }},
       {"decode_load_weight", [](ScorerConfig& c) { c.decode_load_weight = std::nan(""); }},
       {"inflight_weight", [](ScorerConfig& c) { c.inflight_weight = -3; }},
+      {"inflight_blocks_weight", [](ScorerConfig& c) { c.inflight_blocks_weight = -1; }},
       {"backlog_prefill_weight", [](ScorerConfig& c) { c.backlog_prefill_weight = -0.5; }},
       {"min_hit_fraction", [](ScorerConfig& c) { c.min_hit_fraction = 1.2; }},
       {"disagg_threshold_tokens", [](ScorerConfig& c) { c.disagg_threshold_tokens = -1; }},
@@ -494,6 +495,45 @@ TEST(WorkerScorerTest, RemoteCreditIsTheLongestOtherContinuation) {
   EXPECT_EQ(MustChoose(*half_scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
   workers[0].queued_prefill_tokens = 40 * kBlockSize;
   EXPECT_EQ(MustChoose(*half_scorer, workers, overlaps, 24 * kBlockSize).decode_index, 1);
+}
+
+// The BusyOtherWorkersKeepARequestOnItsHolder case with remote credit at 0.1: the others would
+// fetch the 12 blocks, not recompute them, so the backlog price of the move shrinks with the
+// weight (alpha = 1 + 4 · 0.1 · 20 = 9): 9 · 13.2 + 20 beats the holder's 9 · 12 + 40 and the
+// request leaves the busy holder. Unscaled (alpha = 81) the 1.2 blocks of fetch would cost 97
+// blocks and it would stay.
+TEST(WorkerScorerTest, RemoteCreditScalesTheBacklogPriceOfAMove) {
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].queued_prefill_tokens = 40 * kBlockSize;
+  workers[1].queued_prefill_tokens = 20 * kBlockSize;
+  workers[2].queued_prefill_tokens = 20 * kBlockSize;
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 12, 0, 0}};
+  ScorerConfig remote;
+  remote.remote_hit_weight = 0.1;
+  auto scorer = NewScorer(remote);
+  EXPECT_NE(MustChoose(*scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  // Once the others are busier still (60 blocks each): alpha = 1 + 4 · 0.1 · 60 = 25, and
+  // 25 · 13.2 + 60 = 390 against the holder's 25 · 12 + 40 = 340: it stays.
+  workers[1].queued_prefill_tokens = 60 * kBlockSize;
+  workers[2].queued_prefill_tokens = 60 * kBlockSize;
+  EXPECT_EQ(MustChoose(*scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+}
+
+// The prompts placed since the last report, at their real size: w0 got one 30-block prompt, w1
+// two 2-block ones. Charged 8 blocks per stream, w0 (8) looks less busy than w1 (16); counted
+// by their blocks as well, w1 (16 + 4) is less busy than w0 (8 + 30).
+TEST(WorkerScorerTest, InflightNewBlocksCountAsBacklog) {
+  std::vector<WorkerCandidate> workers = Workers(2);
+  workers[0].inflight_assigned = 1;
+  workers[0].inflight_new_blocks = 30;
+  workers[1].inflight_assigned = 2;
+  workers[1].inflight_new_blocks = 4;
+  auto counted_by_stream = NewScorer();
+  EXPECT_EQ(MustChoose(*counted_by_stream, workers, {}, 24 * kBlockSize).decode_index, 0);
+  ScorerConfig blocks;
+  blocks.inflight_blocks_weight = 1;
+  auto counted_by_blocks = NewScorer(blocks);
+  EXPECT_EQ(MustChoose(*counted_by_blocks, workers, {}, 24 * kBlockSize).decode_index, 1);
 }
 
 TEST(WorkerScorerTest, OverlapsAreClampedToThePrompt) {
