@@ -49,8 +49,8 @@
 // score(d) is the time to the first token in blocks. The backlog term protects affinity because
 // a request moved off its holder loses the cache; where the others can fetch the prefix, it
 // loses only the fetch, so the term shrinks with remote_hit_weight (unchanged at 1, no remote
-// credit). Tuned in pd-routesim (docs/benchmarks.md, "Remote fetch"): with the full term the
-// scorer kept requests on busy holders to save a fetch worth a few blocks.
+// credit). Found in pd-routesim (docs/benchmarks.md, "Router simulator with remote fetch"): with
+// the full term the scorer kept requests on busy holders to save a fetch worth a few blocks.
 // Remote credit: with remote_hit_weight < 1 every worker that could fetch the holder's blocks
 // gets pref ~ (1 - remote_hit_weight)·eff(holder), so the holder's advantage shrinks from
 // alpha·eff(holder) to about alpha·remote_hit_weight·m, the price of the fetch: a holder whose
@@ -142,8 +142,8 @@ struct ScorerConfig {
   double inflight_blocks_weight = 0.0;
 
   // Added to prefill_weight per block of mean backlog on the workers that hold less of the
-  // prompt than the best (alpha in the file comment). 0 = a cache miss always costs
-  // prefill_weight per block. >= 0.
+  // prompt than the best, times remote_hit_weight (alpha in the file comment). 0 = a cache miss
+  // always costs prefill_weight per block. >= 0.
   double backlog_prefill_weight = 4.0;
 
   // A worker's hit attracts the request only when it covers at least this fraction of the
