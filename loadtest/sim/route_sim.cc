@@ -78,6 +78,7 @@ class Simulation {
   std::unique_ptr<router::WorkerScorer> scorer_;
   std::unique_ptr<kvcache::KvCacheManager> shared_pool_;
   std::vector<std::unique_ptr<SimWorker>> workers_;
+  std::unique_ptr<RemoteFetcher> fetcher_;  // null: pooled, or remote fetch off
   std::vector<RouterView> views_;
   std::vector<SimRequest> requests_;
   std::vector<int64_t> new_blocks_;  // per request, for the router's bookkeeping
@@ -138,6 +139,17 @@ absl::Status Simulation::Init() {
       return worker.status();
     }
     workers_.push_back(*std::move(worker));
+  }
+  if (!pooled && config_.remote.enabled) {
+    std::vector<const kvcache::KvCacheManager*> pools;
+    for (const auto& w : workers_) {
+      pools.push_back(&w->pool());
+    }
+    fetcher_ = std::make_unique<RemoteFetcher>(config_.remote, std::move(pools), config_.block_size,
+                                               config_.time.prefill_tokens_per_s);
+    for (int w = 0; w < config_.num_workers; ++w) {
+      workers_[w]->AttachRemoteFetcher(fetcher_.get(), w);
+    }
   }
   views_.resize(static_cast<size_t>(config_.num_workers));
   placement_rng_.seed(config_.seed);
@@ -242,6 +254,7 @@ std::vector<router::WorkerCandidate> Simulation::Candidates() const {
     c.running = static_cast<int32_t>(std::max<int64_t>(0, running - ended));
     c.waiting = static_cast<int32_t>(waiting - std::max<int64_t>(0, ended - running));
     c.inflight_assigned = std::max<int64_t>(0, d_streams);
+    c.inflight_new_blocks = std::max<int64_t>(0, d_blocks);
   }
   return candidates;
 }
@@ -439,6 +452,7 @@ RouteSimResult Simulation::Collect() {
   }
   std::vector<double> ttft_ms;
   std::vector<double> wait_ms;
+  int64_t ttft_ns_sum = 0;
   int64_t first_arrival = INT64_MAX;
   int64_t last_end = 0;
   res.outcomes.resize(requests_.size());
@@ -452,11 +466,19 @@ RouteSimResult Simulation::Collect() {
     }
     CHECK_GE(r.end_ns, 0) << "request " << i << " never finished";
     o.cached_tokens = r.cached_tokens;
+    o.fetched_tokens = r.fetched_tokens;
+    o.fetch_ns = r.fetch_ns;
+    o.recompute_chosen = r.recompute_chosen;
     o.ttft_ns = r.first_token_ns - r.arrival_ns;
     o.end_ns = r.end_ns;
     ++res.requests;
     res.prompt_tokens += r.prompt_tokens;
     res.cached_tokens += r.cached_tokens;
+    res.fetched_tokens += r.fetched_tokens;
+    res.fetches += r.fetched_tokens > 0 ? 1 : 0;
+    res.fetch_ns += r.fetch_ns;
+    res.recompute_chosen += r.recompute_chosen ? 1 : 0;
+    ttft_ns_sum += o.ttft_ns;
     ttft_ms.push_back(static_cast<double>(o.ttft_ns) / 1e6);
     wait_ms.push_back(static_cast<double>(r.prefill_start_ns - r.arrival_ns) / 1e6);
     first_arrival = std::min(first_arrival, r.arrival_ns);
@@ -465,6 +487,16 @@ RouteSimResult Simulation::Collect() {
   res.hit_ratio = res.prompt_tokens > 0 ? static_cast<double>(res.cached_tokens) /
                                               static_cast<double>(res.prompt_tokens)
                                         : 0;
+  res.fetched_blocks = res.fetched_tokens / config_.block_size;
+  res.hit_ratio_with_remote = res.prompt_tokens > 0
+                                  ? static_cast<double>(res.cached_tokens + res.fetched_tokens) /
+                                        static_cast<double>(res.prompt_tokens)
+                                  : 0;
+  res.mean_fetch_ms =
+      res.fetches > 0 ? static_cast<double>(res.fetch_ns) / 1e6 / static_cast<double>(res.fetches)
+                      : 0;
+  res.fetch_share_of_ttft =
+      ttft_ns_sum > 0 ? static_cast<double>(res.fetch_ns) / static_cast<double>(ttft_ns_sum) : 0;
   res.ttft = ComputeStats(std::move(ttft_ms));
   res.prefill_wait = ComputeStats(std::move(wait_ms));
   res.simulated_s = res.requests > 0 ? static_cast<double>(last_end - first_arrival) / 1e9 : 0;
@@ -548,7 +580,20 @@ absl::Status RouteSimConfig::Validate() const {
   if (absl::Status s = scorer.Validate(); !s.ok()) {
     return s;
   }
+  if (absl::Status s = remote.Validate(); !s.ok()) {
+    return s;
+  }
   return time.Validate();
+}
+
+double RemoteHitWeightFromModel(const RouteSimConfig& config) {
+  if (!config.remote.enabled) {
+    return 1.0;
+  }
+  const double fetch_s = config.remote.BlockSeconds(config.block_size);
+  const double prefill_s =
+      static_cast<double>(config.block_size) / config.time.prefill_tokens_per_s;
+  return std::clamp(fetch_s / prefill_s, 0.0, 1.0);
 }
 
 std::vector<BlockHash> TraceChain(absl::Span<const uint64_t> hash_ids, int64_t prompt_tokens,

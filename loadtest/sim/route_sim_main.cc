@@ -46,10 +46,33 @@ ABSL_FLAG(int64_t, index_max_blocks, 0,
 ABSL_FLAG(double, prefill_weight, 1.0, "cache_aware: pd-router --prefill_weight");
 ABSL_FLAG(double, decode_load_weight, 1.0, "cache_aware: pd-router --decode_load_weight");
 ABSL_FLAG(double, inflight_weight, 8.0, "cache_aware: pd-router --inflight_weight");
+ABSL_FLAG(double, inflight_blocks_weight, -1,
+          "cache_aware: pd-router --inflight_blocks_weight (the new prompt blocks placed on a "
+          "worker since its last report, added to its backlog); negative (the default) = 1 with "
+          "--remote_fetch (with fetches placement is mostly load balancing, and the trace's "
+          "3-second bursts need the real size of what was just placed), 0 (pd-router's "
+          "default) without");
 ABSL_FLAG(double, backlog_prefill_weight, 4.0,
           "cache_aware: added to the prefill weight per block of backlog on the other workers");
 ABSL_FLAG(double, min_hit_fraction, 0.2,
           "cache_aware: a hit attracts a request only when it covers this fraction of the prompt");
+ABSL_FLAG(double, remote_hit_weight, -1,
+          "cache_aware: pd-router --remote_hit_weight (fraction of a block's prefill cost paid "
+          "to fetch it from another worker, [0, 1]); negative (the default) = derived from the "
+          "fetch model: a block's fetch time over its prefill time with --remote_fetch (0.084 "
+          "at the defaults), 1 (no credit) without");
+ABSL_FLAG(bool, remote_fetch, true,
+          "a worker's prefill may fetch the blocks after its own hit that another worker holds, "
+          "when that is faster than computing them (issue #19's cluster-wide cache); false = "
+          "the simulator without it, outcome for outcome");
+ABSL_FLAG(int64_t, kv_bytes_per_token, 32768,
+          "KV bytes of one token, for fetch times. Default: Llama-3.2-1B in bf16, 16 layers x 8 "
+          "KV heads x 64 dims x 2 (K, V) x 2 bytes; a 70B (80 layers, GQA 8 x 128) is 327680");
+ABSL_FLAG(double, fetch_bandwidth_gbps, 25,
+          "bandwidth of each worker's outgoing KV link, gigabits/s (25 = a common datacenter "
+          "NIC; fetches from one holder queue on its link)");
+ABSL_FLAG(absl::Duration, fetch_latency, absl::Milliseconds(1),
+          "fixed cost of one fetch (lookup, connection, completion), added to bytes / bandwidth");
 ABSL_FLAG(uint64_t, seed, 0, "seed of random placement and arrival jitter");
 ABSL_FLAG(absl::Duration, arrival_jitter, absl::ZeroDuration(),
           "delay each arrival by a uniform draw in [0, this); 0 = replay bursts as they are");
@@ -90,6 +113,17 @@ RouteSimConfig BaseConfigFromFlags() {
   c.scorer.inflight_weight = absl::GetFlag(FLAGS_inflight_weight);
   c.scorer.backlog_prefill_weight = absl::GetFlag(FLAGS_backlog_prefill_weight);
   c.scorer.min_hit_fraction = absl::GetFlag(FLAGS_min_hit_fraction);
+  c.remote.enabled = absl::GetFlag(FLAGS_remote_fetch);
+  c.remote.kv_bytes_per_token = absl::GetFlag(FLAGS_kv_bytes_per_token);
+  c.remote.bandwidth_gbps = absl::GetFlag(FLAGS_fetch_bandwidth_gbps);
+  c.remote.latency = absl::GetFlag(FLAGS_fetch_latency);
+  // The scorer credits remote blocks at what the simulated fetch costs, unless told otherwise.
+  const double inflight_blocks_weight = absl::GetFlag(FLAGS_inflight_blocks_weight);
+  c.scorer.inflight_blocks_weight =
+      inflight_blocks_weight < 0 ? (c.remote.enabled ? 1.0 : 0.0) : inflight_blocks_weight;
+  const double remote_hit_weight = absl::GetFlag(FLAGS_remote_hit_weight);
+  c.scorer.remote_hit_weight =
+      remote_hit_weight < 0 ? pd::loadtest::sim::RemoteHitWeightFromModel(c) : remote_hit_weight;
   c.seed = absl::GetFlag(FLAGS_seed);
   c.arrival_jitter = absl::GetFlag(FLAGS_arrival_jitter);
   return c;

@@ -43,8 +43,14 @@ ordered_json ConfigJson(const RouteSimRunInfo& info) {
   j["prefill_weight"] = c.scorer.prefill_weight;
   j["decode_load_weight"] = c.scorer.decode_load_weight;
   j["inflight_weight"] = c.scorer.inflight_weight;
+  j["inflight_blocks_weight"] = c.scorer.inflight_blocks_weight;
   j["backlog_prefill_weight"] = c.scorer.backlog_prefill_weight;
   j["min_hit_fraction"] = c.scorer.min_hit_fraction;
+  j["remote_hit_weight"] = c.scorer.remote_hit_weight;
+  j["remote_fetch"] = c.remote.enabled;
+  j["kv_bytes_per_token"] = c.remote.kv_bytes_per_token;
+  j["fetch_bandwidth_gbps"] = c.remote.bandwidth_gbps;
+  j["fetch_latency_ms"] = Ms(c.remote.latency);
   j["seed"] = c.seed;
   j["arrival_jitter_ms"] = Ms(c.arrival_jitter);
   j["started_at"] = info.started_at;
@@ -75,8 +81,16 @@ std::string RouteSimJson(const std::vector<RouteSimResult>& results, const Route
     o["prompt_tokens"] = r.prompt_tokens;
     o["cached_tokens"] = r.cached_tokens;
     o["hit_ratio"] = r.hit_ratio;
+    o["hit_ratio_with_remote"] = r.hit_ratio_with_remote;
     const double pooled = PooledHitRatio(results, r.num_workers);
-    o["hit_ratio_vs_pooled"] = pooled > 0 ? ordered_json(r.hit_ratio / pooled) : ordered_json();
+    o["hit_ratio_vs_pooled"] =
+        pooled > 0 ? ordered_json(r.hit_ratio_with_remote / pooled) : ordered_json();
+    o["fetched_tokens"] = r.fetched_tokens;
+    o["fetched_blocks"] = r.fetched_blocks;
+    o["fetches"] = r.fetches;
+    o["mean_fetch_ms"] = r.mean_fetch_ms;
+    o["fetch_share_of_ttft"] = r.fetch_share_of_ttft;
+    o["recompute_chosen"] = r.recompute_chosen;
     o["prefill_imbalance"] = r.prefill_imbalance;
     o["request_imbalance"] = r.request_imbalance;
     AddStats(o, "ttft", r.ttft);
@@ -109,6 +123,9 @@ std::string RouteSimJson(const std::vector<RouteSimResult>& results, const Route
       wj["prompt_tokens"] = w.stats.prompt_tokens;
       wj["cached_tokens"] = w.stats.cached_tokens;
       wj["prefill_tokens"] = w.stats.prefill_tokens;
+      wj["fetched_tokens"] = w.stats.fetched_tokens;
+      wj["fetches"] = w.stats.fetches;
+      wj["recompute_chosen"] = w.stats.recompute_chosen;
       wj["prefill_busy_s"] = static_cast<double>(w.stats.prefill_busy_ns) / 1e9;
       wj["stored_blocks"] = w.stats.stored_blocks;
       wj["removed_blocks"] = w.stats.removed_blocks;
@@ -122,11 +139,14 @@ std::string RouteSimJson(const std::vector<RouteSimResult>& results, const Route
 }
 
 std::string RouteSimTable(const std::vector<RouteSimResult>& results) {
-  std::string t = absl::StrFormat("%-7s %-12s %9s %9s %11s %9s %11s %10s %10s %9s %6s\n", "workers",
-                                  "policy", "hit_ratio", "vs_pooled", "prefill_max", "req_max",
-                                  "ttft_mean", "ttft_p50", "ttft_p99", "rejected", "idle");
-  absl::StrAppendFormat(&t, "%-7s %-12s %9s %9s %11s %9s %11s %10s %10s %9s %6s\n", "", "", "", "",
-                        "/mean", "/mean", "(ms)", "(ms)", "(ms)", "", "");
+  // hit_local: the worker's own cache; hit_l+r: own cache plus blocks fetched from other
+  // workers (tokens not computed); vs_pooled compares the latter.
+  constexpr char kRow[] = "%-7s %-12s %9s %9s %9s %11s %9s %11s %10s %10s %10s %8s %9s %9s %6s\n";
+  std::string t = absl::StrFormat(kRow, "workers", "policy", "hit_local", "hit_l+r", "vs_pooled",
+                                  "prefill_max", "req_max", "ttft_mean", "ttft_p50", "ttft_p99",
+                                  "fetched", "fetch", "recompute", "rejected", "idle");
+  absl::StrAppendFormat(&t, kRow, "", "", "(own)", "(+remote)", "(l+r)", "/mean", "/mean", "(ms)",
+                        "(ms)", "(ms)", "(blocks)", "%ttft", "", "", "");
   int last_workers = -1;
   for (const RouteSimResult& r : results) {
     if (last_workers >= 0 && r.num_workers != last_workers) {
@@ -134,15 +154,18 @@ std::string RouteSimTable(const std::vector<RouteSimResult>& results) {
     }
     last_workers = r.num_workers;
     const double pooled = PooledHitRatio(results, r.num_workers);
-    const std::string vs = pooled > 0 ? absl::StrFormat("%.4f", r.hit_ratio / pooled) : "-";
+    const std::string vs =
+        pooled > 0 ? absl::StrFormat("%.4f", r.hit_ratio_with_remote / pooled) : "-";
     int idle = 0;  // workers that never prefilled a request
     for (const SimWorkerResult& w : r.workers) {
       idle += w.stats.requests == 0 ? 1 : 0;
     }
-    absl::StrAppendFormat(&t, "%-7d %-12s %9.4f %9s %11.3f %9.3f %11.1f %10.1f %10.1f %9d %6d\n",
-                          r.num_workers, SimPolicyName(r.policy), r.hit_ratio, vs,
-                          r.prefill_imbalance, r.request_imbalance, r.ttft.mean, r.ttft.median,
-                          r.ttft.p99, r.rejected, idle);
+    absl::StrAppendFormat(
+        &t,
+        "%-7d %-12s %9.4f %9.4f %9s %11.3f %9.3f %11.1f %10.1f %10.1f %10d %7.1f%% %9d %9d %6d\n",
+        r.num_workers, SimPolicyName(r.policy), r.hit_ratio, r.hit_ratio_with_remote, vs,
+        r.prefill_imbalance, r.request_imbalance, r.ttft.mean, r.ttft.median, r.ttft.p99,
+        r.fetched_blocks, 100 * r.fetch_share_of_ttft, r.recompute_chosen, r.rejected, idle);
   }
   return t;
 }

@@ -27,9 +27,11 @@ struct RouteSimRunInfo {
 // there is none.
 double PooledHitRatio(const std::vector<RouteSimResult>& results, int num_workers);
 
-// {"config": {...}, "results": [{"policy", "num_workers", "hit_ratio", "hit_ratio_vs_pooled",
-// "prefill_imbalance", "request_imbalance", "mean_ttft_ms", ..., "workers": [...]}, ...]},
-// pretty-printed, ending with a newline.
+// {"config": {...}, "results": [{"policy", "num_workers", "hit_ratio" (local hits only),
+// "hit_ratio_with_remote" (local + fetched), "hit_ratio_vs_pooled" (hit_ratio_with_remote over
+// pooled's hit_ratio), "fetched_tokens", "fetched_blocks", "fetches", "mean_fetch_ms",
+// "fetch_share_of_ttft", "recompute_chosen", "prefill_imbalance", "request_imbalance",
+// "mean_ttft_ms", ..., "workers": [...]}, ...]}, pretty-printed, ending with a newline.
 std::string RouteSimJson(const std::vector<RouteSimResult>& results, const RouteSimRunInfo& info);
 
 // One row per result, grouped by worker count.

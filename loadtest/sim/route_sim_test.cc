@@ -1,7 +1,9 @@
 // The router simulator on hand-made traces: hit ratios computable by hand, determinism, the
-// policies' order on shared prefixes, capacity eviction reaching the index, and the time model.
+// policies' order on shared prefixes, capacity eviction reaching the index, the time model, and
+// remote fetches (their cost rule and link contention).
 #include "loadtest/sim/route_sim.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -24,12 +26,29 @@ TraceRecord Record(double t_s, int64_t input, int64_t output, std::vector<uint64
   return r;
 }
 
+// Without remote fetch: the figures of these tests are those of the simulator before it had
+// remote fetches, so they also pin that --remote_fetch=false reproduces it.
 RouteSimConfig Config(SimPolicy policy, int workers) {
   RouteSimConfig c;
   c.policy = policy;
   c.num_workers = workers;
   c.capacity_blocks = 100;
+  c.remote.enabled = false;
   return c;
+}
+
+// With remote fetch at the defaults (25 Gb/s, 1 ms, 32 KiB per token: a 512-token block of
+// 16 MiB moves in 5.37 ms, against 64 ms to compute it at 8,000 tokens/s).
+RouteSimConfig RemoteConfig(SimPolicy policy, int workers) {
+  RouteSimConfig c = Config(policy, workers);
+  c.remote.enabled = true;
+  return c;
+}
+
+// Fetch time of `blocks` 512-token blocks at the default fetch model, in ns.
+int64_t DefaultFetchNs(int64_t blocks) {
+  const double bits = static_cast<double>(blocks) * 512 * 32768 * 8;
+  return 1'000'000 + static_cast<int64_t>(std::ceil(bits / 25e9 * 1e9));
 }
 
 RouteSimResult RunOk(const Trace& trace, const RouteSimConfig& c) {
@@ -257,6 +276,20 @@ TEST(RouteSimTest, ConfigErrors) {
   c = RouteSimConfig();
   c.time.prefill_tokens_per_s = 0;
   EXPECT_THAT(c.Validate().message(), HasSubstr("--prefill_tokens_per_s"));
+  c = RouteSimConfig();
+  c.remote.kv_bytes_per_token = 0;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("--kv_bytes_per_token"));
+  c = RouteSimConfig();
+  c.remote.bandwidth_gbps = -1;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("--fetch_bandwidth_gbps"));
+  c.remote.bandwidth_gbps = std::nan("");
+  EXPECT_THAT(c.Validate().message(), HasSubstr("--fetch_bandwidth_gbps"));
+  c = RouteSimConfig();
+  c.remote.latency = absl::Milliseconds(-1);
+  EXPECT_THAT(c.Validate().message(), HasSubstr("--fetch_latency"));
+  c = RouteSimConfig();
+  c.scorer.remote_hit_weight = 2;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("remote_hit_weight"));
   EXPECT_FALSE(ParseSimPolicy("least_loaded").ok());
   EXPECT_EQ(*ParseSimPolicy("pooled"), SimPolicy::kPooled);
 }
@@ -278,6 +311,17 @@ TEST(RouteSimTest, ReportHasEveryPolicyAndTheRatioToPooled) {
   const std::string table = RouteSimTable(results);
   EXPECT_THAT(table, HasSubstr("cache_aware"));
   EXPECT_THAT(table, HasSubstr("pooled"));
+  // Remote fetch columns and fields (zero here: Config() turns fetching off).
+  EXPECT_THAT(table, HasSubstr("hit_local"));
+  EXPECT_THAT(table, HasSubstr("hit_l+r"));
+  EXPECT_THAT(table, HasSubstr("recompute"));
+  for (const char* field : {"hit_ratio_with_remote", "fetched_tokens", "fetched_blocks", "fetches",
+                            "mean_fetch_ms", "fetch_share_of_ttft", "recompute_chosen"}) {
+    EXPECT_TRUE(j["results"][0].contains(field)) << field;
+  }
+  EXPECT_EQ(j["results"][0]["hit_ratio_with_remote"], j["results"][0]["hit_ratio"]);
+  EXPECT_TRUE(j["config"].contains("fetch_bandwidth_gbps"));
+  EXPECT_TRUE(j["config"].contains("remote_hit_weight"));
 }
 
 // Every request starts with the same one-block system prompt and continues with 19 blocks of
@@ -313,6 +357,117 @@ TEST(RouteSimTest, AShortCommonPrefixDoesNotLeaveWorkersIdle) {
   // Both hit block 7 on every request after a worker's first: 72 vs 79 hits of 512 tokens.
   EXPECT_EQ(spread.cached_tokens, 72 * 512);
   EXPECT_EQ(trapped.cached_tokens, 79 * 512);
+}
+
+// Round-robin over 2 workers: r0 [1,2,3] on w0; 10 s later r1 [1,2,4] on w1, which holds
+// nothing but w0 holds blocks 1 and 2: w1 fetches them (11.7 ms) instead of computing them
+// (128 ms), and computes only its last 276 tokens. r2 on w0; r3 [1,2,6] on w1 then hits the
+// fetched blocks locally: they became w1's cached blocks.
+TEST(RouteSimTest, AFetchHappensIsCountedAndTheBlocksStay) {
+  Trace trace;
+  trace.records.push_back(Record(0, 1300, 2, {1, 2, 3}));
+  trace.records.push_back(Record(10, 1300, 2, {1, 2, 4}));
+  trace.records.push_back(Record(20, 600, 2, {9, 10}));
+  trace.records.push_back(Record(30, 1300, 2, {1, 2, 6}));
+  const RouteSimResult r = RunOk(trace, RemoteConfig(SimPolicy::kRoundRobin, 2));
+  ASSERT_EQ(r.requests, 4);
+  EXPECT_EQ(r.outcomes[1].worker, 1);
+  EXPECT_EQ(r.outcomes[1].cached_tokens, 0);
+  EXPECT_EQ(r.outcomes[1].fetched_tokens, 1024);
+  EXPECT_EQ(r.outcomes[1].fetch_ns, DefaultFetchNs(2));
+  // TTFT: the fetch, then the overhead and 276 tokens at 8,000/s.
+  EXPECT_EQ(r.outcomes[1].ttft_ns, DefaultFetchNs(2) + 20'000'000 + 34'500'000);
+  EXPECT_EQ(r.outcomes[3].worker, 1);
+  EXPECT_EQ(r.outcomes[3].cached_tokens, 1024);
+  EXPECT_EQ(r.outcomes[3].fetched_tokens, 0);
+  EXPECT_EQ(r.fetched_tokens, 1024);
+  EXPECT_EQ(r.fetched_blocks, 2);
+  EXPECT_EQ(r.fetches, 1);
+  EXPECT_EQ(r.recompute_chosen, 0);
+  EXPECT_EQ(r.workers[1].stats.fetched_tokens, 1024);
+  EXPECT_EQ(r.workers[1].stats.prefill_tokens, 276 + 276);
+  EXPECT_DOUBLE_EQ(r.hit_ratio, 1024.0 / 4500);
+  EXPECT_DOUBLE_EQ(r.hit_ratio_with_remote, 2048.0 / 4500);
+  EXPECT_DOUBLE_EQ(r.mean_fetch_ms, static_cast<double>(DefaultFetchNs(2)) / 1e6);
+  EXPECT_GT(r.fetch_share_of_ttft, 0);
+  // The fetched blocks were published as w1's (r1's 1 and 2; r3 adds none: its id 6 is its
+  // partial last block).
+  EXPECT_EQ(r.workers[1].stats.stored_blocks, 2);
+  // Pooled fetches nothing: its hits are free already.
+  const RouteSimResult pooled = RunOk(trace, RemoteConfig(SimPolicy::kPooled, 2));
+  EXPECT_EQ(pooled.fetched_tokens, 0);
+  EXPECT_EQ(pooled.recompute_chosen, 0);
+}
+
+// The cost rule: the same two requests with a link that moves a 16 MiB block in 1.3 s (0.1
+// Gb/s) recompute (128 ms) and count the request that did; at 25 Gb/s they fetch. A fetch
+// latency above the recompute time also makes them recompute.
+TEST(RouteSimTest, SlowLinksRecomputeFastLinksFetch) {
+  Trace trace;
+  trace.records.push_back(Record(0, 1300, 2, {1, 2, 3}));
+  trace.records.push_back(Record(10, 1300, 2, {1, 2, 4}));
+  RouteSimConfig c = RemoteConfig(SimPolicy::kRoundRobin, 2);
+  const RouteSimResult fast = RunOk(trace, c);
+  EXPECT_EQ(fast.fetched_blocks, 2);
+  EXPECT_EQ(fast.recompute_chosen, 0);
+  c.remote.bandwidth_gbps = 0.1;
+  const RouteSimResult slow = RunOk(trace, c);
+  EXPECT_EQ(slow.fetched_blocks, 0);
+  EXPECT_EQ(slow.recompute_chosen, 1);
+  EXPECT_TRUE(slow.outcomes[1].recompute_chosen);
+  EXPECT_EQ(slow.outcomes[1].ttft_ns, 20'000'000 + 162'500'000);  // 1300 tokens computed
+  c.remote.bandwidth_gbps = 25;
+  c.remote.latency = absl::Milliseconds(200);
+  EXPECT_EQ(RunOk(trace, c).recompute_chosen, 1);
+}
+
+// A fetch that never pays off leaves every outcome as without remote fetch.
+TEST(RouteSimTest, AnUnusedRemoteFetchChangesNothing) {
+  const Trace trace = SharedPrefixTrace(6, 4, 2, 200, 0.05, 11);
+  for (SimPolicy policy : {SimPolicy::kCacheAware, SimPolicy::kRoundRobin}) {
+    const RouteSimResult off = RunOk(trace, Config(policy, 4));
+    RouteSimConfig c = RemoteConfig(policy, 4);
+    c.remote.bandwidth_gbps = 1e-6;
+    const RouteSimResult never = RunOk(trace, c);
+    EXPECT_EQ(never.fetched_tokens, 0);
+    if (policy == SimPolicy::kRoundRobin) {
+      EXPECT_GT(never.recompute_chosen, 0);
+    }
+    ASSERT_EQ(off.outcomes.size(), never.outcomes.size());
+    for (size_t i = 0; i < off.outcomes.size(); ++i) {
+      EXPECT_EQ(off.outcomes[i].worker, never.outcomes[i].worker) << i;
+      EXPECT_EQ(off.outcomes[i].cached_tokens, never.outcomes[i].cached_tokens) << i;
+      EXPECT_EQ(off.outcomes[i].ttft_ns, never.outcomes[i].ttft_ns) << i;
+    }
+  }
+}
+
+// Contention: w0 holds an 8-block prefix; two requests for it arrive together on idle w1 and
+// w2 and both fetch from w0. The second waits for the first on w0's link: its fetch takes
+// twice as long.
+TEST(RouteSimTest, TwoFetchesFromOneHolderShareItsLink) {
+  Trace trace;
+  trace.records.push_back(Record(0, 9 * 512, 2, {1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  trace.records.push_back(Record(10, 9 * 512, 2, {1, 2, 3, 4, 5, 6, 7, 8, 10}));
+  trace.records.push_back(Record(10, 9 * 512, 2, {1, 2, 3, 4, 5, 6, 7, 8, 11}));
+  const RouteSimResult r = RunOk(trace, RemoteConfig(SimPolicy::kRoundRobin, 3));
+  ASSERT_EQ(r.outcomes[1].worker, 1);
+  ASSERT_EQ(r.outcomes[2].worker, 2);
+  EXPECT_EQ(r.outcomes[1].fetched_tokens, 8 * 512);
+  EXPECT_EQ(r.outcomes[2].fetched_tokens, 8 * 512);
+  EXPECT_EQ(r.outcomes[1].fetch_ns, DefaultFetchNs(8));
+  EXPECT_EQ(r.outcomes[2].fetch_ns, 2 * DefaultFetchNs(8));
+  EXPECT_EQ(r.outcomes[2].ttft_ns - r.outcomes[1].ttft_ns, DefaultFetchNs(8));
+}
+
+TEST(RouteSimTest, RemoteHitWeightFollowsTheFetchModel) {
+  RouteSimConfig c;
+  // 32 KiB x 8 bits x 8,000 tokens/s over 25 Gb/s: 0.0839.
+  EXPECT_NEAR(RemoteHitWeightFromModel(c), 32768.0 * 8 * 8000 / 25e9, 1e-12);
+  c.remote.bandwidth_gbps = 0.01;
+  EXPECT_EQ(RemoteHitWeightFromModel(c), 1.0);  // slower than recomputing: no credit
+  c.remote.enabled = false;
+  EXPECT_EQ(RemoteHitWeightFromModel(c), 1.0);
 }
 
 }  // namespace

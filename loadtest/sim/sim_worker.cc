@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "loadtest/sim/remote_fetch.h"
 
 namespace pd::loadtest::sim {
 namespace {
@@ -206,9 +207,26 @@ void SimWorker::TryStartPrefill(int64_t now_ns) {
   prefilling_ = r;
   r->cached_tokens = *cached;
   r->prefill_start_ns = now_ns;
-  prefill_tokens_ = r->prompt_tokens - *cached;
+  int64_t compute_start_ns = now_ns;
+  if (fetcher_ != nullptr) {
+    // AllocatePrompt leaves at least one token to compute; so does the fetch.
+    const int64_t max_blocks = (r->prompt_tokens - 1) / block_size_;
+    const FetchPlan plan =
+        fetcher_->Plan(fetcher_index_, r->chain, *cached / block_size_, max_blocks, now_ns);
+    r->fetched_tokens = plan.blocks * block_size_;
+    r->recompute_chosen = plan.available_blocks > 0 && plan.blocks == 0;
+    if (plan.blocks > 0) {
+      r->fetch_ns = plan.end_ns - now_ns;
+      compute_start_ns = plan.end_ns;
+      ++stats_.fetches;
+      stats_.fetch_ns += r->fetch_ns;
+    }
+    stats_.fetched_tokens += r->fetched_tokens;
+    stats_.recompute_chosen += r->recompute_chosen ? 1 : 0;
+  }
+  prefill_tokens_ = r->prompt_tokens - *cached - r->fetched_tokens;
   const double prefill_ns = static_cast<double>(prefill_tokens_) / time_.prefill_tokens_per_s * 1e9;
-  prefill_end_ns_ = now_ns + absl::ToInt64Nanoseconds(time_.prefill_overhead) +
+  prefill_end_ns_ = compute_start_ns + absl::ToInt64Nanoseconds(time_.prefill_overhead) +
                     static_cast<int64_t>(std::ceil(prefill_ns));
   ++stats_.requests;
   stats_.prompt_tokens += r->prompt_tokens;

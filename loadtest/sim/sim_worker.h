@@ -7,6 +7,12 @@
 //             prefill_overhead. The prefix hit is taken when the prefill starts (as the
 //             engine's AllocatePrompt does), and the computed full blocks become cache hits
 //             (CommitBlocks) when it ends, which is also the request's first token.
+//   fetch     with a RemoteFetcher attached (remote_fetch.h), the blocks after the local hit
+//             that another worker holds may be fetched when the prefill starts; the prefill
+//             then computes only the rest, after the fetch ends (it needs the fetched KV), and
+//             the fetched blocks are committed with the computed ones. The prefill slot is
+//             held during the fetch (an engine could prefill another request meanwhile: this
+//             is the conservative side).
 //   decode    all prefilled requests decode together; one step (one token for each) takes
 //             decode_step + decode_step_per_seq × batch size, progress is continuous between
 //             events (a fluid approximation of discrete steps). A request needs
@@ -66,7 +72,10 @@ struct SimRequest {
   std::vector<BlockHash> chain;  // hashes of the prompt's full blocks
 
   // Filled by the worker.
-  int64_t cached_tokens = 0;  // prefix-cache hit when the prefill started
+  int64_t cached_tokens = 0;      // prefix-cache hit when the prefill started
+  int64_t fetched_tokens = 0;     // fetched from another worker then (not in cached_tokens)
+  int64_t fetch_ns = 0;           // prefill start -> fetched blocks in place (link queue included)
+  bool recompute_chosen = false;  // another worker held blocks, recomputing them was faster
   int64_t prefill_start_ns = -1;
   int64_t first_token_ns = -1;  // end of the prefill
   int64_t end_ns = -1;          // end of the decode
@@ -85,14 +94,20 @@ struct SimLoad {
 
 // Cumulative counters of one worker.
 struct SimWorkerStats {
-  int64_t requests = 0;        // prefills started
-  int64_t prompt_tokens = 0;   // of those
-  int64_t cached_tokens = 0;   // prefix hits of those
-  int64_t prefill_tokens = 0;  // tokens computed by prefills (prompt − cached)
+  int64_t requests = 0;          // prefills started
+  int64_t prompt_tokens = 0;     // of those
+  int64_t cached_tokens = 0;     // prefix hits of those
+  int64_t prefill_tokens = 0;    // tokens computed by prefills (prompt − cached − fetched)
+  int64_t fetched_tokens = 0;    // tokens fetched from other workers
+  int64_t fetches = 0;           // prefills that fetched
+  int64_t fetch_ns = 0;          // sum of their fetch times (link queue included)
+  int64_t recompute_chosen = 0;  // prefills that recomputed blocks another worker held
   int64_t prefill_busy_ns = 0;
   int64_t stored_blocks = 0;   // blocks in BlockStored events published
   int64_t removed_blocks = 0;  // blocks in BlockRemoved events published
 };
+
+class RemoteFetcher;
 
 class SimWorker : private kvcache::KvEventListener {
  public:
@@ -113,6 +128,17 @@ class SimWorker : private kvcache::KvEventListener {
   SimWorker& operator=(const SimWorker&) = delete;
 
   const std::string& worker_id() const { return worker_id_; }
+
+  // Lets this worker's prefills fetch from other workers' pools through `fetcher` (not owned;
+  // it must outlive the worker), `index` being this worker's index there. Call before the
+  // first Enqueue; null = no remote fetch (the default).
+  void AttachRemoteFetcher(RemoteFetcher* fetcher, int index) {
+    fetcher_ = fetcher;
+    fetcher_index_ = index;
+  }
+
+  // The worker's pool (its own or the shared one).
+  const kvcache::KvCacheManager& pool() const { return *pool_; }
 
   // Brings the worker to `now_ns` (>= every earlier call): decode progress, finished decodes
   // (appended to `finished`, their blocks released), a finished prefill, then starts the next
@@ -171,11 +197,13 @@ class SimWorker : private kvcache::KvEventListener {
   kvcache::KvCacheManager* pool_ = nullptr;            // own_pool_ or the shared one
   const TimeModel time_;
   const int64_t block_size_;
+  RemoteFetcher* fetcher_ = nullptr;
+  int fetcher_index_ = -1;
 
   std::deque<SimRequest*> queue_;
   SimRequest* prefilling_ = nullptr;
   int64_t prefill_end_ns_ = 0;
-  int64_t prefill_tokens_ = 0;  // uncached tokens of the prefill in progress
+  int64_t prefill_tokens_ = 0;  // tokens the prefill in progress computes (not hit or fetched)
   bool blocked_ = false;
   std::vector<SimRequest*> decoding_;
   int64_t last_advance_ns_ = 0;

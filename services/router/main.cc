@@ -62,10 +62,16 @@ ABSL_FLAG(double, dram_hit_weight, 0.1,
           "cache_aware: fraction of a block's prefill cost paid to restore it from DRAM [0, 1]");
 ABSL_FLAG(double, nvme_hit_weight, 0.3,
           "cache_aware: fraction of a block's prefill cost paid to restore it from NVMe [0, 1]");
+ABSL_FLAG(double, remote_hit_weight, 1.0,
+          "cache_aware: fraction of a block's prefill cost paid to fetch it from another node "
+          "that holds it [0, 1]; 1 = no credit (workers do not fetch from other nodes yet)");
 ABSL_FLAG(double, decode_load_weight, 1.0,
           "cache_aware: weight of a worker's referenced KV blocks against prefill work");
 ABSL_FLAG(double, inflight_weight, 8.0,
           "cache_aware: blocks charged per stream this router has open on a worker");
+ABSL_FLAG(double, inflight_blocks_weight, 0.0,
+          "cache_aware: weight of the new prompt blocks this router placed on a worker since "
+          "its last load report, added to its prefill backlog; 0 = not counted");
 ABSL_FLAG(double, backlog_prefill_weight, 4.0,
           "cache_aware: added to --prefill_weight per block of prefill backlog on the workers "
           "that hold less of the prompt than the best");
@@ -141,8 +147,10 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.prefill_weight = absl::GetFlag(FLAGS_prefill_weight);
   config.dram_hit_weight = absl::GetFlag(FLAGS_dram_hit_weight);
   config.nvme_hit_weight = absl::GetFlag(FLAGS_nvme_hit_weight);
+  config.remote_hit_weight = absl::GetFlag(FLAGS_remote_hit_weight);
   config.decode_load_weight = absl::GetFlag(FLAGS_decode_load_weight);
   config.inflight_weight = absl::GetFlag(FLAGS_inflight_weight);
+  config.inflight_blocks_weight = absl::GetFlag(FLAGS_inflight_blocks_weight);
   config.backlog_prefill_weight = absl::GetFlag(FLAGS_backlog_prefill_weight);
   config.min_hit_fraction = absl::GetFlag(FLAGS_min_hit_fraction);
   config.index_max_blocks = absl::GetFlag(FLAGS_index_max_blocks);

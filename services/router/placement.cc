@@ -50,6 +50,7 @@ absl::StatusOr<Placement> ScoredPlacementPolicy::Choose(
     c.running = static_cast<int32_t>(std::max<int64_t>(0, running - ended));
     c.waiting = static_cast<int32_t>(waiting - std::max<int64_t>(0, ended - running));
     c.inflight_assigned = std::max<int64_t>(0, d_streams);
+    c.inflight_new_blocks = std::max<int64_t>(0, d_blocks);
   }
   std::vector<WorkerOverlap> overlaps;
   if (index_ != nullptr && !chain.empty()) {
@@ -95,8 +96,10 @@ absl::StatusOr<ScorerConfig> ScorerConfigFor(const RouterConfig& config) {
   s.prefill_weight = config.prefill_weight;
   s.dram_hit_weight = config.dram_hit_weight;
   s.nvme_hit_weight = config.nvme_hit_weight;
+  s.remote_hit_weight = config.remote_hit_weight;
   s.decode_load_weight = config.decode_load_weight;
   s.inflight_weight = config.inflight_weight;
+  s.inflight_blocks_weight = config.inflight_blocks_weight;
   s.backlog_prefill_weight = config.backlog_prefill_weight;
   s.min_hit_fraction = config.min_hit_fraction;
   s.disagg_threshold_tokens = config.disagg_threshold_tokens;

@@ -134,6 +134,30 @@ TEST(PlacementTest, StreamsThatEndedSinceTheLoadReportNoLongerWeigh) {
   }
 }
 
+// --inflight_blocks_weight reads the new blocks of the streams placed since the last report:
+// d0 got one 40-block prompt, d1 two 2-block ones. Counted per stream (8 blocks each) d0 looks
+// idler; counted by their blocks too, d1 is.
+TEST(PlacementTest, BlocksPlacedSinceTheLoadReportCountWithTheirWeight) {
+  std::vector<WorkerSnapshot> workers = {Worker(0, "d0", true, false),
+                                         Worker(1, "d1", true, false)};
+  workers[0].inflight = 1;
+  workers[0].assigned_blocks = 40;
+  workers[1].inflight = 2;
+  workers[1].assigned_blocks = 4;
+  for (double weight : {0.0, 1.0}) {
+    RouterConfig c;
+    c.model = "m";
+    c.decode_workers = {"x"};
+    c.block_size = kBlock;
+    c.inflight_blocks_weight = weight;
+    absl::StatusOr<std::unique_ptr<PlacementPolicy>> policy = MakePlacementPolicy(c, nullptr);
+    ASSERT_TRUE(policy.ok()) << policy.status();
+    absl::StatusOr<Placement> p = (*policy)->Choose(Chain(3, 9000), 12, workers);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(p->decode_index, weight > 0 ? 1 : 0) << weight;
+  }
+}
+
 TEST(PlacementTest, ThresholdCountsTheDecodeWorkersCachedTokens) {
   std::unique_ptr<KvIndex> index = *KvIndex::Create({});
   const std::vector<BlockHash> chain = Chain(8);

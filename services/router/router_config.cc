@@ -39,8 +39,10 @@ absl::Status RouterConfig::Validate() const {
        {std::tuple<const char*, double, double>{"--prefill_weight", prefill_weight, -1},
         {"--dram_hit_weight", dram_hit_weight, 1},
         {"--nvme_hit_weight", nvme_hit_weight, 1},
+        {"--remote_hit_weight", remote_hit_weight, 1},
         {"--decode_load_weight", decode_load_weight, -1},
         {"--inflight_weight", inflight_weight, -1},
+        {"--inflight_blocks_weight", inflight_blocks_weight, -1},
         {"--backlog_prefill_weight", backlog_prefill_weight, -1},
         {"--min_hit_fraction", min_hit_fraction, 1}}) {
     if (!std::isfinite(value) || value < 0 || (max >= 0 && value > max)) {

@@ -60,8 +60,10 @@ struct RouterConfig {
   double prefill_weight = 1.0;
   double dram_hit_weight = 0.1;
   double nvme_hit_weight = 0.3;
+  double remote_hit_weight = 1.0;  // 1 = no credit for blocks on other nodes
   double decode_load_weight = 1.0;
   double inflight_weight = 8.0;
+  double inflight_blocks_weight = 0.0;
   double backlog_prefill_weight = 4.0;
   double min_hit_fraction = 0.2;
   // Bound of the KV index in (worker, block, tier) entries (~110 bytes each); 0 = automatic:

@@ -74,6 +74,12 @@ TEST(RouterConfigTest, RejectsBadScorerWeightsNamingTheFlag) {
   c.min_hit_fraction = 1.5;
   EXPECT_NE(c.Validate().message().find("--min_hit_fraction"), absl::string_view::npos);
   c = Valid();
+  c.inflight_blocks_weight = -1;
+  EXPECT_NE(c.Validate().message().find("--inflight_blocks_weight"), absl::string_view::npos);
+  c = Valid();
+  c.remote_hit_weight = 1.5;
+  EXPECT_NE(c.Validate().message().find("--remote_hit_weight"), absl::string_view::npos);
+  c = Valid();
   c.index_max_blocks = -1;
   EXPECT_NE(c.Validate().message().find("--index_max_blocks"), absl::string_view::npos);
   c.index_max_blocks = 0;  // automatic

@@ -16,6 +16,7 @@ struct Overlap {
   int64_t hbm = 0;
   int64_t dram = 0;
   int64_t nvme = 0;
+  int64_t remote = 0;    // m(w) of the cost model: not part of total()
   double effective = 0;  // eff(w) of the cost model
 
   int64_t total() const { return hbm + dram + nvme; }
@@ -73,6 +74,38 @@ int BestRotated(absl::Span<const int> eligible, uint64_t start, RankFn rank_of) 
   return best;
 }
 
+// m(w) of the cost model for every candidate, added to its effective overlap at 1 - weight
+// per block: the longest overlap among the other healthy candidates beyond w's own. Only the
+// two longest overlaps matter (the longest holder's m comes from the second longest).
+void CreditRemoteBlocks(absl::Span<const WorkerCandidate> candidates, double remote_hit_weight,
+                        absl::Span<Overlap> overlap) {
+  int first = -1;
+  int64_t second_total = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (!candidates[i].healthy) {
+      continue;
+    }
+    const int64_t total = overlap[i].total();
+    if (first < 0 || total > overlap[first].total()) {
+      if (first >= 0) {
+        second_total = std::max(second_total, overlap[first].total());
+      }
+      first = static_cast<int>(i);
+    } else {
+      second_total = std::max(second_total, total);
+    }
+  }
+  if (first < 0) {
+    return;
+  }
+  for (size_t i = 0; i < overlap.size(); ++i) {
+    const int64_t other = static_cast<int>(i) == first ? second_total : overlap[first].total();
+    Overlap& o = overlap[i];
+    o.remote = std::max<int64_t>(0, other - o.total());
+    o.effective += (1.0 - remote_hit_weight) * static_cast<double>(o.remote);
+  }
+}
+
 // `value` must be finite and in [0, max] (max < 0: no upper bound).
 absl::Status CheckWeight(absl::string_view field, double value, double max) {
   if (!std::isfinite(value) || value < 0 || (max >= 0 && value > max)) {
@@ -117,8 +150,10 @@ absl::Status ScorerConfig::Validate() const {
        {std::tuple<absl::string_view, double, double>{"prefill_weight", prefill_weight, kUnbounded},
         {"dram_hit_weight", dram_hit_weight, 1.0},
         {"nvme_hit_weight", nvme_hit_weight, 1.0},
+        {"remote_hit_weight", remote_hit_weight, 1.0},
         {"decode_load_weight", decode_load_weight, kUnbounded},
         {"inflight_weight", inflight_weight, kUnbounded},
+        {"inflight_blocks_weight", inflight_blocks_weight, kUnbounded},
         {"backlog_prefill_weight", backlog_prefill_weight, kUnbounded},
         {"min_hit_fraction", min_hit_fraction, 1.0}}) {
     absl::Status status = CheckWeight(field, value, max);
@@ -200,6 +235,9 @@ absl::StatusOr<RoutingDecision> WorkerScorer::Choose(absl::Span<const WorkerCand
                     (1.0 - config_.dram_hit_weight) * static_cast<double>(o.dram) +
                     (1.0 - config_.nvme_hit_weight) * static_cast<double>(o.nvme);
     }
+    if (config_.remote_hit_weight < 1.0) {
+      CreditRemoteBlocks(candidates, config_.remote_hit_weight, absl::MakeSpan(overlap));
+    }
   }
 
   // local(d) of the cost model. A worker that can prefill never counts as its own prefill
@@ -239,7 +277,9 @@ absl::StatusOr<RoutingDecision> WorkerScorer::Choose(absl::Span<const WorkerCand
         backlog[d] =
             config_.inflight_weight * static_cast<double>(NonNegative(c.inflight_assigned));
         if (local(d)) {
-          backlog[d] += static_cast<double>(NonNegative(c.queued_prefill_tokens)) / bs;
+          backlog[d] += static_cast<double>(NonNegative(c.queued_prefill_tokens)) / bs +
+                        config_.inflight_blocks_weight *
+                            static_cast<double>(NonNegative(c.inflight_new_blocks));
         }
         const double eff = overlap[d].effective;
         pref[d] = eff >= config_.min_hit_fraction * b_blocks ? eff : 0.0;
@@ -253,9 +293,13 @@ absl::StatusOr<RoutingDecision> WorkerScorer::Choose(absl::Span<const WorkerCand
           ++num_others;
         }
       }
+      // A move off the holder costs what the others pay for the prefix: all of it without
+      // remote credit, the fetch with it (see alpha in the header).
       const double alpha =
           config_.prefill_weight +
-          (num_others > 0 ? config_.backlog_prefill_weight * others_backlog / num_others : 0.0);
+          (num_others > 0 ? config_.backlog_prefill_weight * config_.remote_hit_weight *
+                                others_backlog / num_others
+                          : 0.0);
       auto rank = [&](int d) {
         const WorkerCandidate& c = candidates[d];
         const Overlap& o = overlap[d];

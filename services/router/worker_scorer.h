@@ -9,16 +9,26 @@
 //                                             block included: it must be computed too)
 //   h, r, n      = worker w's leading HBM, DRAM and NVMe blocks of the chain (KvIndex::Match),
 //                  clamped so that h + r + n <= floor(prompt_tokens / S)
+//   m(w)         = max(0, max{h + r + n of another healthy candidate} - (h + r + n)(w)):
+//                  remote blocks, the leading blocks after w's own that another candidate
+//                  holds (the longest other continuation), which w could fetch from that
+//                  node instead of computing them (issue #19)
 //   eff(w)       = h + (1 - dram_hit_weight)·r + (1 - nvme_hit_weight)·n
-//                  blocks of prefill work w's cache saves (a tier hit still costs its restore)
+//                    + (1 - remote_hit_weight)·m(w)
+//                  blocks of prefill work w's cache saves (a tier hit still costs its restore,
+//                  a remote hit its fetch); remote_hit_weight = 1 (pd-router's default) gives
+//                  no remote credit
 //   pref(w)      = eff(w) when eff(w) >= min_hit_fraction · B, else 0: the hit placement
 //                  prefers w for. A short hit (a system prompt every warm worker holds) still
 //                  saves its blocks on whichever worker holds it, but does not attract requests,
 //                  or the workers holding it would take everything at light load and the rest
 //                  never warm up.
-//   backlog(w)   = [local(w)] · queued_prefill_tokens(w) / S + inflight_weight · inflight_assigned
+//   backlog(w)   = [local(w)] · (queued_prefill_tokens(w) / S
+//                                + inflight_blocks_weight · inflight_new_blocks(w))
+//                  + inflight_weight · inflight_assigned(w)
 //                  prefill work queued on w, in blocks: its last report plus the requests sent
-//                  since (charged an average prompt each)
+//                  since (charged an average prompt each, and, with inflight_blocks_weight, the
+//                  new blocks the router knows they bring)
 //   kv(w)        = active_kv_blocks(w) + B - h(w) when pref(w) > 0, else active_kv_blocks(w) + B
 //                  KV blocks w would reference (a short hit does not attract through this term
 //                  either)
@@ -27,7 +37,8 @@
 //   score(d) = alpha · (B - pref(d))                                 work the request still needs
 //            + backlog(d)                                            work queued before it
 //            + decode_load_weight · kv(d) · occ(d)                   KV pressure
-//   alpha    = prefill_weight + backlog_prefill_weight · mean{backlog(d') : pref(d') < max pref}
+//   alpha    = prefill_weight + backlog_prefill_weight · remote_hit_weight
+//                               · mean{backlog(d') : pref(d') < max pref}
 //              (the mean is 0 when no candidate holds less than the others)
 // KV memory counts in proportion to how full the pool is: a pool at 1% costs nothing worth a
 // cache miss, a nearly full one evicts or preempts. alpha prices recomputation by how busy the
@@ -35,7 +46,18 @@
 // worker that is itself busy, which delays everything queued there, while an idle one absorbs
 // it (so a hot prefix whose holders are loaded still spills over to idle workers: holders do
 // not count in the mean). Without backlog, alpha = prefill_weight and, KV pressure aside,
-// score(d) is the time to the first token in blocks.
+// score(d) is the time to the first token in blocks. The backlog term protects affinity because
+// a request moved off its holder loses the cache; where the others can fetch the prefix, it
+// loses only the fetch, so the term shrinks with remote_hit_weight (unchanged at 1, no remote
+// credit). Found in pd-routesim (docs/benchmarks.md, "Router simulator with remote fetch"): with
+// the full term the scorer kept requests on busy holders to save a fetch worth a few blocks.
+// Remote credit: with remote_hit_weight < 1 every worker that could fetch the holder's blocks
+// gets pref ~ (1 - remote_hit_weight)·eff(holder), so the holder's advantage shrinks from
+// alpha·eff(holder) to about alpha·remote_hit_weight·m, the price of the fetch: a holder whose
+// backlog exceeds that loses the request to a less busy worker that fetches, while an idle
+// holder still wins (it saves the fetch). m(w) is never longer than the holder's overlap, so a
+// short hit (block 0 everyone holds) gives a short remote credit that min_hit_fraction keeps
+// from attracting, as it does the hit itself.
 // local(d) holds when d would prefill the request itself: no healthy can_prefill worker other
 // than d, or fewer than disagg_threshold_tokens uncached tokens on d
 // (prompt_tokens - (h + r + n)·S). d's own overlap always counts, whether or not it prefills:
@@ -98,6 +120,12 @@ struct ScorerConfig {
   // Same for a block restored from the NVMe tier. In [0, 1].
   double nvme_hit_weight = 0.3;
 
+  // Same for a block fetched from another node (one that another candidate holds beyond this
+  // worker's own overlap: m(w) in the file comment): about fetch time / prefill time per block.
+  // In [0, 1]; 1 = no credit for remote blocks, the default while workers cannot fetch from
+  // other nodes (issue #19 item 1).
+  double remote_hit_weight = 1.0;
+
   // Weight of decode load (KV blocks referenced on the worker, plus this request's new ones,
   // scaled by how full its pool is) against prefill work. >= 0.
   double decode_load_weight = 1.0;
@@ -107,9 +135,15 @@ struct ScorerConfig {
   // Makes placement load-aware between load reports. >= 0.
   double inflight_weight = 8.0;
 
+  // Weight of the new prompt blocks the router has placed on a worker since its last load
+  // report (WorkerCandidate::inflight_new_blocks), added to its prefill backlog: the exact
+  // size of what the report cannot count yet, where inflight_weight charges an average. 0 =
+  // not counted (the default until pd-router's load tests confirm the simulator). >= 0.
+  double inflight_blocks_weight = 0.0;
+
   // Added to prefill_weight per block of mean backlog on the workers that hold less of the
-  // prompt than the best (alpha in the file comment). 0 = a cache miss always costs
-  // prefill_weight per block. >= 0.
+  // prompt than the best, times remote_hit_weight (alpha in the file comment). 0 = a cache miss
+  // always costs prefill_weight per block. >= 0.
   double backlog_prefill_weight = 4.0;
 
   // A worker's hit attracts the request only when it covers at least this fraction of the
@@ -141,6 +175,8 @@ struct WorkerCandidate {
   int32_t waiting = 0;                // from its last WorkerLoad
   int64_t inflight_assigned = 0;      // requests this router placed there since the last load
                                       // report (the report may not count them yet)
+  int64_t inflight_new_blocks = 0;    // their new prompt blocks (Placement::new_blocks), less
+                                      // those of streams that ended since the report
 };
 
 // Where one request runs.

@@ -75,8 +75,10 @@ TEST(ScorerConfigTest, ValidateNamesTheField) {
       {"prefill_weight", [](ScorerConfig& c) { c.prefill_weight = -1; }},
       {"dram_hit_weight", [](ScorerConfig& c) { c.dram_hit_weight = 1.5; }},
       {"nvme_hit_weight", [](ScorerConfig& c) { c.nvme_hit_weight = -0.1; }},
+      {"remote_hit_weight", [](ScorerConfig& c) { c.remote_hit_weight = 1.01; }},
       {"decode_load_weight", [](ScorerConfig& c) { c.decode_load_weight = std::nan(""); }},
       {"inflight_weight", [](ScorerConfig& c) { c.inflight_weight = -3; }},
+      {"inflight_blocks_weight", [](ScorerConfig& c) { c.inflight_blocks_weight = -1; }},
       {"backlog_prefill_weight", [](ScorerConfig& c) { c.backlog_prefill_weight = -0.5; }},
       {"min_hit_fraction", [](ScorerConfig& c) { c.min_hit_fraction = 1.2; }},
       {"disagg_threshold_tokens", [](ScorerConfig& c) { c.disagg_threshold_tokens = -1; }},
@@ -438,6 +440,100 @@ TEST(WorkerScorerTest, BusyHoldersSpillToAnIdleWorker) {
   d = MustChoose(*scorer, workers, overlaps, 24 * kBlockSize);
   EXPECT_LE(d.decode_index, 1);
   EXPECT_EQ(d.reason, "cache_hit");
+}
+
+// The holder of half a 24-block prompt has 8 blocks queued, the others none. Without remote
+// credit the holder wins (12 + 8 blocks of work against 24 to recompute); when the other
+// workers could fetch those 12 blocks at a tenth of their prefill cost, an idle worker's
+// 24 - 10.8 beats the holder's 20, which is what a cluster-wide cache is for. An idle holder
+// still keeps its requests: it saves even the fetch.
+TEST(WorkerScorerTest, RemoteCreditMovesARequestFromABusyHolderToAnIdleWorker) {
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].queued_prefill_tokens = 8 * kBlockSize;
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 12, 0, 0}};
+  auto no_credit = NewScorer();  // remote_hit_weight = 1: the old model
+  RoutingDecision d = MustChoose(*no_credit, workers, overlaps, 24 * kBlockSize);
+  EXPECT_EQ(d.decode_index, 0);
+  EXPECT_EQ(d.reason, "cache_hit");
+  ScorerConfig remote;
+  remote.remote_hit_weight = 0.1;
+  auto credit = NewScorer(remote);
+  d = MustChoose(*credit, workers, overlaps, 24 * kBlockSize);
+  EXPECT_NE(d.decode_index, 0);
+  EXPECT_EQ(d.reason, "load");
+  EXPECT_EQ(d.decode_overlap_blocks, 0);  // its own overlap: the fetch is the worker's business
+  workers[0].queued_prefill_tokens = 0;
+  EXPECT_EQ(MustChoose(*credit, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  // The holder's backlog must exceed the fetch's price (alpha · 0.1 · 12 = 1.2 blocks here).
+  workers[0].queued_prefill_tokens = 1 * kBlockSize;
+  EXPECT_EQ(MustChoose(*credit, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  workers[0].queued_prefill_tokens = 2 * kBlockSize;
+  EXPECT_NE(MustChoose(*credit, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+}
+
+// m(w) is the longest other continuation: with free remote hits (weight 0) the worker holding 4
+// blocks is credited the 8 more that the 12-block holder has, the one holding none all 12, the
+// holder nothing; every worker is then worth 12 blocks, so the shortest queue wins. At weight
+// 0.5 the 4-block holder is worth 4 + 4 = 8 blocks and the empty worker 6: with equal queues
+// the partial holder wins over the empty one, and the full holder over both.
+TEST(WorkerScorerTest, RemoteCreditIsTheLongestOtherContinuation) {
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].queued_prefill_tokens = 3 * kBlockSize;
+  workers[1].queued_prefill_tokens = 2 * kBlockSize;
+  workers[2].queued_prefill_tokens = 1 * kBlockSize;
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 12, 0, 0}, {"w1", 4, 0, 0}};
+  ScorerConfig free_fetch;
+  free_fetch.remote_hit_weight = 0;
+  auto scorer = NewScorer(free_fetch);
+  EXPECT_EQ(MustChoose(*scorer, workers, overlaps, 24 * kBlockSize).decode_index, 2);
+  ScorerConfig half;
+  half.remote_hit_weight = 0.5;
+  auto half_scorer = NewScorer(half);
+  for (WorkerCandidate& w : workers) {
+    w.queued_prefill_tokens = 0;
+  }
+  EXPECT_EQ(MustChoose(*half_scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  workers[0].queued_prefill_tokens = 40 * kBlockSize;
+  EXPECT_EQ(MustChoose(*half_scorer, workers, overlaps, 24 * kBlockSize).decode_index, 1);
+}
+
+// The BusyOtherWorkersKeepARequestOnItsHolder case with remote credit at 0.1: the others would
+// fetch the 12 blocks, not recompute them, so the backlog price of the move shrinks with the
+// weight (alpha = 1 + 4 · 0.1 · 20 = 9): 9 · 13.2 + 20 beats the holder's 9 · 12 + 40 and the
+// request leaves the busy holder. Unscaled (alpha = 81) the 1.2 blocks of fetch would cost 97
+// blocks and it would stay.
+TEST(WorkerScorerTest, RemoteCreditScalesTheBacklogPriceOfAMove) {
+  std::vector<WorkerCandidate> workers = Workers(3);
+  workers[0].queued_prefill_tokens = 40 * kBlockSize;
+  workers[1].queued_prefill_tokens = 20 * kBlockSize;
+  workers[2].queued_prefill_tokens = 20 * kBlockSize;
+  const std::vector<WorkerOverlap> overlaps = {{"w0", 12, 0, 0}};
+  ScorerConfig remote;
+  remote.remote_hit_weight = 0.1;
+  auto scorer = NewScorer(remote);
+  EXPECT_NE(MustChoose(*scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+  // Once the others are busier still (60 blocks each): alpha = 1 + 4 · 0.1 · 60 = 25, and
+  // 25 · 13.2 + 60 = 390 against the holder's 25 · 12 + 40 = 340: it stays.
+  workers[1].queued_prefill_tokens = 60 * kBlockSize;
+  workers[2].queued_prefill_tokens = 60 * kBlockSize;
+  EXPECT_EQ(MustChoose(*scorer, workers, overlaps, 24 * kBlockSize).decode_index, 0);
+}
+
+// The prompts placed since the last report, at their real size: w0 got one 30-block prompt, w1
+// two 2-block ones. Charged 8 blocks per stream, w0 (8) looks less busy than w1 (16); counted
+// by their blocks as well, w1 (16 + 4) is less busy than w0 (8 + 30).
+TEST(WorkerScorerTest, InflightNewBlocksCountAsBacklog) {
+  std::vector<WorkerCandidate> workers = Workers(2);
+  workers[0].inflight_assigned = 1;
+  workers[0].inflight_new_blocks = 30;
+  workers[1].inflight_assigned = 2;
+  workers[1].inflight_new_blocks = 4;
+  auto counted_by_stream = NewScorer();
+  EXPECT_EQ(MustChoose(*counted_by_stream, workers, {}, 24 * kBlockSize).decode_index, 0);
+  ScorerConfig blocks;
+  blocks.inflight_blocks_weight = 1;
+  auto counted_by_blocks = NewScorer(blocks);
+  EXPECT_EQ(MustChoose(*counted_by_blocks, workers, {}, 24 * kBlockSize).decode_index, 1);
 }
 
 TEST(WorkerScorerTest, OverlapsAreClampedToThePrompt) {
