@@ -44,7 +44,13 @@ SchedulerStats EngineLoop::Stats() const {
   return stats_;
 }
 
+double EngineLoop::PrefillSecondsPerToken() const {
+  absl::MutexLock lock(&mu_);
+  return prefill_seconds_per_token_;
+}
+
 void EngineLoop::Run() {
+  SchedulerStats last = scheduler_->Stats();
   bool cancelled_all = false;
   absl::Time stop_deadline = absl::InfiniteFuture();
   while (true) {
@@ -65,11 +71,23 @@ void EngineLoop::Run() {
       scheduler_->CancelAll();
       cancelled_all = true;
     }
+    const absl::Time step_start = absl::Now();
     const bool worked = scheduler_->Step();
+    const absl::Duration step_time = absl::Now() - step_start;
     if (worked && options_.step_delay > absl::ZeroDuration()) {
       absl::SleepFor(options_.step_delay);
     }
     const SchedulerStats stats = scheduler_->Stats();
+    const int64_t prefilled = stats.prefill_tokens - last.prefill_tokens;
+    const int64_t decoded = stats.decode_tokens - last.decode_tokens;
+    last = stats;
+    if (prefilled >= 32 && prefilled >= 4 * decoded) {
+      const double sample = absl::ToDoubleSeconds(step_time) / static_cast<double>(prefilled);
+      absl::MutexLock lock(&mu_);
+      prefill_seconds_per_token_ = prefill_seconds_per_token_ == 0
+                                       ? sample
+                                       : 0.8 * prefill_seconds_per_token_ + 0.2 * sample;
+    }
     if (stopping && ((stats.waiting == 0 && stats.running == stats.remote_prefills) ||
                      absl::Now() >= stop_deadline)) {
       std::vector<std::function<void(Scheduler&)>> rest;

@@ -50,6 +50,12 @@ class EngineLoop {
   // Snapshot of the scheduler's statistics, refreshed after every step.
   SchedulerStats Stats() const;
 
+  // Measured cost of computing one prompt token, in seconds: a moving average (weight 0.2 per
+  // sample) of the wall time of steps that were mostly prefill (at least 32 prompt tokens and
+  // 4x more prompt than decode tokens), divided by their prompt tokens. 0 until such a step ran.
+  // What a restore from another node is weighed against (tier_restore.cc, issue #19).
+  double PrefillSecondsPerToken() const;
+
   // Cancels every request (each gets its final kAbort output), runs the scheduler until no
   // request is left running except those waiting for a remote prefill or holding prefilled
   // blocks (bounded by `timeout`), and joins the thread. Idempotent.
@@ -65,6 +71,7 @@ class EngineLoop {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   SchedulerStats stats_ ABSL_GUARDED_BY(mu_);
+  double prefill_seconds_per_token_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration stop_timeout_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

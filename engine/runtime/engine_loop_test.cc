@@ -95,6 +95,30 @@ TEST(EngineLoopTest, ConcurrentSubmitsGiveSequentialOutputs) {
   EXPECT_EQ(loop.Stats().finished, 8);  // cumulative over both loops
 }
 
+// The prefill cost a worker sends tierd (issue #19): unknown until a mostly-prefill step ran,
+// then positive; short prompts and decode steps leave it alone.
+TEST(EngineLoopTest, MeasuresPrefillTimePerToken) {
+  std::unique_ptr<ModelRuntime> rt = Stories();
+  EngineLoop loop(rt->scheduler());
+  EXPECT_EQ(loop.PrefillSecondsPerToken(), 0);
+  {
+    Collected c;  // 2 prompt tokens: no sample
+    ASSERT_TRUE(loop.Submit(Request(1, {1, 300}, 8, &c)).ok());
+    ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  }
+  ASSERT_TRUE(WaitForLoopTurn(loop));
+  EXPECT_EQ(loop.PrefillSecondsPerToken(), 0);
+  std::vector<uint32_t> prompt = {1};
+  for (uint32_t t = 0; t < 100; ++t) prompt.push_back(300 + t % 50);
+  Collected c;
+  ASSERT_TRUE(loop.Submit(Request(2, prompt, 2, &c)).ok());
+  ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(WaitForLoopTurn(loop));
+  const double per_token = loop.PrefillSecondsPerToken();
+  EXPECT_GT(per_token, 0);
+  EXPECT_LT(per_token, 1.0);  // a sanity bound: stories260K computes a token in microseconds
+}
+
 TEST(EngineLoopTest, SubmitReportsAdmissionErrorsAndPostRunsOnLoop) {
   std::unique_ptr<ModelRuntime> rt = Stories();
   EngineLoop loop(rt->scheduler());

@@ -46,8 +46,7 @@ absl::Status TierClientConfig::Validate() const {
 bool PromotedRun::CopyOut(size_t k, uint8_t* dst) const {
   const uint8_t* src = region_->data() + static_cast<size_t>(slots_[k]) * slot_bytes_;
   std::memcpy(dst, src, static_cast<size_t>(block_bytes_));
-  if (BlockChecksum(absl::MakeConstSpan(dst, static_cast<size_t>(block_bytes_))) !=
-      checksums_[k]) {
+  if (BlockChecksum(absl::MakeConstSpan(dst, static_cast<size_t>(block_bytes_))) != checksums_[k]) {
     client_->CountChecksumFailure();
     return false;
   }
@@ -200,11 +199,13 @@ void TierClient::Offer(const BlockHash& hash, BlockFill fill) {
   staged_.push_back(Staged{hash, std::move(bytes)});
 }
 
-void TierClient::Prepare(std::vector<BlockHash> chain, PrepareDone done) {
+void TierClient::Prepare(std::vector<BlockHash> chain, PrepareDone done,
+                         double recompute_seconds_per_block) {
   {
     absl::MutexLock lock(&mu_);
     if (attached_ && !stopping_ && !chain.empty()) {
-      prepares_.push_back(PrepareJob{std::move(chain), std::move(done)});
+      prepares_.push_back(
+          PrepareJob{std::move(chain), std::move(done), recompute_seconds_per_block});
       return;
     }
     ++stats_.prepares_total;
@@ -554,6 +555,7 @@ void TierClient::RunPrepare(PrepareJob job) {
   v1::PromoteRequest req;
   req.set_session_id(run->session_);
   req.set_block_hashes(ConcatBlockHashes(job.chain));
+  req.set_recompute_seconds_per_block(job.recompute_seconds_per_block);
   v1::PromoteResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
@@ -563,8 +565,8 @@ void TierClient::RunPrepare(PrepareJob job) {
   }
   uint64_t from_nvme = 0;
   for (const v1::PromotedBlock& b : resp.blocks()) {
-    if (static_cast<int64_t>(b.slot()) >= static_cast<int64_t>(run->region_->size_bytes()) /
-                                               std::max<int64_t>(1, run->slot_bytes_)) {
+    if (static_cast<int64_t>(b.slot()) >=
+        static_cast<int64_t>(run->region_->size_bytes()) / std::max<int64_t>(1, run->slot_bytes_)) {
       break;  // never read outside the mapping
     }
     run->slots_.push_back(b.slot());
@@ -632,7 +634,8 @@ void TierClient::RunOffers(std::vector<Staged> batch) {
       ++skipped;
       continue;
     }
-    if (g.status() != v1::SLOT_GRANT_STATUS_GRANTED || static_cast<int64_t>(g.slot()) >= num_slots) {
+    if (g.status() != v1::SLOT_GRANT_STATUS_GRANTED ||
+        static_cast<int64_t>(g.slot()) >= num_slots) {
       ++dropped;
       continue;
     }

@@ -55,8 +55,8 @@ struct TierClientConfig {
   // TLS and the cluster token for the channel to tierd (the worker's peer security); null =
   // plaintext, no token.
   std::shared_ptr<const services::ClientSecurity> security;
-  int64_t max_staged_blocks = 256;   // evicted blocks waiting to be offered (memory bound)
-  int64_t offer_batch_blocks = 64;   // blocks per AllocateSlots/Commit round
+  int64_t max_staged_blocks = 256;  // evicted blocks waiting to be offered (memory bound)
+  int64_t offer_batch_blocks = 64;  // blocks per AllocateSlots/Commit round
   // DRAM slots kept reserved without a block (tierd.proto AllocateSlots.unbound_slots; at most
   // an eighth of tierd's pool), so an
   // evicted block is copied once, straight into shared memory (from a GPU pool: cudaMemcpyAsync
@@ -77,18 +77,18 @@ struct TierClientConfig {
 struct TierClientStats {
   bool attached = false;
   uint64_t attaches_total = 0;
-  uint64_t rpc_failures_total = 0;          // failed calls (tierd down, timeouts, refusals)
-  uint64_t offered_blocks_total = 0;        // sent to AllocateSlots
-  uint64_t offer_stored_blocks_total = 0;   // committed into DRAM
-  uint64_t offer_skipped_blocks_total = 0;  // the node already had them
-  uint64_t offer_dropped_blocks_total = 0;  // no slot, staging full, tierd down, bad commit
+  uint64_t rpc_failures_total = 0;             // failed calls (tierd down, timeouts, refusals)
+  uint64_t offered_blocks_total = 0;           // sent to AllocateSlots
+  uint64_t offer_stored_blocks_total = 0;      // committed into DRAM
+  uint64_t offer_skipped_blocks_total = 0;     // the node already had them
+  uint64_t offer_dropped_blocks_total = 0;     // no slot, staging full, tierd down, bad commit
   uint64_t offered_in_place_blocks_total = 0;  // of the offers, copied straight into a slot
   int64_t unbound_slots_held = 0;              // reserved slots ready for in-place offers now
-  uint64_t prepares_total = 0;              // Prepare calls answered
-  uint64_t promoted_blocks_total = 0;       // blocks made readable by Promote
-  uint64_t promoted_from_nvme_total = 0;    // of those, read from NVMe by tierd
-  uint64_t checksum_failures_total = 0;     // CopyOut copies that failed verification
-  bool node_mismatch = false;               // the attached tierd names another node
+  uint64_t prepares_total = 0;                 // Prepare calls answered
+  uint64_t promoted_blocks_total = 0;          // blocks made readable by Promote
+  uint64_t promoted_from_nvme_total = 0;       // of those, read from NVMe by tierd
+  uint64_t checksum_failures_total = 0;        // CopyOut copies that failed verification
+  bool node_mismatch = false;                  // the attached tierd names another node
 };
 
 class TierClient;
@@ -146,7 +146,11 @@ class TierClient {
   void Offer(const BlockHash& hash, BlockFill fill);
   // The same for bytes in host memory (block_bytes long, else dropped).
   void Offer(const BlockHash& hash, absl::Span<const uint8_t> block);
-  void Prepare(std::vector<BlockHash> chain, PrepareDone done);
+  // `recompute_seconds_per_block` (0 = unknown) is the worker's measured cost of computing one
+  // block: tierd fetches blocks from other nodes only while that is faster
+  // (PromoteRequest.recompute_seconds_per_block).
+  void Prepare(std::vector<BlockHash> chain, PrepareDone done,
+               double recompute_seconds_per_block = 0);
   void Release(const PromotedRun& run);
 
   // Blocks until the client is attached or `timeout` passes (tests, startup logs).
@@ -168,6 +172,7 @@ class TierClient {
   struct PrepareJob {
     std::vector<BlockHash> chain;
     PrepareDone done;
+    double recompute_seconds_per_block = 0;
   };
   struct Releases {
     uint64_t session = 0;

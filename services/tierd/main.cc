@@ -49,6 +49,12 @@ ABSL_FLAG(std::string, peer_advertise_address, "",
           "host:port other nodes dial for PeerRead; empty = --grpc_address as bound");
 ABSL_FLAG(int32_t, peer_max_reads, 4, "PeerRead calls served at once (more are refused)");
 ABSL_FLAG(int64_t, peer_fetch_max_blocks, 256, "blocks asked of a peer per fetch");
+ABSL_FLAG(std::string, peer_fetch_policy, "cost",
+          "cost: fetch from other nodes only while faster than the worker computing the blocks; "
+          "always: whenever another node holds them (saves compute, may cost latency)");
+ABSL_FLAG(int64_t, peer_fetch_chunk_blocks, 16,
+          "blocks per PeerRead of a fetch: a fetch that falls behind the worker's recompute time "
+          "is abandoned at a chunk boundary");
 ABSL_FLAG(absl::Duration, peer_fetch_timeout, absl::Seconds(1),
           "bound of one fetch from a peer (RPC + transfer); past it the worker recomputes");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10), "SIGTERM drain bound");
@@ -106,6 +112,8 @@ absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
   c.peer_advertise_address = absl::GetFlag(FLAGS_peer_advertise_address);
   c.peer_max_reads = absl::GetFlag(FLAGS_peer_max_reads);
   c.peer_fetch_max_blocks = absl::GetFlag(FLAGS_peer_fetch_max_blocks);
+  c.peer_fetch_chunk_blocks = absl::GetFlag(FLAGS_peer_fetch_chunk_blocks);
+  c.peer_fetch_policy = absl::GetFlag(FLAGS_peer_fetch_policy);
   c.peer_fetch_timeout = absl::GetFlag(FLAGS_peer_fetch_timeout);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   c.tls = pd::services::ServerTlsFromFlags();

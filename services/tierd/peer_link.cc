@@ -24,6 +24,11 @@ namespace {
 // Reads a peer's sessions never collide with a worker's (random ids below 2^63).
 constexpr uint64_t kPeerSessionBit = uint64_t{1} << 63;
 
+// A fetch chunk must end within kBudgetFactor x the recompute time of the blocks fetched so far,
+// plus kSlack (RPC and scheduling noise on small chunks).
+constexpr double kBudgetFactor = 1.0;
+constexpr absl::Duration kSlack = absl::Milliseconds(5);
+
 grpc::Status ToGrpc(absl::Status s) { return services::ToGrpcStatus(s); }
 
 }  // namespace
@@ -150,6 +155,10 @@ absl::Status PeerLinkConfig::Validate() const {
   if (max_reads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--peer_max_reads must be >= 1, got ", max_reads));
+  }
+  if (chunk_blocks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer_fetch_chunk_blocks must be >= 1, got ", chunk_blocks));
   }
   if (max_fetch_blocks < 1) {
     return absl::InvalidArgumentError(
@@ -350,7 +359,8 @@ v1::TierService::Stub* PeerLink::StubFor(const std::string& address) {
   return stub.get();
 }
 
-int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain, absl::Time deadline) {
+int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain, absl::Time deadline,
+                        double recompute_seconds_per_block) {
   if (directory_ == nullptr || chain.empty()) {
     return 0;
   }
@@ -376,11 +386,65 @@ int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain, absl::Time deadline) 
   if (holder->blocks <= 0) {
     return 0;
   }
+  const int64_t n = holder->blocks;
+  const double r =
+      recompute_seconds_per_block > 0 && !config_.always_fetch ? recompute_seconds_per_block : 0;
+  // The decision: the measured fetch time per block from this holder (whole chunks, latency
+  // included) against the worker's measured time to compute a block. No measurement yet on
+  // either side: fetch (bounded below), which gives the first measurement.
+  {
+    absl::MutexLock lock(&mu_);
+    const auto it = seconds_per_block_.find(holder->node);
+    const double estimate = it == seconds_per_block_.end() ? 0 : it->second;
+    stats_.estimated_fetch_seconds_total += estimate * static_cast<double>(n);
+    stats_.recompute_seconds_total += r * static_cast<double>(n);
+    if (r > 0 && estimate > r) {
+      ++stats_.decided_recompute_total;
+      return 0;
+    }
+    ++stats_.decided_fetch_total;
+  }
+  // Chunk by chunk; with a recompute cost known, each chunk must end by the time computing the
+  // blocks fetched so far would have taken (plus kSlack): a fetch that falls behind is
+  // abandoned at that chunk's boundary, the blocks before it kept. The worst case costs the
+  // request one chunk's recompute time plus kSlack over computing everything.
   const absl::Time start = absl::Now();
-  const int64_t stored =
-      FetchFrom(*holder, chain.first(static_cast<size_t>(holder->blocks)), timeout);
+  const absl::Time end = start + timeout;
+  int64_t stored = 0;
+  bool abandoned = false;
+  while (stored < n) {
+    const int64_t c = std::min<int64_t>(config_.chunk_blocks, n - stored);
+    absl::Time chunk_deadline = end;
+    if (r > 0) {
+      chunk_deadline = std::min(
+          chunk_deadline,
+          start + absl::Seconds(r * static_cast<double>(stored + c) * kBudgetFactor) + kSlack);
+    }
+    const absl::Time chunk_start = absl::Now();
+    if (chunk_deadline - chunk_start < absl::Milliseconds(1)) {
+      abandoned = true;
+      break;
+    }
+    const int64_t got =
+        FetchFrom(*holder, chain.subspan(static_cast<size_t>(stored), static_cast<size_t>(c)),
+                  chunk_deadline - chunk_start);
+    stored += got;
+    if (got < c) {
+      abandoned = got > 0 || r > 0;  // a failure within a budget is an abandonment
+      break;
+    }
+    const double sample = absl::ToDoubleSeconds(absl::Now() - chunk_start) / static_cast<double>(c);
+    absl::MutexLock lock(&mu_);
+    auto [it, fresh] = seconds_per_block_.try_emplace(holder->node, sample);
+    if (!fresh) {
+      it->second = 0.8 * it->second + 0.2 * sample;
+    }
+  }
   absl::MutexLock lock(&mu_);
   ++stats_.fetches_total;
+  if (abandoned && stored < n) {
+    ++stats_.fetch_abandoned_total;
+  }
   if (stored == 0) {
     ++stats_.fetch_failures_total;
   } else {

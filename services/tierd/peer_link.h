@@ -19,9 +19,15 @@
 //            leaves this node as it was, less the blocks committed before the failure: the
 //            worker recomputes the rest.
 //
-// Not yet (issue #19, named in docs/tiers.md): the restore-or-recompute cost decision per request
-// (today a fetch is tried whenever a holder exists, bounded by fetch_timeout), and fetches that
-// bypass this node's DRAM.
+// Restore or recompute (issue #19 item 2): the worker sends its measured time to compute a block
+// (PromoteRequest.recompute_seconds_per_block). A holder whose measured fetch time per block
+// (a moving average over whole chunks, latency included) is higher is not asked. Otherwise the
+// run is fetched in chunks of chunk_blocks, chunk k due by start + (blocks through k) x the
+// recompute time + 5 ms: a fetch that falls behind is abandoned at that chunk's boundary, the
+// chunks before it kept. So a remote hit costs the request at most one chunk's recompute time
+// plus 5 ms more than computing everything (the holder stalling right after the last good
+// chunk), and fetch_timeout and the caller's deadline bound it in any case.
+// Not yet: fetches that bypass this node's DRAM.
 //
 // Thread-safety: thread-safe. Serve runs on gRPC threads, Fetch on the Promote caller's.
 #pragma once
@@ -101,8 +107,12 @@ class RedisPeerDirectory final : public PeerDirectory {
 struct PeerLinkConfig {
   // The transport peers move blocks with ("tcp" or "ucx") and its listening address.
   transport::TransportConfig transport;
-  int max_reads = 4;                                // PeerRead served at once; >= 1
-  int64_t max_fetch_blocks = 256;                   // blocks asked per fetch; >= 1
+  int max_reads = 4;               // PeerRead served at once; >= 1
+  int64_t max_fetch_blocks = 256;  // blocks asked per fetch; >= 1
+  int64_t chunk_blocks = 16;       // blocks per PeerRead of a fetch; >= 1
+  // Fetch whenever another node holds the blocks, ignoring the workers' recompute cost (saves
+  // compute at the price of latency; tests on models too small for a fetch to pay).
+  bool always_fetch = false;
   absl::Duration fetch_timeout = absl::Seconds(1);  // RPC + transfer of one fetch; > 0
   std::string node;                                 // this node's name (PeerReadRequest)
 
@@ -122,10 +132,15 @@ struct PeerLinkStats {
   int64_t reads_in_flight = 0;  // now
   int64_t pinned_blocks = 0;    // blocks pinned by reads in progress, now
   // Fetcher side.
-  uint64_t fetches_total = 0;          // fetches attempted (a holder was found)
-  uint64_t fetch_failures_total = 0;   // fetches that stored nothing (holder dead, busy, ...)
-  uint64_t lookup_failures_total = 0;  // directory lookups that failed
-  uint64_t fetched_blocks_total = 0;   // blocks committed from peers
+  uint64_t decided_fetch_total = 0;          // a holder was found and fetching was the cheaper
+  uint64_t decided_recompute_total = 0;      // a holder was found but computing was the cheaper
+  double estimated_fetch_seconds_total = 0;  // the decisions' inputs: estimated fetch time
+  double recompute_seconds_total = 0;        // and the worker's recompute time of those blocks
+  uint64_t fetch_abandoned_total = 0;        // fetches cut short: a chunk fell behind the budget
+  uint64_t fetches_total = 0;                // fetches attempted (fetching was decided)
+  uint64_t fetch_failures_total = 0;         // fetches that stored nothing (holder dead, busy, ...)
+  uint64_t lookup_failures_total = 0;        // directory lookups that failed
+  uint64_t fetched_blocks_total = 0;         // blocks committed from peers
   uint64_t fetched_bytes_total = 0;
   uint64_t fetch_corrupt_total = 0;  // blocks whose bytes failed the holder's checksum
   absl::Duration fetch_time_total;   // wall time of fetches that stored blocks
@@ -152,7 +167,12 @@ class PeerLink {
   // failure (counted, logged once in a while). Never fails the caller. The fetch ends by
   // `deadline` less a margin (the caller's own RPC deadline: the worker must not give up on
   // Promote while tierd still fetches for it) or after fetch_timeout, whichever is earlier.
-  int64_t Fetch(absl::Span<const BlockHash> chain, absl::Time deadline = absl::InfiniteFuture());
+  // `recompute_seconds_per_block` (0 = unknown) is the worker's measured cost of computing a
+  // block: blocks are fetched only while the holder's measured fetch time per block is lower,
+  // chunk by chunk, each chunk due by when computing the blocks so far would have finished
+  // (the class comment's bound).
+  int64_t Fetch(absl::Span<const BlockHash> chain, absl::Time deadline = absl::InfiniteFuture(),
+                double recompute_seconds_per_block = 0);
 
   // Renews this node's address in the directory (the maintenance thread calls it).
   void Announce();
@@ -183,6 +203,8 @@ class PeerLink {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<pdserve::internal::v1::TierService::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
+  // Measured fetch time per block from each holder node (moving average over whole chunks).
+  absl::flat_hash_map<std::string, double> seconds_per_block_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   PeerLinkStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Time last_failure_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

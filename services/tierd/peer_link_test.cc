@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/redis/redis_client.h"
 #include "common/testing/redis_server.h"
@@ -89,10 +90,11 @@ class WorkerSession {
     return stored;
   }
 
-  std::vector<v1::PromotedBlock> Promote(int first, int n) {
+  std::vector<v1::PromotedBlock> Promote(int first, int n, double recompute = 0) {
     v1::PromoteRequest req;
     req.set_session_id(attach_.session_id());
     req.set_block_hashes(Hashes(first, n));
+    req.set_recompute_seconds_per_block(recompute);
     v1::PromoteResponse resp;
     grpc::ClientContext ctx;
     EXPECT_TRUE(stub_->Promote(&ctx, req, &resp).ok());
@@ -262,71 +264,159 @@ TEST_F(PeerLinkTest, DeadHolderMeansRecomputeAndFetchesResumeAfterItsRestart) {
   EXPECT_EQ(a->peer()->Stats().pinned_blocks, 0);
 }
 
-// A holder that answers PeerRead only after `delay` (a stalled node).
+// A holder that answers PeerRead only after `delay` (a stalled node); records how much time the
+// caller gave the call.
 class StalledHolder final : public v1::TierService::Service {
  public:
   explicit StalledHolder(absl::Duration delay) : delay_(delay) {}
   grpc::Status PeerRead(grpc::ServerContext* ctx, const v1::PeerReadRequest*,
                         v1::PeerReadResponse*) override {
+    {
+      absl::MutexLock lock(&mu_);
+      granted_ = absl::FromChrono(ctx->deadline()) - absl::Now();
+    }
     const absl::Time end = absl::Now() + delay_;
     while (absl::Now() < end && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(10));
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "stalled");
   }
+  absl::Duration granted() {
+    absl::MutexLock lock(&mu_);
+    return granted_;
+  }
 
  private:
   const absl::Duration delay_;
+  absl::Mutex mu_;
+  absl::Duration granted_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
 };
 
-// The worker's Promote deadline bounds the fetch: a stalled holder costs at most that, the
-// reservations go back and nothing stays pinned.
-TEST_F(PeerLinkTest, StalledHolderIsAbandonedBeforeTheWorkersDeadline) {
-  StalledHolder stalled(absl::Seconds(10));
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&stalled);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  {  // Redis says node z holds blocks 0..3 and serves at the stalled address.
+class StalledPeerTest : public PeerLinkTest {
+ protected:
+  // Starts the stalled holder and makes Redis say node z holds blocks 0..3 and serves there.
+  void SetUp() override {
+    PeerLinkTest::SetUp();
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&stalled_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
     auto client = redis::RedisClient::Connect(rc_);
     ASSERT_TRUE(client.ok()) << client.status();
-    ASSERT_TRUE((*client)->Command({"SADD", (*client)->Key("nodes"), "peer-node-z"}).ok());
+    redis::RedisClient& c = **client;
+    ASSERT_TRUE(c.Command({"SADD", c.Key("nodes"), "peer-node-z"}).ok());
     ASSERT_TRUE(
-        (*client)
-            ->Command({"SET", (*client)->Key("peer:peer-node-z"), absl::StrCat("127.0.0.1:", port)})
-            .ok());
+        c.Command({"SET", c.Key("peer:peer-node-z"), absl::StrCat("127.0.0.1:", port)}).ok());
     for (int i = 0; i < 4; ++i) {
       ASSERT_TRUE(
-          (*client)
-              ->Command({"SET", (*client)->Key(absl::StrCat("blk:peer-node-z:", HashOf(i).ToHex())),
-                         "dram"})
+          c.Command({"SET", c.Key(absl::StrCat("blk:peer-node-z:", HashOf(i).ToHex())), "dram"})
               .ok());
     }
   }
-  std::unique_ptr<TierdServer> b = StartNode("peer-node-b", &registry_b_);
-  ASSERT_NE(b, nullptr);
-  WorkerSession on_b(b->address(), layout_);
-  auto stub = v1::TierService::NewStub(
-      grpc::CreateChannel(b->address(), grpc::InsecureChannelCredentials()));
-  std::vector<v1::PromotedBlock> blocks;
-  {
-    // The worker's own call, with its deadline (TierClient's rpc_timeout).
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
+
+  // The worker's own Promote of blocks 0..3, with its deadline (TierClient's rpc_timeout) and
+  // `recompute` seconds per block; answered before the deadline, with nothing.
+  void PromoteNothing(TierdServer* b, WorkerSession* on_b, double recompute) {
+    auto stub = v1::TierService::NewStub(
+        grpc::CreateChannel(b->address(), grpc::InsecureChannelCredentials()));
     v1::PromoteResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(1500)));
-    v1::PromoteRequest preq;
-    preq.set_session_id(on_b.session_id());
-    preq.set_block_hashes(Hashes(0, 4));
-    const grpc::Status s = stub->Promote(&ctx, preq, &resp);
-    ASSERT_TRUE(s.ok())
-        << s.error_message();  // answered before the deadline, not DEADLINE_EXCEEDED
+    v1::PromoteRequest req;
+    req.set_session_id(on_b->session_id());
+    req.set_block_hashes(Hashes(0, 4));
+    req.set_recompute_seconds_per_block(recompute);
+    const grpc::Status s = stub->Promote(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();  // not DEADLINE_EXCEEDED
     EXPECT_EQ(resp.blocks_size(), 0);
+    const v1::TierStats stats = on_b->Stats();
+    EXPECT_EQ(stats.tiers(0).used_blocks(), 0u);  // the reservations went back
+    EXPECT_EQ(stats.tiers(0).pinned_blocks(), 0u);
   }
+
+  StalledHolder stalled_{absl::Seconds(10)};
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// Without a recompute cost, the worker's Promote deadline bounds the fetch (less a margin).
+TEST_F(StalledPeerTest, IsAbandonedBeforeTheWorkersDeadline) {
+  std::unique_ptr<TierdServer> b = StartNode("peer-node-b", &registry_b_);
+  ASSERT_NE(b, nullptr);
+  WorkerSession on_b(b->address(), layout_);
+  PromoteNothing(b.get(), &on_b, 0);
   EXPECT_EQ(b->peer()->Stats().fetch_failures_total, 1u);
-  const v1::TierStats stats = on_b.Stats();
-  EXPECT_EQ(stats.tiers(0).used_blocks(), 0u);
-  EXPECT_EQ(stats.tiers(0).pinned_blocks(), 0u);
-  server->Shutdown(absl::ToChronoTime(absl::Now()));
+  EXPECT_GT(stalled_.granted(), absl::Milliseconds(500));  // the 1 s fetch timeout applied
+}
+
+// With one: the chunk (4 blocks here) is due when computing it would be done, 4 x 10 ms + 5 ms,
+// so the stall costs the request one chunk of recompute time, not the fetch timeout.
+TEST_F(StalledPeerTest, CostsOneChunkOfRecomputeAtMost) {
+  std::unique_ptr<TierdServer> b = StartNode("peer-node-b", &registry_b_);
+  ASSERT_NE(b, nullptr);
+  WorkerSession on_b(b->address(), layout_);
+  PromoteNothing(b.get(), &on_b, 0.010);
+  EXPECT_LE(stalled_.granted(), absl::Milliseconds(45));
+  const PeerLinkStats st = b->peer()->Stats();
+  EXPECT_EQ(st.decided_fetch_total, 1u);
+  EXPECT_EQ(st.fetch_abandoned_total, 1u);
+  EXPECT_DOUBLE_EQ(st.recompute_seconds_total, 0.040);
+  EXPECT_THAT(registry_b_.RenderPrometheus(), HasSubstr("pd_tierd_peer_fetch_abandoned_total 1"));
+}
+
+// Once a holder's fetches have been measured, a worker whose recompute is faster than that gets
+// no fetch; a slower one does.
+TEST_F(PeerLinkTest, SlowerThanRecomputeIsNotFetched) {
+  std::unique_ptr<TierdServer> a = StartNode("peer-node-a", &registry_a_);
+  std::unique_ptr<TierdServer> b = StartNode("peer-node-b", &registry_b_);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  WorkerSession on_a(a->address(), layout_);
+  WorkerSession on_b(b->address(), layout_);
+  ASSERT_EQ(on_a.Offer(0, 6), 6);
+  ASSERT_TRUE(WaitIndexed("peer-node-a", 0, 6));
+
+  std::vector<v1::PromotedBlock> blocks = on_b.Promote(0, 2, /*recompute=*/0);  // measures
+  ASSERT_EQ(blocks.size(), 2u);
+  on_b.Release(blocks);
+  blocks = on_b.Promote(2, 4, /*recompute=*/1e-9);  // no network is that fast
+  EXPECT_TRUE(blocks.empty());
+  PeerLinkStats st = b->peer()->Stats();
+  EXPECT_EQ(st.decided_fetch_total, 1u);
+  EXPECT_EQ(st.decided_recompute_total, 1u);
+  EXPECT_GT(st.estimated_fetch_seconds_total, 0);
+  EXPECT_THAT(registry_b_.RenderPrometheus(),
+              HasSubstr("pd_tierd_peer_decisions_total{decision=\"recompute\"} 1"));
+
+  blocks = on_b.Promote(2, 4, /*recompute=*/10.0);  // a very slow worker: fetch
+  ASSERT_EQ(blocks.size(), 4u);
+  for (const v1::PromotedBlock& p : blocks) EXPECT_TRUE(p.remote());
+  on_b.Release(blocks);
+  st = b->peer()->Stats();
+  EXPECT_EQ(st.decided_fetch_total, 2u);
+  EXPECT_EQ(st.fetched_blocks_total, 6u);
+  EXPECT_EQ(st.fetch_abandoned_total, 0u);
+}
+
+// --peer_fetch_policy=always: fetched however cheap the worker says computing is.
+TEST_F(PeerLinkTest, AlwaysPolicyIgnoresTheRecomputeCost) {
+  std::unique_ptr<TierdServer> a = StartNode("peer-node-a", &registry_a_);
+  TierdConfig config = NodeConfig("peer-node-b");
+  config.peer_fetch_policy = "always";
+  auto b = TierdServer::Start(config, &registry_b_);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  WorkerSession on_a(a->address(), layout_);
+  WorkerSession on_b((*b)->address(), layout_);
+  ASSERT_EQ(on_a.Offer(0, 6), 6);
+  ASSERT_TRUE(WaitIndexed("peer-node-a", 0, 6));
+  on_b.Release(on_b.Promote(0, 2, /*recompute=*/0));  // measures
+  const std::vector<v1::PromotedBlock> blocks = on_b.Promote(2, 4, /*recompute=*/1e-9);
+  EXPECT_EQ(blocks.size(), 4u);
+  on_b.Release(blocks);
+  EXPECT_EQ((*b)->peer()->Stats().decided_recompute_total, 0u);
 }
 
 TEST_F(PeerLinkTest, PeerReadRefusesBadRequestsAndTierdsWithoutPeers) {
@@ -383,6 +473,9 @@ TEST_F(PeerLinkTest, ConfigErrorsNameTheFlag) {
   c = NodeConfig("peer-node-a");
   c.peer_max_reads = 0;
   EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("--peer_max_reads"));
+  c = NodeConfig("peer-node-a");
+  c.peer_fetch_policy = "sometimes";
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("--peer_fetch_policy must be"));
   c = NodeConfig("peer-node-a");
   c.peer_fetch_timeout = absl::ZeroDuration();
   EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("--peer_fetch_timeout"));

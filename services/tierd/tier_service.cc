@@ -226,7 +226,8 @@ grpc::Status TierServiceImpl::Promote(grpc::ServerContext* context, const v1::Pr
   if (peer_ != nullptr && local < chain->size()) {
     // The rest of the chain from other nodes, into this node's DRAM, then pinned like the rest.
     const absl::Span<const BlockHash> rest = absl::MakeConstSpan(*chain).subspan(local);
-    if (const int64_t fetched = peer_->Fetch(rest, absl::FromChrono(context->deadline()));
+    if (const int64_t fetched = peer_->Fetch(rest, absl::FromChrono(context->deadline()),
+                                             req->recompute_seconds_per_block());
         fetched > 0) {
       std::vector<PromotedBlock> more =
           store_->Promote(session, rest.first(static_cast<size_t>(fetched)));

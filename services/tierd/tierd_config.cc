@@ -68,6 +68,14 @@ absl::Status TierdConfig::Validate() const {
       return absl::InvalidArgumentError(
           absl::StrCat("--peer_max_reads must be >= 1, got ", peer_max_reads));
     }
+    if (peer_fetch_policy != "cost" && peer_fetch_policy != "always") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--peer_fetch_policy must be cost or always, got '", peer_fetch_policy, "'"));
+    }
+    if (peer_fetch_chunk_blocks < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peer_fetch_chunk_blocks must be >= 1, got ", peer_fetch_chunk_blocks));
+    }
     if (peer_fetch_max_blocks < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("--peer_fetch_max_blocks must be >= 1, got ", peer_fetch_max_blocks));

@@ -58,6 +58,10 @@ struct TierdConfig {
   std::string peer_advertise_address;
   int peer_max_reads = 4;               // PeerRead served at once
   int64_t peer_fetch_max_blocks = 256;  // blocks asked per fetch
+  // "cost": fetch only while faster than the worker computing the blocks; "always": whenever
+  // another node holds them (saves compute, may cost latency).
+  std::string peer_fetch_policy = "cost";
+  int64_t peer_fetch_chunk_blocks = 16;  // blocks per PeerRead (the abandonment granularity)
   // RPC + transfer of one fetch; below the workers' Promote deadline (TierClient rpc_timeout 2s).
   absl::Duration peer_fetch_timeout = absl::Seconds(1);
 

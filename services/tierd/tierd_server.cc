@@ -141,6 +141,8 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     pc.transport.listen_host = config.peer_transport_host;
     pc.max_reads = config.peer_max_reads;
     pc.max_fetch_blocks = config.peer_fetch_max_blocks;
+    pc.chunk_blocks = config.peer_fetch_chunk_blocks;
+    pc.always_fetch = config.peer_fetch_policy == "always";
     pc.fetch_timeout = config.peer_fetch_timeout;
     pc.node = s->node_;
     // Outgoing calls to other tierds: this tierd's certificate (mTLS) and CA, the cluster token.
@@ -451,6 +453,21 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
                     d(p.reads_in_flight));
       sink.AddGauge("pd_tierd_peer_pinned_blocks", "Blocks pinned by PeerRead calls now",
                     d(p.pinned_blocks));
+      sink.AddCounter("pd_tierd_peer_decisions_total",
+                      "Fetch-or-recompute decisions when another node held blocks",
+                      d(p.decided_fetch_total), {{"decision", "fetch"}});
+      sink.AddCounter("pd_tierd_peer_decisions_total",
+                      "Fetch-or-recompute decisions when another node held blocks",
+                      d(p.decided_recompute_total), {{"decision", "recompute"}});
+      sink.AddCounter("pd_tierd_peer_estimated_fetch_seconds_total",
+                      "Estimated fetch time of the blocks decided on (decision input)",
+                      p.estimated_fetch_seconds_total);
+      sink.AddCounter("pd_tierd_peer_recompute_seconds_total",
+                      "The workers' recompute time of the blocks decided on (decision input)",
+                      p.recompute_seconds_total);
+      sink.AddCounter("pd_tierd_peer_fetch_abandoned_total",
+                      "Fetches cut short at a chunk boundary: behind the recompute budget",
+                      d(p.fetch_abandoned_total));
       sink.AddCounter("pd_tierd_peer_fetches_total",
                       "Fetches from other nodes attempted (a holder was found)",
                       d(p.fetches_total));

@@ -50,24 +50,30 @@ void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
   }
   std::vector<BlockHash> tail(chain.begin() + local, chain.end());
   auto request = std::make_shared<engine::GenerationRequest>(std::move(r));
-  ctx->tiers->Prepare(tail, [ctx, request, local, tail, rejected = std::move(rejected)](
-                                std::shared_ptr<const tierd::PromotedRun> run) {
-    if (run != nullptr) {
-      engine::TierPrefix& tp = request->tier_prefix;
-      tp.first_block = local;
-      tp.chain.assign(tail.begin(), tail.begin() + static_cast<int64_t>(run->size()));
-      tp.copy_in = [run, pool = ctx->runtime->kv_memory(), local](int64_t index, BlockId dst) {
-        return CopyIn(*run, pool, local, index, dst);
-      };
-      tp.release = [tiers = ctx->tiers, run] { tiers->Release(*run); };
-    }
-    if (absl::Status s = ctx->loop->Submit(std::move(*request)); !s.ok()) {
-      if (run != nullptr) {
-        ctx->tiers->Release(*run);  // the refused request never reached the scheduler
-      }
-      rejected(s);
-    }
-  });
+  // What computing a block costs here, for tierd's fetch-or-recompute decision (0 = unknown).
+  const double recompute_per_block = ctx->loop->PrefillSecondsPerToken() *
+                                     static_cast<double>(ctx->runtime->kv_layout().block_size);
+  ctx->tiers->Prepare(
+      tail,
+      [ctx, request, local, tail,
+       rejected = std::move(rejected)](std::shared_ptr<const tierd::PromotedRun> run) {
+        if (run != nullptr) {
+          engine::TierPrefix& tp = request->tier_prefix;
+          tp.first_block = local;
+          tp.chain.assign(tail.begin(), tail.begin() + static_cast<int64_t>(run->size()));
+          tp.copy_in = [run, pool = ctx->runtime->kv_memory(), local](int64_t index, BlockId dst) {
+            return CopyIn(*run, pool, local, index, dst);
+          };
+          tp.release = [tiers = ctx->tiers, run] { tiers->Release(*run); };
+        }
+        if (absl::Status s = ctx->loop->Submit(std::move(*request)); !s.ok()) {
+          if (run != nullptr) {
+            ctx->tiers->Release(*run);  // the refused request never reached the scheduler
+          }
+          rejected(s);
+        }
+      },
+      recompute_per_block);
 }
 
 }  // namespace pd::worker

@@ -171,9 +171,12 @@ start_in_ns a redis redis-server --bind "$A" --port 6379 --protected-mode no --s
 
 # Each tierd listens on every address of its node: its workers dial 127.0.0.1:50071, the other
 # node's tierd dials the node address it advertises for PeerRead (remote restore, tcp transport).
+# stories260K computes a block faster than the namespaces move it, so the default cost policy
+# would (rightly) recompute: the test fetches always, to exercise the path.
 tierd_args=(--model="$model" --tokenizer="$tokenizer" --dram_mib=64 --nvme_mib=64
   --grpc_address=0.0.0.0:50071 --redis_address="$A:6379"
-  --redis_password_file="$run/redis.pw" --redis_key_prefix="$tag" --peer_transport=tcp)
+  --redis_password_file="$run/redis.pw" --redis_key_prefix="$tag" --peer_transport=tcp
+  --peer_fetch_policy=always)
 metric() {  # metric NODE URL NAME_WITH_LABELS -> value or empty (curl runs on node-d)
   in_ns d curl -sf --max-time 5 "$2" 2>/dev/null | awk -v m="$3" '$1 == m {print $2}'
 }
