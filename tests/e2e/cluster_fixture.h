@@ -172,11 +172,16 @@ class Cluster {
  public:
   // `prefill` prefill workers and `decode` decode workers, all on loopback.
   // `worker_env(worker id)` gives environment assignments ("NAME=value") for that worker, e.g.
-  // CUDA_VISIBLE_DEVICES per worker (started through /usr/bin/env).
+  // CUDA_VISIBLE_DEVICES per worker (started through /usr/bin/env). `worker_extra(worker id)`
+  // gives flags for that worker alone, after `worker_flags` (they override).
   Cluster(const std::string& dir, int prefill, int decode, std::string policy = "round_robin",
           std::vector<std::string> worker_flags = {}, std::vector<std::string> router_flags = {},
-          std::function<std::vector<std::string>(const std::string&)> worker_env = nullptr)
-      : dir_(dir), worker_flags_(std::move(worker_flags)), worker_env_(std::move(worker_env)) {
+          std::function<std::vector<std::string>(const std::string&)> worker_env = nullptr,
+          std::function<std::vector<std::string>(const std::string&)> worker_extra = nullptr)
+      : dir_(dir),
+        worker_flags_(std::move(worker_flags)),
+        worker_env_(std::move(worker_env)),
+        worker_extra_(std::move(worker_extra)) {
     std::vector<std::string> d_addrs, p_addrs;
     for (int i = 0; i < prefill; ++i) {
       p_addrs.push_back(StartWorker("prefill", absl::StrCat("prefill-", i)));
@@ -318,6 +323,9 @@ class Cluster {
                                              "--drain_timeout=2s"};
           args.insert(args.end(), worker.begin(), worker.end());
           args.insert(args.end(), worker_flags_.begin(), worker_flags_.end());
+          if (worker_extra_) {
+            for (const std::string& f : worker_extra_(id)) args.push_back(f);
+          }
           return args;
         },
         dir_ + "/" + id + ".log");
@@ -335,6 +343,7 @@ class Cluster {
   std::string dir_;
   std::vector<std::string> worker_flags_;
   std::function<std::vector<std::string>(const std::string&)> worker_env_;
+  std::function<std::vector<std::string>(const std::string&)> worker_extra_;
   std::vector<Worker> workers_;
   int router_port_ = 0, router_metrics_port_ = 0;
   std::vector<std::string> router_args_;
@@ -348,8 +357,11 @@ class Cluster {
 class Tierd {
  public:
   // pd-tierd with a 1 MiB DRAM tier (51 stories260K blocks) and 16 MiB of NVMe in DIR/nvme;
-  // `extra` flags come last (they override).
-  explicit Tierd(const std::string& dir, std::vector<std::string> extra = {}) : dir_(dir) {
+  // `extra` flags come last (they override). `name` names its log (DIR/NAME.log), and a second
+  // tierd of one test needs its own --node_name, --shm_name and --nvme_dir in `extra`.
+  explicit Tierd(const std::string& dir, std::vector<std::string> extra = {},
+                 std::string name = "tierd")
+      : dir_(dir), name_(std::move(name)) {
     ServingProcess s = SpawnServing(
         [&](int port, int mport) {
           std::vector<std::string> args = {kTierd,
@@ -368,7 +380,7 @@ class Tierd {
           args.insert(args.end(), extra.begin(), extra.end());
           return args;
         },
-        dir_ + "/tierd.log");
+        dir_ + "/" + name_ + ".log");
     port_ = s.grpc_port;
     metrics_port_ = s.metrics_port;
     args_ = std::move(s.args);
@@ -377,7 +389,7 @@ class Tierd {
 
   // Starts it again after Kill, on the same ports (the workers point at them).
   void Start() {
-    absl::StatusOr<Subprocess> p = Subprocess::Spawn(args_, dir_ + "/tierd.log");
+    absl::StatusOr<Subprocess> p = Subprocess::Spawn(args_, dir_ + "/" + name_ + ".log");
     CHECK(p.ok()) << p.status();
     process_.emplace(*std::move(p));
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
@@ -399,6 +411,7 @@ class Tierd {
 
  private:
   std::string dir_;
+  std::string name_;
   int port_ = 0, metrics_port_ = 0;
   std::vector<std::string> args_;
   std::optional<Subprocess> process_;

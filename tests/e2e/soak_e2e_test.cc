@@ -1,12 +1,15 @@
 // Soak test with faults (issue #10 item 4): the whole cluster as real processes (redis-server,
-// pd-tierd, a prefill and two decode pd-workers, pd-router) under a bounded shared-prefix load,
-// while a chaos thread SIGKILLs and restarts the prefill worker, one decode worker, tierd and
-// redis-server at random times (fixed seed). Checks:
+// two nodes' pd-tierd, a prefill and two decode pd-workers, pd-router) under a bounded
+// shared-prefix load, while a chaos thread SIGKILLs and restarts the prefill worker, one decode
+// worker, node a's tierd and redis-server at random times (fixed seed). decode-1 is on node b:
+// its tierd fetches from node a's what node b lacks (remote restore, issue #19), through kills
+// of node a's tierd. Checks:
 //   - every request completes with the fault-free (single-process engine) output, or fails with
 //     a retryable status (UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED);
 //   - no process died except those the chaos killed, and every killed one came back;
 //   - the router's and the never-killed decode worker's heap return to their baseline (no leak);
-//   - once the load stops, every worker's KV blocks are free and tierd holds no claims.
+//   - once the load stops, every worker's KV blocks are free, neither tierd holds claims, no
+//     block stays pinned for a peer read, and node b fetched blocks from node a.
 // Label `slow`; PD_SOAK_SECONDS (default 150) runs it longer by hand. The summary line
 // ("soak summary: ...") is what docs/benchmarks.md quotes.
 #include <signal.h>
@@ -75,10 +78,25 @@ TEST(SoakE2eTest, ClusterSurvivesKillsOfEveryComponentWithExactOutputs) {
   auto redis = pd::testing::RedisServer::Start({});
   ASSERT_TRUE(redis.ok()) << redis.status();
   const std::string redis_addr = absl::StrCat("127.0.0.1:", (*redis)->port());
-  Tierd tierd(dir, {"--redis_address=" + redis_addr, "--lease=5s", "--dram_mib=2"});
-  Cluster c(dir, 1, 2, "cache_aware",
-            {"--kv_blocks=48", "--tierd_address=" + tierd.address(), "--prefill_timeout=5s"},
-            {"--redis_address=" + redis_addr});
+  // Both nodes fetch from each other whatever the cost (stories260K recomputes faster).
+  const std::vector<std::string> peers = {"--peer_transport=tcp", "--peer_fetch_policy=always"};
+  Tierd tierd(dir,
+              {"--redis_address=" + redis_addr, "--lease=5s", "--dram_mib=2", peers[0], peers[1]});
+  Tierd tierd_b(dir,
+                {"--redis_address=" + redis_addr, "--lease=5s", "--dram_mib=2", peers[0], peers[1],
+                 "--node_name=e2e-node-b", absl::StrCat("--shm_name=/pd-e2e-tier-b-", ::getpid()),
+                 "--nvme_dir=" + dir + "/nvme-b"},
+                "tierd-b");
+  Cluster c(dir, 1, 2, "cache_aware", {"--kv_blocks=48", "--prefill_timeout=5s"},
+            {"--redis_address=" + redis_addr}, nullptr, [&](const std::string& id) {
+              if (id == "decode-1") {
+                return std::vector<std::string>{"--tierd_address=" + tierd_b.address(),
+                                                "--node_name=e2e-node-b"};
+              }
+              // Node a's pools are small: they keep evicting, so node a's tierd holds the prompts.
+              return std::vector<std::string>{"--tierd_address=" + tierd.address(),
+                                              "--node_name=e2e-node", "--kv_blocks=8"};
+            });
   ASSERT_TRUE(c.WaitReady(absl::Seconds(60))) << c.Logs();
 
   const std::vector<std::string> prompts = Prompts();
@@ -87,7 +105,24 @@ TEST(SoakE2eTest, ClusterSurvivesKillsOfEveryComponentWithExactOutputs) {
     Reference ref;
     for (const std::string& p : prompts) want.push_back(ref.Greedy(p, 24).first);
   }
-  // Warm up, then take the memory baselines (router, decode-1 which is never killed).
+  // Warm up (node a's tierd fills with the prompts' evicted blocks), then restart decode-1 with
+  // an empty pool: what it is sent next, node b's tierd fetches from node a's. Then the memory
+  // baselines (router, decode-1 which the chaos never kills).
+  auto warm_up = [&] {
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      Generated g = c.GenerateText(prompts[k], 24);
+      ASSERT_TRUE(g.status.ok()) << g.status.error_message() << c.Logs();
+      ASSERT_EQ(g.tokens, want[k]);
+    }
+  };
+  warm_up();
+  ASSERT_TRUE(c.workers()[2].process->Signal(SIGTERM).ok());
+  (void)c.workers()[2].process->Wait(absl::Seconds(10));
+  c.RestartWorker(2);
+  // Up when its metrics answer; then the router must see it healthy again.
+  const absl::Time up_by = absl::Now() + absl::Seconds(60);
+  while (c.WorkerMetrics(2).empty() && absl::Now() < up_by) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(60))) << c.Logs();
   for (int i = 0; i < 2; ++i) {
     for (size_t k = 0; k < prompts.size(); ++k) {
       Generated g = c.GenerateText(prompts[k], 24);
@@ -97,6 +132,8 @@ TEST(SoakE2eTest, ClusterSurvivesKillsOfEveryComponentWithExactOutputs) {
   }
   const double router_heap0 = Metric(c.RouterMetrics(), "pd_process_heap_inuse_bytes");
   const double decode1_heap0 = Metric(c.WorkerMetrics(2), "pd_process_heap_inuse_bytes");
+  ASSERT_GT(decode1_heap0, 0) << "decode-1 metrics: " << c.WorkerMetrics(2).substr(0, 300)
+                              << c.workers()[2].process->LogTail(30);
 
   std::atomic<bool> stop{false};
   std::mutex mu;
@@ -170,6 +207,7 @@ TEST(SoakE2eTest, ClusterSurvivesKillsOfEveryComponentWithExactOutputs) {
     EXPECT_TRUE(w.process->Poll() == std::nullopt) << w.id << " is down\n" << c.Logs();
   }
   EXPECT_TRUE(tierd.process().Poll() == std::nullopt) << tierd.Log();
+  EXPECT_TRUE(tierd_b.process().Poll() == std::nullopt) << tierd_b.Log();
   EXPECT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
   // After the faults, the cluster still serves exact outputs.
   for (size_t k = 0; k < prompts.size(); ++k) {
@@ -187,11 +225,29 @@ TEST(SoakE2eTest, ClusterSurvivesKillsOfEveryComponentWithExactOutputs) {
       }
     }
     // Slots workers keep reserved for in-place offers are bounded (16 per attached worker).
-    return Metric(tierd.Metrics(), "pd_tierd_claimed_blocks", -1) == 0 &&
-           Metric(tierd.Metrics(), "pd_tierd_unbound_reserved_blocks", -1) <= 3 * 16;
+    // Peer reads pin nothing once they are over, on every path (done, failed, peer killed).
+    for (const Tierd* t : {&tierd, &tierd_b}) {
+      const std::string m = t->Metrics();
+      if (Metric(m, "pd_tierd_claimed_blocks", -1) != 0 ||
+          Metric(m, "pd_tierd_unbound_reserved_blocks", -1) > 3 * 16 ||
+          Metric(m, "pd_tierd_peer_pinned_blocks", -1) != 0 ||
+          Metric(m, "pd_tierd_peer_reads_in_flight", -1) != 0) {
+        return false;
+      }
+    }
+    return true;
   };
   while (!drained() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(200));
-  EXPECT_TRUE(drained()) << c.WorkerMetrics(0) << tierd.Metrics();
+  EXPECT_TRUE(drained()) << c.WorkerMetrics(0) << tierd.Metrics() << tierd_b.Metrics();
+  // Node b's worker was served blocks node a held.
+  const double fetched = Metric(tierd_b.Metrics(), "pd_tierd_peer_fetched_blocks_total", 0);
+  EXPECT_GT(fetched, 0) << "node a stored "
+                        << Metric(tierd.Metrics(), "pd_tierd_stored_blocks_total{tier=\"dram\"}")
+                        << " blocks; node b promotes "
+                        << Metric(tierd_b.Metrics(), "pd_tierd_promotes_total") << ", hits "
+                        << Metric(tierd_b.Metrics(), "pd_tierd_promote_hit_blocks_total")
+                        << ", decisions "
+                        << Metric(tierd_b.Metrics(), "pd_tierd_peer_decisions_total{decision=\"fetch\"}");
 
   // Memory back to baseline: heap within 8 MiB (the index and caches are bounded and were warm).
   const double router_heap = Metric(c.RouterMetrics(), "pd_process_heap_inuse_bytes");
@@ -209,10 +265,10 @@ TEST(SoakE2eTest, ClusterSurvivesKillsOfEveryComponentWithExactOutputs) {
   for (const auto& [k, v] : kills) killed.push_back(absl::StrCat(k, "=", v));
   std::printf(
       "soak summary: %d s, %d requests (%s); kills: %s; heap router %.1f -> %.1f MiB, decode-1 "
-      "%.1f -> %.1f MiB\n",
+      "%.1f -> %.1f MiB; node b fetched %.0f blocks from node a\n",
       SoakSeconds(), total, absl::StrJoin(parts, " ").c_str(), absl::StrJoin(killed, " ").c_str(),
       router_heap0 / (1 << 20), router_heap / (1 << 20), decode1_heap0 / (1 << 20),
-      decode1_heap / (1 << 20));
+      decode1_heap / (1 << 20), fetched);
   EXPECT_TRUE(bad.empty()) << absl::StrJoin(bad, "\n") << "\n" << c.Logs();
   EXPECT_GT(outcomes["OK"], total / 2) << "most requests must succeed";
   EXPECT_GE(static_cast<int>(kills.size()), 2) << "the chaos must have hit several components";
