@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/hash/block_hash.h"
@@ -183,7 +182,7 @@ PeerLink::PeerLink(PeerLinkConfig config, TierStore* store,
       security_(security != nullptr ? std::move(security) : services::ClientSecurity::Insecure()) {}
 
 absl::StatusOr<std::unique_ptr<PeerLink>> PeerLink::Create(
-    PeerLinkConfig config, TierStore* store, const v1::KvLayout& layout,
+    PeerLinkConfig config, TierStore* store, transport::PoolGeometry geometry,
     std::unique_ptr<PeerDirectory> directory,
     std::shared_ptr<const services::ClientSecurity> security) {
   PD_RETURN_IF_ERROR(config.Validate());
@@ -203,20 +202,7 @@ absl::StatusOr<std::unique_ptr<PeerLink>> PeerLink::Create(
   link->block_bytes_ = static_cast<uint64_t>(dram->block_bytes());
   // One transport block per DRAM slot: the slot's padding travels too, so that slot i of one
   // tierd maps onto slot j of another without a second geometry.
-  transport::PoolGeometry g;
-  uint64_t fp = 0;
-  if (layout.model_fingerprint().size() < 16 ||
-      !absl::SimpleHexAtoi(absl::string_view(layout.model_fingerprint()).substr(0, 16), &fp)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model fingerprint '", layout.model_fingerprint(), "' is not >= 16 hex digits"));
-  }
-  g.model_fingerprint = fp;
-  g.dtype = v1::KvDtype_Name(layout.dtype());
-  g.block_size = layout.block_size();
-  g.layout_version = layout.layout_version();
-  g.num_layers = layout.num_layers();
-  g.num_kv_heads = layout.num_kv_heads();
-  g.head_dim = layout.head_dim();
+  transport::PoolGeometry& g = geometry;
   g.block_bytes = link->slot_bytes_;
   g.num_blocks = static_cast<uint64_t>(dram->num_slots());
   transport::MemoryRegion region;

@@ -148,12 +148,14 @@ struct PeerLinkStats {
 
 class PeerLink {
  public:
-  // Creates the transport and registers `store`'s DRAM pool with it. `layout` and
-  // `fingerprint` are the pool's (the transport refuses peers with another layout).
+  // Creates the transport and registers `store`'s DRAM pool with it. `geometry` is the pool's
+  // layout as the workers' transports describe theirs (disagg::GeometryFor; the transport
+  // refuses peers with another layout); its block_bytes and num_blocks are set here, one
+  // transport block per DRAM slot.
   // `directory` (owned) may be null: then this node only serves. `security` makes the channels
   // to other tierds (null = plaintext). Errors: InvalidArgument (config), the transport's.
   static absl::StatusOr<std::unique_ptr<PeerLink>> Create(
-      PeerLinkConfig config, TierStore* store, const pdserve::internal::v1::KvLayout& layout,
+      PeerLinkConfig config, TierStore* store, transport::PoolGeometry geometry,
       std::unique_ptr<PeerDirectory> directory,
       std::shared_ptr<const services::ClientSecurity> security);
   ~PeerLink();

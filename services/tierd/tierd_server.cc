@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "engine/disagg/kv_handoff.h"
 #include "engine/runtime/model_front.h"
 #include "engine/runtime/model_runtime.h"
 #include "services/base/auth.h"
@@ -162,9 +163,11 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     auto directory = std::make_unique<RedisPeerDirectory>(
         *config.redis, s->node_, config.peer_advertise_address, kPeerAddressTtl);
     s->peer_directory_ = directory.get();
-    PD_ASSIGN_OR_RETURN(s->peer_, PeerLink::Create(std::move(pc), s->store_.get(),
-                                                   services::LayoutToProto(layout, fingerprint),
-                                                   std::move(directory), std::move(peer_security)));
+    PD_ASSIGN_OR_RETURN(transport::PoolGeometry geometry,
+                        disagg::GeometryFor(layout, fingerprint, s->dram_->num_slots()));
+    PD_ASSIGN_OR_RETURN(s->peer_,
+                        PeerLink::Create(std::move(pc), s->store_.get(), std::move(geometry),
+                                         std::move(directory), std::move(peer_security)));
     s->service_->SetPeerLink(s->peer_.get());
   }
 
