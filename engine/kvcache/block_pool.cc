@@ -7,8 +7,9 @@
 
 namespace pd::kvcache {
 
-BlockPool::BlockPool(int64_t num_blocks, KvEventListener* listener, EvictionHook hook)
-    : listener_(listener), eviction_hook_(std::move(hook)) {
+BlockPool::BlockPool(int64_t num_blocks, KvEventListener* listener, EvictionHook hook,
+                     StoreHook store_hook)
+    : listener_(listener), eviction_hook_(std::move(hook)), store_hook_(std::move(store_hook)) {
   CHECK(num_blocks >= 1 && num_blocks <= kMaxBlocks) << "num_blocks " << num_blocks;
   blocks_.resize(num_blocks);
   free_.reserve(num_blocks);
@@ -162,6 +163,7 @@ absl::Status BlockPool::Commit(absl::Span<const BlockId> blocks, absl::Span<cons
     }
   }
   // Register, reporting each run of newly registered hashes as one OnBlocksStored.
+  std::vector<size_t> stored;  // indexes newly registered, for the store hook
   size_t run_begin = 0;
   size_t run_end = 0;
   auto flush_run = [&] {
@@ -183,6 +185,9 @@ absl::Status BlockPool::Commit(absl::Span<const BlockId> blocks, absl::Span<cons
       }
     }
     if (registered) {
+      if (store_hook_) {
+        stored.push_back(i);
+      }
       if (run_end != i) {
         flush_run();
         run_begin = i;
@@ -191,6 +196,9 @@ absl::Status BlockPool::Commit(absl::Span<const BlockId> blocks, absl::Span<cons
     }
   }
   flush_run();
+  for (size_t i : stored) {
+    store_hook_(hashes[i], blocks[i]);
+  }
   return absl::OkStatus();
 }
 

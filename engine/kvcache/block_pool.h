@@ -38,14 +38,20 @@ class BlockPool {
   // Called with the hash and id of a cached block right before the block is reused for other
   // contents. Runs on the caller's thread inside Allocate(); must not call into the pool.
   using EvictionHook = absl::AnyInvocable<void(const BlockHash& hash, BlockId block)>;
+  // Called with the hash and id of each block Commit newly registers (not for duplicates or
+  // blocks already holding the hash), after the listener heard of it: the block's KV is
+  // computed. Runs on the caller's thread inside Commit(); must not call into the pool.
+  // The worker's write-through to its node's tiers (--tier_write_through).
+  using StoreHook = absl::AnyInvocable<void(const BlockHash& hash, BlockId block)>;
 
   // Largest pool: block ids are uint32 and the max value is BlockId::Invalid().
   static constexpr int64_t kMaxBlocks = int64_t{0xFFFFFFFF} - 1;
 
   // A pool of `num_blocks` free blocks, ids [0, num_blocks). `num_blocks` must be in
   // [1, kMaxBlocks] (CHECKed: validate configs first, see KvCacheConfig). `listener` (not owned,
-  // may be null = no events) must outlive the pool; `hook` may be null.
-  BlockPool(int64_t num_blocks, KvEventListener* listener, EvictionHook hook);
+  // may be null = no events) must outlive the pool; either hook may be null.
+  BlockPool(int64_t num_blocks, KvEventListener* listener, EvictionHook hook,
+            StoreHook store_hook = nullptr);
 
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -133,6 +139,7 @@ class BlockPool {
 
   KvEventListener* const listener_;  // not owned; may be null
   EvictionHook eviction_hook_;       // may be null
+  StoreHook store_hook_;             // may be null
   std::vector<Block> blocks_;
   std::vector<BlockId> free_;  // unhashed, ref 0; allocated from the back
   uint32_t lru_head_ = kNil;   // least recently released evictable block

@@ -1,6 +1,7 @@
 #include "engine/kvcache/block_pool.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -136,6 +137,29 @@ TEST(BlockPoolTest, CommitKeepsExistingMappingForDuplicatesAndReportsRuns) {
   // The duplicate goes to the free list, not the LRU.
   pool.Release(b[1]);
   EXPECT_EQ(pool.NumEvictableBlocks(), 0);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(BlockPoolTest, StoreHookSeesEachNewlyRegisteredBlockOnceAfterTheListener) {
+  RecordingKvEventListener events;
+  std::vector<std::pair<BlockHash, BlockId>> stored;
+  size_t events_seen_at_first_call = 0;
+  BlockPool pool(8, &events, nullptr, [&](const BlockHash& hash, BlockId block) {
+    if (stored.empty()) events_seen_at_first_call = events.events().size();
+    stored.emplace_back(hash, block);
+  });
+  std::vector<BlockId> a = MustAllocate(pool, 2);
+  ASSERT_TRUE(pool.Commit({a[1]}, {H(2)}, H(1)).ok());
+  EXPECT_EQ(events_seen_at_first_call, 1u) << "the listener hears of a block first";
+  std::vector<BlockId> b = MustAllocate(pool, 3);
+  // H(2) is a duplicate (held by a[1]): only H(1) and H(3) are new.
+  ASSERT_TRUE(pool.Commit(b, {H(1), H(2), H(3)}, std::nullopt).ok());
+  // Re-committing registers nothing new.
+  ASSERT_TRUE(pool.Commit(b, {H(1), H(2), H(3)}, std::nullopt).ok());
+  ASSERT_EQ(stored.size(), 3u);
+  EXPECT_EQ(stored[0], std::make_pair(H(2), a[1]));
+  EXPECT_EQ(stored[1], std::make_pair(H(1), b[0]));
+  EXPECT_EQ(stored[2], std::make_pair(H(3), b[2]));
   EXPECT_TRUE(pool.CheckInvariants().ok());
 }
 

@@ -22,16 +22,18 @@ absl::Status KvCacheConfig::Validate() const {
 }
 
 absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(
-    const KvCacheConfig& config, KvEventListener* listener, BlockPool::EvictionHook eviction_hook) {
+    const KvCacheConfig& config, KvEventListener* listener, BlockPool::EvictionHook eviction_hook,
+    BlockPool::StoreHook store_hook) {
   PD_RETURN_IF_ERROR(config.Validate());
   return std::unique_ptr<KvCacheManager>(
-      new KvCacheManager(config, listener, std::move(eviction_hook)));
+      new KvCacheManager(config, listener, std::move(eviction_hook), std::move(store_hook)));
 }
 
 KvCacheManager::KvCacheManager(const KvCacheConfig& config, KvEventListener* listener,
-                               BlockPool::EvictionHook eviction_hook)
+                               BlockPool::EvictionHook eviction_hook,
+                               BlockPool::StoreHook store_hook)
     : block_size_(config.block_size),
-      pool_(config.num_blocks, listener, std::move(eviction_hook)) {}
+      pool_(config.num_blocks, listener, std::move(eviction_hook), std::move(store_hook)) {}
 
 int64_t KvCacheManager::NumBlocksForTokens(int64_t num_tokens) const {
   return (num_tokens + block_size_ - 1) / block_size_;

@@ -80,11 +80,12 @@ struct ImportTarget {
 class KvCacheManager {
  public:
   // `listener` (may be null: no events) must outlive the manager. `eviction_hook` (may be
-  // null) runs before a cached block is reused (BlockPool::EvictionHook). InvalidArgument when
+  // null) runs before a cached block is reused (BlockPool::EvictionHook); `store_hook` (may be
+  // null) after a block is newly committed (BlockPool::StoreHook). InvalidArgument when
   // `config` is invalid.
   static absl::StatusOr<std::unique_ptr<KvCacheManager>> Create(
       const KvCacheConfig& config, KvEventListener* listener = nullptr,
-      BlockPool::EvictionHook eviction_hook = nullptr);
+      BlockPool::EvictionHook eviction_hook = nullptr, BlockPool::StoreHook store_hook = nullptr);
 
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
@@ -178,7 +179,7 @@ class KvCacheManager {
 
  private:
   KvCacheManager(const KvCacheConfig& config, KvEventListener* listener,
-                 BlockPool::EvictionHook eviction_hook);
+                 BlockPool::EvictionHook eviction_hook, BlockPool::StoreHook store_hook);
 
   // Argument checks of AllocatePrompt (its InvalidArgument and AlreadyExists cases).
   absl::Status ValidatePrompt(SequenceId seq, absl::Span<const BlockHash> chain,

@@ -105,8 +105,9 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     rt->tokenizer_ = std::make_unique<HfTokenizer>(std::move(tok));
   } else {
     if (config.tokenizer.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model ", config.model, " is a llama2.c checkpoint: pass its tokenizer.bin with --tokenizer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model ", config.model,
+                       " is a llama2.c checkpoint: pass its tokenizer.bin with --tokenizer"));
     }
     PD_ASSIGN_OR_RETURN(Llama2cCheckpoint ckpt, Llama2cCheckpoint::Load(config.model));
     rt->llama2c_ = std::make_unique<Llama2cCheckpoint>(std::move(ckpt));
@@ -139,26 +140,35 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
                         memory::HostKvPool::Create(rt->layout_, config.kv_blocks, pool_options));
     rt->memory_ = std::make_unique<memory::HostKvPoolMemory>(rt->pool_.get());
   }
+  // Both hooks run on the scheduler thread between steps, so no forward pass is writing the
+  // block. A device pool copies it out with cudaMemcpyAsync and waits (into page-locked shared
+  // memory when the tier client has an unbound slot). A failed copy loses only the tier offer.
+  memory::KvPoolMemory* pool = rt->memory_.get();
+  const auto copy_hook =
+      [pool](std::function<void(const BlockHash&, ModelRuntimeConfig::CopyBlockTo)> offer,
+             const char* what) {
+        return [pool, offer = std::move(offer), what](const BlockHash& hash, BlockId block) {
+          offer(hash, [&](uint8_t* dst) {
+            absl::Status s = pool->ReadBlock(block, dst);
+            if (!s.ok()) {
+              LOG_EVERY_N(WARNING, 100)
+                  << what << " block " << block.value() << " not offered to the tiers: " << s;
+            }
+            return s.ok();
+          });
+        };
+      };
   kvcache::BlockPool::EvictionHook hook;
   if (config.on_evict) {
-    // The scheduler thread evicts between steps, so no forward pass is writing the block. A
-    // device pool copies it out with cudaMemcpyAsync and waits (into page-locked shared memory
-    // when the tier client has an unbound slot). A failed copy loses only the tier offer.
-    memory::KvPoolMemory* pool = rt->memory_.get();
-    hook = [pool, on_evict = config.on_evict](const BlockHash& hash, BlockId block) {
-      on_evict(hash, [&](uint8_t* dst) {
-        absl::Status s = pool->ReadBlock(block, dst);
-        if (!s.ok()) {
-          LOG_EVERY_N(WARNING, 100) << "evicted block " << block.value()
-                                    << " not offered to the tiers: " << s;
-        }
-        return s.ok();
-      });
-    };
+    hook = copy_hook(config.on_evict, "evicted");
   }
-  PD_ASSIGN_OR_RETURN(rt->kv_,
-                      kvcache::KvCacheManager::Create({config.kv_blocks, config.block_size},
-                                                       config.kv_listener, std::move(hook)));
+  kvcache::BlockPool::StoreHook store_hook;
+  if (config.on_store) {
+    store_hook = copy_hook(config.on_store, "committed");
+  }
+  PD_ASSIGN_OR_RETURN(rt->kv_, kvcache::KvCacheManager::Create(
+                                   {config.kv_blocks, config.block_size}, config.kv_listener,
+                                   std::move(hook), std::move(store_hook)));
   if (!on_cuda) {
     const int threads =
         config.threads > 0 ? config.threads : std::max(1u, std::thread::hardware_concurrency());

@@ -59,6 +59,10 @@ struct ModelRuntimeConfig {
   // return quickly. Empty = none.
   using CopyBlockTo = absl::FunctionRef<bool(uint8_t* dst)>;
   std::function<void(const BlockHash& hash, CopyBlockTo copy_to)> on_evict;
+  // The same, called right after a block is newly committed to the prefix cache (its KV is
+  // computed: a prompt block after prefill, a generated one when it fills), e.g. to write it
+  // through to the node's DRAM tier at once rather than at eviction. Empty = none.
+  std::function<void(const BlockHash& hash, CopyBlockTo copy_to)> on_store;
   // Where the KV pool's bytes come from (e.g. the KV transport's AllocateHost, so peers write
   // into it fastest); empty = an anonymous mapping with transparent huge pages.
   memory::PoolMemoryAllocator pool_allocator;

@@ -56,6 +56,10 @@ ABSL_FLAG(std::string, tierd_address, "",
 ABSL_FLAG(int64_t, tier_offer_slots, -1,
           "DRAM slots kept reserved so evicted blocks are copied straight into tierd's shared "
           "memory; -1 = 16 with --device cuda, 0 on the CPU");
+ABSL_FLAG(bool, tier_write_through, false,
+          "offer each block to tierd as soon as it is computed, not only at eviction, so the "
+          "tiers (and other nodes, by remote restore) hold hot prefixes too; needs "
+          "--tierd_address");
 ABSL_FLAG(absl::Duration, prefill_timeout, absl::Seconds(30),
           "decode side: bound on one remote prefill; past it decode prefills locally");
 ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
@@ -107,6 +111,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.transport_host = absl::GetFlag(FLAGS_transport_host);
   c.tierd_address = absl::GetFlag(FLAGS_tierd_address);
   c.tier_offer_slots = absl::GetFlag(FLAGS_tier_offer_slots);
+  c.tier_write_through = absl::GetFlag(FLAGS_tier_write_through);
   c.prefill_timeout = absl::GetFlag(FLAGS_prefill_timeout);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   c.step_delay = absl::GetFlag(FLAGS_step_delay);

@@ -44,6 +44,10 @@ absl::Status WorkerConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "--tier_offer_slots must be in [-1, 4096] (-1 = automatic), got ", tier_offer_slots));
   }
+  if (tier_write_through && tierd_address.empty()) {
+    return absl::InvalidArgumentError(
+        "--tier_write_through needs --tierd_address (the node's pd-tierd to write to)");
+  }
   if (drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout must be >= 0");
   }

@@ -42,6 +42,11 @@ struct WorkerConfig {
   // into the page-locked slot), 0 on the CPU (a copy to a hot staging buffer costs the
   // scheduler thread less than one into a cold DRAM slot; offer_bench). At most 4096.
   int64_t tier_offer_slots = -1;
+  // Write-through: offer every block to tierd as soon as it is committed to the prefix cache
+  // (prompt blocks after prefill, generated ones as they fill), not only when the pool evicts
+  // it, so the node's tiers (and through remote restore, every node) hold the hot prefixes too.
+  // Costs one block copy per computed block on the scheduler thread. Needs tierd_address.
+  bool tier_write_through = false;
   // Upper bound of one remote prefill (RPC + transfer) as seen by the decode side; the
   // request's own deadline applies when earlier. Past it, decode prefills locally.
   absl::Duration prefill_timeout = absl::Seconds(30);

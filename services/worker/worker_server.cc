@@ -59,6 +59,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
         client->Offer(hash, copy);
       }
     };
+    if (config.tier_write_through) {
+      // Offered again at eviction: tierd answers "already held" without a slot (a write-through
+      // offer dropped while tierd was down or staging was full gets its second chance there).
+      runtime_config.on_store = runtime_config.on_evict;
+    }
   }
   // The transport comes first so that the KV pool can live in memory it allocated (UCX: a
   // shared segment a decode peer on this host writes with one memcpy); the pool is registered

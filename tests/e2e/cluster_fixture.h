@@ -143,11 +143,19 @@ class Reference {
       const std::string& prompt, uint32_t max_tokens,
       std::vector<engine::TokenLogprob>* logprobs = nullptr, int32_t top_logprobs = 0,
       bool ignore_eos = false) {
+    return GreedyIds(Encode(prompt), max_tokens, logprobs, top_logprobs, ignore_eos);
+  }
+
+  // The same for a prompt given as token ids.
+  std::pair<std::vector<uint32_t>, std::string> GreedyIds(
+      std::vector<uint32_t> prompt, uint32_t max_tokens,
+      std::vector<engine::TokenLogprob>* logprobs = nullptr, int32_t top_logprobs = 0,
+      bool ignore_eos = false) {
     std::vector<uint32_t> tokens;
     std::string text;
     engine::GenerationRequest r;
     r.id = RequestId(next_++);
-    r.prompt = Encode(prompt);
+    r.prompt = std::move(prompt);
     r.sampling.max_tokens = max_tokens;
     r.sampling.ignore_eos = ignore_eos;
     if (logprobs != nullptr) r.sampling.logprobs = top_logprobs;

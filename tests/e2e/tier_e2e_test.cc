@@ -7,14 +7,15 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/testing/subprocess.h"
 #include "common/testing/temp_dir.h"
@@ -38,7 +39,8 @@ std::vector<std::string> Prompts() {
   std::vector<std::string> out;
   for (int k = 0; k < 12; ++k) {
     out.push_back(absl::StrCat(
-        "Tale number ", k, ". Once upon a time, there was a little girl named Lily. She loved to "
+        "Tale number ", k,
+        ". Once upon a time, there was a little girl named Lily. She loved to "
         "play outside in the park with her friends. One day, she saw a big red ball under a "
         "tree. She ran to the ball and picked it up. It was shiny and round. Lily wanted to "
         "show it to her mom, so she went home. Her mom smiled and said it was a very nice "
@@ -77,8 +79,7 @@ uint64_t Pass(Cluster& c, const std::vector<std::string>& prompts,
   uint64_t tier_cached = 0;
   for (size_t n = 0; n < prompts.size(); ++n) {
     const size_t i = reverse ? prompts.size() - 1 - n : n;
-    const double before =
-        Metric(c.WorkerMetrics(decode_index), "pd_worker_prefill_tokens_total");
+    const double before = Metric(c.WorkerMetrics(decode_index), "pd_worker_prefill_tokens_total");
     Generated g = c.GenerateText(prompts[i], 16);
     EXPECT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << c.Logs();
     EXPECT_EQ(g.tokens, want[i]) << "prompt " << i;
@@ -204,6 +205,77 @@ TEST_F(TierE2eTest, DisaggregatedWorkersShareTheNodesTiers) {
     }
   }
   EXPECT_GT(tier_cached, 0u) << c.Logs() << tierd.Log();
+}
+
+// Write-through (issue #19 item 3): a conversation's turn 1 runs on one worker whose pool never
+// evicts; with --tier_write_through its prompt and reply blocks reach the node's tierd as they
+// are computed, so turn 2 (turn 1's prompt + reply + a new message, as token ids) on a second
+// worker with an empty pool is restored from the tier up to the reply's last full block, with
+// the exact greedy output. Without the flag the same turn 2 finds nothing in the tier.
+TEST_F(TierE2eTest, WriteThroughServesTheNextTurnFromTheTierOnAnotherWorker) {
+  const std::string dir = dir_->path();
+  Tierd tierd(dir);
+  const std::string tier = "--tierd_address=" + tierd.address();
+  const std::vector<std::string> local = {"--disagg_threshold_tokens=100000"};
+  for (const char* sub : {"/w", "/p", "/s"}) std::filesystem::create_directories(dir + sub);
+  Cluster first(dir + "/w", 0, 1, "round_robin", {tier, "--tier_write_through"}, local);
+  Cluster plain(dir + "/p", 0, 1, "round_robin", {tier}, local);
+  Cluster second(dir + "/s", 0, 1, "round_robin", {tier}, local);
+  ASSERT_TRUE(first.WaitReady(absl::Seconds(30))) << first.Logs();
+  ASSERT_TRUE(plain.WaitReady(absl::Seconds(30))) << plain.Logs();
+  ASSERT_TRUE(second.WaitReady(absl::Seconds(30))) << second.Logs();
+  Reference ref;
+  constexpr int64_t kBlock = 16;
+
+  // turn1(c, n): turn 1 of conversation n on cluster c; returns turn 2's prompt and how many of
+  // its tokens have computed KV (turn 1's prompt + reply, less the last sampled token).
+  const auto turn1 = [&](Cluster& c, int n) -> std::pair<std::vector<uint32_t>, int64_t> {
+    std::vector<uint32_t> prompt = ref.Encode(Prompts()[n]);
+    pdserve::v1::GenerateRequest req;
+    for (uint32_t t : prompt) req.mutable_token_ids()->add_ids(t);
+    req.mutable_sampling()->set_max_tokens(40);
+    req.mutable_sampling()->set_ignore_eos(true);
+    Generated g = c.Generate(req);
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message() << c.Logs();
+    EXPECT_EQ(g.tokens, ref.GreedyIds(prompt, 40, nullptr, 0, true).first);
+    const int64_t computed = static_cast<int64_t>(prompt.size() + g.tokens.size()) - 1;
+    prompt.insert(prompt.end(), g.tokens.begin(), g.tokens.end());
+    const std::vector<uint32_t> user = ref.Encode(" The next day, they went to the park again.");
+    prompt.insert(prompt.end(), user.begin() + 1, user.end());  // without BOS
+    return {prompt, computed};
+  };
+  const auto turn2 = [&](const std::vector<uint32_t>& prompt) {
+    pdserve::v1::GenerateRequest req;
+    for (uint32_t t : prompt) req.mutable_token_ids()->add_ids(t);
+    req.mutable_sampling()->set_max_tokens(16);
+    Generated g = second.Generate(req);
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message() << second.Logs();
+    EXPECT_EQ(g.tokens, ref.GreedyIds(prompt, 16).first);
+    return g.last.usage();
+  };
+  const auto stored = [&] {
+    return Metric(tierd.Metrics(), "pd_tierd_stored_blocks_total{tier=\"dram\"}");
+  };
+
+  auto [with_prompt, with_computed] = turn1(first, 0);
+  const int64_t want_blocks = with_computed / kBlock;
+  // Offers travel in the background: wait until tierd holds them all.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (stored() < want_blocks && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_GE(stored(), want_blocks) << tierd.Metrics() << first.Logs();
+  EXPECT_EQ(
+      Metric(first.WorkerMetrics(0), "pd_worker_tier_offered_blocks_total{outcome=\"dropped\"}"),
+      0);
+  const pdserve::v1::Usage with = turn2(with_prompt);
+  EXPECT_EQ(with.tier_cached_tokens(), want_blocks * kBlock)
+      << "turn 2 restores turn 1's prompt and reply up to its last full block";
+  EXPECT_EQ(with.cached_tokens(), with.tier_cached_tokens());
+
+  const double before = stored();
+  auto [plain_prompt, plain_computed] = turn1(plain, 1);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(stored(), before) << "without write-through nothing is offered before eviction";
+  EXPECT_EQ(turn2(plain_prompt).tier_cached_tokens(), 0u);
 }
 
 // Without tierd the workers serve as before (the flag points at nothing).
