@@ -375,16 +375,21 @@ int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain, absl::Time deadline,
   const int64_t n = holder->blocks;
   const double r =
       recompute_seconds_per_block > 0 && !config_.always_fetch ? recompute_seconds_per_block : 0;
-  // The decision: the measured fetch time per block from this holder (whole chunks, latency
-  // included) against the worker's measured time to compute a block. No measurement yet on
-  // either side: fetch (bounded below), which gives the first measurement.
+  // The decision: the fetch time this holder's path predicts (a latency per chunk plus the
+  // bytes over its measured bandwidth) against the worker's measured time to compute the
+  // blocks. No measurement yet on either side: fetch (bounded below), which gives the first.
   {
     absl::MutexLock lock(&mu_);
-    const auto it = seconds_per_block_.find(holder->node);
-    const double estimate = it == seconds_per_block_.end() ? 0 : it->second;
-    stats_.estimated_fetch_seconds_total += estimate * static_cast<double>(n);
+    const auto it = paths_.find(holder->node);
+    const int64_t chunks = (n + config_.chunk_blocks - 1) / config_.chunk_blocks;
+    const double estimate =
+        it == paths_.end()
+            ? 0
+            : it->second.Predict(static_cast<double>(n) * static_cast<double>(block_bytes_),
+                                 chunks);
+    stats_.estimated_fetch_seconds_total += estimate;
     stats_.recompute_seconds_total += r * static_cast<double>(n);
-    if (r > 0 && estimate > r) {
+    if (r > 0 && estimate > r * static_cast<double>(n)) {
       ++stats_.decided_recompute_total;
       return 0;
     }
@@ -419,12 +424,9 @@ int64_t PeerLink::Fetch(absl::Span<const BlockHash> chain, absl::Time deadline,
       abandoned = got > 0 || r > 0;  // a failure within a budget is an abandonment
       break;
     }
-    const double sample = absl::ToDoubleSeconds(absl::Now() - chunk_start) / static_cast<double>(c);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - chunk_start);
     absl::MutexLock lock(&mu_);
-    auto [it, fresh] = seconds_per_block_.try_emplace(holder->node, sample);
-    if (!fresh) {
-      it->second = 0.8 * it->second + 0.2 * sample;
-    }
+    paths_[holder->node].Add(static_cast<double>(c) * static_cast<double>(block_bytes_), seconds);
   }
   absl::MutexLock lock(&mu_);
   ++stats_.fetches_total;
@@ -555,7 +557,12 @@ int64_t PeerLink::FetchFrom(const PeerHolder& holder, absl::Span<const BlockHash
 
 PeerLinkStats PeerLink::Stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  PeerLinkStats s = stats_;
+  for (const auto& [node, e] : paths_) {
+    const double spb = e.seconds_per_byte();
+    s.paths.push_back({node, e.latency_seconds(), spb > 0 ? 1 / spb : 0});
+  }
+  return s;
 }
 
 }  // namespace pd::tierd

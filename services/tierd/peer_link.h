@@ -50,6 +50,7 @@
 #include "common/redis/redis_client.h"
 #include "pd/v1/tierd.grpc.pb.h"
 #include "services/base/grpc_security.h"
+#include "services/tierd/fetch_estimate.h"
 #include "services/tierd/tier_store.h"
 #include "transport/kv_transport.h"
 #include "transport/registry.h"
@@ -144,6 +145,13 @@ struct PeerLinkStats {
   uint64_t fetched_bytes_total = 0;
   uint64_t fetch_corrupt_total = 0;  // blocks whose bytes failed the holder's checksum
   absl::Duration fetch_time_total;   // wall time of fetches that stored blocks
+  // The fetch cost measured from each holder node so far (FetchEstimate), by node name.
+  struct Path {
+    std::string node;
+    double latency_seconds = 0;   // per request (chunk)
+    double bytes_per_second = 0;  // 0 = not measured
+  };
+  std::vector<Path> paths;
 };
 
 class PeerLink {
@@ -205,8 +213,9 @@ class PeerLink {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<pdserve::internal::v1::TierService::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
-  // Measured fetch time per block from each holder node (moving average over whole chunks).
-  absl::flat_hash_map<std::string, double> seconds_per_block_ ABSL_GUARDED_BY(mu_);
+  // Measured cost of fetching from each holder node: latency and time per byte, fitted to every
+  // chunk (FetchEstimate).
+  absl::flat_hash_map<std::string, FetchEstimate> paths_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   PeerLinkStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Time last_failure_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -389,6 +389,12 @@ TEST_F(PeerLinkTest, SlowerThanRecomputeIsNotFetched) {
   EXPECT_GT(st.estimated_fetch_seconds_total, 0);
   EXPECT_THAT(registry_b_.RenderPrometheus(),
               HasSubstr("pd_tierd_peer_decisions_total{decision=\"recompute\"} 1"));
+  // The path to node a is measured and shown.
+  ASSERT_EQ(st.paths.size(), 1u);
+  EXPECT_EQ(st.paths[0].node, "peer-node-a");
+  EXPECT_GT(st.paths[0].bytes_per_second, 0);
+  EXPECT_THAT(registry_b_.RenderPrometheus(),
+              HasSubstr("pd_tierd_peer_path_bandwidth_bytes_per_second{node=\"peer-node-a\"}"));
 
   blocks = on_b.Promote(2, 4, /*recompute=*/10.0);  // a very slow worker: fetch
   ASSERT_EQ(blocks.size(), 4u);

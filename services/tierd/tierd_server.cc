@@ -485,6 +485,14 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
                       d(p.fetched_bytes_total));
       sink.AddCounter("pd_tierd_peer_fetch_corrupt_total",
                       "Fetched blocks that failed the holder's checksum", d(p.fetch_corrupt_total));
+      for (const PeerLinkStats::Path& path : p.paths) {
+        sink.AddGauge("pd_tierd_peer_path_latency_seconds",
+                      "Fitted latency of one fetch request from this holder node",
+                      path.latency_seconds, {{"node", path.node}});
+        sink.AddGauge("pd_tierd_peer_path_bandwidth_bytes_per_second",
+                      "Fitted bandwidth of fetches from this holder node", path.bytes_per_second,
+                      {{"node", path.node}});
+      }
       sink.AddCounter("pd_tierd_peer_fetch_seconds_total",
                       "Wall time of fetches that stored blocks",
                       absl::ToDoubleSeconds(p.fetch_time_total));
