@@ -17,15 +17,8 @@
 # transport, with the cold run's greedy text; again with node-c's tierd stalled (SIGSTOP: node-b
 # recomputes, same text) and after node-c's tierd restarted (fetches resume).
 #
-# Safety (the machine is shared and must never send these packets out):
-#   - every process runs inside a namespace through `ip netns exec` (in_ns); nothing in the root
-#     namespace connects to a namespace address, and the root namespace gets no interface;
-#   - no namespace has a default route (checked before anything starts), so a packet for an
-#     address outside 10.213.0.0/24 has nowhere to go;
-#   - UCX_TLS=tcp and UCX_NET_DEVICES=eth0 (UCX would otherwise cross namespaces through shared
-#     memory);
-#   - a trap stops what it started (by pid) and deletes its namespaces on every exit;
-#   - where network namespaces are not permitted it prints why and exits 77 (ctest: skipped).
+# Safety: tests/deploy/netns_lib.sh (every process inside a namespace, no default route, UCX on
+# tcp/eth0 only, a trap that stops everything and deletes the namespaces; 77 = not permitted).
 #
 # usage: multihost_netns_test.sh --build-dir DIR --model FILE --tokenizer FILE [--keep-logs]
 set -uo pipefail
@@ -43,8 +36,9 @@ done
 [ -n "$build" ] && [ -n "$model" ] && [ -n "$tokenizer" ] || {
   echo "usage: $0 --build-dir DIR --model FILE --tokenizer FILE" >&2; exit 2; }
 
-skip() { echo "SKIPPED: $*"; exit 77; }
-log() { echo "[multihost] $*"; }
+# shellcheck source=tests/deploy/netns_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
+log_tag=multihost
 
 router_bin="$build/services/router/pd-router"
 worker_bin="$build/services/worker/pd-worker"
@@ -59,105 +53,13 @@ done
 for tool in ip redis-server redis-cli curl; do
   command -v "$tool" >/dev/null || { echo "FAIL: $tool not found (scripts/setup.sh installs it)"; exit 1; }
 done
-[ "$(id -u)" = 0 ] || skip "network namespaces need root (ip netns add); run as root to test multi-host"
 
 tag="pdmh$$"
-sw="$tag-sw"
 nodes=(a b c d)
 declare -A ip_of=([a]=10.213.0.1 [b]=10.213.0.2 [c]=10.213.0.3 [d]=10.213.0.4)
-ns() { echo "$tag-$1"; }
 run="$build/multihost/$tag"
-mkdir -p "$run"
-pids=()
-made_ns=()
 
-# Every process of the test goes through here: inside namespace $1, never in the root one.
-in_ns() {
-  local node=$1
-  shift
-  ip netns exec "$(ns "$node")" "$@"
-}
-start_in_ns() {  # start_in_ns NODE NAME CMD...: background, log in $run/NAME.log
-  local node=$1 name=$2
-  shift 2
-  ip netns exec "$(ns "$node")" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 "$@" \
-    > "$run/$name.log" 2>&1 &
-  pids+=("$!")
-  echo "$name $!" >> "$run/pids"
-}
-
-cleanup() {
-  local rc=$?
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for _ in $(seq 1 50); do
-    local alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 0.2
-  done
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  wait 2>/dev/null
-  for n in "${made_ns[@]}"; do ip netns del "$n" 2>/dev/null; done
-  rm -f /dev/shm/pdserve-"$tag"-*   # a tierd killed before its own clean-up leaves its pool
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
-    for f in "$run"/*.log; do
-      [ -f "$f" ] || continue
-      echo "---- tail of $(basename "$f")"
-      tail -n 25 "$f"
-    done
-  fi
-  # Logs stay for a failure (and with --keep-logs); a pass or a skip leaves nothing behind.
-  if [ "$keep" = 0 ] && { [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ]; }; then
-    rm -rf "$run"
-    rmdir "$build/multihost" 2>/dev/null
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-fail() { echo "FAIL: $*"; exit 1; }
-
-# ---- checks before anything starts ----------------------------------------------------------
-probe="$tag-probe"
-if ! err=$(ip netns add "$probe" 2>&1); then
-  skip "ip netns add is not permitted here ($err)"
-fi
-if ! err=$(ip netns exec "$probe" ip link set lo up 2>&1); then
-  ip netns del "$probe" 2>/dev/null
-  skip "ip netns exec is not permitted here ($err)"
-fi
-ip netns del "$probe"
-for n in "$sw" $(for x in "${nodes[@]}"; do ns "$x"; done); do
-  existing=$(ip netns list | awk '{print $1}')
-  grep -qx -- "$n" <<< "$existing" && fail "namespace $n exists already"
-done
-
-# ---- the network: a bridge in its own namespace, one veth per node ---------------------------
-ip netns add "$sw" || fail "ip netns add $sw"
-made_ns+=("$sw")
-ip -n "$sw" link set lo up
-ip -n "$sw" link add br0 type bridge || fail "bridge in $sw"
-ip -n "$sw" link set br0 up
-for x in "${nodes[@]}"; do
-  n=$(ns "$x")
-  ip netns add "$n" || fail "ip netns add $n"
-  made_ns+=("$n")
-  # Both ends are created inside namespaces: the root namespace never holds an interface.
-  ip -n "$sw" link add "v$x" type veth peer name eth0 netns "$n" || fail "veth for $n"
-  ip -n "$sw" link set "v$x" master br0 up
-  ip -n "$n" link set lo up
-  ip -n "$n" addr add "${ip_of[$x]}/24" dev eth0
-  ip -n "$n" link set eth0 up
-done
-for x in "${nodes[@]}"; do
-  n=$(ns "$x")
-  [ -z "$(ip -n "$n" route show default)" ] || fail "$n has a default route"
-  [ -z "$(ip -n "$n" -6 route show default)" ] || fail "$n has an IPv6 default route"
-  routes=$(ip -n "$n" -4 route show | grep -v '^10\.213\.0\.0/24 ' || true)
-  [ -z "$routes" ] || fail "$n has routes besides 10.213.0.0/24: $routes"
-done
-log "namespaces $sw, $(for x in "${nodes[@]}"; do printf '%s ' "$(ns "$x")"; done)up; no default routes"
+netns_start
 
 # ---- the cluster -------------------------------------------------------------------------------
 password="pw-$tag"
@@ -177,24 +79,6 @@ tierd_args=(--model="$model" --tokenizer="$tokenizer" --dram_mib=64 --nvme_mib=6
   --grpc_address=0.0.0.0:50071 --redis_address="$A:6379"
   --redis_password_file="$run/redis.pw" --redis_key_prefix="$tag" --peer_transport=tcp
   --peer_fetch_policy=always)
-metric() {  # metric NODE URL NAME_WITH_LABELS -> value or empty (curl runs on node-d)
-  in_ns d curl -sf --max-time 5 "$2" 2>/dev/null | awk -v m="$3" '$1 == m {print $2}'
-}
-# wait_metric URL NAME VALUE WHAT: bounded wait (120 s) for a metric, failing fast when one of
-# our processes died.
-wait_metric() {
-  local got=""
-  for _ in $(seq 1 240); do
-    for pid in "${pids[@]}"; do
-      kill -0 "$pid" 2>/dev/null || fail "$(awk -v p="$pid" '$2 == p {print $1}' "$run/pids") exited while waiting for $4"
-    done
-    got=$(metric d "$1" "$2")
-    [ "$got" = "$3" ] && return 0
-    sleep 0.5
-  done
-  fail "$4: $2=$got after 120 s, want $3"
-}
-
 # Node names carry the tag: pd-tierd names its shared memory /pdserve-<node>-g2, and /dev/shm is
 # the same for every namespace (and for other tests running at the same time).
 start_tierd() {  # start_tierd NODE
@@ -202,18 +86,6 @@ start_tierd() {  # start_tierd NODE
   start_in_ns "$x" "tierd-$x" "$tierd_bin" "${tierd_args[@]}" --node_name="$tag-$x" \
     --metrics_address="$ip:9102" --nvme_dir="$run/nvme-$x" --peer_transport_host="$ip" \
     --peer_advertise_address="$ip:50071"
-}
-# stop NAME [SIGNAL]: stops a process started as NAME and forgets it (wait_metric checks the rest).
-stop() {
-  local pid keep=()
-  pid=$(awk -v n="$1" '$1 == n {print $2}' "$run/pids" | tail -n 1)
-  [ -n "$pid" ] || fail "stop: no process named $1"
-  kill "-${2:-TERM}" "$pid" 2>/dev/null
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null
-  wait "$pid" 2>/dev/null
-  for p in "${pids[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
-  pids=("${keep[@]}")
 }
 start_tierd b
 start_tierd c
