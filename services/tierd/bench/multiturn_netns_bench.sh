@@ -25,13 +25,17 @@
 # tcp/eth0 only; a trap stops everything and deletes the namespaces). Needs root.
 #
 # usage: multiturn_netns_bench.sh --build-dir DIR --model HF_DIR [--out DIR] [--configs LIST]
-#          [--policies LIST] [--requests N] [--kv_blocks N] [--keep-logs] [-- pd-loadtest flags]
+#          [--policies LIST] [--requests N] [--kv_blocks N] [--reps N] [--keep-logs]
+#          [-- pd-loadtest flags, after the script's own: the last value of a flag wins]
+# --reps runs the whole matrix N times, every other time in reverse order, so that a machine
+# getting slower or faster during the run does not favour one configuration.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 src=$(cd "$here/../../.." && pwd)
 build="" model="" out="" keep=0
-configs="local,remote,remote-wt" policies="cache_aware,round_robin" requests=64 kv_blocks=64
+configs="local,remote,remote-wt" policies="cache_aware,round_robin" requests=64 kv_blocks=96
+reps=1
 extra=()
 usage() { sed -n 2,29p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -43,6 +47,7 @@ while [ $# -gt 0 ]; do
     --policies) policies=$2; shift 2 ;;
     --requests) requests=$2; shift 2 ;;
     --kv_blocks) kv_blocks=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
     --keep-logs) keep=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -53,6 +58,7 @@ done
 [ -d "$model" ] || { echo "multiturn_netns_bench.sh: --model $model is not a Hugging Face model directory (pd-make-model --preset small --out DIR makes one)" >&2; exit 2; }
 [[ "$requests" =~ ^[1-9][0-9]*$ ]] || { echo "--requests must be a positive integer, got $requests" >&2; exit 2; }
 [[ "$kv_blocks" =~ ^[1-9][0-9]*$ ]] || { echo "--kv_blocks must be a positive integer, got $kv_blocks" >&2; exit 2; }
+[[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "--reps must be a positive integer, got $reps" >&2; exit 2; }
 model=$(cd "$model" && pwd)
 out=${out:-$build/multiturn-bench}
 mkdir -p "$out"
@@ -89,9 +95,9 @@ run="$build/multiturn-netns/$tag"
 netns_start
 A=${ip_of[a]}
 
-# run_one CONFIG POLICY: a fresh cluster, the workload, the row.
+# run_one CONFIG POLICY REP: a fresh cluster, the workload, the row.
 run_one() {
-  local config=$1 policy=$2 name="$1-$2" x ip d p tierd_extra=() worker_extra=()
+  local config=$1 policy=$2 rep=$3 name="$1-$2-$3" x ip d p tierd_extra=() worker_extra=()
   case "$config" in
     remote) tierd_extra=(--peer_transport=ucx) ;;
     remote-wt) tierd_extra=(--peer_transport=ucx); worker_extra=(--tier_write_through) ;;
@@ -130,7 +136,7 @@ run_one() {
 
   log "$name: pd-loadtest, $requests requests"
   in_ns a "$loadtest_bin" --target="$A:50051" --workload=multi_turn --num_conversations=8 \
-    --num_turns=8 --system_prompt_len=64 --user_len=64 --output_len=32 --concurrency=4 \
+    --num_turns=8 --system_prompt_len=64 --user_len=64 --output_len=32 --concurrency=2 \
     --num_requests="$requests" --seed=1 --progress=off --output_json="$out/$name.json" \
     "${extra[@]}" > "$run/loadtest-$name.log" 2>&1 ||
     fail "$name: pd-loadtest failed: $(tail -n 5 "$run/loadtest-$name.log")"
@@ -163,10 +169,19 @@ PY
   done
 }
 
-echo "| config-policy | ok/requests | TTFT p50 ms | TTFT p99 ms | TTFT mean ms | prompt tokens | cached tokens (saved) | blocks fetched from the other node |"
+echo "| config-policy-rep | ok/requests | TTFT p50 ms | TTFT p99 ms | TTFT mean ms | prompt tokens | cached tokens (saved) | blocks fetched from the other node |"
 echo "|---|---|---|---|---|---|---|---|"
+runs=()
 for pol in "${policy_list[@]}"; do
   for cfg in "${config_list[@]}"; do
-    run_one "$cfg" "$pol"
+    runs+=("$cfg $pol")
   done
+done
+# shellcheck disable=SC2086  # "$cfg $pol" splits into run_one's two arguments
+for rep in $(seq 1 "$reps"); do
+  if [ $((rep % 2)) = 1 ]; then
+    for r in "${runs[@]}"; do run_one $r "$rep"; done
+  else
+    for ((i = ${#runs[@]} - 1; i >= 0; i--)); do run_one ${runs[$i]} "$rep"; done
+  fi
 done
