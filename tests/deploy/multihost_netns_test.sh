@@ -44,15 +44,11 @@ router_bin="$build/services/router/pd-router"
 worker_bin="$build/services/worker/pd-worker"
 tierd_bin="$build/services/tierd/pd-tierd"
 client_bin="$build/services/client/pd-client"
-for b in "$router_bin" "$worker_bin" "$tierd_bin" "$client_bin"; do
-  [ -x "$b" ] || { echo "FAIL: $b is not built (cmake --build $build --target $(basename "$b"))"; exit 1; }
-done
+require_built "$build" "$router_bin" "$worker_bin" "$tierd_bin" "$client_bin"
 for f in "$model" "$tokenizer"; do
-  [ -f "$f" ] || { echo "FAIL: $f is missing (../shared/models/stories260K)"; exit 1; }
+  [ -f "$f" ] || fail "$f is missing (../shared/models/stories260K)"
 done
-for tool in ip redis-server redis-cli curl; do
-  command -v "$tool" >/dev/null || { echo "FAIL: $tool not found (scripts/setup.sh installs it)"; exit 1; }
-done
+require_tools ip redis-server redis-cli curl
 
 tag="pdmh$$"
 nodes=(a b c d)

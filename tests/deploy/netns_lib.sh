@@ -27,6 +27,21 @@ skip() { echo "SKIPPED: $*"; exit 77; }
 log() { echo "[$log_tag] $*"; }
 fail() { echo "FAIL: $*"; exit 1; }
 ns() { echo "$tag-$1"; }
+# require_built BUILD_DIR BIN...: every binary exists, else FAIL naming its build target.
+require_built() {
+  local dir=$1 b
+  shift
+  for b in "$@"; do
+    [ -x "$b" ] || fail "$b is not built (cmake --build $dir --target $(basename "$b"))"
+  done
+}
+# require_tools TOOL...: every tool is on PATH, else FAIL.
+require_tools() {
+  local t
+  for t in "$@"; do
+    command -v "$t" >/dev/null || fail "$t not found (scripts/setup.sh installs it)"
+  done
+}
 pids=()
 made_ns=()
 

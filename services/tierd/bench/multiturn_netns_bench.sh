@@ -73,12 +73,8 @@ router_bin="$build/services/router/pd-router"
 worker_bin="$build/services/worker/pd-worker"
 tierd_bin="$build/services/tierd/pd-tierd"
 loadtest_bin="$build/loadtest/pd-loadtest"
-for b in "$router_bin" "$worker_bin" "$tierd_bin" "$loadtest_bin"; do
-  [ -x "$b" ] || fail "$b is not built (cmake --build $build --target $(basename "$b"))"
-done
-for tool in ip redis-server curl python3; do
-  command -v "$tool" >/dev/null || fail "$tool not found (scripts/setup.sh installs it)"
-done
+require_built "$build" "$router_bin" "$worker_bin" "$tierd_bin" "$loadtest_bin"
+require_tools ip redis-server curl python3
 IFS=, read -ra config_list <<< "$configs"
 IFS=, read -ra policy_list <<< "$policies"
 for c in "${config_list[@]}"; do
