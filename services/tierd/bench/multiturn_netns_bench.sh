@@ -15,6 +15,10 @@
 #                  a turn fetches the blocks the other node's tierd holds, when cheaper
 #   remote-wt      remote, and the workers write every block through to their tierd
 #                  (--tier_write_through), so the tiers hold the hot prefixes too
+#   remote-wt-credit  remote-wt, and pd-router credits blocks another node holds at their fetch
+#                  cost (--remote_hit_weight=0.05: a block here fetches in ~1 ms and computes in
+#                  ~40; --inflight_blocks_weight=1, as pd-routesim runs with remote fetch); not
+#                  in the default list
 # each with the router's --policy (--policies, default cache_aware,round_robin: round_robin
 # scatters a conversation's turns over both nodes, the case a busy holder forces).
 #
@@ -78,7 +82,10 @@ require_tools ip redis-server curl python3
 IFS=, read -ra config_list <<< "$configs"
 IFS=, read -ra policy_list <<< "$policies"
 for c in "${config_list[@]}"; do
-  case "$c" in local|remote|remote-wt) ;; *) fail "--configs: unknown configuration '$c' (local, remote, remote-wt)" ;; esac
+  case "$c" in
+    local|remote|remote-wt|remote-wt-credit) ;;
+    *) fail "--configs: unknown configuration '$c' (local, remote, remote-wt, remote-wt-credit)" ;;
+  esac
 done
 for p in "${policy_list[@]}"; do
   case "$p" in cache_aware|round_robin|random) ;; *) fail "--policies: unknown policy '$p'" ;; esac
@@ -94,9 +101,15 @@ A=${ip_of[a]}
 # run_one CONFIG POLICY REP: a fresh cluster, the workload, the row.
 run_one() {
   local config=$1 policy=$2 rep=$3 name="$1-$2-$3" x ip d p tierd_extra=() worker_extra=()
+  local router_extra=()
   case "$config" in
     remote) tierd_extra=(--peer_transport=ucx) ;;
     remote-wt) tierd_extra=(--peer_transport=ucx); worker_extra=(--tier_write_through) ;;
+    remote-wt-credit)
+      tierd_extra=(--peer_transport=ucx)
+      worker_extra=(--tier_write_through)
+      router_extra=(--remote_hit_weight=0.05 --inflight_blocks_weight=1)
+      ;;
   esac
   rm -rf "$run/redis" "$run"/nvme-*
   mkdir -p "$run/redis"
@@ -124,7 +137,7 @@ run_one() {
   done
   start_in_ns a "router-$name" "$router_bin" --model="$model" --grpc_address="$A:50051" \
     --metrics_address="$A:9100" --decode_workers="${ip_of[b]}:50062,${ip_of[c]}:50062" \
-    --policy="$policy" --redis_address="$A:6379" --redis_key_prefix="$tag"
+    --policy="$policy" --redis_address="$A:6379" --redis_key_prefix="$tag" "${router_extra[@]}"
   wait_metric "http://$A:9100/metrics" pd_router_workers_healthy 2 "router seeing both workers ($name)"
   for x in b c; do
     wait_metric "http://${ip_of[$x]}:9102/metrics" pd_tierd_sessions 1 "node-$x's worker attached ($name)"
