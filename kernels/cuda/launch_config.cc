@@ -22,8 +22,10 @@ int CopyAccessBytes(const void* src, const void* dst, int64_t src_stride, int64_
   return 1;
 }
 
+bool MatMulNativeBf16(const MatMulParams& p) { return p.w_dtype == DType::kBF16; }
+
 int64_t MatMulTileRows(const MatMulParams& p, int64_t tile_bytes) {
-  if (p.w_dtype == DType::kF32) {
+  if (p.w_dtype == DType::kF32 || MatMulNativeBf16(p)) {
     return p.out_features;
   }
   const int64_t fit = tile_bytes / (p.in_features * int64_t{4});
@@ -37,6 +39,9 @@ int64_t MatMulWorkspaceBytes(const MatMulParams& p) {
   if (p.w_dtype == DType::kF32) {
     return 0;
   }
+  if (MatMulNativeBf16(p)) {
+    return p.num_rows * p.in_features * int64_t{2};
+  }
   return MatMulTileRows(p) * p.in_features * int64_t{4};
 }
 
@@ -48,7 +53,8 @@ GemmCall MatMulTile(const MatMulParams& p, int64_t first_out, int64_t tile_bytes
   g.n = static_cast<int>(p.num_rows);
   g.k = static_cast<int>(p.in_features);
   g.lda = static_cast<int>(p.in_features);
-  g.ldb = static_cast<int>(p.x_row_stride);
+  // Native bf16 reads x from the workspace, packed.
+  g.ldb = static_cast<int>(MatMulNativeBf16(p) ? p.in_features : p.x_row_stride);
   g.ldc = static_cast<int>(p.y_row_stride);
   g.y_offset = first_out;
   g.w_offset = first_out * p.in_features;

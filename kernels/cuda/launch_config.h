@@ -284,16 +284,28 @@ PD_HOST_DEVICE constexpr CopySegment CopySegmentAt(int64_t block, int64_t segmen
 }
 
 // ---- MatMul through cuBLAS (column-major). Row-major y[m][n] = x[m][k] w[n][k]^T is, in
-// column-major terms, y^T = op_T(w) * x^T: cublasSgemm(T, N, tile_rows, num_rows, k, w tile
-// (lda k), x (ldb x_row_stride), y + first output (ldc y_row_stride)). bf16/f16 weights are
-// widened to f32 tile by tile into the workspace first (all arithmetic stays f32, as on CPU).
+// column-major terms, y^T = op_T(w) * x^T: gemm(T, N, tile_rows, num_rows, k, w tile (lda k),
+// x (ldb), y + first output (ldc y_row_stride)).
+//   f32 weights   one cublasSgemm; x as given (ldb x_row_stride). All arithmetic f32, as on CPU.
+//   bf16 weights  native (issue #16 item 1): x is rounded to bf16 once, packed into the
+//                 workspace (ldb k), and one cublasGemmEx multiplies the weights as stored,
+//                 bf16 x bf16 on the tensor cores with f32 accumulation and f32 output. The
+//                 only difference from the CPU kernel is x's rounding to bf16 (and the order of
+//                 the f32 sums): logits agree within a tolerance, not bitwise.
+//   f16 weights   widened to f32 tile by tile into the workspace, then cublasSgemm (f16
+//                 activations could overflow, so x is not rounded to f16).
 inline constexpr int64_t kMatMulWideningTileBytes = int64_t{32} << 20;
 
-// Output rows (weight rows) per cuBLAS call: all of them for f32 weights; for bf16/f16 as many
-// f32 weight rows as fit tile_bytes, at least one. (tile_bytes is a parameter for the tests.)
+// Whether MatMul runs as one bf16 cublasGemmEx (bf16 weights).
+bool MatMulNativeBf16(const MatMulParams& p);
+
+// Output rows (weight rows) per cuBLAS call: all of them for f32 and bf16 weights; for f16 as
+// many f32 weight rows as fit tile_bytes, at least one. (tile_bytes is a parameter for the
+// tests.)
 int64_t MatMulTileRows(const MatMulParams& p, int64_t tile_bytes = kMatMulWideningTileBytes);
 
-// Device workspace bytes a CUDA MatMul needs: 0 for f32 weights, else one widened tile.
+// Device workspace bytes a CUDA MatMul needs: 0 for f32 weights, x rounded to bf16
+// (num_rows x in_features x 2) for bf16, one widened tile for f16.
 int64_t MatMulWorkspaceBytes(const MatMulParams& p);
 
 struct GemmCall {

@@ -731,7 +731,14 @@ TEST(CudaLaunchTest, MatMulTilesAndWorkspace) {
   p.y_row_stride = 14336;
   EXPECT_EQ(MatMulTileRows(p), 14336);
   EXPECT_EQ(MatMulWorkspaceBytes(p), 0);
+  // bf16: one native GEMM; the workspace holds x rounded to bf16.
   p.w_dtype = DType::kBF16;
+  EXPECT_TRUE(MatMulNativeBf16(p));
+  EXPECT_EQ(MatMulTileRows(p), 14336);
+  EXPECT_EQ(MatMulWorkspaceBytes(p), 3 * 4096 * 2);
+  // f16: widened tiles of f32 weight rows.
+  p.w_dtype = DType::kF16;
+  EXPECT_FALSE(MatMulNativeBf16(p));
   EXPECT_EQ(MatMulTileRows(p), 2048);
   EXPECT_EQ(MatMulWorkspaceBytes(p), 2048 * 4096 * 4);
   p.in_features = int64_t{16} << 20;  // one f32 row exceeds the tile budget: still one row
@@ -756,7 +763,7 @@ void HostSgemmTN(int m, int n, int k, const float* a, int lda, const float* b, i
   }
 }
 
-// The cuBLAS MatMul path emulated with its GemmCall tiles: bias step, then per tile the bf16
+// The cuBLAS MatMul path emulated with its GemmCall tiles: bias step, then per tile the f16
 // weight rows widened to f32 and a column-major sgemm(T, N) with beta = 1, as
 // matmul_cublas.cc does. A small tile budget makes 4 tiles of 2, 2, 2 and 1 rows.
 TEST(CudaLaunchTest, MatMulGemmMappingMatchesReference) {
@@ -769,12 +776,12 @@ TEST(CudaLaunchTest, MatMulGemmMappingMatchesReference) {
     p.x_row_stride = 6;
     p.y_row_stride = 9;
     p.accumulate = accumulate;
-    p.w_dtype = DType::kBF16;
+    p.w_dtype = DType::kF16;
     std::vector<float> x = Random(p.num_rows * p.x_row_stride, rng);
     std::vector<uint16_t> w(p.out_features * p.in_features);
     std::vector<float> wf = Random(p.out_features * p.in_features, rng);
     for (size_t i = 0; i < w.size(); ++i) {
-      w[i] = F32ToBf16(wf[i]);
+      w[i] = F32ToF16(wf[i]);
     }
     std::vector<float> bias = Random(p.out_features, rng);
     std::vector<float> y0 = Random(p.num_rows * p.y_row_stride, rng);
@@ -802,13 +809,73 @@ TEST(CudaLaunchTest, MatMulGemmMappingMatchesReference) {
       EXPECT_EQ(g.k, p.in_features);
       ASSERT_LE(static_cast<int64_t>(g.m) * g.k, static_cast<int64_t>(workspace.size()));
       for (int64_t i = 0; i < static_cast<int64_t>(g.m) * g.k; ++i) {
-        workspace[i] = Bf16ToF32(w[g.w_offset + i]);
+        workspace[i] = F16ToF32(w[g.w_offset + i]);
       }
       HostSgemmTN(g.m, g.n, g.k, workspace.data(), g.lda, x.data(), g.ldb, 1.0f,
                   got.data() + g.y_offset, g.ldc);
       rows.push_back(g.m);
     }
     EXPECT_EQ(rows, (std::vector<int>{2, 2, 2, 1}));
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5f) << i;  // padding columns untouched in both
+    }
+  }
+}
+
+// The native bf16 path emulated: bias step, x rounded to bf16 and packed (ldb = k), then one
+// column-major gemm(T, N) of the bf16 weights as stored against it with f32 sums and beta = 1.
+// It equals the reference MatMul run on x rounded to bf16: x's rounding is the only change.
+TEST(CudaLaunchTest, MatMulNativeBf16MappingMatchesReferenceOnRoundedX) {
+  std::mt19937 rng(10);
+  for (bool accumulate : {false, true}) {
+    MatMulParams p;
+    p.num_rows = 3;
+    p.in_features = 5;
+    p.out_features = 7;
+    p.x_row_stride = 6;
+    p.y_row_stride = 9;
+    p.accumulate = accumulate;
+    p.w_dtype = DType::kBF16;
+    std::vector<float> x = Random(p.num_rows * p.x_row_stride, rng);
+    std::vector<uint16_t> w(p.out_features * p.in_features);
+    for (uint16_t& v : w) v = F32ToBf16(std::normal_distribution<float>()(rng));
+    std::vector<float> bias = Random(p.out_features, rng);
+    std::vector<float> y0 = Random(p.num_rows * p.y_row_stride, rng);
+    std::vector<float> got = y0, want = y0;
+    std::vector<float> x_rounded = x;
+    for (float& v : x_rounded) v = Bf16ToF32(F32ToBf16(v));
+    MatMulParams ref = p;
+    ref.x = x_rounded.data();
+    ref.w = w.data();
+    ref.bias = bias.data();
+    ref.y = want.data();
+    reference::MatMul(ref);
+
+    ASSERT_EQ(MatMulTileRows(p), p.out_features);
+    ASSERT_EQ(MatMulWorkspaceBytes(p), p.num_rows * p.in_features * 2);
+    const int64_t bias_items = p.num_rows * p.out_features;
+    ForEachGridStrideItem(ElementwiseLaunch(bias_items), bias_items, [&](int64_t i) {
+      const RowCol rc = RowColAt(i, p.out_features);
+      float& y = got[rc.row * p.y_row_stride + rc.col];
+      y = (accumulate ? y : 0.0f) + bias[rc.col];
+    });
+    // The packed bf16 x of the workspace (x rows are strided: one conversion per row).
+    std::vector<uint16_t> xb(p.num_rows * p.in_features);
+    for (int64_t r = 0; r < p.num_rows; ++r) {
+      for (int64_t c = 0; c < p.in_features; ++c) {
+        xb[r * p.in_features + c] = F32ToBf16(x[r * p.x_row_stride + c]);
+      }
+    }
+    const GemmCall g = MatMulTile(p, 0);
+    EXPECT_EQ(g.m, p.out_features);
+    EXPECT_EQ(g.ldb, p.in_features);
+    EXPECT_EQ(g.lda, p.in_features);
+    EXPECT_EQ(g.ldc, p.y_row_stride);
+    std::vector<float> wf(w.size()), xf(xb.size());
+    for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16ToF32(w[i]);
+    for (size_t i = 0; i < xb.size(); ++i) xf[i] = Bf16ToF32(xb[i]);
+    HostSgemmTN(g.m, g.n, g.k, wf.data(), g.lda, xf.data(), g.ldb, 1.0f, got.data() + g.y_offset,
+                g.ldc);
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_NEAR(got[i], want[i], 1e-5f) << i;  // padding columns untouched in both
     }

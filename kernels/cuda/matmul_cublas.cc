@@ -1,7 +1,8 @@
 // MatMul on CUDA through cuBLAS: y^T = op_T(w) x^T in cuBLAS's column-major terms (the call
-// shapes come from MatMulTile in launch_config.h). All arithmetic is f32, like the CPU kernel:
-// bf16/f16 weights are widened into the workspace one tile of output rows at a time, and the
-// handle keeps CUBLAS_DEFAULT_MATH (no TF32).
+// shapes come from MatMulTile in launch_config.h, which says what each weight dtype does). f32
+// and f16 weights: all arithmetic f32, like the CPU kernel (f16 widened into the workspace one
+// tile of output rows at a time; the handle keeps CUBLAS_DEFAULT_MATH, no TF32). bf16 weights:
+// one cublasGemmEx on the weights as stored, x rounded to bf16 once, f32 accumulation.
 #include <cublas_v2.h>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,32 @@ absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
     beta = 1.0f;
   }
   const float alpha = 1.0f;
+  if (MatMulNativeBf16(p)) {
+    // x rounded to bf16, packed: one conversion when its rows are contiguous, else per row.
+    auto* xb = static_cast<uint16_t*>(p.workspace);
+    ConvertParams round;
+    round.in_dtype = DType::kF32;
+    round.out_dtype = DType::kBF16;
+    if (p.x_row_stride == p.in_features) {
+      round.in = p.x;
+      round.out = xb;
+      round.n = p.num_rows * p.in_features;
+      PD_RETURN_IF_ERROR(FromCuda(LaunchConvert(round, stream), "x to bf16 launch"));
+    } else {
+      round.n = p.in_features;
+      for (int64_t r = 0; r < p.num_rows; ++r) {
+        round.in = p.x + r * p.x_row_stride;
+        round.out = xb + r * p.in_features;
+        PD_RETURN_IF_ERROR(FromCuda(LaunchConvert(round, stream), "x row to bf16 launch"));
+      }
+    }
+    const GemmCall g = MatMulTile(p, 0);
+    return FromCublas(
+        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, g.m, g.n, g.k, &alpha, p.w, CUDA_R_16BF,
+                     g.lda, xb, CUDA_R_16BF, g.ldb, &beta, p.y + g.y_offset, CUDA_R_32F, g.ldc,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (bf16)");
+  }
   const int64_t tile = MatMulTileRows(p);
   for (int64_t first = 0; first < p.out_features; first += tile) {
     const GemmCall g = MatMulTile(p, first);

@@ -219,7 +219,13 @@ TEST(CudaOpsTest, MatMulMatchesCpu) {
       p.accumulate = c.accumulate;
       std::vector<float> want = y0;
       MatMulParams cpu = p;
-      cpu.x = x.data();
+      // bf16 weights run natively on the GPU with x rounded to bf16 (launch_config.h): the CPU
+      // reference gets the same rounded x.
+      std::vector<float> x_cpu = x;
+      if (wt == DType::kBF16) {
+        for (float& v : x_cpu) v = Bf16ToF32(F32ToBf16(v));
+      }
+      cpu.x = x_cpu.data();
       cpu.w = w.data();
       cpu.bias = c.bias ? bias.data() : nullptr;
       cpu.y = want.data();

@@ -44,7 +44,7 @@ int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p) {
       return cpu::MatMulWorkspaceBytes(ctx, p);
     case Device::kCuda:
 #if PD_WITH_CUDA
-      return cuda::MatMulWorkspaceBytes(p);  // device memory: one widened weight tile
+      return cuda::MatMulWorkspaceBytes(p);  // device memory: x in bf16, or a widened tile
 #else
       return 0;
 #endif
