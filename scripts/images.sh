@@ -131,12 +131,12 @@ mkdir -p "$cache/base" "$cache/ccache"
 
 start=$SECONDS
 step() { log "$* (+$((SECONDS - start)) s)"; }
-# Bounded: every long step runs under `timeout` (--step-timeout).
+# Bounded: every long step runs under `timeout` (--step-timeout); callers die on failure.
 bounded() {
   local rc=0
   timeout --kill-after=30 "$step_timeout" "$@" || rc=$?
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-    die "timed out after ${step_timeout} s: $*"
+    log "timed out after ${step_timeout} s: $*"
   fi
   return "$rc"
 }
@@ -287,7 +287,7 @@ make_cuda_images() {
   cp -a "$lib"/libnccl.so* "$mnt/usr/lib/x86_64-linux-gnu/"
   buildah umount "$ctr" >/dev/null
   buildah config --label "io.pdserve.note=files of this machine's $CUDA_ROOT, not NVIDIA's image" "$ctr"
-  bounded buildah commit --quiet --rm "$ctr" "$cuda_devel_image" >/dev/null
+  bounded buildah commit --quiet --rm "$ctr" "$cuda_devel_image" >/dev/null || die "buildah commit $cuda_devel_image"
   containers=("${containers[@]/$ctr/}")
   step "CUDA runtime files: libcudart, libcublas, libcublasLt, libnccl -> $cuda_runtime_image"
   ctr=$(buildah from scratch)
@@ -299,7 +299,7 @@ make_cuda_images() {
   cp -a "$lib"/libnccl.so.2* "$mnt/usr/lib/x86_64-linux-gnu/"
   buildah umount "$ctr" >/dev/null
   buildah config --label "io.pdserve.note=files of this machine's $CUDA_ROOT, not NVIDIA's image" "$ctr"
-  bounded buildah commit --quiet --rm "$ctr" "$cuda_runtime_image" >/dev/null
+  bounded buildah commit --quiet --rm "$ctr" "$cuda_runtime_image" >/dev/null || die "buildah commit $cuda_runtime_image"
   containers=("${containers[@]/$ctr/}")
   step "CUDA file images took $((SECONDS - t)) s"
 }
@@ -322,16 +322,23 @@ bud() {  # bud NAME INPUTS --build-arg ...
     step "$image is up to date (inputs $key)"
     return
   fi
-  local old vol=() t=$SECONDS
+  local old before vol=() t=$SECONDS
   old=$(image_id "$image" || true)
+  before=$(buildah containers -q 2>/dev/null | sort)
   if [ "$use_ccache" = 1 ] && [ "$name" != build ]; then
     vol=(--volume "$cache/ccache:/ccache")
   fi
   step "buildah bud $file -> $image (inputs $key)"
   bounded buildah bud --isolation chroot --pull=never --label "io.pdserve.inputs=$key" \
     "${vol[@]}" --build-arg "CMAKE_BUILD_PARALLEL_LEVEL=$jobs" "$@" \
-    -f "$PD_ROOT/$file" -t "$image" "$PD_ROOT" ||
+    -f "$PD_ROOT/$file" -t "$image" "$PD_ROOT" || {
+    # A failed or killed bud leaves its stages' working containers behind: remove the new ones.
+    local c
+    for c in $(comm -13 <(echo "$before") <(buildah containers -q 2>/dev/null | sort)); do
+      buildah rm "$c" >/dev/null 2>&1 || true
+    done
     die "buildah bud $file failed (its output is above)"
+  }
   step "$image built in $((SECONDS - t)) s"
   # The previous image under this tag is now unnamed: drop it (unless a container uses it).
   if [ -n "$old" ] && [ "$old" != "$(image_id "$image")" ]; then
