@@ -148,17 +148,33 @@ image_label() {  # image_label IMAGE KEY
 }
 sha() { sha256sum | cut -c1-16; }
 
-# Working containers this script made, removed on any exit (their mounts with them).
+# Working containers this script made, removed on any exit (their mounts with them). A failed
+# or killed buildah bud leaves its stages' containers behind, each holding a multi-GB image:
+# on failure, every container that appeared during this run goes too.
 containers=()
+containers_before=$(buildah containers -q 2>/dev/null | sort)
 cleanup() {
-  local c
+  local rc=$? c
   for c in "${containers[@]}"; do
+    [ -n "$c" ] || continue
     buildah umount "$c" >/dev/null 2>&1 || true
     buildah rm "$c" >/dev/null 2>&1 || true
   done
-  if [ -n "${rootfs_tmp:-}" ] && [ -d "$rootfs_tmp" ]; then rm -rf "$rootfs_tmp"; fi
+  if [ "$rc" -ne 0 ]; then
+    for c in $(comm -13 <(echo "$containers_before") <(buildah containers -q 2>/dev/null | sort)); do
+      buildah rm "$c" >/dev/null 2>&1 || true
+    done
+  fi
+  if [ -n "${rootfs_tmp:-}" ] && [ -d "$rootfs_tmp" ]; then
+    # A killed debootstrap leaves /proc and /sys mounted in its target: unmount before removing.
+    awk -v r="$rootfs_tmp/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r |
+      while read -r m; do umount -l "$m" 2>/dev/null || true; done
+    rm -rf --one-file-system "$rootfs_tmp"
+  fi
 }
 trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # Removes the other tags of a local repository (old cache keys): stale copies cost gigabytes.
 drop_stale() {  # drop_stale REPO KEEP_IMAGE...
@@ -322,23 +338,16 @@ bud() {  # bud NAME INPUTS --build-arg ...
     step "$image is up to date (inputs $key)"
     return
   fi
-  local old before vol=() t=$SECONDS
+  local old vol=() t=$SECONDS
   old=$(image_id "$image" || true)
-  before=$(buildah containers -q 2>/dev/null | sort)
   if [ "$use_ccache" = 1 ] && [ "$name" != build ]; then
     vol=(--volume "$cache/ccache:/ccache")
   fi
   step "buildah bud $file -> $image (inputs $key)"
   bounded buildah bud --isolation chroot --pull=never --label "io.pdserve.inputs=$key" \
     "${vol[@]}" --build-arg "CMAKE_BUILD_PARALLEL_LEVEL=$jobs" "$@" \
-    -f "$PD_ROOT/$file" -t "$image" "$PD_ROOT" || {
-    # A failed or killed bud leaves its stages' working containers behind: remove the new ones.
-    local c
-    for c in $(comm -13 <(echo "$before") <(buildah containers -q 2>/dev/null | sort)); do
-      buildah rm "$c" >/dev/null 2>&1 || true
-    done
+    -f "$PD_ROOT/$file" -t "$image" "$PD_ROOT" ||
     die "buildah bud $file failed (its output is above)"
-  }
   step "$image built in $((SECONDS - t)) s"
   # The previous image under this tag is now unnamed: drop it (unless a container uses it).
   if [ -n "$old" ] && [ "$old" != "$(image_id "$image")" ]; then
