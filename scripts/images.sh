@@ -334,12 +334,15 @@ bud() {  # bud NAME INPUTS --build-arg ...
   local image=${image_of[$name]} file=${dockerfile_of[$name]}
   local key
   key=$(printf '%s\n' "$inputs" "$@" | sha)
-  if [ "$force" = 0 ] && image_exists "$image" && [ "$(image_label "$image" io.pdserve.inputs)" = "$key" ]; then
+  local forced=0
+  if [ "$force" = 1 ] && [ -n "${want[$name]:-}" ]; then forced=1; fi
+  if [ "$forced" = 0 ] && image_exists "$image" && [ "$(image_label "$image" io.pdserve.inputs)" = "$key" ]; then
     step "$image is up to date (inputs $key)"
     return
   fi
-  local old vol=() t=$SECONDS
+  local old before vol=() t=$SECONDS
   old=$(image_id "$image" || true)
+  before=$(buildah containers -q 2>/dev/null | sort)
   if [ "$use_ccache" = 1 ] && [ "$name" != build ]; then
     vol=(--volume "$cache/ccache:/ccache")
   fi
@@ -348,6 +351,12 @@ bud() {  # bud NAME INPUTS --build-arg ...
     "${vol[@]}" --build-arg "CMAKE_BUILD_PARALLEL_LEVEL=$jobs" "$@" \
     -f "$PD_ROOT/$file" -t "$image" "$PD_ROOT" ||
     die "buildah bud $file failed (its output is above)"
+  # buildah 1.28 keeps (mounted) the container of a stage that is only a FROM used by COPY
+  # --from (the "cuda" stages), even after a successful build: remove what this bud left.
+  local c
+  for c in $(comm -13 <(echo "$before") <(buildah containers -q 2>/dev/null | sort)); do
+    buildah rm "$c" >/dev/null 2>&1 || true
+  done
   step "$image built in $((SECONDS - t)) s"
   # The previous image under this tag is now unnamed: drop it (unless a container uses it).
   if [ -n "$old" ] && [ "$old" != "$(image_id "$image")" ]; then
