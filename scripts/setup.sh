@@ -31,6 +31,7 @@ PD_PACKAGES=(
   python3-torch python3-numpy    # the PyTorch oracle (tests/reference), only under /usr/bin/python3
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
     golang-github-xeipuuv-gojsonschema-dev  # tests/deploy chart check (Go, offline)
+  debootstrap buildah            # scripts/images.sh and the slow deploy_image_runtime test
 )
 
 pd_log() { printf '[pdserve] %s\n' "$*" >&2; }

@@ -17,9 +17,10 @@ RUN bash -c 'source /opt/pdserve/scripts/setup.sh && pd_install_packages' \
  && rm -rf /var/lib/apt/lists/*
 # The CUDA toolkit is relocatable (NVIDIA builds it against an old glibc); NCCL comes from the
 # same image's libnccl-dev and goes beside it, as on the machines CMake's NCCL lookup expects.
-# (Destinations are the real directories: include/ and lib64/ are links to targets/.)
+# (Destinations are the real directories: include/ and lib64/ are links to targets/.) The header
+# glob: NCCL 2.28 ships nccl.h and nccl_device.h, older releases nccl.h and nccl_net.h.
 COPY --from=cuda /usr/local/cuda-13.0 /usr/local/cuda-13.0
-COPY --from=cuda /usr/include/nccl.h /usr/include/nccl_net.h /usr/local/cuda-13.0/targets/x86_64-linux/include/
+COPY --from=cuda /usr/include/nccl*.h /usr/local/cuda-13.0/targets/x86_64-linux/include/
 COPY --from=cuda /usr/lib/x86_64-linux-gnu/libnccl.so.2* /usr/local/cuda-13.0/targets/x86_64-linux/lib/
 RUN ln -s cuda-13.0 /usr/local/cuda \
  && ln -s libnccl.so.2 /usr/local/cuda-13.0/targets/x86_64-linux/lib/libnccl.so \

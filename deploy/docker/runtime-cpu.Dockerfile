@@ -7,7 +7,11 @@ ARG DEBIAN_IMAGE=debian:bookworm-20251229-slim
 
 FROM ${BUILD_IMAGE} AS build
 COPY . /src
-RUN cmake -S /src -B /src/build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# Only for local builds (scripts/images.sh): a compiler cache mounted at /ccache (buildah bud
+# --volume) and the compile parallelism; a plain docker build has neither and compiles afresh.
+ARG CMAKE_BUILD_PARALLEL_LEVEL
+RUN if [ -d /ccache ]; then export CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1; fi \
+ && cmake -S /src -B /src/build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DPD_ENABLE_CUDA=OFF -DPD_BUILD_TESTS=OFF \
  && cmake --build /src/build --target pd-router pd-worker pd-tierd pd-client pd-loadtest
 

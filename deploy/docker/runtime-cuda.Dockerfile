@@ -9,7 +9,11 @@ ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:13.0.2-runtime-ubuntu24.04
 
 FROM ${BUILD_IMAGE} AS build
 COPY . /src
-RUN cmake -S /src -B /src/build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# Only for local builds (scripts/images.sh): a compiler cache mounted at /ccache (buildah bud
+# --volume) and the compile parallelism; a plain docker build has neither and compiles afresh.
+ARG CMAKE_BUILD_PARALLEL_LEVEL
+RUN if [ -d /ccache ]; then export CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1; fi \
+ && cmake -S /src -B /src/build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DPD_ENABLE_CUDA=ON -DPD_ENABLE_NCCL=ON \
       -DPD_BUILD_TESTS=OFF \
  && cmake --build /src/build --target pd-router pd-worker pd-tierd pd-client pd-loadtest

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ctest deploy_chart_check: builds tests/deploy/chartcheck (Go, Debian's GOPATH sources, offline)
 # and runs it: the Dockerfiles, the Grafana dashboard, the Helm chart rendered with each values
-# file (default, ci/cpu, ci/gpu, ci/external-redis, ci/minimal) against the binaries' real --help, and every
-# broken input under testdata/ must fail with its expected message.
+# file (default, ci/cpu, ci/gpu, ci/external-redis, ci/minimal) against the binaries' real --help
+# and against the images scripts/images.sh builds (`--list`: repository and tag must match), and
+# every broken input under testdata/ must fail with its expected message.
 #
 # usage: chart_check_test.sh --source-dir DIR --build-dir DIR --bin NAME=PATH...
 set -uo pipefail
@@ -35,6 +36,15 @@ if ! (cd "$src/tests/deploy/chartcheck" &&
 fi
 cc="$out/chartcheck"
 chart="$src/helm/pdserve"
+
+# Every image the chart names is one scripts/images.sh builds, except the bundled Redis, which the
+# chart takes from Docker Hub's official redis image (images.sh does not rebuild third-party images).
+if ! bash "$src/scripts/images.sh" --list > "$out/images.list" 2> "$out/images.err"; then
+  echo "FAIL: scripts/images.sh --list:"
+  cat "$out/images.err"
+  exit 1
+fi
+images=(--images "$out/images.list" --external-image redis)
 
 # Strictness follows the source tree: until pd-worker defines --tierd_address, the chart's use
 # of it is allowed and printed as PENDING; once it does, an unknown flag fails as any other.
@@ -75,10 +85,11 @@ run_case() {  # run_case NAME EXPECT(ok|"substring") CMD...
 run_case docker ok "$cc" docker --dir "$src/deploy/docker" --setup "$src/scripts/setup.sh" --build-dir "$build"
 run_case dashboard ok "$cc" dashboard --file "$chart/dashboards/pdserve.json" --src "$src/services"
 run_case values-doc ok "$cc" values-doc --values "$chart/values.yaml" --doc "$src/docs/deploy.md"
-run_case chart-default ok "$cc" chart --chart "$chart" "${bins[@]}" "${strict[@]}" --out "$out/default.yaml"
+run_case chart-default ok "$cc" chart --chart "$chart" "${bins[@]}" "${strict[@]}" "${images[@]}" \
+  --out "$out/default.yaml"
 for v in cpu gpu external-redis minimal; do
   run_case "chart-$v" ok "$cc" chart --chart "$chart" --values "$chart/ci/$v-values.yaml" \
-    "${bins[@]}" "${strict[@]}" --out "$out/$v.yaml"
+    "${bins[@]}" "${strict[@]}" "${images[@]}" --out "$out/$v.yaml"
 done
 
 # Every broken values file fails with the message its "# expect:" line names.
@@ -86,7 +97,7 @@ for f in "$src"/tests/deploy/testdata/broken-*.yaml; do
   expect=$(sed -n 's/^# expect: //p' "$f" | head -1)
   [ -n "$expect" ] || { failed=$((failed + 1)); echo "FAIL $f has no '# expect:' line"; continue; }
   run_case "$(basename "$f" .yaml)" "$expect" "$cc" chart --chart "$chart" --values "$f" \
-    "${bins[@]}" "${strict[@]}"
+    "${bins[@]}" "${strict[@]}" "${images[@]}"
 done
 run_case docker-bad-base 'FROM debian:bookworm-slim: tag "bookworm-slim" floats' \
   "$cc" docker --dir "$src/tests/deploy/testdata/docker-bad" --setup "$src/scripts/setup.sh" --build-dir "$build"

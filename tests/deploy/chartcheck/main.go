@@ -3,6 +3,7 @@
 //
 //	chartcheck chart --chart DIR [--values FILE]... --bin NAME=PATH... [--allow-missing-bin NAME]
 //	                 [--pending-flag BIN:FLAG] [--assume-exists Kind/name] [--out FILE]
+//	                 [--images FILE [--external-image REPOSITORY]...]
 //	chartcheck docker --dir deploy/docker --setup scripts/setup.sh --build-dir BUILD
 //	chartcheck dashboard --file helm/pdserve/dashboards/pdserve.json --src services
 //	chartcheck values-doc --values helm/pdserve/values.yaml --doc docs/deploy.md
@@ -51,7 +52,9 @@ func runChart(argv []string) int {
 	out := fs.String("out", "", "write the rendered manifests here")
 	release := fs.String("release", "pdserve", "release name")
 	namespace := fs.String("namespace", "pdserve", "release namespace")
-	var values, bins, allowMissing, pending, assumed listFlag
+	imagesFile := fs.String("images", "", "`scripts/images.sh --list` output: every image the chart names must be one of them")
+	var values, bins, allowMissing, pending, assumed, external listFlag
+	fs.Var(&external, "external-image", "repository of an image that scripts/images.sh does not build (third party)")
 	fs.Var(&values, "values", "values file (repeatable, merged in order over values.yaml)")
 	fs.Var(&bins, "bin", "NAME=PATH of a binary whose --help gives the flags (repeatable)")
 	fs.Var(&allowMissing, "allow-missing-bin", "binary that may be unbuilt: its flags are NOT checked")
@@ -72,6 +75,18 @@ func runChart(argv []string) int {
 	}
 	for _, a := range assumed {
 		c.assumed[a] = true
+	}
+	if *imagesFile != "" {
+		built, err := readImageList(*imagesFile)
+		if err != nil {
+			fmt.Printf("FAIL: %s: %v\n", label, err)
+			return 1
+		}
+		c.builtImages = built
+		c.externalRepos = map[string]bool{}
+		for _, r := range external {
+			c.externalRepos[r] = true
+		}
 	}
 	missingOK := map[string]bool{}
 	for _, b := range allowMissing {
@@ -135,6 +150,10 @@ func runChart(argv []string) int {
 		}
 		return 1
 	}
-	fmt.Printf("OK: %s: %d objects %v, all references resolve, flags match --help\n", label, len(c.objects), kinds)
+	images := ""
+	if c.builtImages != nil {
+		images = ", images are scripts/images.sh's"
+	}
+	fmt.Printf("OK: %s: %d objects %v, all references resolve, flags match --help%s\n", label, len(c.objects), kinds, images)
 	return 0
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"math/big"
+	"os"
 	"path"
 	"regexp"
 	"sort"
@@ -34,6 +35,10 @@ type checker struct {
 	pending  map[string]bool                // "pd-worker:tierd_address": allowed while unbuilt
 	assumed  map[string]bool                // Kind/name that exist outside the chart
 	usedPend map[string]bool
+	// builtImages: image -> the scripts/images.sh entry building it (nil: not checked);
+	// externalRepos: third-party repositories the chart may name besides them.
+	builtImages   map[string]string
+	externalRepos map[string]bool
 }
 
 var kindAPI = map[string]string{
@@ -396,6 +401,8 @@ func (c *checker) checkContainer(o *object, ct map[string]interface{}, volumes m
 		c.errorf(o, "%sno image", where)
 	} else if msg := imagePinProblem(image); msg != "" {
 		c.errorf(o, "%simage %s: %s", where, image, msg)
+	} else if msg := c.imageBuildProblem(image); msg != "" {
+		c.errorf(o, "%simage %s %s", where, image, msg)
 	}
 	// Ports.
 	portNames := map[string]bool{}
@@ -520,6 +527,54 @@ func (c *checker) checkContainer(o *object, ct map[string]interface{}, volumes m
 			c.checkFlags(o, ct, where, bin, args[1:], mounts, volumes)
 		}
 	}
+}
+
+// imageBuildProblem: with --images, every image is one scripts/images.sh builds (same
+// repository and tag) or comes from a repository declared external.
+func (c *checker) imageBuildProblem(image string) string {
+	if c.builtImages == nil {
+		return ""
+	}
+	if _, ok := c.builtImages[image]; ok {
+		return ""
+	}
+	repo := image
+	if i := strings.LastIndex(image, ":"); i > strings.LastIndex(image, "/") {
+		repo = image[:i]
+	}
+	if c.externalRepos[repo] {
+		return ""
+	}
+	var names []string
+	for im := range c.builtImages {
+		names = append(names, im)
+	}
+	sort.Strings(names)
+	return fmt.Sprintf("is not built by scripts/images.sh (it builds %s); fix image.repository/image.tag or the script's image list",
+		strings.Join(names, ", "))
+}
+
+// readImageList: `scripts/images.sh --list` lines, "NAME IMAGE DOCKERFILE".
+func readImageList(file string) (map[string]string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	images := map[string]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) != 3 {
+			return nil, fmt.Errorf("%s: want \"NAME IMAGE DOCKERFILE\", got %q", file, line)
+		}
+		images[f[1]] = f[0]
+	}
+	if len(images) == 0 {
+		return nil, fmt.Errorf("%s: no images (scripts/images.sh --list printed nothing)", file)
+	}
+	return images, nil
 }
 
 // imagePinProblem: images carry an explicit tag that is not "latest" (or a digest).
