@@ -61,6 +61,11 @@ options:
   --force            rebuild the named images even when their inputs did not change
   --step-timeout S   limit for each step in seconds (default: 3600)
   --no-install       fail instead of installing missing Debian packages (debootstrap, buildah)
+  --prebuilt DIR     runtime-cpu only: take the five binaries from the CPU-only build tree DIR
+                     (cmake -DPD_ENABLE_CUDA=OFF; DIR/services/worker/pd-worker, ...) instead of
+                     compiling them in the build image: BUILD_IMAGE is then the base with the
+                     binaries and the /src/build/PREBUILT marker, which makes the Dockerfile skip
+                     its compile. No build image or CUDA files needed. The image test uses it.
   -h, --help         this text
 
 Progress lines start with [images]; buildah's own output follows each build step.
@@ -71,6 +76,7 @@ log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] error: %s\n' "$*" >&2; exit 1; }
 
 only="" list=0 jobs=$(nproc) use_ccache=1 refresh_base=0 force=0 install=1 step_timeout=3600
+prebuilt=""
 cache="${PD_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pdserve/images}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -83,6 +89,7 @@ while [ $# -gt 0 ]; do
     --force) force=1; shift ;;
     --step-timeout) [ $# -ge 2 ] || die "--step-timeout needs a value"; step_timeout=$2; shift 2 ;;
     --no-install) install=0; shift ;;
+    --prebuilt) [ $# -ge 2 ] || die "--prebuilt needs a value"; prebuilt=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -112,6 +119,21 @@ for n in "${names[@]}"; do
   want[$n]=1
 done
 need_cuda=1   # the build image carries the toolkit (COPY --from the CUDA devel image)
+# The binaries of the CPU image, as the build image's cmake lays them out under /src/build.
+PREBUILT_BINS=(services/router/pd-router services/worker/pd-worker services/tierd/pd-tierd
+  services/client/pd-client loadtest/pd-loadtest)
+if [ -n "$prebuilt" ]; then
+  [ "${names[*]}" = runtime-cpu ] || die "--prebuilt builds only runtime-cpu: add --only runtime-cpu"
+  [ -d "$prebuilt" ] || die "--prebuilt $prebuilt: not a directory"
+  prebuilt=$(cd "$prebuilt" && pwd)
+  for b in "${PREBUILT_BINS[@]}"; do
+    [ -x "$prebuilt/$b" ] || die "--prebuilt: $prebuilt/$b is missing (cmake --build $prebuilt --target $(basename "$b"))"
+    if ldd "$prebuilt/$b" 2>/dev/null | grep -qE 'libcudart|libcublas|libnccl'; then
+      die "--prebuilt: $prebuilt/$b links CUDA libraries: the CPU image needs a build configured with -DPD_ENABLE_CUDA=OFF"
+    fi
+  done
+  need_cuda=0
+fi
 
 # ---- tools -----------------------------------------------------------------------------------
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, buildah's system storage); run with sudo"
@@ -363,6 +385,35 @@ bud() {  # bud NAME INPUTS --build-arg ...
     buildah rmi "$old" >/dev/null 2>&1 || true
   fi
 }
+
+if [ -n "$prebuilt" ]; then
+  # The build stage's image: the base with the five binaries under /src/build and the marker
+  # that makes runtime-cpu.Dockerfile skip its compile (a registry build image never has it).
+  key=$( (cd "$prebuilt" && sha256sum "${PREBUILT_BINS[@]}"; image_id "$base_image") | sha)
+  prebuilt_image="$LOCAL_REPO/prebuilt-cpu:$key"
+  if image_exists "$prebuilt_image"; then
+    step "binaries of $prebuilt: $prebuilt_image (cached)"
+  else
+    step "binaries of $prebuilt -> $prebuilt_image"
+    ctr=$(buildah from --pull=never --quiet "$base_image")
+    containers+=("$ctr")
+    mnt=$(buildah mount "$ctr")
+    for b in "${PREBUILT_BINS[@]}"; do
+      mkdir -p "$mnt/src/build/$(dirname "$b")"
+      cp "$prebuilt/$b" "$mnt/src/build/$b"
+    done
+    echo "compiled outside the image in $prebuilt (scripts/images.sh --prebuilt)" > "$mnt/src/build/PREBUILT"
+    buildah umount "$ctr" >/dev/null
+    bounded buildah commit --quiet --rm "$ctr" "$prebuilt_image" >/dev/null || die "buildah commit $prebuilt_image"
+    containers=("${containers[@]/$ctr/}")
+  fi
+  bud runtime-cpu "prebuilt $(context_hash)$(image_id "$prebuilt_image")$(image_id "$base_image")" \
+    --build-arg "BUILD_IMAGE=$prebuilt_image" --build-arg "DEBIAN_IMAGE=$base_image"
+  drop_stale "$LOCAL_REPO/debian" "$base_image"
+  drop_stale "$LOCAL_REPO/prebuilt-cpu" "$prebuilt_image"
+  step "done: ${image_of[runtime-cpu]} (buildah images)"
+  exit 0
+fi
 
 build_image=${image_of[build]}
 bud build "$(cat "$PD_ROOT/deploy/docker/build.Dockerfile" "$PD_ROOT/scripts/setup.sh" \

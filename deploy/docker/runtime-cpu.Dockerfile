@@ -10,10 +10,16 @@ COPY . /src
 # Only for local builds (scripts/images.sh): a compiler cache mounted at /ccache (buildah bud
 # --volume) and the compile parallelism; a plain docker build has neither and compiles afresh.
 ARG CMAKE_BUILD_PARALLEL_LEVEL
-RUN if [ -d /ccache ]; then export CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1; fi \
- && cmake -S /src -B /src/build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DPD_ENABLE_CUDA=OFF -DPD_BUILD_TESTS=OFF \
- && cmake --build /src/build --target pd-router pd-worker pd-tierd pd-client pd-loadtest
+# A BUILD_IMAGE that already holds the five binaries under /src/build with the marker
+# /src/build/PREBUILT (scripts/images.sh --prebuilt: compiled CPU-only on a Debian 12 machine with
+# the same packages; the image test uses it) skips the compile; the build image never has it.
+RUN if [ -f /src/build/PREBUILT ]; then echo "prebuilt binaries: $(cat /src/build/PREBUILT)"; \
+    else \
+      if [ -d /ccache ]; then export CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1; fi \
+      && cmake -S /src -B /src/build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           -DPD_ENABLE_CUDA=OFF -DPD_BUILD_TESTS=OFF \
+      && cmake --build /src/build --target pd-router pd-worker pd-tierd pd-client pd-loadtest ; \
+    fi
 
 FROM ${DEBIAN_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive

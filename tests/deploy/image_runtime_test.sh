@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# ctest deploy_image_runtime (label slow): builds the CPU runtime image with scripts/images.sh
-# (the tag the Helm chart names; base, build image and ccache reused when cached) and checks it
-# from the inside, as the chart will run it:
+# ctest deploy_image_runtime (label slow): builds the CPU runtime image (the tag the Helm chart
+# names) and checks it from the inside, as the chart will run it. By default the five binaries are
+# compiled CPU-only beside the test's build tree (ccache makes that a minute or two after the
+# main build) and scripts/images.sh --prebuilt builds runtime-cpu.Dockerfile around them (its
+# build stage skips the compile for a BUILD_IMAGE carrying them with the /src/build/PREBUILT
+# marker; the runtime stage -- Debian base, packages, user, paths -- is what a registry user's
+# `docker build` gets; only where the binaries were compiled differs). --compile-in-image builds
+# the way a registry user does, compiling in the build image (~45 min cold on 2 cores). Checks:
 #   - every binary in /usr/local/bin starts (--help prints its usage);
 #   - commands run as the image's unprivileged USER 65532 (`id -u` inside);
 #   - ldd finds every shared library of the binaries and of UCX's transport modules (loaded with
@@ -19,17 +24,16 @@
 # the mounts it made are unmounted and checked gone, the working container is removed.
 #
 # Skips (77) only where the machine cannot do it at all: not root (buildah's system storage,
-# chroot). In CI (CI=true) that is a failure instead. Bounded: the image build by
-# --build-timeout (default 1200 s: enough for a warm machine many times over; a cold one needs
-# ~45 min once, and what a timed-out run built stays cached for the next), every later step by
-# its own timeout.
+# chroot). In CI (CI=true) that is a failure instead. Bounded: the CPU-only compile and the image
+# build each by --build-timeout (default 1200 s; a cold machine debootstraps the base once, ~2
+# min), every later step by its own timeout.
 #
 # usage: image_runtime_test.sh --source-dir DIR --build-dir DIR --model FILE --tokenizer FILE
-#          [--build-timeout S] [--no-build] [--keep-logs]
+#          [--build-timeout S] [--no-build] [--compile-in-image] [--keep-logs]
 # --no-build: check the image as it is (no scripts/images.sh run), e.g. while changing this test.
 set -uo pipefail
 
-src="" build="" model="" tokenizer="" keep=0 build_timeout=1200 no_build=0
+src="" build="" model="" tokenizer="" keep=0 build_timeout=1200 no_build=0 compile_in_image=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --source-dir) src=$2; shift 2 ;;
@@ -38,12 +42,13 @@ while [ $# -gt 0 ]; do
     --tokenizer) tokenizer=$2; shift 2 ;;
     --build-timeout) build_timeout=$2; shift 2 ;;
     --no-build) no_build=1; shift ;;
+    --compile-in-image) compile_in_image=1; shift ;;
     --keep-logs) keep=1; shift ;;
     *) echo "image_runtime_test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 if [ -z "$src" ] || [ -z "$build" ] || [ -z "$model" ] || [ -z "$tokenizer" ]; then
-  echo "usage: $0 --source-dir DIR --build-dir DIR --model FILE --tokenizer FILE [--build-timeout S] [--no-build] [--keep-logs]" >&2
+  echo "usage: $0 --source-dir DIR --build-dir DIR --model FILE --tokenizer FILE [--build-timeout S] [--no-build] [--compile-in-image] [--keep-logs]" >&2
   exit 2
 fi
 
@@ -117,7 +122,7 @@ trap 'exit 130' INT TERM
 t=$SECONDS
 if [ "$no_build" = 1 ]; then
   log "--no-build: checking $image as it is"
-else
+elif [ "$compile_in_image" = 1 ]; then
   log "building $image with scripts/images.sh --only runtime-cpu (log: $run/images.log)"
   timeout --kill-after=30 "$build_timeout" bash "$src/scripts/images.sh" --only runtime-cpu \
     --step-timeout "$build_timeout" > "$run/images.log" 2>&1
@@ -125,6 +130,33 @@ else
   grep '^\[images\]' "$run/images.log" | sed 's/^/    /'
   [ "$rc" -ne 124 ] || fail "scripts/images.sh did not finish within $build_timeout s: a cold machine (no cached base, build image or ccache) needs ~45 min once; what it built is kept, so run the test again or warm up with: scripts/images.sh --only runtime-cpu"
   [ "$rc" -eq 0 ] || fail "scripts/images.sh --only runtime-cpu (exit $rc)"
+else
+  # The five binaries compiled CPU-only on this machine, beside the test's own build tree (same
+  # depth, same compiler flags: ccache serves all but the few files that read build_config.h),
+  # then runtime-cpu.Dockerfile around them (scripts/images.sh --prebuilt).
+  cpu_build="${build%/}-image-cpu"
+  # As scripts/setup.sh sets them for the main build, so that the objects are shared.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$src}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+  cache_var() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt" 2>/dev/null; }
+  build_type=$(cache_var CMAKE_BUILD_TYPE)
+  werror=$(cache_var PD_WERROR)
+  log "compiling the CPU-only binaries in $cpu_build (log: $run/cpu-build.log)"
+  # shellcheck disable=SC2016  # $1..$4 expand in the inner bash
+  if ! timeout --kill-after=30 "$build_timeout" bash -c '
+      cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE="$3" -DPD_WERROR="$4" \
+        -DPD_ENABLE_CUDA=OFF -DPD_BUILD_TESTS=OFF &&
+      cmake --build "$2" --target pd-router pd-worker pd-tierd pd-client pd-loadtest' _ \
+      "$src" "$cpu_build" "${build_type:-RelWithDebInfo}" "${werror:-OFF}" \
+      > "$run/cpu-build.log" 2>&1; then
+    fail "the CPU-only build in $cpu_build failed or took over $build_timeout s: $(tail -n 5 "$run/cpu-build.log")"
+  fi
+  log "building $image around them: scripts/images.sh --only runtime-cpu --prebuilt (log: $run/images.log)"
+  timeout --kill-after=30 "$build_timeout" bash "$src/scripts/images.sh" --only runtime-cpu \
+    --prebuilt "$cpu_build" --step-timeout "$build_timeout" > "$run/images.log" 2>&1
+  rc=$?
+  grep '^\[images\]' "$run/images.log" | sed 's/^/    /'
+  [ "$rc" -ne 124 ] || fail "scripts/images.sh did not finish within $build_timeout s"
+  [ "$rc" -eq 0 ] || fail "scripts/images.sh --only runtime-cpu --prebuilt (exit $rc)"
 fi
 log "image ready in $((SECONDS - t)) s"
 
