@@ -763,20 +763,36 @@ void HostSgemmTN(int m, int n, int k, const float* a, int lda, const float* b, i
   }
 }
 
+// 3 rows of x (stride 6) by 5 inputs into 7 outputs (y stride 9): padding on both sides.
+MatMulParams SmallMatMul(bool accumulate, DType w_dtype) {
+  MatMulParams p;
+  p.num_rows = 3;
+  p.in_features = 5;
+  p.out_features = 7;
+  p.x_row_stride = 6;
+  p.y_row_stride = 9;
+  p.accumulate = accumulate;
+  p.w_dtype = w_dtype;
+  return p;
+}
+
+// The bias step of the cuBLAS MatMul path: LaunchBiasInit's grid-stride items over y.
+void EmulateBiasInit(const MatMulParams& p, const std::vector<float>& bias, std::vector<float>* y) {
+  const int64_t items = p.num_rows * p.out_features;
+  ForEachGridStrideItem(ElementwiseLaunch(items), items, [&](int64_t i) {
+    const RowCol rc = RowColAt(i, p.out_features);
+    float& v = (*y)[rc.row * p.y_row_stride + rc.col];
+    v = (p.accumulate ? v : 0.0f) + bias[rc.col];
+  });
+}
+
 // The cuBLAS MatMul path emulated with its GemmCall tiles: bias step, then per tile the f16
 // weight rows widened to f32 and a column-major sgemm(T, N) with beta = 1, as
 // matmul_cublas.cc does. A small tile budget makes 4 tiles of 2, 2, 2 and 1 rows.
 TEST(CudaLaunchTest, MatMulGemmMappingMatchesReference) {
   std::mt19937 rng(9);
   for (bool accumulate : {false, true}) {
-    MatMulParams p;
-    p.num_rows = 3;
-    p.in_features = 5;
-    p.out_features = 7;
-    p.x_row_stride = 6;
-    p.y_row_stride = 9;
-    p.accumulate = accumulate;
-    p.w_dtype = DType::kF16;
+    MatMulParams p = SmallMatMul(accumulate, DType::kF16);
     std::vector<float> x = Random(p.num_rows * p.x_row_stride, rng);
     std::vector<uint16_t> w(p.out_features * p.in_features);
     std::vector<float> wf = Random(p.out_features * p.in_features, rng);
@@ -791,13 +807,7 @@ TEST(CudaLaunchTest, MatMulGemmMappingMatchesReference) {
     p.bias = bias.data();
     p.y = want.data();
     reference::MatMul(p);
-    // The bias kernel's grid-stride items (LaunchBiasInit).
-    const int64_t bias_items = p.num_rows * p.out_features;
-    ForEachGridStrideItem(ElementwiseLaunch(bias_items), bias_items, [&](int64_t i) {
-      const RowCol rc = RowColAt(i, p.out_features);
-      float& y = got[rc.row * p.y_row_stride + rc.col];
-      y = (accumulate ? y : 0.0f) + bias[rc.col];
-    });
+    EmulateBiasInit(p, bias, &got);
     const int64_t tile_bytes = 2 * p.in_features * 4;
     const int64_t tile = MatMulTileRows(p, tile_bytes);
     ASSERT_EQ(tile, 2);
@@ -828,14 +838,7 @@ TEST(CudaLaunchTest, MatMulGemmMappingMatchesReference) {
 TEST(CudaLaunchTest, MatMulNativeBf16MappingMatchesReferenceOnRoundedX) {
   std::mt19937 rng(10);
   for (bool accumulate : {false, true}) {
-    MatMulParams p;
-    p.num_rows = 3;
-    p.in_features = 5;
-    p.out_features = 7;
-    p.x_row_stride = 6;
-    p.y_row_stride = 9;
-    p.accumulate = accumulate;
-    p.w_dtype = DType::kBF16;
+    MatMulParams p = SmallMatMul(accumulate, DType::kBF16);
     std::vector<float> x = Random(p.num_rows * p.x_row_stride, rng);
     std::vector<uint16_t> w(p.out_features * p.in_features);
     for (uint16_t& v : w) v = F32ToBf16(std::normal_distribution<float>()(rng));
@@ -853,12 +856,7 @@ TEST(CudaLaunchTest, MatMulNativeBf16MappingMatchesReferenceOnRoundedX) {
 
     ASSERT_EQ(MatMulTileRows(p), p.out_features);
     ASSERT_EQ(MatMulWorkspaceBytes(p), p.num_rows * p.in_features * 2);
-    const int64_t bias_items = p.num_rows * p.out_features;
-    ForEachGridStrideItem(ElementwiseLaunch(bias_items), bias_items, [&](int64_t i) {
-      const RowCol rc = RowColAt(i, p.out_features);
-      float& y = got[rc.row * p.y_row_stride + rc.col];
-      y = (accumulate ? y : 0.0f) + bias[rc.col];
-    });
+    EmulateBiasInit(p, bias, &got);
     // The packed bf16 x of the workspace (x rows are strided: one conversion per row).
     std::vector<uint16_t> xb(p.num_rows * p.in_features);
     for (int64_t r = 0; r < p.num_rows; ++r) {

@@ -74,19 +74,12 @@ image=$(bash "$src/scripts/images.sh" --list | awk '$1 == "runtime-cpu" {print $
 run="$build/image-test/run$$"
 mkdir -p "$run"
 
+# shellcheck source=tests/deploy/proc_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/proc_lib.sh"
 pids=() ctr="" mnt="" mounts=()
 cleanup() {
   local rc=$?
-  local pid
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for _ in $(seq 1 50); do
-    local alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 0.2
-  done
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  wait 2>/dev/null
+  stop_pids "${pids[@]}"
   # Our mounts, innermost first; then buildah's own (the container's root).
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
     umount "${mounts[$i]}" 2>/dev/null || umount -l "${mounts[$i]}" 2>/dev/null

@@ -23,6 +23,9 @@
 #   - a trap stops what was started (by pid) and deletes the namespaces on every exit;
 #   - where network namespaces are not permitted, netns_start prints why and exits 77.
 
+# shellcheck source=tests/deploy/proc_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/proc_lib.sh"
+
 skip() { echo "SKIPPED: $*"; exit 77; }
 log() { echo "[$log_tag] $*"; }
 fail() { echo "FAIL: $*"; exit 1; }
@@ -62,15 +65,7 @@ start_in_ns() {  # start_in_ns NODE NAME CMD...: background, log in $run/NAME.lo
 
 netns_cleanup() {
   local rc=$?
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for _ in $(seq 1 50); do
-    local alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 0.2
-  done
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  wait 2>/dev/null
+  stop_pids "${pids[@]}"
   for n in "${made_ns[@]}"; do ip netns del "$n" 2>/dev/null; done
   rm -f /dev/shm/pdserve-"$tag"-*   # a tierd killed before its own clean-up leaves its pool
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
