@@ -61,6 +61,13 @@ absl::string_view DeviceName(kernels::Device device) {
   return device == kernels::Device::kCuda ? "cuda" : "cpu";
 }
 
+DeviceBatchLimits BatchLimitsFor(kernels::Device device) {
+  if (device == kernels::Device::kCuda) {
+    return {2048, 256};
+  }
+  return {256, 32};
+}
+
 namespace {
 
 // Replaces *weights by its int8 quantization; the loaded weights move to *loaded, which the

@@ -76,6 +76,17 @@ absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name);
 // "cpu" or "cuda".
 absl::string_view DeviceName(kernels::Device device);
 
+// The scheduler's batch limits that suit a device (issue #16 item 7), for pd-worker's
+// --max_batch_tokens / --max_running left at 0. CPU: 256 tokens and 32 sequences per step, a
+// step's worth for a few cores. CUDA: 2048 tokens (chunked prefill mixed into decode steps) and
+// 256 sequences: a GPU decode step reads all the weights once, so it needs hundreds of sequences
+// to be worth it.
+struct DeviceBatchLimits {
+  int64_t max_batch_tokens = 0;
+  int64_t max_running = 0;
+};
+DeviceBatchLimits BatchLimitsFor(kernels::Device device);
+
 // The KV layout a worker of this model uses for `block_size`-token blocks of `kv_dtype`.
 // pd-tierd derives its pool geometry from the same function, so a worker's layout and its
 // node's tiers agree by construction.

@@ -12,6 +12,22 @@ namespace {
 
 using ::testing::HasSubstr;
 
+TEST(ModelRuntimeTest, BatchLimitsSuitTheDevice) {
+  const DeviceBatchLimits cpu = BatchLimitsFor(kernels::Device::kCpu);
+  EXPECT_EQ(cpu.max_batch_tokens, 256);
+  EXPECT_EQ(cpu.max_running, 32);
+  const DeviceBatchLimits gpu = BatchLimitsFor(kernels::Device::kCuda);
+  EXPECT_EQ(gpu.max_batch_tokens, 2048);
+  EXPECT_EQ(gpu.max_running, 256);
+  // Both pass the scheduler's own validation as a configuration.
+  for (const DeviceBatchLimits& l : {cpu, gpu}) {
+    SchedulerConfig c;
+    c.max_batch_tokens = l.max_batch_tokens;
+    c.max_running = l.max_running;
+    EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  }
+}
+
 TEST(ModelRuntimeTest, ParsesDeviceNames) {
   EXPECT_EQ(*ParseDevice("cpu"), kernels::Device::kCpu);
   EXPECT_EQ(*ParseDevice("cuda"), kernels::Device::kCuda);

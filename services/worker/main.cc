@@ -43,8 +43,10 @@ ABSL_FLAG(int64_t, kv_window_tokens, 0,
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "linear weights: auto (as stored) | int8 (quantized at load, W8A8, cpu only; the model "
           "fingerprint gets \"+w8\", so prefill and decode workers must agree)");
-ABSL_FLAG(int64_t, max_batch_tokens, 256, "token budget of one engine step");
-ABSL_FLAG(int64_t, max_running, 32, "largest running batch (sequences)");
+ABSL_FLAG(int64_t, max_batch_tokens, 0,
+          "token budget of one engine step; 0 = by --device: 256 on cpu, 2048 on cuda");
+ABSL_FLAG(int64_t, max_running, 0,
+          "largest running batch (sequences); 0 = by --device: 32 on cpu, 256 on cuda");
 ABSL_FLAG(int64_t, max_waiting, 1024, "admission queue bound; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, transport, pd::transport::IsTransportBuilt("ucx") ? "ucx" : "tcp",
           "KV transport for the prefill -> decode handoff: ucx | tcp (host pools) | nccl "
@@ -95,8 +97,17 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.kv_dtype = *kv_dtype;
   PD_ASSIGN_OR_RETURN(c.runtime.weight_dtype,
                       pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
-  c.runtime.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  c.runtime.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
+  const pd::engine::DeviceBatchLimits limits = pd::engine::BatchLimitsFor(c.runtime.device);
+  const int64_t max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  const int64_t max_running = absl::GetFlag(FLAGS_max_running);
+  if (max_batch_tokens < 0 || max_running < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_batch_tokens and --max_running must be >= 0 (0 = by --device), got ",
+                     max_batch_tokens, " and ", max_running));
+  }
+  c.runtime.scheduler.max_batch_tokens =
+      max_batch_tokens > 0 ? max_batch_tokens : limits.max_batch_tokens;
+  c.runtime.scheduler.max_running = max_running > 0 ? max_running : limits.max_running;
   c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   c.runtime.scheduler.kv_sink_tokens = absl::GetFlag(FLAGS_kv_sink_tokens);
   c.runtime.scheduler.kv_window_tokens = absl::GetFlag(FLAGS_kv_window_tokens);
