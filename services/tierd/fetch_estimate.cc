@@ -39,18 +39,20 @@ double FetchEstimate::latency_seconds() const {
 
 double FetchEstimate::seconds_per_byte() const {
   double latency = 0, spb = 0;
-  if (Fit(&latency, &spb)) {
-    return spb;
-  }
-  return mean_b_ > 0 ? mean_t_ / mean_b_ : 0;
+  return Fit(&latency, &spb) ? spb : Average();
 }
+
+double FetchEstimate::Average() const { return mean_b_ > 0 ? mean_t_ / mean_b_ : 0; }
 
 double FetchEstimate::Predict(double bytes, int64_t requests) const {
   if (samples_ == 0) {
     return 0;
   }
-  return latency_seconds() * static_cast<double>(requests < 1 ? 1 : requests) +
-         bytes * seconds_per_byte();
+  double latency = 0, spb = 0;
+  if (!Fit(&latency, &spb)) {
+    return bytes * Average();
+  }
+  return latency * static_cast<double>(requests < 1 ? 1 : requests) + bytes * spb;
 }
 
 }  // namespace pd::tierd

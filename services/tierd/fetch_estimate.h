@@ -37,6 +37,8 @@ class FetchEstimate {
  private:
   // The fitted line; false when it is not determined or not plausible (see the file comment).
   bool Fit(double* latency, double* spb) const;
+  // mean t / mean b: the time per byte with the latency folded in (0 while empty).
+  double Average() const;
 
   double weight_;
   int64_t samples_ = 0;

@@ -202,14 +202,13 @@ absl::StatusOr<std::unique_ptr<PeerLink>> PeerLink::Create(
   link->block_bytes_ = static_cast<uint64_t>(dram->block_bytes());
   // One transport block per DRAM slot: the slot's padding travels too, so that slot i of one
   // tierd maps onto slot j of another without a second geometry.
-  transport::PoolGeometry& g = geometry;
-  g.block_bytes = link->slot_bytes_;
-  g.num_blocks = static_cast<uint64_t>(dram->num_slots());
+  geometry.block_bytes = link->slot_bytes_;
+  geometry.num_blocks = static_cast<uint64_t>(dram->num_slots());
   transport::MemoryRegion region;
   region.base = dram->SlotData(DramSlot(0));
-  region.size_bytes = g.block_bytes * g.num_blocks;
+  region.size_bytes = geometry.block_bytes * geometry.num_blocks;
   region.kind = transport::MemoryKind::kHost;
-  region.geometry = g;
+  region.geometry = geometry;
   absl::StatusOr<transport::RegionHandle> handle = link->transport_->Register(region);
   if (!handle.ok()) {
     return absl::Status(
