@@ -16,8 +16,10 @@ namespace pd::kernels {
 // ctx.device exists; Internal when a CUDA launch fails. On kCuda every array is device memory:
 // dispatch checks the scalars only (the per-row checks above are the caller's; a non-null
 // temperature always needs seeds and steps, InvalidArgument otherwise), a NaN
-// temperature samples greedily, and no workspace is needed. CUDA tokens equal the CPU's except
-// when a draw lands within f32 rounding of a cumulative-probability boundary.
+// temperature samples greedily, no workspace is needed, and vocab_size must be below 2^27.
+// CUDA tokens equal the CPU's except when a draw lands within rounding of a
+// cumulative-probability boundary, or picks a token below 2^-37 of the top token's weight,
+// which CUDA never keeps (kernels/cuda/sampling_radix.h).
 absl::Status Sample(const OpContext& ctx, const SamplingParams& p);
 
 // Workspace bytes Sample(ctx, p) needs: 0 when p.temperature is nullptr (all greedy) or on

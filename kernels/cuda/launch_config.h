@@ -210,8 +210,9 @@ constexpr LaunchShape WriteKvLaunch(int64_t num_tokens, int64_t num_kv_heads, in
   return {num_tokens, WarpRoundedThreads(num_kv_heads * head_dim, 256), 0};
 }
 
-// ---- Sampling: one block per sequence.
-inline constexpr int kSamplingThreads = 256;
+// ---- Sampling: one block per sequence (the algorithm: kernels/cuda/sampling_radix.h).
+inline constexpr int kSamplingThreads = 1024;
+inline constexpr int kSamplingWarps = kSamplingThreads / kWarpSize;
 constexpr LaunchShape SamplingLaunch(int64_t num_seqs) { return {num_seqs, kSamplingThreads, 0}; }
 
 // The rank key of a non-NaN logit: keys ascend exactly in the rank order of
@@ -224,31 +225,18 @@ PD_HOST_DEVICE inline uint64_t SamplingRankKey(float logit, int32_t id) {
   return (static_cast<uint64_t>(~ascending) << 32) | static_cast<uint32_t>(id);
 }
 
-// Smallest 64-bit key K with pred(K) true, for pred monotone in K (false ... false true ...
-// true) and pred(~0) true: bit by bit from the top, a bit stays 0 when the largest key with that
-// prefix already satisfies pred. Exactly 64 calls of pred. The sampling kernel finds its top-k
-// and top-p cut keys with it (each call one block-wide reduction).
-template <typename Pred>
-PD_HOST_DEVICE uint64_t SmallestKey(Pred pred) {
-  uint64_t k = 0;
-  for (int bit = 63; bit >= 0; --bit) {
-    const uint64_t low = (uint64_t{1} << bit) - 1;
-    if (!pred(k | low)) {
-      k |= uint64_t{1} << bit;
-    }
-  }
-  return k;
-}
-
-// Thread t's contiguous share [begin, end) of n items split over `threads` threads (the draw
-// walks ids in ascending order: each thread its own run).
+// A contiguous range [begin, end) of ids.
 struct Segment {
   int64_t begin = 0;
   int64_t end = 0;
 };
-PD_HOST_DEVICE constexpr Segment SegmentOf(int64_t t, int64_t n, int64_t threads) {
-  const int64_t per = CeilDiv(n, threads);
-  const int64_t begin = t * per < n ? t * per : n;
+
+// Warp w's contiguous share of n ids split over `warps` warps, in ascending order, each share a
+// whole number of 32-id steps (lane l reads id begin + 32 j + l: coalesced). The draw walks
+// ids in ascending order: warp by warp, step by step.
+PD_HOST_DEVICE constexpr Segment DrawChunkOf(int64_t warp, int64_t n, int64_t warps) {
+  const int64_t per = CeilDiv(CeilDiv(n, warps), kWarpSize) * kWarpSize;
+  const int64_t begin = warp * per < n ? warp * per : n;
   return {begin, begin + per < n ? begin + per : n};
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/sampling_radix.h"
 #include "kernels/reference/reference_ops.h"
 
 namespace pd::kernels::cuda {
@@ -518,150 +519,244 @@ TEST(CudaLaunchTest, SamplingRankKeyFollowsRankOrder) {
   }
 }
 
-TEST(CudaLaunchTest, SmallestKeyFindsThreshold) {
-  for (uint64_t t : {uint64_t{0}, uint64_t{1}, uint64_t{12345}, uint64_t{1} << 63, ~uint64_t{0},
-                     (uint64_t{7} << 40) | 3}) {
-    int calls = 0;
-    EXPECT_EQ(SmallestKey([&](uint64_t k) {
-                ++calls;
-                return k >= t;
-              }),
-              t);
-    EXPECT_EQ(calls, 64);
-  }
-}
-
-TEST(CudaLaunchTest, SegmentsSplitInOrder) {
-  for (int64_t n : {1, 5, 255, 256, 257, 1000, 32000}) {
+TEST(CudaLaunchTest, DrawChunksSplitInOrderInWholeSteps) {
+  for (int64_t n : {1, 5, 31, 32, 33, 1000, 1024, 1025, 32000, 128256}) {
     int64_t next = 0;
-    for (int64_t t = 0; t < kSamplingThreads; ++t) {
-      const Segment s = SegmentOf(t, n, kSamplingThreads);
-      ASSERT_EQ(s.begin, next) << n << " " << t;
+    for (int64_t w = 0; w < kSamplingWarps; ++w) {
+      const Segment s = DrawChunkOf(w, n, kSamplingWarps);
+      ASSERT_EQ(s.begin, next) << n << " " << w;
       ASSERT_LE(s.begin, s.end);
+      ASSERT_TRUE(s.begin == n || s.begin % kWarpSize == 0) << n << " " << w;
       next = s.end;
     }
     EXPECT_EQ(next, n);
   }
   EXPECT_EQ(SamplingLaunch(9).grid, 9);
   EXPECT_EQ(SamplingLaunch(9).threads % kWarpSize, 0);
+  EXPECT_LE(SamplingLaunch(9).threads, kMaxThreadsPerBlock);
 }
 
-// The sampling kernel's algorithm, one "block" run sequentially: top-k and top-p cut keys by
-// SmallestKey over rank keys, then the draw over per-thread segments in id order.
-int32_t EmulateSampleRow(const float* row, int64_t vocab, float temperature, int32_t top_k,
-                         float top_p, double u) {
-  float mx = -std::numeric_limits<float>::infinity();
-  int64_t n = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (row[i] == row[i]) {
-      ++n;
-      mx = std::max(mx, row[i]);
-    }
-  }
-  if (n == 0) {
-    return 0;
-  }
-  const float inv_t = 1.0f / temperature;
-  auto weight = [&](int64_t i) {
-    if (std::isinf(mx)) {
-      return row[i] == mx ? 1.0f : 0.0f;
-    }
-    return std::exp((row[i] - mx) * inv_t);
-  };
-  auto key = [&](int64_t i) { return SamplingRankKey(row[i], static_cast<int32_t>(i)); };
-  uint64_t kept_max = ~uint64_t{0};
-  if (top_k > 0 && top_k < n) {
-    kept_max = SmallestKey([&](uint64_t k) {
-      int64_t c = 0;
-      for (int64_t i = 0; i < vocab; ++i) {
-        c += (row[i] == row[i] && key(i) <= k) ? 1 : 0;
-      }
-      return c >= top_k;
-    });
-  }
-  auto mass_upto = [&](uint64_t limit) {
-    double m = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      if (row[i] == row[i] && key(i) <= limit) {
-        m += weight(i);
-      }
-    }
-    return m;
-  };
-  if (top_p < 1.0f) {
-    const double target = static_cast<double>(top_p) * mass_upto(kept_max);
-    const uint64_t cut =
-        SmallestKey([&](uint64_t k) { return mass_upto(std::min(k, kept_max)) >= target; });
-    kept_max = std::min(cut, kept_max);
-  }
-  std::vector<double> prefix(kSamplingThreads);
-  double total = 0.0;
-  for (int64_t t = 0; t < kSamplingThreads; ++t) {
-    const Segment s = SegmentOf(t, vocab, kSamplingThreads);
-    double local = 0.0;
-    for (int64_t i = s.begin; i < s.end; ++i) {
-      if (row[i] == row[i] && key(i) <= kept_max) {
-        local += weight(i);
-      }
-    }
-    prefix[t] = total;
-    total += local;
-  }
-  const double target = u * total;
-  int32_t last = -1;
-  for (int64_t t = 0; t < kSamplingThreads; ++t) {
-    const Segment s = SegmentOf(t, vocab, kSamplingThreads);
-    double c = prefix[t];
-    for (int64_t i = s.begin; i < s.end; ++i) {
-      if (row[i] == row[i] && key(i) <= kept_max) {
-        last = static_cast<int32_t>(i);
-        c += weight(i);
-        if (c > target) {
-          return static_cast<int32_t>(i);
+TEST(CudaLaunchTest, RadixStateAndPicks) {
+  RadixState s;
+  EXPECT_EQ(RadixLimit(s), ~uint64_t{0});
+  EXPECT_EQ(RadixShift(0), 56);
+  EXPECT_EQ(RadixShift(kRadixPasses - 1), 0);
+  s = RadixDescend(s, 0xab, RadixShift(0));
+  EXPECT_EQ(RadixLimit(s), 0xabffffffffffffffull);
+  EXPECT_TRUE(RadixOpen(0xab00000000000000ull, s));
+  EXPECT_FALSE(RadixOpen(0xac00000000000000ull, s));
+  EXPECT_EQ(RadixDigit(0xab12000000000000ull, RadixShift(1)), 0x12);
+  const uint32_t counts[4] = {2, 0, 3, 1};
+  const uint64_t masses[4] = {10, 0, 5, 7};
+  RadixPick p = PickBin(counts, masses, 4, /*by_mass=*/false, 3);
+  EXPECT_EQ(p.bin, 2);
+  EXPECT_EQ(p.below_count, 2u);
+  EXPECT_EQ(p.below_mass, 10u);
+  p = PickBin(counts, masses, 4, /*by_mass=*/true, 10);
+  EXPECT_EQ(p.bin, 0);
+  p = PickBin(counts, masses, 4, /*by_mass=*/true, 16);
+  EXPECT_EQ(p.bin, 3);
+  EXPECT_EQ(p.below_mass, 15u);
+  EXPECT_EQ(DrawNeed(0.0, 100), 1u);
+  EXPECT_EQ(DrawNeed(0.999999, 100), 100u);
+  EXPECT_EQ(DrawNeed(0.5, 100), 51u);  // the first cumulative sum exceeding 50
+  EXPECT_EQ(TopPNeed(0.5f, 100), 50u);
+  EXPECT_EQ(TopPNeed(1e-9f, 100), 1u);
+  EXPECT_EQ(FixedWeight(1.0f, 1.0f, 1.0f), uint64_t{1} << 36);
+  EXPECT_EQ(FixedWeight(-30.0f, 0.0f, 1.0f), 0u);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FixedWeight(inf, inf, 1.0f), uint64_t{1} << 36);
+  EXPECT_EQ(FixedWeight(5.0f, inf, 1.0f), 0u);
+  EXPECT_EQ(FixedWeight(-inf, -inf, 1.0f), uint64_t{1} << 36);
+}
+
+// SampleRowRadix's Row, run serially: the same passes as the kernel's BlockRow, each a loop
+// over the row, and the draw over the kernel's warp chunks in 32-id steps. Counts passes.
+class HostRow {
+ public:
+  HostRow(const float* row, int64_t vocab) : row_(row), vocab_(vocab) {}
+
+  RowSummary Summarize() {
+    ++passes;
+    RowSummary s;
+    s.argmax = INT32_MAX;
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const float v = row_[i];
+      if (v == v) {
+        ++s.count;
+        if (v > s.max || (v == s.max && i < s.argmax)) {
+          s.max = v;
+          s.argmax = static_cast<int32_t>(i);
         }
       }
     }
+    if (s.count == 0) {
+      s.argmax = 0;
+    }
+    return s;
   }
-  return last;
+  void SetWeights(float max_logit, float inv_t) {
+    max_ = max_logit;
+    inv_t_ = inv_t;
+  }
+  void Histogram(RadixState s, int shift, uint64_t limit) {
+    ++passes;
+    std::fill(std::begin(counts_), std::end(counts_), 0u);
+    std::fill(std::begin(masses_), std::end(masses_), 0u);
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const float v = row_[i];
+      if (v != v) {
+        continue;
+      }
+      const uint64_t key = SamplingRankKey(v, static_cast<int32_t>(i));
+      const uint64_t w = FixedWeight(v, max_, inv_t_);
+      if (key <= limit && RadixOpen(key, s) && w > 0) {
+        counts_[RadixDigit(key, shift)] += 1;
+        masses_[RadixDigit(key, shift)] += w;
+      }
+    }
+  }
+  const uint32_t* counts() const { return counts_; }
+  const uint64_t* masses() const { return masses_; }
+  RadixPick Pick(bool by_mass, uint64_t need) {
+    return PickBin(counts_, masses_, kRadixBins, by_mass, need);
+  }
+  int32_t Draw(uint64_t limit, double u) {
+    ++passes;
+    uint64_t chunk_mass[kSamplingWarps] = {};
+    uint64_t total = 0;
+    for (int w = 0; w < kSamplingWarps; ++w) {
+      const Segment c = DrawChunkOf(w, vocab_, kSamplingWarps);
+      for (int64_t i = c.begin; i < c.end; ++i) {
+        chunk_mass[w] += Weight(i, limit);
+      }
+      total += chunk_mass[w];
+    }
+    const uint64_t need = DrawNeed(u, total);
+    uint64_t before = 0;
+    for (int w = 0; w < kSamplingWarps; ++w) {
+      if (before < need && before + chunk_mass[w] >= need) {
+        const Segment c = DrawChunkOf(w, vocab_, kSamplingWarps);
+        uint64_t cum = before;
+        for (int64_t first = c.begin; first < c.end; first += kWarpSize) {
+          for (int64_t i = first; i < std::min(first + kWarpSize, c.end); ++i) {
+            cum += Weight(i, limit);
+            if (cum >= need) {
+              return static_cast<int32_t>(i);
+            }
+          }
+        }
+        ADD_FAILURE() << "chunk " << w << " holds the crossing but the walk missed it";
+      }
+      before += chunk_mass[w];
+    }
+    ADD_FAILURE() << "no chunk holds the crossing: need " << need << " of " << total;
+    return -1;
+  }
+
+  int passes = 0;
+
+ private:
+  uint64_t Weight(int64_t i, uint64_t limit) const {
+    const float v = row_[i];
+    if (v != v || SamplingRankKey(v, static_cast<int32_t>(i)) > limit) {
+      return 0;
+    }
+    return FixedWeight(v, max_, inv_t_);
+  }
+
+  const float* row_;
+  int64_t vocab_;
+  float max_ = 0.0f, inv_t_ = 1.0f;
+  uint32_t counts_[kRadixBins] = {};
+  uint64_t masses_[kRadixBins] = {};
+};
+
+int32_t ReferenceToken(const std::vector<float>& row, float temperature, int32_t top_k, float top_p,
+                       uint64_t seed, uint64_t step) {
+  int32_t want = -1;
+  SamplingParams p;
+  p.logits = row.data();
+  p.out_tokens = &want;
+  p.num_seqs = 1;
+  p.vocab_size = p.logits_stride = static_cast<int64_t>(row.size());
+  p.temperature = &temperature;
+  p.top_k = &top_k;
+  p.top_p = &top_p;
+  p.seeds = &seed;
+  p.steps = &step;
+  reference::Sample(p);
+  return want;
 }
 
-TEST(CudaLaunchTest, SamplingEmulationMatchesReference) {
+TEST(CudaLaunchTest, SamplingRadixMatchesReference) {
   std::mt19937 rng(7);
-  const int64_t vocab = 300;  // more ids than threads: multi-id segments with a short tail
   int mismatches = 0, rows = 0;
-  for (int32_t top_k : {0, 1, 5, 299, 300}) {
-    for (float top_p : {1.0f, 0.9f, 0.3f, 1e-6f}) {
-      for (uint64_t seed = 0; seed < 6; ++seed) {
-        std::vector<float> row = Random(vocab, rng);
-        for (float& x : row) {
-          x *= 3.0f;
+  // 300: fewer ids than threads; 5000: chunks of several steps with a short tail.
+  for (int64_t vocab : {300, 5000}) {
+    for (int32_t top_k : {0, 1, 5, 50, 299, 300, -1}) {
+      for (float top_p : {1.0f, 0.9f, 0.3f, 1e-6f}) {
+        for (float temperature : {0.7f, 1.0f, 3.0f}) {
+          for (uint64_t seed = 0; seed < 3; ++seed) {
+            std::vector<float> row = Random(vocab, rng);
+            for (float& x : row) {
+              x *= 4.0f;
+            }
+            row[17] = std::numeric_limits<float>::quiet_NaN();
+            row[40] = row[41];  // a tie, broken by id
+            row[100] = row[3];
+            const uint64_t step = seed * 3 + 1;
+            const int32_t want = ReferenceToken(row, temperature, top_k, top_p, seed, step);
+            HostRow host(row.data(), vocab);
+            const int32_t got =
+                SampleRowRadix(host, temperature, top_k, top_p, SamplingUniform(seed, step));
+            ++rows;
+            mismatches += got != want ? 1 : 0;
+            EXPECT_LE(host.passes, 2 + 2 * kRadixPasses);
+          }
         }
-        row[17] = std::numeric_limits<float>::quiet_NaN();
-        row[40] = row[41];  // a tie, broken by id
-        const float temperature = 0.7f;
-        int32_t want = -1;
-        const uint64_t step = seed * 3;
-        SamplingParams p;
-        p.logits = row.data();
-        p.out_tokens = &want;
-        p.num_seqs = 1;
-        p.vocab_size = p.logits_stride = vocab;
-        p.temperature = &temperature;
-        p.top_k = &top_k;
-        p.top_p = &top_p;
-        p.seeds = &seed;
-        p.steps = &step;
-        reference::Sample(p);
-        const int32_t got = EmulateSampleRow(row.data(), vocab, temperature, top_k, top_p,
-                                             SamplingUniform(seed, step));
-        ++rows;
-        mismatches += got != want ? 1 : 0;
       }
     }
   }
-  // f32 weights vs the reference's double ones can move a draw that lands within ~1e-7 of a
-  // boundary; with these seeds none does.
+  // Fixed-point weights vs the reference's doubles can move a draw that lands within ~1e-10 of
+  // a boundary; with these seeds none does.
   EXPECT_EQ(mismatches, 0) << "of " << rows;
+}
+
+TEST(CudaLaunchTest, SamplingRadixEdgeRows) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    std::vector<float> row;
+    float temperature;
+    int32_t top_k;
+    float top_p;
+  };
+  const std::vector<Case> cases = {
+      {{nan, nan, nan}, 1.0f, 0, 1.0f},             // all NaN: token 0
+      {{1.0f, 3.0f, 3.0f, 2.0f}, 0.0f, 0, 1.0f},    // greedy tie: lowest id
+      {{1.0f, 3.0f, 3.0f, 2.0f}, nan, 0, 1.0f},     // NaN temperature: greedy
+      {{-inf, -inf, -inf}, 1.0f, 0, 1.0f},          // all -inf: uniform
+      {{-inf, -inf, -inf}, 1.0f, 2, 1.0f},          // all -inf, top-k: the two lowest ids
+      {{1.0f, inf, 0.0f, inf}, 1.0f, 0, 1.0f},      // +inf logits share the mass
+      {{5.0f, 5.0f, 5.0f, 5.0f}, 1.0f, 3, 0.5f},    // ties throughout: cut by id
+      {{0.0f, -0.0f, 0.0f}, 1.0f, 2, 1.0f},         // signed zeros rank equal
+      {{2.0f, -100.0f, 1.0f, nan}, 0.5f, 3, 1.0f},  // a zero-weight candidate inside top-k
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Case& k = cases[c];
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      HostRow host(k.row.data(), static_cast<int64_t>(k.row.size()));
+      EXPECT_EQ(SampleRowRadix(host, k.temperature, k.top_k, k.top_p, SamplingUniform(seed, 5)),
+                ReferenceToken(k.row, k.temperature, k.top_k, k.top_p, seed, 5))
+          << "case " << c << " seed " << seed;
+    }
+  }
+  // Greedy reads the row once.
+  const std::vector<float> row = {1.0f, 2.0f};
+  HostRow host(row.data(), 2);
+  EXPECT_EQ(SampleRowRadix(host, 0.0f, 0, 1.0f, 0.5), 1);
+  EXPECT_EQ(host.passes, 1);
 }
 
 TEST(CudaLaunchTest, CopyAccessAndSegments) {

@@ -1,47 +1,34 @@
-// Sampling on CUDA: one thread block per sequence, no workspace. Instead of sorting, the kept
-// set of kernels/sampling_params.h is found as a threshold on the rank key (SamplingRankKey:
-// keys ascend in rank order), each threshold by a 64-step bitwise search whose every step is one
-// block-wide count or mass reduction over the row. Slow for large vocabularies (~130 passes
-// over the row when both top-k and top-p cut) but exact in the rule and free of data races.
+// Sampling on CUDA: one block of kSamplingThreads threads per sequence, no workspace. The
+// algorithm is kernels/cuda/sampling_radix.h's SampleRowRadix (a radix select over the rank keys
+// with fixed-point masses), instantiated here with BlockRow, whose primitives are block-wide
+// passes over the logits row. Every sum is an integer sum, so the result does not depend on the
+// order in which threads add (atomics included): the same row gives the same token every time.
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/launch_config.h"
+#include "kernels/cuda/sampling_radix.h"
 
 namespace pd::kernels::cuda {
 namespace {
 
-constexpr int kSamplingWarps = kSamplingThreads / kWarpSize;
-constexpr uint64_t kAllKeys = ~uint64_t{0};
-
 // Shared scratch of one sampling block.
 struct SampleShared {
-  double warp_double[kSamplingWarps];
   unsigned long long warp_u64[kSamplingWarps];
   float warp_float[kSamplingWarps];
   int32_t warp_id[kSamplingWarps];
-  double prefix[kSamplingThreads];  // the draw: each thread's segment mass, then prefix sums
+  uint32_t counts[kRadixBins];
+  unsigned long long masses[kRadixBins];
+  int pick_bin;  // Pick's result (plain fields: shared variables take no initialisers)
+  unsigned long long pick_below_count;
+  unsigned long long pick_below_mass;
+  int32_t drawn;
 };
 
-// Block-wide reductions: every thread returns the same value (each thread sums the warp
-// results in the same order, so the result is deterministic). A trailing barrier lets the
-// caller reuse the scratch at once.
-__device__ double BlockSum(double v, SampleShared& sh) {
-  v = WarpReduceSum(v);
-  if (threadIdx.x % kWarpSize == 0) {
-    sh.warp_double[threadIdx.x / kWarpSize] = v;
-  }
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < kSamplingWarps; ++w) {
-    total += sh.warp_double[w];
-  }
-  __syncthreads();
-  return total;
-}
-
+// Block-wide sum: every thread returns the same value. A trailing barrier lets the caller reuse
+// the scratch at once.
 __device__ unsigned long long BlockSum(unsigned long long v, SampleShared& sh) {
   v = WarpReduceSum(v);
   if (threadIdx.x % kWarpSize == 0) {
@@ -86,148 +73,193 @@ __device__ void BlockArgMax(float* v, int32_t* id, SampleShared& sh) {
   __syncthreads();
 }
 
-__device__ float BlockMax(float v, SampleShared& sh) {
-  int32_t unused = 0;
-  BlockArgMax(&v, &unused, sh);
+// Inclusive prefix sum over a warp's lanes.
+__device__ inline unsigned long long WarpInclusiveScan(unsigned long long v) {
+  const int lane = threadIdx.x % kWarpSize;
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const unsigned long long o = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) {
+      v += o;
+    }
+  }
   return v;
 }
 
-// The unnormalised probability of a non-NaN logit (the row maximum weighs 1).
-__device__ inline float Weight(float logit, float max_logit, float inv_temperature) {
-  if (isinf(max_logit)) {  // +inf logits share all mass; all -inf: uniform
-    return logit == max_logit ? 1.0f : 0.0f;
-  }
-  return expf((logit - max_logit) * inv_temperature);
-}
+// The primitives of SampleRowRadix over one row, for all threads of the block.
+class BlockRow {
+ public:
+  __device__ BlockRow(const float* row, int64_t vocab, SampleShared& sh)
+      : row_(row), vocab_(vocab), sh_(sh) {}
 
-__global__ void SampleKernel(SamplingParams p) {
-  __shared__ SampleShared sh;
-  const int64_t s = blockIdx.x;
-  const float* row = p.logits + s * p.logits_stride;
-  const int64_t vocab = p.vocab_size;
-  const int64_t tid = threadIdx.x;
-
-  float max_logit = -INFINITY;
-  unsigned long long count = 0;
-  for (int64_t i = tid; i < vocab; i += blockDim.x) {
-    const float v = row[i];
-    if (v == v) {
-      ++count;
-      max_logit = fmaxf(max_logit, v);
-    }
-  }
-  max_logit = BlockMax(max_logit, sh);
-  const int64_t n = static_cast<int64_t>(BlockSum(count, sh));
-  if (n == 0) {  // all NaN (uniform across the block, so everyone leaves together)
-    if (tid == 0) {
-      p.out_tokens[s] = 0;
-    }
-    return;
-  }
-  const float temperature = p.temperature != nullptr ? p.temperature[s] : 0.0f;
-  if (!(temperature > 0.0f)) {
-    // Greedy: the maximum, ties to the lowest id.
+  __device__ RowSummary Summarize() {
     float best = -INFINITY;
     int32_t best_id = INT32_MAX;
-    for (int64_t i = tid; i < vocab; i += blockDim.x) {
-      const float v = row[i];
-      if (v == v && Better(v, static_cast<int32_t>(i), best, best_id)) {
-        best = v;
-        best_id = static_cast<int32_t>(i);
+    unsigned long long count = 0;
+    for (int64_t i = threadIdx.x; i < vocab_; i += blockDim.x) {
+      const float v = row_[i];
+      if (v == v) {
+        ++count;
+        if (Better(v, static_cast<int32_t>(i), best, best_id)) {
+          best = v;
+          best_id = static_cast<int32_t>(i);
+        }
       }
     }
-    BlockArgMax(&best, &best_id, sh);
-    if (tid == 0) {
-      p.out_tokens[s] = best_id;  // a non-NaN exists, so best_id < vocab
-    }
-    return;
-  }
-  const float inv_t = 1.0f / temperature;
-  const int32_t top_k = p.top_k != nullptr ? p.top_k[s] : 0;
-  const float top_p = p.top_p != nullptr ? p.top_p[s] : 1.0f;
-
-  // Top-k: the k-th smallest key (keys are unique: the id is in the low bits).
-  uint64_t kept_max = kAllKeys;
-  if (top_k > 0 && top_k < n) {
-    kept_max = SmallestKey([&](uint64_t key) {
-      unsigned long long c = 0;
-      for (int64_t i = tid; i < vocab; i += blockDim.x) {
-        const float v = row[i];
-        c += (v == v && SamplingRankKey(v, static_cast<int32_t>(i)) <= key) ? 1 : 0;
-      }
-      return BlockSum(c, sh) >= static_cast<unsigned long long>(top_k);
-    });
-  }
-  // Mass of the candidates with key <= limit.
-  auto mass_upto = [&](uint64_t limit) {
-    double m = 0.0;
-    for (int64_t i = tid; i < vocab; i += blockDim.x) {
-      const float v = row[i];
-      if (v == v && SamplingRankKey(v, static_cast<int32_t>(i)) <= limit) {
-        m += Weight(v, max_logit, inv_t);
-      }
-    }
-    return BlockSum(m, sh);
-  };
-  // Top-p: the shortest rank prefix of the top-k set whose mass reaches top_p of its mass. Sums
-  // over growing key sets are monotone (non-negative terms, fixed order), and at kept_max the
-  // sum is exactly kept_mass, so the search never passes kept_max.
-  if (top_p < 1.0f) {
-    const double kept_mass = mass_upto(kept_max);
-    const double target = static_cast<double>(top_p) * kept_mass;
-    const uint64_t cut = SmallestKey(
-        [&](uint64_t key) { return mass_upto(key < kept_max ? key : kept_max) >= target; });
-    kept_max = cut < kept_max ? cut : kept_max;
+    BlockArgMax(&best, &best_id, sh_);
+    RowSummary s;
+    s.count = static_cast<int64_t>(BlockSum(count, sh_));
+    s.max = best;
+    s.argmax = s.count > 0 ? best_id : 0;
+    return s;
   }
 
-  // The draw, in ascending id order: thread t walks ids [begin, end) after the mass of all
-  // lower segments.
-  const Segment seg = SegmentOf(tid, vocab, blockDim.x);
-  double local = 0.0;
-  for (int64_t i = seg.begin; i < seg.end; ++i) {
-    const float v = row[i];
-    if (v == v && SamplingRankKey(v, static_cast<int32_t>(i)) <= kept_max) {
-      local += Weight(v, max_logit, inv_t);
-    }
+  __device__ void SetWeights(float max_logit, float inv_t) {
+    max_ = max_logit;
+    inv_t_ = inv_t;
   }
-  sh.prefix[tid] = local;
-  __syncthreads();
-  if (tid == 0) {
-    double running = 0.0;
-    for (int t = 0; t < static_cast<int>(blockDim.x); ++t) {
-      const double m = sh.prefix[t];
-      sh.prefix[t] = running;  // exclusive prefix
-      running += m;
+
+  __device__ void Histogram(RadixState s, int shift, uint64_t limit) {
+    for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) {
+      sh_.counts[b] = 0;
+      sh_.masses[b] = 0;
     }
-    sh.warp_double[0] = running;  // the kept mass
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < vocab_; i += blockDim.x) {
+      const float v = row_[i];
+      if (v != v) {
+        continue;
+      }
+      const uint64_t key = SamplingRankKey(v, static_cast<int32_t>(i));
+      if (key > limit || !RadixOpen(key, s)) {
+        continue;
+      }
+      const uint64_t w = FixedWeight(v, max_, inv_t_);
+      if (w == 0) {
+        continue;
+      }
+      const int d = RadixDigit(key, shift);
+      atomicAdd(&sh_.counts[d], 1u);
+      atomicAdd(&sh_.masses[d], static_cast<unsigned long long>(w));
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  const double target = SamplingUniform(p.seeds[s], p.steps[s]) * sh.warp_double[0];
-  double cumulative = sh.prefix[tid];
-  int32_t chosen = INT32_MAX;  // first id whose cumulative mass exceeds the target
-  int32_t last_kept = -1;      // fallback when rounding leaves the target unreached
-  for (int64_t i = seg.begin; i < seg.end; ++i) {
-    const float v = row[i];
-    if (v == v && SamplingRankKey(v, static_cast<int32_t>(i)) <= kept_max) {
-      last_kept = static_cast<int32_t>(i);
-      cumulative += Weight(v, max_logit, inv_t);
-      if (cumulative > target) {
-        chosen = static_cast<int32_t>(i);
-        break;
+
+  __device__ const uint32_t* counts() const { return sh_.counts; }
+  __device__ const uint64_t* masses() const {
+    return reinterpret_cast<const uint64_t*>(sh_.masses);
+  }
+
+  // Warp 0 finds the bin: lane l holds bins [8 l, 8 l + 8), the lanes' totals are scanned, and
+  // the first lane whose inclusive total reaches `need` picks within its own bins.
+  __device__ RadixPick Pick(bool by_mass, uint64_t need) {
+    constexpr int kPerLane = kRadixBins / kWarpSize;
+    if (threadIdx.x < kWarpSize) {
+      const int lane = threadIdx.x;
+      const uint32_t* c = sh_.counts + lane * kPerLane;
+      const uint64_t* m = masses() + lane * kPerLane;
+      unsigned long long lane_count = 0, lane_mass = 0;
+      for (int j = 0; j < kPerLane; ++j) {
+        lane_count += c[j];
+        lane_mass += m[j];
+      }
+      const unsigned long long incl_count = WarpInclusiveScan(lane_count);
+      const unsigned long long incl_mass = WarpInclusiveScan(lane_mass);
+      const unsigned long long incl = by_mass ? incl_mass : incl_count;
+      const unsigned reached = __ballot_sync(0xffffffffu, incl >= need);
+      const int first = reached != 0 ? __ffs(static_cast<int>(reached)) - 1 : kWarpSize - 1;
+      if (lane == first) {
+        const uint64_t below_count = incl_count - lane_count;
+        const uint64_t below_mass = incl_mass - lane_mass;
+        RadixPick p = PickBin(c, m, kPerLane, by_mass, need - (by_mass ? below_mass : below_count));
+        p.bin += lane * kPerLane;
+        p.below_count += below_count;
+        p.below_mass += below_mass;
+        sh_.pick_bin = p.bin;
+        sh_.pick_below_count = p.below_count;
+        sh_.pick_below_mass = p.below_mass;
       }
     }
+    __syncthreads();
+    RadixPick p;
+    p.bin = sh_.pick_bin;
+    p.below_count = sh_.pick_below_count;
+    p.below_mass = sh_.pick_below_mass;
+    __syncthreads();
+    return p;
   }
-  __syncthreads();  // everyone has read sh.warp_double[0] before BlockArgMax reuses the scratch
-  // Lowest chosen id: equal values tie to the lowest id.
-  float neg = chosen == INT32_MAX ? -INFINITY : 0.0f;
-  int32_t first = chosen;
-  BlockArgMax(&neg, &first, sh);
-  // Highest kept id: the lowest of -id among threads that kept any.
-  float any = last_kept >= 0 ? 0.0f : -INFINITY;
-  int32_t neg_last = last_kept >= 0 ? -last_kept : INT32_MAX;
-  BlockArgMax(&any, &neg_last, sh);
-  if (tid == 0) {
-    p.out_tokens[s] = first != INT32_MAX ? first : -neg_last;
+
+  // Warp w sums its chunk (DrawChunkOf); every thread scans the 32 warp totals; the warp whose
+  // chunk holds the crossing walks it 32 ids at a time with a warp scan and a ballot.
+  __device__ int32_t Draw(uint64_t limit, double u) {
+    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    const Segment chunk = DrawChunkOf(warp, vocab_, kSamplingWarps);
+    unsigned long long local = 0;
+    for (int64_t i = chunk.begin + lane; i < chunk.end; i += kWarpSize) {
+      local += Weight(i, limit);
+    }
+    local = WarpReduceSum(local);
+    if (lane == 0) {
+      sh_.warp_u64[warp] = local;
+    }
+    __syncthreads();
+    unsigned long long total = 0, before = 0;
+    for (int w = 0; w < kSamplingWarps; ++w) {
+      if (w == warp) {
+        before = total;
+      }
+      total += sh_.warp_u64[w];
+    }
+    const uint64_t need = DrawNeed(u, total);
+    const bool mine = before < need && before + sh_.warp_u64[warp] >= need;
+    if (mine) {  // exactly one warp; its lanes agree
+      unsigned long long base = before;
+      for (int64_t first = chunk.begin; first < chunk.end; first += kWarpSize) {
+        const int64_t i = first + lane;
+        const unsigned long long w = i < chunk.end ? Weight(i, limit) : 0;
+        const unsigned long long incl = base + WarpInclusiveScan(w);
+        const unsigned reached = __ballot_sync(0xffffffffu, incl >= need);
+        if (reached != 0) {
+          if (lane == __ffs(static_cast<int>(reached)) - 1) {
+            sh_.drawn = static_cast<int32_t>(i);
+          }
+          break;
+        }
+        base = __shfl_sync(0xffffffffu, incl, kWarpSize - 1);
+      }
+    }
+    __syncthreads();
+    return sh_.drawn;
+  }
+
+ private:
+  // The candidate weight of id i: 0 unless non-NaN with key <= limit.
+  __device__ uint64_t Weight(int64_t i, uint64_t limit) const {
+    const float v = row_[i];
+    if (v != v || SamplingRankKey(v, static_cast<int32_t>(i)) > limit) {
+      return 0;
+    }
+    return FixedWeight(v, max_, inv_t_);
+  }
+
+  const float* row_;
+  int64_t vocab_;
+  SampleShared& sh_;
+  float max_ = 0.0f;
+  float inv_t_ = 1.0f;
+};
+
+__global__ void __launch_bounds__(kSamplingThreads) SampleKernel(SamplingParams p) {
+  __shared__ SampleShared sh;
+  const int64_t s = blockIdx.x;
+  BlockRow row(p.logits + s * p.logits_stride, p.vocab_size, sh);
+  const float temperature = p.temperature != nullptr ? p.temperature[s] : 0.0f;
+  const bool sample = temperature > 0.0f;
+  const int32_t top_k = sample && p.top_k != nullptr ? p.top_k[s] : 0;
+  const float top_p = sample && p.top_p != nullptr ? p.top_p[s] : 1.0f;
+  const double u = sample ? SamplingUniform(p.seeds[s], p.steps[s]) : 0.0;
+  const int32_t token = SampleRowRadix(row, temperature, top_k, top_p, u);
+  if (threadIdx.x == 0) {
+    p.out_tokens[s] = token;
   }
 }
 
@@ -235,7 +267,7 @@ __global__ void SampleKernel(SamplingParams p) {
 
 cudaError_t LaunchSample(const SamplingParams& p, cudaStream_t stream) {
   const LaunchShape s = SamplingLaunch(p.num_seqs);
-  if (s.grid > kMaxGridX) {
+  if (s.grid > kMaxGridX || p.vocab_size >= kMaxSamplingVocab) {
     return cudaErrorInvalidConfiguration;
   }
   SampleKernel<<<static_cast<unsigned>(s.grid), s.threads, 0, stream>>>(p);

@@ -54,6 +54,10 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
       return absl::InvalidArgumentError(
           "sample: on cuda, temperature needs seeds and steps (rows are not inspected)");
     }
+    if (p.vocab_size >= (int64_t{1} << 27)) {  // cuda::kMaxSamplingVocab: fixed-point sums
+      return absl::InvalidArgumentError(absl::StrCat("sample: on cuda, vocab_size ", p.vocab_size,
+                                                     " must be below 2^27 (134217728)"));
+    }
     return cuda::Sample(ctx, p);
   }
 #endif
