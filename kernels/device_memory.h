@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -135,6 +136,40 @@ class DeviceEvent {
 
   Device device_ = Device::kCpu;
   void* handle_ = nullptr;
+};
+
+// Recorded work replayed as one launch (issue #16 item 2): on kCuda a CUDA graph captured from
+// what `body` queues on ctx.stream (the kernels and device-to-device copies; the pointers and
+// scalars they were given are baked in, so every replay reads the same buffers). On kCpu there
+// is nothing to capture: Capture keeps `body` and each Launch runs it, an emulation that lets
+// callers' graph logic run in CPU tests.
+class DeviceGraph {
+ public:
+  // Records `body` without running it (kCuda). Errors: body's own error; FailedPrecondition for
+  // the default stream (it cannot be captured); Internal when CUDA invalidates the capture
+  // (body queued something a graph cannot hold, e.g. a copy from pageable host memory) or
+  // cannot instantiate it. Unimplemented without a CUDA build. Nothing runs on failure either.
+  static absl::StatusOr<DeviceGraph> Capture(const OpContext& ctx,
+                                             std::function<absl::Status()> body);
+
+  DeviceGraph() = default;
+  DeviceGraph(DeviceGraph&& other) noexcept;
+  DeviceGraph& operator=(DeviceGraph&& other) noexcept;
+  DeviceGraph(const DeviceGraph&) = delete;
+  DeviceGraph& operator=(const DeviceGraph&) = delete;
+  ~DeviceGraph();
+
+  // Queues one replay on ctx.stream (kCuda) or runs the body now (kCpu). FailedPrecondition for
+  // an empty graph, InvalidArgument for a ctx of another device.
+  absl::Status Launch(const OpContext& ctx) const;
+  bool empty() const { return exec_ == nullptr && !body_; }
+
+ private:
+  void Release();
+
+  Device device_ = Device::kCpu;
+  void* exec_ = nullptr;                // cudaGraphExec_t
+  std::function<absl::Status()> body_;  // kCpu
 };
 
 // Page-locks a host range for the device (kCuda: cudaHostRegister, so cudaMemcpyAsync to and

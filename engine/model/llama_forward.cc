@@ -1,6 +1,7 @@
 #include "engine/model/llama_forward.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -8,12 +9,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/log/log.h"
 #include "kernels/attention.h"
 #include "kernels/convert.h"
+#include "kernels/copy.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "kernels/sampling.h"
 #include "kernels/type_names.h"
 
 namespace pd::engine {
@@ -88,9 +92,26 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   const int64_t t = options.max_batch_tokens;
   f->positions_.resize(t);
   f->token_seq_.resize(t);
+  f->token_ids_.resize(t);
   f->max_blocks_per_seq_ = (c.seq_len + pool.block_size - 1) / pool.block_size;
   f->block_tables_.resize(options.max_seqs * f->max_blocks_per_seq_);
   f->context_lens_.resize(options.max_seqs);
+  f->temperature_.resize(options.max_seqs);
+  f->top_p_.resize(options.max_seqs);
+  f->top_k_.resize(options.max_seqs);
+  f->slot_tokens_.resize(options.max_seqs);
+  f->seeds_.resize(options.max_seqs);
+  f->steps_.resize(options.max_seqs);
+  for (auto& g : f->graphs_) {
+    g.resize(options.max_seqs + 1);
+  }
+  if (ctx.device == kernels::Device::kCpu) {
+    kernels::SamplingParams sp;  // the most any call needs: every row sampling
+    sp.num_seqs = options.max_seqs;
+    sp.vocab_size = sp.logits_stride = c.vocab_size;
+    sp.temperature = f->temperature_.data();
+    f->sample_ws_.resize(kernels::SamplingWorkspaceBytes(ctx, sp));
+  }
 
   // One workspace for the largest matmul of any layer at the largest batch.
   const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},    {t, c.dim, c.kv_dim},
@@ -116,7 +137,8 @@ absl::Status LlamaForward::AllocateScratch() {
   const int64_t wide = std::max<int64_t>(c.dim, c.q_dim());
   const bool on_device = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
   void *inv_freq = nullptr, *positions = nullptr, *token_seq = nullptr, *tables = nullptr,
-       *lens = nullptr;
+       *lens = nullptr, *token_ids = nullptr, *temperature = nullptr, *top_p = nullptr,
+       *top_k = nullptr, *tokens = nullptr, *seeds = nullptr, *steps = nullptr;
   // Pass 0 measures, pass 1 carves the allocation in the same order; pieces start 256-byte
   // aligned, empty pieces are nullptr.
   for (int pass = 0; pass < 2; ++pass) {
@@ -143,8 +165,16 @@ absl::Status LlamaForward::AllocateScratch() {
       inv_freq = carve(static_cast<int64_t>(inv_freq_host_.size()) * 4);
       positions = carve(static_cast<int64_t>(positions_.size()) * 4);
       token_seq = carve(static_cast<int64_t>(token_seq_.size()) * 4);
+      token_ids = carve(static_cast<int64_t>(token_ids_.size()) * 4);
       tables = carve(static_cast<int64_t>(block_tables_.size()) * 4);
       lens = carve(static_cast<int64_t>(context_lens_.size()) * 4);
+      const int64_t seqs = options_.max_seqs;
+      temperature = carve(seqs * 4);
+      top_p = carve(seqs * 4);
+      top_k = carve(seqs * 4);
+      tokens = carve(seqs * 4);
+      seeds = carve(seqs * 8);
+      steps = carve(seqs * 8);
     }
     if (pass == 0) {
       PD_ASSIGN_OR_RETURN(scratch_, kernels::DeviceBuffer::Allocate(ctx_.device, offset));
@@ -154,15 +184,29 @@ absl::Status LlamaForward::AllocateScratch() {
     inv_freq_ = inv_freq_host_.data();
     d_positions_ = positions_.data();
     d_token_seq_ = token_seq_.data();
+    d_token_ids_ = token_ids_.data();
     d_block_tables_ = block_tables_.data();
     d_context_lens_ = context_lens_.data();
+    d_temperature_ = temperature_.data();
+    d_top_p_ = top_p_.data();
+    d_top_k_ = top_k_.data();
+    d_tokens_ = slot_tokens_.data();
+    d_seeds_ = seeds_.data();
+    d_steps_ = steps_.data();
     return absl::OkStatus();
   }
   inv_freq_ = static_cast<const float*>(inv_freq);
   d_positions_ = static_cast<int32_t*>(positions);
   d_token_seq_ = static_cast<int32_t*>(token_seq);
+  d_token_ids_ = static_cast<int32_t*>(token_ids);
   d_block_tables_ = static_cast<int32_t*>(tables);
   d_context_lens_ = static_cast<int32_t*>(lens);
+  d_temperature_ = static_cast<float*>(temperature);
+  d_top_p_ = static_cast<float*>(top_p);
+  d_top_k_ = static_cast<int32_t*>(top_k);
+  d_tokens_ = static_cast<int32_t*>(tokens);
+  d_seeds_ = static_cast<uint64_t*>(seeds);
+  d_steps_ = static_cast<uint64_t*>(steps);
   PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, inv_freq, inv_freq_host_.data(),
                                         static_cast<int64_t>(inv_freq_host_.size()) * 4));
   return kernels::SynchronizeStream(ctx_);
@@ -325,7 +369,6 @@ absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
 }
 
 absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSequence> batch) {
-  const ModelConfig& c = config_;
   // Lay out the batch: single-token sequences first, so their queries are contiguous rows.
   slots_.clear();
   for (int pass = 0; pass < 2; ++pass) {
@@ -343,7 +386,6 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
   int64_t row = 0;
   bool offsets = false;
   rope_positions_.resize(positions_.size());
-  const int64_t dsize = kernels::DTypeSize(weights_->embedding_dtype);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     const ForwardSequence& seq = batch[slot.batch_index];
@@ -358,14 +400,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
       rope_positions_[row] = static_cast<int32_t>(slot.start_pos + j + seq.rope_offset);
       offsets = offsets || seq.rope_offset != 0;
       token_seq_[row] = static_cast<int32_t>(i);
-      kernels::ConvertParams embed;  // on kCuda: a device row of the device embedding
-      embed.in = static_cast<const uint8_t*>(weights_->embedding) +
-                 static_cast<int64_t>(seq.tokens[j]) * c.dim * dsize;
-      embed.out = &x_[row * c.dim];
-      embed.n = c.dim;
-      embed.in_dtype = weights_->embedding_dtype;
-      embed.out_dtype = DType::kF32;
-      PD_RETURN_IF_ERROR(kernels::Convert(ctx_, embed));
+      token_ids_[row] = static_cast<int32_t>(seq.tokens[j]);  // embedded by QueueStep
     }
   }
   d_rope_positions_ = offsets ? rope_positions_.data() : d_positions_;  // (Validate: kCpu)
@@ -375,6 +410,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
     const int64_t num_seqs = static_cast<int64_t>(slots_.size());
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_positions_, positions_.data(), row * 4));
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_token_seq_, token_seq_.data(), row * 4));
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_token_ids_, token_ids_.data(), row * 4));
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_block_tables_, block_tables_.data(),
                                           num_seqs * max_blocks_per_seq_ * 4));
     PD_RETURN_IF_ERROR(
@@ -383,18 +419,45 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
   return row;
 }
 
-absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, float* logits) {
-  PD_RETURN_IF_ERROR(Validate(batch));
-  const ModelConfig& c = config_;
-  PD_ASSIGN_OR_RETURN(const int64_t num_tokens, PrepareBatch(batch));
+bool LlamaForward::GraphEligible(int64_t num_tokens) const {
+  const bool staged = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
+  const int64_t n = static_cast<int64_t>(slots_.size());
+  return staged && options_.decode_graphs && !graphs_off_ && num_decode_slots_ == n &&
+         num_tokens == n && d_rope_positions_ == d_positions_;
+}
 
+absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample) {
+  const ModelConfig& c = config_;
+  // Embedding: the token rows gathered by id (one CopyBlocks; into xb_, free until the first
+  // norm, unless the table is f32), then widened to f32 into x_ (one Convert).
+  const DType edtype = weights_->embedding_dtype;
+  const int64_t row_in_bytes = c.dim * kernels::DTypeSize(edtype);
+  kernels::CopyBlocksParams gather;
+  gather.src = weights_->embedding;
+  gather.dst = edtype == DType::kF32 ? static_cast<void*>(x_) : static_cast<void*>(xb_);
+  gather.src_ids = d_token_ids_;
+  gather.num_copies = num_tokens;
+  gather.block_bytes = row_in_bytes;
+  gather.src_block_stride_bytes = gather.dst_block_stride_bytes = row_in_bytes;
+  gather.src_num_blocks = c.vocab_size;
+  gather.dst_num_blocks = num_tokens;
+  PD_RETURN_IF_ERROR(kernels::CopyBlocks(ctx_, gather));
+  if (edtype != DType::kF32) {
+    kernels::ConvertParams widen;
+    widen.in = xb_;
+    widen.out = x_;
+    widen.n = num_tokens * c.dim;
+    widen.in_dtype = edtype;
+    widen.out_dtype = DType::kF32;
+    PD_RETURN_IF_ERROR(kernels::Convert(ctx_, widen));
+  }
   for (int l = 0; l < c.n_layers; ++l) {
     PD_RETURN_IF_ERROR(Layer(l, num_tokens));
   }
-
   // Final norm and classifier for each sequence's last new token, in slot order. Compacted in
   // place: slot i's last row is >= i and beyond every earlier destination row, so the copies
-  // (in order; on one stream on kCuda) never read a row already overwritten.
+  // (in order; on one stream on kCuda) never read a row already overwritten. (None in a
+  // decode step: slot i's only row is row i.)
   const int64_t num_seqs = static_cast<int64_t>(slots_.size());
   const int64_t row_bytes = c.dim * static_cast<int64_t>(sizeof(float));
   for (int64_t i = 0; i < num_seqs; ++i) {
@@ -408,14 +471,125 @@ absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, floa
   // MatMul with the classifier weights (the same dtype as every matrix).
   PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, weights_->classifier_scales, nullptr,
                             logits_tmp_, num_seqs, c.dim, c.vocab_size, /*accumulate=*/false));
-  const int64_t vocab_bytes = c.vocab_size * static_cast<int64_t>(sizeof(float));
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, logits + slots_[i].batch_index * c.vocab_size,
-                                          &logits_tmp_[i * c.vocab_size], vocab_bytes));
+  if (!sample) {
+    return absl::OkStatus();
+  }
+  kernels::SamplingParams p;
+  p.logits = logits_tmp_;
+  p.out_tokens = d_tokens_;
+  p.num_seqs = num_seqs;
+  p.vocab_size = c.vocab_size;
+  p.logits_stride = c.vocab_size;
+  p.temperature = d_temperature_;
+  p.top_k = d_top_k_;
+  p.top_p = d_top_p_;
+  p.seeds = d_seeds_;
+  p.steps = d_steps_;
+  p.workspace = sample_ws_.data();
+  p.workspace_bytes = static_cast<int64_t>(sample_ws_.size());
+  return kernels::Sample(ctx_, p);
+}
+
+absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
+                                absl::Span<const SampleSpec> specs) {
+  PD_RETURN_IF_ERROR(Validate(batch));
+  PD_ASSIGN_OR_RETURN(const int64_t num_tokens, PrepareBatch(batch));
+  const bool sample = !specs.empty();
+  const int64_t n = static_cast<int64_t>(slots_.size());
+  const bool staged = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
+  if (sample) {  // the sampling inputs in slot order (the order of logits_tmp_'s rows)
+    for (int64_t i = 0; i < n; ++i) {
+      const SampleSpec& sp = specs[slots_[i].batch_index];
+      temperature_[i] = sp.temperature;
+      top_k_[i] = sp.top_k;
+      top_p_[i] = sp.top_p;
+      seeds_[i] = sp.seed;
+      steps_[i] = sp.step;
+    }
+    if (staged) {
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_temperature_, temperature_.data(), n * 4));
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_top_k_, top_k_.data(), n * 4));
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_top_p_, top_p_.data(), n * 4));
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_seeds_, seeds_.data(), n * 8));
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_steps_, steps_.data(), n * 8));
+    }
+  }
+  if (!GraphEligible(num_tokens)) {
+    return QueueStep(num_tokens, sample);
+  }
+  // A decode step: its work depends only on (n, sample) and on buffers whose contents were just
+  // uploaded, so it is captured once per shape and replayed.
+  kernels::DeviceGraph& graph = graphs_[sample ? 1 : 0][n];
+  if (graph.empty()) {
+    absl::StatusOr<kernels::DeviceGraph> captured =
+        kernels::DeviceGraph::Capture(ctx_, [this, n, sample] { return QueueStep(n, sample); });
+    if (!captured.ok()) {
+      // Nothing ran: fall back to launching kernel by kernel, for the rest of this object's
+      // life (a capture that fails once would fail again).
+      LOG(WARNING) << "forward: decode graphs off, capture of a " << n
+                   << "-sequence step failed: " << captured.status();
+      graphs_off_ = true;
+      return QueueStep(num_tokens, sample);
+    }
+    graph = *std::move(captured);
+    ++graph_stats_.captures;
+  }
+  ++graph_stats_.replays;
+  return graph.Launch(ctx_);
+}
+
+absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, float* logits) {
+  PD_RETURN_IF_ERROR(Step(batch, {}));
+  const int64_t vocab_bytes = config_.vocab_size * static_cast<int64_t>(sizeof(float));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, logits + slots_[i].batch_index * config_.vocab_size,
+                                          &logits_tmp_[i * config_.vocab_size], vocab_bytes));
   }
   // The one synchronisation of the step (a no-op on kCpu): the logits are on the host after it,
   // and a fault of any kernel of the step surfaces here.
   return kernels::SynchronizeStream(ctx_);
+}
+
+absl::Status LlamaForward::ForwardSample(absl::Span<const ForwardSequence> batch,
+                                         absl::Span<const SampleSpec> specs, int32_t* tokens,
+                                         float* logits) {
+  if (specs.size() != batch.size() || batch.empty() || tokens == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", specs.size(),
+                                                   " sampling specs for a batch of ", batch.size(),
+                                                   tokens == nullptr ? ", null tokens" : ""));
+  }
+  for (size_t s = 0; s < specs.size(); ++s) {
+    const SampleSpec& sp = specs[s];
+    if (std::isnan(sp.temperature) || !(sp.top_p > 0.0f && sp.top_p <= 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: sequence ", s, " samples with temperature ", sp.temperature,
+                       " and top_p ", sp.top_p, " (need a number and (0, 1])"));
+    }
+    if (sp.want_logits && logits == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: sequence ", s, " wants its logits, but logits is null"));
+    }
+  }
+  PD_RETURN_IF_ERROR(Step(batch, specs));
+  const int64_t num_seqs = static_cast<int64_t>(slots_.size());
+  const bool staged = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
+  if (staged) {
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, slot_tokens_.data(), d_tokens_, num_seqs * 4));
+  }
+  const int64_t vocab_bytes = config_.vocab_size * static_cast<int64_t>(sizeof(float));
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t b = slots_[i].batch_index;
+    if (specs[b].want_logits) {
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, logits + b * config_.vocab_size,
+                                            &logits_tmp_[i * config_.vocab_size], vocab_bytes));
+    }
+  }
+  // The one synchronisation of the step: tokens (and asked-for rows) are on the host after it.
+  PD_RETURN_IF_ERROR(kernels::SynchronizeStream(ctx_));
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    tokens[slots_[i].batch_index] = slot_tokens_[i];
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {

@@ -51,6 +51,18 @@ struct ForwardSequence {
   int64_t rope_offset = 0;
 };
 
+// How ForwardSample picks one sequence's next token: kernels/sampling_params.h's rule with these
+// values (temperature <= 0 is greedy; top_k <= 0 and top_p 1 are off).
+struct SampleSpec {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;  // (0, 1]
+  uint64_t seed = 0;
+  uint64_t step = 0;  // index of this token within its request (the draw's counter)
+  // Also return this sequence's logits row (for log-probabilities, computed on the host).
+  bool want_logits = false;
+};
+
 struct ForwardOptions {
   int64_t max_batch_tokens = 256;  // bound on the sum of new tokens per Forward() call
   int64_t max_seqs = 64;           // bound on sequences per call
@@ -58,6 +70,20 @@ struct ForwardOptions {
   // call, as on kCuda (where this is always so), also on kCpu: tests run the CUDA path's
   // staging on the host. Results are bitwise the same either way.
   bool staged_metadata = false;
+  // Decode steps (every sequence one new token) as device graphs (issue #16 item 2): on kCuda
+  // the step's kernels are captured once per (number of sequences, Forward or ForwardSample)
+  // and replayed, one launch instead of hundreds. The batch metadata and sampling inputs are
+  // uploaded into fixed buffers before each replay. A failed capture turns graphs off for the
+  // object's life (logged) and the step runs kernel by kernel. On kCpu graphs apply only with
+  // staged_metadata, emulated by replaying the step's code (kernels::DeviceGraph), so tests
+  // check the capture and replay logic bitwise.
+  bool decode_graphs = true;
+};
+
+// Counts of decode graphs (ForwardOptions::decode_graphs).
+struct GraphStats {
+  int64_t captures = 0;
+  int64_t replays = 0;
 };
 
 class LlamaForward {
@@ -82,6 +108,17 @@ class LlamaForward {
   // pool contents of the batch's new positions are then undefined.
   absl::Status Forward(absl::Span<const ForwardSequence> batch, float* logits);
 
+  // Forward() and then the next token of every sequence, sampled where the logits are (issue
+  // #16 item 3): on kCuda only the token ids, and the logits rows of sequences with
+  // want_logits, come back to the host (not batch x vocab floats). `specs` and `tokens` have
+  // batch.size() entries; `logits` is [batch.size()][vocab_size()], written only in the rows
+  // with want_logits (may be nullptr when none asks). Tokens equal kernels::Sample's for each
+  // logits row on the same device (CPU and CUDA differ only as kernels/sampling.h says; greedy
+  // never). Errors as Forward(), plus InvalidArgument for a spec with a NaN temperature or a
+  // top_p outside (0, 1] (found before any compute), or a null `logits` a spec needs.
+  absl::Status ForwardSample(absl::Span<const ForwardSequence> batch,
+                             absl::Span<const SampleSpec> specs, int32_t* tokens, float* logits);
+
   // Copies the K/V of cache positions [0, num_tokens) of the blocks `src` (logical order) into
   // the same positions of the blocks `dst`, every layer, with the keys rotated `delta` RoPE
   // positions further (R(delta) R(p) k = R(p + delta) k): the values are read back to f32
@@ -99,19 +136,29 @@ class LlamaForward {
   const ModelConfig& config() const { return config_; }
   // Bytes of one KV block of this model at the pool's dtype.
   int64_t block_bytes() const;
+  GraphStats graph_stats() const { return graph_stats_; }
 
  private:
   LlamaForward(const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx,
                ForwardOptions options);
   absl::Status Validate(absl::Span<const ForwardSequence> batch) const;
+  // Validates and prepares the batch, stages the sampling inputs (specs non-empty), then queues
+  // the step (QueueStep, or a decode graph's replay): logits_tmp_ holds the logits in slot
+  // order, and with specs d_tokens_ the tokens; not yet synchronised.
+  absl::Status Step(absl::Span<const ForwardSequence> batch, absl::Span<const SampleSpec> specs);
+  // Every layer, the final norm, the classifier and (sample) the sampler for the prepared
+  // batch of num_tokens rows. For a decode step it reads only fixed buffers: what a graph holds.
+  absl::Status QueueStep(int64_t num_tokens, bool sample);
+  // Whether the prepared batch runs as a decode graph.
+  bool GraphEligible(int64_t num_tokens) const;
   absl::Status Layer(int layer, int64_t num_tokens);
   // y (+)= x w^T + bias; w_scales: the per-row scales of int8 weights, else nullptr.
   absl::Status MatMul(const float* x, const void* w, const float* w_scales, const float* bias,
                       float* y, int64_t num_rows, int64_t in, int64_t out, bool accumulate);
   // Allocates scratch_ on ctx_.device and points the scratch pointers into it.
   absl::Status AllocateScratch();
-  // Embeds the batch's tokens into x_, builds and (kCuda) uploads the metadata; returns the
-  // number of token rows.
+  // Lays out the batch in slots, builds and (kCuda) uploads its metadata (token ids, positions,
+  // tables, lengths; QueueStep embeds the tokens); returns the number of token rows.
   absl::StatusOr<int64_t> PrepareBatch(absl::Span<const ForwardSequence> batch);
   kernels::KvCacheView CacheView(int layer) const;
 
@@ -141,16 +188,31 @@ class LlamaForward {
   void* workspace_ = nullptr;    // matmul workspace (device memory on kCuda); null when 0 bytes
   int64_t workspace_bytes_ = 0;
   const float* inv_freq_ = nullptr;  // [head_dim / 2]
+  // ForwardSample's per-slot sampling inputs and the sampled tokens: the host vectors on kCpu
+  // (without staged_metadata), device copies in the scratch otherwise; sample_ws_: the CPU
+  // sampler's workspace.
+  std::vector<float> temperature_, top_p_;
+  std::vector<int32_t> top_k_, slot_tokens_;
+  std::vector<uint64_t> seeds_, steps_;
+  float *d_temperature_ = nullptr, *d_top_p_ = nullptr;
+  int32_t *d_top_k_ = nullptr, *d_tokens_ = nullptr;
+  uint64_t *d_seeds_ = nullptr, *d_steps_ = nullptr;
+  std::vector<uint8_t> sample_ws_;
+
+  // Decode graphs by [sample][number of sequences] (empty until first used).
+  std::vector<kernels::DeviceGraph> graphs_[2];
+  bool graphs_off_ = false;
+  GraphStats graph_stats_;
 
   // Batch metadata, built on the host each call; the d_* pointers are what the kernels read:
   // the host vectors themselves on kCpu, device copies (uploaded once per Forward) on kCuda.
   std::vector<float> inv_freq_host_;
-  std::vector<int32_t> positions_, token_seq_, block_tables_, context_lens_;
+  std::vector<int32_t> positions_, token_seq_, token_ids_, block_tables_, context_lens_;
   // RoPE positions when some sequence has a rope_offset (kCpu only); else d_positions_.
   std::vector<int32_t> rope_positions_;
   const int32_t* d_rope_positions_ = nullptr;
-  int32_t *d_positions_ = nullptr, *d_token_seq_ = nullptr, *d_block_tables_ = nullptr,
-          *d_context_lens_ = nullptr;
+  int32_t *d_positions_ = nullptr, *d_token_seq_ = nullptr, *d_token_ids_ = nullptr,
+          *d_block_tables_ = nullptr, *d_context_lens_ = nullptr;
   int64_t max_blocks_per_seq_ = 0;
 };
 

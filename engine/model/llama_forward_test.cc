@@ -11,6 +11,7 @@
 #include "engine/model/model_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/device_memory.h"
+#include "kernels/sampling.h"
 
 namespace pd::engine {
 namespace {
@@ -96,7 +97,7 @@ TEST_F(LlamaForwardTest, LogitsAreBitwiseIndependentOfBatchingChunkingAndCacheHi
   std::unique_ptr<LlamaForward> f = MakeForward(64);
   ASSERT_NE(f, nullptr);
   const int64_t vocab = f->vocab_size();
-  std::vector<uint32_t> prompt = {1, 403, 407, 261, 378, 11, 300, 290, 350, 273, 270, 280,
+  std::vector<uint32_t> prompt = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273, 270, 280,
                                   301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311};  // 23
   std::vector<float> whole(vocab), chunked(vocab), batched(3 * vocab), cached(vocab);
 
@@ -117,8 +118,8 @@ TEST_F(LlamaForwardTest, LogitsAreBitwiseIndependentOfBatchingChunkingAndCacheHi
   std::vector<int32_t> t_a = Table(4, 2), t_b = Table(6, 1), t_c = Table(7, 2);
   std::vector<uint32_t> other = {1, 265, 266, 267};
   std::vector<uint32_t> single = {42};
-  ASSERT_TRUE(f->Forward({{other, 0, t_b}, {prompt, 0, t_a}, {single, 0, t_c}}, batched.data())
-                  .ok());
+  ASSERT_TRUE(
+      f->Forward({{other, 0, t_b}, {prompt, 0, t_a}, {single, 0, t_c}}, batched.data()).ok());
   EXPECT_EQ(std::memcmp(whole.data(), batched.data() + vocab, vocab * sizeof(float)), 0)
       << "batched prefill differs";
 
@@ -218,6 +219,159 @@ TEST_F(LlamaForwardTest, StagedMetadataGivesBitwiseEqualResults) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), 2 * vocab * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(pool_.data(), pool2.data(), pool2.size() * sizeof(float)), 0);
   EXPECT_NE(pool_, pool_direct_before);  // KV was written at all
+}
+
+// ForwardSample equals Forward followed by kernels::Sample on each logits row (greedy and
+// sampled rows, mixed decode and prefill, batch order differing from slot order), returns only
+// the rows asked for, and gives the same on the staged (CUDA-shaped) path.
+TEST_F(LlamaForwardTest, ForwardSampleEqualsForwardThenSample) {
+  const ModelConfig& c = weights_.config;
+  const int64_t vocab = c.vocab_size;
+  const std::vector<uint32_t> p1 = {1, 403, 407, 261, 378, 11, 300, 290, 350};
+  const std::vector<uint32_t> p2 = {1, 265, 266}, one = {42};
+  const std::vector<int32_t> t1 = {5}, t2 = {9}, t3 = {0};
+  const std::vector<ForwardSequence> batch = {{p1, 0, t1}, {one, 0, t3}, {p2, 0, t2}};
+  std::vector<SampleSpec> specs(3);
+  specs[0] = {0.8f, 20, 0.9f, 7, 3, /*want_logits=*/true};
+  specs[1] = {0.0f, 0, 1.0f, 0, 0, false};  // greedy
+  specs[2] = {1.5f, 0, 1.0f, 11, 0, false};
+
+  // Reference: Forward, then each row through kernels::Sample on the host.
+  std::unique_ptr<LlamaForward> plain = MakeForward(16);
+  ASSERT_NE(plain, nullptr);
+  std::vector<float> logits(3 * vocab);
+  ASSERT_TRUE(plain->Forward(batch, logits.data()).ok());
+  std::vector<int32_t> want(3);
+  for (int s = 0; s < 3; ++s) {
+    kernels::SamplingParams p;
+    p.logits = &logits[s * vocab];
+    p.out_tokens = &want[s];
+    p.num_seqs = 1;
+    p.vocab_size = p.logits_stride = vocab;
+    p.temperature = &specs[s].temperature;
+    p.top_k = &specs[s].top_k;
+    p.top_p = &specs[s].top_p;
+    p.seeds = &specs[s].seed;
+    p.steps = &specs[s].step;
+    std::vector<uint8_t> ws(kernels::SamplingWorkspaceBytes(kernels::OpContext{}, p));
+    p.workspace = ws.data();
+    p.workspace_bytes = static_cast<int64_t>(ws.size());
+    ASSERT_TRUE(kernels::Sample(kernels::OpContext{}, p).ok());
+  }
+  EXPECT_EQ(static_cast<uint32_t>(want[1]), Argmax(&logits[vocab], vocab));
+
+  for (bool staged : {false, true}) {
+    ForwardOptions options;
+    options.staged_metadata = staged;
+    std::unique_ptr<LlamaForward> f = MakeForward(16, options);
+    ASSERT_NE(f, nullptr);
+    std::vector<int32_t> tokens(3, -1);
+    std::vector<float> rows(3 * vocab, -7.0f);
+    ASSERT_TRUE(f->ForwardSample(batch, specs, tokens.data(), rows.data()).ok());
+    EXPECT_EQ(tokens, want) << "staged " << staged;
+    EXPECT_EQ(std::memcmp(rows.data(), logits.data(), vocab * sizeof(float)), 0);
+    EXPECT_EQ(rows[vocab], -7.0f);  // rows nobody asked for are not written
+    EXPECT_EQ(rows[2 * vocab + 5], -7.0f);
+  }
+}
+
+// Decode graphs (emulated on the CPU through the staged path: kernels::DeviceGraph replays the
+// captured step's code) give bitwise the results of launching kernel by kernel: the graph is
+// keyed by the right shape and the per-step inputs reach it through the fixed buffers.
+TEST_F(LlamaForwardTest, DecodeGraphsReplayBitwiseLikeEagerSteps) {
+  const ModelConfig& c = weights_.config;
+  const int64_t vocab = c.vocab_size;
+  const int64_t block_floats = int64_t{c.n_layers} * 2 * c.kv_dim * kBlockSize;
+  std::vector<float> pool_graph(16 * block_floats, 0.0f), pool_eager(16 * block_floats, 0.0f);
+  ForwardOptions graph_options, eager_options;
+  graph_options.staged_metadata = eager_options.staged_metadata = true;
+  eager_options.decode_graphs = false;
+  auto make = [&](std::vector<float>& pool, ForwardOptions o) {
+    absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
+        &weights_, {pool.data(), kernels::DType::kF32, 16, kBlockSize}, kernels::OpContext{}, o);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.ok() ? *std::move(f) : nullptr;
+  };
+  std::unique_ptr<LlamaForward> graph = make(pool_graph, graph_options);
+  std::unique_ptr<LlamaForward> eager = make(pool_eager, eager_options);
+  ASSERT_TRUE(graph != nullptr && eager != nullptr);
+
+  std::vector<std::vector<uint32_t>> seqs = {{1, 403, 407, 261}, {1, 265}, {1, 300, 290}};
+  const std::vector<std::vector<int32_t>> tables = {{0, 1}, {4, 5}, {8, 9}};
+  // Step 0 prefills all three (not a decode step); then decode steps with 3, 2, 3, 1 and 3
+  // sequences, alternating Forward and ForwardSample.
+  const std::vector<std::vector<int>> steps = {{0, 1, 2}, {0, 1, 2}, {2, 0}, {0, 1, 2},
+                                               {1},       {2, 1, 0}, {0, 2}};
+  std::vector<size_t> computed(3, 0);
+  int64_t decode_steps = 0;
+  for (size_t step = 0; step < steps.size(); ++step) {
+    std::vector<ForwardSequence> batch;
+    std::vector<SampleSpec> specs;
+    bool decode = true;
+    for (int s : steps[step]) {
+      const size_t n = seqs[s].size() - computed[s];
+      decode = decode && n == 1;
+      batch.push_back({absl::MakeConstSpan(seqs[s]).subspan(computed[s]),
+                       static_cast<int64_t>(computed[s]), tables[s]});
+      SampleSpec sp;
+      sp.temperature = s == 1 ? 0.0f : 0.9f;
+      sp.top_k = 40;
+      sp.seed = static_cast<uint64_t>(s);
+      sp.step = step;
+      sp.want_logits = true;
+      specs.push_back(sp);
+    }
+    decode_steps += decode ? 1 : 0;
+    std::vector<float> a(batch.size() * vocab), b(batch.size() * vocab);
+    std::vector<int32_t> ta(batch.size(), -1), tb(batch.size(), -2);
+    if (step % 2 == 0) {
+      ASSERT_TRUE(graph->Forward(batch, a.data()).ok());
+      ASSERT_TRUE(eager->Forward(batch, b.data()).ok());
+      for (size_t i = 0; i < batch.size(); ++i) {
+        ta[i] = tb[i] = static_cast<int32_t>(Argmax(&a[i * vocab], vocab));
+      }
+    } else {
+      ASSERT_TRUE(graph->ForwardSample(batch, specs, ta.data(), a.data()).ok());
+      ASSERT_TRUE(eager->ForwardSample(batch, specs, tb.data(), b.data()).ok());
+    }
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "step " << step;
+    EXPECT_EQ(ta, tb) << "step " << step;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int s = steps[step][i];
+      computed[s] = seqs[s].size();
+      seqs[s].push_back(static_cast<uint32_t>(ta[i]));
+    }
+  }
+  EXPECT_EQ(std::memcmp(pool_graph.data(), pool_eager.data(), pool_graph.size() * sizeof(float)),
+            0);
+  // Decode steps 1-6 have shapes (3, sample), (2, forward), (3, sample), (1, forward),
+  // (3, sample), (2, forward): each replays, and each of the 3 shapes was captured once.
+  EXPECT_EQ(decode_steps, 6);
+  EXPECT_EQ(graph->graph_stats().replays, 6);
+  EXPECT_EQ(graph->graph_stats().captures, 3);
+  EXPECT_EQ(eager->graph_stats().replays, 0);
+}
+
+TEST_F(LlamaForwardTest, ForwardSampleRejectsBadSpecsBeforeCompute) {
+  std::unique_ptr<LlamaForward> f = MakeForward(4);
+  ASSERT_NE(f, nullptr);
+  const std::vector<float> before = pool_;
+  const std::vector<uint32_t> one = {42};
+  const std::vector<int32_t> t = {0};
+  const std::vector<ForwardSequence> batch = {{one, 0, t}};
+  int32_t token = -1;
+  std::vector<SampleSpec> specs(1);
+  specs[0].top_p = 1.5f;
+  absl::Status s = f->ForwardSample(batch, specs, &token, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("top_p"), std::string::npos) << s;
+  specs[0] = SampleSpec{};
+  specs[0].want_logits = true;
+  s = f->ForwardSample(batch, specs, &token, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(f->ForwardSample(batch, {}, &token, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_, before);
 }
 
 // DeviceWeights on kCpu is a full host copy in one allocation: a forward pass over the copy

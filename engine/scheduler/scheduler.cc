@@ -1,6 +1,7 @@
 #include "engine/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -209,6 +210,11 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
       return absl::InvalidArgumentError(
           absl::StrCat("request ", id, ": forced token id ", t, " >= vocab size ", c.vocab_size));
     }
+  }
+  if (std::isnan(request.sampling.temperature) || !(request.sampling.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": temperature ", request.sampling.temperature, " and top_p ",
+                     request.sampling.top_p, " (need a number, and top_p at most 1; 0 means 1)"));
   }
   if (request.sampling.logprobs < -1 || request.sampling.logprobs > kernels::kMaxTopLogprobs) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": logprobs ",
@@ -808,7 +814,24 @@ bool Scheduler::Step() {
   for (size_t i = 0; i < batch.size(); ++i) {
     batch[i].block_table = tables[i];
   }
-  absl::Status status = forward_->Forward(batch, logits_.data());
+  // Each sequence's next token is sampled where the logits are (on the GPU with --device
+  // cuda); only rows whose request asked for logprobs come back as logits.
+  std::vector<SampleSpec> specs(members.size());
+  bool any_logits = false;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const SamplingOptions& so = members[i]->request.sampling;
+    SampleSpec& sp = specs[i];
+    sp.temperature = so.temperature > 0 ? so.temperature : 0.0f;
+    sp.top_k = so.top_k;
+    sp.top_p = so.top_p > 0 ? so.top_p : 1.0f;
+    sp.seed = so.seed;
+    sp.step = members[i]->num_generated();
+    sp.want_logits = so.logprobs >= 0;
+    any_logits = any_logits || sp.want_logits;
+  }
+  std::vector<int32_t> sampled(members.size(), 0);
+  absl::Status status =
+      forward_->ForwardSample(batch, specs, sampled.data(), any_logits ? logits_.data() : nullptr);
   if (!status.ok()) {
     LOG(ERROR) << "forward pass failed for a batch of " << batch.size() << ": " << status;
     for (Sequence* seq : members) {
@@ -840,45 +863,16 @@ bool Scheduler::Step() {
       seq->prefill_done = clock_->Now();
     }
     const SamplingOptions& so = seq->request.sampling;
-    float temperature = so.temperature;
-    int32_t top_k = so.top_k;
-    float top_p = so.top_p > 0 ? so.top_p : 1.0f;
-    uint64_t seed = so.seed;
-    uint64_t step = seq->num_generated();
-    int32_t token = 0;
-    kernels::SamplingParams sp;
-    sp.logits = logits_.data() + i * vocab;
-    sp.out_tokens = &token;
-    sp.num_seqs = 1;
-    sp.vocab_size = vocab;
-    sp.logits_stride = vocab;
-    if (temperature > 0) {
-      sp.temperature = &temperature;
-      sp.top_k = &top_k;
-      sp.top_p = &top_p;
-      sp.seeds = &seed;
-      sp.steps = &step;
-    }
-    const int64_t ws = kernels::SamplingWorkspaceBytes(kernels::OpContext{}, sp);
-    if (static_cast<int64_t>(sample_workspace_.size()) < ws) {
-      sample_workspace_.resize(ws);
-    }
-    sp.workspace = sample_workspace_.data();
-    sp.workspace_bytes = static_cast<int64_t>(sample_workspace_.size());
-    absl::Status sampled = absl::OkStatus();
+    const uint64_t step = seq->num_generated();
+    int32_t token = sampled[i];
     if (step < so.forced_tokens.size()) {
       token = static_cast<int32_t>(so.forced_tokens[step]);  // teacher forcing
-    } else {
-      sampled = kernels::Sample(kernels::OpContext{}, sp);
-    }
-    if (!sampled.ok()) {
-      Finish(seq, FinishReason::kError, sampled);
-      continue;
     }
     // Log-probabilities only for requests that asked, from the same host logits row.
     std::optional<TokenLogprob> logprob;
     if (so.logprobs >= 0) {
-      absl::StatusOr<TokenLogprob> lp = ComputeLogprob(sp.logits, vocab, token, so.logprobs);
+      absl::StatusOr<TokenLogprob> lp =
+          ComputeLogprob(logits_.data() + i * vocab, vocab, token, so.logprobs);
       if (!lp.ok()) {
         Finish(seq, FinishReason::kError, lp.status());
         continue;

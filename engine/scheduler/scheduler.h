@@ -192,7 +192,6 @@ class Scheduler {
   uint64_t next_sequence_id_ = 1;
   SchedulerStats stats_;
   std::vector<float> logits_;
-  std::vector<uint8_t> sample_workspace_;
 };
 
 }  // namespace pd::engine

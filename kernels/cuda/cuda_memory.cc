@@ -107,6 +107,42 @@ void StreamDestroy(void* stream) {
   }
 }
 
+absl::Status GraphBeginCapture(void* stream) {
+  return FromCuda(cudaStreamBeginCapture(AsStream(stream), cudaStreamCaptureModeThreadLocal),
+                  "cudaStreamBeginCapture");
+}
+
+absl::StatusOr<void*> GraphEndCapture(void* stream) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(AsStream(stream), &graph);
+  if (end != cudaSuccess) {
+    if (graph != nullptr) {
+      cudaGraphDestroy(graph);
+    }
+    (void)cudaGetLastError();
+    return FromCuda(end, "cudaStreamEndCapture");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst != cudaSuccess) {
+    (void)cudaGetLastError();
+    return FromCuda(inst, "cudaGraphInstantiate");
+  }
+  return static_cast<void*>(exec);
+}
+
+absl::Status GraphLaunch(void* exec, void* stream) {
+  return FromCuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), AsStream(stream)),
+                  "cudaGraphLaunch");
+}
+
+void GraphExecDestroy(void* exec) {
+  if (exec != nullptr && cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+}
+
 absl::StatusOr<void*> EventCreate() {
   cudaEvent_t e = nullptr;
   const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);

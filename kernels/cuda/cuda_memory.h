@@ -38,6 +38,15 @@ absl::Status EventSynchronize(void* event);
 absl::Status HostRegister(void* host, int64_t bytes);
 void HostUnregister(void* host);
 
+// CUDA graphs: cudaStreamBeginCapture (thread-local mode, so other threads' CUDA calls do not
+// invalidate it); GraphEndCapture ends it and instantiates the graph (an Internal error when
+// the capture was invalidated, e.g. by a synchronous call inside it; the capture is ended
+// either way); GraphLaunch replays it on `stream`.
+absl::Status GraphBeginCapture(void* stream);
+absl::StatusOr<void*> GraphEndCapture(void* stream);
+absl::Status GraphLaunch(void* exec, void* stream);
+void GraphExecDestroy(void* exec);
+
 // OK when at least one device is usable; FailedPrecondition "no CUDA device" otherwise.
 absl::Status CheckDevice();
 

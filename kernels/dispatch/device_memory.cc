@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "build_config.h"
+#include "common/base/status_macros.h"
 #if PD_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_memory.h"
@@ -204,6 +205,83 @@ void DeviceStream::Release() {
 }
 
 absl::Status DeviceStream::Synchronize() const { return SynchronizeStream(context()); }
+
+// --- graphs ---
+
+absl::StatusOr<DeviceGraph> DeviceGraph::Capture(const OpContext& ctx,
+                                                 std::function<absl::Status()> body) {
+  DeviceGraph g;
+  g.device_ = ctx.device;
+  if (ctx.device == Device::kCpu) {
+    g.body_ = std::move(body);
+    return g;
+  }
+#if PD_WITH_CUDA
+  if (ctx.stream == nullptr) {
+    return absl::FailedPreconditionError("graph capture: the default stream cannot be captured");
+  }
+  PD_RETURN_IF_ERROR(cuda::GraphBeginCapture(ctx.stream));
+  const absl::Status ran = body();
+  absl::StatusOr<void*> exec = cuda::GraphEndCapture(ctx.stream);  // ends the capture always
+  if (!ran.ok()) {
+    if (exec.ok()) {
+      cuda::GraphExecDestroy(*exec);
+    }
+    return ran;
+  }
+  if (!exec.ok()) {
+    return exec.status();
+  }
+  g.exec_ = *exec;
+  return g;
+#else
+  return NoCuda("graph capture");
+#endif
+}
+
+DeviceGraph::DeviceGraph(DeviceGraph&& other) noexcept
+    : device_(other.device_),
+      exec_(std::exchange(other.exec_, nullptr)),
+      body_(std::exchange(other.body_, nullptr)) {}
+
+DeviceGraph& DeviceGraph::operator=(DeviceGraph&& other) noexcept {
+  if (this != &other) {
+    Release();
+    device_ = other.device_;
+    exec_ = std::exchange(other.exec_, nullptr);
+    body_ = std::exchange(other.body_, nullptr);
+  }
+  return *this;
+}
+
+DeviceGraph::~DeviceGraph() { Release(); }
+
+void DeviceGraph::Release() {
+#if PD_WITH_CUDA
+  if (device_ == Device::kCuda) {
+    cuda::GraphExecDestroy(exec_);
+  }
+#endif
+  exec_ = nullptr;
+  body_ = nullptr;
+}
+
+absl::Status DeviceGraph::Launch(const OpContext& ctx) const {
+  if (empty()) {
+    return absl::FailedPreconditionError("graph launch: empty graph");
+  }
+  if (ctx.device != device_) {
+    return absl::InvalidArgumentError("graph launch: a context of another device");
+  }
+  if (device_ == Device::kCpu) {
+    return body_();
+  }
+#if PD_WITH_CUDA
+  return cuda::GraphLaunch(exec_, ctx.stream);
+#else
+  return NoCuda("graph launch");
+#endif
+}
 
 // --- events ---
 

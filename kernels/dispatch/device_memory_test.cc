@@ -137,6 +137,48 @@ TEST(DeviceMemoryTest, CudaReportsUnbuiltOrNoDeviceOrWorks) {
   ASSERT_TRUE(done.ok());
   EXPECT_TRUE(*done);
   EXPECT_EQ(back, src);
+
+  // A graph: a device-to-device copy captured (not run), then replayed twice.
+  std::vector<uint8_t> other(4096, 9), out(4096);
+  int calls = 0;
+  absl::StatusOr<DeviceGraph> graph = DeviceGraph::Capture(ctx, [&] {
+    ++calls;
+    return CopyAsync(ctx, b->data(), a->data(), 4096);
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(calls, 1);  // the body queued its work once, into the graph
+  ASSERT_TRUE(CopyAsync(ctx, a->data(), other.data(), 4096).ok());
+  ASSERT_TRUE(graph->Launch(ctx).ok());
+  ASSERT_TRUE(CopyAsync(ctx, out.data(), b->data(), 4096).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(out, other);  // the replay copied a's new contents
+  EXPECT_EQ(calls, 1);
+  // The default stream cannot be captured; a failing body's error comes back.
+  EXPECT_EQ(DeviceGraph::Capture(cuda, [] { return absl::OkStatus(); }).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(DeviceGraph::Capture(ctx, [] { return absl::DataLossError("x"); }).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// On kCpu a graph keeps its body and runs it at each launch (the emulation CPU tests use).
+TEST(DeviceMemoryTest, CpuGraphRunsItsBodyAtEachLaunch) {
+  const OpContext cpu{};
+  int calls = 0;
+  absl::StatusOr<DeviceGraph> graph = DeviceGraph::Capture(cpu, [&] {
+    ++calls;
+    return calls == 3 ? absl::InternalError("third") : absl::OkStatus();
+  });
+  ASSERT_TRUE(graph.ok());
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(graph->Launch(cpu).ok());
+  EXPECT_TRUE(graph->Launch(cpu).ok());
+  EXPECT_EQ(graph->Launch(cpu).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(graph->Launch(OpContext{Device::kCuda, nullptr, nullptr}).code(),
+            absl::StatusCode::kInvalidArgument);
+  DeviceGraph moved = *std::move(graph);
+  EXPECT_FALSE(moved.empty());
+  EXPECT_EQ(DeviceGraph().Launch(cpu).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
