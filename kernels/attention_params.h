@@ -167,6 +167,11 @@ struct PrefillAttentionParams {
   int64_t num_tokens = 0;
   int64_t num_heads = 0;  // a multiple of cache.num_kv_heads
   float scale = 0.0f;     // 0 means 1 / sqrt(head_dim)
+  // kCuda: allow the tensor-core kernel (kernels/cuda/prefill_tc.h) where it applies (a bf16
+  // cache, head_dim a multiple of 16 up to 128): Q and the softmax weights are rounded to bf16,
+  // so results match the exact kernel within about 1e-2 relative instead of f32 rounding.
+  // Ignored on other devices.
+  bool tensor_cores = false;
 };
 
 // One query token for each of num_seqs sequences (continuous batching): sequence s attends its

@@ -659,6 +659,7 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
     p.start_pos = slot.start_pos;
     p.num_tokens = slot.num_tokens;
     p.num_heads = c.n_heads;
+    p.tensor_cores = true;  // kCuda, bf16 caches: within bf16 rounding (kernels/cuda/prefill_tc.h)
     PD_RETURN_IF_ERROR(kernels::PrefillAttention(ctx_, p));
   }
   // x += attn Wo

@@ -142,7 +142,8 @@ BENCHMARK(BM_CudaDecodeAttention)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// Causal prefill of Arg(0) tokens from position 0, one layer.
+// Causal prefill of Arg(0) tokens from position 0, one layer; Arg(1) 1 = the tensor-core
+// kernel (issue #16 item 5), 0 = the exact one.
 void BM_CudaPrefillAttention(benchmark::State& state) {
   if (NoDevice(state)) {
     return;
@@ -165,14 +166,16 @@ void BM_CudaPrefillAttention(benchmark::State& state) {
   p.num_table_blocks = num_blocks;
   p.num_tokens = tokens;
   p.num_heads = kHeads;
+  p.tensor_cores = state.range(1) != 0;
   TimeOnDevice(state, [&] { return PrefillAttention(Cuda(), p); });
   state.counters["FLOPS"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * 4.0 * kHeads * kHeadDim * tokens * tokens / 2,
       benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_CudaPrefillAttention)
-    ->Arg(512)
-    ->Arg(2048)
+    ->Args({512, 1})
+    ->Args({2048, 1})
+    ->Args({2048, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

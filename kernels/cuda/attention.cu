@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/launch_config.h"
+#include "kernels/cuda/prefill_tc.h"
 
 namespace pd::kernels::cuda {
 namespace {
@@ -166,6 +167,9 @@ cudaError_t LaunchWriteKv(const WriteKvParams& p, cudaStream_t stream) {
 }
 
 cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {
+  if (PrefillTcEligible(p)) {
+    return LaunchPrefillAttentionTc(p, AttentionScale(p.scale, p.cache.head_dim), stream);
+  }
   const LaunchShape s = AttentionLaunch(p.num_tokens, p.num_heads, p.cache.head_dim);
   if (!Launchable(s) || p.cache.head_dim > kMaxAttentionHeadDim) {
     return cudaErrorInvalidConfiguration;

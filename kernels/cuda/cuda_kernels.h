@@ -38,6 +38,10 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 // f32, bf16 and f16 caches (stores round as kernels/half.h).
 cudaError_t LaunchWriteKv(const WriteKvParams& p, cudaStream_t stream);
 cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream);
+// The tensor-core prefill (kernels/cuda/prefill_tc.h), for params PrefillTcEligible accepts;
+// LaunchPrefillAttention calls it for those. `scale` is the resolved softmax scale.
+cudaError_t LaunchPrefillAttentionTc(const PrefillAttentionParams& p, float scale,
+                                     cudaStream_t stream);
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream);
 
 // Greedy, temperature, top-k and top-p as kernels/sampling_params.h; needs no workspace.
