@@ -106,6 +106,14 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
     p.w_dtype = weights->dtype;
     f->workspace_bytes_ = std::max(f->workspace_bytes_, kernels::MatMulWorkspaceBytes(ctx, p));
   }
+  // Decode attention's split partials (CUDA) share it: the ops run one at a time on one stream.
+  kernels::DecodeAttentionParams decode;
+  decode.num_seqs = options.max_seqs;
+  decode.num_heads = c.n_heads;
+  decode.max_blocks_per_seq = f->max_blocks_per_seq_;
+  decode.cache = f->CacheView(0);
+  f->workspace_bytes_ =
+      std::max(f->workspace_bytes_, kernels::DecodeAttentionWorkspaceBytes(ctx, decode));
   PD_RETURN_IF_ERROR(f->AllocateScratch());
   return f;
 }
@@ -470,6 +478,8 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
     d.context_lens = d_context_lens_;
     d.num_seqs = num_decode_slots_;
     d.num_heads = c.n_heads;
+    d.workspace = workspace_;
+    d.workspace_bytes = workspace_bytes_;
     PD_RETURN_IF_ERROR(kernels::DecodeAttention(ctx_, d));
   }
   for (size_t i = num_decode_slots_; i < slots_.size(); ++i) {

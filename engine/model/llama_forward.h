@@ -138,7 +138,7 @@ class LlamaForward {
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
   float *att_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
   float* logits_tmp_ = nullptr;  // [max_seqs][vocab], slot order
-  void* workspace_ = nullptr;    // matmul workspace (device memory on kCuda); null when 0 bytes
+  void* workspace_ = nullptr;    // matmul and decode attention workspace (device memory on kCuda)
   int64_t workspace_bytes_ = 0;
   const float* inv_freq_ = nullptr;  // [head_dim / 2]
 
