@@ -11,7 +11,8 @@
 // the scalar parameters only, and the caller guarantees positions, context lengths and block ids
 // are in range (an out-of-range id is an illegal address on the device, reported at the next
 // synchronising CUDA call). CUDA results match the CPU's within f32 rounding (different
-// summation order), and WriteKv stores bitwise the same cache values. Quantized caches (i8,
+// summation order: CUDA decode attention sums each split of 256+ keys on its own and merges the
+// splits), and WriteKv stores bitwise the same cache values. Quantized caches (i8,
 // fp8_e4m3): WriteKv stores bitwise the bytes (codes and scales) of kernels/reference, on kCpu
 // and on kCuda.
 #pragma once

@@ -38,6 +38,8 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 // f32, bf16 and f16 caches (stores round as kernels/half.h).
 cudaError_t LaunchWriteKv(const WriteKvParams& p, cudaStream_t stream);
 cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream);
+// Split-KV decode attention: a split kernel then a merge kernel (launch_config.h); needs
+// p.workspace of DecodeWorkspaceBytes (cudaErrorInvalidConfiguration otherwise).
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream);
 
 // Greedy, temperature, top-k and top-p as kernels/sampling_params.h; needs no workspace.
