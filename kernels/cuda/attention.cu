@@ -175,15 +175,25 @@ __device__ void StageKvChunk(const KvCacheView& c, const int32_t* table, int64_t
       const int64_t es = DTypeSize(dtype);
       const uint4 kw = *reinterpret_cast<const uint4*>(base + k_off * es);
       const uint4 vw = *reinterpret_cast<const uint4*>(base + (k_off + c.kv_stride) * es);
-      const int n = static_cast<int>(KvWordElems(dtype));
-      UnpackKvWord(kw.x, dtype, k_dst);
-      UnpackKvWord(kw.y, dtype, k_dst + n);
-      UnpackKvWord(kw.z, dtype, k_dst + 2 * n);
-      UnpackKvWord(kw.w, dtype, k_dst + 3 * n);
-      UnpackKvWord(vw.x, dtype, v_dst);
-      UnpackKvWord(vw.y, dtype, v_dst + n);
-      UnpackKvWord(vw.z, dtype, v_dst + 2 * n);
-      UnpackKvWord(vw.w, dtype, v_dst + 3 * n);
+      // Widened in registers, then stored as float4s: k_dst and v_dst are 16-byte aligned (the
+      // layout's regions are, head_dim is a multiple of 4 and u.elem of 4 or 8 here), and
+      // whole-vector stores keep the threads of a warp off each other's banks.
+      constexpr int kElems = kDecodeVectorBytes / DTypeSize(kVecDType);  // 4 or 8
+      constexpr int n = static_cast<int>(KvWordElems(kVecDType));
+      float k[kElems], v[kElems];
+      UnpackKvWord(kw.x, dtype, k);
+      UnpackKvWord(kw.y, dtype, k + n);
+      UnpackKvWord(kw.z, dtype, k + 2 * n);
+      UnpackKvWord(kw.w, dtype, k + 3 * n);
+      UnpackKvWord(vw.x, dtype, v);
+      UnpackKvWord(vw.y, dtype, v + n);
+      UnpackKvWord(vw.z, dtype, v + 2 * n);
+      UnpackKvWord(vw.w, dtype, v + 3 * n);
+#pragma unroll
+      for (int j = 0; j < kElems; j += 4) {
+        *reinterpret_cast<float4*>(k_dst + j) = make_float4(k[j], k[j + 1], k[j + 2], k[j + 3]);
+        *reinterpret_cast<float4*>(v_dst + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+      }
     } else {
       const float k = LoadKv(c.base, c.dtype, k_off);
       const float v = LoadKv(c.base, c.dtype, k_off + c.kv_stride);
@@ -204,7 +214,8 @@ __device__ void StageKvChunk(const KvCacheView& c, const int32_t* table, int64_t
 template <bool kVector, DType kVecDType>
 __global__ void __launch_bounds__(kDecodeThreads)
     DecodeSplitKernel(DecodeAttentionParams p, DecodeGeometry g, float scale) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float decode_smem[];
+  float* smem = decode_smem;
   const KvCacheView& c = p.cache;
   const DecodeSplitBlock blk = DecodeSplitBlockAt(blockIdx.x, g, c.num_kv_heads);
   const KeyRange keys = DecodeSplitKeys(blk.split, g.split_tokens, p.context_lens[blk.seq]);

@@ -289,7 +289,8 @@ constexpr DecodeGeometry DecodeGeometryOf(const DecodeAttentionParams& p) {
                           p.max_blocks_per_seq);
 }
 
-// The split kernel's dynamic shared memory, in floats from its start:
+// The split kernel's dynamic shared memory, in floats from its start, each region starting on
+// a 16-byte boundary (the vector path stores float4s into k and v):
 //   q    [tile_heads][head_dim]    the tile's queries, times the softmax scale
 //   k, v [chunk_keys][head_dim]    the staged chunk, widened to f32 (times the row scale)
 //   p    [tile_heads][chunk_keys]  scores, then their weights e^(score - max)
@@ -305,16 +306,18 @@ struct DecodeSmemLayout {
   int64_t total_floats = 0;
 };
 
+PD_HOST_DEVICE constexpr int64_t DecodeSmemAlign(int64_t floats) { return CeilDiv(floats, 4) * 4; }
+
 PD_HOST_DEVICE constexpr DecodeSmemLayout DecodeSmemLayoutOf(const DecodeGeometry& g,
                                                              int64_t head_dim) {
   DecodeSmemLayout s;
   s.q = 0;
-  s.k = s.q + g.tile_heads * head_dim;
-  s.v = s.k + g.chunk_keys * head_dim;
-  s.p = s.v + g.chunk_keys * head_dim;
-  s.max = s.p + g.tile_heads * g.chunk_keys;
-  s.sum = s.max + g.tile_heads;
-  s.corr = s.sum + g.tile_heads;
+  s.k = DecodeSmemAlign(s.q + g.tile_heads * head_dim);
+  s.v = DecodeSmemAlign(s.k + g.chunk_keys * head_dim);
+  s.p = DecodeSmemAlign(s.v + g.chunk_keys * head_dim);
+  s.max = DecodeSmemAlign(s.p + g.tile_heads * g.chunk_keys);
+  s.sum = DecodeSmemAlign(s.max + g.tile_heads);
+  s.corr = DecodeSmemAlign(s.sum + g.tile_heads);
   s.total_floats = s.corr + g.tile_heads;
   return s;
 }

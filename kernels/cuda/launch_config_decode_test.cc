@@ -79,6 +79,18 @@ TEST(CudaDecodeLaunchTest, GeometryAndLaunchShapes) {
     ASSERT_LE(DecodeSplitLaunch(w, 1, 1, hd).shared_bytes, 48 * 1024) << hd;
     ASSERT_LE(w.tile_heads * hd, int64_t{kDecodeMaxAccPerThread} * kDecodeThreads) << hd;
     ASSERT_GE(w.chunk_keys, 1);
+    // Regions start on 16-byte boundaries, in order, without overlap.
+    const DecodeSmemLayout l = DecodeSmemLayoutOf(w, hd);
+    for (int64_t start : {l.q, l.k, l.v, l.p, l.max, l.sum, l.corr}) {
+      ASSERT_EQ(start % 4, 0) << hd;
+    }
+    ASSERT_GE(l.k, l.q + w.tile_heads * hd);
+    ASSERT_GE(l.v, l.k + w.chunk_keys * hd);
+    ASSERT_GE(l.p, l.v + w.chunk_keys * hd);
+    ASSERT_GE(l.max, l.p + w.tile_heads * w.chunk_keys);
+    ASSERT_GE(l.sum, l.max + w.tile_heads);
+    ASSERT_GE(l.corr, l.sum + w.tile_heads);
+    ASSERT_EQ(l.total_floats, l.corr + w.tile_heads);
   }
 }
 
@@ -442,6 +454,9 @@ void EmulateSplitBlock(const DecodeAttentionParams& p, const DecodeGeometry& g, 
         float* k_dst = ks + u.row * head_dim + u.elem;
         float* v_dst = vs + u.row * head_dim + u.elem;
         if (vector) {
+          // The kernel stores whole float4s here.
+          ASSERT_EQ((k_dst - smem.data()) % 4, 0);
+          ASSERT_EQ((v_dst - smem.data()) % 4, 0);
           const int64_t es = DTypeSize(dtype);
           const char* kp = static_cast<const char*>(c.base) + k_off * es;
           const char* vp = static_cast<const char*>(c.base) + (k_off + c.kv_stride) * es;
