@@ -200,8 +200,8 @@ struct DecodeVariant {
 };
 
 // GQA 1, 4 and 8 at head_dim 64 and 128; a group of 16 (two head tiles of 8); head_dim 80
-// (f32: 16-byte rows; bf16/f16: 160-byte rows, still whole vectors) with block size 8;
-// head_dim 256 with block size 1.
+// (320-byte f32 rows, 160-byte bf16/f16 rows: still whole 16-byte vectors) with block size 8;
+// head_dim 256 with block size 1 (5000 blocks for the longest sequence).
 const DecodeVariant kDecodeVariants[] = {{4, 4, 64, 16},   {8, 2, 128, 16}, {8, 1, 64, 16},
                                          {16, 2, 128, 16}, {16, 1, 64, 16}, {8, 1, 80, 8},
                                          {2, 1, 256, 1}};
