@@ -11,7 +11,8 @@
 // the scalar parameters only, and the caller guarantees positions, context lengths and block ids
 // are in range (an out-of-range id is an illegal address on the device, reported at the next
 // synchronising CUDA call). CUDA results match the CPU's within f32 rounding (different
-// summation order), and WriteKv stores bitwise the same cache values. Quantized caches (i8,
+// summation order: CUDA decode attention sums each split of 256+ keys on its own and merges the
+// splits), and WriteKv stores bitwise the same cache values. Quantized caches (i8,
 // fp8_e4m3): WriteKv stores bitwise the bytes (codes and scales) of kernels/reference, on kCpu
 // and on kCuda.
 #pragma once
@@ -34,7 +35,19 @@ absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
 // now (Unimplemented on kCuda).
 absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
+// DecodeAttention also, where DecodeAttentionWorkspaceBytes(ctx, p) > 0 (kCuda): InvalidArgument
+// when p.workspace is null, not 4-byte aligned, overlaps q or out, or holds fewer bytes (the
+// message names both sizes and the shape behind them).
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
+
+// Bytes of p.workspace that DecodeAttention(ctx, p) needs: 0 on kCpu (and on kCuda in builds
+// without CUDA); on kCuda the split-KV kernel's partial results, one (acc[head_dim], max, sum)
+// record of f32 per (sequence, query head, split of 256 tokens or more), from p.num_seqs,
+// p.num_heads, p.cache.head_dim, p.max_blocks_per_seq and p.cache.block_size only (never the
+// context lengths, which live on the device): about num_seqs * num_heads * (head_dim + 2) * 4 *
+// max_blocks_per_seq * block_size / 256 bytes. An engine sizes one buffer for its largest batch
+// and block table. 0 when a size is not positive (DecodeAttention rejects the call anyway).
+int64_t DecodeAttentionWorkspaceBytes(const OpContext& ctx, const DecodeAttentionParams& p);
 
 // Whether a backend built for `device` reads and writes caches of `cache_dtype`: kCpu every
 // dtype, kCuda (when built) every dtype too. The CUDA i8/fp8 kernels are written to the same

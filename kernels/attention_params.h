@@ -176,6 +176,8 @@ struct PrefillAttentionParams {
 
 // One query token for each of num_seqs sequences (continuous batching): sequence s attends its
 // keys [0, context_lens[s]), which include the current token (WriteKv first).
+// The workspace holds the CUDA kernel's per-split partial results (split-KV attention); its size
+// is DecodeAttentionWorkspaceBytes (kernels/attention.h): 0 on kCpu, where it is not used.
 struct DecodeAttentionParams {
   const float* q = nullptr;    // [num_seqs][q_seq_stride]; each [num_heads][head_dim]
   float* out = nullptr;        // [num_seqs][out_seq_stride]; likewise; must not overlap q
@@ -188,6 +190,14 @@ struct DecodeAttentionParams {
   int64_t num_seqs = 0;
   int64_t num_heads = 0;  // a multiple of cache.num_kv_heads
   float scale = 0.0f;     // 0 means 1 / sqrt(head_dim)
+  // kCuda: the longest context_lens[s] the caller expects (0: the table's coverage). It only
+  // sets how keys are cut into splits (fewer, shorter blocks for short contexts); a longer
+  // context is still attended in full, by the last split. The workspace for 0 fits any value.
+  int64_t max_context_len = 0;
+  // Memory of ctx.device (4-byte aligned, overlapping none of q and out), at least
+  // DecodeAttentionWorkspaceBytes; its contents on entry do not matter and are left undefined.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
 };
 
 }  // namespace pd::kernels

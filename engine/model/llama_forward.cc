@@ -102,9 +102,6 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   f->slot_tokens_.resize(options.max_seqs);
   f->seeds_.resize(options.max_seqs);
   f->steps_.resize(options.max_seqs);
-  for (auto& g : f->graphs_) {
-    g.resize(options.max_seqs + 1);
-  }
   if (ctx.device == kernels::Device::kCpu) {
     kernels::SamplingParams sp;  // the most any call needs: every row sampling
     sp.num_seqs = options.max_seqs;
@@ -127,6 +124,14 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
     p.w_dtype = weights->dtype;
     f->workspace_bytes_ = std::max(f->workspace_bytes_, kernels::MatMulWorkspaceBytes(ctx, p));
   }
+  // Decode attention's split partials (CUDA) share it: the ops run one at a time on one stream.
+  kernels::DecodeAttentionParams decode;
+  decode.num_seqs = options.max_seqs;
+  decode.num_heads = c.n_heads;
+  decode.max_blocks_per_seq = f->max_blocks_per_seq_;
+  decode.cache = f->CacheView(0);
+  f->workspace_bytes_ =
+      std::max(f->workspace_bytes_, kernels::DecodeAttentionWorkspaceBytes(ctx, decode));
   PD_RETURN_IF_ERROR(f->AllocateScratch());
   return f;
 }
@@ -404,6 +409,18 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
     }
   }
   d_rope_positions_ = offsets ? rope_positions_.data() : d_positions_;  // (Validate: kCpu)
+  // The decode attention's context bound: the longest decode context rounded up to a power of
+  // two (at least 256, at most the table), so the split grid (and a decode graph) changes only
+  // when a context doubles.
+  int64_t longest = 0;
+  for (int64_t i = 0; i < num_decode_slots_; ++i) {
+    longest = std::max<int64_t>(longest, context_lens_[i]);
+  }
+  decode_bound_ = 256;
+  while (decode_bound_ < longest) {
+    decode_bound_ *= 2;
+  }
+  decode_bound_ = std::min(decode_bound_, max_blocks_per_seq_ * pool_.block_size);
   if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
     // The kernels read these from device memory. Pageable sources: CUDA has staged them by the
     // time each call returns, so the host vectors may be rebuilt by the next Forward().
@@ -517,9 +534,9 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
   if (!GraphEligible(num_tokens)) {
     return QueueStep(num_tokens, sample);
   }
-  // A decode step: its work depends only on (n, sample) and on buffers whose contents were just
-  // uploaded, so it is captured once per shape and replayed.
-  kernels::DeviceGraph& graph = graphs_[sample ? 1 : 0][n];
+  // A decode step: its work depends only on (n, sample, the decode context bound) and on
+  // buffers whose contents were just uploaded, so it is captured once per shape and replayed.
+  kernels::DeviceGraph& graph = graphs_[GraphKey{n, sample, decode_bound_}];
   if (graph.empty()) {
     absl::StatusOr<kernels::DeviceGraph> captured =
         kernels::DeviceGraph::Capture(ctx_, [this, n, sample] { return QueueStep(n, sample); });
@@ -644,6 +661,9 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
     d.context_lens = d_context_lens_;
     d.num_seqs = num_decode_slots_;
     d.num_heads = c.n_heads;
+    d.max_context_len = decode_bound_;
+    d.workspace = workspace_;
+    d.workspace_bytes = workspace_bytes_;
     PD_RETURN_IF_ERROR(kernels::DecodeAttention(ctx_, d));
   }
   for (size_t i = num_decode_slots_; i < slots_.size(); ++i) {

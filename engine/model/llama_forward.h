@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -185,7 +187,7 @@ class LlamaForward {
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
   float *att_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
   float* logits_tmp_ = nullptr;  // [max_seqs][vocab], slot order
-  void* workspace_ = nullptr;    // matmul workspace (device memory on kCuda); null when 0 bytes
+  void* workspace_ = nullptr;    // matmul and decode attention workspace (device memory on kCuda)
   int64_t workspace_bytes_ = 0;
   const float* inv_freq_ = nullptr;  // [head_dim / 2]
   // ForwardSample's per-slot sampling inputs and the sampled tokens: the host vectors on kCpu
@@ -199,8 +201,19 @@ class LlamaForward {
   uint64_t *d_seeds_ = nullptr, *d_steps_ = nullptr;
   std::vector<uint8_t> sample_ws_;
 
-  // Decode graphs by [sample][number of sequences] (empty until first used).
-  std::vector<kernels::DeviceGraph> graphs_[2];
+  // The decode attention's DecodeAttentionParams::max_context_len for the prepared batch.
+  int64_t decode_bound_ = 0;
+  // Decode graphs, captured on first use, by (sequences, ForwardSample, decode_bound_).
+  struct GraphKey {
+    int64_t num_seqs;
+    bool sample;
+    int64_t decode_bound;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(num_seqs, sample, decode_bound) <
+             std::tie(o.num_seqs, o.sample, o.decode_bound);
+    }
+  };
+  std::map<GraphKey, kernels::DeviceGraph> graphs_;
   bool graphs_off_ = false;
   GraphStats graph_stats_;
 

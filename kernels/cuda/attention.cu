@@ -1,9 +1,23 @@
 // Paged attention on CUDA: WriteKv, PrefillAttention (causal, one sequence) and DecodeAttention
-// (one query per sequence). Simple and exact rather than fast: one thread block per (query row,
-// query head), keys split over its warps with an online softmax in f32, the cache dtype
-// (f32/bf16/f16, or i8/fp8 codes times their row's scale) decided per load at run time so
-// there is one instantiation per kernel. Quantized rows are written by one thread each, with
-// the reference's float operations, so the bytes equal the CPU's.
+// (one query per sequence).
+//
+// PrefillAttention: simple and exact rather than fast: one thread block per (query row, query
+// head), keys split over its warps with an online softmax in f32, the cache dtype (f32/bf16/f16,
+// or i8/fp8 codes times their row's scale) decided per load at run time.
+//
+// DecodeAttention is split-KV ("flash-decoding", issue #16 item 4): DecodeSplitKernel runs one
+// block per (sequence, kv head, head tile, split of >= 256 keys) and serves all query heads of
+// the kv head's GQA group (up to 8 per tile) from one read of each K/V element, staged chunk by
+// chunk into shared memory as f32 (16-byte loads for f32/bf16/f16 caches with aligned rows,
+// element loads otherwise and for i8/fp8); it writes each head's unnormalised partial (acc, max,
+// sum) to the workspace. DecodeMergeKernel then merges each (sequence, head)'s splits in split
+// order, so results are deterministic and do not depend on the batch. The grid depends only on
+// max_blocks_per_seq: blocks past a sequence's length exit at once. All index arithmetic is in
+// launch_config.h, checked on the host by launch_config_decode_test.cc (including an emulation
+// of both kernels against kernels/reference). Not yet run or measured on a GPU.
+//
+// Quantized rows are written by one thread each, with the reference's float operations, so the
+// bytes equal the CPU's.
 #include <cmath>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -138,17 +152,199 @@ __global__ void PrefillAttentionKernel(PrefillAttentionParams p, float scale) {
             p.out + rh.row * p.out_token_stride + rh.head * head_dim, smem);
 }
 
-// grid = num_seqs * num_heads (AttentionLaunch): block b is sequence b / num_heads, query head
-// b % num_heads, attending its context_lens[seq] keys.
-__global__ void DecodeAttentionKernel(DecodeAttentionParams p, float scale) {
-  extern __shared__ float smem[];
+// Stages the K and V rows of keys [first_key, first_key + rows) of kv head `kv_head` into
+// ks and vs ([chunk_keys][head_dim] f32 each, row r = key first_key + r), widened (and for
+// i8/fp8 multiplied by the row's scale, one f32 multiply as on the CPU). kVector: 16-byte
+// loads of a kVecDType (= c.dtype) cache, DecodeVectorLoads holds; else one element per load,
+// c.dtype decided at run time (kVecDType unused). A compile-time dtype keeps the hot loop free
+// of the other dtypes' conversions.
+template <bool kVector, DType kVecDType>
+__device__ void StageKvChunk(const KvCacheView& c, const int32_t* table, int64_t kv_head,
+                             int64_t first_key, int rows, float* ks, float* vs) {
+  const int head_dim = static_cast<int>(c.head_dim);
+  const DType dtype = kVector ? kVecDType : c.dtype;
+  const DecodeStageShape shape = DecodeStageShapeOf(dtype, head_dim, kVector);
+  for (int i = static_cast<int>(threadIdx.x); i < rows * shape.units_per_row; i += kDecodeThreads) {
+    const DecodeStageUnit u = DecodeStageUnitAt(i, shape);
+    const int64_t t = first_key + u.row;
+    const int64_t block_id = table[t / c.block_size];
+    const int64_t k_off = KvElementOffset(c, block_id, kv_head, t, /*value=*/false) + u.elem;
+    float* k_dst = ks + u.row * head_dim + u.elem;
+    float* v_dst = vs + u.row * head_dim + u.elem;
+    if constexpr (kVector) {
+      const char* base = static_cast<const char*>(c.base);
+      const int64_t es = DTypeSize(dtype);
+      const uint4 kw = *reinterpret_cast<const uint4*>(base + k_off * es);
+      const uint4 vw = *reinterpret_cast<const uint4*>(base + (k_off + c.kv_stride) * es);
+      // Widened in registers, then stored as float4s: k_dst and v_dst are 16-byte aligned (the
+      // layout's regions are, head_dim is a multiple of 4 and u.elem of 4 or 8 here), and
+      // whole-vector stores keep the threads of a warp off each other's banks.
+      constexpr int kElems = kDecodeVectorBytes / DTypeSize(kVecDType);  // 4 or 8
+      constexpr int n = static_cast<int>(KvWordElems(kVecDType));
+      float k[kElems], v[kElems];
+      UnpackKvWord(kw.x, dtype, k);
+      UnpackKvWord(kw.y, dtype, k + n);
+      UnpackKvWord(kw.z, dtype, k + 2 * n);
+      UnpackKvWord(kw.w, dtype, k + 3 * n);
+      UnpackKvWord(vw.x, dtype, v);
+      UnpackKvWord(vw.y, dtype, v + n);
+      UnpackKvWord(vw.z, dtype, v + 2 * n);
+      UnpackKvWord(vw.w, dtype, v + 3 * n);
+#pragma unroll
+      for (int j = 0; j < kElems; j += 4) {
+        *reinterpret_cast<float4*>(k_dst + j) = make_float4(k[j], k[j + 1], k[j + 2], k[j + 3]);
+        *reinterpret_cast<float4*>(v_dst + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+      }
+    } else {
+      const float k = LoadKv(c.base, c.dtype, k_off);
+      const float v = LoadKv(c.base, c.dtype, k_off + c.kv_stride);
+      if (IsQuantizedKvDType(c.dtype)) {
+        *k_dst = __fmul_rn(k, KvRowScale(c, block_id, kv_head, t, /*value=*/false));
+        *v_dst = __fmul_rn(v, KvRowScale(c, block_id, kv_head, t, /*value=*/true));
+      } else {
+        *k_dst = k;
+        *v_dst = v;
+      }
+    }
+  }
+}
+
+// grid and block: DecodeSplitLaunch (DecodeSplitBlockAt). Attends the split's keys for the
+// tile's query heads with an online softmax over chunks (f32), and writes each head's
+// unnormalised (acc, max, sum) to the workspace record (seq, head, split).
+template <bool kVector, DType kVecDType>
+__global__ void __launch_bounds__(kDecodeThreads)
+    DecodeSplitKernel(DecodeAttentionParams p, DecodeGeometry g, float scale) {
+  extern __shared__ __align__(16) float decode_smem[];
+  float* smem = decode_smem;
+  const KvCacheView& c = p.cache;
+  const DecodeSplitBlock blk = DecodeSplitBlockAt(blockIdx.x, g, c.num_kv_heads);
+  const KeyRange keys =
+      DecodeSplitKeys(blk.split, g.split_tokens, p.context_lens[blk.seq], g.num_splits);
+  if (keys.begin >= keys.end) {
+    return;  // the whole block: no __syncthreads has run yet
+  }
+  const HeadRange heads = DecodeTileHeads(blk.kv_head, blk.head_tile, g.group);
+  const int count = static_cast<int>(heads.count);
+  const int head_dim = static_cast<int>(c.head_dim);
+  const int chunk_keys = static_cast<int>(g.chunk_keys);
+  const DecodeSmemLayout sl = DecodeSmemLayoutOf(g, head_dim);
+  float* qs = smem + sl.q;
+  float* ks = smem + sl.k;
+  float* vs = smem + sl.v;
+  float* ps = smem + sl.p;
+  float* run_max = smem + sl.max;
+  float* run_sum = smem + sl.sum;
+  float* corr = smem + sl.corr;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int32_t* table =
+      p.block_tables + BlockTableIndex(blk.seq, p.max_blocks_per_seq, 0, c.block_size);
+  const float* q = p.q + blk.seq * p.q_seq_stride + heads.first * head_dim;
+  const int tile_elems = count * head_dim;  // the tile's heads are adjacent in q
+  for (int i = tid; i < tile_elems; i += kDecodeThreads) {
+    qs[i] = q[i] * scale;
+  }
+  if (tid < count) {
+    run_max[tid] = -INFINITY;
+    run_sum[tid] = 0.0f;
+  }
+  // Thread t owns accumulator elements t + j * kDecodeThreads of [count][head_dim].
+  float acc[kDecodeMaxAccPerThread];
+#pragma unroll
+  for (int j = 0; j < kDecodeMaxAccPerThread; ++j) {
+    acc[j] = 0.0f;
+  }
+  for (int64_t first = keys.begin; first < keys.end; first += chunk_keys) {
+    const int rows =
+        static_cast<int>(keys.end - first < chunk_keys ? keys.end - first : chunk_keys);
+    StageKvChunk<kVector, kVecDType>(c, table, blk.kv_head, first, rows, ks, vs);
+    __syncthreads();  // the chunk (and, the first time, qs and the running state) is in place
+    // Scores: warp w takes (head, key) items w, w + kDecodeWarps, ...; lanes split head_dim.
+    for (int i = warp; i < count * rows; i += kDecodeWarps) {
+      const LocalRowCol hk = LocalRowColAt(i, rows);
+      float dot = 0.0f;
+      for (int d = lane; d < head_dim; d += kWarpSize) {
+        dot += qs[hk.row * head_dim + d] * ks[hk.col * head_dim + d];
+      }
+      dot = WarpReduceSum(dot);
+      if (lane == 0) {
+        ps[hk.row * chunk_keys + hk.col] = dot;
+      }
+    }
+    __syncthreads();
+    // Softmax step: warp w takes heads w, w + kDecodeWarps, ...; scores become weights.
+    for (int h = warp; h < count; h += kDecodeWarps) {
+      float* row = ps + h * chunk_keys;
+      float chunk_max = -INFINITY;
+      for (int r = lane; r < rows; r += kWarpSize) {
+        chunk_max = fmaxf(chunk_max, row[r]);
+      }
+      chunk_max = WarpReduceMax(chunk_max);
+      const SoftmaxRescale rs = SoftmaxRescaleOf(run_max[h], chunk_max);
+      float sum = 0.0f;
+      for (int r = lane; r < rows; r += kWarpSize) {
+        const float w = expf(row[r] - rs.max);
+        row[r] = w;
+        sum += w;
+      }
+      sum = WarpReduceSum(sum);
+      __syncwarp();  // every lane has read run_max[h] before lane 0 writes it
+      if (lane == 0) {
+        run_sum[h] = run_sum[h] * rs.correction + sum;
+        run_max[h] = rs.max;
+        corr[h] = rs.correction;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kDecodeMaxAccPerThread; ++j) {
+      const int e = tid + j * kDecodeThreads;
+      if (e < tile_elems) {
+        const LocalRowCol hd = LocalRowColAt(e, head_dim);  // (head in the tile, dim)
+        const float* w = ps + hd.row * chunk_keys;
+        float a = acc[j] * corr[hd.row];
+        for (int r = 0; r < rows; ++r) {
+          a += w[r] * vs[r * head_dim + hd.col];
+        }
+        acc[j] = a;
+      }
+    }
+    __syncthreads();  // the next chunk overwrites ks, vs and ps
+  }
+  float* ws = static_cast<float*>(p.workspace);
+#pragma unroll
+  for (int j = 0; j < kDecodeMaxAccPerThread; ++j) {
+    const int e = tid + j * kDecodeThreads;
+    if (e < tile_elems) {
+      const LocalRowCol hd = LocalRowColAt(e, head_dim);
+      const int64_t partial =
+          DecodePartialIndex(blk.seq, heads.first + hd.row, blk.split, p.num_heads, g.num_splits);
+      ws[DecodeAccOffset(partial, head_dim, hd.col)] = acc[j];
+    }
+  }
+  if (tid < count) {
+    const int64_t partial =
+        DecodePartialIndex(blk.seq, heads.first + tid, blk.split, p.num_heads, g.num_splits);
+    ws[DecodeMaxOffset(partial, head_dim)] = run_max[tid];
+    ws[DecodeSumOffset(partial, head_dim)] = run_sum[tid];
+  }
+}
+
+// grid and block: DecodeMergeLaunch. Block b merges the used splits of sequence
+// b / num_heads, query head b % num_heads, into out.
+__global__ void DecodeMergeKernel(DecodeAttentionParams p, DecodeGeometry g) {
   const RowHead rh = RowHeadAt(blockIdx.x, p.num_heads);
   const int64_t head_dim = p.cache.head_dim;
-  AttendRow(p.cache,
-            p.block_tables + BlockTableIndex(rh.row, p.max_blocks_per_seq, 0, p.cache.block_size),
-            KvHeadOf(rh.head, p.num_heads, p.cache.num_kv_heads),
-            p.q + rh.row * p.q_seq_stride + rh.head * head_dim, p.context_lens[rh.row], scale,
-            p.out + rh.row * p.out_seq_stride + rh.head * head_dim, smem);
+  const int64_t used = DecodeUsedSplits(p.context_lens[rh.row], g.split_tokens, g.num_splits);
+  const int64_t first = DecodePartialIndex(rh.row, rh.head, 0, p.num_heads, g.num_splits);
+  const float* ws = static_cast<const float*>(p.workspace);
+  const DecodeMergeTotals totals = DecodeMergeTotalsOf(ws, first, used, head_dim);
+  float* out = p.out + rh.row * p.out_seq_stride + rh.head * head_dim;
+  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    out[d] = DecodeMergeElement(ws, first, used, head_dim, totals, d);
+  }
 }
 
 bool Launchable(const LaunchShape& s) {
@@ -181,13 +377,34 @@ cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t
 }
 
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream) {
-  const LaunchShape s = AttentionLaunch(p.num_seqs, p.num_heads, p.cache.head_dim);
-  if (!Launchable(s) || p.cache.head_dim > kMaxAttentionHeadDim) {
+  const KvCacheView& c = p.cache;
+  const DecodeGeometry g = DecodeGeometryOf(p);
+  const LaunchShape split = DecodeSplitLaunch(g, p.num_seqs, c.num_kv_heads, c.head_dim);
+  const LaunchShape merge = DecodeMergeLaunch(p.num_seqs, p.num_heads);
+  if (!Launchable(split) || !Launchable(merge) || c.head_dim > kMaxAttentionHeadDim ||
+      p.workspace == nullptr ||
+      p.workspace_bytes < DecodeWorkspaceBytes(p.num_seqs, p.num_heads, c.head_dim,
+                                               p.max_blocks_per_seq, c.block_size)) {
     return cudaErrorInvalidConfiguration;
   }
-  DecodeAttentionKernel<<<static_cast<unsigned>(s.grid), s.threads,
-                          static_cast<size_t>(s.shared_bytes), stream>>>(
-      p, AttentionScale(p.scale, p.cache.head_dim));
+  const float scale = AttentionScale(p.scale, c.head_dim);
+  const unsigned grid = static_cast<unsigned>(split.grid);
+  const size_t shared = static_cast<size_t>(split.shared_bytes);
+  const bool vector = DecodeVectorLoads(c);
+  if (vector && c.dtype == DType::kF32) {
+    DecodeSplitKernel<true, DType::kF32><<<grid, split.threads, shared, stream>>>(p, g, scale);
+  } else if (vector && c.dtype == DType::kBF16) {
+    DecodeSplitKernel<true, DType::kBF16><<<grid, split.threads, shared, stream>>>(p, g, scale);
+  } else if (vector && c.dtype == DType::kF16) {
+    DecodeSplitKernel<true, DType::kF16><<<grid, split.threads, shared, stream>>>(p, g, scale);
+  } else {
+    DecodeSplitKernel<false, DType::kF32><<<grid, split.threads, shared, stream>>>(p, g, scale);
+  }
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return err;
+  }
+  DecodeMergeKernel<<<static_cast<unsigned>(merge.grid), merge.threads, 0, stream>>>(p, g);
   return cudaGetLastError();
 }
 

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/launch_config.h"
 #include "kernels/dispatch/kernel_test_util.h"
 #include "kernels/half.h"
 #include "kernels/type_names.h"
@@ -25,7 +26,12 @@ using testing::ErrorStats;
 using testing::RandomVector;
 
 // Both backends read the same stored cache values and accumulate in f32, in different orders
-// (CPU: per-row online softmax over keys in order; GPU: four warps, merged).
+// (CPU: per-row online softmax over chunks of keys in order; GPU prefill: four warps, merged;
+// GPU decode: splits of 256+ keys, each an online softmax over chunks of 8 to 64 keys, merged in
+// split order). Each side is within ~5e-7 max-abs of the double reference on these inputs (the
+// host emulation in launch_config_decode_test.cc, and kernels_attention_test for the CPU), so
+// 2e-5 leaves room for the GPU's expf (2 ulp) and FMA contraction without hiding a wrong key
+// or weight, which moves outputs by 1e-3 or more.
 constexpr double kMaxAbs = 2e-5;
 constexpr double kMaxNmse = 1e-10;
 
@@ -180,25 +186,52 @@ TEST_P(CudaAttentionTest, WriteKvSpecialValuesMatchCpuBitwise) {
   EXPECT_EQ(pool.Download<uint8_t>(), st.pool_host);
 }
 
+// The decode op on the device: its workspace, poisoned (0xff bytes are NaNs in f32) so a
+// partial the merge reads without a split having written it shows up in the output.
+DeviceBuffer DecodeWorkspace(const DecodeAttentionParams& gpu) {
+  const int64_t bytes = DecodeAttentionWorkspaceBytes(CudaCtx(), gpu);
+  EXPECT_GT(bytes, 0);
+  DeviceBuffer ws(std::vector<uint8_t>(bytes, 0xff));
+  return ws;
+}
+
+struct DecodeVariant {
+  int64_t num_heads, num_kv_heads, head_dim, block_size;
+};
+
+// GQA 1, 4 and 8 at head_dim 64 and 128; a group of 16 (two head tiles of 8); head_dim 80
+// (320-byte f32 rows, 160-byte bf16/f16 rows: still whole 16-byte vectors) with block size 8;
+// head_dim 256 with block size 1 (5000 blocks for the longest sequence).
+const DecodeVariant kDecodeVariants[] = {{4, 4, 64, 16},   {8, 2, 128, 16}, {8, 1, 64, 16},
+                                         {16, 2, 128, 16}, {16, 1, 64, 16}, {8, 1, 80, 8},
+                                         {2, 1, 256, 1}};
+
+// Lengths: one key, mid-block, a block edge, one past it, one below / at / past a split edge
+// (256), and several splits (1000, 5000).
+const std::vector<int32_t> kDecodeLens = {1, 15, 16, 17, 255, 256, 257, 1000, 5000};
+
+Shape DecodeShape(const DecodeVariant& var, DType dtype, const std::vector<int32_t>& lens) {
+  Shape s;
+  s.num_heads = var.num_heads;
+  s.num_kv_heads = var.num_kv_heads;
+  s.head_dim = var.head_dim;
+  s.block_size = var.block_size;
+  s.dtype = dtype;
+  s.num_blocks = 0;
+  for (int32_t len : lens) {
+    s.num_blocks += (len + s.block_size - 1) / s.block_size;
+  }
+  return s;
+}
+
 TEST_P(CudaAttentionTest, DecodeMatchesCpu) {
   PD_SKIP_WITHOUT_GPU();
   std::mt19937 rng(21);
-  struct Variant {
-    int64_t num_heads, num_kv_heads, head_dim, block_size;
-  };
-  // GQA ratios 1, 4 and 8; head dims a multiple of 32, not one, and the maximum; block size 1.
-  for (const Variant& var : {Variant{4, 4, 64, 16}, Variant{8, 2, 128, 16}, Variant{8, 1, 80, 8},
-                             Variant{2, 1, 256, 1}}) {
-    Shape s;
-    s.num_heads = var.num_heads;
-    s.num_kv_heads = var.num_kv_heads;
-    s.head_dim = var.head_dim;
-    s.block_size = var.block_size;
-    s.dtype = GetParam();
-    // One token, a full block, a last block of one token, a long context.
-    const std::vector<int32_t> lens = {1, static_cast<int32_t>(s.block_size),
-                                       static_cast<int32_t>(2 * s.block_size + 1), 150};
-    s.num_blocks = 300;
+  for (const DecodeVariant& var : kDecodeVariants) {
+    SCOPED_TRACE(::testing::Message() << var.num_heads << "/" << var.num_kv_heads << " d"
+                                      << var.head_dim << " b" << var.block_size);
+    const std::vector<int32_t>& lens = kDecodeLens;
+    const Shape s = DecodeShape(var, GetParam(), lens);
     PagedPool st(s, lens, rng);
     DeviceBuffer pool = WriteAll(st, lens, rng);
     const int64_t num_seqs = static_cast<int64_t>(lens.size());
@@ -225,11 +258,15 @@ TEST_P(CudaAttentionTest, DecodeMatchesCpu) {
     gpu.cache = st.View(pool.get());
     gpu.block_tables = dtab.as<int32_t>();
     gpu.context_lens = dlens.as<int32_t>();
+    DeviceBuffer ws = DecodeWorkspace(gpu);
+    gpu.workspace = ws.get();
+    gpu.workspace_bytes = DecodeAttentionWorkspaceBytes(CudaCtx(), gpu);
     ASSERT_TRUE(DecodeAttention(CudaCtx(), gpu).ok());
     const std::vector<float> got = dout.Download<float>();
     ExpectClose(got, want, "decode");
 
-    // Batched equals one call per sequence, bitwise (each (sequence, head) is one block).
+    // Batched equals one call per sequence, bitwise (each (sequence, head, split) is one block,
+    // merged alone), and a second run gives the same bits (the merge order is fixed).
     for (int64_t q_i = 0; q_i < num_seqs; ++q_i) {
       DeviceBuffer one(row * sizeof(float));
       DecodeAttentionParams single = gpu;
@@ -240,9 +277,58 @@ TEST_P(CudaAttentionTest, DecodeMatchesCpu) {
       single.num_seqs = 1;
       ASSERT_TRUE(DecodeAttention(CudaCtx(), single).ok());
       const std::vector<float> alone = one.Download<float>();
-      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), got.begin() + q_i * row)) << q_i;
+      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), got.begin() + q_i * row))
+          << "length " << lens[q_i];
     }
+    ASSERT_TRUE(DecodeAttention(CudaCtx(), gpu).ok());
+    EXPECT_EQ(dout.Download<float>(), got) << "not deterministic";
   }
+}
+
+// A pool whose base is not 16-byte aligned takes the element-by-element path; same results.
+TEST_P(CudaAttentionTest, DecodeMisalignedPoolMatchesCpu) {
+  PD_SKIP_WITHOUT_GPU();
+  if (IsQuantizedKvDType(GetParam())) {
+    GTEST_SKIP() << "quantized caches always load element by element (and need 4-byte scales)";
+  }
+  std::mt19937 rng(25);
+  const std::vector<int32_t> lens = {1, 17, 300};
+  const Shape s = DecodeShape(DecodeVariant{8, 2, 64, 16}, GetParam(), lens);
+  PagedPool st(s, lens, rng);
+  WriteAll(st, lens, rng);  // fills st.pool_host (the CPU pool), checked equal to the GPU's
+  const int64_t offset = DTypeSize(s.dtype);
+  std::vector<uint8_t> shifted(st.pool_host.size() + 16, 0);
+  std::copy(st.pool_host.begin(), st.pool_host.end(), shifted.begin() + offset);
+  DeviceBuffer pool(shifted);
+  const int64_t num_seqs = static_cast<int64_t>(lens.size());
+  const int64_t row = s.num_heads * s.head_dim;
+  const std::vector<float> q = RandomVector(num_seqs * row, rng);
+  DeviceBuffer dq(q), dout(num_seqs * row * sizeof(float)), dtab(st.tables), dlens(lens);
+  std::vector<float> want(num_seqs * row);
+  DecodeAttentionParams p;
+  p.q_seq_stride = p.out_seq_stride = row;
+  p.max_blocks_per_seq = st.max_blocks;
+  p.num_seqs = num_seqs;
+  p.num_heads = s.num_heads;
+  DecodeAttentionParams cpu = p;
+  cpu.q = q.data();
+  cpu.out = want.data();
+  cpu.cache = st.View(st.pool_host.data());
+  cpu.block_tables = st.tables.data();
+  cpu.context_lens = lens.data();
+  ASSERT_TRUE(DecodeAttention(OpContext{}, cpu).ok());
+  DecodeAttentionParams gpu = p;
+  gpu.q = dq.as<float>();
+  gpu.out = dout.as<float>();
+  gpu.cache = st.View(static_cast<uint8_t*>(pool.get()) + offset);
+  ASSERT_FALSE(cuda::DecodeVectorLoads(gpu.cache));
+  gpu.block_tables = dtab.as<int32_t>();
+  gpu.context_lens = dlens.as<int32_t>();
+  DeviceBuffer ws = DecodeWorkspace(gpu);
+  gpu.workspace = ws.get();
+  gpu.workspace_bytes = DecodeAttentionWorkspaceBytes(CudaCtx(), gpu);
+  ASSERT_TRUE(DecodeAttention(CudaCtx(), gpu).ok());
+  ExpectClose(dout.Download<float>(), want, "misaligned decode");
 }
 
 TEST_P(CudaAttentionTest, PrefillMatchesCpu) {
@@ -324,6 +410,9 @@ TEST(CudaAttentionStreamTest, RunsOnTheGivenStream) {
   gpu.cache = st.View(pool.get());
   gpu.block_tables = dtab.as<int32_t>();
   gpu.context_lens = dlens.as<int32_t>();
+  DeviceBuffer ws = DecodeWorkspace(gpu);
+  gpu.workspace = ws.get();
+  gpu.workspace_bytes = DecodeAttentionWorkspaceBytes(CudaCtx(), gpu);
   ASSERT_TRUE(DecodeAttention(CudaCtx(stream), gpu).ok());
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);

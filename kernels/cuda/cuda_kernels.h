@@ -42,6 +42,8 @@ cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t
 // LaunchPrefillAttention calls it for those. `scale` is the resolved softmax scale.
 cudaError_t LaunchPrefillAttentionTc(const PrefillAttentionParams& p, float scale,
                                      cudaStream_t stream);
+// Split-KV decode attention: a split kernel then a merge kernel (launch_config.h); needs
+// p.workspace of DecodeWorkspaceBytes (cudaErrorInvalidConfiguration otherwise).
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream);
 
 // Greedy, temperature, top-k and top-p as kernels/sampling_params.h; needs no workspace.

@@ -18,6 +18,13 @@ __device__ inline float WarpReduceSum(float v) {
   return v;
 }
 
+__device__ inline float WarpReduceMax(float v) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
 __device__ inline double WarpReduceSum(double v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -22,6 +22,18 @@ int CopyAccessBytes(const void* src, const void* dst, int64_t src_stride, int64_
   return 1;
 }
 
+bool DecodeVectorLoads(const KvCacheView& c) {
+  if (c.dtype != DType::kF32 && c.dtype != DType::kBF16 && c.dtype != DType::kF16) {
+    return false;
+  }
+  const uint64_t es = static_cast<uint64_t>(DTypeSize(c.dtype));
+  const uint64_t all =
+      reinterpret_cast<uintptr_t>(c.base) | static_cast<uint64_t>(c.block_stride) * es |
+      static_cast<uint64_t>(c.layer_stride) * es | static_cast<uint64_t>(c.kv_stride) * es |
+      static_cast<uint64_t>(c.head_stride) * es | static_cast<uint64_t>(c.head_dim) * es;
+  return all % kDecodeVectorBytes == 0;
+}
+
 bool MatMulNativeBf16(const MatMulParams& p) { return p.w_dtype == DType::kBF16; }
 
 int64_t MatMulTileRows(const MatMulParams& p, int64_t tile_bytes) {

@@ -111,7 +111,7 @@ PD_HOST_DEVICE constexpr int64_t RopeHeadOffset(const RopeParams& p, const RopeI
                  : it.token * p.q_token_stride + it.head * p.head_dim;
 }
 
-// ---- Paged attention: one block of kAttentionThreads per (query row, query head); each warp
+// ---- Prefill attention: one block of kAttentionThreads per (query row, query head); each warp
 // takes every kAttentionWarps-th key with an online softmax, then the warps' partial results
 // are merged through shared memory. A lane holds head dims lane, lane + 32, ... (at most
 // kMaxDimsPerLane of them).
@@ -126,7 +126,7 @@ constexpr int64_t AttentionSharedBytes(int64_t head_dim) {
   return (kAttentionWarps * head_dim + 2 * kAttentionWarps) * static_cast<int64_t>(sizeof(float));
 }
 
-// rows = prefill tokens or decode sequences. Block b serves row b / num_heads, head
+// rows = prefill tokens. Block b serves row b / num_heads, head
 // b % num_heads (RowHeadAt). grid may exceed kMaxGridX only for absurd sizes; the launcher
 // refuses that.
 constexpr LaunchShape AttentionLaunch(int64_t rows, int64_t num_heads, int64_t head_dim) {
@@ -204,6 +204,356 @@ PD_HOST_DEVICE inline float WarpMergeFactor(const SoftmaxState& warp, float glob
 
 // The softmax scale: p.scale, or 1 / sqrt(head_dim) when it is 0 (as the CPU and reference).
 float AttentionScale(float scale, int64_t head_dim);
+
+// ---- Split-KV decode attention ("flash-decoding"), DecodeAttention. Two kernels:
+//
+// 1. DecodeSplitKernel: one block of kDecodeThreads per (sequence, kv head, head tile, split).
+//    A split is the keys [split * split_tokens, (split + 1) * split_tokens) of the sequence,
+//    cut at context_lens[seq]; a block whose split starts at or past it exits at once, so the
+//    grid depends on max_blocks_per_seq only (never on the lengths: CUDA graphs can replay it).
+//    The block serves every query head of its kv head (GQA group), kDecodeMaxTileHeads at a
+//    time (a head tile), so each K/V element is read from the pool once per tile. It walks its
+//    keys in chunks of chunk_keys: the chunk's K and V rows are widened to f32 into shared
+//    memory (16-byte loads where DecodeVectorLoads allows), one warp per (head, key) score,
+//    one warp per head for the chunk's softmax step, one thread per (head, dim) accumulator.
+//    It writes the split's partial state, unnormalised: (acc[head_dim], max, sum) per (seq,
+//    query head, split), into the workspace.
+// 2. DecodeMergeKernel: one block per (sequence, query head) merges its used splits in split
+//    order (deterministic): out = (sum_i acc_i * e^(max_i - M)) / (sum_i l_i * e^(max_i - M)),
+//    with l_i split i's sum and M the largest max_i. A sequence with one split gets acc / l.
+inline constexpr int kDecodeThreads = 128;
+inline constexpr int kDecodeWarps = kDecodeThreads / kWarpSize;
+// Keys per split: the smallest multiple of the block size >= kDecodeSplitMinTokens (whole pool
+// blocks per split, so a split never shares a block with the next one). 256 because the two
+// costs it trades are both small there: (a) parallelism at small batches: 1 sequence x 8192
+// tokens x 8 kv heads (the 1b preset) gives 256 blocks, about 2 per SM of an H100 (132 SMs),
+// where 512 would give one per SM; (b) the per-block fixed cost: each block still reads 64 KiB
+// of K/V (bf16, head_dim 64) against ~1 KiB of partial state written for 4 query heads, and
+// the workspace and the count of blocks that exit at once (their cost grows with
+// max_blocks_per_seq, i.e. with the model's context length) stay half of what 128 would give.
+inline constexpr int64_t kDecodeSplitMinTokens = 256;
+// Query heads one block serves; a larger GQA group (MQA: 32 or more) takes several tiles.
+inline constexpr int64_t kDecodeMaxTileHeads = 8;
+// Shared memory: the staged K chunk and V chunk hold kDecodeStageFloats f32 each (8 KiB), so
+// chunk_keys = kDecodeStageFloats / head_dim keys (8 at head_dim 256, 32 at 64), at most
+// kDecodeMaxChunkKeys.
+inline constexpr int64_t kDecodeStageFloats = 2048;
+inline constexpr int64_t kDecodeMaxChunkKeys = 64;
+// Accumulator elements per thread: (tile heads x head_dim) / kDecodeThreads at most.
+inline constexpr int kDecodeMaxAccPerThread =
+    static_cast<int>(kDecodeMaxTileHeads * kMaxAttentionHeadDim / kDecodeThreads);
+static_assert(kDecodeMaxTileHeads * kMaxAttentionHeadDim % kDecodeThreads == 0,
+              "accumulators per thread must be whole");
+inline constexpr int kDecodeMergeThreads = 128;
+inline constexpr int kDecodeVectorBytes = 16;
+
+// Everything about the decomposition that the launch fixes (host-computed, passed to both
+// kernels by value).
+struct DecodeGeometry {
+  int64_t split_tokens = 0;  // keys per split
+  int64_t num_splits = 0;    // splits per sequence: covers max_blocks_per_seq * block_size keys
+  int64_t group = 0;         // query heads per kv head (num_heads / num_kv_heads)
+  int64_t head_tiles = 0;    // tiles of at most kDecodeMaxTileHeads heads per kv head
+  int64_t tile_heads = 0;    // heads of the largest tile: min(group, kDecodeMaxTileHeads)
+  int64_t chunk_keys = 0;    // keys staged in shared memory at a time
+};
+
+// At most this many splits per sequence: a longer context bound gets longer splits, so a
+// 131072-token block table costs 64 blocks per (sequence, kv head, head tile) rather than 512
+// (most of which would exit at once at short contexts), and the workspace stays bounded.
+inline constexpr int64_t kDecodeMaxSplits = 64;
+
+// The keys the grid is cut for: DecodeAttentionParams::max_context_len when given (> 0) and
+// within the table, else the table's coverage max_blocks_per_seq * block_size.
+PD_HOST_DEVICE constexpr int64_t DecodeContextBound(int64_t max_blocks_per_seq, int64_t block_size,
+                                                    int64_t max_context_len) {
+  const int64_t coverage = max_blocks_per_seq * block_size;
+  return max_context_len > 0 && max_context_len < coverage ? max_context_len : coverage;
+}
+
+// Keys per split for a context bound: whole pool blocks, at least kDecodeSplitMinTokens, and
+// enough that kDecodeMaxSplits splits cover the bound.
+PD_HOST_DEVICE constexpr int64_t DecodeSplitTokens(int64_t block_size, int64_t bound = 0) {
+  const int64_t least = CeilDiv(kDecodeSplitMinTokens, block_size) * block_size;
+  const int64_t spread = CeilDiv(CeilDiv(bound, kDecodeMaxSplits), block_size) * block_size;
+  return spread > least ? spread : least;
+}
+
+PD_HOST_DEVICE constexpr int64_t DecodeNumSplits(int64_t max_blocks_per_seq, int64_t block_size,
+                                                 int64_t max_context_len = 0) {
+  const int64_t bound = DecodeContextBound(max_blocks_per_seq, block_size, max_context_len);
+  return CeilDiv(bound, DecodeSplitTokens(block_size, bound));
+}
+
+PD_HOST_DEVICE constexpr int64_t DecodeChunkKeys(int64_t head_dim) {
+  const int64_t keys = kDecodeStageFloats / head_dim;
+  return keys < 1 ? 1 : (keys > kDecodeMaxChunkKeys ? kDecodeMaxChunkKeys : keys);
+}
+
+// Preconditions: the sizes are positive and num_heads a multiple of num_kv_heads.
+constexpr DecodeGeometry DecodeGeometryOf(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                          int64_t block_size, int64_t max_blocks_per_seq,
+                                          int64_t max_context_len = 0) {
+  DecodeGeometry g;
+  g.split_tokens = DecodeSplitTokens(
+      block_size, DecodeContextBound(max_blocks_per_seq, block_size, max_context_len));
+  g.num_splits = DecodeNumSplits(max_blocks_per_seq, block_size, max_context_len);
+  g.group = num_heads / num_kv_heads;
+  g.head_tiles = CeilDiv(g.group, kDecodeMaxTileHeads);
+  g.tile_heads = g.group < kDecodeMaxTileHeads ? g.group : kDecodeMaxTileHeads;
+  g.chunk_keys = DecodeChunkKeys(head_dim);
+  return g;
+}
+
+constexpr DecodeGeometry DecodeGeometryOf(const DecodeAttentionParams& p) {
+  return DecodeGeometryOf(p.num_heads, p.cache.num_kv_heads, p.cache.head_dim, p.cache.block_size,
+                          p.max_blocks_per_seq, p.max_context_len);
+}
+
+// The split kernel's dynamic shared memory, in floats from its start, each region starting on
+// a 16-byte boundary (the vector path stores float4s into k and v):
+//   q    [tile_heads][head_dim]    the tile's queries, times the softmax scale
+//   k, v [chunk_keys][head_dim]    the staged chunk, widened to f32 (times the row scale)
+//   p    [tile_heads][chunk_keys]  scores, then their weights e^(score - max)
+//   max, sum, corr [tile_heads]    running max and sum; the chunk's rescale factor
+struct DecodeSmemLayout {
+  int64_t q = 0;
+  int64_t k = 0;
+  int64_t v = 0;
+  int64_t p = 0;
+  int64_t max = 0;
+  int64_t sum = 0;
+  int64_t corr = 0;
+  int64_t total_floats = 0;
+};
+
+PD_HOST_DEVICE constexpr int64_t DecodeSmemAlign(int64_t floats) { return CeilDiv(floats, 4) * 4; }
+
+PD_HOST_DEVICE constexpr DecodeSmemLayout DecodeSmemLayoutOf(const DecodeGeometry& g,
+                                                             int64_t head_dim) {
+  DecodeSmemLayout s;
+  s.q = 0;
+  s.k = DecodeSmemAlign(s.q + g.tile_heads * head_dim);
+  s.v = DecodeSmemAlign(s.k + g.chunk_keys * head_dim);
+  s.p = DecodeSmemAlign(s.v + g.chunk_keys * head_dim);
+  s.max = DecodeSmemAlign(s.p + g.tile_heads * g.chunk_keys);
+  s.sum = DecodeSmemAlign(s.max + g.tile_heads);
+  s.corr = DecodeSmemAlign(s.sum + g.tile_heads);
+  s.total_floats = s.corr + g.tile_heads;
+  return s;
+}
+
+// grid = num_seqs * num_kv_heads * head_tiles * num_splits (the split fastest), so that most of
+// the blocks that exit at once (splits past a short sequence's end) are neighbours.
+constexpr LaunchShape DecodeSplitLaunch(const DecodeGeometry& g, int64_t num_seqs,
+                                        int64_t num_kv_heads, int64_t head_dim) {
+  return {num_seqs * num_kv_heads * g.head_tiles * g.num_splits, kDecodeThreads,
+          DecodeSmemLayoutOf(g, head_dim).total_floats * static_cast<int64_t>(sizeof(float))};
+}
+
+// grid = num_seqs * num_heads: block b merges sequence b / num_heads, head b % num_heads
+// (RowHeadAt).
+constexpr LaunchShape DecodeMergeLaunch(int64_t num_seqs, int64_t num_heads) {
+  return {num_seqs * num_heads, kDecodeMergeThreads, 0};
+}
+
+struct DecodeSplitBlock {
+  int64_t seq = 0;
+  int64_t kv_head = 0;
+  int64_t head_tile = 0;
+  int64_t split = 0;
+};
+
+PD_HOST_DEVICE constexpr DecodeSplitBlock DecodeSplitBlockAt(int64_t block, const DecodeGeometry& g,
+                                                             int64_t num_kv_heads) {
+  DecodeSplitBlock b;
+  b.split = block % g.num_splits;
+  int64_t rest = block / g.num_splits;
+  b.head_tile = rest % g.head_tiles;
+  rest /= g.head_tiles;
+  b.kv_head = rest % num_kv_heads;
+  b.seq = rest / num_kv_heads;
+  return b;
+}
+
+// Keys [begin, end) of split `split` of a sequence of context_len keys; begin >= end (nothing
+// to do) when the split starts at or past the end.
+struct KeyRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+// With num_splits > 0 the last split also takes every key past its share, so a context longer
+// than the bound the grid was cut for (max_context_len) is still attended in full.
+PD_HOST_DEVICE constexpr KeyRange DecodeSplitKeys(int64_t split, int64_t split_tokens,
+                                                  int64_t context_len, int64_t num_splits = 0) {
+  const int64_t begin = split * split_tokens;
+  int64_t end = begin + split_tokens < context_len ? begin + split_tokens : context_len;
+  if (num_splits > 0 && split == num_splits - 1) {
+    end = context_len;
+  }
+  return {begin, end > begin ? end : begin};
+}
+
+// Splits holding at least one of context_len >= 1 keys: 0 .. DecodeUsedSplits - 1 (at most
+// num_splits when it is > 0).
+PD_HOST_DEVICE constexpr int64_t DecodeUsedSplits(int64_t context_len, int64_t split_tokens,
+                                                  int64_t num_splits = 0) {
+  const int64_t used = CeilDiv(context_len, split_tokens);
+  return num_splits > 0 && used > num_splits ? num_splits : used;
+}
+
+// Query heads [first, first + count) of head tile `head_tile` of kv head `kv_head` (GQA: query
+// head h reads kv head h / group, as KvHeadOf).
+struct HeadRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+PD_HOST_DEVICE constexpr HeadRange DecodeTileHeads(int64_t kv_head, int64_t head_tile,
+                                                   int64_t group) {
+  const int64_t offset = head_tile * kDecodeMaxTileHeads;
+  const int64_t left = group - offset;
+  return {kv_head * group + offset, left < kDecodeMaxTileHeads ? left : kDecodeMaxTileHeads};
+}
+
+// The workspace (f32): one record of head_dim + 2 floats per (sequence, query head, split),
+// the split fastest: acc[0, head_dim), then max, then sum. Records of splits past a
+// sequence's end are neither written nor read.
+PD_HOST_DEVICE constexpr int64_t DecodePartialIndex(int64_t seq, int64_t head, int64_t split,
+                                                    int64_t num_heads, int64_t num_splits) {
+  return (seq * num_heads + head) * num_splits + split;
+}
+PD_HOST_DEVICE constexpr int64_t DecodeRecordFloats(int64_t head_dim) { return head_dim + 2; }
+PD_HOST_DEVICE constexpr int64_t DecodeAccOffset(int64_t partial, int64_t head_dim, int64_t d) {
+  return partial * DecodeRecordFloats(head_dim) + d;
+}
+PD_HOST_DEVICE constexpr int64_t DecodeMaxOffset(int64_t partial, int64_t head_dim) {
+  return partial * DecodeRecordFloats(head_dim) + head_dim;
+}
+PD_HOST_DEVICE constexpr int64_t DecodeSumOffset(int64_t partial, int64_t head_dim) {
+  return partial * DecodeRecordFloats(head_dim) + head_dim + 1;
+}
+
+// Workspace bytes of a call: every record of the grid. Depends on the sizes only (not the
+// lengths), so an engine sizes it once for its largest batch. Preconditions: sizes positive.
+constexpr int64_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
+                                       int64_t max_blocks_per_seq, int64_t block_size,
+                                       int64_t max_context_len = 0) {
+  return num_seqs * num_heads * DecodeNumSplits(max_blocks_per_seq, block_size, max_context_len) *
+         DecodeRecordFloats(head_dim) * static_cast<int64_t>(sizeof(float));
+}
+
+// Whether the split kernel stages K/V with 16-byte loads: an f32, bf16 or f16 cache whose rows
+// all start 16-byte aligned (base, and block, layer, K->V, head and token strides in bytes all
+// multiples of 16; the token stride is head_dim, so head_dim a multiple of 4 for f32, 8 for
+// bf16/f16). Otherwise (and always for i8/fp8, whose values need their row scale) it loads
+// element by element.
+bool DecodeVectorLoads(const KvCacheView& c);
+
+// Block-local indices (a chunk's rows and units, a tile's heads and accumulators) are int:
+// they stay below kDecodeMaxChunkKeys * kMaxAttentionHeadDim, and 32-bit division is several
+// times cheaper than 64-bit on the GPU.
+//
+// Staging a chunk: its rows are cut into units (16-byte vectors, or single elements on the
+// scalar path); thread t stages units t, t + kDecodeThreads, ... of the chunk's
+// rows * units_per_row.
+struct DecodeStageShape {
+  int units_per_row = 0;
+  int elems_per_unit = 0;
+};
+PD_HOST_DEVICE constexpr DecodeStageShape DecodeStageShapeOf(DType dtype, int head_dim,
+                                                             bool vector) {
+  if (!vector) {
+    return {head_dim, 1};
+  }
+  const int elems = kDecodeVectorBytes / DTypeSize(dtype);
+  return {head_dim / elems, elems};
+}
+
+// Unit i of a chunk: row (key first_key + row) and its first element within the row.
+struct DecodeStageUnit {
+  int row = 0;
+  int elem = 0;
+};
+PD_HOST_DEVICE constexpr DecodeStageUnit DecodeStageUnitAt(int i, const DecodeStageShape& s) {
+  return {i / s.units_per_row, (i % s.units_per_row) * s.elems_per_unit};
+}
+
+// Item i of a [rows][cols] block-local iteration space (scores: (head, key) items; the
+// accumulators: (head, dim) elements, thread t owning t + j * kDecodeThreads for j <
+// kDecodeMaxAccPerThread).
+struct LocalRowCol {
+  int row = 0;
+  int col = 0;
+};
+PD_HOST_DEVICE constexpr LocalRowCol LocalRowColAt(int i, int cols) { return {i / cols, i % cols}; }
+
+// One little-endian 32-bit word of a 16-byte vector of an f32, bf16 or f16 row (a uint4 holds
+// four) widened to f32: KvWordElems floats, the low half of the word first.
+PD_HOST_DEVICE constexpr int64_t KvWordElems(DType dtype) { return 4 / DTypeSize(dtype); }
+PD_HOST_DEVICE inline void UnpackKvWord(uint32_t word, DType dtype, float* out) {
+  if (dtype == DType::kF32) {
+    out[0] = F32FromBits(word);
+  } else if (dtype == DType::kBF16) {
+    out[0] = Bf16ToF32(static_cast<uint16_t>(word & 0xffffu));
+    out[1] = Bf16ToF32(static_cast<uint16_t>(word >> 16));
+  } else {
+#if defined(__CUDA_ARCH__)
+    // The hardware conversion: exact like F16ToF32 (NaN payloads aside), and without
+    // F16ToF32's branches, which inlined 16 times per chunk row make the kernel spill.
+    const uint16_t lo = static_cast<uint16_t>(word & 0xffffu);
+    const uint16_t hi = static_cast<uint16_t>(word >> 16);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(out[0]) : "h"(lo));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(out[1]) : "h"(hi));
+#else
+    out[0] = F16ToF32(static_cast<uint16_t>(word & 0xffffu));
+    out[1] = F16ToF32(static_cast<uint16_t>(word >> 16));
+#endif
+  }
+}
+
+// One chunk's softmax step for one head: the new running max and the factor the running sum
+// and accumulators are multiplied by. The first chunk (old_max -inf) gets factor 0.
+struct SoftmaxRescale {
+  float max = 0.0f;
+  float correction = 0.0f;
+};
+PD_HOST_DEVICE inline SoftmaxRescale SoftmaxRescaleOf(float old_max, float chunk_max) {
+  const float new_max = fmaxf(old_max, chunk_max);
+  return {new_max, expf(old_max - new_max)};
+}
+
+// The merge of one (sequence, query head): its records are partials first .. first + used - 1
+// (DecodePartialIndex of split 0 and DecodeUsedSplits). Every used split saw at least one key,
+// so each sum is > 0 (or NaN, which then poisons the output as on the CPU).
+struct DecodeMergeTotals {
+  float max = 0.0f;  // the largest split max
+  float sum = 0.0f;  // sum_i sum_i * e^(max_i - max), in split order
+};
+PD_HOST_DEVICE inline DecodeMergeTotals DecodeMergeTotalsOf(const float* ws, int64_t first,
+                                                            int64_t used, int64_t head_dim) {
+  DecodeMergeTotals t;
+  t.max = -INFINITY;
+  for (int64_t i = 0; i < used; ++i) {
+    t.max = fmaxf(t.max, ws[DecodeMaxOffset(first + i, head_dim)]);
+  }
+  for (int64_t i = 0; i < used; ++i) {
+    t.sum += ws[DecodeSumOffset(first + i, head_dim)] *
+             expf(ws[DecodeMaxOffset(first + i, head_dim)] - t.max);
+  }
+  return t;
+}
+
+// Output element d of the merge, the splits summed in order.
+PD_HOST_DEVICE inline float DecodeMergeElement(const float* ws, int64_t first, int64_t used,
+                                               int64_t head_dim, const DecodeMergeTotals& t,
+                                               int64_t d) {
+  float o = 0.0f;
+  for (int64_t i = 0; i < used; ++i) {
+    o += ws[DecodeAccOffset(first + i, head_dim, d)] *
+         expf(ws[DecodeMaxOffset(first + i, head_dim)] - t.max);
+  }
+  return o / t.sum;
+}
 
 // ---- WriteKv: one block per token, threads over the token's num_kv_heads * head_dim elements.
 constexpr LaunchShape WriteKvLaunch(int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim) {

@@ -359,43 +359,6 @@ TEST(CudaLaunchTest, PrefillAttentionEmulationMatchesReference) {
   }
 }
 
-TEST(CudaLaunchTest, DecodeAttentionEmulationMatchesReference) {
-  std::mt19937 rng(4);
-  Pool pool(rng);
-  const int64_t num_seqs = 3, num_heads = 4, max_blocks = 3;
-  // Lengths: one token, exactly one full block, and a last block holding one token.
-  const std::vector<int32_t> lens = {1, 4, 9};
-  const std::vector<int32_t> tables = {5, 0, 0, 11, 0, 0, 3, 8, 1};
-  const int64_t row = num_heads * Pool::kHeadDim;
-  std::vector<float> q = Random(num_seqs * row, rng);
-  std::vector<float> got(num_seqs * row), want(num_seqs * row);
-  DecodeAttentionParams p;
-  p.q = q.data();
-  p.out = want.data();
-  p.q_seq_stride = p.out_seq_stride = row;
-  p.cache = pool.view;
-  p.block_tables = tables.data();
-  p.max_blocks_per_seq = max_blocks;
-  p.context_lens = lens.data();
-  p.num_seqs = num_seqs;
-  p.num_heads = num_heads;
-  p.scale = 0.3f;
-  reference::DecodeAttention(p);
-  const LaunchShape s = AttentionLaunch(num_seqs, num_heads, Pool::kHeadDim);
-  for (int64_t b = 0; b < s.grid; ++b) {
-    const RowHead rh = RowHeadAt(b, num_heads);
-    EmulateAttendRow(p.cache,
-                     tables.data() + BlockTableIndex(rh.row, max_blocks, 0, Pool::kBlockSize),
-                     KvHeadOf(rh.head, num_heads, Pool::kKvHeads),
-                     q.data() + rh.row * row + rh.head * Pool::kHeadDim, lens[rh.row],
-                     AttentionScale(p.scale, Pool::kHeadDim),
-                     got.data() + rh.row * row + rh.head * Pool::kHeadDim);
-  }
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
-  }
-}
-
 TEST(CudaLaunchTest, WriteKvEmulationMatchesReferenceBitwise) {
   std::mt19937 rng(5);
   Pool got_pool(rng);

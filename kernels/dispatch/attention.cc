@@ -1,6 +1,8 @@
 // Validation and device dispatch for WriteKv, PrefillAttention and DecodeAttention.
 #include "kernels/attention.h"
 
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "build_config.h"
 #include "common/base/status_macros.h"
@@ -8,6 +10,7 @@
 #include "kernels/dispatch/validate.h"
 #if PD_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch_config.h"
 #endif
 
 namespace pd::kernels {
@@ -39,6 +42,28 @@ absl::Status CheckQueryOut(const char* op, const float* q, int64_t q_stride, flo
   if (Overlaps(q, Span(rows, q_stride, row_elems) * 4, out,
                Span(rows, out_stride, row_elems) * 4)) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": q and out overlap"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDecodeWorkspace(const OpContext& ctx, const DecodeAttentionParams& p) {
+  const int64_t need = DecodeAttentionWorkspaceBytes(ctx, p);
+  if (need == 0) {
+    return absl::OkStatus();
+  }
+  if (p.workspace == nullptr || p.workspace_bytes < need) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode_attention: workspace of ", p.workspace_bytes, " bytes, need ", need, " (",
+        p.num_seqs, " sequences x ", p.num_heads, " heads, head_dim ", p.cache.head_dim, ", ",
+        p.max_blocks_per_seq, " blocks of ", p.cache.block_size, " tokens per sequence)"));
+  }
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 4 != 0) {
+    return absl::InvalidArgumentError("decode_attention: workspace not 4-byte aligned");
+  }
+  const int64_t row_elems = p.num_heads * p.cache.head_dim;
+  if (Overlaps(p.workspace, need, p.q, Span(p.num_seqs, p.q_seq_stride, row_elems) * 4) ||
+      Overlaps(p.workspace, need, p.out, Span(p.num_seqs, p.out_seq_stride, row_elems) * 4)) {
+    return absl::InvalidArgumentError("decode_attention: workspace overlaps q or out");
   }
   return absl::OkStatus();
 }
@@ -166,6 +191,19 @@ absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams
   return absl::OkStatus();
 }
 
+int64_t DecodeAttentionWorkspaceBytes(const OpContext& ctx, const DecodeAttentionParams& p) {
+  if (ctx.device != Device::kCuda || p.num_seqs <= 0 || p.num_heads <= 0 || p.cache.head_dim <= 0 ||
+      p.max_blocks_per_seq <= 0 || p.cache.block_size <= 0) {
+    return 0;
+  }
+#if PD_WITH_CUDA
+  return cuda::DecodeWorkspaceBytes(p.num_seqs, p.num_heads, p.cache.head_dim, p.max_blocks_per_seq,
+                                    p.cache.block_size, p.max_context_len);
+#else
+  return 0;
+#endif
+}
+
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p) {
   constexpr const char* kOp = "decode_attention";
   if (p.q == nullptr || p.out == nullptr || p.block_tables == nullptr ||
@@ -175,16 +213,18 @@ absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& 
   }
   PD_RETURN_IF_ERROR(CheckKvCacheView(kOp, p.cache));
   PD_RETURN_IF_ERROR(CheckHeads(kOp, p.num_heads, p.cache));
-  if (p.num_seqs <= 0 || p.max_blocks_per_seq <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decode_attention: num_seqs and max_blocks_per_seq must be > 0, got ",
-                     p.num_seqs, ", ", p.max_blocks_per_seq));
+  if (p.num_seqs <= 0 || p.max_blocks_per_seq <= 0 || p.max_context_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode_attention: num_seqs and max_blocks_per_seq must be > 0 and max_context_len >= 0, "
+        "got ",
+        p.num_seqs, ", ", p.max_blocks_per_seq, ", ", p.max_context_len));
   }
   PD_RETURN_IF_ERROR(CheckQueryOut(kOp, p.q, p.q_seq_stride, p.out, p.out_seq_stride, p.num_seqs,
                                    p.num_heads * p.cache.head_dim));
   if (!SupportsAttention(ctx.device, p.cache.dtype)) {
     return NoBackend(kOp, ctx.device, p.cache.dtype);
   }
+  PD_RETURN_IF_ERROR(CheckDecodeWorkspace(ctx, p));
 #if PD_WITH_CUDA
   if (ctx.device == Device::kCuda) {
     return cuda::DecodeAttention(ctx, p);  // tables and lengths are device memory: not read here

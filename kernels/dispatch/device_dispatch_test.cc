@@ -164,5 +164,59 @@ TEST(DeviceDispatchTest, UnbuiltCudaIsUnimplemented) {
             absl::StatusCode::kUnimplemented);
 }
 
+// DecodeAttention's workspace: none on kCpu; on kCuda (when built) the split-KV partials, sized
+// from the shapes alone, and checked before any launch: a missing, short, misaligned or
+// overlapping workspace is InvalidArgument naming the sizes.
+TEST(DeviceDispatchTest, DecodeAttentionWorkspace) {
+  std::vector<float> buf(4096);
+  float* f = buf.data();
+  const int32_t zero = 0, one = 1;
+  DecodeAttentionParams dp;
+  dp.q = f;
+  dp.out = f + 64;
+  dp.block_tables = &zero;
+  dp.context_lens = &one;
+  dp.cache = DenseKvCacheView(f + 128, DType::kBF16, 1, 1, 2, 16, 8, 0);
+  dp.q_seq_stride = dp.out_seq_stride = 32;
+  dp.max_blocks_per_seq = 20;  // 320 tokens: two splits of 256
+  dp.num_seqs = 2;
+  dp.num_heads = 4;
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(OpContext{}, dp), 0);
+  if (!SupportsAttention(Device::kCuda, DType::kBF16)) {
+    EXPECT_EQ(DecodeAttentionWorkspaceBytes(kCuda, dp), 0);
+    EXPECT_EQ(DecodeAttention(kCuda, dp).code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  // 2 sequences x 4 heads x 2 splits records of head_dim + 2 floats.
+  const int64_t need = 2 * 4 * 2 * (8 + 2) * 4;
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(kCuda, dp), need);
+  DecodeAttentionParams wide = dp;
+  wide.max_blocks_per_seq = 32;  // 512 tokens: still two splits
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(kCuda, wide), need);
+  wide.max_blocks_per_seq = 33;
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(kCuda, wide), need / 2 * 3);
+  DecodeAttentionParams bad = dp;
+  bad.num_seqs = 0;
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(kCuda, bad), 0);
+
+  absl::Status st = DecodeAttention(kCuda, dp);  // no workspace
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find(absl::StrCat("workspace of 0 bytes, need ", need)),
+            absl::string_view::npos)
+      << st;
+  dp.workspace = f + 1024;
+  dp.workspace_bytes = need - 4;
+  st = DecodeAttention(kCuda, dp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find(absl::StrCat("workspace of ", need - 4, " bytes, need ", need)),
+            absl::string_view::npos)
+      << st;
+  dp.workspace_bytes = need;
+  dp.workspace = reinterpret_cast<char*>(f + 1024) + 2;
+  EXPECT_EQ(DecodeAttention(kCuda, dp).code(), absl::StatusCode::kInvalidArgument);  // misaligned
+  dp.workspace = f + 80;                                                             // overlaps out
+  EXPECT_EQ(DecodeAttention(kCuda, dp).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pd::kernels
