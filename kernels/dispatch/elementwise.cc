@@ -16,11 +16,22 @@ using dispatch_internal::Span;
 
 namespace {
 
-// An output may be exactly an input (same start, same stride) or disjoint from it.
+// An output may be exactly an input (same start, same stride) or disjoint from it. Rows of the
+// same stride interleaved in each other's gaps are disjoint too: SiluMul in place on a fused
+// [rows][gate | up] projection writes gate's halves while reading up's.
 bool BadAlias(const float* out, int64_t out_stride, const float* in, int64_t in_stride,
               int64_t rows, int64_t dim) {
   if (out == in && out_stride == in_stride) {
     return false;
+  }
+  if (out_stride == in_stride && rows > 1) {
+    // in starts m floats into one of out's rows (0 <= m < stride): its rows sit in out's gaps
+    // when they start at least dim past out's row start and end by the next one's.
+    const int64_t delta = in - out;
+    const int64_t m = ((delta % out_stride) + out_stride) % out_stride;
+    if (m >= dim && out_stride - m >= dim) {
+      return false;
+    }
   }
   return Overlaps(out, Span(rows, out_stride, dim) * 4, in, Span(rows, in_stride, dim) * 4);
 }

@@ -104,6 +104,25 @@ TEST(ElementwiseDispatchTest, RejectsBadInput) {
   bad = p;
   bad.gate = nullptr;
   EXPECT_EQ(SiluMul(OpContext{}, bad).code(), absl::StatusCode::kInvalidArgument);
+  // In place on a fused [rows][gate | up] buffer: out is gate, up sits in its rows' gaps
+  // (CudaOpsTest.SiluMulAndAddMatchCpu's CPU reference call). Shifted by one float, up's rows
+  // would overlap out's.
+  std::mt19937 rng(9);
+  std::vector<float> fused = RandomVector(4 * 16, rng), want(4 * 16, 0.0f);
+  const std::vector<float> fused_before = fused;
+  SiluMulParams inplace = Params(fused.data(), fused.data() + 8, fused.data(), 4, 8, 16);
+  ASSERT_TRUE(SiluMul(OpContext{}, inplace).ok());
+  reference::SiluMul(Params(fused_before.data(), fused_before.data() + 8, want.data(), 4, 8, 16));
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 8; ++c) {
+      EXPECT_NEAR(fused[r * 16 + c], want[r * 16 + c], 1e-6f);
+      EXPECT_EQ(fused[r * 16 + 8 + c], fused_before[r * 16 + 8 + c]);  // up untouched
+    }
+  }
+  inplace.up = fused.data() + 7;
+  EXPECT_EQ(SiluMul(OpContext{}, inplace).code(), absl::StatusCode::kInvalidArgument);
+  inplace.up = fused.data() + 9;
+  EXPECT_EQ(SiluMul(OpContext{}, inplace).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Add(OpContext{}, AddParams{buf.data(), buf.data() + 8, buf.data() + 4, 8}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Add(OpContext{}, AddParams{buf.data(), buf.data() + 8, buf.data() + 16, 0}).code(),
