@@ -546,6 +546,7 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
       LOG(WARNING) << "forward: decode graphs off, capture of a " << n
                    << "-sequence step failed: " << captured.status();
       graphs_off_ = true;
+      graph_stats_.off = true;
       return QueueStep(num_tokens, sample);
     }
     graph = *std::move(captured);

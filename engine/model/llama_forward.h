@@ -86,6 +86,7 @@ struct ForwardOptions {
 struct GraphStats {
   int64_t captures = 0;
   int64_t replays = 0;
+  bool off = false;  // a capture failed: graphs are off for good
 };
 
 class LlamaForward {

@@ -892,6 +892,10 @@ bool Scheduler::Step() {
 
 SchedulerStats Scheduler::Stats() const {
   SchedulerStats s = stats_;
+  const GraphStats graphs = forward_->graph_stats();
+  s.decode_graph_captures = graphs.captures;
+  s.decode_graph_replays = graphs.replays;
+  s.decode_graphs_off = graphs.off;
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.running = static_cast<int64_t>(running_.size());
   s.held = static_cast<int64_t>(held_.size());

@@ -81,6 +81,9 @@ struct SchedulerStats {
   int64_t tier_restored_blocks = 0;     // cumulative: blocks copied in from the node's tiers
   int64_t tier_restore_failures = 0;    // cumulative: restores cut short by a failed copy
   int64_t window_dropped_blocks = 0;    // cumulative: blocks dropped by the sink + window policy
+  int64_t decode_graph_captures = 0;    // cumulative: decode steps captured as device graphs
+  int64_t decode_graph_replays = 0;     // cumulative: decode steps run as one graph launch
+  bool decode_graphs_off = false;       // a capture failed: steps launch kernel by kernel
   kvcache::KvCacheStats kv;
 };
 

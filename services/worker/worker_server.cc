@@ -259,6 +259,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                     "Blocks restored into the pool from the node's tiers instead of computed",
                     st.tier_restored_blocks);
     sink.AddCounter("pd_worker_decode_tokens_total", "Tokens sampled here", st.decode_tokens);
+    sink.AddCounter("pd_worker_decode_graph_replays_total",
+                    "Decode steps run as one CUDA graph launch", st.decode_graph_replays);
+    sink.AddCounter("pd_worker_decode_graph_captures_total",
+                    "Decode step shapes captured as CUDA graphs", st.decode_graph_captures);
+    sink.AddGauge("pd_worker_decode_graphs_disabled",
+                  "1 when a CUDA graph capture failed and decode steps launch kernel by kernel",
+                  st.decode_graphs_off ? 1 : 0);
     sink.AddCounter("pd_worker_remote_prefill_failures_total",
                     "Remote prefills that failed (decode then prefilled locally)",
                     st.remote_prefill_failures);
