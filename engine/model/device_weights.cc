@@ -35,10 +35,6 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     return absl::InvalidArgumentError(
         absl::StrCat("device weights: ", host.layers.size(), " layers, config says ", c.n_layers));
   }
-  if (host.dtype == kernels::DType::kI8) {
-    // TODO(#18): upload the scales too once MatMul takes int8 weights on CUDA.
-    return absl::UnimplementedError("int8 weights are not implemented on CUDA yet (#18)");
-  }
   std::unique_ptr<DeviceWeights> d(new DeviceWeights());
   ModelWeights& v = d->view_;
   v.config = c;
@@ -70,6 +66,12 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     PD_RETURN_IF_ERROR(
         add(host.classifier, c.vocab_size * dim * w, &v.classifier, true, "classifier"));
   }
+  // int8 matrices: their per-row scales (kernels/matmul_params.h), required then.
+  const bool i8 = host.dtype == kernels::DType::kI8;
+  if (i8) {
+    PD_RETURN_IF_ERROR(add(host.classifier_scales, c.vocab_size * f, &v.classifier_scales, true,
+                           "classifier scales"));
+  }
   PD_RETURN_IF_ERROR(add(host.final_norm, dim * f, &v.final_norm, true, "final norm"));
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& h = host.layers[l];
@@ -87,6 +89,17 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     PD_RETURN_IF_ERROR(add(h.w_gate, hidden * dim * w, &o.w_gate, true, "w_gate" + at));
     PD_RETURN_IF_ERROR(add(h.w_up, hidden * dim * w, &o.w_up, true, "w_up" + at));
     PD_RETURN_IF_ERROR(add(h.w_down, dim * hidden * w, &o.w_down, true, "w_down" + at));
+    if (i8) {
+      PD_RETURN_IF_ERROR(add(h.wq_scales, q * f, &o.wq_scales, true, "wq scales" + at));
+      PD_RETURN_IF_ERROR(add(h.wk_scales, kv * f, &o.wk_scales, true, "wk scales" + at));
+      PD_RETURN_IF_ERROR(add(h.wv_scales, kv * f, &o.wv_scales, true, "wv scales" + at));
+      PD_RETURN_IF_ERROR(add(h.wo_scales, dim * f, &o.wo_scales, true, "wo scales" + at));
+      PD_RETURN_IF_ERROR(
+          add(h.w_gate_scales, hidden * f, &o.w_gate_scales, true, "w_gate scales" + at));
+      PD_RETURN_IF_ERROR(add(h.w_up_scales, hidden * f, &o.w_up_scales, true, "w_up scales" + at));
+      PD_RETURN_IF_ERROR(
+          add(h.w_down_scales, dim * f, &o.w_down_scales, true, "w_down scales" + at));
+    }
   }
   int64_t total = 0;
   for (Piece& p : pieces) {

@@ -403,6 +403,32 @@ TEST_F(LlamaForwardTest, UploadedWeightsGiveBitwiseEqualLogits) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(pool_.data(), pool2.data(), pool2.size() * sizeof(float)), 0);
 
+  // int8 weights: the scales travel too (the CUDA W8A8 MatMul needs them on the device).
+  absl::StatusOr<ModelWeights> w8 = QuantizeWeightsInt8(weights_);
+  ASSERT_TRUE(w8.ok()) << w8.status();
+  absl::StatusOr<std::unique_ptr<DeviceWeights>> up8 =
+      DeviceWeights::Upload(*w8, kernels::OpContext{});
+  ASSERT_TRUE(up8.ok()) << up8.status();
+  const ModelWeights& copy8 = (*up8)->weights();
+  EXPECT_EQ(copy8.dtype, kernels::DType::kI8);
+  EXPECT_NE(copy8.layers[0].wq_scales, nullptr);
+  EXPECT_NE(copy8.layers[0].wq_scales, w8->layers[0].wq_scales);
+  EXPECT_NE(copy8.classifier_scales, nullptr);
+  std::vector<float> pool8a(pool2.size(), 0.0f), pool8b(pool2.size(), 0.0f);
+  absl::StatusOr<std::unique_ptr<LlamaForward>> host8 = LlamaForward::Create(
+      &*w8, {pool8a.data(), kernels::DType::kF32, 8, kBlockSize}, kernels::OpContext{}, {});
+  absl::StatusOr<std::unique_ptr<LlamaForward>> dev8 = LlamaForward::Create(
+      &copy8, {pool8b.data(), kernels::DType::kF32, 8, kBlockSize}, kernels::OpContext{}, {});
+  ASSERT_TRUE(host8.ok() && dev8.ok());
+  ASSERT_TRUE((*host8)->Forward({{prompt, 0, table}}, a.data()).ok());
+  ASSERT_TRUE((*dev8)->Forward({{prompt, 0, table}}, b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  const float* wo_scales = w8->layers[0].wo_scales;
+  w8->layers[0].wo_scales = nullptr;  // a matrix without its scales
+  EXPECT_EQ(DeviceWeights::Upload(*w8, kernels::OpContext{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  w8->layers[0].wo_scales = wo_scales;
+
   ModelWeights broken;  // a layer without wq
   broken.config = weights_.config;
   broken.embedding = weights_.embedding;

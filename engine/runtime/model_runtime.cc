@@ -34,8 +34,9 @@ absl::Status ModelRuntimeConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads));
   }
   if (weight_dtype == WeightDType::kInt8 && !kernels::SupportsMatMul(device, kernels::DType::kI8)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--weight_dtype int8 is not supported on ", DeviceName(device), " yet (#18)"));
+    return absl::InvalidArgumentError(absl::StrCat("--weight_dtype int8 is not supported on ",
+                                                   DeviceName(device),
+                                                   " in this build (no int8 MatMul for it)"));
   }
   if (!kernels::SupportsAttention(device, kv_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_dtype ", kernels::DTypeName(kv_dtype),

@@ -46,6 +46,15 @@ cudaError_t LaunchPrefillAttentionTc(const PrefillAttentionParams& p, float scal
 // p.workspace of DecodeWorkspaceBytes (cudaErrorInvalidConfiguration otherwise).
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream);
 
+// int8 MatMul pieces (launch_config.h, MatMulI8Layout): x's rows quantized to int8 codes q
+// [rows][cols] and scales [rows] by the QuantizeRowsInt8 rule (bitwise the CPU's), one block per
+// row; and the epilogue y[r][o] = MatMulI8Output(acc[r][o], ...) over [rows][out].
+cudaError_t LaunchQuantizeRowsI8(const float* x, int64_t rows, int64_t cols, int64_t x_row_stride,
+                                 int8_t* q, float* scales, cudaStream_t stream);
+cudaError_t LaunchMatMulI8Epilogue(const int32_t* acc, const float* sx, const float* w_scales,
+                                   const float* bias, float* y, int64_t rows, int64_t out,
+                                   int64_t y_row_stride, bool accumulate, cudaStream_t stream);
+
 // Greedy, temperature, top-k and top-p as kernels/sampling_params.h; needs no workspace.
 cudaError_t LaunchSample(const SamplingParams& p, cudaStream_t stream);
 

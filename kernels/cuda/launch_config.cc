@@ -36,8 +36,20 @@ bool DecodeVectorLoads(const KvCacheView& c) {
 
 bool MatMulNativeBf16(const MatMulParams& p) { return p.w_dtype == DType::kBF16; }
 
+MatMulI8Workspace MatMulI8Layout(const MatMulParams& p) {
+  auto align = [](int64_t n) { return (n + 255) / 256 * 256; };
+  MatMulI8Workspace w;
+  w.xq = 0;
+  w.sx = align(p.num_rows * p.in_features);
+  w.acc = align(w.sx + p.num_rows * int64_t{4});
+  w.total = align(w.acc + p.num_rows * p.out_features * int64_t{4});
+  return w;
+}
+
+bool MatMulI8Shape(const MatMulParams& p) { return p.in_features % 4 == 0; }
+
 int64_t MatMulTileRows(const MatMulParams& p, int64_t tile_bytes) {
-  if (p.w_dtype == DType::kF32 || MatMulNativeBf16(p)) {
+  if (p.w_dtype == DType::kF32 || MatMulNativeBf16(p) || p.w_dtype == DType::kI8) {
     return p.out_features;
   }
   const int64_t fit = tile_bytes / (p.in_features * int64_t{4});
@@ -54,6 +66,9 @@ int64_t MatMulWorkspaceBytes(const MatMulParams& p) {
   if (MatMulNativeBf16(p)) {
     return p.num_rows * p.in_features * int64_t{2};
   }
+  if (p.w_dtype == DType::kI8) {
+    return MatMulI8Layout(p).total;
+  }
   return MatMulTileRows(p) * p.in_features * int64_t{4};
 }
 
@@ -65,9 +80,11 @@ GemmCall MatMulTile(const MatMulParams& p, int64_t first_out, int64_t tile_bytes
   g.n = static_cast<int>(p.num_rows);
   g.k = static_cast<int>(p.in_features);
   g.lda = static_cast<int>(p.in_features);
-  // Native bf16 reads x from the workspace, packed.
-  g.ldb = static_cast<int>(MatMulNativeBf16(p) ? p.in_features : p.x_row_stride);
-  g.ldc = static_cast<int>(p.y_row_stride);
+  // Native bf16 and int8 read x from the workspace, packed; int8 writes its int32 sums there
+  // too, packed, for the epilogue.
+  const bool i8 = p.w_dtype == DType::kI8;
+  g.ldb = static_cast<int>(MatMulNativeBf16(p) || i8 ? p.in_features : p.x_row_stride);
+  g.ldc = static_cast<int>(i8 ? p.out_features : p.y_row_stride);
   g.y_offset = first_out;
   g.w_offset = first_out * p.in_features;
   return g;

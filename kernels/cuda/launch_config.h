@@ -637,6 +637,50 @@ inline constexpr int64_t kMatMulWideningTileBytes = int64_t{32} << 20;
 // Whether MatMul runs as one bf16 cublasGemmEx (bf16 weights).
 bool MatMulNativeBf16(const MatMulParams& p);
 
+// int8 weights (W8A8, issue #18 item 4): x quantized row by row into the workspace (the
+// QuantizeRowsInt8 rule: codes, then the f32 row scales), one cublasGemmEx int8 x int8 -> int32
+// (exact integer sums, like the CPU's), then an epilogue applying the row and weight scales,
+// bias and accumulate with the reference's float operations one at a time: bitwise the CPU
+// result. cuBLAS's int8 GEMM needs in_features (k, the leading dimensions) a multiple of 4.
+inline constexpr int kQuantizeRowThreads = 256;
+struct MatMulI8Workspace {
+  int64_t xq = 0;   // int8 [num_rows][in_features]
+  int64_t sx = 0;   // f32 [num_rows]
+  int64_t acc = 0;  // int32 [num_rows][out_features]
+  int64_t total = 0;
+};
+// Byte offsets into the workspace, each 256-byte aligned.
+MatMulI8Workspace MatMulI8Layout(const MatMulParams& p);
+bool MatMulI8Shape(const MatMulParams& p);  // in_features % 4 == 0
+
+// One f32 operation, never contracted into an FMA (the CPU's int8 epilogue is one operation
+// per expression; kernels/matmul_params.h).
+PD_HOST_DEVICE inline float MulRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+PD_HOST_DEVICE inline float AddRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// The int8 epilogue of output (r, o): v = float(acc) * (sx[r] * w_scales[o]), + bias[o], then
+// y = accumulate ? y + v : v (kernels/matmul_params.h).
+PD_HOST_DEVICE inline float MatMulI8Output(int32_t acc, float sx, float w_scale, const float* bias,
+                                           int64_t o, float y_old, bool accumulate) {
+  float v = MulRn(static_cast<float>(acc), MulRn(sx, w_scale));
+  if (bias != nullptr) {
+    v = AddRn(v, bias[o]);
+  }
+  return accumulate ? AddRn(y_old, v) : v;
+}
+
 // Output rows (weight rows) per cuBLAS call: all of them for f32 and bf16 weights; for f16 as
 // many f32 weight rows as fit tile_bytes, at least one. (tile_bytes is a parameter for the
 // tests.)

@@ -2,7 +2,8 @@
 // shapes come from MatMulTile in launch_config.h, which says what each weight dtype does). f32
 // and f16 weights: all arithmetic f32, like the CPU kernel (f16 widened into the workspace one
 // tile of output rows at a time; the handle keeps CUBLAS_DEFAULT_MATH, no TF32). bf16 weights:
-// one cublasGemmEx on the weights as stored, x rounded to bf16 once, f32 accumulation.
+// one cublasGemmEx on the weights as stored, x rounded to bf16 once, f32 accumulation. int8
+// weights: W8A8, bitwise the CPU's result (launch_config.h, MatMulI8Layout).
 #include <cublas_v2.h>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +81,28 @@ absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
   PD_RETURN_IF_ERROR(handles.Get(&handle));
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   PD_RETURN_IF_ERROR(FromCublas(cublasSetStream(handle, stream), "cublasSetStream"));
+  if (p.w_dtype == DType::kI8) {
+    // W8A8: x's rows to int8 codes and scales, exact int32 sums, then the f32 epilogue (bias and
+    // accumulate included), each step as the CPU does it.
+    const MatMulI8Workspace lay = MatMulI8Layout(p);
+    auto* ws = static_cast<uint8_t*>(p.workspace);
+    auto* xq = reinterpret_cast<int8_t*>(ws + lay.xq);
+    auto* sx = reinterpret_cast<float*>(ws + lay.sx);
+    auto* acc = reinterpret_cast<int32_t*>(ws + lay.acc);
+    PD_RETURN_IF_ERROR(FromCuda(
+        LaunchQuantizeRowsI8(p.x, p.num_rows, p.in_features, p.x_row_stride, xq, sx, stream),
+        "x to int8 launch"));
+    const GemmCall g = MatMulTile(p, 0);
+    const int32_t one = 1, zero = 0;
+    PD_RETURN_IF_ERROR(
+        FromCublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, g.m, g.n, g.k, &one, p.w,
+                                CUDA_R_8I, g.lda, xq, CUDA_R_8I, g.ldb, &zero, acc, CUDA_R_32I,
+                                g.ldc, CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (int8)"));
+    return FromCuda(LaunchMatMulI8Epilogue(acc, sx, p.w_scales, p.bias, p.y, p.num_rows,
+                                           p.out_features, p.y_row_stride, p.accumulate, stream),
+                    "int8 epilogue launch");
+  }
   float beta = p.accumulate ? 1.0f : 0.0f;
   if (p.bias != nullptr) {
     // y = (accumulate ? y : 0) + bias, then the GEMM accumulates onto it.

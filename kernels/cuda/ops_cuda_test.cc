@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -17,6 +18,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/half.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_params.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 
@@ -249,6 +251,63 @@ TEST(CudaOpsTest, MatMulMatchesCpu) {
       ExpectClose(dy.Download<float>(), want, 1e-3, 1e-10,
                   "matmul rows " + std::to_string(c.rows) + " dtype " +
                       std::to_string(static_cast<int>(wt)));
+    }
+  }
+}
+
+// int8 weights (W8A8): bitwise the CPU's output (exact integer sums, the same float epilogue),
+// for the GEMV and a prefill-sized GEMM, with bias and accumulate, a NaN row and a zero row.
+TEST(CudaOpsTest, MatMulInt8IsBitwiseTheCpu) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(61);
+  for (int64_t rows : {int64_t{1}, int64_t{37}}) {
+    for (bool accumulate : {false, true}) {
+      MatMulParams p;
+      p.num_rows = rows;
+      p.in_features = 512;
+      p.out_features = 300;
+      p.x_row_stride = 516;
+      p.y_row_stride = 304;
+      p.accumulate = accumulate;
+      p.w_dtype = DType::kI8;
+      std::vector<float> x = RandomVector(rows * p.x_row_stride, rng);
+      if (rows > 2) {
+        x[1 * p.x_row_stride + 3] = std::numeric_limits<float>::quiet_NaN();
+        std::fill(x.begin() + 2 * p.x_row_stride, x.begin() + 3 * p.x_row_stride, 0.0f);
+      }
+      const std::vector<float> wf = RandomVector(p.out_features * p.in_features, rng);
+      std::vector<int8_t> wq(wf.size());
+      std::vector<float> scales(p.out_features);
+      QuantizeRowsInt8(wf.data(), p.out_features, p.in_features, wq.data(), scales.data());
+      const std::vector<float> bias = RandomVector(p.out_features, rng);
+      const std::vector<float> y0 = RandomVector(rows * p.y_row_stride, rng);
+      std::vector<float> want = y0;
+      MatMulParams cpu = p;
+      cpu.x = x.data();
+      cpu.w = wq.data();
+      cpu.w_scales = scales.data();
+      cpu.bias = bias.data();
+      cpu.y = want.data();
+      std::vector<uint8_t> cpu_ws(MatMulWorkspaceBytes(OpContext{}, cpu));
+      cpu.workspace = cpu_ws.data();
+      cpu.workspace_bytes = static_cast<int64_t>(cpu_ws.size());
+      ASSERT_TRUE(MatMul(OpContext{}, cpu).ok());
+      DeviceBuffer dx(x), dw(wq), ds(scales), db(bias), dy(y0);
+      MatMulParams gpu = p;
+      gpu.x = dx.as<float>();
+      gpu.w = dw.get();
+      gpu.w_scales = ds.as<float>();
+      gpu.bias = db.as<float>();
+      gpu.y = dy.as<float>();
+      const int64_t ws_bytes = MatMulWorkspaceBytes(CudaCtx(), gpu);
+      DeviceBuffer ws(static_cast<size_t>(ws_bytes));
+      gpu.workspace = ws.get();
+      gpu.workspace_bytes = ws_bytes;
+      ASSERT_TRUE(MatMul(CudaCtx(), gpu).ok());
+      const std::vector<float> got = dy.Download<float>();
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << rows << " rows, accumulate " << accumulate;
     }
   }
 }

@@ -24,7 +24,7 @@ using dispatch_internal::Span;
 
 bool SupportsMatMul(Device device, DType w_dtype) {
   if (w_dtype == DType::kI8) {
-    return device == Device::kCpu;  // TODO(#18): int8 weights on CUDA
+    return device == Device::kCpu || (device == Device::kCuda && PD_WITH_CUDA);
   }
   if (!IsDenseDType(w_dtype)) {
     return false;  // f32, bf16 and f16 weights, and int8 (above); fp8 is KV-cache-only
@@ -89,9 +89,6 @@ absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
     return absl::InvalidArgumentError("matmul: y overlaps x, w or bias");
   }
   if (!SupportsMatMul(ctx.device, p.w_dtype)) {
-    if (p.w_dtype == DType::kI8 && ctx.device == Device::kCuda) {
-      return absl::UnimplementedError("int8 weights are not implemented on CUDA yet (#18)");
-    }
     return NoBackend("matmul", ctx.device, p.w_dtype);
   }
   const int64_t need = MatMulWorkspaceBytes(ctx, p);
@@ -101,6 +98,11 @@ absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
   }
 #if PD_WITH_CUDA
   if (ctx.device == Device::kCuda) {
+    if (p.w_dtype == DType::kI8 && !cuda::MatMulI8Shape(p)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("matmul: in_features ", p.in_features,
+                       " with int8 weights on cuda must be a multiple of 4 (cuBLAS's int8 GEMM)"));
+    }
     return cuda::MatMul(ctx, p);
   }
 #endif

@@ -507,8 +507,26 @@ TEST(MatMulI8DispatchTest, RejectsBadInput) {
   s = MatMul(OpContext{}, bad);  // rejected before any pointer is read
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("131072"), absl::string_view::npos) << s;
-  EXPECT_FALSE(SupportsMatMul(Device::kCuda, DType::kI8));
-  EXPECT_EQ(MatMul(OpContext{Device::kCuda, nullptr}, p).code(), absl::StatusCode::kUnimplemented);
+  // CUDA runs int8 weights wherever it runs the others (W8A8 through cuBLAS's int8 GEMM, which
+  // needs in_features a multiple of 4: rejected before any launch otherwise).
+  EXPECT_EQ(SupportsMatMul(Device::kCuda, DType::kI8), SupportsMatMul(Device::kCuda, DType::kBF16));
+  if (!SupportsMatMul(Device::kCuda, DType::kI8)) {
+    EXPECT_EQ(MatMul(OpContext{Device::kCuda, nullptr}, p).code(),
+              absl::StatusCode::kUnimplemented);
+  } else {
+    MatMulParams odd = p;
+    odd.num_rows = 1;
+    odd.in_features = 6;
+    odd.x_row_stride = 6;
+    odd.out_features = 2;
+    odd.y_row_stride = 2;
+    std::vector<uint8_t> ws(MatMulWorkspaceBytes(OpContext{Device::kCuda, nullptr}, odd));
+    odd.workspace = ws.data();
+    odd.workspace_bytes = static_cast<int64_t>(ws.size());
+    s = MatMul(OpContext{Device::kCuda, nullptr}, odd);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("multiple of 4"), absl::string_view::npos) << s;
+  }
 }
 
 }  // namespace
