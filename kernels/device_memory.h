@@ -38,6 +38,15 @@ bool DeviceMemoryBuilt(Device device);
 // driver or a device, or in builds without CUDA). Never an error.
 int DeviceCount(Device device);
 
+// Memory of the current device: what is free now and the total (kCuda: cudaMemGetInfo).
+// Unimplemented for kCpu (the host's memory is the operator's to size) and without a CUDA
+// build; FailedPrecondition without a device.
+struct DeviceMemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+absl::StatusOr<DeviceMemoryInfo> QueryDeviceMemory(Device device);
+
 // OK when memory can be placed on `device` now; the errors above (Unimplemented,
 // FailedPrecondition "no CUDA device") otherwise. The startup check of `--device`.
 absl::Status CheckDeviceAvailable(Device device);

@@ -54,8 +54,23 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
                                                                    KvPoolView pool,
                                                                    kernels::OpContext ctx,
                                                                    ForwardOptions options) {
+  return CreateImpl(weights, pool, ctx, options, /*allocate=*/true);
+}
+
+absl::StatusOr<int64_t> LlamaForward::ScratchBytes(const ModelWeights* weights, KvPoolView pool,
+                                                   kernels::OpContext ctx, ForwardOptions options) {
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> f,
+                      CreateImpl(weights, pool, ctx, options, /*allocate=*/false));
+  return f->scratch_bytes_;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const ModelWeights* weights,
+                                                                       KvPoolView pool,
+                                                                       kernels::OpContext ctx,
+                                                                       ForwardOptions options,
+                                                                       bool allocate) {
   PD_RETURN_IF_ERROR(weights->config.Validate());
-  if (pool.base == nullptr || pool.num_blocks <= 0 || pool.block_size <= 0) {
+  if ((allocate && pool.base == nullptr) || pool.num_blocks <= 0 || pool.block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv pool: base must be set and num_blocks, block_size > 0, got ",
                      pool.num_blocks, ", ", pool.block_size));
@@ -132,11 +147,11 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWe
   decode.cache = f->CacheView(0);
   f->workspace_bytes_ =
       std::max(f->workspace_bytes_, kernels::DecodeAttentionWorkspaceBytes(ctx, decode));
-  PD_RETURN_IF_ERROR(f->AllocateScratch());
+  PD_RETURN_IF_ERROR(f->AllocateScratch(/*measure_only=*/!allocate));
   return f;
 }
 
-absl::Status LlamaForward::AllocateScratch() {
+absl::Status LlamaForward::AllocateScratch(bool measure_only) {
   const ModelConfig& c = config_;
   const int64_t t = options_.max_batch_tokens;
   const int64_t wide = std::max<int64_t>(c.dim, c.q_dim());
@@ -182,6 +197,10 @@ absl::Status LlamaForward::AllocateScratch() {
       steps = carve(seqs * 8);
     }
     if (pass == 0) {
+      scratch_bytes_ = offset;
+      if (measure_only) {
+        return absl::OkStatus();
+      }
       PD_ASSIGN_OR_RETURN(scratch_, kernels::DeviceBuffer::Allocate(ctx_.device, offset));
     }
   }

@@ -103,6 +103,12 @@ class LlamaForward {
                                                               kernels::OpContext ctx,
                                                               ForwardOptions options);
 
+  // Bytes of ctx.device memory Create would allocate for its scratch (activations, logits,
+  // workspaces, metadata) with these arguments; pool.base may be null. The runtime sizes a GPU
+  // KV pool from what is left. Errors as Create, without allocating.
+  static absl::StatusOr<int64_t> ScratchBytes(const ModelWeights* weights, KvPoolView pool,
+                                              kernels::OpContext ctx, ForwardOptions options);
+
   // Runs the batch; `logits` is [batch.size()][vocab_size()]. Errors found before any compute
   // (the pool is then untouched): InvalidArgument for an empty sequence, a token id >= vocab, a
   // block table that does not cover the sequence or names a block outside the pool, too many tokens
@@ -158,8 +164,14 @@ class LlamaForward {
   // y (+)= x w^T + bias; w_scales: the per-row scales of int8 weights, else nullptr.
   absl::Status MatMul(const float* x, const void* w, const float* w_scales, const float* bias,
                       float* y, int64_t num_rows, int64_t in, int64_t out, bool accumulate);
-  // Allocates scratch_ on ctx_.device and points the scratch pointers into it.
-  absl::Status AllocateScratch();
+  static absl::StatusOr<std::unique_ptr<LlamaForward>> CreateImpl(const ModelWeights* weights,
+                                                                  KvPoolView pool,
+                                                                  kernels::OpContext ctx,
+                                                                  ForwardOptions options,
+                                                                  bool allocate);
+  // Measures the scratch (scratch_bytes_), then unless measure_only allocates scratch_ on
+  // ctx_.device and points the scratch pointers into it.
+  absl::Status AllocateScratch(bool measure_only);
   // Lays out the batch in slots, builds and (kCuda) uploads its metadata (token ids, positions,
   // tables, lengths; QueueStep embeds the tokens); returns the number of token rows.
   absl::StatusOr<int64_t> PrepareBatch(absl::Span<const ForwardSequence> batch);
@@ -185,6 +197,7 @@ class LlamaForward {
   // Scratch on ctx.device, sized for options_.max_batch_tokens rows (activations) / max_seqs
   // (tables, logits): one allocation, the pointers below point into it.
   kernels::DeviceBuffer scratch_;
+  int64_t scratch_bytes_ = 0;
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
   float *att_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
   float* logits_tmp_ = nullptr;  // [max_seqs][vocab], slot order

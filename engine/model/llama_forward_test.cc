@@ -352,6 +352,26 @@ TEST_F(LlamaForwardTest, DecodeGraphsReplayBitwiseLikeEagerSteps) {
   EXPECT_EQ(eager->graph_stats().replays, 0);
 }
 
+// ScratchBytes measures what Create allocates without allocating (the runtime sizes a GPU pool
+// from what is left): a null pool base is fine for it, not for Create.
+TEST_F(LlamaForwardTest, ScratchBytesMeasuresWithoutAPool) {
+  ForwardOptions small, big;
+  big.max_batch_tokens = 1024;
+  big.max_seqs = 128;
+  const KvPoolView no_base{nullptr, kernels::DType::kF32, 4, kBlockSize};
+  absl::StatusOr<int64_t> a = LlamaForward::ScratchBytes(&weights_, no_base, {}, small);
+  absl::StatusOr<int64_t> b = LlamaForward::ScratchBytes(&weights_, no_base, {}, big);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  const ModelConfig& c = weights_.config;
+  EXPECT_GE(*a, small.max_batch_tokens * c.dim * 4 + small.max_seqs * c.vocab_size * 4);
+  EXPECT_GT(*b, *a);
+  EXPECT_EQ(LlamaForward::Create(&weights_, no_base, {}, small).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  big.max_seqs = 2048;  // more sequences than tokens: rejected as by Create
+  EXPECT_EQ(LlamaForward::ScratchBytes(&weights_, no_base, {}, big).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(LlamaForwardTest, ForwardSampleRejectsBadSpecsBeforeCompute) {
   std::unique_ptr<LlamaForward> f = MakeForward(4);
   ASSERT_NE(f, nullptr);

@@ -19,12 +19,61 @@
 
 namespace pd::engine {
 
+namespace {
+
+// --kv_blocks 0 on cuda: the blocks that fit gpu_memory_fraction of the device's total memory,
+// less what is in use now (the CUDA context, the weights just uploaded, other processes), the
+// forward pass's scratch and a reserve for what cuBLAS and CUDA graphs allocate later.
+absl::StatusOr<int64_t> AutoKvBlocks(const ModelRuntimeConfig& config, const ModelWeights& weights,
+                                     const kvcache::KvLayout& layout,
+                                     const kernels::OpContext& ctx) {
+  PD_ASSIGN_OR_RETURN(const int64_t scratch,
+                      LlamaForward::ScratchBytes(
+                          &weights, {nullptr, layout.dtype, 1, config.block_size}, ctx,
+                          {config.scheduler.max_batch_tokens, config.scheduler.max_running}));
+  PD_ASSIGN_OR_RETURN(const kernels::DeviceMemoryInfo mem, kernels::QueryDeviceMemory(ctx.device));
+  const AutoPoolSize size = AutoPoolBlocks(
+      mem.total_bytes, mem.free_bytes, config.gpu_memory_fraction, scratch, layout.block_bytes());
+  LOG(INFO) << "--kv_blocks 0: " << size.blocks << " blocks of " << layout.block_bytes()
+            << " bytes (GPU " << (mem.total_bytes >> 20) << " MiB, " << (mem.free_bytes >> 20)
+            << " MiB free after the weights, fraction " << config.gpu_memory_fraction
+            << ", forward scratch " << (scratch >> 20) << " MiB, reserve "
+            << (kGpuReserveBytes >> 20) << " MiB)";
+  if (size.blocks < kMinAutoKvBlocks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--kv_blocks 0: only ", size.budget_bytes, " bytes left for the KV pool (GPU total ",
+        mem.total_bytes, ", free ", mem.free_bytes, ", fraction ", config.gpu_memory_fraction,
+        ", forward scratch ", scratch, ", reserve ", kGpuReserveBytes, "): fewer than ",
+        kMinAutoKvBlocks, " blocks of ", layout.block_bytes(),
+        " bytes; raise --gpu_memory_fraction, lower --max_batch_tokens, or set --kv_blocks"));
+  }
+  return size.blocks;
+}
+
+}  // namespace
+
+AutoPoolSize AutoPoolBlocks(int64_t total_bytes, int64_t free_bytes, double fraction,
+                            int64_t scratch_bytes, int64_t block_bytes) {
+  const int64_t used = total_bytes - free_bytes;
+  const int64_t budget = static_cast<int64_t>(static_cast<double>(total_bytes) * fraction) - used -
+                         scratch_bytes - kGpuReserveBytes;
+  AutoPoolSize s;
+  s.budget_bytes = budget > 0 ? budget : 0;
+  s.blocks = block_bytes > 0 ? s.budget_bytes / block_bytes : 0;
+  return s;
+}
+
 absl::Status ModelRuntimeConfig::Validate() const {
   if (model.empty()) {
     return absl::InvalidArgumentError("--model is empty");
   }
-  if (kv_blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv_blocks must be > 0, got ", kv_blocks));
+  if (kv_blocks < 0 || (kv_blocks == 0 && device != kernels::Device::kCuda)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_blocks must be > 0 (or 0 = fill the GPU, with --device cuda), got ", kv_blocks));
+  }
+  if (!(gpu_memory_fraction > 0.0 && gpu_memory_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_memory_fraction must be in (0, 1], got ", gpu_memory_fraction));
   }
   if (block_size <= 0 || block_size > 1024) {
     return absl::InvalidArgumentError(
@@ -139,6 +188,10 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     ctx.stream = rt->stream_.handle();
     PD_ASSIGN_OR_RETURN(rt->device_weights_, DeviceWeights::Upload(rt->weights_, ctx));
     forward_weights = &rt->device_weights_->weights();
+    if (config.kv_blocks == 0) {
+      PD_ASSIGN_OR_RETURN(config.kv_blocks,
+                          AutoKvBlocks(config, *forward_weights, rt->layout_, ctx));
+    }
     PD_ASSIGN_OR_RETURN(rt->memory_,
                         memory::DeviceKvPool::Create(rt->layout_, config.kv_blocks, config.device));
   } else {

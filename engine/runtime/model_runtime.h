@@ -36,9 +36,12 @@ struct ModelRuntimeConfig {
   // tokenizer.json) or a llama2.c checkpoint file (then `tokenizer` is its tokenizer.bin).
   std::string model;
   std::string tokenizer;
-  int64_t kv_blocks = 1024;  // KV pool size in blocks
-  int64_t block_size = 16;   // tokens per block
-  int threads = 0;           // CPU threads for kernels; 0 = all cores (unused on cuda)
+  // KV pool size in blocks; 0 (cuda only) = as many as fit gpu_memory_fraction of the device's
+  // memory after the weights, the forward pass's scratch and kGpuReserveBytes.
+  int64_t kv_blocks = 1024;
+  double gpu_memory_fraction = 0.9;  // (0, 1]: share of the GPU's total memory pdserve may use
+  int64_t block_size = 16;           // tokens per block
+  int threads = 0;                   // CPU threads for kernels; 0 = all cores (unused on cuda)
   // Where the weights, the KV pool and the forward pass live (--device cpu|cuda). On cuda the
   // weights are uploaded once and the pool is device memory of the current CUDA device.
   kernels::Device device = kernels::Device::kCpu;
@@ -87,6 +90,18 @@ struct DeviceBatchLimits {
 };
 DeviceBatchLimits BatchLimitsFor(kernels::Device device);
 
+// --kv_blocks 0 on cuda: the pool gets fraction x the GPU's total memory, less what is in use
+// after the weights are uploaded (total - free), the forward pass's scratch and this reserve
+// (cuBLAS workspaces, CUDA graphs and the transport's buffers allocate later), in whole blocks.
+inline constexpr int64_t kGpuReserveBytes = int64_t{1} << 30;
+inline constexpr int64_t kMinAutoKvBlocks = 16;  // fewer: a startup error naming the numbers
+struct AutoPoolSize {
+  int64_t budget_bytes = 0;
+  int64_t blocks = 0;
+};
+AutoPoolSize AutoPoolBlocks(int64_t total_bytes, int64_t free_bytes, double fraction,
+                            int64_t scratch_bytes, int64_t block_bytes);
+
 // The KV layout a worker of this model uses for `block_size`-token blocks of `kv_dtype`.
 // pd-tierd derives its pool geometry from the same function, so a worker's layout and its
 // node's tiers agree by construction.
@@ -109,6 +124,8 @@ class ModelRuntime {
   const ModelConfig& model_config() const { return weights_.config; }
   const std::string& fingerprint() const { return weights_.fingerprint; }
   const kvcache::KvLayout& kv_layout() const { return layout_; }
+  // KV pool blocks: config.kv_blocks, or the size --kv_blocks 0 chose.
+  int64_t kv_blocks() const { return config_.kv_blocks; }
   // The host pool (device cpu), or nullptr on device cuda: use kv_memory() for block copies.
   memory::HostKvPool* kv_pool() { return pool_.get(); }
   // The pool's bytes on either device (registration with the transport, block copies).

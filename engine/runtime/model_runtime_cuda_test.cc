@@ -55,6 +55,25 @@ TEST(ModelRuntimeCudaTest, GreedyOutputEqualsTheCpuEngine) {
   }
 }
 
+// --kv_blocks 0 fills the GPU: far more blocks than the test default, and the same text.
+TEST(ModelRuntimeCudaTest, AutoSizedPoolFillsTheGpuAndGivesTheSameText) {
+  PD_SKIP_WITHOUT_CUDA();
+  ModelRuntimeConfig config = testing::StoriesConfig(kernels::Device::kCuda);
+  config.kv_blocks = 0;
+  config.gpu_memory_fraction = 0.5;
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> gpu = ModelRuntime::Create(config);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_GT((*gpu)->kv_blocks(), 10000);
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> cpu =
+      ModelRuntime::Create(testing::StoriesConfig(kernels::Device::kCpu));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::vector<testing::Generated> want = testing::GreedyAll(cpu->get(), kPrompts, 30);
+  std::vector<testing::Generated> got = testing::GreedyAll(gpu->get(), kPrompts, 30);
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+  }
+}
+
 TEST(ModelRuntimeCudaTest, PrefixCacheHitEqualsMissOnTheGpu) {
   PD_SKIP_WITHOUT_CUDA();
   absl::StatusOr<std::unique_ptr<ModelRuntime>> gpu =

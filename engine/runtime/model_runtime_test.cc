@@ -93,6 +93,32 @@ TEST(ModelRuntimeTest, CpuRuntimeExposesItsHostPoolThroughKvMemory) {
   }
 }
 
+// --kv_blocks 0 sizes a GPU pool from the device's memory; on the CPU it is a usage error.
+TEST(ModelRuntimeTest, AutoKvBlocksFillTheFractionLeft) {
+  const int64_t gib = int64_t{1} << 30;
+  // 80 GiB card, 6 GiB in use (context + weights), 90%: 72 - 6 - 2 (scratch) - 1 (reserve) GiB.
+  AutoPoolSize s = AutoPoolBlocks(80 * gib, 74 * gib, 0.9, 2 * gib, 1 << 20);
+  EXPECT_EQ(s.budget_bytes, 63 * gib);
+  EXPECT_EQ(s.blocks, 63 * 1024);
+  s = AutoPoolBlocks(80 * gib, 74 * gib, 0.9, 2 * gib, 3 << 20);  // partial blocks round down
+  EXPECT_EQ(s.blocks, 63 * gib / (3 << 20));
+  s = AutoPoolBlocks(8 * gib, 2 * gib, 0.5, gib, 1 << 20);  // already past the fraction
+  EXPECT_EQ(s.budget_bytes, 0);
+  EXPECT_EQ(s.blocks, 0);
+
+  ModelRuntimeConfig c = testing::StoriesConfig(kernels::Device::kCpu);
+  c.kv_blocks = 0;
+  absl::Status v = c.Validate();
+  EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << v;
+  EXPECT_THAT(v.message(), HasSubstr("--device cuda"));
+  c.device = kernels::Device::kCuda;
+  EXPECT_TRUE(c.Validate().ok());
+  c.gpu_memory_fraction = 1.5;
+  v = c.Validate();
+  EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << v;
+  EXPECT_THAT(v.message(), HasSubstr("--gpu_memory_fraction"));
+}
+
 TEST(ModelRuntimeTest, CudaWhereItCannotRunFailsAtStartupNamingWhy) {
   if (kernels::DeviceMemoryBuilt(kernels::Device::kCuda) &&
       kernels::DeviceCount(kernels::Device::kCuda) > 0) {

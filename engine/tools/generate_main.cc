@@ -20,7 +20,11 @@ ABSL_FLAG(float, temperature, 0.0f, "0 = greedy");
 ABSL_FLAG(float, top_p, 1.0f, "nucleus sampling mass, (0, 1]");
 ABSL_FLAG(int32_t, top_k, 0, "sample from the k most likely tokens; 0 = off");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
-ABSL_FLAG(int64_t, kv_blocks, 256, "KV pool size in blocks of 16 tokens");
+ABSL_FLAG(int64_t, kv_blocks, 256,
+          "KV pool size in blocks of 16 tokens; 0 with --device cuda = fill "
+          "--gpu_memory_fraction of the GPU");
+ABSL_FLAG(double, gpu_memory_fraction, 0.9,
+          "with --kv_blocks 0 on cuda: share of the GPU's total memory to use, in (0, 1]");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3");
@@ -51,6 +55,7 @@ int main(int argc, char** argv) {
   config.model = absl::GetFlag(FLAGS_model);
   config.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   config.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  config.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   config.threads = absl::GetFlag(FLAGS_threads);
   absl::StatusOr<pd::kernels::Device> device = pd::engine::ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) Fail(device.status());

@@ -107,6 +107,17 @@ void StreamDestroy(void* stream) {
   }
 }
 
+absl::Status MemGetInfo(int64_t* free_bytes, int64_t* total_bytes) {
+  size_t free = 0, total = 0;
+  const cudaError_t err = cudaMemGetInfo(&free, &total);
+  if (err != cudaSuccess) {
+    return FromCuda(err, "cudaMemGetInfo");
+  }
+  *free_bytes = static_cast<int64_t>(free);
+  *total_bytes = static_cast<int64_t>(total);
+  return absl::OkStatus();
+}
+
 absl::Status GraphBeginCapture(void* stream) {
   return FromCuda(cudaStreamBeginCapture(AsStream(stream), cudaStreamCaptureModeThreadLocal),
                   "cudaStreamBeginCapture");

@@ -47,6 +47,9 @@ absl::StatusOr<void*> GraphEndCapture(void* stream);
 absl::Status GraphLaunch(void* exec, void* stream);
 void GraphExecDestroy(void* exec);
 
+// cudaMemGetInfo of the current device.
+absl::Status MemGetInfo(int64_t* free_bytes, int64_t* total_bytes);
+
 // OK when at least one device is usable; FailedPrecondition "no CUDA device" otherwise.
 absl::Status CheckDevice();
 

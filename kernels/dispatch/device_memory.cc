@@ -51,6 +51,20 @@ int DeviceCount(Device device) {
   return 0;
 }
 
+absl::StatusOr<DeviceMemoryInfo> QueryDeviceMemory(Device device) {
+  if (device == Device::kCpu) {
+    return absl::UnimplementedError("device memory query: not for the host (cpu)");
+  }
+#if PD_WITH_CUDA
+  PD_RETURN_IF_ERROR(cuda::CheckDevice());
+  DeviceMemoryInfo info;
+  PD_RETURN_IF_ERROR(cuda::MemGetInfo(&info.free_bytes, &info.total_bytes));
+  return info;
+#else
+  return NoCuda("device memory query");
+#endif
+}
+
 absl::Status CheckDeviceAvailable(Device device) {
   if (device == Device::kCpu) {
     return absl::OkStatus();

@@ -24,7 +24,12 @@ ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9101", "Prometheus /metrics l
 ABSL_FLAG(std::string, worker_id, "", "cluster-unique worker id; empty = the gRPC address");
 ABSL_FLAG(std::string, node_name, "",
           "node name (workers of a node share a tierd); empty = hostname");
-ABSL_FLAG(int64_t, kv_blocks, 1024, "KV pool size in blocks");
+ABSL_FLAG(int64_t, kv_blocks, 1024,
+          "KV pool size in blocks; 0 with --device cuda = as many as fit "
+          "--gpu_memory_fraction of the GPU after the weights and the forward pass's scratch");
+ABSL_FLAG(double, gpu_memory_fraction, 0.9,
+          "with --kv_blocks 0 on cuda: share of the GPU's total memory this worker may use, in "
+          "(0, 1]");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV block (must match the router and peers)");
 ABSL_FLAG(int, threads, 0, "CPU threads for the kernels; 0 = all cores");
 ABSL_FLAG(std::string, device, "cpu",
@@ -86,6 +91,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   }
   c.runtime.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   c.runtime.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  c.runtime.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   c.runtime.block_size = absl::GetFlag(FLAGS_block_size);
   c.runtime.threads = absl::GetFlag(FLAGS_threads);
   PD_ASSIGN_OR_RETURN(c.runtime.device, pd::engine::ParseDevice(absl::GetFlag(FLAGS_device)));

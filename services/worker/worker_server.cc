@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   memory::KvPoolMemory* pool = s->runtime_->kv_memory();
   PD_ASSIGN_OR_RETURN(transport::PoolGeometry geometry,
                       disagg::GeometryFor(s->runtime_->kv_layout(), s->runtime_->fingerprint(),
-                                          config.runtime.kv_blocks));
+                                          s->runtime_->kv_blocks()));
   if (absl::Status r = s->handoff_->RegisterPool(pool->base(), pool->size_bytes(), geometry);
       !r.ok()) {
     return transport_error(r);
