@@ -343,16 +343,18 @@ absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
   const int32_t* dst_table = src_table + needed;
   // Chunks of at most max_batch_tokens rows through the k_/v_ scratch; q_ carries the keys
   // through Rope (it rotates its "q" rows, the keys here, and no kv rows).
-  std::vector<int32_t> chunk;
+  // Every chunk's host copy stays untouched until the synchronisation at the end (CopyAsync's
+  // contract); the device copies share one piece, reused in stream order.
+  std::vector<int32_t> chunks(2 * num_tokens);
   for (int64_t first = 0; first < num_tokens; first += options_.max_batch_tokens) {
     const int64_t n = std::min(options_.max_batch_tokens, num_tokens - first);
-    chunk.resize(2 * n);
-    std::iota(chunk.begin(), chunk.begin() + n, static_cast<int32_t>(first));
-    std::fill(chunk.begin() + n, chunk.end(), static_cast<int32_t>(delta));
-    const int32_t* pos = chunk.data();
-    if (staged) {  // (stream order: the previous chunk's kernels have read theirs)
+    int32_t* chunk = chunks.data() + 2 * first;
+    std::iota(chunk, chunk + n, static_cast<int32_t>(first));
+    std::fill(chunk + n, chunk + 2 * n, static_cast<int32_t>(delta));
+    const int32_t* pos = chunk;
+    if (staged) {
       int32_t* d_chunk = d_shift_ + 2 * max_blocks_per_seq_;
-      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_chunk, chunk.data(), 2 * n * 4));
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_chunk, chunk, 2 * n * 4));
       pos = d_chunk;
     }
     const int32_t* shifted = pos + n;
