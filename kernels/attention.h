@@ -1,6 +1,7 @@
-// Paged attention over the KV block pool: WriteKv, PrefillAttention (causal, one sequence) and
-// DecodeAttention (batched, one query per sequence). Each validates once, then runs the
-// implementation registered for ctx.device. See kernels/attention_params.h for the layouts.
+// Paged attention over the KV block pool: WriteKv (and its inverse ReadKv), PrefillAttention
+// (causal, one sequence) and DecodeAttention (batched, one query per sequence). Each validates
+// once, then runs the implementation registered for ctx.device. See kernels/attention_params.h for
+// the layouts.
 //
 // CPU results are batch invariant: a query row's output is bitwise the same whether it runs in
 // a decode batch, alone, or as any row of a (chunked) prefill, on any thread count.
@@ -31,8 +32,8 @@ namespace pd::kernels {
 // [0, cache.num_blocks); Internal with the CUDA error name when a CUDA launch fails;
 // Unimplemented when no backend built for ctx.device supports cache.dtype.
 absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
-// ReadKv: the same errors as WriteKv, and InvalidArgument when k and v overlap; kCpu only for
-// now (Unimplemented on kCuda).
+// ReadKv: the same errors as WriteKv, and InvalidArgument when k and v overlap. On kCuda the
+// values are bitwise the CPU's (an exact op; a NaN row keeps the stored scale's bits).
 absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 // DecodeAttention also, where DecodeAttentionWorkspaceBytes(ctx, p) > 0 (kCuda): InvalidArgument

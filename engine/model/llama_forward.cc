@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
   PD_ASSIGN_OR_RETURN(f->inv_freq_host_, kernels::ComputeRopeInvFreq(rope));
 
   const int64_t t = options.max_batch_tokens;
-  f->positions_.resize(t);
+  f->positions_.resize(2 * t);  // [0, t) cache slots, [t, 2t) RoPE positions
   f->token_seq_.resize(t);
   f->token_ids_.resize(t);
   f->max_blocks_per_seq_ = (c.seq_len + pool.block_size - 1) / pool.block_size;
@@ -155,10 +155,10 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
   const ModelConfig& c = config_;
   const int64_t t = options_.max_batch_tokens;
   const int64_t wide = std::max<int64_t>(c.dim, c.q_dim());
-  const bool on_device = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
+  const bool on_device = Staged();
   void *inv_freq = nullptr, *positions = nullptr, *token_seq = nullptr, *tables = nullptr,
        *lens = nullptr, *token_ids = nullptr, *temperature = nullptr, *top_p = nullptr,
-       *top_k = nullptr, *tokens = nullptr, *seeds = nullptr, *steps = nullptr;
+       *top_k = nullptr, *tokens = nullptr, *seeds = nullptr, *steps = nullptr, *shift = nullptr;
   // Pass 0 measures, pass 1 carves the allocation in the same order; pieces start 256-byte
   // aligned, empty pieces are nullptr.
   for (int pass = 0; pass < 2; ++pass) {
@@ -195,6 +195,7 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
       tokens = carve(seqs * 4);
       seeds = carve(seqs * 8);
       steps = carve(seqs * 8);
+      shift = carve((2 * max_blocks_per_seq_ + 2 * t) * 4);  // CopyBlocksShifted's metadata
     }
     if (pass == 0) {
       scratch_bytes_ = offset;
@@ -207,6 +208,7 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
   if (!on_device) {
     inv_freq_ = inv_freq_host_.data();
     d_positions_ = positions_.data();
+    d_rope_positions_ = positions_.data() + t;
     d_token_seq_ = token_seq_.data();
     d_token_ids_ = token_ids_.data();
     d_block_tables_ = block_tables_.data();
@@ -221,6 +223,8 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
   }
   inv_freq_ = static_cast<const float*>(inv_freq);
   d_positions_ = static_cast<int32_t*>(positions);
+  d_rope_positions_ = d_positions_ + t;
+  d_shift_ = static_cast<int32_t*>(shift);
   d_token_seq_ = static_cast<int32_t*>(token_seq);
   d_token_ids_ = static_cast<int32_t*>(token_ids);
   d_block_tables_ = static_cast<int32_t*>(tables);
@@ -260,15 +264,9 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
           absl::StrCat("forward: sequence ", s, " has no new tokens or a negative start"));
     }
     const int64_t end = seq.start_pos + n;
-    if (seq.rope_offset != 0) {
-      if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
-        return absl::UnimplementedError(
-            "forward: rope_offset (the sink + window KV policy) runs on kCpu only for now (#18)");
-      }
-      if (seq.rope_offset < 0 || end + seq.rope_offset > std::numeric_limits<int32_t>::max()) {
-        return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " rope offset ",
-                                                  seq.rope_offset, " out of range"));
-      }
+    if (seq.rope_offset < 0 || end + seq.rope_offset > std::numeric_limits<int32_t>::max()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("forward: sequence ", s, " rope offset ", seq.rope_offset, " out of range"));
     }
     if (end > config_.seq_len) {
       return absl::OutOfRangeError(absl::StrCat("forward: sequence ", s, " reaches position ", end,
@@ -327,17 +325,23 @@ absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
                                              absl::Span<const int32_t> dst, int64_t num_tokens,
                                              int64_t delta) {
   const ModelConfig& c = config_;
-  if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
-    return absl::UnimplementedError("forward: CopyBlocksShifted runs on kCpu only for now (#18)");
-  }
   const int64_t needed = (num_tokens + pool_.block_size - 1) / pool_.block_size;
   if (num_tokens <= 0 || delta < 0 || delta > std::numeric_limits<int32_t>::max() ||
-      static_cast<int64_t>(src.size()) < needed || static_cast<int64_t>(dst.size()) < needed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "forward: CopyBlocksShifted of ", num_tokens, " tokens by ", delta, " needs ", needed,
-        " source and destination blocks, got ", src.size(), " and ", dst.size()));
+      needed > max_blocks_per_seq_ || static_cast<int64_t>(src.size()) < needed ||
+      static_cast<int64_t>(dst.size()) < needed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: CopyBlocksShifted of ", num_tokens, " tokens by ", delta, " needs ",
+                     needed, " source and destination blocks (at most ", max_blocks_per_seq_,
+                     "), got ", src.size(), " and ", dst.size()));
   }
   for (int64_t i = 0; i < needed; ++i) {
+    // Checked here, not only by the kernels: on kCuda they read the ids from device memory.
+    for (const int32_t id : {src[i], dst[i]}) {
+      if (id < 0 || id >= pool_.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("forward: CopyBlocksShifted: block ", id,
+                                                       " outside the pool of ", pool_.num_blocks));
+      }
+    }
     for (int64_t j = 0; j < needed; ++j) {
       if (src[i] == dst[j]) {
         return absl::InvalidArgumentError(absl::StrCat("forward: CopyBlocksShifted: block ", src[i],
@@ -345,14 +349,34 @@ absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
       }
     }
   }
+  // The kernels' index arrays: [src table][dst table], then per chunk [slots][RoPE shifts];
+  // host vectors on kCpu, uploaded into d_shift_ (the same layout) when staged.
+  const bool staged = Staged();
+  std::vector<int32_t> tables(src.begin(), src.begin() + needed);
+  tables.insert(tables.end(), dst.begin(), dst.begin() + needed);
+  const int32_t* src_table = tables.data();
+  if (staged) {
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_shift_, tables.data(), 2 * needed * 4));
+    src_table = d_shift_;
+  }
+  const int32_t* dst_table = src_table + needed;
   // Chunks of at most max_batch_tokens rows through the k_/v_ scratch; q_ carries the keys
   // through Rope (it rotates its "q" rows, the keys here, and no kv rows).
-  std::vector<int32_t> pos, shifted;
+  // Every chunk's host copy stays untouched until the synchronisation at the end (CopyAsync's
+  // contract); the device copies share one piece, reused in stream order.
+  std::vector<int32_t> chunks(2 * num_tokens);
   for (int64_t first = 0; first < num_tokens; first += options_.max_batch_tokens) {
     const int64_t n = std::min(options_.max_batch_tokens, num_tokens - first);
-    pos.resize(n);
-    std::iota(pos.begin(), pos.end(), static_cast<int32_t>(first));
-    shifted.assign(n, static_cast<int32_t>(delta));
+    int32_t* chunk = chunks.data() + 2 * first;
+    std::iota(chunk, chunk + n, static_cast<int32_t>(first));
+    std::fill(chunk + n, chunk + 2 * n, static_cast<int32_t>(delta));
+    const int32_t* pos = chunk;
+    if (staged) {
+      int32_t* d_chunk = d_shift_ + 2 * max_blocks_per_seq_;
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_chunk, chunk, 2 * n * 4));
+      pos = d_chunk;
+    }
+    const int32_t* shifted = pos + n;
     for (int l = 0; l < c.n_layers; ++l) {
       kernels::ReadKvParams read;
       read.k = q_;
@@ -361,13 +385,13 @@ absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
       read.v_token_stride = c.kv_dim;
       read.cache = CacheView(l);
       read.num_tokens = n;
-      read.positions = pos.data();
-      read.block_tables = src.data();
+      read.positions = pos;
+      read.block_tables = src_table;
       read.max_blocks_per_seq = needed;
       PD_RETURN_IF_ERROR(kernels::ReadKv(ctx_, read));
       kernels::RopeParams rope;
       rope.q = q_;
-      rope.positions = shifted.data();
+      rope.positions = shifted;
       rope.inv_freq = inv_freq_;
       rope.num_tokens = n;
       rope.num_heads = c.n_kv_heads;
@@ -383,13 +407,14 @@ absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
       write.v_token_stride = c.kv_dim;
       write.cache = read.cache;
       write.num_tokens = n;
-      write.positions = pos.data();
-      write.block_tables = dst.data();
+      write.positions = pos;
+      write.block_tables = dst_table;
       write.max_blocks_per_seq = needed;
       PD_RETURN_IF_ERROR(kernels::WriteKv(ctx_, write));
     }
   }
-  return absl::OkStatus();
+  // A fault of these kernels surfaces here, as the copy's error (a no-op on kCpu).
+  return kernels::SynchronizeStream(ctx_);
 }
 
 absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSequence> batch) {
@@ -408,8 +433,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
     }
   }
   int64_t row = 0;
-  bool offsets = false;
-  rope_positions_.resize(positions_.size());
+  const int64_t t = options_.max_batch_tokens;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     const ForwardSequence& seq = batch[slot.batch_index];
@@ -421,13 +445,11 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
     context_lens_[i] = static_cast<int32_t>(slot.start_pos + slot.num_tokens);
     for (int64_t j = 0; j < slot.num_tokens; ++j, ++row) {
       positions_[row] = static_cast<int32_t>(slot.start_pos + j);
-      rope_positions_[row] = static_cast<int32_t>(slot.start_pos + j + seq.rope_offset);
-      offsets = offsets || seq.rope_offset != 0;
+      positions_[t + row] = static_cast<int32_t>(slot.start_pos + j + seq.rope_offset);
       token_seq_[row] = static_cast<int32_t>(i);
       token_ids_[row] = static_cast<int32_t>(seq.tokens[j]);  // embedded by QueueStep
     }
   }
-  d_rope_positions_ = offsets ? rope_positions_.data() : d_positions_;  // (Validate: kCpu)
   // The decode attention's context bound: the longest decode context rounded up to a power of
   // two (at least 256, at most the table), so the split grid (and a decode graph) changes only
   // when a context doubles.
@@ -440,11 +462,13 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
     decode_bound_ *= 2;
   }
   decode_bound_ = std::min(decode_bound_, max_blocks_per_seq_ * pool_.block_size);
-  if (ctx_.device != kernels::Device::kCpu || options_.staged_metadata) {
+  if (Staged()) {
     // The kernels read these from device memory. Pageable sources: CUDA has staged them by the
-    // time each call returns, so the host vectors may be rebuilt by the next Forward().
+    // time each call returns, so the host vectors may be rebuilt by the next Forward(). The
+    // cache slots and the RoPE positions go in one copy (the unused tail of the slots too): the
+    // RoPE positions are always uploaded, so a decode graph may read them (see the header).
     const int64_t num_seqs = static_cast<int64_t>(slots_.size());
-    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_positions_, positions_.data(), row * 4));
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_positions_, positions_.data(), (t + row) * 4));
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_token_seq_, token_seq_.data(), row * 4));
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_token_ids_, token_ids_.data(), row * 4));
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_block_tables_, block_tables_.data(),
@@ -456,10 +480,9 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
 }
 
 bool LlamaForward::GraphEligible(int64_t num_tokens) const {
-  const bool staged = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
   const int64_t n = static_cast<int64_t>(slots_.size());
-  return staged && options_.decode_graphs && !graphs_off_ && num_decode_slots_ == n &&
-         num_tokens == n && d_rope_positions_ == d_positions_;
+  return Staged() && options_.decode_graphs && !graphs_off_ && num_decode_slots_ == n &&
+         num_tokens == n;
 }
 
 absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample) {
@@ -532,7 +555,7 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
   PD_ASSIGN_OR_RETURN(const int64_t num_tokens, PrepareBatch(batch));
   const bool sample = !specs.empty();
   const int64_t n = static_cast<int64_t>(slots_.size());
-  const bool staged = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
+  const bool staged = Staged();
   if (sample) {  // the sampling inputs in slot order (the order of logits_tmp_'s rows)
     for (int64_t i = 0; i < n; ++i) {
       const SampleSpec& sp = specs[slots_[i].batch_index];
@@ -609,7 +632,7 @@ absl::Status LlamaForward::ForwardSample(absl::Span<const ForwardSequence> batch
   }
   PD_RETURN_IF_ERROR(Step(batch, specs));
   const int64_t num_seqs = static_cast<int64_t>(slots_.size());
-  const bool staged = ctx_.device != kernels::Device::kCpu || options_.staged_metadata;
+  const bool staged = Staged();
   if (staged) {
     PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, slot_tokens_.data(), d_tokens_, num_seqs * 4));
   }

@@ -48,8 +48,8 @@ struct ForwardSequence {
   int64_t start_pos = 0;                  // position of tokens[0]
   absl::Span<const int32_t> block_table;  // physical blocks covering [0, start_pos + n)
   // RoPE position of tokens[j] = start_pos + j + rope_offset (start_pos + j is its slot in the
-  // cache). Non-zero only under the sink + window KV policy (the scheduler), where dropped
-  // blocks put slots behind text positions: kCpu without staged_metadata only for now.
+  // cache), >= 0. Non-zero only under the sink + window KV policy (the scheduler), where
+  // dropped blocks put slots behind text positions. Every device; decode graphs included.
   int64_t rope_offset = 0;
 };
 
@@ -135,7 +135,11 @@ class LlamaForward {
   // which re-quantizes a quantized cache). The sink + window policy keeps its sink tokens'
   // pristine blocks and rebuilds their live copies from them with this after each dropped
   // block, so a key is rotated once from its original, never repeatedly. `src` and `dst` must
-  // not share a block. InvalidArgument for bad ids or sizes, Unimplemented on kCuda.
+  // not share a block. On kCuda (and with staged_metadata) the tables and positions are
+  // uploaded into a small piece of the scratch; the call synchronises the stream once at the
+  // end. InvalidArgument for bad ids or sizes (more blocks than a sequence's table holds,
+  // ceil(seq_len / block_size)); on kCuda, Internal for a failed launch, copy or
+  // synchronisation, the pool's `dst` blocks then undefined.
   absl::Status CopyBlocksShifted(absl::Span<const int32_t> src, absl::Span<const int32_t> dst,
                                  int64_t num_tokens, int64_t delta);
 
@@ -172,6 +176,9 @@ class LlamaForward {
   // Measures the scratch (scratch_bytes_), then unless measure_only allocates scratch_ on
   // ctx_.device and points the scratch pointers into it.
   absl::Status AllocateScratch(bool measure_only);
+  // Whether the kernels read the metadata from the scratch (kCuda, or kCpu with
+  // staged_metadata) rather than from the host vectors.
+  bool Staged() const { return ctx_.device != kernels::Device::kCpu || options_.staged_metadata; }
   // Lays out the batch in slots, builds and (kCuda) uploads its metadata (token ids, positions,
   // tables, lengths; QueueStep embeds the tokens); returns the number of token rows.
   absl::StatusOr<int64_t> PrepareBatch(absl::Span<const ForwardSequence> batch);
@@ -233,11 +240,17 @@ class LlamaForward {
 
   // Batch metadata, built on the host each call; the d_* pointers are what the kernels read:
   // the host vectors themselves on kCpu, device copies (uploaded once per Forward) on kCuda.
+  // positions_ is [2][max_batch_tokens]: the rows' cache slots, then their RoPE positions
+  // (slot + rope_offset). Both halves go up in one copy each step and d_rope_positions_ is a
+  // fixed pointer (d_positions_ + max_batch_tokens), so a decode graph, which bakes in its
+  // pointers, serves sequences with and without offsets alike: the sink + window policy keeps
+  // its graphs for one copy of at most 4 * max_batch_tokens more bytes per step.
   std::vector<float> inv_freq_host_;
   std::vector<int32_t> positions_, token_seq_, token_ids_, block_tables_, context_lens_;
-  // RoPE positions when some sequence has a rope_offset (kCpu only); else d_positions_.
-  std::vector<int32_t> rope_positions_;
   const int32_t* d_rope_positions_ = nullptr;
+  // CopyBlocksShifted's index arrays when staged: [2][max_blocks_per_seq_] block tables, then
+  // [2][max_batch_tokens] slots and RoPE shifts.
+  int32_t* d_shift_ = nullptr;
   int32_t *d_positions_ = nullptr, *d_token_seq_ = nullptr, *d_token_ids_ = nullptr,
           *d_block_tables_ = nullptr, *d_context_lens_ = nullptr;
   int64_t max_blocks_per_seq_ = 0;

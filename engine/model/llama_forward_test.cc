@@ -221,6 +221,55 @@ TEST_F(LlamaForwardTest, StagedMetadataGivesBitwiseEqualResults) {
   EXPECT_NE(pool_, pool_direct_before);  // KV was written at all
 }
 
+// The sink + window policy's operations on the staged (CUDA-shaped) path give bitwise the
+// direct path's logits and KV: RoPE offsets in a mixed batch and in decode steps (replayed as
+// decode graphs: the RoPE positions live in a fixed, always-uploaded buffer), and
+// CopyBlocksShifted in two chunks (32 tokens through a 24-token scratch), then a decode step
+// reading the shifted copies.
+TEST_F(LlamaForwardTest, StagedMetadataGivesBitwiseEqualRopeOffsetsAndShiftedCopies) {
+  const ModelConfig& c = weights_.config;
+  const int64_t vocab = c.vocab_size;
+  const int64_t block_floats = int64_t{c.n_layers} * 2 * c.kv_dim * kBlockSize;
+  std::vector<float> pool_direct(16 * block_floats, 0.0f), pool_staged(16 * block_floats, 0.0f);
+  ForwardOptions direct_options, staged_options;
+  direct_options.max_batch_tokens = staged_options.max_batch_tokens = 24;
+  direct_options.max_seqs = staged_options.max_seqs = 4;
+  staged_options.staged_metadata = true;
+  auto make = [&](std::vector<float>& pool, ForwardOptions o) {
+    absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
+        &weights_, {pool.data(), kernels::DType::kF32, 16, kBlockSize}, kernels::OpContext{}, o);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.ok() ? *std::move(f) : nullptr;
+  };
+  std::unique_ptr<LlamaForward> direct = make(pool_direct, direct_options);
+  std::unique_ptr<LlamaForward> staged = make(pool_staged, staged_options);
+  ASSERT_TRUE(direct != nullptr && staged != nullptr);
+  const std::vector<uint32_t> p1 = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273,
+                                    270, 280, 301, 302, 303, 304, 305, 306, 307, 308};  // 20
+  const std::vector<uint32_t> p2 = {1, 265, 266};
+  const std::vector<uint32_t> one = {42}, next = {7}, next2 = {9};
+  const std::vector<int32_t> t1 = {5, 2}, t2 = {9}, t3 = {0}, shifted = {11, 12};
+  std::vector<float> a(3 * vocab), b(3 * vocab);
+  auto both = [&](const std::vector<ForwardSequence>& batch, const char* what) {
+    ASSERT_TRUE(direct->Forward(batch, a.data()).ok()) << what;
+    ASSERT_TRUE(staged->Forward(batch, b.data()).ok()) << what;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), batch.size() * vocab * sizeof(float)), 0) << what;
+  };
+  both({{p1, 0, t1}, {one, 0, t3, 100}, {p2, 0, t2, 37}}, "mixed batch with offsets");
+  both({{next, 20, t1}, {next2, 3, t2, 37}, {one, 1, t3, 100}}, "decode step with offsets");
+  both({{next2, 21, t1, 5}, {next, 4, t2, 37}}, "decode step, other offsets");
+  EXPECT_EQ(staged->graph_stats().replays, 2);  // both decode steps ran as graphs
+  // Ids are checked on the host before anything is staged.
+  EXPECT_TRUE(absl::IsInvalidArgument(staged->CopyBlocksShifted({5, 2}, {11, 16}, 32, 48)));
+  EXPECT_TRUE(absl::IsInvalidArgument(staged->CopyBlocksShifted({5, 2}, {11, 5}, 32, 48)));
+  ASSERT_TRUE(direct->CopyBlocksShifted(t1, shifted, 32, 48).ok());
+  ASSERT_TRUE(staged->CopyBlocksShifted(t1, shifted, 32, 48).ok());
+  EXPECT_EQ(std::memcmp(pool_direct.data(), pool_staged.data(), pool_direct.size() * 4), 0);
+  EXPECT_NE(pool_direct[11 * block_floats], 0.0f);  // the copies were written
+  both({{next, 22, shifted, 48}, {next2, 5, t2, 37}}, "decode step over the shifted copies");
+  EXPECT_EQ(std::memcmp(pool_direct.data(), pool_staged.data(), pool_direct.size() * 4), 0);
+}
+
 // ForwardSample equals Forward followed by kernels::Sample on each logits row (greedy and
 // sampled rows, mixed decode and prefill, batch order differing from slot order), returns only
 // the rows asked for, and gives the same on the staged (CUDA-shaped) path.

@@ -145,10 +145,6 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
                        " + 1 blocks (", cap, " tokens) exceeds the model's context of ",
                        forward->config().seq_len, " tokens"));
     }
-    if (forward->device() != kernels::Device::kCpu) {
-      return absl::UnimplementedError(
-          "scheduler: the sink + window KV policy runs on --device cpu only for now (#18)");
-    }
   }
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), forward, kv_cache, tokenizer,
                                              std::move(model_fingerprint), clock));

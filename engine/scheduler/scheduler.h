@@ -26,7 +26,8 @@
 // preempted sequence recomputes exactly what decoding computed. Blocks written before the
 // first drop go to the prefix cache as usual; none after it (their KV depends on dropped
 // context). A prompt that needs a drop is prefilled locally (never remote_prefill), and a
-// prefill-only request must fit without one. kCpu only for now.
+// prefill-only request must fit without one. Every device (on kCuda compiled and tested on the
+// CPU through ForwardOptions::staged_metadata; not yet run on a GPU).
 //
 // Outputs are identical whatever the batch composition, chunking, cache hits or preemptions:
 // the kernels are batch-invariant and a sampled token depends only on its logits and

@@ -36,10 +36,12 @@ struct Result {
   int outputs = 0;
 };
 
-// stories260K with a paged pool, a KV cache manager and a scheduler.
+// stories260K with a paged pool, a KV cache manager and a scheduler. `staged`: the forward pass
+// runs the CUDA path's metadata staging (and decode graphs) on the host.
 class Harness {
  public:
-  Harness(int64_t num_blocks, SchedulerConfig config, Clock* clock = Clock::Real()) {
+  Harness(int64_t num_blocks, SchedulerConfig config, Clock* clock = Clock::Real(),
+          bool staged = false) {
     absl::StatusOr<Llama2cCheckpoint> ckpt = Llama2cCheckpoint::Load(kModel);
     CHECK(ckpt.ok()) << ckpt.status();
     checkpoint_ = std::make_unique<Llama2cCheckpoint>(*std::move(ckpt));
@@ -54,6 +56,7 @@ class Harness {
     CHECK(pool.ok()) << pool.status();
     pool_ = *std::move(pool);
     ForwardOptions fo{config.max_batch_tokens, config.max_running};
+    fo.staged_metadata = staged;
     absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
         &weights_, {pool_->base(), kernels::DType::kF32, num_blocks, 16}, {}, fo);
     CHECK(f.ok()) << f.status();
@@ -397,6 +400,29 @@ TEST(SchedulerWindowTest, OutputIdenticalBatchedChunkedPreemptedAndAsAPrompt) {
     h.RunToCompletion();
     EXPECT_EQ(h.results()[1].tokens, std::vector<uint32_t>(alone[0].begin() + 150, alone[0].end()))
         << "budget " << budget;
+  }
+}
+
+// The policy on the CUDA path's staging (rope offsets, CopyBlocksShifted and decode graphs run
+// from uploaded metadata): the same tokens as the direct CPU path, batched.
+TEST(SchedulerWindowTest, StagedForwardGivesTheSameTokens) {
+  constexpr uint32_t kTokens = 200;
+  std::map<int, std::vector<uint32_t>> want;
+  for (bool staged : {false, true}) {
+    Harness h(64, Windowed(16, 32), Clock::Real(), staged);
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Long(kTokens)).ok());
+    }
+    h.RunToCompletion();
+    EXPECT_GT(h.scheduler()->Stats().window_dropped_blocks, 10);
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(h.results()[i].tokens.size(), kTokens) << h.results()[i].last.status;
+      if (staged) {
+        EXPECT_EQ(h.results()[i].tokens, want[i]) << "sequence " << i;
+      } else {
+        want[i] = h.results()[i].tokens;
+      }
+    }
   }
 }
 

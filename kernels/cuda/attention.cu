@@ -1,5 +1,5 @@
-// Paged attention on CUDA: WriteKv, PrefillAttention (causal, one sequence) and DecodeAttention
-// (one query per sequence).
+// Paged attention on CUDA: WriteKv, ReadKv (its inverse, for the sink + window KV policy),
+// PrefillAttention (causal, one sequence) and DecodeAttention (one query per sequence).
 //
 // PrefillAttention: simple and exact rather than fast: one thread block per (query row, query
 // head), keys split over its warps with an online softmax in f32, the cache dtype (f32/bf16/f16,
@@ -56,6 +56,22 @@ __global__ void WriteKvKernel(WriteKvParams p) {
     const int64_t k_off = KvElementOffset(c, block_id, h, pos, /*value=*/false) + d;
     StoreKv(c.base, c.dtype, k_off, p.k[j * p.k_token_stride + e]);
     StoreKv(c.base, c.dtype, k_off + c.kv_stride, p.v[j * p.v_token_stride + e]);
+  }
+}
+
+// grid = num_tokens (ReadKvLaunch): block j reads token j's K and V rows, all kv heads, back to
+// f32 (ReadKvElement: the CPU's values bit for bit).
+__global__ void ReadKvKernel(ReadKvParams p) {
+  const KvCacheView& c = p.cache;
+  const int64_t j = blockIdx.x;
+  const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
+  const int64_t pos = p.positions[j];
+  const int64_t block_id =
+      p.block_tables[BlockTableIndex(seq, p.max_blocks_per_seq, pos, c.block_size)];
+  const int64_t elems = c.num_kv_heads * c.head_dim;
+  for (int64_t e = threadIdx.x; e < elems; e += blockDim.x) {
+    p.k[j * p.k_token_stride + e] = ReadKvElement(c, block_id, pos, e, /*value=*/false);
+    p.v[j * p.v_token_stride + e] = ReadKvElement(c, block_id, pos, e, /*value=*/true);
   }
 }
 
@@ -359,6 +375,15 @@ cudaError_t LaunchWriteKv(const WriteKvParams& p, cudaStream_t stream) {
     return cudaErrorInvalidConfiguration;
   }
   WriteKvKernel<<<static_cast<unsigned>(s.grid), s.threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchReadKv(const ReadKvParams& p, cudaStream_t stream) {
+  const LaunchShape s = ReadKvLaunch(p.num_tokens, p.cache.num_kv_heads, p.cache.head_dim);
+  if (!Launchable(s)) {
+    return cudaErrorInvalidConfiguration;
+  }
+  ReadKvKernel<<<static_cast<unsigned>(s.grid), s.threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

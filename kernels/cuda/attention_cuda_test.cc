@@ -1,11 +1,13 @@
-// GPU tests of the CUDA paged attention (label gpu): WriteKv, PrefillAttention and
+// GPU tests of the CUDA paged attention (label gpu): WriteKv, ReadKv, PrefillAttention and
 // DecodeAttention against the CPU ops on the same inputs. Skip without a CUDA device.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -184,6 +186,94 @@ TEST_P(CudaAttentionTest, WriteKvSpecialValuesMatchCpuBitwise) {
   gpu.block_tables = dtab.as<int32_t>();
   ASSERT_TRUE(WriteKv(CudaCtx(), gpu).ok());
   EXPECT_EQ(pool.Download<uint8_t>(), st.pool_host);
+}
+
+// ReadKv on the device returns bitwise the CPU's values (an exact op): every token of two
+// sequences in shuffled order, strided outputs whose padding stays untouched, and rows with a
+// NaN (a quantized row's NaN scale keeps its bits) and all zeros.
+TEST_P(CudaAttentionTest, ReadKvMatchesCpuBitwise) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(31);
+  Shape s;
+  s.dtype = GetParam();
+  const std::vector<int32_t> lens = {37, 20};
+  PagedPool st(s, lens, rng);
+  DeviceBuffer pool = WriteAll(st, lens, rng);
+  const int64_t elems = s.num_kv_heads * s.head_dim;
+  {  // Special rows on both pools: K of (0, 5) head 1 holds a NaN, V of (1, 19) is all zeros.
+    std::vector<float> k = RandomVector(2 * elems, rng), v = RandomVector(2 * elems, rng);
+    k[s.head_dim + 3] = NAN;
+    std::fill(v.begin() + elems, v.end(), 0.0f);
+    const std::vector<int32_t> positions = {5, 19}, token_seq = {0, 1};
+    DeviceBuffer dk(k), dv(v), dpos(positions), dseq(token_seq), dtab(st.tables);
+    WriteKvParams p;
+    p.k_token_stride = p.v_token_stride = elems;
+    p.num_tokens = 2;
+    p.num_seqs = 2;
+    p.max_blocks_per_seq = st.max_blocks;
+    WriteKvParams cpu = p;
+    cpu.k = k.data();
+    cpu.v = v.data();
+    cpu.cache = st.View(st.pool_host.data());
+    cpu.positions = positions.data();
+    cpu.token_seq = token_seq.data();
+    cpu.block_tables = st.tables.data();
+    ASSERT_TRUE(WriteKv(OpContext{}, cpu).ok());
+    WriteKvParams gpu = p;
+    gpu.k = dk.as<float>();
+    gpu.v = dv.as<float>();
+    gpu.cache = st.View(pool.get());
+    gpu.positions = dpos.as<int32_t>();
+    gpu.token_seq = dseq.as<int32_t>();
+    gpu.block_tables = dtab.as<int32_t>();
+    ASSERT_TRUE(WriteKv(CudaCtx(), gpu).ok());
+    ASSERT_EQ(pool.Download<uint8_t>(), st.pool_host);
+  }
+  std::vector<std::pair<int32_t, int32_t>> tokens;  // (sequence, position)
+  for (size_t q = 0; q < lens.size(); ++q) {
+    for (int32_t p = 0; p < lens[q]; ++p) {
+      tokens.emplace_back(static_cast<int32_t>(q), p);
+    }
+  }
+  std::shuffle(tokens.begin(), tokens.end(), rng);
+  std::vector<int32_t> positions, token_seq;
+  for (const auto& [q, p] : tokens) {
+    token_seq.push_back(q);
+    positions.push_back(p);
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t k_stride = elems + 3, v_stride = elems + 1;
+  std::vector<float> k(n * k_stride, -1.0f), v(n * v_stride, -1.0f);
+  DeviceBuffer dk(k), dv(v), dpos(positions), dseq(token_seq), dtab(st.tables);
+  ReadKvParams p;
+  p.k_token_stride = k_stride;
+  p.v_token_stride = v_stride;
+  p.num_tokens = n;
+  p.num_seqs = 2;
+  p.max_blocks_per_seq = st.max_blocks;
+  ReadKvParams cpu = p;
+  cpu.k = k.data();
+  cpu.v = v.data();
+  cpu.cache = st.View(st.pool_host.data());
+  cpu.positions = positions.data();
+  cpu.token_seq = token_seq.data();
+  cpu.block_tables = st.tables.data();
+  ASSERT_TRUE(ReadKv(OpContext{}, cpu).ok());
+  ReadKvParams gpu = p;
+  gpu.k = dk.as<float>();
+  gpu.v = dv.as<float>();
+  gpu.cache = st.View(pool.get());
+  gpu.positions = dpos.as<int32_t>();
+  gpu.token_seq = dseq.as<int32_t>();
+  gpu.block_tables = dtab.as<int32_t>();
+  ASSERT_TRUE(ReadKv(CudaCtx(), gpu).ok());
+  const std::vector<float> got_k = dk.Download<float>(), got_v = dv.Download<float>();
+  EXPECT_EQ(std::memcmp(got_k.data(), k.data(), k.size() * sizeof(float)), 0) << "k";
+  EXPECT_EQ(std::memcmp(got_v.data(), v.data(), v.size() * sizeof(float)), 0) << "v";
+  EXPECT_EQ(got_k[elems], -1.0f);  // padding untouched
+  const int64_t nan_row =
+      std::find(tokens.begin(), tokens.end(), std::make_pair(0, 5)) - tokens.begin();
+  EXPECT_TRUE(std::isnan(got_k[nan_row * k_stride + s.head_dim + 3]));
 }
 
 // The decode op on the device: its workspace, poisoned (0xff bytes are NaNs in f32) so a

@@ -42,6 +42,10 @@ absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
   return FromCuda(LaunchWriteKv(p, Stream(ctx)), "write_kv launch");
 }
 
+absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p) {
+  return FromCuda(LaunchReadKv(p, Stream(ctx)), "read_kv launch");
+}
+
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p) {
   return FromCuda(LaunchPrefillAttention(p, Stream(ctx)), "prefill_attention launch");
 }

@@ -24,6 +24,7 @@ absl::Status SiluMul(const OpContext& ctx, const SiluMulParams& p);
 absl::Status Add(const OpContext& ctx, const AddParams& p);
 absl::Status Rope(const OpContext& ctx, const RopeParams& p);
 absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
+absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 absl::Status Sample(const OpContext& ctx, const SamplingParams& p);

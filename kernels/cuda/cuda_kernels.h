@@ -37,6 +37,8 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 
 // f32, bf16 and f16 caches (stores round as kernels/half.h).
 cudaError_t LaunchWriteKv(const WriteKvParams& p, cudaStream_t stream);
+// Every cache dtype, values bitwise the CPU ReadKv's (ReadKvElement in launch_config.h).
+cudaError_t LaunchReadKv(const ReadKvParams& p, cudaStream_t stream);
 cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream);
 // The tensor-core prefill (kernels/cuda/prefill_tc.h), for params PrefillTcEligible accepts;
 // LaunchPrefillAttention calls it for those. `scale` is the resolved softmax scale.

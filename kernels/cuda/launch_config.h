@@ -560,6 +560,40 @@ constexpr LaunchShape WriteKvLaunch(int64_t num_tokens, int64_t num_kv_heads, in
   return {num_tokens, WarpRoundedThreads(num_kv_heads * head_dim, 256), 0};
 }
 
+// ---- ReadKv: WriteKv's grid and addressing (one block per token, threads over the token's
+// num_kv_heads * head_dim elements); thread t reads elements t, t + threads, ... of K and of V.
+constexpr LaunchShape ReadKvLaunch(int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim) {
+  return WriteKvLaunch(num_tokens, num_kv_heads, head_dim);
+}
+
+// Element e = kv_head * head_dim + d of the K (value false) or V row of the token at `pos`,
+// stored in physical block `block_id`, back to f32 exactly as the CPU ReadKv: f32 as stored,
+// bf16/f16 widened (exact), i8/fp8 as decode(code) * the row's scale, one f32 multiply. A NaN
+// scale (a row that held NaN or inf) is returned as stored: a GPU multiply by NaN yields the
+// canonical NaN 0x7fffffff, the CPU's keeps the operand's bits, and ReadKv is bitwise.
+PD_HOST_DEVICE inline float ReadKvElement(const KvCacheView& c, int64_t block_id, int64_t pos,
+                                          int64_t e, bool value) {
+  const int64_t kv_head = e / c.head_dim;
+  const int64_t off = KvElementOffset(c, block_id, kv_head, pos, value) + e % c.head_dim;
+  switch (c.dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(c.base)[off];
+    case DType::kBF16:
+      return Bf16ToF32(static_cast<const uint16_t*>(c.base)[off]);
+    case DType::kF16:
+      return F16ToF32(static_cast<const uint16_t*>(c.base)[off]);
+    case DType::kI8:
+    case DType::kF8E4M3:
+      break;
+  }
+  const uint8_t byte = static_cast<const uint8_t*>(c.base)[off];
+  const float code =
+      c.dtype == DType::kI8 ? static_cast<float>(static_cast<int8_t>(byte)) : E4M3ToF32(byte);
+  const float scale = *reinterpret_cast<const float*>(
+      static_cast<const char*>(c.base) + KvScaleByteOffset(c, block_id, kv_head, pos, value));
+  return (F32Bits(scale) & 0x7fffffffu) > 0x7f800000u ? scale : code * scale;
+}
+
 // ---- Sampling: one block per sequence (the algorithm: kernels/cuda/sampling_radix.h).
 inline constexpr int kSamplingThreads = 1024;
 inline constexpr int kSamplingWarps = kSamplingThreads / kWarpSize;

@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -399,6 +400,80 @@ TEST(CudaLaunchTest, WriteKvEmulationMatchesReferenceBitwise) {
     }
   }
   EXPECT_EQ(got_pool.data, want_data);
+}
+
+// ReadKv's kernel emulated (ReadKvLaunch's grid and thread loop, ReadKvElement) over a pool the
+// reference WriteKv filled, for every cache dtype: bitwise the reference ReadKv, NaN and inf
+// rows, all-zero rows and the other layer's rows included. 3 x 96 elements per token exceed
+// the 256 threads, so threads loop.
+TEST(CudaLaunchTest, ReadKvEmulationMatchesReferenceBitwise) {
+  constexpr int64_t kLayers = 2, kHeads = 3, kDim = 96, kBlock = 4, kBlocks = 6, kTokens = 7;
+  constexpr int64_t kElems = kHeads * kDim, kStride = kElems + 5;
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<int32_t> tables = {4, 1, 5, 0, 3, 2};  // 2 sequences x 3 blocks
+  const std::vector<int32_t> token_seq = {0, 1, 0, 1, 0, 1, 1};
+  const std::vector<int32_t> positions = {0, 3, 5, 4, 11, 9, 0};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
+    std::mt19937 rng(21);
+    const int64_t bytes = kBlocks * DenseKvBlockBytes(dtype, kLayers, kHeads, kBlock, kDim);
+    std::vector<float> storage(static_cast<size_t>(bytes / 4 + 1), 0.0f);
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      std::vector<float> k = Random(kTokens * kStride, rng), v = Random(kTokens * kStride, rng);
+      k[1 * kStride + kDim + 7] = std::nanf("");  // token 1, head 1: a NaN row
+      v[2 * kStride + 3] = inf;                   // token 2, head 0: an inf row
+      std::fill(k.begin() + 3 * kStride, k.begin() + 3 * kStride + kDim, 0.0f);  // a zero row
+      WriteKvParams w;
+      w.k = k.data();
+      w.v = v.data();
+      w.k_token_stride = w.v_token_stride = kStride;
+      w.cache =
+          DenseKvCacheView(storage.data(), dtype, kBlocks, kLayers, kHeads, kBlock, kDim, layer);
+      w.num_tokens = kTokens;
+      w.positions = positions.data();
+      w.token_seq = token_seq.data();
+      w.block_tables = tables.data();
+      w.num_seqs = 2;
+      w.max_blocks_per_seq = 3;
+      reference::WriteKv(w);
+    }
+    const KvCacheView c =
+        DenseKvCacheView(storage.data(), dtype, kBlocks, kLayers, kHeads, kBlock, kDim, 1);
+    std::vector<float> want_k(kTokens * kStride, -1.0f), want_v = want_k;
+    ReadKvParams r;
+    r.k = want_k.data();
+    r.v = want_v.data();
+    r.k_token_stride = r.v_token_stride = kStride;
+    r.cache = c;
+    r.num_tokens = kTokens;
+    r.positions = positions.data();
+    r.token_seq = token_seq.data();
+    r.block_tables = tables.data();
+    r.num_seqs = 2;
+    r.max_blocks_per_seq = 3;
+    reference::ReadKv(r);
+    std::vector<float> got_k(kTokens * kStride, -1.0f), got_v = got_k;
+    const LaunchShape s = ReadKvLaunch(kTokens, kHeads, kDim);
+    ASSERT_EQ(s.grid, kTokens);
+    ASSERT_EQ(s.threads, 256);
+    for (int64_t j = 0; j < s.grid; ++j) {
+      const int64_t pos = positions[j];
+      const int64_t block = tables[BlockTableIndex(token_seq[j], 3, pos, kBlock)];
+      for (int64_t tid = 0; tid < s.threads; ++tid) {
+        for (int64_t e = tid; e < kElems; e += s.threads) {
+          got_k[j * kStride + e] = ReadKvElement(c, block, pos, e, /*value=*/false);
+          got_v[j * kStride + e] = ReadKvElement(c, block, pos, e, /*value=*/true);
+        }
+      }
+    }
+    const std::string name = "dtype " + std::to_string(static_cast<int>(dtype));
+    EXPECT_EQ(std::memcmp(got_k.data(), want_k.data(), got_k.size() * 4), 0) << name;
+    EXPECT_EQ(std::memcmp(got_v.data(), want_v.data(), got_v.size() * 4), 0) << name;
+    if (IsQuantizedKvDType(dtype)) {  // the special rows really are special
+      EXPECT_TRUE(std::isnan(got_k[1 * kStride + kDim])) << name;
+      EXPECT_TRUE(std::isnan(got_v[2 * kStride])) << name;
+      EXPECT_EQ(got_k[3 * kStride + 5], 0.0f) << name;
+    }
+  }
 }
 
 // KvScaleByteOffset addresses the scale the reference WriteKv stores for each (layer, K or V,

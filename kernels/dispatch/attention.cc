@@ -1,4 +1,4 @@
-// Validation and device dispatch for WriteKv, PrefillAttention and DecodeAttention.
+// Validation and device dispatch for WriteKv, ReadKv, PrefillAttention and DecodeAttention.
 #include "kernels/attention.h"
 
 #include <cstdint>
@@ -144,16 +144,17 @@ absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p) {
 
 absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p) {
   constexpr const char* kOp = "read_kv";
-  if (ctx.device != Device::kCpu) {
-    // TODO(#18): a CUDA ReadKv (the sink + window policy runs on kCpu only for now).
-    return absl::UnimplementedError("read_kv: not implemented on CUDA yet (#18)");
-  }
   PD_RETURN_IF_ERROR(CheckKvRows(kOp, ctx, p));
   const int64_t row_elems = p.cache.num_kv_heads * p.cache.head_dim;
   if (Overlaps(p.k, Span(p.num_tokens, p.k_token_stride, row_elems) * 4, p.v,
                Span(p.num_tokens, p.v_token_stride, row_elems) * 4)) {
     return absl::InvalidArgumentError("read_kv: k and v overlap");
   }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::ReadKv(ctx, p);  // positions and tables are device memory: not read here
+  }
+#endif
   cpu::ReadKv(ctx, p);
   return absl::OkStatus();
 }

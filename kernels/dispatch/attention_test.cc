@@ -341,9 +341,12 @@ TEST(ReadKvDispatchTest, RejectsBadInput) {
   EXPECT_THAT(ReadKv(OpContext{}, bad).message(), ::testing::HasSubstr("block"));
   bad.positions = nullptr;
   EXPECT_THAT(ReadKv(OpContext{}, bad).message(), ::testing::HasSubstr("null"));
+  // kCuda: the scalars are checked before any launch, whether or not CUDA is built.
   OpContext cuda;
   cuda.device = Device::kCuda;
-  EXPECT_EQ(ReadKv(cuda, r).code(), absl::StatusCode::kUnimplemented);
+  bad = r;
+  bad.k_token_stride = 8;
+  EXPECT_EQ(ReadKv(cuda, bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 struct DecodeCase {
