@@ -481,7 +481,7 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
 
 bool LlamaForward::GraphEligible(int64_t num_tokens) const {
   const int64_t n = static_cast<int64_t>(slots_.size());
-  return Staged() && options_.decode_graphs && !graphs_off_ && num_decode_slots_ == n &&
+  return Staged() && options_.decode_graphs && !graph_stats_.off && num_decode_slots_ == n &&
          num_tokens == n;
 }
 
@@ -587,7 +587,6 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
       // life (a capture that fails once would fail again).
       LOG(WARNING) << "forward: decode graphs off, capture of a " << n
                    << "-sequence step failed: " << captured.status();
-      graphs_off_ = true;
       graph_stats_.off = true;
       return QueueStep(num_tokens, sample);
     }

@@ -235,7 +235,6 @@ class LlamaForward {
     }
   };
   std::map<GraphKey, kernels::DeviceGraph> graphs_;
-  bool graphs_off_ = false;
   GraphStats graph_stats_;
 
   // Batch metadata, built on the host each call; the d_* pointers are what the kernels read:

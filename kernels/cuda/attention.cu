@@ -28,14 +28,20 @@
 namespace pd::kernels::cuda {
 namespace {
 
+// The physical block holding token j of a WriteKv or ReadKv (position pos of sequence
+// token_seq[j], row 0 without token_seq).
+template <typename P>
+__device__ int64_t TokenBlock(const P& p, int64_t j, int64_t pos) {
+  const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
+  return p.block_tables[BlockTableIndex(seq, p.max_blocks_per_seq, pos, p.cache.block_size)];
+}
+
 // grid = num_tokens (WriteKvLaunch): block j writes token j's K and V rows, all kv heads.
 __global__ void WriteKvKernel(WriteKvParams p) {
   const KvCacheView& c = p.cache;
   const int64_t j = blockIdx.x;
-  const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
   const int64_t pos = p.positions[j];
-  const int64_t block_id =
-      p.block_tables[BlockTableIndex(seq, p.max_blocks_per_seq, pos, c.block_size)];
+  const int64_t block_id = TokenBlock(p, j, pos);
   if (IsQuantizedKvDType(c.dtype)) {
     // One thread per (K or V, kv head) row: its scale needs the whole row.
     for (int64_t r = threadIdx.x; r < 2 * c.num_kv_heads; r += blockDim.x) {
@@ -64,10 +70,8 @@ __global__ void WriteKvKernel(WriteKvParams p) {
 __global__ void ReadKvKernel(ReadKvParams p) {
   const KvCacheView& c = p.cache;
   const int64_t j = blockIdx.x;
-  const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
   const int64_t pos = p.positions[j];
-  const int64_t block_id =
-      p.block_tables[BlockTableIndex(seq, p.max_blocks_per_seq, pos, c.block_size)];
+  const int64_t block_id = TokenBlock(p, j, pos);
   const int64_t elems = c.num_kv_heads * c.head_dim;
   for (int64_t e = threadIdx.x; e < elems; e += blockDim.x) {
     p.k[j * p.k_token_stride + e] = ReadKvElement(c, block_id, pos, e, /*value=*/false);
