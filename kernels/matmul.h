@@ -13,7 +13,7 @@
 //
 // int8 weights (W8A8, see kernels/matmul_params.h): exact int32 dot products of quantized rows of
 // x and weight rows, AVX-512 VNNI (vpdpbusd), AVX2 or scalar; identical bits on every CPU path
-// and the reference, batch invariant. CPU only for now.
+// and the reference, batch invariant. CUDA: its own W8A8 kernel (kernels/cuda/matmul_i8.cu).
 //
 // CUDA: cuBLAS sgemm (f32 arithmetic, no TF32) on a per-thread, per-device handle; bias and
 // accumulate by a small kernel before the GEMM; bf16/f16 weights widened to f32 into the
@@ -30,8 +30,7 @@ namespace pd::kernels {
 // Errors: InvalidArgument for null pointers, non-positive sizes, strides smaller than the row
 // lengths, overlapping x/y, a workspace smaller than MatMulWorkspaceBytes, int8 weights without
 // w_scales or with in_features > kMaxI8InFeatures, or fp8 weights; Unimplemented when no backend
-// built for ctx.device supports w_dtype (int8 weights on CUDA, for now); Internal when a CUDA
-// launch or cuBLAS call fails.
+// built for ctx.device supports w_dtype; Internal when a CUDA launch or cuBLAS call fails.
 absl::Status MatMul(const OpContext& ctx, const MatMulParams& p);
 
 // Workspace bytes MatMul(ctx, p) needs; depends on the shape, w_dtype, allow_blas, the CPU and

@@ -9,8 +9,13 @@
 //                              every sequence, all layers. Ceiling: STREAM triad a = b + s * c
 //                              over three 1 GiB f32 arrays (the median of 5 passes, counting
 //                              3 * 4 bytes per element as STREAM does).
-//   BM_Decode/batch/threads/w8  w8 = 1: the same with int8 weights (QuantizeWeightsInt8: W8A8,
-//                              per-row scales); bytes = int8 codes + f32 scales + KV.
+//   BM_Decode/batch/threads/weights
+//                              weights 0: the preset's bf16 matrices in the mapped checkpoint
+//                              (4 KiB pages); 1: int8 (QuantizeWeightsInt8: W8A8, per-row scales,
+//                              in huge pages; bytes = int8 codes + f32 scales + KV); 2: the bf16
+//                              matrices copied into transparent huge pages
+//                              (CopyWeightsToHugePages: what pd-worker runs on a CPU).
+//                              BM_DecodeKvDType and BM_Prefill run weights 0.
 //   BM_DecodeKvDType/kv_dtype/context/threads
 //                              batch-1 decode with a `context`-token cache of each KV dtype
 //                              (random K/V); bytes read = weights + that cache. Same ceiling.
@@ -99,6 +104,9 @@ struct Engine {
   std::unique_ptr<ModelWeights> weights_i8;
   int64_t weight_bytes_i8 = 0;  // int8 codes and f32 scales a decode step reads
   std::map<int, std::unique_ptr<LlamaForward>> forwards_i8;
+  // The bf16 matrices in huge pages (CopyWeightsToHugePages of `weights`), made at first use.
+  std::unique_ptr<ModelWeights> weights_huge;
+  std::map<int, std::unique_ptr<LlamaForward>> forwards_huge;
 };
 
 Engine& GetEngine() {
@@ -183,15 +191,37 @@ const ModelWeights& WeightsI8() {
   return *e.weights_i8;
 }
 
-LlamaForward* Forward(int threads, bool int8 = false) {
+// The bf16 matrices copied into huge pages (what pd-worker runs on a CPU), made once.
+const ModelWeights& WeightsHuge() {
   Engine& e = GetEngine();
-  auto& forward = int8 ? e.forwards_i8[threads] : e.forwards[threads];
+  if (e.weights_huge == nullptr) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<ModelWeights> w = CopyWeightsToHugePages(e.weights);
+    if (!w.ok()) Die("huge-page weights", w.status());
+    e.weights_huge = std::make_unique<ModelWeights>(*std::move(w));
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start;
+    std::fprintf(stderr, "engine_bench: weights copied into huge pages in %.1f s%s\n", dt.count(),
+                 TransparentHugePagesAvailable() ? "" : " (huge pages are off on this machine)");
+  }
+  return *e.weights_huge;
+}
+
+// Which weights a benchmark runs (the `weights` argument of BM_Decode).
+enum class Weights { kMapped = 0, kInt8 = 1, kHugePages = 2 };
+
+LlamaForward* Forward(int threads, Weights which = Weights::kMapped) {
+  Engine& e = GetEngine();
+  auto& forward = which == Weights::kInt8        ? e.forwards_i8[threads]
+                  : which == Weights::kHugePages ? e.forwards_huge[threads]
+                                                 : e.forwards[threads];
   if (forward == nullptr) {
     ForwardOptions options;
     options.max_batch_tokens = kMaxPrefillTokens;
     options.max_seqs = kMaxDecodeBatch;
     absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
-        int8 ? &WeightsI8() : &e.weights,
+        which == Weights::kInt8        ? &WeightsI8()
+        : which == Weights::kHugePages ? &WeightsHuge()
+                                       : &e.weights,
         {e.pool->base(), kernels::DType::kF32, e.pool->num_blocks(), kBlockSize}, Context(threads),
         options);
     if (!f.ok()) Die("forward", f.status());
@@ -322,14 +352,16 @@ double GemmPeakFlopsPerSecond(int threads) {
 }
 
 // ---- Decode ----------------------------------------------------------------------------------
-// Args: batch, threads, w8 (1 = the int8 weights, W8A8; 0 = the preset's bf16).
+// Args: batch, threads, weights (0 = the preset's bf16 as mapped, 1 = int8 W8A8, 2 = bf16 in
+// huge pages).
 void BM_Decode(benchmark::State& state) {
   const int64_t batch = state.range(0);
   const int threads = static_cast<int>(state.range(1));
-  const bool int8 = state.range(2) != 0;
+  const auto which = static_cast<Weights>(state.range(2));
+  const bool int8 = which == Weights::kInt8;
   Engine& e = GetEngine();
   PrefillPrompts();
-  LlamaForward* forward = Forward(threads, int8);
+  LlamaForward* forward = Forward(threads, which);
   const int64_t weight_bytes = int8 ? e.weight_bytes_i8 : e.weight_bytes;
   std::vector<std::vector<int32_t>> tables(batch);
   for (int64_t s = 0; s < batch; ++s) tables[s] = DecodeTable(s);
@@ -375,15 +407,15 @@ void BM_Decode(benchmark::State& state) {
   state.counters["GFLOPps"] = flops / seconds.count() / 1e9;
 }
 BENCHMARK(BM_Decode)
-    ->ArgsProduct({{1, 16}, {2, 1}, {0}})
-    ->ArgNames({"batch", "threads", "w8"})
+    ->ArgsProduct({{1, 16}, {2, 1}, {0, 2}})
+    ->ArgNames({"batch", "threads", "weights"})
     ->MinTime(2.0)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 // int8 weights at batch 1 (issue #18: against llama.cpp q8_0, 2 threads).
 BENCHMARK(BM_Decode)
     ->ArgsProduct({{1}, {2, 1}, {1}})
-    ->ArgNames({"batch", "threads", "w8"})
+    ->ArgNames({"batch", "threads", "weights"})
     ->MinTime(2.0)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

@@ -13,11 +13,13 @@
 //
 //   build/engine/bench/kv_quality --model=../shared/models/stories260K/stories260K.bin
 //       --tokenizer=../shared/models/stories260K/tok512.bin   (one command line)
+//   build/engine/bench/kv_quality --model=DIR --tokens=16 --threads=0   (the 1b preset)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -29,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
+#include "common/threads/parallel_for.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/llama_forward.h"
@@ -42,6 +45,8 @@ ABSL_FLAG(std::string, model, "", "HF model directory or llama2.c checkpoint fil
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer file (llama2.c: required)");
 ABSL_FLAG(std::string, dtypes, "bf16,f16,i8,fp8_e4m3", "KV dtypes compared with f32");
 ABSL_FLAG(int32_t, tokens, 128, "greedy continuation length per prompt");
+ABSL_FLAG(int32_t, threads, 1,
+          "CPU threads of the forward pass (0 = all cores); the figures do not depend on it");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "auto: the checkpoint's weights in every row | int8: rows with int8 weights (W8A8)");
 
@@ -72,6 +77,21 @@ constexpr char kHeldOut[] =
     "Anna went to sleep happy, dreaming of more castles to build.";
 
 // One model with a private pool of `dtype` for one sequence at a time.
+// The forward passes' context: one thread, or a team of --threads (batch invariant kernels:
+// the same figures either way).
+kernels::OpContext Context() {
+  static ParallelFor* team = [] {
+    const int threads = absl::GetFlag(FLAGS_threads);
+    if (threads == 1) return static_cast<ParallelFor*>(nullptr);
+    ParallelFor::Options o;
+    o.num_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+    return new ParallelFor(o);
+  }();
+  kernels::OpContext ctx;
+  ctx.parallel = team;
+  return ctx;
+}
+
 class Runner {
  public:
   static absl::StatusOr<std::unique_ptr<Runner>> Create(const ModelWeights* weights,
@@ -79,15 +99,15 @@ class Runner {
     std::unique_ptr<Runner> r(new Runner());
     const ModelConfig& c = weights->config;
     r->num_blocks_ = (max_tokens + kBlockSize - 1) / kBlockSize;
-    const int64_t bytes = kernels::DenseKvBlockBytes(dtype, c.n_layers, c.n_kv_heads, kBlockSize,
-                                                     c.head_dim);
+    const int64_t bytes =
+        kernels::DenseKvBlockBytes(dtype, c.n_layers, c.n_kv_heads, kBlockSize, c.head_dim);
     r->pool_.assign(static_cast<size_t>(r->num_blocks_ * bytes / 4 + 1), 0.0f);
     for (int64_t i = 0; i < r->num_blocks_; ++i) r->table_.push_back(static_cast<int32_t>(i));
     r->vocab_ = c.vocab_size;
-    PD_ASSIGN_OR_RETURN(r->forward_,
-                        LlamaForward::Create(weights,
-                                             {r->pool_.data(), dtype, r->num_blocks_, kBlockSize},
-                                             {}, {.max_batch_tokens = 4096, .max_seqs = 1}));
+    PD_ASSIGN_OR_RETURN(
+        r->forward_,
+        LlamaForward::Create(weights, {r->pool_.data(), dtype, r->num_blocks_, kBlockSize},
+                             Context(), {.max_batch_tokens = 4096, .max_seqs = 1}));
     return r;
   }
 
@@ -114,8 +134,8 @@ class Runner {
     PD_RETURN_IF_ERROR(forward_->Forward({{prompt, 0, table_}}, logits.data()));
     std::vector<uint32_t> out;
     for (int i = 0; i < n; ++i) {
-      const uint32_t next = static_cast<uint32_t>(
-          std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const uint32_t next =
+          static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       out.push_back(next);
       prompt.push_back(next);
       if (i + 1 == n) break;

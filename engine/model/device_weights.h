@@ -26,8 +26,7 @@ class DeviceWeights {
   // Copies `host` to ctx.device on ctx.stream and waits for the copies. Errors: InvalidArgument
   // for an invalid config or a missing required tensor (embedding, classifier, a norm or a
   // matrix); the device errors of kernels/device_memory.h (Unimplemented naming
-  // PD_ENABLE_CUDA, FailedPrecondition "no CUDA device", ResourceExhausted, Internal);
-  // Unimplemented for int8 weights (not on CUDA yet, #18).
+  // PD_ENABLE_CUDA, FailedPrecondition "no CUDA device", ResourceExhausted, Internal).
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> Upload(const ModelWeights& host,
                                                                const kernels::OpContext& ctx);
 

@@ -1,7 +1,14 @@
 #include "engine/model/model_weights.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -110,15 +117,67 @@ int64_t MatrixWeightBytes(const ModelWeights& w) {
 
 namespace {
 
+// Pieces carved one after the other out of one anonymous mapping advised into transparent huge
+// pages: Reserve every piece, Map once, then Take them in the same order.
+class HugePageArena {
+ public:
+  void Reserve(int64_t bytes) { bytes_ += Round(bytes); }
+
+  // Maps the reserved bytes; `out->mapped` owns the mapping.
+  absl::Status Map(ModelWeights* out) {
+    constexpr int64_t kHuge = int64_t{2} << 20;
+    const int64_t size = std::max<int64_t>(kHuge, (bytes_ + kHuge - 1) / kHuge * kHuge);
+    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("weights: cannot map ", size, " bytes of memory: ", std::strerror(errno)));
+    }
+    // Best effort: without huge pages the weights work the same, a little slower.
+    (void)::madvise(base, size, MADV_HUGEPAGE);
+    out->mapped = std::shared_ptr<void>(base, [size](void* p) { ::munmap(p, size); });
+    next_ = static_cast<uint8_t*>(base);
+    return absl::OkStatus();
+  }
+
+  void* Take(int64_t bytes) {
+    void* p = next_;
+    next_ += Round(bytes);
+    return p;
+  }
+
+ private:
+  static int64_t Round(int64_t bytes) { return (bytes + 63) / 64 * 64; }  // cache-line aligned
+
+  int64_t bytes_ = 0;
+  uint8_t* next_ = nullptr;
+};
+
+// The linear matrices of one layer, in order, as (rows, cols) and their fields.
+struct LayerMatrix {
+  int64_t rows, cols;
+  const void* LayerWeights::*weight;
+  const float* LayerWeights::*scales;
+};
+
+std::vector<LayerMatrix> LayerMatrices(const ModelConfig& c) {
+  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
+  return {{q, dim, &LayerWeights::wq, &LayerWeights::wq_scales},
+          {kv, dim, &LayerWeights::wk, &LayerWeights::wk_scales},
+          {kv, dim, &LayerWeights::wv, &LayerWeights::wv_scales},
+          {dim, q, &LayerWeights::wo, &LayerWeights::wo_scales},
+          {hidden, dim, &LayerWeights::w_gate, &LayerWeights::w_gate_scales},
+          {hidden, dim, &LayerWeights::w_up, &LayerWeights::w_up_scales},
+          {dim, hidden, &LayerWeights::w_down, &LayerWeights::w_down_scales}};
+}
+
 // Rows converted to f32 per step of QuantizeMatrix (bounds its scratch to ~4 MiB).
 constexpr int64_t kQuantizeChunkElements = int64_t{1} << 20;
 
-// An int8 copy of matrix `src` ([rows][cols] of `dtype`) with per-row scales, owned by `out`.
+// An int8 copy of matrix `src` ([rows][cols] of `dtype`) with per-row scales, in the arena.
 absl::Status QuantizeMatrix(const void* src, kernels::DType dtype, int64_t rows, int64_t cols,
-                            ModelWeights* out, const void** q, const float** scales) {
-  auto codes = std::make_unique<uint8_t[]>(rows * cols);
-  auto row_scales = std::make_unique<float[]>(rows);
-  auto* codes_i8 = reinterpret_cast<int8_t*>(codes.get());
+                            HugePageArena* arena, const void** q, const float** scales) {
+  auto* codes_i8 = static_cast<int8_t*>(arena->Take(rows * cols));
+  auto* row_scales = static_cast<float*>(arena->Take(rows * 4));
   const int64_t chunk_rows = std::max<int64_t>(1, kQuantizeChunkElements / cols);
   std::vector<float> f32;
   for (int64_t r = 0; r < rows; r += chunk_rows) {
@@ -136,12 +195,18 @@ absl::Status QuantizeMatrix(const void* src, kernels::DType dtype, int64_t rows,
       PD_RETURN_IF_ERROR(kernels::Convert(kernels::OpContext{}, p));
       values = f32.data();
     }
-    kernels::QuantizeRowsInt8(values, n, cols, codes_i8 + r * cols, row_scales.get() + r);
+    kernels::QuantizeRowsInt8(values, n, cols, codes_i8 + r * cols, row_scales + r);
   }
-  *q = codes.get();
-  *scales = row_scales.get();
-  out->owned_bytes.push_back(std::move(codes));
-  out->owned.push_back(std::move(row_scales));
+  *q = codes_i8;
+  *scales = row_scales;
+  return absl::OkStatus();
+}
+
+absl::Status CheckLayers(const ModelWeights& src, absl::string_view what) {
+  if (static_cast<int64_t>(src.layers.size()) != src.config.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", src.layers.size(), " layers, config says ", src.config.n_layers));
+  }
   return absl::OkStatus();
 }
 
@@ -154,11 +219,8 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
         absl::StrCat("quantize weights: matrices are ", kernels::DTypeName(src.dtype),
                      "; int8 quantization takes f32, bf16 or f16 weights"));
   }
+  PD_RETURN_IF_ERROR(CheckLayers(src, "quantize weights"));
   const ModelConfig& c = src.config;
-  if (static_cast<int64_t>(src.layers.size()) != c.n_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quantize weights: ", src.layers.size(), " layers, config says ", c.n_layers));
-  }
   ModelWeights w;
   w.config = c;
   w.fingerprint = absl::StrCat(src.fingerprint, kInt8FingerprintSuffix);
@@ -166,10 +228,20 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
   w.embedding_dtype = src.embedding_dtype;
   w.embedding = src.embedding;
   w.final_norm = src.final_norm;
-  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
+  const std::vector<LayerMatrix> matrices = LayerMatrices(c);
+  HugePageArena arena;
+  auto reserve = [&](int64_t rows, int64_t cols) {
+    arena.Reserve(rows * cols);  // codes
+    arena.Reserve(rows * 4);     // scales
+  };
+  reserve(c.vocab_size, c.dim);
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (const LayerMatrix& m : matrices) reserve(m.rows, m.cols);
+  }
+  PD_RETURN_IF_ERROR(arena.Map(&w));
   // A tied classifier is the embedding table, stored as embedding_dtype (== dtype).
-  PD_RETURN_IF_ERROR(QuantizeMatrix(src.classifier, src.dtype, c.vocab_size, dim, &w, &w.classifier,
-                                    &w.classifier_scales));
+  PD_RETURN_IF_ERROR(QuantizeMatrix(src.classifier, src.dtype, c.vocab_size, c.dim, &arena,
+                                    &w.classifier, &w.classifier_scales));
   w.layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& s = src.layers[l];
@@ -179,16 +251,69 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
     o.bq = s.bq;
     o.bk = s.bk;
     o.bv = s.bv;
-    const kernels::DType d = src.dtype;
-    PD_RETURN_IF_ERROR(QuantizeMatrix(s.wq, d, q, dim, &w, &o.wq, &o.wq_scales));
-    PD_RETURN_IF_ERROR(QuantizeMatrix(s.wk, d, kv, dim, &w, &o.wk, &o.wk_scales));
-    PD_RETURN_IF_ERROR(QuantizeMatrix(s.wv, d, kv, dim, &w, &o.wv, &o.wv_scales));
-    PD_RETURN_IF_ERROR(QuantizeMatrix(s.wo, d, dim, q, &w, &o.wo, &o.wo_scales));
-    PD_RETURN_IF_ERROR(QuantizeMatrix(s.w_gate, d, hidden, dim, &w, &o.w_gate, &o.w_gate_scales));
-    PD_RETURN_IF_ERROR(QuantizeMatrix(s.w_up, d, hidden, dim, &w, &o.w_up, &o.w_up_scales));
-    PD_RETURN_IF_ERROR(QuantizeMatrix(s.w_down, d, dim, hidden, &w, &o.w_down, &o.w_down_scales));
+    for (const LayerMatrix& m : matrices) {
+      PD_RETURN_IF_ERROR(QuantizeMatrix(s.*m.weight, src.dtype, m.rows, m.cols, &arena,
+                                        &(o.*m.weight), &(o.*m.scales)));
+    }
   }
   return w;
+}
+
+absl::StatusOr<ModelWeights> CopyWeightsToHugePages(const ModelWeights& src) {
+  PD_RETURN_IF_ERROR(CheckLayers(src, "huge-page weights"));
+  const ModelConfig& c = src.config;
+  const bool i8 = src.dtype == kernels::DType::kI8;
+  const int64_t size = kernels::DTypeSize(src.dtype);
+  const std::vector<LayerMatrix> matrices = LayerMatrices(c);
+  const bool tied = src.classifier == src.embedding;
+  HugePageArena arena;
+  auto reserve = [&](int64_t rows, int64_t cols) {
+    arena.Reserve(rows * cols * size);
+    if (i8) arena.Reserve(rows * 4);
+  };
+  reserve(c.vocab_size, c.dim);
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (const LayerMatrix& m : matrices) reserve(m.rows, m.cols);
+  }
+  ModelWeights w;
+  PD_RETURN_IF_ERROR(arena.Map(&w));
+  // Copies a matrix (and its scales when int8) into the arena.
+  auto copy = [&](const void* m, const float* scales, int64_t rows, int64_t cols,
+                  const float** scales_out) -> const void* {
+    void* dst = arena.Take(rows * cols * size);
+    std::memcpy(dst, m, rows * cols * size);
+    if (i8) {
+      auto* s = static_cast<float*>(arena.Take(rows * 4));
+      std::memcpy(s, scales, rows * 4);
+      *scales_out = s;
+    }
+    return dst;
+  };
+  w.config = c;
+  w.fingerprint = src.fingerprint;
+  w.dtype = src.dtype;
+  w.embedding_dtype = src.embedding_dtype;
+  w.final_norm = src.final_norm;
+  w.classifier =
+      copy(src.classifier, src.classifier_scales, c.vocab_size, c.dim, &w.classifier_scales);
+  // Tied: the copy serves the gather too (same dtype, same rows).
+  w.embedding = tied ? w.classifier : src.embedding;
+  w.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& s = src.layers[l];
+    LayerWeights& o = w.layers[l];
+    o = s;  // norms, biases (views), then the matrices replaced
+    for (const LayerMatrix& m : matrices) {
+      o.*m.weight = copy(s.*m.weight, s.*m.scales, m.rows, m.cols, &(o.*m.scales));
+    }
+  }
+  return w;
+}
+
+bool TransparentHugePagesAvailable() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  return std::getline(f, line) && line.find("[never]") == std::string::npos;
 }
 
 }  // namespace pd::engine

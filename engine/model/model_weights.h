@@ -61,11 +61,11 @@ struct ModelWeights {
   const float* classifier_scales = nullptr;  // [vocab] when dtype is kI8, else nullptr
   const float* final_norm = nullptr;         // [dim]
   std::vector<LayerWeights> layers;          // n_layers
-  // Owned f32 copies backing some of the pointers above (norms, biases of bf16/f16 models; the
-  // scales of int8 matrices).
+  // Owned f32 copies backing some of the pointers above (norms, biases of bf16/f16 models).
   std::vector<std::unique_ptr<float[]>> owned;
-  // Owned bytes backing other matrices (the int8 codes made by QuantizeWeightsInt8).
-  std::vector<std::unique_ptr<uint8_t[]>> owned_bytes;
+  // One anonymous mapping, advised into transparent huge pages, backing the matrices (and int8
+  // scales) made by QuantizeWeightsInt8 or CopyWeightsToHugePages.
+  std::shared_ptr<void> mapped;
 };
 
 // Bytes of the linear matrices (with their scales) and of the embedding table: what a forward
@@ -81,10 +81,25 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model);
 
 // W8A8 weights (kernels/matmul_params.h): every linear matrix of `src` (wq, wk, wv, wo, w_gate,
 // w_up, w_down, classifier) quantized per output row to int8 with f32 scales, all owned by the
-// result; a classifier tied to the embedding gets its own int8 copy. The embedding (a gather),
-// norms and biases stay views of src's storage: src, and whatever it views, must outlive the
-// result. The fingerprint is src's with "+w8" appended. InvalidArgument if src is already int8
-// or its matrices are not f32, bf16 or f16.
+// result (in huge pages, as CopyWeightsToHugePages); a classifier tied to the embedding gets its
+// own int8 copy. The embedding (a gather), norms and biases stay views of src's storage: src, and
+// whatever it views, must outlive the result. The fingerprint is src's with "+w8" appended.
+// InvalidArgument if src is already int8 or its matrices are not f32, bf16 or f16;
+// ResourceExhausted when the mapping fails.
 absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src);
+
+// The same weights with every linear matrix (wq ... w_down, classifier; a tied classifier with
+// the embedding, which stays tied) copied into one anonymous mapping advised into transparent
+// huge pages, owned by the result. Same bytes, same layout, same fingerprint: only the pages
+// change. A decode step streams every matrix once; with 4 KiB pages (a mapped checkpoint) that
+// is a TLB miss every 4 KiB, with 2 MiB pages one per 2 MiB (docs/benchmarks.md, "Weights in
+// huge pages": 1.2-1.4x batch-1 decode on this project's VM). Norms and biases stay views of
+// src's storage: src, and whatever it views, must outlive the result. ResourceExhausted when
+// the mapping fails.
+absl::StatusOr<ModelWeights> CopyWeightsToHugePages(const ModelWeights& src);
+
+// Whether madvise(MADV_HUGEPAGE) can give this process transparent huge pages: the kernel has
+// them and /sys/kernel/mm/transparent_hugepage/enabled is not "never".
+bool TransparentHugePagesAvailable();
 
 }  // namespace pd::engine

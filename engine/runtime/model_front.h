@@ -18,7 +18,7 @@ namespace pd::engine {
 
 // How the linear matrices are stored (--weight_dtype). kAuto: as in the checkpoint. kInt8: each
 // quantized at load to int8 with per-row scales (W8A8 matmuls, kernels/matmul_params.h; about
-// half the bytes of bf16 per decode step, CPU only for now); the fingerprint gets "+w8"
+// half the bytes of bf16 per decode step, on CPU and CUDA); the fingerprint gets "+w8"
 // (kInt8FingerprintSuffix) on every process given the flag: workers, pd-router and pd-tierd of a
 // cluster must agree, as for
 // --kv_dtype.

@@ -136,6 +136,21 @@ absl::Status QuantizeAtLoad(ModelWeights* weights, ModelWeights* loaded) {
   return absl::OkStatus();
 }
 
+// Replaces *weights by a copy of its matrices in transparent huge pages (same bytes); the
+// loaded weights move to *loaded, which the copy still views (norms, biases).
+absl::Status CopyToHugePagesAtLoad(ModelWeights* weights, ModelWeights* loaded) {
+  const absl::Time start = absl::Now();
+  PD_ASSIGN_OR_RETURN(ModelWeights copy, CopyWeightsToHugePages(*weights));
+  LOG(INFO) << "weights copied into huge pages in "
+            << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms ("
+            << MatrixWeightBytes(copy) / double{1 << 20} << " MiB of "
+            << kernels::DTypeName(copy.dtype)
+            << " matrices and embedding; --huge_page_weights=false decodes from the mapping)";
+  *loaded = std::move(*weights);
+  *weights = std::move(copy);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size,
@@ -175,6 +190,13 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   }
   if (config.weight_dtype == WeightDType::kInt8) {
     PD_RETURN_IF_ERROR(QuantizeAtLoad(&rt->weights_, &rt->loaded_weights_));
+  } else if (config.huge_page_weights && config.device == kernels::Device::kCpu) {
+    if (TransparentHugePagesAvailable()) {
+      PD_RETURN_IF_ERROR(CopyToHugePagesAtLoad(&rt->weights_, &rt->loaded_weights_));
+    } else {
+      LOG(INFO) << "transparent huge pages are off on this machine "
+                   "(/sys/kernel/mm/transparent_hugepage/enabled): weights stay mapped";
+    }
   }
   rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size, config.kv_dtype);
   // The block-hash seed names the cache dtype: blocks of different dtypes never match.

@@ -51,6 +51,11 @@ struct ModelRuntimeConfig {
   kernels::DType kv_dtype = kernels::DType::kF32;
   // --weight_dtype (engine/runtime/model_front.h): int8 quantizes the linear matrices at load.
   WeightDType weight_dtype = WeightDType::kAuto;
+  // --huge_page_weights: on the CPU, copy the checkpoint's matrices out of its mapping (4 KiB
+  // pages) into transparent huge pages at load (CopyWeightsToHugePages): the same bytes, faster
+  // decode, the mapped checkpoint left as reclaimable page cache. Skipped where the kernel
+  // gives no huge pages, on CUDA, and for int8 weights (quantized into huge pages anyway).
+  bool huge_page_weights = true;
   SchedulerConfig scheduler;
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
   // = none. Not owned; must outlive the runtime.
@@ -114,8 +119,7 @@ class ModelRuntime {
   // one (naming the file and the problem), ResourceExhausted when the KV pool cannot be mapped
   // or allocated. With device cuda: Unimplemented naming PD_ENABLE_CUDA in a build without
   // CUDA, FailedPrecondition "no CUDA device" where none is usable (both before the model is
-  // loaded), Internal for a failed upload; InvalidArgument for weight_dtype int8 on cuda (not
-  // implemented there yet, #18).
+  // loaded), Internal for a failed upload.
   static absl::StatusOr<std::unique_ptr<ModelRuntime>> Create(ModelRuntimeConfig config);
   ~ModelRuntime();
 
@@ -141,8 +145,8 @@ class ModelRuntime {
   ModelRuntimeConfig config_;
   std::unique_ptr<Llama2cCheckpoint> llama2c_;
   std::unique_ptr<HfModel> hf_;
-  // With weight_dtype int8: the loaded weights, which the quantized weights_ still view (norms,
-  // biases, embedding). Empty otherwise.
+  // With weight_dtype int8 or huge-page weights: the loaded weights, which weights_ still views
+  // (norms, biases, maybe the embedding). Empty otherwise.
   ModelWeights loaded_weights_;
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;

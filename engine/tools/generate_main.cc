@@ -33,9 +33,12 @@ ABSL_FLAG(int64_t, kv_sink_tokens, 0,
           "--kv_window_tokens");
 ABSL_FLAG(int64_t, kv_window_tokens, 0,
           "sink + window KV policy: recent tokens kept (whole blocks), the rest dropped, so "
-          "--max_tokens may exceed the model's context; 0 = off (CPU only)");
+          "--max_tokens may exceed the model's context; 0 = off");
 ABSL_FLAG(std::string, weight_dtype, "auto",
-          "linear weights: auto (as stored) | int8 (quantized at load, W8A8; cpu only)");
+          "linear weights: auto (as stored) | int8 (quantized at load, W8A8)");
+ABSL_FLAG(bool, huge_page_weights, true,
+          "cpu: copy the model's matrices into transparent huge pages at load (same bytes, "
+          "faster decode); false decodes from the mapped checkpoint");
 
 namespace {
 
@@ -72,6 +75,7 @@ int main(int argc, char** argv) {
     Fail(weight_dtype.status());
   }
   config.weight_dtype = *weight_dtype;
+  config.huge_page_weights = absl::GetFlag(FLAGS_huge_page_weights);
   config.scheduler.max_running = 1;
   config.scheduler.kv_sink_tokens = absl::GetFlag(FLAGS_kv_sink_tokens);
   config.scheduler.kv_window_tokens = absl::GetFlag(FLAGS_kv_window_tokens);

@@ -44,10 +44,14 @@ ABSL_FLAG(int64_t, kv_sink_tokens, 0,
 ABSL_FLAG(int64_t, kv_window_tokens, 0,
           "sink + window KV policy: keep the most recent N tokens (rounded up to whole blocks) "
           "besides the sinks and drop the blocks in between, so a sequence generates past the "
-          "model's context in flat memory (max_tokens then bounds it); 0 = off. CPU only");
+          "model's context in flat memory (max_tokens then bounds it); 0 = off");
 ABSL_FLAG(std::string, weight_dtype, "auto",
-          "linear weights: auto (as stored) | int8 (quantized at load, W8A8, cpu only; the model "
+          "linear weights: auto (as stored) | int8 (quantized at load, W8A8; the model "
           "fingerprint gets \"+w8\", so prefill and decode workers must agree)");
+ABSL_FLAG(bool, huge_page_weights, true,
+          "cpu: copy the model's matrices out of the mapped checkpoint into transparent huge "
+          "pages at load (same bytes, faster decode; the checkpoint's pages become reclaimable "
+          "cache); false decodes from the mapping");
 ABSL_FLAG(int64_t, max_batch_tokens, 0,
           "token budget of one engine step; 0 = by --device: 256 on cpu, 2048 on cuda");
 ABSL_FLAG(int64_t, max_running, 0,
@@ -103,6 +107,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.kv_dtype = *kv_dtype;
   PD_ASSIGN_OR_RETURN(c.runtime.weight_dtype,
                       pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
+  c.runtime.huge_page_weights = absl::GetFlag(FLAGS_huge_page_weights);
   const pd::engine::DeviceBatchLimits limits = pd::engine::BatchLimitsFor(c.runtime.device);
   const int64_t max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   const int64_t max_running = absl::GetFlag(FLAGS_max_running);
