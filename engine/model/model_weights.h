@@ -93,7 +93,7 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src);
 // huge pages, owned by the result. Same bytes, same layout, same fingerprint: only the pages
 // change. A decode step streams every matrix once; with 4 KiB pages (a mapped checkpoint) that
 // is a TLB miss every 4 KiB, with 2 MiB pages one per 2 MiB (docs/benchmarks.md, "Weights in
-// huge pages": 1.2-1.4x batch-1 decode on this project's VM). Norms and biases stay views of
+// huge pages": ~1.13x batch-1 decode on this project's VM). Norms and biases stay views of
 // src's storage: src, and whatever it views, must outlive the result. ResourceExhausted when
 // the mapping fails.
 absl::StatusOr<ModelWeights> CopyWeightsToHugePages(const ModelWeights& src);
