@@ -76,7 +76,6 @@ constexpr char kHeldOut[] =
     "clapped her hands and said it was the best castle she had ever seen. That night, Sam and "
     "Anna went to sleep happy, dreaming of more castles to build.";
 
-// One model with a private pool of `dtype` for one sequence at a time.
 // The forward passes' context: one thread, or a team of --threads (batch invariant kernels:
 // the same figures either way).
 kernels::OpContext Context() {
@@ -92,6 +91,7 @@ kernels::OpContext Context() {
   return ctx;
 }
 
+// One model with a private pool of `dtype` for one sequence at a time.
 class Runner {
  public:
   static absl::StatusOr<std::unique_ptr<Runner>> Create(const ModelWeights* weights,

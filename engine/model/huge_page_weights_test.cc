@@ -61,8 +61,7 @@ class HugePageWeightsTest : public ::testing::Test {
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& s = src.layers[l];
       LayerWeights& o = w.layers[l];
-      o.attn_norm = s.attn_norm;
-      o.ffn_norm = s.ffn_norm;
+      o = s;  // the f32 norms, then every matrix replaced
       o.wq = copy(s.wq, q * dim);
       o.wk = copy(s.wk, kv * dim);
       o.wv = copy(s.wv, kv * dim);

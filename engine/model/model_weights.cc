@@ -246,11 +246,7 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& s = src.layers[l];
     LayerWeights& o = w.layers[l];
-    o.attn_norm = s.attn_norm;
-    o.ffn_norm = s.ffn_norm;
-    o.bq = s.bq;
-    o.bk = s.bk;
-    o.bv = s.bv;
+    o = s;  // norms, biases (views), then the matrices and their scales replaced
     for (const LayerMatrix& m : matrices) {
       PD_RETURN_IF_ERROR(QuantizeMatrix(s.*m.weight, src.dtype, m.rows, m.cols, &arena,
                                         &(o.*m.weight), &(o.*m.scales)));
