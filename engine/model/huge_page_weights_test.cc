@@ -6,35 +6,29 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <vector>
 
 #include "common/threads/parallel_for.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/llama_forward.h"
 #include "engine/model/model_weights.h"
+#include "engine/model/stories260k_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/half.h"
 
 namespace pd::engine {
 namespace {
 
-constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
-constexpr int64_t kBlockSize = 16;
+using testing::LoadStories260K;
+using testing::Table;
 
-std::vector<int32_t> Table(int32_t first, int32_t n) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
+constexpr int64_t kBlockSize = 16;
 
 class HugePageWeightsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<Llama2cCheckpoint> ckpt = Llama2cCheckpoint::Load(kModel);
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    checkpoint_ = std::make_unique<Llama2cCheckpoint>(*std::move(ckpt));
-    f32_ = WeightsFromLlama2c(*checkpoint_);
+    LoadStories260K(&checkpoint_, &f32_);
+    if (HasFatalFailure()) return;
     bf16_ = ToBf16(f32_);
   }
 

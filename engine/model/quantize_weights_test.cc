@@ -5,39 +5,33 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <vector>
 
 #include "engine/model/device_weights.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/llama_forward.h"
 #include "engine/model/model_weights.h"
+#include "engine/model/stories260k_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/matmul_params.h"
 
 namespace pd::engine {
 namespace {
 
-constexpr char kModel[] = PD_SHARED_DIR "/models/stories260K/stories260K.bin";
+using testing::LoadStories260K;
+using testing::Table;
+
 constexpr int64_t kBlockSize = 16;
 
 uint32_t Argmax(const float* row, int64_t n) {
   return static_cast<uint32_t>(std::max_element(row, row + n) - row);
 }
 
-std::vector<int32_t> Table(int32_t first, int32_t n) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
-
 class QuantizeWeightsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<Llama2cCheckpoint> ckpt = Llama2cCheckpoint::Load(kModel);
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    checkpoint_ = std::make_unique<Llama2cCheckpoint>(*std::move(ckpt));
-    f32_ = WeightsFromLlama2c(*checkpoint_);
+    LoadStories260K(&checkpoint_, &f32_);
+    if (HasFatalFailure()) return;
     absl::StatusOr<ModelWeights> q = QuantizeWeightsInt8(f32_);
     ASSERT_TRUE(q.ok()) << q.status();
     i8_ = *std::move(q);
