@@ -3,13 +3,20 @@
 // every bad request of a catalogue gets its status and error object, and the official `openai`
 // Node SDK (tests/e2e/openai, installed by scripts/setup.sh) drives completions, chat, streaming,
 // errors and a mid-stream disconnect, after which the decode worker has freed the request.
+// Idle connections cost the router no CPU and close at the idle timeout.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,6 +41,9 @@ using json = nlohmann::json;
 constexpr char kKey[] = "sk-pdserve-e2e-0123456789abcdef";
 constexpr char kPrompt[] = "Once upon a time";
 constexpr uint32_t kMaxTokens = 24;
+// The router's --http_idle_timeout: above the Node client's own keep-alive (4 s), so the SDK's
+// connections are closed by the client first; long enough to measure idle connections.
+constexpr absl::Duration kIdleTimeout = absl::Seconds(8);
 // A chat template for stories260K (llama2.c models carry none): the router renders it with the
 // same Jinja engine it uses for Hugging Face models.
 constexpr char kTemplate[] =
@@ -46,6 +56,28 @@ void WriteFile(const std::string& path, const std::string& contents) {
   ASSERT_TRUE(out.good()) << path;
 }
 
+// One HTTP/1.1 response with a Content-Length body read off `fd` ("" when the connection ends
+// or nothing comes for 10 s).
+std::string ReadResponse(int fd) {
+  std::string reply;
+  size_t want = std::string::npos;
+  while (reply.size() < want) {
+    pollfd p = {fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) != 1) return "";
+    char buf[1024];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return "";
+    reply.append(buf, static_cast<size_t>(n));
+    const size_t head = reply.find("\r\n\r\n");
+    if (want == std::string::npos && head != std::string::npos) {
+      const size_t at = reply.find("Content-Length: ");
+      if (at == std::string::npos || at > head) return reply;
+      want = head + 4 + std::stoul(reply.substr(at + 16));
+    }
+  }
+  return reply;
+}
+
 class OpenAiE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -55,11 +87,13 @@ class OpenAiE2eTest : public ::testing::Test {
     WriteFile(Path("keys"), absl::StrCat("default:", kKey, "\n"));
     WriteFile(Path("chat.jinja"), kTemplate);
     http_port_ = FreePort();
-    cluster_.emplace(dir_->path(), 1, 1, "round_robin", std::vector<std::string>{},
-                     std::vector<std::string>{absl::StrCat("--http_address=127.0.0.1:", http_port_),
-                                              "--api_keys_file=" + Path("keys"),
-                                              "--chat_template=" + Path("chat.jinja"),
-                                              "--http_max_body_bytes=65536"});
+    cluster_.emplace(
+        dir_->path(), 1, 1, "round_robin", std::vector<std::string>{},
+        std::vector<std::string>{
+            absl::StrCat("--http_address=127.0.0.1:", http_port_),
+            "--api_keys_file=" + Path("keys"), "--chat_template=" + Path("chat.jinja"),
+            "--http_max_body_bytes=65536",
+            absl::StrCat("--http_idle_timeout=", absl::ToInt64Seconds(kIdleTimeout), "s")});
     cluster_->set_api_key(kKey);
     ASSERT_TRUE(cluster_->WaitReady(absl::Seconds(60))) << cluster_->Logs();
   }
@@ -151,8 +185,10 @@ TEST_F(OpenAiE2eTest, LogprobsEqualTheEngine) {
   const auto [tokens, text] = ref.Greedy(kPrompt, kMaxTokens, &expected, kTop);
   ASSERT_EQ(expected.size(), tokens.size());
 
-  const json req = {{"model", "stories260K.bin"}, {"prompt", kPrompt},
-                    {"max_tokens", kMaxTokens},   {"temperature", 0},
+  const json req = {{"model", "stories260K.bin"},
+                    {"prompt", kPrompt},
+                    {"max_tokens", kMaxTokens},
+                    {"temperature", 0},
                     {"logprobs", kTop}};
   httplib::Result res = Post("/v1/completions", req.dump());
   ASSERT_TRUE(res) << cluster_->Logs();
@@ -274,6 +310,62 @@ TEST_F(OpenAiE2eTest, BadRequestsGetTheirStatusAndErrorObject) {
   httplib::Result health = http.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+// A connection waiting for its first request, or for its next one after a response, sleeps in
+// the kernel: 200 of them cost the router next to no CPU (httplib 0.11's own wait woke each one
+// every 11 ms; 1,000 took both cores of a CI machine and starved its clients). They stay open
+// while idle and the router closes each at --http_idle_timeout.
+TEST_F(OpenAiE2eTest, IdleConnectionsCostNoCpuAndCloseAtTheIdleTimeout) {
+  constexpr int kIdle = 200;
+  std::vector<int> socks;
+  absl::Cleanup close_all = [&socks] {
+    for (int fd : socks) ::close(fd);
+  };
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(http_port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  for (int i = 0; i < kIdle; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    socks.push_back(fd);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << i;
+    if (i % 2 == 1) continue;  // this one never sends a request
+    ASSERT_EQ(::send(fd, health.data(), health.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(health.size()));
+    const std::string reply = ReadResponse(fd);
+    ASSERT_TRUE(absl::StartsWith(reply, "HTTP/1.1 200")) << reply;
+  }
+  const absl::Time opened = absl::Now();
+  auto connections = [&] {
+    return Metric(cluster_->RouterMetrics(), "pd_router_http_connections", -1);
+  };
+  // All accepted (the metrics scrape is not on the HTTP API's port).
+  while (connections() < kIdle && absl::Now() < opened + absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(connections(), kIdle);
+  const double cpu_before = Metric(cluster_->RouterMetrics(), "pd_process_cpu_seconds_total");
+  absl::SleepFor(absl::Seconds(2));
+  const double cpu = Metric(cluster_->RouterMetrics(), "pd_process_cpu_seconds_total") - cpu_before;
+  std::cout << "router CPU over 2 s with " << kIdle << " idle connections: " << cpu << " s\n";
+  EXPECT_LT(cpu, 0.3);
+  if (absl::Now() < opened + kIdleTimeout - absl::Seconds(1)) {
+    EXPECT_EQ(connections(), kIdle) << "closed before the idle timeout";
+  }
+  // Each connection ends with the router's FIN once it has been idle for kIdleTimeout.
+  for (size_t i = 0; i < socks.size(); ++i) {
+    pollfd p = {socks[i], POLLIN, 0};
+    const int left_ms = static_cast<int>(std::max<int64_t>(
+        0, absl::ToInt64Milliseconds(opened + kIdleTimeout + absl::Seconds(10) - absl::Now())));
+    ASSERT_EQ(::poll(&p, 1, left_ms), 1) << "connection " << i << " still open";
+    char byte;
+    EXPECT_EQ(::recv(socks[i], &byte, 1, 0), 0) << "connection " << i;
+  }
+  EXPECT_GE(absl::Now() - opened, kIdleTimeout - absl::Seconds(1));
+  EXPECT_EQ(connections(), 0);
 }
 
 TEST_F(OpenAiE2eTest, OfficialNodeSdk) {

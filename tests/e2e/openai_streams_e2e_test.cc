@@ -32,15 +32,16 @@ TEST(OpenAiStreamsE2eTest, ThousandConcurrentStreamsFinishAndResourcesReturn) {
   ASSERT_TRUE(tmp.ok()) << tmp.status();
   const int http_port = FreePort();
   // One decode worker and the router's default limits (--max_inflight 1024: every stream is
-  // admitted). --http_idle_timeout is also how long httplib waits for a new connection's first
-  // request: here the node client shares two cores with the router, the worker and 1,000
-  // connection threads, and with the default 5 s about 1 run in 6 it wrote some requests later
-  // than that after connecting (the router closed those connections unanswered: undici
-  // UND_ERR_SOCKET "other side closed", bytesRead 0). A client on a machine of its own does
-  // not lag like that. For the same reason the router's health checks are lenient: in a CI run
-  // where a fuzzer shared the two cores, the worker's GetLoad missed its 1 s deadline three
-  // times in a row, the router dropped its only worker and 774 streams got 503; this test is
-  // about the streams, not about evicting an unhealthy worker (router_e2e_test covers that).
+  // admitted). --http_idle_timeout is also how long the router waits for a new connection's
+  // first request. Until the router's own connection wait (http_front.cc ConnectionStream),
+  // httplib's 10 ms poll-and-sleep loop on 1,000 connection threads took both cores and the
+  // starved node client wrote some requests more than 30 s after connecting (a CI run: 531
+  // streams closed unanswered, undici UND_ERR_SOCKET "other side closed", bytesRead 0); the
+  // generous timeout stays for a client that shares two cores with the router, the worker and
+  // 1,000 connection threads. For the same reason the router's health checks are lenient: in a
+  // CI run where a fuzzer shared the two cores, the worker's GetLoad missed its 1 s deadline
+  // three times in a row, the router dropped its only worker and 774 streams got 503; this test
+  // is about the streams, not about evicting an unhealthy worker (router_e2e_test covers that).
   Cluster cluster(tmp->path(), 0, 1, "round_robin", {"--kv_blocks=512"},
                   {absl::StrCat("--http_address=127.0.0.1:", http_port), "--http_idle_timeout=30s",
                    "--health_timeout=5s", "--health_missed_checks=10"});

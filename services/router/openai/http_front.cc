@@ -1,9 +1,16 @@
 #include "services/router/openai/http_front.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -67,6 +74,153 @@ class ConnectionThreads final : public httplib::TaskQueue {
 
  private:
   std::shared_ptr<HttpFront::ConnectionCount> count_;
+};
+
+// Waits for `events` on `sock` up to `timeout`, in one poll(2) that also watches `wake_fd`
+// (readable once Stop signalled it; -1 = none). True when `sock` is ready (or has hung up or
+// failed: the next read or write tells which); false on timeout or wake-up.
+bool WaitFor(int sock, int16_t events, int wake_fd, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    pollfd fds[2] = {{sock, events, 0}, {wake_fd, POLLIN, 0}};
+    const int64_t left_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    const int n =
+        ::poll(fds, wake_fd >= 0 ? 2 : 1, static_cast<int>(std::min<int64_t>(left_ms, INT32_MAX)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    if (wake_fd >= 0 && fds[1].revents != 0) return false;
+    return fds[0].revents != 0;
+  }
+}
+
+std::string NumericHost(const sockaddr_storage& addr, socklen_t len, int* port) {
+  char host[NI_MAXHOST];
+  char serv[NI_MAXSERV];
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), serv,
+                    sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "";
+  }
+  *port = std::atoi(serv);
+  return host;
+}
+
+// One plaintext connection as httplib's request parser reads and writes it. Reads are buffered
+// (the parser reads a request's head a byte at a time) and the buffer lives as long as the
+// connection, so a pipelined next request is kept. Every wait is a single poll(2), where
+// httplib 0.11's own stream and keep-alive wait poll 10 ms, sleep 1 ms and go round again: with
+// a thousand open connections those wake-ups took both cores of a 2-core machine and starved
+// the clients (tests/e2e/openai_streams_e2e_test.cc).
+class ConnectionStream final : public httplib::Stream {
+ public:
+  ConnectionStream(int sock, int wake_fd, absl::Duration read_timeout, absl::Duration write_timeout)
+      : sock_(sock),
+        wake_fd_(wake_fd),
+        read_timeout_(read_timeout),
+        write_timeout_(write_timeout) {}
+
+  // Waits up to `idle` for the next request's first byte. False on timeout, on Stop's wake-up,
+  // or when the peer has closed without sending one.
+  bool WaitForRequest(absl::Duration idle) {
+    if (buffered_ < filled_) return true;
+    return WaitFor(sock_, POLLIN, wake_fd_, idle);
+  }
+
+  bool is_readable() const override { return WaitFor(sock_, POLLIN, wake_fd_, read_timeout_); }
+
+  // httplib's meaning: writable within the write timeout, and the peer has not closed (a
+  // streaming client that went away is noticed before the next chunk is generated).
+  bool is_writable() const override {
+    if (!WaitFor(sock_, POLLOUT, -1, write_timeout_)) return false;
+    pollfd fd = {sock_, POLLIN, 0};
+    if (::poll(&fd, 1, 0) <= 0) return true;
+    char byte;
+    return ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (buffered_ < filled_) {
+      const size_t n = std::min(size, filled_ - buffered_);
+      std::memcpy(ptr, buffer_ + buffered_, n);
+      buffered_ += n;
+      return static_cast<ssize_t>(n);
+    }
+    if (!is_readable()) return -1;
+    buffered_ = filled_ = 0;
+    const bool into_buffer = size < sizeof(buffer_);
+    ssize_t n;
+    do {
+      n = ::recv(sock_, into_buffer ? buffer_ : ptr, into_buffer ? sizeof(buffer_) : size, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0 || !into_buffer) return n;
+    const size_t give = std::min(size, static_cast<size_t>(n));
+    std::memcpy(ptr, buffer_, give);
+    buffered_ = give;
+    filled_ = static_cast<size_t>(n);
+    return static_cast<ssize_t>(give);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    ssize_t n;
+    do {
+      n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (::getpeername(sock_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      ip = NumericHost(addr, len, &port);
+    }
+  }
+
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (::getsockname(sock_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      ip = NumericHost(addr, len, &port);
+    }
+  }
+
+  socket_t socket() const override { return sock_; }
+
+ private:
+  const int sock_;
+  const int wake_fd_;
+  const absl::Duration read_timeout_;
+  const absl::Duration write_timeout_;
+  char buffer_[4096];
+  size_t buffered_ = 0;  // bytes of buffer_ already handed out
+  size_t filled_ = 0;    // bytes of buffer_ read from the socket
+};
+
+// The plaintext server: httplib's parser, routing and writers on a ConnectionStream, with a
+// keep-alive wait that sleeps in poll(2) until the next request, the idle timeout or Stop
+// (`wake_fd` becomes readable). TLS connections keep httplib's own loop (SSLServer).
+class PlainServer final : public httplib::Server {
+ public:
+  explicit PlainServer(int wake_fd) : wake_fd_(wake_fd) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    ConnectionStream strm(sock, wake_fd_, absl::Seconds(read_timeout_sec_),
+                          absl::Seconds(write_timeout_sec_));
+    const absl::Duration idle = absl::Seconds(keep_alive_timeout_sec_);
+    bool ok = false;
+    for (size_t left = keep_alive_max_count_;
+         left > 0 && svr_sock_ != INVALID_SOCKET && strm.WaitForRequest(idle); --left) {
+      bool closed = false;
+      ok = process_request(strm, /*close_connection=*/left == 1, closed, {});
+      if (!ok || closed) break;
+    }
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+
+  const int wake_fd_;
 };
 
 }  // namespace
@@ -318,7 +472,11 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
           "http: cannot load the TLS certificate/key (--tls_cert, --tls_key, --tls_ca)");
     }
   } else {
-    f->server_ = std::make_unique<httplib::Server>();
+    f->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+    if (f->wake_fd_ < 0) {
+      return absl::InternalError(absl::StrCat("http: eventfd: ", std::strerror(errno)));
+    }
+    f->server_ = std::make_unique<PlainServer>(f->wake_fd_);
   }
   httplib::Server& s = *f->server_;
   HttpFront* front = f.get();
@@ -375,7 +533,10 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   return f;
 }
 
-HttpFront::~HttpFront() { Stop(); }
+HttpFront::~HttpFront() {
+  Stop();
+  if (wake_fd_ >= 0) ::close(wake_fd_);  // the connection threads have ended (Stop)
+}
 
 void HttpFront::Drain(absl::Time deadline) {
   draining_ = true;
@@ -388,6 +549,10 @@ void HttpFront::Stop() {
   if (collector_.has_value()) registry_->RemoveCollector(*collector_);
   draining_ = true;
   server_->stop();
+  if (wake_fd_ >= 0) {  // idle keep-alive connections close now, not at their idle timeout
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
   live_->CancelAll();  // the connection threads wait on their streams' ends
   if (listener_.joinable()) listener_.join();
 }

@@ -14,7 +14,10 @@
 // generation (the next write fails; the worker call is cancelled and its blocks freed).
 //
 // Each connection is served by its own thread (streams block on the relay), at most
-// max_connections of them doing work at once.
+// max_connections of them doing work at once. A plaintext connection waiting for its next
+// request sleeps in poll(2) (no CPU) until the request, idle_timeout or Stop; over TLS,
+// httplib's own wait polls every 10 ms (terminate TLS in front of the router for thousands of
+// idle keep-alive clients).
 //
 // Thread-safety: Start/Drain/Stop from one thread; requests on the connection threads.
 #pragma once
@@ -121,6 +124,7 @@ class HttpFront {
   std::unique_ptr<LiveStreams> live_;
   std::atomic<bool> accept_loop_exited_{false};
   std::thread listener_;
+  int wake_fd_ = -1;  // eventfd Stop signals: wakes the plaintext connections' waits
   int port_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
