@@ -12,7 +12,9 @@
 //     sends A's derived salt as its own), A's repeat does, and the output is the same;
 //   - a tenant's concurrent streams are bounded;
 //   - the cluster's own traffic (health, KV events, remote prefill) flows over mTLS + token,
-//     also after a worker restarts.
+//     also after a worker restarts;
+//   - the OpenAI HTTP API is HTTPS with the same certificate and keys (a plaintext client gets
+//     no answer), and idle TLS keep-alive connections cost the router no CPU.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -88,24 +91,25 @@ class SecureCluster {
         "--tls_cert=" + pki_.server_cert,      "--tls_key=" + pki_.server_key,
         "--client_tls_ca=" + pki_.ca_cert,     "--client_tls_cert=" + pki_.client_cert,
         "--client_tls_key=" + pki_.client_key, "--cluster_token_file=" + dir + "/cluster-token"};
+    http_port_ = e2e::FreePort();
     prefill_port_ = StartWorker("prefill", security);
     decode_port_ = StartWorker("decode", security);
     // The public API is TLS without client certificates: clients authenticate with keys.
     e2e::ServingProcess r = e2e::SpawnServing(
         [&](int port, int mport) {
           std::vector<std::string> args = {
-              kRouter,
-              absl::StrCat("--grpc_address=127.0.0.1:", port),
-              absl::StrCat("--metrics_address=127.0.0.1:", mport),
-              absl::StrCat("--model=", kModel),
+              kRouter, absl::StrCat("--grpc_address=127.0.0.1:", port),
+              absl::StrCat("--metrics_address=127.0.0.1:", mport), absl::StrCat("--model=", kModel),
               absl::StrCat("--tokenizer=", kTokenizer),
               absl::StrCat("--decode_workers=127.0.0.1:", decode_port_),
               absl::StrCat("--prefill_workers=127.0.0.1:", prefill_port_),
-              "--health_interval=200ms",
-              "--drain_timeout=2s",
+              "--health_interval=200ms", "--drain_timeout=2s",
               "--api_keys_file=" + dir + "/api-keys",
               absl::StrCat("--max_streams_per_tenant=", kMaxStreamsPerTenant),
-              absl::StrCat("--max_message_bytes=", kMaxMessageBytes)};
+              absl::StrCat("--max_message_bytes=", kMaxMessageBytes),
+              absl::StrCat("--http_address=127.0.0.1:", http_port_),
+              // Idle HTTPS connections are measured for seconds (the default closes them at 5 s).
+              "--http_idle_timeout=30s"};
           args.insert(args.end(), security.begin(), security.end());
           return args;
         },
@@ -177,6 +181,7 @@ class SecureCluster {
 
   const pd::testing::TestPki& pki() const { return pki_; }
   int router_port() const { return router_port_; }
+  int http_port() const { return http_port_; }
   int decode_port() const { return decode_port_; }
   int prefill_port() const { return prefill_port_; }
 
@@ -259,6 +264,7 @@ class SecureCluster {
   std::optional<Subprocess> router_;
   int router_port_ = 0, decode_port_ = 0, prefill_port_ = 0;
   int router_metrics_port_ = 0, decode_metrics_port_ = 0;
+  int http_port_ = 0;
 };
 
 class SecurityE2eTest : public ::testing::Test {
@@ -516,6 +522,67 @@ TEST_F(SecurityE2eTest, ARestartedWorkerRejoinsOverMutualTls) {
   ASSERT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << cluster_->Logs();
   EXPECT_EQ(g.tokens.size(), 4u);
   EXPECT_THAT(cluster_->DecodeMetrics(), HasSubstr("pd_worker_prefills_total{where=\"remote\"}"));
+}
+
+// An HTTPS client of the router's OpenAI API that checks the router's certificate.
+std::unique_ptr<httplib::SSLClient> HttpsClient(const SecureCluster& cluster) {
+  auto client = std::make_unique<httplib::SSLClient>("127.0.0.1", cluster.http_port());
+  client->set_ca_cert_path(cluster.pki().ca_cert.c_str());
+  client->enable_server_certificate_verification(true);
+  client->set_keep_alive(true);
+  client->set_read_timeout(60, 0);
+  return client;
+}
+
+TEST_F(SecurityE2eTest, HttpApiIsHttpsWithKeysAndIdleTlsConnectionsCostNoCpu) {
+  const std::string body =
+      R"({"model":"stories260K.bin","prompt":"Once upon a time","max_tokens":4,)"
+      R"("temperature":0,"ignore_eos":true)";
+  const httplib::Headers key_a = {{"Authorization", absl::StrCat("Bearer ", kKeyA)}};
+  // One keep-alive connection: a completion, a stream, a refused key, and /health again.
+  std::unique_ptr<httplib::SSLClient> https = HttpsClient(*cluster_);
+  httplib::Result done = https->Post("/v1/completions", key_a, body + "}", "application/json");
+  ASSERT_TRUE(done) << httplib::to_string(done.error()) << cluster_->Logs();
+  EXPECT_EQ(done->status, 200) << done->body;
+  EXPECT_THAT(done->body, HasSubstr(R"("completion_tokens":4)"));
+  httplib::Result streamed =
+      https->Post("/v1/completions", key_a, body + R"(,"stream":true})", "application/json");
+  ASSERT_TRUE(streamed) << httplib::to_string(streamed.error());
+  EXPECT_EQ(streamed->status, 200);
+  EXPECT_TRUE(absl::EndsWith(streamed->body, "data: [DONE]\n\n")) << streamed->body;
+  httplib::Result refused =
+      https->Post("/v1/completions", {{"Authorization", "Bearer e2e-key-of-tenant-c-0123456789"}},
+                  body + "}", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401) << refused->body;
+  httplib::Result health = https->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+
+  // A plaintext request on the HTTPS port gets no HTTP answer.
+  httplib::Client plain("127.0.0.1", cluster_->http_port());
+  plain.set_connection_timeout(5);
+  plain.set_read_timeout(5);
+  httplib::Result in_clear = plain.Get("/health");
+  EXPECT_FALSE(in_clear && in_clear->status == 200);
+
+  // Connections idle after their handshake and a request sleep in the kernel (httplib's own
+  // TLS wait woke each one every 11 ms).
+  constexpr int kIdle = 100;
+  std::vector<std::unique_ptr<httplib::SSLClient>> idle;
+  for (int i = 0; i < kIdle; ++i) {
+    idle.push_back(HttpsClient(*cluster_));
+    httplib::Result r = idle.back()->Get("/health");
+    ASSERT_TRUE(r) << i << ": " << httplib::to_string(r.error());
+    ASSERT_EQ(r->status, 200);
+  }
+  const double before = e2e::Metric(cluster_->RouterMetrics(), "pd_process_cpu_seconds_total");
+  absl::SleepFor(absl::Seconds(2));
+  const std::string after = cluster_->RouterMetrics();
+  const double cpu = e2e::Metric(after, "pd_process_cpu_seconds_total") - before;
+  std::cout << "router CPU over 2 s with " << kIdle << " idle TLS connections: " << cpu << " s\n";
+  EXPECT_LT(cpu, 0.2);
+  EXPECT_GE(e2e::Metric(after, "pd_router_http_connections"), kIdle);
 }
 
 }  // namespace

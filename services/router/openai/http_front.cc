@@ -1,7 +1,10 @@
 #include "services/router/openai/http_front.h"
 
+#include <fcntl.h>
 #include <httplib.h>
 #include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -12,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -104,16 +108,20 @@ std::string NumericHost(const sockaddr_storage& addr, socklen_t len, int* port) 
   return host;
 }
 
-// One plaintext connection as httplib's request parser reads and writes it. Reads are buffered
-// (the parser reads a request's head a byte at a time) and the buffer lives as long as the
-// connection, so a pipelined next request is kept. Every wait is a single poll(2), where
-// httplib 0.11's own stream and keep-alive wait poll 10 ms, sleep 1 ms and go round again: with
-// a thousand open connections those wake-ups took both cores of a 2-core machine and starved
-// the clients (tests/e2e/openai_streams_e2e_test.cc).
+// One connection, plaintext or TLS, as httplib's request parser reads and writes it. Every wait
+// is a single poll(2), where httplib 0.11's own streams and keep-alive wait poll 10 ms, sleep
+// 1 ms and go round again: with a thousand open connections those wake-ups took both cores of
+// a 2-core machine and starved the clients (tests/e2e/openai_streams_e2e_test.cc). Plaintext
+// reads are buffered (the parser reads a request's head a byte at a time; OpenSSL buffers a
+// TLS record itself) and the buffer lives as long as the connection, so a pipelined next
+// request is kept. A TLS socket is non-blocking; a plaintext one blocks, written after poll.
 class ConnectionStream final : public httplib::Stream {
  public:
-  ConnectionStream(int sock, int wake_fd, absl::Duration read_timeout, absl::Duration write_timeout)
+  // `ssl`: the connection's TLS session after its handshake (not owned), or null.
+  ConnectionStream(int sock, SSL* ssl, int wake_fd, absl::Duration read_timeout,
+                   absl::Duration write_timeout)
       : sock_(sock),
+        ssl_(ssl),
         wake_fd_(wake_fd),
         read_timeout_(read_timeout),
         write_timeout_(write_timeout) {}
@@ -121,11 +129,12 @@ class ConnectionStream final : public httplib::Stream {
   // Waits up to `idle` for the next request's first byte. False on timeout, on Stop's wake-up,
   // or when the peer has closed without sending one.
   bool WaitForRequest(absl::Duration idle) {
-    if (buffered_ < filled_) return true;
-    return WaitFor(sock_, POLLIN, wake_fd_, idle);
+    return Pending() || WaitFor(sock_, POLLIN, wake_fd_, idle);
   }
 
-  bool is_readable() const override { return WaitFor(sock_, POLLIN, wake_fd_, read_timeout_); }
+  bool is_readable() const override {
+    return Pending() || WaitFor(sock_, POLLIN, wake_fd_, read_timeout_);
+  }
 
   // httplib's meaning: writable within the write timeout, and the peer has not closed (a
   // streaming client that went away is noticed before the next chunk is generated).
@@ -138,6 +147,7 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   ssize_t read(char* ptr, size_t size) override {
+    if (ssl_ != nullptr) return ReadTls(ptr, size);
     if (buffered_ < filled_) {
       const size_t n = std::min(size, filled_ - buffered_);
       std::memcpy(ptr, buffer_ + buffered_, n);
@@ -161,6 +171,7 @@ class ConnectionStream final : public httplib::Stream {
 
   ssize_t write(const char* ptr, size_t size) override {
     if (!is_writable()) return -1;
+    if (ssl_ != nullptr) return WriteTls(ptr, size);
     ssize_t n;
     do {
       n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
@@ -187,7 +198,44 @@ class ConnectionStream final : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
+  bool Pending() const { return buffered_ < filled_ || (ssl_ != nullptr && SSL_pending(ssl_) > 0); }
+
+  // Waits for what OpenSSL asked for after a call that returned `ret` <= 0. False when the
+  // session failed or ended, or the wait timed out.
+  bool WaitForTls(int ret) const {
+    switch (SSL_get_error(ssl_, ret)) {
+      case SSL_ERROR_WANT_READ:
+        return WaitFor(sock_, POLLIN, wake_fd_, read_timeout_);
+      case SSL_ERROR_WANT_WRITE:
+        return WaitFor(sock_, POLLOUT, -1, write_timeout_);
+      default:  // SSL_ERROR_ZERO_RETURN (close_notify), a syscall or protocol error
+        return false;
+    }
+  }
+
+  ssize_t ReadTls(char* ptr, size_t size) {
+    const int want = static_cast<int>(std::min<size_t>(size, INT32_MAX));
+    for (;;) {
+      ERR_clear_error();
+      const int n = SSL_read(ssl_, ptr, want);
+      if (n > 0) return n;
+      if (SSL_get_error(ssl_, n) == SSL_ERROR_ZERO_RETURN) return 0;
+      if (!WaitForTls(n)) return -1;
+    }
+  }
+
+  ssize_t WriteTls(const char* ptr, size_t size) {
+    const int want = static_cast<int>(std::min<size_t>(size, INT32_MAX));
+    for (;;) {
+      ERR_clear_error();
+      const int n = SSL_write(ssl_, ptr, want);
+      if (n > 0) return n;
+      if (!WaitForTls(n)) return -1;
+    }
+  }
+
   const int sock_;
+  SSL* const ssl_;
   const int wake_fd_;
   const absl::Duration read_timeout_;
   const absl::Duration write_timeout_;
@@ -196,28 +244,98 @@ class ConnectionStream final : public httplib::Stream {
   size_t filled_ = 0;    // bytes of buffer_ read from the socket
 };
 
-// The plaintext server: httplib's parser, routing and writers on a ConnectionStream, with a
-// keep-alive wait that sleeps in poll(2) until the next request, the idle timeout or Stop
-// (`wake_fd` becomes readable). TLS connections keep httplib's own loop (SSLServer).
+// Serves one accepted connection: waits up to `idle` for each request (the first included) and
+// hands it to httplib's parser, routing and writers; closes after keep_alive_max_count requests,
+// the idle timeout, an error, Stop (`stop` returns true) or a "Connection: close".
+template <typename ProcessRequest>
+bool ServeConnection(ConnectionStream& strm, absl::Duration idle, size_t max_requests,
+                     const std::function<bool()>& stop, ProcessRequest process_request) {
+  bool ok = false;
+  for (size_t left = max_requests; left > 0 && !stop() && strm.WaitForRequest(idle); --left) {
+    bool closed = false;
+    ok = process_request(/*close_connection=*/left == 1, closed);
+    if (!ok || closed) break;
+  }
+  return ok;
+}
+
+// The plaintext server: httplib's parser, routing and writers on a ConnectionStream.
 class PlainServer final : public httplib::Server {
  public:
   explicit PlainServer(int wake_fd) : wake_fd_(wake_fd) {}
 
  private:
   bool process_and_close_socket(socket_t sock) override {
-    ConnectionStream strm(sock, wake_fd_, absl::Seconds(read_timeout_sec_),
+    ConnectionStream strm(sock, nullptr, wake_fd_, absl::Seconds(read_timeout_sec_),
                           absl::Seconds(write_timeout_sec_));
-    const absl::Duration idle = absl::Seconds(keep_alive_timeout_sec_);
-    bool ok = false;
-    for (size_t left = keep_alive_max_count_;
-         left > 0 && svr_sock_ != INVALID_SOCKET && strm.WaitForRequest(idle); --left) {
-      bool closed = false;
-      ok = process_request(strm, /*close_connection=*/left == 1, closed, {});
-      if (!ok || closed) break;
-    }
+    const bool ok = ServeConnection(
+        strm, absl::Seconds(keep_alive_timeout_sec_), keep_alive_max_count_,
+        [this] { return svr_sock_ == INVALID_SOCKET; },
+        [&](bool close_connection, bool& closed) {
+          return process_request(strm, close_connection, closed, {});
+        });
     ::shutdown(sock, SHUT_RDWR);
     ::close(sock);
     return ok;
+  }
+
+  const int wake_fd_;
+};
+
+// The TLS server: httplib's SSL_CTX (certificate, key, and the client CA whose certificates it
+// requires when set), and a non-blocking OpenSSL session of its own per connection with the
+// same waits as the plaintext server.
+class TlsServer final : public httplib::SSLServer {
+ public:
+  TlsServer(const char* cert, const char* key, const char* client_ca, int wake_fd)
+      : httplib::SSLServer(cert, key, client_ca), wake_fd_(wake_fd) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    const absl::Duration idle = absl::Seconds(keep_alive_timeout_sec_);
+    const absl::Duration read_timeout = absl::Seconds(read_timeout_sec_);
+    bool ok = false;
+    SSL* ssl = SSL_new(ssl_context());
+    const int flags = ::fcntl(sock, F_GETFL);
+    // The client speaks first (ClientHello): it has the idle timeout to start, the read
+    // timeout to finish the handshake.
+    if (ssl != nullptr && flags >= 0 && ::fcntl(sock, F_SETFL, flags | O_NONBLOCK) == 0 &&
+        SSL_set_fd(ssl, sock) == 1 && WaitFor(sock, POLLIN, wake_fd_, idle) &&
+        Handshake(ssl, sock, absl::Now() + read_timeout)) {
+      ConnectionStream strm(sock, ssl, wake_fd_, read_timeout, absl::Seconds(write_timeout_sec_));
+      ok = ServeConnection(
+          strm, idle, keep_alive_max_count_, [this] { return svr_sock_ == INVALID_SOCKET; },
+          [&](bool close_connection, bool& closed) {
+            return process_request(strm, close_connection, closed,
+                                   [ssl](httplib::Request& req) { req.ssl = ssl; });
+          });
+      if (ok) {
+        ERR_clear_error();
+        (void)SSL_shutdown(ssl);  // close_notify; the peer's is not awaited
+      }
+    }
+    ERR_clear_error();
+    SSL_free(ssl);
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+
+  bool Handshake(SSL* ssl, int sock, absl::Time deadline) const {
+    for (;;) {
+      ERR_clear_error();
+      const int r = SSL_accept(ssl);
+      if (r == 1) return true;
+      const int err = SSL_get_error(ssl, r);
+      const int16_t events = err == SSL_ERROR_WANT_READ    ? POLLIN
+                             : err == SSL_ERROR_WANT_WRITE ? POLLOUT
+                                                           : 0;
+      if (events == 0) {
+        VLOG(1) << "http: TLS handshake failed: " << ERR_reason_error_string(ERR_peek_error());
+        return false;
+      }
+      if (!WaitFor(sock, events, wake_fd_, deadline - absl::Now())) return false;
+    }
   }
 
   const int wake_fd_;
@@ -463,19 +581,20 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
       f->metrics_.requests,
       registry->AddCounter("pd_router_http_requests_total",
                            "OpenAI HTTP API requests by path and HTTP status", {"path", "status"}));
+  f->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (f->wake_fd_ < 0) {
+    return absl::InternalError(absl::StrCat("http: eventfd: ", std::strerror(errno)));
+  }
   if (config.tls.enabled()) {
-    f->server_ = std::make_unique<httplib::SSLServer>(
+    f->server_ = std::make_unique<TlsServer>(
         config.tls.cert_file.c_str(), config.tls.key_file.c_str(),
-        config.tls.client_ca_file.empty() ? nullptr : config.tls.client_ca_file.c_str());
+        config.tls.client_ca_file.empty() ? nullptr : config.tls.client_ca_file.c_str(),
+        f->wake_fd_);
     if (!f->server_->is_valid()) {
       return absl::InvalidArgumentError(
           "http: cannot load the TLS certificate/key (--tls_cert, --tls_key, --tls_ca)");
     }
   } else {
-    f->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-    if (f->wake_fd_ < 0) {
-      return absl::InternalError(absl::StrCat("http: eventfd: ", std::strerror(errno)));
-    }
     f->server_ = std::make_unique<PlainServer>(f->wake_fd_);
   }
   httplib::Server& s = *f->server_;

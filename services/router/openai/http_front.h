@@ -14,10 +14,8 @@
 // generation (the next write fails; the worker call is cancelled and its blocks freed).
 //
 // Each connection is served by its own thread (streams block on the relay), at most
-// max_connections of them doing work at once. A plaintext connection waiting for its next
-// request sleeps in poll(2) (no CPU) until the request, idle_timeout or Stop; over TLS,
-// httplib's own wait polls every 10 ms (terminate TLS in front of the router for thousands of
-// idle keep-alive clients).
+// max_connections of them doing work at once. A connection waiting for its next request (TLS
+// or not) sleeps in poll(2), costing no CPU, until the request, idle_timeout or Stop.
 //
 // Thread-safety: Start/Drain/Stop from one thread; requests on the connection threads.
 #pragma once
