@@ -331,7 +331,8 @@ class TlsServer final : public httplib::SSLServer {
                              : err == SSL_ERROR_WANT_WRITE ? POLLOUT
                                                            : 0;
       if (events == 0) {
-        VLOG(1) << "http: TLS handshake failed: " << ERR_reason_error_string(ERR_peek_error());
+        const char* reason = ERR_reason_error_string(ERR_peek_error());
+        VLOG(1) << "http: TLS handshake failed: " << (reason != nullptr ? reason : "peer closed");
         return false;
       }
       if (!WaitFor(sock, events, wake_fd_, deadline - absl::Now())) return false;
