@@ -3,7 +3,8 @@
 // every bad request of a catalogue gets its status and error object, and the official `openai`
 // Node SDK (tests/e2e/openai, installed by scripts/setup.sh) drives completions, chat, streaming,
 // errors and a mid-stream disconnect, after which the decode worker has freed the request.
-// Idle connections cost the router no CPU and close at the idle timeout.
+// Idle connections cost the router no CPU and close at the idle timeout; pipelined and trickled
+// requests on one connection are all answered.
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -57,25 +58,29 @@ void WriteFile(const std::string& path, const std::string& contents) {
 }
 
 // One HTTP/1.1 response with a Content-Length body read off `fd` ("" when the connection ends
-// or nothing comes for 10 s).
-std::string ReadResponse(int fd) {
-  std::string reply;
-  size_t want = std::string::npos;
-  while (reply.size() < want) {
+// or nothing comes for 10 s). `rest` keeps what was read past it (the next pipelined response).
+std::string ReadResponse(int fd, std::string* rest) {
+  std::string& reply = *rest;
+  for (;;) {
+    const size_t head = reply.find("\r\n\r\n");
+    if (head != std::string::npos) {
+      const size_t at = reply.find("Content-Length: ");
+      const size_t end = at == std::string::npos || at > head
+                             ? head + 4
+                             : head + 4 + std::stoul(reply.substr(at + 16));
+      if (reply.size() >= end) {
+        std::string one = reply.substr(0, end);
+        reply.erase(0, end);
+        return one;
+      }
+    }
     pollfd p = {fd, POLLIN, 0};
     if (::poll(&p, 1, 10000) != 1) return "";
     char buf[1024];
     const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) return "";
     reply.append(buf, static_cast<size_t>(n));
-    const size_t head = reply.find("\r\n\r\n");
-    if (want == std::string::npos && head != std::string::npos) {
-      const size_t at = reply.find("Content-Length: ");
-      if (at == std::string::npos || at > head) return reply;
-      want = head + 4 + std::stoul(reply.substr(at + 16));
-    }
   }
-  return reply;
 }
 
 class OpenAiE2eTest : public ::testing::Test {
@@ -335,7 +340,8 @@ TEST_F(OpenAiE2eTest, IdleConnectionsCostNoCpuAndCloseAtTheIdleTimeout) {
     if (i % 2 == 1) continue;  // this one never sends a request
     ASSERT_EQ(::send(fd, health.data(), health.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(health.size()));
-    const std::string reply = ReadResponse(fd);
+    std::string rest;
+    const std::string reply = ReadResponse(fd, &rest);
     ASSERT_TRUE(absl::StartsWith(reply, "HTTP/1.1 200")) << reply;
   }
   const absl::Time opened = absl::Now();
@@ -366,6 +372,44 @@ TEST_F(OpenAiE2eTest, IdleConnectionsCostNoCpuAndCloseAtTheIdleTimeout) {
   }
   EXPECT_GE(absl::Now() - opened, kIdleTimeout - absl::Seconds(1));
   EXPECT_EQ(connections(), 0);
+}
+
+// Requests pipelined in one write are each answered, in order, on the one connection (the
+// router's connection reader keeps what it read past the first request), and a request whose
+// head arrives a few bytes at a time is answered too.
+TEST_F(OpenAiE2eTest, PipelinedAndTrickledRequestsAreAnswered) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  absl::Cleanup close_fd = [fd] { ::close(fd); };
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(http_port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string models = absl::StrCat("GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                                          "Authorization: Bearer ", kKey, "\r\n\r\n");
+  const std::string three = models + "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" +
+                            "GET /v1/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  ASSERT_EQ(::send(fd, three.data(), three.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(three.size()));
+  std::string rest;
+  const std::string first = ReadResponse(fd, &rest);
+  EXPECT_TRUE(absl::StartsWith(first, "HTTP/1.1 200")) << first;
+  EXPECT_THAT(first, HasSubstr("stories260K.bin"));
+  const std::string second = ReadResponse(fd, &rest);
+  EXPECT_TRUE(absl::StartsWith(second, "HTTP/1.1 200")) << second;
+  const std::string third = ReadResponse(fd, &rest);
+  EXPECT_TRUE(absl::StartsWith(third, "HTTP/1.1 404")) << third;
+  // The same connection, the next request sent 7 bytes at a time.
+  for (size_t at = 0; at < models.size(); at += 7) {
+    const std::string piece = models.substr(at, 7);
+    ASSERT_EQ(::send(fd, piece.data(), piece.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(piece.size()));
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const std::string trickled = ReadResponse(fd, &rest);
+  EXPECT_TRUE(absl::StartsWith(trickled, "HTTP/1.1 200")) << trickled;
+  EXPECT_THAT(trickled, HasSubstr("stories260K.bin"));
 }
 
 TEST_F(OpenAiE2eTest, OfficialNodeSdk) {
