@@ -332,6 +332,7 @@ TEST_F(OpenAiE2eTest, IdleConnectionsCostNoCpuAndCloseAtTheIdleTimeout) {
   addr.sin_port = htons(static_cast<uint16_t>(http_port_));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  const absl::Time first = absl::Now();  // the first connection's idle time starts about here
   for (int i = 0; i < kIdle; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     ASSERT_GE(fd, 0);
@@ -358,7 +359,7 @@ TEST_F(OpenAiE2eTest, IdleConnectionsCostNoCpuAndCloseAtTheIdleTimeout) {
   const double cpu = Metric(cluster_->RouterMetrics(), "pd_process_cpu_seconds_total") - cpu_before;
   std::cout << "router CPU over 2 s with " << kIdle << " idle connections: " << cpu << " s\n";
   EXPECT_LT(cpu, 0.3);
-  if (absl::Now() < opened + kIdleTimeout - absl::Seconds(1)) {
+  if (absl::Now() < first + kIdleTimeout - absl::Seconds(1)) {
     EXPECT_EQ(connections(), kIdle) << "closed before the idle timeout";
   }
   // Each connection ends with the router's FIN once it has been idle for kIdleTimeout.
