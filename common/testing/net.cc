@@ -32,4 +32,22 @@ absl::StatusOr<int> PickFreeLoopbackPort() {
   return static_cast<int>(ntohs(addr.sin_port));
 }
 
+absl::StatusOr<int> ConnectLoopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("connect 127.0.0.1:", port, ": ", std::strerror(err)));
+  }
+  return fd;
+}
+
 }  // namespace pd::testing

@@ -10,4 +10,8 @@ namespace pd::testing {
 // Errors: Internal when no socket could be bound.
 absl::StatusOr<int> PickFreeLoopbackPort();
 
+// A TCP socket connected to 127.0.0.1:`port` (blocking; the caller closes it). Unavailable,
+// naming the port and errno, when the connection is refused or fails.
+absl::StatusOr<int> ConnectLoopback(int port);
+
 }  // namespace pd::testing

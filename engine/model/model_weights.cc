@@ -170,6 +170,17 @@ std::vector<LayerMatrix> LayerMatrices(const ModelConfig& c) {
           {dim, hidden, &LayerWeights::w_down, &LayerWeights::w_down_scales}};
 }
 
+// Calls reserve(rows, cols) for the classifier, then for each layer's matrices in LayerMatrices
+// order: the order in which QuantizeWeightsInt8 and CopyWeightsToHugePages Take them.
+template <typename Reserve>
+void ReserveMatrices(const ModelConfig& c, const std::vector<LayerMatrix>& matrices,
+                     Reserve reserve) {
+  reserve(c.vocab_size, c.dim);
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (const LayerMatrix& m : matrices) reserve(m.rows, m.cols);
+  }
+}
+
 // Rows converted to f32 per step of QuantizeMatrix (bounds its scratch to ~4 MiB).
 constexpr int64_t kQuantizeChunkElements = int64_t{1} << 20;
 
@@ -230,14 +241,10 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
   w.final_norm = src.final_norm;
   const std::vector<LayerMatrix> matrices = LayerMatrices(c);
   HugePageArena arena;
-  auto reserve = [&](int64_t rows, int64_t cols) {
+  ReserveMatrices(c, matrices, [&](int64_t rows, int64_t cols) {
     arena.Reserve(rows * cols);  // codes
     arena.Reserve(rows * 4);     // scales
-  };
-  reserve(c.vocab_size, c.dim);
-  for (int l = 0; l < c.n_layers; ++l) {
-    for (const LayerMatrix& m : matrices) reserve(m.rows, m.cols);
-  }
+  });
   PD_RETURN_IF_ERROR(arena.Map(&w));
   // A tied classifier is the embedding table, stored as embedding_dtype (== dtype).
   PD_RETURN_IF_ERROR(QuantizeMatrix(src.classifier, src.dtype, c.vocab_size, c.dim, &arena,
@@ -263,14 +270,10 @@ absl::StatusOr<ModelWeights> CopyWeightsToHugePages(const ModelWeights& src) {
   const std::vector<LayerMatrix> matrices = LayerMatrices(c);
   const bool tied = src.classifier == src.embedding;
   HugePageArena arena;
-  auto reserve = [&](int64_t rows, int64_t cols) {
+  ReserveMatrices(c, matrices, [&](int64_t rows, int64_t cols) {
     arena.Reserve(rows * cols * size);
     if (i8) arena.Reserve(rows * 4);
-  };
-  reserve(c.vocab_size, c.dim);
-  for (int l = 0; l < c.n_layers; ++l) {
-    for (const LayerMatrix& m : matrices) reserve(m.rows, m.cols);
-  }
+  });
   ModelWeights w;
   PD_RETURN_IF_ERROR(arena.Map(&w));
   // Copies a matrix (and its scales when int8) into the arena.

@@ -120,34 +120,22 @@ DeviceBatchLimits BatchLimitsFor(kernels::Device device) {
 
 namespace {
 
-// Replaces *weights by its int8 quantization; the loaded weights move to *loaded, which the
-// quantized ones still view. Logs the time it took and the matrix bytes before and after.
-absl::Status QuantizeAtLoad(ModelWeights* weights, ModelWeights* loaded) {
+// Replaces *weights by `make(*weights)` (int8 quantization, or the copy into huge pages); the
+// loaded weights move to *loaded, which the new ones still view (norms, biases, maybe the
+// embedding). Logs what was done, how long it took and the matrix bytes before and after.
+absl::Status ReplaceWeightsAtLoad(ModelWeights* weights, ModelWeights* loaded,
+                                  absl::StatusOr<ModelWeights> (*make)(const ModelWeights&),
+                                  absl::string_view done, absl::string_view note) {
   const absl::Time start = absl::Now();
-  PD_ASSIGN_OR_RETURN(ModelWeights quantized, QuantizeWeightsInt8(*weights));
+  PD_ASSIGN_OR_RETURN(ModelWeights made, make(*weights));
   constexpr double kMiB = 1 << 20;
-  LOG(INFO) << "weights quantized to int8 in " << absl::ToDoubleMilliseconds(absl::Now() - start)
+  LOG(INFO) << "weights " << done << " in " << absl::ToDoubleMilliseconds(absl::Now() - start)
             << " ms: matrices and embedding " << MatrixWeightBytes(*weights) / kMiB << " MiB ("
-            << kernels::DTypeName(weights->dtype) << ") -> " << MatrixWeightBytes(quantized) / kMiB
-            << " MiB (int8 + scales, embedding " << kernels::DTypeName(quantized.embedding_dtype)
-            << ")";
+            << kernels::DTypeName(weights->dtype) << ") -> " << MatrixWeightBytes(made) / kMiB
+            << " MiB (" << kernels::DTypeName(made.dtype) << ", embedding "
+            << kernels::DTypeName(made.embedding_dtype) << ")" << note;
   *loaded = std::move(*weights);  // moves keep the owned arrays (and the views into them) valid
-  *weights = std::move(quantized);
-  return absl::OkStatus();
-}
-
-// Replaces *weights by a copy of its matrices in transparent huge pages (same bytes); the
-// loaded weights move to *loaded, which the copy still views (norms, biases).
-absl::Status CopyToHugePagesAtLoad(ModelWeights* weights, ModelWeights* loaded) {
-  const absl::Time start = absl::Now();
-  PD_ASSIGN_OR_RETURN(ModelWeights copy, CopyWeightsToHugePages(*weights));
-  LOG(INFO) << "weights copied into huge pages in "
-            << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms ("
-            << MatrixWeightBytes(copy) / double{1 << 20} << " MiB of "
-            << kernels::DTypeName(copy.dtype)
-            << " matrices and embedding; --huge_page_weights=false decodes from the mapping)";
-  *loaded = std::move(*weights);
-  *weights = std::move(copy);
+  *weights = std::move(made);
   return absl::OkStatus();
 }
 
@@ -189,10 +177,13 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     rt->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
   }
   if (config.weight_dtype == WeightDType::kInt8) {
-    PD_RETURN_IF_ERROR(QuantizeAtLoad(&rt->weights_, &rt->loaded_weights_));
+    PD_RETURN_IF_ERROR(ReplaceWeightsAtLoad(&rt->weights_, &rt->loaded_weights_,
+                                            &QuantizeWeightsInt8, "quantized to int8", ""));
   } else if (config.huge_page_weights && config.device == kernels::Device::kCpu) {
     if (TransparentHugePagesAvailable()) {
-      PD_RETURN_IF_ERROR(CopyToHugePagesAtLoad(&rt->weights_, &rt->loaded_weights_));
+      PD_RETURN_IF_ERROR(ReplaceWeightsAtLoad(
+          &rt->weights_, &rt->loaded_weights_, &CopyWeightsToHugePages, "copied into huge pages",
+          "; --huge_page_weights=false decodes from the mapping"));
     } else {
       LOG(INFO) << "transparent huge pages are off on this machine "
                    "(/sys/kernel/mm/transparent_hugepage/enabled): weights stay mapped";

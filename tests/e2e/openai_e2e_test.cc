@@ -5,9 +5,7 @@
 // errors and a mid-stream disconnect, after which the decode worker has freed the request.
 // Idle connections cost the router no CPU and close at the idle timeout; pipelined and trickled
 // requests on one connection are all answered.
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/testing/net.h"
 #include "common/testing/subprocess.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
@@ -327,17 +326,13 @@ TEST_F(OpenAiE2eTest, IdleConnectionsCostNoCpuAndCloseAtTheIdleTimeout) {
   absl::Cleanup close_all = [&socks] {
     for (int fd : socks) ::close(fd);
   };
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(http_port_));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   const absl::Time first = absl::Now();  // the first connection's idle time starts about here
   for (int i = 0; i < kIdle; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
+    absl::StatusOr<int> connected = pd::testing::ConnectLoopback(http_port_);
+    ASSERT_TRUE(connected.ok()) << i << ": " << connected.status();
+    const int fd = *connected;
     socks.push_back(fd);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << i;
     if (i % 2 == 1) continue;  // this one never sends a request
     ASSERT_EQ(::send(fd, health.data(), health.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(health.size()));
@@ -379,14 +374,10 @@ TEST_F(OpenAiE2eTest, IdleConnectionsCostNoCpuAndCloseAtTheIdleTimeout) {
 // router's connection reader keeps what it read past the first request), and a request whose
 // head arrives a few bytes at a time is answered too.
 TEST_F(OpenAiE2eTest, PipelinedAndTrickledRequestsAreAnswered) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
+  absl::StatusOr<int> connected = pd::testing::ConnectLoopback(http_port_);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  const int fd = *connected;
   absl::Cleanup close_fd = [fd] { ::close(fd); };
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(http_port_));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
   const std::string models = absl::StrCat("GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n",
                                           "Authorization: Bearer ", kKey, "\r\n\r\n");
   const std::string three = models + "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" +

@@ -15,12 +15,9 @@
 //     also after a worker restarts;
 //   - the OpenAI HTTP API is HTTPS with the same certificate and keys (a plaintext client gets
 //     no answer), and idle TLS keep-alive connections cost the router no CPU.
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -195,15 +192,9 @@ class SecureCluster {
 
   // True when a TCP connection to 127.0.0.1:`port` is accepted.
   static bool Listening(int port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    CHECK_GE(fd, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    ::close(fd);
-    return ok;
+    absl::StatusOr<int> fd = pd::testing::ConnectLoopback(port);
+    if (fd.ok()) ::close(*fd);
+    return fd.ok();
   }
 
   static std::shared_ptr<const services::ClientSecurity> Security(
