@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/status_macros.h"
@@ -66,14 +67,22 @@ CallerAuth GrpcCaller(const grpc::CallbackServerContext& context) {
   return caller;
 }
 
-std::string BaseName(const std::string& path) {
+}  // namespace
+
+std::string DefaultModelId(const std::string& path) {
   std::string p = path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   const size_t slash = p.rfind('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
+  std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
+  // A weight file's extension is not part of the model's name (stories260K.bin -> stories260K).
+  for (absl::string_view ext : {".bin", ".gguf", ".safetensors"}) {
+    if (base.size() > ext.size() && absl::EndsWith(base, ext)) {
+      base.resize(base.size() - ext.size());
+      break;
+    }
+  }
+  return base;
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
     const RouterConfig& config, const engine::ModelFront* model, WorkerPool* workers,
@@ -85,7 +94,7 @@ absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
   s->model_ = model;
   s->workers_ = workers;
   s->policy_ = policy;
-  s->model_id_ = config.model_id.empty() ? BaseName(config.model) : config.model_id;
+  s->model_id_ = config.model_id.empty() ? DefaultModelId(config.model) : config.model_id;
   Metrics& m = s->metrics_;
   PD_ASSIGN_OR_RETURN(m.requests, r->AddCounter("pd_router_requests_total",
                                                 "Public API calls by method and final gRPC "

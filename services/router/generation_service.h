@@ -70,6 +70,11 @@ class PlacementPolicy {
                                            const std::vector<WorkerSnapshot>& workers) = 0;
 };
 
+// The model id served when --model_id is empty: the model path's base name without a weight
+// file's extension (.bin, .gguf, .safetensors): ".../stories260K.bin" -> "stories260K",
+// ".../Llama-3.2-1B/" -> "Llama-3.2-1B".
+std::string DefaultModelId(const std::string& path);
+
 class GenerationService final : public pdserve::v1::Generation::CallbackService {
  public:
   // Everything passed must outlive the service. Registers the router's metrics. `api_keys`:

@@ -47,7 +47,9 @@ ABSL_FLAG(std::string, model, "",
           "the model the workers serve (Hugging Face directory, or llama2.c .bin with "
           "--tokenizer); used to tokenize and to check the workers' fingerprint");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.bin of a llama2.c checkpoint");
-ABSL_FLAG(std::string, model_id, "", "model id in ListModels; empty = the model's base name");
+ABSL_FLAG(std::string, model_id, "",
+          "model id in ListModels and the OpenAI API; empty = the model path's base name without "
+          ".bin/.gguf/.safetensors");
 ABSL_FLAG(std::vector<std::string>, decode_workers, {},
           "comma-separated gRPC addresses of decode workers (role decode or both)");
 ABSL_FLAG(std::vector<std::string>, prefill_workers, {},

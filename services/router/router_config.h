@@ -45,7 +45,7 @@ struct RouterConfig {
   // router tokenizes with it and checks that every worker reports its fingerprint.
   std::string model;
   std::string tokenizer;
-  // Model id in ListModels and GenerateRequest.model; empty = the model path's base name.
+  // Model id in ListModels and GenerateRequest.model; empty = DefaultModelId(model).
   std::string model_id;
   // gRPC addresses of decode-capable workers (role decode or both) and of prefill workers.
   std::vector<std::string> decode_workers;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/testing/net.h"
@@ -50,6 +52,38 @@ std::string ReadFile(const std::string& path) {
 }
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// The shell commands of the OpenAI examples in a Markdown file: every `curl` line of its ```sh
+// blocks that calls the HTTP API (continuation lines joined), each preceded by the variable
+// assignments its block made before it (BASE=...).
+std::vector<std::string> DocCurlExamples(const std::string& markdown) {
+  std::vector<std::string> out;
+  std::istringstream in(markdown);
+  std::string line, command, assignments;
+  bool in_sh = false;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "```")) {
+      in_sh = !in_sh && (line == "```sh" || line == "```bash");
+      assignments.clear();
+      continue;
+    }
+    if (!in_sh) continue;
+    command += line;
+    if (absl::EndsWith(command, "\\")) {
+      command.pop_back();
+      continue;
+    }
+    std::string whole = std::string(absl::StripAsciiWhitespace(command));
+    command.clear();
+    if (absl::StartsWith(whole, "BASE=")) {
+      absl::StrAppend(&assignments, whole.substr(0, whole.find(' ')), "; ");
+    } else if (absl::StartsWith(whole, "curl ") &&
+               (absl::StrContains(whole, "/v1") || absl::StrContains(whole, "$BASE"))) {
+      out.push_back(assignments + whole);
+    }
+  }
+  return out;
+}
 
 struct CommandResult {
   ExitInfo exit;
@@ -273,6 +307,37 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
   }
   EXPECT_THAT(names,
               ::testing::UnorderedElementsAre("redis", "tierd", "prefill-0", "decode-0", "router"));
+
+  // The README's and docs/openai.md's OpenAI examples, run as printed (the address aside)
+  // against this default cluster: every one is answered without an error, and every model id
+  // the docs' client examples name is the one served.
+  const std::string openai(absl::StripAsciiWhitespace(ReadFile(ready_file + ".openai")));
+  ASSERT_THAT(openai, StartsWith("http://127.0.0.1:")) << ReadFile(run_dir_ + "/cluster.txt");
+  int examples = 0;
+  for (const char* doc : {"README.md", "docs/openai.md"}) {
+    const std::string text = ReadFile(absl::StrCat(PD_SOURCE_DIR, "/", doc));
+    std::vector<std::string> commands = DocCurlExamples(text);
+    EXPECT_GE(commands.size(), absl::string_view(doc) == "README.md" ? 1u : 4u) << doc;
+    for (std::string& cmd : commands) {
+      for (const char* printed : {"http://127.0.0.1:PORT/v1", "http://127.0.0.1:8000/v1"}) {
+        cmd = absl::StrReplaceAll(cmd, {{printed, openai}});
+      }
+      CommandResult r = RunCommand(Dir(), absl::StrCat("example-", ++examples),
+                                   {"/bin/bash", "-c", cmd + " --max-time 20 --fail-with-body"});
+      EXPECT_TRUE(r.exit.Success()) << doc << ": " << cmd << "\n" << r.out << r.err;
+      EXPECT_FALSE(r.out.empty()) << doc << ": " << cmd;
+      EXPECT_THAT(r.out, ::testing::Not(HasSubstr("\"error\""))) << doc << ": " << cmd;
+      if (absl::StrContains(cmd, "\"stream\": true")) {
+        EXPECT_THAT(r.out, HasSubstr("data: [DONE]")) << doc << ": " << cmd;
+      }
+    }
+    // Python and Node examples cannot run here (no PyPI); their model ids must still be right.
+    const std::regex model_re(R"re(model"?\s*[:=]\s*["']([^"']+)["'])re");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), model_re);
+         it != std::sregex_iterator(); ++it) {
+      EXPECT_EQ((*it)[1].str(), "stories260K") << doc << ": " << (*it)[0].str();
+    }
+  }
 
   ASSERT_TRUE(cluster->Signal(SIGINT).ok());
   absl::StatusOr<ExitInfo> exit = cluster->Wait(absl::Seconds(30));

@@ -125,7 +125,7 @@ TEST_F(OpenAiE2eTest, GreedyTextEqualsTheEngineAndGrpc) {
   ASSERT_TRUE(grpc_out.status.ok()) << grpc_out.status.error_message();
   ASSERT_EQ(grpc_out.text, expected);
 
-  const json req = {{"model", "stories260K.bin"},
+  const json req = {{"model", "stories260K"},
                     {"prompt", kPrompt},
                     {"max_tokens", kMaxTokens},
                     {"temperature", 0}};
@@ -189,7 +189,7 @@ TEST_F(OpenAiE2eTest, LogprobsEqualTheEngine) {
   const auto [tokens, text] = ref.Greedy(kPrompt, kMaxTokens, &expected, kTop);
   ASSERT_EQ(expected.size(), tokens.size());
 
-  const json req = {{"model", "stories260K.bin"},
+  const json req = {{"model", "stories260K"},
                     {"prompt", kPrompt},
                     {"max_tokens", kMaxTokens},
                     {"temperature", 0},
@@ -226,7 +226,7 @@ TEST_F(OpenAiE2eTest, LogprobsEqualTheEngine) {
 
   // Chat, streamed: one entry per generated token, each naming its token's bytes; under
   // greedy decoding the sampled token is the most likely one.
-  const json chat = {{"model", "stories260K.bin"},
+  const json chat = {{"model", "stories260K"},
                      {"messages", {{{"role", "user"}, {"content", kPrompt}}}},
                      {"max_tokens", kMaxTokens},
                      {"temperature", 0},
@@ -267,7 +267,7 @@ TEST_F(OpenAiE2eTest, BadRequestsGetTheirStatusAndErrorObject) {
     int status;
     std::string param;  // "" = null
   };
-  const std::string ok_prompt = R"("model":"stories260K.bin","prompt":"Hi")";
+  const std::string ok_prompt = R"("model":"stories260K","prompt":"Hi")";
   const std::vector<Case> cases = {
       {"malformed json", "/v1/completions", "{\"model\": ", kKey, 400, ""},
       {"not an object", "/v1/completions", "[1,2]", kKey, 400, ""},
@@ -276,15 +276,15 @@ TEST_F(OpenAiE2eTest, BadRequestsGetTheirStatusAndErrorObject) {
       {"huge max_tokens", "/v1/completions", "{" + ok_prompt + ",\"max_tokens\":99999999}", kKey,
        400, "max_tokens"},
       {"invalid utf-8", "/v1/completions",
-       std::string("{\"model\":\"stories260K.bin\",\"prompt\":\"\xc3\x28\"}"), kKey, 400, ""},
+       std::string("{\"model\":\"stories260K\",\"prompt\":\"\xc3\x28\"}"), kKey, 400, ""},
       {"unknown field", "/v1/completions", "{" + ok_prompt + ",\"foo\":1}", kKey, 400, "foo"},
       {"n > 1", "/v1/chat/completions",
-       R"({"model":"stories260K.bin","messages":[{"role":"user","content":"x"}],"n":3})", kKey, 400,
+       R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"n":3})", kKey, 400,
        "n"},
       {"prompt past the context", "/v1/completions",
-       R"({"model":"stories260K.bin","prompt":")" + std::string(6000, 'a') + "\"}", kKey, 400, ""},
+       R"({"model":"stories260K","prompt":")" + std::string(6000, 'a') + "\"}", kKey, 400, ""},
       {"oversized body", "/v1/completions",
-       R"({"model":"stories260K.bin","prompt":")" + std::string(70000, 'a') + "\"}", kKey, 413, ""},
+       R"({"model":"stories260K","prompt":")" + std::string(70000, 'a') + "\"}", kKey, 413, ""},
       {"no key", "/v1/completions", "{" + ok_prompt + "}", "", 401, ""},
       {"wrong key", "/v1/completions", "{" + ok_prompt + "}", "sk-wrong-wrong-wrong-wrong", 401,
        ""},
@@ -387,7 +387,7 @@ TEST_F(OpenAiE2eTest, PipelinedAndTrickledRequestsAreAnswered) {
   std::string rest;
   const std::string first = ReadResponse(fd, &rest);
   EXPECT_TRUE(absl::StartsWith(first, "HTTP/1.1 200")) << first;
-  EXPECT_THAT(first, HasSubstr("stories260K.bin"));
+  EXPECT_THAT(first, HasSubstr("stories260K"));
   const std::string second = ReadResponse(fd, &rest);
   EXPECT_TRUE(absl::StartsWith(second, "HTTP/1.1 200")) << second;
   const std::string third = ReadResponse(fd, &rest);
@@ -401,7 +401,7 @@ TEST_F(OpenAiE2eTest, PipelinedAndTrickledRequestsAreAnswered) {
   }
   const std::string trickled = ReadResponse(fd, &rest);
   EXPECT_TRUE(absl::StartsWith(trickled, "HTTP/1.1 200")) << trickled;
-  EXPECT_THAT(trickled, HasSubstr("stories260K.bin"));
+  EXPECT_THAT(trickled, HasSubstr("stories260K"));
 }
 
 TEST_F(OpenAiE2eTest, OfficialNodeSdk) {
@@ -414,7 +414,7 @@ TEST_F(OpenAiE2eTest, OfficialNodeSdk) {
   const std::string expected = ref.Greedy(kPrompt, kMaxTokens).second;
   absl::StatusOr<Subprocess> node = Subprocess::Spawn(
       {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", http_port_, "/v1"),
-       absl::StrCat("PD_OPENAI_KEY=", kKey), "PD_OPENAI_MODEL=stories260K.bin",
+       absl::StrCat("PD_OPENAI_KEY=", kKey), "PD_OPENAI_MODEL=stories260K",
        absl::StrCat("PD_PROMPT=", kPrompt), absl::StrCat("PD_MAX_TOKENS=", kMaxTokens),
        "PD_EXPECTED=" + expected, "node", dir + "/sdk_check.mjs"},
       Path("node.log"));

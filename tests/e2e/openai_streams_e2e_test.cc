@@ -51,7 +51,7 @@ TEST(OpenAiStreamsE2eTest, ThousandConcurrentStreamsFinishAndResourcesReturn) {
 
   absl::StatusOr<Subprocess> node = Subprocess::Spawn(
       {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", http_port, "/v1"),
-       "PD_OPENAI_MODEL=stories260K.bin", absl::StrCat("PD_STREAMS=", kStreams), "PD_MAX_TOKENS=8",
+       "PD_OPENAI_MODEL=stories260K", absl::StrCat("PD_STREAMS=", kStreams), "PD_MAX_TOKENS=8",
        "PD_TIMEOUT_MS=150000", "node", dir + "/many_streams.mjs"},
       tmp->path() + "/node.log");
   ASSERT_TRUE(node.ok()) << node.status();

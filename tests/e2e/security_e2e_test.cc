@@ -527,7 +527,7 @@ std::unique_ptr<httplib::SSLClient> HttpsClient(const SecureCluster& cluster) {
 
 TEST_F(SecurityE2eTest, HttpApiIsHttpsWithKeysAndIdleTlsConnectionsCostNoCpu) {
   const std::string body =
-      R"({"model":"stories260K.bin","prompt":"Once upon a time","max_tokens":4,)"
+      R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":4,)"
       R"("temperature":0,"ignore_eos":true)";
   const httplib::Headers key_a = {{"Authorization", absl::StrCat("Bearer ", kKeyA)}};
   // One keep-alive connection: a completion, a stream, a refused key, and /health again.
