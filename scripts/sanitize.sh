@@ -2,7 +2,8 @@
 # Builds and runs a chosen set of tests once more under sanitizers (issue #10 item 2):
 #   address  -fsanitize=address,undefined: the unit and integration tests of the layers that own
 #            memory and parsing: common, the KV cache and scheduler, tierd's storage and Redis
-#            index, the transport, the router's index and scorer, the KV events
+#            index, the transport, the router's index and scorer, the KV events, the OpenAI
+#            request parser (its unit catalogue and its fuzz corpus, nesting 100,000 deep)
 #   thread   -fsanitize=thread: the concurrency-heavy ones (router index, scheduler + engine
 #            loop, transport, Redis client, thread pool, tierd's DRAM pool). NOT run by default:
 #            Debian 12's Abseil is a shared library built without TSan, so absl::Mutex (which
@@ -24,6 +25,7 @@ PD_ASAN_TESTS=(
   services_tierd_redis_index_test services_tierd_redis_index_integration_test
   services_router_index_test services_router_scorer_test
   services_kv_events_test
+  services_router_openai_protocol_test fuzz_openai_request_fuzzer_corpus_test
   transport_test transport_conformance_test transport_two_process_test transport_ucx_test
 )
 PD_TSAN_TESTS=(

@@ -176,6 +176,19 @@ class Reference {
   uint64_t next_ = 1;
 };
 
+// The model a Cluster serves: a llama2.c checkpoint with its tokenizer (stories260K, the default)
+// or a Hugging Face directory (tokenizer empty), e.g. one pd-make-model wrote.
+struct ModelFiles {
+  std::string model = kModel;
+  std::string tokenizer = kTokenizer;
+
+  std::vector<std::string> Flags() const {
+    std::vector<std::string> flags = {"--model=" + model};
+    if (!tokenizer.empty()) flags.push_back("--tokenizer=" + tokenizer);
+    return flags;
+  }
+};
+
 class Cluster {
  public:
   // `prefill` prefill workers and `decode` decode workers, all on loopback.
@@ -185,8 +198,10 @@ class Cluster {
   Cluster(const std::string& dir, int prefill, int decode, std::string policy = "round_robin",
           std::vector<std::string> worker_flags = {}, std::vector<std::string> router_flags = {},
           std::function<std::vector<std::string>(const std::string&)> worker_env = nullptr,
-          std::function<std::vector<std::string>(const std::string&)> worker_extra = nullptr)
+          std::function<std::vector<std::string>(const std::string&)> worker_extra = nullptr,
+          ModelFiles model = {})
       : dir_(dir),
+        model_(std::move(model)),
         worker_flags_(std::move(worker_flags)),
         worker_env_(std::move(worker_env)),
         worker_extra_(std::move(worker_extra)) {
@@ -206,12 +221,11 @@ class Cluster {
               "--drain_timeout=10s",
               absl::StrCat("--grpc_address=127.0.0.1:", port),
               absl::StrCat("--metrics_address=127.0.0.1:", mport),
-              absl::StrCat("--model=", kModel),
-              absl::StrCat("--tokenizer=", kTokenizer),
               absl::StrCat("--decode_workers=", absl::StrJoin(d_addrs, ",")),
               absl::StrCat("--prefill_workers=", absl::StrJoin(p_addrs, ",")),
               absl::StrCat("--policy=", policy),
               "--health_interval=200ms"};
+          for (std::string& f : model_.Flags()) args.push_back(std::move(f));
           args.insert(args.end(), router_flags.begin(), router_flags.end());
           return args;
         },
@@ -321,14 +335,13 @@ class Cluster {
           }
           std::vector<std::string> worker = {kWorker,
                                              "--role=" + role,
-                                             absl::StrCat("--model=", kModel),
-                                             absl::StrCat("--tokenizer=", kTokenizer),
                                              absl::StrCat("--grpc_address=127.0.0.1:", port),
                                              absl::StrCat("--metrics_address=127.0.0.1:", mport),
                                              "--worker_id=" + id,
                                              "--kv_blocks=256",
                                              "--threads=1",
                                              "--drain_timeout=2s"};
+          for (std::string& f : model_.Flags()) worker.push_back(std::move(f));
           args.insert(args.end(), worker.begin(), worker.end());
           args.insert(args.end(), worker_flags_.begin(), worker_flags_.end());
           if (worker_extra_) {
@@ -349,6 +362,7 @@ class Cluster {
   }
 
   std::string dir_;
+  ModelFiles model_;
   std::vector<std::string> worker_flags_;
   std::function<std::vector<std::string>(const std::string&)> worker_env_;
   std::function<std::vector<std::string>(const std::string&)> worker_extra_;

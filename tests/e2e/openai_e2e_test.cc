@@ -226,14 +226,11 @@ TEST_F(OpenAiE2eTest, LogprobsEqualTheEngine) {
 
   // Chat, streamed: one entry per generated token, each naming its token's bytes; under
   // greedy decoding the sampled token is the most likely one.
-  const json chat = {{"model", "stories260K"},
-                     {"messages", {{{"role", "user"}, {"content", kPrompt}}}},
-                     {"max_tokens", kMaxTokens},
-                     {"temperature", 0},
-                     {"logprobs", true},
-                     {"top_logprobs", 2},
-                     {"stream", true},
-                     {"stream_options", {{"include_usage", true}}}};
+  const json chat = {
+      {"model", "stories260K"},   {"messages", {{{"role", "user"}, {"content", kPrompt}}}},
+      {"max_tokens", kMaxTokens}, {"temperature", 0},
+      {"logprobs", true},         {"top_logprobs", 2},
+      {"stream", true},           {"stream_options", {{"include_usage", true}}}};
   res = Post("/v1/chat/completions", chat.dump());
   ASSERT_TRUE(res && res->status == 200) << (res ? res->body : cluster_->Logs());
   std::string content, from_bytes;
@@ -314,6 +311,124 @@ TEST_F(OpenAiE2eTest, BadRequestsGetTheirStatusAndErrorObject) {
   httplib::Result health = http.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+// Request metrics are labelled by route pattern: clients asking for random model ids or paths
+// (with a key or without, a NUL included) add no label series, and /metrics stays small.
+TEST_F(OpenAiE2eTest, ClientChosenPathsDoNotGrowTheMetrics) {
+  httplib::Client http("127.0.0.1", http_port_);
+  httplib::Headers auth = {{"Authorization", absl::StrCat("Bearer ", kKey)}};
+  const size_t before = cluster_->RouterMetrics().size();
+  for (int i = 0; i < 50; ++i) {
+    httplib::Result res = http.Get(absl::StrCat("/v1/models/random-", i, "%00x").c_str(), auth);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 404);
+    res = http.Get(absl::StrCat("/v1/models/nokey-", i).c_str());
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401);
+    res = http.Get(absl::StrCat("/v1/no-such-path-", i).c_str());
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 404);
+  }
+  const std::string m = cluster_->RouterMetrics();
+  EXPECT_THAT(m, ::testing::Not(HasSubstr("random-")));
+  EXPECT_THAT(m, ::testing::Not(HasSubstr("nokey-")));
+  EXPECT_THAT(m, ::testing::Not(HasSubstr("no-such-path")));
+  EXPECT_EQ(Metric(m, R"(pd_router_http_requests_total{path="/v1/models/{id}",status="404"})"), 50);
+  EXPECT_EQ(Metric(m, R"(pd_router_http_requests_total{path="/v1/models/{id}",status="401"})"), 50);
+  EXPECT_EQ(Metric(m, R"(pd_router_http_requests_total{path="other",status="404"})"), 50);
+  EXPECT_LT(m.size(), before + 2048) << m;
+}
+
+// Hostile bodies, as a careless or malicious client sends them: nesting from 10^2 levels up to
+// what the body limit allows in every field (one request of 100,000 nested prompt arrays used to
+// crash the router), huge numbers, NaN/Infinity literals, invalid UTF-8 in keys and values,
+// truncated bodies and bodies at and over --http_max_body_bytes. Each gets its 400/413 naming
+// the problem; the router answers /health after every one and serves a normal request at the end.
+TEST_F(OpenAiE2eTest, HostileBodiesAreRefusedAndTheRouterKeepsServing) {
+  struct Case {
+    std::string name, body;
+    int status;
+    std::string param;  // "" = none named
+  };
+  const std::string head = R"({"model":"stories260K",)";
+  auto nest = [](size_t levels, const std::string& inner) {
+    return std::string(levels, '[') + inner + std::string(levels, ']');
+  };
+  auto nest_objects = [](size_t levels) {
+    std::string s;
+    for (size_t i = 0; i < levels; ++i) s += R"({"a":)";
+    return s + "1" + std::string(levels, '}');
+  };
+  std::vector<Case> cases;
+  for (size_t levels : {100u, 1000u, 30000u}) {
+    const std::string n = absl::StrCat(levels);
+    cases.push_back(
+        {"prompt " + n, head + R"("prompt":)" + nest(levels, "5") + "}", 400, "prompt"});
+    for (const char* field : {"metadata", "stop", "stop_token_ids", "logit_bias", "tools",
+                              "response_format", "stream_options", "seed"}) {
+      cases.push_back({std::string(field) + " " + n,
+                       head + R"("prompt":"Hi",")" + field + "\":" + nest(levels, "1") + "}", 400,
+                       field});
+    }
+    cases.push_back(
+        {"objects " + n,
+         head + R"("prompt":"Hi","metadata":)" + nest_objects(std::min<size_t>(levels, 5000)) + "}",
+         400, "metadata"});
+    cases.push_back({"messages " + n,
+                     R"({"model":"stories260K","messages":[{"role":"user","content":)" +
+                         nest(levels, R"({"type":"text","text":"x"})") + "}]}",
+                     400, "messages"});
+  }
+  const std::vector<Case> more = {
+      {"prompt [[[5]]]", head + R"("prompt":[[[5]]]})", 400, "prompt[0][0]"},
+      {"nested metadata", head + R"("prompt":"Hi","metadata":{"k":[["v"]]}})", 400, "metadata.k"},
+      {"huge number", head + R"("prompt":"Hi","temperature":1e400})", 400, ""},
+      {"huge integer", head + R"("prompt":"Hi","max_tokens":)" + std::string(400, '9') + "}", 400,
+       ""},
+      {"NaN literal", head + R"("prompt":"Hi","temperature":NaN})", 400, ""},
+      {"Infinity literal", head + R"("prompt":"Hi","top_p":Infinity})", 400, ""},
+      {"invalid utf-8 key", head + "\"prompt\":\"Hi\",\"\xff\xfe\":1}", 400, ""},
+      {"invalid utf-8 value", head + "\"prompt\":\"\xc3\x28\xed\xa0\x80\"}", 400, ""},
+      {"truncated", head + R"("prompt":"Hi","max_tokens":)", 400, ""},
+      {"truncated deep", head + R"("prompt":)" + std::string(5000, '['), 400, "prompt"},
+      {"over the body limit", head + R"("prompt":")" + std::string(65536, 'a') + "\"}", 413, ""},
+  };
+  cases.insert(cases.end(), more.begin(), more.end());
+  httplib::Client health_client("127.0.0.1", http_port_);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ASSERT_LE(c.body.size(), 65536u + 100) << "case larger than intended";
+    httplib::Result res = Post("/v1/completions", c.body);
+    ASSERT_TRUE(res) << "no response; router log:\n" << cluster_->Logs();
+    EXPECT_EQ(res->status, c.status) << res->body.substr(0, 300);
+    const json body = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(body.is_object() && body.contains("error")) << res->body.substr(0, 300);
+    if (!c.param.empty()) {
+      EXPECT_EQ(body["error"]["param"], c.param) << res->body;
+    }
+    httplib::Result health = health_client.Get("/health");
+    ASSERT_TRUE(health) << "router down after " << c.name << ":\n" << cluster_->Logs();
+    ASSERT_EQ(health->status, 200);
+  }
+  // A body of exactly --http_max_body_bytes is read and answered (the prompt is far past the
+  // context: 400 from validation, not 413).
+  std::string at_limit = head + R"("prompt":")";
+  at_limit += std::string(65536 - at_limit.size() - 2, 'a') + "\"}";
+  ASSERT_EQ(at_limit.size(), 65536u);
+  httplib::Result res = Post("/v1/completions", at_limit);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body.substr(0, 300);
+  // Duplicate keys: the last one wins (as in Python's json and OpenAI's servers).
+  res = Post("/v1/completions",
+             head + R"("prompt":"Hi","max_tokens":1,"max_tokens":3,"temperature":0})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 3);
+  // A normal request is served after all that.
+  res = Post("/v1/completions", head + R"("prompt":"Once upon a time","max_tokens":4})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
 }
 
 // A connection waiting for its first request, or for its next one after a response, sleeps in

@@ -378,6 +378,28 @@ def trace_seeds():
     }
 
 
+# ---- OpenAI request bodies (services/router/openai) ---------------------------------------
+def openai_request_seeds():
+    """Raw bodies (first byte < 0x80) and structure-aware descriptions (first byte >= 0x80:
+    shape, field, levels (2 bytes, x4), leaf; see openai_request_fuzzer.cc)."""
+    raw = lambda chat, body: bytes([1 if chat else 0]) + body
+    seeds = {
+        "completion": raw(False, b'{"model":"m","prompt":"Once upon a time","max_tokens":8}'),
+        "token_ids": raw(False, b'{"model":"m","prompt":[[1,2,3]],"stream":true}'),
+        "chat": raw(True, b'{"model":"m","messages":[{"role":"user","content":[{"type":"text",'
+                          b'"text":"hi"}]}],"metadata":{"k":"v"}}'),
+        "nested_prompt_3": raw(False, b'{"model":"m","prompt":[[[5]]]}'),
+    }
+    # mode (>= 0x80; bit 6: tiny limits), shape (bit 0 chat, 1 objects, 2 truncated), field
+    # index, levels / 4 (2 bytes), leaf index. First: 100,001 levels of prompt arrays (the crash).
+    for name, mode, shape, field, quarter, leaf in [
+            ("prompt_100000", 0x80, 0, 0, 25000, 0), ("metadata_objects", 0x80, 2, 2, 75, 1),
+            ("chat_content_deep", 0x80, 1, 11, 250, 8), ("tools_truncated", 0x80, 4, 6, 1250, 4),
+            ("stop_shallow", 0x80, 0, 3, 0, 1), ("tiny_limits", 0xC0, 0, 0, 1, 0)]:
+        seeds[name] = bytes([mode, shape, field, quarter >> 8, quarter & 0xFF, leaf])
+    return seeds
+
+
 # ---- jinja (engine/chat) ------------------------------------------------------------------
 def jinja_seeds():
     """Every differential-test template, plus a few edge cases."""
@@ -405,6 +427,7 @@ def main():
     write_seeds("kv_index_fuzzer", kv_index_seeds())
     write_seeds("trace_fuzzer", trace_seeds())
     write_seeds("jinja_fuzzer", jinja_seeds())
+    write_seeds("openai_request_fuzzer", openai_request_seeds())
     return 0
 
 

@@ -137,13 +137,31 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   // httplib's meaning: writable within the write timeout, and the peer has not closed (a
-  // streaming client that went away is noticed before the next chunk is generated).
+  // streaming client that went away is noticed before the next chunk is generated). Stop's
+  // wake-up ends the wait too: a client that stops reading does not hold up shutdown.
   bool is_writable() const override {
-    if (!WaitFor(sock_, POLLOUT, -1, write_timeout_)) return false;
+    return WaitFor(sock_, POLLOUT, wake_fd_, write_timeout_) && !PeerClosed();
+  }
+
+  // True when the peer has closed the connection (or it failed): nothing more will be read
+  // from it. Does not wait. Bytes the peer sent (a pipelined request) mean it is still there.
+  bool PeerClosed() const {
+    if (Pending()) return false;
     pollfd fd = {sock_, POLLIN, 0};
-    if (::poll(&fd, 1, 0) <= 0) return true;
+    if (::poll(&fd, 1, 0) <= 0) return false;
+    if ((fd.revents & (POLLERR | POLLNVAL)) != 0) return true;
+    if (ssl_ != nullptr) {
+      // A TLS peer's close_notify is a record: only OpenSSL can tell it from data.
+      char byte;
+      ERR_clear_error();
+      const int n = SSL_peek(ssl_, &byte, 1);
+      if (n > 0) return false;
+      const int err = SSL_get_error(ssl_, n);
+      return err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE;
+    }
     char byte;
-    return ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+    const ssize_t n = ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
   }
 
   ssize_t read(char* ptr, size_t size) override {
@@ -207,7 +225,7 @@ class ConnectionStream final : public httplib::Stream {
       case SSL_ERROR_WANT_READ:
         return WaitFor(sock_, POLLIN, wake_fd_, read_timeout_);
       case SSL_ERROR_WANT_WRITE:
-        return WaitFor(sock_, POLLOUT, -1, write_timeout_);
+        return WaitFor(sock_, POLLOUT, wake_fd_, write_timeout_);
       default:  // SSL_ERROR_ZERO_RETURN (close_notify), a syscall or protocol error
         return false;
     }
@@ -244,6 +262,12 @@ class ConnectionStream final : public httplib::Stream {
   size_t filled_ = 0;    // bytes of buffer_ read from the socket
 };
 
+// The connection whose request this thread's handler serves (see CurrentClientGone).
+thread_local const ConnectionStream* current_connection = nullptr;
+// Set by a handler that answered without reading the request's body: the connection closes
+// after the response (the unread body must not be parsed as the next request).
+thread_local bool close_after_response = false;
+
 // Serves one accepted connection: waits up to `idle` for each request (the first included) and
 // hands it to httplib's parser, routing and writers; closes after keep_alive_max_count requests,
 // the idle timeout, an error, Stop (`stop` returns true) or a "Connection: close".
@@ -251,11 +275,14 @@ template <typename ProcessRequest>
 bool ServeConnection(ConnectionStream& strm, absl::Duration idle, size_t max_requests,
                      const std::function<bool()>& stop, ProcessRequest process_request) {
   bool ok = false;
+  current_connection = &strm;
   for (size_t left = max_requests; left > 0 && !stop() && strm.WaitForRequest(idle); --left) {
     bool closed = false;
+    close_after_response = false;
     ok = process_request(/*close_connection=*/left == 1, closed);
-    if (!ok || closed) break;
+    if (!ok || closed || close_after_response) break;
   }
+  current_connection = nullptr;
   return ok;
 }
 
@@ -342,6 +369,17 @@ class TlsServer final : public httplib::SSLServer {
   const int wake_fd_;
 };
 
+// True when the client of the request this thread's handler serves has closed its connection.
+bool CurrentClientGone() {
+  return current_connection != nullptr && current_connection->PeerClosed();
+}
+
+// The response being written ends the connection (its request's body was not read).
+void CloseConnectionAfterResponse(httplib::Response& res) {
+  close_after_response = true;
+  res.set_header("Connection", "close");
+}
+
 }  // namespace
 
 using json = nlohmann::json;
@@ -416,41 +454,61 @@ class LiveStreams {
 };
 
 // One generation request of the HTTP front: the sink, the router stream and the response being
-// built. Destroyed on the connection thread; a stream that has not ended is cancelled and
-// waited for first (RouterStream may be destroyed only after its end).
+// built. Every message taken from the sink is acknowledged (Ack) exactly once, whatever it
+// renders to: RouterStream relays in lockstep, and a message left unacknowledged would keep the
+// stream, its slot and the connection thread forever. Destroyed on the connection thread; a
+// stream that has not ended is cancelled and waited for first (RouterStream may be destroyed
+// only after its end).
 struct HttpStream {
   explicit HttpStream(LiveStreams* live) : live(live) {}
   ~HttpStream() {
     if (stream == nullptr) return;
     live->Remove(this);
+    Ack(false);  // a message taken but never written (the client went away first)
     if (!ended) {
       stream->Cancel();
-      for (;;) {
-        v1::GenerateResponse msg;
-        absl::Status end;
-        const BlockingSink::Next n = sink.Wait(absl::InfiniteDuration(), &msg, &end);
-        if (n == BlockingSink::Next::kEnd) break;
-        if (n == BlockingSink::Next::kMessage) stream->OnSent(false);
+      v1::GenerateResponse msg;
+      while (Next(absl::InfiniteDuration(), &msg) != BlockingSink::Next::kEnd) {
+        Ack(false);
       }
     }
     stream.reset();
   }
 
-  // The next message, or the end (ended/end_status set). Waits at most `timeout`.
+  // The next message (to be acknowledged with Ack), or the end (ended/end_status set). Waits at
+  // most `timeout`. Call only with no message unacknowledged.
   BlockingSink::Next Next(absl::Duration timeout, v1::GenerateResponse* msg) {
     absl::Status end;
     const BlockingSink::Next n = sink.Wait(timeout, msg, &end);
     if (n == BlockingSink::Next::kEnd) {
       ended = true;
       end_status = end;
+    } else if (n == BlockingSink::Next::kMessage) {
+      unacked = true;
     }
     return n;
   }
 
+  // The message Next returned was written (`ok`) or not (false: the client is gone, the
+  // generation is cancelled). No-op when none is outstanding.
+  void Ack(bool ok) {
+    if (!unacked) return;
+    unacked = false;
+    stream->OnSent(ok);
+  }
+
+  // Next, waiting as long as it takes, but cancelling the generation once the client has hung up
+  // (checked every kClientCheck): a client that leaves before the first token, or during a
+  // non-streamed generation, frees its worker and slot within that bound.
+  BlockingSink::Next NextWhileClientThere(v1::GenerateResponse* msg);
+
   LiveStreams* const live;
   BlockingSink sink;
   std::unique_ptr<RouterStream> stream;
-  std::optional<ResponseBuilder> builder;  // once the first message came
+  std::optional<ResponseBuilder> builder;   // once the first message came
+  std::optional<std::string> first_events;  // streams: the first message's SSE, until written
+  bool unacked = false;
+  bool cancelled = false;  // the client hung up
   bool ended = false;
   absl::Status end_status;
 };
@@ -462,9 +520,12 @@ void LiveStreams::CancelAll() {
 
 namespace {
 
-// How often an idle stream writes an SSE comment: a client that went away is noticed (the write
-// fails) and its generation cancelled even before the first token.
+// How often an idle stream writes an SSE comment: a client that stops reading is noticed (the
+// write fails) and its generation cancelled.
 constexpr absl::Duration kStreamPing = absl::Seconds(5);
+// How often a request waiting for its first message (or a non-streamed one for its end) checks
+// whether its client has hung up.
+constexpr absl::Duration kClientCheck = absl::Seconds(1);
 constexpr int kListenBacklog = 4096;
 
 void SetError(httplib::Response& res, const ApiError& e) {
@@ -479,6 +540,16 @@ std::string Header(const httplib::Request& req, const char* name) {
   return req.has_header(name) ? req.get_header_value(name) : std::string();
 }
 
+// The `path` label of pd_router_http_requests_total: the route's pattern, or "other".
+absl::string_view RouteLabel(const httplib::Request& req) {
+  if (absl::StartsWith(req.path, "/v1/models/")) return "/v1/models/{id}";
+  for (absl::string_view route :
+       {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions"}) {
+    if (req.path == route) return route;
+  }
+  return "other";
+}
+
 CallerAuth Caller(const httplib::Request& req) {
   CallerAuth caller;
   if (req.has_header("Authorization")) {
@@ -488,6 +559,18 @@ CallerAuth Caller(const httplib::Request& req) {
 }
 
 }  // namespace
+
+BlockingSink::Next HttpStream::NextWhileClientThere(v1::GenerateResponse* msg) {
+  for (;;) {
+    const BlockingSink::Next n = Next(kClientCheck, msg);
+    if (n != BlockingSink::Next::kTimeout) return n;
+    if (!cancelled && CurrentClientGone()) {
+      cancelled = true;
+      VLOG(1) << "http: client hung up; cancelling its generation";
+      stream->Cancel();
+    }
+  }
+}
 
 namespace {
 
@@ -695,6 +778,16 @@ void HttpFront::Reply(httplib::Response& res, const absl::Status& status) {
 
 void HttpFront::Route() {
   httplib::Server& s = *server_;
+  // With API keys, a request without a valid one is refused before its body is read or parsed:
+  // an unauthenticated client costs the router its headers only.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method != "POST") return httplib::Server::HandlerResponse::Unhandled;
+    absl::StatusOr<std::string> tenant = service_->Authenticate(Caller(req), nullptr);
+    if (tenant.ok()) return httplib::Server::HandlerResponse::Unhandled;
+    Reply(res, tenant.status());
+    CloseConnectionAfterResponse(res);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     absl::Status ok = Admit();
     if (ok.ok() && !service_->ServesModel()) {
@@ -736,10 +829,10 @@ void HttpFront::Route() {
         res.set_content(ErrorBody(e), "application/json");
         return httplib::Server::HandlerResponse::Handled;
       }));
+  // Labelled by route pattern, never by the raw path: a client choosing paths (or model ids)
+  // must not grow the label set. The status is one httplib or a handler set.
   s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    metrics_.requests
-        ->WithLabels(
-            {req.matches.empty() ? std::string("other") : req.path, absl::StrCat(res.status)})
+    metrics_.requests->WithLabels({std::string(RouteLabel(req)), absl::StrCat(res.status)})
         .Increment();
   });
 }
@@ -852,11 +945,13 @@ void HttpFront::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   st->stream->Start();
   // The first message (or an early end) decides the HTTP status.
   v1::GenerateResponse first;
-  while (st->Next(absl::InfiniteDuration(), &first) == BlockingSink::Next::kTimeout) {
-  }
-  if (st->ended) {
-    Reply(res, st->end_status.ok() ? absl::InternalError("the stream ended before any output")
-                                   : st->end_status);
+  st->NextWhileClientThere(&first);
+  if (st->ended || st->cancelled) {
+    // Ended before any output, or the client is gone (nobody reads this answer; the
+    // destructor acknowledges the message and waits for the cancelled stream's end).
+    Reply(res, !st->end_status.ok() ? st->end_status
+               : st->ended          ? absl::InternalError("the stream ended before any output")
+                                    : absl::CancelledError("the client closed the connection"));
     return;
   }
   const std::string id =
@@ -872,12 +967,12 @@ void HttpFront::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
                       std::move(echo), std::move(token_bytes));
   if (!r.stream) {
     st->builder->Add(first);
-    st->stream->OnSent(true);
+    st->Ack(true);
     v1::GenerateResponse msg;
     while (!st->ended) {
-      if (st->Next(absl::InfiniteDuration(), &msg) == BlockingSink::Next::kMessage) {
+      if (st->NextWhileClientThere(&msg) == BlockingSink::Next::kMessage) {
         st->builder->Add(msg);
-        st->stream->OnSent(true);
+        st->Ack(!st->cancelled);
       }
     }
     if (!st->end_status.ok()) {
@@ -889,13 +984,16 @@ void HttpFront::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  auto pending = std::make_shared<std::string>(st->builder->StreamEvents(first));
+  // The first message stays unacknowledged until its events are written (they may be empty:
+  // its token's text can be held back, e.g. the first byte of a multi-byte character).
+  st->first_events = st->builder->StreamEvents(first);
   res.set_chunked_content_provider(
-      "text/event-stream", [st, pending](size_t /*offset*/, httplib::DataSink& sink) {
-        if (!pending->empty()) {  // the first message, acknowledged once written
-          const bool ok = sink.write(pending->data(), pending->size());
-          pending->clear();
-          st->stream->OnSent(ok);
+      "text/event-stream", [st](size_t /*offset*/, httplib::DataSink& sink) {
+        if (st->first_events.has_value()) {
+          const std::string events = *std::move(st->first_events);
+          st->first_events.reset();
+          const bool ok = events.empty() || sink.write(events.data(), events.size());
+          st->Ack(ok);
           return ok;
         }
         if (st->ended) {
@@ -907,7 +1005,7 @@ void HttpFront::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
           case BlockingSink::Next::kMessage: {
             const std::string events = st->builder->StreamEvents(msg);
             const bool ok = events.empty() || sink.write(events.data(), events.size());
-            st->stream->OnSent(ok);
+            st->Ack(ok);
             return ok;
           }
           case BlockingSink::Next::kTimeout: {

@@ -1,5 +1,6 @@
 #include "services/router/openai/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -129,26 +130,50 @@ absl::StatusOr<std::vector<uint32_t>> ParseTokenIds(absl::string_view param, con
   return ids;
 }
 
-// "prompt": a string, an array of token ids, or a one-element array of either.
+// "prompt": a string, an array of token ids, or a one-element array of either. Nothing deeper:
+// the form is checked level by level, never by recursion (a request nesting arrays a hundred
+// thousand deep must cost a 400, not the router's stack).
 absl::Status ParsePrompt(const json& v, const ParseLimits& limits, OpenAiRequest* r) {
-  if (v.is_string()) {
-    r->prompt_text = v.get<std::string>();
+  const json* p = &v;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];  // [prompt]: a batch of one
+  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    return Bad("prompt", absl::StrCat("batches of prompts are not supported (", p->size(),
+                                      " given): send one prompt per request"));
+  }
+  if (p->is_string()) {
+    r->prompt_text = p->get<std::string>();
     return absl::OkStatus();
   }
-  if (!v.is_array()) {
-    return WrongType("prompt", "a string or an array of token ids", v);
+  if (!p->is_array()) {
+    return WrongType("prompt", "a string or an array of token ids", *p);
   }
-  if (v.empty()) return Bad("prompt", "must not be empty");
-  if (v[0].is_string() || v[0].is_array()) {
-    if (v.size() != 1) {
-      return Bad("prompt", absl::StrCat("batches of prompts are not supported (", v.size(),
-                                        " given): send one prompt per request"));
-    }
-    return ParsePrompt(v[0], limits, r);
-  }
+  if (p->empty()) return Bad("prompt", "must not be empty");
+  const std::string param = p == &v ? "prompt" : "prompt[0]";
   PD_ASSIGN_OR_RETURN(std::vector<uint32_t> ids,
-                      ParseTokenIds("prompt", v, limits.max_prompt_tokens));
+                      ParseTokenIds(param, *p, limits.max_prompt_tokens));
   r->prompt_ids = std::move(ids);
+  return absl::OkStatus();
+}
+
+// "metadata": as OpenAI defines it, a map of at most 16 string keys (64 characters at most) to
+// string values (512 characters at most). It has no effect on the output.
+absl::Status ParseMetadata(const json& v) {
+  constexpr size_t kMaxPairs = 16, kMaxKey = 64, kMaxValue = 512;
+  if (!v.is_object()) return WrongType("metadata", "an object of strings", v);
+  if (v.size() > kMaxPairs) {
+    return Bad("metadata", absl::StrCat("at most ", kMaxPairs, " keys, got ", v.size()));
+  }
+  for (const auto& [key, value] : v.items()) {
+    if (key.size() > kMaxKey) {
+      return Bad("metadata", absl::StrCat("keys are at most ", kMaxKey, " characters"));
+    }
+    const std::string field = absl::StrCat("metadata.", key);
+    if (!value.is_string()) return WrongType(field, "a string", value);
+    if (value.get_ref<const std::string&>().size() > kMaxValue) {
+      return Bad(field, absl::StrCat("values are at most ", kMaxValue, " characters"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -272,10 +297,10 @@ absl::Status CheckUnsupported(const std::string& key, const json& v) {
     if (v.is_string() && v.get<std::string>().empty()) return absl::OkStatus();
     return Bad(key, "is not supported by this server");
   }
-  if (key == "parallel_tool_calls" || key == "store" || key == "metadata" ||
-      key == "service_tier" || key == "user") {
-    return absl::OkStatus();  // no effect on the output
-  }
+  // No effect on the output, but checked as OpenAI types them.
+  if (key == "metadata") return ParseMetadata(v);
+  if (key == "parallel_tool_calls" || key == "store") return GetBool(key, v).status();
+  if (key == "service_tier" || key == "user") return GetString(key, v).status();
   return Bad(key, "is not supported by this server");
 }
 
@@ -322,8 +347,52 @@ absl::Status WithParam(absl::Status status, absl::string_view param) {
   return status;
 }
 
+JsonDepth JsonNestingDepth(absl::string_view text, size_t stop_at) {
+  JsonDepth out;
+  size_t depth = 0;
+  size_t string_start = 0;
+  absl::string_view last_top_string;  // the latest string at depth 1: the key being read
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, whatever it is
+      } else if (c == '"') {
+        in_string = false;
+        if (depth == 1) last_top_string = text.substr(string_start, i - string_start);
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      string_start = i + 1;
+    } else if (c == '[' || c == '{') {
+      if (++depth > out.depth) {
+        out.depth = depth;
+        if (depth > stop_at) {
+          out.field = std::string(last_top_string.substr(0, 64));
+          return out;
+        }
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view body,
                                            const ParseLimits& limits) {
+  // Bounded before anything walks the document (the parser's own stack included).
+  if (const JsonDepth d = JsonNestingDepth(body, limits.max_json_depth);
+      d.depth > limits.max_json_depth) {
+    const std::string what = d.field.empty() ? "request body" : d.field;
+    return WithParam(
+        absl::InvalidArgumentError(absl::StrCat(what, ": arrays/objects nested deeper than ",
+                                                limits.max_json_depth, " levels")),
+        d.field);
+  }
   const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     return absl::InvalidArgumentError("request body is not valid JSON (or not valid UTF-8)");

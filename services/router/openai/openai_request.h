@@ -39,6 +39,9 @@ struct ParseLimits {
   uint32_t max_messages = 4096;
   uint32_t max_prompt_tokens = 131072;  // token-id prompts
   uint32_t max_top_logprobs = 20;
+  // Arrays and objects nested deeper than this refuse the whole body (the deepest valid
+  // request, a chat message's content part, is 5 levels).
+  uint32_t max_json_depth = 64;
 };
 
 // A request as the router runs it.
@@ -70,6 +73,15 @@ struct OpenAiRequest {
 // response formats other than text).
 absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view body,
                                            const ParseLimits& limits);
+
+// The deepest nesting of arrays and objects in JSON `text` (strings skipped), the scan stopped
+// once it exceeds `stop_at`; `field` is then the top-level key under which it did (first 64
+// bytes; "" outside any). Assumes nothing of validity: a bound checked before parsing.
+struct JsonDepth {
+  size_t depth = 0;
+  std::string field;
+};
+JsonDepth JsonNestingDepth(absl::string_view text, size_t stop_at);
 
 // The request field an error names ("" when none): set by ParseRequest's errors.
 std::string ParamOf(const absl::Status& status);

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -74,6 +75,72 @@ TEST(OpenAiRequestTest, PromptForms) {
   ExpectBad(Completions(R"({"model":"m","prompt":7})"), "prompt", "string or an array");
   ExpectBad(Completions(R"({"model":"m"})"), "prompt", "required");
   ExpectBad(Completions(R"({"prompt":"x"})"), "model", "required");
+}
+
+// Exactly the documented forms: a string, token ids, or a one-element array of either. Deeper
+// arrays are refused at the first level that is not one of them (never walked recursively).
+TEST(OpenAiRequestTest, PromptNestingIsRefusedBeyondTheDocumentedForms) {
+  ExpectBad(Completions(R"({"model":"m","prompt":[[[5]]]})"), "prompt[0][0]", "integer");
+  ExpectBad(Completions(R"({"model":"m","prompt":[["hi"]]})"), "prompt[0][0]", "integer");
+  ExpectBad(Completions(R"({"model":"m","prompt":[[]]})"), "prompt", "empty");
+  ExpectBad(Completions(R"({"model":"m","prompt":[[1],[2]]})"), "prompt", "batches");
+  ExpectBad(Completions(R"({"model":"m","prompt":[5,[6]]})"), "prompt[1]", "integer");
+  // 60 levels pass the depth bound, so the prompt check itself refuses them.
+  const std::string sixty = std::string(60, '[') + "5" + std::string(60, ']');
+  ExpectBad(Completions(absl::StrCat(R"({"model":"m","prompt":)", sixty, "}")), "prompt[0][0]",
+            "integer");
+}
+
+// A body nesting deeper than max_json_depth is refused before it is parsed, naming the
+// top-level field it nests under; the scan ignores brackets inside strings.
+TEST(OpenAiRequestTest, DeepNestingIsRefusedBeforeParsing) {
+  for (size_t levels : {65u, 1000u, 100000u}) {
+    const std::string deep = std::string(levels, '[') + "5" + std::string(levels, ']');
+    ExpectBad(Completions(absl::StrCat(R"({"model":"m","prompt":)", deep, "}")), "prompt",
+              "nested deeper than 64");
+    ExpectBad(Completions(absl::StrCat(R"({"model":"m","prompt":"x","metadata":)", deep, "}")),
+              "metadata", "nested deeper than 64");
+  }
+  const std::string objects = [] {
+    std::string s;
+    for (int i = 0; i < 200; ++i) s += R"({"a":)";
+    return s + "1" + std::string(200, '}');
+  }();
+  ExpectBad(Chat(absl::StrCat(R"({"model":"m","messages":[{"role":"user","content":"x"}],)",
+                              R"("tools":)", objects, "}")),
+            "tools", "nested deeper than 64");
+  // Unclosed: still bounded, and named.
+  ExpectBad(Completions(R"({"model":"m","stop":)" + std::string(500, '[')), "stop",
+            "nested deeper");
+  // Brackets and escaped quotes inside strings do not count.
+  EXPECT_TRUE(
+      Completions(absl::StrCat(R"({"model":"m","prompt":"\")", std::string(500, '['), R"("})"))
+          .ok());
+  EXPECT_EQ(JsonNestingDepth(R"({"a":[{"b":"[[[{"}]})", 64).depth, 3u);
+  EXPECT_EQ(JsonNestingDepth(R"({"k\"]":[[1]]})", 64).depth, 3u);
+}
+
+// metadata is what OpenAI defines: at most 16 string keys of at most 64 characters, to strings
+// of at most 512; it changes nothing else.
+TEST(OpenAiRequestTest, MetadataIsAMapOfStrings) {
+  EXPECT_TRUE(Completions(R"({"model":"m","prompt":"x","metadata":{"a":"1","b":""}})").ok());
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","metadata":[["a"]]})"), "metadata",
+            "an object");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","metadata":{"a":["b"]}})"), "metadata.a",
+            "a string");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","metadata":{"a":{"b":"c"}}})"), "metadata.a",
+            "a string");
+  std::string many = R"({"model":"m","prompt":"x","metadata":{)";
+  for (int i = 0; i < 17; ++i) absl::StrAppend(&many, i ? "," : "", "\"k", i, "\":\"v\"");
+  ExpectBad(Completions(many + "}}"), "metadata", "at most 16");
+  ExpectBad(Completions(absl::StrCat(R"({"model":"m","prompt":"x","metadata":{")",
+                                     std::string(65, 'k'), R"(":"v"}})")),
+            "metadata", "at most 64");
+  ExpectBad(Completions(absl::StrCat(R"({"model":"m","prompt":"x","metadata":{"k":")",
+                                     std::string(513, 'v'), R"("}})")),
+            "metadata.k", "at most 512");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","user":["u"]})"), "user", "a string");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","store":"yes"})"), "store", "a boolean");
 }
 
 TEST(OpenAiRequestTest, MalformedBodies) {
