@@ -42,7 +42,8 @@ inline constexpr int64_t kMaxAttentionHeadDim = 256;
 // for K, plus 4 * scale_kv_stride for V (scale strides in floats, token stride 1). The scale
 // region must not overlap the layer's data and must be 4-byte aligned (base, block_stride and
 // scale_offset multiples of 4).
-// DESIGN.md's layout ([layer][K|V][kv_head][token][head_dim] per block) is DenseKvCacheView.
+// The pool layout of docs/architecture.md, "KV layout" ([layer][K|V][kv_head][token][head_dim]
+// per block) is DenseKvCacheView.
 struct KvCacheView {
   void* base = nullptr;  // the pool: num_blocks blocks
   DType dtype = DType::kF32;
@@ -82,8 +83,9 @@ constexpr int64_t DenseKvBlockBytes(DType dtype, int64_t num_layers, int64_t num
   return num_layers * 2 * num_kv_heads * block_size * head_dim * DTypeSize(dtype);
 }
 
-// The DESIGN.md block layout: each block is [num_layers][2][num_kv_heads][block_size][head_dim],
-// for a quantized dtype followed by its scales as in DenseKvBlockBytes.
+// The pool's block layout (docs/architecture.md, "KV layout"): each block is
+// [num_layers][2][num_kv_heads][block_size][head_dim], for a quantized dtype followed by its
+// scales as in DenseKvBlockBytes.
 constexpr KvCacheView DenseKvCacheView(void* base, DType dtype, int64_t num_blocks,
                                        int64_t num_layers, int64_t num_kv_heads, int64_t block_size,
                                        int64_t head_dim, int64_t layer) {

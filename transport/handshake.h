@@ -21,13 +21,14 @@ namespace pd::transport {
 // Bumped whenever an encoding below or a backend's wire protocol changes.
 inline constexpr uint32_t kTransportProtocolVersion = 1;
 
-// The geometry of one KV block pool (DESIGN.md "KV layout"): `num_blocks` equal blocks of
-// `block_bytes` each, laid out [layer][K|V][kv_head][token][head_dim]. Two pools may exchange
+// The geometry of one KV block pool (docs/architecture.md, "KV layout"): `num_blocks` equal blocks
+// of `block_bytes` each, laid out [layer][K|V][kv_head][token][head_dim]. Two pools may exchange
 // blocks when every field except num_blocks matches (pools differ in size).
 struct PoolGeometry {
   uint32_t protocol_version = kTransportProtocolVersion;
   uint64_t model_fingerprint = 0;  // weights identity (hash), from the engine
-  std::string dtype;               // cache dtype name: "fp32", "bf16", "fp16", ...
+  std::string dtype;               // cache dtype name (kernels::DTypeName): "f32", "bf16", "f16",
+                                   // "i8", "fp8_e4m3"; compared as an opaque string
   uint32_t block_size = 0;         // tokens per block
   uint32_t layout_version = 1;     // version of the block layout above
   uint32_t num_layers = 0;
@@ -42,7 +43,7 @@ struct PoolGeometry {
 };
 
 // OK when `local` and `remote` may exchange blocks; otherwise FailedPrecondition listing every
-// differing field with both values, e.g. "handshake mismatch: dtype prefill=bf16 decode=fp16".
+// differing field with both values, e.g. "handshake mismatch: dtype prefill=bf16 decode=f16".
 absl::Status CheckCompatible(const PoolGeometry& local, const PoolGeometry& remote,
                              absl::string_view local_name = "local",
                              absl::string_view remote_name = "remote");

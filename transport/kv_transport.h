@@ -1,5 +1,5 @@
 // KvTransport: moves KV-cache blocks from one worker's block pool to another's (prefill ->
-// decode), STYLE.md section 3.
+// decode); docs/development.md, "Backend interfaces".
 //
 // Model. Each side registers its pool — one region of `num_blocks` equal blocks of
 // `block_bytes` (MemoryRegion::geometry) — and publishes LocalEndpoint() bytes. A transfer is

@@ -1,11 +1,11 @@
-// CreateTransport: builds a KvTransport backend by name from a plain config struct (STYLE.md
-// section 3). Names: "loopback" (in-process fake), "tcp" (always built), "ucx" (PD_ENABLE_UCX),
-// "nccl" (PD_ENABLE_NCCL). A known but unbuilt backend answers Unimplemented naming the CMake
-// option; an unknown name is InvalidArgument.
+// CreateTransport: builds a KvTransport backend by name from a plain config struct
+// (docs/development.md, "Backend interfaces"). Names: "loopback" (in-process fake), "tcp" (always
+// built), "ucx" (PD_ENABLE_UCX), "nccl" (PD_ENABLE_NCCL). A known but unbuilt backend answers
+// Unimplemented naming the CMake option; an unknown name is InvalidArgument.
 //
-// STYLE.md's signature also takes a MetaStore*: no backend here needs one (endpoints and
-// descriptors travel in the control-plane RPC), so it is omitted; add an optional pointer to
-// TransportConfig when a backend starts publishing itself.
+// There is no shared metadata store (a directory where backends publish their endpoints): no
+// backend here needs one, since endpoints and descriptors travel in the control-plane RPC. Add
+// an optional pointer to TransportConfig when a backend starts publishing itself.
 //
 // Thread-safe (stateless).
 #pragma once

@@ -1,4 +1,5 @@
-// The block-hash chain that names KV blocks across the cluster (DESIGN.md "Block hashing").
+// The block-hash chain that names KV blocks across the cluster
+// (docs/architecture.md, "Block hashing").
 //
 //   seed     = H("pdserve/block-hash/v1", model fingerprint, kv dtype, block size, cache salt)
 //   hash[i]  = H(hash[i-1] (or seed for i = 0), tokens of block i, extras of block i)

@@ -58,9 +58,9 @@ std::string EscapeHelp(absl::string_view help);
 std::string EscapeLabelValue(absl::string_view value);
 
 // Name rules. A metric name matches [a-zA-Z_:][a-zA-Z0-9_:]* and, for our metrics, starts with
-// "pd_"; a counter's name also ends in "_total" (STYLE.md section 11). A label name matches
-// [a-zA-Z_][a-zA-Z0-9_]* and does not start with "__" (reserved by Prometheus); "le" is also
-// reserved on histograms. Errors are InvalidArgument and name the offending metric.
+// "pd_"; a counter's name also ends in "_total" (docs/development.md, "Logging and metrics"). A
+// label name matches [a-zA-Z_][a-zA-Z0-9_]* and does not start with "__" (reserved by Prometheus);
+// "le" is also reserved on histograms. Errors are InvalidArgument and name the offending metric.
 absl::Status ValidateMetricName(absl::string_view name, MetricType type);
 absl::Status ValidateLabelNames(absl::string_view metric_name, MetricType type,
                                 absl::Span<const std::string> label_names);

@@ -7,9 +7,9 @@
 //   metrics::Counter& ok = requests->WithLabels({"ok"});  // look up once, keep the reference
 //   ok.Increment();                                        // lock-free
 //
-// Components do not depend on this library (STYLE.md section 11): they expose Stats() snapshots,
-// and services publish them either by updating metrics or with a collector that runs at scrape
-// time:
+// Components do not depend on this library (docs/development.md, "Logging and metrics"): they
+// expose Stats() snapshots, and services publish them either by updating metrics or with a
+// collector that runs at scrape time:
 //
 //   registry.AddCollector([&cache](metrics::CollectorSink& sink) {
 //     KvCacheStats s = cache.Stats();

@@ -1,6 +1,7 @@
-// KvHandoff: the engine's side of the prefill -> decode KV handoff (DESIGN.md "Request path"
-// step 4): one KvTransport with the worker's block pool registered, cached connections to
-// peers, and a completion thread that reports when transfers finish.
+// KvHandoff: the engine's side of the prefill -> decode KV handoff
+// (docs/architecture.md, "Request path", step 4): one KvTransport with the worker's block pool
+// registered, cached connections to peers, and a completion thread that reports when transfers
+// finish.
 //
 // Decode worker: Expect(tag, destination blocks) -> descriptor for the prefill worker; then
 // WhenDone(expectation id) to learn that the bytes are in place (or Cancel on failure).

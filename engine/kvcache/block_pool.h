@@ -1,6 +1,6 @@
-// BlockPool: the physical KV blocks of one worker pool, as bookkeeping only (no memory): block
-// ids with reference counts, the prefix cache (BlockHash -> BlockId of committed full blocks),
-// and the free and evictable lists that allocation draws from. DESIGN.md "KV layout".
+// BlockPool: the physical KV blocks of one worker pool, as bookkeeping only (no memory): block ids
+// with reference counts, the prefix cache (BlockHash -> BlockId of committed full blocks), and the
+// free and evictable lists that allocation draws from (docs/architecture.md, "KV layout").
 //
 // Every block is in exactly one state:
 //   used       ref_count > 0; held by one or more block tables; may carry a hash.

@@ -1,4 +1,4 @@
-// KvLayout: the shape and byte layout of one KV-cache block (DESIGN.md "KV layout").
+// KvLayout: the shape and byte layout of one KV-cache block (docs/architecture.md, "KV layout").
 //
 // A block holds `block_size` tokens of K and V for every layer, as one contiguous extent in the
 // cache dtype, so a block is the unit to transfer, spill, checksum and index:

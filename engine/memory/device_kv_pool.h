@@ -1,5 +1,5 @@
-// DeviceKvPool: the KV block pool in device memory (the "HBM tier" of DESIGN.md "Tiers" on a
-// GPU), beside HostKvPool: one zero-initialised allocation of num_blocks * layout.block_bytes()
+// DeviceKvPool: the KV block pool in device memory (tier G1 of docs/architecture.md, "Tiers", on
+// a GPU), beside HostKvPool: one zero-initialised allocation of num_blocks * layout.block_bytes()
 // on a kernels::Device, with block copies to and from host memory on a stream of its own.
 //
 // On kCuda the bytes are cudaMalloc'd on the current device; the transport may register

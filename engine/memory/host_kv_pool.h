@@ -1,5 +1,5 @@
-// HostKvPool: the KV block pool's memory on the CPU backend (the "HBM tier" of DESIGN.md
-// "Tiers" when there is no GPU): one contiguous, page-aligned anonymous mapping of
+// HostKvPool: the KV block pool's memory on the CPU backend (tier G1 of docs/architecture.md,
+// "Tiers", when there is no GPU): one contiguous, page-aligned anonymous mapping of
 // num_blocks * layout.block_bytes() bytes. Block b occupies
 // [base() + b * block_bytes, base() + (b + 1) * block_bytes), laid out as KvLayout describes.
 //

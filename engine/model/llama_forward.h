@@ -34,8 +34,9 @@
 
 namespace pd::engine {
 
-// The KV block pool the forward pass reads and writes: DESIGN.md layout
-// ([layer][K|V][kv_head][token][head_dim] per block), `num_blocks` blocks from `base`.
+// The KV block pool the forward pass reads and writes, in the layout of docs/architecture.md,
+// "KV layout" ([layer][K|V][kv_head][token][head_dim] per block): `num_blocks` blocks from
+// `base`.
 struct KvPoolView {
   void* base = nullptr;
   kernels::DType dtype = kernels::DType::kF32;

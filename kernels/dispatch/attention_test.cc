@@ -534,7 +534,8 @@ TEST(PrefillAttentionCpuTest, BitwiseConsistentWithDecodeAndChunking) {
   }
 }
 
-// A layout other than DESIGN.md's ([K|V][layer][head][token][dim] per block): only strides change.
+// A layout other than the pool's (docs/architecture.md, "KV layout"):
+// [K|V][layer][head][token][dim] per block. Only strides change.
 TEST(DecodeAttentionCpuTest, HonoursNonDenseStrides) {
   std::mt19937 rng(6);
   const int64_t layers = 2, kvh = 2, bs = 4, d = 16, blocks = 6, heads = 4;

@@ -2,10 +2,11 @@
 // that every binary spells it the same way, and the functions that turn it into the configs of
 // services/base/grpc_security.h.
 //
-// STYLE §10 allows ABSL_FLAG only in main.cc files, tools and loadtest: this small library is
-// the part of those main.cc files they share. Link it (pd::services_base_tls_flags) only into
-// binaries (pd-router, pd-worker, pd-tierd, pd-client, pd-loadtest) and their tests, never into
-// a library, so that libraries still never read flags.
+// Flags are defined only in main.cc files, tools and loadtest
+// (docs/development.md, "Config and flags"): this small library is the part of those main.cc files
+// they share. Link it (pd::services_base_tls_flags) only into binaries (pd-router, pd-worker,
+// pd-tierd, pd-client, pd-loadtest) and their tests, never into a library, so that libraries still
+// never read flags.
 //
 // Each group sits in its own object file of the static library: a binary registers the flags of
 // the groups whose function it calls, and no others (pd-tierd and pd-client have no

@@ -1,5 +1,5 @@
 // KvEventPublisher: a worker's KV events, from its block pool to the routers
-// (proto/pd/v1/kv_events.proto; DESIGN.md "Request path", step 6).
+// (proto/pd/v1/kv_events.proto; docs/architecture.md, "KV events").
 //
 // It is the pool's KvEventListener (ModelRuntimeConfig::kv_listener): each change is numbered
 // and kept in a bounded history, and the held set (hash -> parent) is updated, in a few

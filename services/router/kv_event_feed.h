@@ -1,5 +1,5 @@
 // KvEventFeed: keeps the router's KvIndex fed with the KV events of every healthy worker
-// (DESIGN.md "Request path", step 6). One KvEventSubscriber per healthy worker address applies
+// (docs/architecture.md, "KV events"). One KvEventSubscriber per healthy worker address applies
 // its batches with KvIndex::Apply under the worker's id (WorkerInfo.worker_id); when a worker
 // leaves the pool its subscriber is stopped and its entries are removed from the index, and
 // when it rejoins (perhaps restarted, with a new epoch) a new subscriber starts with a snapshot.

@@ -1,7 +1,7 @@
 // KvIndex: the router's live map of which worker holds which KV block in which tier, folded from
-// the workers' KV event streams (proto/pd/v1/kv_events.proto; DESIGN.md "Request path", step 6)
-// and read on every request to score workers by the prefix they already hold (DESIGN.md
-// "Router scoring").
+// the workers' KV event streams (proto/pd/v1/kv_events.proto; docs/architecture.md, "KV events")
+// and read on every request to score workers by the prefix they already hold
+// (docs/architecture.md, "Router scoring").
 //
 // The unit is an entry: one (worker, block hash, tier) triple. A block held by a worker in HBM
 // and DRAM is two entries; the same block held by two workers is two entries.

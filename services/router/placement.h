@@ -1,6 +1,6 @@
-// Placement of pd-router (DESIGN.md "Router scoring"): the PlacementPolicy the generation service
-// calls, implemented over the WorkerScorer (cache_aware, round_robin, random) and the KvIndex
-// of the blocks each worker holds (fed by the workers' KV events).
+// Placement of pd-router (docs/architecture.md, "Router scoring"): the PlacementPolicy the
+// generation service calls, implemented over the WorkerScorer (cache_aware, round_robin, random)
+// and the KvIndex of the blocks each worker holds (fed by the workers' KV events).
 #pragma once
 
 #include <memory>

@@ -1,6 +1,6 @@
 // TierCredit: extends the router's per-worker chain overlaps with the lower-tier blocks the
 // worker's node holds according to the Redis prefix index (issue #6 item 4: "the router credits
-// lower-tier hits when scoring"; DESIGN.md "Router scoring").
+// lower-tier hits when scoring"; docs/architecture.md, "Router scoring").
 //
 // KvIndex::Match gives each worker's HBM hits h (from its KV events) and whatever DRAM/NVMe
 // continuation (r, n) the worker reported itself. pd-tierd publishes what its node's DRAM and

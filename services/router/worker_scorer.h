@@ -1,5 +1,6 @@
 // WorkerScorer: places one request, choosing its decode worker D and, unless the request is cheap
-// to prefill on D, a separate prefill worker P (DESIGN.md "Router scoring", "Request path").
+// to prefill on D, a separate prefill worker P (docs/architecture.md, "Router scoring" and
+// "Conditional disaggregation").
 // Three policies: cache_aware (the cost model below), and round_robin and random as the
 // baselines the load tests compare it with.
 //

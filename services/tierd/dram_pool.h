@@ -1,8 +1,8 @@
-// DramPool: pd-tierd's DRAM tier (G2, DESIGN.md "Tiers"): a POSIX shared-memory region of
-// num_slots slots that the node's workers map by name, plus tierd's bookkeeping of what every
-// slot holds. Slot i occupies bytes [i * slot_bytes, i * slot_bytes + block_bytes) of the
-// region; slot_bytes is block_bytes rounded up to 4096, so every slot is page-aligned and can
-// be the buffer of an O_DIRECT read or write (NvmeStore) without a bounce copy.
+// DramPool: pd-tierd's DRAM tier (G2, docs/architecture.md, "Tiers"): a POSIX shared-memory region
+// of num_slots slots that the node's workers map by name, plus tierd's bookkeeping of what every
+// slot holds. Slot i occupies bytes [i * slot_bytes, i * slot_bytes + block_bytes) of the region;
+// slot_bytes is block_bytes rounded up to 4096, so every slot is page-aligned and can be the buffer
+// of an O_DIRECT read or write (NvmeStore) without a bounce copy.
 //
 // Slot life cycle (tierd.proto "Offer" and "Restore" flows):
 //

@@ -1,5 +1,5 @@
-// NvmeStore: pd-tierd's NVMe tier (G3, DESIGN.md "Tiers"): KV blocks in slab files of one
-// directory, found again after a restart through an append-only manifest.
+// NvmeStore: pd-tierd's NVMe tier (G3, docs/architecture.md, "Tiers"): KV blocks in slab files of
+// one directory, found again after a restart through an append-only manifest.
 //
 // On disk, in `dir`:
 //   slab-000.dat, slab-001.dat, ...  slots_per_slab slots each (the last one may be shorter);

@@ -1,7 +1,8 @@
 // RedisIndex: pd-tierd's half of the cluster-wide prefix index in Redis (issue #6 item 4).
 //
 // Every node's tierd mirrors which blocks its DRAM and NVMe tiers hold into Redis, so the router
-// can credit lower-tier hits when it places a request (DESIGN.md "Router scoring", "Tiers").
+// can credit lower-tier hits when it places a request (docs/architecture.md, "Router scoring"
+// and "Tiers"; the keys are in docs/redis_index.md).
 //
 // Key layout (common/redis/prefix_index.h, which also holds the read side; every key goes through
 // RedisConfig::Key, i.e. is prefixed with key_prefix, so clusters sharing one Redis never see

@@ -4,7 +4,7 @@
 // watermark-driven spill from DRAM to NVMe, and NVMe restores; the gRPC service adds sessions,
 // proto conversion and the Redis index on top.
 //
-// Moves between tiers (DESIGN.md "Tiers", issue #6 item 3):
+// Moves between tiers (docs/architecture.md, "Tiers"; docs/tiers.md; issue #6 item 3):
 //   spill    DRAM -> NVMe: the coldest unpinned DRAM blocks leave DRAM; each is written to NVMe
 //            when NVMe exists, accepts spills, does not hold it yet and the AdmissionGuard
 //            admits it (seen at least twice); otherwise it is dropped. Each DRAM copy is

@@ -1,5 +1,6 @@
 // TierdConfig: pd-tierd's settings, filled from flags by main.cc and validated before anything
-// starts (STYLE.md section 10: absent values take these defaults, invalid ones stop startup).
+// starts (docs/development.md, "Config and flags": absent values take these defaults, invalid
+// ones stop startup).
 #pragma once
 
 #include <cstdint>
