@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/base/status_macros.h"
 
 namespace pd::chat::internal {
@@ -416,6 +417,7 @@ absl::StatusOr<Value> Range(const CallArgs& args, Budget* budget) {
   }
   const int64_t count = static_cast<int64_t>(len);
   PD_RETURN_IF_ERROR(budget->Charge(count));
+  PD_RETURN_IF_ERROR(budget->ReserveMemory(count * static_cast<int64_t>(sizeof(Value))));
   ValueList out;
   out.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
@@ -478,7 +480,40 @@ absl::Status CallArgs::Check(absl::string_view what, size_t max_positional,
 absl::Status Budget::Charge(int64_t units) {
   work_left -= units;
   if (work_left < 0) {
-    return absl::ResourceExhaustedError("template render exceeded its work limit");
+    return absl::ResourceExhaustedError(
+        absl::StrCat("template render exceeded its work limit of ", max_work, " steps"));
+  }
+  PD_RETURN_IF_ERROR(ReserveMemory(0));
+  // absl::Now() costs tens of nanoseconds: read it on the first charge and every 64th.
+  if ((charges++ & 63) == 0 && absl::Now() > deadline) {
+    return absl::ResourceExhaustedError(absl::StrCat("template render exceeded its time limit of ",
+                                                     absl::FormatDuration(max_duration)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Budget::ChargeIteration() {
+  if (--iterations_left < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("template render exceeded its limit of ",
+                                                     max_iterations,
+                                                     " loop iterations and macro calls"));
+  }
+  return Charge(1);
+}
+
+absl::Status Budget::ReserveMemory(int64_t bytes) const {
+  if (meter != nullptr && meter->used_bytes() + bytes > max_memory_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("template render exceeded its memory limit of ", max_memory_bytes,
+                     " bytes (strings and lists built)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Budget::ChargeMemory(int64_t bytes) {
+  PD_RETURN_IF_ERROR(ReserveMemory(bytes));
+  if (meter != nullptr) {
+    meter->Add(bytes);
   }
   return absl::OkStatus();
 }
@@ -628,9 +663,13 @@ absl::StatusOr<ValueList> Iterate(const Value& v, Budget* budget) {
       return ValueList{};
     case Value::Kind::kList:
       PD_RETURN_IF_ERROR(budget->Charge(static_cast<int64_t>(v.list().size())));
+      PD_RETURN_IF_ERROR(
+          budget->ChargeMemory(static_cast<int64_t>(v.list().size() * sizeof(Value))));
       return v.list();
     case Value::Kind::kDict: {
       PD_RETURN_IF_ERROR(budget->Charge(static_cast<int64_t>(v.dict().items.size())));
+      PD_RETURN_IF_ERROR(
+          budget->ChargeMemory(static_cast<int64_t>(v.dict().items.size() * sizeof(Value))));
       ValueList keys;
       for (const auto& [k, val] : v.dict().items) {
         keys.push_back(k);
@@ -639,6 +678,8 @@ absl::StatusOr<ValueList> Iterate(const Value& v, Budget* budget) {
     }
     case Value::Kind::kString: {
       PD_RETURN_IF_ERROR(budget->Charge(static_cast<int64_t>(v.str().size())));
+      PD_RETURN_IF_ERROR(
+          budget->ChargeMemory(static_cast<int64_t>(v.str().size() * sizeof(Value))));
       const std::vector<size_t> offsets = CharOffsets(v.str());
       ValueList chars;
       for (size_t i = 0; i + 1 < offsets.size(); ++i) {

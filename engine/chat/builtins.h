@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "engine/chat/value.h"
 
 namespace pd::chat::internal {
@@ -34,14 +35,33 @@ struct CallArgs {
 };
 
 // The resources a render may still use. Every built-in that walks a collection or builds a
-// string charges for it.
+// string charges for it; every Charge also checks the memory meter and, every few calls, the
+// clock, so a render stops within a few steps of crossing any limit.
 struct Budget {
   int64_t work_left = 0;         // element visits, characters copied, loop iterations
+  int64_t iterations_left = 0;   // loop iterations and macro calls
   int64_t max_string_bytes = 0;  // largest string or output any operation may build
   int64_t max_items = 0;         // largest list (range(), list building)
+  // Bytes of values built so far (the render's meter; null = not counted) and their limit.
+  ValueMeter* meter = nullptr;
+  int64_t max_memory_bytes = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+  // The limits as configured, for the messages.
+  int64_t max_work = 0;
+  int64_t max_iterations = 0;
+  absl::Duration max_duration = absl::InfiniteDuration();
+  int64_t charges = 0;  // calls of Charge, to read the clock every 64th
 
-  // ResourceExhausted once the work runs out.
+  // ResourceExhausted once the work runs out, the meter is past max_memory_bytes or the
+  // deadline has passed.
   absl::Status Charge(int64_t units);
+  // One loop iteration or macro call: Charge(1) and the iteration limit.
+  absl::Status ChargeIteration();
+  // ResourceExhausted when building `bytes` more would pass max_memory_bytes; counts nothing
+  // (Value::String and Value::List count what they build). Call before a large allocation.
+  absl::Status ReserveMemory(int64_t bytes) const;
+  // Counts `bytes` built outside Value::String/List (a ValueList copy), then checks the limit.
+  absl::Status ChargeMemory(int64_t bytes);
   // ResourceExhausted when a string of `bytes` would be over the limit.
   absl::Status CheckSize(size_t bytes) const;
 };

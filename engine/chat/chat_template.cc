@@ -69,9 +69,19 @@ absl::StatusOr<std::string> TemplateField(const Value& config, absl::string_view
 
 }  // namespace
 
+absl::Status ChatTemplateLimits::Validate() const {
+  PD_RETURN_IF_ERROR(render.Validate());
+  if (max_in_flight <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat template max_in_flight must be positive, got ", max_in_flight));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string source, std::string bos_token,
                                                   std::string eos_token,
-                                                  const RenderLimits& limits) {
+                                                  const ChatTemplateLimits& limits) {
+  PD_RETURN_IF_ERROR(limits.Validate());
   TemplateOptions options;
   options.trim_blocks = true;
   options.lstrip_blocks = true;
@@ -83,9 +93,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string source, std::strin
                       std::move(eos_token), limits);
 }
 
-absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfigJson(absl::string_view json,
-                                                                   absl::string_view name,
-                                                                   const RenderLimits& limits) {
+absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfigJson(
+    absl::string_view json, absl::string_view name, const ChatTemplateLimits& limits) {
   absl::StatusOr<Value> config = ParseJsonValue(json);
   if (!config.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", config.status().message()));
@@ -104,7 +113,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfigJson(absl::string_
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(absl::string_view model_dir,
-                                                        const RenderLimits& limits) {
+                                                        const ChatTemplateLimits& limits) {
   const std::string config_path = absl::StrCat(model_dir, "/tokenizer_config.json");
   PD_ASSIGN_OR_RETURN(engine::MappedFile config, engine::MappedFile::Open(config_path));
   absl::StatusOr<ChatTemplate> t = FromTokenizerConfigJson(config.contents(), config_path, limits);
@@ -134,6 +143,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(absl::string_view model_
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                  bool add_generation_prompt,
                                                  const Value& extra_vars) const {
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<void> slot, TakeSlot());
   ValueList list;
   list.reserve(messages.size());
   for (const ChatMessage& m : messages) {
@@ -152,7 +162,32 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
       context.Set(k, v);
     }
   }
-  return template_.Render(Value::MakeDict(std::move(context)), limits_);
+  return template_.Render(Value::MakeDict(std::move(context)), limits_.render);
+}
+
+absl::StatusOr<std::shared_ptr<void>> ChatTemplate::TakeSlot() const {
+  // Taken or refused without waiting; relaxed: the count orders nothing else.
+  if (in_flight_->fetch_add(1, std::memory_order_relaxed) >= limits_.max_in_flight) {
+    in_flight_->fetch_sub(1, std::memory_order_relaxed);
+    return absl::UnavailableError(absl::StrCat("chat template: ", limits_.max_in_flight,
+                                               " renders are running already; retry"));
+  }
+  std::shared_ptr<std::atomic<int>> count = in_flight_;
+  return std::shared_ptr<void>(nullptr,
+                               [count](void*) { count->fetch_sub(1, std::memory_order_relaxed); });
+}
+
+absl::Status ChatTemplate::CheckRendersSample() const {
+  const std::vector<ChatMessage> sample = {{"user", "Hello! Can you help me with something?"},
+                                           {"assistant", "Of course. What do you need?"},
+                                           {"user", "Tell me a short story about a cat."}};
+  absl::StatusOr<std::string> text = Render(sample, /*add_generation_prompt=*/true);
+  if (absl::IsResourceExhausted(text.status())) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the chat template exceeds its limits on a 3-message sample conversation: ",
+                     text.status().message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pd::chat

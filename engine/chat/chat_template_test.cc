@@ -104,5 +104,54 @@ TEST(ChatTemplateTest, FromModelDirFallsBackToChatTemplateJinja) {
   EXPECT_EQ(t->source(), "cfg");
 }
 
+constexpr char kHostile[] =
+    "{% for i in range(1000000) %}{% for j in range(1000000) %}{{ i }}{% endfor %}{% endfor %}";
+
+TEST(ChatTemplateTest, SampleRenderRefusesAPathologicalTemplate) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(kHostile, "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::Status s = t->CheckRendersSample();
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the chat template exceeds its limits on a 3-message "
+                                     "sample conversation: template render exceeded its "
+                                     "memory limit"));
+  // A template that works, and one that rejects the sample by design, load.
+  t = ChatTemplate::Create(kChatMl, "", "");
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(t->CheckRendersSample().ok());
+  t = ChatTemplate::Create("{{ raise_exception('system message required') }}", "", "");
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(t->CheckRendersSample().ok());
+}
+
+TEST(ChatTemplateTest, RendersInFlightAreBounded) {
+  ChatTemplateLimits limits;
+  limits.max_in_flight = 2;
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(kChatMl, "", "", limits);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const ChatTemplate copy = *t;  // copies share the count
+  {
+    absl::StatusOr<std::shared_ptr<void>> a = t->HoldRenderSlotForTest();
+    absl::StatusOr<std::shared_ptr<void>> b = copy.HoldRenderSlotForTest();
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(t->Render(kConversation, false).status(),
+              absl::UnavailableError("chat template: 2 renders are running already; retry"));
+    EXPECT_TRUE(absl::IsUnavailable(copy.HoldRenderSlotForTest().status()));
+  }
+  // Released slots are free again, refused ones took none.
+  EXPECT_TRUE(t->Render(kConversation, false).ok());
+  EXPECT_TRUE(t->HoldRenderSlotForTest().ok());
+}
+
+TEST(ChatTemplateTest, LimitsAreValidated) {
+  ChatTemplateLimits limits;
+  limits.max_in_flight = 0;
+  EXPECT_EQ(ChatTemplate::Create(kChatMl, "", "", limits).status(),
+            absl::InvalidArgumentError("chat template max_in_flight must be positive, got 0"));
+  limits = ChatTemplateLimits();
+  limits.render.max_iterations = -1;
+  EXPECT_TRUE(absl::IsInvalidArgument(ChatTemplate::Create(kChatMl, "", "", limits).status()));
+}
+
 }  // namespace
 }  // namespace pd::chat

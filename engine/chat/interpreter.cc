@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/status_macros.h"
 #include "engine/chat/builtins.h"
 
@@ -27,16 +29,40 @@ absl::Status Locate(absl::Status s, int line) {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+// The attributes of a for loop's `loop` variable, in the order ExecFor sets them.
+constexpr int kNumLoopKeys = 12;
+const Value* LoopKeys() {
+  static const Value* const keys = [] {
+    static const char* const names[kNumLoopKeys] = {"index",  "index0",   "revindex", "revindex0",
+                                                    "first",  "last",     "length",   "depth",
+                                                    "depth0", "previtem", "nextitem", "cycle"};
+    auto* v = new Value[kNumLoopKeys];
+    for (int k = 0; k < kNumLoopKeys; ++k) {
+      v[k] = Value::String(names[k]);
+    }
+    return v;
+  }();
+  return keys;
+}
+
 // Variables set in one scope (the template, one loop iteration, one macro call).
 using Frame = std::vector<std::pair<std::string, Value>>;
 
 class Interpreter {
  public:
-  Interpreter(const Value& context, const RenderLimits& limits)
+  // `meter` counts the values this render builds (installed on this thread by the caller).
+  Interpreter(const Value& context, const RenderLimits& limits, ValueMeter* meter)
       : context_(context), limits_(limits) {
     budget_.work_left = limits.max_work;
+    budget_.iterations_left = limits.max_iterations;
     budget_.max_string_bytes = limits.max_output_bytes;
     budget_.max_items = limits.max_items;
+    budget_.meter = meter;
+    budget_.max_memory_bytes = limits.max_memory_bytes;
+    budget_.deadline = absl::Now() + limits.max_duration;
+    budget_.max_work = limits.max_work;
+    budget_.max_iterations = limits.max_iterations;
+    budget_.max_duration = limits.max_duration;
     frames_.emplace_back();
   }
 
@@ -199,7 +225,7 @@ class Interpreter {
     if (s.filter != nullptr) {
       ValueList kept;
       for (const Value& item : items) {
-        PD_RETURN_IF_ERROR(budget_.Charge(1));
+        PD_RETURN_IF_ERROR(budget_.ChargeIteration());
         frames_.emplace_back();
         absl::Status bound = AssignTargets(s.targets, item);
         absl::StatusOr<Value> pass = bound.ok() ? Eval(*s.filter) : bound;
@@ -217,32 +243,34 @@ class Interpreter {
     const int64_t n = static_cast<int64_t>(items.size());
     ++loop_depth_;
     for (int64_t i = 0; i < n; ++i) {
-      absl::Status charged = budget_.Charge(1);
+      absl::Status charged = budget_.ChargeIteration();
       if (!charged.ok()) {
         --loop_depth_;
         return charged;
       }
       frames_.emplace_back();
       Dict loop;
-      loop.Set(Value::String("index"), Value::Int(i + 1));
-      loop.Set(Value::String("index0"), Value::Int(i));
-      loop.Set(Value::String("revindex"), Value::Int(n - i));
-      loop.Set(Value::String("revindex0"), Value::Int(n - i - 1));
-      loop.Set(Value::String("first"), Value::Bool(i == 0));
-      loop.Set(Value::String("last"), Value::Bool(i == n - 1));
-      loop.Set(Value::String("length"), Value::Int(n));
+      // The keys are made once per process: an iteration allocates no key strings.
+      const Value* keys = LoopKeys();
+      loop.items.reserve(kNumLoopKeys);
+      const auto add = [&](int k, Value v) { loop.items.emplace_back(keys[k], std::move(v)); };
+      add(0, Value::Int(i + 1));
+      add(1, Value::Int(i));
+      add(2, Value::Int(n - i));
+      add(3, Value::Int(n - i - 1));
+      add(4, Value::Bool(i == 0));
+      add(5, Value::Bool(i == n - 1));
+      add(6, Value::Int(n));
       // depth counts recursive-loop levels (not nesting); loops are never recursive here.
-      loop.Set(Value::String("depth"), Value::Int(1));
-      loop.Set(Value::String("depth0"), Value::Int(0));
-      loop.Set(Value::String("previtem"),
-               i > 0 ? items[i - 1] : Value::Undefined("there is no previous item"));
-      loop.Set(Value::String("nextitem"),
-               i + 1 < n ? items[i + 1] : Value::Undefined("there is no next item"));
+      add(7, Value::Int(1));
+      add(8, Value::Int(0));
+      add(9, i > 0 ? items[i - 1] : Value::Undefined("there is no previous item"));
+      add(10, i + 1 < n ? items[i + 1] : Value::Undefined("there is no next item"));
       Callable cycle;
       cycle.kind = Callable::Kind::kCycle;
       cycle.name = "cycle";
       cycle.receiver = Value::Int(i);
-      loop.Set(Value::String("cycle"), Value::MakeCallable(std::move(cycle)));
+      add(11, Value::MakeCallable(std::move(cycle)));
       Assign("loop", Value::MakeDict(std::move(loop)));
       absl::Status bound = AssignTargets(s.targets, items[i]);
       absl::StatusOr<Flow> flow = bound.ok() ? ExecList(s.body, out) : bound;
@@ -304,7 +332,7 @@ class Interpreter {
       return absl::ResourceExhaustedError(
           absl::StrCat("macro calls nested deeper than ", limits_.max_call_depth));
     }
-    PD_RETURN_IF_ERROR(budget_.Charge(1));
+    PD_RETURN_IF_ERROR(budget_.ChargeIteration());
     if (args.positional.size() > m.params.size()) {
       return TypeError(absl::StrCat("macro '", m.text, "' takes not more than ", m.params.size(),
                                     " argument(s)"));
@@ -390,6 +418,7 @@ class Interpreter {
             return TypeError(absl::StrCat("unhashable type: '", k.TypeName(), "'"));
           }
           PD_RETURN_IF_ERROR(budget_.Charge(static_cast<int64_t>(d.items.size()) + 1));
+          PD_RETURN_IF_ERROR(budget_.ChargeMemory(2 * static_cast<int64_t>(sizeof(Value))));
           d.Set(std::move(k), std::move(v));
         }
         return Value::MakeDict(std::move(d));
@@ -536,6 +565,7 @@ class Interpreter {
         return budget_.CheckSize(static_cast<size_t>(limits_.max_output_bytes) + 1);
       }
       PD_RETURN_IF_ERROR(budget_.Charge(times * static_cast<int64_t>(seq.str().size()) + 1));
+      PD_RETURN_IF_ERROR(budget_.ReserveMemory(times * static_cast<int64_t>(seq.str().size())));
       std::string out;
       for (int64_t i = 0; i < times; ++i) {
         out += seq.str();
@@ -548,6 +578,8 @@ class Interpreter {
           absl::StrCat("list repetition of more than ", limits_.max_items, " items"));
     }
     PD_RETURN_IF_ERROR(budget_.Charge(times * static_cast<int64_t>(seq.list().size()) + 1));
+    PD_RETURN_IF_ERROR(budget_.ReserveMemory(times * static_cast<int64_t>(seq.list().size()) *
+                                             static_cast<int64_t>(sizeof(Value))));
     ValueList out;
     for (int64_t i = 0; i < times; ++i) {
       out.insert(out.end(), seq.list().begin(), seq.list().end());
@@ -579,10 +611,14 @@ absl::StatusOr<Value> Interpreter::Binary(const std::string& op, const Value& a,
     if (a.is_string() && b.is_string()) {
       PD_RETURN_IF_ERROR(budget_.CheckSize(a.str().size() + b.str().size()));
       PD_RETURN_IF_ERROR(budget_.Charge(static_cast<int64_t>(a.str().size() + b.str().size())));
+      PD_RETURN_IF_ERROR(
+          budget_.ReserveMemory(static_cast<int64_t>(a.str().size() + b.str().size())));
       return Value::String(a.str() + b.str());
     }
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
       PD_RETURN_IF_ERROR(budget_.Charge(static_cast<int64_t>(a.list().size() + b.list().size())));
+      PD_RETURN_IF_ERROR(budget_.ReserveMemory(
+          static_cast<int64_t>((a.list().size() + b.list().size()) * sizeof(Value))));
       ValueList out = a.list();
       out.insert(out.end(), b.list().begin(), b.list().end());
       return Value::List(std::move(out), a.is_tuple());
@@ -674,7 +710,9 @@ absl::StatusOr<Value> Interpreter::Binary(const std::string& op, const Value& a,
 
 absl::StatusOr<std::string> RenderTree(const StmtList& body, const Value& context,
                                        const RenderLimits& limits) {
-  absl::StatusOr<std::string> out = Interpreter(context, limits).Run(body);
+  // Values built from here on count against this render's memory limit (the context's not).
+  ValueMeter meter;
+  absl::StatusOr<std::string> out = Interpreter(context, limits, &meter).Run(body);
   if (!out.ok()) {
     // The payloads are internal bookkeeping: callers get the code and the message only.
     return absl::Status(out.status().code(), out.status().message());

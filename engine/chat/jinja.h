@@ -39,8 +39,9 @@
 //
 // Errors: syntax errors are InvalidArgument with "line L, column C: ..."; render errors are
 // InvalidArgument naming the problem and its line; exceeded RenderLimits are
-// ResourceExhausted. No input crashes or hangs the interpreter: recursion, output, loop
-// iterations and all other work are bounded.
+// ResourceExhausted naming the limit (work, iterations, memory, time, output, items, depth). No
+// input crashes or hangs the interpreter: recursion, output, loop iterations and all other work are
+// bounded.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "engine/chat/value.h"
 
 namespace pd::chat {
@@ -67,15 +69,29 @@ struct TemplateOptions {
   int max_nesting_depth = 64;
 };
 
+// What one render may use. Every limit trips deterministically (the same template and input
+// fail at the same point) except max_duration, the wall-clock backstop for the work the others
+// do not count. Exceeding any is ResourceExhausted naming the limit.
 struct RenderLimits {
   // Largest output, and largest string any expression may build.
   int64_t max_output_bytes = int64_t{16} << 20;
   // Loop iterations, macro calls and elements visited by filters and operators, together.
   int64_t max_work = 20'000'000;
+  // Loop iterations and macro calls alone (each also counts as work): the costly steps.
+  int64_t max_iterations = 1'000'000;
+  // Bytes of the strings and lists the render builds, summed over the render (a list counts
+  // sizeof(Value) per item, and so does every copy a loop or filter iterates over): bounds its
+  // memory whatever it frees meanwhile. The output counts separately (max_output_bytes).
+  int64_t max_memory_bytes = int64_t{64} << 20;
+  // Wall-clock time of one render, checked as it works.
+  absl::Duration max_duration = absl::Seconds(1);
   // Deepest macro call chain.
   int max_call_depth = 16;
   // Longest list range() or a repetition may build.
   int64_t max_items = int64_t{1} << 20;
+
+  // InvalidArgument naming the first limit that is not positive.
+  absl::Status Validate() const;
 };
 
 // A parsed template. Immutable and cheap to copy; Render is thread-safe.

@@ -193,6 +193,82 @@ TEST(JinjaTest, Limits) {
   EXPECT_TRUE(absl::IsOutOfRange(Render("{{ 2 ** 64 }}").status()));
 }
 
+// The hostile template of issue 40: nested range(1000000) loops. With the default limits it
+// fails before building the first million-item list (it used to run 20 million iterations:
+// 17.6 s and 366 MB), on the memory limit, which trips at the same point on every machine.
+TEST(JinjaTest, HostileNestedRangeFailsOnMemoryLimit) {
+  absl::StatusOr<std::string> r = Render(
+      "{% for i in range(1000000) %}{% for j in range(1000000) %}{{ i }}{% endfor %}"
+      "{% endfor %}");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("exceeded its memory limit of 67108864 bytes (strings and lists built)"));
+}
+
+// Lists small enough one by one still add up: every copy a loop iterates counts.
+TEST(JinjaTest, MemoryCountsEveryListALoopBuilds) {
+  RenderLimits limits;
+  limits.max_memory_bytes = 1 << 20;
+  // One inner list of 1,000 items is ~100 KB: a few dozen outer iterations reach 1 MiB.
+  absl::StatusOr<std::string> r =
+      Render("{% for i in range(100) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", "{}",
+             false, limits);
+  EXPECT_THAT(r.status().message(), HasSubstr("memory limit of 1048576 bytes"));
+  // Strings count too.
+  r = Render(
+      "{% set ns = namespace(s='') %}{% for i in range(1000) %}"
+      "{% set ns.s = ns.s + 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' %}"
+      "{% endfor %}{{ ns.s | length }}",
+      "{}", false, limits);
+  EXPECT_THAT(r.status().message(), HasSubstr("memory limit of 1048576 bytes"));
+  // What fits is unchanged.
+  EXPECT_EQ(*Render("{% for i in range(3) %}{% for j in range(2) %}{{ i }}{{ j }},{% endfor %}"
+                    "{% endfor %}",
+                    "{}", false, limits),
+            "00,01,10,11,20,21,");
+}
+
+TEST(JinjaTest, IterationLimitCountsLoopsAndMacroCalls) {
+  RenderLimits limits;
+  limits.max_iterations = 1000;
+  EXPECT_EQ(Render("{% for i in range(10) %}{% for j in range(10) %}{% for k in range(10) %}"
+                   "{% endfor %}{% endfor %}{% endfor %}",
+                   "{}", false, limits)
+                .status(),
+            absl::ResourceExhaustedError(
+                "template render exceeded its limit of 1000 loop iterations and macro calls"));
+  EXPECT_THAT(Render("{% macro f() %}{% endmacro %}{% for i in range(400) %}{{ f() }}{{ f() }}"
+                     "{% endfor %}",
+                     "{}", false, limits)
+                  .status()
+                  .message(),
+              HasSubstr("limit of 1000 loop iterations and macro calls"));
+  EXPECT_TRUE(Render("{% for i in range(999) %}{% endfor %}", "{}", false, limits).ok());
+}
+
+// A deadline no render can meet: the first clock reading fails it.
+TEST(JinjaTest, DeadlineStopsARender) {
+  RenderLimits limits;
+  limits.max_duration = absl::Nanoseconds(1);
+  absl::StatusOr<std::string> r =
+      Render("{% macro f() %}x{% endmacro %}{% for i in range(100000) %}{{ f() }}{% endfor %}",
+             "{}", false, limits);
+  EXPECT_EQ(r.status(),
+            absl::ResourceExhaustedError("template render exceeded its time limit of 1ns"));
+}
+
+TEST(JinjaTest, RenderLimitsValidate) {
+  EXPECT_TRUE(RenderLimits().Validate().ok());
+  RenderLimits bad;
+  bad.max_memory_bytes = 0;
+  EXPECT_EQ(bad.Validate(), absl::InvalidArgumentError(
+                                "template render limit max_memory_bytes must be positive, got 0"));
+  bad = RenderLimits();
+  bad.max_duration = absl::ZeroDuration();
+  EXPECT_THAT(bad.Validate().message(), HasSubstr("max_duration must be positive"));
+}
+
 TEST(JinjaTest, GarbageNeverCrashes) {
   for (const char* src :
        {"{{", "{%", "{#", "}}", "{{ }}", "{% %}", "{{ ) }}", "{{ [ }}", "{% for %}", "{% set %}",

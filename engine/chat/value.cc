@@ -369,7 +369,23 @@ Value Value::Float(double d) {
   return v;
 }
 
+namespace internal {
+namespace {
+thread_local ValueMeter* current_meter = nullptr;
+}  // namespace
+
+ValueMeter::ValueMeter() : previous_(current_meter) { current_meter = this; }
+
+ValueMeter::~ValueMeter() { current_meter = previous_; }
+
+ValueMeter* ValueMeter::Current() { return current_meter; }
+
+}  // namespace internal
+
 Value Value::String(std::string s) {
+  if (internal::ValueMeter* meter = internal::ValueMeter::Current(); meter != nullptr) {
+    meter->Add(static_cast<int64_t>(s.size()));
+  }
   Value v;
   v.kind_ = Kind::kString;
   v.s_ = std::make_shared<const std::string>(std::move(s));
@@ -377,6 +393,9 @@ Value Value::String(std::string s) {
 }
 
 Value Value::List(ValueList items, bool is_tuple) {
+  if (internal::ValueMeter* meter = internal::ValueMeter::Current(); meter != nullptr) {
+    meter->Add(static_cast<int64_t>(items.size() * sizeof(Value)));
+  }
   Value v;
   v.kind_ = Kind::kList;
   v.tuple_ = is_tuple;

@@ -152,6 +152,34 @@ absl::StatusOr<std::string> ToJson(const Value& v, int64_t indent, const std::st
 // deeper than `max_depth`.
 absl::StatusOr<Value> ParseJsonValue(absl::string_view json, int max_depth = 128);
 
+namespace internal {
+
+// Counts the bytes of the strings and lists built on this thread while it is installed: one per
+// render (RenderTree), so that a template's memory is bounded whichever built-in or operator
+// builds its values. Value::String adds the string's size, Value::List its items times
+// sizeof(Value); values built with no meter installed (the render's context) are not counted.
+// Installing nests: the constructor installs, the destructor restores the previous meter.
+// Thread-compatible; lives on the stack of the thread it counts.
+class ValueMeter {
+ public:
+  ValueMeter();
+  ~ValueMeter();
+  ValueMeter(const ValueMeter&) = delete;
+  ValueMeter& operator=(const ValueMeter&) = delete;
+
+  // The meter installed on this thread, or null.
+  static ValueMeter* Current();
+
+  void Add(int64_t bytes) { used_bytes_ += bytes; }
+  int64_t used_bytes() const { return used_bytes_; }
+
+ private:
+  int64_t used_bytes_ = 0;
+  ValueMeter* previous_;
+};
+
+}  // namespace internal
+
 // UTF-8 helpers (lenient: a byte that does not start a well-formed character counts as one).
 // Byte offsets of each character's start, plus the total size at the end.
 std::vector<size_t> CharOffsets(absl::string_view s);

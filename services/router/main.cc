@@ -29,6 +29,16 @@ ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(5),
 ABSL_FLAG(std::string, chat_template, "",
           "Jinja chat template file for /v1/chat/completions, replacing the model's "
           "(tokenizer_config.json chat_template); llama2.c models have none");
+// Bounds of chat-template rendering (docs/openai.md): a model's template is not trusted.
+ABSL_FLAG(absl::Duration, chat_template_max_duration, absl::Seconds(1),
+          "wall-clock time one chat template render may take; more is a 400");
+ABSL_FLAG(int64_t, chat_template_max_memory_bytes, int64_t{64} << 20,
+          "bytes of strings and lists one chat template render may build (summed); more is a "
+          "400");
+ABSL_FLAG(int64_t, chat_template_max_iterations, 1'000'000,
+          "loop iterations and macro calls of one chat template render; more is a 400");
+ABSL_FLAG(int32_t, chat_template_max_in_flight, 8,
+          "chat template renders running at once; more get 503 (retry)");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9100", "Prometheus /metrics listen address");
 ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty = no Redis");
 ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
@@ -170,6 +180,16 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   return config;
 }
 
+// Flags are validated by ChatTemplate::Create (ChatTemplateLimits::Validate).
+pd::chat::ChatTemplateLimits ChatTemplateLimitsFromFlags() {
+  pd::chat::ChatTemplateLimits limits;
+  limits.render.max_duration = absl::GetFlag(FLAGS_chat_template_max_duration);
+  limits.render.max_memory_bytes = absl::GetFlag(FLAGS_chat_template_max_memory_bytes);
+  limits.render.max_iterations = absl::GetFlag(FLAGS_chat_template_max_iterations);
+  limits.max_in_flight = absl::GetFlag(FLAGS_chat_template_max_in_flight);
+  return limits;
+}
+
 // The HTTP front's config, or nullopt when --http_address is empty.
 absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> HttpConfigFromFlags(
     const pd::router::RouterConfig& router) {
@@ -190,6 +210,9 @@ absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> HttpConfigFro
   c.limits.max_prompt_tokens = router.limits.max_prompt_tokens;
   c.limits.max_stop_strings = router.limits.max_stop_strings;
   PD_RETURN_IF_ERROR(c.Validate());
+  if (absl::Status s = ChatTemplateLimitsFromFlags().Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--chat_template_max_*: ", s.message()));
+  }
   return c;
 }
 
@@ -217,10 +240,23 @@ int main(int argc, char** argv) {
     pd::services::ExitWithStartupError(kProgram, http_config.status());
   }
   if (http_config->has_value()) {
+    const std::string& template_file = absl::GetFlag(FLAGS_chat_template);
     absl::StatusOr<std::unique_ptr<pd::chat::ChatTemplate>> chat_template =
-        pd::router::openai::LoadChatTemplate(config->model, absl::GetFlag(FLAGS_chat_template));
+        pd::router::openai::LoadChatTemplate(config->model, template_file,
+                                             ChatTemplateLimitsFromFlags());
     if (!chat_template.ok()) {
       pd::services::ExitWithStartupError(kProgram, chat_template.status());
+    }
+    // One render of a sample conversation now refuses a template that cannot render within
+    // its limits, instead of every chat request paying for it.
+    if (*chat_template != nullptr) {
+      if (absl::Status s = (*chat_template)->CheckRendersSample(); !s.ok()) {
+        pd::services::ExitWithStartupError(
+            kProgram, absl::Status(s.code(), absl::StrCat(template_file.empty()
+                                                              ? config->model + " (chat template)"
+                                                              : "--chat_template " + template_file,
+                                                          ": ", s.message())));
+      }
     }
     absl::StatusOr<std::unique_ptr<pd::router::openai::HttpFront>> front =
         pd::router::openai::HttpFront::Start(**http_config, (*server)->generation(),

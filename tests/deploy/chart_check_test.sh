@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # ctest deploy_chart_check: builds tests/deploy/chartcheck (Go, Debian's GOPATH sources, offline)
 # and runs it: the Dockerfiles, the Grafana dashboard, the Helm chart rendered with each values
-# file (default, ci/cpu, ci/gpu, ci/external-redis, ci/minimal) against the binaries' real --help
-# and against the images scripts/images.sh builds (`--list`: repository and tag must match), and
-# every broken input under testdata/ must fail with its expected message.
+# file (ci/secure, ci/dev-insecure, ci/cpu, ci/gpu, ci/external-redis, ci/minimal) against the
+# binaries' real --help and against the images scripts/images.sh builds (`--list`: repository and
+# tag must match), twice (renders must be equal), with the hardening checks (pod security,
+# NetworkPolicies) and, for the secure files, every secure-mode flag and its Secret mount; the
+# defaults alone must refuse to render until the Secrets are named; every broken input under
+# testdata/ must fail with its expected message.
 #
 # usage: chart_check_test.sh --source-dir DIR --build-dir DIR --bin NAME=PATH...
 set -uo pipefail
@@ -45,6 +48,11 @@ if ! bash "$src/scripts/images.sh" --list > "$out/images.list" 2> "$out/images.e
   exit 1
 fi
 images=(--images "$out/images.list" --external-image redis)
+# The Secrets the secure values name: the operator creates them (docs/deploy.md, "Secure mode").
+secrets=()
+for sec in pdserve-tls pdserve-cluster-token pdserve-api-keys pdserve-redis; do
+  secrets+=(--assume-exists "Secret/$sec")
+done
 
 # Strictness follows the source tree: until pd-worker defines --tierd_address, the chart's use
 # of it is allowed and printed as PENDING; once it does, an unknown flag fails as any other.
@@ -85,19 +93,31 @@ run_case() {  # run_case NAME EXPECT(ok|"substring") CMD...
 run_case docker ok "$cc" docker --dir "$src/deploy/docker" --setup "$src/scripts/setup.sh" --build-dir "$build"
 run_case dashboard ok "$cc" dashboard --file "$chart/dashboards/pdserve.json" --src "$src/services"
 run_case values-doc ok "$cc" values-doc --values "$chart/values.yaml" --doc "$src/docs/deploy.md"
-run_case chart-default ok "$cc" chart --chart "$chart" "${bins[@]}" "${strict[@]}" "${images[@]}" \
-  --out "$out/default.yaml"
-for v in cpu gpu external-redis minimal; do
+# Secure by default: values.yaml alone does not render until the Secrets are named.
+run_case chart-default-needs-secrets \
+  'security.enabled is true: security.tls.existingSecret must name the Secret' \
+  "$cc" chart --chart "$chart" "${bins[@]}" "${strict[@]}" "${images[@]}" "${secrets[@]}"
+for v in secure cpu gpu external-redis; do
   run_case "chart-$v" ok "$cc" chart --chart "$chart" --values "$chart/ci/$v-values.yaml" \
-    "${bins[@]}" "${strict[@]}" "${images[@]}" --out "$out/$v.yaml"
+    --expect-secure "${bins[@]}" "${strict[@]}" "${images[@]}" "${secrets[@]}" --out "$out/$v.yaml"
 done
+for v in dev-insecure minimal; do
+  run_case "chart-$v" ok "$cc" chart --chart "$chart" --values "$chart/ci/$v-values.yaml" \
+    "${bins[@]}" "${strict[@]}" "${images[@]}" "${secrets[@]}" --out "$out/$v.yaml"
+done
+# The development values are not secure: --expect-secure must notice (the check can fail).
+run_case chart-dev-insecure-not-secure 'secure mode: --tls_cert is missing' \
+  "$cc" chart --chart "$chart" --values "$chart/ci/dev-insecure-values.yaml" --expect-secure \
+  "${bins[@]}" "${strict[@]}" "${images[@]}" "${secrets[@]}"
 
-# Every broken values file fails with the message its "# expect:" line names.
+# Every broken values file (over the secure values) fails with the message its "# expect:" line
+# names.
 for f in "$src"/tests/deploy/testdata/broken-*.yaml; do
   expect=$(sed -n 's/^# expect: //p' "$f" | head -1)
   [ -n "$expect" ] || { failed=$((failed + 1)); echo "FAIL $f has no '# expect:' line"; continue; }
-  run_case "$(basename "$f" .yaml)" "$expect" "$cc" chart --chart "$chart" --values "$f" \
-    "${bins[@]}" "${strict[@]}" "${images[@]}"
+  run_case "$(basename "$f" .yaml)" "$expect" "$cc" chart --chart "$chart" \
+    --values "$chart/ci/secure-values.yaml" --values "$f" --expect-secure \
+    "${bins[@]}" "${strict[@]}" "${images[@]}" "${secrets[@]}"
 done
 run_case docker-bad-base 'FROM debian:bookworm-slim: tag "bookworm-slim" floats' \
   "$cc" docker --dir "$src/tests/deploy/testdata/docker-bad" --setup "$src/scripts/setup.sh" --build-dir "$build"

@@ -111,6 +111,23 @@ TEST_F(RouterE2eTest, BadConfigurationIsOneLineAndNonZeroExit) {
                      absl::StrCat("redis 127.0.0.1:", dead, ": connect: connection refused"));
 }
 
+// A chat template that cannot render a small conversation within its limits stops the router at
+// startup (issue 40: it cost 17.6 s and 366 MB per chat request before its 400).
+TEST_F(RouterE2eTest, PathologicalChatTemplateIsAStartupError) {
+  const std::string hostile = dir_->File("hostile.jinja");
+  std::ofstream(hostile) << "{% for i in range(1000000) %}{% for j in range(1000000) %}{{ i }}"
+                            "{% endfor %}{% endfor %}";
+  ExpectStartupError({"--http_address=127.0.0.1:0", "--chat_template=" + hostile},
+                     "--chat_template " + hostile +
+                         ": the chat template exceeds its limits on a 3-message sample "
+                         "conversation: template render exceeded its memory limit of 67108864 "
+                         "bytes");
+  ExpectStartupError({"--http_address=127.0.0.1:0", "--chat_template_max_in_flight=0"},
+                     "--chat_template_max_*: chat template max_in_flight must be positive, got 0");
+  ExpectStartupError({"--http_address=127.0.0.1:0", "--chat_template_max_duration=0s"},
+                     "max_duration must be positive");
+}
+
 TEST_F(RouterE2eTest, BadSecurityFilesAreOneLineStartupErrorsThatNeverQuoteASecret) {
   const std::string keys = dir_->File("api-keys");
   std::ofstream(keys) << "# keys\ntenant-a:short-secret\n";

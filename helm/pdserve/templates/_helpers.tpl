@@ -88,6 +88,8 @@ in values as a float64, which prints 4000000 as "4e+06": numbers and booleans go
 {{- define "pdserve.redisSecretName" -}}
 {{- if .Values.redis.auth.existingSecret -}}
 {{- .Values.redis.auth.existingSecret -}}
+{{- else if not .Values.redis.auth.password -}}
+{{- fail "redis.auth.enabled is true: set redis.auth.existingSecret (a Secret you create, e.g. kubectl create secret generic pdserve-redis --from-literal=password=$(openssl rand -hex 32)) or redis.auth.password (kept in the release's values); the chart generates none, as a password made at render time changes on every helm template or Argo CD render" -}}
 {{- else -}}
 {{- printf "%s-redis-auth" (include "pdserve.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -105,7 +107,7 @@ password
 {{- define "pdserve.redisArgs" -}}
 - --redis_address={{ include "pdserve.redisAddress" . }}
 - --redis_key_prefix={{ .Values.cluster.redisKeyPrefix }}
-{{- if .Values.redis.auth.enabled -}}
+{{- if .Values.redis.auth.enabled }}
 - --redis_password_file=/etc/pdserve/redis/{{ include "pdserve.redisSecretKey" . }}
 {{- end }}
 {{- end -}}
@@ -123,6 +125,7 @@ password
 - name: redis-auth
   secret:
     secretName: {{ include "pdserve.redisSecretName" . }}
+    defaultMode: 288  # 0440: the runtime uid reads it through fsGroup
     items:
       - key: {{ include "pdserve.redisSecretKey" . }}
         path: {{ include "pdserve.redisSecretKey" . }}
@@ -132,6 +135,8 @@ password
 {{/* The model volume and its mount (model.source: hostPath | pvc | image). */}}
 {{- define "pdserve.modelVolume" -}}
 {{- if eq .Values.model.source "hostPath" -}}
+# hostPath fails the baseline and restricted Pod Security levels: model.source pvc or image
+# pass them.
 - name: model
   hostPath:
     path: {{ .Values.model.hostPath }}
@@ -156,7 +161,7 @@ password
 
 {{- define "pdserve.modelArgs" -}}
 - --model={{ required "model.path is required" .Values.model.path }}
-{{- if .Values.model.tokenizer -}}
+{{- if .Values.model.tokenizer }}
 - --tokenizer={{ .Values.model.tokenizer }}
 {{- end }}
 {{- end -}}
@@ -177,23 +182,31 @@ password
       fieldPath: spec.nodeName
 {{- end -}}
 
-{{/* gRPC probes on grpc.health.v1 (Kubernetes >= 1.24). */}}
+{{/*
+Probes: (dict "root" $ "port" <grpc port> "startupFailureThreshold" N). Plaintext: gRPC probes on
+grpc.health.v1 (Kubernetes >= 1.24). Secure mode: the kubelet's gRPC probe speaks no TLS, so
+readiness and startup check that the gRPC port accepts connections (it is bound once the model is
+loaded) and liveness asks /healthz on the metrics port (plain HTTP).
+*/}}
 {{- define "pdserve.grpcProbes" -}}
+{{- $check := dict "grpc" (dict "port" .port) -}}
+{{- $live := dict "grpc" (dict "port" .port) -}}
+{{- if .root.Values.security.enabled -}}
+{{- $check = dict "tcpSocket" (dict "port" "grpc") -}}
+{{- $live = dict "httpGet" (dict "path" "/healthz" "port" "metrics") -}}
+{{- end -}}
 readinessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $check | nindent 2 }}
   periodSeconds: 5
   failureThreshold: 3
 livenessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $live | nindent 2 }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 6
 {{- if .startupFailureThreshold }}
 startupProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $check | nindent 2 }}
   periodSeconds: 10
   failureThreshold: {{ .startupFailureThreshold }}
 {{- end }}
@@ -215,33 +228,117 @@ checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha
 {{- join "," $out -}}
 {{- end -}}
 
+{{/* A writable /tmp for containers with a read-only root filesystem. */}}
+{{- define "pdserve.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end -}}
+
+{{- define "pdserve.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
 {{/*
-Init container opening the node's hostPath directories to the runtime uid: hostPath volumes
-ignore fsGroup, and DirectoryOrCreate makes them root-owned 0755. The shared-memory directory
-becomes 1777 like /dev/shm (UCX puts its own segments there too); the NVMe directory is chowned.
-(dict "root" $ "nvme" true|false)
+Secure mode (security.*): the Secrets are named or the render fails. Files are mounted read-only
+under /etc/pdserve/<what>/ with mode 0440 (group = fsGroup) and passed to the binaries' flags.
 */}}
-{{- define "pdserve.hostDirsInit" -}}
-- name: host-dirs
-  image: {{ include "pdserve.image" .root }}
-  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
-  command:
-    - /bin/sh
-    - -c
-    - chmod 1777 /host/shm{{ if .nvme }} && chown {{ .root.Values.podSecurityContext.runAsUser | default 65532 | int64 }}:{{ .root.Values.podSecurityContext.runAsGroup | default 65532 | int64 }} /host/nvme && chmod 0750 /host/nvme{{ end }}
-  securityContext:
-    runAsUser: 0
-    runAsGroup: 0
-    runAsNonRoot: false
-    allowPrivilegeEscalation: false
-    capabilities:
-      drop: [ALL]
-      add: [CHOWN, FOWNER]
-  volumeMounts:
-    - name: shm
-      mountPath: /host/shm
-    {{- if .nvme }}
-    - name: nvme
-      mountPath: /host/nvme
-    {{- end }}
+{{- define "pdserve.checkSecurity" -}}
+{{- if .Values.security.enabled -}}
+{{- $sec := .Values.security -}}
+{{- $hint := "(docs/deploy.md, \"Secure mode\"), or set security.enabled=false for a development cluster" -}}
+{{- if not $sec.tls.existingSecret -}}
+{{- fail (printf "security.enabled is true: security.tls.existingSecret must name the Secret with the cluster CA, certificate and key (%s, %s, %s) %s" $sec.tls.caKey $sec.tls.certKey $sec.tls.keyKey $hint) -}}
+{{- end -}}
+{{- if not $sec.clusterToken.existingSecret -}}
+{{- fail (printf "security.enabled is true: security.clusterToken.existingSecret must name the Secret with the cluster token (key %s) %s" $sec.clusterToken.key $hint) -}}
+{{- end -}}
+{{- if not $sec.apiKeys.existingSecret -}}
+{{- fail (printf "security.enabled is true: security.apiKeys.existingSecret must name the Secret with the API keys (key %s, 'tenant:key' lines) %s" $sec.apiKeys.key $hint) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Flags of one component: (dict "root" $ "component" "router"|"worker"|"tierd"). */}}
+{{- define "pdserve.securityArgs" -}}
+{{- if .root.Values.security.enabled -}}
+{{- if and (eq .component "router") .root.Values.security.publicTls.existingSecret }}
+- --tls_cert=/etc/pdserve/public-tls/tls.crt
+- --tls_key=/etc/pdserve/public-tls/tls.key
+{{- else }}
+- --tls_cert=/etc/pdserve/tls/tls.crt
+- --tls_key=/etc/pdserve/tls/tls.key
+{{- end }}
+{{- if ne .component "router" }}
+- --tls_ca=/etc/pdserve/tls/ca.crt
+{{- end }}
+{{- if ne .component "tierd" }}
+- --client_tls_ca=/etc/pdserve/tls/ca.crt
+- --client_tls_cert=/etc/pdserve/tls/tls.crt
+- --client_tls_key=/etc/pdserve/tls/tls.key
+{{- end }}
+- --cluster_token_file=/etc/pdserve/cluster-token/token
+{{- if eq .component "router" }}
+- --api_keys_file=/etc/pdserve/api-keys/api-keys
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "pdserve.securityMounts" -}}
+{{- if .root.Values.security.enabled }}
+- name: tls
+  mountPath: /etc/pdserve/tls
+  readOnly: true
+- name: cluster-token
+  mountPath: /etc/pdserve/cluster-token
+  readOnly: true
+{{- if eq .component "router" }}
+{{- if .root.Values.security.publicTls.existingSecret }}
+- name: public-tls
+  mountPath: /etc/pdserve/public-tls
+  readOnly: true
+{{- end }}
+- name: api-keys
+  mountPath: /etc/pdserve/api-keys
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "pdserve.securityVolumes" -}}
+{{- if .root.Values.security.enabled }}
+{{- $sec := .root.Values.security }}
+- name: tls
+  secret:
+    secretName: {{ $sec.tls.existingSecret }}
+    defaultMode: 288  # 0440: the runtime uid reads it through fsGroup
+    items:
+      - {key: {{ $sec.tls.caKey | quote }}, path: ca.crt}
+      - {key: {{ $sec.tls.certKey | quote }}, path: tls.crt}
+      - {key: {{ $sec.tls.keyKey | quote }}, path: tls.key}
+- name: cluster-token
+  secret:
+    secretName: {{ $sec.clusterToken.existingSecret }}
+    defaultMode: 288
+    items:
+      - {key: {{ $sec.clusterToken.key | quote }}, path: token}
+{{- if eq .component "router" }}
+{{- if $sec.publicTls.existingSecret }}
+- name: public-tls
+  secret:
+    secretName: {{ $sec.publicTls.existingSecret }}
+    defaultMode: 288
+    items:
+      - {key: {{ $sec.publicTls.certKey | quote }}, path: tls.crt}
+      - {key: {{ $sec.publicTls.keyKey | quote }}, path: tls.key}
+{{- end }}
+- name: api-keys
+  secret:
+    secretName: {{ $sec.apiKeys.existingSecret }}
+    defaultMode: 288
+    items:
+      - {key: {{ $sec.apiKeys.key | quote }}, path: api-keys}
+{{- end }}
+{{- end }}
 {{- end -}}

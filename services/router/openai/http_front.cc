@@ -600,12 +600,12 @@ bool IsDirectory(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<chat::ChatTemplate>> LoadChatTemplate(const std::string& model,
-                                                                     const std::string& file) {
+absl::StatusOr<std::unique_ptr<chat::ChatTemplate>> LoadChatTemplate(
+    const std::string& model, const std::string& file, const chat::ChatTemplateLimits& limits) {
   const bool hf_dir = IsDirectory(model);
   if (file.empty()) {
     if (!hf_dir) return nullptr;  // llama2.c: no template
-    absl::StatusOr<chat::ChatTemplate> t = chat::ChatTemplate::FromModelDir(model);
+    absl::StatusOr<chat::ChatTemplate> t = chat::ChatTemplate::FromModelDir(model, limits);
     if (absl::IsNotFound(t.status())) {
       LOG(WARNING) << "http: " << model << " has no chat template: /v1/chat/completions "
                    << "answers 400 (give one with --chat_template)";
@@ -627,7 +627,7 @@ absl::StatusOr<std::unique_ptr<chat::ChatTemplate>> LoadChatTemplate(const std::
     }
   }
   absl::StatusOr<chat::ChatTemplate> t =
-      chat::ChatTemplate::Create(std::move(source), std::move(bos), std::move(eos));
+      chat::ChatTemplate::Create(std::move(source), std::move(bos), std::move(eos), limits);
   if (!t.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--chat_template ", file, ": ", t.status().message()));
@@ -896,6 +896,8 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::ToGenerateRequest(const OpenAiReq
   for (const ChatMessage& m : r.messages) messages.push_back({m.role, m.content});
   absl::StatusOr<std::string> text = chat_template_->Render(messages, r.add_generation_prompt);
   if (!text.ok()) {
+    // Too many renders at once: 503, retry; any other failure is the request's (400).
+    if (absl::IsUnavailable(text.status())) return text.status();
     return WithParam(
         absl::InvalidArgumentError(absl::StrCat("chat template: ", text.status().message())),
         "messages");

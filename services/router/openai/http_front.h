@@ -70,9 +70,10 @@ struct HttpFrontConfig {
 // when set, else the model's (a Hugging Face directory's tokenizer_config.json chat_template or
 // chat_template.jinja); null when the model has none (llama2.c checkpoints). BOS/EOS come from
 // the directory's tokenizer_config.json ("" for llama2.c). Errors: NotFound for an unreadable
-// file, InvalidArgument for a template that does not parse (naming the file).
-absl::StatusOr<std::unique_ptr<chat::ChatTemplate>> LoadChatTemplate(const std::string& model,
-                                                                     const std::string& file);
+// file, InvalidArgument for a template that does not parse (naming the file). Its renders are
+// bounded by `limits`.
+absl::StatusOr<std::unique_ptr<chat::ChatTemplate>> LoadChatTemplate(
+    const std::string& model, const std::string& file, const chat::ChatTemplateLimits& limits = {});
 
 class HttpFront {
  public:

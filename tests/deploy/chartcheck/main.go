@@ -3,7 +3,7 @@
 //
 //	chartcheck chart --chart DIR [--values FILE]... --bin NAME=PATH... [--allow-missing-bin NAME]
 //	                 [--pending-flag BIN:FLAG] [--assume-exists Kind/name] [--out FILE]
-//	                 [--images FILE [--external-image REPOSITORY]...]
+//	                 [--images FILE [--external-image REPOSITORY]...] [--expect-secure]
 //	chartcheck docker --dir deploy/docker --setup scripts/setup.sh --build-dir BUILD
 //	chartcheck dashboard --file helm/pdserve/dashboards/pdserve.json --src services
 //	chartcheck values-doc --values helm/pdserve/values.yaml --doc docs/deploy.md
@@ -52,6 +52,7 @@ func runChart(argv []string) int {
 	out := fs.String("out", "", "write the rendered manifests here")
 	release := fs.String("release", "pdserve", "release name")
 	namespace := fs.String("namespace", "pdserve", "release namespace")
+	expectSecure := fs.Bool("expect-secure", false, "the values select secure mode: check every binary's TLS, token, API-key and Redis password flags and their Secret mounts")
 	imagesFile := fs.String("images", "", "`scripts/images.sh --list` output: every image the chart names must be one of them")
 	var values, bins, allowMissing, pending, assumed, external listFlag
 	fs.Var(&external, "external-image", "repository of an image that scripts/images.sh does not build (third party)")
@@ -69,7 +70,8 @@ func runChart(argv []string) int {
 		label = strings.Join(values, " + ")
 	}
 	c := &checker{bins: map[string]map[string]flagInfo{}, skipBins: map[string]bool{},
-		pending: map[string]bool{}, assumed: map[string]bool{}, usedPend: map[string]bool{}}
+		pending: map[string]bool{}, assumed: map[string]bool{}, usedPend: map[string]bool{},
+		expectSecure: *expectSecure}
 	for _, p := range pending {
 		c.pending[p] = true
 	}
@@ -113,11 +115,26 @@ func runChart(argv []string) int {
 		}
 		c.bins[name] = flags
 	}
-	docs, _, err := renderChart(renderOptions{chartDir: *chartDir, valuesFiles: values,
-		releaseName: *release, namespace: *namespace})
+	opts := renderOptions{chartDir: *chartDir, valuesFiles: values, releaseName: *release,
+		namespace: *namespace}
+	docs, _, err := renderChart(opts)
 	if err != nil {
 		fmt.Printf("FAIL: %s: %v\n", label, err)
 		return 1
+	}
+	// Render-stable: `helm template` and Argo CD render the chart again and again, with no
+	// cluster to look anything up in; anything generated at render time (randAlphaNum, lookup,
+	// now, genCA) would change on every render and roll or break the release.
+	again, _, err := renderChart(opts)
+	if err != nil {
+		fmt.Printf("FAIL: %s: second render: %v\n", label, err)
+		return 1
+	}
+	for i := range docs {
+		if i < len(again) && docs[i].text != again[i].text {
+			fmt.Printf("FAIL: %s: two renders of %s differ: a value is generated at render time (randAlphaNum, lookup, now, gen*): helm template and Argo CD would change it on every render\n", label, docs[i].name)
+			return 1
+		}
 	}
 	if *out != "" {
 		var b strings.Builder

@@ -39,6 +39,8 @@ type checker struct {
 	// externalRepos: third-party repositories the chart may name besides them.
 	builtImages   map[string]string
 	externalRepos map[string]bool
+	// expectSecure: the values ask for secure mode; its flags and Secret mounts are checked.
+	expectSecure bool
 }
 
 var kindAPI = map[string]string{
@@ -331,7 +333,9 @@ func (c *checker) checkPodSpec(o *object, spec map[string]interface{}, claimTemp
 	}
 	for _, x := range containers(spec) {
 		c.checkContainer(o, x, volumes, claimTemplates)
+		c.checkArgsJoined(o, x)
 	}
+	c.checkPodSecurity(o, spec)
 }
 
 func (c *checker) checkVolume(o *object, v map[string]interface{}) {
@@ -377,6 +381,14 @@ func (c *checker) checkVolume(o *object, v map[string]interface{}) {
 			c.errorf(o, "volume %s: hostPath.path %q is not absolute", name, p)
 		}
 	case v["emptyDir"] != nil:
+	case v["ephemeral"] != nil:
+		spec := get(v, "ephemeral", "volumeClaimTemplate", "spec")
+		if q := s(get(spec, "resources", "requests", "storage")); !quantityRe.MatchString(q) {
+			c.errorf(o, "volume %s: ephemeral storage request %q is not a quantity", name, q)
+		}
+		if len(l(get(spec, "accessModes"))) == 0 {
+			c.errorf(o, "volume %s: ephemeral volumeClaimTemplate has no accessModes", name)
+		}
 	default:
 		c.errorf(o, "volume %s: no known source", name)
 	}
@@ -916,24 +928,48 @@ func (c *checker) checkNetworkPolicy(o *object) {
 	if len(targets) == 0 {
 		c.errorf(o, "podSelector selects no pod template of the release")
 	}
-	for i, rule := range l(get(o.body, "spec", "ingress")) {
-		for _, peer := range l(get(rule, "from")) {
+	// A podSelector {} is every pod of the namespace; otherwise it must select pods of the
+	// release. Named ports and single numbers must be ports of the pods they lead to; a range
+	// (endPort) holds ports the pods bind at run time.
+	checkPeers := func(dir string, i int, peers []interface{}) []pod {
+		var selected []pod
+		for _, peer := range peers {
 			pm := m(peer)
 			if pm["podSelector"] != nil && pm["namespaceSelector"] == nil {
 				sel := stringMap(get(pm, "podSelector", "matchLabels"))
-				if len(c.podsSelectedBy(sel)) == 0 {
-					c.errorf(o, "ingress[%d]: from.podSelector %v selects no pod template of the release", i, sel)
+				if len(sel) == 0 {
+					continue
 				}
+				ps := c.podsSelectedBy(sel)
+				if len(ps) == 0 {
+					c.errorf(o, "%s[%d]: podSelector %v selects no pod template of the release", dir, i, sel)
+				}
+				selected = append(selected, ps...)
 			}
 		}
+		return selected
+	}
+	checkPorts := func(dir string, i int, rule interface{}, pods []pod) {
 		for _, p := range l(get(rule, "ports")) {
 			port := get(p, "port")
-			for _, t := range targets {
+			if get(p, "endPort") != nil {
+				continue
+			}
+			for _, t := range pods {
 				if !podHasPort(t.spec, port) {
-					c.errorf(o, "ingress[%d]: port %v is not a port of %s's pods", i, port, t.owner.id())
+					c.errorf(o, "%s[%d]: port %v is not a port of %s's pods", dir, i, port, t.owner.id())
 				}
 			}
 		}
+	}
+	for i, rule := range l(get(o.body, "spec", "ingress")) {
+		checkPeers("ingress", i, l(get(rule, "from")))
+		checkPorts("ingress", i, rule, targets)
+	}
+	for i, rule := range l(get(o.body, "spec", "egress")) {
+		pods := checkPeers("egress", i, l(get(rule, "to")))
+		// Named ports of egress rules are resolved at the destination pods.
+		checkPorts("egress", i, rule, pods)
 	}
 }
 
@@ -970,6 +1006,10 @@ func (c *checker) run() {
 				}
 			}
 		}
+	}
+	c.checkNetworkPolicies()
+	if c.expectSecure {
+		c.checkSecureMode()
 	}
 	sort.Strings(c.notes)
 }
