@@ -97,6 +97,9 @@ template <typename Base>
 class Processor final : public Base {
  public:
   using Base::Base;
+  // httplib's chunked writer (streams) runs only while the server's listening socket is set;
+  // this server never runs httplib's accept loop, so it says so itself (-1: stopping).
+  void SetRunning(int listen_fd) { this->svr_sock_ = listen_fd; }
   bool Process(httplib::Stream& strm, bool close_connection, bool& closed, SSL* ssl) {
     if (ssl == nullptr) return this->process_request(strm, close_connection, closed, {});
     return this->process_request(strm, close_connection, closed,
@@ -287,10 +290,12 @@ class HttpConnections::Impl {
   httplib::Server& server() { return *server_; }
   int port() const { return port_; }
   void Start() {
+    set_running_(listen_fd_);
     waiter_ = std::thread([this] { WaiterLoop(); });
   }
   void Shutdown() {
     if (shutdown_.exchange(true)) return;
+    set_running_(-1);  // streams end at their next chunk, as under httplib's own stop()
     const uint64_t one = 1;
     (void)!::write(wake_fd_, &one, sizeof(one));
   }
@@ -344,6 +349,7 @@ class HttpConnections::Impl {
   FramingLimits limits_;
   std::unique_ptr<httplib::Server> server_;
   std::function<bool(httplib::Stream&, bool, bool&, SSL*)> process_;
+  std::function<void(int)> set_running_;  // Processor::SetRunning
   SSL_CTX* ssl_ctx_ = nullptr;  // owned by server_ (TLS only)
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
@@ -388,12 +394,14 @@ absl::Status HttpConnections::Impl::Init() {
     process_ = [s = tls.get()](httplib::Stream& strm, bool close, bool& closed, SSL* ssl) {
       return s->Process(strm, close, closed, ssl);
     };
+    set_running_ = [s = tls.get()](int fd) { s->SetRunning(fd); };
     server_ = std::move(tls);
   } else {
     auto plain = std::make_unique<Processor<httplib::Server>>();
     process_ = [s = plain.get()](httplib::Stream& strm, bool close, bool& closed, SSL* ssl) {
       return s->Process(strm, close, closed, ssl);
     };
+    set_running_ = [s = plain.get()](int fd) { s->SetRunning(fd); };
     server_ = std::move(plain);
   }
   server_->set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
