@@ -30,17 +30,23 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "services/router/openai/connection_caps.h"
+#include "services/router/openai/connection_stream.h"
 #include "services/router/openai/openai_response.h"
 #include "services/router/openai/request_framing.h"
 
 namespace pd::router::openai {
 namespace {
 
+using http_internal::CannedResponse;
+using http_internal::Conn;
+using http_internal::kContinue;
+using http_internal::NumericHost;
+using http_internal::ServeBuffered;
+
 constexpr int kListenBacklog = 4096;
-// Requests served on one keep-alive connection before it is closed.
-constexpr size_t kMaxRequestsPerConnection = 100000;
 // How long an idle worker thread waits for the next request before it ends.
 constexpr absl::Duration kWorkerLinger = absl::Seconds(5);
 // After an error response: how long the socket is kept to read what the client still sends
@@ -51,40 +57,12 @@ constexpr size_t kReadBudget = 64 << 10;
 // Open-file descriptors kept free above max_open_connections for everything else.
 constexpr rlim_t kFdMargin = 1024;
 constexpr absl::Duration kLogInterval = absl::Seconds(10);
-constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
 
 // Refusal reasons: fixed label values of pd_router_http_connections_refused_total.
 enum Reason { kOpenLimit, kClientLimit, kFdLimit, kHeaderTimeout, kBodyTimeout, kBusy, kFraming,
               kNumReasons };
 constexpr std::array<const char*, kNumReasons> kReasonNames = {
     "open_limit", "client_limit", "fd_limit", "header_timeout", "body_timeout", "busy", "framing"};
-
-// Waits up to `timeout` for `events` on `sock`, in one poll(2). True when `sock` is ready (or
-// has hung up or failed: the next write tells which); false on timeout.
-bool WaitFor(int sock, int16_t events, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    pollfd fd = {sock, events, 0};
-    const int64_t left_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
-    const int n = ::poll(&fd, 1, static_cast<int>(std::min<int64_t>(left_ms, INT32_MAX)));
-    if (n < 0 && errno == EINTR) continue;
-    return n > 0;
-  }
-}
-
-std::string NumericHost(const sockaddr_storage& addr, int* port) {
-  char host[INET6_ADDRSTRLEN] = "";
-  if (addr.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    *port = ntohs(in->sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    *port = ntohs(in6->sin6_port);
-  }
-  return host;
-}
 
 void ResetAndClose(int fd) {
   const linger l = {1, 0};  // RST: no TIME_WAIT left behind for a refused connection
@@ -107,166 +85,6 @@ class Processor final : public Base {
   }
 };
 
-// One accepted connection. The waiter owns it while it waits (in epoll and a timer); a worker
-// has it, alone, while its request is served (phase kServing).
-struct Conn {
-  enum class Phase { kHandshake, kIdle, kHead, kBody, kServing, kLinger };
-
-  Conn(int fd, std::string peer, int peer_port, FramingLimits limits)
-      : fd(fd), peer(std::move(peer)), peer_port(peer_port), framer(limits) {}
-
-  const int fd;
-  const std::string peer;  // numeric IP: the per-client cap's key
-  const int peer_port;
-  SSL* ssl = nullptr;  // owned; null for plaintext
-  Phase phase = Phase::kIdle;
-  std::multimap<absl::Time, Conn*>::iterator timer;
-  bool has_timer = false;
-  uint32_t interest = 0;     // epoll events registered; 0 = not in epoll
-  bool tls_want_write = false;
-  std::string buf;  // bytes read and not yet consumed; a request starts at buf[0]
-  RequestFramer framer;
-  bool continue_sent = false;
-  size_t requests_left = kMaxRequestsPerConnection;
-  bool keep = false;  // set by the worker: back to waiting (true) or close
-};
-
-// The stream httplib's parser reads and writes on a worker: reads come from the request the
-// waiter buffered (the end of that request reads as the end of the stream: the parser never
-// waits on the socket); writes go to the socket (non-blocking; each wait a single poll(2)),
-// through OpenSSL for TLS. A "100 Continue" the waiter already sent is not sent twice.
-class ConnectionStream final : public httplib::Stream {
- public:
-  ConnectionStream(Conn& conn, absl::Duration write_timeout)
-      : conn_(conn), frame_(conn.framer.frame_bytes()), write_timeout_(write_timeout) {}
-
-  bool is_readable() const override { return read_ < frame_; }
-
-  // httplib's meaning: writable within the write timeout, and the peer has not closed (a
-  // streaming client that went away is noticed before the next chunk is generated).
-  bool is_writable() const override {
-    if (!WaitFor(conn_.fd, POLLOUT, write_timeout_)) return false;
-    pollfd fd = {conn_.fd, POLLIN, 0};
-    if (::poll(&fd, 1, 0) <= 0) return true;
-    char byte;
-    return ::recv(conn_.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
-  }
-
-  ssize_t read(char* ptr, size_t size) override {
-    const size_t n = std::min(size, frame_ - read_);
-    std::memcpy(ptr, conn_.buf.data() + read_, n);
-    read_ += n;
-    return static_cast<ssize_t>(n);
-  }
-
-  ssize_t write(const char* ptr, size_t size) override {
-    if (conn_.continue_sent && !wrote_ && absl::string_view(ptr, size) == kContinue) {
-      wrote_ = true;
-      return static_cast<ssize_t>(size);
-    }
-    wrote_ = true;
-    if (!is_writable()) return -1;
-    return conn_.ssl != nullptr ? WriteTls(ptr, size) : WritePlain(ptr, size);
-  }
-
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    ip = conn_.peer;
-    port = conn_.peer_port;
-  }
-
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage addr{};
-    socklen_t len = sizeof(addr);
-    if (::getsockname(conn_.fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      ip = NumericHost(addr, &port);
-    }
-  }
-
-  socket_t socket() const override { return conn_.fd; }
-
-  // CurrentClientGone's answer for this connection.
-  bool ClientGone() const {
-    pollfd p = {conn_.fd, static_cast<int16_t>(POLLIN | POLLRDHUP), 0};
-    if (::poll(&p, 1, 0) <= 0) return false;
-    if ((p.revents & (POLLHUP | POLLERR)) != 0) return true;
-    // A TLS client's close_notify is unread bytes ahead of its FIN.
-    if (conn_.ssl != nullptr && (p.revents & POLLRDHUP) != 0) return true;
-    char byte;
-    return (p.revents & POLLIN) != 0 && ::recv(conn_.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
-  }
-
- private:
-  ssize_t WritePlain(const char* ptr, size_t size) {
-    for (;;) {
-      const ssize_t n = ::send(conn_.fd, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n >= 0) return n;
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-      if (!WaitFor(conn_.fd, POLLOUT, write_timeout_)) return -1;
-    }
-  }
-
-  ssize_t WriteTls(const char* ptr, size_t size) {
-    const int want = static_cast<int>(std::min<size_t>(size, INT32_MAX));
-    for (;;) {
-      ERR_clear_error();
-      const int n = SSL_write(conn_.ssl, ptr, want);
-      if (n > 0) return n;
-      const int err = SSL_get_error(conn_.ssl, n);
-      const int16_t events = err == SSL_ERROR_WANT_READ    ? POLLIN
-                             : err == SSL_ERROR_WANT_WRITE ? POLLOUT
-                                                           : 0;
-      if (events == 0 || !WaitFor(conn_.fd, events, write_timeout_)) return -1;
-    }
-  }
-
-  Conn& conn_;
-  const size_t frame_;
-  const absl::Duration write_timeout_;
-  size_t read_ = 0;
-  bool wrote_ = false;
-};
-
-thread_local const ConnectionStream* t_current_stream = nullptr;
-
-const char* ReasonPhrase(int status) {
-  switch (status) {
-    case 400: return "Bad Request";
-    case 408: return "Request Timeout";
-    case 411: return "Length Required";
-    case 413: return "Payload Too Large";
-    case 431: return "Request Header Fields Too Large";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    default: return "Error";
-  }
-}
-
-// "HTTP/1.1 <status> ..." with an OpenAI error object, for the answers the waiter gives itself.
-std::string CannedResponse(int status, const std::string& message) {
-  ApiError e;
-  if (status == 503) {
-    e = ErrorFromStatus(absl::UnavailableError(message));
-  } else {
-    e.http_status = status;
-    e.message = message;
-    e.type = status >= 500 ? "server_error" : "invalid_request_error";
-    switch (status) {
-      case 408: e.code = "request_timeout"; break;
-      case 411: e.code = "length_required"; break;
-      case 413: e.code = "request_too_large"; break;
-      case 431: e.code = "request_header_fields_too_large"; break;
-      case 501: e.code = "not_implemented"; break;
-      default: e.code = "bad_request"; break;
-    }
-  }
-  const std::string body = ErrorBody(e);
-  return absl::StrCat("HTTP/1.1 ", status, " ", ReasonPhrase(status),
-                      "\r\nContent-Type: application/json\r\nContent-Length: ", body.size(),
-                      "\r\nConnection: close\r\n", status == 503 ? "Retry-After: 1\r\n" : "",
-                      "\r\n", body);
-}
-
 }  // namespace
 
 class HttpConnections::Impl {
@@ -287,6 +105,10 @@ class HttpConnections::Impl {
   }
 
   absl::Status Init();
+  void RaiseFileLimit();
+  absl::Status Listen();
+  absl::Status InitEpoll();
+  absl::Status InitMetrics();
   httplib::Server& server() { return *server_; }
   int port() const { return port_; }
   void Start() {
@@ -405,7 +227,13 @@ absl::Status HttpConnections::Impl::Init() {
     server_ = std::move(plain);
   }
   server_->set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
+  RaiseFileLimit();
+  PD_RETURN_IF_ERROR(Listen());
+  PD_RETURN_IF_ERROR(InitEpoll());
+  return InitMetrics();
+}
 
+void HttpConnections::Impl::RaiseFileLimit() {
   // The open-file limit: connections past it would fail at accept.
   rlimit nofile{};
   const rlim_t want = static_cast<rlim_t>(config_.max_open_connections) + kFdMargin;
@@ -418,7 +246,9 @@ absl::Status HttpConnections::Impl::Init() {
                    << ": connections past it are reset (reason fd_limit)";
     }
   }
+}
 
+absl::Status HttpConnections::Impl::Listen() {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -451,7 +281,10 @@ absl::Status HttpConnections::Impl::Init() {
   socklen_t len = sizeof(bound);
   (void)::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
   NumericHost(bound, &port_);
+  return absl::OkStatus();
+}
 
+absl::Status HttpConnections::Impl::InitEpoll() {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   notify_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -469,7 +302,10 @@ absl::Status HttpConnections::Impl::Init() {
       return absl::InternalError(absl::StrCat("http: epoll_ctl: ", std::strerror(errno)));
     }
   }
+  return absl::OkStatus();
+}
 
+absl::Status HttpConnections::Impl::InitMetrics() {
   metrics::Family<metrics::Counter>* refused;
   absl::StatusOr<metrics::Family<metrics::Counter>*> family = registry_->AddCounter(
       "pd_router_http_connections_refused_total",
@@ -791,11 +627,10 @@ void HttpConnections::Impl::WorkerLoop(std::shared_ptr<WorkQueue> work) {
 
 void HttpConnections::Impl::Serve(Conn* c) {
   {
-    ConnectionStream strm(*c, config_.write_timeout);
     bool closed = false;
-    t_current_stream = &strm;
-    const bool ok = process_(strm, /*close_connection=*/c->requests_left == 1, closed, c->ssl);
-    t_current_stream = nullptr;
+    const bool ok = ServeBuffered(*c, config_.write_timeout, [&](httplib::Stream& strm) {
+      return process_(strm, /*close_connection=*/c->requests_left == 1, closed, c->ssl);
+    });
     --c->requests_left;
     c->keep = ok && !closed && c->requests_left > 0;
     if (!c->keep && ok && c->ssl != nullptr) {
@@ -972,9 +807,5 @@ int HttpConnections::port() const { return impl_->port(); }
 void HttpConnections::Start() { impl_->Start(); }
 void HttpConnections::Shutdown() { impl_->Shutdown(); }
 void HttpConnections::Stop() { impl_->Stop(); }
-
-bool CurrentClientGone() {
-  return t_current_stream != nullptr && t_current_stream->ClientGone();
-}
 
 }  // namespace pd::router::openai
