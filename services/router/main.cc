@@ -23,9 +23,18 @@ ABSL_FLAG(std::string, http_address, "",
           "OpenAI-compatible HTTP API listen address (docs/openai.md); empty = off");
 ABSL_FLAG(int64_t, http_max_body_bytes, 4 << 20, "HTTP request bodies above this get 413");
 ABSL_FLAG(int64_t, http_max_connections, 4096,
-          "HTTP connections doing work at once (each holds a thread); more get 503");
+          "HTTP requests served at once (each holds a thread); more get 503. Connections "
+          "still sending a request do not count");
+ABSL_FLAG(int64_t, http_max_open_connections, 16384,
+          "HTTP connections open in all; more are reset at accept");
+ABSL_FLAG(int64_t, http_max_connections_per_client, 2048,
+          "HTTP connections open per client IP address; more are reset at accept; 0 = no cap");
 ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(5),
-          "an idle HTTP keep-alive connection is closed after this long");
+          "how long an HTTP connection may wait for a request's first byte (new or keep-alive)");
+ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(10),
+          "total time for an HTTP request's head, from its first byte (TLS: from accept); then 408");
+ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
+          "total time for an HTTP request's body, from the end of its head; then 408");
 ABSL_FLAG(std::string, chat_template, "",
           "Jinja chat template file for /v1/chat/completions, replacing the model's "
           "(tokenizer_config.json chat_template); llama2.c models have none");
@@ -204,7 +213,11 @@ absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> HttpConfigFro
       c.address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_http_address), "--http_address"));
   c.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
   c.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  c.max_open_connections = absl::GetFlag(FLAGS_http_max_open_connections);
+  c.max_connections_per_client = absl::GetFlag(FLAGS_http_max_connections_per_client);
   c.idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  c.header_timeout = absl::GetFlag(FLAGS_http_header_timeout);
+  c.body_timeout = absl::GetFlag(FLAGS_http_body_timeout);
   c.tls = router.tls;
   c.limits.max_tokens_limit = router.limits.max_tokens_limit;
   c.limits.max_prompt_tokens = router.limits.max_prompt_tokens;

@@ -13,18 +13,17 @@
 // while draining or above max_connections. A streaming client that disconnects cancels its
 // generation (the next write fails; the worker call is cancelled and its blocks freed).
 //
-// Each connection is served by its own thread (streams block on the relay), at most
-// max_connections of them doing work at once. A connection waiting for its next request (TLS
-// or not) sleeps in poll(2), costing no CPU, until the request, idle_timeout or Stop.
+// Connections (http_connections.h): one waiter thread holds every connection until it has a
+// complete request (deadlines header_timeout and body_timeout, caps on open connections in
+// all and per client); then a worker thread runs the request (a stream holds it until it
+// ends), at most max_connections at once, and a keep-alive connection goes back to waiting.
 //
 // Thread-safety: Start/Drain/Stop from one thread; requests on the connection threads.
 #pragma once
 
 #include <atomic>
 #include <memory>
-#include <optional>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,6 +47,7 @@ class GenerationService;
 
 namespace pd::router::openai {
 
+class HttpConnections;
 class LiveStreams;
 
 struct HttpFrontConfig {
@@ -55,10 +55,17 @@ struct HttpFrontConfig {
   services::HostPort address{"127.0.0.1", 8000};
   // Request bodies above this are refused with 413.
   int64_t max_body_bytes = 4 << 20;
-  // Connections doing work at once; more are answered 503 with Retry-After.
+  // Requests being served at once (each has a worker thread); more get 503 with Retry-After.
+  // Connections still waiting for a complete request do not count.
   int64_t max_connections = 4096;
-  // An idle keep-alive connection is closed after this long (also how long Stop may wait on one).
+  // Open connections in all, and per client IP address (0 = no cap): more are reset at accept.
+  int64_t max_open_connections = 16384;
+  int64_t max_connections_per_client = 2048;
+  // How long a connection may wait for a request's first byte (a new one, and a keep-alive one
+  // between requests); then how long the rest of the head may take, and then the body.
   absl::Duration idle_timeout = absl::Seconds(5);
+  absl::Duration header_timeout = absl::Seconds(10);
+  absl::Duration body_timeout = absl::Seconds(30);
   // TLS of the HTTP API (the gRPC API's --tls_cert/--tls_key/--tls_ca); unset = plaintext.
   services::TlsServerConfig tls;
   ParseLimits limits;
@@ -77,8 +84,6 @@ absl::StatusOr<std::unique_ptr<chat::ChatTemplate>> LoadChatTemplate(
 
 class HttpFront {
  public:
-  struct ConnectionCount;  // internal
-
   // Binds and starts serving. `service` and `model` must outlive the front; `chat_template`
   // (may be null: chat requests then get a 400 saying the model has none) is owned.
   // InvalidArgument for a bad config; Unavailable when the address cannot be bound.
@@ -88,11 +93,12 @@ class HttpFront {
   // Stops (Stop) if still running.
   ~HttpFront();
 
-  int port() const { return port_; }
+  int port() const;
   // New requests get 503 from now on; waits until the requests in flight are done or
   // `deadline` passes, then stops (Stop cancels what is left).
   void Drain(absl::Time deadline);
-  // Stops listening, closes idle connections and waits for the connection threads.
+  // Stops listening, closes idle connections, cancels the streams and waits for the worker
+  // threads.
   void Stop();
 
  private:
@@ -107,7 +113,7 @@ class HttpFront {
   // The request to send through the router; `echo` gets the prompt's text when asked.
   absl::StatusOr<pdserve::v1::GenerateRequest> ToGenerateRequest(const OpenAiRequest& r,
                                                                  std::string* echo) const;
-  // OK when the request may go on (not draining, not over max_connections).
+  // OK when the request may go on (not draining).
   absl::Status Admit() const;
   void Reply(httplib::Response& res, const absl::Status& status);
 
@@ -116,15 +122,8 @@ class HttpFront {
   const engine::ModelFront* model_ = nullptr;
   std::unique_ptr<chat::ChatTemplate> chat_template_;
   Metrics metrics_;
-  metrics::Registry* registry_ = nullptr;
-  std::optional<metrics::CollectorId> collector_;  // pd_router_http_connections
-  std::unique_ptr<httplib::Server> server_;
-  std::shared_ptr<ConnectionCount> connections_;
   std::unique_ptr<LiveStreams> live_;
-  std::atomic<bool> accept_loop_exited_{false};
-  std::thread listener_;
-  int wake_fd_ = -1;  // eventfd Stop signals: wakes the plaintext connections' waits
-  int port_ = 0;
+  std::unique_ptr<HttpConnections> connections_;  // destroyed first: its workers use live_
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
 };
