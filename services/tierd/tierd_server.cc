@@ -400,6 +400,15 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
                     absl::ToDoubleSeconds(st.restore_time_total));
     sink.AddCounter("pd_tierd_restore_failures_total", "NVMe reads that failed (checksum incl.)",
                     d(st.restore_failures_total));
+    sink.AddCounter("pd_tierd_conflicting_commits_total",
+                    "Blocks offered under a held hash with another checksum (held copy dropped, "
+                    "hash refused from then on): a planted block or a faulty worker",
+                    d(st.conflicting_commits_total));
+    sink.AddCounter("pd_tierd_refused_disputed_total",
+                    "Offers and commits refused because their hash is disputed",
+                    d(st.refused_disputed_total));
+    sink.AddGauge("pd_tierd_disputed_blocks", "Hashes refused now as disputed",
+                  d(st.disputed_blocks));
     if (redis_index_ != nullptr) {
       const RedisIndexStats r = redis_index_->Stats();
       sink.AddGauge("pd_tierd_redis_connected", "1 while the Redis prefix index is reachable",
