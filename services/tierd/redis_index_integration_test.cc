@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -11,9 +12,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -499,6 +502,84 @@ TEST_F(RedisIndexIntegrationTest, RemoveNodeDeletesEverythingOfThatNode) {
   EXPECT_THAT(keys->elements, IsEmpty());
   // Removing an unknown node is a no-op.
   EXPECT_TRUE(RedisIndex::RemoveNode(*client, "n7").ok());
+}
+
+// docs/redis_index.md's ACL recipe, read from the page, on a real redis-server: a user limited
+// to the default prefix's keys and the listed commands runs everything tierd and the router do
+// (publish, resync, lookups, peer announcement and lookup, node listing, RemoveNode) without a
+// NOPERM, and cannot touch a key outside the prefix.
+TEST_F(RedisIndexIntegrationTest, DocumentedAclUserRunsTheIndex) {
+  StartServer();
+  std::ifstream doc(PD_SOURCE_DIR "/docs/redis_index.md");
+  ASSERT_TRUE(doc) << "docs/redis_index.md";
+  std::string recipe;
+  for (std::string line; std::getline(doc, line);) {
+    const absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (absl::StartsWith(l, "ACL SETUSER ")) {
+      recipe = std::string(l);
+      break;
+    }
+  }
+  ASSERT_FALSE(recipe.empty()) << "no ACL SETUSER line in docs/redis_index.md";
+  constexpr char kPassword[] = "acl-test-password-0123456789";
+  std::vector<std::string> args = absl::StrSplit(recipe, ' ', absl::SkipEmpty());
+  bool has_password = false;
+  for (std::string& a : args) {
+    if (a == ">PASSWORD") {
+      a = absl::StrCat(">", kPassword);
+      has_password = true;
+    }
+  }
+  ASSERT_TRUE(has_password) << recipe;
+  auto admin = Client(Redis());
+  ASSERT_NE(admin, nullptr);
+  auto created = admin->Command(args);
+  ASSERT_TRUE(created.ok()) << created.status() << "\n" << recipe;
+  ASSERT_TRUE(created->ToStatus().ok()) << created->str << "\n" << recipe;
+
+  // tierd and the router as the flags make them: default prefix, --redis_username=<the user>.
+  RedisConfig acl = Redis("pdserve");
+  acl.username = args[2];
+  acl.password = kPassword;
+  FakeHoldings holdings;
+  holdings.Set({{H(9), TierKind::kNvme}});  // found by the first resync
+  auto index = CreateIndex(acl, Index("node-a"), holdings);
+  ASSERT_NE(index, nullptr);
+  holdings.Put(*index, H(0), TierKind::kDram);
+  holdings.Put(*index, H(1), TierKind::kNvme);
+  holdings.Remove(*index, H(9));
+  ASSERT_TRUE(index->Flush().ok());
+  ASSERT_TRUE(PollUntil([&] { return index->Stats().resyncs_total >= 1; }));
+  EXPECT_EQ(index->Stats().errors_total, 0u) << "a command the recipe does not allow";
+
+  auto client = Client(acl);
+  ASSERT_NE(client, nullptr);
+  EXPECT_THAT(LookupOrEmpty(*client, "node-a", {H(0), H(1), H(2)}),
+              ElementsAre(TierKind::kDram, TierKind::kNvme));
+  const std::vector<BlockHash> chain = {H(0), H(1)};
+  const redis::PrefixQuery queries[] = {{"node-a", chain}, {"node-b", chain}};
+  auto batch = redis::LookupPrefixTiersBatch(*client, queries);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ((*batch)[0].size(), 2u);
+  auto nodes = redis::ScanSetMembers(*client, client->Key(redis::kPrefixNodesKey), 100);
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_THAT(*nodes, ElementsAre("node-a"));
+  // The peer announcement (PeerLink's SET ... PX) and its lookup.
+  auto announced = client->Command(
+      {"SET", client->Key(redis::PrefixPeerKey("node-a")), "127.0.0.1:1", "PX", "30000"});
+  ASSERT_TRUE(announced.ok()) << announced.status();
+  EXPECT_TRUE(announced->ToStatus().ok()) << announced->str;
+  const std::string peer_nodes[] = {"node-a"};
+  auto peers = redis::LookupPeerAddresses(*client, peer_nodes);
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  EXPECT_THAT(*peers, ElementsAre("127.0.0.1:1"));
+  index.reset();
+  EXPECT_TRUE(RedisIndex::RemoveNode(*client, "node-a").ok());
+  EXPECT_THAT(LookupOrEmpty(*client, "node-a", chain), IsEmpty());
+
+  // The recipe confines the user: a key outside the prefix is refused.
+  auto outside = client->Command({"SET", "other-cluster:blk:x", "dram"});
+  EXPECT_FALSE(outside.ok() && outside->ToStatus().ok()) << "the ACL lets the user out";
 }
 
 TEST_F(RedisIndexIntegrationTest, LookupFailsWhenRedisIsGone) {
