@@ -582,6 +582,46 @@ TEST_F(RedisIndexIntegrationTest, DocumentedAclUserRunsTheIndex) {
   EXPECT_FALSE(outside.ok() && outside->ToStatus().ok()) << "the ACL lets the user out";
 }
 
+// Garbage in the index (issue #40): entries pdserve never writes are skipped as before, but
+// counted (pd_tierd_redis_garbage_total) and logged: an unknown tier value ends a lookup, a
+// peer address that is no host:port reads as none, and a member of the node's own set that is
+// no block hash is deleted by the resync.
+TEST_F(RedisIndexIntegrationTest, GarbageIsCountedNotJustSkipped) {
+  StartServer();
+  auto client = Client(Redis());
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::vector<std::string>> writes = {
+      {"SET", client->Key(redis::PrefixBlockKey("n1", H(0))), "dram"},
+      {"SET", client->Key(redis::PrefixBlockKey("n1", H(1))), "hbm"},
+      {"SET", client->Key(redis::PrefixPeerKey("n1")), "not an address"},
+      {"SADD", client->Key(redis::PrefixNodeBlocksKey("n1")), "zzz-not-a-hash"}};
+  for (const auto& w : writes) {
+    auto r = client->Command(w);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  redis::PrefixGarbageCounter garbage;
+  const std::vector<BlockHash> chain = {H(0), H(1)};
+  auto tiers = redis::LookupPrefixTiers(*client, "n1", chain, 128, &garbage);
+  ASSERT_TRUE(tiers.ok()) << tiers.status();
+  EXPECT_THAT(*tiers, ElementsAre(redis::PrefixTier::kDram));
+  EXPECT_EQ(garbage.total(redis::PrefixGarbage::kTierValue), 1u);
+  const redis::PrefixQuery queries[] = {{"n1", chain}};
+  ASSERT_TRUE(redis::LookupPrefixTiersBatch(*client, queries, &garbage).ok());
+  EXPECT_EQ(garbage.total(redis::PrefixGarbage::kTierValue), 2u);
+  const std::string nodes[] = {"n1"};
+  auto peers = redis::LookupPeerAddresses(*client, nodes, &garbage);
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  EXPECT_THAT(*peers, ElementsAre(""));
+  EXPECT_EQ(garbage.total(redis::PrefixGarbage::kPeerAddress), 1u);
+
+  FakeHoldings holdings;
+  auto index = CreateIndex(Redis(), Index("n1"), holdings);
+  ASSERT_NE(index, nullptr);
+  ASSERT_TRUE(index->Flush().ok());
+  EXPECT_EQ(index->garbage().total(redis::PrefixGarbage::kSetMember), 1u);
+  EXPECT_THAT(Members(*client, client->Key(redis::PrefixNodeBlocksKey("n1"))), IsEmpty());
+}
+
 TEST_F(RedisIndexIntegrationTest, LookupFailsWhenRedisIsGone) {
   StartServer();
   auto client = Client(Redis());

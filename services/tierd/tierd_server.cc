@@ -416,6 +416,16 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
     sink.AddGauge("pd_tierd_disputed_blocks", "Hashes refused now as disputed",
                   d(st.disputed_blocks));
     if (redis_index_ != nullptr) {
+      for (size_t k = 0; k < redis::kNumPrefixGarbageKinds; ++k) {
+        const auto kind = static_cast<redis::PrefixGarbage>(k);
+        uint64_t n = redis_index_->garbage().total(kind);
+        if (peer_directory_ != nullptr) {
+          n += peer_directory_->garbage().total(kind);
+        }
+        sink.AddCounter("pd_tierd_redis_garbage_total",
+                        "Redis prefix index entries pdserve never writes, skipped (and logged)",
+                        d(n), {{"kind", std::string(redis::PrefixGarbageName(kind))}});
+      }
       const RedisIndexStats r = redis_index_->Stats();
       sink.AddGauge("pd_tierd_redis_connected", "1 while the Redis prefix index is reachable",
                     r.connected ? 1 : 0);
