@@ -85,8 +85,8 @@ void PrefixGarbageCounter::Count(PrefixGarbage kind, absl::string_view entry) {
   }
   // Whoever can write Redis can write anything: the entry is escaped and cut.
   LOG(WARNING) << "redis prefix index: ignored " << PrefixGarbageName(kind) << " garbage \""
-               << absl::CEscape(entry.substr(0, 200)) << "\" (" << total << " so far, "
-               << unlogged << " more not logged since the last line); pdserve never writes this";
+               << absl::CEscape(entry.substr(0, 200)) << "\" (" << total << " so far, " << unlogged
+               << " more not logged since the last line); pdserve never writes this";
 }
 
 uint64_t PrefixGarbageCounter::total(PrefixGarbage kind) const {

@@ -114,9 +114,9 @@ absl::StatusOr<std::vector<std::string>> ScanSetMembers(RedisClient& client,
 // The peer addresses of `nodes` (result i answers nodes[i]; "" when the node published none or
 // it expired, or it is not "host:port": kPeerAddress garbage in `garbage` when not null), in one
 // MGET. Errors: InvalidArgument (a node name), Internal (malformed reply), the client's errors.
-absl::StatusOr<std::vector<std::string>> LookupPeerAddresses(RedisClient& client,
-                                                             absl::Span<const std::string> nodes,
-                                                             PrefixGarbageCounter* garbage = nullptr);
+absl::StatusOr<std::vector<std::string>> LookupPeerAddresses(
+    RedisClient& client, absl::Span<const std::string> nodes,
+    PrefixGarbageCounter* garbage = nullptr);
 
 // Deletes every entry `node` published (its membership set's members), the set itself, its peer
 // address, and the node's name from `nodes`. Keys written without reaching the set expire by their

@@ -134,12 +134,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   server->collector_ = metrics->AddCollector([pool, gen, index, feed, credit,
                                               redis_lookup](metrics::CollectorSink& sink) {
     if (redis_lookup != nullptr) {
-      sink.AddCounter("pd_router_redis_garbage_total",
-                      "Redis prefix index entries pdserve never writes, skipped (values that "
-                      "are no tier)",
-                      static_cast<double>(
-                          redis_lookup->garbage().total(redis::PrefixGarbage::kTierValue)),
-                      {{"kind", "tier_value"}});
+      sink.AddCounter(
+          "pd_router_redis_garbage_total",
+          "Redis prefix index entries pdserve never writes, skipped (values that "
+          "are no tier)",
+          static_cast<double>(redis_lookup->garbage().total(redis::PrefixGarbage::kTierValue)),
+          {{"kind", "tier_value"}});
     }
     if (credit != nullptr) {
       const TierCreditStats cs = credit->Stats();

@@ -267,7 +267,8 @@ TEST_F(NvmeStoreTest, ShrunkCapacityReclaimsSlabSpaceBeyondIt) {
   auto store = Open(Config(10240, /*capacity=*/20, /*slots_per_slab=*/16));
   ASSERT_NE(store, nullptr);
   EXPECT_TRUE(std::filesystem::exists(dir + "/slab-000.dat"));
-  EXPECT_EQ(std::filesystem::file_size(dir + "/slab-001.dat"), static_cast<uintmax_t>(4 * slot_bytes));
+  EXPECT_EQ(std::filesystem::file_size(dir + "/slab-001.dat"),
+            static_cast<uintmax_t>(4 * slot_bytes));
   EXPECT_FALSE(std::filesystem::exists(dir + "/slab-002.dat"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/slab-003.dat"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/slab-7.dat"));

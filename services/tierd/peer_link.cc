@@ -115,7 +115,8 @@ absl::StatusOr<PeerHolder> RedisPeerDirectory::FindHolder(absl::Span<const Block
   for (size_t i : order) {
     names.push_back(others_[i]);
   }
-  absl::StatusOr<std::vector<std::string>> addresses = redis::LookupPeerAddresses(**client, names, &garbage_);
+  absl::StatusOr<std::vector<std::string>> addresses =
+      redis::LookupPeerAddresses(**client, names, &garbage_);
   if (!addresses.ok()) {
     return fail(addresses.status());
   }

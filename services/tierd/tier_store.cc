@@ -180,8 +180,7 @@ CommitOutcome TierStore::Commit(SessionId session, DramSlot slot, const BlockHas
     return CommitOutcome::kRefused;
   }
   if (unbound) {
-    if (std::optional<uint64_t> held = HeldChecksum(hash);
-        held.has_value() && *held != checksum) {
+    if (std::optional<uint64_t> held = HeldChecksum(hash); held.has_value() && *held != checksum) {
       OnConflict(session, hash, *held, checksum);
       dram_->Release(session, absl::MakeConstSpan(&slot, 1));
       return CommitOutcome::kRefused;

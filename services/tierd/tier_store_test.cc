@@ -353,11 +353,9 @@ TEST_F(TierStoreTest, DisputedHashesAreBounded) {
     std::vector<Reservation> r = store.AllocateSlots(kWorker, {H(i)});
     ASSERT_EQ(r[0].outcome, ReserveOutcome::kGranted);
     absl::Span<uint8_t> block = (*dram)->BlockSpan(r[0].slot);
-    ASSERT_EQ(store.Commit(kWorker, r[0].slot, H(i), BlockChecksum(block)),
-              CommitOutcome::kStored);
+    ASSERT_EQ(store.Commit(kWorker, r[0].slot, H(i), BlockChecksum(block)), CommitOutcome::kStored);
     const uint64_t other[] = {BlockChecksum(block) + 1};
-    ASSERT_EQ(store.AllocateSlots(kWorker, {H(i)}, 0, other)[0].outcome,
-              ReserveOutcome::kRefused);
+    ASSERT_EQ(store.AllocateSlots(kWorker, {H(i)}, 0, other)[0].outcome, ReserveOutcome::kRefused);
   }
   EXPECT_FALSE(store.IsDisputed(H(0)));
   EXPECT_TRUE(store.IsDisputed(H(1)));

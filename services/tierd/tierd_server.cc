@@ -102,9 +102,9 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   } else {
     services::WarnUnauthenticatedInternalRpcs(
         "pd-tierd",
-        "anyone who can reach it can attach to its DRAM pool, read every cached KV block and plant blocks that workers then "
-        "restore into other users' answers (the conflicting-commit check catches a planted block "
-        "only once a real worker offers it)");
+        "anyone who can reach it can attach to its DRAM pool, read every cached KV block and "
+        "plant blocks that workers then restore into other users' answers (the "
+        "conflicting-commit check catches a planted block only once a real worker offers it)");
   }
   PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                       services::MakeServerCredentials(config.tls));
