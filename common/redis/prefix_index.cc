@@ -4,8 +4,10 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/log/log.h"
 
 namespace pd::redis {
 
@@ -51,6 +53,47 @@ absl::Status ValidatePrefixNodeName(absl::string_view node) {
   return absl::OkStatus();
 }
 
+absl::string_view PrefixGarbageName(PrefixGarbage kind) {
+  switch (kind) {
+    case PrefixGarbage::kTierValue:
+      return "tier_value";
+    case PrefixGarbage::kNodeName:
+      return "node_name";
+    case PrefixGarbage::kPeerAddress:
+      return "peer_address";
+    case PrefixGarbage::kSetMember:
+      return "set_member";
+  }
+  return "unknown";
+}
+
+void PrefixGarbageCounter::Count(PrefixGarbage kind, absl::string_view entry) {
+  const auto k = static_cast<size_t>(kind);
+  const absl::Time now = absl::Now();
+  uint64_t unlogged = 0;
+  uint64_t total = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    total = ++totals_[k];
+    if (now < next_log_[k]) {
+      ++unlogged_[k];
+      return;
+    }
+    next_log_[k] = now + log_interval_;
+    unlogged = unlogged_[k];
+    unlogged_[k] = 0;
+  }
+  // Whoever can write Redis can write anything: the entry is escaped and cut.
+  LOG(WARNING) << "redis prefix index: ignored " << PrefixGarbageName(kind) << " garbage \""
+               << absl::CEscape(entry.substr(0, 200)) << "\" (" << total << " so far, " << unlogged
+               << " more not logged since the last line); pdserve never writes this";
+}
+
+uint64_t PrefixGarbageCounter::total(PrefixGarbage kind) const {
+  absl::MutexLock lock(&mu_);
+  return totals_[static_cast<size_t>(kind)];
+}
+
 namespace {
 
 std::vector<std::string> MgetCommand(const RedisClient& client, absl::string_view node,
@@ -65,22 +108,40 @@ std::vector<std::string> MgetCommand(const RedisClient& client, absl::string_vie
   return mget;
 }
 
-// Appends the leading hits of an MGET reply for `num_keys` keys to `tiers`; returns false when
-// it stopped at a miss. Internal when the reply is not an array of num_keys elements.
-absl::StatusOr<bool> AppendHits(const RedisClient& client, const RedisReply& reply, size_t num_keys,
-                                std::vector<PrefixTier>* tiers) {
+// Appends the leading hits of an MGET reply for the keys `mget[1..]` to `tiers`; returns false
+// when it stopped at a miss (or at garbage, counted). Internal when the reply is not an array of
+// that many elements.
+absl::StatusOr<bool> AppendHits(const RedisClient& client, const RedisReply& reply,
+                                const std::vector<std::string>& mget,
+                                std::vector<PrefixTier>* tiers, PrefixGarbageCounter* garbage) {
+  const size_t num_keys = mget.size() - 1;
   if (reply.type != RedisReply::Type::kArray || reply.elements.size() != num_keys) {
     return absl::InternalError(absl::StrCat("redis ", client.address(), ": MGET of ", num_keys,
                                             " keys answered ", reply.DebugString().substr(0, 200)));
   }
-  for (const RedisReply& value : reply.elements) {
+  for (size_t i = 0; i < num_keys; ++i) {
+    const RedisReply& value = reply.elements[i];
     PrefixTier tier;
-    if (value.type != RedisReply::Type::kString || !ParsePrefixTier(value.str, &tier)) {
+    if (value.type != RedisReply::Type::kString) {
+      return false;  // a miss (or a key of another type, which MGET cannot tell apart)
+    }
+    if (!ParsePrefixTier(value.str, &tier)) {
+      if (garbage != nullptr) {
+        garbage->Count(PrefixGarbage::kTierValue, absl::StrCat(mget[i + 1], " = ", value.str));
+      }
       return false;
     }
     tiers->push_back(tier);
   }
   return true;
+}
+
+// "host:port" with a non-empty host and a port in 1..65535 (what PeerLink announces).
+bool LooksLikeHostPort(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  return colon != absl::string_view::npos && colon > 0 &&
+         absl::SimpleAtoi(address.substr(colon + 1), &port) && port >= 1 && port <= 65535;
 }
 
 // Parses an SSCAN reply ([cursor, [member...]]), appending the members.
@@ -106,7 +167,8 @@ absl::Status ParseScanReply(const RedisReply& reply, std::string* cursor,
 absl::StatusOr<std::vector<PrefixTier>> LookupPrefixTiers(RedisClient& client,
                                                           absl::string_view node,
                                                           absl::Span<const BlockHash> chain,
-                                                          int64_t batch) {
+                                                          int64_t batch,
+                                                          PrefixGarbageCounter* garbage) {
   PD_RETURN_IF_ERROR(ValidatePrefixNodeName(node));
   if (batch < 1) {
     return absl::InvalidArgumentError(
@@ -115,8 +177,9 @@ absl::StatusOr<std::vector<PrefixTier>> LookupPrefixTiers(RedisClient& client,
   std::vector<PrefixTier> tiers;
   for (size_t start = 0; start < chain.size(); start += static_cast<size_t>(batch)) {
     const absl::Span<const BlockHash> part = chain.subspan(start, static_cast<size_t>(batch));
-    PD_ASSIGN_OR_RETURN(RedisReply reply, client.Command(MgetCommand(client, node, part)));
-    PD_ASSIGN_OR_RETURN(bool all_hit, AppendHits(client, reply, part.size(), &tiers));
+    std::vector<std::string> mget = MgetCommand(client, node, part);
+    PD_ASSIGN_OR_RETURN(RedisReply reply, client.Command(mget));
+    PD_ASSIGN_OR_RETURN(bool all_hit, AppendHits(client, reply, mget, &tiers, garbage));
     if (!all_hit) {
       break;
     }
@@ -125,7 +188,7 @@ absl::StatusOr<std::vector<PrefixTier>> LookupPrefixTiers(RedisClient& client,
 }
 
 absl::StatusOr<std::vector<std::vector<PrefixTier>>> LookupPrefixTiersBatch(
-    RedisClient& client, absl::Span<const PrefixQuery> queries) {
+    RedisClient& client, absl::Span<const PrefixQuery> queries, PrefixGarbageCounter* garbage) {
   std::vector<std::vector<std::string>> commands;
   commands.reserve(queries.size());
   for (const PrefixQuery& q : queries) {
@@ -143,7 +206,8 @@ absl::StatusOr<std::vector<std::vector<PrefixTier>>> LookupPrefixTiersBatch(
     }
     const RedisReply& reply = replies[next++];
     PD_RETURN_IF_ERROR(reply.ToStatus());
-    PD_ASSIGN_OR_RETURN(bool all_hit, AppendHits(client, reply, queries[i].chain.size(), &out[i]));
+    PD_ASSIGN_OR_RETURN(bool all_hit,
+                        AppendHits(client, reply, commands[next - 1], &out[i], garbage));
     (void)all_hit;
   }
   return out;
@@ -166,7 +230,8 @@ absl::StatusOr<std::vector<std::string>> ScanSetMembers(RedisClient& client,
 }
 
 absl::StatusOr<std::vector<std::string>> LookupPeerAddresses(RedisClient& client,
-                                                             absl::Span<const std::string> nodes) {
+                                                             absl::Span<const std::string> nodes,
+                                                             PrefixGarbageCounter* garbage) {
   if (nodes.empty()) {
     return std::vector<std::string>();
   }
@@ -175,15 +240,25 @@ absl::StatusOr<std::vector<std::string>> LookupPeerAddresses(RedisClient& client
     PD_RETURN_IF_ERROR(ValidatePrefixNodeName(node));
     mget.push_back(client.Key(PrefixPeerKey(node)));
   }
-  PD_ASSIGN_OR_RETURN(RedisReply reply, client.Command(std::move(mget)));
+  PD_ASSIGN_OR_RETURN(RedisReply reply, client.Command(mget));
   if (reply.type != RedisReply::Type::kArray || reply.elements.size() != nodes.size()) {
     return absl::InternalError(absl::StrCat(
         "MGET of ", nodes.size(), " peer addresses: unexpected reply ", reply.DebugString()));
   }
   std::vector<std::string> out;
   out.reserve(nodes.size());
-  for (const RedisReply& r : reply.elements) {
-    out.push_back(r.type == RedisReply::Type::kString ? r.str : std::string());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const RedisReply& r = reply.elements[i];
+    if (r.type != RedisReply::Type::kString) {
+      out.emplace_back();
+    } else if (!LooksLikeHostPort(r.str)) {
+      if (garbage != nullptr) {
+        garbage->Count(PrefixGarbage::kPeerAddress, absl::StrCat(mget[i + 1], " = ", r.str));
+      }
+      out.emplace_back();
+    } else {
+      out.push_back(r.str);
+    }
   }
   return out;
 }

@@ -70,7 +70,12 @@ absl::Status RedisConfig::Validate() const {
 }
 
 std::string RedisConfig::Key(absl::string_view name) const {
-  return absl::StrCat(key_prefix, name);
+  // "pdserve" and "pdserve:" both give "pdserve:blk:...", so the ACL key pattern the docs
+  // recommend (~<prefix>:*) matches every key whatever the operator wrote.
+  if (key_prefix.empty() || key_prefix.back() == ':') {
+    return absl::StrCat(key_prefix, name);
+  }
+  return absl::StrCat(key_prefix, ":", name);
 }
 
 // ---- RedisReply ---------------------------------------------------------------------------------

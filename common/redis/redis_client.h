@@ -39,7 +39,8 @@ struct RedisConfig {
   std::string username;
   std::string password;
   int db = 0;  // SELECTed after AUTH when non-zero; >= 0
-  // Namespace of this cluster's keys; callers build keys with Key(). Any bytes.
+  // Namespace of this cluster's keys; callers build keys with Key(). Any bytes; a ':' is put
+  // between it and the key's name unless it is empty or ends with one.
   std::string key_prefix;
 
   absl::Duration connect_timeout = absl::Milliseconds(500);  // TCP connect, per attempt
@@ -56,7 +57,8 @@ struct RedisConfig {
   // OK, or InvalidArgument naming the first bad field and its value.
   absl::Status Validate() const;
 
-  // key_prefix + name: the full Redis key for `name` in this cluster's namespace.
+  // key_prefix + [":"] + name: the full Redis key for `name` in this cluster's namespace
+  // ("pdserve" or "pdserve:" + "nodes" = "pdserve:nodes").
   std::string Key(absl::string_view name) const;
 };
 

@@ -93,6 +93,10 @@ TEST(RedisConfigTest, KeyAppliesPrefixBinarySafe) {
   EXPECT_EQ(config.Key(absl::string_view("a\0b", 3)), std::string("pd:cluster-a:a\0b", 16));
   config.key_prefix.clear();
   EXPECT_EQ(config.Key("x"), "x");
+  // Without a trailing ':' one is added, so ACL patterns like ~pdserve:* cover every key.
+  config.key_prefix = "pdserve";
+  EXPECT_EQ(config.Key("blk:n:0a"), "pdserve:blk:n:0a");
+  EXPECT_EQ(config.Key("nodes"), "pdserve:nodes");
 }
 
 TEST(RedisReplyTest, EqualityAndDebugString) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/log/log.h"
 
 namespace pd::services {
 namespace {
@@ -206,6 +207,13 @@ absl::Status ClusterTokenVerifier::Check(const grpc::ServerContextBase& context,
         absl::StrCat(service, ": missing or invalid cluster token (x-pd-cluster-token)"));
   }
   return absl::OkStatus();
+}
+
+void WarnUnauthenticatedInternalRpcs(absl::string_view component, absl::string_view exposes) {
+  LOG(WARNING) << component
+               << ": internal RPCs are unauthenticated (no --cluster_token_file): " << exposes
+               << ". Give every process the same --cluster_token_file (pd-local does unless "
+                  "--insecure_internal); see docs/security.md";
 }
 
 std::string DeriveTenantCacheSalt(absl::string_view tenant,

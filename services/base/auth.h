@@ -118,6 +118,11 @@ class ClusterTokenVerifier {
   Sha256Digest digest_{};
 };
 
+// Logs, once at startup, the WARNING of a process running without --cluster_token_file: its
+// internal RPCs are unauthenticated. `component` names the process ("pd-tierd"), `exposes` says
+// what that allows (docs/security.md "Threat model").
+void WarnUnauthenticatedInternalRpcs(absl::string_view component, absl::string_view exposes);
+
 // The prefix-cache salt the router uses for a request of an authenticated `tenant`:
 // "tenant-v1:" + hex(SHA-256(domain, tenant, client salt)), with every field length-prefixed
 // and "salt absent" distinct from any salt value. Requests of different tenants get different

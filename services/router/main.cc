@@ -51,6 +51,8 @@ ABSL_FLAG(int32_t, chat_template_max_in_flight, 8,
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9100", "Prometheus /metrics listen address");
 ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty = no Redis");
 ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
+ABSL_FLAG(std::string, redis_username, "",
+          "Redis ACL user to AUTH as (with --redis_password_file); empty = the default user");
 ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
@@ -141,6 +143,7 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
     config.redis->host = redis.host;
     config.redis->port = redis.port;
     config.redis->key_prefix = absl::GetFlag(FLAGS_redis_key_prefix);
+    config.redis->username = absl::GetFlag(FLAGS_redis_username);
     if (const std::string path = absl::GetFlag(FLAGS_redis_password_file); !path.empty()) {
       PD_ASSIGN_OR_RETURN(config.redis->password,
                           pd::services::ReadSecretFile(path, "--redis_password_file", 1));

@@ -40,6 +40,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
                         services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
                                                  services::kMinClusterTokenBytes));
     worker_headers.push_back(services::ClusterTokenHeader(token));
+  } else {
+    services::WarnUnauthenticatedInternalRpcs(
+        "pd-router",
+        "its calls to the workers carry no token, so they cannot tell it from any other caller "
+        "(workers started with a token refuse it)");
   }
   PD_ASSIGN_OR_RETURN(std::shared_ptr<const services::ClientSecurity> worker_security,
                       services::ClientSecurity::Create(config.worker_tls, worker_headers));
@@ -101,6 +106,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     // Lower-tier credit from the nodes' tierd entries in Redis, on connections of its own.
     PD_ASSIGN_OR_RETURN(std::unique_ptr<RedisTierLookup> lookup,
                         RedisTierLookup::Create(*config.redis, config.redis_lookup_timeout));
+    server->redis_lookup_ = lookup.get();  // owned by tier_credit_
     PD_ASSIGN_OR_RETURN(server->tier_credit_, TierCredit::Create(std::move(lookup), {}));
   }
   PD_ASSIGN_OR_RETURN(server->policy_, MakePlacementPolicy(config, server->index_.get(),
@@ -124,8 +130,17 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   GenerationService* gen = server->generation_.get();
   server->metrics_ = metrics;
   TierCredit* credit = server->tier_credit_.get();
-  server->collector_ = metrics->AddCollector([pool, gen, index, feed,
-                                              credit](metrics::CollectorSink& sink) {
+  const RedisTierLookup* redis_lookup = server->redis_lookup_;
+  server->collector_ = metrics->AddCollector([pool, gen, index, feed, credit,
+                                              redis_lookup](metrics::CollectorSink& sink) {
+    if (redis_lookup != nullptr) {
+      sink.AddCounter(
+          "pd_router_redis_garbage_total",
+          "Redis prefix index entries pdserve never writes, skipped (values that "
+          "are no tier)",
+          static_cast<double>(redis_lookup->garbage().total(redis::PrefixGarbage::kTierValue)),
+          {{"kind", "tier_value"}});
+    }
     if (credit != nullptr) {
       const TierCreditStats cs = credit->Stats();
       sink.AddCounter("pd_router_tier_credit_lookups_total",

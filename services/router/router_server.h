@@ -62,6 +62,7 @@ class RouterServer {
   std::unique_ptr<KvEventFeed> feed_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<TierCredit> tier_credit_;  // null without Redis; used by policy_
+  const RedisTierLookup* redis_lookup_ = nullptr;  // tier_credit_'s lookup; null without Redis
   std::unique_ptr<PlacementPolicy> policy_;
   std::unique_ptr<GenerationService> generation_;
   std::unique_ptr<grpc::Server> server_;

@@ -51,7 +51,7 @@ absl::StatusOr<std::vector<std::vector<redis::PrefixTier>>> RedisTierLookup::Loo
       }
     }
     if (slot->client != nullptr) {
-      result = redis::LookupPrefixTiersBatch(*slot->client, queries);
+      result = redis::LookupPrefixTiersBatch(*slot->client, queries, &garbage_);
     }
     slot->mu.Unlock();
     return result;

@@ -63,6 +63,9 @@ class RedisTierLookup final : public TierLookup {
   absl::StatusOr<std::vector<std::vector<redis::PrefixTier>>> Lookup(
       absl::Span<const redis::PrefixQuery> queries) override;
 
+  // Entries found that pdserve never writes (pd_router_redis_garbage_total).
+  const redis::PrefixGarbageCounter& garbage() const { return garbage_; }
+
  private:
   struct Slot {
     absl::Mutex mu;
@@ -72,6 +75,7 @@ class RedisTierLookup final : public TierLookup {
 
   const redis::RedisConfig config_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  redis::PrefixGarbageCounter garbage_;
 };
 
 struct TierCreditConfig {

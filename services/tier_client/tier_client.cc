@@ -597,8 +597,11 @@ void TierClient::RunOffers(std::vector<Staged> batch) {
     }
   }
   std::vector<BlockHash> hashes;
+  // Sent with the hashes, so tierd can tell a held block with other bytes (a planted one).
+  std::vector<uint64_t> checksums;
   for (const Staged& s : unique) {
     hashes.push_back(s.hash);
+    checksums.push_back(BlockChecksum(s.bytes));
   }
   uint64_t session = 0;
   std::shared_ptr<ShmRegion> region;
@@ -615,6 +618,7 @@ void TierClient::RunOffers(std::vector<Staged> batch) {
   v1::AllocateSlotsRequest areq;
   areq.set_session_id(session);
   areq.set_block_hashes(ConcatBlockHashes(hashes));
+  areq.mutable_checksums()->Add(checksums.begin(), checksums.end());
   v1::AllocateSlotsResponse aresp;
   grpc::ClientContext actx;
   actx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
@@ -645,7 +649,7 @@ void TierClient::RunOffers(std::vector<Staged> batch) {
     v1::CommitEntry* e = creq.add_entries();
     e->set_block_hash(st.hash.ToBytes());
     e->set_slot(g.slot());
-    e->set_checksum(BlockChecksum(st.bytes));
+    e->set_checksum(checksums[static_cast<size_t>(i)]);
   }
   uint64_t stored = 0;
   if (creq.entries_size() > 0) {

@@ -262,11 +262,39 @@ std::optional<PinnedBlock> DramPool::Pin(const BlockHash& hash, SessionId sessio
   return PinnedBlock{DramSlot(s), slot.checksum};
 }
 
+std::optional<uint64_t> DramPool::ChecksumOf(const BlockHash& hash) const {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(hash);
+  if (it == index_.end() || slots_[it->second].state != SlotState::kValid) {
+    return std::nullopt;
+  }
+  return slots_[it->second].checksum;
+}
+
+bool DramPool::Drop(const BlockHash& hash) {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(hash);
+  if (it == index_.end() || slots_[it->second].state != SlotState::kValid) {
+    return false;
+  }
+  const uint32_t s = it->second;
+  index_.erase(it);
+  Unlink(s);
+  --valid_;
+  Slot& slot = slots_[s];
+  if (slot.claims.empty()) {
+    FreeSlot(s);
+  } else {
+    slot.dropped = true;  // DropClaims frees it with its last pin; pinned_ still counts it
+  }
+  return true;
+}
+
 std::vector<BlockHash> DramPool::StoredHashes() const {
   absl::MutexLock lock(&mu_);
   std::vector<BlockHash> out;
   for (const Slot& slot : slots_) {
-    if (slot.state == SlotState::kValid) {
+    if (slot.state == SlotState::kValid && !slot.dropped) {
       out.push_back(slot.hash);
     }
   }
@@ -306,6 +334,9 @@ int DramPool::DropClaims(uint32_t s, Pred pred) {
   const int dropped = static_cast<int>(before - slot.claims.size());
   if (dropped > 0 && slot.claims.empty()) {
     --pinned_;
+    if (slot.dropped) {
+      FreeSlot(s);  // taken out by Drop while pinned: out of the index and LRU already
+    }
   }
   return dropped;
 }

@@ -105,6 +105,9 @@ enum class ReserveOutcome : uint8_t {
   kGranted,      // `slot` is reserved for the hash: fill it, then Commit or Release
   kAlreadyHeld,  // the pool holds the hash, or a session is filling it
   kNoSpace,      // no free slot (make room with TakeEvictionCandidates first)
+  // (TierStore) the block is disputed: tierd saw two different contents offered under its hash
+  // and takes neither (docs/tiers.md "Exactness"). Never returned by DramPool itself.
+  kRefused,
 };
 
 struct Reservation {
@@ -118,6 +121,9 @@ enum class CommitOutcome : uint8_t {
   kChecksumMismatch,  // the slot's bytes do not hash to the checksum; slot freed
   kNotReserved,       // no reservation of this slot by this session for this hash
   kAlreadyHeld,       // (unbound reservations) the pool holds or is filling the hash; slot freed
+  // (TierStore) the block is disputed (see ReserveOutcome::kRefused); the reservation ended and
+  // nothing was stored. Never returned by DramPool itself.
+  kRefused,
 };
 
 struct CommitOptions {
@@ -215,6 +221,16 @@ class DramPool {
   // Whether `hash` is stored (kValid/kPinned). Not an access: the LRU order does not change.
   bool Contains(const BlockHash& hash) const;
 
+  // The checksum recorded at Commit for the stored (kValid/kPinned) block `hash`; nullopt when
+  // the pool does not hold it (or is still filling it).
+  std::optional<uint64_t> ChecksumOf(const BlockHash& hash) const;
+
+  // Takes the stored block `hash` out of the pool: from now on Pin, Contains, ChecksumOf and
+  // StoredHashes do not find it and Reserve may grant it again. An unpinned block's slot is
+  // freed at once; a pinned one's when its last pin ends (a restore already holding it keeps
+  // its copy). false when the pool does not hold `hash` as kValid/kPinned.
+  bool Drop(const BlockHash& hash);
+
   // Hashes of every stored (kValid/kPinned) block. O(num_slots).
   std::vector<BlockHash> StoredHashes() const;
 
@@ -257,6 +273,7 @@ class DramPool {
     uint32_t hits = 0;
     std::vector<Claim> claims;  // kWriting: the one reservation; kValid: pins
     bool unbound = false;       // kWriting without a hash yet (not in index_)
+    bool dropped = false;       // kValid taken out by Drop while pinned: freed at its last unpin
     // LRU list links (slot indices; kNone at the ends); linked only while kValid.
     uint32_t prev = kNone;
     uint32_t next = kNone;

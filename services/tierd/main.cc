@@ -38,6 +38,8 @@ ABSL_FLAG(int64_t, nvme_mib, 0, "NVMe tier size in MiB (with --nvme_dir)");
 ABSL_FLAG(bool, nvme_verify_on_open, false, "read and verify every NVMe block at startup");
 ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty = no Redis");
 ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
+ABSL_FLAG(std::string, redis_username, "",
+          "Redis ACL user to AUTH as (with --redis_password_file); empty = the default user");
 ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(absl::Duration, redis_entry_ttl, absl::Minutes(10), "TTL of a block's Redis entry");
 ABSL_FLAG(std::string, peer_transport, "",
@@ -101,6 +103,7 @@ absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
     c.redis->host = redis.host;
     c.redis->port = redis.port;
     c.redis->key_prefix = absl::GetFlag(FLAGS_redis_key_prefix);
+    c.redis->username = absl::GetFlag(FLAGS_redis_username);
     if (const std::string path = absl::GetFlag(FLAGS_redis_password_file); !path.empty()) {
       PD_ASSIGN_OR_RETURN(c.redis->password,
                           pd::services::ReadSecretFile(path, "--redis_password_file", 1));

@@ -15,8 +15,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "services/tierd/block_io.h"
@@ -225,8 +227,53 @@ void NvmeStore::SetUpIo() {
   io_mode_ = absl::StrCat(io_->Name(), direct_ ? "+O_DIRECT" : "+buffered");
 }
 
+absl::Status NvmeStore::ReclaimSlabsBeyondCapacity() {
+  const auto num_slabs = static_cast<int64_t>(slab_fds_.size());
+  int64_t files = 0;
+  int64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(config_.dir, ec)) {
+    const std::string file = entry.path().filename().string();
+    absl::string_view name = file;
+    int64_t slab = 0;
+    if (!absl::ConsumePrefix(&name, "slab-") || !absl::ConsumeSuffix(&name, ".dat") ||
+        !absl::SimpleAtoi(name, &slab) || slab < 0 ||
+        absl::StrFormat("slab-%03d.dat", slab) != file) {
+      continue;  // not a slab file of ours (or "slab-7.dat": not how we name slab 7)
+    }
+    struct stat st {};
+    const int64_t size = stat(entry.path().c_str(), &st) == 0 ? st.st_size : 0;
+    if (slab >= num_slabs) {
+      if (unlink(entry.path().c_str()) != 0) {
+        return FileError(errno, "delete the slab beyond capacity", entry.path().native());
+      }
+      ++files;
+      bytes += size;
+    } else if (size > SlabBytes(slab)) {
+      if (truncate(entry.path().c_str(), SlabBytes(slab)) != 0) {
+        return FileError(errno, "cut the slab to capacity", entry.path().native());
+      }
+      bytes += size - SlabBytes(slab);
+    }
+  }
+  if (ec) {
+    return FileError(ec.value(), "list", config_.dir);
+  }
+  if (files > 0 || bytes > 0) {
+    LOG(INFO) << "nvme store: " << config_.dir << " held slabs beyond the configured capacity ("
+              << config_.capacity_blocks << " blocks in " << num_slabs << " slabs): deleted "
+              << files << " slab files and freed " << bytes
+              << " bytes in all; their blocks are dropped at replay";
+  }
+  absl::MutexLock meta(&mu_);
+  stats_.reclaimed_slab_files = files;
+  stats_.reclaimed_bytes = bytes;
+  return absl::OkStatus();
+}
+
 absl::Status NvmeStore::OpenExistingSlabs() {
   absl::MutexLock lock(&io_mu_);
+  PD_RETURN_IF_ERROR(ReclaimSlabsBeyondCapacity());
   int64_t opened = 0;
   for (size_t slab = 0; slab < slab_fds_.size(); ++slab) {
     const std::string path = SlabPath(static_cast<int64_t>(slab));

@@ -153,6 +153,10 @@ struct NvmeStoreStats {
   int64_t replay_corrupt_dropped = 0;  // failed verify_on_open
   int64_t replay_bad_records = 0;      // corrupt manifest records skipped
   int64_t replay_torn_bytes = 0;       // torn manifest tail cut
+  // Slab space beyond the configured capacity (tierd restarted with a smaller --nvme_mib):
+  // slab files past the last slab deleted, and the last slab cut to its size.
+  int64_t reclaimed_slab_files = 0;
+  int64_t reclaimed_bytes = 0;
 };
 
 // Where a block lives on disk (for logs, debugging and tests that damage a slab).
@@ -246,6 +250,9 @@ class NvmeStore {
   // Open's steps.
   void SetUpIo();
   absl::Status OpenExistingSlabs();
+  // Deletes slab files numbered past the configured slabs, and cuts a last slab longer than its
+  // geometry, counting what it freed (stats_.reclaimed_*) and logging it.
+  absl::Status ReclaimSlabsBeyondCapacity() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   absl::Status Replay();
   void VerifyAll();
 

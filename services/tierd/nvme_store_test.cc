@@ -249,6 +249,39 @@ TEST_F(NvmeStoreTest, ReopenReplaysTheManifest) {
   EXPECT_EQ(store->Stats().slab_files, 2);
 }
 
+// tierd restarted with a smaller --nvme_mib: the slab files past the new last slab are deleted
+// and the last slab is cut to its size at open (not left on disk), and what is still in range
+// keeps serving.
+TEST_F(NvmeStoreTest, ShrunkCapacityReclaimsSlabSpaceBeyondIt) {
+  int64_t slot_bytes = 0;
+  {
+    auto store = Open(Config(10240, /*capacity=*/64, /*slots_per_slab=*/16));
+    ASSERT_NE(store, nullptr);
+    WriteBlocks(*store, 0, 64);
+    slot_bytes = store->slot_bytes();
+    ASSERT_EQ(store->Stats().slab_files, 4);
+    EXPECT_EQ(store->Stats().reclaimed_slab_files, 0);
+  }
+  const std::string dir = dir_->File("g3");
+  std::ofstream(dir + "/slab-7.dat") << "not ours";  // not how slab 7 is named: left alone
+  auto store = Open(Config(10240, /*capacity=*/20, /*slots_per_slab=*/16));
+  ASSERT_NE(store, nullptr);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/slab-000.dat"));
+  EXPECT_EQ(std::filesystem::file_size(dir + "/slab-001.dat"),
+            static_cast<uintmax_t>(4 * slot_bytes));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/slab-002.dat"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/slab-003.dat"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/slab-7.dat"));
+  const NvmeStoreStats stats = store->Stats();
+  EXPECT_EQ(stats.reclaimed_slab_files, 2);
+  EXPECT_EQ(stats.reclaimed_bytes, (2 * 16 + 12) * slot_bytes);
+  EXPECT_EQ(stats.replayed_blocks, 20);
+  EXPECT_EQ(stats.replay_invalid_dropped, 44);
+  // The tier keeps working in its new size.
+  WriteBlocks(*store, 1000, 20);
+  ReadBlocksAligned(*store, 1000, 20);
+}
+
 TEST_F(NvmeStoreTest, FlippedByteFailsThatBlockOnlyAndDropsIt) {
   auto store = Open(Config());
   ASSERT_NE(store, nullptr);

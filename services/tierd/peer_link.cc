@@ -76,7 +76,10 @@ absl::StatusOr<PeerHolder> RedisPeerDirectory::FindHolder(absl::Span<const Block
     }
     others_.clear();
     for (std::string& n : *nodes) {
-      if (n != node_ && redis::ValidatePrefixNodeName(n).ok()) {
+      if (!redis::ValidatePrefixNodeName(n).ok()) {
+        garbage_.Count(redis::PrefixGarbage::kNodeName,
+                       absl::StrCat((*client)->Key(redis::kPrefixNodesKey), " member ", n));
+      } else if (n != node_) {
         others_.push_back(std::move(n));
       }
     }
@@ -92,7 +95,7 @@ absl::StatusOr<PeerHolder> RedisPeerDirectory::FindHolder(absl::Span<const Block
     queries.push_back({n, chain});
   }
   absl::StatusOr<std::vector<std::vector<redis::PrefixTier>>> tiers =
-      redis::LookupPrefixTiersBatch(**client, queries);
+      redis::LookupPrefixTiersBatch(**client, queries, &garbage_);
   if (!tiers.ok()) {
     return fail(tiers.status());
   }
@@ -112,7 +115,8 @@ absl::StatusOr<PeerHolder> RedisPeerDirectory::FindHolder(absl::Span<const Block
   for (size_t i : order) {
     names.push_back(others_[i]);
   }
-  absl::StatusOr<std::vector<std::string>> addresses = redis::LookupPeerAddresses(**client, names);
+  absl::StatusOr<std::vector<std::string>> addresses =
+      redis::LookupPeerAddresses(**client, names, &garbage_);
   if (!addresses.ok()) {
     return fail(addresses.status());
   }

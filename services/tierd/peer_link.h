@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/hash/block_hash.h"
+#include "common/redis/prefix_index.h"
 #include "common/redis/redis_client.h"
 #include "pd/v1/tierd.grpc.pb.h"
 #include "services/base/grpc_security.h"
@@ -90,6 +91,9 @@ class RedisPeerDirectory final : public PeerDirectory {
   // The address Announce publishes, when it is known only after the server bound its port.
   void SetAddress(std::string address) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Entries found that pdserve never writes: node names, tier values, peer addresses.
+  const redis::PrefixGarbageCounter& garbage() const { return garbage_; }
+
  private:
   absl::StatusOr<redis::RedisClient*> Client() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -103,6 +107,7 @@ class RedisPeerDirectory final : public PeerDirectory {
   std::string address_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> others_ ABSL_GUARDED_BY(mu_);  // other nodes, from `nodes`
   absl::Time others_read_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  redis::PrefixGarbageCounter garbage_;
 };
 
 struct PeerLinkConfig {

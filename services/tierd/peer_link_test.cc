@@ -469,6 +469,36 @@ TEST_F(PeerLinkTest, PeerReadRefusesBadRequestsAndTierdsWithoutPeers) {
   EXPECT_THAT(s.error_message(), HasSubstr("--peer_transport"));
 }
 
+// Garbage in the index (issue #40): a member of `nodes` that is no node name, a tier value
+// pdserve never writes and a peer address that is no host:port are skipped, counted and
+// logged; a good holder listed beside them is still found.
+TEST_F(PeerLinkTest, DirectoryCountsGarbageAndStillFindsTheHolder) {
+  auto admin = redis::RedisClient::Connect(rc_);
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  const redis::RedisClient& c = **admin;
+  const std::vector<std::vector<std::string>> writes = {
+      {"SADD", c.Key(redis::kPrefixNodesKey), "bad node", "good", "odd", "nowhere"},
+      {"SET", c.Key(redis::PrefixBlockKey("good", HashOf(0))), "dram"},
+      {"SET", c.Key(redis::PrefixBlockKey("odd", HashOf(0))), "hbm"},
+      {"SET", c.Key(redis::PrefixBlockKey("nowhere", HashOf(0))), "nvme"},
+      {"SET", c.Key(redis::PrefixPeerKey("good")), "127.0.0.1:7001"},
+      {"SET", c.Key(redis::PrefixPeerKey("nowhere")), "no-port-here"}};
+  for (const auto& w : writes) {
+    auto r = (*admin)->Command(w);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  RedisPeerDirectory directory(rc_, "self", "127.0.0.1:7000", absl::Seconds(30));
+  const BlockHash chain[] = {HashOf(0)};
+  absl::StatusOr<PeerHolder> holder = directory.FindHolder(chain);
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  EXPECT_EQ(holder->node, "good");
+  EXPECT_EQ(holder->address, "127.0.0.1:7001");
+  EXPECT_EQ(directory.garbage().total(redis::PrefixGarbage::kNodeName), 1u);
+  EXPECT_EQ(directory.garbage().total(redis::PrefixGarbage::kTierValue), 1u);
+  // "nowhere" and "good" hold one block each: both addresses are read, one is garbage.
+  EXPECT_EQ(directory.garbage().total(redis::PrefixGarbage::kPeerAddress), 1u);
+}
+
 TEST_F(PeerLinkTest, ConfigErrorsNameTheFlag) {
   TierdConfig c = NodeConfig("peer-node-a");
   c.peer_transport = "smoke-signals";

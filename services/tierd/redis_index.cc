@@ -287,6 +287,9 @@ absl::Status RedisIndex::Resync() {
   std::vector<std::string> stale;
   for (std::string& m : members) {
     absl::StatusOr<BlockHash> hash = BlockHash::FromHex(m);
+    if (!hash.ok()) {
+      garbage_.Count(redis::PrefixGarbage::kSetMember, absl::StrCat(set_key, " member ", m));
+    }
     if (!hash.ok() || !held.contains(*hash)) {  // a malformed member is stale too
       stale.push_back(std::move(m));
     }

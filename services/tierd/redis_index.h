@@ -181,6 +181,8 @@ class RedisIndex {
 
   RedisIndexStats Stats() const;
   const RedisIndexConfig& config() const { return config_; }
+  // Members of this node's set that are no block hash, found by resyncs (and deleted there).
+  const redis::PrefixGarbageCounter& garbage() const { return garbage_; }
 
   // redis::LookupPrefixTiers in TierKind: tier of each leading block of `chain` held by `node`
   // according to Redis, stopping at the first miss (or at a value that is neither "dram" nor
@@ -234,6 +236,8 @@ class RedisIndex {
   absl::Time next_refresh_ ABSL_GUARDED_BY(io_mu_) = absl::InfinitePast();
   absl::Time next_probe_ ABSL_GUARDED_BY(io_mu_) = absl::InfinitePast();  // next idle PING
   uint64_t seen_reconnects_ ABSL_GUARDED_BY(io_mu_) = 0;  // client_->Stats().num_reconnects
+
+  redis::PrefixGarbageCounter garbage_;
 
   mutable absl::Mutex mu_;  // pending updates, stats, stop flag
   redis_index_internal::PendingUpdates pending_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -11,9 +12,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -499,6 +502,124 @@ TEST_F(RedisIndexIntegrationTest, RemoveNodeDeletesEverythingOfThatNode) {
   EXPECT_THAT(keys->elements, IsEmpty());
   // Removing an unknown node is a no-op.
   EXPECT_TRUE(RedisIndex::RemoveNode(*client, "n7").ok());
+}
+
+// docs/redis_index.md's ACL recipe, read from the page, on a real redis-server: a user limited
+// to the default prefix's keys and the listed commands runs everything tierd and the router do
+// (publish, resync, lookups, peer announcement and lookup, node listing, RemoveNode) without a
+// NOPERM, and cannot touch a key outside the prefix.
+TEST_F(RedisIndexIntegrationTest, DocumentedAclUserRunsTheIndex) {
+  StartServer();
+  std::ifstream doc(PD_SOURCE_DIR "/docs/redis_index.md");
+  ASSERT_TRUE(doc) << "docs/redis_index.md";
+  std::string recipe;
+  for (std::string line; std::getline(doc, line);) {
+    const absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (absl::StartsWith(l, "ACL SETUSER ")) {
+      recipe = std::string(l);
+      break;
+    }
+  }
+  ASSERT_FALSE(recipe.empty()) << "no ACL SETUSER line in docs/redis_index.md";
+  constexpr char kPassword[] = "acl-test-password-0123456789";
+  std::vector<std::string> args = absl::StrSplit(recipe, ' ', absl::SkipEmpty());
+  bool has_password = false;
+  for (std::string& a : args) {
+    if (a == ">PASSWORD") {
+      a = absl::StrCat(">", kPassword);
+      has_password = true;
+    }
+  }
+  ASSERT_TRUE(has_password) << recipe;
+  auto admin = Client(Redis());
+  ASSERT_NE(admin, nullptr);
+  auto created = admin->Command(args);
+  ASSERT_TRUE(created.ok()) << created.status() << "\n" << recipe;
+  ASSERT_TRUE(created->ToStatus().ok()) << created->str << "\n" << recipe;
+
+  // tierd and the router as the flags make them: default prefix, --redis_username=<the user>.
+  RedisConfig acl = Redis("pdserve");
+  acl.username = args[2];
+  acl.password = kPassword;
+  FakeHoldings holdings;
+  holdings.Set({{H(9), TierKind::kNvme}});  // found by the first resync
+  auto index = CreateIndex(acl, Index("node-a"), holdings);
+  ASSERT_NE(index, nullptr);
+  holdings.Put(*index, H(0), TierKind::kDram);
+  holdings.Put(*index, H(1), TierKind::kNvme);
+  holdings.Remove(*index, H(9));
+  ASSERT_TRUE(index->Flush().ok());
+  ASSERT_TRUE(PollUntil([&] { return index->Stats().resyncs_total >= 1; }));
+  EXPECT_EQ(index->Stats().errors_total, 0u) << "a command the recipe does not allow";
+
+  auto client = Client(acl);
+  ASSERT_NE(client, nullptr);
+  EXPECT_THAT(LookupOrEmpty(*client, "node-a", {H(0), H(1), H(2)}),
+              ElementsAre(TierKind::kDram, TierKind::kNvme));
+  const std::vector<BlockHash> chain = {H(0), H(1)};
+  const redis::PrefixQuery queries[] = {{"node-a", chain}, {"node-b", chain}};
+  auto batch = redis::LookupPrefixTiersBatch(*client, queries);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ((*batch)[0].size(), 2u);
+  auto nodes = redis::ScanSetMembers(*client, client->Key(redis::kPrefixNodesKey), 100);
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_THAT(*nodes, ElementsAre("node-a"));
+  // The peer announcement (PeerLink's SET ... PX) and its lookup.
+  auto announced = client->Command(
+      {"SET", client->Key(redis::PrefixPeerKey("node-a")), "127.0.0.1:1", "PX", "30000"});
+  ASSERT_TRUE(announced.ok()) << announced.status();
+  EXPECT_TRUE(announced->ToStatus().ok()) << announced->str;
+  const std::string peer_nodes[] = {"node-a"};
+  auto peers = redis::LookupPeerAddresses(*client, peer_nodes);
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  EXPECT_THAT(*peers, ElementsAre("127.0.0.1:1"));
+  index.reset();
+  EXPECT_TRUE(RedisIndex::RemoveNode(*client, "node-a").ok());
+  EXPECT_THAT(LookupOrEmpty(*client, "node-a", chain), IsEmpty());
+
+  // The recipe confines the user: a key outside the prefix is refused.
+  auto outside = client->Command({"SET", "other-cluster:blk:x", "dram"});
+  EXPECT_FALSE(outside.ok() && outside->ToStatus().ok()) << "the ACL lets the user out";
+}
+
+// Garbage in the index (issue #40): entries pdserve never writes are skipped as before, but
+// counted (pd_tierd_redis_garbage_total) and logged: an unknown tier value ends a lookup, a
+// peer address that is no host:port reads as none, and a member of the node's own set that is
+// no block hash is deleted by the resync.
+TEST_F(RedisIndexIntegrationTest, GarbageIsCountedNotJustSkipped) {
+  StartServer();
+  auto client = Client(Redis());
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::vector<std::string>> writes = {
+      {"SET", client->Key(redis::PrefixBlockKey("n1", H(0))), "dram"},
+      {"SET", client->Key(redis::PrefixBlockKey("n1", H(1))), "hbm"},
+      {"SET", client->Key(redis::PrefixPeerKey("n1")), "not an address"},
+      {"SADD", client->Key(redis::PrefixNodeBlocksKey("n1")), "zzz-not-a-hash"}};
+  for (const auto& w : writes) {
+    auto r = client->Command(w);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  redis::PrefixGarbageCounter garbage;
+  const std::vector<BlockHash> chain = {H(0), H(1)};
+  auto tiers = redis::LookupPrefixTiers(*client, "n1", chain, 128, &garbage);
+  ASSERT_TRUE(tiers.ok()) << tiers.status();
+  EXPECT_THAT(*tiers, ElementsAre(redis::PrefixTier::kDram));
+  EXPECT_EQ(garbage.total(redis::PrefixGarbage::kTierValue), 1u);
+  const redis::PrefixQuery queries[] = {{"n1", chain}};
+  ASSERT_TRUE(redis::LookupPrefixTiersBatch(*client, queries, &garbage).ok());
+  EXPECT_EQ(garbage.total(redis::PrefixGarbage::kTierValue), 2u);
+  const std::string nodes[] = {"n1"};
+  auto peers = redis::LookupPeerAddresses(*client, nodes, &garbage);
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  EXPECT_THAT(*peers, ElementsAre(""));
+  EXPECT_EQ(garbage.total(redis::PrefixGarbage::kPeerAddress), 1u);
+
+  FakeHoldings holdings;
+  auto index = CreateIndex(Redis(), Index("n1"), holdings);
+  ASSERT_NE(index, nullptr);
+  ASSERT_TRUE(index->Flush().ok());
+  EXPECT_EQ(index->garbage().total(redis::PrefixGarbage::kSetMember), 1u);
+  EXPECT_THAT(Members(*client, client->Key(redis::PrefixNodeBlocksKey("n1"))), IsEmpty());
 }
 
 TEST_F(RedisIndexIntegrationTest, LookupFailsWhenRedisIsGone) {

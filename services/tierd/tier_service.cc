@@ -152,8 +152,14 @@ grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext* context,
       return Invalid(absl::StrCat("allocate_slots: block ", h.ToHex(), " is listed twice"));
     }
   }
+  if (req->checksums_size() != 0 && static_cast<size_t>(req->checksums_size()) != hashes->size()) {
+    return Invalid(absl::StrCat("allocate_slots: ", req->checksums_size(), " checksums for ",
+                                hashes->size(), " blocks (send one per block, or none)"));
+  }
   for (const Reservation& r :
-       store_->AllocateSlots(SessionId(req->session_id()), *hashes, req->unbound_slots())) {
+       store_->AllocateSlots(SessionId(req->session_id()), *hashes, req->unbound_slots(),
+                             absl::MakeConstSpan(req->checksums().data(),
+                                                 static_cast<size_t>(req->checksums_size())))) {
     v1::SlotGrant* g = resp->add_grants();
     switch (r.outcome) {
       case ReserveOutcome::kGranted:
@@ -165,6 +171,9 @@ grpc::Status TierServiceImpl::AllocateSlots(grpc::ServerContext* context,
         break;
       case ReserveOutcome::kNoSpace:
         g->set_status(v1::SLOT_GRANT_STATUS_NO_SPACE);
+        break;
+      case ReserveOutcome::kRefused:
+        g->set_status(v1::SLOT_GRANT_STATUS_REFUSED);
         break;
     }
   }
@@ -202,6 +211,9 @@ grpc::Status TierServiceImpl::Commit(grpc::ServerContext* context, const v1::Com
         break;
       case CommitOutcome::kAlreadyHeld:
         resp->add_results(v1::COMMIT_STATUS_ALREADY_HELD);
+        break;
+      case CommitOutcome::kRefused:
+        resp->add_results(v1::COMMIT_STATUS_REFUSED);
         break;
     }
   }

@@ -14,6 +14,7 @@ TierStore::TierStore(DramPool* dram, NvmeStore* nvme, AdmissionGuard* guard, Tie
     : dram_(dram), nvme_(nvme), guard_(guard), config_(config), clock_(clock) {
   CHECK(dram_ != nullptr && guard_ != nullptr);
   CHECK_GE(config_.io_batch_blocks, 1);
+  CHECK_GE(config_.max_disputed_blocks, 1);
   if (nvme_ != nullptr) {
     CHECK_EQ(nvme_->block_bytes(), dram_->block_bytes()) << "DRAM and NVMe tiers disagree";
   }
@@ -67,13 +68,82 @@ std::vector<TierKind> TierStore::Lookup(absl::Span<const BlockHash> chain) const
   return tiers;
 }
 
+std::optional<uint64_t> TierStore::HeldChecksum(const BlockHash& hash) const {
+  if (std::optional<uint64_t> c = dram_->ChecksumOf(hash); c.has_value()) {
+    return c;
+  }
+  return nvme_ != nullptr ? nvme_->ChecksumOf(hash) : std::nullopt;
+}
+
+bool TierStore::IsDisputed(const BlockHash& hash) const {
+  absl::MutexLock lock(&mu_);
+  return disputed_.contains(hash);
+}
+
+bool TierStore::RefuseIfDisputed(const BlockHash& hash) {
+  absl::MutexLock lock(&mu_);
+  if (!disputed_.contains(hash)) {
+    return false;
+  }
+  ++counters_.refused_disputed_total;
+  return true;
+}
+
+void TierStore::OnConflict(SessionId session, const BlockHash& hash, uint64_t held,
+                           uint64_t offered) {
+  // Exactness beats hit rate: neither content is served; the next restore recomputes it.
+  const bool from_dram = dram_->Drop(hash);
+  const bool from_nvme = nvme_ != nullptr && nvme_->Drop(hash);
+  if (from_dram && listener_) {
+    listener_(absl::MakeConstSpan(&hash, 1));  // NvmeStore's drop listener tells its own
+  }
+  absl::MutexLock lock(&mu_);
+  ++counters_.conflicting_commits_total;
+  if (disputed_.insert(hash).second) {
+    disputed_order_.push_back(hash);
+    if (static_cast<int64_t>(disputed_order_.size()) > config_.max_disputed_blocks) {
+      disputed_.erase(disputed_order_.front());
+      disputed_order_.pop_front();
+    }
+  }
+  const absl::Time now = clock_->Now();
+  if (now < next_conflict_log_) {
+    ++unlogged_conflicts_;
+    return;
+  }
+  next_conflict_log_ = now + absl::Seconds(1);
+  LOG(WARNING) << "tier store: block " << hash.ToHex() << " offered by session " << session
+               << " with checksum " << offered << " but held (" << (from_dram ? "dram" : "")
+               << (from_dram && from_nvme ? "+" : "") << (from_nvme ? "nvme" : "")
+               << ") with checksum " << held
+               << ": two contents under one hash (a planted block or a faulty worker); dropped, "
+               << "and the hash is refused from now on (" << counters_.conflicting_commits_total
+               << " conflicting commits so far, " << unlogged_conflicts_
+               << " not logged since the last line)";
+  unlogged_conflicts_ = 0;
+}
+
 std::vector<Reservation> TierStore::AllocateSlots(SessionId session,
                                                   absl::Span<const BlockHash> hashes,
-                                                  int64_t unbound) {
+                                                  int64_t unbound,
+                                                  absl::Span<const uint64_t> checksums) {
   std::vector<Reservation> out(hashes.size() + static_cast<size_t>(std::max<int64_t>(0, unbound)));
   std::vector<size_t> no_space;
+  const bool with_checksums = checksums.size() == hashes.size();
   for (size_t i = 0; i < hashes.size(); ++i) {
     guard_->Record(hashes[i]);
+    if (RefuseIfDisputed(hashes[i])) {
+      out[i].outcome = ReserveOutcome::kRefused;
+      continue;
+    }
+    if (with_checksums) {
+      if (std::optional<uint64_t> held = HeldChecksum(hashes[i]);
+          held.has_value() && *held != checksums[i]) {
+        OnConflict(session, hashes[i], *held, checksums[i]);
+        out[i].outcome = ReserveOutcome::kRefused;
+        continue;
+      }
+    }
     if (nvme_ != nullptr && nvme_->Contains(hashes[i])) {
       out[i].outcome = ReserveOutcome::kAlreadyHeld;
       continue;
@@ -101,8 +171,20 @@ std::vector<Reservation> TierStore::AllocateSlots(SessionId session,
 
 CommitOutcome TierStore::Commit(SessionId session, DramSlot slot, const BlockHash& hash,
                                 uint64_t checksum) {
-  if (dram_->IsUnboundReservation(session, slot)) {
+  const bool unbound = dram_->IsUnboundReservation(session, slot);
+  if (unbound) {
     guard_->Record(hash);  // the visit AllocateSlots counts for a named block
+  }
+  if (RefuseIfDisputed(hash)) {
+    dram_->Release(session, absl::MakeConstSpan(&slot, 1));
+    return CommitOutcome::kRefused;
+  }
+  if (unbound) {
+    if (std::optional<uint64_t> held = HeldChecksum(hash); held.has_value() && *held != checksum) {
+      OnConflict(session, hash, *held, checksum);
+      dram_->Release(session, absl::MakeConstSpan(&slot, 1));
+      return CommitOutcome::kRefused;
+    }
     if (nvme_ != nullptr && nvme_->Contains(hash)) {
       dram_->Release(session, absl::MakeConstSpan(&slot, 1));
       return CommitOutcome::kAlreadyHeld;
@@ -310,6 +392,8 @@ TierStoreStats TierStore::Stats() const {
     stats.nvme = nvme_->Stats();
   }
   stats.guard = guard_->Stats();
+  absl::MutexLock lock(&mu_);
+  stats.disputed_blocks = static_cast<int64_t>(disputed_.size());
   return stats;
 }
 

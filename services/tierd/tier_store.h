@@ -19,17 +19,28 @@
 //   drop     NVMe full -> NvmeStore evicts its own coldest block on the next write.
 // Visits counted by the guard: every offered hash (AllocateSlots) and every Promote hit.
 //
+// Conflicting offers (issue #40): one hash names one content, since workers of one model,
+// dtype and layout compute bit-identical blocks for it (docs/tiers.md "Exactness"). A block
+// offered under a hash the node holds, with another checksum (AllocateSlots with checksums, or
+// the Commit of an unbound slot), is evidence that one of the two writers is wrong: a planted
+// block or a broken worker. tierd cannot tell which, so it keeps neither: the held block is
+// dropped from DRAM and NVMe, the hash is remembered as disputed (a bounded FIFO set) and
+// every later offer or commit of it is refused (kRefused), so the next restore of that prefix
+// recomputes it. Counted (conflicting_commits_total) and logged (at most once a second).
+//
 // Thread-safety: thread-safe; the parts are, and TierStore keeps only counters. Two sessions
 // promoting the same NVMe block at once: one restores it, the other's chain stops there (it
 // recomputes or asks again).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -48,6 +59,9 @@ enum class TierKind : uint8_t { kDram, kNvme };
 struct TierStoreConfig {
   // Largest NVMe batch of a spill or restore, in blocks (>= 1).
   int64_t io_batch_blocks = 64;
+  // Disputed hashes remembered (>= 1); the oldest is forgotten first (and could then be stored
+  // again). 65536 hashes cost about 2 MiB.
+  int64_t max_disputed_blocks = 65536;
 };
 
 // A block readable in a DRAM slot pinned for the session (tierd.proto PromotedBlock).
@@ -81,6 +95,10 @@ struct TierStoreStats {
   absl::Duration restore_time_total;
   uint64_t restore_failures_total = 0;  // NVMe reads that failed (checksum included)
   uint64_t dram_corrupt_total = 0;      // DRAM blocks failing their checksum when spilled
+  // Offers of a held hash with another checksum (the held block was dropped, the hash disputed).
+  uint64_t conflicting_commits_total = 0;
+  uint64_t refused_disputed_total = 0;  // offers and commits refused because the hash is disputed
+  int64_t disputed_blocks = 0;          // gauge: hashes remembered as disputed now
 };
 
 // Told which blocks may have changed tier: stored in DRAM (Commit, NVMe restore), moved down
@@ -108,14 +126,23 @@ class TierStore {
 
   // One reservation per hash (tierd.proto AllocateSlots): kAlreadyHeld when DRAM or NVMe holds
   // it or someone is offering it; kNoSpace when no DRAM slot can be freed (all reserved or
-  // pinned). Spills synchronously when DRAM is full. Counts a visit of every hash. Then
-  // `unbound` reservations for blocks named at Commit (DramPool::ReserveUnbound), appended.
+  // pinned); kRefused when the hash is disputed, or becomes disputed now because `checksums`
+  // (empty, or one per hash: the offered blocks' XXH3-64) differs from the held block's (see
+  // the class comment). Spills synchronously when DRAM is full. Counts a visit of every hash.
+  // Then `unbound` reservations for blocks named at Commit (DramPool::ReserveUnbound), appended.
+  // `checksums` of another size than `hashes` are ignored (the caller validates).
   std::vector<Reservation> AllocateSlots(SessionId session, absl::Span<const BlockHash> hashes,
-                                         int64_t unbound = 0);
+                                         int64_t unbound = 0,
+                                         absl::Span<const uint64_t> checksums = {});
 
-  // Hands a filled slot over (DramPool::Commit, verifying the checksum). An unbound
-  // reservation's block counts a visit here and ends kAlreadyHeld when NVMe or DRAM holds it.
+  // Hands a filled slot over (DramPool::Commit, verifying the checksum). kRefused (the
+  // reservation ends) when the hash is disputed. An unbound reservation's block counts a visit
+  // here, ends kRefused when the node holds the hash with another checksum (a conflict, as in
+  // AllocateSlots), and kAlreadyHeld when NVMe or DRAM holds it.
   CommitOutcome Commit(SessionId session, DramSlot slot, const BlockHash& hash, uint64_t checksum);
+
+  // Whether `hash` is disputed now.
+  bool IsDisputed(const BlockHash& hash) const;
 
   // Makes the leading blocks of `chain` readable in DRAM slots pinned for `session`, reading
   // NVMe blocks into DRAM; stops at the first block it cannot provide (miss, failed or corrupt
@@ -150,6 +177,13 @@ class TierStore {
   // to `out` and returns how many (fewer than n = stop the chain).
   size_t RestoreRun(SessionId session, absl::Span<const BlockHash> run,
                     std::vector<PromotedBlock>* out);
+  // The checksum of the node's copy of `hash` (DRAM, else NVMe), or nullopt.
+  std::optional<uint64_t> HeldChecksum(const BlockHash& hash) const;
+  // Offered `offered` for `hash` while the node holds `held`: drops the node's copy, marks the
+  // hash disputed, counts and logs it.
+  void OnConflict(SessionId session, const BlockHash& hash, uint64_t held, uint64_t offered);
+  // Counts a refusal when `hash` is disputed; returns whether it is.
+  bool RefuseIfDisputed(const BlockHash& hash);
 
   DramPool* const dram_;
   NvmeStore* const nvme_;
@@ -160,6 +194,11 @@ class TierStore {
 
   mutable absl::Mutex mu_;
   TierStoreStats counters_ ABSL_GUARDED_BY(mu_);  // only the *_total fields are used
+  // Disputed hashes: the set, and the same in arrival order to forget the oldest.
+  absl::flat_hash_set<BlockHash> disputed_ ABSL_GUARDED_BY(mu_);
+  std::deque<BlockHash> disputed_order_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_conflict_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t unlogged_conflicts_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pd::tierd

@@ -255,5 +255,114 @@ TEST_F(TierStoreTest, WithoutNvmeEvictionDrops) {
   EXPECT_FALSE(store_->Stats().nvme.has_value());
 }
 
+// The poisoning signature (issue #40): a block planted under a hash, then the real block offered
+// under the same hash with other bytes. tierd keeps neither (the next restore recomputes), counts
+// the conflict and refuses the hash from then on, whichever tier held the planted copy and
+// whichever offer path (named AllocateSlots, or an unbound slot named at Commit) brought the
+// real one. Offers with the same bytes stay plain "already held".
+TEST_F(TierStoreTest, ConflictingOfferDropsTheHeldBlockAndRefusesTheHash) {
+  Make(8, 64);
+  constexpr SessionId kAttacker{2};
+  std::vector<uint8_t> real(kBlockBytes);
+  // Plants garbage under H(i) through the ordinary offer flow; returns the real block's checksum.
+  auto plant = [&](uint64_t i) {
+    std::vector<Reservation> r = store_->AllocateSlots(kAttacker, {H(i)});
+    EXPECT_EQ(r[0].outcome, ReserveOutcome::kGranted);
+    absl::Span<uint8_t> block = dram_->BlockSpan(r[0].slot);
+    std::memset(block.data(), 0x42, block.size());
+    EXPECT_EQ(store_->Commit(kAttacker, r[0].slot, H(i), BlockChecksum(block)),
+              CommitOutcome::kStored);
+    Fill(H(i), absl::MakeSpan(real));
+    return BlockChecksum(real);
+  };
+
+  // Planted in DRAM; the real offer names it with its checksum.
+  const uint64_t real0 = plant(0);
+  const uint64_t checksums0[] = {real0};
+  EXPECT_EQ(store_->AllocateSlots(kWorker, {H(0)}, 0, checksums0)[0].outcome,
+            ReserveOutcome::kRefused);
+  EXPECT_FALSE(dram_->Contains(H(0)));
+  EXPECT_TRUE(store_->Promote(kWorker, {H(0)}).empty()) << "the planted block is still served";
+  EXPECT_TRUE(store_->IsDisputed(H(0)));
+  // Refused from now on, with either content and on every path (no re-planting).
+  EXPECT_EQ(store_->AllocateSlots(kWorker, {H(0)}, 0, checksums0)[0].outcome,
+            ReserveOutcome::kRefused);
+  EXPECT_EQ(store_->AllocateSlots(kAttacker, {H(0)})[0].outcome, ReserveOutcome::kRefused);
+  std::vector<Reservation> unbound = store_->AllocateSlots(kAttacker, {}, 1);
+  ASSERT_EQ(unbound[0].outcome, ReserveOutcome::kGranted);
+  EXPECT_EQ(store_->Commit(kAttacker, unbound[0].slot, H(0), 42), CommitOutcome::kRefused);
+  EXPECT_EQ(dram_->StateOf(unbound[0].slot), SlotState::kFree);
+
+  // The same bytes offered again: no conflict.
+  ASSERT_EQ(Offer(1), ReserveOutcome::kGranted);
+  Fill(H(1), absl::MakeSpan(real));
+  const uint64_t checksums1[] = {BlockChecksum(real)};
+  EXPECT_EQ(store_->AllocateSlots(kWorker, {H(1)}, 0, checksums1)[0].outcome,
+            ReserveOutcome::kAlreadyHeld);
+  EXPECT_TRUE(dram_->Contains(H(1)));
+
+  // Planted, then moved down to NVMe: dropped there too.
+  const uint64_t real2 = plant(2);
+  store_->AllocateSlots(kAttacker, {H(2)});  // a second visit: admitted to NVMe
+  ASSERT_GE(store_->Evict(8).written, 1);
+  ASSERT_TRUE(nvme_->Contains(H(2)));
+  const uint64_t checksums2[] = {real2};
+  EXPECT_EQ(store_->AllocateSlots(kWorker, {H(2)}, 0, checksums2)[0].outcome,
+            ReserveOutcome::kRefused);
+  EXPECT_FALSE(nvme_->Contains(H(2)));
+  EXPECT_TRUE(store_->Lookup({H(2)}).empty());
+
+  // The in-place path: the real block copied into an unbound slot and named at Commit, while a
+  // restore has the planted copy pinned (it keeps its copy; the slot is freed at its release).
+  const uint64_t real3 = plant(3);
+  std::vector<PromotedBlock> pinned = store_->Promote(kAttacker, {H(3)});
+  ASSERT_EQ(pinned.size(), 1u);
+  unbound = store_->AllocateSlots(kWorker, {}, 1);
+  ASSERT_EQ(unbound[0].outcome, ReserveOutcome::kGranted);
+  Fill(H(3), dram_->BlockSpan(unbound[0].slot));
+  EXPECT_EQ(store_->Commit(kWorker, unbound[0].slot, H(3), real3), CommitOutcome::kRefused);
+  EXPECT_EQ(dram_->StateOf(unbound[0].slot), SlotState::kFree);
+  EXPECT_FALSE(dram_->Contains(H(3)));
+  EXPECT_EQ(dram_->StateOf(pinned[0].slot), SlotState::kPinned);
+  const DramSlot pinned_slot[] = {pinned[0].slot};
+  EXPECT_EQ(store_->Release(kAttacker, pinned_slot), 1);
+  EXPECT_EQ(dram_->StateOf(pinned[0].slot), SlotState::kFree);
+
+  const TierStoreStats stats = store_->Stats();
+  EXPECT_EQ(stats.conflicting_commits_total, 3u);
+  EXPECT_EQ(stats.refused_disputed_total, 3u);
+  EXPECT_EQ(stats.disputed_blocks, 3);
+  EXPECT_EQ(stats.dram.valid_blocks, 0);
+  EXPECT_EQ(stats.dram.pinned_blocks, 0);
+  EXPECT_EQ(store_->Lookup({H(1)}).size(), 1u);  // the undisputed block stays (now on NVMe)
+}
+
+// The disputed set is bounded: the oldest hash is forgotten first.
+TEST_F(TierStoreTest, DisputedHashesAreBounded) {
+  static std::atomic<int> counter{0};
+  DramPoolConfig dc;
+  dc.shm_name = absl::StrCat("/pd-tierd-store-bound-", getpid(), "-", counter++);
+  dc.num_slots = 8;
+  dc.block_bytes = kBlockBytes;
+  absl::StatusOr<std::unique_ptr<DramPool>> dram = DramPool::Create(dc, &clock_);
+  ASSERT_TRUE(dram.ok()) << dram.status();
+  AdmissionGuard guard(AdmissionGuardConfig{.expected_blocks = 64});
+  TierStore store(dram->get(), nullptr, &guard,
+                  TierStoreConfig{.io_batch_blocks = 8, .max_disputed_blocks = 2}, &clock_);
+  for (uint64_t i = 0; i < 3; ++i) {
+    std::vector<Reservation> r = store.AllocateSlots(kWorker, {H(i)});
+    ASSERT_EQ(r[0].outcome, ReserveOutcome::kGranted);
+    absl::Span<uint8_t> block = (*dram)->BlockSpan(r[0].slot);
+    ASSERT_EQ(store.Commit(kWorker, r[0].slot, H(i), BlockChecksum(block)), CommitOutcome::kStored);
+    const uint64_t other[] = {BlockChecksum(block) + 1};
+    ASSERT_EQ(store.AllocateSlots(kWorker, {H(i)}, 0, other)[0].outcome, ReserveOutcome::kRefused);
+  }
+  EXPECT_FALSE(store.IsDisputed(H(0)));
+  EXPECT_TRUE(store.IsDisputed(H(1)));
+  EXPECT_TRUE(store.IsDisputed(H(2)));
+  EXPECT_EQ(store.Stats().disputed_blocks, 2);
+  EXPECT_EQ(store.Stats().conflicting_commits_total, 3u);
+}
+
 }  // namespace
 }  // namespace pd::tierd

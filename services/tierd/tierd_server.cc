@@ -99,6 +99,12 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
                         services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
                                                  services::kMinClusterTokenBytes));
     auth = services::ClusterTokenVerifier(token);
+  } else {
+    services::WarnUnauthenticatedInternalRpcs(
+        "pd-tierd",
+        "anyone who can reach it can attach to its DRAM pool, read every cached KV block and "
+        "plant blocks that workers then restore into other users' answers (the "
+        "conflicting-commit check catches a planted block only once a real worker offers it)");
   }
   PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                       services::MakeServerCredentials(config.tls));
@@ -400,7 +406,26 @@ void TierdServer::RegisterMetrics(metrics::Registry* registry) {
                     absl::ToDoubleSeconds(st.restore_time_total));
     sink.AddCounter("pd_tierd_restore_failures_total", "NVMe reads that failed (checksum incl.)",
                     d(st.restore_failures_total));
+    sink.AddCounter("pd_tierd_conflicting_commits_total",
+                    "Blocks offered under a held hash with another checksum (held copy dropped, "
+                    "hash refused from then on): a planted block or a faulty worker",
+                    d(st.conflicting_commits_total));
+    sink.AddCounter("pd_tierd_refused_disputed_total",
+                    "Offers and commits refused because their hash is disputed",
+                    d(st.refused_disputed_total));
+    sink.AddGauge("pd_tierd_disputed_blocks", "Hashes refused now as disputed",
+                  d(st.disputed_blocks));
     if (redis_index_ != nullptr) {
+      for (size_t k = 0; k < redis::kNumPrefixGarbageKinds; ++k) {
+        const auto kind = static_cast<redis::PrefixGarbage>(k);
+        uint64_t n = redis_index_->garbage().total(kind);
+        if (peer_directory_ != nullptr) {
+          n += peer_directory_->garbage().total(kind);
+        }
+        sink.AddCounter("pd_tierd_redis_garbage_total",
+                        "Redis prefix index entries pdserve never writes, skipped (and logged)",
+                        d(n), {{"kind", std::string(redis::PrefixGarbageName(kind))}});
+      }
       const RedisIndexStats r = redis_index_->Stats();
       sink.AddGauge("pd_tierd_redis_connected", "1 while the Redis prefix index is reachable",
                     r.connected ? 1 : 0);

@@ -237,7 +237,8 @@ TEST_F(TierdServerTest, OfferLookupPromoteRelease) {
 }
 
 // Unbound slots over RPC: granted after the hashes' grants, named at Commit, a held block
-// answered ALREADY_HELD, and the total bounded by the pool.
+// answered ALREADY_HELD (the same bytes) or REFUSED (other bytes: a conflict, issue #40), and the
+// total bounded by the pool.
 TEST_F(TierdServerTest, UnboundSlotsAreNamedAtCommit) {
   StartServer();
   Attach();
@@ -256,7 +257,7 @@ TEST_F(TierdServerTest, UnboundSlotsAreNamedAtCommit) {
   const uint32_t u1 = aresp.grants(1).slot();
   const uint32_t u2 = aresp.grants(2).slot();
   std::memset(Slot(u1), 0x42, layout_.block_bytes());
-  std::memset(Slot(u2), 0x43, layout_.block_bytes());
+  std::memset(Slot(u2), 0x00, layout_.block_bytes());  // block 0's bytes, as Offer wrote them
   v1::CommitRequest creq;
   creq.set_session_id(attach_.session_id());
   v1::CommitEntry* e = creq.add_entries();
@@ -277,6 +278,29 @@ TEST_F(TierdServerTest, UnboundSlotsAreNamedAtCommit) {
   // HashOf(5)'s named reservation stays; nothing unbound is left.
   EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_unbound_reserved_blocks 0"));
   EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_claimed_blocks 1"));
+  EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_conflicting_commits_total 0"));
+
+  // Block 0 again with other bytes: the held copy is dropped and the hash refused.
+  areq.clear_block_hashes();
+  areq.set_unbound_slots(1);
+  grpc::ClientContext actx1;
+  ASSERT_TRUE(stub_->AllocateSlots(&actx1, areq, &aresp).ok());
+  ASSERT_EQ(aresp.grants_size(), 1);
+  ASSERT_EQ(aresp.grants(0).status(), v1::SLOT_GRANT_STATUS_GRANTED);
+  const uint32_t u3 = aresp.grants(0).slot();
+  std::memset(Slot(u3), 0x43, layout_.block_bytes());
+  creq.clear_entries();
+  e = creq.add_entries();
+  e->set_block_hash(HashOf(0).ToBytes());
+  e->set_slot(u3);
+  e->set_checksum(BlockChecksum(Block(u3)));
+  grpc::ClientContext cctx1;
+  ASSERT_TRUE(stub_->Commit(&cctx1, creq, &cresp).ok());
+  ASSERT_EQ(cresp.results_size(), 1);
+  EXPECT_EQ(cresp.results(0), v1::COMMIT_STATUS_REFUSED);
+  EXPECT_TRUE(Lookup(0, 1).empty());
+  EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_conflicting_commits_total 1"));
+  EXPECT_THAT(registry_.RenderPrometheus(), HasSubstr("pd_tierd_disputed_blocks 1"));
 
   areq.clear_block_hashes();
   areq.set_unbound_slots(static_cast<uint32_t>(attach_.num_slots()) + 1);

@@ -339,12 +339,45 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
     }
   }
 
+  // A killed pd-tierd is restarted on its ports, and the workers attach to the new one.
+  pid_t old_tierd = 0;
+  for (const auto& [name, pid] : pids) {
+    if (name == "tierd") old_tierd = pid;
+  }
+  ASSERT_GT(old_tierd, 0);
+  ASSERT_EQ(::kill(old_tierd, SIGKILL), 0);
+  const absl::Time restarted_by = absl::Now() + absl::Seconds(20);
+  auto restarted = [&] {
+    int tierds = 0;
+    for (const auto& [name, pid] : ReadPids(run_dir_)) {
+      tierds += name == "tierd" && pid != old_tierd && ClusterProcessAlive(pid);
+    }
+    return tierds == 1;
+  };
+  while (!restarted() && absl::Now() < restarted_by) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(restarted()) << cluster->LogTail(20);
+  EXPECT_THAT(cluster->ReadLog(), HasSubstr("restarting pd-tierd"));
+  // Workers notice the restart at their next call to tierd and attach to the new one.
+  double sessions = 0;
+  const absl::Time attached_by = absl::Now() + absl::Seconds(20);
+  while (sessions < 1 && absl::Now() < attached_by) {
+    RunCommand(Dir(), "after-tierd-restart",
+               {kClient, "--router=" + endpoint, "--max_tokens=2", "--timeout=20s", prompt(1)});
+    // Not Scrape: the new tierd's metrics port may not answer yet.
+    const CommandResult m =
+        RunCommand(Dir(), "scrape-tierd", {"curl", "-sf", "--max-time", "5", tierd_url});
+    sessions = Metric(m.out, "pd_tierd_sessions");
+    if (sessions < 1) absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_GE(sessions, 1) << cluster->LogTail(20);
+  const std::vector<std::pair<std::string, pid_t>> all_pids = ReadPids(run_dir_);
+
   ASSERT_TRUE(cluster->Signal(SIGINT).ok());
   absl::StatusOr<ExitInfo> exit = cluster->Wait(absl::Seconds(30));
   ASSERT_TRUE(exit.ok()) << "pd-local did not stop:\n" << cluster->LogTail(40);
   EXPECT_TRUE(exit->Success()) << exit->ToString() << "\n" << cluster->LogTail(40);
   EXPECT_THAT(cluster->ReadLog(), HasSubstr("stopped"));
-  for (const auto& [name, pid] : pids) {
+  for (const auto& [name, pid] : all_pids) {
     EXPECT_FALSE(ClusterProcessAlive(pid)) << name << " (pid " << pid << ") outlived pd-local";
   }
 }

@@ -124,6 +124,9 @@ TEST_F(TierE2eTest, EvictedBlocksComeBackFromDramAndNvmeWithExactOutput) {
   const std::string tm = tierd.Metrics();
   EXPECT_GT(Metric(tm, "pd_tierd_spill_blocks_total"), 0) << tm;
   EXPECT_GT(Metric(tm, "pd_tierd_hit_blocks_total{tier=\"nvme\"}"), 0) << tm;
+  // Every re-offer of a block (after each eviction, restored or recomputed) carried the bytes
+  // tierd held: honest workers never look like a planted block (docs/tiers.md "Exactness").
+  EXPECT_EQ(Metric(tm, "pd_tierd_conflicting_commits_total", -1), 0) << tm;
 
   // tierd restarts (SIGKILL: DRAM is lost, NVMe is replayed): the worker re-attaches and NVMe
   // blocks still hit.
@@ -276,6 +279,9 @@ TEST_F(TierE2eTest, WriteThroughServesTheNextTurnFromTheTierOnAnotherWorker) {
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_EQ(stored(), before) << "without write-through nothing is offered before eviction";
   EXPECT_EQ(turn2(plain_prompt).tier_cached_tokens(), 0u);
+  // Blocks computed in decode steps (the reply) and offered at once never conflicted with what
+  // the tier held.
+  EXPECT_EQ(Metric(tierd.Metrics(), "pd_tierd_conflicting_commits_total", -1), 0);
 }
 
 // Without tierd the workers serve as before (the flag points at nothing).
