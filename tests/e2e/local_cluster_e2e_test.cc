@@ -273,6 +273,17 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
   }
   EXPECT_THAT(names,
               ::testing::UnorderedElementsAre("redis", "tierd", "prefill-0", "decode-0", "router"));
+  // Everything listens on loopback only, the workers' UCX data plane included (UCX's tcp
+  // transport listens on every interface unless restricted to the one of --transport_host).
+  for (const auto& [name, pid] : pids) {
+    absl::StatusOr<std::vector<pd::testing::ListeningSocket>> socks =
+        pd::testing::ListeningTcpSockets(pid);
+    ASSERT_TRUE(socks.ok()) << name << ": " << socks.status();
+    EXPECT_FALSE(socks->empty()) << name;
+    for (const pd::testing::ListeningSocket& s : *socks) {
+      EXPECT_TRUE(s.IsLoopback()) << name << " listens on " << s.ToString();
+    }
+  }
 
   ASSERT_TRUE(cluster->Signal(SIGINT).ok());
   absl::StatusOr<ExitInfo> exit = cluster->Wait(absl::Seconds(30));
