@@ -130,8 +130,7 @@ absl::StatusOr<std::vector<ListeningSocket>> ListeningTcpSockets(int pid) {
     std::getline(in, line);  // header
     while (std::getline(in, line)) {
       // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
-      const std::vector<absl::string_view> f =
-          absl::StrSplit(line, ' ', absl::SkipWhitespace());
+      const std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());
       ListeningSocket s;
       if (f.size() > 9 && f[3] == "0A" && inodes.contains(f[9]) && ParseProcAddress(f[1], &s)) {
         out.push_back(std::move(s));

@@ -793,8 +793,8 @@ TEST(CudaLaunchTest, SamplingRadixEdgeRows) {
   // Temperatures below kMinSamplingTemperature (subnormals, whose reciprocal is +inf, too) are
   // greedy, with the reference's token; at the threshold the ties and the near-tie are drawn.
   const std::vector<float> near = {1.0f, 7.0f, 7.0f, 7.0f - 1e-5f, 3.0f};
-  for (float t : {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), 1e-42f, 1e-39f,
-                  1e-38f, 1e-6f, std::nextafter(kMinSamplingTemperature, 0.0f)}) {
+  for (float t : {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), 1e-42f, 1e-39f, 1e-38f,
+                  1e-6f, std::nextafter(kMinSamplingTemperature, 0.0f)}) {
     for (uint64_t seed = 0; seed < 20; ++seed) {
       HostRow host(near.data(), static_cast<int64_t>(near.size()));
       EXPECT_EQ(SampleRowRadix(host, t, 0, 1.0f, SamplingUniform(seed, 5)), 1) << t;

@@ -153,8 +153,9 @@ TEST(CudaSamplingTest, TemperaturesBelowTheThresholdAreGreedy) {
   PD_SKIP_WITHOUT_GPU();
   std::mt19937 rng(45);
   Rows r = MakeRows(8, 4096, rng);
-  const float temps[] = {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), 1e-42f, 1e-39f,
-                         1e-38f, 1e-6f, std::nextafter(kMinSamplingTemperature, 0.0f)};
+  const float temps[] = {
+      0.0f,   -0.0f, std::numeric_limits<float>::denorm_min(),     1e-42f, 1e-39f,
+      1e-38f, 1e-6f, std::nextafter(kMinSamplingTemperature, 0.0f)};
   for (int64_t s = 0; s < r.num_seqs; ++s) {
     r.logits[s * r.stride + 10] = 50.0f;  // a tie at the top: greedy takes id 10
     r.logits[s * r.stride + 20] = 50.0f;

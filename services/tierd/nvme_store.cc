@@ -273,7 +273,7 @@ int NvmeStore::SlabFd(uint32_t slot, absl::Status* status) {
   }
   const std::string path = SlabPath(slab);
   ScopedFd f(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct_ ? O_DIRECT : 0),
-                 kPrivateFileMode));
+                  kPrivateFileMode));
   if (!f.valid()) {
     *status = FileError(errno, "create", path);
     return -1;

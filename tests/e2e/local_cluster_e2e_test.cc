@@ -352,10 +352,11 @@ TEST_F(LocalClusterE2eTest, SecureClusterServesOnlyClientsWithTheCaAndTheKey) {
   CommandResult open_redis = RunCommand(
       Dir(), "redis-noauth", {"redis-cli", "-h", "127.0.0.1", "-p", redis_port, "set", "k", "v"});
   EXPECT_THAT(open_redis.out + open_redis.err, HasSubstr("NOAUTH")) << open_redis.exit.ToString();
-  CommandResult authed = RunCommand(
-      Dir(), "redis-auth",
-      {"/bin/sh", "-c", "REDISCLI_AUTH=\"$(cat \"$0\")\" exec redis-cli -h 127.0.0.1 -p \"$1\" ping",
-       secrets + "/redis-password", redis_port});
+  CommandResult authed =
+      RunCommand(Dir(), "redis-auth",
+                 {"/bin/sh", "-c",
+                  "REDISCLI_AUTH=\"$(cat \"$0\")\" exec redis-cli -h 127.0.0.1 -p \"$1\" ping",
+                  secrets + "/redis-password", redis_port});
   EXPECT_EQ(absl::StripAsciiWhitespace(authed.out), "PONG") << authed.err;
   std::string tierd_url;
   for (const auto& [name, url] : MetricsUrls(run_dir_)) {

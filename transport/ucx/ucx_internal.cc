@@ -40,8 +40,9 @@ absl::StatusOr<std::string> InterfaceOwning(absl::string_view host) {
     if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || a->ifa_name == nullptr) {
       continue;
     }
-    const std::string name(absl::string_view(a->ifa_name).substr(
-        0, absl::string_view(a->ifa_name).find(':')));  // "eth0:1" is an alias of eth0
+    const std::string name(
+        absl::string_view(a->ifa_name)
+            .substr(0, absl::string_view(a->ifa_name).find(':')));  // "eth0:1" is an alias of eth0
     if (reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == want.s_addr &&
         exact.empty()) {
       exact = name;

@@ -117,8 +117,8 @@ absl::Status UcxTransport::RestrictNetworkDevices(ucp_config_t* config) {
   }
   const ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", device.c_str());
   if (s != UCS_OK) {
-    return absl::InternalError(absl::StrCat("ucx: NET_DEVICES=", device, ": ",
-                                            ucs_status_string(s)));
+    return absl::InternalError(
+        absl::StrCat("ucx: NET_DEVICES=", device, ": ", ucs_status_string(s)));
   }
   VLOG(1) << "ucx: network devices restricted to " << device << " (listen address "
           << options_.listen_host << ")";
