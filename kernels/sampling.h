@@ -1,6 +1,7 @@
 // Sample: next-token selection (greedy, temperature, top-k, top-p) with a counter-based draw.
 // Validates once, then runs the implementation registered for ctx.device. See
-// kernels/sampling_params.h for the exact rule.
+// kernels/sampling_params.h for the exact rule (rows below kMinSamplingTemperature, 1e-5, are
+// greedy on every device).
 #pragma once
 
 #include <cstdint>

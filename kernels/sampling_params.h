@@ -8,8 +8,22 @@
 
 namespace pd::kernels {
 
+// Temperatures below this decode greedily, like 0 (vLLM's _SAMPLING_EPS is the same 1e-5). At
+// such a temperature sampling is greedy in all but ties anyway (a logit 0.001 below the top one
+// weighs e^-100 of it), and below 1 / FLT_MAX (2.9e-39, the subnormal floats) 1 / temperature
+// overflows to +inf, so the float weights exp((logit - max) / temperature) would be NaN. One
+// constant for the reference, CPU and CUDA samplers, so all three agree at the boundary.
+inline constexpr float kMinSamplingTemperature = 1e-5f;
+
+// Whether a row with this temperature decodes greedily: below kMinSamplingTemperature, 0, -0,
+// negative, or NaN.
+constexpr bool IsGreedyTemperature(float temperature) {
+  return !(temperature >= kMinSamplingTemperature);
+}
+
 // For each sequence s, picks out_tokens[s] from logits[s][0, vocab_size):
-//  - greedy when temperature is nullptr or temperature[s] <= 0: the argmax, ties to the lowest id;
+//  - greedy when temperature is nullptr or IsGreedyTemperature(temperature[s]) (below 1e-5): the
+//    argmax, ties to the lowest id;
 //  - otherwise sampling from softmax(logits / temperature[s]) restricted to the kept set: the
 //    top_k[s] tokens (if 0 < top_k[s] < vocab_size), then the smallest prefix of those whose
 //    renormalised probability mass reaches top_p[s] (if top_p[s] < 1). Candidates are ranked by

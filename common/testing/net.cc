@@ -6,9 +6,20 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace pd::testing {
 
@@ -48,6 +59,85 @@ absl::StatusOr<int> ConnectLoopback(int port) {
         absl::StrCat("connect 127.0.0.1:", port, ": ", std::strerror(err)));
   }
   return fd;
+}
+
+namespace {
+
+// A /proc/net/tcp{,6} local address "0100007F:1F90": the address as the kernel's u32 words
+// in host order (each printed %08X), then the port.
+bool ParseProcAddress(absl::string_view field, ListeningSocket* out) {
+  const size_t colon = field.find(':');
+  if (colon == absl::string_view::npos) {
+    return false;
+  }
+  const absl::string_view hex = field.substr(0, colon);
+  uint32_t port = 0;
+  if ((hex.size() != 8 && hex.size() != 32) ||
+      !absl::SimpleHexAtoi(field.substr(colon + 1), &port)) {
+    return false;
+  }
+  unsigned char bytes[16] = {};
+  for (size_t w = 0; w < hex.size() / 8; ++w) {
+    uint32_t word = 0;
+    if (!absl::SimpleHexAtoi(hex.substr(8 * w, 8), &word)) {
+      return false;
+    }
+    std::memcpy(bytes + 4 * w, &word, 4);  // back to memory (network) order
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  if (::inet_ntop(hex.size() == 8 ? AF_INET : AF_INET6, bytes, text, sizeof(text)) == nullptr) {
+    return false;
+  }
+  out->ip = text;
+  out->port = static_cast<int>(port);
+  return true;
+}
+
+}  // namespace
+
+bool ListeningSocket::IsLoopback() const {
+  return absl::StartsWith(ip, "127.") || ip == "::1" || absl::StartsWith(ip, "::ffff:127.");
+}
+
+std::string ListeningSocket::ToString() const {
+  return absl::StrContains(ip, ':') ? absl::StrCat("[", ip, "]:", port)
+                                    : absl::StrCat(ip, ":", port);
+}
+
+absl::StatusOr<std::vector<ListeningSocket>> ListeningTcpSockets(int pid) {
+  const std::string proc = pid == 0 ? "/proc/self" : absl::StrCat("/proc/", pid);
+  std::error_code ec;
+  std::filesystem::directory_iterator fds(proc + "/fd", ec);
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("read ", proc, "/fd: ", ec.message()));
+  }
+  absl::flat_hash_set<std::string> inodes;
+  for (; fds != std::filesystem::directory_iterator(); fds.increment(ec)) {
+    std::error_code link_ec;  // an fd closed meanwhile: skipped
+    const std::filesystem::path target = std::filesystem::read_symlink(fds->path(), link_ec);
+    absl::string_view t = target.native();
+    if (!link_ec && absl::ConsumePrefix(&t, "socket:[") && absl::ConsumeSuffix(&t, "]")) {
+      inodes.insert(std::string(t));
+    }
+  }
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("read ", proc, "/fd: ", ec.message()));
+  }
+  std::vector<ListeningSocket> out;
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    std::ifstream in(proc + table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+      const std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+      ListeningSocket s;
+      if (f.size() > 9 && f[3] == "0A" && inodes.contains(f[9]) && ParseProcAddress(f[1], &s)) {
+        out.push_back(std::move(s));
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace pd::testing

@@ -55,7 +55,8 @@ struct ForwardSequence {
 };
 
 // How ForwardSample picks one sequence's next token: kernels/sampling_params.h's rule with these
-// values (temperature <= 0 is greedy; top_k <= 0 and top_p 1 are off).
+// values (temperature below kernels::kMinSamplingTemperature, 1e-5, is greedy; top_k <= 0 and
+// top_p 1 are off).
 struct SampleSpec {
   float temperature = 0.0f;
   int32_t top_k = 0;

@@ -22,7 +22,7 @@ namespace pd::engine {
 struct SamplingOptions {
   uint32_t max_tokens = 0;               // 0 = until the context is full
   uint32_t min_tokens = 0;               // stop conditions are ignored before this many tokens
-  float temperature = 0.0f;              // 0 = greedy
+  float temperature = 0.0f;              // 0 or below 1e-5 = greedy
   float top_p = 1.0f;                    // (0, 1]
   int32_t top_k = 0;                     // 0 = off
   uint64_t seed = 0;                     // the draw for step i is SamplingUniform(seed, i)

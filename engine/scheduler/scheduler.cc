@@ -817,7 +817,8 @@ bool Scheduler::Step() {
   for (size_t i = 0; i < members.size(); ++i) {
     const SamplingOptions& so = members[i]->request.sampling;
     SampleSpec& sp = specs[i];
-    sp.temperature = so.temperature > 0 ? so.temperature : 0.0f;
+    // Below kernels::kMinSamplingTemperature (1e-5, subnormals included) is greedy, as 0.
+    sp.temperature = kernels::IsGreedyTemperature(so.temperature) ? 0.0f : so.temperature;
     sp.top_k = so.top_k;
     sp.top_p = so.top_p > 0 ? so.top_p : 1.0f;
     sp.seed = so.seed;

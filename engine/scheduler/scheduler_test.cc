@@ -554,6 +554,25 @@ TEST(SchedulerTest, SeededSamplingIsReproducibleAndBatchInvariant) {
   EXPECT_NE(b.results()[2].tokens, a.results()[1].tokens);
 }
 
+// Temperatures below 1e-5 decode greedily (pd-generate and every service go through here):
+// subnormal ones used to give random tokens, their reciprocal overflowing to +inf (issue #39).
+TEST(SchedulerTest, TemperatureBelowTheThresholdIsGreedy) {
+  Harness h(64, {});
+  ASSERT_TRUE(h.Submit(1, {1}, MaxTokens(24)).ok());
+  int id = 2;
+  for (float t : {1e-39f, 1e-45f, 9e-6f}) {
+    SamplingOptions s = MaxTokens(24);
+    s.temperature = t;
+    s.seed = 5;
+    ASSERT_TRUE(h.Submit(id++, {1}, s).ok());
+  }
+  h.RunToCompletion();
+  ASSERT_EQ(h.results()[1].tokens.size(), 24u);
+  for (int i = 2; i < id; ++i) {
+    EXPECT_EQ(h.results()[i].tokens, h.results()[1].tokens) << "request " << i;
+  }
+}
+
 TEST(SchedulerTest, CancelAndDeadline) {
   FakeClock clock;
   Harness h(64, {}, &clock);

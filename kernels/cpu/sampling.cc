@@ -245,7 +245,7 @@ void Sample(const OpContext& ctx, const SamplingParams& p) {
   const int slots = p.temperature == nullptr ? 1 : SamplingSlots(ctx, p.num_seqs);
   ParallelStrided(ctx, p.num_seqs, slots, [&](int slot, int64_t s) {
     const float* row = p.logits + s * p.logits_stride;
-    if (p.temperature == nullptr || !(p.temperature[s] > 0.0f)) {
+    if (p.temperature == nullptr || IsGreedyTemperature(p.temperature[s])) {
       p.out_tokens[s] = Greedy(row, p.vocab_size);
       return;
     }

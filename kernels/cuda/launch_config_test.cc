@@ -790,6 +790,31 @@ TEST(CudaLaunchTest, SamplingRadixEdgeRows) {
           << "case " << c << " seed " << seed;
     }
   }
+  // Temperatures below kMinSamplingTemperature (subnormals, whose reciprocal is +inf, too) are
+  // greedy, with the reference's token; at the threshold the ties and the near-tie are drawn.
+  const std::vector<float> near = {1.0f, 7.0f, 7.0f, 7.0f - 1e-5f, 3.0f};
+  for (float t : {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), 1e-42f, 1e-39f, 1e-38f,
+                  1e-6f, std::nextafter(kMinSamplingTemperature, 0.0f)}) {
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      HostRow host(near.data(), static_cast<int64_t>(near.size()));
+      EXPECT_EQ(SampleRowRadix(host, t, 0, 1.0f, SamplingUniform(seed, 5)), 1) << t;
+      EXPECT_EQ(ReferenceToken(near, t, 0, 1.0f, seed, 5), 1) << t;
+    }
+  }
+  int drawn[5] = {};
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    HostRow host(near.data(), static_cast<int64_t>(near.size()));
+    const int32_t token =
+        SampleRowRadix(host, kMinSamplingTemperature, 0, 1.0f, SamplingUniform(seed, 5));
+    EXPECT_EQ(token, ReferenceToken(near, kMinSamplingTemperature, 0, 1.0f, seed, 5));
+    ASSERT_GE(token, 1);
+    ASSERT_LE(token, 3);
+    ++drawn[token];
+  }
+  EXPECT_GT(drawn[1], 0);
+  EXPECT_GT(drawn[2], 0);
+  EXPECT_GT(drawn[3], 0);
+
   // Greedy reads the row once.
   const std::vector<float> row = {1.0f, 2.0f};
   HostRow host(row.data(), 2);

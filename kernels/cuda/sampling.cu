@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SampleKernel(SamplingParams 
   const int64_t s = blockIdx.x;
   BlockRow row(p.logits + s * p.logits_stride, p.vocab_size, sh);
   const float temperature = p.temperature != nullptr ? p.temperature[s] : 0.0f;
-  const bool sample = temperature > 0.0f;
+  const bool sample = !IsGreedyTemperature(temperature);
   const int32_t top_k = sample && p.top_k != nullptr ? p.top_k[s] : 0;
   const float top_p = sample && p.top_p != nullptr ? p.top_p[s] : 1.0f;
   const double u = sample ? SamplingUniform(p.seeds[s], p.steps[s]) : 0.0;

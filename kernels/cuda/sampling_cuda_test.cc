@@ -147,6 +147,28 @@ TEST(CudaSamplingTest, NarrowCutsAreGreedy) {
   EXPECT_EQ(cpu, greedy_cpu);
 }
 
+// Temperatures below kMinSamplingTemperature (subnormals included) are greedy on the GPU as on
+// the CPU; rows with ties at the top show it (sampling would draw either tied id).
+TEST(CudaSamplingTest, TemperaturesBelowTheThresholdAreGreedy) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(45);
+  Rows r = MakeRows(8, 4096, rng);
+  const float temps[] = {
+      0.0f,   -0.0f, std::numeric_limits<float>::denorm_min(),     1e-42f, 1e-39f,
+      1e-38f, 1e-6f, std::nextafter(kMinSamplingTemperature, 0.0f)};
+  for (int64_t s = 0; s < r.num_seqs; ++s) {
+    r.logits[s * r.stride + 10] = 50.0f;  // a tie at the top: greedy takes id 10
+    r.logits[s * r.stride + 20] = 50.0f;
+    r.temperature[s] = temps[s];
+    r.top_k[s] = 0;
+    r.top_p[s] = 1.0f;
+  }
+  std::vector<int32_t> cpu, gpu;
+  RunBoth(r, /*all_greedy=*/false, &cpu, &gpu);
+  EXPECT_EQ(cpu, std::vector<int32_t>(8, 10));
+  EXPECT_EQ(gpu, std::vector<int32_t>(8, 10));
+}
+
 // Integer sums make the kernel deterministic: the same rows give the same tokens every run.
 TEST(CudaSamplingTest, RepeatsExactly) {
   PD_SKIP_WITHOUT_GPU();

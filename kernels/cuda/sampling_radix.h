@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch_config.h"
+#include "kernels/sampling_params.h"  // IsGreedyTemperature
 
 namespace pd::kernels::cuda {
 
@@ -149,8 +150,8 @@ PD_HOST_DEVICE int32_t SampleRowRadix(Row& row, float temperature, int32_t top_k
   if (sum.count == 0) {
     return 0;  // all NaN
   }
-  if (!(temperature > 0.0f)) {
-    return sum.argmax;  // greedy (also for a NaN temperature)
+  if (IsGreedyTemperature(temperature)) {
+    return sum.argmax;  // greedy: below kMinSamplingTemperature, or NaN
   }
   row.SetWeights(sum.max, 1.0f / temperature);
   uint64_t limit = ~uint64_t{0};  // candidates are the keys <= limit

@@ -66,8 +66,8 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
       if (std::isnan(p.temperature[s])) {
         return absl::InvalidArgumentError(absl::StrCat("sample: temperature[", s, "] is NaN"));
       }
-      if (!(p.temperature[s] > 0.0f)) {
-        continue;  // greedy row: the rest is unused
+      if (IsGreedyTemperature(p.temperature[s])) {
+        continue;  // greedy row (below kMinSamplingTemperature): the rest is unused
       }
       if (p.seeds == nullptr || p.steps == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat("sample: row ", s, " samples (temperature ",

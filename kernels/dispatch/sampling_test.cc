@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -111,6 +112,55 @@ TEST(SampleTest, GreedyArgmaxLowestIdOnTies) {
   r.Add({0, 1, 5, 5}, 0.0f, 3, 0.5f, 1, 1);
   r.Add({9, 1, 5, 5}, -1.0f, 0, 1.0f, 1, 1);
   EXPECT_EQ(SampleRows(OpContext{}, r), (std::vector<int32_t>{2, 0}));
+}
+
+// Temperatures below kMinSamplingTemperature (subnormals included, whose reciprocal overflows
+// to +inf) are greedy on every CPU variant and in the reference; at and above it they sample.
+// The row has a tie at the top (ids 1 and 2) and id 3 just 1e-5 below it, so sampling at the
+// threshold draws all three while greedy always gives id 1.
+TEST(SampleTest, TemperaturesBelowTheThresholdAreGreedy) {
+  const std::vector<float> row = {1.0f, 7.0f, 7.0f, 7.0f - 1e-5f, 3.0f};
+  const float greedy_temperatures[] = {0.0f,
+                                       -0.0f,
+                                       -1.0f,
+                                       std::numeric_limits<float>::denorm_min(),  // 1.4e-45
+                                       1e-42f,
+                                       1e-39f,
+                                       std::numeric_limits<float>::min(),  // 1.2e-38
+                                       1e-38f,
+                                       1e-6f,
+                                       std::nextafter(kMinSamplingTemperature, 0.0f)};
+  Rows greedy;
+  for (float t : greedy_temperatures) {
+    for (uint64_t step = 0; step < 40; ++step) {
+      greedy.Add(row, t, 0, 1.0f, 11, step);
+      greedy.Add(row, t, 2, 0.5f, 12, step);  // top-k and top-p do not matter either
+    }
+  }
+  const std::vector<int32_t> all_one(greedy.size(), 1);
+  for (const CpuVariant& variant : CpuVariants()) {
+    VariantScope scope(variant);
+    EXPECT_EQ(SampleRows(scope.ctx(), greedy), all_one) << variant.Name();
+  }
+  EXPECT_EQ(SampleRows(OpContext{}, greedy, /*reference=*/true), all_one);
+
+  for (float t : {kMinSamplingTemperature, 2e-5f}) {
+    Rows sampled;
+    for (uint64_t step = 0; step < 300; ++step) {
+      sampled.Add(row, t, 0, 1.0f, 13, step);
+    }
+    const std::vector<int32_t> out = SampleRows(OpContext{}, sampled);
+    EXPECT_EQ(out, SampleRows(OpContext{}, sampled, /*reference=*/true)) << t;
+    int seen[5] = {};
+    for (int32_t id : out) {
+      ASSERT_GE(id, 1);
+      ASSERT_LE(id, 3);
+      ++seen[id];
+    }
+    EXPECT_GT(seen[1], 0) << t;
+    EXPECT_GT(seen[2], 0) << t;
+    EXPECT_GT(seen[3], 0) << t;
+  }
 }
 
 // Random rows and settings: the CPU sampler and the reference pick the same token.

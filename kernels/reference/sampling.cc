@@ -83,7 +83,7 @@ int32_t SampleRow(const float* row, int64_t vocab, double temperature, int32_t t
 void Sample(const SamplingParams& p) {
   for (int64_t s = 0; s < p.num_seqs; ++s) {
     const float* row = p.logits + s * p.logits_stride;
-    if (p.temperature == nullptr || !(p.temperature[s] > 0.0f)) {
+    if (p.temperature == nullptr || IsGreedyTemperature(p.temperature[s])) {
       p.out_tokens[s] = Greedy(row, p.vocab_size);
       continue;
     }

@@ -144,6 +144,20 @@ absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request
     case GenerateRequest::PROMPT_NOT_SET:
       return Invalid("prompt", "set exactly one of text or token_ids");
   }
+  // The text fields are `bytes` on the wire (so invalid UTF-8 gets here instead of failing the
+  // parse with an opaque status): each must be UTF-8.
+  if (!IsValidUtf8(request.model())) {
+    return Invalid("model", "is not valid UTF-8");
+  }
+  if (!IsValidUtf8(request.client_request_id())) {
+    return Invalid("client_request_id", "is not valid UTF-8");
+  }
+  if (request.has_tenant() && !IsValidUtf8(request.tenant())) {
+    return Invalid("tenant", "is not valid UTF-8");
+  }
+  if (request.has_cache_salt() && !IsValidUtf8(request.cache_salt())) {
+    return Invalid("cache_salt", "is not valid UTF-8");
+  }
   if (request.client_request_id().size() > limits.max_client_request_id_bytes) {
     return Invalid("client_request_id", absl::StrCat(request.client_request_id().size(),
                                                      " bytes exceed the limit ",

@@ -100,7 +100,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"EmptySalt", [](GenerateRequest* r) { r->set_cache_salt(""); }, "cache_salt"},
         BadCase{"LongClientId",
                 [](GenerateRequest* r) { r->set_client_request_id(std::string(129, 'x')); },
-                "client_request_id"}),
+                "client_request_id"},
+        // The text fields are `bytes` on the wire: invalid UTF-8 reaches validation.
+        BadCase{"InvalidUtf8Model", [](GenerateRequest* r) { r->set_model("m\xFF"); },
+                "model: is not valid UTF-8"},
+        BadCase{"InvalidUtf8ClientId",
+                [](GenerateRequest* r) { r->set_client_request_id("id\xC3"); },
+                "client_request_id: is not valid UTF-8"},
+        BadCase{"InvalidUtf8Tenant", [](GenerateRequest* r) { r->set_tenant("\xED\xA0\x80"); },
+                "tenant: is not valid UTF-8"},
+        BadCase{"InvalidUtf8Salt", [](GenerateRequest* r) { r->set_cache_salt("\xC0\xAF"); },
+                "cache_salt: is not valid UTF-8"},
+        BadCase{"InvalidUtf8Stop",
+                [](GenerateRequest* r) { r->mutable_sampling()->add_stop("ok\xFE"); },
+                "sampling.stop[0]: is not valid UTF-8"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
 
 }  // namespace

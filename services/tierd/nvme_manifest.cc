@@ -165,10 +165,11 @@ absl::StatusOr<std::unique_ptr<NvmeManifest>> NvmeManifest::Open(std::string pat
                                                                  bool sync,
                                                                  ManifestReplay* replay) {
   *replay = ManifestReplay{};
-  ScopedFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  ScopedFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, kPrivateFileMode));
   if (!fd.valid()) {
     return FileError(errno, "open", path);
   }
+  PD_RETURN_IF_ERROR(RestrictFileMode(fd.get(), path));  // one an older tierd left 0644
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) {
     return FileError(errno, "fstat", path);
@@ -296,9 +297,13 @@ absl::Status NvmeManifest::Append(absl::Span<const ManifestRecord> records) {
 
 absl::Status NvmeManifest::Rewrite(absl::Span<const ManifestRecord> live) {
   const std::string tmp = absl::StrCat(path_, ".tmp");
-  ScopedFd fd(open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  ScopedFd fd(open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, kPrivateFileMode));
   if (!fd.valid()) {
     return FileError(errno, "open", tmp);
+  }
+  if (absl::Status s = RestrictFileMode(fd.get(), tmp); !s.ok()) {  // a leftover .tmp
+    unlink(tmp.c_str());
+    return s;
   }
   std::vector<uint8_t> buf(kManifestHeaderBytes + live.size() * kManifestRecordBytes);
   EncodeHeader(geometry_, buf.data());

@@ -74,7 +74,8 @@ absl::Status ProbeDirectIo(const std::string& dir, bool* direct, int64_t* align)
     return absl::OkStatus();
   }
   const std::string probe = absl::StrCat(dir, "/", kProbeName);
-  ScopedFd fd(open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644));
+  ScopedFd fd(
+      open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, kPrivateFileMode));
   int err = fd.valid() ? 0 : errno;
   if (fd.valid()) {
     *align = kMaxIoAlign;
@@ -148,10 +149,16 @@ absl::Status NvmeStoreConfig::Validate() const {
 absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(NvmeStoreConfig config, Clock* clock) {
   PD_RETURN_IF_ERROR(config.Validate());
   std::error_code ec;
-  std::filesystem::create_directories(config.dir, ec);
+  const bool created = std::filesystem::create_directories(config.dir, ec);
   if (ec) {
     return FileError(ec.value(), "create directory", config.dir);
   }
+  // Every tenant's KV lands here: tierd's user only (folder 0700, files 0600). A new folder
+  // quietly; one that existed (an older tierd's) with a warning.
+  if (created && chmod(config.dir.c_str(), kPrivateDirMode) != 0) {
+    return FileError(errno, "chmod 0700", config.dir);
+  }
+  PD_RETURN_IF_ERROR(RestrictDirMode(config.dir));
   bool direct = config.direct_io;
   int64_t align = kMinIoAlign;
   PD_RETURN_IF_ERROR(ProbeDirectIo(config.dir, &direct, &align));
@@ -284,6 +291,10 @@ absl::Status NvmeStore::OpenExistingSlabs() {
       }
       return FileError(errno, "open", path);
     }
+    if (absl::Status s = RestrictFileMode(fd, path); !s.ok()) {
+      close(fd);
+      return s;
+    }
     struct stat st {};
     if (fstat(fd, &st) != 0 || st.st_size < SlabBytes(static_cast<int64_t>(slab))) {
       // Shorter than this geometry wants (capacity grew, or a crash during creation): extend.
@@ -308,9 +319,14 @@ int NvmeStore::SlabFd(uint32_t slot, absl::Status* status) {
     return fd;
   }
   const std::string path = SlabPath(slab);
-  ScopedFd f(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct_ ? O_DIRECT : 0), 0644));
+  ScopedFd f(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct_ ? O_DIRECT : 0),
+                  kPrivateFileMode));
   if (!f.valid()) {
     *status = FileError(errno, "create", path);
+    return -1;
+  }
+  if (absl::Status s = RestrictFileMode(f.get(), path); !s.ok()) {  // created meanwhile
+    *status = s;
     return -1;
   }
   // Preallocate, so the slab's blocks are contiguous and later writes cannot hit ENOSPC.

@@ -4,8 +4,10 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log/log.h"
 #include "common/testing/temp_dir.h"
 #include "common/time/clock.h"
@@ -280,6 +283,55 @@ TEST_F(NvmeStoreTest, ShrunkCapacityReclaimsSlabSpaceBeyondIt) {
   // The tier keeps working in its new size.
   WriteBlocks(*store, 1000, 20);
   ReadBlocksAligned(*store, 1000, 20);
+}
+
+// "name mode" of the folder and each file in it, e.g. {"g3 700", "slab-000.dat 600", ...}.
+std::vector<std::string> Modes(const std::string& dir) {
+  auto mode = [](const std::filesystem::path& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 ? absl::StrFormat("%o", st.st_mode & 07777) : "?";
+  };
+  std::vector<std::string> out = {
+      absl::StrCat(std::filesystem::path(dir).filename().string(), " ", mode(dir))};
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.push_back(absl::StrCat(e.path().filename().string(), " ", mode(e.path())));
+  }
+  std::sort(out.begin() + 1, out.end());
+  return out;
+}
+
+// The NVMe tier holds every tenant's KV: its folder is 0700 and its slabs and manifest 0600,
+// even under a umask of 0, and a folder and files an older tierd left open are closed at start.
+TEST_F(NvmeStoreTest, TierFilesArePrivateToTierdsUser) {
+  const mode_t old_umask = ::umask(0);
+  NvmeStoreConfig config = Config(4096, 8, 4);  // two slabs
+  {
+    auto store = Open(config);
+    ASSERT_NE(store, nullptr);
+    WriteBlocks(*store, 0, 8);
+  }
+  const std::vector<std::string> want = {"g3 700", "manifest.log 600", "slab-000.dat 600",
+                                         "slab-001.dat 600"};
+  EXPECT_EQ(Modes(config.dir), want);
+  // As an older tierd left them: world-readable.
+  ASSERT_EQ(::chmod(config.dir.c_str(), 0755), 0);
+  for (const auto& e : std::filesystem::directory_iterator(config.dir)) {
+    ASSERT_EQ(::chmod(e.path().c_str(), 0644), 0);
+  }
+  {
+    auto store = Open(config);
+    ASSERT_NE(store, nullptr);
+    EXPECT_EQ(Modes(config.dir), want);
+    ReadBlocksAligned(*store, 0, 8);
+    EXPECT_TRUE(store->Drop(H(0)));  // the next open rewrites the manifest
+  }
+  {
+    auto store = Open(config);
+    ASSERT_NE(store, nullptr);
+    EXPECT_EQ(store->Stats().replayed_blocks, 7);
+  }
+  EXPECT_EQ(Modes(config.dir), want);
+  ::umask(old_umask);
 }
 
 TEST_F(NvmeStoreTest, FlippedByteFailsThatBlockOnlyAndDropsIt) {

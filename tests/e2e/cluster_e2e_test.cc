@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -123,6 +124,25 @@ TEST_F(ClusterE2eTest, BadInputAtTheEdgeIsRejectedClearly) {
   r.clear_model();
   r.set_text(std::string("\xff\xfe bad"));
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "UTF-8");
+  // Invalid UTF-8 in any text field is INVALID_ARGUMENT naming the field. They are `bytes` on
+  // the wire: as proto3 `string`s the server's parse failed and gRPC answered UNIMPLEMENTED
+  // with no details (issue #39).
+  const std::vector<std::pair<std::function<void(pdserve::v1::GenerateRequest*)>, std::string>>
+      bad_utf8 = {
+          {[](auto* q) { q->set_model("stories\xff"); }, "model: is not valid UTF-8"},
+          {[](auto* q) { q->mutable_sampling()->add_stop("x\xc3"); },
+           "sampling.stop[0]: is not valid UTF-8"},
+          {[](auto* q) { q->set_client_request_id("\xed\xa0\x80"); },
+           "client_request_id: is not valid UTF-8"},
+          {[](auto* q) { q->set_tenant("t\xfe"); }, "tenant: is not valid UTF-8"},
+          {[](auto* q) { q->set_cache_salt("\xc0\xaf"); }, "cache_salt: is not valid UTF-8"},
+      };
+  for (const auto& [mutate, words] : bad_utf8) {
+    pdserve::v1::GenerateRequest q;
+    q.set_text("hi");
+    mutate(&q);
+    expect(q, grpc::StatusCode::INVALID_ARGUMENT, words);
+  }
   r.mutable_token_ids()->add_ids(1);
   r.mutable_token_ids()->add_ids(100000);
   expect(r, grpc::StatusCode::INVALID_ARGUMENT, "out of range");

@@ -4,8 +4,10 @@
 // with SIGINT, and leave no process behind. Also the usage-error and RPC-error exit codes of both
 // tools.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -307,6 +309,17 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
   }
   EXPECT_THAT(names,
               ::testing::UnorderedElementsAre("redis", "tierd", "prefill-0", "decode-0", "router"));
+  // Everything listens on loopback only, the workers' UCX data plane included (UCX's tcp
+  // transport listens on every interface unless restricted to the one of --transport_host).
+  for (const auto& [name, pid] : pids) {
+    absl::StatusOr<std::vector<pd::testing::ListeningSocket>> socks =
+        pd::testing::ListeningTcpSockets(pid);
+    ASSERT_TRUE(socks.ok()) << name << ": " << socks.status();
+    EXPECT_FALSE(socks->empty()) << name;
+    for (const pd::testing::ListeningSocket& s : *socks) {
+      EXPECT_TRUE(s.IsLoopback()) << name << " listens on " << s.ToString();
+    }
+  }
 
   // The README's and docs/openai.md's OpenAI examples, run as printed (the address aside)
   // against this default cluster: every one is answered without an error, and every model id
@@ -382,8 +395,9 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
   }
 }
 
-// --secure: TLS, mutual TLS between router and workers, the cluster token and a generated API
-// key (docs/security.md). pd-client needs the CA and the key; no secret reaches a log.
+// --secure: TLS, mutual TLS between router and workers, the cluster token, a generated API key
+// and a Redis password (docs/security.md). pd-client needs the CA and the key; redis-cli needs
+// the password; the NVMe tier is 0700/0600; no secret reaches a log or a command line.
 TEST_F(LocalClusterE2eTest, SecureClusterServesOnlyClientsWithTheCaAndTheKey) {
   if (!Exists(kModel) || !Exists(kTokenizer)) {
     GTEST_SKIP() << "stories260K not found under " << PD_SHARED_DIR;
@@ -426,10 +440,57 @@ TEST_F(LocalClusterE2eTest, SecureClusterServesOnlyClientsWithTheCaAndTheKey) {
   EXPECT_EQ(plaintext.exit.code, 1) << plaintext.err;
   EXPECT_THAT(plaintext.err, HasSubstr("UNAVAILABLE"));
 
+  // Redis wants the generated password: without it every command is refused (NOAUTH), with it
+  // (REDISCLI_AUTH, as pd-local passes it) it answers, and pd-tierd is connected with it.
+  std::string redis_port;
+  for (absl::string_view line : absl::StrSplit(ReadFile(run_dir_ + "/cluster.txt"), '\n')) {
+    if (absl::ConsumePrefix(&line, "redis 127.0.0.1:")) redis_port = std::string(line);
+  }
+  ASSERT_FALSE(redis_port.empty()) << ReadFile(run_dir_ + "/cluster.txt");
+  CommandResult open_redis = RunCommand(
+      Dir(), "redis-noauth", {"redis-cli", "-h", "127.0.0.1", "-p", redis_port, "set", "k", "v"});
+  EXPECT_THAT(open_redis.out + open_redis.err, HasSubstr("NOAUTH")) << open_redis.exit.ToString();
+  CommandResult authed =
+      RunCommand(Dir(), "redis-auth",
+                 {"/bin/sh", "-c",
+                  "REDISCLI_AUTH=\"$(cat \"$0\")\" exec redis-cli -h 127.0.0.1 -p \"$1\" ping",
+                  secrets + "/redis-password", redis_port});
+  EXPECT_EQ(absl::StripAsciiWhitespace(authed.out), "PONG") << authed.err;
+  std::string tierd_url;
+  for (const auto& [name, url] : MetricsUrls(run_dir_)) {
+    if (name == "tierd") tierd_url = url;
+  }
+  ASSERT_FALSE(tierd_url.empty()) << ReadFile(run_dir_ + "/cluster.txt");
+  std::string tm = Scrape(tierd_url);
+  const absl::Time connected_by = absl::Now() + absl::Seconds(10);
+  while (Metric(tm, "pd_tierd_redis_connected") != 1 && absl::Now() < connected_by) {
+    absl::SleepFor(absl::Milliseconds(100));
+    tm = Scrape(tierd_url);
+  }
+  EXPECT_EQ(Metric(tm, "pd_tierd_redis_connected"), 1) << tm;
+  // The NVMe tier (made by pd-tierd itself) is private to the cluster's user.
+  struct stat st {};
+  ASSERT_EQ(::stat((run_dir_ + "/nvme").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  int tier_files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir_ + "/nvme")) {
+    ASSERT_EQ(::stat(e.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << e.path();
+    ++tier_files;
+  }
+  EXPECT_GT(tier_files, 0);  // the manifest at least
+
   const std::string key(absl::StripAsciiWhitespace(ReadFile(secrets + "/api-key")));
   const std::string token(absl::StripAsciiWhitespace(ReadFile(secrets + "/cluster-token")));
+  const std::string redis_password(
+      absl::StripAsciiWhitespace(ReadFile(secrets + "/redis-password")));
   ASSERT_GE(key.size(), 32u);
   ASSERT_GE(token.size(), 32u);
+  ASSERT_GE(redis_password.size(), 32u);
+  for (const auto& [name, pid] : ReadPids(run_dir_)) {  // no secret on a command line
+    const std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+    EXPECT_THAT(cmdline, ::testing::Not(HasSubstr(redis_password))) << name;
+  }
   ASSERT_TRUE(cluster->Signal(SIGINT).ok());
   absl::StatusOr<ExitInfo> exit = cluster->Wait(absl::Seconds(30));
   ASSERT_TRUE(exit.ok()) << "pd-local did not stop:\n" << cluster->LogTail(40);
@@ -439,6 +500,7 @@ TEST_F(LocalClusterE2eTest, SecureClusterServesOnlyClientsWithTheCaAndTheKey) {
                                  ReadFile(run_dir_ + "/prefill-0.log"), gen.err, no_key.err}) {
     EXPECT_THAT(log, ::testing::Not(HasSubstr(key)));
     EXPECT_THAT(log, ::testing::Not(HasSubstr(token)));
+    EXPECT_THAT(log, ::testing::Not(HasSubstr(redis_password)));
   }
 }
 

@@ -1,17 +1,89 @@
 #include "transport/ucx/ucx_internal.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "transport/internal/byte_codec.h"
 
 namespace pd::transport::ucx_internal {
 
 absl::Status UcsError(absl::string_view what, ucs_status_t s) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
+}
+
+absl::StatusOr<std::string> InterfaceOwning(absl::string_view host) {
+  in_addr want{};
+  const std::string host_str(host);
+  if (::inet_pton(AF_INET, host_str.c_str(), &want) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("ucx: not a numeric IPv4 address: ", host));
+  }
+  if (want.s_addr == htonl(INADDR_ANY)) {
+    return std::string();
+  }
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) {
+    return absl::InternalError(absl::StrCat("ucx: getifaddrs: ", std::strerror(errno)));
+  }
+  std::string exact, loopback;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || a->ifa_name == nullptr) {
+      continue;
+    }
+    const std::string name(
+        absl::string_view(a->ifa_name)
+            .substr(0, absl::string_view(a->ifa_name).find(':')));  // "eth0:1" is an alias of eth0
+    if (reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == want.s_addr &&
+        exact.empty()) {
+      exact = name;
+    }
+    if ((a->ifa_flags & IFF_LOOPBACK) != 0 && loopback.empty()) {
+      loopback = name;
+    }
+  }
+  ::freeifaddrs(list);
+  if (!exact.empty()) {
+    return exact;
+  }
+  if ((ntohl(want.s_addr) >> 24) == 127 && !loopback.empty()) {
+    return loopback;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("ucx: listen address ", host, " belongs to no network interface of this host"));
+}
+
+std::string PrintedConfigValue(absl::string_view printed, absl::string_view name) {
+  const std::string key = absl::StrCat("UCX_", name, "=");
+  for (absl::string_view line : absl::StrSplit(printed, '\n')) {
+    if (absl::ConsumePrefix(&line, key)) {
+      return std::string(line);
+    }
+  }
+  return "";
+}
+
+std::string PrintConfig(const ucp_config_t* config) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = ::open_memstream(&buf, &len);
+  if (f == nullptr) {
+    return "";
+  }
+  ucp_config_print(config, f, nullptr, UCS_CONFIG_PRINT_CONFIG);
+  std::fclose(f);
+  std::string out(buf, len);
+  std::free(buf);
+  return out;
 }
 
 std::string EpInfo(ucp_ep_h ep) {

@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/kv_transport.h"
@@ -82,6 +83,24 @@ bool IsGoodPutTransport(absl::string_view tl);
 // Shared-memory transports: a put into memory the receiver allocated through UCX (a sysv/posix
 // segment this process attaches when it unpacks the rkey) is a memcpy.
 bool IsSharedMemoryTransport(absl::string_view tl);
+
+// ---- Where UCX listens ---------------------------------------------------------------------
+// UCX's tcp transport opens a listening socket on every network device in UCX_NET_DEVICES
+// (default "all": eth0's address too), whatever address the ucp listener was given. So the
+// transport restricts NET_DEVICES to the interface that owns listen_host.
+
+// The network interface owning the numeric IPv4 address `host` (from getifaddrs; an alias
+// label "eth0:1" gives "eth0"), "" for 0.0.0.0 (every interface: no restriction). An address
+// in 127.0.0.0/8 that no interface names exactly belongs to the loopback interface.
+// InvalidArgument when `host` is not numeric IPv4 or no interface of this host has it.
+absl::StatusOr<std::string> InterfaceOwning(absl::string_view host);
+
+// The value of `name` (without the UCX_ prefix, e.g. "NET_DEVICES") in ucp_config_print text
+// ("UCX_NET_DEVICES=all" lines); "" when absent.
+std::string PrintedConfigValue(absl::string_view printed, absl::string_view name);
+
+// ucp_config_print's text of `config` (every UCP option with its effective value).
+std::string PrintConfig(const ucp_config_t* config);
 
 // The backend blob of a region descriptor: the region's base address, its packed rkey, its
 // memory kind and whether it is a UCX allocation (AllocateHost).

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/status_macros.h"
+#include "common/log/log.h"
 #include "transport/internal/transport_core.h"
 #include "transport/ucx/ucx_internal.h"
 #include "transport/ucx/ucx_transport_impl.h"
@@ -46,6 +47,7 @@ absl::Status UcxTransport::Init() {
           absl::StrCat("ucx option ", name, "=", value, ": ", ucs_status_string(s)));
     }
   }
+  PD_RETURN_IF_ERROR(RestrictNetworkDevices(config.get()));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
@@ -90,6 +92,36 @@ absl::Status UcxTransport::Init() {
   ucp_worker_release_address(worker_.get(), wa);
   PD_RETURN_IF_ERROR(Listen());
   thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+// The ucp listener binds listen_host, but UCX's tcp transport listens on every device of
+// UCX_NET_DEVICES (default all: the host's external addresses too) for the data endpoints, and
+// the KV data plane is unauthenticated. So, unless NET_DEVICES was chosen explicitly (UCX_*
+// environment or ucp_options: the operator's list, e.g. an RDMA device plus its interface),
+// the devices are restricted to the interface owning listen_host. ucp_config_modify, not
+// setenv: the process environment stays untouched.
+absl::Status UcxTransport::RestrictNetworkDevices(ucp_config_t* config) {
+  PD_ASSIGN_OR_RETURN(const std::string device, InterfaceOwning(options_.listen_host));
+  const std::string current = PrintedConfigValue(PrintConfig(config), "NET_DEVICES");
+  if (device.empty()) {
+    LOG(INFO) << "ucx: listen address " << options_.listen_host
+              << " is every interface; UCX_NET_DEVICES=" << current << " left as is";
+    return absl::OkStatus();
+  }
+  if (!current.empty() && current != "all") {
+    LOG(INFO) << "ucx: UCX_NET_DEVICES=" << current << " set explicitly (listen address "
+              << options_.listen_host << " is on " << device
+              << "): UCX also listens on those devices' addresses";
+    return absl::OkStatus();
+  }
+  const ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", device.c_str());
+  if (s != UCS_OK) {
+    return absl::InternalError(
+        absl::StrCat("ucx: NET_DEVICES=", device, ": ", ucs_status_string(s)));
+  }
+  VLOG(1) << "ucx: network devices restricted to " << device << " (listen address "
+          << options_.listen_host << ")";
   return absl::OkStatus();
 }
 

@@ -173,6 +173,9 @@ class UcxTransport : public transport_internal::CoreBackedTransport {
 
   // ---- ucx_transport.cc: lifecycle, progress thread, posting
   absl::Status Init();
+  // Restricts UCX_NET_DEVICES to the interface of options_.listen_host (unless chosen
+  // explicitly or the host is 0.0.0.0). InvalidArgument when no interface has that address.
+  absl::Status RestrictNetworkDevices(ucp_config_t* config);
   void Loop();
   // Shutdown, on the progress thread: fails what is pending, closes endpoints.
   void CloseAll();

@@ -4,8 +4,10 @@
 // transport-allocated host memory. Data movement is covered by transport/conformance.
 #include "transport/ucx/ucx_transport.h"
 
+#include <string>
 #include <vector>
 
+#include "common/testing/net.h"
 #include "transport/ucx/ucx_internal.h"
 
 #include "gmock/gmock.h"
@@ -35,6 +37,51 @@ TEST(UcxTransportTest, CudaRegistrationFollowsUcxSupport) {
   // Host memory still registers.
   r.kind = MemoryKind::kHost;
   EXPECT_TRUE((*t)->Register(r).ok());
+}
+
+// Bound to 127.0.0.1, the transport listens on loopback only: UCX's tcp transport, which by
+// default opens a listening socket on every network device (the host's external address too),
+// is restricted to the interface owning the listen address. Both with tcp alone and with every
+// transport UCX finds.
+TEST(UcxTransportTest, ListensOnlyOnTheLoopbackInterfaceItWasGiven) {
+  for (const char* tls : {"tcp", "all"}) {
+    UcxTransportOptions o;
+    o.listen_host = "127.0.0.1";
+    o.ucp_options.push_back({"TLS", tls});
+    absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateUcxTransport(o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<std::vector<pd::testing::ListeningSocket>> socks =
+        pd::testing::ListeningTcpSockets();
+    ASSERT_TRUE(socks.ok()) << socks.status();
+    EXPECT_FALSE(socks->empty()) << "the ucp listener should be listed";
+    for (const pd::testing::ListeningSocket& s : *socks) {
+      EXPECT_TRUE(s.IsLoopback()) << "UCX_TLS=" << tls << " listens on " << s.ToString();
+    }
+  }
+}
+
+TEST(UcxTransportTest, ListenAddressMustBelongToAnInterface) {
+  UcxTransportOptions o;
+  o.listen_host = "192.0.2.254";  // TEST-NET-1: on no interface here
+  o.ucp_options.push_back({"TLS", "tcp"});
+  absl::StatusOr<std::unique_ptr<KvTransport>> t = CreateUcxTransport(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), ::testing::HasSubstr("192.0.2.254"));
+}
+
+TEST(UcxInternalTest, InterfaceOwningAndPrintedConfig) {
+  using ucx_internal::InterfaceOwning;
+  absl::StatusOr<std::string> lo = InterfaceOwning("127.0.0.1");
+  ASSERT_TRUE(lo.ok()) << lo.status();
+  EXPECT_FALSE(lo->empty());
+  EXPECT_EQ(InterfaceOwning("127.0.0.2").value_or("?"), *lo);  // the rest of 127/8
+  EXPECT_EQ(InterfaceOwning("0.0.0.0").value_or("?"), "");     // every interface
+  EXPECT_EQ(InterfaceOwning("localhost").status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string printed = "UCX_NET_DEVICES=all\nUCX_SHM_DEVICES=all\nUCX_TLS=tcp\n";
+  EXPECT_EQ(ucx_internal::PrintedConfigValue(printed, "NET_DEVICES"), "all");
+  EXPECT_EQ(ucx_internal::PrintedConfigValue(printed, "TLS"), "tcp");
+  EXPECT_EQ(ucx_internal::PrintedConfigValue(printed, "DEVICES"), "");
 }
 
 TEST(UcxInternalTest, LaneTransportReadsTheLaneOfARole) {
