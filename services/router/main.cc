@@ -292,6 +292,13 @@ int main(int argc, char** argv) {
       config->cluster_token_file.empty() ? "" : ", cluster token on",
       config->redis ? absl::StrCat(", redis ", config->redis->host, ":", config->redis->port)
                     : std::string(", no redis"));
+  // Once everything started (a startup error stays one line).
+  if (config->cluster_token_file.empty()) {
+    pd::services::WarnUnauthenticatedInternalRpcs(
+        kProgram,
+        "its calls to the workers carry no token, so they cannot tell it from any other caller "
+        "(workers started with a token refuse it)");
+  }
   return pd::services::ServeUntilShutdown(
       kProgram, shutdown, &registry, config->metrics_address, config->drain_timeout, describe,
       [&](absl::Duration timeout) {

@@ -40,11 +40,6 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
                         services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
                                                  services::kMinClusterTokenBytes));
     worker_headers.push_back(services::ClusterTokenHeader(token));
-  } else {
-    services::WarnUnauthenticatedInternalRpcs(
-        "pd-router",
-        "its calls to the workers carry no token, so they cannot tell it from any other caller "
-        "(workers started with a token refuse it)");
   }
   PD_ASSIGN_OR_RETURN(std::shared_ptr<const services::ClientSecurity> worker_security,
                       services::ClientSecurity::Create(config.worker_tls, worker_headers));

@@ -99,12 +99,6 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
                         services::ReadSecretFile(config.cluster_token_file, "--cluster_token_file",
                                                  services::kMinClusterTokenBytes));
     auth = services::ClusterTokenVerifier(token);
-  } else {
-    services::WarnUnauthenticatedInternalRpcs(
-        "pd-tierd",
-        "anyone who can reach it can attach to its DRAM pool, read every cached KV block and "
-        "plant blocks that workers then restore into other users' answers (the "
-        "conflicting-commit check catches a planted block only once a real worker offers it)");
   }
   PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                       services::MakeServerCredentials(config.tls));
@@ -197,6 +191,14 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   s->indexer_ = std::thread([self] { self->IndexLoop(); });
   s->RegisterMetrics(metrics);
   s->server_->GetHealthCheckService()->SetServingStatus(true);
+  // Once started: a startup error stays one line.
+  if (config.cluster_token_file.empty()) {
+    services::WarnUnauthenticatedInternalRpcs(
+        "pd-tierd",
+        "anyone who can reach it can attach to its DRAM pool, read every cached KV block and "
+        "plant blocks that workers then restore into other users' answers (the "
+        "conflicting-commit check catches a planted block only once a real worker offers it)");
+  }
   return s;
 }
 

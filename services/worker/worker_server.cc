@@ -32,12 +32,6 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                                                  services::kMinClusterTokenBytes));
     ctx.cluster_auth = services::ClusterTokenVerifier(token);
     peer_headers.push_back(services::ClusterTokenHeader(token));
-  } else {
-    services::WarnUnauthenticatedInternalRpcs(
-        "pd-worker",
-        "anyone who can reach it can run generations bypassing the router's API keys and limits, "
-        "subscribe to its KV events (every cached prompt's block hashes) and ask it to prefill "
-        "into another worker's pool");
   }
   PD_ASSIGN_OR_RETURN(ctx.peer_security,
                       services::ClientSecurity::Create(config.peer_tls, std::move(peer_headers)));
@@ -277,6 +271,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                     st.remote_prefill_failures);
   });
   s->server_->GetHealthCheckService()->SetServingStatus(true);
+  // Once started: a startup error stays one line.
+  if (config.cluster_token_file.empty()) {
+    services::WarnUnauthenticatedInternalRpcs(
+        "pd-worker",
+        "anyone who can reach it can run generations bypassing the router's API keys and limits, "
+        "subscribe to its KV events (every cached prompt's block hashes) and ask it to prefill "
+        "into another worker's pool");
+  }
   return s;
 }
 

@@ -42,7 +42,7 @@ constexpr int kMaxOpen = 500;      // --http_max_open_connections
 constexpr absl::Duration kHeaderTimeout = absl::Seconds(2);
 constexpr absl::Duration kBodyTimeout = absl::Seconds(2);
 constexpr char kCompletion[] =
-    R"({"model":"stories260K.bin","prompt":"Once upon a time","max_tokens":8,"temperature":0})";
+    R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":8,"temperature":0})";
 
 // A blocking TCP connection from `from` (a loopback address) to 127.0.0.1:`port`; -1 on error.
 int Connect(const char* from, int port) {

@@ -482,6 +482,9 @@ TEST_F(OpenAiE2eTest, IdleConnectionsCostNoCpuAndCloseAtTheIdleTimeout) {
     EXPECT_EQ(::recv(socks[i], &byte, 1, 0), 0) << "connection " << i;
   }
   EXPECT_GE(absl::Now() - opened, kIdleTimeout - absl::Seconds(1));
+  // The router counts a connection out just after its FIN: allow it a moment on a busy machine.
+  const absl::Time closed_by = absl::Now() + absl::Seconds(3);
+  while (connections() != 0 && absl::Now() < closed_by) absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(connections(), 0);
 }
 
