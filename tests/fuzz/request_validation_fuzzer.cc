@@ -38,6 +38,13 @@ bool RefValid(const GenerateRequest& r, const RequestLimits& l) {
     case GenerateRequest::PROMPT_NOT_SET:
       return false;
   }
+  // model, client_request_id, tenant and cache_salt are `bytes` on the wire: each must be UTF-8.
+  if (!pd::fuzz::IsWellFormedUtf8(r.model()) ||
+      !pd::fuzz::IsWellFormedUtf8(r.client_request_id()) ||
+      (r.has_tenant() && !pd::fuzz::IsWellFormedUtf8(r.tenant())) ||
+      (r.has_cache_salt() && !pd::fuzz::IsWellFormedUtf8(r.cache_salt()))) {
+    return false;
+  }
   if (r.client_request_id().size() > l.max_client_request_id_bytes) {
     return false;
   }
