@@ -1,0 +1,1091 @@
+#include "engine/grammar/json_schema.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
+#include "engine/grammar/regex.h"
+#include "nlohmann/json.hpp"
+
+namespace pd::grammar {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Seq = Grammar::Sequence;
+
+// Keywords that only annotate. Unknown keywords are annotations too (the specification says
+// so); this list only documents the common ones.
+// Validation keywords this compiler enforces.
+const std::set<std::string>& Supported() {
+  static const auto* s = new std::set<std::string>{
+      "type", "enum", "const", "properties", "required", "additionalProperties", "items",
+      "prefixItems", "additionalItems", "minItems", "maxItems", "anyOf", "oneOf", "allOf", "$ref",
+      "pattern", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+      "exclusiveMaximum", "format", "$defs", "definitions", "minProperties", "maxProperties"};
+  return *s;
+}
+
+// Validation keywords this compiler cannot enforce: a schema using one is refused.
+const std::set<std::string>& Unsupported() {
+  static const auto* s = new std::set<std::string>{
+      "multipleOf", "uniqueItems", "contains", "minContains", "maxContains",
+      "patternProperties", "propertyNames", "dependencies", "dependentRequired",
+      "dependentSchemas", "not", "if", "then", "else", "unevaluatedItems",
+      "unevaluatedProperties", "$dynamicRef", "$recursiveRef"};
+  return *s;
+}
+
+// Escapes one code point as a canonical JSON string character.
+std::string EscapeCodePoint(uint32_t cp) {
+  switch (cp) {
+    case '"': return "\\\"";
+    case '\\': return "\\\\";
+    case '\b': return "\\b";
+    case '\f': return "\\f";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    default: break;
+  }
+  return "";
+}
+
+const char* TypeName(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "integer";
+    case Json::value_t::number_float: return "number";
+    case Json::value_t::string: return "string";
+    case Json::value_t::array: return "array";
+    case Json::value_t::object: return "object";
+    default: return "?";
+  }
+}
+
+constexpr std::array<const char*, 7> kAllTypes = {"null", "boolean", "integer", "number",
+                                                   "string", "array", "object"};
+
+class SchemaCompiler {
+ public:
+  SchemaCompiler(const Json& root, const JsonSchemaOptions& options)
+      : root_(root), options_(options) {}
+
+  absl::StatusOr<Grammar> Run() {
+    Init();
+    PD_ASSIGN_OR_RETURN(const uint32_t top, Compile(root_, "#", 0));
+    const uint32_t root = g_.NewRule("root");
+    g_.AddAlternative(root, {Grammar::Ref(ws_), Grammar::Ref(top), Grammar::Ref(ws_)});
+    g_.set_root(root);
+    PD_RETURN_IF_ERROR(CheckSize());
+    PD_RETURN_IF_ERROR(g_.Validate());
+    return std::move(g_);
+  }
+
+  absl::StatusOr<Grammar> RunAny(bool object_only) {
+    Init();
+    const uint32_t root = g_.NewRule("root");
+    g_.AddAlternative(root, {Grammar::Ref(ws_), Grammar::Ref(object_only ? any_object_ : any_value_),
+                             Grammar::Ref(ws_)});
+    g_.set_root(root);
+    PD_RETURN_IF_ERROR(g_.Validate());
+    return std::move(g_);
+  }
+
+ private:
+  static absl::Status Error(absl::string_view path, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("json schema at ", path, ": ", what));
+  }
+  // A (sub)schema no document satisfies. Inside anyOf, an optional property or items, it only
+  // removes a choice; elsewhere it is the caller's error.
+  static absl::Status Nothing(absl::string_view path, absl::string_view what) {
+    return absl::OutOfRangeError(
+        absl::StrCat("json schema at ", path, ": ", what, " (matches nothing)"));
+  }
+  static bool IsNothing(const absl::Status& s) { return absl::IsOutOfRange(s); }
+
+  absl::Status CheckSize() const {
+    if (g_.num_elements() > options_.max_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "json schema compiles to a grammar over ", options_.max_elements, " elements"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Init() {
+    const uint32_t ws_char = g_.NewRule("ws_char");
+    ByteSet ws;
+    for (const char c : {' ', '\t', '\n', '\r'}) ws.set(static_cast<uint8_t>(c));
+    g_.AddAlternative(ws_char, {g_.Bytes(ws)});
+    ws_ = g_.AddRepeat("ws", ws_char, 0, options_.max_whitespace);
+    comma_ = g_.NewRule("comma");
+    g_.AddAlternative(comma_, {Grammar::Ref(ws_), g_.Byte(','), Grammar::Ref(ws_)});
+    colon_ = g_.NewRule("colon");
+    g_.AddAlternative(colon_, {Grammar::Ref(ws_), g_.Byte(':'), Grammar::Ref(ws_)});
+    any_char_ = JsonChar({{0, 0x10FFFF}});
+    const uint32_t chars = g_.AddRepeat("chars", any_char_, 0, -1);
+    any_string_ = g_.NewRule("string");
+    g_.AddAlternative(any_string_, Quoted(chars));
+    const std::vector<CodePointRange> digit = {{'0', '9'}};
+    digit_ = g_.AddCodePoints("digit", digit);
+    digit19_ = g_.AddCodePoints("digit19", {{'1', '9'}});
+    const uint32_t digits = g_.AddRepeat("digits", digit_, 1, -1);
+    const uint32_t more_digits = g_.AddRepeat("digits0", digit_, 0, -1);
+    const uint32_t nat = g_.NewRule("nat");
+    g_.AddAlternative(nat, {g_.Byte('0')});
+    g_.AddAlternative(nat, {Grammar::Ref(digit19_), Grammar::Ref(more_digits)});
+    any_integer_ = g_.NewRule("integer");
+    g_.AddAlternative(any_integer_, {Grammar::Ref(nat)});
+    g_.AddAlternative(any_integer_, {g_.Byte('-'), Grammar::Ref(nat)});
+    const uint32_t frac = g_.NewRule("frac");
+    g_.AddAlternative(frac, {g_.Byte('.'), Grammar::Ref(digits)});
+    g_.AddAlternative(frac, {});
+    const uint32_t exp = g_.NewRule("exp");
+    ByteSet e;
+    e.set('e');
+    e.set('E');
+    ByteSet sign;
+    sign.set('+');
+    sign.set('-');
+    g_.AddAlternative(exp, {g_.Bytes(e), Grammar::Ref(digits)});
+    g_.AddAlternative(exp, {g_.Bytes(e), g_.Bytes(sign), Grammar::Ref(digits)});
+    g_.AddAlternative(exp, {});
+    any_number_ = g_.NewRule("number");
+    g_.AddAlternative(any_number_,
+                      {Grammar::Ref(any_integer_), Grammar::Ref(frac), Grammar::Ref(exp)});
+    boolean_ = g_.AddChoice("boolean", {g_.Literal("true"), g_.Literal("false")});
+    null_ = g_.AddChoice("null", {g_.Literal("null")});
+    // Any value, recursively.
+    any_value_ = g_.NewRule("value");
+    any_object_ = g_.NewRule("object");
+    const uint32_t any_array = g_.NewRule("array");
+    const uint32_t member = g_.NewRule("member");
+    g_.AddAlternative(member, {Grammar::Ref(any_string_), Grammar::Ref(colon_),
+                               Grammar::Ref(any_value_)});
+    const uint32_t more_members = g_.NewRule("members*");
+    g_.AddAlternative(more_members,
+                      {Grammar::Ref(comma_), Grammar::Ref(member), Grammar::Ref(more_members)});
+    g_.AddAlternative(more_members, {});
+    g_.AddAlternative(any_object_, {g_.Byte('{'), Grammar::Ref(ws_), g_.Byte('}')});
+    g_.AddAlternative(any_object_, {g_.Byte('{'), Grammar::Ref(ws_), Grammar::Ref(member),
+                                    Grammar::Ref(more_members), Grammar::Ref(ws_), g_.Byte('}')});
+    const uint32_t more_values = g_.NewRule("values*");
+    g_.AddAlternative(more_values,
+                      {Grammar::Ref(comma_), Grammar::Ref(any_value_), Grammar::Ref(more_values)});
+    g_.AddAlternative(more_values, {});
+    g_.AddAlternative(any_array, {g_.Byte('['), Grammar::Ref(ws_), g_.Byte(']')});
+    g_.AddAlternative(any_array, {g_.Byte('['), Grammar::Ref(ws_), Grammar::Ref(any_value_),
+                                  Grammar::Ref(more_values), Grammar::Ref(ws_), g_.Byte(']')});
+    for (const uint32_t r : {any_object_, any_array, any_string_, any_number_, boolean_, null_}) {
+      g_.AddAlternative(any_value_, {Grammar::Ref(r)});
+    }
+    type_rule_ = {{"null", null_},          {"boolean", boolean_}, {"integer", any_integer_},
+                  {"number", any_number_},  {"string", any_string_}, {"array", any_array},
+                  {"object", any_object_}};
+  }
+
+  Seq Quoted(uint32_t content) {
+    return {g_.Byte('"'), Grammar::Ref(content), g_.Byte('"')};
+  }
+
+  // One JSON string character out of `ranges`, canonically escaped. Cached by ranges.
+  uint32_t JsonChar(const std::vector<CodePointRange>& ranges) {
+    std::vector<std::pair<uint32_t, uint32_t>> key;
+    for (const CodePointRange& r : ranges) key.emplace_back(r.lo, r.hi);
+    auto it = char_cache_.find(key);
+    if (it != char_cache_.end()) return it->second;
+    std::vector<CodePointRange> raw;
+    std::vector<Seq> escaped;
+    for (const CodePointRange& r : NormalizeRanges(ranges)) {
+      uint32_t lo = r.lo;
+      // Code points below 0x20, '"' and '\\' are escaped; the rest are raw.
+      for (uint32_t cp = lo; cp <= r.hi && cp < 0x20; ++cp) {
+        const std::string esc = EscapeCodePoint(cp);
+        if (!esc.empty()) {
+          escaped.push_back(g_.Literal(esc));
+        } else {
+          escaped.push_back(UnicodeEscape(cp));
+        }
+      }
+      lo = std::max<uint32_t>(lo, 0x20);
+      if (lo > r.hi) continue;
+      for (const uint32_t special : {static_cast<uint32_t>('"'), static_cast<uint32_t>('\\')}) {
+        if (lo <= special && special <= r.hi) escaped.push_back(g_.Literal(EscapeCodePoint(special)));
+      }
+      // Split the raw part around '"' (0x22) and '\\' (0x5C).
+      uint32_t start = lo;
+      for (const uint32_t special : {0x22u, 0x5Cu}) {
+        if (start <= special && special <= r.hi) {
+          if (start < special) raw.push_back({start, special - 1});
+          start = special + 1;
+        }
+      }
+      if (start <= r.hi) raw.push_back({start, r.hi});
+    }
+    const uint32_t rule = g_.NewRule("char");
+    if (!raw.empty()) {
+      const uint32_t raw_rule = g_.AddCodePoints("raw", raw);
+      g_.AddAlternative(rule, {Grammar::Ref(raw_rule)});
+    }
+    for (Seq& s : escaped) g_.AddAlternative(rule, std::move(s));
+    char_cache_.emplace(std::move(key), rule);
+    return rule;
+  }
+
+  Seq UnicodeEscape(uint32_t cp) {
+    Seq s = g_.Literal("\\u00");
+    auto hex = [&](uint32_t v) {
+      ByteSet set;
+      const char* lower = "0123456789abcdef";
+      const char* upper = "0123456789ABCDEF";
+      set.set(static_cast<uint8_t>(lower[v]));
+      set.set(static_cast<uint8_t>(upper[v]));
+      return g_.Bytes(set);
+    };
+    s.push_back(hex((cp >> 4) & 0xF));
+    s.push_back(hex(cp & 0xF));
+    return s;
+  }
+
+  // ---- $ref ----
+  absl::StatusOr<const Json*> Resolve(const std::string& ref, absl::string_view path) const {
+    if (ref.empty() || ref[0] != '#') {
+      return Error(path, absl::StrCat("$ref '", ref, "' is not local (only '#...' refs)"));
+    }
+    std::string pointer = ref.substr(1);
+    // Percent-decoding of the fragment (JSON pointers in URIs).
+    std::string decoded;
+    for (size_t i = 0; i < pointer.size(); ++i) {
+      if (pointer[i] == '%' && i + 2 < pointer.size() && std::isxdigit(pointer[i + 1]) != 0 &&
+          std::isxdigit(pointer[i + 2]) != 0) {
+        decoded += static_cast<char>(std::stoi(pointer.substr(i + 1, 2), nullptr, 16));
+        i += 2;
+      } else {
+        decoded += pointer[i];
+      }
+    }
+    if (!decoded.empty() && decoded[0] != '/') {
+      return Error(path, absl::StrCat("$ref '", ref, "' (anchors are not supported)"));
+    }
+    const Json* node = &root_;
+    size_t i = decoded.empty() ? std::string::npos : 1;
+    while (i != std::string::npos && i <= decoded.size()) {
+      const size_t slash = decoded.find('/', i);
+      std::string token = decoded.substr(i, slash == std::string::npos ? std::string::npos : slash - i);
+      std::string unescaped;
+      for (size_t k = 0; k < token.size(); ++k) {
+        if (token[k] == '~' && k + 1 < token.size()) {
+          unescaped += token[k + 1] == '1' ? '/' : '~';
+          ++k;
+        } else {
+          unescaped += token[k];
+        }
+      }
+      if (node->is_object()) {
+        auto it = node->find(unescaped);
+        if (it == node->end()) return Error(path, absl::StrCat("$ref '", ref, "' not found"));
+        node = &*it;
+      } else if (node->is_array()) {
+        char* end = nullptr;
+        const long idx = std::strtol(unescaped.c_str(), &end, 10);
+        if (unescaped.empty() || *end != '\0' || idx < 0 ||
+            static_cast<size_t>(idx) >= node->size()) {
+          return Error(path, absl::StrCat("$ref '", ref, "' not found"));
+        }
+        node = &(*node)[static_cast<size_t>(idx)];
+      } else {
+        return Error(path, absl::StrCat("$ref '", ref, "' not found"));
+      }
+      i = slash == std::string::npos ? std::string::npos : slash + 1;
+    }
+    return node;
+  }
+
+  absl::StatusOr<uint32_t> CompileRef(const std::string& ref, absl::string_view path, int depth) {
+    auto it = ref_rules_.find(ref);
+    if (it != ref_rules_.end()) return it->second;
+    PD_ASSIGN_OR_RETURN(const Json* target, Resolve(ref, path));
+    // The rule exists before its body is compiled, so recursion refers to it.
+    const uint32_t rule = g_.NewRule(absl::StrCat("ref:", ref));
+    ref_rules_.emplace(ref, rule);
+    PD_ASSIGN_OR_RETURN(const uint32_t body, Compile(*target, ref, depth + 1));
+    g_.AddAlternative(rule, {Grammar::Ref(body)});
+    return rule;
+  }
+
+  // ---- merging (allOf, and siblings of anyOf/oneOf) ----
+  // Merges `b` into `a` when the result means exactly "both"; otherwise an error.
+  absl::Status Merge(Json* a, const Json& b, absl::string_view path, int depth) {
+    if (b.is_boolean()) {
+      if (b.get<bool>()) return absl::OkStatus();
+      return Nothing(path, "false schema in allOf");
+    }
+    if (!b.is_object()) return Error(path, "subschema is not an object");
+    if (a->is_boolean()) *a = Json::object();
+    Json bb = b;
+    if (bb.contains("$ref")) {
+      // Inline a reference unless it is recursive through this merge.
+      const std::string ref = bb["$ref"].is_string() ? bb["$ref"].get<std::string>() : "";
+      if (merging_refs_.count(ref) > 0) return Error(path, "recursive $ref inside allOf");
+      PD_ASSIGN_OR_RETURN(const Json* target, Resolve(ref, path));
+      bb.erase("$ref");
+      merging_refs_.insert(ref);
+      Json inlined = Json::object();
+      absl::Status s = Merge(&inlined, *target, path, depth);
+      if (s.ok()) s = Merge(&inlined, bb, path, depth);
+      merging_refs_.erase(ref);
+      PD_RETURN_IF_ERROR(s);
+      bb = std::move(inlined);
+    }
+    if (bb.contains("allOf") && bb["allOf"].is_array()) {
+      Json inner = bb["allOf"];
+      bb.erase("allOf");
+      for (const Json& sub : inner) PD_RETURN_IF_ERROR(Merge(&bb, sub, path, depth));
+    }
+    // additionalProperties/items interact with properties/prefixItems of the same schema.
+    auto has_props = [](const Json& s) {
+      return s.contains("properties") || s.contains("patternProperties");
+    };
+    if ((a->contains("additionalProperties") && has_props(bb) &&
+         (*a)["additionalProperties"] != Json(true)) ||
+        (bb.contains("additionalProperties") && has_props(*a) &&
+         bb["additionalProperties"] != Json(true))) {
+      return Error(path, "allOf combining additionalProperties with another schema's properties");
+    }
+    for (auto it = bb.begin(); it != bb.end(); ++it) {
+      const std::string& k = it.key();
+      if (!a->contains(k)) {
+        (*a)[k] = it.value();
+        continue;
+      }
+      Json& av = (*a)[k];
+      if (av == it.value()) continue;
+      if (k == "required" && av.is_array() && it.value().is_array()) {
+        for (const Json& r : it.value()) {
+          if (std::find(av.begin(), av.end(), r) == av.end()) av.push_back(r);
+        }
+      } else if (k == "type") {
+        std::vector<std::string> ta = Types(av);
+        std::vector<std::string> tb = Types(it.value());
+        Json both = Json::array();
+        for (const std::string& t : ta) {
+          if (std::find(tb.begin(), tb.end(), t) != tb.end()) {
+            both.push_back(t);
+          } else if (t == "number" && std::find(tb.begin(), tb.end(), "integer") != tb.end()) {
+            both.push_back("integer");
+          } else if (t == "integer" && std::find(tb.begin(), tb.end(), "number") != tb.end()) {
+            both.push_back("integer");
+          }
+        }
+        if (both.empty()) return Nothing(path, "allOf with types that do not intersect");
+        av = both;
+      } else if (k == "properties" && av.is_object() && it.value().is_object()) {
+        for (auto p = it.value().begin(); p != it.value().end(); ++p) {
+          if (!av.contains(p.key())) {
+            av[p.key()] = p.value();
+          } else if (av[p.key()] != p.value()) {
+            Json merged = Json::object();
+            PD_RETURN_IF_ERROR(Merge(&merged, av[p.key()], path, depth));
+            PD_RETURN_IF_ERROR(Merge(&merged, p.value(), path, depth));
+            av[p.key()] = std::move(merged);
+          }
+        }
+      } else if (IsAnnotation(k)) {
+        continue;
+      } else if ((k == "minimum" || k == "minLength" || k == "minItems") && av.is_number() &&
+                 it.value().is_number()) {
+        av = std::max(av.get<double>(), it.value().get<double>());
+      } else if ((k == "maximum" || k == "maxLength" || k == "maxItems") && av.is_number() &&
+                 it.value().is_number()) {
+        av = std::min(av.get<double>(), it.value().get<double>());
+      } else {
+        return Error(path, absl::StrCat("allOf with two different '", k, "'"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static bool IsAnnotation(const std::string& k) {
+    return Supported().count(k) == 0 && Unsupported().count(k) == 0;
+  }
+
+  static std::vector<std::string> Types(const Json& t) {
+    std::vector<std::string> out;
+    if (t.is_string()) out.push_back(t.get<std::string>());
+    if (t.is_array()) {
+      for (const Json& x : t) {
+        if (x.is_string()) out.push_back(x.get<std::string>());
+      }
+    }
+    return out;
+  }
+
+  // ---- the schema walk ----
+  absl::StatusOr<uint32_t> Compile(const Json& schema, const std::string& path, int depth) {
+    if (depth > options_.max_depth) return Error(path, "schema nested too deeply");
+    PD_RETURN_IF_ERROR(CheckSize());
+    if (schema.is_boolean()) {
+      if (schema.get<bool>()) return any_value_;
+      return Nothing(path, "schema 'false'");
+    }
+    if (!schema.is_object()) return Error(path, "a schema must be an object or a boolean");
+    for (auto it = schema.begin(); it != schema.end(); ++it) {
+      if (Unsupported().count(it.key()) > 0) {
+        return Error(path, absl::StrCat("keyword '", it.key(), "' is not supported"));
+      }
+    }
+    if (schema.contains("allOf")) {
+      const Json& all = schema["allOf"];
+      if (!all.is_array() || all.empty()) return Error(path, "allOf must be a non-empty array");
+      Json merged = schema;
+      merged.erase("allOf");
+      for (size_t i = 0; i < all.size(); ++i) {
+        PD_RETURN_IF_ERROR(Merge(&merged, all[i], absl::StrCat(path, "/allOf/", i), depth));
+      }
+      return Compile(merged, path, depth + 1);
+    }
+    if (schema.contains("$ref")) {
+      if (!schema["$ref"].is_string()) return Error(path, "$ref must be a string");
+      const std::string ref = schema["$ref"].get<std::string>();
+      bool siblings = false;
+      for (auto it = schema.begin(); it != schema.end(); ++it) {
+        if (it.key() != "$ref" && it.key() != "$defs" && it.key() != "definitions" &&
+            !IsAnnotation(it.key())) {
+          siblings = true;
+        }
+      }
+      if (!siblings) return CompileRef(ref, path, depth);
+      Json merged = schema;
+      merged.erase("$ref");
+      Json target = Json::object();
+      PD_RETURN_IF_ERROR(Merge(&target, Json{{"$ref", ref}}, path, depth));
+      PD_RETURN_IF_ERROR(Merge(&target, merged, path, depth));
+      return Compile(target, path, depth + 1);
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (!schema.contains(key)) continue;
+      const Json& branches = schema[key];
+      if (!branches.is_array() || branches.empty()) {
+        return Error(path, absl::StrCat(key, " must be a non-empty array"));
+      }
+      Json rest = schema;
+      rest.erase(key);
+      bool has_rest = false;
+      for (auto it = rest.begin(); it != rest.end(); ++it) {
+        if (!IsAnnotation(it.key()) && it.key() != "$defs" && it.key() != "definitions") {
+          has_rest = true;
+        }
+      }
+      if (std::string(key) == "oneOf") PD_RETURN_IF_ERROR(CheckDisjoint(branches, path));
+      std::vector<Seq> alts;
+      for (size_t i = 0; i < branches.size(); ++i) {
+        const std::string bpath = absl::StrCat(path, "/", key, "/", i);
+        absl::StatusOr<uint32_t> rule;
+        if (has_rest) {
+          Json merged = rest;
+          absl::Status s = Merge(&merged, branches[i], bpath, depth);
+          if (!s.ok()) return s;
+          rule = Compile(merged, bpath, depth + 1);
+        } else {
+          rule = Compile(branches[i], bpath, depth + 1);
+        }
+        if (!rule.ok()) {
+          // A branch that matches nothing drops out; any other error is the schema's.
+          if (IsNothing(rule.status())) continue;
+          return rule.status();
+        }
+        alts.push_back({Grammar::Ref(*rule)});
+      }
+      if (alts.empty()) return Nothing(path, absl::StrCat(key, ": every branch"));
+      return g_.AddChoice(key, std::move(alts));
+    }
+    if (schema.contains("const")) return Literal(schema["const"]);
+    std::vector<std::string> types;
+    if (schema.contains("type")) {
+      types = Types(schema["type"]);
+      if (types.empty()) return Error(path, "type must be a string or an array of strings");
+      for (const std::string& t : types) {
+        if (type_rule_.count(t) == 0) return Error(path, absl::StrCat("unknown type '", t, "'"));
+      }
+    } else {
+      types.assign(kAllTypes.begin(), kAllTypes.end());
+    }
+    if (schema.contains("enum")) {
+      const Json& values = schema["enum"];
+      if (!values.is_array()) return Error(path, "enum must be an array");
+      std::vector<Seq> alts;
+      for (const Json& v : values) {
+        std::string t = TypeName(v);
+        const bool ok = std::find(types.begin(), types.end(), t) != types.end() ||
+                        (t == "integer" &&
+                         std::find(types.begin(), types.end(), "number") != types.end());
+        if (ok) alts.push_back({Grammar::Ref(Literal(v))});
+      }
+      if (alts.empty()) return Nothing(path, "enum: no value has the type");
+      return g_.AddChoice("enum", std::move(alts));
+    }
+    // "number" includes the integers: compile it once.
+    if (std::find(types.begin(), types.end(), "number") != types.end()) {
+      types.erase(std::remove(types.begin(), types.end(), "integer"), types.end());
+    }
+    std::vector<Seq> alts;
+    for (const std::string& t : types) {
+      PD_ASSIGN_OR_RETURN(const uint32_t r, CompileType(t, schema, path, depth));
+      alts.push_back({Grammar::Ref(r)});
+    }
+    if (alts.size() == 1) return alts[0][0].index;
+    return g_.AddChoice("types", std::move(alts));
+  }
+
+  // oneOf is exact only when no document can match two branches: the branches must accept
+  // disjoint sets of JSON types, or be objects told apart by a required `const`/`enum` member.
+  absl::Status CheckDisjoint(const Json& branches, absl::string_view path) {
+    std::vector<std::set<std::string>> sets;
+    for (const Json& b : branches) {
+      std::set<std::string> s;
+      const Json* node = &b;
+      if (b.is_object() && b.contains("$ref") && b["$ref"].is_string()) {
+        absl::StatusOr<const Json*> t = Resolve(b["$ref"].get<std::string>(), path);
+        if (t.ok()) node = *t;
+      }
+      if (node->is_object() && node->contains("type")) {
+        for (const std::string& t : Types((*node)["type"])) s.insert(t);
+        if (s.count("number") > 0) s.insert("integer");
+      } else if (node->is_object() && node->contains("const")) {
+        s.insert(std::string("=") + (*node)["const"].dump());
+      } else if (node->is_object() && node->contains("enum") && (*node)["enum"].is_array()) {
+        for (const Json& v : (*node)["enum"]) s.insert(std::string("=") + v.dump());
+      } else {
+        return Error(path, "oneOf whose branches may overlap is not supported (use anyOf)");
+      }
+      sets.push_back(std::move(s));
+    }
+    for (size_t i = 0; i < sets.size(); ++i) {
+      for (size_t j = i + 1; j < sets.size(); ++j) {
+        for (const std::string& t : sets[i]) {
+          if (sets[j].count(t) > 0) {
+            return Error(path, "oneOf whose branches may overlap is not supported (use anyOf)");
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  uint32_t Literal(const Json& value) {
+    const std::string text = value.dump();
+    auto it = literal_cache_.find(text);
+    if (it != literal_cache_.end()) return it->second;
+    const uint32_t rule = g_.AddChoice("literal", {g_.Literal(text)});
+    literal_cache_.emplace(text, rule);
+    return rule;
+  }
+
+  static std::optional<double> Number(const Json& s, const char* key) {
+    if (!s.contains(key) || !s[key].is_number()) return std::nullopt;
+    return s[key].get<double>();
+  }
+
+  absl::StatusOr<uint32_t> CompileType(const std::string& type, const Json& s,
+                                       const std::string& path, int depth) {
+    if (type == "null") return null_;
+    if (type == "boolean") return boolean_;
+    if (type == "integer" || type == "number") return CompileNumber(type, s, path);
+    if (type == "string") return CompileString(s, path);
+    if (type == "array") return CompileArray(s, path, depth);
+    return CompileObject(s, path, depth);
+  }
+
+  absl::StatusOr<uint32_t> CompileNumber(const std::string& type, const Json& s,
+                                         const std::string& path) {
+    std::optional<double> lo = Number(s, "minimum");
+    std::optional<double> hi = Number(s, "maximum");
+    bool lo_exclusive = false;
+    bool hi_exclusive = false;
+    if (s.contains("exclusiveMinimum")) {
+      if (s["exclusiveMinimum"].is_boolean()) {
+        lo_exclusive = s["exclusiveMinimum"].get<bool>();
+      } else if (auto v = Number(s, "exclusiveMinimum")) {
+        if (!lo || *v >= *lo) {
+          lo = v;
+          lo_exclusive = true;
+        }
+      }
+    }
+    if (s.contains("exclusiveMaximum")) {
+      if (s["exclusiveMaximum"].is_boolean()) {
+        hi_exclusive = s["exclusiveMaximum"].get<bool>();
+      } else if (auto v = Number(s, "exclusiveMaximum")) {
+        if (!hi || *v <= *hi) {
+          hi = v;
+          hi_exclusive = true;
+        }
+      }
+    }
+    if (!lo && !hi) return type == "integer" ? any_integer_ : any_number_;
+    if (type == "number") {
+      return Error(path, "minimum/maximum on type 'number' is not supported (integers only)");
+    }
+    constexpr double kLimit = 9e15;
+    std::optional<int64_t> ilo;
+    std::optional<int64_t> ihi;
+    if (lo) {
+      if (std::abs(*lo) > kLimit) return Error(path, "minimum out of range");
+      double v = std::ceil(*lo);
+      if (lo_exclusive && v == *lo) v += 1;
+      ilo = static_cast<int64_t>(v);
+    }
+    if (hi) {
+      if (std::abs(*hi) > kLimit) return Error(path, "maximum out of range");
+      double v = std::floor(*hi);
+      if (hi_exclusive && v == *hi) v -= 1;
+      ihi = static_cast<int64_t>(v);
+    }
+    if (ilo && ihi && *ilo > *ihi) return Nothing(path, "integer range is empty");
+    return IntegerRange(ilo, ihi);
+  }
+
+  // Decimal digits of `a`..`b` (same length, no leading-zero rule: the caller handles it).
+  uint32_t SameLength(const std::string& a, const std::string& b) {
+    const uint32_t rule = g_.NewRule("digits");
+    if (a.empty()) {
+      g_.AddAlternative(rule, {});
+      return rule;
+    }
+    if (a[0] == b[0]) {
+      g_.AddAlternative(rule, {g_.Byte(static_cast<uint8_t>(a[0])),
+                               Grammar::Ref(SameLength(a.substr(1), b.substr(1)))});
+      return rule;
+    }
+    const std::string nines(a.size() - 1, '9');
+    const std::string zeros(a.size() - 1, '0');
+    auto range = [&](char x, char y) {
+      ByteSet set;
+      for (char c = x; c <= y; ++c) set.set(static_cast<uint8_t>(c));
+      return g_.Bytes(set);
+    };
+    g_.AddAlternative(rule, {g_.Byte(static_cast<uint8_t>(a[0])),
+                             Grammar::Ref(SameLength(a.substr(1), nines))});
+    if (a[0] + 1 <= b[0] - 1) {
+      Seq seq{range(static_cast<char>(a[0] + 1), static_cast<char>(b[0] - 1))};
+      for (size_t i = 1; i < a.size(); ++i) seq.push_back(Grammar::Ref(digit_));
+      g_.AddAlternative(rule, std::move(seq));
+    }
+    g_.AddAlternative(rule, {g_.Byte(static_cast<uint8_t>(b[0])),
+                             Grammar::Ref(SameLength(zeros, b.substr(1)))});
+    return rule;
+  }
+
+  // Natural numbers in [lo, hi] (hi empty: unbounded), canonical decimal.
+  uint32_t NaturalRange(uint64_t lo, std::optional<uint64_t> hi) {
+    const uint32_t rule = g_.NewRule("nat_range");
+    std::string lo_s = std::to_string(lo);
+    const size_t max_len = hi ? std::to_string(*hi).size() : lo_s.size();
+    for (size_t len = lo_s.size(); len <= max_len; ++len) {
+      const std::string first = len == lo_s.size() ? lo_s : "1" + std::string(len - 1, '0');
+      const std::string last =
+          hi && len == max_len ? std::to_string(*hi) : std::string(len, '9');
+      if (len == 1 && first == "0") {
+        if (last == "0") {
+          g_.AddAlternative(rule, {g_.Byte('0')});
+        } else {
+          g_.AddAlternative(rule, {g_.Byte('0')});
+          g_.AddAlternative(rule, {Grammar::Ref(SameLength("1", last))});
+        }
+        continue;
+      }
+      g_.AddAlternative(rule, {Grammar::Ref(SameLength(first, last))});
+    }
+    if (!hi) {
+      // Every longer number: [1-9] followed by at least max_len digits.
+      Seq seq{Grammar::Ref(digit19_)};
+      for (size_t i = 0; i < max_len; ++i) seq.push_back(Grammar::Ref(digit_));
+      seq.push_back(Grammar::Ref(g_.AddRepeat("digits", digit_, 0, -1)));
+      g_.AddAlternative(rule, std::move(seq));
+    }
+    return rule;
+  }
+
+  uint32_t IntegerRange(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+    const uint32_t rule = g_.NewRule("int_range");
+    // Non-negative part.
+    if (!hi || *hi >= 0) {
+      const uint64_t a = lo && *lo > 0 ? static_cast<uint64_t>(*lo) : 0;
+      std::optional<uint64_t> b;
+      if (hi) b = static_cast<uint64_t>(*hi);
+      g_.AddAlternative(rule, {Grammar::Ref(NaturalRange(a, b))});
+    }
+    // Negative part: -k with k in [max(1, -hi), -lo].
+    if (!lo || *lo < 0) {
+      const uint64_t a = hi && *hi < 0 ? static_cast<uint64_t>(-*hi) : 1;
+      std::optional<uint64_t> b;
+      if (lo) b = static_cast<uint64_t>(-*lo);
+      g_.AddAlternative(rule, {g_.Byte('-'), Grammar::Ref(NaturalRange(a, b))});
+    }
+    return rule;
+  }
+
+  absl::StatusOr<uint32_t> CompileString(const Json& s, const std::string& path) {
+    std::optional<double> min_len = Number(s, "minLength");
+    std::optional<double> max_len = Number(s, "maxLength");
+    const bool has_pattern = s.contains("pattern");
+    const bool has_format = s.contains("format");
+    RegexOptions ropts;
+    ropts.char_class = [this](Grammar*, const std::vector<CodePointRange>& r) {
+      return JsonChar(r);
+    };
+    if (has_pattern || has_format) {
+      if ((has_pattern && has_format) || min_len || max_len) {
+        return Error(path, "pattern/format together with another string constraint is not "
+                           "supported");
+      }
+      std::string regex;
+      if (has_pattern) {
+        if (!s["pattern"].is_string()) return Error(path, "pattern must be a string");
+        regex = s["pattern"].get<std::string>();
+        ropts.search = true;
+      } else {
+        if (!s["format"].is_string()) return Error(path, "format must be a string");
+        PD_ASSIGN_OR_RETURN(regex, FormatRegex(s["format"].get<std::string>(), path));
+      }
+      absl::StatusOr<uint32_t> body = CompileRegex(regex, ropts, &g_);
+      if (!body.ok()) {
+        return Error(path, absl::StrCat(has_pattern ? "pattern: " : "format: ",
+                                        body.status().message()));
+      }
+      const uint32_t rule = g_.NewRule("pattern_string");
+      g_.AddAlternative(rule, Quoted(*body));
+      return rule;
+    }
+    if (!min_len && !max_len) return any_string_;
+    const int lo = min_len ? static_cast<int>(std::max(0.0, std::ceil(*min_len))) : 0;
+    int hi = -1;
+    if (max_len) hi = static_cast<int>(std::floor(*max_len));
+    constexpr int kMaxBound = 10000;
+    if (lo > kMaxBound || hi > kMaxBound) {
+      return Error(path, absl::StrCat("minLength/maxLength over ", kMaxBound));
+    }
+    if (hi >= 0 && hi < lo) return Nothing(path, "maxLength < minLength");
+    const uint32_t body = g_.AddRepeat("chars", any_char_, lo, hi);
+    const uint32_t rule = g_.NewRule("string_len");
+    g_.AddAlternative(rule, Quoted(body));
+    return rule;
+  }
+
+  absl::StatusOr<std::string> FormatRegex(const std::string& format, absl::string_view path) {
+    static const std::map<std::string, std::string> kFormats = {
+        {"date", R"(^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$)"},
+        {"time", R"(^([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|z|[+-]([01]\d|2[0-3]):[0-5]\d)$)"},
+        {"date-time",
+         R"(^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|z|[+-]([01]\d|2[0-3]):[0-5]\d)$)"},
+        {"uuid", R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
+        {"email",
+         R"(^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$)"},
+        {"ipv4", R"(^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$)"},
+    };
+    auto it = kFormats.find(format);
+    if (it == kFormats.end()) {
+      return Error(path, absl::StrCat("format '", format, "' is not supported"));
+    }
+    return it->second;
+  }
+
+  absl::StatusOr<uint32_t> CompileArray(const Json& s, const std::string& path, int depth) {
+    std::vector<uint32_t> prefix;
+    const Json* prefix_json = nullptr;
+    const Json* items = nullptr;  // schema for the rest; nullptr: any
+    if (s.contains("prefixItems")) {
+      prefix_json = &s["prefixItems"];
+      if (s.contains("items")) items = &s["items"];
+    } else if (s.contains("items") && s["items"].is_array()) {
+      prefix_json = &s["items"];  // draft-04 tuple form
+      if (s.contains("additionalItems")) items = &s["additionalItems"];
+    } else if (s.contains("items")) {
+      items = &s["items"];
+    }
+    if (prefix_json != nullptr) {
+      if (!prefix_json->is_array()) return Error(path, "prefixItems must be an array");
+      for (size_t i = 0; i < prefix_json->size(); ++i) {
+        PD_ASSIGN_OR_RETURN(const uint32_t r,
+                            Compile((*prefix_json)[i], absl::StrCat(path, "/prefixItems/", i),
+                                    depth + 1));
+        prefix.push_back(r);
+      }
+    }
+    bool rest_allowed = true;
+    uint32_t rest = any_value_;
+    if (items != nullptr) {
+      if (items->is_boolean() && !items->get<bool>()) {
+        rest_allowed = false;
+      } else {
+        absl::StatusOr<uint32_t> r = Compile(*items, absl::StrCat(path, "/items"), depth + 1);
+        if (!r.ok()) {
+          if (!IsNothing(r.status())) return r.status();
+          rest_allowed = false;
+        } else {
+          rest = *r;
+        }
+      }
+    }
+    std::optional<double> min_items = Number(s, "minItems");
+    std::optional<double> max_items = Number(s, "maxItems");
+    const int64_t lo = min_items ? static_cast<int64_t>(std::max(0.0, *min_items)) : 0;
+    int64_t hi = max_items ? static_cast<int64_t>(*max_items) : -1;
+    const int64_t p = static_cast<int64_t>(prefix.size());
+    if (!rest_allowed) hi = hi < 0 ? p : std::min(hi, p);
+    if (hi >= 0 && hi < lo) return Nothing(path, "maxItems < minItems");
+    constexpr int64_t kMaxBound = 1000;
+    if (lo > kMaxBound || hi > kMaxBound) {
+      return Error(path, absl::StrCat("minItems/maxItems over ", kMaxBound));
+    }
+    // Elements after the prefix: index i >= p, count in [max(0, lo - p), hi - p].
+    const int rest_min = static_cast<int>(std::max<int64_t>(0, lo - p));
+    const int rest_max = hi < 0 ? -1 : static_cast<int>(std::max<int64_t>(0, hi - p));
+    uint32_t tail = g_.NewRule("items_tail");
+    if (rest_max != 0) {
+      const uint32_t comma_item = g_.NewRule("comma_item");
+      g_.AddAlternative(comma_item, {Grammar::Ref(comma_), Grammar::Ref(rest)});
+      if (p > 0) {
+        g_.AddAlternative(tail, {Grammar::Ref(g_.AddRepeat("items", comma_item, rest_min,
+                                                           rest_max))});
+      } else {
+        const uint32_t more =
+            g_.AddRepeat("items", comma_item, std::max(0, rest_min - 1),
+                         rest_max < 0 ? -1 : rest_max - 1);
+        g_.AddAlternative(tail, {Grammar::Ref(rest), Grammar::Ref(more)});
+        if (rest_min == 0) g_.AddAlternative(tail, {});
+      }
+    } else {
+      g_.AddAlternative(tail, {});
+    }
+    // Prefix elements from the last one back: arr_i ::= sep_i p_i arr_{i+1} | ε (i >= lo).
+    uint32_t next = tail;
+    const int64_t upto = hi < 0 ? p : std::min(p, hi);
+    for (int64_t i = upto - 1; i >= 0; --i) {
+      const uint32_t rule = g_.NewRule("items_prefix");
+      Seq seq;
+      if (i > 0) seq.push_back(Grammar::Ref(comma_));
+      seq.push_back(Grammar::Ref(prefix[static_cast<size_t>(i)]));
+      seq.push_back(Grammar::Ref(next));
+      g_.AddAlternative(rule, std::move(seq));
+      if (i >= lo) g_.AddAlternative(rule, {});
+      next = rule;
+    }
+    const uint32_t rule = g_.NewRule("array");
+    g_.AddAlternative(rule, {g_.Byte('['), Grammar::Ref(ws_), Grammar::Ref(next),
+                             Grammar::Ref(ws_), g_.Byte(']')});
+    return rule;
+  }
+
+  // A JSON string that is none of `excluded` (their canonical escaped forms), as a trie.
+  struct TrieNode {
+    bool terminal = false;
+    std::map<uint32_t, size_t> children;  // code point -> node
+  };
+
+  uint32_t KeyNotIn(const std::vector<std::string>& excluded) {
+    std::vector<TrieNode> trie(1);
+    for (const std::string& key : excluded) {
+      size_t node = 0;
+      size_t i = 0;
+      while (i < key.size()) {
+        // Decode one code point (keys came from a parsed JSON document: valid UTF-8).
+        const auto b0 = static_cast<uint8_t>(key[i]);
+        const int len = b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4;
+        uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
+        for (int k = 1; k < len && i + k < key.size(); ++k) {
+          cp = (cp << 6) | (static_cast<uint8_t>(key[i + k]) & 0x3F);
+        }
+        i += len;
+        auto it = trie[node].children.find(cp);
+        if (it == trie[node].children.end()) {
+          trie.emplace_back();
+          trie[node].children.emplace(cp, trie.size() - 1);
+          node = trie.size() - 1;
+        } else {
+          node = it->second;
+        }
+      }
+      trie[node].terminal = true;
+    }
+    const uint32_t rest = g_.NewRule("key_rest");
+    g_.AddAlternative(rest, {Grammar::Ref(g_.AddRepeat("chars", any_char_, 0, -1)),
+                             g_.Byte('"')});
+    std::vector<uint32_t> rules(trie.size());
+    for (size_t n = 0; n < trie.size(); ++n) rules[n] = g_.NewRule("key_trie");
+    for (size_t n = 0; n < trie.size(); ++n) {
+      if (!trie[n].terminal) g_.AddAlternative(rules[n], {g_.Byte('"')});
+      std::vector<CodePointRange> taken;
+      for (const auto& [cp, child] : trie[n].children) {
+        taken.push_back({cp, cp});
+        g_.AddAlternative(rules[n], {Grammar::Ref(JsonChar({{cp, cp}})), Grammar::Ref(rules[child])});
+      }
+      const std::vector<CodePointRange> other = ComplementRanges(taken);
+      if (!other.empty()) {
+        g_.AddAlternative(rules[n], {Grammar::Ref(JsonChar(other)), Grammar::Ref(rest)});
+      }
+    }
+    const uint32_t rule = g_.NewRule("other_key");
+    g_.AddAlternative(rule, {g_.Byte('"'), Grammar::Ref(rules[0])});
+    return rule;
+  }
+
+  absl::StatusOr<uint32_t> CompileObject(const Json& s, const std::string& path, int depth) {
+    struct Prop {
+      std::string name;
+      uint32_t value;
+      bool required;
+    };
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) return Error(path, "required must be an array");
+      for (const Json& r : s["required"]) {
+        if (!r.is_string()) return Error(path, "required must list strings");
+        required.insert(r.get<std::string>());
+      }
+    }
+    std::vector<Prop> props;
+    std::set<std::string> known;
+    if (s.contains("properties")) {
+      const Json& ps = s["properties"];
+      if (!ps.is_object()) return Error(path, "properties must be an object");
+      for (auto it = ps.begin(); it != ps.end(); ++it) {
+        known.insert(it.key());
+        const bool req = required.count(it.key()) > 0;
+        absl::StatusOr<uint32_t> v =
+            Compile(it.value(), absl::StrCat(path, "/properties/", it.key()), depth + 1);
+        if (!v.ok()) {
+          if (!IsNothing(v.status())) return v.status();
+          if (req) return Error(path, absl::StrCat("required property '", it.key(),
+                                                   "' matches nothing"));
+          continue;  // the property may not appear
+        }
+        props.push_back({it.key(), *v, req});
+      }
+    }
+    // Required names without a schema: any value.
+    for (const std::string& r : required) {
+      if (known.count(r) == 0) {
+        known.insert(r);
+        props.push_back({r, any_value_, true});
+      }
+    }
+    bool additional = true;
+    uint32_t additional_value = any_value_;
+    if (s.contains("additionalProperties")) {
+      const Json& a = s["additionalProperties"];
+      if (a.is_boolean()) {
+        additional = a.get<bool>();
+      } else {
+        absl::StatusOr<uint32_t> v =
+            Compile(a, absl::StrCat(path, "/additionalProperties"), depth + 1);
+        if (!v.ok()) {
+          if (!IsNothing(v.status())) return v.status();
+          additional = false;
+        } else {
+          additional_value = *v;
+        }
+      }
+    }
+    size_t num_required = 0;
+    for (const Prop& p : props) num_required += p.required ? 1 : 0;
+    if (auto mn = Number(s, "minProperties"); mn && *mn > static_cast<double>(num_required)) {
+      return Error(path, "minProperties above the number of required properties is not supported");
+    }
+    if (auto mx = Number(s, "maxProperties");
+        mx && (additional || *mx < static_cast<double>(props.size()))) {
+      return Error(path, "maxProperties below the number of possible properties is not supported");
+    }
+    // Additional members after the known ones: ("," key ":" value)*, keys not known.
+    uint32_t extra_tail = 0;   // after at least one member
+    uint32_t extra_first = 0;  // when no member came before
+    if (additional) {
+      const uint32_t key = KeyNotIn(std::vector<std::string>(known.begin(), known.end()));
+      const uint32_t member = g_.NewRule("extra_member");
+      g_.AddAlternative(member, {Grammar::Ref(key), Grammar::Ref(colon_),
+                                 Grammar::Ref(additional_value)});
+      const uint32_t comma_member = g_.NewRule("comma_extra");
+      g_.AddAlternative(comma_member, {Grammar::Ref(comma_), Grammar::Ref(member)});
+      extra_tail = g_.AddRepeat("extras", comma_member, 0, -1);
+      extra_first = g_.NewRule("extras_first");
+      g_.AddAlternative(extra_first, {Grammar::Ref(member), Grammar::Ref(extra_tail)});
+      g_.AddAlternative(extra_first, {});
+    }
+    // rest[i][c]: members from property i on; c = a member came before (needs a comma).
+    const size_t n = props.size();
+    std::vector<std::array<uint32_t, 2>> rest(n + 1);
+    for (int c = 0; c < 2; ++c) {
+      rest[n][c] = g_.NewRule("members_end");
+      if (additional) {
+        g_.AddAlternative(rest[n][c], {Grammar::Ref(c ? extra_tail : extra_first)});
+      } else {
+        g_.AddAlternative(rest[n][c], {});
+      }
+    }
+    for (size_t i = n; i-- > 0;) {
+      const uint32_t member = g_.NewRule(absl::StrCat("member:", props[i].name));
+      Seq m = g_.Literal(Json(props[i].name).dump());
+      m.push_back(Grammar::Ref(colon_));
+      m.push_back(Grammar::Ref(props[i].value));
+      g_.AddAlternative(member, std::move(m));
+      for (int c = 0; c < 2; ++c) {
+        rest[i][c] = g_.NewRule("members");
+        Seq with;
+        if (c) with.push_back(Grammar::Ref(comma_));
+        with.push_back(Grammar::Ref(member));
+        with.push_back(Grammar::Ref(rest[i + 1][1]));
+        g_.AddAlternative(rest[i][c], std::move(with));
+        if (!props[i].required) g_.AddAlternative(rest[i][c], {Grammar::Ref(rest[i + 1][c])});
+      }
+    }
+    const uint32_t rule = g_.NewRule("object");
+    g_.AddAlternative(rule, {g_.Byte('{'), Grammar::Ref(ws_), Grammar::Ref(rest[0][0]),
+                             Grammar::Ref(ws_), g_.Byte('}')});
+    return rule;
+  }
+
+  const Json& root_;
+  const JsonSchemaOptions& options_;
+  Grammar g_;
+  uint32_t ws_ = 0, comma_ = 0, colon_ = 0, any_char_ = 0, any_string_ = 0, digit_ = 0,
+           digit19_ = 0, any_integer_ = 0, any_number_ = 0, boolean_ = 0, null_ = 0,
+           any_value_ = 0, any_object_ = 0;
+  std::map<std::string, uint32_t> type_rule_;
+  std::map<std::vector<std::pair<uint32_t, uint32_t>>, uint32_t> char_cache_;
+  std::map<std::string, uint32_t> literal_cache_;
+  std::map<std::string, uint32_t> ref_rules_;
+  std::set<std::string> merging_refs_;
+};
+
+}  // namespace
+
+absl::StatusOr<Grammar> CompileJsonSchema(absl::string_view schema_json,
+                                          const JsonSchemaOptions& options) {
+  Json schema = Json::parse(schema_json.begin(), schema_json.end(), nullptr,
+                            /*allow_exceptions=*/false);
+  if (schema.is_discarded()) return absl::InvalidArgumentError("json schema: not valid JSON");
+  SchemaCompiler compiler(schema, options);
+  return compiler.Run();
+}
+
+absl::StatusOr<Grammar> AnyJsonGrammar(bool object_only, const JsonSchemaOptions& options) {
+  const Json empty = Json::object();
+  SchemaCompiler compiler(empty, options);
+  return compiler.RunAny(object_only);
+}
+
+}  // namespace pd::grammar
