@@ -88,8 +88,9 @@ class SchemaCompiler {
   absl::StatusOr<Grammar> Run() {
     Init();
     PD_ASSIGN_OR_RETURN(const uint32_t top, Compile(root_, "#", 0));
+    // No whitespace around the document: after its last byte only the end of output is left.
     const uint32_t root = g_.NewRule("root");
-    g_.AddAlternative(root, {Grammar::Ref(ws_), Grammar::Ref(top), Grammar::Ref(ws_)});
+    g_.AddAlternative(root, {Grammar::Ref(top)});
     g_.set_root(root);
     PD_RETURN_IF_ERROR(CheckSize());
     PD_RETURN_IF_ERROR(g_.Validate());
@@ -99,8 +100,7 @@ class SchemaCompiler {
   absl::StatusOr<Grammar> RunAny(bool object_only) {
     Init();
     const uint32_t root = g_.NewRule("root");
-    g_.AddAlternative(root, {Grammar::Ref(ws_), Grammar::Ref(object_only ? any_object_ : any_value_),
-                             Grammar::Ref(ws_)});
+    g_.AddAlternative(root, {Grammar::Ref(object_only ? any_object_ : any_value_)});
     g_.set_root(root);
     PD_RETURN_IF_ERROR(g_.Validate());
     return std::move(g_);

@@ -199,6 +199,7 @@ TEST(JsonSchemaTest, AnyJson) {
   auto c = CompiledGrammar::Compile(*g);
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE(Matches(*c, R"({"a": [1, 2.5, "x", null, true, {}]})"));
+  EXPECT_FALSE(Matches(*c, R"( {"a": 1})"));  // nothing around the document
   EXPECT_FALSE(Matches(*c, "[1]"));
   EXPECT_FALSE(Matches(*c, R"({"a": 1,})"));
 }

@@ -1,0 +1,144 @@
+// grammar_maskbench: the grammar engine's speed on real schemas and a real vocabulary, measured
+// the way MaskBench measures LLGuidance and XGrammar: compile each schema (time to first mask),
+// then walk each valid instance token by token (tokenized with the model's tokenizer),
+// computing the token mask before every token (time per mask) and checking that the instance's
+// own next token is in it. One thread. Results go to docs/benchmarks.md.
+//
+//   build/engine/bench/grammar_maskbench --tokenizer=<dir>/tokenizer.json
+//       [--schemas=../shared/jsonschema] [--max_schemas=N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "engine/grammar/json_schema.h"
+#include "engine/grammar/matcher.h"
+#include "engine/grammar/token_trie.h"
+#include "engine/model/hf_tokenizer.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, tokenizer, "", "a Hugging Face tokenizer.json (required)");
+ABSL_FLAG(std::string, schemas, PD_SHARED_DIR "/jsonschema",
+          "folder of MaskBench-format files ({schema, tests: [{valid, data}]})");
+ABSL_FLAG(int, max_schemas, 0, "stop after this many files (0: all)");
+ABSL_FLAG(int, max_whitespace, 16, "JsonSchemaOptions::max_whitespace");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
+  return v[i];
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (const double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Measures JSON Schema compile time and token-mask time on a schema set with a real "
+      "tokenizer.\n  grammar_maskbench --tokenizer=tokenizer.json [--schemas=DIR]");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_tokenizer).empty()) {
+    std::fprintf(stderr, "grammar_maskbench: --tokenizer is required (a tokenizer.json)\n");
+    return 2;
+  }
+  auto tok = pd::engine::HfTokenizer::Load(absl::GetFlag(FLAGS_tokenizer));
+  if (!tok.ok()) {
+    std::fprintf(stderr, "grammar_maskbench: %s\n", std::string(tok.status().message()).c_str());
+    return 1;
+  }
+  // Token bytes as decoded after an ordinary token (no BOS space rule); specials are empty.
+  const uint32_t n = tok->vocab_size();
+  std::vector<std::string> bytes(n);
+  const uint32_t prev = tok->Encode("a", false, false).value_or(std::vector<uint32_t>{0})[0];
+  for (uint32_t t = 0; t < n; ++t) {
+    if (t == tok->eos_id() || t == tok->bos_id()) continue;
+    auto b = tok->DecodeToken(prev, t);
+    if (b.ok()) bytes[t] = *b;
+  }
+  const auto t_trie = Clock::now();
+  const pd::grammar::TokenTrie trie(bytes, {static_cast<int32_t>(tok->eos_id())});
+  const double trie_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - t_trie).count();
+  std::printf("vocabulary: %u tokens, trie of %zu nodes built in %.1f ms\n", n, trie.num_nodes(),
+              trie_ms);
+  std::fflush(stdout);
+
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(absl::GetFlag(FLAGS_schemas))) {
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  if (absl::GetFlag(FLAGS_max_schemas) > 0 &&
+      files.size() > static_cast<size_t>(absl::GetFlag(FLAGS_max_schemas))) {
+    files.resize(static_cast<size_t>(absl::GetFlag(FLAGS_max_schemas)));
+  }
+  pd::grammar::JsonSchemaOptions options;
+  options.max_whitespace = absl::GetFlag(FLAGS_max_whitespace);
+  std::vector<double> compile_ms;
+  std::vector<double> mask_us;
+  int compiled = 0;
+  int token_refused = 0;
+  size_t done = 0;
+  std::vector<uint32_t> mask;
+  for (const auto& path : files) {
+    if (++done % 100 == 0) {
+      std::fprintf(stderr, "[%zu/%zu] %zu masks so far\n", done, files.size(), mask_us.size());
+    }
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const Json doc = Json::parse(text.str(), nullptr, false);
+    if (doc.is_discarded()) continue;
+    const auto t0 = Clock::now();
+    auto grammar = pd::grammar::CompileJsonSchema(doc["schema"].dump(), options);
+    if (!grammar.ok()) continue;
+    auto c = pd::grammar::CompiledGrammar::Compile(*grammar);
+    if (!c.ok()) continue;
+    pd::grammar::Matcher first(*c);
+    first.FillTokenMask(trie, &mask);  // time to first mask
+    compile_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    ++compiled;
+    for (const Json& t : doc["tests"]) {
+      if (!t["valid"].get<bool>()) continue;
+      auto ids = tok->Encode(t["data"].dump(), false, false);
+      if (!ids.ok()) continue;
+      pd::grammar::Matcher m(*c);
+      for (const uint32_t id : *ids) {
+        const auto m0 = Clock::now();
+        m.FillTokenMask(trie, &mask);
+        mask_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
+        if ((mask[id >> 5] & (1u << (id & 31))) == 0 || !m.AcceptBytes(bytes[id])) {
+          ++token_refused;  // the instance leaves the grammar (e.g. another member order)
+          break;
+        }
+      }
+    }
+  }
+  std::printf("schemas: %zu, compiled: %d\n", files.size(), compiled);
+  std::printf("compile + first mask (ms): p50 %.2f  p99 %.2f  max %.2f\n",
+              Percentile(compile_ms, 0.5), Percentile(compile_ms, 0.99),
+              Percentile(compile_ms, 1.0));
+  std::printf("mask (us): %zu masks, mean %.1f  p50 %.1f  p99 %.1f  max %.1f\n", mask_us.size(),
+              Mean(mask_us), Percentile(mask_us, 0.5), Percentile(mask_us, 0.99),
+              Percentile(mask_us, 1.0));
+  std::printf("instances that left the grammar mid-way: %d\n", token_refused);
+  return 0;
+}
