@@ -347,7 +347,7 @@ void LoadRun::Stop() {
 }
 
 bool LoadRun::RunOnce(double request_rate, const std::string& sweep_label,
-                       std::vector<TargetRun>* runs) {
+                      std::vector<TargetRun>* runs) {
   absl::StatusOr<std::unique_ptr<Workload>> workload = MakeWorkload();
   CHECK(workload.ok()) << workload.status();  // checked in Create
   std::optional<RunnerTarget> compare;

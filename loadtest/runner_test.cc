@@ -214,10 +214,10 @@ TEST(RunnerTest, StopCancelsRequestsInFlight) {
   std::thread t([&] { r = runner->Run(w.get()); });
   // Bounded: if the streams never open, stop and join the runner, then fail (no hang).
   const bool all_open = server->WaitForActiveStreams(4, absl::Seconds(10));
+  const int64_t num_open = server->stats().active_streams;
   runner->Stop();
   t.join();
-  ASSERT_TRUE(all_open) << "only " << server->stats().active_streams
-                        << " of 4 streams opened within 10 s";
+  ASSERT_TRUE(all_open) << "only " << num_open << " of 4 streams opened within 10 s";
   EXPECT_TRUE(r.stopped);
   ASSERT_EQ(r.records.size(), 4u);
   for (const RequestRecord& rec : r.records) {

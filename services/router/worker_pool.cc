@@ -43,8 +43,8 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
     const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
     HealthCallback on_health_change) {
   absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
-      Build(decode_addresses, prefill_addresses, std::move(options),
-            std::move(on_health_change), Clock::Real());
+      Build(decode_addresses, prefill_addresses, std::move(options), std::move(on_health_change),
+            Clock::Real());
   if (!pool.ok()) {
     return pool;
   }
@@ -61,8 +61,8 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::CreateForTest(
     const std::vector<std::string>& decode_addresses,
     const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
     HealthCallback on_health_change, Clock* clock) {
-  return Build(decode_addresses, prefill_addresses, std::move(options),
-               std::move(on_health_change), clock);
+  return Build(decode_addresses, prefill_addresses, std::move(options), std::move(on_health_change),
+               clock);
 }
 
 absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Build(
