@@ -12,7 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/base/dashed_flags.h"
-#include "loadtest/load_test.h"
+#include "loadtest/load_run.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
 #include "services/base/tls_flags.h"
@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
       "[--duration=D] [--compare_target=HOST:PORT] [--output_dir=DIR] ... "
       "(dashed names like --slo-ttft-ms work too; see docs/loadtest.md)");
   pd::services::ShutdownSignal signal;  // Ctrl-C / SIGTERM: stop, report, exit 130
-  auto load_test = pd::loadtest::LoadTest::Create(ConfigFromFlags());
+  auto load_test = pd::loadtest::LoadRun::Create(ConfigFromFlags());
   if (!load_test.ok()) {
     pd::services::ExitWithStartupError(kProgram, load_test.status());
   }
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     signal.Wait();
     (*load_test)->Stop();
   });
-  pd::loadtest::LoadTestOutcome outcome = (*load_test)->Run();
+  pd::loadtest::LoadRunOutcome outcome = (*load_test)->Run();
   const bool interrupted = signal.signal_number() != 0;
   signal.Trigger();  // releases the watcher when no signal came
   watcher.join();

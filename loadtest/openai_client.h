@@ -33,7 +33,7 @@ struct OpenAiClientOptions {
   std::string api_key;  // sent as "Authorization: Bearer <key>"; "" = none
   std::string tls_ca;   // https: PEM CA file; "" = the system's CAs
   // Chat: turns prompt token ids into text; required for kChat. Shared by the clients of both
-  // targets and the LoadTest that loaded it; immutable.
+  // targets and the LoadRun that loaded it; immutable.
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration request_timeout = absl::Minutes(10);  // zero = none

@@ -207,12 +207,13 @@ TEST(OpenAiRunnerTest, StopCancelsStreamsPromptly) {
   std::unique_ptr<Workload> w = Synthetic(8, 5);
   RunResult r;
   std::thread t([&] { r = (*runner)->Run(w.get()); });
-  while (server->stats().active_streams < 3) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  // Bounded: if the streams never open, stop and join the runner, then fail (no hang).
+  const bool all_open = server->WaitForActiveStreams(3, absl::Seconds(10));
+  const int64_t num_open = server->stats().active_streams;
   const absl::Time stop_at = absl::Now();
   (*runner)->Stop();
   t.join();
+  ASSERT_TRUE(all_open) << "only " << num_open << " of 3 streams opened within 10 s";
   EXPECT_LT(absl::Now() - stop_at, absl::Seconds(10));  // not the scripted 60 s
   EXPECT_TRUE(r.stopped);
   ASSERT_EQ(r.records.size(), 3u);

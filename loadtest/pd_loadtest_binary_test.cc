@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "common/testing/net.h"
 #include "common/testing/subprocess.h"
 #include "common/testing/temp_dir.h"
@@ -174,10 +173,7 @@ TEST_F(PdLoadtestBinaryTest, SigintWritesThePartialReportAndExits130) {
                          absl::StrCat("--output_json=", json), absl::StrCat("--output_csv=", csv)},
                         dir_->File("sigint.log"));
   ASSERT_TRUE(p.ok()) << p.status();
-  const absl::Time give_up = absl::Now() + absl::Seconds(60);
-  while (server_->stats().active_streams < 3 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  ASSERT_TRUE(server_->WaitForActiveStreams(3, absl::Seconds(60))) << p->LogTail();
   ASSERT_EQ(server_->stats().active_streams, 3) << p->LogTail();
   ASSERT_TRUE(p->Signal(SIGINT).ok());
   absl::StatusOr<ExitInfo> exit = p->Wait(absl::Seconds(60));

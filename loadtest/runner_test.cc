@@ -8,7 +8,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "loadtest/metrics.h"
 #include "loadtest/target.h"
@@ -213,11 +212,12 @@ TEST(RunnerTest, StopCancelsRequestsInFlight) {
   std::unique_ptr<Workload> w = Synthetic(8, 1000);
   RunResult r;
   std::thread t([&] { r = runner->Run(w.get()); });
-  while (server->stats().active_streams < 4) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  // Bounded: if the streams never open, stop and join the runner, then fail (no hang).
+  const bool all_open = server->WaitForActiveStreams(4, absl::Seconds(10));
+  const int64_t num_open = server->stats().active_streams;
   runner->Stop();
   t.join();
+  ASSERT_TRUE(all_open) << "only " << num_open << " of 4 streams opened within 10 s";
   EXPECT_TRUE(r.stopped);
   ASSERT_EQ(r.records.size(), 4u);
   for (const RequestRecord& rec : r.records) {

@@ -99,6 +99,13 @@ class FakeGenerationServer::Impl {
     absl::MutexLock lock(&mu_);
     return stats_;
   }
+  bool WaitForActiveStreams(int64_t n, absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stats_.active_streams >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
 
   void Poll(grpc::ServerCompletionQueue* cq) {
     void* tag = nullptr;
@@ -353,6 +360,10 @@ FakeGenerationServer::~FakeGenerationServer() { Shutdown(); }
 std::string FakeGenerationServer::address() const { return absl::StrCat("127.0.0.1:", port_); }
 
 FakeGenerationServerStats FakeGenerationServer::stats() const { return impl_->Stats(); }
+
+bool FakeGenerationServer::WaitForActiveStreams(int64_t n, absl::Duration timeout) const {
+  return impl_->WaitForActiveStreams(n, timeout);
+}
 
 void FakeGenerationServer::Shutdown() {
   if (shut_down_.exchange(true) || impl_ == nullptr || impl_->server_ == nullptr) {

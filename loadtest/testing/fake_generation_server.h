@@ -72,6 +72,9 @@ class FakeGenerationServer {
   int port() const { return port_; }
   std::string address() const;  // "127.0.0.1:<port>"
   FakeGenerationServerStats stats() const;
+  // Blocks until at least `n` streams are open at once (stats().active_streams >= n); false
+  // when `timeout` passes first, so a test fails instead of hanging.
+  bool WaitForActiveStreams(int64_t n, absl::Duration timeout) const;
 
   // Cancels open streams and stops the server. Idempotent.
   void Shutdown();

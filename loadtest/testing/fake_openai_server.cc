@@ -79,6 +79,13 @@ class FakeOpenAiServer::Impl {
     absl::MutexLock lock(&mu_);
     return stats_;
   }
+  bool WaitForActiveStreams(int64_t n, absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stats_.active_streams >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
 
  private:
   bool Authorized(const httplib::Request& req, httplib::Response& res) {
@@ -263,6 +270,10 @@ int FakeOpenAiServer::port() const { return impl_->port(); }
 std::string FakeOpenAiServer::url() const { return absl::StrCat("http://127.0.0.1:", port()); }
 
 FakeOpenAiServerStats FakeOpenAiServer::stats() const { return impl_->stats(); }
+
+bool FakeOpenAiServer::WaitForActiveStreams(int64_t n, absl::Duration timeout) const {
+  return impl_->WaitForActiveStreams(n, timeout);
+}
 
 void FakeOpenAiServer::Shutdown() { impl_->Shutdown(); }
 

@@ -63,6 +63,9 @@ class FakeOpenAiServer {
   int port() const;
   std::string url() const;  // "http://127.0.0.1:<port>"
   FakeOpenAiServerStats stats() const;
+  // Blocks until at least `n` streams are open at once (stats().active_streams >= n); false
+  // when `timeout` passes first, so a test fails instead of hanging.
+  bool WaitForActiveStreams(int64_t n, absl::Duration timeout) const;
   // Ends open streams (their waits return at once) and stops the server. Idempotent.
   void Shutdown();
 

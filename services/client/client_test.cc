@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -41,7 +43,13 @@ class FakeRouter final : public pdserve::v1::Generation::Service {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker died");
       }
       if (mode == Mode::kUntilCancelled) {
+        // Bounded: a client that never cancels gets DEADLINE_EXCEEDED after 10 s, and the test
+        // fails on the code instead of hanging.
+        const absl::Time give_up = absl::Now() + absl::Seconds(10);
         while (!context->IsCancelled()) {
+          if (absl::Now() > give_up) {
+            return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "never cancelled");
+          }
           absl::SleepFor(absl::Milliseconds(5));
         }
         return grpc::Status::CANCELLED;

@@ -29,17 +29,46 @@ struct WorkerPool::Worker {
   iv1::WorkerLoad load;
   std::string last_error;
   int missed_checks = 0;  // consecutive GetLoad timeouts
-  std::atomic<int64_t> last_activity_ns{0};  // absl::GetCurrentTimeNanos of the last message
+  std::atomic<int64_t> last_activity_ns{0};  // clock_->Now() of the last message, Unix ns
   std::atomic<int64_t> inflight{0};
   std::atomic<int64_t> assigned_blocks{0};
   int64_t inflight_at_report = 0;         // guarded by WorkerPool::mu_
   int64_t assigned_blocks_at_report = 0;  // guarded by WorkerPool::mu_
 };
 
+WorkerPool::WorkerPool(Clock* clock) : clock_(clock) {}
+
 absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
     const std::vector<std::string>& decode_addresses,
     const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
     HealthCallback on_health_change) {
+  absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
+      Build(decode_addresses, prefill_addresses, std::move(options), std::move(on_health_change),
+            Clock::Real());
+  if (!pool.ok()) {
+    return pool;
+  }
+  // One checker per worker: a worker that blackholes its RPCs costs its own checker the RPC
+  // timeout, not everyone else's health checks.
+  WorkerPool* p = pool->get();
+  for (auto& w : p->workers_) {
+    p->threads_.emplace_back([p, w = w.get()] { p->Run(*w); });
+  }
+  return pool;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::CreateForTest(
+    const std::vector<std::string>& decode_addresses,
+    const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
+    HealthCallback on_health_change, Clock* clock) {
+  return Build(decode_addresses, prefill_addresses, std::move(options), std::move(on_health_change),
+               clock);
+}
+
+absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Build(
+    const std::vector<std::string>& decode_addresses,
+    const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
+    HealthCallback on_health_change, Clock* clock) {
   if (decode_addresses.empty()) {
     return absl::InvalidArgumentError("--decode_workers: at least one decode worker is needed");
   }
@@ -47,7 +76,7 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
     return absl::InvalidArgumentError(absl::StrCat("max_missed_checks must be >= 1, got ",
                                                    options.max_missed_checks));
   }
-  std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  std::unique_ptr<WorkerPool> pool(new WorkerPool(clock));
   pool->options_ = std::move(options);
   pool->on_health_change_ = std::move(on_health_change);
   std::map<std::string, Worker*> by_address;
@@ -86,11 +115,6 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
   for (const std::string& a : prefill_addresses) {
     if (absl::Status s = add(a, false); !s.ok()) return s;
   }
-  // One checker per worker: a worker that blackholes its RPCs costs its own checker the RPC
-  // timeout, not everyone else's health checks.
-  for (auto& w : pool->workers_) {
-    pool->threads_.emplace_back([p = pool.get(), w = w.get()] { p->Run(*w); });
-  }
   return pool;
 }
 
@@ -104,6 +128,8 @@ WorkerPool::~WorkerPool() {
   }
 }
 
+// Only Create's pools run checker threads, and they have the real clock: the interval is a
+// real-time wait that the destructor can cut short.
 void WorkerPool::Run(Worker& w) {
   while (true) {
     {
@@ -125,6 +151,7 @@ void WorkerPool::Check(Worker& w) {
     absl::MutexLock lock(&mu_);
     verified = w.verified;
   }
+  // gRPC's deadline is on the real clock, whatever clock_ is.
   const auto deadline = absl::ToChronoTime(absl::Now() + options_.rpc_timeout);
   if (!verified) {
     grpc::ClientContext ctx;
@@ -173,7 +200,7 @@ void WorkerPool::Check(Worker& w) {
     const std::string why = absl::StrCat("GetLoad: ", s.error_message());
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       const absl::Duration since_activity =
-          absl::Nanoseconds(absl::GetCurrentTimeNanos() - w.last_activity_ns.load());
+          clock_->Now() - absl::FromUnixNanos(w.last_activity_ns.load());
       const bool streaming = since_activity < options_.health_interval + options_.rpc_timeout;
       absl::MutexLock lock(&mu_);
       // Busy, perhaps saturated: give it a few more checks before routing around it, and any
@@ -279,8 +306,11 @@ void WorkerPool::AddInflight(int index, int64_t delta, int64_t blocks) {
 }
 
 void WorkerPool::NoteActivity(int index) {
-  workers_[index]->last_activity_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  workers_[index]->last_activity_ns.store(absl::ToUnixNanos(clock_->Now()),
+                                          std::memory_order_relaxed);
 }
+
+void WorkerPool::CheckNowForTest(int index) { Check(*workers_[index]); }
 
 bool WorkerPool::WaitForDecodeWorker(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);

@@ -8,6 +8,11 @@
 // size and its role serves the list it was configured in; otherwise it stays out with the
 // reason logged (and shown in Snapshot().last_error).
 //
+// Time: the pool reads "now" (for NoteActivity's window) from a Clock, the real one in
+// production; tests build the pool with CreateForTest, which takes a FakeClock and starts no
+// checker threads, and run each check themselves with CheckNowForTest. RPC deadlines are always
+// on the real clock (gRPC's).
+//
 // Thread-safe.
 #pragma once
 
@@ -22,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/time/clock.h"
 #include "pd/v1/worker.grpc.pb.h"
 #include "services/base/grpc_security.h"
 
@@ -76,6 +82,12 @@ class WorkerPool {
       const std::vector<std::string>& decode_addresses,
       const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
       HealthCallback on_health_change = nullptr);
+  // Tests: as Create, but reads time from `clock` (not owned; outlives the pool) and starts no
+  // checker threads: nothing is checked until the test calls CheckNowForTest.
+  static absl::StatusOr<std::unique_ptr<WorkerPool>> CreateForTest(
+      const std::vector<std::string>& decode_addresses,
+      const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
+      HealthCallback on_health_change, Clock* clock);
   ~WorkerPool();
 
   std::vector<WorkerSnapshot> Snapshot() const;
@@ -88,19 +100,30 @@ class WorkerPool {
   // A stream opened (delta 1) or closed (-1) on the worker, with `blocks` new KV blocks.
   void AddInflight(int index, int64_t delta, int64_t blocks = 0);
   // A stream on the worker delivered a message: evidence that it is alive (see
-  // max_missed_checks). Cheap (one relaxed atomic store); call on every message.
+  // max_missed_checks). Cheap (a clock read and a relaxed atomic store); call on every message.
   void NoteActivity(int index);
 
   // Blocks until at least one decode-capable worker is healthy or `timeout` passes.
   bool WaitForDecodeWorker(absl::Duration timeout) const;
 
+  // Runs one health check of worker `index` on the calling thread, as its checker thread does
+  // every health_interval (GetInfo until verified, then GetLoad; the health callback runs on
+  // this thread). For CreateForTest pools.
+  void CheckNowForTest(int index);
+
  private:
   struct Worker;
-  WorkerPool() = default;
+  explicit WorkerPool(Clock* clock);
+  // Everything of Create but the checker threads.
+  static absl::StatusOr<std::unique_ptr<WorkerPool>> Build(
+      const std::vector<std::string>& decode_addresses,
+      const std::vector<std::string>& prefill_addresses, WorkerPoolOptions options,
+      HealthCallback on_health_change, Clock* clock);
   void Run(Worker& w);
   void Check(Worker& w);
   void SetHealthy(Worker& w, bool healthy, const std::string& error);
 
+  Clock* const clock_;
   WorkerPoolOptions options_;
   HealthCallback on_health_change_;
   std::vector<std::unique_ptr<Worker>> workers_;  // fixed after Create

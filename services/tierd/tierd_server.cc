@@ -187,6 +187,10 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     }
     s->peer_->Announce();
   }
+  {
+    absl::MutexLock lock(&s->maintenance_mu_);
+    s->last_prune_ = s->last_announce_ = absl::Now();
+  }
   s->maintenance_ = std::thread([self] { self->MaintenanceLoop(); });
   s->indexer_ = std::thread([self] { self->IndexLoop(); });
   s->RegisterMetrics(metrics);
@@ -239,8 +243,6 @@ std::string TierdServer::Describe() const {
 }
 
 void TierdServer::MaintenanceLoop() {
-  absl::Time last_prune = absl::Now();
-  absl::Time last_announce = absl::Now();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -248,25 +250,32 @@ void TierdServer::MaintenanceLoop() {
         return;
       }
     }
-    const int expired = store_->ExpireClaims();
-    if (expired > 0) {
-      LOG(WARNING) << "tierd: " << expired << " claims expired (a worker did not release them)";
-    }
-    const SpillResult spilled = store_->SpillToWatermark();
-    if (spilled.total() > 0) {
-      VLOG(1) << "tierd: spilled " << spilled.total() << " blocks (" << spilled.written
-              << " written to NVMe, " << spilled.dropped << " dropped)";
-      absl::MutexLock lock(&mu_);
-      ++spill_rounds_total_;
-    }
-    if (peer_ != nullptr && absl::Now() - last_announce > kPeerAddressTtl / 3) {
-      peer_->Announce();
-      last_announce = absl::Now();
-    }
-    if (absl::Now() - last_prune > config_.session_idle_timeout / 4) {
-      service_->PruneIdleSessions(config_.session_idle_timeout);
-      last_prune = absl::Now();
-    }
+    MaintenancePass();
+  }
+}
+
+void TierdServer::RunMaintenanceForTest() { MaintenancePass(); }
+
+void TierdServer::MaintenancePass() {
+  absl::MutexLock pass_lock(&maintenance_mu_);
+  const int expired = store_->ExpireClaims();
+  if (expired > 0) {
+    LOG(WARNING) << "tierd: " << expired << " claims expired (a worker did not release them)";
+  }
+  const SpillResult spilled = store_->SpillToWatermark();
+  if (spilled.total() > 0) {
+    VLOG(1) << "tierd: spilled " << spilled.total() << " blocks (" << spilled.written
+            << " written to NVMe, " << spilled.dropped << " dropped)";
+    absl::MutexLock lock(&mu_);
+    ++spill_rounds_total_;
+  }
+  if (peer_ != nullptr && absl::Now() - last_announce_ > kPeerAddressTtl / 3) {
+    peer_->Announce();
+    last_announce_ = absl::Now();
+  }
+  if (absl::Now() - last_prune_ > config_.session_idle_timeout / 4) {
+    service_->PruneIdleSessions(config_.session_idle_timeout);
+    last_prune_ = absl::Now();
   }
 }
 

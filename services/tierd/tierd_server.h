@@ -78,6 +78,10 @@ class TierdServer {
 
   // Waits until every tier change queued so far has been handed to the sink (tests).
   void FlushIndexForTest();
+  // Runs one maintenance pass (what the maintenance thread does every maintenance_interval) on
+  // the calling thread and returns when it is done, so a test can check its effect instead of
+  // sleeping until the thread has run (tests). Passes never overlap.
+  void RunMaintenanceForTest();
 
   // NOT_SERVING on health, stops accepting calls, waits up to `timeout` for in-flight calls,
   // stops the threads and flushes the index. Idempotent.
@@ -87,6 +91,7 @@ class TierdServer {
   TierdServer() = default;
 
   void MaintenanceLoop();
+  void MaintenancePass() ABSL_LOCKS_EXCLUDED(maintenance_mu_, mu_);
   void IndexLoop();
   // Resolves the queued hashes into Publish/Unpublish calls. Returns how many. Calls are
   // serialized, so when it returns every change queued before the call has been published,
@@ -112,6 +117,9 @@ class TierdServer {
   LocationSink* sink_ = nullptr;                  // owned_sink_ or the caller's; may be null
   std::unique_ptr<grpc::Server> server_;
 
+  absl::Mutex maintenance_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one MaintenancePass at a time
+  absl::Time last_prune_ ABSL_GUARDED_BY(maintenance_mu_);
+  absl::Time last_announce_ ABSL_GUARDED_BY(maintenance_mu_);
   absl::Mutex resolve_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ResolveChanges at a time
   absl::Mutex mu_;
   absl::flat_hash_set<BlockHash> changed_ ABSL_GUARDED_BY(mu_);

@@ -1,4 +1,4 @@
-#include "loadtest/load_test.h"
+#include "loadtest/load_run.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -113,9 +113,9 @@ std::string CsvName(const TargetRun& run) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig& config) {
+absl::StatusOr<std::unique_ptr<LoadRun>> LoadRun::Create(const LoadTestConfig& config) {
   PD_RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<LoadTest> lt(new LoadTest());
+  std::unique_ptr<LoadRun> lt(new LoadRun());
   lt->config_ = config;
   const std::string workload = config.WorkloadName();
   PD_ASSIGN_OR_RETURN(lt->arrival_, config.ResolveArrival());
@@ -286,7 +286,7 @@ absl::StatusOr<std::unique_ptr<LoadTest>> LoadTest::Create(const LoadTestConfig&
   return lt;
 }
 
-absl::StatusOr<std::unique_ptr<Workload>> LoadTest::MakeWorkload() const {
+absl::StatusOr<std::unique_ptr<Workload>> LoadRun::MakeWorkload() const {
   PD_ASSIGN_OR_RETURN(const LengthSpec input_len, LengthSpec::Parse(config_.input_len));
   PD_ASSIGN_OR_RETURN(const LengthSpec output_len, LengthSpec::Parse(config_.output_len));
   const std::string workload = config_.WorkloadName();
@@ -313,7 +313,7 @@ absl::StatusOr<std::unique_ptr<Workload>> LoadTest::MakeWorkload() const {
   return MakeTraceWorkload(*trace_, {config_.trace_block_tokens, vocab_});
 }
 
-RunnerOptions LoadTest::RunnerOptionsFor(double request_rate) const {
+RunnerOptions LoadRun::RunnerOptionsFor(double request_rate) const {
   RunnerOptions ro;
   ro.model = config_.model;
   ro.arrival = arrival_;
@@ -338,7 +338,7 @@ RunnerOptions LoadTest::RunnerOptionsFor(double request_rate) const {
   return ro;
 }
 
-void LoadTest::Stop() {
+void LoadRun::Stop() {
   absl::MutexLock lock(&mu_);
   stopped_ = true;
   if (current_runner_ != nullptr) {
@@ -346,8 +346,8 @@ void LoadTest::Stop() {
   }
 }
 
-bool LoadTest::RunOnce(double request_rate, const std::string& sweep_label,
-                       std::vector<TargetRun>* runs) {
+bool LoadRun::RunOnce(double request_rate, const std::string& sweep_label,
+                      std::vector<TargetRun>* runs) {
   absl::StatusOr<std::unique_ptr<Workload>> workload = MakeWorkload();
   CHECK(workload.ok()) << workload.status();  // checked in Create
   std::optional<RunnerTarget> compare;
@@ -423,8 +423,8 @@ bool LoadTest::RunOnce(double request_rate, const std::string& sweep_label,
   return !result.stopped;
 }
 
-LoadTestOutcome LoadTest::Run() {
-  LoadTestOutcome out;
+LoadRunOutcome LoadRun::Run() {
+  LoadRunOutcome out;
   if (sweep_rates_.empty()) {
     RunOnce(config_.request_rate, "", &out.runs);
   } else {
@@ -468,7 +468,7 @@ LoadTestOutcome LoadTest::Run() {
   return out;
 }
 
-void LoadTest::WriteReports(LoadTestOutcome* out) const {
+void LoadRun::WriteReports(LoadRunOutcome* out) const {
   std::vector<LabeledSummary> labeled;
   for (const TargetRun& run : out->runs) {
     labeled.push_back({run.label, run.summary, run.info});

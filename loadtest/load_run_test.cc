@@ -1,6 +1,6 @@
-// LoadTest end to end in-process (config -> readiness check -> run -> JSON/CSV reports) against
+// LoadRun end to end in-process (config -> readiness check -> run -> JSON/CSV reports) against
 // the fake Generation server on 127.0.0.1.
-#include "loadtest/load_test.h"
+#include "loadtest/load_run.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -31,7 +31,7 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-class LoadTestTest : public ::testing::Test {
+class LoadRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-loadtest-");
@@ -54,13 +54,13 @@ class LoadTestTest : public ::testing::Test {
     return c;
   }
 
-  LoadTestOutcome RunOk(const LoadTestConfig& c) {
-    absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  LoadRunOutcome RunOk(const LoadTestConfig& c) {
+    absl::StatusOr<std::unique_ptr<LoadRun>> lt = LoadRun::Create(c);
     EXPECT_TRUE(lt.ok()) << lt.status();
     if (!lt.ok()) {
       return {};
     }
-    LoadTestOutcome out = (*lt)->Run();
+    LoadRunOutcome out = (*lt)->Run();
     EXPECT_TRUE(out.report_status.ok()) << out.report_status;
     return out;
   }
@@ -69,7 +69,7 @@ class LoadTestTest : public ::testing::Test {
   std::unique_ptr<FakeGenerationServer> server_;
 };
 
-TEST_F(LoadTestTest, SyntheticRunWritesJsonAndCsv) {
+TEST_F(LoadRunTest, SyntheticRunWritesJsonAndCsv) {
   FakeGenerationServerOptions so;
   so.vocab_size = 100;  // the prompt's token range comes from ListModels; the server checks it
   so.tokens_per_message = 2;
@@ -80,7 +80,7 @@ TEST_F(LoadTestTest, SyntheticRunWritesJsonAndCsv) {
   c.input_len = "uniform:10,30";
   c.output_len = "5";
   c.slo_ttft_ms = 60'000;
-  const LoadTestOutcome out = RunOk(c);
+  const LoadRunOutcome out = RunOk(c);
   EXPECT_EQ(out.summary.completed, 50);
   EXPECT_EQ(out.summary.failed, 0);
   EXPECT_EQ(out.info.model, "fake-model");
@@ -117,7 +117,7 @@ TEST_F(LoadTestTest, SyntheticRunWritesJsonAndCsv) {
   }
 }
 
-TEST_F(LoadTestTest, SharedPrefixReportsThePrefixCacheHitRatio) {
+TEST_F(LoadRunTest, SharedPrefixReportsThePrefixCacheHitRatio) {
   FakeGenerationServerOptions so;
   so.simulate_prefix_cache = true;  // block_size 16
   StartServer(so);
@@ -130,7 +130,7 @@ TEST_F(LoadTestTest, SharedPrefixReportsThePrefixCacheHitRatio) {
   c.output_len = "2";
   c.concurrency = 1;  // sequential, so the hit count is exact
   c.num_requests = 16;
-  const LoadTestOutcome out = RunOk(c);
+  const LoadRunOutcome out = RunOk(c);
   EXPECT_EQ(out.summary.completed, 16);
   // Every request but the first of each prefix hits its 64 prefix tokens.
   EXPECT_EQ(out.summary.usage_prompt_tokens, 16 * 72);
@@ -142,7 +142,7 @@ TEST_F(LoadTestTest, SharedPrefixReportsThePrefixCacheHitRatio) {
 // Two conversations of three turns, sequential: each turn hits the previous turn's prompt
 // (not the synthesized reply, which the server never saw as a prompt), and the second
 // conversation's first turn hits the shared system prompt.
-TEST_F(LoadTestTest, MultiTurnHitsThePreviousTurn) {
+TEST_F(LoadRunTest, MultiTurnHitsThePreviousTurn) {
   FakeGenerationServerOptions so;
   so.simulate_prefix_cache = true;  // block_size 16
   StartServer(so);
@@ -155,14 +155,14 @@ TEST_F(LoadTestTest, MultiTurnHitsThePreviousTurn) {
   c.output_len = "16";
   c.concurrency = 1;  // sequential, so the hit count is exact
   c.num_requests = 6;
-  const LoadTestOutcome out = RunOk(c);
+  const LoadRunOutcome out = RunOk(c);
   EXPECT_EQ(out.summary.completed, 6);
   // Prompts 48, 48, 80, 80, 112, 112; hits 0, 32 (system), 48, 48, 80, 80.
   EXPECT_EQ(out.summary.usage_prompt_tokens, 480);
   EXPECT_EQ(out.summary.usage_cached_tokens, 288);
 }
 
-TEST_F(LoadTestTest, TraceReplayFromFile) {
+TEST_F(LoadRunTest, TraceReplayFromFile) {
   FakeGenerationServerOptions so;
   so.simulate_prefix_cache = true;
   StartServer(so);
@@ -183,7 +183,7 @@ TEST_F(LoadTestTest, TraceReplayFromFile) {
   c.time_scale = 0.001;
   c.max_input_len = 2048;
   c.concurrency = 1;  // a cap: requests 2 and 3 (same timestamp) reach the cache in order
-  const LoadTestOutcome out = RunOk(c);
+  const LoadRunOutcome out = RunOk(c);
   EXPECT_EQ(out.summary.completed, 3);
   EXPECT_EQ(out.summary.total_input_tokens, 1024 + 1500 + 2048);  // the third one capped
   EXPECT_EQ(out.summary.total_output_tokens, 6);
@@ -197,7 +197,7 @@ TEST_F(LoadTestTest, TraceReplayFromFile) {
   EXPECT_THAT(lines[3], StartsWith("2,3,3.000,"));  // index 2, line 3, scheduled at 3 ms
 }
 
-TEST_F(LoadTestTest, FailuresAppearByCodeInTheReport) {
+TEST_F(LoadRunTest, FailuresAppearByCodeInTheReport) {
   FakeGenerationServerOptions so;
   so.fail_every_n = 4;
   so.fail_code = absl::StatusCode::kUnavailable;
@@ -207,7 +207,7 @@ TEST_F(LoadTestTest, FailuresAppearByCodeInTheReport) {
   c.num_requests = 40;
   c.output_len = "3";
   c.input_len = "8";
-  const LoadTestOutcome out = RunOk(c);
+  const LoadRunOutcome out = RunOk(c);
   EXPECT_EQ(out.summary.completed, 30);
   EXPECT_EQ(out.summary.failed, 10);
   const nlohmann::json j = nlohmann::json::parse(ReadFile(c.output_json));
@@ -221,7 +221,7 @@ TEST_F(LoadTestTest, FailuresAppearByCodeInTheReport) {
   EXPECT_EQ(unavailable, 10);
 }
 
-TEST_F(LoadTestTest, UnreachableTargetIsAClearError) {
+TEST_F(LoadRunTest, UnreachableTargetIsAClearError) {
   absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
   ASSERT_TRUE(port.ok());
   LoadTestConfig c = Config();
@@ -229,30 +229,30 @@ TEST_F(LoadTestTest, UnreachableTargetIsAClearError) {
   c.concurrency = 1;
   c.num_requests = 1;
   c.connect_timeout = absl::Milliseconds(500);
-  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  absl::StatusOr<std::unique_ptr<LoadRun>> lt = LoadRun::Create(c);
   ASSERT_FALSE(lt.ok());
   EXPECT_EQ(lt.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(lt.status().message()),
               HasSubstr(absl::StrCat("cannot connect to target 127.0.0.1:", *port)));
 }
 
-TEST_F(LoadTestTest, UnknownModelAndTooLargeVocabulary) {
+TEST_F(LoadRunTest, UnknownModelAndTooLargeVocabulary) {
   StartServer();
   LoadTestConfig c = Config();
   c.concurrency = 1;
   c.num_requests = 1;
   c.model = "llama-9000";
-  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  absl::StatusOr<std::unique_ptr<LoadRun>> lt = LoadRun::Create(c);
   EXPECT_EQ(lt.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(lt.status().message()), HasSubstr("it serves: fake-model"));
   c.model = "";
   c.vocab_size = 64000;
-  lt = LoadTest::Create(c);
+  lt = LoadRun::Create(c);
   EXPECT_EQ(lt.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(lt.status().message()), HasSubstr("exceeds model 'fake-model'"));
 }
 
-TEST_F(LoadTestTest, MalformedTraceFailsBeforeConnecting) {
+TEST_F(LoadRunTest, MalformedTraceFailsBeforeConnecting) {
   const std::string trace = dir_->File("bad.jsonl");
   {
     std::ofstream f(trace);
@@ -262,7 +262,7 @@ TEST_F(LoadTestTest, MalformedTraceFailsBeforeConnecting) {
   LoadTestConfig c = Config();  // no server: the trace is checked first
   c.workload = "trace";
   c.trace = trace;
-  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  absl::StatusOr<std::unique_ptr<LoadRun>> lt = LoadRun::Create(c);
   ASSERT_FALSE(lt.ok());
   EXPECT_EQ(lt.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(lt.status().message()),
@@ -271,7 +271,7 @@ TEST_F(LoadTestTest, MalformedTraceFailsBeforeConnecting) {
 
 // Compare mode against two canned-token servers: B answers 50 ms late and slower, and only A
 // reports prefix-cache hits (a stand-in for a cache-aware router against round-robin).
-TEST_F(LoadTestTest, CompareModeSendsEveryRequestToBothAndReportsRatios) {
+TEST_F(LoadRunTest, CompareModeSendsEveryRequestToBothAndReportsRatios) {
   FakeGenerationServerOptions ao;
   ao.simulate_prefix_cache = true;
   StartServer(ao);
@@ -294,7 +294,7 @@ TEST_F(LoadTestTest, CompareModeSendsEveryRequestToBothAndReportsRatios) {
   c.output_len = "4";
   c.concurrency = 2;
   c.num_requests = 16;
-  const LoadTestOutcome out = RunOk(c);
+  const LoadRunOutcome out = RunOk(c);
   ASSERT_EQ(out.runs.size(), 2u);
   EXPECT_EQ(out.runs[0].summary.completed, 16);
   EXPECT_EQ(out.runs[1].summary.completed, 16);
@@ -328,7 +328,7 @@ TEST_F(LoadTestTest, CompareModeSendsEveryRequestToBothAndReportsRatios) {
   EXPECT_THAT(ReadFile(dir_->File("cmp/latency_cdf.gp")), HasSubstr("\"cdf_b_ttft.dat\""));
 }
 
-TEST_F(LoadTestTest, RateSweepRunsEachRateWithItsOwnSummary) {
+TEST_F(LoadRunTest, RateSweepRunsEachRateWithItsOwnSummary) {
   StartServer();
   LoadTestConfig c = Config();
   c.output_csv = "";
@@ -339,7 +339,7 @@ TEST_F(LoadTestTest, RateSweepRunsEachRateWithItsOwnSummary) {
   c.input_len = "8";
   c.output_len = "3";
   c.slo_ttft_ms = 60'000;
-  const LoadTestOutcome out = RunOk(c);
+  const LoadRunOutcome out = RunOk(c);
   ASSERT_EQ(out.runs.size(), 2u);
   EXPECT_EQ(out.runs[0].summary.completed, 20);
   EXPECT_EQ(out.runs[1].summary.completed, 20);
@@ -372,7 +372,7 @@ TEST_F(LoadTestTest, RateSweepRunsEachRateWithItsOwnSummary) {
 // A compared sweep: at each rate both targets get the same requests interleaved; the report
 // has a (A, B) pair per rate, a ratio table per rate, one sweep table and one throughput
 // series per target.
-TEST_F(LoadTestTest, CompareModeWithARateSweep) {
+TEST_F(LoadRunTest, CompareModeWithARateSweep) {
   FakeGenerationServerOptions ao;
   ao.simulate_prefix_cache = true;
   StartServer(ao);
@@ -393,7 +393,7 @@ TEST_F(LoadTestTest, CompareModeWithARateSweep) {
   c.suffix_len = 0;
   c.output_len = "2";
   c.num_requests = 10;
-  const LoadTestOutcome out = RunOk(c);
+  const LoadRunOutcome out = RunOk(c);
   ASSERT_EQ(out.runs.size(), 4u);
   EXPECT_EQ(server_->stats().requests, 20);
   EXPECT_EQ((*b)->stats().requests, 20);
@@ -420,16 +420,16 @@ TEST_F(LoadTestTest, CompareModeWithARateSweep) {
   EXPECT_THAT(tp, HasSubstr(absl::StrCat("title \"B ", (*b)->address(), " throughput\"")));
 }
 
-TEST_F(LoadTestTest, StopBeforeASweepRunsNothingMore) {
+TEST_F(LoadRunTest, StopBeforeASweepRunsNothingMore) {
   StartServer();
   LoadTestConfig c = Config();
   c.output_csv = "";
   c.request_rates = "100,200,400";
   c.num_requests = 10;
-  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  absl::StatusOr<std::unique_ptr<LoadRun>> lt = LoadRun::Create(c);
   ASSERT_TRUE(lt.ok()) << lt.status();
   (*lt)->Stop();
-  const LoadTestOutcome out = (*lt)->Run();
+  const LoadRunOutcome out = (*lt)->Run();
   ASSERT_EQ(out.runs.size(), 1u);  // the first rate, stopped before its first request
   EXPECT_TRUE(out.runs[0].info.interrupted);
   EXPECT_EQ(out.runs[0].summary.num_requests, 0);
@@ -438,7 +438,7 @@ TEST_F(LoadTestTest, StopBeforeASweepRunsNothingMore) {
   EXPECT_EQ(j["runs"][0]["interrupted"], true);
 }
 
-TEST_F(LoadTestTest, UnreachableCompareTargetIsAClearError) {
+TEST_F(LoadRunTest, UnreachableCompareTargetIsAClearError) {
   StartServer();
   absl::StatusOr<int> port = pd::testing::PickFreeLoopbackPort();
   ASSERT_TRUE(port.ok());
@@ -448,7 +448,7 @@ TEST_F(LoadTestTest, UnreachableCompareTargetIsAClearError) {
   c.concurrency = 1;
   c.num_requests = 1;
   c.connect_timeout = absl::Milliseconds(500);
-  absl::StatusOr<std::unique_ptr<LoadTest>> lt = LoadTest::Create(c);
+  absl::StatusOr<std::unique_ptr<LoadRun>> lt = LoadRun::Create(c);
   ASSERT_FALSE(lt.ok());
   EXPECT_EQ(lt.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(lt.status().message()), HasSubstr(c.compare_target));

@@ -1,4 +1,4 @@
-// LoadTest: one pd-loadtest invocation end to end — validate the config, load the trace, check
+// LoadRun: one pd-loadtest invocation end to end — validate the config, load the trace, check
 // the target(s) are ready, then run the load and write the reports. main.cc is this plus flags
 // and signals; tests drive it in-process. Three shapes:
 //
@@ -47,7 +47,7 @@ struct TargetRun {
   std::vector<RequestRecord> records;  // in workload order
 };
 
-struct LoadTestOutcome {
+struct LoadRunOutcome {
   Summary summary;  // of runs[0] (the only run, A, or the first rate)
   RunInfo info;     // of runs[0]
   std::vector<TargetRun> runs;
@@ -57,17 +57,17 @@ struct LoadTestOutcome {
   std::optional<PlotFiles> plots;  // with --output_dir and --plot
 };
 
-class LoadTest {
+class LoadRun {
  public:
   // Errors (all before any load is sent): InvalidArgument for the config or a malformed trace
   // line ("<path>:<line>: ..."), NotFound for a missing trace file, tokenizer or model,
   // Unavailable for an unreachable target or compare target (ProbeTarget, ProbeOpenAiTarget),
   // InvalidArgument when the token range does not fit a model's vocabulary.
-  static absl::StatusOr<std::unique_ptr<LoadTest>> Create(const LoadTestConfig& config);
+  static absl::StatusOr<std::unique_ptr<LoadRun>> Create(const LoadTestConfig& config);
 
   // Runs the load (every rate of a sweep), then writes the reports (also after Stop: a partial
   // report with "interrupted": true, a sweep keeping the rates already run). Call once.
-  LoadTestOutcome Run();
+  LoadRunOutcome Run();
 
   // Stops issuing and cancels requests in flight; Run then returns the partial outcome (a
   // sweep runs no further rate).
@@ -76,14 +76,14 @@ class LoadTest {
   const pdserve::v1::ModelInfo& model() const { return model_; }
 
  private:
-  LoadTest() = default;
+  LoadRun() = default;
 
   absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload() const;
   RunnerOptions RunnerOptionsFor(double request_rate) const;
   // One run of the runner at `request_rate`; appends one TargetRun per target to `runs`.
   // False when stopped.
   bool RunOnce(double request_rate, const std::string& sweep_label, std::vector<TargetRun>* runs);
-  void WriteReports(LoadTestOutcome* out) const;
+  void WriteReports(LoadRunOutcome* out) const;
 
   LoadTestConfig config_;
   pdserve::v1::ModelInfo model_;
