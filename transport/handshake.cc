@@ -4,13 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "transport/internal/byte_codec.h"
+#include "transport/byte_codec.h"
 
 namespace pd::transport {
 namespace {
-
-using transport_internal::ByteReader;
-using transport_internal::ByteWriter;
 
 constexpr uint32_t kEndpointMagic = 0x454b4450;    // "PDKE"
 constexpr uint32_t kDescriptorMagic = 0x444b4450;  // "PDKD"

@@ -1,121 +1,29 @@
 #include "engine/scheduler/scheduler.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
-#include "kernels/logprobs.h"
-#include "kernels/sampling.h"
+#include "engine/scheduler/request_checks.h"
+#include "engine/scheduler/sequence.h"
+#include "engine/scheduler/tier_restore.h"
+#include "engine/scheduler/token_sampling.h"
 
 namespace pd::engine {
-namespace {
 
-// The entry of `token` sampled from one logits row of `vocab` floats, with `top_n` alternatives.
-absl::StatusOr<TokenLogprob> ComputeLogprob(const float* logits, int64_t vocab, int32_t token,
-                                            int32_t top_n) {
-  float token_logprob = 0.0f;
-  int32_t ids[kernels::kMaxTopLogprobs];
-  float logprobs[kernels::kMaxTopLogprobs];
-  kernels::LogProbsParams p;
-  p.logits = logits;
-  p.num_seqs = 1;
-  p.vocab_size = vocab;
-  p.logits_stride = vocab;
-  p.tokens = &token;
-  p.out_token_logprobs = &token_logprob;
-  p.top_n = top_n;
-  p.out_top_ids = ids;
-  p.out_top_logprobs = logprobs;
-  PD_RETURN_IF_ERROR(kernels::LogProbs(kernels::OpContext{}, p));
-  TokenLogprob out;
-  out.logprob = token_logprob;
-  for (int32_t j = 0; j < top_n && ids[j] >= 0; ++j) {
-    out.top.emplace_back(static_cast<uint32_t>(ids[j]), logprobs[j]);
-  }
-  return out;
-}
-
-}  // namespace
-
-struct Scheduler::Sequence {
-  GenerationRequest request;
-  kvcache::SequenceId kv_id;
-  BlockHash seed;
-  std::vector<uint32_t> tokens;  // prompt + generated
-  size_t prompt_len = 0;
-  std::vector<BlockHash> chain;  // hashes of the full blocks of tokens[0, num_computed)
-  int64_t num_computed = 0;      // tokens whose KV is in the pool
-  int64_t num_allocated = 0;     // tokens with a slot in the block table (dropped included)
-  // Sink + window policy: text tokens dropped from the cache. Text position p >= the sinks
-  // lives at cache slot p - dropped; RoPE uses the text position.
-  int64_t dropped = 0;
-  bool admitted_once = false;
-  uint32_t cached_tokens = 0;  // at first admission
-  uint32_t num_preemptions = 0;
-  // Text: generated text so far and how much of it was sent (the rest is held back because it
-  // could start a stop string).
-  std::unique_ptr<DecodeStream> detok;
-  std::string text;
-  size_t text_sent = 0;
-  std::vector<uint32_t> unsent_tokens;
-  std::vector<TokenLogprob> unsent_logprobs;  // aligned with unsent_tokens when asked
-  FinishReason finished = FinishReason::kNone;
-  absl::Status status;
-  bool cancel_requested = false;
-  bool remote_started = false;  // remote_prefill was called (only at first admission)
-  bool remote_pending = false;  // waiting for Complete/FailRemotePrefill
-  bool prefilled_remotely = false;
-  bool held = false;             // prefill-only: computed, blocks held for the transfer
-  uint32_t restored_tokens = 0;  // restored from the node's tiers at first admission
-  absl::Duration restore_time;
-  absl::Time submitted, first_scheduled, prefill_done, first_token;
-
-  // The tier prefix's sources are released exactly once, even when the request never runs.
-  void ReleaseTierPrefix() {
-    if (request.tier_prefix.release) {
-      auto release = std::move(request.tier_prefix.release);
-      request.tier_prefix = TierPrefix();
-      release();
-    }
-  }
-  ~Sequence() { ReleaseTierPrefix(); }
-
-  size_t num_generated() const { return tokens.size() - prompt_len; }
-};
-
-absl::Status SchedulerConfig::Validate() const {
-  if (max_batch_tokens <= 0 || max_running <= 0 || max_running > max_batch_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scheduler: need 0 < max_running <= max_batch_tokens, got ", max_running,
-                     " and ", max_batch_tokens));
-  }
-  if (max_waiting <= 0) {
-    return absl::InvalidArgumentError("scheduler: max_waiting must be > 0");
-  }
-  if (kv_dtype.empty()) {
-    return absl::InvalidArgumentError("scheduler: kv_dtype is empty");
-  }
-  if (kv_sink_tokens < 0 || kv_window_tokens < 0 || (kv_sink_tokens > 0 && kv_window_tokens == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("scheduler: kv_sink_tokens (", kv_sink_tokens,
-                                                   ") and kv_window_tokens (", kv_window_tokens,
-                                                   ") must be >= 0, and sinks need a window > 0"));
-  }
-  return absl::OkStatus();
-}
-
-Scheduler::Scheduler(SchedulerConfig config, LlamaForward* forward,
+Scheduler::Scheduler(SchedulerConfig config, WindowPolicy window, LlamaForward* forward,
                      kvcache::KvCacheManager* kv_cache, const Tokenizer* tokenizer,
                      std::string fingerprint, Clock* clock)
     : config_(std::move(config)),
+      window_(window),
       forward_(forward),
       kv_(kv_cache),
       tokenizer_(tokenizer),
       fingerprint_(std::move(fingerprint)),
-      clock_(clock) {}
+      clock_(clock),
+      handoffs_(kv_cache, forward->vocab_size()) {}
 
 Scheduler::~Scheduler() = default;
 
@@ -134,22 +42,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
                      config.max_running, " exceed the forward pass's ",
                      forward->options().max_batch_tokens, " / ", forward->options().max_seqs));
   }
-  const int64_t block_size = kv_cache->block_size();
-  const int64_t sink_blocks = (config.kv_sink_tokens + block_size - 1) / block_size;
-  const int64_t window_blocks = (config.kv_window_tokens + block_size - 1) / block_size;
-  if (window_blocks > 0) {
-    const int64_t cap = (sink_blocks + window_blocks + 1) * block_size;
-    if (cap > forward->config().seq_len) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("scheduler: the sink + window cache of ", sink_blocks, " + ", window_blocks,
-                       " + 1 blocks (", cap, " tokens) exceeds the model's context of ",
-                       forward->config().seq_len, " tokens"));
-    }
-  }
-  std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), forward, kv_cache, tokenizer,
-                                             std::move(model_fingerprint), clock));
-  s->sink_blocks_ = sink_blocks;
-  s->window_blocks_ = window_blocks;
+  PD_ASSIGN_OR_RETURN(WindowPolicy window,
+                      WindowPolicy::Create(config.kv_sink_tokens, config.kv_window_tokens,
+                                           kv_cache->block_size(), forward->config().seq_len));
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), window, forward, kv_cache,
+                                             tokenizer, std::move(model_fingerprint), clock));
   s->logits_.resize(forward->options().max_seqs * forward->vocab_size());
   return s;
 }
@@ -170,61 +67,21 @@ absl::StatusOr<BlockHash> Scheduler::SeedFor(const std::string& cache_salt) {
 }
 
 absl::Status Scheduler::Submit(GenerationRequest request) {
-  const ModelConfig& c = forward_->config();
   const std::string id = request.id.ToString();
-  if (request.prompt.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": empty prompt"));
-  }
-  for (uint32_t t : request.prompt) {
-    if (t >= static_cast<uint32_t>(c.vocab_size)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request ", id, ": token id ", t, " >= vocab size ", c.vocab_size));
-    }
-  }
-  if (static_cast<int64_t>(request.prompt.size()) >= c.seq_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", id, ": prompt of ", request.prompt.size(),
-                     " tokens does not fit the context of ", c.seq_len));
-  }
-  int64_t needed = kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + 1);
-  if (windowed()) {
-    needed = std::min(needed, sink_blocks_ + window_blocks_ + 1 + sink_blocks_);
-    if (request.on_prefilled != nullptr &&
-        static_cast<int64_t>(request.prompt.size()) > CacheCapTokens()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request ", id, ": prefill-only prompt of ", request.prompt.size(),
-                       " tokens exceeds the sink + window cache of ", CacheCapTokens(),
-                       " tokens (its blocks would be dropped before the transfer)"));
-    }
+  PD_RETURN_IF_ERROR(CheckPrompt(request, forward_->config()));
+  const int64_t needed =
+      window_.MaxBlocks(kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + 1));
+  if (request.on_prefilled != nullptr) {
+    PD_RETURN_IF_ERROR(window_.CheckPrefillOnly(id, static_cast<int64_t>(request.prompt.size())));
   }
   if (needed > kv_->num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt needs ", needed,
                                                    " KV blocks, the pool has ", kv_->num_blocks()));
   }
-  for (uint32_t t : request.sampling.forced_tokens) {
-    if (t >= static_cast<uint32_t>(c.vocab_size)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request ", id, ": forced token id ", t, " >= vocab size ", c.vocab_size));
-    }
-  }
-  if (std::isnan(request.sampling.temperature) || !(request.sampling.top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", id, ": temperature ", request.sampling.temperature, " and top_p ",
-                     request.sampling.top_p, " (need a number, and top_p at most 1; 0 means 1)"));
-  }
-  if (request.sampling.logprobs < -1 || request.sampling.logprobs > kernels::kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": logprobs ",
-                                                   request.sampling.logprobs, " outside [-1, ",
-                                                   kernels::kMaxTopLogprobs, "]"));
-  }
-  if (request.remote_prefill != nullptr && request.on_prefilled != nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", id, ": remote_prefill and on_prefilled are exclusive"));
-  }
+  PD_RETURN_IF_ERROR(CheckOptions(request, forward_->config()));
   auto same = [&](const std::unique_ptr<Sequence>& s) { return s->request.id == request.id; };
   if (std::any_of(waiting_.begin(), waiting_.end(), same) ||
-      std::any_of(running_.begin(), running_.end(), same) ||
-      std::any_of(held_.begin(), held_.end(), same)) {
+      std::any_of(running_.begin(), running_.end(), same) || handoffs_.Holds(request.id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already queued or running"));
   }
   if (static_cast<int64_t>(waiting_.size()) >= config_.max_waiting) {
@@ -244,19 +101,13 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
 }
 
 absl::Status Scheduler::Cancel(RequestId id) {
-  for (auto* list : {&running_}) {
-    for (auto& s : *list) {
-      if (s->request.id == id) {
-        s->cancel_requested = true;
-        return absl::OkStatus();
-      }
-    }
+  Sequence* seq = FindRunning(id);
+  for (auto it = waiting_.begin(); seq == nullptr && it != waiting_.end(); ++it) {
+    seq = (*it)->request.id == id ? it->get() : nullptr;
   }
-  for (auto& s : waiting_) {
-    if (s->request.id == id) {
-      s->cancel_requested = true;
-      return absl::OkStatus();
-    }
+  if (seq != nullptr) {
+    seq->cancel_requested = true;
+    return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("request ", id.ToString(), " is not queued or running"));
 }
@@ -272,37 +123,7 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   }
   seq->finished = reason;
   seq->status = std::move(status);
-  GenerationOutput out;
-  out.id = seq->request.id;
-  out.new_tokens = std::move(seq->unsent_tokens);
-  seq->unsent_tokens.clear();
-  out.logprobs = std::move(seq->unsent_logprobs);
-  seq->unsent_logprobs.clear();
-  // Held-back text is released (a stop string match was cut off already); an incomplete UTF-8
-  // tail is flushed raw unless the text ended at a stop string.
-  std::string tail = seq->detok->Flush();
-  if (reason != FinishReason::kStopString) {
-    seq->text += tail;
-  }
-  out.text = seq->text.substr(std::min(seq->text_sent, seq->text.size()));
-  seq->text_sent = seq->text.size();
-  out.finish_reason = reason;
-  out.status = seq->status;
-  out.prompt_tokens = static_cast<uint32_t>(seq->prompt_len);
-  out.cached_tokens = seq->cached_tokens;
-  out.restored_tokens = std::min(seq->restored_tokens, seq->cached_tokens);
-  out.completion_tokens = static_cast<uint32_t>(seq->num_generated());
-  out.num_preemptions = seq->num_preemptions;
-  out.timings.restore = seq->restore_time;
-  out.prefilled_remotely = seq->prefilled_remotely;
-  const absl::Time now = clock_->Now();
-  const absl::Time scheduled = seq->admitted_once ? seq->first_scheduled : now;
-  out.timings.queue = scheduled - seq->submitted;
-  out.timings.prefill =
-      seq->prefill_done > scheduled ? seq->prefill_done - scheduled : absl::ZeroDuration();
-  out.timings.first_token =
-      seq->first_token > seq->submitted ? seq->first_token - seq->submitted : absl::ZeroDuration();
-  out.timings.total = now - seq->submitted;
+  GenerationOutput out = seq->TakeFinalOutput(clock_->Now());
   ++stats_.finished;
   if (seq->request.on_output) {
     seq->request.on_output(std::move(out));
@@ -345,7 +166,7 @@ void Scheduler::Admit() {
     // Under the sink + window policy only the first CacheCapTokens() are allocated now; the
     // rest is allocated (and earlier blocks dropped) block by block as it is computed.
     const int64_t num_tokens = static_cast<int64_t>(seq->tokens.size());
-    const int64_t to_allocate = std::min(num_tokens, CacheCapTokens());
+    const int64_t to_allocate = std::min(num_tokens, window_.CacheCapTokens());
     std::vector<BlockHash> chain = ComputeBlockHashes(
         seq->seed, absl::MakeConstSpan(seq->tokens).first(static_cast<size_t>(to_allocate)),
         static_cast<uint32_t>(kv_->block_size()));
@@ -354,10 +175,7 @@ void Scheduler::Admit() {
     const bool remote =
         seq->request.remote_prefill != nullptr && !seq->remote_started && to_allocate == num_tokens;
     if (!seq->admitted_once && !seq->request.tier_prefix.chain.empty()) {
-      const absl::Time start = clock_->Now();
-      seq->restored_tokens =
-          static_cast<uint32_t>(RestoreFromTiers(seq, chain) * kv_->block_size());
-      seq->restore_time = clock_->Now() - start;
+      RestoreTierPrefix(seq, chain);
     }
     std::optional<kvcache::ImportTarget> import;
     absl::StatusOr<int64_t> cached = 0;
@@ -400,64 +218,21 @@ void Scheduler::Admit() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     if (import.has_value()) {
-      seq->remote_started = true;
-      seq->remote_pending = true;
-      RemotePrefillTarget target;
-      target.id = seq->request.id;
-      target.num_cached_tokens = import->num_cached_tokens;
-      target.first_block = import->first_block;
-      target.block_ids = std::move(import->block_ids);
-      target.chain = std::move(chain);
-      seq->request.remote_prefill(std::move(target));
+      handoffs_.Start(seq, *std::move(import), std::move(chain));
     }
   }
 }
 
-int64_t Scheduler::RestoreFromTiers(Sequence* seq, absl::Span<const BlockHash> chain) {
-  const TierPrefix& tp = seq->request.tier_prefix;
-  const int64_t block_size = kv_->block_size();
-  const int64_t local = kv_->Match(chain);
-  // Blocks wholly before the last prompt token: that token's block is always computed.
-  int64_t end = std::min<int64_t>({tp.first_block + static_cast<int64_t>(tp.chain.size()),
-                                   static_cast<int64_t>(chain.size()),
-                                   (static_cast<int64_t>(seq->tokens.size()) - 1) / block_size});
-  for (int64_t i = std::max(local, tp.first_block); i < end; ++i) {
-    if (tp.chain[static_cast<size_t>(i - tp.first_block)] != chain[static_cast<size_t>(i)]) {
-      end = i;  // not this prompt's block (another salt or model): never use it
-      break;
-    }
-  }
-  int64_t restored = 0;
-  if (local >= tp.first_block && local < end) {
-    // A scratch sequence takes references on the cached prefix (so allocating the fresh
-    // blocks cannot evict it) and owns the fresh blocks while they are filled.
-    const kvcache::SequenceId scratch(next_sequence_id_++);
-    absl::StatusOr<int64_t> cached =
-        kv_->AllocatePrompt(scratch, chain.first(static_cast<size_t>(end)), end * block_size + 1);
-    if (cached.ok() && *cached == local * block_size) {
-      absl::StatusOr<std::vector<BlockId>> ids = kv_->ExportBlocks(scratch, local, end - local);
-      CHECK(ids.ok()) << ids.status();
-      int64_t k = local;
-      while (k < end && tp.copy_in(k, (*ids)[static_cast<size_t>(k - local)])) {
-        ++k;
-      }
-      if (k < end) {
-        ++stats_.tier_restore_failures;
-      }
-      if (k > local) {
-        absl::Status commit = kv_->CommitBlocks(scratch, chain.first(static_cast<size_t>(k)));
-        CHECK(commit.ok()) << commit;  // fresh blocks of this chain
-      }
-      restored = k - local;
-    }
-    if (cached.ok()) {  // (a failed AllocatePrompt changed nothing: no room, compute instead)
-      absl::Status freed = kv_->Free(scratch);
-      CHECK(freed.ok()) << freed;
-    }
-  }
-  stats_.tier_restored_blocks += restored;
+void Scheduler::RestoreTierPrefix(Sequence* seq, absl::Span<const BlockHash> chain) {
+  const absl::Time start = clock_->Now();
+  const TierRestoreResult r =
+      RestoreFromTiers(kv_, kvcache::SequenceId(next_sequence_id_++), seq->request.tier_prefix,
+                       chain, static_cast<int64_t>(seq->tokens.size()));
   seq->ReleaseTierPrefix();
-  return restored;
+  stats_.tier_restored_blocks += r.restored_blocks;
+  stats_.tier_restore_failures += r.copy_failed ? 1 : 0;
+  seq->restored_tokens = static_cast<uint32_t>(r.restored_blocks * kv_->block_size());
+  seq->restore_time = clock_->Now() - start;
 }
 
 Scheduler::Sequence* Scheduler::FindRunning(RequestId id) {
@@ -472,95 +247,29 @@ Scheduler::Sequence* Scheduler::FindRunning(RequestId id) {
 absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token,
                                               std::optional<TokenLogprob> first_logprob) {
   Sequence* seq = FindRunning(id);
-  if (seq == nullptr || !seq->remote_pending) {
-    return absl::NotFoundError(
-        absl::StrCat("request ", id.ToString(), " has no remote prefill outstanding"));
-  }
-  seq->remote_pending = false;
+  PD_RETURN_IF_ERROR(handoffs_.Complete(id, seq, first_token, &first_logprob));
   if (seq->finished != FinishReason::kNone) {
     return absl::OkStatus();  // cancelled meanwhile: the next sweep frees its blocks
   }
-  if (first_token >= static_cast<uint32_t>(forward_->vocab_size())) {
-    ++stats_.remote_prefill_failures;
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", id.ToString(), ": remote first token ", first_token,
-                     " >= vocab size ", forward_->vocab_size(), "; prefilling locally"));
-  }
-  const int32_t asked = seq->request.sampling.logprobs;
-  if (asked < 0) {
-    first_logprob.reset();
-  } else {
-    const bool usable =
-        first_logprob.has_value() && first_logprob->top.size() <= static_cast<size_t>(asked) &&
-        std::all_of(first_logprob->top.begin(), first_logprob->top.end(), [&](const auto& t) {
-          return t.first < static_cast<uint32_t>(forward_->vocab_size());
-        });
-    if (!usable) {
-      ++stats_.remote_prefill_failures;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request ", id.ToString(), ": asked for logprobs (", asked,
-          " alternatives) but the remote first token's entry is ",
-          first_logprob.has_value() ? "malformed" : "missing", "; prefilling locally"));
-    }
-  }
-  const uint32_t block_size = static_cast<uint32_t>(kv_->block_size());
-  seq->num_computed = static_cast<int64_t>(seq->tokens.size());
-  seq->chain = ComputeBlockHashes(seq->seed, seq->tokens, block_size);
-  absl::Status commit = kv_->CommitBlocks(seq->kv_id, seq->chain);
-  CHECK(commit.ok()) << commit;  // the chain hashes exactly the prompt's full blocks
   seq->prefill_done = clock_->Now();
-  seq->prefilled_remotely = true;
   AcceptToken(seq, first_token, std::move(first_logprob));
   return absl::OkStatus();
 }
 
 absl::Status Scheduler::FailRemotePrefill(RequestId id) {
-  Sequence* seq = FindRunning(id);
-  if (seq == nullptr || !seq->remote_pending) {
-    return absl::NotFoundError(
-        absl::StrCat("request ", id.ToString(), " has no remote prefill outstanding"));
-  }
-  seq->remote_pending = false;
-  if (seq->finished == FinishReason::kNone) {
-    ++stats_.remote_prefill_failures;
-  }
-  return absl::OkStatus();  // num_computed is still the cached prefix: Step prefills the rest
+  return handoffs_.Fail(id, FindRunning(id));
 }
 
 absl::Status Scheduler::ReleasePrefilled(RequestId id) {
-  for (auto it = held_.begin(); it != held_.end(); ++it) {
-    if ((*it)->request.id == id) {
-      absl::Status s = kv_->Free((*it)->kv_id);
-      CHECK(s.ok()) << s;
-      held_.erase(it);
-      ++stats_.finished;
-      return absl::OkStatus();
-    }
-  }
-  return absl::NotFoundError(absl::StrCat("request ", id.ToString(), " holds no prefilled blocks"));
-}
-
-void Scheduler::OnPrefilled(Sequence* seq, uint32_t token, std::optional<TokenLogprob> logprob) {
-  PrefilledBlocks out;
-  out.id = seq->request.id;
-  out.first_token = token;
-  out.first_logprob = std::move(logprob);
-  out.cached_tokens = seq->cached_tokens;
-  out.restored_tokens = std::min(seq->restored_tokens, seq->cached_tokens);
-  out.restore = seq->restore_time;
-  const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
-  out.block_ids.assign(table->blocks().begin(), table->blocks().end());
-  const absl::Time scheduled = seq->first_scheduled;
-  out.queue = scheduled - seq->submitted;
-  out.prefill = seq->prefill_done - scheduled;
-  seq->held = true;
-  seq->request.on_prefilled(std::move(out));
+  PD_RETURN_IF_ERROR(handoffs_.Release(id));
+  ++stats_.finished;
+  return absl::OkStatus();
 }
 
 void Scheduler::MoveHeld() {
   for (auto it = running_.begin(); it != running_.end();) {
     if ((*it)->held) {
-      held_.push_back(std::move(*it));
+      handoffs_.Hold(std::move(*it));
       it = running_.erase(it);
     } else {
       ++it;
@@ -583,35 +292,27 @@ void Scheduler::Preempt(size_t running_index) {
   waiting_.push_front(std::move(victim));
 }
 
-int64_t Scheduler::CacheCapTokens() const {
-  return windowed() ? (sink_blocks_ + window_blocks_ + 1) * kv_->block_size()
-                    : std::numeric_limits<int64_t>::max();
-}
-
-absl::Status Scheduler::SlideWindow(Sequence* seq) {
-  if (sink_blocks_ > 0 && seq->dropped == 0) {
-    PD_RETURN_IF_ERROR(kv_->ForkLeadingBlocks(seq->kv_id, sink_blocks_).status());
+Scheduler::SlideOutcome Scheduler::SlideWindow(size_t i) {
+  Sequence* seq = running_[i].get();
+  auto copy_sinks = [this](absl::Span<const int32_t> originals, absl::Span<const int32_t> live,
+                           int64_t num_tokens, int64_t shift) {
+    return forward_->CopyBlocksShifted(originals, live, num_tokens, shift);
+  };
+  absl::Status slid;
+  while (
+      absl::IsResourceExhausted(slid = window_.Slide(kv_, seq->kv_id, &seq->dropped, copy_sinks))) {
+    if (running_.size() == 1) {
+      break;
+    }
+    if (!PreemptYoungestFor(i)) {
+      return SlideOutcome::kPreemptedSelf;
+    }
   }
-  absl::Status dropped = kv_->DropBlock(seq->kv_id, sink_blocks_);
-  CHECK(dropped.ok()) << dropped;  // S + W + 1 full blocks are held
-  seq->dropped += kv_->block_size();
-  ++stats_.window_dropped_blocks;
-  if (sink_blocks_ == 0) {
-    return absl::OkStatus();
+  if (!slid.ok()) {
+    Finish(seq, FinishReason::kError, slid);
+    return SlideOutcome::kFailed;
   }
-  const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
-  std::vector<int32_t> originals, live;
-  for (int64_t i = 0; i < sink_blocks_; ++i) {
-    originals.push_back(static_cast<int32_t>(table->set_aside()[i].value()));
-    live.push_back(static_cast<int32_t>(table->blocks()[i].value()));
-  }
-  absl::Status copied =
-      forward_->CopyBlocksShifted(originals, live, sink_blocks_ * kv_->block_size(), seq->dropped);
-  if (!copied.ok()) {
-    return absl::InternalError(
-        absl::StrCat("sink + window: rebuilding the sinks failed: ", copied.message()));
-  }
-  return absl::OkStatus();
+  return SlideOutcome::kSlid;
 }
 
 bool Scheduler::PreemptYoungestFor(size_t i) {
@@ -659,24 +360,18 @@ void Scheduler::EnsureSlots() {
     if (missing <= 0 || seq->finished != FinishReason::kNone) {
       continue;
     }
-    int64_t room = CacheCapTokens() - (seq->num_allocated - seq->dropped);
+    int64_t room = window_.CacheCapTokens() - (seq->num_allocated - seq->dropped);
     if (room == 0) {
       // Sink + window at its cap: once everything held is computed, drop the oldest window
       // block and go on one block at a time (until then the batch computes what is held).
       if (seq->num_computed < seq->num_allocated) {
         continue;
       }
-      absl::Status slid;
-      while (absl::IsResourceExhausted(slid = SlideWindow(seq))) {
-        if (running_.size() == 1) {
-          break;
-        }
-        if (!PreemptYoungestFor(i)) {
-          return;
-        }
+      const SlideOutcome slid = SlideWindow(i);
+      if (slid == SlideOutcome::kPreemptedSelf) {
+        return;
       }
-      if (!slid.ok()) {
-        Finish(seq, FinishReason::kError, slid);
+      if (slid == SlideOutcome::kFailed) {
         continue;
       }
       room = kv_->block_size();
@@ -693,19 +388,11 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLo
   if (seq->num_generated() == 0) {
     seq->first_token = clock_->Now();
   }
-  seq->tokens.push_back(token);
-  seq->unsent_tokens.push_back(token);
-  if (logprob.has_value()) {
-    seq->unsent_logprobs.push_back(*std::move(logprob));
-  }
+  seq->AppendToken(token, std::move(logprob));
   ++stats_.decode_tokens;
   const size_t generated = seq->num_generated();
   const bool may_stop = generated >= so.min_tokens;
-  const bool is_eos =
-      !so.ignore_eos && std::find(c.eos_ids.begin(), c.eos_ids.end(), token) != c.eos_ids.end();
-  const bool is_stop_id = std::find(so.stop_token_ids.begin(), so.stop_token_ids.end(), token) !=
-                          so.stop_token_ids.end();
-  if (may_stop && (is_eos || is_stop_id)) {
+  if (may_stop && seq->IsStopToken(token, c.eos_ids)) {
     Finish(seq, FinishReason::kStop, absl::OkStatus());  // a stop token adds no text
     return;
   }
@@ -715,48 +402,33 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLo
     return;
   }
   seq->text += *delta;
-  // Stop strings: look for a match that ends in the new text; hold back any tail that could
-  // still grow into one.
+  // Stop strings: a match that ends in the new text finishes; a tail that could still grow
+  // into one is held back.
   size_t hold = 0;
-  if (may_stop) {
-    for (const std::string& stop : so.stop) {
-      const size_t from = seq->text_sent >= stop.size() ? seq->text_sent - stop.size() + 1 : 0;
-      const size_t at = seq->text.find(stop, from);
-      if (at != std::string::npos) {
-        // Text already sent stays sent (possible only when min_tokens delayed the check).
-        seq->text.resize(std::max(at, seq->text_sent));
-        Finish(seq, FinishReason::kStopString, absl::OkStatus());
-        return;
-      }
-      for (size_t k = std::min(stop.size() - 1, seq->text.size()); k > hold; --k) {
-        if (seq->text.compare(seq->text.size() - k, k, stop, 0, k) == 0) {
-          hold = k;
-          break;
-        }
-      }
-    }
+  if (may_stop && seq->CutAtStopString(&hold)) {
+    Finish(seq, FinishReason::kStopString, absl::OkStatus());
+    return;
   }
   // The context bounds the length unless the sink + window policy keeps the cache within it;
   // then only max_tokens does (0 = the context, as without the policy).
-  const bool context_full =
-      static_cast<int64_t>(seq->tokens.size()) >= c.seq_len && (!windowed() || so.max_tokens == 0);
+  const bool context_full = static_cast<int64_t>(seq->tokens.size()) >= c.seq_len &&
+                            window_.ContextBoundsLength(so.max_tokens);
   if ((so.max_tokens > 0 && generated >= so.max_tokens) || context_full) {
     Finish(seq, FinishReason::kLength, absl::OkStatus());
     return;
   }
-  GenerationOutput out;
-  out.id = seq->request.id;
-  out.new_tokens = std::move(seq->unsent_tokens);
-  seq->unsent_tokens.clear();
-  out.logprobs = std::move(seq->unsent_logprobs);
-  seq->unsent_logprobs.clear();
-  const size_t sendable = std::max(seq->text.size() - hold, seq->text_sent);
-  out.text = seq->text.substr(seq->text_sent, sendable - seq->text_sent);
-  seq->text_sent = sendable;
+  GenerationOutput out = seq->TakeStreamOutput(hold);
   if (seq->request.on_output) {
     seq->request.on_output(std::move(out));
   }
 }
+
+// One batch: each member's tokens for this step and its block table.
+struct Scheduler::Batch {
+  std::vector<Sequence*> members;
+  std::vector<ForwardSequence> rows;         // block_table set by ForwardBatch
+  std::vector<std::vector<int32_t>> tables;  // [members] physical block ids
+};
 
 bool Scheduler::Step() {
   ExpireAndCancel();
@@ -764,14 +436,25 @@ bool Scheduler::Step() {
   Admit();
   EnsureSlots();
   SweepFinished();
-  if (running_.empty()) {
-    return false;
+  Batch batch = CollectBatch();
+  if (batch.members.empty()) {
+    return false;  // nothing running, or everything running waits for a remote prefill
   }
+  ++stats_.steps;
+  std::vector<int32_t> sampled;
+  absl::Status forward = ForwardBatch(&batch, &sampled);
+  if (forward.ok()) {
+    ApplyBatch(batch, sampled);
+  } else {
+    FailBatch(batch, forward);
+  }
+  MoveHeld();
+  SweepFinished();
+  return true;
+}
 
-  // One token for each sequence with exactly one to compute (decode), then prefill chunks.
-  std::vector<Sequence*> members;
-  std::vector<ForwardSequence> batch;
-  std::vector<std::vector<int32_t>> tables;
+Scheduler::Batch Scheduler::CollectBatch() {
+  Batch batch;
   int64_t budget = config_.max_batch_tokens;
   for (int pass = 0; pass < 2 && budget > 0; ++pass) {
     for (auto& owned : running_) {
@@ -789,102 +472,98 @@ bool Scheduler::Step() {
         continue;
       }
       budget -= n;
-      members.push_back(seq);
+      batch.members.push_back(seq);
       const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
       std::vector<int32_t> ids;
       ids.reserve(table->num_blocks());
       for (BlockId b : table->blocks()) {
         ids.push_back(static_cast<int32_t>(b.value()));
       }
-      tables.push_back(std::move(ids));
-      batch.push_back({absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, n),
-                       seq->num_computed - seq->dropped,
-                       {},
-                       seq->dropped});
+      batch.tables.push_back(std::move(ids));
+      batch.rows.push_back({absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, n),
+                            seq->num_computed - seq->dropped,
+                            {},
+                            seq->dropped});
     }
   }
-  if (batch.empty()) {
-    return false;  // everything running waits for a remote prefill
-  }
-  ++stats_.steps;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i].block_table = tables[i];
+  return batch;
+}
+
+absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled) {
+  for (size_t i = 0; i < batch->rows.size(); ++i) {
+    batch->rows[i].block_table = batch->tables[i];
   }
   // Each sequence's next token is sampled where the logits are (on the GPU with --device
   // cuda); only rows whose request asked for logprobs come back as logits.
-  std::vector<SampleSpec> specs(members.size());
+  std::vector<SampleSpec> specs;
   bool any_logits = false;
-  for (size_t i = 0; i < members.size(); ++i) {
-    const SamplingOptions& so = members[i]->request.sampling;
-    SampleSpec& sp = specs[i];
-    // Below kernels::kMinSamplingTemperature (1e-5, subnormals included) is greedy, as 0.
-    sp.temperature = kernels::IsGreedyTemperature(so.temperature) ? 0.0f : so.temperature;
-    sp.top_k = so.top_k;
-    sp.top_p = so.top_p > 0 ? so.top_p : 1.0f;
-    sp.seed = so.seed;
-    sp.step = members[i]->num_generated();
-    sp.want_logits = so.logprobs >= 0;
-    any_logits = any_logits || sp.want_logits;
+  for (const Sequence* seq : batch->members) {
+    specs.push_back(SampleSpecFor(seq->request.sampling, seq->num_generated()));
+    any_logits = any_logits || specs.back().want_logits;
   }
-  std::vector<int32_t> sampled(members.size(), 0);
-  absl::Status status =
-      forward_->ForwardSample(batch, specs, sampled.data(), any_logits ? logits_.data() : nullptr);
-  if (!status.ok()) {
-    LOG(ERROR) << "forward pass failed for a batch of " << batch.size() << ": " << status;
-    for (Sequence* seq : members) {
-      Finish(seq, FinishReason::kError, status);
-    }
-    SweepFinished();
-    return true;
-  }
+  sampled->assign(batch->members.size(), 0);
+  return forward_->ForwardSample(batch->rows, specs, sampled->data(),
+                                 any_logits ? logits_.data() : nullptr);
+}
 
-  const int64_t vocab = forward_->vocab_size();
-  const uint32_t block_size = static_cast<uint32_t>(kv_->block_size());
-  for (size_t i = 0; i < members.size(); ++i) {
-    Sequence* seq = members[i];
-    const int64_t n = static_cast<int64_t>(batch[i].tokens.size());
-    seq->num_computed += n;
-    if (seq->num_computed <= static_cast<int64_t>(seq->prompt_len)) {
-      stats_.prefill_tokens += n;
-    }
-    if (!kv_->GetTable(seq->kv_id)->windowed()) {  // (after a drop nothing more is shared)
-      ExtendBlockHashes(seq->seed, absl::MakeConstSpan(seq->tokens).first(seq->num_computed),
-                        block_size, &seq->chain);
-      absl::Status commit = kv_->CommitBlocks(seq->kv_id, seq->chain);
-      CHECK(commit.ok()) << commit;  // the chain hashes exactly the computed tokens
-    }
+void Scheduler::FailBatch(const Batch& batch, const absl::Status& status) {
+  LOG(ERROR) << "forward pass failed for a batch of " << batch.rows.size() << ": " << status;
+  for (Sequence* seq : batch.members) {
+    Finish(seq, FinishReason::kError, status);
+  }
+}
+
+void Scheduler::ApplyBatch(const Batch& batch, const std::vector<int32_t>& sampled) {
+  for (size_t i = 0; i < batch.members.size(); ++i) {
+    Sequence* seq = batch.members[i];
+    RecordComputed(seq, static_cast<int64_t>(batch.rows[i].tokens.size()));
     if (seq->num_computed < static_cast<int64_t>(seq->tokens.size())) {
       continue;  // a prefill chunk short of the end: no token yet
     }
-    if (seq->num_generated() == 0 && seq->prefill_done == absl::Time()) {
-      seq->prefill_done = clock_->Now();
-    }
-    const SamplingOptions& so = seq->request.sampling;
-    const uint64_t step = seq->num_generated();
-    int32_t token = sampled[i];
-    if (step < so.forced_tokens.size()) {
-      token = static_cast<int32_t>(so.forced_tokens[step]);  // teacher forcing
-    }
-    // Log-probabilities only for requests that asked, from the same host logits row.
-    std::optional<TokenLogprob> logprob;
-    if (so.logprobs >= 0) {
-      absl::StatusOr<TokenLogprob> lp =
-          ComputeLogprob(logits_.data() + i * vocab, vocab, token, so.logprobs);
-      if (!lp.ok()) {
-        Finish(seq, FinishReason::kError, lp.status());
-        continue;
-      }
-      logprob = *std::move(lp);
-    }
-    if (seq->request.on_prefilled != nullptr) {
-      OnPrefilled(seq, static_cast<uint32_t>(token), std::move(logprob));
-      continue;
-    }
-    AcceptToken(seq, static_cast<uint32_t>(token), std::move(logprob));
+    TakeSampledToken(seq, i, sampled[i]);
   }
-  MoveHeld();
-  SweepFinished();
-  return true;
+}
+
+void Scheduler::RecordComputed(Sequence* seq, int64_t n) {
+  seq->num_computed += n;
+  if (seq->num_computed <= static_cast<int64_t>(seq->prompt_len)) {
+    stats_.prefill_tokens += n;
+  }
+  if (!kv_->GetTable(seq->kv_id)->windowed()) {  // (after a drop nothing more is shared)
+    ExtendBlockHashes(seq->seed, absl::MakeConstSpan(seq->tokens).first(seq->num_computed),
+                      static_cast<uint32_t>(kv_->block_size()), &seq->chain);
+    absl::Status commit = kv_->CommitBlocks(seq->kv_id, seq->chain);
+    CHECK(commit.ok()) << commit;  // the chain hashes exactly the computed tokens
+  }
+}
+
+void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
+  if (seq->num_generated() == 0 && seq->prefill_done == absl::Time()) {
+    seq->prefill_done = clock_->Now();
+  }
+  const SamplingOptions& so = seq->request.sampling;
+  const uint64_t step = seq->num_generated();
+  int32_t token = sampled;
+  if (step < so.forced_tokens.size()) {
+    token = static_cast<int32_t>(so.forced_tokens[step]);  // teacher forcing
+  }
+  // Log-probabilities only for requests that asked, from the same host logits row.
+  std::optional<TokenLogprob> logprob;
+  if (so.logprobs >= 0) {
+    const int64_t vocab = forward_->vocab_size();
+    absl::StatusOr<TokenLogprob> lp =
+        ComputeLogprob(logits_.data() + row * vocab, vocab, token, so.logprobs);
+    if (!lp.ok()) {
+      Finish(seq, FinishReason::kError, lp.status());
+      return;
+    }
+    logprob = *std::move(lp);
+  }
+  if (seq->request.on_prefilled != nullptr) {
+    handoffs_.Prefilled(seq, static_cast<uint32_t>(token), std::move(logprob));
+    return;
+  }
+  AcceptToken(seq, static_cast<uint32_t>(token), std::move(logprob));
 }
 
 SchedulerStats Scheduler::Stats() const {
@@ -895,7 +574,9 @@ SchedulerStats Scheduler::Stats() const {
   s.decode_graphs_off = graphs.off;
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.running = static_cast<int64_t>(running_.size());
-  s.held = static_cast<int64_t>(held_.size());
+  s.held = handoffs_.num_held();
+  s.remote_prefill_failures = handoffs_.num_failures();
+  s.window_dropped_blocks = window_.num_dropped_blocks();
   for (const auto& q : waiting_) {
     s.pending_prefill_tokens += static_cast<int64_t>(q->prompt_len);
   }

@@ -8,26 +8,10 @@
 // the front of the queue with its generated tokens appended to its prompt, to be recomputed
 // (mostly from the prefix cache) when blocks free up.
 //
-// Sink + window KV policy (opt-in: kv_window_tokens > 0; StreamingLLM, Xiao et al. 2023). A
-// sequence keeps its first S = ceil(kv_sink_tokens / block_size) blocks (the attention sinks),
-// its last W = ceil(kv_window_tokens / block_size) full blocks and the block being filled:
-// before the first token of a new block is computed with S + W + 1 blocks held, block S (the
-// oldest after the sinks) is dropped. Every token of text block k therefore attends to the
-// sinks, text blocks max(S, k - W) .. k - 1 and its own block up to itself, so a sequence
-// generates past the model's context with at most S + W + 1 (+ S, below) blocks. Positions are
-// StreamingLLM's, positions inside the cache: the query at cache slot c sees a sink key at slot
-// s < S * block_size at distance c - s and a window key at its own slot distance. Realised
-// without re-rotating the window: new tokens take RoPE position slot + dropped tokens (= their
-// text position; RoPE scores depend only on the distance, which is the same inside the window),
-// and the sinks are live copies of their original blocks rotated by the dropped tokens
-// (LlamaForward::CopyBlocksShifted) after each drop; the originals stay held, so a sink key is
-// rotated once from its original, never cumulatively. A prompt longer than the S + W + 1
-// blocks is prefilled one block per chunk past that point, with the drops between, so a
-// preempted sequence recomputes exactly what decoding computed. Blocks written before the
-// first drop go to the prefix cache as usual; none after it (their KV depends on dropped
-// context). A prompt that needs a drop is prefilled locally (never remote_prefill), and a
-// prefill-only request must fit without one. Every device (on kCuda compiled and tested on the
-// CPU through ForwardOptions::staged_metadata; not yet run on a GPU).
+// Sink + window KV policy (opt-in: kv_window_tokens > 0): window_policy.h says what is kept,
+// dropped and how positions stay exact. The remote-prefill hand-offs of a disaggregated
+// deployment (both sides): remote_prefill_holds.h. Copying a prompt's blocks in from the
+// node's tiers: tier_restore.h.
 //
 // Outputs are identical whatever the batch composition, chunking, cache hits or preemptions:
 // the kernels are batch-invariant and a sampled token depends only on its logits and
@@ -50,22 +34,15 @@
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/model/llama_forward.h"
 #include "engine/model/tokenizer.h"
+#include "engine/scheduler/remote_prefill_holds.h"
 #include "engine/scheduler/request.h"
+#include "engine/scheduler/scheduler_config.h"
+#include "engine/scheduler/window_policy.h"
 
 namespace pd::engine {
-
-struct SchedulerConfig {
-  int64_t max_batch_tokens = 256;  // token budget per step (decode tokens + prefill chunks)
-  int64_t max_running = 32;        // sequences in the running set
-  int64_t max_waiting = 1024;      // queue bound; Submit beyond it is ResourceExhausted
-  std::string kv_dtype = "f32";    // name mixed into the block-hash seed
-  // Sink + window KV policy (above); both 0 = off (the default). Rounded up to whole blocks;
-  // kv_sink_tokens > 0 needs kv_window_tokens > 0.
-  int64_t kv_sink_tokens = 0;
-  int64_t kv_window_tokens = 0;
-
-  absl::Status Validate() const;
-};
+namespace scheduler_internal {
+struct Sequence;
+}  // namespace scheduler_internal
 
 struct SchedulerStats {
   int64_t waiting = 0;
@@ -139,50 +116,70 @@ class Scheduler {
   bool Step();
 
   // No request queued, running, waiting for a remote prefill or held after a prefill.
-  bool idle() const { return waiting_.empty() && running_.empty() && held_.empty(); }
+  bool idle() const { return waiting_.empty() && running_.empty() && handoffs_.empty(); }
   SchedulerStats Stats() const;
 
  private:
-  struct Sequence;
+  using Sequence = scheduler_internal::Sequence;
+  struct Batch;
 
-  Scheduler(SchedulerConfig config, LlamaForward* forward, kvcache::KvCacheManager* kv_cache,
-            const Tokenizer* tokenizer, std::string fingerprint, Clock* clock);
+  Scheduler(SchedulerConfig config, WindowPolicy window, LlamaForward* forward,
+            kvcache::KvCacheManager* kv_cache, const Tokenizer* tokenizer, std::string fingerprint,
+            Clock* clock);
 
+  // Step's phases, in order.
   void ExpireAndCancel();
+  void SweepFinished();
   void Admit();
-  // Copies the blocks of seq's tier prefix that continue the pool's cached prefix of `chain`
-  // into fresh blocks and commits them as prefix-cache hits (they are evictable, not held).
-  // Returns the number of blocks restored (0 when nothing continues the cached prefix or the
-  // pool has no room). Releases the tier prefix.
-  int64_t RestoreFromTiers(Sequence* seq, absl::Span<const BlockHash> chain);
   void EnsureSlots();
+  // One token for each running sequence with exactly one to compute (decode), then prefill
+  // chunks, oldest first, within max_batch_tokens. Empty when nothing can run.
+  Batch CollectBatch();
+  // Runs the forward pass over `batch` (setting its rows' block tables) and samples one token
+  // per member into `sampled`.
+  absl::Status ForwardBatch(Batch* batch, std::vector<int32_t>* sampled);
+  // The forward pass failed: every member of the batch ends with kError.
+  void FailBatch(const Batch& batch, const absl::Status& status);
+  // Advances every member by the tokens it computed and hands each whose tokens are all
+  // computed its next token (`sampled`, one per member).
+  void ApplyBatch(const Batch& batch, const std::vector<int32_t>& sampled);
+  void MoveHeld();
+
+  // Copies in what the node's tiers hold of seq's prompt (`chain`: its full blocks' hashes)
+  // at its first admission (tier_restore.h) and releases the tier prefix.
+  void RestoreTierPrefix(Sequence* seq, absl::Span<const BlockHash> chain);
+
+  // Slot allocation parts.
   // Allocates up to `num_tokens` more slots for running_[index] (preempting the youngest
   // requests when blocks run out, as EnsureSlots describes). Returns the slots allocated; 0
   // when the sequence was preempted or finished instead.
   int64_t AllocateSlots(size_t index, int64_t num_tokens);
+  enum class SlideOutcome { kSlid, kFailed, kPreemptedSelf };
+  // Sink + window at its cap: drops the oldest window block of running_[index], preempting the
+  // youngest requests while the sink copies do not fit. kFailed: the sequence finished with an
+  // error; kPreemptedSelf: it was the youngest, it is waiting now.
+  SlideOutcome SlideWindow(size_t index);
   // Preempts the youngest running request not waiting for a remote prefill, to free blocks
   // for running_[index]; false when that was running_[index] itself (it is waiting now).
   bool PreemptYoungestFor(size_t index);
-  // Sink + window policy: drops the oldest window block of `seq` (whose tokens are all
-  // computed) and rebuilds its sink copies; forks the sinks at the first drop.
-  // ResourceExhausted (nothing changed) when the sink copies do not fit.
-  absl::Status SlideWindow(Sequence* seq);
-  bool windowed() const { return window_blocks_ > 0; }
-  // Tokens a sequence may hold in the KV cache: (S + W + 1) * block_size, or unbounded.
-  int64_t CacheCapTokens() const;
   void Preempt(size_t running_index);
-  void Finish(Sequence* seq, FinishReason reason, absl::Status status);
+
+  // Per-token parts.
+  // Records the `n` tokens `seq` computed in this batch (and commits its full blocks to the
+  // prefix cache while nothing was dropped).
+  void RecordComputed(Sequence* seq, int64_t n);
+  // `seq` computed all its tokens in batch row `row`: teacher forcing, logprobs from the row's
+  // logits, then the token goes to the request (or to the prefill hand-off).
+  void TakeSampledToken(Sequence* seq, size_t row, int32_t sampled);
   // `logprob` is the token's entry when the request asked for logprobs.
   void AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLogprob> logprob);
-  void SweepFinished();
-  void MoveHeld();
+  void Finish(Sequence* seq, FinishReason reason, absl::Status status);
+
   Sequence* FindRunning(RequestId id);
-  void OnPrefilled(Sequence* seq, uint32_t token, std::optional<TokenLogprob> logprob);
   absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 
   const SchedulerConfig config_;
-  int64_t sink_blocks_ = 0;    // S of the sink + window policy
-  int64_t window_blocks_ = 0;  // W; 0 = policy off
+  WindowPolicy window_;
   LlamaForward* forward_;
   kvcache::KvCacheManager* kv_;
   const Tokenizer* tokenizer_;
@@ -192,7 +189,7 @@ class Scheduler {
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
-  std::vector<std::unique_ptr<Sequence>> held_;     // prefilled, blocks held until released
+  RemotePrefillHolds handoffs_;  // remote-prefill bookkeeping; prefill-only requests held
   uint64_t next_sequence_id_ = 1;
   SchedulerStats stats_;
   std::vector<float> logits_;

@@ -12,7 +12,6 @@
 #include "common/log/log.h"
 #include "common/redis/prefix_index.h"
 #include "services/base/grpc_status.h"
-#include "services/tierd/tier_service.h"
 
 namespace pd::tierd {
 
@@ -246,14 +245,15 @@ void PeerLink::Announce() {
 }
 
 grpc::Status PeerLink::Serve(const v1::PeerReadRequest& req, v1::PeerReadResponse* resp) {
-  absl::StatusOr<std::vector<BlockHash>> chain = ParseHashes(req.block_hashes(), "block_hashes");
+  absl::StatusOr<std::vector<BlockHash>> chain = SplitBlockHashes(req.block_hashes());
   auto refuse = [this](absl::Status s) {
     absl::MutexLock lock(&mu_);
     ++stats_.reads_failed_total;
     return ToGrpc(std::move(s));
   };
   if (!chain.ok()) {
-    return refuse(chain.status());
+    return refuse(
+        absl::InvalidArgumentError(absl::StrCat("block_hashes: ", chain.status().message())));
   }
   if (chain->empty() || static_cast<int64_t>(chain->size()) > store_->dram()->num_slots()) {
     return refuse(absl::InvalidArgumentError(absl::StrCat(

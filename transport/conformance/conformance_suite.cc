@@ -402,7 +402,7 @@ TEST_P(KvTransportConformance, PairsMustMatchAnnouncement) {
 TEST_P(KvTransportConformance, HandshakeMismatchNamesBothSides) {
   PD_HARNESS(h);
   PoolGeometry theirs = TestGeometry(1024, 8);
-  theirs.dtype = "fp16";
+  theirs.dtype = "f16";
   theirs.num_kv_heads = 8;
   Pool src = MakePool(*h.sender, TestGeometry(1024, 8), true);
   Pool dst = MakePool(*h.receiver, theirs, false);
@@ -412,7 +412,7 @@ TEST_P(KvTransportConformance, HandshakeMismatchNamesBothSides) {
   const BlockPair pairs[] = {{BlockId(0), BlockId(0)}};
   absl::Status s = h.sender->PostTransfer(h.peer, 7, src.handle, pairs, e->descriptor).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("dtype sender=bf16 receiver=fp16"));
+  EXPECT_THAT(s.message(), HasSubstr("dtype sender=bf16 receiver=f16"));
   EXPECT_THAT(s.message(), HasSubstr("num_kv_heads sender=2 receiver=8"));
   EXPECT_TRUE(AllSentinel(dst.all(), 8 * 1024));
 }

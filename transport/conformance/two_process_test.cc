@@ -250,15 +250,15 @@ TEST_P(TwoProcessTest, StaleDescriptorAndHandshakeMismatch) {
   EXPECT_TRUE(peer->Call("sentinel 2").ok());
   RoundTrip(*peer, *h, 4, {{BlockId(5), BlockId(6)}});
 
-  std::unique_ptr<PeerControl> fp16 = StartPeer(1024, 16, 1, "fp16");
-  ASSERT_NE(fp16, nullptr);
-  absl::StatusOr<PeerHandle> h2 = ConnectTo(*fp16);
+  std::unique_ptr<PeerControl> f16 = StartPeer(1024, 16, 1, "f16");
+  ASSERT_NE(f16, nullptr);
+  absl::StatusOr<PeerHandle> h2 = ConnectTo(*f16);
   ASSERT_TRUE(h2.ok());
-  auto e = Expect(*fp16, 1, pairs);
+  auto e = Expect(*f16, 1, pairs);
   ASSERT_TRUE(e.ok());
   absl::Status s = local_->PostTransfer(*h2, 1, src_, pairs, e->second).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), ::testing::HasSubstr("dtype sender=bf16 receiver=fp16"));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("dtype sender=bf16 receiver=f16"));
 }
 
 TEST_P(TwoProcessTest, PeerKilledMidBatchFailsWithinTimeoutThenRestartedPeerWorks) {

@@ -5,13 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
-#include "transport/internal/byte_codec.h"
+#include "transport/byte_codec.h"
 #include "transport/internal/socket_io.h"
 
 namespace pd::transport::nccl_internal {
 
-using transport_internal::ByteReader;
-using transport_internal::ByteWriter;
 using transport_internal::PreparedPost;
 using transport_internal::SocketIo;
 using transport_internal::TransportCore;

@@ -3,7 +3,7 @@
 // built and unit-tested on machines without a GPU. Private to transport/nccl.
 //
 // Wire: every frame is a 16-byte header {magic, type, body_bytes, reserved} followed by
-// `body_bytes` of little-endian fields (transport_internal::ByteWriter). One connection per
+// `body_bytes` of little-endian fields (transport/byte_codec.h). One connection per
 // (connector, acceptor) pair; the connector is NCCL rank 0 and the only sender of data, the
 // acceptor is rank 1 and only receives.
 //

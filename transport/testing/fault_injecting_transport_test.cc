@@ -12,7 +12,7 @@ namespace {
 
 PoolGeometry Geo() {
   PoolGeometry g;
-  g.dtype = "fp32";
+  g.dtype = "f32";
   g.block_bytes = 64;
   g.num_blocks = 16;
   return g;

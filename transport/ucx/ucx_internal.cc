@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "transport/internal/byte_codec.h"
+#include "transport/byte_codec.h"
 
 namespace pd::transport::ucx_internal {
 
@@ -132,7 +132,7 @@ bool IsSharedMemoryTransport(absl::string_view tl) {
 
 std::string EncodeRegionBlob(uint64_t base, absl::string_view packed_rkey, MemoryKind kind,
                              bool mapped) {
-  transport_internal::ByteWriter w;
+  ByteWriter w;
   w.U64(base);
   w.Bytes(packed_rkey);
   w.U8(static_cast<uint8_t>(kind));
@@ -149,7 +149,7 @@ struct RegionBlob {
 };
 
 RegionBlob DecodeRegionBlob(absl::string_view blob) {
-  transport_internal::ByteReader r(blob);
+  ByteReader r(blob);
   r.U64();
   r.Bytes();
   RegionBlob b;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "transport/internal/byte_codec.h"
+#include "transport/byte_codec.h"
 #include "transport/internal/transport_core.h"
 #include "transport/ucx/ucx_internal.h"
 #include "transport/ucx/ucx_transport_impl.h"
@@ -48,7 +48,7 @@ struct RemoteRegion {
 // Reads the descriptor's blob (base address, packed rkey) and finds or unpacks its rkey.
 absl::StatusOr<RemoteRegion> RemoteRegionOf(UcxConn& conn, const TransferDescriptor& desc) {
   auto rkey_it = conn.rkeys.find(desc.region_nonce);
-  transport_internal::ByteReader r(desc.blob);
+  ByteReader r(desc.blob);
   RemoteRegion remote;
   remote.base = r.U64();
   const std::string packed = r.Bytes();

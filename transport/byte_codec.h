@@ -1,5 +1,6 @@
-// Little-endian byte writer/reader for the transport's wire structs (endpoints, descriptors,
-// frame headers). Private to transport/. Thread-compatible value types.
+// Little-endian byte writer/reader for the transport's wire structs: the handshake encodings
+// (handshake.h: endpoints, descriptors) and the backends' frames and blobs. For use inside
+// transport/ (other layers see only the encoded bytes). Thread-compatible value types.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace pd::transport::transport_internal {
+namespace pd::transport {
 
 class ByteWriter {
  public:
@@ -75,4 +76,4 @@ class ByteReader {
   bool ok_ = true;
 };
 
-}  // namespace pd::transport::transport_internal
+}  // namespace pd::transport

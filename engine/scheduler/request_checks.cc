@@ -1,0 +1,57 @@
+#include "engine/scheduler/request_checks.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/logprobs_params.h"
+
+namespace pd::engine {
+
+absl::Status CheckPrompt(const GenerationRequest& request, const ModelConfig& model) {
+  const std::string id = request.id.ToString();
+  if (request.prompt.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": empty prompt"));
+  }
+  for (uint32_t t : request.prompt) {
+    if (t >= static_cast<uint32_t>(model.vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", id, ": token id ", t, " >= vocab size ", model.vocab_size));
+    }
+  }
+  if (static_cast<int64_t>(request.prompt.size()) >= model.seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": prompt of ", request.prompt.size(),
+                     " tokens does not fit the context of ", model.seq_len));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const GenerationRequest& request, const ModelConfig& model) {
+  const std::string id = request.id.ToString();
+  const SamplingOptions& so = request.sampling;
+  for (uint32_t t : so.forced_tokens) {
+    if (t >= static_cast<uint32_t>(model.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", id, ": forced token id ", t,
+                                                     " >= vocab size ", model.vocab_size));
+    }
+  }
+  if (std::isnan(so.temperature) || !(so.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": temperature ", so.temperature, " and top_p ", so.top_p,
+                     " (need a number, and top_p at most 1; 0 means 1)"));
+  }
+  if (so.logprobs < -1 || so.logprobs > kernels::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": logprobs ", so.logprobs,
+                                                   " outside [-1, ", kernels::kMaxTopLogprobs,
+                                                   "]"));
+  }
+  if (request.remote_prefill != nullptr && request.on_prefilled != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": remote_prefill and on_prefilled are exclusive"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,23 @@
+#include "engine/scheduler/scheduler_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/scheduler/window_policy.h"
+
+namespace pd::engine {
+
+absl::Status SchedulerConfig::Validate() const {
+  if (max_batch_tokens <= 0 || max_running <= 0 || max_running > max_batch_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler: need 0 < max_running <= max_batch_tokens, got ", max_running,
+                     " and ", max_batch_tokens));
+  }
+  if (max_waiting <= 0) {
+    return absl::InvalidArgumentError("scheduler: max_waiting must be > 0");
+  }
+  if (kv_dtype.empty()) {
+    return absl::InvalidArgumentError("scheduler: kv_dtype is empty");
+  }
+  return WindowPolicy::ValidateTokens(kv_sink_tokens, kv_window_tokens);
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,26 @@
+// The scheduler's settings (a plain struct: services fill it from flags and validate it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace pd::engine {
+
+struct SchedulerConfig {
+  int64_t max_batch_tokens = 256;  // token budget per step (decode tokens + prefill chunks)
+  int64_t max_running = 32;        // sequences in the running set
+  int64_t max_waiting = 1024;      // queue bound; Submit beyond it is ResourceExhausted
+  std::string kv_dtype = "f32";    // name mixed into the block-hash seed
+  // Sink + window KV policy (window_policy.h); both 0 = off (the default). Rounded up to whole
+  // blocks; kv_sink_tokens > 0 needs kv_window_tokens > 0.
+  int64_t kv_sink_tokens = 0;
+  int64_t kv_window_tokens = 0;
+
+  // InvalidArgument naming the values when a bound is not positive, max_running exceeds
+  // max_batch_tokens, kv_dtype is empty or the sink + window counts are invalid.
+  absl::Status Validate() const;
+};
+
+}  // namespace pd::engine
