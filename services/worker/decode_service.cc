@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/utf8/utf8.h"
 #include "services/base/grpc_status.h"
 #include "services/worker/convert.h"
 #include "services/worker/remote_prefill.h"
@@ -50,7 +51,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
   void OnEngineOutput(engine::GenerationOutput out) {
     iv1::DecodeResponse msg;
     msg.mutable_token_ids()->Add(out.new_tokens.begin(), out.new_tokens.end());
-    msg.set_text(ToValidUtf8(std::move(out.text)));
+    msg.set_text(utf8::ToValid(std::move(out.text)));
     msg.mutable_logprobs()->Reserve(static_cast<int>(out.logprobs.size()));
     for (const engine::TokenLogprob& lp : out.logprobs) {
       TokenLogprobToProto(lp, msg.add_logprobs());
