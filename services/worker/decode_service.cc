@@ -15,6 +15,7 @@
 #include "services/base/grpc_status.h"
 #include "services/worker/convert.h"
 #include "services/worker/remote_prefill.h"
+#include "services/worker/status_rpcs.h"
 #include "services/worker/tier_restore.h"
 
 namespace pd::worker {
@@ -239,21 +240,13 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetLoad(grpc::CallbackServerContext* context,
                                                      const iv1::GetLoadRequest* /*request*/,
                                                      iv1::WorkerLoad* response) {
-  auto* reactor = context->DefaultReactor();
-  const absl::Status auth = ctx_->cluster_auth.Check(*context, "DecodeService.GetLoad");
-  if (auth.ok()) *response = ctx_->Load();
-  reactor->Finish(services::ToGrpcStatus(auth));
-  return reactor;
+  return ServeGetLoad(*ctx_, context, "DecodeService.GetLoad", response);
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetInfo(grpc::CallbackServerContext* context,
                                                      const iv1::GetInfoRequest* /*request*/,
                                                      iv1::WorkerInfo* response) {
-  auto* reactor = context->DefaultReactor();
-  const absl::Status auth = ctx_->cluster_auth.Check(*context, "DecodeService.GetInfo");
-  if (auth.ok()) *response = ctx_->Info();
-  reactor->Finish(services::ToGrpcStatus(auth));
-  return reactor;
+  return ServeGetInfo(*ctx_, context, "DecodeService.GetInfo", response);
 }
 
 }  // namespace pd::worker
