@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/base/dashed_flags.h"
 #include "loadtest/load_run.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
@@ -154,13 +153,8 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args = pd::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
-  std::vector<char*> cargs;
-  for (std::string& a : args) {
-    cargs.push_back(a.data());
-  }
-  pd::services::ParseFlagsAndInitLogging(
-      static_cast<int>(cargs.size()), cargs.data(),
+  pd::services::ParseDashedFlagsAndInitLogging(
+      argc, argv,
       "pd-loadtest [--backend=grpc|openai [--endpoint=completions|chat]] "
       "--target=HOST:PORT|URL --workload=synthetic|shared_prefix|multi_turn|trace "
       "(--concurrency=N | --request_rate=R | --request_rates=R1,R2,...) [--num_requests=N] "

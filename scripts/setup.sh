@@ -24,6 +24,7 @@ PD_PACKAGES=(
   libabsl-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev libxxhash-dev liburing-dev libpcre2-dev libcpp-httplib-dev
+  libicu-dev                     # common/utf8: ICU's header-only UTF-8 macros (nothing linked)
   iproute2 procps curl fio python3 python3-jinja2  # jinja2: engine/chat differential test
   libssl-dev openssl             # SHA-256/CRYPTO_memcmp for auth; openssl CLI makes test certs
   gnuplot-nox                    # pd-loadtest plots (optional at run time)

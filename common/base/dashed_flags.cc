@@ -36,4 +36,13 @@ std::vector<std::string> UndashFlagNames(const std::vector<std::string>& args) {
   return out;
 }
 
+UndashedArgv::UndashedArgv(int argc, char** argv)
+    : args_(UndashFlagNames(std::vector<std::string>(argv, argv + argc))) {
+  argv_.reserve(args_.size() + 1);
+  for (std::string& a : args_) {
+    argv_.push_back(a.data());
+  }
+  argv_.push_back(nullptr);
+}
+
 }  // namespace pd

@@ -35,5 +35,18 @@ TEST(UndashFlagNamesTest, LeavesProgramNameAlone) {
   EXPECT_THAT(UndashFlagNames({}), ElementsAre());
 }
 
+TEST(UndashedArgvTest, IsAnArgvOfTheUndashedArguments) {
+  std::string a0 = "pd-routesim", a1 = "--trace-file=x-y.jsonl", a2 = "--", a3 = "--keep-me";
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data()};
+  UndashedArgv undashed(4, argv);
+  ASSERT_EQ(undashed.argc(), 4);
+  EXPECT_STREQ(undashed.argv()[0], "pd-routesim");
+  EXPECT_STREQ(undashed.argv()[1], "--trace_file=x-y.jsonl");
+  EXPECT_STREQ(undashed.argv()[2], "--");
+  EXPECT_STREQ(undashed.argv()[3], "--keep-me");
+  EXPECT_EQ(undashed.argv()[4], nullptr);
+  EXPECT_EQ(a1, "--trace-file=x-y.jsonl");  // the caller's argv is left alone
+}
+
 }  // namespace
 }  // namespace pd

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/utf8/utf8.h"
 
 namespace pd::chat::internal {
 namespace {
@@ -20,27 +21,6 @@ bool IsSpace(char c) {
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 bool IsNameStart(char c) { return absl::ascii_isalpha(c) || c == '_'; }
 bool IsNameChar(char c) { return absl::ascii_isalnum(c) || c == '_'; }
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp >= 0xD800 && cp <= 0xDFFF) {
-    cp = 0xFFFD;  // a lone surrogate has no UTF-8 form
-  }
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 class Lexer {
  public:
@@ -438,7 +418,7 @@ class Lexer {
             return Error(i - 2, "escape outside the Unicode range");
           }
           i += digits;
-          AppendUtf8(cp, &out);
+          utf8::Append(cp, &out);  // a lone surrogate has no UTF-8 form: U+FFFD
           break;
         }
         default:
@@ -447,7 +427,7 @@ class Lexer {
             for (int k = 0; k < 2 && i < src_.size() && src_[i] >= '0' && src_[i] <= '7'; ++k) {
               cp = cp * 8 + static_cast<uint32_t>(src_[i++] - '0');
             }
-            AppendUtf8(cp, &out);
+            utf8::Append(cp, &out);
           } else {
             out.push_back('\\');
             --i;  // the character after the backslash is read again as itself

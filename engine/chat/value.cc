@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace pd::chat {
@@ -16,42 +17,11 @@ namespace {
 
 using OrderedJson = nlohmann::ordered_json;
 
-// Length of the well-formed UTF-8 character at s[i], or 1 for a byte that starts none.
+// Length of the well-formed UTF-8 character at s[i], or 1 for a byte that starts none (Python
+// sees each such byte as one character).
 size_t CharLengthAt(absl::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  size_t n = 1;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c < 0x80) {
-    return 1;
-  } else if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    lo = c == 0xE0 ? 0xA0 : 0x80;
-    hi = c == 0xED ? 0x9F : 0xBF;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    lo = c == 0xF0 ? 0x90 : 0x80;
-    hi = c == 0xF4 ? 0x8F : 0xBF;
-  } else {
-    return 1;
-  }
-  if (i + n > s.size() || b(i + 1) < lo || b(i + 1) > hi) {
-    return 1;
-  }
-  for (size_t k = 2; k < n; ++k) {
-    if (b(i + k) < 0x80 || b(i + k) > 0xBF) {
-      return 1;
-    }
-  }
-  return n;
-}
-
-// The code point of the 2-byte character at s[i] (callers checked it is one).
-unsigned TwoByteCodePoint(absl::string_view s, size_t i) {
-  return ((static_cast<unsigned char>(s[i]) & 0x1Fu) << 6) |
-         (static_cast<unsigned char>(s[i + 1]) & 0x3Fu);
+  const utf8::Char c = utf8::Decode(s, i);
+  return c.valid() ? c.length : 1;
 }
 
 void AppendHexEscape(std::string* out, const char* prefix, unsigned v, int digits) {
@@ -66,7 +36,8 @@ std::string ReprString(const std::string& s) {
   const char quote = has_single && !has_double ? '"' : '\'';
   std::string out(1, quote);
   for (size_t i = 0; i < s.size();) {
-    const size_t n = CharLengthAt(s, i);
+    const utf8::Char ch = utf8::Decode(s, i);
+    const size_t n = ch.valid() ? ch.length : 1;
     const unsigned char c = static_cast<unsigned char>(s[i]);
     if (n == 1) {
       if (c == '\\' || c == static_cast<unsigned char>(quote)) {
@@ -83,9 +54,9 @@ std::string ReprString(const std::string& s) {
       } else {
         out.push_back(static_cast<char>(c));
       }
-    } else if (n == 2 && (TwoByteCodePoint(s, i) < 0xA1 || TwoByteCodePoint(s, i) == 0xAD)) {
+    } else if (ch.code_point < 0xA1 || ch.code_point == 0xAD) {
       // C1 controls, no-break space and soft hyphen are not printable in Python.
-      AppendHexEscape(&out, "\\x", TwoByteCodePoint(s, i), 2);
+      AppendHexEscape(&out, "\\x", static_cast<unsigned>(ch.code_point), 2);
     } else {
       out.append(s, i, n);
     }

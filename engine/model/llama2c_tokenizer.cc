@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "common/utf8/utf8.h"
 #include "engine/model/mapped_file.h"
 
 namespace pd::engine {
@@ -155,11 +156,7 @@ absl::Status Llama2cTokenizer::AppendCodePoints(absl::string_view text,
   // bytes; this is a UTF-8 code point for valid input and still well defined for invalid input.
   size_t start = 0;
   while (start < text.size()) {
-    size_t end = start + 1;
-    while (end < text.size() && end - start < 4 &&
-           (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) {
-      ++end;
-    }
+    const size_t end = start + utf8::ByteGroupLength(text, start);
     const absl::string_view group = text.substr(start, end - start);
     auto it = piece_to_id_.find(group);
     if (it != piece_to_id_.end()) {

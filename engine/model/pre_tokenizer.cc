@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/utf8/utf8.h"
 
 namespace pd::engine {
 namespace {
@@ -46,25 +47,6 @@ const ByteTables& Tables() {
   return *tables;
 }
 
-void AppendUtf8(uint32_t cp, std::string* out) {
-  // Only code points below 0x800 occur here (the mapping's image is < U+0144).
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// Length of the UTF-8 character starting at text[i] for skipping (1 for invalid bytes).
-size_t CharLength(absl::string_view text, size_t i) {
-  size_t n = 1;
-  while (i + n < text.size() && (static_cast<unsigned char>(text[i + n]) & 0xC0) == 0x80 && n < 4) {
-    ++n;
-  }
-  return n;
-}
-
 }  // namespace
 
 const std::array<uint32_t, 256>& ByteToUnicode() { return Tables().to_unicode; }
@@ -76,7 +58,7 @@ std::string ByteLevelEncode(absl::string_view bytes) {
   std::string out;
   out.reserve(bytes.size() * 2);
   for (char c : bytes) {
-    AppendUtf8(t.to_unicode[static_cast<unsigned char>(c)], &out);
+    utf8::Append(t.to_unicode[static_cast<unsigned char>(c)], &out);
   }
   return out;
 }
@@ -86,21 +68,13 @@ std::optional<std::string> ByteLevelDecode(absl::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      cp = c;
-      i += 1;
-    } else if ((c & 0xE0) == 0xC0 && i + 1 < text.size() &&
-               (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80) {
-      cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(text[i + 1]) & 0x3Fu);
-      i += 2;
-      if (cp < 0x80) {
-        return std::nullopt;  // overlong encoding
-      }
-    } else {
-      return std::nullopt;  // 3- and 4-byte characters are never in the image
+    // Ill-formed UTF-8 is never in the image; neither is a 3- or 4-byte character (>= U+0800).
+    const utf8::Char c = utf8::Decode(text, i);
+    if (!c.valid()) {
+      return std::nullopt;
     }
+    const auto cp = static_cast<uint32_t>(c.code_point);
+    i += c.length;
     if (cp >= t.from_unicode.size() || t.from_unicode[cp] < 0) {
       return std::nullopt;
     }
@@ -174,7 +148,7 @@ absl::Status RegexSplitter::Split(absl::string_view text,
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t start = ov[0], end = ov[1];
     if (end == start) {
-      offset = start + CharLength(text, start);
+      offset = start + utf8::ByteGroupLength(text, start);
       continue;
     }
     if (start > emitted) {

@@ -10,7 +10,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
-#include "common/base/dashed_flags.h"
 #include "common/log/log.h"
 #include "loadtest/cli_args.h"
 #include "loadtest/report.h"
@@ -132,13 +131,8 @@ RouteSimConfig BaseConfigFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args = pd::UndashFlagNames(std::vector<std::string>(argv, argv + argc));
-  std::vector<char*> cargs;
-  for (std::string& a : args) {
-    cargs.push_back(a.data());
-  }
-  pd::services::ParseFlagsAndInitLogging(
-      static_cast<int>(cargs.size()), cargs.data(),
+  pd::services::ParseDashedFlagsAndInitLogging(
+      argc, argv,
       "pd-routesim --trace=FILE [--workers=8,16,32,64] [--policies=...] [--capacity_blocks=N] "
       "... (see docs/loadtest.md, \"Router simulator\")");
   if (absl::GetFlag(FLAGS_trace).empty()) {

@@ -9,6 +9,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/status/status.h"
+#include "common/base/dashed_flags.h"
 #include "common/log/log.h"
 
 namespace pd::services {
@@ -26,6 +27,11 @@ std::vector<char*> ParseFlagsAndInitLogging(int argc, char** argv, absl::string_
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   InitLogging(argv[0]);
   return positional;
+}
+
+void ParseDashedFlagsAndInitLogging(int argc, char** argv, absl::string_view usage) {
+  UndashedArgv undashed(argc, argv);
+  ParseFlagsAndInitLogging(undashed.argc(), undashed.argv(), usage);
 }
 
 void ExitWithStartupError(absl::string_view program, const absl::Status& status) {

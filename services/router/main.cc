@@ -9,8 +9,9 @@
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
 #include "kernels/type_names.h"
-#include "services/base/auth.h"
+#include "services/base/net_address.h"
 #include "services/base/process_metrics.h"
+#include "services/base/redis_flags.h"
 #include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
@@ -49,11 +50,6 @@ ABSL_FLAG(int64_t, chat_template_max_iterations, 1'000'000,
 ABSL_FLAG(int32_t, chat_template_max_in_flight, 8,
           "chat template renders running at once; more get 503 (retry)");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9100", "Prometheus /metrics listen address");
-ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty = no Redis");
-ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
-ABSL_FLAG(std::string, redis_username, "",
-          "Redis ACL user to AUTH as (with --redis_password_file); empty = the default user");
-ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "the workers' KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (block hashes include "
@@ -135,20 +131,7 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   PD_ASSIGN_OR_RETURN(
       config.metrics_address,
       pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address), "--metrics_address"));
-  if (!absl::GetFlag(FLAGS_redis_address).empty()) {
-    PD_ASSIGN_OR_RETURN(
-        pd::services::HostPort redis,
-        pd::services::ParseHostPort(absl::GetFlag(FLAGS_redis_address), "--redis_address"));
-    config.redis.emplace();
-    config.redis->host = redis.host;
-    config.redis->port = redis.port;
-    config.redis->key_prefix = absl::GetFlag(FLAGS_redis_key_prefix);
-    config.redis->username = absl::GetFlag(FLAGS_redis_username);
-    if (const std::string path = absl::GetFlag(FLAGS_redis_password_file); !path.empty()) {
-      PD_ASSIGN_OR_RETURN(config.redis->password,
-                          pd::services::ReadSecretFile(path, "--redis_password_file", 1));
-    }
-  }
+  PD_ASSIGN_OR_RETURN(config.redis, pd::services::RedisConfigFromFlags());
   config.block_size = absl::GetFlag(FLAGS_block_size);
   absl::StatusOr<pd::kernels::DType> kv_dtype =
       pd::kernels::DTypeFromName(absl::GetFlag(FLAGS_kv_dtype));

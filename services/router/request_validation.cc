@@ -4,53 +4,13 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8/utf8.h"
 
 namespace pd::router {
 namespace {
 
 absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
-}
-
-// True when `s` is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
-bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t len = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > s.size()) {
-      return false;
-    }
-    for (size_t k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) {
-        return false;
-      }
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr uint32_t kMinForLen[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const RequestLimits& limits) {
@@ -93,7 +53,7 @@ absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const Reques
       return Invalid(field, absl::StrCat("must be 1..", limits.max_stop_string_bytes,
                                          " bytes, got ", stop.size()));
     }
-    if (!IsValidUtf8(stop)) {
+    if (!utf8::IsValid(stop)) {
       return Invalid(field, "is not valid UTF-8");
     }
   }
@@ -127,7 +87,7 @@ absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request
         return Invalid("text", absl::StrCat(request.text().size(), " bytes exceed the limit ",
                                             limits.max_prompt_bytes));
       }
-      if (!IsValidUtf8(request.text())) {
+      if (!utf8::IsValid(request.text())) {
         return Invalid("text", "is not valid UTF-8");
       }
       break;
@@ -146,16 +106,16 @@ absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request
   }
   // The text fields are `bytes` on the wire (so invalid UTF-8 gets here instead of failing the
   // parse with an opaque status): each must be UTF-8.
-  if (!IsValidUtf8(request.model())) {
+  if (!utf8::IsValid(request.model())) {
     return Invalid("model", "is not valid UTF-8");
   }
-  if (!IsValidUtf8(request.client_request_id())) {
+  if (!utf8::IsValid(request.client_request_id())) {
     return Invalid("client_request_id", "is not valid UTF-8");
   }
-  if (request.has_tenant() && !IsValidUtf8(request.tenant())) {
+  if (request.has_tenant() && !utf8::IsValid(request.tenant())) {
     return Invalid("tenant", "is not valid UTF-8");
   }
-  if (request.has_cache_salt() && !IsValidUtf8(request.cache_salt())) {
+  if (request.has_cache_salt() && !utf8::IsValid(request.cache_salt())) {
     return Invalid("cache_salt", "is not valid UTF-8");
   }
   if (request.client_request_id().size() > limits.max_client_request_id_bytes) {

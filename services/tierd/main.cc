@@ -5,8 +5,9 @@
 #include "common/log/log.h"
 #include "common/metrics/metrics.h"
 #include "kernels/type_names.h"
-#include "services/base/auth.h"
+#include "services/base/net_address.h"
 #include "services/base/process_metrics.h"
+#include "services/base/redis_flags.h"
 #include "services/base/serve.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
@@ -36,11 +37,6 @@ ABSL_FLAG(std::string, nvme_dir, "",
           "directory of the NVMe tier's slab files; empty = no NVMe tier");
 ABSL_FLAG(int64_t, nvme_mib, 0, "NVMe tier size in MiB (with --nvme_dir)");
 ABSL_FLAG(bool, nvme_verify_on_open, false, "read and verify every NVMe block at startup");
-ABSL_FLAG(std::string, redis_address, "", "Redis prefix index host:port; empty = no Redis");
-ABSL_FLAG(std::string, redis_password_file, "", "file holding the Redis AUTH password");
-ABSL_FLAG(std::string, redis_username, "",
-          "Redis ACL user to AUTH as (with --redis_password_file); empty = the default user");
-ABSL_FLAG(std::string, redis_key_prefix, "pdserve", "prefix of every Redis key of this cluster");
 ABSL_FLAG(absl::Duration, redis_entry_ttl, absl::Minutes(10), "TTL of a block's Redis entry");
 ABSL_FLAG(std::string, peer_transport, "",
           "cluster-wide cache: KV transport other nodes' tierds read this node's blocks with, "
@@ -95,20 +91,7 @@ absl::StatusOr<pd::tierd::TierdConfig> ConfigFromFlags() {
   c.nvme_dir = absl::GetFlag(FLAGS_nvme_dir);
   c.nvme_mib = absl::GetFlag(FLAGS_nvme_mib);
   c.nvme_verify_on_open = absl::GetFlag(FLAGS_nvme_verify_on_open);
-  if (!absl::GetFlag(FLAGS_redis_address).empty()) {
-    PD_ASSIGN_OR_RETURN(
-        pd::services::HostPort redis,
-        pd::services::ParseHostPort(absl::GetFlag(FLAGS_redis_address), "--redis_address"));
-    c.redis.emplace();
-    c.redis->host = redis.host;
-    c.redis->port = redis.port;
-    c.redis->key_prefix = absl::GetFlag(FLAGS_redis_key_prefix);
-    c.redis->username = absl::GetFlag(FLAGS_redis_username);
-    if (const std::string path = absl::GetFlag(FLAGS_redis_password_file); !path.empty()) {
-      PD_ASSIGN_OR_RETURN(c.redis->password,
-                          pd::services::ReadSecretFile(path, "--redis_password_file", 1));
-    }
-  }
+  PD_ASSIGN_OR_RETURN(c.redis, pd::services::RedisConfigFromFlags());
   c.redis_entry_ttl = absl::GetFlag(FLAGS_redis_entry_ttl);
   c.peer_transport = absl::GetFlag(FLAGS_peer_transport);
   c.peer_transport_host = absl::GetFlag(FLAGS_peer_transport_host);

@@ -23,10 +23,4 @@ pdserve::v1::FinishReason FinishReasonToProto(engine::FinishReason reason);
 void TokenLogprobToProto(const engine::TokenLogprob& in, pdserve::v1::TokenLogprob* out);
 engine::TokenLogprob TokenLogprobFromProto(const pdserve::v1::TokenLogprob& in);
 
-// `text` with every byte that is not part of a well-formed UTF-8 character replaced by U+FFFD
-// (one per maximal ill-formed subsequence, as Unicode recommends), so that it fits a proto
-// `string` field: the detokenizer passes bytes through when a model's tokens do not form
-// UTF-8, and a string field holding them fails to parse on the receiving side.
-std::string ToValidUtf8(std::string text);
-
 }  // namespace pd::worker

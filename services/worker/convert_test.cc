@@ -61,19 +61,5 @@ TEST(ConvertTest, FinishReasonsMap) {
             pdserve::v1::FINISH_REASON_UNSPECIFIED);
 }
 
-TEST(WorkerConvert, ToValidUtf8ReplacesIllFormedBytes) {
-  EXPECT_EQ(ToValidUtf8("plain"), "plain");
-  EXPECT_EQ(ToValidUtf8("h\xC3\xA9llo \xE6\x97\xA5 \xF0\x9F\x98\x80"),
-            "h\xC3\xA9llo \xE6\x97\xA5 \xF0\x9F\x98\x80");
-  EXPECT_EQ(ToValidUtf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
-  EXPECT_EQ(ToValidUtf8("\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // lone continuations
-  EXPECT_EQ(ToValidUtf8("x\xE6\x97"), "x\xEF\xBF\xBD");               // truncated: one U+FFFD
-  EXPECT_EQ(ToValidUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
-  EXPECT_EQ(ToValidUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
-  EXPECT_EQ(ToValidUtf8("\xF4\x90\x80\x80"),
-            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // > U+10FFFF
-  EXPECT_EQ(ToValidUtf8(std::string("a\0b", 3)), std::string("a\0b", 3));
-}
-
 }  // namespace
 }  // namespace pd::worker

@@ -11,9 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/utf8/utf8.h"
 #include "services/base/grpc_status.h"
 #include "services/worker/convert.h"
 #include "services/worker/remote_prefill.h"
+#include "services/worker/status_rpcs.h"
 #include "services/worker/tier_restore.h"
 
 namespace pd::worker {
@@ -50,7 +52,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
   void OnEngineOutput(engine::GenerationOutput out) {
     iv1::DecodeResponse msg;
     msg.mutable_token_ids()->Add(out.new_tokens.begin(), out.new_tokens.end());
-    msg.set_text(ToValidUtf8(std::move(out.text)));
+    msg.set_text(utf8::ToValid(std::move(out.text)));
     msg.mutable_logprobs()->Reserve(static_cast<int>(out.logprobs.size()));
     for (const engine::TokenLogprob& lp : out.logprobs) {
       TokenLogprobToProto(lp, msg.add_logprobs());
@@ -238,21 +240,13 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetLoad(grpc::CallbackServerContext* context,
                                                      const iv1::GetLoadRequest* /*request*/,
                                                      iv1::WorkerLoad* response) {
-  auto* reactor = context->DefaultReactor();
-  const absl::Status auth = ctx_->cluster_auth.Check(*context, "DecodeService.GetLoad");
-  if (auth.ok()) *response = ctx_->Load();
-  reactor->Finish(services::ToGrpcStatus(auth));
-  return reactor;
+  return ServeGetLoad(*ctx_, context, "DecodeService.GetLoad", response);
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetInfo(grpc::CallbackServerContext* context,
                                                      const iv1::GetInfoRequest* /*request*/,
                                                      iv1::WorkerInfo* response) {
-  auto* reactor = context->DefaultReactor();
-  const absl::Status auth = ctx_->cluster_auth.Check(*context, "DecodeService.GetInfo");
-  if (auth.ok()) *response = ctx_->Info();
-  reactor->Finish(services::ToGrpcStatus(auth));
-  return reactor;
+  return ServeGetInfo(*ctx_, context, "DecodeService.GetInfo", response);
 }
 
 }  // namespace pd::worker

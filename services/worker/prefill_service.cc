@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/base/grpc_status.h"
 #include "services/worker/prefill_job.h"
+#include "services/worker/status_rpcs.h"
 
 namespace pd::worker {
 
@@ -43,21 +44,13 @@ grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* PrefillServiceImpl::GetLoad(grpc::CallbackServerContext* context,
                                                       const iv1::GetLoadRequest* /*request*/,
                                                       iv1::WorkerLoad* response) {
-  auto* reactor = context->DefaultReactor();
-  const absl::Status auth = ctx_->cluster_auth.Check(*context, "PrefillService.GetLoad");
-  if (auth.ok()) *response = ctx_->Load();
-  reactor->Finish(services::ToGrpcStatus(auth));
-  return reactor;
+  return ServeGetLoad(*ctx_, context, "PrefillService.GetLoad", response);
 }
 
 grpc::ServerUnaryReactor* PrefillServiceImpl::GetInfo(grpc::CallbackServerContext* context,
                                                       const iv1::GetInfoRequest* /*request*/,
                                                       iv1::WorkerInfo* response) {
-  auto* reactor = context->DefaultReactor();
-  const absl::Status auth = ctx_->cluster_auth.Check(*context, "PrefillService.GetInfo");
-  if (auth.ok()) *response = ctx_->Info();
-  reactor->Finish(services::ToGrpcStatus(auth));
-  return reactor;
+  return ServeGetInfo(*ctx_, context, "PrefillService.GetInfo", response);
 }
 
 }  // namespace pd::worker

@@ -5,14 +5,16 @@
 //
 // Checks: SamplingFromProto accepts exactly the documented ranges and copies every field;
 // CheckLayout is reflexive, names every differing field and round-trips with LayoutToProto;
-// ToValidUtf8 matches an independent implementation of Unicode's "maximal subpart"
-// replacement; ConcatBlockHashes inverts BlockHash::FromBytes; FinishReasonToProto is total.
+// common/utf8's validation and U+FFFD replacement (what the worker puts in a proto string)
+// match an independent implementation of Unicode's "maximal subpart" replacement;
+// ConcatBlockHashes inverts BlockHash::FromBytes; FinishReasonToProto is total.
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "common/hash/block_hash.h"
+#include "common/utf8/utf8.h"
 #include "engine/kvcache/kv_layout.h"
 #include "google/protobuf/stubs/logging.h"
 #include "pd/v1/worker.pb.h"
@@ -97,26 +99,28 @@ void CheckLayouts(const iv1::KvLayout& theirs) {
   CHECK(status.ok() || absl::IsFailedPrecondition(status)) << status;
 }
 
-// Unicode 15 section 3.9 "U+FFFD substitution of maximal subparts", written from the standard.
+// Unicode 15 section 3.9 "U+FFFD substitution of maximal subparts", written from the standard
+// (table 3-7), independently of common/utf8 (which uses ICU). Well-formed input comes back
+// unchanged and ill-formed input never does, so RefToValidUtf8(s) == s says s is well-formed.
 std::string RefToValidUtf8(absl::string_view s) {
   std::string out;
   size_t i = 0;
   while (i < s.size()) {
-    const size_t n = pd::fuzz::WellFormedCharLength(s, i);
-    if (n > 0) {
-      out.append(s.data() + i, n);
-      i += n;
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c <= 0x7F) {
+      out.push_back(static_cast<char>(c));
+      ++i;
       continue;
     }
-    // The maximal subpart: the longest prefix of a well-formed sequence starting here (at least
-    // one byte). Bytes that can start a sequence and the range of their second byte:
-    const unsigned char c = static_cast<unsigned char>(s[i]);
+    // Sequence length and the range of the second byte, by lead byte (0: no sequence starts so).
     const size_t want = c >= 0xC2 && c <= 0xDF   ? 2
                         : c >= 0xE0 && c <= 0xEF ? 3
                         : c >= 0xF0 && c <= 0xF4 ? 4
                                                  : 0;
     const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
     const unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    // The longest prefix of a well-formed sequence here: the whole character, or the maximal
+    // subpart (at least one byte).
     size_t k = 1;
     while (want > 0 && k < want && i + k < s.size()) {
       const unsigned char x = static_cast<unsigned char>(s[i + k]);
@@ -125,20 +129,23 @@ std::string RefToValidUtf8(absl::string_view s) {
       }
       ++k;
     }
-    out += "\xEF\xBF\xBD";
+    if (want > 0 && k == want) {
+      out.append(s.data() + i, k);
+    } else {
+      out += "\xEF\xBF\xBD";
+    }
     i += k;
   }
   return out;
 }
 
 void CheckUtf8(const std::string& bytes) {
-  const std::string fixed = pd::worker::ToValidUtf8(bytes);
-  CHECK(pd::fuzz::IsWellFormedUtf8(fixed));
-  CHECK(fixed == RefToValidUtf8(bytes)) << "ToValidUtf8 differs from the reference";
-  if (pd::fuzz::IsWellFormedUtf8(bytes)) {
-    CHECK(fixed == bytes);
-  }
-  CHECK(pd::worker::ToValidUtf8(fixed) == fixed);
+  const std::string ref = RefToValidUtf8(bytes);
+  CHECK_EQ(pd::utf8::IsValid(bytes), ref == bytes) << "utf8::IsValid differs from the reference";
+  const std::string fixed = pd::utf8::ToValid(bytes);
+  CHECK(fixed == ref) << "utf8::ToValid differs from the reference";
+  CHECK(pd::utf8::IsValid(fixed));
+  CHECK(pd::utf8::ToValid(fixed) == fixed);
 }
 
 void CheckHashes(const std::string& bytes) {

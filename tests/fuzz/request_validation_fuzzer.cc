@@ -3,13 +3,15 @@
 //
 // Oracle: the rules documented in proto/pd/v1/generation.proto and RequestLimits, re-stated
 // here independently, must give the same accept / reject as ValidateGenerateRequest, under the
-// default limits and under tiny ones; rejections are InvalidArgument. A request the router
-// accepts must also be accepted by the worker's conversion of its sampling parameters
+// default limits and under tiny ones; rejections are InvalidArgument. "Well-formed UTF-8" is
+// common/utf8's (unit-tested there, and against a reference by convert_fuzzer). A request the
+// router accepts must also be accepted by the worker's conversion of its sampling parameters
 // (services/worker/convert.h), since the router forwards them unchanged.
 #include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "common/utf8/utf8.h"
 #include "google/protobuf/stubs/logging.h"
 #include "pd/v1/generation.pb.h"
 #include "services/router/request_validation.h"
@@ -25,7 +27,7 @@ bool RefValid(const GenerateRequest& r, const RequestLimits& l) {
   switch (r.prompt_case()) {
     case GenerateRequest::kText:
       if (r.text().empty() || r.text().size() > l.max_prompt_bytes ||
-          !pd::fuzz::IsWellFormedUtf8(r.text())) {
+          !pd::utf8::IsValid(r.text())) {
         return false;
       }
       break;
@@ -39,10 +41,10 @@ bool RefValid(const GenerateRequest& r, const RequestLimits& l) {
       return false;
   }
   // model, client_request_id, tenant and cache_salt are `bytes` on the wire: each must be UTF-8.
-  if (!pd::fuzz::IsWellFormedUtf8(r.model()) ||
-      !pd::fuzz::IsWellFormedUtf8(r.client_request_id()) ||
-      (r.has_tenant() && !pd::fuzz::IsWellFormedUtf8(r.tenant())) ||
-      (r.has_cache_salt() && !pd::fuzz::IsWellFormedUtf8(r.cache_salt()))) {
+  if (!pd::utf8::IsValid(r.model()) ||
+      !pd::utf8::IsValid(r.client_request_id()) ||
+      (r.has_tenant() && !pd::utf8::IsValid(r.tenant())) ||
+      (r.has_cache_salt() && !pd::utf8::IsValid(r.cache_salt()))) {
     return false;
   }
   if (r.client_request_id().size() > l.max_client_request_id_bytes) {
@@ -79,7 +81,7 @@ bool RefValid(const GenerateRequest& r, const RequestLimits& l) {
   }
   for (const std::string& stop : s.stop()) {
     if (stop.empty() || stop.size() > l.max_stop_string_bytes ||
-        !pd::fuzz::IsWellFormedUtf8(stop)) {
+        !pd::utf8::IsValid(stop)) {
       return false;
     }
   }
@@ -128,7 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CHECK(sampling.ok()) << "the router accepts sampling parameters the worker rejects: "
                          << sampling.status();
     if (request.has_text()) {
-      CHECK(pd::worker::ToValidUtf8(request.text()) == request.text());
+      CHECK(pd::utf8::ToValid(request.text()) == request.text());
     }
   }
   return 0;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/utf8/utf8.h"
 #include "engine/model/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -33,11 +34,11 @@ inline std::string CheckDecodeStream(const engine::Tokenizer& t, const std::vect
   // No delta boundary falls strictly inside a well-formed character of the whole text.
   std::vector<bool> inside(whole->size() + 1, false);
   for (size_t i = 0; i < whole->size();) {
-    const size_t n = WellFormedCharLength(*whole, i);
-    for (size_t k = 1; k < n; ++k) {
+    const utf8::Char c = utf8::Decode(*whole, i);
+    for (size_t k = 1; c.valid() && k < c.length; ++k) {
       inside[i + k] = true;
     }
-    i += n == 0 ? 1 : n;
+    i += c.valid() ? c.length : 1;
   }
   for (size_t boundary : boundaries) {
     CHECK(!inside[boundary]) << "a DecodeStream delta splits a UTF-8 character at byte "
