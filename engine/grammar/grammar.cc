@@ -5,35 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/utf8/utf8.h"
 
 namespace pd::grammar {
 namespace {
 
 // One UTF-8 sequence of byte ranges: byte i of the encoding lies in ranges[i].
 using ByteRangeSeq = std::vector<std::pair<uint8_t, uint8_t>>;
-
-int Encode(uint32_t cp, uint8_t* out) {
-  if (cp < 0x80) {
-    out[0] = static_cast<uint8_t>(cp);
-    return 1;
-  }
-  if (cp < 0x800) {
-    out[0] = static_cast<uint8_t>(0xC0 | (cp >> 6));
-    out[1] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = static_cast<uint8_t>(0xE0 | (cp >> 12));
-    out[1] = static_cast<uint8_t>(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  out[0] = static_cast<uint8_t>(0xF0 | (cp >> 18));
-  out[1] = static_cast<uint8_t>(0x80 | ((cp >> 12) & 0x3F));
-  out[2] = static_cast<uint8_t>(0x80 | ((cp >> 6) & 0x3F));
-  out[3] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-  return 4;
-}
 
 // Splits [lo, hi] (no surrogates inside) into ranges whose encodings are byte-range sequences.
 void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>* out) {
@@ -59,12 +37,14 @@ void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>* out) {
       }
     }
   }
-  uint8_t a[4];
-  uint8_t b[4];
-  const int n = Encode(lo, a);
-  Encode(hi, b);
+  std::string a;
+  std::string b;
+  utf8::Append(lo, &a);
+  utf8::Append(hi, &b);
   ByteRangeSeq seq;
-  for (int i = 0; i < n; ++i) seq.emplace_back(a[i], b[i]);
+  for (size_t i = 0; i < a.size(); ++i) {
+    seq.emplace_back(static_cast<uint8_t>(a[i]), static_cast<uint8_t>(b[i]));
+  }
   out->push_back(std::move(seq));
 }
 

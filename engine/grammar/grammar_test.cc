@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "common/utf8/utf8.h"
 #include "engine/grammar/matcher.h"
 #include "gtest/gtest.h"
 
@@ -17,21 +18,7 @@ std::shared_ptr<const CompiledGrammar> Build(const Grammar& g) {
 
 std::string Utf8(uint32_t cp) {
   std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
+  utf8::Append(cp, &s);
   return s;
 }
 

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
+#include "common/utf8/utf8.h"
 #include "engine/grammar/regex.h"
 #include "nlohmann/json.hpp"
 
@@ -903,14 +903,10 @@ class SchemaCompiler {
       size_t node = 0;
       size_t i = 0;
       while (i < key.size()) {
-        // Decode one code point (keys came from a parsed JSON document: valid UTF-8).
-        const auto b0 = static_cast<uint8_t>(key[i]);
-        const int len = b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4;
-        uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-        for (int k = 1; k < len && i + k < key.size(); ++k) {
-          cp = (cp << 6) | (static_cast<uint8_t>(key[i + k]) & 0x3F);
-        }
-        i += len;
+        // Keys come from a parsed JSON document: valid UTF-8.
+        const utf8::Char ch = utf8::Decode(key, i);
+        const uint32_t cp = ch.valid() ? static_cast<uint32_t>(ch.code_point) : 0xFFFD;
+        i += ch.length;
         auto it = trie[node].children.find(cp);
         if (it == trie[node].children.end()) {
           trie.emplace_back();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/utf8/utf8.h"
 
 namespace pd::grammar {
 namespace {
@@ -49,17 +50,10 @@ class RegexParser {
   char Peek() const { return p_[pos_]; }
 
   absl::StatusOr<uint32_t> NextCodePoint() {
-    const auto b0 = static_cast<uint8_t>(p_[pos_]);
-    int len = b0 < 0x80 ? 1 : (b0 >> 5) == 0x6 ? 2 : (b0 >> 4) == 0xE ? 3 : (b0 >> 3) == 0x1E ? 4 : 0;
-    if (len == 0 || pos_ + len > p_.size()) return Error("invalid UTF-8");
-    uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-    for (int i = 1; i < len; ++i) {
-      const auto b = static_cast<uint8_t>(p_[pos_ + i]);
-      if ((b & 0xC0) != 0x80) return Error("invalid UTF-8");
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    pos_ += len;
-    return cp;
+    const utf8::Char c = utf8::Decode(p_, pos_);
+    if (!c.valid()) return Error("invalid UTF-8");
+    pos_ += c.length;
+    return static_cast<uint32_t>(c.code_point);
   }
 
   uint32_t Class(const std::vector<CodePointRange>& ranges) {
