@@ -86,12 +86,14 @@ std::string DefaultModelId(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
     const RouterConfig& config, const engine::ModelFront* model, WorkerPool* workers,
-    PlacementPolicy* policy, metrics::Registry* r, std::optional<services::ApiKeyStore> api_keys) {
+    PlacementPolicy* policy, metrics::Registry* r, std::optional<services::ApiKeyStore> api_keys,
+    std::unique_ptr<chat::ChatTemplate> chat_template) {
   PD_RETURN_IF_ERROR(config.limits.Validate());
   std::unique_ptr<GenerationService> s(new GenerationService());
   s->config_ = config;
   s->api_keys_ = std::move(api_keys);
   s->model_ = model;
+  s->prompts_ = std::make_unique<PromptEncoder>(model, std::move(chat_template));
   s->workers_ = workers;
   s->policy_ = policy;
   s->model_id_ = config.model_id.empty() ? DefaultModelId(config.model) : config.model_id;
@@ -147,7 +149,7 @@ absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
 }
 
 void GenerationService::Count(absl::string_view method, absl::StatusCode code) {
-  metrics_.requests->WithLabels({std::string(method), absl::StatusCodeToString(code)}).Increment();
+  metrics_.CountRequest(method, code);
 }
 
 absl::StatusOr<std::string> GenerationService::Authenticate(
@@ -226,20 +228,8 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
                                             "'; this router serves '", model_id_, "'"));
   }
   const engine::ModelConfig& mc = model_->config();
-  if (request.prompt_case() == v1::GenerateRequest::kText) {
-    PD_ASSIGN_OR_RETURN(std::vector<uint32_t> ids,
-                        model_->tokenizer().Encode(request.text(), model_->add_bos(), false));
-    decode->mutable_token_ids()->Add(ids.begin(), ids.end());
-  } else {
-    for (int i = 0; i < request.token_ids().ids_size(); ++i) {
-      const uint32_t t = request.token_ids().ids(i);
-      if (t >= static_cast<uint32_t>(mc.vocab_size)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "token_ids[", i, "] = ", t, " is out of range: vocabulary size is ", mc.vocab_size));
-      }
-    }
-    *decode->mutable_token_ids() = request.token_ids().ids();
-  }
+  PD_ASSIGN_OR_RETURN(const std::vector<uint32_t> tokens, prompts_->Encode(request));
+  decode->mutable_token_ids()->Add(tokens.begin(), tokens.end());
   const int64_t n = decode->token_ids_size();
   if (n == 0) {
     return absl::InvalidArgumentError("text: the prompt tokenizes to no tokens");
@@ -265,7 +255,6 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
     salt = request.cache_salt();
   }
   PD_ASSIGN_OR_RETURN(BlockHash seed, SeedFor(salt));
-  std::vector<uint32_t> tokens(decode->token_ids().begin(), decode->token_ids().end());
   const std::vector<BlockHash> chain =
       ComputeBlockHashes(seed, tokens, static_cast<uint32_t>(config_.block_size));
   PD_ASSIGN_OR_RETURN(*placement, policy_->Choose(chain, n, workers_->Snapshot()));

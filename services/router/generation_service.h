@@ -32,14 +32,14 @@
 #include "engine/runtime/model_front.h"
 #include "pd/v1/generation.grpc.pb.h"
 #include "services/base/auth.h"
+#include "services/router/placement_policy.h"
+#include "services/router/prompt_encoder.h"
 #include "services/router/request_validation.h"
 #include "services/router/router_config.h"
+#include "services/router/router_stream.h"
 #include "services/router/worker_pool.h"
 
 namespace pd::router {
-
-class RouterStream;
-class StreamSink;
 
 // What a front end knows of who calls Generate, for authentication.
 struct CallerAuth {
@@ -48,41 +48,22 @@ struct CallerAuth {
   std::optional<std::string> authorization;
 };
 
-// Where one request runs.
-struct Placement {
-  int decode_index = -1;
-  int prefill_index = -1;  // -1 = prefill on the decode worker
-  std::string reason;      // for metrics: "round_robin", "random", "cache_hit", "load"
-  // "remote_prefill", "below_disagg_threshold" or "no_prefill_worker" (metrics).
-  std::string prefill_reason;
-  int64_t cached_blocks = 0;  // leading prompt blocks the decode worker holds (per the index)
-  int64_t new_blocks = 0;     // prompt blocks the decode worker must allocate
-};
-
-// Chooses workers for a request. Thread-safe. Implementations: see placement.h.
-class PlacementPolicy {
- public:
-  virtual ~PlacementPolicy() = default;
-  virtual absl::string_view name() const = 0;
-  // `chain`: the prompt's block hashes; `workers`: the pool's snapshot. Unavailable when no
-  // healthy decode worker exists.
-  virtual absl::StatusOr<Placement> Choose(absl::Span<const BlockHash> chain, int64_t prompt_tokens,
-                                           const std::vector<WorkerSnapshot>& workers) = 0;
-};
-
 // The model id served when --model_id is empty: the model path's base name without a weight
 // file's extension (.bin, .gguf, .safetensors): ".../stories260K.bin" -> "stories260K",
 // ".../Llama-3.2-1B/" -> "Llama-3.2-1B".
 std::string DefaultModelId(const std::string& path);
 
-class GenerationService final : public pdserve::v1::Generation::CallbackService {
+class GenerationService final : public pdserve::v1::Generation::CallbackService,
+                                public RouterStreamHost {
  public:
   // Everything passed must outlive the service. Registers the router's metrics. `api_keys`:
   // nullopt = no authentication (the client's tenant and cache_salt are used as sent).
+  // `chat_template` (owned; may be null) renders chat prompts (prompts().EncodeChat).
   static absl::StatusOr<std::unique_ptr<GenerationService>> Create(
       const RouterConfig& config, const engine::ModelFront* model, WorkerPool* workers,
       PlacementPolicy* policy, metrics::Registry* metrics,
-      std::optional<services::ApiKeyStore> api_keys = std::nullopt);
+      std::optional<services::ApiKeyStore> api_keys = std::nullopt,
+      std::unique_ptr<chat::ChatTemplate> chat_template = nullptr);
 
   grpc::ServerWriteReactor<pdserve::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const pdserve::v1::GenerateRequest* request) override;
@@ -114,32 +95,27 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
   const std::string& model_id() const { return model_id_; }
   // Whether the model is served now: a decode worker is healthy.
   bool ServesModel() const;
+  // Turns prompts into tokens: text (Prepare, for both APIs) and chat messages (the HTTP
+  // front's /v1/chat/completions, with the chat template given to Create).
+  const PromptEncoder& prompts() const { return *prompts_; }
 
-  // Internal: shared with the per-stream reactors.
-  struct Metrics {
-    metrics::Family<metrics::Counter>* requests = nullptr;           // {method, code}
+  // RouterStreamHost. ReleaseStream pairs with AcquireStream in NewStream.
+  WorkerPool* workers() override { return workers_; }
+  PlacementPolicy* policy() override { return policy_; }
+  const RouterStreamMetrics& stream_metrics() const override { return metrics_; }
+  void ReleaseStream(const std::string& tenant) override;
+
+ private:
+  // The streams' metrics and the placement's.
+  struct Metrics : RouterStreamMetrics {
     metrics::Family<metrics::Counter>* routing = nullptr;            // {policy, reason}
     metrics::Family<metrics::Counter>* prefill_placement = nullptr;  // {placement}
     metrics::Family<metrics::Counter>* routed_cached_blocks = nullptr;
-    metrics::Family<metrics::Histogram>* ttft = nullptr;
-    metrics::Family<metrics::Histogram>* tpot = nullptr;
-    metrics::Family<metrics::Histogram>* itl = nullptr;
-    metrics::Family<metrics::Histogram>* e2e = nullptr;
-    metrics::Family<metrics::Counter>* tokens = nullptr;  // {kind}
     metrics::Family<metrics::Histogram>* routing_latency = nullptr;
-    metrics::Family<metrics::Counter>* retries = nullptr;
   };
-  void Count(absl::string_view method, absl::StatusCode code);
-  const Metrics& metrics() const { return metrics_; }
-  WorkerPool* workers() { return workers_; }
-  PlacementPolicy* policy() { return policy_; }
-  // A stream's slots (of --max_inflight and of its tenant's --max_streams_per_tenant) are free
-  // (pairs with AcquireStream in Generate): called once per stream, before the client can see
-  // the stream end, so that a client sending its requests one after another is never refused.
-  void ReleaseStream(const std::string& tenant);
 
- private:
   GenerationService() = default;
+  void Count(absl::string_view method, absl::StatusCode code);
 
   // Counts a new stream (and one of `tenant`'s); RESOURCE_EXHAUSTED at --max_inflight or
   // --max_streams_per_tenant, with nothing counted.
@@ -151,6 +127,7 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService 
 
   RouterConfig config_;
   const engine::ModelFront* model_ = nullptr;
+  std::unique_ptr<PromptEncoder> prompts_;
   WorkerPool* workers_ = nullptr;
   PlacementPolicy* policy_ = nullptr;
   std::string model_id_;

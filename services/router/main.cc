@@ -17,6 +17,7 @@
 #include "services/base/startup.h"
 #include "services/base/tls_flags.h"
 #include "services/router/openai/http_front.h"
+#include "services/router/prompt_encoder.h"
 #include "services/router/router_server.h"
 
 ABSL_FLAG(std::string, grpc_address, "127.0.0.1:50051", "public gRPC API listen address");
@@ -215,6 +216,26 @@ absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> HttpConfigFro
   return c;
 }
 
+// The chat template of /v1/chat/completions (null when the model has none), checked by one
+// render of a sample conversation: a template that cannot render within its limits is refused
+// now instead of every chat request paying for it.
+absl::StatusOr<std::unique_ptr<pd::chat::ChatTemplate>> LoadChatTemplateFromFlags(
+    const std::string& model) {
+  const std::string& template_file = absl::GetFlag(FLAGS_chat_template);
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<pd::chat::ChatTemplate> chat_template,
+      pd::router::LoadChatTemplate(model, template_file, ChatTemplateLimitsFromFlags()));
+  if (chat_template != nullptr) {
+    if (absl::Status s = chat_template->CheckRendersSample(); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(template_file.empty() ? model + " (chat template)"
+                                                             : "--chat_template " + template_file,
+                                       ": ", s.message()));
+    }
+  }
+  return chat_template;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -225,42 +246,32 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     pd::services::ExitWithStartupError(kProgram, config.status());
   }
-  pd::metrics::Registry registry;
-  pd::services::AddProcessMetrics(&registry);
-  absl::StatusOr<std::unique_ptr<pd::router::RouterServer>> server =
-      pd::router::RouterServer::Start(*config, &registry);
-  if (!server.ok()) {
-    pd::services::ExitWithStartupError(kProgram, server.status());
-  }
-  std::unique_ptr<pd::router::openai::HttpFront> http;
   absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> http_config =
       HttpConfigFromFlags(*config);
   if (!http_config.ok()) {
     pd::services::ExitWithStartupError(kProgram, http_config.status());
   }
+  std::unique_ptr<pd::chat::ChatTemplate> chat_template;
   if (http_config->has_value()) {
-    const std::string& template_file = absl::GetFlag(FLAGS_chat_template);
-    absl::StatusOr<std::unique_ptr<pd::chat::ChatTemplate>> chat_template =
-        pd::router::openai::LoadChatTemplate(config->model, template_file,
-                                             ChatTemplateLimitsFromFlags());
-    if (!chat_template.ok()) {
-      pd::services::ExitWithStartupError(kProgram, chat_template.status());
+    absl::StatusOr<std::unique_ptr<pd::chat::ChatTemplate>> loaded =
+        LoadChatTemplateFromFlags(config->model);
+    if (!loaded.ok()) {
+      pd::services::ExitWithStartupError(kProgram, loaded.status());
     }
-    // One render of a sample conversation now refuses a template that cannot render within
-    // its limits, instead of every chat request paying for it.
-    if (*chat_template != nullptr) {
-      if (absl::Status s = (*chat_template)->CheckRendersSample(); !s.ok()) {
-        pd::services::ExitWithStartupError(
-            kProgram, absl::Status(s.code(), absl::StrCat(template_file.empty()
-                                                              ? config->model + " (chat template)"
-                                                              : "--chat_template " + template_file,
-                                                          ": ", s.message())));
-      }
-    }
+    chat_template = *std::move(loaded);
+  }
+  pd::metrics::Registry registry;
+  pd::services::AddProcessMetrics(&registry);
+  absl::StatusOr<std::unique_ptr<pd::router::RouterServer>> server =
+      pd::router::RouterServer::Start(*config, &registry, std::move(chat_template));
+  if (!server.ok()) {
+    pd::services::ExitWithStartupError(kProgram, server.status());
+  }
+  std::unique_ptr<pd::router::openai::HttpFront> http;
+  if (http_config->has_value()) {
     absl::StatusOr<std::unique_ptr<pd::router::openai::HttpFront>> front =
         pd::router::openai::HttpFront::Start(**http_config, (*server)->generation(),
-                                             &(*server)->model(), *std::move(chat_template),
-                                             &registry);
+                                             &(*server)->model(), &registry);
     if (!front.ok()) {
       pd::services::ExitWithStartupError(kProgram, front.status());
     }

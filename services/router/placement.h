@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "services/router/generation_service.h"
 #include "services/router/kv_index.h"
+#include "services/router/placement_policy.h"
 #include "services/router/router_config.h"
 #include "services/router/tier_credit.h"
 #include "services/router/worker_scorer.h"

@@ -16,8 +16,9 @@
 
 namespace pd::router {
 
-absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterConfig& config,
-                                                                  metrics::Registry* metrics) {
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(
+    const RouterConfig& config, metrics::Registry* metrics,
+    std::unique_ptr<chat::ChatTemplate> chat_template) {
   PD_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<RouterServer> server(new RouterServer());
   server->config_ = config;
@@ -106,10 +107,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   }
   PD_ASSIGN_OR_RETURN(server->policy_, MakePlacementPolicy(config, server->index_.get(),
                                                            server->tier_credit_.get()));
-  PD_ASSIGN_OR_RETURN(
-      server->generation_,
-      GenerationService::Create(config, server->model_.get(), server->pool_.get(),
-                                server->policy_.get(), metrics, std::move(api_keys)));
+  PD_ASSIGN_OR_RETURN(server->generation_,
+                      GenerationService::Create(config, server->model_.get(), server->pool_.get(),
+                                                server->policy_.get(), metrics, std::move(api_keys),
+                                                std::move(chat_template)));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "common/redis/redis_client.h"
+#include "engine/chat/chat_template.h"
 #include "engine/runtime/model_front.h"
 #include "services/router/generation_service.h"
 #include "services/router/kv_event_feed.h"
@@ -28,9 +29,12 @@ namespace pd::router {
 class RouterServer {
  public:
   // Errors: Unavailable naming host:port when Redis cannot be reached or the gRPC port is taken;
-  // InvalidArgument for an invalid config; the model loader's errors naming --model. `metrics` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterConfig& config,
-                                                             metrics::Registry* metrics);
+  // InvalidArgument for an invalid config; the model loader's errors naming --model. `metrics`
+  // must outlive the server. `chat_template` (may be null) renders the HTTP API's chat prompts
+  // (GenerationService::prompts).
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(
+      const RouterConfig& config, metrics::Registry* metrics,
+      std::unique_ptr<chat::ChatTemplate> chat_template = nullptr);
   ~RouterServer();
 
   // Blocks until a decode worker is healthy or `timeout` passes (start-up logs, tests).

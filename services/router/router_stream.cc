@@ -59,9 +59,13 @@ struct RouterStream::Attempt {
   iv1::DecodeResponse in;
 };
 
-RouterStream::RouterStream(GenerationService* service, StreamSink* sink, iv1::DecodeRequest decode,
+void RouterStreamMetrics::CountRequest(absl::string_view method, absl::StatusCode code) const {
+  requests->WithLabels({std::string(method), absl::StatusCodeToString(code)}).Increment();
+}
+
+RouterStream::RouterStream(RouterStreamHost* host, StreamSink* sink, iv1::DecodeRequest decode,
                            Placement placement, absl::Time deadline)
-    : service_(service),
+    : host_(host),
       sink_(sink),
       decode_(std::move(decode)),
       deadline_(deadline),
@@ -76,7 +80,7 @@ RouterStream::~RouterStream() {
     tenant_released_ = true;
   }
   if (release) {
-    service_->ReleaseStream(decode_.tenant());
+    host_->ReleaseStream(decode_.tenant());
   }
 }
 
@@ -134,7 +138,7 @@ void RouterStream::Cancel() {
 // Makes `placement` the current attempt; Launch (outside mu_: gRPC may run a reaction inline)
 // then starts its call.
 RouterStream::Attempt* RouterStream::NewAttemptLocked(Placement placement) {
-  WorkerPool* pool = service_->workers();
+  WorkerPool* pool = host_->workers();
   pool->AddInflight(placement.decode_index, 1, placement.new_blocks);
   if (placement.prefill_index >= 0) {
     pool->AddInflight(placement.prefill_index, 1);
@@ -154,7 +158,7 @@ RouterStream::Attempt* RouterStream::NewAttemptLocked(Placement placement) {
 
 // `decode_` is not changed while a call is in flight, so it is read here without mu_.
 void RouterStream::Launch(Attempt* a) {
-  service_->workers()
+  host_->workers()
       ->decode_stub(a->placement.decode_index)
       ->async()
       ->Generate(&a->ctx, &decode_, &a->upstream);
@@ -168,7 +172,7 @@ void RouterStream::Launch(Attempt* a) {
 }
 
 void RouterStream::EndAttemptLocked(const Attempt& a) {
-  WorkerPool* pool = service_->workers();
+  WorkerPool* pool = host_->workers();
   pool->AddInflight(a.placement.decode_index, -1, a.placement.new_blocks);
   if (a.placement.prefill_index >= 0) {
     pool->AddInflight(a.placement.prefill_index, -1);
@@ -196,7 +200,7 @@ void RouterStream::OnUpstreamRead(Attempt* a, bool ok) {
   {
     absl::MutexLock lock(&mu_);
     const iv1::DecodeResponse& in = a->in;
-    service_->workers()->NoteActivity(a->placement.decode_index);
+    host_->workers()->NoteActivity(a->placement.decode_index);
     out_.Clear();
     *out_.mutable_token_ids() = in.token_ids();
     out_.set_text(in.text());
@@ -208,7 +212,7 @@ void RouterStream::OnUpstreamRead(Attempt* a, bool ok) {
         // Inter-token latency as the client sees it: one observation per message after the
         // first, spread over the tokens it carries.
         const double gap = absl::ToDoubleSeconds(now - last_token_) / in.token_ids_size();
-        metrics::Histogram& itl = service_->metrics().itl->WithLabels({});
+        metrics::Histogram& itl = host_->stream_metrics().itl->WithLabels({});
         for (int i = 0; i < in.token_ids_size(); ++i) {
           itl.Observe(gap);
         }
@@ -252,7 +256,7 @@ void RouterStream::OnUpstreamDone(Attempt* a, const absl::Status& status) {
     EndAttemptLocked(*a);
     if (status.code() == absl::StatusCode::kUnavailable) {
       // The worker died or is unreachable: no new requests until it answers health checks.
-      service_->workers()->MarkFailed(a->placement.decode_index, status);
+      host_->workers()->MarkFailed(a->placement.decode_index, status);
       if (!relayed_ && !cancelled_by_client_ && attempts_ < kMaxAttempts &&
           absl::Now() < deadline_) {
         retry = Retry(status);
@@ -284,9 +288,8 @@ RouterStream::Attempt* RouterStream::Retry(const absl::Status& why) {
   if (!chain.ok()) {
     return nullptr;
   }
-  std::vector<WorkerSnapshot> workers = service_->workers()->Snapshot();
-  absl::StatusOr<Placement> p =
-      service_->policy()->Choose(*chain, decode_.token_ids_size(), workers);
+  std::vector<WorkerSnapshot> workers = host_->workers()->Snapshot();
+  absl::StatusOr<Placement> p = host_->policy()->Choose(*chain, decode_.token_ids_size(), workers);
   if (!p.ok()) {
     return nullptr;
   }
@@ -298,7 +301,7 @@ RouterStream::Attempt* RouterStream::Retry(const absl::Status& why) {
   LOG(WARNING) << "request_id=" << decode_.request_id() << ": decode worker failed before "
                << "the first token (" << why.message() << "); retrying on worker "
                << p->decode_index;
-  service_->metrics().retries->WithLabels({}).Increment();
+  host_->stream_metrics().retries->WithLabels({}).Increment();
   return NewAttemptLocked(*std::move(p));
 }
 
@@ -311,7 +314,7 @@ std::optional<absl::Status> RouterStream::MaybeFinishLocked() {
   finished_ = true;
   if (!tenant_released_) {
     tenant_released_ = true;
-    service_->ReleaseStream(decode_.tenant());  // before the client sees the end
+    host_->ReleaseStream(decode_.tenant());  // before the client sees the end
   }
   absl::Status final_status = status_;
   if (status_.ok() && !got_final_) {
@@ -321,7 +324,7 @@ std::optional<absl::Status> RouterStream::MaybeFinishLocked() {
     final_status = absl::UnavailableError(
         absl::StrCat("decode worker failed: ", status_.message(), " (retry)"));
   }
-  const GenerationService::Metrics& m = service_->metrics();
+  const RouterStreamMetrics& m = host_->stream_metrics();
   if (final_status.ok()) {
     const absl::Time now = absl::Now();
     if (first_token_ != absl::InfinitePast()) {
@@ -336,7 +339,7 @@ std::optional<absl::Status> RouterStream::MaybeFinishLocked() {
     m.tokens->WithLabels({"cached"}).Increment(usage_.cached_tokens());
     m.tokens->WithLabels({"generated"}).Increment(usage_.completion_tokens());
   }
-  service_->Count("Generate", final_status.code());
+  m.CountRequest("Generate", final_status.code());
   VLOG(1) << "request_id=" << decode_.request_id() << " done: " << final_status.message();
   return final_status;
 }

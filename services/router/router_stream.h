@@ -13,7 +13,9 @@
 //
 // The gRPC front (GenerationService::Generate) drives it through a ServerWriteReactor; another
 // front (HTTP) gets one from GenerationService::NewStream with a sink of its own, so admission,
-// placement, relay, retry and metrics stay in one place.
+// placement, relay, retry and metrics stay in one place. What the stream needs of the service
+// that made it is the RouterStreamHost interface (GenerationService implements it; tests fake
+// it).
 //
 // Thread-safety: the methods may be called from any thread, concurrently with the worker
 // call's reactions (gRPC callback threads); the class is thread-safe.
@@ -21,19 +23,67 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics/metrics.h"
 #include "pd/v1/generation.pb.h"
 #include "pd/v1/worker.grpc.pb.h"
-#include "services/router/generation_service.h"
+#include "services/router/placement_policy.h"
+#include "services/router/worker_pool.h"
 
 namespace pd::router {
 
+// The metrics a stream records: families of its host's registry, registered by the host.
+struct RouterStreamMetrics {
+  metrics::Family<metrics::Counter>* requests = nullptr;  // {method, code}
+  metrics::Family<metrics::Histogram>* ttft = nullptr;
+  metrics::Family<metrics::Histogram>* tpot = nullptr;
+  metrics::Family<metrics::Histogram>* itl = nullptr;
+  metrics::Family<metrics::Histogram>* e2e = nullptr;
+  metrics::Family<metrics::Counter>* tokens = nullptr;  // {kind}
+  metrics::Family<metrics::Counter>* retries = nullptr;
+
+  // Counts one public API call of `method` that ended with `code` (pd_router_requests_total).
+  void CountRequest(absl::string_view method, absl::StatusCode code) const;
+};
+
+// What a RouterStream needs of the service that made it (GenerationService; fakes in tests).
+// Implementations are thread-safe: streams call them from gRPC's callback threads.
+class RouterStreamHost {
+ public:
+  virtual ~RouterStreamHost() = default;
+  // The workers the stream's placements index: their stubs, in-flight counts and failures.
+  virtual WorkerPool* workers() = 0;
+  // Places the request again when its decode worker failed before the first token.
+  virtual PlacementPolicy* policy() = 0;
+  virtual const RouterStreamMetrics& stream_metrics() const = 0;
+  // A stream's slots (of --max_inflight and of its tenant's --max_streams_per_tenant) are
+  // free: called once per stream, before the client can see the stream end, so that a client
+  // sending its requests one after another is never refused.
+  virtual void ReleaseStream(const std::string& tenant) = 0;
+};
+
+// What the owner of a StreamSink calls on the stream that feeds it: RouterStream implements
+// it; front-end tests fake it.
+class StreamControl {
+ public:
+  virtual ~StreamControl() = default;
+  // The sink finished the last Send: `ok` = written, false = the client is gone (the worker
+  // call is cancelled and the stream ends).
+  virtual void OnSent(bool ok) = 0;
+  // The client cancelled (or its deadline passed): the worker call is cancelled; the stream
+  // ends with the worker call's status. Idempotent; may come before Start.
+  virtual void Cancel() = 0;
+};
+
 // The client side of one RouterStream: how its messages and its end reach the client.
-// Implementations: the gRPC ServerWriteReactor of GenerationService::Generate; test sinks.
+// Implementations: the gRPC ServerWriteReactor of GenerationService::Generate, the HTTP
+// front's BlockingSink (openai/http_stream.h); test sinks.
 class StreamSink {
  public:
   virtual ~StreamSink() = default;
@@ -47,21 +97,21 @@ class StreamSink {
   virtual void End(const absl::Status& status) = 0;
 };
 
-class RouterStream {
+class RouterStream final : public StreamControl {
  public:
   static constexpr int kMaxAttempts = 2;
 
   // A stream of `decode` (prepared and placed by GenerationService) to `placement`'s workers.
-  // Nothing starts before Start. `service` and `sink` must outlive the stream; `deadline`
-  // bounds every attempt (InfiniteFuture = none). The stream holds one of the service's
-  // stream slots (GenerationService::AcquireStream), released before the client sees the end,
-  // or when the stream is destroyed.
-  RouterStream(GenerationService* service, StreamSink* sink,
+  // Nothing starts before Start. `host` and `sink` must outlive the stream; `deadline`
+  // bounds every attempt (InfiniteFuture = none). The stream holds one of the host's stream
+  // slots (taken by GenerationService::NewStream), released (RouterStreamHost::ReleaseStream)
+  // before the client sees the end, or when the stream is destroyed.
+  RouterStream(RouterStreamHost* host, StreamSink* sink,
                pdserve::internal::v1::DecodeRequest decode, Placement placement,
                absl::Time deadline);
   // Destroy only after StreamSink::End was called, or when Start never was: the worker calls
   // are done then.
-  ~RouterStream();
+  ~RouterStream() override;
 
   RouterStream(const RouterStream&) = delete;
   RouterStream& operator=(const RouterStream&) = delete;
@@ -69,12 +119,8 @@ class RouterStream {
   // Starts the first worker call. Call once, when the sink can reach this stream (its Send
   // reactions call OnSent). Sink calls follow on gRPC's threads.
   void Start();
-  // The sink finished the last Send: `ok` = written, false = the client is gone (the worker
-  // call is cancelled and the stream ends).
-  void OnSent(bool ok);
-  // The client cancelled (or its deadline passed): the worker call is cancelled; the stream
-  // ends with the worker call's status. Idempotent; may come before Start.
-  void Cancel();
+  void OnSent(bool ok) override;
+  void Cancel() override;
 
  private:
   struct Attempt;
@@ -88,7 +134,7 @@ class RouterStream {
   Attempt* Retry(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<absl::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  GenerationService* const service_;
+  RouterStreamHost* const host_;
   StreamSink* const sink_;
   pdserve::internal::v1::DecodeRequest decode_;  // changed only between attempts (prefill_address)
   const absl::Time deadline_;

@@ -1,6 +1,7 @@
 // RouterStream behind the real router pieces (GenerationService, WorkerPool, round_robin
 // placement, the stories260K ModelFront), against two fake decode workers: real gRPC
-// DecodeService servers on 127.0.0.1:0 in this process whose Generate plays scripts.
+// DecodeService servers on 127.0.0.1:0 in this process whose Generate plays scripts; and on
+// its own behind a fake RouterStreamHost.
 #include "services/router/router_stream.h"
 
 #include <grpcpp/grpcpp.h>
@@ -520,6 +521,140 @@ TEST_F(RouterStreamTest, StreamDestroyedBeforeStartReleasesItsSlot) {
   stream->reset();
   EXPECT_EQ(service_->inflight(), 0);
   EXPECT_TRUE(scripts_.calls().empty());
+}
+
+// RouterStream on its own, behind a fake host (RouterStreamHost): the real pool and placement
+// of the fixture above, metrics in a registry of the host's, and the releases recorded.
+class FakeHost final : public RouterStreamHost {
+ public:
+  FakeHost(WorkerPool* pool, PlacementPolicy* policy) : pool_(pool), policy_(policy) {
+    const std::vector<double> buckets = {0.001, 1};
+    metrics_.requests = *registry_.AddCounter("pd_host_requests_total", "", {"method", "code"});
+    metrics_.ttft = *registry_.AddHistogram("pd_host_ttft_seconds", "", {}, buckets);
+    metrics_.tpot = *registry_.AddHistogram("pd_host_tpot_seconds", "", {}, buckets);
+    metrics_.itl = *registry_.AddHistogram("pd_host_itl_seconds", "", {}, buckets);
+    metrics_.e2e = *registry_.AddHistogram("pd_host_e2e_seconds", "", {}, buckets);
+    metrics_.tokens = *registry_.AddCounter("pd_host_tokens_total", "", {"kind"});
+    metrics_.retries = *registry_.AddCounter("pd_host_retries_total", "", {});
+  }
+
+  WorkerPool* workers() override { return pool_; }
+  PlacementPolicy* policy() override { return policy_; }
+  const RouterStreamMetrics& stream_metrics() const override { return metrics_; }
+  void ReleaseStream(const std::string& tenant) override {
+    absl::MutexLock lock(&mu_);
+    released_.push_back(tenant);
+  }
+
+  std::vector<std::string> released() {
+    absl::MutexLock lock(&mu_);
+    return released_;
+  }
+  std::string Metrics() const { return registry_.RenderPrometheus(); }
+
+ private:
+  WorkerPool* const pool_;
+  PlacementPolicy* const policy_;
+  metrics::Registry registry_;
+  RouterStreamMetrics metrics_;
+  absl::Mutex mu_;
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
+};
+
+// A sink that notes how many slots its host had released when the end came.
+class ReleaseCheckingSink final : public StreamSink {
+ public:
+  explicit ReleaseCheckingSink(FakeHost* host) : host_(host) {}
+  void Send(const v1::GenerateResponse& response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      tokens_.insert(tokens_.end(), response.token_ids().begin(), response.token_ids().end());
+    }
+    stream_->OnSent(true);
+  }
+  void End(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    released_at_end_ = host_->released().size();
+    ended_.Notify();
+  }
+
+  FakeHost* const host_;
+  RouterStream* stream_ = nullptr;
+  absl::Notification ended_;
+  absl::Mutex mu_;
+  std::vector<uint32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  size_t released_at_end_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class RouterStreamHostTest : public RouterStreamTest {
+ protected:
+  static iv1::DecodeRequest Decode() {
+    iv1::DecodeRequest d;
+    d.set_request_id("req-1");
+    d.set_tenant("t1");
+    for (uint32_t i = 1; i <= 20; ++i) {
+      d.add_token_ids(i);
+    }
+    d.mutable_sampling()->set_seed(42);
+    return d;
+  }
+  static Placement OnWorker(int decode_index) {
+    Placement p;
+    p.decode_index = decode_index;
+    return p;
+  }
+  // Runs Decode() on `decode_index` behind `host` to its end; the status it ended with.
+  static absl::Status RunToEnd(FakeHost* host, ReleaseCheckingSink* sink, int decode_index) {
+    RouterStream stream(host, sink, Decode(), OnWorker(decode_index), absl::InfiniteFuture());
+    sink->stream_ = &stream;
+    stream.Start();
+    EXPECT_TRUE(sink->ended_.WaitForNotificationWithTimeout(kWait));
+    absl::MutexLock lock(&sink->mu_);
+    return sink->status_;
+  }
+};
+
+TEST_F(RouterStreamHostTest, RelaysAndReleasesItsSlotOnceBeforeTheEnd) {
+  scripts_.Add({{Tokens({5}), Final({6, 7})}});
+  FakeHost host(pool_.get(), policy_.get());
+  ReleaseCheckingSink sink(&host);
+  const absl::Status status = RunToEnd(&host, &sink, 1);
+  EXPECT_TRUE(status.ok()) << status;
+  {
+    absl::MutexLock lock(&sink.mu_);
+    EXPECT_THAT(sink.tokens_, ElementsAre(5, 6, 7));
+    EXPECT_EQ(sink.released_at_end_, 1u);
+  }
+  EXPECT_THAT(scripts_.calls(), ElementsAre(1));
+  EXPECT_EQ(scripts_.requests()[0].request_id(), "req-1");
+  EXPECT_THAT(host.released(), ElementsAre("t1"));
+  EXPECT_THAT(host.Metrics(),
+              HasSubstr("pd_host_requests_total{method=\"Generate\",code=\"OK\"} 1"));
+  EXPECT_THAT(host.Metrics(), HasSubstr("pd_host_tokens_total{kind=\"generated\"} 4"));
+}
+
+// The retry asks the host's policy for another worker and counts in the host's metrics.
+TEST_F(RouterStreamHostTest, RetryIsPlacedByTheHostsPolicy) {
+  scripts_.Add({{}, grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker died")});
+  scripts_.Add({{Final({8})}});
+  FakeHost host(pool_.get(), policy_.get());
+  ReleaseCheckingSink sink(&host);
+  const absl::Status status = RunToEnd(&host, &sink, 0);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(scripts_.calls(), ElementsAre(0, 1));
+  EXPECT_THAT(host.Metrics(), HasSubstr("pd_host_retries_total 1"));
+  EXPECT_THAT(host.released(), ElementsAre("t1"));
+}
+
+TEST_F(RouterStreamHostTest, StreamDestroyedBeforeStartReleasesOnceAndCallsNoWorker) {
+  FakeHost host(pool_.get(), policy_.get());
+  ReleaseCheckingSink sink(&host);
+  { RouterStream stream(&host, &sink, Decode(), OnWorker(0), absl::InfiniteFuture()); }
+  EXPECT_THAT(host.released(), ElementsAre("t1"));
+  EXPECT_TRUE(scripts_.calls().empty());
+  EXPECT_FALSE(sink.ended_.HasBeenNotified());
 }
 
 }  // namespace

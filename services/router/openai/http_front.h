@@ -7,11 +7,12 @@
 //   POST /v1/chat/completions   messages rendered by the model's chat template
 //
 // A request goes through the same GenerationService as a gRPC one (authentication with
-// "Authorization: Bearer <key>", validation, placement, admission limits, relay, retry,
-// metrics); only the encoding differs. Errors are OpenAI's {"error": {...}} objects with the
-// HTTP status ErrorFromStatus gives; 413 for a body over max_body_bytes; 503 with Retry-After
-// while draining or above max_connections. A streaming client that disconnects cancels its
-// generation (the next write fails; the worker call is cancelled and its blocks freed).
+// "Authorization: Bearer <key>", validation, the prompt's tokens, placement, admission limits,
+// relay, retry, metrics); only the encoding differs (http_routes.h, http_stream.h). Errors are
+// OpenAI's {"error": {...}} objects with the HTTP status ErrorFromStatus gives; 413 for a body over
+// max_body_bytes; 503 with Retry-After while draining or above max_connections. A streaming client
+// that disconnects cancels its generation (the next write fails; the worker call is cancelled and
+// its blocks freed).
 //
 // Connections (http_connections.h): one waiter thread holds every connection until it has a
 // complete request (deadlines header_timeout and body_timeout, caps on open connections in
@@ -29,17 +30,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
-#include "engine/chat/chat_template.h"
 #include "engine/runtime/model_front.h"
 #include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
 #include "services/router/openai/openai_request.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace pd::router {
 class GenerationService;
@@ -48,6 +42,7 @@ class GenerationService;
 namespace pd::router::openai {
 
 class HttpConnections;
+class HttpRoutes;
 class LiveStreams;
 
 struct HttpFrontConfig {
@@ -73,23 +68,15 @@ struct HttpFrontConfig {
   absl::Status Validate() const;
 };
 
-// The chat template for /v1/chat/completions: `file` (a Jinja file, the --chat_template flag)
-// when set, else the model's (a Hugging Face directory's tokenizer_config.json chat_template or
-// chat_template.jinja); null when the model has none (llama2.c checkpoints). BOS/EOS come from
-// the directory's tokenizer_config.json ("" for llama2.c). Errors: NotFound for an unreadable
-// file, InvalidArgument for a template that does not parse (naming the file). Its renders are
-// bounded by `limits`.
-absl::StatusOr<std::unique_ptr<chat::ChatTemplate>> LoadChatTemplate(
-    const std::string& model, const std::string& file, const chat::ChatTemplateLimits& limits = {});
-
 class HttpFront {
  public:
-  // Binds and starts serving. `service` and `model` must outlive the front; `chat_template`
-  // (may be null: chat requests then get a 400 saying the model has none) is owned.
+  // Binds and starts serving. `service` (whose prompts() has the chat template, if any: without
+  // one chat requests get a 400 saying the model has none) and `model` must outlive the front.
   // InvalidArgument for a bad config; Unavailable when the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<HttpFront>> Start(
-      const HttpFrontConfig& config, GenerationService* service, const engine::ModelFront* model,
-      std::unique_ptr<chat::ChatTemplate> chat_template, metrics::Registry* registry);
+  static absl::StatusOr<std::unique_ptr<HttpFront>> Start(const HttpFrontConfig& config,
+                                                          GenerationService* service,
+                                                          const engine::ModelFront* model,
+                                                          metrics::Registry* registry);
   // Stops (Stop) if still running.
   ~HttpFront();
 
@@ -102,30 +89,13 @@ class HttpFront {
   void Stop();
 
  private:
-  struct Metrics {
-    metrics::Family<metrics::Counter>* requests = nullptr;  // {path, status}
-  };
+  HttpFront();
 
-  HttpFront() = default;
-  void Route();
-  void HandleModels(const httplib::Request& req, httplib::Response& res);
-  void HandleGenerate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  // The request to send through the router; `echo` gets the prompt's text when asked.
-  absl::StatusOr<pdserve::v1::GenerateRequest> ToGenerateRequest(const OpenAiRequest& r,
-                                                                 std::string* echo) const;
-  // OK when the request may go on (not draining).
-  absl::Status Admit() const;
-  void Reply(httplib::Response& res, const absl::Status& status);
-
-  HttpFrontConfig config_;
-  GenerationService* service_ = nullptr;
-  const engine::ModelFront* model_ = nullptr;
-  std::unique_ptr<chat::ChatTemplate> chat_template_;
-  Metrics metrics_;
-  std::unique_ptr<LiveStreams> live_;
-  std::unique_ptr<HttpConnections> connections_;  // destroyed first: its workers use live_
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
+  std::unique_ptr<LiveStreams> live_;
+  std::unique_ptr<HttpRoutes> routes_;
+  std::unique_ptr<HttpConnections> connections_;  // destroyed first: its workers use the rest
 };
 
 }  // namespace pd::router::openai

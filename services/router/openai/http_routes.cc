@@ -1,0 +1,280 @@
+#include "services/router/openai/http_routes.h"
+
+#include <httplib.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "services/router/generation_service.h"
+#include "services/router/openai/http_connections.h"
+#include "services/router/openai/http_stream.h"
+#include "services/router/router_stream.h"
+
+namespace pd::router::openai {
+
+namespace v1 = pdserve::v1;
+
+using json = nlohmann::json;
+
+namespace {
+
+void SetError(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  if (e.http_status == 429 || e.http_status == 503) {
+    res.set_header("Retry-After", "1");
+  }
+  res.set_content(ErrorBody(e), "application/json");
+}
+
+void Reply(httplib::Response& res, const absl::Status& status) {
+  SetError(res, ErrorFromStatus(status));
+}
+
+std::string Header(const httplib::Request& req, const char* name) {
+  return req.has_header(name) ? req.get_header_value(name) : std::string();
+}
+
+CallerAuth Caller(const httplib::Request& req) {
+  CallerAuth caller;
+  if (req.has_header("Authorization")) {
+    caller.authorization = req.get_header_value("Authorization");
+  }
+  return caller;
+}
+
+// Writes an event stream's bytes to httplib's chunked response.
+class DataSinkWriter final : public EventWriter {
+ public:
+  explicit DataSinkWriter(httplib::DataSink& sink) : sink_(sink) {}
+  bool Write(absl::string_view bytes) override { return sink_.write(bytes.data(), bytes.size()); }
+  void Done() override { sink_.done(); }
+
+ private:
+  httplib::DataSink& sink_;
+};
+
+}  // namespace
+
+absl::string_view RouteLabel(absl::string_view path) {
+  if (absl::StartsWith(path, "/v1/models/")) return "/v1/models/{id}";
+  for (absl::string_view route :
+       {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions"}) {
+    if (path == route) return route;
+  }
+  return "other";
+}
+
+ApiError HttpLayerError(int http_status, absl::string_view method, absl::string_view path) {
+  ApiError e;
+  e.http_status = http_status;
+  e.type = "invalid_request_error";
+  if (http_status == 404) {
+    e.message = absl::StrCat("no such endpoint: ", method, " ", path);
+    e.code = "not_found";
+  } else if (http_status == 413) {
+    e.message = "request body is too large (--http_max_body_bytes)";
+    e.code = "request_too_large";
+  } else {
+    e.message = absl::StrCat("http error ", http_status);
+    if (http_status >= 500) e.type = "server_error";
+  }
+  return e;
+}
+
+absl::StatusOr<v1::GenerateRequest> ToGenerateRequest(const OpenAiRequest& r,
+                                                      const PromptEncoder& prompts,
+                                                      const engine::Tokenizer& tokenizer,
+                                                      std::string* echo) {
+  v1::GenerateRequest g;
+  g.set_model(r.model);
+  *g.mutable_sampling() = r.sampling;
+  if (r.logprobs >= 0) g.mutable_sampling()->set_logprobs(static_cast<uint32_t>(r.logprobs));
+  if (r.cache_salt.has_value()) g.set_cache_salt(*r.cache_salt);
+  if (r.endpoint == Endpoint::kCompletions) {
+    if (r.prompt_text.has_value()) {
+      g.set_text(*r.prompt_text);
+      if (r.echo) *echo = *r.prompt_text;
+    } else {
+      g.mutable_token_ids()->mutable_ids()->Add(r.prompt_ids->begin(), r.prompt_ids->end());
+      if (r.echo) {
+        absl::StatusOr<std::string> text = tokenizer.Decode(*r.prompt_ids);
+        if (!text.ok()) return WithParam(text.status(), "prompt");
+        *echo = *std::move(text);
+      }
+    }
+    return g;
+  }
+  std::vector<chat::ChatMessage> messages;
+  messages.reserve(r.messages.size());
+  for (const ChatMessage& m : r.messages) messages.push_back({m.role, m.content});
+  absl::StatusOr<std::vector<uint32_t>> ids = prompts.EncodeChat(messages, r.add_generation_prompt);
+  if (!ids.ok()) {
+    // Too many renders at once (503, retry) is no fault of a field.
+    if (absl::IsUnavailable(ids.status())) return ids.status();
+    return WithParam(ids.status(), "messages");
+  }
+  g.mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+  return g;
+}
+
+HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* model,
+                       ParseLimits limits, LiveStreams* live, const std::atomic<bool>* draining,
+                       metrics::Family<metrics::Counter>* requests)
+    : service_(service),
+      model_(model),
+      limits_(limits),
+      live_(live),
+      draining_(draining),
+      requests_(requests) {}
+
+absl::Status HttpRoutes::Admit() const {
+  if (*draining_) {
+    return absl::UnavailableError("router is draining; retry on another router");
+  }
+  return absl::OkStatus();
+}
+
+void HttpRoutes::Register(httplib::Server& s) {
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
+  s.Get("/v1/models",
+        [this](const httplib::Request& req, httplib::Response& res) { HandleModels(req, res); });
+  s.Get(R"(/v1/models/(.+))",
+        [this](const httplib::Request& req, httplib::Response& res) { HandleModels(req, res); });
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(Endpoint::kCompletions, req, res);
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(Endpoint::kChat, req, res);
+  });
+  // 404 (no route), 413 (body too large) and the like from httplib itself get an error object.
+  s.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        res.set_content(ErrorBody(HttpLayerError(res.status, req.method, req.path)),
+                        "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  // The status is one httplib or a handler set.
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    requests_->WithLabels({std::string(RouteLabel(req.path)), absl::StrCat(res.status)})
+        .Increment();
+  });
+}
+
+void HttpRoutes::HandleHealth(httplib::Response& res) {
+  absl::Status ok = Admit();
+  if (ok.ok() && !service_->ServesModel()) {
+    ok = absl::UnavailableError("no healthy decode worker");
+  }
+  if (ok.ok()) {
+    res.set_content("", "text/plain");
+  } else {
+    Reply(res, ok);
+  }
+}
+
+void HttpRoutes::HandleModels(const httplib::Request& req, httplib::Response& res) {
+  absl::StatusOr<std::string> tenant = service_->Authenticate(Caller(req), nullptr);
+  if (!tenant.ok()) {
+    Reply(res, tenant.status());
+    return;
+  }
+  json model = {{"id", service_->model_id()},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "pdserve"},
+                {"max_model_len", model_->config().seq_len}};
+  if (req.matches.size() > 1) {
+    if (req.matches[1] != service_->model_id()) {
+      Reply(res, WithParam(absl::NotFoundError(absl::StrCat("model '", std::string(req.matches[1]),
+                                                            "' does not exist")),
+                           "model"));
+      return;
+    }
+    res.set_content(model.dump(), "application/json");
+    return;
+  }
+  json list = {{"object", "list"}, {"data", json::array()}};
+  if (service_->ServesModel()) list["data"].push_back(model);
+  res.set_content(list.dump(), "application/json");
+}
+
+void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
+                                httplib::Response& res) {
+  if (absl::Status ok = Admit(); !ok.ok()) {
+    Reply(res, ok);
+    return;
+  }
+  // Authentication first, as OpenAI does: a client without a key learns nothing else.
+  absl::StatusOr<std::string> tenant = service_->Authenticate(Caller(req), nullptr);
+  if (!tenant.ok()) {
+    Reply(res, tenant.status());
+    return;
+  }
+  absl::StatusOr<OpenAiRequest> parsed = ParseRequest(endpoint, req.body, limits_);
+  if (!parsed.ok()) {
+    Reply(res, parsed.status());
+    return;
+  }
+  const OpenAiRequest& r = *parsed;
+  std::string echo;
+  absl::StatusOr<v1::GenerateRequest> g =
+      ToGenerateRequest(r, service_->prompts(), model_->tokenizer(), &echo);
+  if (!g.ok()) {
+    Reply(res, g.status());
+    return;
+  }
+  g->set_client_request_id(Header(req, "X-Request-Id"));
+  HttpStreamOptions options;
+  options.client_gone = CurrentClientGone;
+  auto st = std::make_shared<HttpStream>(live_, std::move(options));
+  absl::StatusOr<std::unique_ptr<RouterStream>> stream =
+      service_->NewStream(*g, Caller(req), absl::InfiniteFuture(), st->sink());
+  if (!stream.ok()) {
+    Reply(res, stream.status());
+    return;
+  }
+  RouterStream* started = stream->get();
+  st->Attach(*std::move(stream));
+  started->Start();
+  // The first message (or an early end) decides the HTTP status.
+  v1::GenerateResponse first;
+  if (absl::Status s = st->WaitFirst(&first); !s.ok()) {
+    Reply(res, s);
+    return;
+  }
+  const std::string id =
+      absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", first.request_id());
+  TokenBytesFn token_bytes;
+  if (r.logprobs >= 0) {
+    token_bytes = [tokenizer = &model_->tokenizer()](uint32_t prev, uint32_t token) {
+      absl::StatusOr<std::string> bytes = tokenizer->DecodeToken(prev, token);
+      return bytes.ok() ? *std::move(bytes) : std::string();
+    };
+  }
+  st->SetBuilder(ResponseBuilder(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(),
+                                 std::move(echo), std::move(token_bytes)));
+  if (!r.stream) {
+    absl::StatusOr<std::string> body = st->ReadBody(first);
+    if (!body.ok()) {
+      Reply(res, body.status());
+      return;
+    }
+    res.set_content(*body, "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  st->StartEvents(first);
+  res.set_chunked_content_provider("text/event-stream",
+                                   [st](size_t /*offset*/, httplib::DataSink& sink) {
+                                     DataSinkWriter out(sink);
+                                     return st->WriteEvents(out);
+                                   });
+}
+
+}  // namespace pd::router::openai

@@ -1,0 +1,78 @@
+// HttpRoutes: the request handlers of pd-router's OpenAI HTTP API (http_front.h lists the
+// routes): authentication, parsing (openai_request.h), the prompt's tokens (the router's
+// PromptEncoder, shared with the gRPC API), the generation through GenerationService, and the
+// answer (http_stream.h writes it). Errors are OpenAI's {"error": {...}} objects.
+//
+// Thread-safety: handlers run on the connection threads at once; the class is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/metrics/metrics.h"
+#include "engine/runtime/model_front.h"
+#include "pd/v1/generation.pb.h"
+#include "services/router/openai/openai_request.h"
+#include "services/router/openai/openai_response.h"
+#include "services/router/prompt_encoder.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace pd::router {
+class GenerationService;
+}  // namespace pd::router
+
+namespace pd::router::openai {
+
+class LiveStreams;
+
+// The `path` label of pd_router_http_requests_total: the route's pattern, or "other" (a client
+// choosing paths or model ids must not grow the label set).
+absl::string_view RouteLabel(absl::string_view path);
+
+// The error object of an error httplib answers itself (404 for no route, 413 for a body over
+// the limit, ...), for `method` and `path` of the request.
+ApiError HttpLayerError(int http_status, absl::string_view method, absl::string_view path);
+
+// The request to send through the router for `r`: chat messages become token ids
+// (prompts.EncodeChat), a completion's text or ids are passed on (GenerationService encodes
+// them with the same PromptEncoder). `echo` gets the prompt's text when r.echo. Errors carry
+// their param ("messages", "prompt"); Unavailable (too many chat renders at once) carries none.
+absl::StatusOr<pdserve::v1::GenerateRequest> ToGenerateRequest(const OpenAiRequest& r,
+                                                               const PromptEncoder& prompts,
+                                                               const engine::Tokenizer& tokenizer,
+                                                               std::string* echo);
+
+class HttpRoutes {
+ public:
+  // Everything passed must outlive the routes. `draining`: new requests get 503 while true.
+  // `requests`: pd_router_http_requests_total {path, status}.
+  HttpRoutes(GenerationService* service, const engine::ModelFront* model, ParseLimits limits,
+             LiveStreams* live, const std::atomic<bool>* draining,
+             metrics::Family<metrics::Counter>* requests);
+
+  // Adds the routes, the error handler and the request counter to `server`.
+  void Register(httplib::Server& server);
+
+ private:
+  void HandleHealth(httplib::Response& res);
+  void HandleModels(const httplib::Request& req, httplib::Response& res);
+  void HandleGenerate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // OK when the request may go on (not draining).
+  absl::Status Admit() const;
+
+  GenerationService* const service_;
+  const engine::ModelFront* const model_;
+  const ParseLimits limits_;
+  LiveStreams* const live_;
+  const std::atomic<bool>* const draining_;
+  metrics::Family<metrics::Counter>* const requests_;
+};
+
+}  // namespace pd::router::openai
