@@ -27,6 +27,7 @@ namespace {
 
 namespace v1 = pdserve::internal::v1;
 
+using tierd::PromotedBlock;
 using tierd::SessionId;
 using tierd::TierdConfig;
 using tierd::TierdServer;
