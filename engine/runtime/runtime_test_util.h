@@ -1,11 +1,14 @@
-// Helpers shared by the ModelRuntime tests: stories260K paths and a greedy generation driven
-// through the scheduler on the calling thread.
+// Helpers shared by the ModelRuntime tests: stories260K paths, a greedy generation driven
+// through the scheduler on the calling thread, and the statistics of a running EngineLoop.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "engine/runtime/engine_loop.h"
 #include "engine/runtime/model_runtime.h"
 #include "gtest/gtest.h"
 
@@ -56,6 +59,18 @@ inline std::vector<Generated> GreedyAll(ModelRuntime* rt,
     rt->scheduler()->Step();
   }
   return out;
+}
+
+// The scheduler's statistics read on `loop`'s thread, after everything posted before.
+inline SchedulerStats StatsAfterPosted(EngineLoop* loop) {
+  SchedulerStats stats;
+  absl::Notification read;
+  loop->Post([&](Scheduler& s) {
+    stats = s.Stats();
+    read.Notify();
+  });
+  EXPECT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  return stats;
 }
 
 }  // namespace pd::engine::testing

@@ -11,10 +11,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
-#include "services/tierd/checksum.h"
-#include "services/tierd/dram_pool.h"
+#include "services/tier_shm/block_checksum.h"
+#include "services/tier_shm/dram_slots.h"
 
-namespace pd::tierd {
+namespace pd::tier_client {
 
 namespace v1 = pdserve::internal::v1;
 
@@ -43,23 +43,24 @@ absl::Status TierClientConfig::Validate() const {
   return absl::OkStatus();
 }
 
-bool PromotedRun::CopyOut(size_t k, uint8_t* dst) const {
+bool ShmPromotedRun::CopyOut(size_t k, uint8_t* dst) const {
   const uint8_t* src = region_->data() + static_cast<size_t>(slots_[k]) * slot_bytes_;
   std::memcpy(dst, src, static_cast<size_t>(block_bytes_));
-  if (BlockChecksum(absl::MakeConstSpan(dst, static_cast<size_t>(block_bytes_))) != checksums_[k]) {
+  if (tier_shm::BlockChecksum(absl::MakeConstSpan(dst, static_cast<size_t>(block_bytes_))) !=
+      checksums_[k]) {
     client_->CountChecksumFailure();
     return false;
   }
   return true;
 }
 
-const uint8_t* PromotedRun::BlockBytes(size_t k) const {
+const uint8_t* ShmPromotedRun::BlockBytes(size_t k) const {
   return region_->data() + static_cast<size_t>(slots_[k]) * slot_bytes_;
 }
 
-bool PromotedRun::Verify(size_t k) const {
-  if (BlockChecksum(absl::MakeConstSpan(BlockBytes(k), static_cast<size_t>(block_bytes_))) !=
-      checksums_[k]) {
+bool ShmPromotedRun::Verify(size_t k) const {
+  if (tier_shm::BlockChecksum(
+          absl::MakeConstSpan(BlockBytes(k), static_cast<size_t>(block_bytes_))) != checksums_[k]) {
     client_->CountChecksumFailure();
     return false;
   }
@@ -152,7 +153,7 @@ void TierClient::DropStaleUnboundLocked() {
 void TierClient::Offer(const BlockHash& hash, BlockFill fill) {
   const int64_t block_bytes = config_.layout.block_bytes();
   std::optional<Unbound> slot;
-  std::shared_ptr<ShmRegion> region;
+  std::shared_ptr<tier_shm::ShmRegion> region;
   int64_t slot_bytes = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -214,8 +215,11 @@ void TierClient::Prepare(std::vector<BlockHash> chain, PrepareDone done,
 }
 
 void TierClient::Release(const PromotedRun& run) {
+  // Every run this client hands out is a ShmPromotedRun (the TierLink contract: `run` came from
+  // this link's Prepare).
+  const auto& shm_run = static_cast<const ShmPromotedRun&>(run);
   absl::MutexLock lock(&mu_);
-  releases_.push_back(Releases{run.session_, run.slots_});
+  releases_.push_back(Releases{shm_run.session_, shm_run.slots_});
 }
 
 bool TierClient::WaitAttached(absl::Duration timeout) {
@@ -232,20 +236,20 @@ void TierClient::FlushOffersForTest() {
   mu_.Await(absl::Condition(&done));
 }
 
-bool TierClient::AwaitStatsForTest(absl::FunctionRef<bool(const TierClientStats&)> done,
+bool TierClient::AwaitStatsForTest(absl::FunctionRef<bool(const TierLinkStats&)> done,
                                    absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto ready = [this, done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done(StatsLocked()); };
   return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
 }
 
-TierClientStats TierClient::Stats() const {
+TierLinkStats TierClient::Stats() const {
   absl::MutexLock lock(&mu_);
   return StatsLocked();
 }
 
-TierClientStats TierClient::StatsLocked() const {
-  TierClientStats st = stats_;
+TierLinkStats TierClient::StatsLocked() const {
+  TierLinkStats st = stats_;
   st.attached = attached_;
   st.unbound_slots_held = static_cast<int64_t>(unbound_.size());
   return st;
@@ -288,7 +292,7 @@ bool TierClient::Attach() {
                              << ": " << s.error_message() << " (running without lower tiers)";
     return false;
   }
-  absl::StatusOr<std::unique_ptr<ShmRegion>> region = DramPool::MapExisting(
+  absl::StatusOr<std::unique_ptr<tier_shm::ShmRegion>> region = tier_shm::MapDramPool(
       resp.shm_name(), resp.num_slots(), static_cast<int64_t>(resp.slot_bytes()));
   if (!region.ok()) {
     LOG_EVERY_N(WARNING, 30) << "tier client: cannot map tierd's pool " << resp.shm_name() << ": "
@@ -297,21 +301,22 @@ bool TierClient::Attach() {
     ++stats_.rpc_failures_total;
     return false;
   }
-  std::shared_ptr<ShmRegion> mapped;
+  std::shared_ptr<tier_shm::ShmRegion> mapped;
   if (config_.on_map) {
     // The hook's cleanup runs before the unmap, whoever drops the mapping last (this client on
     // re-attach, or a PromotedRun still in use).
     absl::AnyInvocable<void()> before_unmap =
         config_.on_map((*region)->data(), (*region)->size_bytes());
-    mapped = std::shared_ptr<ShmRegion>(
-        region->release(), [before_unmap = std::move(before_unmap)](ShmRegion* r) mutable {
+    mapped = std::shared_ptr<tier_shm::ShmRegion>(
+        region->release(),
+        [before_unmap = std::move(before_unmap)](tier_shm::ShmRegion* r) mutable {
           if (before_unmap) {
             before_unmap();
           }
-          std::default_delete<ShmRegion>()(r);
+          std::default_delete<tier_shm::ShmRegion>()(r);
         });
   } else {
-    mapped = std::shared_ptr<ShmRegion>(std::move(*region));
+    mapped = std::shared_ptr<tier_shm::ShmRegion>(std::move(*region));
   }
   absl::MutexLock lock(&mu_);
   session_ = resp.session_id();
@@ -430,7 +435,7 @@ void TierClient::Loop() {
 
 void TierClient::RunCommits(std::vector<Filled> filled) {
   uint64_t session = 0;
-  std::shared_ptr<ShmRegion> region;
+  std::shared_ptr<tier_shm::ShmRegion> region;
   int64_t slot_bytes = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -450,7 +455,7 @@ void TierClient::RunCommits(std::vector<Filled> filled) {
     v1::CommitEntry* e = req.add_entries();
     e->set_block_hash(f.hash.ToBytes());
     e->set_slot(f.slot);
-    e->set_checksum(BlockChecksum(absl::MakeConstSpan(
+    e->set_checksum(tier_shm::BlockChecksum(absl::MakeConstSpan(
         region->data() + static_cast<size_t>(f.slot) * slot_bytes, block_bytes)));
   }
   uint64_t stored = 0;
@@ -543,7 +548,7 @@ void TierClient::RunReleases(std::vector<Releases> releases) {
 }
 
 void TierClient::RunPrepare(PrepareJob job) {
-  auto run = std::make_shared<PromotedRun>();
+  auto run = std::make_shared<ShmPromotedRun>();
   {
     absl::MutexLock lock(&mu_);
     run->client_ = this;
@@ -571,7 +576,8 @@ void TierClient::RunPrepare(PrepareJob job) {
     }
     run->slots_.push_back(b.slot());
     run->checksums_.push_back(b.checksum());
-    run->sources_.push_back(b.source_tier() == v1::TIER_NVME ? TierKind::kNvme : TierKind::kDram);
+    run->sources_.push_back(b.source_tier() == v1::TIER_NVME ? tier_shm::TierKind::kNvme
+                                                             : tier_shm::TierKind::kDram);
     from_nvme += b.source_tier() == v1::TIER_NVME;
   }
   {
@@ -601,10 +607,10 @@ void TierClient::RunOffers(std::vector<Staged> batch) {
   std::vector<uint64_t> checksums;
   for (const Staged& s : unique) {
     hashes.push_back(s.hash);
-    checksums.push_back(BlockChecksum(s.bytes));
+    checksums.push_back(tier_shm::BlockChecksum(s.bytes));
   }
   uint64_t session = 0;
-  std::shared_ptr<ShmRegion> region;
+  std::shared_ptr<tier_shm::ShmRegion> region;
   int64_t slot_bytes = 0;
   int64_t num_slots = 0;
   {
@@ -675,4 +681,4 @@ void TierClient::RunOffers(std::vector<Staged> batch) {
   stats_.offer_dropped_blocks_total += dropped;
 }
 
-}  // namespace pd::tierd
+}  // namespace pd::tier_client

@@ -1,6 +1,7 @@
-// TierClient: a worker's side of its node's pd-tierd (proto/pd/v1/tierd.proto): it attaches,
-// maps the shared DRAM pool, offers the blocks its pool evicts (G1 -> G2) and makes the tiers'
-// blocks of a prompt readable before the prompt is admitted (G2/G3 -> G1).
+// TierClient: a worker's side of its node's pd-tierd (proto/pd/v1/tierd.proto), the real
+// TierLink (tier_link.h): it attaches, maps the shared DRAM pool (services/tier_shm), offers the
+// blocks its pool evicts (G1 -> G2) and makes the tiers' blocks of a prompt readable before the
+// prompt is admitted (G2/G3 -> G1).
 //
 //   Offer(hash, bytes)      scheduler thread, inside the pool's eviction: copies the block into
 //                           a bounded staging area and returns; the client thread later runs
@@ -40,10 +41,11 @@
 #include "common/hash/block_hash.h"
 #include "pd/v1/tierd.grpc.pb.h"
 #include "services/base/grpc_security.h"
-#include "services/tierd/shm_region.h"
-#include "services/tierd/tier_store.h"
+#include "services/tier_client/tier_link.h"
+#include "services/tier_shm/shm_region.h"
+#include "services/tier_shm/tier_kind.h"
 
-namespace pd::tierd {
+namespace pd::tier_client {
 
 struct TierClientConfig {
   std::string tierd_address;  // "host:port" of the node's pd-tierd. Required.
@@ -74,84 +76,54 @@ struct TierClientConfig {
   absl::Status Validate() const;
 };
 
-struct TierClientStats {
-  bool attached = false;
-  uint64_t attaches_total = 0;
-  uint64_t rpc_failures_total = 0;             // failed calls (tierd down, timeouts, refusals)
-  uint64_t offered_blocks_total = 0;           // sent to AllocateSlots
-  uint64_t offer_stored_blocks_total = 0;      // committed into DRAM
-  uint64_t offer_skipped_blocks_total = 0;     // the node already had them
-  uint64_t offer_dropped_blocks_total = 0;     // no slot, staging full, tierd down, bad commit
-  uint64_t offered_in_place_blocks_total = 0;  // of the offers, copied straight into a slot
-  int64_t unbound_slots_held = 0;              // reserved slots ready for in-place offers now
-  uint64_t prepares_total = 0;                 // Prepare calls answered
-  uint64_t promoted_blocks_total = 0;          // blocks made readable by Promote
-  uint64_t promoted_from_nvme_total = 0;       // of those, read from NVMe by tierd
-  uint64_t checksum_failures_total = 0;        // CopyOut copies that failed verification
-  bool node_mismatch = false;                  // the attached tierd names another node
-};
-
 class TierClient;
 
-// Blocks of one chain pinned in the DRAM pool for this worker's session, in chain order.
-// Keeps the mapping alive. Thread-safe (immutable after creation, counters atomic-free: the
-// client counts failures).
-class PromotedRun {
+// The real client's PromotedRun: slots of tierd's DRAM pool pinned for this worker's session,
+// read through the client's mapping (kept alive by the run).
+class ShmPromotedRun final : public PromotedRun {
  public:
-  size_t size() const { return slots_.size(); }
-  TierKind source(size_t k) const { return sources_[k]; }
-  // Copies block k into `dst` (block_bytes bytes) and verifies the copy against tierd's
-  // checksum. false when it does not match (the slot was reused after its lease, or damaged).
-  bool CopyOut(size_t k, uint8_t* dst) const;
-  // For a copy the caller makes itself (a device pool: cudaMemcpyAsync straight from shared
-  // memory): block k's bytes in tierd's pool, block_bytes() long, valid while the run lives.
-  // Call Verify(k) after the copy.
-  const uint8_t* BlockBytes(size_t k) const;
-  // Whether block k's bytes in shared memory hash to tierd's checksum now (false counts a
-  // checksum failure, as CopyOut does). Checked after the copy, it catches a slot reused during
-  // the copy, as CopyOut's check of its own copy does.
-  bool Verify(size_t k) const;
-  int64_t block_bytes() const { return block_bytes_; }
+  size_t size() const override { return slots_.size(); }
+  int64_t block_bytes() const override { return block_bytes_; }
+  tier_shm::TierKind source(size_t k) const override { return sources_[k]; }
+  bool CopyOut(size_t k, uint8_t* dst) const override;
+  const uint8_t* BlockBytes(size_t k) const override;
+  bool Verify(size_t k) const override;
 
  private:
   friend class TierClient;
   TierClient* client_ = nullptr;
-  std::shared_ptr<ShmRegion> region_;
+  std::shared_ptr<tier_shm::ShmRegion> region_;
   uint64_t session_ = 0;
   int64_t slot_bytes_ = 0;
   int64_t block_bytes_ = 0;
   std::vector<uint32_t> slots_;
   std::vector<uint64_t> checksums_;
-  std::vector<TierKind> sources_;
+  std::vector<tier_shm::TierKind> sources_;
 };
 
-class TierClient {
+class TierClient final : public TierLink {
  public:
-  using PrepareDone = absl::AnyInvocable<void(std::shared_ptr<const PromotedRun>)>;
-
   // Starts the client thread, which attaches (and keeps re-attaching while tierd is down).
   // InvalidArgument for a bad config; never fails because tierd is unreachable.
   static absl::StatusOr<std::unique_ptr<TierClient>> Start(TierClientConfig config);
   // Stops the thread; pending Prepare calls get nullptr; detaches.
-  ~TierClient();
+  ~TierClient() override;
 
   TierClient(const TierClient&) = delete;
   TierClient& operator=(const TierClient&) = delete;
 
-  // Offers an evicted block. `fill` writes its block_bytes bytes to `dst` (false: the block
-  // could not be read; nothing is offered) and is called before Offer returns, on the caller's
-  // thread: into an unbound DRAM slot when one is reserved, else into a staging buffer the
-  // client thread offers later. Never blocks on tierd.
-  using BlockFill = absl::FunctionRef<bool(uint8_t* dst)>;
-  void Offer(const BlockHash& hash, BlockFill fill);
+  // Offers an evicted block: `fill` writes it into an unbound DRAM slot when one is reserved,
+  // else into a staging buffer the client thread offers later. Never blocks on tierd.
+  void Offer(const BlockHash& hash, BlockFill fill) override;
   // The same for bytes in host memory (block_bytes long, else dropped).
   void Offer(const BlockHash& hash, absl::Span<const uint8_t> block);
   // `recompute_seconds_per_block` (0 = unknown) is the worker's measured cost of computing one
   // block: tierd fetches blocks from other nodes only while that is faster
   // (PromoteRequest.recompute_seconds_per_block).
+  // Answers on the client thread.
   void Prepare(std::vector<BlockHash> chain, PrepareDone done,
-               double recompute_seconds_per_block = 0);
-  void Release(const PromotedRun& run);
+               double recompute_seconds_per_block) override;
+  void Release(const PromotedRun& run) override;
 
   // Blocks until the client is attached or `timeout` passes (tests, startup logs).
   bool WaitAttached(absl::Duration timeout);
@@ -159,10 +131,10 @@ class TierClient {
   void FlushOffersForTest();
   // Blocks until `done` holds for the client's statistics or `timeout` passes; returns whether
   // it held (tests). `done` runs under the client's lock: it must only read its argument.
-  bool AwaitStatsForTest(absl::FunctionRef<bool(const TierClientStats&)> done,
+  bool AwaitStatsForTest(absl::FunctionRef<bool(const TierLinkStats&)> done,
                          absl::Duration timeout);
 
-  TierClientStats Stats() const;
+  TierLinkStats Stats() const override;
 
  private:
   struct Staged {
@@ -189,7 +161,7 @@ class TierClient {
     BlockHash hash;
   };
 
-  friend class PromotedRun;  // counts checksum failures
+  friend class ShmPromotedRun;  // counts checksum failures
 
   explicit TierClient(TierClientConfig config);
   void Loop();
@@ -207,7 +179,7 @@ class TierClient {
   // Counts a failed call; FAILED_PRECONDITION (unknown session) or UNAVAILABLE detaches.
   void OnRpcFailure(const grpc::Status& status, absl::string_view what);
   void CountChecksumFailure();
-  TierClientStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TierLinkStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TierClientConfig config_;
   std::unique_ptr<pdserve::internal::v1::TierService::Stub> stub_;
@@ -216,7 +188,7 @@ class TierClient {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t session_ ABSL_GUARDED_BY(mu_) = 0;
-  std::shared_ptr<ShmRegion> region_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<tier_shm::ShmRegion> region_ ABSL_GUARDED_BY(mu_);
   int64_t num_slots_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t slot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);
@@ -228,8 +200,8 @@ class TierClient {
   std::vector<Releases> releases_ ABSL_GUARDED_BY(mu_);
   // A batch of offers, commits or releases is being sent right now.
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
-  TierClientStats stats_ ABSL_GUARDED_BY(mu_);
+  TierLinkStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
-}  // namespace pd::tierd
+}  // namespace pd::tier_client

@@ -1,7 +1,5 @@
 #include "services/tierd/checksum.h"
 
-#include <xxhash.h>
-
 #include <array>
 
 namespace pd::tierd {
@@ -24,10 +22,6 @@ constexpr std::array<uint32_t, 256> MakeCrc32cTable() {
 constexpr std::array<uint32_t, 256> kCrc32cTable = MakeCrc32cTable();
 
 }  // namespace
-
-uint64_t BlockChecksum(absl::Span<const uint8_t> block) {
-  return XXH3_64bits(block.data(), block.size());
-}
 
 uint32_t Crc32c(absl::Span<const uint8_t> bytes) {
   uint32_t crc = 0xffffffffu;

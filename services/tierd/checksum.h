@@ -1,5 +1,5 @@
-// Checksums of pd-tierd: the block checksum every tier records and verifies (the one
-// tierd.proto names), and the CRC that guards each record of the NVMe manifest.
+// The CRC that guards each record of pd-tierd's NVMe manifest. (The block checksum every tier
+// records and verifies is services/tier_shm/block_checksum.h, shared with the workers.)
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -10,10 +10,6 @@
 #include "absl/types/span.h"
 
 namespace pd::tierd {
-
-// XXH3-64 with seed 0 of a block's bytes (its block_bytes, never the slot padding). The same
-// value a worker computes for CommitEntry.checksum and verifies for PromotedBlock.checksum.
-uint64_t BlockChecksum(absl::Span<const uint8_t> block);
 
 // CRC-32C (Castagnoli, reflected, initial and final xor 0xffffffff) of `bytes`; guards manifest
 // records and the manifest header. Crc32c("123456789") == 0xe3069283.

@@ -9,22 +9,18 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
-#include "services/tierd/checksum.h"
+#include "services/tier_shm/block_checksum.h"
 
 namespace pd::tierd {
 namespace {
 
 constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
-constexpr int64_t kMaxSlots = int64_t{std::numeric_limits<uint32_t>::max()} - 1;
+constexpr int64_t kMaxSlots = tier_shm::kMaxDramSlots;
 
 }  // namespace
 
-int64_t SlotBytesFor(int64_t block_bytes) {
-  return (block_bytes + kSlotAlignBytes - 1) / kSlotAlignBytes * kSlotAlignBytes;
-}
-
 absl::Status DramPoolConfig::Validate() const {
-  PD_RETURN_IF_ERROR(ShmRegion::ValidateName(shm_name));
+  PD_RETURN_IF_ERROR(tier_shm::ShmRegion::ValidateName(shm_name));
   if (num_slots < 1 || num_slots > kMaxSlots) {
     return absl::InvalidArgumentError(
         absl::StrCat("dram pool: num_slots must be in [1, ", kMaxSlots, "], got ", num_slots));
@@ -63,15 +59,16 @@ std::string DramPoolConfig::DefaultShmName(absl::string_view node) {
 
 absl::StatusOr<std::unique_ptr<DramPool>> DramPool::Create(DramPoolConfig config, Clock* clock) {
   PD_RETURN_IF_ERROR(config.Validate());
-  const int64_t slot_bytes = SlotBytesFor(config.block_bytes);
+  const int64_t slot_bytes = tier_shm::SlotBytesFor(config.block_bytes);
   size_t size_bytes = 0;
   if (__builtin_mul_overflow(static_cast<size_t>(slot_bytes), static_cast<size_t>(config.num_slots),
                              &size_bytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("dram pool: ", config.num_slots, " slots of ", slot_bytes, " bytes overflow"));
   }
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<ShmRegion> region,
-                      ShmRegion::Create(config.shm_name, size_bytes, config.reserve_memory));
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<tier_shm::ShmRegion> region,
+      tier_shm::ShmRegion::Create(config.shm_name, size_bytes, config.reserve_memory));
   LOG(INFO) << "dram pool: shm " << config.shm_name << ", " << config.num_slots << " slots of "
             << slot_bytes << " bytes (block " << config.block_bytes << " bytes, " << size_bytes
             << " bytes in all), watermarks " << config.low_watermark << ".."
@@ -79,23 +76,9 @@ absl::StatusOr<std::unique_ptr<DramPool>> DramPool::Create(DramPoolConfig config
   return std::unique_ptr<DramPool>(new DramPool(std::move(config), clock, std::move(region)));
 }
 
-absl::StatusOr<std::unique_ptr<ShmRegion>> DramPool::MapExisting(absl::string_view shm_name,
-                                                                 int64_t num_slots,
-                                                                 int64_t slot_bytes) {
-  size_t size_bytes = 0;
-  if (num_slots < 1 || num_slots > kMaxSlots || slot_bytes < kSlotAlignBytes ||
-      slot_bytes % kSlotAlignBytes != 0 ||
-      __builtin_mul_overflow(static_cast<size_t>(num_slots), static_cast<size_t>(slot_bytes),
-                             &size_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("dram pool ", shm_name, ": bad geometry ",
-                                                   num_slots, " slots of ", slot_bytes, " bytes"));
-  }
-  return ShmRegion::MapExisting(shm_name, size_bytes);
-}
-
-DramPool::DramPool(DramPoolConfig config, Clock* clock, std::unique_ptr<ShmRegion> region)
+DramPool::DramPool(DramPoolConfig config, Clock* clock, std::unique_ptr<tier_shm::ShmRegion> region)
     : config_(std::move(config)),
-      slot_bytes_(SlotBytesFor(config_.block_bytes)),
+      slot_bytes_(tier_shm::SlotBytesFor(config_.block_bytes)),
       clock_(clock),
       region_(std::move(region)),
       slots_(static_cast<size_t>(config_.num_slots)) {
@@ -209,7 +192,8 @@ CommitOutcome DramPool::Commit(SessionId session, DramSlot slot_id, const BlockH
   }
   // Hash outside the lock: the reservation keeps the slot ours (only this session may commit or
   // release it; a concurrent lease expiry is re-checked below).
-  const bool match = !options.verify_checksum || BlockChecksum(BlockSpan(slot_id)) == checksum;
+  const bool match =
+      !options.verify_checksum || tier_shm::BlockChecksum(BlockSpan(slot_id)) == checksum;
   absl::MutexLock lock(&mu_);
   Slot& slot = slots_[s];
   if (slot.state != SlotState::kWriting || slot.hash != hash ||

@@ -1,8 +1,7 @@
 // DramPool: pd-tierd's DRAM tier (G2, docs/architecture.md, "Tiers"): a POSIX shared-memory region
 // of num_slots slots that the node's workers map by name, plus tierd's bookkeeping of what every
-// slot holds. Slot i occupies bytes [i * slot_bytes, i * slot_bytes + block_bytes) of the region;
-// slot_bytes is block_bytes rounded up to 4096, so every slot is page-aligned and can be the buffer
-// of an O_DIRECT read or write (NvmeStore) without a bounce copy.
+// slot holds. The slot layout (slot i at i * slot_bytes, slot_bytes = block_bytes rounded up to
+// 4096, page-aligned for O_DIRECT) is services/tier_shm/dram_slots.h, which the workers share.
 //
 // Slot life cycle (tierd.proto "Offer" and "Restore" flows):
 //
@@ -55,7 +54,7 @@
 #include "common/base/strong_id.h"
 #include "common/hash/block_hash.h"
 #include "common/time/clock.h"
-#include "services/tierd/shm_region.h"
+#include "services/tier_shm/dram_slots.h"
 #include "services/tierd/slot_lru.h"
 
 namespace pd::tierd {
@@ -66,12 +65,6 @@ using DramSlot = StrongId<struct DramSlotTag, uint32_t>;
 using SessionId = StrongId<struct SessionIdTag, uint64_t>;
 // The session tierd uses for its own claims (NVMe restores); its claims never expire.
 inline constexpr SessionId kTierdSession{0};
-
-// Alignment and granularity of slots (and of NVMe I/O).
-inline constexpr int64_t kSlotAlignBytes = 4096;
-
-// `block_bytes` rounded up to kSlotAlignBytes.
-int64_t SlotBytesFor(int64_t block_bytes);
 
 struct DramPoolConfig {
   // shm_open name, e.g. DefaultShmName("node1") = "/pdserve-node1-g2". Required.
@@ -86,8 +79,8 @@ struct DramPoolConfig {
   double low_watermark = 0.75;
   // Lifetime of a session's claim (AttachResponse.lease_ms). > 0, whole milliseconds.
   absl::Duration lease = absl::Seconds(30);
-  // Allocate the region's pages at Create (see ShmRegion::Create); off only in tests of huge
-  // sparse pools.
+  // Allocate the region's pages at Create (see tier_shm::ShmRegion::Create); off only in tests of
+  // huge sparse pools.
   bool reserve_memory = true;
 
   // InvalidArgument naming the first bad field.
@@ -169,19 +162,11 @@ struct DramPoolStats {
 
 class DramPool {
  public:
-  // Creates the shared-memory region (ShmRegion::Create; its errors, which name the shm
+  // Creates the shared-memory region (tier_shm::ShmRegion::Create; its errors, which name the shm
   // object) and an empty pool. `clock` (not owned, outlives the pool) times claim leases.
   // InvalidArgument when `config` is invalid.
   static absl::StatusOr<std::unique_ptr<DramPool>> Create(DramPoolConfig config,
                                                           Clock* clock = Clock::Real());
-
-  // Worker side: maps the pool tierd created, read-write, from the geometry AttachResponse
-  // reports (the mapping is num_slots * slot_bytes bytes; slot i starts at i * slot_bytes).
-  // Never creates or unlinks. Errors as ShmRegion::MapExisting (NotFound: no such pool;
-  // FailedPrecondition: another size), InvalidArgument for a bad geometry.
-  static absl::StatusOr<std::unique_ptr<ShmRegion>> MapExisting(absl::string_view shm_name,
-                                                                int64_t num_slots,
-                                                                int64_t slot_bytes);
 
   DramPool(const DramPool&) = delete;
   DramPool& operator=(const DramPool&) = delete;
@@ -281,7 +266,7 @@ class DramPool {
 
   static constexpr uint32_t kNone = kSlotNone;
 
-  DramPool(DramPoolConfig config, Clock* clock, std::unique_ptr<ShmRegion> region);
+  DramPool(DramPoolConfig config, Clock* clock, std::unique_ptr<tier_shm::ShmRegion> region);
 
   absl::Time DeadlineFor(SessionId session) const;
   void LinkMru(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -297,7 +282,7 @@ class DramPool {
   const DramPoolConfig config_;
   const int64_t slot_bytes_;
   Clock* const clock_;
-  const std::unique_ptr<ShmRegion> region_;
+  const std::unique_ptr<tier_shm::ShmRegion> region_;
 
   mutable absl::Mutex mu_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
@@ -310,7 +295,7 @@ class DramPool {
   int64_t valid_ ABSL_GUARDED_BY(mu_) = 0;   // kValid including pinned
   int64_t pinned_ ABSL_GUARDED_BY(mu_) = 0;  // kValid slots with at least one pin
   int64_t evicting_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t unbound_ ABSL_GUARDED_BY(mu_) = 0;  // kWriting slots with unbound set
+  int64_t unbound_ ABSL_GUARDED_BY(mu_) = 0;   // kWriting slots with unbound set
   DramPoolStats totals_ ABSL_GUARDED_BY(mu_);  // only the *_total fields are used
 };
 

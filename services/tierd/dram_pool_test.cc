@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/time/clock.h"
 #include "gtest/gtest.h"
-#include "services/tierd/checksum.h"
+#include "services/tier_shm/block_checksum.h"
 
 namespace pd::tierd {
 namespace {
@@ -48,7 +48,7 @@ class DramPoolTest : public ::testing::Test {
     for (size_t i = 0; i < block.size(); ++i) {
       block[i] = static_cast<uint8_t>(hash.high * 31 + i);
     }
-    const uint64_t checksum = BlockChecksum(block);
+    const uint64_t checksum = tier_shm::BlockChecksum(block);
     EXPECT_EQ(pool.Commit(session, r.slot, hash, checksum), CommitOutcome::kStored);
     return checksum;
   }
@@ -63,8 +63,6 @@ TEST_F(DramPoolTest, GeometryIsPageAligned) {
   EXPECT_EQ(pool->size_bytes(), 4u * 8192);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pool->SlotData(DramSlot(3))) % 4096, 0u);
   EXPECT_EQ(pool->SlotData(DramSlot(1)) - pool->SlotData(DramSlot(0)), 8192);
-  EXPECT_EQ(SlotBytesFor(4096), 4096);
-  EXPECT_EQ(SlotBytesFor(4097), 8192);
 }
 
 TEST_F(DramPoolTest, UnboundReservationIsNamedAtCommit) {
@@ -83,7 +81,7 @@ TEST_F(DramPoolTest, UnboundReservationIsNamedAtCommit) {
   EXPECT_FALSE(pool->IsUnboundReservation(kWorkerB, a.slot));
   EXPECT_EQ(pool->StateOf(a.slot), SlotState::kWriting);
   std::memset(pool->SlotData(a.slot), 0x11, pool->block_bytes());
-  const uint64_t checksum = BlockChecksum(pool->BlockSpan(a.slot));
+  const uint64_t checksum = tier_shm::BlockChecksum(pool->BlockSpan(a.slot));
   // Another session cannot name it; the owner names it at Commit.
   EXPECT_EQ(pool->Commit(kWorkerB, a.slot, H(1), checksum), CommitOutcome::kNotReserved);
   EXPECT_EQ(pool->Commit(kWorkerA, a.slot, H(1), checksum), CommitOutcome::kStored);
@@ -134,7 +132,7 @@ TEST_F(DramPoolTest, OfferFlowReserveCommitPinRelease) {
   EXPECT_FALSE(pool->Pin(H(1), kWorkerB).has_value());
 
   std::memset(pool->SlotData(r.slot), 0xab, pool->block_bytes());
-  const uint64_t checksum = BlockChecksum(pool->BlockSpan(r.slot));
+  const uint64_t checksum = tier_shm::BlockChecksum(pool->BlockSpan(r.slot));
   // Only the reserving session, for the reserved hash, may commit.
   EXPECT_EQ(pool->Commit(kWorkerB, r.slot, H(1), checksum), CommitOutcome::kNotReserved);
   EXPECT_EQ(pool->Commit(kWorkerA, r.slot, H(2), checksum), CommitOutcome::kNotReserved);
@@ -170,16 +168,16 @@ TEST_F(DramPoolTest, WorkerMapsThePoolByName) {
   auto pool = MakePool(4, 5000);
   ASSERT_NE(pool, nullptr);
   const uint64_t checksum = Store(*pool, H(7));
-  absl::StatusOr<std::unique_ptr<ShmRegion>> worker =
-      DramPool::MapExisting(pool->shm_name(), pool->num_slots(), pool->slot_bytes());
+  absl::StatusOr<std::unique_ptr<tier_shm::ShmRegion>> worker =
+      tier_shm::MapDramPool(pool->shm_name(), pool->num_slots(), pool->slot_bytes());
   ASSERT_TRUE(worker.ok()) << worker.status();
   std::optional<PinnedBlock> pin = pool->Pin(H(7), kWorkerB);
   ASSERT_TRUE(pin.has_value());
   const uint8_t* mine = (*worker)->data() + pin->slot.value() * pool->slot_bytes();
-  EXPECT_EQ(BlockChecksum(absl::MakeConstSpan(mine, 5000)), checksum);
-  EXPECT_EQ(DramPool::MapExisting(pool->shm_name(), 5, pool->slot_bytes()).status().code(),
+  EXPECT_EQ(tier_shm::BlockChecksum(absl::MakeConstSpan(mine, 5000)), checksum);
+  EXPECT_EQ(tier_shm::MapDramPool(pool->shm_name(), 5, pool->slot_bytes()).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(DramPool::MapExisting(pool->shm_name(), 4, 5000).status().code(),
+  EXPECT_EQ(tier_shm::MapDramPool(pool->shm_name(), 4, 5000).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -189,7 +187,7 @@ TEST_F(DramPoolTest, CommitWithWrongChecksumFreesTheSlot) {
   Reservation r = pool->Reserve(H(1), kWorkerA);
   ASSERT_EQ(r.outcome, ReserveOutcome::kGranted);
   std::memset(pool->SlotData(r.slot), 1, pool->block_bytes());
-  const uint64_t wrong = BlockChecksum(pool->BlockSpan(r.slot)) ^ 1;
+  const uint64_t wrong = tier_shm::BlockChecksum(pool->BlockSpan(r.slot)) ^ 1;
   EXPECT_EQ(pool->Commit(kWorkerA, r.slot, H(1), wrong), CommitOutcome::kChecksumMismatch);
   EXPECT_EQ(pool->StateOf(r.slot), SlotState::kFree);
   EXPECT_FALSE(pool->Contains(H(1)));
@@ -234,7 +232,7 @@ TEST_F(DramPoolTest, EvictionCandidatesAreLeastRecentlyUsedAndUnpinned) {
     EXPECT_EQ(pool->StateOf(e.slot), SlotState::kEvicting);
     EXPECT_FALSE(pool->Contains(e.hash));
     // Bytes stay readable until FinishEviction.
-    EXPECT_EQ(BlockChecksum(pool->BlockSpan(e.slot)), e.checksum);
+    EXPECT_EQ(tier_shm::BlockChecksum(pool->BlockSpan(e.slot)), e.checksum);
   }
   EXPECT_EQ(pool->Stats().evicting_blocks, 3);
   std::vector<DramSlot> slots;

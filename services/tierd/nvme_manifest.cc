@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "services/tier_shm/block_checksum.h"
 #include "services/tierd/checksum.h"
 #include "services/tierd/file_util.h"
 
@@ -126,7 +127,7 @@ absl::Status WriteEmptyLog(int fd, const std::string& path, const ManifestGeomet
 }  // namespace
 
 uint64_t FingerprintId(absl::string_view model_fingerprint) {
-  return BlockChecksum(absl::MakeConstSpan(
+  return tier_shm::BlockChecksum(absl::MakeConstSpan(
       reinterpret_cast<const uint8_t*>(model_fingerprint.data()), model_fingerprint.size()));
 }
 

@@ -21,8 +21,8 @@
 #include "absl/strings/strip.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "services/tier_shm/block_checksum.h"
 #include "services/tierd/block_io.h"
-#include "services/tierd/checksum.h"
 #include "services/tierd/dram_pool.h"
 #include "services/tierd/file_util.h"
 #include "services/tierd/nvme_manifest.h"
@@ -45,7 +45,7 @@ using AlignedBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
 // aligned_alloc needs a size that is a multiple of the alignment (C11; ASan enforces it), and
 // bounce buffers of 512-byte-aligned (buffered-mode) slots need not be one: round up.
 AlignedBuffer AllocAligned(size_t bytes) {
-  const size_t align = static_cast<size_t>(kSlotAlignBytes);
+  const size_t align = static_cast<size_t>(tier_shm::kSlotAlignBytes);
   return AlignedBuffer(static_cast<uint8_t*>(
       std::aligned_alloc(align, std::max(align, (bytes + align - 1) / align * align))));
 }
@@ -131,7 +131,7 @@ absl::Status NvmeStoreConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("nvme store: queue_depth must be in [1, 4096], got ", queue_depth));
   }
-  if (max_io_bytes < kSlotAlignBytes || max_io_bytes % kSlotAlignBytes != 0) {
+  if (max_io_bytes < tier_shm::kSlotAlignBytes || max_io_bytes % tier_shm::kSlotAlignBytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "nvme store: max_io_bytes must be a positive multiple of 4096, got ", max_io_bytes));
   }
@@ -590,7 +590,8 @@ std::vector<absl::Status> NvmeStore::RunIo(absl::Span<const Pending> pending,
     if (bounce_of[i] != SIZE_MAX) {
       std::memcpy(dst.data(), buffer_of(i), static_cast<size_t>(config_.block_bytes));
     }
-    (*read_checksums)[i] = BlockChecksum(dst.subspan(0, static_cast<size_t>(config_.block_bytes)));
+    (*read_checksums)[i] =
+        tier_shm::BlockChecksum(dst.subspan(0, static_cast<size_t>(config_.block_bytes)));
   };
   if (!write) {
     read_checksums->assign(pending.size(), 0);

@@ -22,8 +22,8 @@
 #include "common/testing/temp_dir.h"
 #include "common/time/clock.h"
 #include "gtest/gtest.h"
+#include "services/tier_shm/block_checksum.h"
 #include "services/tierd/block_io.h"
-#include "services/tierd/checksum.h"
 #include "services/tierd/dram_pool.h"
 
 namespace pd::tierd {
@@ -96,7 +96,8 @@ class NvmeStoreTest : public ::testing::Test {
       for (int k = 0; k < std::min(batch, n - done); ++k) {
         const BlockHash h = H(first + done + k);
         FillBlock(h, mem.Slot(k), block);
-        writes.push_back(NvmeWrite{h, mem.Slot(k), BlockChecksum(mem.Slot(k).subspan(0, block))});
+        writes.push_back(
+            NvmeWrite{h, mem.Slot(k), tier_shm::BlockChecksum(mem.Slot(k).subspan(0, block))});
       }
       std::vector<absl::Status> results = store.WriteBatch(writes);
       for (size_t k = 0; k < results.size(); ++k) {
@@ -116,7 +117,7 @@ class NvmeStoreTest : public ::testing::Test {
     if (!results[0].ok()) {
       return results[0].status();
     }
-    if (*results[0] != BlockChecksum(want) ||
+    if (*results[0] != tier_shm::BlockChecksum(want) ||
         std::memcmp(got.data() + 1, want.data(), block) != 0) {
       return absl::InternalError(absl::StrCat("block ", i, " came back different"));
     }
@@ -137,7 +138,7 @@ class NvmeStoreTest : public ::testing::Test {
       ASSERT_TRUE(results[k].ok()) << "block " << first + k << ": " << results[k].status();
       FillBlock(H(first + k), absl::MakeSpan(want), block);
       ASSERT_EQ(std::memcmp(mem.Slot(k).data(), want.data(), block), 0) << "block " << first + k;
-      EXPECT_EQ(*results[k], BlockChecksum(want));
+      EXPECT_EQ(*results[k], tier_shm::BlockChecksum(want));
     }
   }
 
@@ -204,7 +205,7 @@ TEST_F(NvmeStoreTest, UnalignedWriteBuffersGoThroughABounceBuffer) {
   std::vector<uint8_t> data(6000 + 3);
   absl::Span<uint8_t> block = absl::MakeSpan(data).subspan(3);
   FillBlock(H(1), block, 6000);
-  const NvmeWrite w{H(1), block, BlockChecksum(block)};
+  const NvmeWrite w{H(1), block, tier_shm::BlockChecksum(block)};
   ASSERT_TRUE(store->WriteBatch({&w, 1})[0].ok());
   EXPECT_TRUE(ReadAndCheck(*store, 1).ok());
   // Too short a buffer is refused, for writes and reads.
@@ -565,7 +566,7 @@ void ExpectDiskFullBehaviour(NvmeStore& store, FakeClock& clock, const std::stri
     for (int k = 0; k < 8; ++k) {
       FillBlock(H(i + k), mem.Slot(k), block);
       writes.push_back(
-          NvmeWrite{H(i + k), mem.Slot(k), BlockChecksum(mem.Slot(k).subspan(0, block))});
+          NvmeWrite{H(i + k), mem.Slot(k), tier_shm::BlockChecksum(mem.Slot(k).subspan(0, block))});
     }
     for (const absl::Status& s : store.WriteBatch(writes)) {
       if (!s.ok() && failure.ok()) {
@@ -584,7 +585,7 @@ void ExpectDiskFullBehaviour(NvmeStore& store, FakeClock& clock, const std::stri
   EXPECT_EQ(stats.disk_full_total, 1u);
   // Further spills are refused without touching the disk.
   FillBlock(H(5000), mem.Slot(0), block);
-  const NvmeWrite w{H(5000), mem.Slot(0), BlockChecksum(mem.Slot(0).subspan(0, block))};
+  const NvmeWrite w{H(5000), mem.Slot(0), tier_shm::BlockChecksum(mem.Slot(0).subspan(0, block))};
   absl::Status refused = store.WriteBatch({&w, 1})[0];
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(refused.message(), "not accepting spills")) << refused;

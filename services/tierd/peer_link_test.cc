@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pd/v1/tierd.grpc.pb.h"
-#include "services/tierd/checksum.h"
+#include "services/tier_shm/block_checksum.h"
 #include "services/tierd/redis_index.h"
 #include "services/tierd/tierd_server.h"
 #include "services/tierd/tierd_test_util.h"
@@ -54,7 +54,7 @@ class WorkerSession {
     *req.mutable_layout() = layout;
     grpc::ClientContext ctx;
     EXPECT_TRUE(stub_->Attach(&ctx, req, &attach_).ok());
-    auto region = DramPool::MapExisting(attach_.shm_name(), attach_.num_slots(),
+    auto region = tier_shm::MapDramPool(attach_.shm_name(), attach_.num_slots(),
                                         static_cast<int64_t>(attach_.slot_bytes()));
     EXPECT_TRUE(region.ok()) << region.status();
     if (region.ok()) region_ = *std::move(region);
@@ -80,7 +80,7 @@ class WorkerSession {
       v1::CommitEntry* e = creq.add_entries();
       e->set_block_hash(HashOf(first + k).ToBytes());
       e->set_slot(slot);
-      e->set_checksum(BlockChecksum(absl::MakeConstSpan(data, layout_.block_bytes())));
+      e->set_checksum(tier_shm::BlockChecksum(absl::MakeConstSpan(data, layout_.block_bytes())));
     }
     v1::CommitResponse cresp;
     grpc::ClientContext cctx;
@@ -124,7 +124,7 @@ class WorkerSession {
   v1::KvLayout layout_;
   std::unique_ptr<v1::TierService::Stub> stub_;
   v1::AttachResponse attach_;
-  std::unique_ptr<ShmRegion> region_;
+  std::unique_ptr<tier_shm::ShmRegion> region_;
 };
 
 class PeerLinkTest : public ::testing::Test {
@@ -195,7 +195,7 @@ TEST_F(PeerLinkTest, AnotherNodesBlocksAreFetchedVerifiedAndKept) {
     EXPECT_EQ(blocks[k].remote(), k >= 2);
     EXPECT_EQ(blocks[k].source_tier(), v1::TIER_DRAM);
     const uint8_t* data = on_b.Slot(blocks[k].slot());
-    EXPECT_EQ(BlockChecksum(absl::MakeConstSpan(data, layout_.block_bytes())),
+    EXPECT_EQ(tier_shm::BlockChecksum(absl::MakeConstSpan(data, layout_.block_bytes())),
               blocks[k].checksum());
     EXPECT_EQ(data[0], k);
     EXPECT_EQ(data[layout_.block_bytes() - 1], k);

@@ -18,12 +18,12 @@ using redis_index_internal::PendingUpdates;
 
 // ---- tiers and config ---------------------------------------------------------------------------
 
-redis::PrefixTier ToPrefixTier(TierKind tier) {
-  return tier == TierKind::kNvme ? redis::PrefixTier::kNvme : redis::PrefixTier::kDram;
+redis::PrefixTier ToPrefixTier(tier_shm::TierKind tier) {
+  return tier == tier_shm::TierKind::kNvme ? redis::PrefixTier::kNvme : redis::PrefixTier::kDram;
 }
 
-TierKind FromPrefixTier(redis::PrefixTier tier) {
-  return tier == redis::PrefixTier::kNvme ? TierKind::kNvme : TierKind::kDram;
+tier_shm::TierKind FromPrefixTier(redis::PrefixTier tier) {
+  return tier == redis::PrefixTier::kNvme ? tier_shm::TierKind::kNvme : tier_shm::TierKind::kDram;
 }
 
 absl::Status RedisIndexConfig::Validate() const {
@@ -60,7 +60,7 @@ absl::Status RedisIndexConfig::Validate() const {
 
 namespace redis_index_internal {
 
-bool PendingUpdates::Add(const BlockHash& hash, bool publish, TierKind tier) {
+bool PendingUpdates::Add(const BlockHash& hash, bool publish, tier_shm::TierKind tier) {
   auto it = map_.find(hash);
   if (it != map_.end()) {
     it->second = Op{publish, tier};
@@ -149,7 +149,7 @@ RedisIndex::~RedisIndex() {
   }
 }
 
-void RedisIndex::Publish(const BlockHash& hash, TierKind tier) {
+void RedisIndex::Publish(const BlockHash& hash, tier_shm::TierKind tier) {
   absl::MutexLock lock(&mu_);
   if (!pending_.Add(hash, /*publish=*/true, tier)) {
     ++stats_.dropped_total;
@@ -159,7 +159,7 @@ void RedisIndex::Publish(const BlockHash& hash, TierKind tier) {
 
 void RedisIndex::Unpublish(const BlockHash& hash) {
   absl::MutexLock lock(&mu_);
-  if (!pending_.Add(hash, /*publish=*/false, TierKind::kDram)) {
+  if (!pending_.Add(hash, /*publish=*/false, tier_shm::TierKind::kDram)) {
     ++stats_.dropped_total;
     overflowed_ = true;
   }
@@ -273,7 +273,7 @@ absl::Status RedisIndex::Resync() {
     pending_.Clear();
     overflowed_ = false;
   }
-  std::vector<std::pair<BlockHash, TierKind>> snapshot = snapshot_();
+  std::vector<std::pair<BlockHash, tier_shm::TierKind>> snapshot = snapshot_();
   absl::flat_hash_set<BlockHash> held;
   held.reserve(snapshot.size());
   for (const auto& entry : snapshot) {
@@ -387,13 +387,11 @@ void RedisIndex::OnFailure(const absl::Status& status) {
 
 // ---- static helpers -----------------------------------------------------------------------------
 
-absl::StatusOr<std::vector<TierKind>> RedisIndex::Lookup(RedisClient& client,
-                                                         absl::string_view node,
-                                                         absl::Span<const BlockHash> chain,
-                                                         int64_t batch) {
+absl::StatusOr<std::vector<tier_shm::TierKind>> RedisIndex::Lookup(
+    RedisClient& client, absl::string_view node, absl::Span<const BlockHash> chain, int64_t batch) {
   PD_ASSIGN_OR_RETURN(std::vector<redis::PrefixTier> tiers,
                       redis::LookupPrefixTiers(client, node, chain, batch));
-  std::vector<TierKind> out;
+  std::vector<tier_shm::TierKind> out;
   out.reserve(tiers.size());
   for (redis::PrefixTier t : tiers) {
     out.push_back(FromPrefixTier(t));

@@ -80,8 +80,8 @@
 namespace pd::tierd {
 
 // The tier as stored in Redis, and back.
-redis::PrefixTier ToPrefixTier(TierKind tier);
-TierKind FromPrefixTier(redis::PrefixTier tier);
+redis::PrefixTier ToPrefixTier(tier_shm::TierKind tier);
+tier_shm::TierKind FromPrefixTier(redis::PrefixTier tier);
 
 struct RedisIndexConfig {
   std::string node;  // this node's name, e.g. the Kubernetes node or host name; required
@@ -120,15 +120,15 @@ class PendingUpdates {
  public:
   struct Update {
     BlockHash hash;
-    bool publish = false;             // false: unpublish
-    TierKind tier = TierKind::kDram;  // when publish
+    bool publish = false;                                 // false: unpublish
+    tier_shm::TierKind tier = tier_shm::TierKind::kDram;  // when publish
   };
 
   explicit PendingUpdates(int64_t max_size) : max_size_(max_size) {}
 
   // Records the operation, replacing any queued one for the same hash. Returns false (and
   // records nothing) when `hash` is not queued yet and max_size hashes already are.
-  bool Add(const BlockHash& hash, bool publish, TierKind tier);
+  bool Add(const BlockHash& hash, bool publish, tier_shm::TierKind tier);
   // Removes and returns everything queued (unspecified order).
   std::vector<Update> TakeAll();
   void Clear() { map_.clear(); }
@@ -137,7 +137,7 @@ class PendingUpdates {
  private:
   struct Op {
     bool publish = false;
-    TierKind tier = TierKind::kDram;
+    tier_shm::TierKind tier = tier_shm::TierKind::kDram;
   };
   const int64_t max_size_;
   absl::flat_hash_map<BlockHash, Op> map_;
@@ -154,7 +154,7 @@ std::vector<std::vector<std::string>> BuildUpdateCommands(
 class RedisIndex {
  public:
   // What the node holds now (every block of TierStore's DRAM and NVMe tiers, with its tier).
-  using SnapshotFn = absl::AnyInvocable<std::vector<std::pair<BlockHash, TierKind>>()>;
+  using SnapshotFn = absl::AnyInvocable<std::vector<std::pair<BlockHash, tier_shm::TierKind>>()>;
 
   // Validates both configs and starts the background thread, which connects (Redis being down is
   // not an error: the thread keeps retrying). Errors: InvalidArgument (a config, or a null
@@ -170,7 +170,7 @@ class RedisIndex {
   ~RedisIndex();
 
   // Queue "this node holds `hash` in `tier`" / "no longer holds `hash`". Non-blocking.
-  void Publish(const BlockHash& hash, TierKind tier);
+  void Publish(const BlockHash& hash, tier_shm::TierKind tier);
   void Unpublish(const BlockHash& hash);
 
   // Synchronously does what one background round does, without waiting for retry_interval:
@@ -184,15 +184,15 @@ class RedisIndex {
   // Members of this node's set that are no block hash, found by resyncs (and deleted there).
   const redis::PrefixGarbageCounter& garbage() const { return garbage_; }
 
-  // redis::LookupPrefixTiers in TierKind: tier of each leading block of `chain` held by `node`
-  // according to Redis, stopping at the first miss (or at a value that is neither "dram" nor
+  // redis::LookupPrefixTiers in tier_shm::TierKind: tier of each leading block of `chain` held by
+  // `node` according to Redis, stopping at the first miss (or at a value that is neither "dram" nor
   // "nvme"). One MGET per `batch` hashes; later batches are asked only when the earlier ones all
   // hit. Errors: InvalidArgument (node name, batch < 1), or the client's errors (Unavailable,
   // DeadlineExceeded, ...).
-  static absl::StatusOr<std::vector<TierKind>> Lookup(redis::RedisClient& client,
-                                                      absl::string_view node,
-                                                      absl::Span<const BlockHash> chain,
-                                                      int64_t batch = 128);
+  static absl::StatusOr<std::vector<tier_shm::TierKind>> Lookup(redis::RedisClient& client,
+                                                                absl::string_view node,
+                                                                absl::Span<const BlockHash> chain,
+                                                                int64_t batch = 128);
 
   // redis::RemovePrefixIndexNode: deletes every entry `node` published (its membership set's
   // members), the set itself, and the node's name from `nodes`. For operators and for clean-up

@@ -37,7 +37,7 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAreArray;
 
-using Snapshot = std::vector<std::pair<BlockHash, TierKind>>;
+using Snapshot = std::vector<std::pair<BlockHash, tier_shm::TierKind>>;
 
 BlockHash H(uint64_t n) { return BlockHash{0xfeedULL, n}; }
 
@@ -52,7 +52,7 @@ class FakeHoldings {
       entries_[hash] = tier;
     }
   }
-  void Put(RedisIndex& index, const BlockHash& hash, TierKind tier) {
+  void Put(RedisIndex& index, const BlockHash& hash, tier_shm::TierKind tier) {
     {
       absl::MutexLock lock(&mu_);
       entries_[hash] = tier;
@@ -75,7 +75,7 @@ class FakeHoldings {
 
  private:
   absl::Mutex mu_;
-  std::map<BlockHash, TierKind> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<BlockHash, tier_shm::TierKind> entries_ ABSL_GUARDED_BY(mu_);
 };
 
 // Polls `condition` every 10 ms until it holds or `timeout` passes; returns whether it held.
@@ -153,10 +153,10 @@ class RedisIndexIntegrationTest : public ::testing::Test {
   }
 
   // Lookup of `chain` on `node`; empty on error.
-  static std::vector<TierKind> LookupOrEmpty(RedisClient& client, absl::string_view node,
-                                             const std::vector<BlockHash>& chain) {
+  static std::vector<tier_shm::TierKind> LookupOrEmpty(RedisClient& client, absl::string_view node,
+                                                       const std::vector<BlockHash>& chain) {
     auto tiers = RedisIndex::Lookup(client, node, chain);
-    return tiers.ok() ? *tiers : std::vector<TierKind>();
+    return tiers.ok() ? *tiers : std::vector<tier_shm::TierKind>();
   }
 
   // SIGKILLs the server (its pid from INFO server), so it gets no chance to close connections.
@@ -189,17 +189,19 @@ TEST_F(RedisIndexIntegrationTest, PublishUnpublishAndLookupStopsAtFirstMiss) {
   ASSERT_NE(index, nullptr);
   ASSERT_NE(client, nullptr);
 
-  holdings.Put(*index, H(0), TierKind::kDram);
-  holdings.Put(*index, H(1), TierKind::kNvme);
-  holdings.Put(*index, H(3), TierKind::kDram);  // after the gap at H(2)
+  holdings.Put(*index, H(0), tier_shm::TierKind::kDram);
+  holdings.Put(*index, H(1), tier_shm::TierKind::kNvme);
+  holdings.Put(*index, H(3), tier_shm::TierKind::kDram);  // after the gap at H(2)
   ASSERT_TRUE(index->Flush().ok());
 
   const std::vector<BlockHash> chain = {H(0), H(1), H(2), H(3)};
-  EXPECT_THAT(LookupOrEmpty(*client, "n1", chain), ElementsAre(TierKind::kDram, TierKind::kNvme));
+  EXPECT_THAT(LookupOrEmpty(*client, "n1", chain),
+              ElementsAre(tier_shm::TierKind::kDram, tier_shm::TierKind::kNvme));
   for (int64_t batch : {1, 2, 3}) {
     auto tiers = RedisIndex::Lookup(*client, "n1", chain, batch);
     ASSERT_TRUE(tiers.ok()) << tiers.status();
-    EXPECT_THAT(*tiers, ElementsAre(TierKind::kDram, TierKind::kNvme)) << "batch " << batch;
+    EXPECT_THAT(*tiers, ElementsAre(tier_shm::TierKind::kDram, tier_shm::TierKind::kNvme))
+        << "batch " << batch;
   }
   EXPECT_THAT(LookupOrEmpty(*client, "n2", chain), IsEmpty());  // another node holds nothing
   EXPECT_THAT(LookupOrEmpty(*client, "n1", {}), IsEmpty());
@@ -212,10 +214,10 @@ TEST_F(RedisIndexIntegrationTest, PublishUnpublishAndLookupStopsAtFirstMiss) {
   EXPECT_THAT(Members(*client, client->Key("nodes")), ElementsAre("n1"));
 
   // The block moves DRAM -> NVMe, then H(1) leaves: the chain now stops after H(0).
-  holdings.Put(*index, H(0), TierKind::kNvme);
+  holdings.Put(*index, H(0), tier_shm::TierKind::kNvme);
   holdings.Remove(*index, H(1));
   ASSERT_TRUE(index->Flush().ok());
-  EXPECT_THAT(LookupOrEmpty(*client, "n1", chain), ElementsAre(TierKind::kNvme));
+  EXPECT_THAT(LookupOrEmpty(*client, "n1", chain), ElementsAre(tier_shm::TierKind::kNvme));
   EXPECT_THAT(Members(*client, client->Key("node:n1:blocks")),
               UnorderedElementsAreArray({H(0).ToHex(), H(3).ToHex()}));
 
@@ -234,8 +236,10 @@ TEST_F(RedisIndexIntegrationTest, PublishUnpublishAndLookupStopsAtFirstMiss) {
 TEST_F(RedisIndexIntegrationTest, BatchLookupAnswersEveryQuestionInOneCall) {
   StartServer();
   FakeHoldings n1, n2;
-  n1.Set({{H(0), TierKind::kDram}, {H(1), TierKind::kNvme}, {H(3), TierKind::kNvme}});
-  n2.Set({{H(1), TierKind::kDram}, {H(2), TierKind::kDram}});
+  n1.Set({{H(0), tier_shm::TierKind::kDram},
+          {H(1), tier_shm::TierKind::kNvme},
+          {H(3), tier_shm::TierKind::kNvme}});
+  n2.Set({{H(1), tier_shm::TierKind::kDram}, {H(2), tier_shm::TierKind::kDram}});
   auto a = CreateIndex(Redis(), Index("n1"), n1);
   auto b = CreateIndex(Redis(), Index("n2"), n2);
   ASSERT_NE(a, nullptr);
@@ -272,21 +276,21 @@ TEST_F(RedisIndexIntegrationTest, BackgroundThreadFlushesWithoutFlushCalls) {
   auto client = Client(Redis());
   ASSERT_NE(index, nullptr);
   ASSERT_NE(client, nullptr);
-  holdings.Put(*index, H(7), TierKind::kNvme);
+  holdings.Put(*index, H(7), tier_shm::TierKind::kNvme);
   EXPECT_TRUE(PollUntil([&] { return LookupOrEmpty(*client, "n1", {H(7)}).size() == 1; }));
 }
 
 TEST_F(RedisIndexIntegrationTest, EntriesAndMembershipHaveTtls) {
   StartServer();
   FakeHoldings holdings;
-  holdings.Set({{H(1), TierKind::kDram}});
+  holdings.Set({{H(1), tier_shm::TierKind::kDram}});
   RedisIndexConfig config = Index("n1");
   config.entry_ttl = absl::Seconds(90);
   auto index = CreateIndex(Redis(), config, holdings);
   auto client = Client(Redis());
   ASSERT_NE(index, nullptr);
   ASSERT_NE(client, nullptr);
-  holdings.Put(*index, H(2), TierKind::kNvme);
+  holdings.Put(*index, H(2), tier_shm::TierKind::kNvme);
   ASSERT_TRUE(index->Flush().ok());
 
   for (const BlockHash& h : {H(1), H(2)}) {
@@ -303,8 +307,8 @@ TEST_F(RedisIndexIntegrationTest, EntriesAndMembershipHaveTtls) {
 TEST_F(RedisIndexIntegrationTest, AuthAndKeyPrefixesIsolateClusters) {
   StartServer({.password = "s3cret pass"});
   FakeHoldings holdings_a, holdings_b;
-  holdings_a.Set({{H(1), TierKind::kDram}});
-  holdings_b.Set({{H(2), TierKind::kNvme}});
+  holdings_a.Set({{H(1), tier_shm::TierKind::kDram}});
+  holdings_b.Set({{H(2), tier_shm::TierKind::kNvme}});
   auto a = CreateIndex(Redis("pd:a:"), Index("n1"), holdings_a);
   auto b = CreateIndex(Redis("pd:b:"), Index("n1"), holdings_b);
   ASSERT_NE(a, nullptr);
@@ -317,9 +321,9 @@ TEST_F(RedisIndexIntegrationTest, AuthAndKeyPrefixesIsolateClusters) {
   ASSERT_NE(client_a, nullptr);
   ASSERT_NE(client_b, nullptr);
   const std::vector<BlockHash> chain_1 = {H(1)}, chain_2 = {H(2)};
-  EXPECT_THAT(LookupOrEmpty(*client_a, "n1", chain_1), ElementsAre(TierKind::kDram));
+  EXPECT_THAT(LookupOrEmpty(*client_a, "n1", chain_1), ElementsAre(tier_shm::TierKind::kDram));
   EXPECT_THAT(LookupOrEmpty(*client_a, "n1", chain_2), IsEmpty());
-  EXPECT_THAT(LookupOrEmpty(*client_b, "n1", chain_2), ElementsAre(TierKind::kNvme));
+  EXPECT_THAT(LookupOrEmpty(*client_b, "n1", chain_2), ElementsAre(tier_shm::TierKind::kNvme));
   EXPECT_THAT(LookupOrEmpty(*client_b, "n1", chain_1), IsEmpty());
   // Each cluster's resync only touched its own set.
   EXPECT_THAT(Members(*client_a, client_a->Key("node:n1:blocks")), ElementsAre(H(1).ToHex()));
@@ -331,7 +335,7 @@ TEST_F(RedisIndexIntegrationTest, AuthAndKeyPrefixesIsolateClusters) {
   FakeHoldings empty;
   auto bad = CreateIndex(wrong, Index("n9"), empty);
   ASSERT_NE(bad, nullptr);
-  empty.Put(*bad, H(3), TierKind::kDram);
+  empty.Put(*bad, H(3), tier_shm::TierKind::kDram);
   EXPECT_EQ(bad->Flush().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_FALSE(bad->Stats().connected);
   EXPECT_EQ(bad->Stats().pending, 1);
@@ -342,7 +346,7 @@ TEST_F(RedisIndexIntegrationTest, AuthAndKeyPrefixesIsolateClusters) {
 TEST_F(RedisIndexIntegrationTest, RepopulatesFromSnapshotAfterRedisRestart) {
   StartServer();
   FakeHoldings holdings;
-  holdings.Set({{H(1), TierKind::kDram}, {H(2), TierKind::kNvme}});
+  holdings.Set({{H(1), tier_shm::TierKind::kDram}, {H(2), tier_shm::TierKind::kNvme}});
   auto index = CreateIndex(Redis(), Index("n1"), holdings);
   ASSERT_NE(index, nullptr);
   ASSERT_TRUE(index->Flush().ok());
@@ -351,10 +355,10 @@ TEST_F(RedisIndexIntegrationTest, RepopulatesFromSnapshotAfterRedisRestart) {
 
   KillServer();
   // The node keeps changing while Redis is away: H(3) arrives (held and queued).
-  holdings.Put(*index, H(3), TierKind::kDram);
+  holdings.Put(*index, H(3), tier_shm::TierKind::kDram);
   EXPECT_FALSE(index->Flush().ok());
   EXPECT_TRUE(PollUntil([&] { return !index->Stats().connected; }));
-  index->Publish(H(4), TierKind::kDram);  // queued, never held: the snapshot must win
+  index->Publish(H(4), tier_shm::TierKind::kDram);  // queued, never held: the snapshot must win
   EXPECT_GE(index->Stats().pending, 1);
   EXPECT_GE(index->Stats().errors_total, 1u);
 
@@ -366,8 +370,9 @@ TEST_F(RedisIndexIntegrationTest, RepopulatesFromSnapshotAfterRedisRestart) {
   EXPECT_TRUE(PollUntil([&] { return LookupOrEmpty(*client, "n1", chain).size() == 3; }))
       << "stats: connected=" << index->Stats().connected
       << " errors=" << index->Stats().errors_total;
-  EXPECT_THAT(LookupOrEmpty(*client, "n1", chain),
-              ElementsAre(TierKind::kDram, TierKind::kNvme, TierKind::kDram));
+  EXPECT_THAT(
+      LookupOrEmpty(*client, "n1", chain),
+      ElementsAre(tier_shm::TierKind::kDram, tier_shm::TierKind::kNvme, tier_shm::TierKind::kDram));
   EXPECT_TRUE(PollUntil([&] { return index->Stats().connected; }));
   EXPECT_GT(index->Stats().resyncs_total, resyncs_before);
   // H(4) was queued before the resync's snapshot and is not held, so the snapshot superseded it.
@@ -381,7 +386,7 @@ TEST_F(RedisIndexIntegrationTest, RepopulatesFromSnapshotAfterRedisRestart) {
 TEST_F(RedisIndexIntegrationTest, RepopulatesAfterRestartWithoutAnyUpdates) {
   StartServer();
   FakeHoldings holdings;
-  holdings.Set({{H(1), TierKind::kNvme}, {H(2), TierKind::kDram}});
+  holdings.Set({{H(1), tier_shm::TierKind::kNvme}, {H(2), tier_shm::TierKind::kDram}});
   auto index = CreateIndex(Redis(), Index("n1"), holdings);
   ASSERT_NE(index, nullptr);
   ASSERT_TRUE(index->Flush().ok());
@@ -401,7 +406,7 @@ TEST_F(RedisIndexIntegrationTest, ResyncRemovesStaleEntriesOfItsOwnNodeOnly) {
   FakeHoldings n1, n2;
   Snapshot many;
   for (uint64_t i = 0; i < 50; ++i) {
-    many.emplace_back(H(i), i % 2 == 0 ? TierKind::kDram : TierKind::kNvme);
+    many.emplace_back(H(i), i % 2 == 0 ? tier_shm::TierKind::kDram : tier_shm::TierKind::kNvme);
   }
   n1.Set(many);
   n2.Set(many);
@@ -423,12 +428,15 @@ TEST_F(RedisIndexIntegrationTest, ResyncRemovesStaleEntriesOfItsOwnNodeOnly) {
   }
   ASSERT_EQ(LookupOrEmpty(*client, "n1", chain).size(), 50u);
 
-  n1.Set({{H(0), TierKind::kNvme}, {H(1), TierKind::kNvme}, {H(40), TierKind::kDram}});
+  n1.Set({{H(0), tier_shm::TierKind::kNvme},
+          {H(1), tier_shm::TierKind::kNvme},
+          {H(40), tier_shm::TierKind::kDram}});
   auto restarted = CreateIndex(Redis(), config, n1);
   ASSERT_NE(restarted, nullptr);
   ASSERT_TRUE(restarted->Flush().ok());
-  EXPECT_THAT(LookupOrEmpty(*client, "n1", chain), ElementsAre(TierKind::kNvme, TierKind::kNvme));
-  EXPECT_THAT(LookupOrEmpty(*client, "n1", {H(40)}), ElementsAre(TierKind::kDram));
+  EXPECT_THAT(LookupOrEmpty(*client, "n1", chain),
+              ElementsAre(tier_shm::TierKind::kNvme, tier_shm::TierKind::kNvme));
+  EXPECT_THAT(LookupOrEmpty(*client, "n1", {H(40)}), ElementsAre(tier_shm::TierKind::kDram));
   EXPECT_THAT(Members(*client, client->Key("node:n1:blocks")),
               UnorderedElementsAreArray({H(0).ToHex(), H(1).ToHex(), H(40).ToHex()}));
   auto exists = client->Command({"EXISTS", client->Key(redis::PrefixBlockKey("n1", H(2)))});
@@ -454,7 +462,7 @@ TEST_F(RedisIndexIntegrationTest, DroppedUpdatesAreRecoveredByResync) {
 
   std::vector<BlockHash> chain;
   for (uint64_t i = 0; i < 10; ++i) {
-    holdings.Put(*index, H(i), TierKind::kDram);
+    holdings.Put(*index, H(i), tier_shm::TierKind::kDram);
     chain.push_back(H(i));
   }
   EXPECT_EQ(index->Stats().dropped_total, 6u);
@@ -467,8 +475,8 @@ TEST_F(RedisIndexIntegrationTest, DroppedUpdatesAreRecoveredByResync) {
 TEST_F(RedisIndexIntegrationTest, RemoveNodeDeletesEverythingOfThatNode) {
   StartServer();
   FakeHoldings n1, n2;
-  n1.Set({{H(1), TierKind::kDram}, {H(2), TierKind::kNvme}});
-  n2.Set({{H(1), TierKind::kNvme}});
+  n1.Set({{H(1), tier_shm::TierKind::kDram}, {H(2), tier_shm::TierKind::kNvme}});
+  n2.Set({{H(1), tier_shm::TierKind::kNvme}});
   RedisIndexConfig config1 = Index("n1"), config2 = Index("n2");
   config1.flush_interval = config2.flush_interval = absl::Hours(1);
   {
@@ -496,7 +504,7 @@ TEST_F(RedisIndexIntegrationTest, RemoveNodeDeletesEverythingOfThatNode) {
   EXPECT_THAT(LookupOrEmpty(*client, "n1", {H(1), H(2)}), IsEmpty());
   EXPECT_THAT(Members(*client, client->Key("node:n1:blocks")), IsEmpty());
   EXPECT_THAT(Members(*client, client->Key("nodes")), ElementsAre("n2"));
-  EXPECT_THAT(LookupOrEmpty(*client, "n2", {H(1)}), ElementsAre(TierKind::kNvme));
+  EXPECT_THAT(LookupOrEmpty(*client, "n2", {H(1)}), ElementsAre(tier_shm::TierKind::kNvme));
   auto keys = client->Command({"KEYS", client->Key("blk:n1:*")});
   ASSERT_TRUE(keys.ok());
   EXPECT_THAT(keys->elements, IsEmpty());
@@ -542,11 +550,11 @@ TEST_F(RedisIndexIntegrationTest, DocumentedAclUserRunsTheIndex) {
   acl.username = args[2];
   acl.password = kPassword;
   FakeHoldings holdings;
-  holdings.Set({{H(9), TierKind::kNvme}});  // found by the first resync
+  holdings.Set({{H(9), tier_shm::TierKind::kNvme}});  // found by the first resync
   auto index = CreateIndex(acl, Index("node-a"), holdings);
   ASSERT_NE(index, nullptr);
-  holdings.Put(*index, H(0), TierKind::kDram);
-  holdings.Put(*index, H(1), TierKind::kNvme);
+  holdings.Put(*index, H(0), tier_shm::TierKind::kDram);
+  holdings.Put(*index, H(1), tier_shm::TierKind::kNvme);
   holdings.Remove(*index, H(9));
   ASSERT_TRUE(index->Flush().ok());
   ASSERT_TRUE(PollUntil([&] { return index->Stats().resyncs_total >= 1; }));
@@ -555,7 +563,7 @@ TEST_F(RedisIndexIntegrationTest, DocumentedAclUserRunsTheIndex) {
   auto client = Client(acl);
   ASSERT_NE(client, nullptr);
   EXPECT_THAT(LookupOrEmpty(*client, "node-a", {H(0), H(1), H(2)}),
-              ElementsAre(TierKind::kDram, TierKind::kNvme));
+              ElementsAre(tier_shm::TierKind::kDram, tier_shm::TierKind::kNvme));
   const std::vector<BlockHash> chain = {H(0), H(1)};
   const redis::PrefixQuery queries[] = {{"node-a", chain}, {"node-b", chain}};
   auto batch = redis::LookupPrefixTiersBatch(*client, queries);

@@ -26,11 +26,11 @@ using ::testing::UnorderedElementsAre;
 BlockHash H(uint64_t n) { return BlockHash{0x0123456789abcdefULL, n}; }
 
 TEST(RedisIndexTiersTest, ConvertsToAndFromPrefixTiers) {
-  for (TierKind tier : {TierKind::kDram, TierKind::kNvme}) {
+  for (tier_shm::TierKind tier : {tier_shm::TierKind::kDram, tier_shm::TierKind::kNvme}) {
     EXPECT_EQ(FromPrefixTier(ToPrefixTier(tier)), tier);
   }
-  EXPECT_EQ(ToPrefixTier(TierKind::kNvme), redis::PrefixTier::kNvme);
-  EXPECT_EQ(ToPrefixTier(TierKind::kDram), redis::PrefixTier::kDram);
+  EXPECT_EQ(ToPrefixTier(tier_shm::TierKind::kNvme), redis::PrefixTier::kNvme);
+  EXPECT_EQ(ToPrefixTier(tier_shm::TierKind::kDram), redis::PrefixTier::kDram);
 }
 
 TEST(RedisIndexConfigTest, ValidatesEveryField) {
@@ -60,12 +60,12 @@ TEST(RedisIndexConfigTest, ValidatesEveryField) {
 
 TEST(PendingUpdatesTest, LastOperationPerHashWins) {
   PendingUpdates pending(10);
-  EXPECT_TRUE(pending.Add(H(1), true, TierKind::kDram));
-  EXPECT_TRUE(pending.Add(H(1), true, TierKind::kNvme));
-  EXPECT_TRUE(pending.Add(H(2), true, TierKind::kDram));
-  EXPECT_TRUE(pending.Add(H(2), false, TierKind::kDram));
-  EXPECT_TRUE(pending.Add(H(3), false, TierKind::kDram));
-  EXPECT_TRUE(pending.Add(H(3), true, TierKind::kDram));
+  EXPECT_TRUE(pending.Add(H(1), true, tier_shm::TierKind::kDram));
+  EXPECT_TRUE(pending.Add(H(1), true, tier_shm::TierKind::kNvme));
+  EXPECT_TRUE(pending.Add(H(2), true, tier_shm::TierKind::kDram));
+  EXPECT_TRUE(pending.Add(H(2), false, tier_shm::TierKind::kDram));
+  EXPECT_TRUE(pending.Add(H(3), false, tier_shm::TierKind::kDram));
+  EXPECT_TRUE(pending.Add(H(3), true, tier_shm::TierKind::kDram));
   EXPECT_EQ(pending.size(), 3);
 
   std::vector<PendingUpdates::Update> taken = pending.TakeAll();
@@ -81,21 +81,22 @@ TEST(PendingUpdatesTest, LastOperationPerHashWins) {
 
 TEST(PendingUpdatesTest, BoundedButQueuedHashesStillUpdate) {
   PendingUpdates pending(2);
-  EXPECT_TRUE(pending.Add(H(1), true, TierKind::kDram));
-  EXPECT_TRUE(pending.Add(H(2), true, TierKind::kDram));
-  EXPECT_FALSE(pending.Add(H(3), true, TierKind::kDram));  // full: a new hash is refused
-  EXPECT_TRUE(pending.Add(H(1), false, TierKind::kDram));  // a queued one still coalesces
+  EXPECT_TRUE(pending.Add(H(1), true, tier_shm::TierKind::kDram));
+  EXPECT_TRUE(pending.Add(H(2), true, tier_shm::TierKind::kDram));
+  EXPECT_FALSE(pending.Add(H(3), true, tier_shm::TierKind::kDram));  // full: a new hash is refused
+  EXPECT_TRUE(pending.Add(H(1), false, tier_shm::TierKind::kDram));  // a queued one still coalesces
   EXPECT_EQ(pending.size(), 2);
   pending.Clear();
   EXPECT_EQ(pending.size(), 0);
-  EXPECT_TRUE(pending.Add(H(3), true, TierKind::kDram));
+  EXPECT_TRUE(pending.Add(H(3), true, tier_shm::TierKind::kDram));
 }
 
 TEST(BuildUpdateCommandsTest, OneCommandPerUpdatePlusOneSaddAndOneSrem) {
   redis::RedisConfig config;
   config.key_prefix = "p:";
-  const std::vector<PendingUpdates::Update> updates = {
-      {H(1), true, TierKind::kDram}, {H(2), false, TierKind::kDram}, {H(3), true, TierKind::kNvme}};
+  const std::vector<PendingUpdates::Update> updates = {{H(1), true, tier_shm::TierKind::kDram},
+                                                       {H(2), false, tier_shm::TierKind::kDram},
+                                                       {H(3), true, tier_shm::TierKind::kNvme}};
   const std::string h1 = H(1).ToHex(), h2 = H(2).ToHex(), h3 = H(3).ToHex();
   EXPECT_THAT(BuildUpdateCommands(config, "n1", 600, updates),
               ElementsAre(ElementsAre("SET", "p:blk:n1:" + h1, "dram", "EX", "600"),
@@ -105,7 +106,7 @@ TEST(BuildUpdateCommandsTest, OneCommandPerUpdatePlusOneSaddAndOneSrem) {
                           ElementsAre("SREM", "p:node:n1:blocks", h2)));
 
   // No SADD without publishes, no SREM without unpublishes, nothing for nothing.
-  const std::vector<PendingUpdates::Update> only_del = {{H(2), false, TierKind::kDram}};
+  const std::vector<PendingUpdates::Update> only_del = {{H(2), false, tier_shm::TierKind::kDram}};
   EXPECT_THAT(BuildUpdateCommands(config, "n1", 5, only_del),
               ElementsAre(ElementsAre("DEL", "p:blk:n1:" + h2),
                           ElementsAre("SREM", "p:node:n1:blocks", h2)));
@@ -113,7 +114,7 @@ TEST(BuildUpdateCommandsTest, OneCommandPerUpdatePlusOneSaddAndOneSrem) {
 }
 
 RedisIndex::SnapshotFn EmptySnapshot() {
-  return [] { return std::vector<std::pair<BlockHash, TierKind>>(); };
+  return [] { return std::vector<std::pair<BlockHash, tier_shm::TierKind>>(); };
 }
 
 TEST(RedisIndexTest, CreateRejectsBadConfig) {
@@ -145,12 +146,12 @@ TEST(RedisIndexTest, QueuesWhileRedisIsDown) {
   auto index = RedisIndex::Create(redis, config, EmptySnapshot());
   ASSERT_TRUE(index.ok()) << index.status();
 
-  (*index)->Publish(H(1), TierKind::kDram);
-  (*index)->Publish(H(1), TierKind::kNvme);
-  (*index)->Publish(H(2), TierKind::kDram);
+  (*index)->Publish(H(1), tier_shm::TierKind::kDram);
+  (*index)->Publish(H(1), tier_shm::TierKind::kNvme);
+  (*index)->Publish(H(2), tier_shm::TierKind::kDram);
   (*index)->Unpublish(H(2));
   (*index)->Unpublish(H(3));
-  (*index)->Publish(H(4), TierKind::kDram);  // fourth distinct hash: dropped
+  (*index)->Publish(H(4), tier_shm::TierKind::kDram);  // fourth distinct hash: dropped
   RedisIndexStats stats = (*index)->Stats();
   EXPECT_FALSE(stats.connected);
   EXPECT_EQ(stats.pending, 3);

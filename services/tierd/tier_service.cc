@@ -16,8 +16,8 @@ namespace v1 = pdserve::internal::v1;
 
 namespace {
 
-v1::Tier TierToProto(TierKind tier) {
-  return tier == TierKind::kDram ? v1::TIER_DRAM : v1::TIER_NVME;
+v1::Tier TierToProto(tier_shm::TierKind tier) {
+  return tier == tier_shm::TierKind::kDram ? v1::TIER_DRAM : v1::TIER_NVME;
 }
 
 grpc::Status Invalid(std::string message) {
@@ -118,8 +118,8 @@ grpc::Status TierServiceImpl::Lookup(grpc::ServerContext* context, const v1::Loo
   if (!chain.ok()) {
     return services::ToGrpcStatus(chain.status());
   }
-  const std::vector<TierKind> tiers = store_->Lookup(*chain);
-  for (TierKind t : tiers) {
+  const std::vector<tier_shm::TierKind> tiers = store_->Lookup(*chain);
+  for (tier_shm::TierKind t : tiers) {
     resp->add_tiers(TierToProto(t));
   }
   absl::MutexLock lock(&mu_);

@@ -3,9 +3,8 @@
 #include <algorithm>
 
 #include "absl/container/flat_hash_set.h"
-
 #include "common/log/log.h"
-#include "services/tierd/checksum.h"
+#include "services/tier_shm/block_checksum.h"
 
 namespace pd::tierd {
 
@@ -37,30 +36,30 @@ void TierStore::SetChangeListener(TierChangeListener listener) {
   }
 }
 
-std::vector<std::pair<BlockHash, TierKind>> TierStore::Snapshot() const {
-  std::vector<std::pair<BlockHash, TierKind>> out;
+std::vector<std::pair<BlockHash, tier_shm::TierKind>> TierStore::Snapshot() const {
+  std::vector<std::pair<BlockHash, tier_shm::TierKind>> out;
   absl::flat_hash_set<BlockHash> in_dram;
   for (const BlockHash& h : dram_->StoredHashes()) {
     in_dram.insert(h);
-    out.emplace_back(h, TierKind::kDram);
+    out.emplace_back(h, tier_shm::TierKind::kDram);
   }
   if (nvme_ != nullptr) {
     for (const BlockHash& h : nvme_->StoredHashes()) {
       if (!in_dram.contains(h)) {
-        out.emplace_back(h, TierKind::kNvme);
+        out.emplace_back(h, tier_shm::TierKind::kNvme);
       }
     }
   }
   return out;
 }
 
-std::vector<TierKind> TierStore::Lookup(absl::Span<const BlockHash> chain) const {
-  std::vector<TierKind> tiers;
+std::vector<tier_shm::TierKind> TierStore::Lookup(absl::Span<const BlockHash> chain) const {
+  std::vector<tier_shm::TierKind> tiers;
   for (const BlockHash& hash : chain) {
     if (dram_->Contains(hash)) {
-      tiers.push_back(TierKind::kDram);
+      tiers.push_back(tier_shm::TierKind::kDram);
     } else if (nvme_ != nullptr && nvme_->Contains(hash)) {
-      tiers.push_back(TierKind::kNvme);
+      tiers.push_back(tier_shm::TierKind::kNvme);
     } else {
       break;
     }
@@ -162,8 +161,8 @@ std::vector<Reservation> TierStore::AllocateSlots(SessionId session,
   if (!no_space.empty()) {
     Evict(static_cast<int64_t>(no_space.size()));
     for (size_t i : no_space) {
-      out[i] = i < hashes.size() ? dram_->Reserve(hashes[i], session)
-                                 : dram_->ReserveUnbound(session);
+      out[i] =
+          i < hashes.size() ? dram_->Reserve(hashes[i], session) : dram_->ReserveUnbound(session);
     }
   }
   return out;
@@ -204,7 +203,7 @@ std::vector<PromotedBlock> TierStore::Promote(SessionId session,
   while (i < chain.size()) {
     if (std::optional<PinnedBlock> pin = dram_->Pin(chain[i], session); pin.has_value()) {
       guard_->Record(chain[i]);
-      out.push_back(PromotedBlock{pin->slot, pin->checksum, TierKind::kDram});
+      out.push_back(PromotedBlock{pin->slot, pin->checksum, tier_shm::TierKind::kDram});
       ++i;
       continue;
     }
@@ -266,7 +265,7 @@ size_t TierStore::RestoreRun(SessionId session, absl::Span<const BlockHash> run,
                         CommitOptions{/*verify_checksum=*/false, /*pin_for=*/session});
       if (c == CommitOutcome::kStored) {
         guard_->Record(run[k]);
-        out->push_back(PromotedBlock{slots[k], *results[k], TierKind::kNvme});
+        out->push_back(PromotedBlock{slots[k], *results[k], tier_shm::TierKind::kNvme});
         ++restored;
         continue;
       }
@@ -329,7 +328,7 @@ SpillResult TierStore::Evict(int64_t max_blocks) {
       ++result.already_on_nvme;
     } else if (!nvme_open || !guard_->Admit(c.hash)) {
       ++result.dropped;
-    } else if (BlockChecksum(dram_->BlockSpan(c.slot)) != c.checksum) {
+    } else if (tier_shm::BlockChecksum(dram_->BlockSpan(c.slot)) != c.checksum) {
       ++result.corrupt;
       LOG(WARNING) << "tier store: dram block " << c.hash.ToHex() << " in slot " << c.slot
                    << " no longer matches its checksum (a worker wrote into it?); dropped";

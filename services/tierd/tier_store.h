@@ -47,14 +47,12 @@
 #include "absl/types/span.h"
 #include "common/hash/block_hash.h"
 #include "common/time/clock.h"
+#include "services/tier_shm/tier_kind.h"
 #include "services/tierd/admission_guard.h"
 #include "services/tierd/dram_pool.h"
 #include "services/tierd/nvme_store.h"
 
 namespace pd::tierd {
-
-// Tier of a block below the worker (tierd.proto's TIER_DRAM, TIER_NVME).
-enum class TierKind : uint8_t { kDram, kNvme };
 
 struct TierStoreConfig {
   // Largest NVMe batch of a spill or restore, in blocks (>= 1).
@@ -68,7 +66,8 @@ struct TierStoreConfig {
 struct PromotedBlock {
   DramSlot slot;
   uint64_t checksum = 0;
-  TierKind source = TierKind::kDram;  // kNvme: read from NVMe into DRAM by this call
+  tier_shm::TierKind source =
+      tier_shm::TierKind::kDram;  // kNvme: read from NVMe into DRAM by this call
 };
 
 // What one spill (eviction round) did; every candidate is counted once.
@@ -122,7 +121,7 @@ class TierStore {
 
   // Tier of each leading block of `chain` held by the node (DRAM before NVMe), stopping at the
   // first miss. Advisory: nothing is pinned and no visit is counted.
-  std::vector<TierKind> Lookup(absl::Span<const BlockHash> chain) const;
+  std::vector<tier_shm::TierKind> Lookup(absl::Span<const BlockHash> chain) const;
 
   // One reservation per hash (tierd.proto AllocateSlots): kAlreadyHeld when DRAM or NVMe holds
   // it or someone is offering it; kNoSpace when no DRAM slot can be freed (all reserved or
@@ -165,7 +164,7 @@ class TierStore {
   void SetChangeListener(TierChangeListener listener);
 
   // Every block the node holds with its fastest tier (DRAM before NVMe). O(blocks).
-  std::vector<std::pair<BlockHash, TierKind>> Snapshot() const;
+  std::vector<std::pair<BlockHash, tier_shm::TierKind>> Snapshot() const;
 
   DramPool* dram() const { return dram_; }
   NvmeStore* nvme() const { return nvme_; }

@@ -10,7 +10,7 @@
 #include "common/testing/temp_dir.h"
 #include "common/time/clock.h"
 #include "gtest/gtest.h"
-#include "services/tierd/checksum.h"
+#include "services/tier_shm/block_checksum.h"
 
 namespace pd::tierd {
 namespace {
@@ -70,7 +70,7 @@ class TierStoreTest : public ::testing::Test {
     }
     absl::Span<uint8_t> block = dram_->BlockSpan(r[0].slot);
     Fill(H(i), block);
-    EXPECT_EQ(store_->Commit(kWorker, r[0].slot, H(i), BlockChecksum(block)),
+    EXPECT_EQ(store_->Commit(kWorker, r[0].slot, H(i), tier_shm::BlockChecksum(block)),
               CommitOutcome::kStored);
     return ReserveOutcome::kGranted;
   }
@@ -88,7 +88,7 @@ class TierStoreTest : public ::testing::Test {
       Fill(H(ids[k]), absl::MakeSpan(want));
       absl::Span<uint8_t> block = dram_->BlockSpan(got[k].slot);
       EXPECT_EQ(std::memcmp(block.data(), want.data(), kBlockBytes), 0) << "block " << ids[k];
-      EXPECT_EQ(BlockChecksum(block), got[k].checksum);
+      EXPECT_EQ(tier_shm::BlockChecksum(block), got[k].checksum);
       EXPECT_EQ(dram_->StateOf(got[k].slot), SlotState::kPinned);
       slots.push_back(got[k].slot);
     }
@@ -139,17 +139,19 @@ TEST_F(TierStoreTest, LookupAndPromoteWalkTheChainAcrossTiers) {
   // Blocks 0..3 go down to NVMe (coldest first); 4 and 5 stay in DRAM.
   ASSERT_EQ(store_->Evict(4).written, 4);
   std::vector<BlockHash> chain = {H(0), H(1), H(4), H(2), H(3), H(5), H(77), H(4)};
-  std::vector<TierKind> tiers = store_->Lookup(chain);
-  EXPECT_EQ(tiers, (std::vector<TierKind>{TierKind::kNvme, TierKind::kNvme, TierKind::kDram,
-                                          TierKind::kNvme, TierKind::kNvme, TierKind::kDram}));
+  std::vector<tier_shm::TierKind> tiers = store_->Lookup(chain);
+  EXPECT_EQ(tiers,
+            (std::vector<tier_shm::TierKind>{
+                tier_shm::TierKind::kNvme, tier_shm::TierKind::kNvme, tier_shm::TierKind::kDram,
+                tier_shm::TierKind::kNvme, tier_shm::TierKind::kNvme, tier_shm::TierKind::kDram}));
   // An offer of a block on NVMe only is answered "already held".
   EXPECT_EQ(store_->AllocateSlots(kWorker, {H(0)})[0].outcome, ReserveOutcome::kAlreadyHeld);
 
   std::vector<PromotedBlock> got = PromoteAndCheck({0, 1, 4, 2, 3, 5, 77, 4});
   ASSERT_EQ(got.size(), 6u);  // stops at the miss
-  EXPECT_EQ(got[0].source, TierKind::kNvme);
-  EXPECT_EQ(got[2].source, TierKind::kDram);
-  EXPECT_EQ(got[3].source, TierKind::kNvme);
+  EXPECT_EQ(got[0].source, tier_shm::TierKind::kNvme);
+  EXPECT_EQ(got[2].source, tier_shm::TierKind::kDram);
+  EXPECT_EQ(got[3].source, tier_shm::TierKind::kNvme);
   // Restored blocks stay in DRAM (and on NVMe).
   EXPECT_TRUE(dram_->Contains(H(0)));
   EXPECT_TRUE(nvme_->Contains(H(0)));
@@ -270,10 +272,10 @@ TEST_F(TierStoreTest, ConflictingOfferDropsTheHeldBlockAndRefusesTheHash) {
     EXPECT_EQ(r[0].outcome, ReserveOutcome::kGranted);
     absl::Span<uint8_t> block = dram_->BlockSpan(r[0].slot);
     std::memset(block.data(), 0x42, block.size());
-    EXPECT_EQ(store_->Commit(kAttacker, r[0].slot, H(i), BlockChecksum(block)),
+    EXPECT_EQ(store_->Commit(kAttacker, r[0].slot, H(i), tier_shm::BlockChecksum(block)),
               CommitOutcome::kStored);
     Fill(H(i), absl::MakeSpan(real));
-    return BlockChecksum(real);
+    return tier_shm::BlockChecksum(real);
   };
 
   // Planted in DRAM; the real offer names it with its checksum.
@@ -296,7 +298,7 @@ TEST_F(TierStoreTest, ConflictingOfferDropsTheHeldBlockAndRefusesTheHash) {
   // The same bytes offered again: no conflict.
   ASSERT_EQ(Offer(1), ReserveOutcome::kGranted);
   Fill(H(1), absl::MakeSpan(real));
-  const uint64_t checksums1[] = {BlockChecksum(real)};
+  const uint64_t checksums1[] = {tier_shm::BlockChecksum(real)};
   EXPECT_EQ(store_->AllocateSlots(kWorker, {H(1)}, 0, checksums1)[0].outcome,
             ReserveOutcome::kAlreadyHeld);
   EXPECT_TRUE(dram_->Contains(H(1)));
@@ -353,8 +355,9 @@ TEST_F(TierStoreTest, DisputedHashesAreBounded) {
     std::vector<Reservation> r = store.AllocateSlots(kWorker, {H(i)});
     ASSERT_EQ(r[0].outcome, ReserveOutcome::kGranted);
     absl::Span<uint8_t> block = (*dram)->BlockSpan(r[0].slot);
-    ASSERT_EQ(store.Commit(kWorker, r[0].slot, H(i), BlockChecksum(block)), CommitOutcome::kStored);
-    const uint64_t other[] = {BlockChecksum(block) + 1};
+    ASSERT_EQ(store.Commit(kWorker, r[0].slot, H(i), tier_shm::BlockChecksum(block)),
+              CommitOutcome::kStored);
+    const uint64_t other[] = {tier_shm::BlockChecksum(block) + 1};
     ASSERT_EQ(store.AllocateSlots(kWorker, {H(i)}, 0, other)[0].outcome, ReserveOutcome::kRefused);
   }
   EXPECT_FALSE(store.IsDisputed(H(0)));

@@ -23,7 +23,9 @@ namespace {
 class RedisSink final : public LocationSink {
  public:
   explicit RedisSink(RedisIndex* index) : index_(index) {}
-  void Publish(const BlockHash& hash, TierKind tier) override { index_->Publish(hash, tier); }
+  void Publish(const BlockHash& hash, tier_shm::TierKind tier) override {
+    index_->Publish(hash, tier);
+  }
   void Unpublish(const BlockHash& hash) override { index_->Unpublish(hash); }
 
  private:
@@ -60,7 +62,7 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
   dram.shm_name =
       config.shm_name.empty() ? DramPoolConfig::DefaultShmName(s->node_) : config.shm_name;
   dram.block_bytes = layout.block_bytes();
-  dram.num_slots = (config.dram_mib << 20) / SlotBytesFor(layout.block_bytes());
+  dram.num_slots = (config.dram_mib << 20) / tier_shm::SlotBytesFor(layout.block_bytes());
   if (dram.num_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--dram_mib ", config.dram_mib, " holds no block of ", layout.block_bytes(), " bytes"));
@@ -80,8 +82,8 @@ absl::StatusOr<std::unique_ptr<TierdServer>> TierdServer::Start(const TierdConfi
     NvmeStoreConfig nvme;
     nvme.dir = config.nvme_dir;
     nvme.block_bytes = layout.block_bytes();
-    nvme.capacity_blocks =
-        std::max<int64_t>(1, (config.nvme_mib << 20) / SlotBytesFor(layout.block_bytes()));
+    nvme.capacity_blocks = std::max<int64_t>(
+        1, (config.nvme_mib << 20) / tier_shm::SlotBytesFor(layout.block_bytes()));
     nvme.model_fingerprint = fingerprint;
     nvme.verify_on_open = config.nvme_verify_on_open;
     absl::StatusOr<std::unique_ptr<NvmeStore>> store = NvmeStore::Open(nvme);
@@ -292,7 +294,7 @@ size_t TierdServer::ResolveChanges() {
     return 0;
   }
   for (const BlockHash& hash : changed) {
-    const std::vector<TierKind> tier = store_->Lookup(absl::MakeConstSpan(&hash, 1));
+    const std::vector<tier_shm::TierKind> tier = store_->Lookup(absl::MakeConstSpan(&hash, 1));
     if (tier.empty()) {
       sink_->Unpublish(hash);
     } else {

@@ -48,7 +48,7 @@ class LocationSink {
  public:
   virtual ~LocationSink() = default;
   // The node holds `hash`, fastest in `tier`.
-  virtual void Publish(const BlockHash& hash, TierKind tier) = 0;
+  virtual void Publish(const BlockHash& hash, tier_shm::TierKind tier) = 0;
   // The node no longer holds `hash` in any tier.
   virtual void Unpublish(const BlockHash& hash) = 0;
 };

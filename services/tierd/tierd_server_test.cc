@@ -24,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "pd/v1/tierd.grpc.pb.h"
 #include "services/base/kv_layout_proto.h"
-#include "services/tierd/checksum.h"
+#include "services/tier_shm/block_checksum.h"
 #include "services/tierd/tierd_test_util.h"
 
 namespace pd::tierd {
@@ -36,9 +36,9 @@ using ::testing::HasSubstr;
 // Records the latest location of every hash the server publishes.
 class RecordingSink : public LocationSink {
  public:
-  void Publish(const BlockHash& hash, TierKind tier) override {
+  void Publish(const BlockHash& hash, tier_shm::TierKind tier) override {
     absl::MutexLock lock(&mu_);
-    where_[hash] = tier == TierKind::kDram ? "dram" : "nvme";
+    where_[hash] = tier == tier_shm::TierKind::kDram ? "dram" : "nvme";
   }
   void Unpublish(const BlockHash& hash) override {
     absl::MutexLock lock(&mu_);
@@ -92,7 +92,7 @@ class TierdServerTest : public ::testing::Test {
     *req.mutable_layout() = layout_;
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub_->Attach(&ctx, req, &attach_).ok());
-    auto region = DramPool::MapExisting(attach_.shm_name(), attach_.num_slots(),
+    auto region = tier_shm::MapDramPool(attach_.shm_name(), attach_.num_slots(),
                                         static_cast<int64_t>(attach_.slot_bytes()));
     ASSERT_TRUE(region.ok()) << region.status();
     region_ = *std::move(region);
@@ -123,7 +123,7 @@ class TierdServerTest : public ::testing::Test {
       v1::CommitEntry* e = creq.add_entries();
       e->set_block_hash(hashes[k].ToBytes());
       e->set_slot(slot);
-      e->set_checksum(BlockChecksum(Block(slot)));
+      e->set_checksum(tier_shm::BlockChecksum(Block(slot)));
     }
     v1::CommitResponse cresp;
     grpc::ClientContext cctx;
@@ -155,7 +155,7 @@ class TierdServerTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TierService::Stub> stub_;
   v1::AttachResponse attach_;
-  std::unique_ptr<ShmRegion> region_;
+  std::unique_ptr<tier_shm::ShmRegion> region_;
 };
 
 TEST_F(TierdServerTest, AttachChecksLayoutAndDescribesThePool) {
@@ -215,7 +215,7 @@ TEST_F(TierdServerTest, OfferLookupPromoteRelease) {
   for (int k = 0; k < 4; ++k) {
     const v1::PromotedBlock& b = presp.blocks(k);
     EXPECT_EQ(b.source_tier(), v1::TIER_DRAM);
-    EXPECT_EQ(BlockChecksum(Block(b.slot())), b.checksum());
+    EXPECT_EQ(tier_shm::BlockChecksum(Block(b.slot())), b.checksum());
     EXPECT_EQ(Slot(b.slot())[0], k);
     rreq.add_slots(b.slot());
   }
@@ -263,11 +263,11 @@ TEST_F(TierdServerTest, UnboundSlotsAreNamedAtCommit) {
   v1::CommitEntry* e = creq.add_entries();
   e->set_block_hash(HashOf(7).ToBytes());
   e->set_slot(u1);
-  e->set_checksum(BlockChecksum(Block(u1)));
+  e->set_checksum(tier_shm::BlockChecksum(Block(u1)));
   e = creq.add_entries();
   e->set_block_hash(HashOf(0).ToBytes());  // the node holds it already
   e->set_slot(u2);
-  e->set_checksum(BlockChecksum(Block(u2)));
+  e->set_checksum(tier_shm::BlockChecksum(Block(u2)));
   v1::CommitResponse cresp;
   grpc::ClientContext cctx;
   ASSERT_TRUE(stub_->Commit(&cctx, creq, &cresp).ok());
@@ -293,7 +293,7 @@ TEST_F(TierdServerTest, UnboundSlotsAreNamedAtCommit) {
   e = creq.add_entries();
   e->set_block_hash(HashOf(0).ToBytes());
   e->set_slot(u3);
-  e->set_checksum(BlockChecksum(Block(u3)));
+  e->set_checksum(tier_shm::BlockChecksum(Block(u3)));
   grpc::ClientContext cctx1;
   ASSERT_TRUE(stub_->Commit(&cctx1, creq, &cresp).ok());
   ASSERT_EQ(cresp.results_size(), 1);
@@ -327,7 +327,7 @@ TEST_F(TierdServerTest, ChecksumMismatchIsRefused) {
   v1::CommitEntry* e = creq.add_entries();
   e->set_block_hash(HashOf(7).ToBytes());
   e->set_slot(slot);
-  e->set_checksum(BlockChecksum(Block(slot)) ^ 1);
+  e->set_checksum(tier_shm::BlockChecksum(Block(slot)) ^ 1);
   v1::CommitResponse cresp;
   grpc::ClientContext cctx;
   ASSERT_TRUE(stub_->Commit(&cctx, creq, &cresp).ok());
@@ -417,7 +417,7 @@ TEST_F(TierdServerTest, SpillToNvmeRestoreAndRestart) {
   ASSERT_EQ(presp.blocks_size(), 1);
   EXPECT_EQ(presp.blocks(0).source_tier(), v1::TIER_NVME);
   EXPECT_EQ(Slot(presp.blocks(0).slot())[0], on_nvme & 0xff);
-  EXPECT_EQ(BlockChecksum(Block(presp.blocks(0).slot())), presp.blocks(0).checksum());
+  EXPECT_EQ(tier_shm::BlockChecksum(Block(presp.blocks(0).slot())), presp.blocks(0).checksum());
   server_->FlushIndexForTest();
   EXPECT_EQ(sink_.Where(HashOf(on_nvme)), "dram");
 
@@ -460,11 +460,11 @@ TEST_F(TierdServerTest, RedisIndexFollowsTheTiersAndIsRepopulated) {
       grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   Attach();
   ASSERT_EQ(Offer(0, 3), 3);
-  auto lookup = [&]() -> std::vector<TierKind> {
+  auto lookup = [&]() -> std::vector<tier_shm::TierKind> {
     auto client = redis::RedisClient::Connect(rc);
     if (!client.ok()) return {};
     auto tiers = RedisIndex::Lookup(**client, "test-node", {HashOf(0), HashOf(1), HashOf(2)});
-    return tiers.ok() ? *tiers : std::vector<TierKind>{};
+    return tiers.ok() ? *tiers : std::vector<tier_shm::TierKind>{};
   };
   auto wait_for = [&](size_t n) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -472,7 +472,7 @@ TEST_F(TierdServerTest, RedisIndexFollowsTheTiersAndIsRepopulated) {
     return lookup().size() == n;
   };
   ASSERT_TRUE(wait_for(3)) << (*redis)->LogTail();
-  EXPECT_EQ(lookup(), std::vector<TierKind>(3, TierKind::kDram));
+  EXPECT_EQ(lookup(), std::vector<tier_shm::TierKind>(3, tier_shm::TierKind::kDram));
 
   ASSERT_TRUE((*redis)->Stop().ok());
   EXPECT_EQ(Offer(10, 2), 2);  // serving goes on without Redis

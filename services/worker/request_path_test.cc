@@ -88,17 +88,7 @@ std::unique_ptr<Side> MakeSide(WorkerRole role, const std::string& id,
   return side;
 }
 
-// The engine's statistics read on its own thread, after everything posted before.
-engine::SchedulerStats StatsAfterPosted(engine::EngineLoop* loop) {
-  engine::SchedulerStats stats;
-  absl::Notification read;
-  loop->Post([&](engine::Scheduler& s) {
-    stats = s.Stats();
-    read.Notify();
-  });
-  EXPECT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  return stats;
-}
+using engine::testing::StatsAfterPosted;
 
 // A PrefillPeer in the same process: hands the request to PrefillJob::Run on its own thread
 // (as a gRPC server thread would), or misbehaves as told.

@@ -13,7 +13,7 @@ namespace {
 
 // Copies block `index` of the prompt chain (`first_block` = chain index of run's block 0) from
 // tierd's shared memory into pool block `dst` and verifies it. Scheduler thread.
-bool CopyIn(const tierd::PromotedRun& run, memory::KvPoolMemory* pool, int64_t first_block,
+bool CopyIn(const tier_client::PromotedRun& run, memory::KvPoolMemory* pool, int64_t first_block,
             int64_t index, BlockId dst) {
   const int64_t k = index - first_block;
   if (k < 0 || k >= static_cast<int64_t>(run.size()) ||
@@ -32,6 +32,17 @@ bool CopyIn(const tierd::PromotedRun& run, memory::KvPoolMemory* pool, int64_t f
 }
 
 }  // namespace
+
+std::function<void(const BlockHash&, engine::ModelRuntimeConfig::CopyBlockTo)> TierOfferHook(
+    std::shared_ptr<const std::atomic<tier_client::TierLink*>> link) {
+  return [link = std::move(link)](const BlockHash& hash,
+                                  engine::ModelRuntimeConfig::CopyBlockTo copy) {
+    // Pairs with the release store once the link started (and the clear in Drain).
+    if (tier_client::TierLink* tiers = link->load(std::memory_order_acquire)) {
+      tiers->Offer(hash, copy);
+    }
+  };
+}
 
 void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
                      engine::GenerationRequest r,
@@ -56,7 +67,7 @@ void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
   ctx->tiers->Prepare(
       tail,
       [ctx, request, local, tail,
-       rejected = std::move(rejected)](std::shared_ptr<const tierd::PromotedRun> run) {
+       rejected = std::move(rejected)](std::shared_ptr<const tier_client::PromotedRun> run) {
         if (run != nullptr) {
           engine::TierPrefix& tp = request->tier_prefix;
           tp.first_block = local;

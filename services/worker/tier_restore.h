@@ -9,15 +9,26 @@
 // against tierd's checksum; a failed copy or checksum ends the restore at that block (the rest
 // of the prompt is computed).
 //
+// The other direction: blocks the pool evicts (or writes through) are offered to the tiers by
+// TierOfferHook, the pool's on_evict / on_store hook.
+//
+// Both go through tier_client::TierLink, so tests run them against an in-memory fake
+// (services/tier_client/testing) instead of a pd-tierd.
+//
 // Thread-safety: SubmitWithTiers may be called from any thread that may block (not an engine
-// loop thread).
+// loop thread); the hook runs on the scheduler thread.
 #pragma once
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/hash/block_hash.h"
+#include "engine/runtime/model_runtime.h"
 #include "engine/scheduler/request.h"
+#include "services/tier_client/tier_link.h"
 #include "services/worker/worker_context.h"
 
 namespace pd::worker {
@@ -28,6 +39,13 @@ namespace pd::worker {
 // calling thread or the tier client's thread) when the engine refuses the request; exactly one
 // of the request's final output or `rejected` happens. A malformed chain or an unreachable
 // tierd only costs the restore.
+// The pool's eviction / write-through hook (ModelRuntimeConfig::on_evict, on_store): offers the
+// block to the link `link` points to, if any (null before the link starts and after the worker
+// drains: the block is simply not offered). Scheduler thread; the link copies the block before
+// Offer returns and never blocks on tierd.
+std::function<void(const BlockHash&, engine::ModelRuntimeConfig::CopyBlockTo)> TierOfferHook(
+    std::shared_ptr<const std::atomic<tier_client::TierLink*>> link);
+
 void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
                      engine::GenerationRequest r,
                      std::function<void(const absl::Status&)> rejected);

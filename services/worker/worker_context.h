@@ -23,7 +23,7 @@
 #include "pd/v1/worker.pb.h"
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
-#include "services/tier_client/tier_client.h"
+#include "services/tier_client/tier_link.h"
 #include "services/worker/local_block_set.h"
 #include "services/worker/worker_config.h"
 
@@ -59,7 +59,7 @@ struct WorkerContext {
   engine::EngineLoop* loop = nullptr;
   disagg::KvHandoff* handoff = nullptr;
   // The node's tiers (null without --tierd_address) and the pool's cached hashes (set with it).
-  tierd::TierClient* tiers = nullptr;
+  tier_client::TierLink* tiers = nullptr;
   const LocalBlockSet* local_blocks = nullptr;
   pdserve::internal::v1::KvLayout layout;
   WorkerMetrics metrics;

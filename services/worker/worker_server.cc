@@ -10,6 +10,7 @@
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
 #include "services/base/kv_layout_proto.h"
+#include "services/worker/tier_restore.h"
 
 namespace pd::worker {
 
@@ -50,15 +51,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   if (!config.tierd_address.empty()) {
     s->local_blocks_ = std::make_unique<LocalBlockSet>(s->kv_events_.get());
     runtime_config.kv_listener = s->local_blocks_.get();
-    s->tier_slot_ = std::make_shared<std::atomic<tierd::TierClient*>>(nullptr);
+    s->tier_slot_ = std::make_shared<std::atomic<tier_client::TierLink*>>(nullptr);
     // Scheduler thread, inside an allocation: the client copies the block and returns.
-    runtime_config.on_evict = [slot = s->tier_slot_](const BlockHash& hash,
-                                                     engine::ModelRuntimeConfig::CopyBlockTo copy) {
-      // Pairs with the release store after the client started (and the clear in Drain).
-      if (tierd::TierClient* client = slot->load(std::memory_order_acquire)) {
-        client->Offer(hash, copy);
-      }
-    };
+    runtime_config.on_evict = TierOfferHook(s->tier_slot_);
     if (config.tier_write_through) {
       // Offered again at eviction: tierd answers "already held" without a slot (a write-through
       // offer dropped while tierd was down or staging was full gets its second chance there).
@@ -144,7 +139,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   s->kv_events_->SetWorkerId(ctx.worker_id);
   ctx.node_name = config.node_name.empty() ? services::HostName() : config.node_name;
   if (!config.tierd_address.empty()) {
-    tierd::TierClientConfig tc;
+    tier_client::TierClientConfig tc;
     tc.tierd_address = config.tierd_address;
     tc.worker_id = ctx.worker_id;
     tc.node_name = ctx.node_name;
@@ -170,7 +165,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
         return [pin = *std::move(pin)]() mutable { pin = kernels::HostRegistration(); };
       };
     }
-    absl::StatusOr<std::unique_ptr<tierd::TierClient>> tiers = tierd::TierClient::Start(tc);
+    absl::StatusOr<std::unique_ptr<tier_client::TierClient>> tiers =
+        tier_client::TierClient::Start(tc);
     if (!tiers.ok()) {
       return absl::Status(
           tiers.status().code(),
@@ -183,10 +179,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   engine::EngineLoop* loop = s->loop_.get();
   kv_events::KvEventPublisher* publisher = s->kv_events_.get();
-  tierd::TierClient* tiers = s->tiers_.get();
+  tier_client::TierLink* tiers = s->tiers_.get();
   s->collector_ = metrics->AddCollector([loop, publisher, tiers](metrics::CollectorSink& sink) {
     if (tiers != nullptr) {
-      const tierd::TierClientStats t = tiers->Stats();
+      const tier_client::TierLinkStats t = tiers->Stats();
       sink.AddGauge("pd_worker_tierd_attached", "1 while attached to the node's pd-tierd",
                     t.attached ? 1 : 0);
       sink.AddGauge("pd_worker_tierd_node_mismatch",

@@ -60,8 +60,8 @@ class WorkerServer {
   std::unique_ptr<LocalBlockSet> local_blocks_;  // the pool's listener, forwards to kv_events_
   // Where the pool's eviction hook finds the tier client (set once it attached by worker id,
   // cleared before it is destroyed).
-  std::shared_ptr<std::atomic<tierd::TierClient*>> tier_slot_;
-  std::unique_ptr<tierd::TierClient> tiers_;
+  std::shared_ptr<std::atomic<tier_client::TierLink*>> tier_slot_;
+  std::unique_ptr<tier_client::TierClient> tiers_;
   std::unique_ptr<engine::ModelRuntime> runtime_;
   std::unique_ptr<engine::EngineLoop> loop_;
   std::unique_ptr<disagg::KvHandoff> handoff_;

@@ -32,8 +32,8 @@
 #include "pd/v1/kv_events.grpc.pb.h"
 #include "pd/v1/tierd.grpc.pb.h"
 #include "pd/v1/worker.grpc.pb.h"
-#include "services/tierd/checksum.h"
-#include "services/tierd/dram_pool.h"
+#include "services/tier_shm/block_checksum.h"
+#include "services/tier_shm/dram_slots.h"
 #include "tests/e2e/cluster_fixture.h"
 
 namespace pd {
@@ -109,8 +109,8 @@ int Plant(const std::string& tierd_address, const iv1::KvLayout& layout,
   grpc::Status s = tier->Attach(WithDeadline(&actx), attach, &session);
   EXPECT_TRUE(s.ok()) << s.error_message();
   if (!s.ok()) return 0;
-  absl::StatusOr<std::unique_ptr<tierd::ShmRegion>> pool =
-      tierd::DramPool::MapExisting(session.shm_name(), session.num_slots(), session.slot_bytes());
+  absl::StatusOr<std::unique_ptr<tier_shm::ShmRegion>> pool =
+      tier_shm::MapDramPool(session.shm_name(), session.num_slots(), session.slot_bytes());
   EXPECT_TRUE(pool.ok()) << pool.status();
   if (!pool.ok()) return 0;
 
@@ -135,7 +135,7 @@ int Plant(const std::string& tierd_address, const iv1::KvLayout& layout,
     iv1::CommitEntry* e = commit.add_entries();
     e->set_block_hash(hashes[static_cast<size_t>(i)].ToBytes());
     e->set_slot(grants.grants(i).slot());
-    e->set_checksum(tierd::BlockChecksum(absl::MakeConstSpan(slot, layout.block_bytes())));
+    e->set_checksum(tier_shm::BlockChecksum(absl::MakeConstSpan(slot, layout.block_bytes())));
   }
   iv1::CommitResponse results;
   grpc::ClientContext cctx;

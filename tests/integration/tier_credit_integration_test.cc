@@ -23,7 +23,6 @@ namespace {
 using router::Placement;
 using router::PlacementPolicy;
 using router::WorkerSnapshot;
-using tierd::TierKind;
 
 constexpr int64_t kBlock = 4;
 
@@ -69,9 +68,10 @@ class TierCreditIntegrationTest : public ::testing::Test {
 
   // A node's tierd holding `chain` (first half DRAM, second half NVMe) and publishing it.
   void StartNodeIndex(const std::string& node, const std::vector<BlockHash>& chain) {
-    std::vector<std::pair<BlockHash, TierKind>> held;
+    std::vector<std::pair<BlockHash, tier_shm::TierKind>> held;
     for (size_t i = 0; i < chain.size(); ++i) {
-      held.emplace_back(chain[i], i < chain.size() / 2 ? TierKind::kDram : TierKind::kNvme);
+      held.emplace_back(
+          chain[i], i < chain.size() / 2 ? tier_shm::TierKind::kDram : tier_shm::TierKind::kNvme);
     }
     tierd::RedisIndexConfig config;
     config.node = node;

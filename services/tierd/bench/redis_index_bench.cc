@@ -149,7 +149,8 @@ absl::StatusOr<IndexRun> TimedPublish(RedisIndex& index, redis::RedisClient& adm
   const uint64_t published_before = index.Stats().published_total;
   const absl::Time start = absl::Now();
   for (size_t i = 0; i < hashes.size(); ++i) {
-    index.Publish(hashes[i], (i % 2 == 0) != flip ? TierKind::kDram : TierKind::kNvme);
+    index.Publish(hashes[i],
+                  (i % 2 == 0) != flip ? tier_shm::TierKind::kDram : tier_shm::TierKind::kNvme);
   }
   const absl::Time flush_start = absl::Now();
   if (absl::Status s = index.Flush(); !s.ok()) {
@@ -221,8 +222,8 @@ absl::Status Main() {
   config.max_batch = absl::GetFlag(FLAGS_batch);
   config.max_pending = std::max<int64_t>(updates, 1);
   config.flush_interval = absl::Hours(1);  // only the timed Flush sends
-  auto index = RedisIndex::Create(redis, config,
-                                  [] { return std::vector<std::pair<BlockHash, TierKind>>(); });
+  auto index = RedisIndex::Create(
+      redis, config, [] { return std::vector<std::pair<BlockHash, tier_shm::TierKind>>(); });
   if (!index.ok()) {
     return index.status();
   }

@@ -47,7 +47,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/log/log.h"
-#include "services/tierd/checksum.h"
+#include "services/tier_shm/block_checksum.h"
 #include "services/tierd/tier_store.h"
 
 ABSL_FLAG(std::string, dir, "/var/tmp/pd-tier-bench",
@@ -173,7 +173,7 @@ int RunSize(const Size& size, const std::string& dir, Figures* fig, std::string*
       for (int64_t w = 0; w < size.block_bytes / 8; ++w) {
         words[w] = rng();
       }
-      const uint64_t checksum = BlockChecksum((*dram)->BlockSpan(r.slot));
+      const uint64_t checksum = tier_shm::BlockChecksum((*dram)->BlockSpan(r.slot));
       guard.Record(h);
       CHECK((*dram)->Commit(kBenchSession, r.slot, h, checksum) == CommitOutcome::kStored);
     }

@@ -1,8 +1,6 @@
 // TierClient against a real TierdServer on loopback: offers land in DRAM, Prepare pins a
 // chain whose copies verify, a damaged slot fails verification, and a tierd that goes away and
 // comes back is re-attached to without failing anything.
-#include "services/tier_client/tier_client.h"
-
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -20,14 +18,19 @@
 #include "engine/runtime/model_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/tier_client/tier_client.h"
 #include "services/tierd/tierd_server.h"
 #include "services/tierd/tierd_test_util.h"
 
-namespace pd::tierd {
+namespace pd::tier_client {
 namespace {
 
 namespace v1 = pdserve::internal::v1;
 
+using tierd::PromotedBlock;
+using tierd::SessionId;
+using tierd::TierdConfig;
+using tierd::TierdServer;
 
 BlockHash ClientHash(int i) {
   std::string bytes(16, '\x11');
@@ -38,8 +41,8 @@ BlockHash ClientHash(int i) {
 class TierClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    layout_ = testing::Stories260KLayout();
-    config_ = testing::TestTierdConfig("client-test", 2);
+    layout_ = tierd::testing::Stories260KLayout();
+    config_ = tierd::testing::TestTierdConfig("client-test", 2);
     StartServer();
   }
 
@@ -73,10 +76,13 @@ class TierClientTest : public ::testing::Test {
   std::shared_ptr<const PromotedRun> PrepareSync(TierClient* client, std::vector<BlockHash> chain) {
     std::shared_ptr<const PromotedRun> out;
     absl::Notification done;
-    client->Prepare(std::move(chain), [&](std::shared_ptr<const PromotedRun> run) {
-      out = std::move(run);
-      done.Notify();
-    });
+    client->Prepare(
+        std::move(chain),
+        [&](std::shared_ptr<const PromotedRun> run) {
+          out = std::move(run);
+          done.Notify();
+        },
+        /*recompute_seconds_per_block=*/0);
     done.WaitForNotification();
     return out;
   }
@@ -107,10 +113,10 @@ TEST_F(TierClientTest, OfferThenPrepareAndCopyOut) {
   for (size_t k = 0; k < 3; ++k) {
     ASSERT_TRUE(run->CopyOut(k, dst.data()));
     EXPECT_EQ(dst, BlockBytes(static_cast<int>(k) + 2));
-    EXPECT_EQ(run->source(k), TierKind::kDram);
+    EXPECT_EQ(run->source(k), tier_shm::TierKind::kDram);
   }
   EXPECT_EQ(server_->store()->Stats().dram.pinned_blocks, 3);
-  client->Release(*run);  // sent by the client thread
+  client->Release(*run);         // sent by the client thread
   client->FlushOffersForTest();  // returns once the release was answered
   EXPECT_EQ(server_->store()->Stats().dram.pinned_blocks, 0);
 
@@ -139,7 +145,7 @@ TEST_F(TierClientTest, InPlaceOffersCopyOnceIntoReservedSlots) {
   ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
   // The client thread reserves the 4 slots (tierd grants them before the client has them).
   EXPECT_TRUE(client->AwaitStatsForTest(
-      [](const TierClientStats& st) { return st.unbound_slots_held >= 4; }, absl::Seconds(10)));
+      [](const TierLinkStats& st) { return st.unbound_slots_held >= 4; }, absl::Seconds(10)));
   ASSERT_EQ(client->Stats().unbound_slots_held, 4);
   EXPECT_EQ(server_->store()->dram()->Stats().unbound_blocks, 4);
   int fills = 0;
@@ -153,7 +159,7 @@ TEST_F(TierClientTest, InPlaceOffersCopyOnceIntoReservedSlots) {
   }
   client->FlushOffersForTest();
   EXPECT_EQ(fills, 3);
-  TierClientStats st = client->Stats();
+  TierLinkStats st = client->Stats();
   EXPECT_EQ(st.offered_in_place_blocks_total, 3u);
   EXPECT_EQ(st.offer_stored_blocks_total, 3u);
   // Held already: the copy is made (it had to be, before the block was reused) but not kept.
@@ -187,7 +193,7 @@ TEST_F(TierClientTest, InPlaceOffersSurviveATierdRestart) {
   server_.reset();
   StartServer();
   const uint64_t attaches = client->Stats().attaches_total;
-  const auto reattached = [attaches](const TierClientStats& st) {
+  const auto reattached = [attaches](const TierLinkStats& st) {
     return st.attaches_total > attaches;
   };
   // Each offer's failed call detects the restart (or the offer is dropped); no sleeping.
@@ -197,7 +203,7 @@ TEST_F(TierClientTest, InPlaceOffersSurviveATierdRestart) {
   }
   ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
   EXPECT_TRUE(client->AwaitStatsForTest(
-      [](const TierClientStats& st) { return st.unbound_slots_held >= 2; }, absl::Seconds(10)));
+      [](const TierLinkStats& st) { return st.unbound_slots_held >= 2; }, absl::Seconds(10)));
   ASSERT_EQ(client->Stats().unbound_slots_held, 2);
   const uint64_t in_place = client->Stats().offered_in_place_blocks_total;
   client->Offer(ClientHash(7), BlockBytes(7));
@@ -352,4 +358,4 @@ TEST_F(TierClientTest, TlsAndClusterTokenGuardEveryCall) {
 }
 
 }  // namespace
-}  // namespace pd::tierd
+}  // namespace pd::tier_client

@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace pd::tierd {
+namespace pd::tier_shm {
 
 class ShmRegion {
  public:
@@ -71,4 +71,4 @@ class ShmRegion {
   const bool owner_;
 };
 
-}  // namespace pd::tierd
+}  // namespace pd::tier_shm

@@ -31,7 +31,7 @@
 #include "engine/runtime/model_runtime.h"
 #include "services/base/kv_layout_proto.h"
 #include "services/tier_client/tier_client.h"
-#include "services/tierd/dram_pool.h"
+#include "services/tier_shm/dram_slots.h"
 #include "services/tierd/tierd_server.h"
 
 ABSL_FLAG(std::string, model, "", "HF model directory or llama2.c checkpoint (required)");
@@ -71,16 +71,16 @@ int Main() {
     tc.model = absl::GetFlag(FLAGS_model);
     tc.tokenizer = absl::GetFlag(FLAGS_tokenizer);
     tc.dram_mib = std::max<int64_t>(
-        1, (absl::GetFlag(FLAGS_dram_blocks) * tierd::SlotBytesFor(layout.block_bytes())) >> 20);
+        1, (absl::GetFlag(FLAGS_dram_blocks) * tier_shm::SlotBytesFor(layout.block_bytes())) >> 20);
     metrics::Registry registry;
     auto server = tierd::TierdServer::Start(tc, &registry);
     CHECK(server.ok()) << server.status();
-    tierd::TierClientConfig cc;
+    tier_client::TierClientConfig cc;
     cc.tierd_address = (*server)->address();
     cc.worker_id = "bench";
     cc.layout = services::LayoutToProto(layout, (*front)->fingerprint());
     cc.unbound_slots = unbound;
-    auto client = tierd::TierClient::Start(cc);
+    auto client = tier_client::TierClient::Start(cc);
     CHECK(client.ok()) << client.status();
     CHECK((*client)->WaitAttached(absl::Seconds(10)));
     absl::SleepFor(absl::Milliseconds(200));  // the first reservations
@@ -103,7 +103,7 @@ int Main() {
     }
     (*client)->FlushOffersForTest();
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    const tierd::TierClientStats st = (*client)->Stats();
+    const tier_client::TierLinkStats st = (*client)->Stats();
     const double hook_p50 = Percentile(hook_us, 0.5);
     const double memcpy_p50 = Percentile(memcpy_us, 0.5);
     // The second half: every DRAM slot has been written before (its pages are mapped).

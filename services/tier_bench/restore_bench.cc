@@ -92,7 +92,7 @@ int Main() {
   tc.model = rc.model;
   tc.tokenizer = rc.tokenizer;
   tc.dram_mib =
-      std::max<int64_t>(16, (4 * n * tierd::SlotBytesFor(layout.block_bytes()) >> 20) + 1);
+      std::max<int64_t>(16, (4 * n * tier_shm::SlotBytesFor(layout.block_bytes()) >> 20) + 1);
   tc.nvme_dir = dir;
   tc.nvme_mib = tc.dram_mib;
   tc.high_watermark = 1.0;  // the benchmark moves blocks itself
@@ -114,7 +114,7 @@ int Main() {
   CHECK(server.ok()) << server.status();
   // The second node: DRAM only, its own worker client.
   std::unique_ptr<tierd::TierdServer> server_b;
-  std::unique_ptr<tierd::TierClient> client_b;
+  std::unique_ptr<tier_client::TierClient> client_b;
   metrics::Registry registry_b;
   if (!peer.empty()) {
     tierd::TierdConfig tb = tc;
@@ -126,19 +126,19 @@ int Main() {
     CHECK(b.ok()) << b.status();
     server_b = *std::move(b);
   }
-  tierd::TierClientConfig cc;
+  tier_client::TierClientConfig cc;
   cc.tierd_address = (*server)->address();
   cc.worker_id = "bench";
   cc.layout = services::LayoutToProto(layout, runtime.fingerprint());
-  auto client = tierd::TierClient::Start(cc);
+  auto client = tier_client::TierClient::Start(cc);
   CHECK(client.ok()) << client.status();
   CHECK((*client)->WaitAttached(absl::Seconds(10)));
   if (server_b != nullptr) {
-    tierd::TierClientConfig cb = cc;
+    tier_client::TierClientConfig cb = cc;
     cb.tierd_address = server_b->address();
     cb.worker_id = "bench-b";
     cb.rpc_timeout = absl::Seconds(120);  // a 4k-token fetch of a 1b model moves 256 MiB
-    auto c = tierd::TierClient::Start(cb);
+    auto c = tier_client::TierClient::Start(cb);
     CHECK(c.ok()) << c.status();
     client_b = *std::move(c);
     CHECK(client_b->WaitAttached(absl::Seconds(10)));
@@ -183,14 +183,17 @@ int Main() {
   };
   // What the worker does: Prepare (Promote) then attach the run as the request's tier prefix.
   double promote_ms = 0;  // of the last restored()
-  auto restored = [&](tierd::TierClient* from) {
+  auto restored = [&](tier_client::TierClient* from) {
     const absl::Time start = absl::Now();
-    std::shared_ptr<const tierd::PromotedRun> promoted;
+    std::shared_ptr<const tier_client::PromotedRun> promoted;
     absl::Notification got;
-    from->Prepare(chain, [&](std::shared_ptr<const tierd::PromotedRun> p) {
-      promoted = std::move(p);
-      got.Notify();
-    });
+    from->Prepare(
+        chain,
+        [&](std::shared_ptr<const tier_client::PromotedRun> p) {
+          promoted = std::move(p);
+          got.Notify();
+        },
+        /*recompute_seconds_per_block=*/0);
     got.WaitForNotification();
     promote_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     CHECK(promoted != nullptr && static_cast<int64_t>(promoted->size()) == n)

@@ -1,4 +1,4 @@
-#include "services/tierd/shm_region.h"
+#include "services/tier_shm/shm_region.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-namespace pd::tierd {
+namespace pd::tier_shm {
 namespace {
 
 std::string UniqueShmName() {
@@ -127,4 +127,4 @@ TEST(ShmRegionTest, RejectsBadNames) {
 }
 
 }  // namespace
-}  // namespace pd::tierd
+}  // namespace pd::tier_shm

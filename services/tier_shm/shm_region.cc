@@ -1,4 +1,4 @@
-#include "services/tierd/shm_region.h"
+#include "services/tier_shm/shm_region.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 
-namespace pd::tierd {
+namespace pd::tier_shm {
 namespace {
 
 constexpr char kShmMount[] = "/dev/shm";
@@ -188,4 +188,4 @@ ShmRegion::~ShmRegion() {
   }
 }
 
-}  // namespace pd::tierd
+}  // namespace pd::tier_shm
