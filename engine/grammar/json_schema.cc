@@ -443,6 +443,39 @@ class SchemaCompiler {
       return Nothing(path, "schema 'false'");
     }
     if (!schema.is_object()) return Error(path, "a schema must be an object or a boolean");
+    if (schema.contains("not")) {
+      // Two forms are exact: `not: {}` / `not: true` (nothing), and `not` of types only.
+      const Json& n = schema["not"];
+      if (n == Json(true) || n == Json::object()) return Nothing(path, "'not' of everything");
+      bool types_only = n.is_object() && n.contains("type");
+      if (types_only) {
+        for (auto it = n.begin(); it != n.end(); ++it) {
+          if (it.key() != "type" && !IsAnnotation(it.key())) types_only = false;
+        }
+      }
+      std::vector<std::string> banned = types_only ? Types(n["type"]) : std::vector<std::string>{};
+      const bool bans_integer_only =
+          std::find(banned.begin(), banned.end(), "integer") != banned.end() &&
+          std::find(banned.begin(), banned.end(), "number") == banned.end();
+      if (!types_only || bans_integer_only) {
+        return Error(path, "keyword 'not' is not supported (only of {} or of types)");
+      }
+      Json rest = schema;
+      rest.erase("not");
+      Json allowed = Json::array();
+      for (const char* t : kAllTypes) {
+        const std::string type(t);
+        const bool out = std::find(banned.begin(), banned.end(), type) != banned.end() ||
+                         (type == "integer" &&
+                          std::find(banned.begin(), banned.end(), "number") != banned.end());
+        if (!out) allowed.push_back(type);
+      }
+      if (allowed.empty()) return Nothing(path, "'not' of every type");
+      Json merged = Json::object();
+      merged["type"] = allowed;
+      PD_RETURN_IF_ERROR(Merge(&merged, rest, path, depth));
+      return Compile(merged, path, depth + 1);
+    }
     for (auto it = schema.begin(); it != schema.end(); ++it) {
       if (Unsupported().count(it.key()) > 0) {
         return Error(path, absl::StrCat("keyword '", it.key(), "' is not supported"));

@@ -148,6 +148,23 @@ TEST(JsonSchemaTest, EnumConstAndDisjointOneOf) {
       << overlap;
 }
 
+TEST(JsonSchemaTest, NotOfNothingAndOfTypes) {
+  // `not: {}` forbids a property; `not` of types leaves the other types.
+  auto c = Schema(R"({"type": "object", "properties": {"a": {"type": "integer"},
+      "gone": {"not": {}}}, "additionalProperties": false})");
+  EXPECT_TRUE(Matches(c, R"({"a":1})"));
+  EXPECT_FALSE(Matches(c, R"({"a":1,"gone":2})"));
+  auto t = Schema(R"({"not": {"type": ["string", "number"]}})");
+  EXPECT_TRUE(Matches(t, "null"));
+  EXPECT_TRUE(Matches(t, "[1]"));
+  EXPECT_FALSE(Matches(t, "1"));
+  EXPECT_FALSE(Matches(t, R"("x")"));
+  EXPECT_NE(Refusal(R"({"not": {"type": "integer"}})").message().find("'not' is not supported"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"not": {"required": ["a"]}})").message().find("'not' is not supported"),
+            std::string::npos);
+}
+
 TEST(JsonSchemaTest, AllOfMergesProperties) {
   auto c = Schema(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
       "required": ["a"]}, {"properties": {"b": {"type": "string"}}, "required": ["b"]}]})");
@@ -156,7 +173,7 @@ TEST(JsonSchemaTest, AllOfMergesProperties) {
 }
 
 TEST(JsonSchemaTest, KeywordsItCannotEnforceAreNamedNotIgnored) {
-  for (const char* keyword : {"multipleOf", "uniqueItems", "patternProperties", "not", "if",
+  for (const char* keyword : {"multipleOf", "uniqueItems", "patternProperties", "if",
                               "contains", "propertyNames"}) {
     const absl::Status s =
         Refusal(absl::StrCat(R"({"type": "object", "properties": {"x": {")", keyword,
