@@ -330,6 +330,7 @@ class SchemaCompiler {
   // ---- merging (allOf, and siblings of anyOf/oneOf) ----
   // Merges `b` into `a` when the result means exactly "both"; otherwise an error.
   absl::Status Merge(Json* a, const Json& b, absl::string_view path, int depth) {
+    if (depth > options_.max_depth) return Error(path, "schema nested too deeply");
     if (b.is_boolean()) {
       if (b.get<bool>()) return absl::OkStatus();
       return Nothing(path, "false schema in allOf");
@@ -345,8 +346,8 @@ class SchemaCompiler {
       bb.erase("$ref");
       merging_refs_.insert(ref);
       Json inlined = Json::object();
-      absl::Status s = Merge(&inlined, *target, path, depth);
-      if (s.ok()) s = Merge(&inlined, bb, path, depth);
+      absl::Status s = Merge(&inlined, *target, path, depth + 1);
+      if (s.ok()) s = Merge(&inlined, bb, path, depth + 1);
       merging_refs_.erase(ref);
       PD_RETURN_IF_ERROR(s);
       bb = std::move(inlined);
@@ -354,7 +355,7 @@ class SchemaCompiler {
     if (bb.contains("allOf") && bb["allOf"].is_array()) {
       Json inner = bb["allOf"];
       bb.erase("allOf");
-      for (const Json& sub : inner) PD_RETURN_IF_ERROR(Merge(&bb, sub, path, depth));
+      for (const Json& sub : inner) PD_RETURN_IF_ERROR(Merge(&bb, sub, path, depth + 1));
     }
     // additionalProperties/items interact with properties/prefixItems of the same schema.
     auto has_props = [](const Json& s) {
@@ -399,8 +400,8 @@ class SchemaCompiler {
             av[p.key()] = p.value();
           } else if (av[p.key()] != p.value()) {
             Json merged = Json::object();
-            PD_RETURN_IF_ERROR(Merge(&merged, av[p.key()], path, depth));
-            PD_RETURN_IF_ERROR(Merge(&merged, p.value(), path, depth));
+            PD_RETURN_IF_ERROR(Merge(&merged, av[p.key()], path, depth + 1));
+            PD_RETURN_IF_ERROR(Merge(&merged, p.value(), path, depth + 1));
             av[p.key()] = std::move(merged);
           }
         }
@@ -1104,6 +1105,29 @@ class SchemaCompiler {
 
 absl::StatusOr<Grammar> CompileJsonSchema(absl::string_view schema_json,
                                           const JsonSchemaOptions& options) {
+  // Nesting is bounded before parsing: the document (enum values included) is later walked
+  // and serialized recursively.
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < schema_json.size(); ++i) {
+    const char c = schema_json[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > 2 * options.max_depth) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "json schema: nested deeper than ", 2 * options.max_depth, " levels"));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
   Json schema = Json::parse(schema_json.begin(), schema_json.end(), nullptr,
                             /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("json schema: not valid JSON");

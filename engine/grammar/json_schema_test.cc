@@ -193,10 +193,24 @@ TEST(JsonSchemaTest, KeywordsItCannotEnforceAreNamedNotIgnored) {
       "type": "integer"})").ok());
   // Nesting beyond the limit is an error, not a crash.
   std::string deep;
-  for (int i = 0; i < 1000; ++i) deep += R"({"type": "array", "items": )";
+  for (int i = 0; i < 200; ++i) deep += R"({"type": "array", "items": )";
   deep += "{}";
-  for (int i = 0; i < 1000; ++i) deep += "}";
+  for (int i = 0; i < 200; ++i) deep += "}";
   EXPECT_NE(Refusal(deep).message().find("nested too deeply"), std::string::npos);
+  // A deep document (here an enum value) is refused before it is parsed or walked.
+  const std::string huge = R"({"enum": [)" + std::string(200000, '[') + std::string(200000, ']') +
+                           "]}";
+  EXPECT_NE(Refusal(huge).message().find("nested deeper than 256 levels"), std::string::npos);
+  // Deep allOf merges are bounded too.
+  std::string merge = R"({"allOf": [)";
+  std::string left;
+  std::string right;
+  for (int i = 0; i < 140; ++i) {
+    left += R"({"properties": {"a": )";
+    right += "}}";
+  }
+  merge += left + "{}" + right + "," + left + R"({"type": "integer"})" + right + "]}";
+  EXPECT_FALSE(Refusal(merge).ok());
 }
 
 TEST(JsonSchemaTest, WhitespaceIsBounded) {

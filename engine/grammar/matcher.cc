@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/base/status_macros.h"
 #include "engine/grammar/token_trie.h"
 
@@ -52,12 +53,20 @@ bool Matcher::Normalize(uint32_t id, State* out) const {
   const std::vector<Element>& el = grammar_->elements();
   std::vector<uint32_t> work{id};
   // Each stack is expanded once per call (ambiguous grammars reach one stack many ways).
+  // Linear search while small (the common case), a hash set once expansions grow.
   std::vector<uint32_t> seen;
+  absl::flat_hash_set<uint32_t> seen_set;
   while (!work.empty()) {
     const uint32_t s = work.back();
     work.pop_back();
-    if (std::find(seen.begin(), seen.end(), s) != seen.end()) continue;
-    seen.push_back(s);
+    if (seen_set.empty()) {
+      if (std::find(seen.begin(), seen.end(), s) != seen.end()) continue;
+      seen.push_back(s);
+      if (seen.size() > 32) seen_set.insert(seen.begin(), seen.end());
+    } else {
+      if (!seen_set.insert(s).second) continue;
+      seen.push_back(s);
+    }
     if (s == 0 || el[nodes_[s].pos].kind == Element::Kind::kBytes) {
       out->push_back(s);
       if (out->size() > kMaxStacks) return false;
