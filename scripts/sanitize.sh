@@ -21,6 +21,7 @@ PD_ASAN_TESTS=(
   common_base_test common_hash_test common_metrics_test common_threads_test common_time_test
   common_redis_client_test common_redis_client_integration_test common_redis_prefix_index_test
   engine_kvcache_test engine_memory_test engine_scheduler_test
+  engine_grammar_test engine_grammar_schema_set_test
   services_tierd_test services_tierd_integration_test
   services_tierd_redis_index_test services_tierd_redis_index_integration_test
   services_router_index_test services_router_scorer_test
