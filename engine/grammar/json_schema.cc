@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
@@ -600,20 +601,30 @@ class SchemaCompiler {
         for (const std::string& t : Types((*node)["type"])) s.insert(t);
         if (s.count("number") > 0) s.insert("integer");
       } else if (node->is_object() && node->contains("const")) {
-        s.insert(std::string("=") + (*node)["const"].dump());
+        s.insert(absl::StrCat("=", TypeName((*node)["const"]), ":", (*node)["const"].dump()));
       } else if (node->is_object() && node->contains("enum") && (*node)["enum"].is_array()) {
-        for (const Json& v : (*node)["enum"]) s.insert(std::string("=") + v.dump());
+        for (const Json& v : (*node)["enum"]) {
+          s.insert(absl::StrCat("=", TypeName(v), ":", v.dump()));
+        }
       } else {
         return Error(path, "oneOf whose branches may overlap is not supported (use anyOf)");
       }
       sets.push_back(std::move(s));
     }
+    // A constant overlaps a type set holding its type ("=integer:5" and "integer").
+    auto overlaps = [](const std::set<std::string>& a, const std::set<std::string>& b) {
+      for (const std::string& t : a) {
+        if (b.count(t) > 0) return true;
+        if (t[0] == '=' && b.count(t.substr(1, t.find(':') - 1)) > 0) return true;
+        // 5.0 is an integer too, in JSON Schema.
+        if (absl::StartsWith(t, "=number:") && b.count("integer") > 0) return true;
+      }
+      return false;
+    };
     for (size_t i = 0; i < sets.size(); ++i) {
       for (size_t j = i + 1; j < sets.size(); ++j) {
-        for (const std::string& t : sets[i]) {
-          if (sets[j].count(t) > 0) {
-            return Error(path, "oneOf whose branches may overlap is not supported (use anyOf)");
-          }
+        if (overlaps(sets[i], sets[j]) || overlaps(sets[j], sets[i])) {
+          return Error(path, "oneOf whose branches may overlap is not supported (use anyOf)");
         }
       }
     }

@@ -146,6 +146,12 @@ TEST(JsonSchemaTest, EnumConstAndDisjointOneOf) {
       Refusal(R"({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]})");
   EXPECT_NE(overlap.message().find("oneOf whose branches may overlap"), std::string::npos)
       << overlap;
+  // A constant of a branch's type overlaps it (5 would match both branches).
+  for (const char* schema : {R"({"oneOf": [{"type": "integer"}, {"const": 5}]})",
+                             R"({"oneOf": [{"enum": ["a", 1]}, {"type": "string"}]})",
+                             R"({"oneOf": [{"type": "number"}, {"const": 5}]})"}) {
+    EXPECT_NE(Refusal(schema).message().find("may overlap"), std::string::npos) << schema;
+  }
 }
 
 TEST(JsonSchemaTest, NotOfNothingAndOfTypes) {
