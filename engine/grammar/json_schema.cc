@@ -271,8 +271,10 @@ class SchemaCompiler {
     // Percent-decoding of the fragment (JSON pointers in URIs).
     std::string decoded;
     for (size_t i = 0; i < pointer.size(); ++i) {
-      if (pointer[i] == '%' && i + 2 < pointer.size() && std::isxdigit(pointer[i + 1]) != 0 &&
-          std::isxdigit(pointer[i + 2]) != 0) {
+      auto hex = [&](size_t k) {
+        return std::isxdigit(static_cast<unsigned char>(pointer[k])) != 0;
+      };
+      if (pointer[i] == '%' && i + 2 < pointer.size() && hex(i + 1) && hex(i + 2)) {
         decoded += static_cast<char>(std::stoi(pointer.substr(i + 1, 2), nullptr, 16));
         i += 2;
       } else {

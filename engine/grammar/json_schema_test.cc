@@ -130,6 +130,10 @@ TEST(JsonSchemaTest, RefsRecurseAndAnyOfChooses) {
   EXPECT_FALSE(Matches(c, R"({"v":1,"next":{"v":2}})"));
   EXPECT_EQ(Refusal(R"({"$ref": "#/definitions/missing"})").code(),
             absl::StatusCode::kInvalidArgument);
+  // Percent-encoded pointers resolve; a stray '%' or non-ASCII byte is not a crash.
+  auto pct = Schema(R"({"$defs": {"a b": {"type": "null"}}, "$ref": "#/$defs/a%20b"})");
+  EXPECT_TRUE(Matches(pct, "null"));
+  EXPECT_FALSE(Refusal("{\"$ref\": \"#/$defs/%\xC3\xA9%\"}").ok());
   // A schema that is only itself is left-recursive: refused, not an endless loop.
   EXPECT_FALSE(Refusal(R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})").ok());
 }
