@@ -39,9 +39,14 @@ std::unique_ptr<httplib::Client> MakeHttpClient(const OpenAiClientOptions& o,
   c->set_tcp_nodelay(true);
   c->set_connection_timeout(ToChronoOr(o.connect_timeout, absl::Seconds(5)));
   // The reaper enforces request_timeout; httplib's per-read timeout (5 s by default) must not
-  // end a stream that waits long for its first token.
-  c->set_read_timeout(ToChronoOr(o.request_timeout, absl::Hours(24)));
-  c->set_write_timeout(ToChronoOr(o.request_timeout, absl::Hours(24)));
+  // end a stream that waits long for its first token. It gets a margin past the reaper's
+  // deadline: at equal times the two raced, and a read error (UNAVAILABLE) could win over the
+  // reaper's DEADLINE_EXCEEDED.
+  const absl::Duration transport_timeout = o.request_timeout > absl::ZeroDuration()
+                                               ? o.request_timeout + absl::Seconds(1)
+                                               : absl::ZeroDuration();
+  c->set_read_timeout(ToChronoOr(transport_timeout, absl::Hours(24)));
+  c->set_write_timeout(ToChronoOr(transport_timeout, absl::Hours(24)));
 #ifdef CPPHTTPLIB_OPENSSL_SUPPORT
   if (!o.tls_ca.empty()) {
     c->set_ca_cert_path(o.tls_ca);
