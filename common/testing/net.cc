@@ -20,10 +20,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 
 namespace pd::testing {
 
-absl::StatusOr<int> PickFreeLoopbackPort() {
+namespace {
+
+absl::StatusOr<int> BindEphemeralLoopbackPort() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
@@ -41,6 +44,23 @@ absl::StatusOr<int> PickFreeLoopbackPort() {
   }
   ::close(fd);
   return static_cast<int>(ntohs(addr.sin_port));
+}
+
+}  // namespace
+
+absl::StatusOr<int> PickFreeLoopbackPort() {
+  // Ports this process handed out before: a port picked for one child and not yet bound by it is
+  // free again to the kernel, which can return it to the next caller (a CI run picked the
+  // router's HTTP port, then a worker got the same port for itself).
+  static absl::Mutex mu(absl::kConstInit);
+  static absl::flat_hash_set<int>* given = new absl::flat_hash_set<int>();
+  absl::MutexLock lock(&mu);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    absl::StatusOr<int> port = BindEphemeralLoopbackPort();
+    if (!port.ok()) return port.status();
+    if (given->insert(*port).second) return *port;
+  }
+  return absl::InternalError("no loopback port this process has not handed out already");
 }
 
 absl::StatusOr<int> ConnectLoopback(int port) {

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/log/log.h"
 #include "common/testing/net.h"
@@ -53,6 +54,11 @@ inline int FreePort() {
   CHECK(port.ok()) << port.status();
   return *port;
 }
+
+// In a router flag, stands for the router's HTTP port: Cluster picks a free one on every start
+// attempt (a port picked once, outside the retry loop, made the retries futile: a CI run where
+// another test held it failed three attempts on the same port). Cluster::http_port() says which.
+inline constexpr char kHttpPort[] = "{http_port}";
 
 // A server child process that listens on a gRPC port and serves /healthz on a metrics port.
 struct ServingProcess {
@@ -226,7 +232,13 @@ class Cluster {
               absl::StrCat("--policy=", policy),
               "--health_interval=200ms"};
           for (std::string& f : model_.Flags()) args.push_back(std::move(f));
-          args.insert(args.end(), router_flags.begin(), router_flags.end());
+          bool wants_http = false;
+          for (const std::string& f : router_flags) wants_http |= absl::StrContains(f, kHttpPort);
+          router_http_port_ = wants_http ? FreePort() : 0;
+          for (const std::string& f : router_flags) {
+            args.push_back(
+                absl::StrReplaceAll(f, {{kHttpPort, absl::StrCat(router_http_port_)}}));
+          }
           return args;
         },
         dir_ + "/router.log");
@@ -289,6 +301,9 @@ class Cluster {
 
   // Sent as "authorization: Bearer <key>" on the fixture's own calls (routers with API keys).
   void set_api_key(std::string key) { api_key_ = std::move(key); }
+
+  // The router's HTTP port, when a router flag named kHttpPort (else 0).
+  int http_port() const { return router_http_port_; }
 
   std::string RouterMetrics() { return HttpGet(router_metrics_port_, "/metrics"); }
   std::string WorkerMetrics(int i) { return HttpGet(workers_[i].metrics_port, "/metrics"); }
@@ -367,7 +382,7 @@ class Cluster {
   std::function<std::vector<std::string>(const std::string&)> worker_env_;
   std::function<std::vector<std::string>(const std::string&)> worker_extra_;
   std::vector<Worker> workers_;
-  int router_port_ = 0, router_metrics_port_ = 0;
+  int router_port_ = 0, router_metrics_port_ = 0, router_http_port_ = 0;
   std::vector<std::string> router_args_;
   std::optional<Subprocess> router_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -32,7 +32,6 @@ namespace pd {
 namespace {
 
 using ::pd::e2e::Cluster;
-using ::pd::e2e::FreePort;
 using ::pd::e2e::Metric;
 using ::testing::HasSubstr;
 
@@ -127,17 +126,17 @@ class HttpLimitsE2eTest : public ::testing::Test {
     absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-http-limits-");
     ASSERT_TRUE(dir.ok()) << dir.status();
     dir_.emplace(*std::move(dir));
-    port_ = FreePort();
     cluster_.emplace(
         dir_->path(), 0, 1, "round_robin", std::vector<std::string>{},
         std::vector<std::string>{
-            absl::StrCat("--http_address=127.0.0.1:", port_), "--http_max_body_bytes=65536",
+            absl::StrCat("--http_address=127.0.0.1:", pd::e2e::kHttpPort), "--http_max_body_bytes=65536",
             absl::StrCat("--http_max_connections=", kMaxServing),
             absl::StrCat("--http_max_connections_per_client=", kPerClient),
             absl::StrCat("--http_max_open_connections=", kMaxOpen), "--http_idle_timeout=10s",
             absl::StrCat("--http_header_timeout=", absl::ToInt64Seconds(kHeaderTimeout), "s"),
             absl::StrCat("--http_body_timeout=", absl::ToInt64Seconds(kBodyTimeout), "s")});
     ASSERT_TRUE(cluster_->WaitReady(absl::Seconds(60))) << cluster_->Logs();
+    port_ = cluster_->http_port();
   }
 
   double Refused(const std::string& reason) {

@@ -31,7 +31,6 @@ namespace pd {
 namespace {
 
 using ::pd::e2e::Cluster;
-using ::pd::e2e::FreePort;
 using ::pd::e2e::Metric;
 using ::pd::e2e::Reference;
 using ::pd::testing::Subprocess;
@@ -90,14 +89,14 @@ class OpenAiE2eTest : public ::testing::Test {
     dir_.emplace(*std::move(dir));
     WriteFile(Path("keys"), absl::StrCat("default:", kKey, "\n"));
     WriteFile(Path("chat.jinja"), kTemplate);
-    http_port_ = FreePort();
     cluster_.emplace(
         dir_->path(), 1, 1, "round_robin", std::vector<std::string>{},
         std::vector<std::string>{
-            absl::StrCat("--http_address=127.0.0.1:", http_port_),
+            absl::StrCat("--http_address=127.0.0.1:", pd::e2e::kHttpPort),
             "--api_keys_file=" + Path("keys"), "--chat_template=" + Path("chat.jinja"),
             "--http_max_body_bytes=65536",
             absl::StrCat("--http_idle_timeout=", absl::ToInt64Seconds(kIdleTimeout), "s")});
+    http_port_ = cluster_->http_port();
     cluster_->set_api_key(kKey);
     ASSERT_TRUE(cluster_->WaitReady(absl::Seconds(60))) << cluster_->Logs();
   }

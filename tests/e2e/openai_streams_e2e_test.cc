@@ -18,7 +18,6 @@ namespace pd {
 namespace {
 
 using ::pd::e2e::Cluster;
-using ::pd::e2e::FreePort;
 using ::pd::e2e::Metric;
 using ::pd::testing::Subprocess;
 
@@ -30,7 +29,6 @@ TEST(OpenAiStreamsE2eTest, ThousandConcurrentStreamsFinishAndResourcesReturn) {
   ASSERT_TRUE(installed.good()) << "scripts/setup.sh installs tests/e2e/openai (npm ci)";
   absl::StatusOr<pd::testing::TempDir> tmp = pd::testing::TempDir::Create("pd-streams-");
   ASSERT_TRUE(tmp.ok()) << tmp.status();
-  const int http_port = FreePort();
   // One decode worker and the router's default limits (--max_inflight 1024: every stream is
   // admitted). --http_idle_timeout is also how long the router waits for a new connection's
   // first request. Until the router's own connection wait (http_front.cc ConnectionStream),
@@ -43,9 +41,10 @@ TEST(OpenAiStreamsE2eTest, ThousandConcurrentStreamsFinishAndResourcesReturn) {
   // three times in a row, the router dropped its only worker and 774 streams got 503; this test
   // is about the streams, not about evicting an unhealthy worker (router_e2e_test covers that).
   Cluster cluster(tmp->path(), 0, 1, "round_robin", {"--kv_blocks=512"},
-                  {absl::StrCat("--http_address=127.0.0.1:", http_port), "--http_idle_timeout=30s",
+                  {absl::StrCat("--http_address=127.0.0.1:", pd::e2e::kHttpPort), "--http_idle_timeout=30s",
                    "--health_timeout=5s", "--health_missed_checks=10"});
   ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60))) << cluster.Logs();
+  const int http_port = cluster.http_port();
   const std::string before = cluster.RouterMetrics();
   const double threads_before = Metric(before, "pd_process_threads");
 

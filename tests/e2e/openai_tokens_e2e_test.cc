@@ -36,7 +36,6 @@ namespace pd {
 namespace {
 
 using ::pd::e2e::Cluster;
-using ::pd::e2e::FreePort;
 using ::pd::e2e::Metric;
 using ::pd::testing::Subprocess;
 using json = nlohmann::json;
@@ -193,12 +192,12 @@ class OpenAiTokensE2eTest : public ::testing::Test {
     absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-tokens-run-");
     ASSERT_TRUE(dir.ok()) << dir.status();
     dir_.emplace(*std::move(dir));
-    http_port_ = FreePort();
     // One decode worker that prefills itself; the router drains for at most 2 s.
     cluster_.emplace(dir_->path(), 0, 1, "round_robin", std::vector<std::string>{},
-                     std::vector<std::string>{absl::StrCat("--http_address=127.0.0.1:", http_port_),
+                     std::vector<std::string>{absl::StrCat("--http_address=127.0.0.1:", e2e::kHttpPort),
                                               "--drain_timeout=2s"},
                      nullptr, nullptr, e2e::ModelFiles{model_dir_->path() + "/model", ""});
+    http_port_ = cluster_->http_port();
     ASSERT_TRUE(cluster_->WaitReady(absl::Seconds(60))) << cluster_->Logs();
   }
 

@@ -88,12 +88,12 @@ class SecureCluster {
         "--tls_cert=" + pki_.server_cert,      "--tls_key=" + pki_.server_key,
         "--client_tls_ca=" + pki_.ca_cert,     "--client_tls_cert=" + pki_.client_cert,
         "--client_tls_key=" + pki_.client_key, "--cluster_token_file=" + dir + "/cluster-token"};
-    http_port_ = e2e::FreePort();
     prefill_port_ = StartWorker("prefill", security);
     decode_port_ = StartWorker("decode", security);
     // The public API is TLS without client certificates: clients authenticate with keys.
     e2e::ServingProcess r = e2e::SpawnServing(
         [&](int port, int mport) {
+          http_port_ = e2e::FreePort();  // picked again on every attempt, like the others
           std::vector<std::string> args = {
               kRouter, absl::StrCat("--grpc_address=127.0.0.1:", port),
               absl::StrCat("--metrics_address=127.0.0.1:", mport), absl::StrCat("--model=", kModel),
