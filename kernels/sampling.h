@@ -30,4 +30,10 @@ int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
 
 bool SupportsSample(Device device);
 
+// Applies token masks to logits in place (kernels/sampling_params.h, TokenMaskParams), before
+// Sample. Errors: InvalidArgument for null pointers, non-positive sizes or strides too small;
+// Unimplemented when no backend built for ctx.device exists; Internal when a launch fails. On
+// kCuda both arrays are device memory.
+absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p);
+
 }  // namespace pd::kernels

@@ -48,6 +48,19 @@ struct SamplingParams {
   int64_t workspace_bytes = 0;
 };
 
+// Structured output's token masks: for each sequence s, every logit logits[s][t] whose bit
+// (mask[s * mask_stride_words + t / 32] >> (t % 32)) & 1 is 0 becomes NaN, which Sample never
+// picks (unless the row has no other) and LogProbs reports as -inf. A row whose mask is all ones
+// is left as it is. Words past the vocabulary's last bit are not read.
+struct TokenMaskParams {
+  float* logits = nullptr;          // [num_seqs][logits_stride], first vocab_size masked
+  const uint32_t* mask = nullptr;   // [num_seqs][mask_stride_words]
+  int64_t num_seqs = 0;
+  int64_t vocab_size = 0;
+  int64_t logits_stride = 0;        // >= vocab_size
+  int64_t mask_stride_words = 0;    // >= (vocab_size + 31) / 32
+};
+
 // splitmix64 finaliser: a bijective 64-bit mixer.
 constexpr uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

@@ -37,6 +37,12 @@ class CompiledGrammar {
   const ByteSet& set(uint32_t index) const { return sets_[index]; }
   // Position of the synthetic start element (a reference to the root followed by kEnd).
   uint32_t start() const { return 0; }
+  // Approximate bytes held (for caches that bound their memory).
+  size_t ByteSize() const {
+    size_t n = elements_.size() * sizeof(Element) + sets_.size() * sizeof(ByteSet);
+    for (const auto& s : starts_) n += s.size() * sizeof(uint32_t) + sizeof(s);
+    return n;
+  }
 
  private:
   std::vector<Element> elements_;

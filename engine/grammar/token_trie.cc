@@ -6,7 +6,7 @@
 namespace pd::grammar {
 
 TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<int32_t> end_tokens)
-    : end_tokens_(std::move(end_tokens)), vocab_size_(token_bytes.size()) {
+    : end_tokens_(std::move(end_tokens)), token_bytes_(token_bytes), vocab_size_(token_bytes.size()) {
   std::vector<int32_t> order;
   for (size_t t = 0; t < token_bytes.size(); ++t) {
     if (!token_bytes[t].empty()) order.push_back(static_cast<int32_t>(t));

@@ -4,6 +4,7 @@
 // not the vocabulary size.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +29,11 @@ class TokenTrie {
   const Node& node(uint32_t i) const { return nodes_[i]; }
   int32_t token_at(uint32_t i) const { return tokens_[i]; }
   const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
+  bool is_end_token(int32_t t) const {
+    return std::find(end_tokens_.begin(), end_tokens_.end(), t) != end_tokens_.end();
+  }
+  // The bytes token t stands for in the grammar (empty: never allowed, unless an end token).
+  const std::string& token_bytes(int32_t t) const { return token_bytes_[static_cast<size_t>(t)]; }
   size_t vocab_size() const { return vocab_size_; }
   size_t mask_words() const { return (vocab_size_ + 31) / 32; }
   size_t num_nodes() const { return nodes_.size(); }
@@ -36,6 +42,7 @@ class TokenTrie {
   std::vector<Node> nodes_;  // nodes_[0] is the root
   std::vector<int32_t> tokens_;
   std::vector<int32_t> end_tokens_;
+  std::vector<std::string> token_bytes_;
   size_t vocab_size_ = 0;
 };
 

@@ -117,6 +117,8 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
   f->slot_tokens_.resize(options.max_seqs);
   f->seeds_.resize(options.max_seqs);
   f->steps_.resize(options.max_seqs);
+  f->mask_words_ = (int64_t{c.vocab_size} + 31) / 32;
+  f->mask_.assign(options.max_seqs * f->mask_words_, ~0u);
   if (ctx.device == kernels::Device::kCpu) {
     kernels::SamplingParams sp;  // the most any call needs: every row sampling
     sp.num_seqs = options.max_seqs;
@@ -158,7 +160,8 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
   const bool on_device = Staged();
   void *inv_freq = nullptr, *positions = nullptr, *token_seq = nullptr, *tables = nullptr,
        *lens = nullptr, *token_ids = nullptr, *temperature = nullptr, *top_p = nullptr,
-       *top_k = nullptr, *tokens = nullptr, *seeds = nullptr, *steps = nullptr, *shift = nullptr;
+       *top_k = nullptr, *tokens = nullptr, *seeds = nullptr, *steps = nullptr, *shift = nullptr,
+       *mask = nullptr;
   // Pass 0 measures, pass 1 carves the allocation in the same order; pieces start 256-byte
   // aligned, empty pieces are nullptr.
   for (int pass = 0; pass < 2; ++pass) {
@@ -195,6 +198,7 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
       tokens = carve(seqs * 4);
       seeds = carve(seqs * 8);
       steps = carve(seqs * 8);
+      mask = carve(static_cast<int64_t>(mask_.size()) * 4);
       shift = carve((2 * max_blocks_per_seq_ + 2 * t) * 4);  // CopyBlocksShifted's metadata
     }
     if (pass == 0) {
@@ -219,6 +223,7 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
     d_tokens_ = slot_tokens_.data();
     d_seeds_ = seeds_.data();
     d_steps_ = steps_.data();
+    d_mask_ = mask_.data();
     return absl::OkStatus();
   }
   inv_freq_ = static_cast<const float*>(inv_freq);
@@ -235,6 +240,7 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
   d_tokens_ = static_cast<int32_t*>(tokens);
   d_seeds_ = static_cast<uint64_t*>(seeds);
   d_steps_ = static_cast<uint64_t*>(steps);
+  d_mask_ = static_cast<uint32_t*>(mask);
   PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, inv_freq, inv_freq_host_.data(),
                                         static_cast<int64_t>(inv_freq_host_.size()) * 4));
   return kernels::SynchronizeStream(ctx_);
@@ -485,7 +491,7 @@ bool LlamaForward::GraphEligible(int64_t num_tokens) const {
          num_tokens == n;
 }
 
-absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample) {
+absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool masked) {
   const ModelConfig& c = config_;
   // Embedding: the token rows gathered by id (one CopyBlocks; into xb_, free until the first
   // norm, unless the table is f32), then widened to f32 into x_ (one Convert).
@@ -533,6 +539,15 @@ absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample) {
   if (!sample) {
     return absl::OkStatus();
   }
+  if (masked) {
+    kernels::TokenMaskParams m;
+    m.logits = logits_tmp_;
+    m.mask = d_mask_;
+    m.num_seqs = num_seqs;
+    m.vocab_size = m.logits_stride = c.vocab_size;
+    m.mask_stride_words = mask_words_;
+    PD_RETURN_IF_ERROR(kernels::ApplyTokenMask(ctx_, m));
+  }
   kernels::SamplingParams p;
   p.logits = logits_tmp_;
   p.out_tokens = d_tokens_;
@@ -556,6 +571,7 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
   const bool sample = !specs.empty();
   const int64_t n = static_cast<int64_t>(slots_.size());
   const bool staged = Staged();
+  bool masked = false;
   if (sample) {  // the sampling inputs in slot order (the order of logits_tmp_'s rows)
     for (int64_t i = 0; i < n; ++i) {
       const SampleSpec& sp = specs[slots_[i].batch_index];
@@ -564,6 +580,15 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
       top_p_[i] = sp.top_p;
       seeds_[i] = sp.seed;
       steps_[i] = sp.step;
+      if (sp.allowed != nullptr) {
+        std::memcpy(&mask_[i * mask_words_], sp.allowed, mask_words_ * 4);
+        masked = true;
+      } else {
+        std::fill_n(&mask_[i * mask_words_], mask_words_, ~0u);
+      }
+    }
+    if (staged && masked) {
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_mask_, mask_.data(), n * mask_words_ * 4));
     }
     if (staged) {
       PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_temperature_, temperature_.data(), n * 4));
@@ -574,21 +599,22 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
     }
   }
   if (!GraphEligible(num_tokens)) {
-    return QueueStep(num_tokens, sample);
+    return QueueStep(num_tokens, sample, masked);
   }
   // A decode step: its work depends only on (n, sample, the decode context bound) and on
   // buffers whose contents were just uploaded, so it is captured once per shape and replayed.
-  kernels::DeviceGraph& graph = graphs_[GraphKey{n, sample, decode_bound_}];
+  kernels::DeviceGraph& graph = graphs_[GraphKey{n, sample, decode_bound_, masked}];
   if (graph.empty()) {
     absl::StatusOr<kernels::DeviceGraph> captured =
-        kernels::DeviceGraph::Capture(ctx_, [this, n, sample] { return QueueStep(n, sample); });
+        kernels::DeviceGraph::Capture(
+        ctx_, [this, n, sample, masked] { return QueueStep(n, sample, masked); });
     if (!captured.ok()) {
       // Nothing ran: fall back to launching kernel by kernel, for the rest of this object's
       // life (a capture that fails once would fail again).
       LOG(WARNING) << "forward: decode graphs off, capture of a " << n
                    << "-sequence step failed: " << captured.status();
       graph_stats_.off = true;
-      return QueueStep(num_tokens, sample);
+      return QueueStep(num_tokens, sample, masked);
     }
     graph = *std::move(captured);
     ++graph_stats_.captures;

@@ -65,6 +65,11 @@ struct SampleSpec {
   uint64_t step = 0;  // index of this token within its request (the draw's counter)
   // Also return this sequence's logits row (for log-probabilities, computed on the host).
   bool want_logits = false;
+  // Structured output: the tokens this sequence may take, a bitmask of (vocab_size + 31) / 32
+  // words on the host (bit t of word t / 32 = token t allowed); null = every token. Masked
+  // tokens are never sampled, and their logits come back NaN (logprob -inf). Must stay valid
+  // for the call.
+  const uint32_t* allowed = nullptr;
 };
 
 struct ForwardOptions {
@@ -163,7 +168,7 @@ class LlamaForward {
   absl::Status Step(absl::Span<const ForwardSequence> batch, absl::Span<const SampleSpec> specs);
   // Every layer, the final norm, the classifier and (sample) the sampler for the prepared
   // batch of num_tokens rows. For a decode step it reads only fixed buffers: what a graph holds.
-  absl::Status QueueStep(int64_t num_tokens, bool sample);
+  absl::Status QueueStep(int64_t num_tokens, bool sample, bool masked);
   // Whether the prepared batch runs as a decode graph.
   bool GraphEligible(int64_t num_tokens) const;
   absl::Status Layer(int layer, int64_t num_tokens);
@@ -223,17 +228,23 @@ class LlamaForward {
   int32_t *d_top_k_ = nullptr, *d_tokens_ = nullptr;
   uint64_t *d_seeds_ = nullptr, *d_steps_ = nullptr;
   std::vector<uint8_t> sample_ws_;
+  // Token masks in slot order ([max_seqs][mask_words_], all ones for unmasked rows), staged like
+  // the sampling inputs; used when some row of the step has SampleSpec::allowed.
+  int64_t mask_words_ = 0;
+  std::vector<uint32_t> mask_;
+  uint32_t* d_mask_ = nullptr;
 
   // The decode attention's DecodeAttentionParams::max_context_len for the prepared batch.
   int64_t decode_bound_ = 0;
-  // Decode graphs, captured on first use, by (sequences, ForwardSample, decode_bound_).
+  // Decode graphs, captured on first use, by (sequences, ForwardSample, decode_bound_, masks).
   struct GraphKey {
     int64_t num_seqs;
     bool sample;
     int64_t decode_bound;
+    bool masked;
     bool operator<(const GraphKey& o) const {
-      return std::tie(num_seqs, sample, decode_bound) <
-             std::tie(o.num_seqs, o.sample, o.decode_bound);
+      return std::tie(num_seqs, sample, decode_bound, masked) <
+             std::tie(o.num_seqs, o.sample, o.decode_bound, o.masked);
     }
   };
   std::map<GraphKey, kernels::DeviceGraph> graphs_;

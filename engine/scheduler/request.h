@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "absl/types/span.h"
 #include "common/base/strong_id.h"
 #include "common/hash/block_hash.h"
+#include "engine/grammar/matcher.h"
 
 namespace pd::engine {
 
@@ -36,6 +38,11 @@ struct SamplingOptions {
   // first forced_tokens.size() generated tokens are these instead of sampled ones; stop
   // conditions and logprobs apply to them as to sampled tokens.
   std::vector<uint32_t> forced_tokens;
+  // Structured output: the generated text must be a sentence of this grammar (null = free
+  // text). Each step samples only tokens whose bytes continue it; the model's EOS is allowed
+  // exactly when the sentence is complete, and ends generation (STOP). Not combinable with
+  // forced_tokens, ignore_eos or min_tokens. docs/structured-outputs.md.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // The log-probability of one generated token and its most likely alternatives, under the raw

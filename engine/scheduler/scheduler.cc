@@ -94,6 +94,9 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
   seq->tokens = request.prompt;
   seq->prompt_len = request.prompt.size();
   seq->detok = std::make_unique<DecodeStream>(tokenizer_, request.prompt.back());
+  if (request.sampling.grammar != nullptr) {
+    seq->matcher.emplace(request.sampling.grammar);
+  }
   seq->submitted = clock_->Now();
   seq->request = std::move(request);
   waiting_.push_back(std::move(seq));
@@ -391,6 +394,21 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLo
   seq->AppendToken(token, std::move(logprob));
   ++stats_.decode_tokens;
   const size_t generated = seq->num_generated();
+  if (seq->matcher.has_value()) {
+    // Every token, sampled here or (decode side) by the prefill worker, moves the matcher on.
+    const grammar::TokenTrie& trie = GrammarTrie();
+    const auto t = static_cast<int32_t>(token);
+    const bool ok = trie.is_end_token(t) ? seq->matcher->CanEnd()
+                                         : !trie.token_bytes(t).empty() &&
+                                               seq->matcher->AcceptBytes(trie.token_bytes(t));
+    if (!ok) {
+      Finish(seq, FinishReason::kError,
+             absl::InternalError(absl::StrCat("request ", seq->request.id.ToString(),
+                                              ": structured output: token ", token,
+                                              " does not continue the grammar")));
+      return;
+    }
+  }
   const bool may_stop = generated >= so.min_tokens;
   if (may_stop && seq->IsStopToken(token, c.eos_ids)) {
     Finish(seq, FinishReason::kStop, absl::OkStatus());  // a stop token adds no text
@@ -497,9 +515,18 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
   // cuda); only rows whose request asked for logprobs come back as logits.
   std::vector<SampleSpec> specs;
   bool any_logits = false;
-  for (const Sequence* seq : batch->members) {
+  for (size_t i = 0; i < batch->members.size(); ++i) {
+    Sequence* seq = batch->members[i];
     specs.push_back(SampleSpecFor(seq->request.sampling, seq->num_generated()));
     any_logits = any_logits || specs.back().want_logits;
+    // Structured output: the tokens that continue the grammar, for rows that end this step
+    // with a sampled token (a prefill chunk short of the end samples nothing that is kept).
+    const bool samples = seq->num_computed + static_cast<int64_t>(batch->rows[i].tokens.size()) ==
+                         static_cast<int64_t>(seq->tokens.size());
+    if (seq->matcher.has_value() && samples) {
+      seq->matcher->FillTokenMask(GrammarTrie(), &seq->allowed);
+      specs.back().allowed = seq->allowed.data();
+    }
   }
   sampled->assign(batch->members.size(), 0);
   return forward_->ForwardSample(batch->rows, specs, sampled->data(),
@@ -547,6 +574,22 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
   if (step < so.forced_tokens.size()) {
     token = static_cast<int32_t>(so.forced_tokens[step]);  // teacher forcing
   }
+  if (seq->matcher.has_value()) {
+    // The sampler never picks a masked token while one is allowed: a token outside the mask
+    // means none was (the grammar cannot go on from here, or it outgrew the matcher's bounds).
+    const auto t = static_cast<size_t>(token);
+    const bool allowed = t / 32 < seq->allowed.size() && ((seq->allowed[t / 32] >> (t % 32)) & 1);
+    if (!allowed) {
+      Finish(seq, FinishReason::kError,
+             absl::InternalError(absl::StrCat(
+                 "request ", seq->request.id.ToString(), ": structured output: no token of the "
+                 "vocabulary continues the grammar after ", seq->num_generated(),
+                 " generated tokens", seq->matcher->overflowed()
+                     ? " (the grammar is too ambiguous for the matcher's bounds)"
+                     : "")));
+      return;
+    }
+  }
   // Log-probabilities only for requests that asked, from the same host logits row.
   std::optional<TokenLogprob> logprob;
   if (so.logprobs >= 0) {
@@ -564,6 +607,28 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
     return;
   }
   AcceptToken(seq, static_cast<uint32_t>(token), std::move(logprob));
+}
+
+const grammar::TokenTrie& Scheduler::GrammarTrie() {
+  if (trie_ == nullptr) {
+    // A token's bytes as they read after an ordinary token (a leading-space rule after BOS
+    // does not apply mid-output); tokens without bytes (BOS, control) are never allowed.
+    const uint32_t n = tokenizer_->vocab_size();
+    absl::StatusOr<std::vector<uint32_t>> a = tokenizer_->Encode("a", false, false);
+    const uint32_t prev = a.ok() && !a->empty() ? a->front() : Tokenizer::kNoToken;
+    std::vector<std::string> bytes(n);
+    const std::vector<uint32_t>& eos = forward_->config().eos_ids;
+    for (uint32_t t = 0; t < n; ++t) {
+      if (t == tokenizer_->bos_id() || std::find(eos.begin(), eos.end(), t) != eos.end()) {
+        continue;
+      }
+      absl::StatusOr<std::string> b = tokenizer_->DecodeToken(prev, t);
+      if (b.ok()) bytes[t] = *std::move(b);
+    }
+    std::vector<int32_t> end(eos.begin(), eos.end());
+    trie_ = std::make_unique<grammar::TokenTrie>(bytes, std::move(end));
+  }
+  return *trie_;
 }
 
 SchedulerStats Scheduler::Stats() const {

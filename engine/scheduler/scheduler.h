@@ -33,6 +33,7 @@
 #include "common/time/clock.h"
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/model/llama_forward.h"
+#include "engine/grammar/token_trie.h"
 #include "engine/model/tokenizer.h"
 #include "engine/scheduler/remote_prefill_holds.h"
 #include "engine/scheduler/request.h"
@@ -176,6 +177,8 @@ class Scheduler {
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
 
   Sequence* FindRunning(RequestId id);
+  // The vocabulary as a byte trie for structured output, built on first use (scheduler thread).
+  const grammar::TokenTrie& GrammarTrie();
   absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 
   const SchedulerConfig config_;
@@ -193,6 +196,7 @@ class Scheduler {
   uint64_t next_sequence_id_ = 1;
   SchedulerStats stats_;
   std::vector<float> logits_;
+  std::unique_ptr<grammar::TokenTrie> trie_;
 };
 
 }  // namespace pd::engine

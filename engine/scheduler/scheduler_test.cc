@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/log/log.h"
+#include "engine/grammar/constraint.h"
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/memory/host_kv_pool.h"
 #include "engine/model/llama2c_checkpoint.h"
@@ -1081,6 +1082,95 @@ TEST(SchedulerLogprobsTest, RemotePrefillCarriesTheFirstEntry) {
   EXPECT_EQ(d.scheduler()->Stats().remote_prefill_failures, 1);
   ASSERT_TRUE(p.scheduler()->ReleasePrefilled(RequestId(7)).ok());
   ASSERT_TRUE(p.scheduler()->ReleasePrefilled(RequestId(8)).ok());
+}
+
+// Structured output: the grammar's mask is applied where the token is sampled, so greedy and
+// sampled outputs are sentences of the grammar that end with EOS (STOP); the output is the same
+// alone, batched with others, preempted, and with the staged (decode-graph) forward pass.
+std::shared_ptr<const grammar::CompiledGrammar> TestGrammar(grammar::ConstraintSpec spec) {
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
+      grammar::CompileConstraint(spec);
+  CHECK(g.ok()) << g.status();
+  return *g;
+}
+
+constexpr char kPersonSchema[] =
+    R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},)"
+    R"("age":{"type":"integer","minimum":0,"maximum":99},"pet":{"enum":["cat","dog"]}},)"
+    R"("required":["name","age","pet"],"additionalProperties":false})";
+
+SamplingOptions Constrained(std::shared_ptr<const grammar::CompiledGrammar> g, float temperature,
+                            uint64_t seed = 0) {
+  SamplingOptions so;
+  so.max_tokens = 200;
+  so.temperature = temperature;
+  so.seed = seed;
+  so.grammar = std::move(g);
+  return so;
+}
+
+TEST(SchedulerGrammarTest, OutputsAreSentencesOfTheGrammarOnEveryPath) {
+  auto schema = TestGrammar({grammar::ConstraintSpec::Kind::kJsonSchema, kPersonSchema, {}});
+  std::map<int, std::vector<uint32_t>> alone;
+  for (int i = 0; i < 4; ++i) {
+    Harness h(64, {});
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Constrained(schema, i % 2 ? 1.0f : 0.0f, i))
+                    .ok());
+    h.RunToCompletion();
+    const Result& r = h.results()[i];
+    EXPECT_EQ(r.last.finish_reason, FinishReason::kStop) << r.last.status << " " << r.text;
+    EXPECT_TRUE(grammar::Matches(schema, r.text)) << "prompt " << i << ": " << r.text;
+    alone[i] = r.tokens;
+  }
+  for (bool staged : {false, true}) {
+    Harness h(14, {}, Clock::Real(), staged);  // small pool: some requests are preempted
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(
+          h.Submit(i, h.Encode(kPrompts[i]), Constrained(schema, i % 2 ? 1.0f : 0.0f, i)).ok());
+    }
+    h.RunToCompletion();
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(h.results()[i].tokens, alone[i]) << "prompt " << i << " staged " << staged;
+    }
+  }
+}
+
+TEST(SchedulerGrammarTest, ChoicesRegexesAndLogprobsStayInsideTheMask) {
+  Harness h(64, {});
+  auto choice = TestGrammar({grammar::ConstraintSpec::Kind::kChoice, "", {"Lily", "Tom", "Ben"}});
+  SamplingOptions so = Constrained(choice, 0.0f);
+  so.logprobs = 5;
+  ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[0]), so).ok());
+  auto re = TestGrammar({grammar::ConstraintSpec::Kind::kRegex, "[a-z]{2,6}( [a-z]{2,6}){2}\\.", {}});
+  ASSERT_TRUE(h.Submit(2, h.Encode(kPrompts[1]), Constrained(re, 0.8f, 9)).ok());
+  h.RunToCompletion();
+  const Result& c = h.results()[1];
+  EXPECT_EQ(c.last.finish_reason, FinishReason::kStop) << c.last.status;
+  EXPECT_THAT((std::vector<std::string>{"Lily", "Tom", "Ben"}), ::testing::Contains(c.text));
+  ASSERT_EQ(c.logprobs.size(), c.tokens.size());
+  for (const TokenLogprob& lp : c.logprobs) {
+    EXPECT_TRUE(std::isfinite(lp.logprob));
+    for (const auto& [id, logprob] : lp.top) {
+      // Masked tokens have logprob -inf and are never among the alternatives.
+      EXPECT_TRUE(std::isfinite(logprob)) << "token " << id;
+    }
+  }
+  const Result& r = h.results()[2];
+  EXPECT_EQ(r.last.finish_reason, FinishReason::kStop) << r.last.status;
+  EXPECT_TRUE(grammar::Matches(re, r.text)) << r.text;
+}
+
+TEST(SchedulerGrammarTest, ConflictingOptionsAreRefused) {
+  Harness h(64, {});
+  auto choice = TestGrammar({grammar::ConstraintSpec::Kind::kChoice, "", {"a"}});
+  SamplingOptions so = Constrained(choice, 0.0f);
+  so.ignore_eos = true;
+  absl::Status s = h.Submit(1, h.Encode(kPrompts[0]), so);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("structured-output"));
+  so.ignore_eos = false;
+  so.min_tokens = 2;
+  EXPECT_EQ(h.Submit(2, h.Encode(kPrompts[0]), so).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

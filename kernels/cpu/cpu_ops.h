@@ -42,6 +42,8 @@ void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 
 int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
 void Sample(const OpContext& ctx, const SamplingParams& p);
+// Rows spread over ctx.parallel.
+void ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p);
 
 // Rows spread over ctx.parallel; no workspace.
 void LogProbs(const OpContext& ctx, const LogProbsParams& p);

@@ -256,4 +256,23 @@ void Sample(const OpContext& ctx, const SamplingParams& p) {
   });
 }
 
+void ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p) {
+  const int slots = static_cast<int>(std::min<int64_t>(p.num_seqs, 64));
+  ParallelStrided(ctx, p.num_seqs, slots, [&](int, int64_t s) {
+    float* row = p.logits + s * p.logits_stride;
+    const uint32_t* words = p.mask + s * p.mask_stride_words;
+    const int64_t full = p.vocab_size / 32;
+    for (int64_t w = 0; w <= full; ++w) {
+      const int64_t base = w * 32;
+      const int64_t n = std::min<int64_t>(32, p.vocab_size - base);
+      if (n <= 0) break;
+      const uint32_t bits = words[w];
+      if (bits == 0xffffffffu) continue;
+      for (int64_t b = 0; b < n; ++b) {
+        if (((bits >> b) & 1u) == 0) row[base + b] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+  });
+}
+
 }  // namespace pd::kernels::cpu

@@ -58,6 +58,10 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
   return FromCuda(LaunchSample(p, Stream(ctx)), "sample launch");
 }
 
+absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p) {
+  return FromCuda(LaunchApplyTokenMask(p, Stream(ctx)), "token_mask launch");
+}
+
 absl::Status CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p) {
   return FromCuda(LaunchCopyBlocks(p, Stream(ctx)), "copy_blocks launch");
 }

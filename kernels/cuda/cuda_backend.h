@@ -28,6 +28,7 @@ absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 absl::Status Sample(const OpContext& ctx, const SamplingParams& p);
+absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p);
 absl::Status CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p);
 
 // y = x w^T (+ bias) through cuBLAS sgemm on the calling thread's cuBLAS handle for the current

@@ -59,6 +59,8 @@ cudaError_t LaunchMatMulI8Epilogue(const int32_t* acc, const float* sx, const fl
 
 // Greedy, temperature, top-k and top-p as kernels/sampling_params.h; needs no workspace.
 cudaError_t LaunchSample(const SamplingParams& p, cudaStream_t stream);
+// Token masks (TokenMaskParams): one thread per logit.
+cudaError_t LaunchApplyTokenMask(const TokenMaskParams& p, cudaStream_t stream);
 
 cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, cudaStream_t stream);
 

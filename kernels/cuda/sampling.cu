@@ -3,6 +3,7 @@
 // with fixed-point masses), instantiated here with BlockRow, whose primitives are block-wide
 // passes over the logits row. Every sum is an integer sum, so the result does not depend on the
 // order in which threads add (atomics included): the same row gives the same token every time.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -264,6 +265,30 @@ __global__ void __launch_bounds__(kSamplingThreads) SampleKernel(SamplingParams 
 }
 
 }  // namespace
+
+namespace {
+
+__global__ void ApplyTokenMaskKernel(TokenMaskParams p) {
+  const int64_t s = blockIdx.y;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < p.vocab_size;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = p.mask[s * p.mask_stride_words + (t >> 5)];
+    if (((bits >> (t & 31)) & 1u) == 0) p.logits[s * p.logits_stride + t] = __int_as_float(0x7fc00000);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchApplyTokenMask(const TokenMaskParams& p, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((p.vocab_size + kThreads - 1) / kThreads, 1024);
+  if (p.num_seqs > 65535) {
+    return cudaErrorInvalidConfiguration;
+  }
+  ApplyTokenMaskKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.num_seqs)),
+                         kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchSample(const SamplingParams& p, cudaStream_t stream) {
   const LaunchShape s = SamplingLaunch(p.num_seqs);

@@ -89,4 +89,27 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p) {
+  if (p.logits == nullptr || p.mask == nullptr) {
+    return absl::InvalidArgumentError("token_mask: null logits or mask");
+  }
+  if (p.num_seqs <= 0 || p.vocab_size <= 0 || p.vocab_size > std::numeric_limits<int32_t>::max() ||
+      p.logits_stride < p.vocab_size || p.mask_stride_words < (p.vocab_size + 31) / 32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_mask: need num_seqs > 0, vocab_size in [1, 2^31), logits_stride >= vocab_size and "
+        "mask_stride_words >= (vocab_size + 31) / 32, got ",
+        p.num_seqs, ", ", p.vocab_size, ", ", p.logits_stride, ", ", p.mask_stride_words));
+  }
+  if (!SupportsSample(ctx.device)) {
+    return dispatch_internal::NoBackend("token_mask", ctx.device, DType::kF32);
+  }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::ApplyTokenMask(ctx, p);
+  }
+#endif
+  cpu::ApplyTokenMask(ctx, p);
+  return absl::OkStatus();
+}
+
 }  // namespace pd::kernels

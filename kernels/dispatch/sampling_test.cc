@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -311,6 +312,69 @@ TEST(SampleDispatchTest, RejectsBadInput) {
     EXPECT_EQ(Sample(OpContext{Device::kCuda, nullptr}, p).code(),
               absl::StatusCode::kUnimplemented);
   }
+}
+
+// Token masks: a masked-out token is never picked, greedy or sampled (with top-k and top-p
+// over a set that would otherwise contain it), and an all-ones row is untouched.
+TEST(TokenMaskTest, MaskedTokensAreNeverPicked) {
+  constexpr int64_t kVocab = 77;  // not a multiple of 32: the last word is partial
+  const int64_t words = (kVocab + 31) / 32;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    Rows r;
+    std::vector<uint32_t> mask;
+    std::vector<std::vector<bool>> allowed;
+    for (int s = 0; s < 4; ++s) {
+      r.Add(RandomVector(kVocab, rng, 4.0f), s == 0 ? 0.0f : 1.5f,
+            s == 2 ? 5 : 0, s == 3 ? 0.5f : 1.0f, 1000 + trial, s);
+      std::vector<bool> ok(kVocab);
+      std::vector<uint32_t> row(words, 0);
+      for (int64_t t = 0; t < kVocab; ++t) {
+        ok[t] = (rng() % 5 == 0) || t == (trial % kVocab);  // at least one allowed
+        if (ok[t]) row[t / 32] |= 1u << (t % 32);
+      }
+      allowed.push_back(ok);
+      mask.insert(mask.end(), row.begin(), row.end());
+    }
+    // Greedy's expectation: the best allowed logit, lowest id on ties.
+    int32_t best = -1;
+    for (int64_t t = 0; t < kVocab; ++t) {
+      if (allowed[0][t] && (best < 0 || r.logits[t] > r.logits[best])) best = static_cast<int32_t>(t);
+    }
+    TokenMaskParams m;
+    m.logits = r.logits.data();
+    m.mask = mask.data();
+    m.num_seqs = r.size();
+    m.vocab_size = m.logits_stride = kVocab;
+    m.mask_stride_words = words;
+    ASSERT_TRUE(ApplyTokenMask(OpContext{}, m).ok());
+    const std::vector<int32_t> out = SampleRows(OpContext{}, r);
+    EXPECT_EQ(out[0], best) << "trial " << trial;
+    for (int s = 0; s < 4; ++s) {
+      ASSERT_GE(out[s], 0);
+      EXPECT_TRUE(allowed[s][out[s]]) << "trial " << trial << " row " << s << " token " << out[s];
+    }
+  }
+}
+
+TEST(TokenMaskTest, AllOnesRowIsUntouchedAndBadInputIsRefused) {
+  std::mt19937 rng(3);
+  std::vector<float> logits = RandomVector(40, rng, 1.0f);
+  const std::vector<float> before = logits;
+  std::vector<uint32_t> mask = {0xffffffffu, 0xffu};
+  TokenMaskParams m;
+  m.logits = logits.data();
+  m.mask = mask.data();
+  m.num_seqs = 1;
+  m.vocab_size = m.logits_stride = 40;
+  m.mask_stride_words = 2;
+  ASSERT_TRUE(ApplyTokenMask(OpContext{}, m).ok());
+  EXPECT_EQ(std::memcmp(logits.data(), before.data(), 40 * sizeof(float)), 0);
+  m.mask_stride_words = 1;  // 40 tokens need 2 words
+  EXPECT_EQ(ApplyTokenMask(OpContext{}, m).code(), absl::StatusCode::kInvalidArgument);
+  m.mask_stride_words = 2;
+  m.mask = nullptr;
+  EXPECT_EQ(ApplyTokenMask(OpContext{}, m).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
