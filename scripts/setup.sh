@@ -26,6 +26,7 @@ PD_PACKAGES=(
   libopenblas-dev nlohmann-json3-dev libxxhash-dev liburing-dev libpcre2-dev libcpp-httplib-dev
   libicu-dev                     # common/utf8: ICU's header-only UTF-8 macros (nothing linked)
   iproute2 procps curl fio python3 python3-jinja2  # jinja2: engine/chat differential test
+  python3-jsonschema             # structured output e2e: answers validated against their schema
   libssl-dev openssl             # SHA-256/CRYPTO_memcmp for auth; openssl CLI makes test certs
   gnuplot-nox                    # pd-loadtest plots (optional at run time)
   clang libclang-rt-14-dev       # libFuzzer targets (tests/fuzz, the slow fuzz_libfuzzer test)

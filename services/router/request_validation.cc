@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/utf8/utf8.h"
+#include "services/base/constraint_proto.h"
 
 namespace pd::router {
 namespace {
@@ -61,6 +62,14 @@ absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const Reques
     return Invalid("sampling.stop_token_ids",
                    absl::StrCat(s.stop_token_ids_size(), " entries exceed the limit ",
                                 limits.max_stop_token_ids));
+  }
+  if (s.has_constraint()) {
+    // Compiled here so that a constraint the engine cannot enforce is refused before any
+    // worker sees it (the compiled grammar is cached: the workers compile the same text).
+    static grammar::GrammarCache* const cache = new grammar::GrammarCache(256);
+    absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
+        services::CompileConstraintOf(s, cache);
+    if (!g.ok()) return g.status();
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/logprobs_params.h"
+#include "services/base/constraint_proto.h"
 
 namespace pd::worker {
 
@@ -41,6 +42,13 @@ absl::StatusOr<engine::SamplingOptions> SamplingFromProto(const pdserve::v1::Sam
     }
     s.logprobs = static_cast<int32_t>(p.logprobs());
   }
+  // Structured output: compiled once per distinct constraint in this process (agent traffic
+  // repeats a few schemas); the router has already refused bad ones, so errors here are rare.
+  static grammar::GrammarCache* const cache = new grammar::GrammarCache(256);
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
+      services::CompileConstraintOf(p, cache);
+  if (!g.ok()) return g.status();
+  s.grammar = *std::move(g);
   return s;
 }
 

@@ -275,12 +275,6 @@ absl::Status CheckUnsupported(const std::string& key, const json& v) {
     if (v.is_object() && v.empty()) return absl::OkStatus();
     return Bad(key, "is not supported by this server");
   }
-  if (key == "response_format") {
-    if (v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text") {
-      return absl::OkStatus();
-    }
-    return Bad(key, "only {\"type\": \"text\"} is supported by this server");
-  }
   if (key == "tool_choice") {
     if (v == "none") return absl::OkStatus();
     return Bad(key, "tools are not supported by this server");
@@ -304,12 +298,152 @@ absl::Status CheckUnsupported(const std::string& key, const json& v) {
   return Bad(key, "is not supported by this server");
 }
 
+// Structured output: OpenAI's response_format and vLLM's guided_* / structured_outputs. Keys
+// are read from `ordered` (the body parsed keeping key order: a schema's property order is the
+// order the output's keys are generated in). At most one constraint per request.
+bool IsConstraintKey(const std::string& key) {
+  return key == "response_format" || key == "guided_json" || key == "guided_regex" ||
+         key == "guided_choice" || key == "guided_grammar" || key == "structured_outputs" ||
+         key == "guided_decoding_backend" || key == "guided_whitespace_pattern";
+}
+
+using ordered_json = nlohmann::ordered_json;
+
+absl::StatusOr<std::string> SchemaText(const std::string& param, const ordered_json& v) {
+  if (v.is_string()) {  // vLLM also takes the schema as a JSON string
+    const ordered_json parsed = ordered_json::parse(v.get<std::string>(), nullptr, false);
+    if (parsed.is_discarded()) return Bad(param, "is a string but not a JSON document");
+    return parsed.dump();
+  }
+  if (!v.is_object() && !v.is_boolean()) {
+    return Bad(param, "must be a JSON Schema (an object)");
+  }
+  return v.dump();
+}
+
+absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParams* s) {
+  std::string source;  // the parameter that set the constraint
+  pdserve::v1::OutputConstraint c;
+  auto take = [&](const std::string& param) -> absl::Status {
+    if (!source.empty()) {
+      return Bad(param, absl::StrCat("conflicts with ", source, " (one constraint per request)"));
+    }
+    source = param;
+    return absl::OkStatus();
+  };
+  auto set_choices = [&](const std::string& param, const ordered_json& v) -> absl::Status {
+    if (!v.is_array() || v.empty()) return Bad(param, "must be a non-empty array of strings");
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string()) {
+        return Bad(absl::StrCat(param, "[", i, "]"), "must be a string");
+      }
+      c.mutable_choice()->add_values(v[i].get<std::string>());
+    }
+    return absl::OkStatus();
+  };
+  for (const auto& [key, v] : doc.items()) {
+    if (!IsConstraintKey(key) || v.is_null()) continue;
+    if (key == "response_format") {
+      if (!v.is_object()) return Bad(key, absl::StrCat("must be an object"));
+      const auto type = v.find("type");
+      if (type == v.end() || !type->is_string()) {
+        return Bad("response_format.type", "is required: \"text\", \"json_object\" or \"json_schema\"");
+      }
+      const std::string t = type->get<std::string>();
+      for (const auto& [k2, v2] : v.items()) {
+        if (k2 != "type" && !(t == "json_schema" && k2 == "json_schema")) {
+          return Bad(absl::StrCat("response_format.", k2), "unrecognized field");
+        }
+      }
+      if (t == "text") continue;
+      PD_RETURN_IF_ERROR(take(key));
+      if (t == "json_object") {
+        c.set_json_object(true);
+      } else if (t == "json_schema") {
+        const auto js = v.find("json_schema");
+        if (js == v.end() || !js->is_object()) {
+          return Bad("response_format.json_schema", "is required (an object with \"name\" and \"schema\")");
+        }
+        for (const auto& [k3, v3] : js->items()) {
+          const std::string field = absl::StrCat("response_format.json_schema.", k3);
+          if (k3 == "name" || k3 == "description") {
+            if (!v3.is_string()) return Bad(field, "must be a string");
+          } else if (k3 == "strict") {
+            // Always strict: the output follows the schema exactly, or the schema is refused.
+            if (!v3.is_boolean() && !v3.is_null()) return Bad(field, "must be a boolean");
+          } else if (k3 != "schema") {
+            return Bad(field, "unrecognized field");
+          }
+        }
+        const auto schema = js->find("schema");
+        if (schema == js->end()) {
+          return Bad("response_format.json_schema.schema", "is required");
+        }
+        PD_ASSIGN_OR_RETURN(std::string text,
+                            SchemaText("response_format.json_schema.schema", *schema));
+        c.set_json_schema(std::move(text));
+      } else {
+        return Bad("response_format.type",
+                   absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", got \"", t.substr(0, 64), "\""));
+      }
+    } else if (key == "guided_json") {
+      PD_RETURN_IF_ERROR(take(key));
+      PD_ASSIGN_OR_RETURN(std::string text, SchemaText(key, v));
+      c.set_json_schema(std::move(text));
+    } else if (key == "guided_regex") {
+      PD_RETURN_IF_ERROR(take(key));
+      if (!v.is_string()) return Bad(key, "must be a string");
+      c.set_regex(v.get<std::string>());
+    } else if (key == "guided_choice") {
+      PD_RETURN_IF_ERROR(take(key));
+      PD_RETURN_IF_ERROR(set_choices(key, v));
+    } else if (key == "guided_grammar") {
+      return Bad(key, "grammars (EBNF/GBNF) are not implemented yet; use guided_json, "
+                      "guided_regex or guided_choice");
+    } else if (key == "guided_whitespace_pattern") {
+      return Bad(key, "is not supported by this server (whitespace is bounded by the engine)");
+    } else if (key == "guided_decoding_backend") {
+      if (!v.is_string()) return Bad(key, "must be a string");  // one engine here: ignored
+    } else if (key == "structured_outputs") {
+      if (!v.is_object()) return Bad(key, "must be an object");
+      for (const auto& [k2, v2] : v.items()) {
+        const std::string field = absl::StrCat(key, ".", k2);
+        if (v2.is_null()) continue;
+        if (k2 == "json") {
+          PD_RETURN_IF_ERROR(take(field));
+          PD_ASSIGN_OR_RETURN(std::string text, SchemaText(field, v2));
+          c.set_json_schema(std::move(text));
+        } else if (k2 == "regex") {
+          PD_RETURN_IF_ERROR(take(field));
+          if (!v2.is_string()) return Bad(field, "must be a string");
+          c.set_regex(v2.get<std::string>());
+        } else if (k2 == "choice") {
+          PD_RETURN_IF_ERROR(take(field));
+          PD_RETURN_IF_ERROR(set_choices(field, v2));
+        } else if (k2 == "json_object") {
+          if (!v2.is_boolean()) return Bad(field, "must be a boolean");
+          if (!v2.get<bool>()) continue;
+          PD_RETURN_IF_ERROR(take(field));
+          c.set_json_object(true);
+        } else if (k2 == "grammar" || k2 == "structural_tag") {
+          return Bad(field, "is not implemented yet; use json, regex or choice");
+        } else {
+          return Bad(field, "unrecognized field");
+        }
+      }
+    }
+  }
+  if (!source.empty()) {
+    *s->mutable_constraint() = std::move(c);
+  }
+  return absl::OkStatus();
+}
+
 bool IsKnownUnsupported(const std::string& key) {
   static const char* const kKeys[] = {"presence_penalty",
                                       "frequency_penalty",
                                       "repetition_penalty",
                                       "logit_bias",
-                                      "response_format",
                                       "tool_choice",
                                       "tools",
                                       "functions",
@@ -414,6 +548,7 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
   std::optional<int64_t> top_logprobs;  // chat
   std::optional<int64_t> max_tokens;
   std::optional<int64_t> max_completion_tokens;
+  bool has_constraint_keys = false;
   for (const auto& [key, v] : doc.items()) {
     // Explicit nulls mean "not set" (some clients send every field).
     if (v.is_null() && key != "model" && key != "messages" && key != "prompt") continue;
@@ -497,11 +632,23 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
     } else if (key == "cache_salt") {
       PD_ASSIGN_OR_RETURN(std::string salt, GetString(key, v));
       r.cache_salt = std::move(salt);
+    } else if (IsConstraintKey(key)) {
+      has_constraint_keys = true;  // read below, from the order-keeping parse
     } else if (IsKnownUnsupported(key)) {
       PD_RETURN_IF_ERROR(CheckUnsupported(key, v));
     } else {
       return Bad(key, absl::StrCat("unrecognized request argument for /v1/",
                                    chat ? "chat/completions" : "completions"));
+    }
+  }
+  if (has_constraint_keys) {
+    const ordered_json ordered =
+        ordered_json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+    PD_RETURN_IF_ERROR(ParseConstraint(ordered, &s));
+    if (s.has_constraint() && (s.min_tokens() > 0 || s.ignore_eos())) {
+      return Bad(s.min_tokens() > 0 ? "min_tokens" : "ignore_eos",
+                 "cannot be combined with structured output (the constraint decides where the "
+                 "output ends)");
     }
   }
   if (!has_model) return Bad("model", "is required");

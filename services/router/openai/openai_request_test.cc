@@ -190,13 +190,62 @@ TEST(OpenAiRequestTest, UnknownAndUnsupportedFieldsAreRefusedByName) {
                     "tools":[{"type":"function"}]})"),
             "tools", "not supported");
   ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
-                    "response_format":{"type":"json_object"}})"),
-            "response_format", "text");
+                    "response_format":{"type":"xml"}})"),
+            "response_format.type", "json_schema");
   // Fields at their no-op values, and explicit nulls, are accepted.
   EXPECT_TRUE(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
                       "frequency_penalty":0,"logit_bias":{},"tools":[],"n":null,"stop":null,
                       "response_format":{"type":"text"},"seed":null})")
                   .ok());
+}
+
+// Structured output: response_format and vLLM's guided_* / structured_outputs become the
+// request's constraint; the schema keeps its key order (the order the output's keys take).
+TEST(OpenAiRequestTest, StructuredOutputConstraints) {
+  absl::StatusOr<OpenAiRequest> r =
+      Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+               "response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,
+               "schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{}}}}}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.constraint().json_schema(),
+            R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{}}})");
+  r = Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+               "response_format":{"type":"json_object"}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->sampling.constraint().json_object());
+  r = Completions(R"({"model":"m","prompt":"x","guided_regex":"[a-z]+"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.constraint().regex(), "[a-z]+");
+  r = Completions(R"({"model":"m","prompt":"x","guided_choice":["yes","no"]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.constraint().choice().values_size(), 2);
+  r = Completions(R"({"model":"m","prompt":"x","guided_json":"{\"type\":\"string\"}"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.constraint().json_schema(), R"({"type":"string"})");
+  r = Completions(R"({"model":"m","prompt":"x","structured_outputs":{"choice":["a"]}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.constraint().choice().values(0), "a");
+  r = Completions(R"({"model":"m","prompt":"x","response_format":{"type":"text"}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->sampling.has_constraint());
+
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_regex":"a","guided_choice":["a"]})"),
+            "guided_choice", "conflicts with guided_regex");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","response_format":{"type":"json_schema"}})"),
+            "response_format.json_schema", "required");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x",
+                           "response_format":{"type":"json_schema","json_schema":{"name":"n"}}})"),
+            "response_format.json_schema.schema", "required");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_choice":[]})"), "guided_choice",
+            "non-empty");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_choice":["a",1]})"),
+            "guided_choice[1]", "string");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_json":"{nope"})"), "guided_json",
+            "not a JSON document");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_grammar":"root ::= \"a\""})"),
+            "guided_grammar", "not implemented");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_regex":"a","ignore_eos":true})"),
+            "ignore_eos", "structured output");
 }
 
 TEST(OpenAiRequestTest, ChatMessages) {
