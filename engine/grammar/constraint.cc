@@ -86,7 +86,16 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileConstraint(
                                                    kMaxConstraintBytes));
   }
   PD_ASSIGN_OR_RETURN(Grammar g, BuildGrammar(spec));
-  return CompiledGrammar::Compile(g);
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> compiled, CompiledGrammar::Compile(g));
+  // A grammar the matcher cannot even start (more alternatives open at once than its bound, as
+  // an enum of 50,000 values) would fail every request at its first token: refuse it here.
+  if (const Matcher start(compiled); start.overflowed()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ConstraintKindName(spec.kind), ": more than ", Matcher::kMaxStacks,
+        " alternatives are open at the start of the output (an enum, anyOf or choice list that "
+        "long); the matcher's bound is ", Matcher::kMaxStacks));
+  }
+  return compiled;
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -47,6 +49,10 @@ TEST(ConstraintTest, BadConstraintsAreClearErrors) {
   };
   EXPECT_THAT(error({ConstraintSpec::Kind::kRegex, "(ab", {}}), HasSubstr("regex"));
   EXPECT_THAT(error({ConstraintSpec::Kind::kChoice, "", {}}), HasSubstr("empty"));
+  std::string big_enum = R"({"enum":[)";
+  for (int i = 0; i < 5000; ++i) absl::StrAppend(&big_enum, i ? "," : "", "\"v", i, "\"");
+  EXPECT_THAT(error({ConstraintSpec::Kind::kJsonSchema, big_enum + "]}", {}}),
+              HasSubstr("alternatives are open at the start"));
   EXPECT_THAT(error({ConstraintSpec::Kind::kJsonSchema, std::string(kMaxConstraintBytes + 1, ' '),
                      {}}),
               HasSubstr("at most"));

@@ -29,7 +29,12 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
 
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
   nodes_.push_back(Node{0, 0});  // id 0: the empty stack
-  Normalize(Intern(grammar_->start(), 0), &state_);
+  if (!Normalize(Intern(grammar_->start(), 0), &state_)) {
+    // More than kMaxStacks ways to start: nothing is accepted, and overflowed() says why.
+    state_.clear();
+    overflowed_ = true;
+    return;
+  }
   std::sort(state_.begin(), state_.end());
   state_.erase(std::unique(state_.begin(), state_.end()), state_.end());
 }
