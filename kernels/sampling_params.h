@@ -53,12 +53,12 @@ struct SamplingParams {
 // picks (unless the row has no other) and LogProbs reports as -inf. A row whose mask is all ones
 // is left as it is. Words past the vocabulary's last bit are not read.
 struct TokenMaskParams {
-  float* logits = nullptr;          // [num_seqs][logits_stride], first vocab_size masked
-  const uint32_t* mask = nullptr;   // [num_seqs][mask_stride_words]
+  float* logits = nullptr;         // [num_seqs][logits_stride], first vocab_size masked
+  const uint32_t* mask = nullptr;  // [num_seqs][mask_stride_words]
   int64_t num_seqs = 0;
   int64_t vocab_size = 0;
-  int64_t logits_stride = 0;        // >= vocab_size
-  int64_t mask_stride_words = 0;    // >= (vocab_size + 31) / 32
+  int64_t logits_stride = 0;      // >= vocab_size
+  int64_t mask_stride_words = 0;  // >= (vocab_size + 31) / 32
 };
 
 // splitmix64 finaliser: a bijective 64-bit mixer.

@@ -81,9 +81,8 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileConstraint(
   size_t choice_bytes = 0;
   for (const std::string& c : spec.choices) choice_bytes += c.size();
   if (choice_bytes > kMaxConstraintBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("choice: ", choice_bytes,
-                                                   " bytes of choices, at most ",
-                                                   kMaxConstraintBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("choice: ", choice_bytes, " bytes of choices, at most ", kMaxConstraintBytes));
   }
   PD_ASSIGN_OR_RETURN(Grammar g, BuildGrammar(spec));
   PD_ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> compiled, CompiledGrammar::Compile(g));
@@ -93,15 +92,16 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileConstraint(
     return absl::InvalidArgumentError(absl::StrCat(
         ConstraintKindName(spec.kind), ": more than ", Matcher::kMaxStacks,
         " alternatives are open at the start of the output (an enum, anyOf or choice list that "
-        "long); the matcher's bound is ", Matcher::kMaxStacks));
+        "long); the matcher's bound is ",
+        Matcher::kMaxStacks));
   }
   return compiled;
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(
     const ConstraintSpec& spec) {
-  std::string key = absl::StrCat(ConstraintKindName(spec.kind), ":", spec.text.size(), ":",
-                                 spec.text);
+  std::string key =
+      absl::StrCat(ConstraintKindName(spec.kind), ":", spec.text.size(), ":", spec.text);
   for (const std::string& c : spec.choices) absl::StrAppend(&key, ":", c.size(), ":", c);
   {
     absl::MutexLock lock(&mu_);

@@ -39,7 +39,8 @@ const char* ConstraintKindName(ConstraintSpec::Kind kind);
 // Compiles `spec` (kind not kNone). Errors: InvalidArgument naming what is wrong (a keyword
 // this engine cannot enforce, a pattern that does not parse, a text over the limits, an empty
 // choice list); OutOfRange when the schema is valid but no document satisfies it.
-absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileConstraint(const ConstraintSpec& spec);
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileConstraint(
+    const ConstraintSpec& spec);
 
 // A bounded cache of compiled constraints by their full text (least recently used out first):
 // at most `capacity` entries holding at most `max_bytes` (CompiledGrammar::ByteSize plus the

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -53,11 +52,12 @@ TEST(ConstraintTest, BadConstraintsAreClearErrors) {
   for (int i = 0; i < 5000; ++i) absl::StrAppend(&big_enum, i ? "," : "", "\"v", i, "\"");
   EXPECT_THAT(error({ConstraintSpec::Kind::kJsonSchema, big_enum + "]}", {}}),
               HasSubstr("alternatives are open at the start"));
-  EXPECT_THAT(error({ConstraintSpec::Kind::kJsonSchema, std::string(kMaxConstraintBytes + 1, ' '),
-                     {}}),
-              HasSubstr("at most"));
-  EXPECT_THAT(error({ConstraintSpec::Kind::kJsonSchema, R"({"type":"array","uniqueItems":true})", {}}),
-              HasSubstr("uniqueItems"));
+  EXPECT_THAT(
+      error({ConstraintSpec::Kind::kJsonSchema, std::string(kMaxConstraintBytes + 1, ' '), {}}),
+      HasSubstr("at most"));
+  EXPECT_THAT(
+      error({ConstraintSpec::Kind::kJsonSchema, R"({"type":"array","uniqueItems":true})", {}}),
+      HasSubstr("uniqueItems"));
 }
 
 TEST(ConstraintTest, CacheReturnsTheSameGrammarAndIsBounded) {

@@ -6,7 +6,9 @@
 namespace pd::grammar {
 
 TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<int32_t> end_tokens)
-    : end_tokens_(std::move(end_tokens)), token_bytes_(token_bytes), vocab_size_(token_bytes.size()) {
+    : end_tokens_(std::move(end_tokens)),
+      token_bytes_(token_bytes),
+      vocab_size_(token_bytes.size()) {
   std::vector<int32_t> order;
   for (size_t t = 0; t < token_bytes.size(); ++t) {
     if (!token_bytes[t].empty()) order.push_back(static_cast<int32_t>(t));
@@ -37,7 +39,8 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
     nodes_[item.node].tokens_end = static_cast<uint32_t>(tokens_.size());
     nodes_[item.node].first_child = static_cast<uint32_t>(nodes_.size());
     while (i < item.end) {
-      const auto byte = static_cast<uint8_t>(token_bytes[static_cast<size_t>(order[i])][item.depth]);
+      const auto byte =
+          static_cast<uint8_t>(token_bytes[static_cast<size_t>(order[i])][item.depth]);
       size_t j = i;
       while (j < item.end &&
              static_cast<uint8_t>(token_bytes[static_cast<size_t>(order[j])][item.depth]) == byte) {

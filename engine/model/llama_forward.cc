@@ -605,8 +605,7 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
   // buffers whose contents were just uploaded, so it is captured once per shape and replayed.
   kernels::DeviceGraph& graph = graphs_[GraphKey{n, sample, decode_bound_, masked}];
   if (graph.empty()) {
-    absl::StatusOr<kernels::DeviceGraph> captured =
-        kernels::DeviceGraph::Capture(
+    absl::StatusOr<kernels::DeviceGraph> captured = kernels::DeviceGraph::Capture(
         ctx_, [this, n, sample, masked] { return QueueStep(n, sample, masked); });
     if (!captured.ok()) {
       // Nothing ran: fall back to launching kernel by kernel, for the rest of this object's

@@ -581,12 +581,14 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
     const bool allowed = t / 32 < seq->allowed.size() && ((seq->allowed[t / 32] >> (t % 32)) & 1);
     if (!allowed) {
       Finish(seq, FinishReason::kError,
-             absl::InternalError(absl::StrCat(
-                 "request ", seq->request.id.ToString(), ": structured output: no token of the "
-                 "vocabulary continues the grammar after ", seq->num_generated(),
-                 " generated tokens", seq->matcher->overflowed()
-                     ? " (the grammar is too ambiguous for the matcher's bounds)"
-                     : "")));
+             absl::InternalError(
+                 absl::StrCat("request ", seq->request.id.ToString(),
+                              ": structured output: no token of the "
+                              "vocabulary continues the grammar after ",
+                              seq->num_generated(), " generated tokens",
+                              seq->matcher->overflowed()
+                                  ? " (the grammar is too ambiguous for the matcher's bounds)"
+                                  : "")));
       return;
     }
   }

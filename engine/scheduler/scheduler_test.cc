@@ -1114,8 +1114,8 @@ TEST(SchedulerGrammarTest, OutputsAreSentencesOfTheGrammarOnEveryPath) {
   std::map<int, std::vector<uint32_t>> alone;
   for (int i = 0; i < 4; ++i) {
     Harness h(64, {});
-    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Constrained(schema, i % 2 ? 1.0f : 0.0f, i))
-                    .ok());
+    ASSERT_TRUE(
+        h.Submit(i, h.Encode(kPrompts[i]), Constrained(schema, i % 2 ? 1.0f : 0.0f, i)).ok());
     h.RunToCompletion();
     const Result& r = h.results()[i];
     EXPECT_EQ(r.last.finish_reason, FinishReason::kStop) << r.last.status << " " << r.text;
@@ -1141,7 +1141,8 @@ TEST(SchedulerGrammarTest, ChoicesRegexesAndLogprobsStayInsideTheMask) {
   SamplingOptions so = Constrained(choice, 0.0f);
   so.logprobs = 5;
   ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[0]), so).ok());
-  auto re = TestGrammar({grammar::ConstraintSpec::Kind::kRegex, "[a-z]{2,6}( [a-z]{2,6}){2}\\.", {}});
+  auto re =
+      TestGrammar({grammar::ConstraintSpec::Kind::kRegex, "[a-z]{2,6}( [a-z]{2,6}){2}\\.", {}});
   ASSERT_TRUE(h.Submit(2, h.Encode(kPrompts[1]), Constrained(re, 0.8f, 9)).ok());
   h.RunToCompletion();
   const Result& c = h.results()[1];

@@ -273,7 +273,8 @@ __global__ void ApplyTokenMaskKernel(TokenMaskParams p) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < p.vocab_size;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint32_t bits = p.mask[s * p.mask_stride_words + (t >> 5)];
-    if (((bits >> (t & 31)) & 1u) == 0) p.logits[s * p.logits_stride + t] = __int_as_float(0x7fc00000);
+    if (((bits >> (t & 31)) & 1u) == 0)
+      p.logits[s * p.logits_stride + t] = __int_as_float(0x7fc00000);
   }
 }
 

@@ -325,8 +325,8 @@ TEST(TokenMaskTest, MaskedTokensAreNeverPicked) {
     std::vector<uint32_t> mask;
     std::vector<std::vector<bool>> allowed;
     for (int s = 0; s < 4; ++s) {
-      r.Add(RandomVector(kVocab, rng, 4.0f), s == 0 ? 0.0f : 1.5f,
-            s == 2 ? 5 : 0, s == 3 ? 0.5f : 1.0f, 1000 + trial, s);
+      r.Add(RandomVector(kVocab, rng, 4.0f), s == 0 ? 0.0f : 1.5f, s == 2 ? 5 : 0,
+            s == 3 ? 0.5f : 1.0f, 1000 + trial, s);
       std::vector<bool> ok(kVocab);
       std::vector<uint32_t> row(words, 0);
       for (int64_t t = 0; t < kVocab; ++t) {
@@ -339,7 +339,8 @@ TEST(TokenMaskTest, MaskedTokensAreNeverPicked) {
     // Greedy's expectation: the best allowed logit, lowest id on ties.
     int32_t best = -1;
     for (int64_t t = 0; t < kVocab; ++t) {
-      if (allowed[0][t] && (best < 0 || r.logits[t] > r.logits[best])) best = static_cast<int32_t>(t);
+      if (allowed[0][t] && (best < 0 || r.logits[t] > r.logits[best]))
+        best = static_cast<int32_t>(t);
     }
     TokenMaskParams m;
     m.logits = r.logits.data();

@@ -15,8 +15,8 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
 
 absl::Status CheckText(absl::string_view field, const std::string& text) {
   if (text.size() > grammar::kMaxConstraintBytes) {
-    return Invalid(field, absl::StrCat(text.size(), " bytes exceed the limit ",
-                                       grammar::kMaxConstraintBytes));
+    return Invalid(
+        field, absl::StrCat(text.size(), " bytes exceed the limit ", grammar::kMaxConstraintBytes));
   }
   if (!utf8::IsValid(text)) {
     return Invalid(field, "is not valid UTF-8");
@@ -50,8 +50,8 @@ absl::StatusOr<grammar::ConstraintSpec> ConstraintFromProto(
     case OutputConstraint::kChoice: {
       const auto& values = c.choice().values();
       if (values.empty() || static_cast<size_t>(values.size()) > grammar::kMaxChoices) {
-        return Invalid("choice", absl::StrCat("needs 1..", grammar::kMaxChoices,
-                                              " values, got ", values.size()));
+        return Invalid("choice", absl::StrCat("needs 1..", grammar::kMaxChoices, " values, got ",
+                                              values.size()));
       }
       size_t total = 0;
       for (int i = 0; i < values.size(); ++i) {
@@ -88,9 +88,9 @@ absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> CompileConstrain
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
       cache != nullptr ? cache->Get(*spec) : grammar::CompileConstraint(*spec);
   if (!g.ok()) {
-    return absl::Status(g.status().code(),
-                        absl::StrCat("sampling.constraint.", grammar::ConstraintKindName(spec->kind),
-                                     ": ", g.status().message()));
+    return absl::Status(g.status().code(), absl::StrCat("sampling.constraint.",
+                                                        grammar::ConstraintKindName(spec->kind),
+                                                        ": ", g.status().message()));
   }
   return g;
 }

@@ -20,16 +20,16 @@ absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const Reques
                    absl::StrCat(s.max_tokens(), " exceeds the limit ", limits.max_tokens_limit));
   }
   if (s.max_tokens() > 0 && s.min_tokens() > s.max_tokens()) {
-    return Invalid("sampling.min_tokens", absl::StrCat(s.min_tokens(), " > max_tokens ",
-                                                       s.max_tokens()));
+    return Invalid("sampling.min_tokens",
+                   absl::StrCat(s.min_tokens(), " > max_tokens ", s.max_tokens()));
   }
   if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
     return Invalid("sampling.temperature",
                    absl::StrCat("must be finite and >= 0, got ", s.temperature()));
   }
   if (!std::isfinite(s.top_p()) || s.top_p() < 0 || s.top_p() > 1) {
-    return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1] (0 = unset), got ",
-                                                  s.top_p()));
+    return Invalid("sampling.top_p",
+                   absl::StrCat("must be in (0, 1] (0 = unset), got ", s.top_p()));
   }
   // The engine's top_k is an int32 (the worker rejects larger values): refuse them here, before
   // a worker is involved.
@@ -105,9 +105,9 @@ absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request
         return Invalid("token_ids", "prompt is empty");
       }
       if (static_cast<uint32_t>(request.token_ids().ids_size()) > limits.max_prompt_tokens) {
-        return Invalid("token_ids", absl::StrCat(request.token_ids().ids_size(),
-                                                 " tokens exceed the limit ",
-                                                 limits.max_prompt_tokens));
+        return Invalid("token_ids",
+                       absl::StrCat(request.token_ids().ids_size(), " tokens exceed the limit ",
+                                    limits.max_prompt_tokens));
       }
       break;
     case GenerateRequest::PROMPT_NOT_SET:
@@ -128,9 +128,9 @@ absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request
     return Invalid("cache_salt", "is not valid UTF-8");
   }
   if (request.client_request_id().size() > limits.max_client_request_id_bytes) {
-    return Invalid("client_request_id", absl::StrCat(request.client_request_id().size(),
-                                                     " bytes exceed the limit ",
-                                                     limits.max_client_request_id_bytes));
+    return Invalid("client_request_id",
+                   absl::StrCat(request.client_request_id().size(), " bytes exceed the limit ",
+                                limits.max_client_request_id_bytes));
   }
   if (request.has_tenant() &&
       (request.tenant().empty() || request.tenant().size() > limits.max_tenant_bytes)) {
@@ -139,9 +139,9 @@ absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request
   }
   if (request.has_cache_salt() &&
       (request.cache_salt().empty() || request.cache_salt().size() > limits.max_cache_salt_bytes)) {
-    return Invalid("cache_salt", absl::StrCat("must be 1..", limits.max_cache_salt_bytes,
-                                              " bytes when set, got ",
-                                              request.cache_salt().size()));
+    return Invalid("cache_salt",
+                   absl::StrCat("must be 1..", limits.max_cache_salt_bytes, " bytes when set, got ",
+                                request.cache_salt().size()));
   }
   return ValidateSampling(request.sampling(), limits);
 }

@@ -236,8 +236,7 @@ class Cluster {
           for (const std::string& f : router_flags) wants_http |= absl::StrContains(f, kHttpPort);
           router_http_port_ = wants_http ? FreePort() : 0;
           for (const std::string& f : router_flags) {
-            args.push_back(
-                absl::StrReplaceAll(f, {{kHttpPort, absl::StrCat(router_http_port_)}}));
+            args.push_back(absl::StrReplaceAll(f, {{kHttpPort, absl::StrCat(router_http_port_)}}));
           }
           return args;
         },

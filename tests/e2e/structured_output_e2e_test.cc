@@ -84,8 +84,8 @@ std::vector<std::pair<std::string, json>> Schemas() {
         const json doc = json::parse(in, nullptr, false);
         // Schemas the engine refuses (an unsupported keyword) are the set test's business.
         if (doc.is_object() && doc.contains("schema") &&
-            grammar::CompileConstraint({grammar::ConstraintSpec::Kind::kJsonSchema,
-                                        doc["schema"].dump(), {}})
+            grammar::CompileConstraint(
+                {grammar::ConstraintSpec::Kind::kJsonSchema, doc["schema"].dump(), {}})
                 .ok()) {
           out.emplace_back(f, doc["schema"]);
           ++taken[family];
@@ -172,8 +172,7 @@ TEST(StructuredOutputE2eTest, OpenAiSdkGetsJsonAndBadConstraintsAre400s) {
                    "--chat_template=" + chat_template});
   ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60))) << cluster.Logs();
   absl::StatusOr<Subprocess> node = Subprocess::Spawn(
-      {"/usr/bin/env",
-       absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", cluster.http_port(), "/v1"),
+      {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", cluster.http_port(), "/v1"),
        "PD_OPENAI_MODEL=stories260K", absl::StrCat("PD_SCHEMA=", kPersonSchema), "node",
        dir + "/structured_output.mjs"},
       tmp->path() + "/node.log");
@@ -198,8 +197,9 @@ TEST(StructuredOutputE2eTest, OpenAiSdkGetsJsonAndBadConstraintsAre400s) {
       {R"({"model":"stories260K","prompt":"x","guided_json":{"$ref":"#/$defs/nope"}})", "$defs"},
       {R"({"model":"stories260K","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":[1]}}})",
        "must be a JSON Schema"},
-      {absl::StrCat(R"({"model":"stories260K","prompt":"x","guided_json":{"type":"object","description":")",
-                    std::string(2 << 20, 'a'), R"("}})"),
+      {absl::StrCat(
+           R"({"model":"stories260K","prompt":"x","guided_json":{"type":"object","description":")",
+           std::string(2 << 20, 'a'), R"("}})"),
        "exceed"},
   };
   httplib::Client http("127.0.0.1", cluster.http_port());

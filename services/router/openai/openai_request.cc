@@ -341,13 +341,29 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
     }
     return absl::OkStatus();
   };
+  // One of vLLM's forms: "json" (a schema), "regex" or "choice", given as `param`.
+  auto set_form = [&](const std::string& param, const std::string& form,
+                      const ordered_json& v) -> absl::Status {
+    PD_RETURN_IF_ERROR(take(param));
+    if (form == "json") {
+      PD_ASSIGN_OR_RETURN(std::string text, SchemaText(param, v));
+      c.set_json_schema(std::move(text));
+    } else if (form == "regex") {
+      if (!v.is_string()) return Bad(param, "must be a string");
+      c.set_regex(v.get<std::string>());
+    } else {
+      PD_RETURN_IF_ERROR(set_choices(param, v));
+    }
+    return absl::OkStatus();
+  };
   for (const auto& [key, v] : doc.items()) {
     if (!IsConstraintKey(key) || v.is_null()) continue;
     if (key == "response_format") {
       if (!v.is_object()) return Bad(key, absl::StrCat("must be an object"));
       const auto type = v.find("type");
       if (type == v.end() || !type->is_string()) {
-        return Bad("response_format.type", "is required: \"text\", \"json_object\" or \"json_schema\"");
+        return Bad("response_format.type",
+                   "is required: \"text\", \"json_object\" or \"json_schema\"");
       }
       const std::string t = type->get<std::string>();
       for (const auto& [k2, v2] : v.items()) {
@@ -362,7 +378,8 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
       } else if (t == "json_schema") {
         const auto js = v.find("json_schema");
         if (js == v.end() || !js->is_object()) {
-          return Bad("response_format.json_schema", "is required (an object with \"name\" and \"schema\")");
+          return Bad("response_format.json_schema",
+                     "is required (an object with \"name\" and \"schema\")");
         }
         for (const auto& [k3, v3] : js->items()) {
           const std::string field = absl::StrCat("response_format.json_schema.", k3);
@@ -384,22 +401,15 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
         c.set_json_schema(std::move(text));
       } else {
         return Bad("response_format.type",
-                   absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", got \"", t.substr(0, 64), "\""));
+                   absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", got \"",
+                                t.substr(0, 64), "\""));
       }
-    } else if (key == "guided_json") {
-      PD_RETURN_IF_ERROR(take(key));
-      PD_ASSIGN_OR_RETURN(std::string text, SchemaText(key, v));
-      c.set_json_schema(std::move(text));
-    } else if (key == "guided_regex") {
-      PD_RETURN_IF_ERROR(take(key));
-      if (!v.is_string()) return Bad(key, "must be a string");
-      c.set_regex(v.get<std::string>());
-    } else if (key == "guided_choice") {
-      PD_RETURN_IF_ERROR(take(key));
-      PD_RETURN_IF_ERROR(set_choices(key, v));
+    } else if (key == "guided_json" || key == "guided_regex" || key == "guided_choice") {
+      PD_RETURN_IF_ERROR(set_form(key, key.substr(7), v));
     } else if (key == "guided_grammar") {
-      return Bad(key, "grammars (EBNF/GBNF) are not implemented yet; use guided_json, "
-                      "guided_regex or guided_choice");
+      return Bad(key,
+                 "grammars (EBNF/GBNF) are not implemented yet; use guided_json, "
+                 "guided_regex or guided_choice");
     } else if (key == "guided_whitespace_pattern") {
       return Bad(key, "is not supported by this server (whitespace is bounded by the engine)");
     } else if (key == "guided_decoding_backend") {
@@ -409,17 +419,8 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
       for (const auto& [k2, v2] : v.items()) {
         const std::string field = absl::StrCat(key, ".", k2);
         if (v2.is_null()) continue;
-        if (k2 == "json") {
-          PD_RETURN_IF_ERROR(take(field));
-          PD_ASSIGN_OR_RETURN(std::string text, SchemaText(field, v2));
-          c.set_json_schema(std::move(text));
-        } else if (k2 == "regex") {
-          PD_RETURN_IF_ERROR(take(field));
-          if (!v2.is_string()) return Bad(field, "must be a string");
-          c.set_regex(v2.get<std::string>());
-        } else if (k2 == "choice") {
-          PD_RETURN_IF_ERROR(take(field));
-          PD_RETURN_IF_ERROR(set_choices(field, v2));
+        if (k2 == "json" || k2 == "regex" || k2 == "choice") {
+          PD_RETURN_IF_ERROR(set_form(field, k2, v2));
         } else if (k2 == "json_object") {
           if (!v2.is_boolean()) return Bad(field, "must be a boolean");
           if (!v2.get<bool>()) continue;

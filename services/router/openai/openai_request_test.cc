@@ -202,8 +202,7 @@ TEST(OpenAiRequestTest, UnknownAndUnsupportedFieldsAreRefusedByName) {
 // Structured output: response_format and vLLM's guided_* / structured_outputs become the
 // request's constraint; the schema keeps its key order (the order the output's keys take).
 TEST(OpenAiRequestTest, StructuredOutputConstraints) {
-  absl::StatusOr<OpenAiRequest> r =
-      Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+  absl::StatusOr<OpenAiRequest> r = Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
                "response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,
                "schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{}}}}}})");
   ASSERT_TRUE(r.ok()) << r.status();
