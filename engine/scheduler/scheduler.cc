@@ -525,6 +525,9 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
                          static_cast<int64_t>(seq->tokens.size());
     if (seq->matcher.has_value() && samples) {
       seq->matcher->FillTokenMask(GrammarTrie(), &seq->allowed);
+      // The forward pass reads a mask of the model's vocabulary, which can be larger than the
+      // tokenizer's (padded embeddings): the ids past the tokenizer's are never allowed.
+      seq->allowed.resize((static_cast<size_t>(forward_->vocab_size()) + 31) / 32, 0);
       specs.back().allowed = seq->allowed.data();
     }
   }
