@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/hash/block_hash.h"
 #include "common/utf8/utf8.h"
 #include "engine/kvcache/kv_layout.h"
@@ -37,7 +38,18 @@ bool SamplingValid(const SamplingParams& p) {
 
 void CheckSampling(const SamplingParams& p) {
   const absl::StatusOr<pd::engine::SamplingOptions> s = pd::worker::SamplingFromProto(p);
-  CHECK_EQ(s.ok(), SamplingValid(p)) << s.status() << " for " << p.ShortDebugString();
+  if (SamplingValid(p) && p.has_constraint()) {
+    // Whether the constraint compiles is the grammar engine's to say (engine/grammar); a
+    // refusal names it, and an accepted one comes with its grammar.
+    if (!s.ok()) {
+      CHECK(absl::IsInvalidArgument(s.status()) || absl::IsOutOfRange(s.status())) << s.status();
+      CHECK(absl::StartsWith(s.status().message(), "sampling.constraint")) << s.status();
+      return;
+    }
+    CHECK(s->grammar != nullptr);
+  } else {
+    CHECK_EQ(s.ok(), SamplingValid(p)) << s.status() << " for " << p.ShortDebugString();
+  }
   if (!s.ok()) {
     CHECK(absl::IsInvalidArgument(s.status())) << s.status();
     return;
