@@ -82,7 +82,10 @@ struct GenerationOutput {
   // empty otherwise. Each token's entry is emitted once, even if the request is preempted and
   // recomputed later.
   std::vector<TokenLogprob> logprobs;
-  std::string text;                                  // UTF-8 delta, never ending inside a character
+  std::string text;  // UTF-8 delta, never ending inside a character
+  // Bytes of the request's generated text streamed up to and including `text` (a resumed
+  // request counts from the start of the text of its ResumeState::tokens).
+  uint64_t text_offset = 0;
   FinishReason finish_reason = FinishReason::kNone;  // set on the last output only
   absl::Status status;                               // non-OK with kAbort / kError
   // Set on the last output.
@@ -147,6 +150,15 @@ struct TierPrefix {
   std::function<void()> release;
 };
 
+// Where a migrated request's generation stands (GenerationRequest::resume).
+struct ResumeState {
+  std::vector<uint32_t> tokens;  // generated and streamed before the move
+  // Bytes of those tokens' text that were streamed (GenerationOutput::text_offset of the last
+  // output): the rest was held back (a possible stop string, an unfinished character) and is
+  // sent by the resumed request once known.
+  uint64_t text_offset = 0;
+};
+
 struct GenerationRequest {
   RequestId id;
   std::vector<uint32_t> prompt;  // token ids, non-empty
@@ -164,6 +176,13 @@ struct GenerationRequest {
   std::function<void(PrefilledBlocks)> on_prefilled;
   // Blocks restorable from the node's tiers; empty chain = none.
   TierPrefix tier_prefix;
+  // Migration (docs/migration.md): the request already generated these tokens on another
+  // worker, which failed or drained after streaming them. The request continues after them as
+  // if it had generated them here: they count towards max_tokens, min_tokens and usage, move
+  // the structured-output matcher and the text decoder on, and the sampler's draws continue at
+  // step resume.tokens.size(); they are computed with the prompt (prefilled here, never
+  // remotely) and not emitted again.
+  ResumeState resume;
 };
 
 }  // namespace pd::engine

@@ -47,8 +47,7 @@ absl::Status CheckOptions(const GenerationRequest& request, const ModelConfig& m
                                                    " outside [-1, ", kernels::kMaxTopLogprobs,
                                                    "]"));
   }
-  if (so.grammar != nullptr &&
-      (!so.forced_tokens.empty() || so.ignore_eos || so.min_tokens > 0)) {
+  if (so.grammar != nullptr && (!so.forced_tokens.empty() || so.ignore_eos || so.min_tokens > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "request ", id,
         ": a structured-output constraint cannot be combined with forced tokens, ignore_eos or "

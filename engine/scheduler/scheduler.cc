@@ -69,8 +69,18 @@ absl::StatusOr<BlockHash> Scheduler::SeedFor(const std::string& cache_salt) {
 absl::Status Scheduler::Submit(GenerationRequest request) {
   const std::string id = request.id.ToString();
   PD_RETURN_IF_ERROR(CheckPrompt(request, forward_->config()));
-  const int64_t needed =
-      window_.MaxBlocks(kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + 1));
+  if (!evacuated_.ok() && request.on_prefilled == nullptr) {
+    return evacuated_;
+  }
+  const auto resumed = static_cast<int64_t>(request.resume.tokens.size());
+  if (resumed > 0 &&
+      static_cast<int64_t>(request.prompt.size()) + resumed >= forward_->config().seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": prompt of ", request.prompt.size(), " tokens and ", resumed,
+                     " resumed tokens do not fit the context of ", forward_->config().seq_len));
+  }
+  const int64_t needed = window_.MaxBlocks(
+      kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + resumed + 1));
   if (request.on_prefilled != nullptr) {
     PD_RETURN_IF_ERROR(window_.CheckPrefillOnly(id, static_cast<int64_t>(request.prompt.size())));
   }
@@ -99,7 +109,64 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
   }
   seq->submitted = clock_->Now();
   seq->request = std::move(request);
+  PD_RETURN_IF_ERROR(ReplayResume(seq.get()));
   waiting_.push_back(std::move(seq));
+  return absl::OkStatus();
+}
+
+// A migrated request's tokens (request.resume) become its first generated tokens, with the
+// state generating them here would have left: text decoded, matcher moved on, nothing to emit.
+// Tokens that could not have been streamed (one that ends generation, one the grammar refuses,
+// more than max_tokens) or a text offset past their text are InvalidArgument.
+absl::Status Scheduler::ReplayResume(Sequence* seq) {
+  const ResumeState& resume = seq->request.resume;
+  if (resume.tokens.empty()) {
+    if (resume.text_offset != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", seq->request.id.ToString(),
+                                                     ": resume text offset ", resume.text_offset,
+                                                     " without resumed tokens"));
+    }
+    return absl::OkStatus();
+  }
+  const ModelConfig& c = forward_->config();
+  const SamplingOptions& so = seq->request.sampling;
+  const std::string id = seq->request.id.ToString();
+  if (so.max_tokens > 0 && resume.tokens.size() >= so.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": ", resume.tokens.size(),
+                                                   " resumed tokens leave nothing of max_tokens ",
+                                                   so.max_tokens));
+  }
+  for (size_t i = 0; i < resume.tokens.size(); ++i) {
+    const uint32_t token = resume.tokens[i];
+    if (token >= static_cast<uint32_t>(c.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", id, ": resumed token id ", token,
+                                                     " >= vocab size ", c.vocab_size));
+    }
+    if (i + 1 >= so.min_tokens && seq->IsStopToken(token, c.eos_ids)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", id, ": resumed token ", i, " (id ", token, ") ends generation"));
+    }
+    if (seq->matcher.has_value()) {
+      const grammar::TokenTrie& trie = GrammarTrie();
+      const auto t = static_cast<int32_t>(token);
+      if (trie.is_end_token(t) || trie.token_bytes(t).empty() ||
+          !seq->matcher->AcceptBytes(trie.token_bytes(t))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("request ", id, ": resumed token ", i, " (id ", token,
+                         ") does not continue the structured output's grammar"));
+      }
+    }
+    PD_ASSIGN_OR_RETURN(std::string delta, seq->detok->Step(token));
+    seq->text += delta;
+    seq->tokens.push_back(token);
+  }
+  if (resume.text_offset > seq->text.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": resume text offset ", resume.text_offset,
+                     " is past the resumed tokens' text of ", seq->text.size(), " bytes"));
+  }
+  seq->num_resumed = resume.tokens.size();
+  seq->text_sent = resume.text_offset;
   return absl::OkStatus();
 }
 
@@ -113,6 +180,17 @@ absl::Status Scheduler::Cancel(RequestId id) {
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("request ", id.ToString(), " is not queued or running"));
+}
+
+void Scheduler::Evacuate(absl::Status why) {
+  evacuated_ = std::move(why);
+  auto evacuate = [this](const std::unique_ptr<Sequence>& s) {
+    if (s->request.on_prefilled == nullptr) {
+      Finish(s.get(), FinishReason::kAbort, evacuated_);
+    }
+  };
+  std::for_each(waiting_.begin(), waiting_.end(), evacuate);
+  std::for_each(running_.begin(), running_.end(), evacuate);
 }
 
 void Scheduler::CancelAll() {
@@ -175,8 +253,8 @@ void Scheduler::Admit() {
         static_cast<uint32_t>(kv_->block_size()));
     // A remote prefill is tried once, at first admission; a preempted request recomputes here.
     // A prompt that needs a drop is computed here (the prefill worker would not drop).
-    const bool remote =
-        seq->request.remote_prefill != nullptr && !seq->remote_started && to_allocate == num_tokens;
+    const bool remote = seq->request.remote_prefill != nullptr && !seq->remote_started &&
+                        to_allocate == num_tokens && seq->num_resumed == 0;
     if (!seq->admitted_once && !seq->request.tier_prefix.chain.empty()) {
       RestoreTierPrefix(seq, chain);
     }
@@ -388,7 +466,7 @@ void Scheduler::EnsureSlots() {
 void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLogprob> logprob) {
   const ModelConfig& c = forward_->config();
   const SamplingOptions& so = seq->request.sampling;
-  if (seq->num_generated() == 0) {
+  if (seq->num_generated() == seq->num_resumed) {
     seq->first_token = clock_->Now();
   }
   seq->AppendToken(token, std::move(logprob));
@@ -568,7 +646,7 @@ void Scheduler::RecordComputed(Sequence* seq, int64_t n) {
 }
 
 void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
-  if (seq->num_generated() == 0 && seq->prefill_done == absl::Time()) {
+  if (seq->num_generated() == seq->num_resumed && seq->prefill_done == absl::Time()) {
     seq->prefill_done = clock_->Now();
   }
   const SamplingOptions& so = seq->request.sampling;

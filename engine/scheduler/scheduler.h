@@ -31,9 +31,9 @@
 #include "absl/status/statusor.h"
 #include "common/hash/block_hash.h"
 #include "common/time/clock.h"
+#include "engine/grammar/token_trie.h"
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/model/llama_forward.h"
-#include "engine/grammar/token_trie.h"
 #include "engine/model/tokenizer.h"
 #include "engine/scheduler/remote_prefill_holds.h"
 #include "engine/scheduler/request.h"
@@ -79,7 +79,8 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request. InvalidArgument for an empty prompt, an out-of-range token id, a prompt
-  // that does not fit the context, or a request that could never fit the KV pool;
+  // that does not fit the context, a request that could never fit the KV pool, or a resume
+  // (GenerationRequest::resume) that could not have been streamed;
   // AlreadyExists for a duplicate id; ResourceExhausted when the queue is full.
   absl::Status Submit(GenerationRequest request);
 
@@ -110,6 +111,12 @@ class Scheduler {
 
   // Cancel for every queued and running request (shutdown).
   void CancelAll();
+
+  // Drain by migration: every generation (not prefill-only requests, which finish) ends now
+  // with kAbort and `why`, its last output carrying the tokens not sent yet but no held-back
+  // text (GenerationOutput::text_offset says where the text stopped), so that another worker
+  // can resume it exactly; later generations are refused with `why`. Non-OK `why`.
+  void Evacuate(absl::Status why);
 
   // Runs one batch. Returns false when there was no batch to run (empty, or every running
   // request waits for a remote prefill). Errors from the forward pass fail the requests of
@@ -179,6 +186,7 @@ class Scheduler {
   Sequence* FindRunning(RequestId id);
   // The vocabulary as a byte trie for structured output, built on first use (scheduler thread).
   const grammar::TokenTrie& GrammarTrie();
+  absl::Status ReplayResume(Sequence* seq);
   absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 
   const SchedulerConfig config_;
@@ -197,6 +205,7 @@ class Scheduler {
   SchedulerStats stats_;
   std::vector<float> logits_;
   std::unique_ptr<grammar::TokenTrie> trie_;
+  absl::Status evacuated_;  // non-OK after Evacuate: generations are refused with it
 };
 
 }  // namespace pd::engine

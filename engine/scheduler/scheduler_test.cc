@@ -35,6 +35,13 @@ struct Result {
   std::string text;
   GenerationOutput last;
   int outputs = 0;
+  // After each output: tokens and text received so far, and the output's text_offset.
+  struct Mark {
+    size_t tokens = 0;
+    size_t text = 0;
+    uint64_t text_offset = 0;
+  };
+  std::vector<Mark> marks;
 };
 
 // stories260K with a paged pool, a KV cache manager and a scheduler. `staged`: the forward pass
@@ -94,6 +101,7 @@ class Harness {
       res.logprobs.insert(res.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
       res.text += out.text;
       ++res.outputs;
+      res.marks.push_back({res.tokens.size(), res.text.size(), out.text_offset});
       if (out.finish_reason != FinishReason::kNone) {
         res.last = std::move(out);
       }
@@ -115,6 +123,17 @@ class Harness {
   }
 
   Scheduler* scheduler() { return scheduler_.get(); }
+  // The text of `tokens` generated after `prev`, as the scheduler's decoder yields it.
+  std::string TextOf(uint32_t prev, absl::Span<const uint32_t> tokens) {
+    DecodeStream d(tokenizer_.get(), prev);
+    std::string text;
+    for (uint32_t t : tokens) {
+      absl::StatusOr<std::string> piece = d.Step(t);
+      CHECK(piece.ok()) << piece.status();
+      text += *piece;
+    }
+    return text;
+  }
   std::map<uint64_t, Result>& results() { return results_; }
   // The block-hash chain the scheduler computes for `prompt` (no cache salt).
   std::vector<BlockHash> ChainOf(const std::vector<uint32_t>& prompt) {
@@ -1172,6 +1191,101 @@ TEST(SchedulerGrammarTest, ConflictingOptionsAreRefused) {
   so.ignore_eos = false;
   so.min_tokens = 2;
   EXPECT_EQ(h.Submit(2, h.Encode(kPrompts[0]), so).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pd::engine
+
+namespace pd::engine {
+namespace {
+
+// Migration: a request resumed from any output boundary of an earlier run (its tokens so far
+// and the text offset of that output) continues exactly as the run did: same tokens, same text
+// (held-back text included), same logprobs, same finish and usage; greedy, seeded, with stop
+// strings that hold text back, with a grammar, and batched with a preempting neighbour.
+TEST(SchedulerResumeTest, ResumedRequestContinuesTheRunExactly) {
+  auto schema = TestGrammar({grammar::ConstraintSpec::Kind::kJsonSchema, kPersonSchema, {}});
+  std::vector<SamplingOptions> cases;
+  cases.push_back(MaxTokens(40));
+  SamplingOptions seeded = MaxTokens(40);
+  seeded.temperature = 0.9f;
+  seeded.top_p = 0.95f;
+  seeded.seed = 77;
+  seeded.logprobs = 2;
+  cases.push_back(seeded);
+  SamplingOptions held = MaxTokens(60);
+  held.stop = {"the dragon", "a big dog"};  // "the", "a b"... are held back often
+  cases.push_back(held);
+  cases.push_back(Constrained(schema, 1.0f, 5));
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Harness base(64, {});
+    const std::vector<uint32_t> prompt = base.Encode(kPrompts[c % 5]);
+    ASSERT_TRUE(base.Submit(1, prompt, cases[c]).ok());
+    base.RunToCompletion();
+    const Result want = base.results()[1];
+    ASSERT_GT(want.marks.size(), 3u) << c;
+    bool held_somewhere = false;
+    for (size_t m = 0; m + 1 < want.marks.size(); ++m) {
+      const Result::Mark& mark = want.marks[m];
+      EXPECT_EQ(mark.text_offset, mark.text) << c << " " << m;  // the offset counts sent text
+      held_somewhere |=
+          base.TextOf(prompt.back(), absl::MakeConstSpan(want.tokens).first(mark.tokens)).size() >
+          mark.text_offset;
+      Harness h(14, {});  // small pool: the neighbour preempts now and then
+      GenerationRequest r;
+      r.resume.tokens.assign(want.tokens.begin(), want.tokens.begin() + mark.tokens);
+      r.resume.text_offset = mark.text_offset;
+      ASSERT_TRUE(h.SubmitRequest(2, prompt, cases[c], "", std::move(r)).ok()) << c << " " << m;
+      ASSERT_TRUE(h.Submit(3, h.Encode(kPrompts[(c + 1) % 5]), MaxTokens(50)).ok());
+      h.RunToCompletion();
+      const Result& got = h.results()[2];
+      std::vector<uint32_t> tokens(want.tokens.begin(), want.tokens.begin() + mark.tokens);
+      tokens.insert(tokens.end(), got.tokens.begin(), got.tokens.end());
+      EXPECT_EQ(tokens, want.tokens) << "case " << c << " resumed after output " << m;
+      EXPECT_EQ(want.text.substr(0, mark.text) + got.text, want.text) << c << " " << m;
+      EXPECT_EQ(got.last.finish_reason, want.last.finish_reason) << c << " " << m;
+      EXPECT_EQ(got.last.completion_tokens, want.last.completion_tokens) << c << " " << m;
+      EXPECT_EQ(got.last.prompt_tokens, want.last.prompt_tokens) << c << " " << m;
+      EXPECT_EQ(got.last.text_offset, want.last.text_offset) << c << " " << m;
+      ASSERT_EQ(got.logprobs.size() + mark.tokens,
+                cases[c].logprobs >= 0 ? want.logprobs.size() : mark.tokens);
+      for (size_t t = 0; t < got.logprobs.size(); ++t) {
+        EXPECT_EQ(got.logprobs[t].logprob, want.logprobs[mark.tokens + t].logprob) << c << t;
+        EXPECT_EQ(got.logprobs[t].top, want.logprobs[mark.tokens + t].top) << c << t;
+      }
+    }
+    // Held back at some boundary (a possible stop string): resuming from there must send it.
+    EXPECT_EQ(held_somewhere, c == 2) << c;
+  }
+}
+
+// A resume that could not have been streamed is refused at Submit, naming what is wrong.
+TEST(SchedulerResumeTest, ImpossibleResumesAreRefused) {
+  Harness h(64, {});
+  ASSERT_TRUE(h.Submit(1, {1}, MaxTokens(10)).ok());
+  h.RunToCompletion();
+  const std::vector<uint32_t> out = h.results()[1].tokens;
+  auto submit = [&](uint64_t id, std::vector<uint32_t> tokens, uint64_t offset,
+                    SamplingOptions so) {
+    GenerationRequest r;
+    r.resume.tokens = std::move(tokens);
+    r.resume.text_offset = offset;
+    return h.SubmitRequest(id, {1}, std::move(so), "", std::move(r));
+  };
+  const std::vector<uint32_t> three(out.begin(), out.begin() + 3);
+  EXPECT_THAT(submit(2, three, 1000, MaxTokens(10)).message(), HasSubstr("past the resumed"));
+  EXPECT_THAT(submit(3, three, 0, MaxTokens(3)).message(), HasSubstr("nothing of max_tokens"));
+  EXPECT_THAT(submit(4, {600}, 0, MaxTokens(10)).message(), HasSubstr("vocab size"));
+  SamplingOptions stop = MaxTokens(10);
+  stop.stop_token_ids = {out[1]};
+  EXPECT_THAT(submit(5, three, 0, stop).message(), HasSubstr("ends generation"));
+  EXPECT_THAT(submit(6, {}, 4, MaxTokens(10)).message(), HasSubstr("without resumed tokens"));
+  auto choice = TestGrammar({grammar::ConstraintSpec::Kind::kChoice, "", {"Lily", "Tom"}});
+  EXPECT_THAT(submit(7, three, 0, Constrained(choice, 0.0f)).message(),
+              HasSubstr("does not continue the structured output"));
+  std::vector<uint32_t> long_resume(600, out[0]);
+  EXPECT_THAT(submit(8, long_resume, 0, MaxTokens(0)).message(), HasSubstr("context"));
+  EXPECT_TRUE(submit(9, three, 0, stop.stop_token_ids.empty() ? stop : MaxTokens(10)).ok());
 }
 
 }  // namespace

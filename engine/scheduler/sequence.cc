@@ -54,19 +54,25 @@ GenerationOutput Sequence::TakeStreamOutput(size_t hold) {
   const size_t sendable = std::max(text.size() - hold, text_sent);
   out.text = text.substr(text_sent, sendable - text_sent);
   text_sent = sendable;
+  out.text_offset = text_sent;
   return out;
 }
 
 GenerationOutput Sequence::TakeFinalOutput(absl::Time now) {
   GenerationOutput out = TakeUnsent();
-  // Held-back text is released (a stop string match was cut off already); an incomplete UTF-8
-  // tail is flushed raw unless the text ended at a stop string.
-  std::string tail = detok->Flush();
-  if (finished != FinishReason::kStopString) {
-    text += tail;
+  if (status.ok()) {
+    // Held-back text is released (a stop string match was cut off already); an incomplete
+    // UTF-8 tail is flushed raw unless the text ended at a stop string.
+    std::string tail = detok->Flush();
+    if (finished != FinishReason::kStopString) {
+      text += tail;
+    }
+    out.text = text.substr(std::min(text_sent, text.size()));
+    text_sent = text.size();
   }
-  out.text = text.substr(std::min(text_sent, text.size()));
-  text_sent = text.size();
+  // A failed request keeps what was held back: it could be a stop string's start, and a
+  // resumed request (another worker) sends it once known.
+  out.text_offset = text_sent;
   out.finish_reason = finished;
   out.status = status;
   out.prompt_tokens = static_cast<uint32_t>(prompt_len);

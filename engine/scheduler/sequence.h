@@ -28,6 +28,7 @@ struct Sequence {
   BlockHash seed;
   std::vector<uint32_t> tokens;  // prompt + generated
   size_t prompt_len = 0;
+  size_t num_resumed = 0;  // of the generated tokens, those of request.resume (not emitted here)
   std::vector<BlockHash> chain;  // hashes of the full blocks of tokens[0, num_computed)
   int64_t num_computed = 0;      // tokens whose KV is in the pool
   int64_t num_allocated = 0;     // tokens with a slot in the block table (dropped included)
@@ -89,9 +90,10 @@ struct Sequence {
   // last `hold` bytes (held back because they could start a stop string).
   GenerationOutput TakeStreamOutput(size_t hold);
 
-  // The last output, once `finished` and `status` are set: what was not sent yet (held-back
-  // text included; an incomplete UTF-8 tail flushed raw unless the text ended at a stop
-  // string), the usage counts and the timings up to `now`.
+  // The last output, once `finished` and `status` are set: what was not sent yet (when status
+  // is OK, held-back text included and an incomplete UTF-8 tail flushed raw unless the text
+  // ended at a stop string; otherwise no held-back text), the usage counts and the timings up
+  // to `now`.
   GenerationOutput TakeFinalOutput(absl::Time now);
 
  private:

@@ -110,6 +110,19 @@ absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
                                     "Requests placed again after their decode worker failed "
                                     "before the first token",
                                     {}));
+  PD_ASSIGN_OR_RETURN(
+      m.migrations,
+      r->AddCounter("pd_router_migrations_total",
+                    "Streams whose decode worker failed (reason=failure) or drained "
+                    "(reason=drain) after their first token, by result: moved to another "
+                    "worker, or ended because the --max_migrations budget was spent "
+                    "(budget_spent) or no worker could take them (no_worker)",
+                    {"reason", "result"}));
+  PD_ASSIGN_OR_RETURN(m.migration_stall,
+                      r->AddHistogram("pd_router_migration_stall_seconds",
+                                      "Gap between a moved stream's last token before the move "
+                                      "and its first token after it",
+                                      {}, LatencyBuckets()));
   PD_ASSIGN_OR_RETURN(m.prefill_placement,
                       r->AddCounter("pd_router_prefill_placements_total",
                                     "Where prompts were prefilled: remote_prefill, "
@@ -217,6 +230,12 @@ absl::StatusOr<BlockHash> GenerationService::SeedFor(const std::string& cache_sa
   PD_ASSIGN_OR_RETURN(BlockHash seed, ComputeHashSeed(in));
   seeds_.emplace(cache_salt, seed);
   return seed;
+}
+
+absl::StatusOr<std::vector<BlockHash>> GenerationService::BlockHashesOf(
+    const std::string& cache_salt, absl::Span<const uint32_t> tokens) {
+  PD_ASSIGN_OR_RETURN(BlockHash seed, SeedFor(cache_salt));
+  return ComputeBlockHashes(seed, tokens, static_cast<uint32_t>(config_.block_size));
 }
 
 absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,

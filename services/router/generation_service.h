@@ -104,6 +104,9 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService,
   PlacementPolicy* policy() override { return policy_; }
   const RouterStreamMetrics& stream_metrics() const override { return metrics_; }
   void ReleaseStream(const std::string& tenant) override;
+  int max_migrations() const override { return static_cast<int>(config_.max_migrations); }
+  absl::StatusOr<std::vector<BlockHash>> BlockHashesOf(const std::string& cache_salt,
+                                                       absl::Span<const uint32_t> tokens) override;
 
  private:
   // The streams' metrics and the placement's.

@@ -33,8 +33,9 @@ ABSL_FLAG(int64_t, http_max_connections_per_client, 2048,
           "HTTP connections open per client IP address; more are reset at accept; 0 = no cap");
 ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(5),
           "how long an HTTP connection may wait for a request's first byte (new or keep-alive)");
-ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(10),
-          "total time for an HTTP request's head, from its first byte (TLS: from accept); then 408");
+ABSL_FLAG(
+    absl::Duration, http_header_timeout, absl::Seconds(10),
+    "total time for an HTTP request's head, from its first byte (TLS: from accept); then 408");
 ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
           "total time for an HTTP request's body, from the end of its head; then 408");
 ABSL_FLAG(std::string, chat_template, "",
@@ -119,6 +120,9 @@ ABSL_FLAG(std::string, api_keys_file, "",
 ABSL_FLAG(int64_t, max_streams_per_tenant, 0,
           "open Generate streams per tenant; more get RESOURCE_EXHAUSTED; 0 = unbounded");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "largest request message of the public API");
+ABSL_FLAG(int64_t, max_migrations, 3,
+          "times one stream may move to another decode worker when its own fails or drains "
+          "mid-stream (docs/migration.md); 0 = never: the stream ends UNAVAILABLE");
 
 namespace {
 
@@ -171,6 +175,7 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
   config.cluster_token_file = absl::GetFlag(FLAGS_cluster_token_file);
   config.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   config.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
+  config.max_migrations = absl::GetFlag(FLAGS_max_migrations);
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   PD_RETURN_IF_ERROR(config.Validate());
   return config;

@@ -32,8 +32,8 @@ absl::Status RouterConfig::Validate() const {
     return absl::InvalidArgumentError("--decode_workers is empty: list at least one worker");
   }
   if (policy != "cache_aware" && policy != "round_robin" && policy != "random") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--policy must be cache_aware, round_robin or random, got '", policy, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--policy must be cache_aware, round_robin or random, got '", policy, "'"));
   }
   for (const auto& [flag, value, max] :
        {std::tuple<const char*, double, double>{"--prefill_weight", prefill_weight, -1},
@@ -52,8 +52,8 @@ absl::Status RouterConfig::Validate() const {
     }
   }
   if (index_max_blocks < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--index_max_blocks must be >= 0 (0 = automatic), got ", index_max_blocks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--index_max_blocks must be >= 0 (0 = automatic), got ", index_max_blocks));
   }
   if (disagg_threshold_tokens < 0) {
     return absl::InvalidArgumentError("--disagg_threshold_tokens must be >= 0");
@@ -64,6 +64,10 @@ absl::Status RouterConfig::Validate() const {
   if (max_streams_per_tenant < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_streams_per_tenant must be >= 0 (0 = unbounded), got ", max_streams_per_tenant));
+  }
+  if (max_migrations < 0 || max_migrations > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_migrations must be in [0, 100], got ", max_migrations));
   }
   if (max_message_bytes < 1024 || max_message_bytes > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(

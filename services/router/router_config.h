@@ -96,6 +96,9 @@ struct RouterConfig {
   // Generate streams one tenant may have open at once; more get RESOURCE_EXHAUSTED. 0 = no
   // per-tenant bound (max_inflight still applies).
   int64_t max_streams_per_tenant = 0;
+  // Times one stream may move to another decode worker after its own failed or drained
+  // mid-stream (docs/migration.md); past it the stream ends UNAVAILABLE. 0 = never move.
+  int64_t max_migrations = 3;
   // Largest request message the public API accepts (gRPC receive limit), in bytes.
   int64_t max_message_bytes = 4 << 20;
 

@@ -2,11 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash/block_hash.h"
 #include "common/log/log.h"
@@ -197,6 +199,7 @@ void RouterStream::OnUpstreamRead(Attempt* a, bool ok) {
     a->upstream.RemoveHold();  // no read follows: OnDone may come
     return;
   }
+  bool skip = false;
   {
     absl::MutexLock lock(&mu_);
     const iv1::DecodeResponse& in = a->in;
@@ -206,8 +209,15 @@ void RouterStream::OnUpstreamRead(Attempt* a, bool ok) {
     out_.set_text(in.text());
     *out_.mutable_logprobs() = in.logprobs();
     completion_tokens_ += in.token_ids_size();
+    streamed_.insert(streamed_.end(), in.token_ids().begin(), in.token_ids().end());
+    text_offset_ = in.text_offset();
     if (in.token_ids_size() > 0) {
       const absl::Time now = absl::Now();
+      if (moved_after_ != absl::InfinitePast()) {
+        host_->stream_metrics().migration_stall->WithLabels({}).Observe(
+            absl::ToDoubleSeconds(now - moved_after_));
+        moved_after_ = absl::InfinitePast();
+      }
       if (!first_) {
         // Inter-token latency as the client sees it: one observation per message after the
         // first, spread over the tokens it carries.
@@ -226,7 +236,13 @@ void RouterStream::OnUpstreamRead(Attempt* a, bool ok) {
         first_ = false;
       }
     }
-    if (in.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    // A failed worker may send ABORT or ERROR with its last tokens: failures end the client's
+    // stream with a status (or the stream moves on), never with a finish reason.
+    const bool finished = in.finish_reason() == v1::FINISH_REASON_STOP ||
+                          in.finish_reason() == v1::FINISH_REASON_LENGTH ||
+                          in.finish_reason() == v1::FINISH_REASON_STOP_STRING;
+    skip = !finished && in.token_ids_size() == 0 && in.text().empty();
+    if (finished) {
       out_.set_request_id(decode_.request_id());
       out_.set_finish_reason(in.finish_reason());
       *out_.mutable_usage() = in.usage();
@@ -241,8 +257,16 @@ void RouterStream::OnUpstreamRead(Attempt* a, bool ok) {
       got_final_ = true;
       usage_ = in.usage();
     }
-    relayed_ = true;
-    writing_ = true;
+    if (!skip) {
+      relayed_ = true;
+      writing_ = true;
+    }
+  }
+  if (skip) {
+    // Nothing for the client (an empty ABORT/ERROR message): read on, from this reaction.
+    MarkUnread(&a->in);
+    a->upstream.StartRead(&a->in);
+    return;
   }
   // out_ is not touched again before OnSent (the next read starts there).
   sink_->Send(out_);
@@ -257,14 +281,25 @@ void RouterStream::OnUpstreamDone(Attempt* a, const absl::Status& status) {
     if (status.code() == absl::StatusCode::kUnavailable) {
       // The worker died or is unreachable: no new requests until it answers health checks.
       host_->workers()->MarkFailed(a->placement.decode_index, status);
-      if (!relayed_ && !cancelled_by_client_ && attempts_ < kMaxAttempts &&
-          absl::Now() < deadline_) {
-        retry = Retry(status);
+      if (!cancelled_by_client_ && !got_final_ && absl::Now() < deadline_) {
+        if (!relayed_) {
+          retry = attempts_ < kMaxAttempts ? Retry(status) : nullptr;
+        } else {
+          retry = Migrate(status);
+        }
       }
     }
   }
   if (retry != nullptr) {
     Launch(retry);
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = cancelled_by_client_;
+    }
+    if (cancelled) {
+      retry->ctx.TryCancel();  // a Cancel between the new attempt and its call: pass it on
+    }
     return;
   }
   {
@@ -305,6 +340,55 @@ RouterStream::Attempt* RouterStream::Retry(const absl::Status& why) {
   return NewAttemptLocked(*std::move(p));
 }
 
+// Moves the stream to another decode worker after its own failed with `why` mid-stream (the
+// failed one is out of the pool now): the request with what reached the client as its resume
+// state. The new attempt to Launch, or null (not_moved_ says why) when the budget is spent or
+// no worker can take it.
+RouterStream::Attempt* RouterStream::Migrate(const absl::Status& why) {
+  const std::string reason =
+      absl::StrContains(why.message(), services::kWorkerDrainingMessage) ? "drain" : "failure";
+  metrics::Family<metrics::Counter>* counter = host_->stream_metrics().migrations;
+  if (migrations_ >= host_->max_migrations()) {
+    not_moved_ = absl::StrCat("; not moved: the stream already moved ", migrations_,
+                              " times (--max_migrations)");
+    counter->WithLabels({reason, "budget_spent"}).Increment();
+    return nullptr;
+  }
+  std::vector<uint32_t> tokens(decode_.token_ids().begin(), decode_.token_ids().end());
+  tokens.insert(tokens.end(), streamed_.begin(), streamed_.end());
+  absl::StatusOr<std::vector<BlockHash>> chain = host_->BlockHashesOf(decode_.cache_salt(), tokens);
+  absl::StatusOr<Placement> p =
+      chain.ok() ? host_->policy()->Choose(*chain, static_cast<int64_t>(tokens.size()),
+                                           host_->workers()->Snapshot())
+                 : absl::StatusOr<Placement>(chain.status());
+  if (!p.ok()) {
+    not_moved_ = absl::StrCat("; not moved: no decode worker can take the stream over (",
+                              p.status().message(), ")");
+    counter->WithLabels({reason, "no_worker"}).Increment();
+    return nullptr;
+  }
+  p->prefill_index = -1;  // the new worker computes the prompt and the streamed tokens itself
+  pdserve::internal::v1::ResumeState* resume = decode_.mutable_resume();
+  resume->mutable_token_ids()->Assign(streamed_.begin(), streamed_.end());
+  resume->set_text_offset(text_offset_);
+  decode_.set_block_hashes(ConcatBlockHashes(*chain));
+  decode_.clear_prefill_address();
+  const absl::Time now = absl::Now();
+  if (decode_.timeout_ms() > 0 && deadline_ != absl::InfiniteFuture()) {
+    decode_.set_timeout_ms(
+        static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline_ - now))));
+  }
+  ++migrations_;
+  moved_after_ = last_token_ != absl::InfinitePast() ? last_token_ : now;
+  LOG(WARNING) << "request_id=" << decode_.request_id() << ": decode worker "
+               << attempt_->placement.decode_index << " failed after " << streamed_.size()
+               << " tokens (" << why.message() << "); the stream moves to worker "
+               << p->decode_index << " (move " << migrations_ << " of at most "
+               << host_->max_migrations() << ")";
+  counter->WithLabels({reason, "moved"}).Increment();
+  return NewAttemptLocked(*std::move(p));
+}
+
 // The status to end the client stream with, once the worker call is done and no write is in
 // flight; nullopt otherwise (and after it was returned once).
 std::optional<absl::Status> RouterStream::MaybeFinishLocked() {
@@ -322,7 +406,7 @@ std::optional<absl::Status> RouterStream::MaybeFinishLocked() {
   }
   if (status_.code() == absl::StatusCode::kUnavailable) {
     final_status = absl::UnavailableError(
-        absl::StrCat("decode worker failed: ", status_.message(), " (retry)"));
+        absl::StrCat("decode worker failed: ", status_.message(), not_moved_, " (retry)"));
   }
   const RouterStreamMetrics& m = host_->stream_metrics();
   if (final_status.ok()) {

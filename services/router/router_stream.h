@@ -11,6 +11,13 @@
 // or was unreachable) is retried once on another placement: the request is the same (same
 // seed), so the output is what the first worker would have produced.
 //
+// One that fails with UNAVAILABLE after tokens reached the client (it died, or drained on
+// SIGTERM) hands the stream to another decode worker, up to --max_migrations times: the same
+// request with the tokens streamed so far as its ResumeState (docs/migration.md), which that
+// worker continues exactly as the first would have (same seed: draws depend on (seed, step);
+// text held back resumes at the streamed offset). The client sees one stream: no token twice
+// or missing, usage counted once (the last worker counts the resumed tokens).
+//
 // The gRPC front (GenerationService::Generate) drives it through a ServerWriteReactor; another
 // front (HTTP) gets one from GenerationService::NewStream with a sink of its own, so admission,
 // placement, relay, retry and metrics stay in one place. What the stream needs of the service
@@ -27,9 +34,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/hash/block_hash.h"
 #include "common/metrics/metrics.h"
 #include "pd/v1/generation.pb.h"
 #include "pd/v1/worker.grpc.pb.h"
@@ -47,6 +57,9 @@ struct RouterStreamMetrics {
   metrics::Family<metrics::Histogram>* e2e = nullptr;
   metrics::Family<metrics::Counter>* tokens = nullptr;  // {kind}
   metrics::Family<metrics::Counter>* retries = nullptr;
+  metrics::Family<metrics::Counter>* migrations = nullptr;  // {reason, result}
+  // The gap between the last token before a move and the first after it, as the client sees.
+  metrics::Family<metrics::Histogram>* migration_stall = nullptr;
 
   // Counts one public API call of `method` that ended with `code` (pd_router_requests_total).
   void CountRequest(absl::string_view method, absl::StatusCode code) const;
@@ -62,6 +75,12 @@ class RouterStreamHost {
   // Places the request again when its decode worker failed before the first token.
   virtual PlacementPolicy* policy() = 0;
   virtual const RouterStreamMetrics& stream_metrics() const = 0;
+  // How many times a stream may move to another decode worker (--max_migrations).
+  virtual int max_migrations() const = 0;
+  // The block-hash chain of `tokens` under `cache_salt` (as DecodeRequest.block_hashes): for a
+  // stream that moves, its prompt followed by the tokens it streamed.
+  virtual absl::StatusOr<std::vector<BlockHash>> BlockHashesOf(
+      const std::string& cache_salt, absl::Span<const uint32_t> tokens) = 0;
   // A stream's slots (of --max_inflight and of its tenant's --max_streams_per_tenant) are
   // free: called once per stream, before the client can see the stream end, so that a client
   // sending its requests one after another is never refused.
@@ -132,6 +151,7 @@ class RouterStream final : public StreamControl {
   void OnUpstreamRead(Attempt* a, bool ok);
   void OnUpstreamDone(Attempt* a, const absl::Status& status);
   Attempt* Retry(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Attempt* Migrate(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<absl::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RouterStreamHost* const host_;
@@ -158,6 +178,15 @@ class RouterStream final : public StreamControl {
   bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_by_client_ ABSL_GUARDED_BY(mu_) = false;
   int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  // What reached the client (the resume state of a move): every token, and the worker's text
+  // offset after the last message.
+  std::vector<uint32_t> streamed_ ABSL_GUARDED_BY(mu_);
+  uint64_t text_offset_ ABSL_GUARDED_BY(mu_) = 0;
+  int migrations_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set by a move: the next token's gap is the move's stall (until then InfinitePast).
+  absl::Time moved_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Why the stream could not move (budget spent, no worker): appended to its UNAVAILABLE.
+  std::string not_moved_ ABSL_GUARDED_BY(mu_);
   absl::Time first_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   pdserve::v1::Usage usage_ ABSL_GUARDED_BY(mu_);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -26,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "pd/v1/generation.grpc.pb.h"
 #include "pd/v1/worker.grpc.pb.h"
+#include "services/base/grpc_status.h"
 #include "services/router/generation_service.h"
 #include "services/router/placement.h"
 #include "services/router/router_config.h"
@@ -48,6 +50,7 @@ struct Script {
   std::vector<iv1::DecodeResponse> messages;
   grpc::Status status = grpc::Status::OK;
   bool wait_for_cancel = false;
+  absl::Duration pause;  // between the last message and the status
 };
 
 iv1::DecodeResponse Tokens(std::vector<uint32_t> ids) {
@@ -140,6 +143,13 @@ class ScriptedCall final : public grpc::ServerWriteReactor<iv1::DecodeResponse> 
     } else if (next_ < script_.messages.size()) {
       writing_ = true;
       StartWrite(&script_.messages[next_++]);
+    } else if (!script_.wait_for_cancel && script_.pause > absl::ZeroDuration()) {
+      std::thread([this] {  // the call lives until Finish: `this` stays valid
+        absl::SleepFor(script_.pause);
+        absl::MutexLock lock(&mu_);
+        FinishLocked(script_.status);
+      })
+          .detach();
     } else if (!script_.wait_for_cancel) {
       FinishLocked(script_.status);
     }
@@ -421,15 +431,81 @@ TEST_F(RouterStreamTest, WorkerUnavailableBeforeTheFirstTokenIsRetriedOnTheOther
   EXPECT_EQ(Counter("pd_router_requests_total{method=\"Generate\",code=\"OK\"}"), 1);
 }
 
-TEST_F(RouterStreamTest, WorkerUnavailableAfterRelayingEndsTheClientStreamForARetry) {
+iv1::DecodeResponse WithOffset(iv1::DecodeResponse r, uint64_t text_offset) {
+  r.set_text_offset(text_offset);
+  return r;
+}
+
+// Migration: the worker fails after 13 tokens reached the client; the other worker gets the
+// same request with those tokens and the last text offset as its resume state, block hashes
+// over prompt + streamed tokens, and no prefill worker; the client sees one stream.
+TEST_F(RouterStreamTest, WorkerUnavailableMidStreamMovesTheStreamToTheOtherWorker) {
+  scripts_.Add({{WithOffset(Tokens({5}), 3),
+                 WithOffset(Tokens({6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}), 40)},
+                grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker died")});
+  scripts_.Add({{Tokens({18}), Final({19})}});
+  const Outcome out = Generate();
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_THAT(AllTokens(out.messages),
+              ElementsAre(5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19));
+  EXPECT_EQ(out.messages.back().finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_GT(out.messages.back().timings().first_token_us(), 0u);  // the first worker's token
+  const std::vector<int> calls = scripts_.calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_NE(calls[0], calls[1]);
+  const std::vector<iv1::DecodeRequest> requests = scripts_.requests();
+  EXPECT_FALSE(requests[0].has_resume());
+  EXPECT_EQ(requests[1].request_id(), requests[0].request_id());
+  EXPECT_EQ(requests[1].sampling().seed(), requests[0].sampling().seed());
+  EXPECT_EQ(requests[1].token_ids_size(), 20);  // the prompt stays the prompt
+  EXPECT_THAT(requests[1].resume().token_ids(),
+              ElementsAre(5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17));
+  EXPECT_EQ(requests[1].resume().text_offset(), 40u);
+  EXPECT_EQ(requests[1].block_hashes().size(), 16u * 2);  // 33 tokens: two full blocks
+  EXPECT_EQ(requests[1].block_hashes().substr(0, 16), requests[0].block_hashes());
+  EXPECT_TRUE(requests[1].prefill_address().empty());
+  EXPECT_EQ(Counter("pd_router_migrations_total{reason=\"failure\",result=\"moved\"}"), 1);
+  EXPECT_EQ(Counter("pd_router_migration_stall_seconds_count"), 1);
+  EXPECT_EQ(Counter("pd_router_retries_total"), 0);
+  EXPECT_EQ(Counter("pd_router_requests_total{method=\"Generate\",code=\"OK\"}"), 1);
+  EXPECT_EQ(service_->inflight(), 0);
+}
+
+// A drain (the worker's UNAVAILABLE names it) moves the stream too, counted as a drain; the
+// stream can move again when its second worker goes as well (after the first is back).
+TEST_F(RouterStreamTest, DrainingWorkersHandStreamsOnTwice) {
+  scripts_.Add({{Tokens({5})},
+                grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                             absl::StrCat(services::kWorkerDrainingMessage, " (SIGTERM)"))});
+  // The second move needs a worker in the pool: the first is back after a health check (every
+  // 100 ms here) by the time the second fails.
+  scripts_.Add({{Tokens({6})},
+                grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker died"),
+                false,
+                absl::Seconds(1)});
+  scripts_.Add({{Final({7})}});
+  const Outcome out = Generate();
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_THAT(AllTokens(out.messages), ElementsAre(5, 6, 7));
+  const std::vector<iv1::DecodeRequest> requests = scripts_.requests();
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_THAT(requests[2].resume().token_ids(), ElementsAre(5, 6));
+  EXPECT_EQ(Counter("pd_router_migrations_total{reason=\"drain\",result=\"moved\"}"), 1);
+  EXPECT_EQ(Counter("pd_router_migrations_total{reason=\"failure\",result=\"moved\"}"), 1);
+}
+
+// With no worker left to take it, the stream ends UNAVAILABLE saying why it did not move.
+TEST_F(RouterStreamTest, NoWorkerLeftEndsTheStreamSayingSo) {
   scripts_.Add({{Tokens({5})}, grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker died")});
+  workers_[1]->Shutdown();  // the other worker is gone too
+  pool_->MarkFailed(1, absl::UnavailableError("test: gone"));
   const Outcome out = Generate();
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(out.status.error_message(), HasSubstr("worker died"));
+  EXPECT_THAT(out.status.error_message(), HasSubstr("no decode worker can take the stream"));
   EXPECT_THAT(out.status.error_message(), HasSubstr("(retry)"));
   EXPECT_THAT(AllTokens(out.messages), ElementsAre(5));
-  EXPECT_EQ(scripts_.calls().size(), 1u);  // nothing retried once the client saw a token
-  EXPECT_EQ(Counter("pd_router_retries_total"), 0);
+  EXPECT_EQ(Counter("pd_router_migrations_total{reason=\"failure\",result=\"no_worker\"}"), 1);
   EXPECT_EQ(Counter("pd_router_requests_total{method=\"Generate\",code=\"UNAVAILABLE\"}"), 1);
 }
 
@@ -536,11 +612,25 @@ class FakeHost final : public RouterStreamHost {
     metrics_.e2e = *registry_.AddHistogram("pd_host_e2e_seconds", "", {}, buckets);
     metrics_.tokens = *registry_.AddCounter("pd_host_tokens_total", "", {"kind"});
     metrics_.retries = *registry_.AddCounter("pd_host_retries_total", "", {});
+    metrics_.migrations =
+        *registry_.AddCounter("pd_host_migrations_total", "", {"reason", "result"});
+    metrics_.migration_stall =
+        *registry_.AddHistogram("pd_host_migration_stall_seconds", "", {}, buckets);
   }
 
   WorkerPool* workers() override { return pool_; }
   PlacementPolicy* policy() override { return policy_; }
   const RouterStreamMetrics& stream_metrics() const override { return metrics_; }
+  int max_migrations() const override { return 1; }
+  // A chain of its own: one hash per full block of 16, the block's first token as its value.
+  absl::StatusOr<std::vector<BlockHash>> BlockHashesOf(const std::string& /*cache_salt*/,
+                                                       absl::Span<const uint32_t> tokens) override {
+    std::vector<BlockHash> chain;
+    for (size_t i = 0; i + 16 <= tokens.size(); i += 16) {
+      chain.push_back(BlockHash{tokens[i], 0});
+    }
+    return chain;
+  }
   void ReleaseStream(const std::string& tenant) override {
     absl::MutexLock lock(&mu_);
     released_.push_back(tenant);
@@ -645,6 +735,30 @@ TEST_F(RouterStreamHostTest, RetryIsPlacedByTheHostsPolicy) {
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_THAT(scripts_.calls(), ElementsAre(0, 1));
   EXPECT_THAT(host.Metrics(), HasSubstr("pd_host_retries_total 1"));
+  EXPECT_THAT(host.released(), ElementsAre("t1"));
+}
+
+// The host's budget (one move here) bounds the moves; past it the stream ends UNAVAILABLE
+// naming the budget, with every token that was streamed delivered once.
+TEST_F(RouterStreamHostTest, MovesStopAtTheHostsBudget) {
+  scripts_.Add({{Tokens({5})}, grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker died")});
+  scripts_.Add({{Tokens({6})}, grpc::Status(grpc::StatusCode::UNAVAILABLE, "died again")});
+  FakeHost host(pool_.get(), policy_.get());
+  ReleaseCheckingSink sink(&host);
+  const absl::Status status = RunToEnd(&host, &sink, 0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(), HasSubstr("died again"));
+  EXPECT_THAT(status.message(), HasSubstr("--max_migrations"));
+  {
+    absl::MutexLock lock(&sink.mu_);
+    EXPECT_THAT(sink.tokens_, ElementsAre(5, 6));
+  }
+  EXPECT_THAT(scripts_.calls(), ElementsAre(0, 1));
+  EXPECT_THAT(scripts_.requests()[1].resume().token_ids(), ElementsAre(5));
+  EXPECT_THAT(host.Metrics(),
+              HasSubstr("pd_host_migrations_total{reason=\"failure\",result=\"moved\"} 1"));
+  EXPECT_THAT(host.Metrics(), HasSubstr("pd_host_migrations_total{reason=\"failure\","
+                                        "result=\"budget_spent\"} 1"));
   EXPECT_THAT(host.released(), ElementsAre("t1"));
 }
 

@@ -53,6 +53,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
     iv1::DecodeResponse msg;
     msg.mutable_token_ids()->Add(out.new_tokens.begin(), out.new_tokens.end());
     msg.set_text(utf8::ToValid(std::move(out.text)));
+    msg.set_text_offset(out.text_offset);
     msg.mutable_logprobs()->Reserve(static_cast<int>(out.logprobs.size()));
     for (const engine::TokenLogprob& lp : out.logprobs) {
       TokenLogprobToProto(lp, msg.add_logprobs());
@@ -133,6 +134,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<iv1::DecodeRespons
         current_.mutable_token_ids()->MergeFrom(next.token_ids());
         current_.mutable_text()->append(next.text());
         current_.mutable_logprobs()->MergeFrom(next.logprobs());
+        current_.set_text_offset(next.text_offset());
         if (next.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED) {
           current_.set_finish_reason(next.finish_reason());
           *current_.mutable_usage() = next.usage();
@@ -218,13 +220,21 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
   r.prompt.assign(request->token_ids().begin(), request->token_ids().end());
   r.sampling = *std::move(sampling);
   r.cache_salt = request->cache_salt();
+  r.resume.tokens.assign(request->resume().token_ids().begin(),
+                         request->resume().token_ids().end());
+  r.resume.text_offset = request->resume().text_offset();
   if (deadline != absl::InfiniteFuture()) {
     r.deadline = deadline;
   }
   r.on_output = [reactor](engine::GenerationOutput out) {
     reactor->OnEngineOutput(std::move(out));
   };
-  if (!request->prefill_address().empty() && ctx_->handoff != nullptr) {
+  // A resumed request's prompt is followed by its resumed tokens: prefilled here (the prefill
+  // worker would sample them again from step 0).
+  const bool resumed = request->resume().token_ids_size() > 0;
+  if (resumed) {
+    ctx_->metrics.prefills->WithLabels({"resumed"}).Increment();
+  } else if (!request->prefill_address().empty() && ctx_->handoff != nullptr) {
     RemotePrefill::Attach(ctx_, prefill_peers_.Get(request->prefill_address()),
                           std::make_shared<const iv1::DecodeRequest>(*request),
                           std::min(deadline, absl::Now() + ctx_->config.prefill_timeout), remote,

@@ -76,6 +76,10 @@ ABSL_FLAG(absl::Duration, prefill_timeout, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
           "testing: sleep after every engine step (slows generation down on purpose)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "SIGTERM drain bound");
+ABSL_FLAG(bool, drain_by_migration, true,
+          "on SIGTERM end in-flight generations at once so the router moves them to another "
+          "decode worker (docs/migration.md); false = let them run to their end, up to "
+          "--drain_timeout");
 // Security (docs/security.md).
 // --tls_* and --client_tls_*: services/base/tls_flags.h.
 ABSL_FLAG(std::string, cluster_token_file, "",
@@ -136,6 +140,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.tier_write_through = absl::GetFlag(FLAGS_tier_write_through);
   c.prefill_timeout = absl::GetFlag(FLAGS_prefill_timeout);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  c.drain_by_migration = absl::GetFlag(FLAGS_drain_by_migration);
   c.step_delay = absl::GetFlag(FLAGS_step_delay);
   c.tls = pd::services::ServerTlsFromFlags();
   c.peer_tls = pd::services::WorkerClientTlsFromFlags();

@@ -54,6 +54,11 @@ struct WorkerConfig {
   absl::Duration step_delay = absl::ZeroDuration();
   // How long SIGTERM waits for in-flight streams before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // SIGTERM ends every in-flight generation at once with UNAVAILABLE "worker draining", so the
+  // router moves each stream to another decode worker (docs/migration.md) and scale-down takes
+  // seconds; false = the streams run to their end (bounded by drain_timeout). Prefill jobs
+  // served for other workers finish either way.
+  bool drain_by_migration = true;
   // Security (docs/security.md): TLS of the internal gRPC server (--tls_cert, --tls_key;
   // --tls_ca = callers need a client certificate), TLS of calls to other workers
   // (--client_tls_*), and the cluster token file every internal call must carry; all unset =

@@ -36,10 +36,12 @@ absl::StatusOr<WorkerMetrics> WorkerMetrics::Register(metrics::Registry* r) {
   PD_ASSIGN_OR_RETURN(
       m.e2e, r->AddHistogram("pd_worker_e2e_seconds", "Decode worker: request received to finished",
                              {}, LatencyBuckets()));
-  PD_ASSIGN_OR_RETURN(m.prefills, r->AddCounter("pd_worker_prefills_total",
-                                                "Prefills of decode requests by where they ran "
-                                                "(local, remote, fallback = remote failed)",
-                                                {"where"}));
+  PD_ASSIGN_OR_RETURN(
+      m.prefills,
+      r->AddCounter("pd_worker_prefills_total",
+                    "Prefills of decode requests by where they ran "
+                    "(local, remote, fallback = remote failed, resumed = a migrated stream)",
+                    {"where"}));
   PD_ASSIGN_OR_RETURN(m.kv_transfer_bytes,
                       r->AddCounter("pd_worker_kv_transfer_bytes_total",
                                     "KV bytes moved by the prefill/decode handoff (in = received "

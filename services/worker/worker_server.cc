@@ -9,6 +9,7 @@
 #include "kernels/device_memory.h"
 #include "services/base/auth.h"
 #include "services/base/grpc_security.h"
+#include "services/base/grpc_status.h"
 #include "services/base/kv_layout_proto.h"
 #include "services/worker/tier_restore.h"
 
@@ -305,6 +306,14 @@ void WorkerServer::Drain(absl::Duration timeout) {
   }
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
+    if (ctx_.config.drain_by_migration && loop_ != nullptr) {
+      // Streams end now, with what was generated sent; the router resumes each elsewhere.
+      loop_->Post([](engine::Scheduler& s) {
+        s.Evacuate(absl::UnavailableError(
+            absl::StrCat(services::kWorkerDrainingMessage,
+                         " (SIGTERM): the router moves this stream to another decode worker")));
+      });
+    }
     server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
     server_->Wait();
     server_.reset();

@@ -173,9 +173,10 @@ TEST_F(ClusterE2eTest, KilledPrefillWorkerFallsBackToLocalPrefillWithTheSameOutp
   EXPECT_EQ(g.tokens, ref.Greedy(kPrompts[0], 16).first);
 }
 
+// With migration off (--max_migrations=0; on, the stream moves instead: migration_e2e_test).
 TEST_F(ClusterE2eTest, KilledDecodeWorkerFailsOnlyItsStreamsAndRejoinsAfterRestart) {
   // 5 ms per engine step: a 400-token stream takes > 2 s, long enough to be killed mid-way.
-  Cluster c(Dir(), 1, 2, "round_robin", {"--step_delay=5ms"});
+  Cluster c(Dir(), 1, 2, "round_robin", {"--step_delay=5ms"}, {"--max_migrations=0"});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
   // A long stream on each decode worker (round robin), then kill decode-0 (worker index 1).
   std::vector<Generated> results(2);

@@ -1,0 +1,242 @@
+// No stream lost (issue #32, docs/migration.md): a decode worker killed with SIGKILL, or drained
+// with SIGTERM, while 64 streams run; every stream completes, and its tokens, text and usage
+// are those of an undisturbed run of the same requests: greedy and seeded-sampled, with stop
+// strings holding text back, over gRPC and over the OpenAI API (SSE). Real processes: pd-router,
+// one prefill and two decode pd-workers, on loopback.
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/testing/subprocess.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/e2e/cluster_fixture.h"
+
+namespace pd {
+namespace {
+
+using ::pd::e2e::Cluster;
+using ::pd::e2e::Generated;
+using ::pd::e2e::Metric;
+
+constexpr int kGrpcStreams = 56;
+constexpr int kSseStreams = 8;  // 64 streams in all
+
+const char* const kPrompts[] = {"Once upon a time", "The cat sat on the mat and",
+                                "Lily and Ben went to the park. They saw a big",
+                                "One day, a little bird"};
+
+// Stream i: greedy or seeded-sampled (every other one), lengths spread so that one kill lands
+// at a different point of each, and a few stop strings that hold text back without matching.
+pdserve::v1::GenerateRequest GrpcRequest(int i, uint32_t max_tokens) {
+  pdserve::v1::GenerateRequest req;
+  req.set_text(kPrompts[i % 4]);
+  pdserve::v1::SamplingParams* s = req.mutable_sampling();
+  s->set_max_tokens(max_tokens + 7 * (i % 9));
+  s->set_ignore_eos(true);
+  if (i % 2 == 1) {
+    s->set_temperature(0.8f);
+    s->set_top_p(0.95f);
+    s->set_seed(1000 + i);
+  }
+  if (i % 3 == 0) {
+    s->add_stop("the dragon king");
+    s->add_stop("a big purple");
+  }
+  return req;
+}
+
+nlohmann::json SseRequest(int i, uint32_t max_tokens) {
+  nlohmann::json req = {{"model", "stories260K"},
+                        {"prompt", kPrompts[i % 4]},
+                        {"max_tokens", max_tokens + 11 * i},
+                        {"ignore_eos", true},
+                        {"stream", true},
+                        {"stream_options", {{"include_usage", true}}}};
+  if (i % 2 == 1) {
+    req["temperature"] = 0.7;
+    req["seed"] = 77 + i;
+  } else {
+    req["temperature"] = 0;
+  }
+  return req;
+}
+
+// One SSE completion read to its end: its text, finish reason and usage, or what went wrong.
+struct SseResult {
+  std::string text;
+  std::string finish_reason;
+  int completion_tokens = -1;
+  std::string error;
+  bool done = false;
+};
+
+SseResult StreamCompletion(int port, const nlohmann::json& req) {
+  httplib::Client http("127.0.0.1", port);
+  http.set_read_timeout(120, 0);
+  httplib::Result res = http.Post("/v1/completions", req.dump(), "application/json");
+  SseResult out;
+  if (!res || res->status != 200) {
+    out.error = res ? absl::StrCat("status ", res->status, ": ", res->body)
+                    : absl::StrCat("http error ", httplib::to_string(res.error()));
+    return out;
+  }
+  for (absl::string_view line : absl::StrSplit(res->body, '\n')) {
+    if (!absl::ConsumePrefix(&line, "data: ")) continue;
+    if (line == "[DONE]") {
+      out.done = true;
+      continue;
+    }
+    const nlohmann::json chunk = nlohmann::json::parse(line, nullptr, false);
+    if (!chunk.is_object()) {
+      out.error = absl::StrCat("bad chunk: ", line);
+      return out;
+    }
+    if (chunk.contains("error")) {
+      out.error = chunk["error"].dump();
+      return out;
+    }
+    if (chunk.contains("choices") && !chunk["choices"].empty()) {
+      const nlohmann::json& c = chunk["choices"][0];
+      out.text += c.value("text", "");
+      if (c.contains("finish_reason") && c["finish_reason"].is_string()) {
+        out.finish_reason = c["finish_reason"].get<std::string>();
+      }
+    }
+    if (chunk.contains("usage") && chunk["usage"].is_object()) {
+      out.completion_tokens = chunk["usage"].value("completion_tokens", -1);
+    }
+  }
+  if (!out.done) out.error = "stream ended without [DONE]";
+  return out;
+}
+
+// What a batch of 64 concurrent streams produced.
+struct Batch {
+  std::vector<Generated> grpc;
+  std::vector<SseResult> sse;
+};
+
+// Runs the 64 streams at once; `during` runs meanwhile (the fault), then every stream is read
+// to its end.
+Batch RunStreams(Cluster& c, uint32_t max_tokens, const std::function<void()>& during) {
+  Batch b;
+  b.grpc.resize(kGrpcStreams);
+  b.sse.resize(kSseStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kGrpcStreams; ++i) {
+    threads.emplace_back(
+        [&, i] { b.grpc[i] = c.Generate(GrpcRequest(i, max_tokens), absl::Seconds(120)); });
+  }
+  for (int i = 0; i < kSseStreams; ++i) {
+    threads.emplace_back(
+        [&, i] { b.sse[i] = StreamCompletion(c.http_port(), SseRequest(i, max_tokens)); });
+  }
+  during();
+  for (std::thread& t : threads) t.join();
+  return b;
+}
+
+// Every stream of `got` completed and equals its undisturbed twin in `want`.
+void ExpectSameStreams(const Batch& want, const Batch& got, const std::string& what) {
+  for (int i = 0; i < kGrpcStreams; ++i) {
+    const Generated& w = want.grpc[i];
+    const Generated& g = got.grpc[i];
+    ASSERT_TRUE(w.status.ok()) << what << " undisturbed stream " << i << ": "
+                               << w.status.error_message();
+    EXPECT_TRUE(g.status.ok()) << what << " stream " << i << ": " << g.status.error_message();
+    EXPECT_EQ(g.tokens, w.tokens) << what << " stream " << i;
+    EXPECT_EQ(g.text, w.text) << what << " stream " << i;
+    EXPECT_EQ(g.last.finish_reason(), w.last.finish_reason()) << what << " stream " << i;
+    EXPECT_EQ(g.last.usage().completion_tokens(), w.tokens.size()) << what << " stream " << i;
+    EXPECT_EQ(g.last.usage().prompt_tokens(), w.last.usage().prompt_tokens()) << what << i;
+  }
+  for (int i = 0; i < kSseStreams; ++i) {
+    const SseResult& w = want.sse[i];
+    const SseResult& g = got.sse[i];
+    ASSERT_TRUE(w.error.empty()) << what << " undisturbed SSE stream " << i << ": " << w.error;
+    EXPECT_TRUE(g.error.empty()) << what << " SSE stream " << i << ": " << g.error;
+    EXPECT_EQ(g.text, w.text) << what << " SSE stream " << i;
+    EXPECT_EQ(g.finish_reason, w.finish_reason) << what << " SSE stream " << i;
+    EXPECT_EQ(g.completion_tokens, w.completion_tokens) << what << " SSE stream " << i;
+  }
+}
+
+class MigrationE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-migration-");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_.emplace(*std::move(dir));
+  }
+  std::optional<pd::testing::TempDir> dir_;
+};
+
+TEST_F(MigrationE2eTest, KilledAndDrainedDecodeWorkersLoseNoStream) {
+  // 10 ms per engine step: a 200-token stream takes over 2 s, a 450-token one over 4.5 s.
+  // --drain_timeout=30s: a drain that waited for its streams would take seconds, not return
+  // at the fixture's 2 s bound.
+  Cluster c(dir_->path(), 1, 2, "round_robin",
+            {"--step_delay=10ms", "--kv_blocks=1024", "--drain_timeout=30s"},
+            {absl::StrCat("--http_address=127.0.0.1:", e2e::kHttpPort)});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(60))) << c.Logs();
+  const uint32_t seed = std::random_device{}();
+  std::cout << "fault times drawn with seed " << seed << "\n";
+  std::mt19937 rng(seed);
+
+  // SIGKILL: decode-0 (worker 1) dies at a random point while the streams run.
+  const Batch undisturbed = RunStreams(c, 200, [] {});
+  const absl::Duration kill_at = absl::Milliseconds(400 + rng() % 1200);
+  const Batch killed = RunStreams(c, 200, [&] {
+    absl::SleepFor(kill_at);
+    ASSERT_TRUE(c.workers()[1].process->Signal(SIGKILL).ok());
+  });
+  std::cout << "decode-0 killed " << kill_at << " after the streams started\n";
+  ExpectSameStreams(undisturbed, killed, "SIGKILL");
+  const std::string m = c.RouterMetrics();
+  const double moved = Metric(m, R"(pd_router_migrations_total{reason="failure",result="moved"})");
+  std::cout << "streams moved: " << moved << "\n";
+  EXPECT_GE(moved, 1) << m;
+  EXPECT_EQ(Metric(m, R"(pd_router_requests_total{method="Generate",code="UNAVAILABLE"})", 0), 0)
+      << m;
+
+  // SIGTERM: decode-0 back; decode-1 (worker 2) drains by handing its streams over, and exits
+  // within 5 s although its streams had seconds left to run.
+  c.RestartWorker(1);
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(60))) << c.Logs();
+  const Batch long_undisturbed = RunStreams(c, 450 - 7 * 8, [] {});
+  const absl::Duration term_at = absl::Milliseconds(800 + rng() % 800);
+  absl::Duration drain_took;
+  const Batch drained = RunStreams(c, 450 - 7 * 8, [&] {
+    absl::SleepFor(term_at);
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(c.workers()[2].process->Signal(SIGTERM).ok());
+    absl::StatusOr<pd::testing::ExitInfo> exit = c.workers()[2].process->Wait(absl::Seconds(20));
+    drain_took = absl::Now() - start;
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->Success()) << exit->ToString();
+  });
+  std::cout << "decode-1 drained in " << drain_took << " (SIGTERM " << term_at
+            << " after the streams started)\n";
+  EXPECT_LT(drain_took, absl::Seconds(5));
+  ExpectSameStreams(long_undisturbed, drained, "SIGTERM");
+  const std::string m2 = c.RouterMetrics();
+  EXPECT_GE(Metric(m2, R"(pd_router_migrations_total{reason="drain",result="moved"})"), 1) << m2;
+  EXPECT_GE(Metric(m2, "pd_router_migration_stall_seconds_count"), 2) << m2;
+}
+
+}  // namespace
+}  // namespace pd
