@@ -150,6 +150,9 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
     Dict d;
     d.Set(Value::String("role"), Value::String(m.role));
     d.Set(Value::String("content"), Value::String(m.content));
+    if (m.fields.is_dict()) {
+      for (const auto& [k, v] : m.fields.dict().items) d.Set(k, v);
+    }
     list.push_back(Value::MakeDict(std::move(d)));
   }
   Dict context;

@@ -25,9 +25,13 @@
 namespace pd::chat {
 
 // One chat message. `content` is text: callers flatten OpenAI-style content parts first.
+// `fields`, when a dict, adds keys to the message's dict as the template sees it, or replaces
+// role/content: tool_calls, tool_call_id and name of tool calling, and content None for an
+// assistant turn that only calls tools (as Hugging Face passes OpenAI messages).
 struct ChatMessage {
   std::string role;
   std::string content;
+  Value fields = Value();
 };
 
 struct ChatTemplateLimits {

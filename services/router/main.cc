@@ -38,6 +38,9 @@ ABSL_FLAG(
     "total time for an HTTP request's head, from its first byte (TLS: from accept); then 408");
 ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
           "total time for an HTTP request's body, from the end of its head; then 408");
+ABSL_FLAG(std::string, tool_call_format, "",
+          "how the model writes tool calls under tool_choice \"auto\": hermes, llama3 or "
+          "mistral; empty = detected from the chat template (docs/structured-outputs.md)");
 ABSL_FLAG(std::string, chat_template, "",
           "Jinja chat template file for /v1/chat/completions, replacing the model's "
           "(tokenizer_config.json chat_template); llama2.c models have none");
@@ -214,6 +217,14 @@ absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> HttpConfigFro
   c.limits.max_tokens_limit = router.limits.max_tokens_limit;
   c.limits.max_prompt_tokens = router.limits.max_prompt_tokens;
   c.limits.max_stop_strings = router.limits.max_stop_strings;
+  if (const std::string format = absl::GetFlag(FLAGS_tool_call_format); !format.empty()) {
+    absl::StatusOr<pd::router::openai::ToolCallFormat> f =
+        pd::router::openai::ParseToolCallFormat(format);
+    if (!f.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tool_call_format: ", f.status().message()));
+    }
+    c.tool_call_format = *f;
+  }
   PD_RETURN_IF_ERROR(c.Validate());
   if (absl::Status s = ChatTemplateLimitsFromFlags().Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--chat_template_max_*: ", s.message()));

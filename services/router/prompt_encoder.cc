@@ -106,13 +106,15 @@ absl::StatusOr<std::vector<uint32_t>> PromptEncoder::Encode(
 }
 
 absl::StatusOr<std::vector<uint32_t>> PromptEncoder::EncodeChat(
-    const std::vector<chat::ChatMessage>& messages, bool add_generation_prompt) const {
+    const std::vector<chat::ChatMessage>& messages, bool add_generation_prompt,
+    const chat::Value& extra_vars) const {
   if (chat_template_ == nullptr) {
     return absl::InvalidArgumentError(
         "this model has no chat template (no chat_template in its tokenizer_config.json): use "
         "/v1/completions, or start pd-router with --chat_template FILE");
   }
-  absl::StatusOr<std::string> text = chat_template_->Render(messages, add_generation_prompt);
+  absl::StatusOr<std::string> text =
+      chat_template_->Render(messages, add_generation_prompt, extra_vars);
   if (!text.ok()) {
     // Too many renders at once: the client may retry; any other failure is the request's.
     if (absl::IsUnavailable(text.status())) return text.status();

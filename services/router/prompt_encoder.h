@@ -46,9 +46,14 @@ class PromptEncoder {
   // itself (it has a bos_token). Errors: InvalidArgument "this model has no chat template ..."
   // without a template; Unavailable when too many renders run (the client may retry);
   // InvalidArgument "chat template: ..." when the render fails (also at a render limit); the
-  // tokenizer's for text it cannot encode.
+  // tokenizer's for text it cannot encode. `extra_vars` (a dict, or undefined) adds template
+  // variables, e.g. `tools` (ChatTemplate::Render).
   absl::StatusOr<std::vector<uint32_t>> EncodeChat(const std::vector<chat::ChatMessage>& messages,
-                                                   bool add_generation_prompt) const;
+                                                   bool add_generation_prompt,
+                                                   const chat::Value& extra_vars = {}) const;
+
+  // The chat template, or null when the model has none.
+  const chat::ChatTemplate* chat_template() const { return chat_template_.get(); }
 
  private:
   const engine::ModelFront* const model_;

@@ -55,7 +55,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontConfi
       registry->AddCounter("pd_router_http_requests_total",
                            "OpenAI HTTP API requests by path and HTTP status", {"path", "status"}));
   f->routes_ = std::make_unique<HttpRoutes>(service, model, config.limits, f->live_.get(),
-                                            &f->draining_, requests);
+                                            &f->draining_, requests, config.tool_call_format);
   HttpConnectionsConfig c;
   c.address = config.address;
   c.tls = config.tls;
@@ -70,7 +70,9 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontConfi
   f->routes_->Register(f->connections_->server());
   f->connections_->Start();
   LOG(INFO) << "http: OpenAI API on " << config.address.host << ":" << f->connections_->port()
-            << (config.tls.enabled() ? " (tls)" : " (plaintext)");
+            << (config.tls.enabled() ? " (tls)" : " (plaintext)") << "; tool calls read as "
+            << ToolCallFormatName(f->routes_->tool_call_format())
+            << (config.tool_call_format.has_value() ? " (--tool_call_format)" : " (detected)");
   return f;
 }
 

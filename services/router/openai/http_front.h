@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -34,6 +35,7 @@
 #include "services/base/grpc_security.h"
 #include "services/base/net_address.h"
 #include "services/router/openai/openai_request.h"
+#include "services/router/openai/tool_parser.h"
 
 namespace pd::router {
 class GenerationService;
@@ -64,6 +66,9 @@ struct HttpFrontConfig {
   // TLS of the HTTP API (the gRPC API's --tls_cert/--tls_key/--tls_ca); unset = plaintext.
   services::TlsServerConfig tls;
   ParseLimits limits;
+  // The tool-call format of tool_choice "auto" (--tool_call_format); unset = detected from the
+  // chat template (ChooseToolCallFormat in http_routes.h).
+  std::optional<ToolCallFormat> tool_call_format;
 
   absl::Status Validate() const;
 };

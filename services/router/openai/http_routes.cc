@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/router/generation_service.h"
 #include "services/router/openai/http_connections.h"
@@ -56,6 +57,35 @@ class DataSinkWriter final : public EventWriter {
  private:
   httplib::DataSink& sink_;
 };
+
+// The messages as the chat template sees them: role and content, plus the tool-calling keys
+// a message has (chat::ChatMessage::fields).
+absl::StatusOr<std::vector<chat::ChatMessage>> TemplateMessages(const OpenAiRequest& r) {
+  std::vector<chat::ChatMessage> messages;
+  messages.reserve(r.messages.size());
+  for (size_t i = 0; i < r.messages.size(); ++i) {
+    const ChatMessage& m = r.messages[i];
+    chat::ChatMessage out;
+    out.role = m.role;
+    out.content = m.content;
+    chat::Dict fields;
+    if (m.content_null) fields.Set(chat::Value::String("content"), chat::Value::None());
+    if (!m.tool_calls_json.empty()) {
+      absl::StatusOr<chat::Value> calls = chat::ParseJsonValue(m.tool_calls_json);
+      if (!calls.ok()) {
+        return WithParam(calls.status(), absl::StrCat("messages[", i, "].tool_calls"));
+      }
+      fields.Set(chat::Value::String("tool_calls"), *std::move(calls));
+    }
+    if (!m.tool_call_id.empty()) {
+      fields.Set(chat::Value::String("tool_call_id"), chat::Value::String(m.tool_call_id));
+    }
+    if (!m.name.empty()) fields.Set(chat::Value::String("name"), chat::Value::String(m.name));
+    if (!fields.items.empty()) out.fields = chat::Value::MakeDict(std::move(fields));
+    messages.push_back(std::move(out));
+  }
+  return messages;
+}
 
 }  // namespace
 
@@ -108,10 +138,19 @@ absl::StatusOr<v1::GenerateRequest> ToGenerateRequest(const OpenAiRequest& r,
     }
     return g;
   }
-  std::vector<chat::ChatMessage> messages;
-  messages.reserve(r.messages.size());
-  for (const ChatMessage& m : r.messages) messages.push_back({m.role, m.content});
-  absl::StatusOr<std::vector<uint32_t>> ids = prompts.EncodeChat(messages, r.add_generation_prompt);
+  PD_ASSIGN_OR_RETURN(std::vector<chat::ChatMessage> messages, TemplateMessages(r));
+  chat::Value extra_vars;
+  if (r.tools.offered()) {
+    // The template sees the tools as sent (Hugging Face's apply_chat_template(tools=...)); with
+    // tool_choice "none" it sees none, as vLLM does.
+    absl::StatusOr<chat::Value> tools = chat::ParseJsonValue(r.tools.tools_json);
+    if (!tools.ok()) return WithParam(tools.status(), "tools");
+    chat::Dict vars;
+    vars.Set(chat::Value::String("tools"), *std::move(tools));
+    extra_vars = chat::Value::MakeDict(std::move(vars));
+  }
+  absl::StatusOr<std::vector<uint32_t>> ids =
+      prompts.EncodeChat(messages, r.add_generation_prompt, extra_vars);
   if (!ids.ok()) {
     // Too many renders at once (503, retry) is no fault of a field.
     if (absl::IsUnavailable(ids.status())) return ids.status();
@@ -121,15 +160,24 @@ absl::StatusOr<v1::GenerateRequest> ToGenerateRequest(const OpenAiRequest& r,
   return g;
 }
 
+ToolCallFormat ChooseToolCallFormat(std::optional<ToolCallFormat> forced,
+                                    const chat::ChatTemplate* chat_template) {
+  if (forced.has_value()) return *forced;
+  return DetectToolCallFormat(chat_template != nullptr ? chat_template->source() : "");
+}
+
 HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* model,
                        ParseLimits limits, LiveStreams* live, const std::atomic<bool>* draining,
-                       metrics::Family<metrics::Counter>* requests)
+                       metrics::Family<metrics::Counter>* requests,
+                       std::optional<ToolCallFormat> tool_call_format)
     : service_(service),
       model_(model),
       limits_(limits),
       live_(live),
       draining_(draining),
-      requests_(requests) {}
+      requests_(requests),
+      tool_call_format_(
+          ChooseToolCallFormat(tool_call_format, service->prompts().chat_template())) {}
 
 absl::Status HttpRoutes::Admit() const {
   if (*draining_) {
@@ -257,7 +305,7 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     };
   }
   st->SetBuilder(ResponseBuilder(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(),
-                                 std::move(echo), std::move(token_bytes)));
+                                 std::move(echo), std::move(token_bytes), tool_call_format_));
   if (!r.stream) {
     absl::StatusOr<std::string> body = st->ReadBody(first);
     if (!body.ok()) {

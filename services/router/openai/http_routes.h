@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -16,6 +17,7 @@
 #include "pd/v1/generation.pb.h"
 #include "services/router/openai/openai_request.h"
 #include "services/router/openai/openai_response.h"
+#include "services/router/openai/tool_parser.h"
 #include "services/router/prompt_encoder.h"
 
 namespace httplib {
@@ -49,16 +51,25 @@ absl::StatusOr<pdserve::v1::GenerateRequest> ToGenerateRequest(const OpenAiReque
                                                                const engine::Tokenizer& tokenizer,
                                                                std::string* echo);
 
+// The tool-call format of "auto" tool choices: `forced` (--tool_call_format) when set, else
+// DetectToolCallFormat of the chat template's text (kHermes without a template).
+ToolCallFormat ChooseToolCallFormat(std::optional<ToolCallFormat> forced,
+                                    const chat::ChatTemplate* chat_template);
+
 class HttpRoutes {
  public:
   // Everything passed must outlive the routes. `draining`: new requests get 503 while true.
-  // `requests`: pd_router_http_requests_total {path, status}.
+  // `requests`: pd_router_http_requests_total {path, status}. `tool_call_format`: see
+  // ChooseToolCallFormat.
   HttpRoutes(GenerationService* service, const engine::ModelFront* model, ParseLimits limits,
              LiveStreams* live, const std::atomic<bool>* draining,
-             metrics::Family<metrics::Counter>* requests);
+             metrics::Family<metrics::Counter>* requests,
+             std::optional<ToolCallFormat> tool_call_format = std::nullopt);
 
   // Adds the routes, the error handler and the request counter to `server`.
   void Register(httplib::Server& server);
+
+  ToolCallFormat tool_call_format() const { return tool_call_format_; }
 
  private:
   void HandleHealth(httplib::Response& res);
@@ -73,6 +84,7 @@ class HttpRoutes {
   LiveStreams* const live_;
   const std::atomic<bool>* const draining_;
   metrics::Family<metrics::Counter>* const requests_;
+  const ToolCallFormat tool_call_format_;
 };
 
 }  // namespace pd::router::openai

@@ -133,6 +133,44 @@ TEST_F(ToGenerateRequestTest, ChatBecomesTheEncodersTokens) {
   EXPECT_TRUE(echo.empty());
 }
 
+// Tools and the tool-calling history reach the template as Hugging Face passes them: `tools`
+// (unless tool_choice is "none"), an assistant's tool_calls with arguments as an object and
+// content None, a tool message's tool_call_id.
+TEST_F(ToGenerateRequestTest, ChatToolsAndHistoryReachTheTemplate) {
+  absl::StatusOr<chat::ChatTemplate> t = chat::ChatTemplate::Create(
+      "{% if tools %}TOOLS{% for t in tools %} {{ t.function.name }}{% endfor %}; {% endif %}"
+      "{% for m in messages %}{{ m.role }}:{% if m.content is none %} none{% else %} "
+      "{{ m.content }}{% endif %}{% if m.tool_calls %} call {{ m.tool_calls[0].function.name }}("
+      "{{ m.tool_calls[0].function.arguments.city }}){% endif %}{% if m.tool_call_id %} id "
+      "{{ m.tool_call_id }}{% endif %}; {% endfor %}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  PromptEncoder prompts(model_.get(), std::make_unique<chat::ChatTemplate>(*std::move(t)));
+  const std::string history =
+      R"({"model":"m","messages":[{"role":"user","content":"hi"},)"
+      R"({"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",)"
+      R"("function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},)"
+      R"({"role":"tool","tool_call_id":"call_1","content":"sunny"}],)"
+      R"("tools":[{"type":"function","function":{"name":"get_weather"}}])";
+  auto render = [&](const std::string& body) {
+    std::string echo;
+    absl::StatusOr<v1::GenerateRequest> g =
+        ToGenerateRequest(Parse(Endpoint::kChat, body), prompts, model_->tokenizer(), &echo);
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return std::string();
+    std::vector<uint32_t> ids(g->token_ids().ids().begin(), g->token_ids().ids().end());
+    absl::StatusOr<std::string> text = model_->tokenizer().Decode(ids);
+    EXPECT_TRUE(text.ok());
+    return text.ok() ? *text : std::string();
+  };
+  const std::string offered = render(history + "}");
+  EXPECT_THAT(offered, HasSubstr("TOOLS get_weather; user: hi; assistant: none call "
+                                 "get_weather(Paris); tool: sunny id call_1; "));
+  const std::string none = render(history + R"(,"tool_choice":"none"})");
+  EXPECT_THAT(none, ::testing::Not(HasSubstr("TOOLS")));
+  EXPECT_THAT(none, HasSubstr("assistant: none call get_weather(Paris)"));
+}
+
 TEST_F(ToGenerateRequestTest, ChatErrorsNameMessagesButBusyNamesNothing) {
   const OpenAiRequest r =
       Parse(Endpoint::kChat, R"({"model":"m","messages":[{"role":"user","content":"Hi"}]})");

@@ -227,10 +227,16 @@ absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiReque
     }
     std::string role = role_it->get<std::string>();
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant") {
+    if (role == "function") {
+      return Bad(absl::StrCat(param, ".role"),
+                 "role 'function' (the legacy functions API) is not implemented yet; use tool "
+                 "messages");
+    }
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
       return Bad(absl::StrCat(param, ".role"),
                  absl::StrCat("role '", role_it->get<std::string>(),
-                              "' is not supported; use system, developer, user or assistant"));
+                              "' is not supported; use system, developer, user, assistant or "
+                              "tool"));
     }
     ChatMessage msg;
     msg.role = role;
@@ -241,11 +247,24 @@ absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiReque
       if (key == "content") {
         PD_ASSIGN_OR_RETURN(std::string content, ParseContent(field, value, role));
         msg.content = std::move(content);
+        msg.content_null = value.is_null();
         has_content = true;
       } else if (key == "name") {
         if (!value.is_string() && !value.is_null()) return WrongType(field, "a string", value);
-      } else if (key == "tool_calls" || key == "function_call" || key == "tool_call_id" ||
-                 key == "audio" || key == "refusal") {
+        if (value.is_string()) msg.name = value.get<std::string>();
+      } else if (key == "tool_calls") {
+        if (value.is_null()) continue;
+        if (role != "assistant") return Bad(field, "only assistant messages carry tool calls");
+        PD_ASSIGN_OR_RETURN(msg.tool_calls_json, ParseHistoryToolCalls(field, value));
+      } else if (key == "tool_call_id") {
+        if (value.is_null()) continue;
+        if (role != "tool") return Bad(field, "only tool messages answer a tool call");
+        PD_ASSIGN_OR_RETURN(msg.tool_call_id, GetString(field, value));
+      } else if (key == "function_call") {
+        if (!value.is_null()) {
+          return Bad(field, "the legacy functions API is not implemented yet; use tool_calls");
+        }
+      } else if (key == "audio" || key == "refusal") {
         if (!value.is_null()) return Bad(field, "is not supported by this server");
       } else {
         return Bad(field, "unrecognized field");
@@ -254,6 +273,7 @@ absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiReque
     if (!has_content && role != "assistant") {
       return Bad(absl::StrCat(param, ".content"), "is required");
     }
+    if (!has_content) msg.content_null = true;
     r->messages.push_back(std::move(msg));
   }
   return absl::OkStatus();
@@ -275,17 +295,14 @@ absl::Status CheckUnsupported(const std::string& key, const json& v) {
     if (v.is_object() && v.empty()) return absl::OkStatus();
     return Bad(key, "is not supported by this server");
   }
-  if (key == "tool_choice") {
+  // Chat reads the tool fields (tool_request.h); completions have no tools.
+  if (key == "tool_choice" || key == "function_call") {
     if (v == "none") return absl::OkStatus();
-    return Bad(key, "tools are not supported by this server");
+    return Bad(key, "tools are only supported on /v1/chat/completions");
   }
   if (key == "tools" || key == "functions") {
     if (v.is_array() && v.empty()) return absl::OkStatus();
-    return Bad(key, "tools are not supported by this server");
-  }
-  if (key == "function_call") {
-    if (v == "none") return absl::OkStatus();
-    return Bad(key, "tools are not supported by this server");
+    return Bad(key, "tools are only supported on /v1/chat/completions");
   }
   if (key == "suffix") {
     if (v.is_string() && v.get<std::string>().empty()) return absl::OkStatus();
@@ -440,6 +457,13 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
   return absl::OkStatus();
 }
 
+// Tool calling (tool_request.h), chat only; read from the order-keeping parse (a function's
+// parameters schema fixes the order of the arguments' keys).
+bool IsToolKey(const std::string& key) {
+  return key == "tools" || key == "tool_choice" || key == "parallel_tool_calls" ||
+         key == "functions" || key == "function_call";
+}
+
 bool IsKnownUnsupported(const std::string& key) {
   static const char* const kKeys[] = {"presence_penalty",
                                       "frequency_penalty",
@@ -550,6 +574,7 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
   std::optional<int64_t> max_tokens;
   std::optional<int64_t> max_completion_tokens;
   bool has_constraint_keys = false;
+  bool has_tool_keys = false;
   for (const auto& [key, v] : doc.items()) {
     // Explicit nulls mean "not set" (some clients send every field).
     if (v.is_null() && key != "model" && key != "messages" && key != "prompt") continue;
@@ -635,6 +660,8 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
       r.cache_salt = std::move(salt);
     } else if (IsConstraintKey(key)) {
       has_constraint_keys = true;  // read below, from the order-keeping parse
+    } else if (chat && IsToolKey(key)) {
+      has_tool_keys = true;  // read below, from the order-keeping parse
     } else if (IsKnownUnsupported(key)) {
       PD_RETURN_IF_ERROR(CheckUnsupported(key, v));
     } else {
@@ -642,10 +669,21 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
                                    chat ? "chat/completions" : "completions"));
     }
   }
-  if (has_constraint_keys) {
+  if (has_constraint_keys || has_tool_keys) {
     const ordered_json ordered =
         ordered_json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-    PD_RETURN_IF_ERROR(ParseConstraint(ordered, &s));
+    if (has_constraint_keys) PD_RETURN_IF_ERROR(ParseConstraint(ordered, &s));
+    if (has_tool_keys) {
+      PD_ASSIGN_OR_RETURN(r.tools, ParseTools(ordered));
+      if (r.tools.enforced()) {
+        if (s.has_constraint()) {
+          return Bad("tool_choice",
+                     "an enforced tool choice (\"required\" or a named function) cannot be "
+                     "combined with response_format or guided_* (one constraint per request)");
+        }
+        s.mutable_constraint()->set_json_schema(EnforcedCallSchema(r.tools));
+      }
+    }
     if (s.has_constraint() && (s.min_tokens() > 0 || s.ignore_eos())) {
       return Bad(s.min_tokens() > 0 ? "min_tokens" : "ignore_eos",
                  "cannot be combined with structured output (the constraint decides where the "

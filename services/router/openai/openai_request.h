@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "pd/v1/generation.pb.h"
+#include "services/router/openai/tool_request.h"
 
 namespace pd::router::openai {
 
@@ -27,10 +28,19 @@ enum class Endpoint { kCompletions, kChat };
 absl::string_view EndpointName(Endpoint endpoint);
 
 // One chat message with its content flattened to text (text parts concatenated in order).
-// Roles: "system" (also for OpenAI's "developer"), "user", "assistant".
+// Roles: "system" (also for OpenAI's "developer"), "user", "assistant", "tool".
 struct ChatMessage {
   std::string role;
   std::string content;
+  // An assistant message whose content was null or absent (it carries tool calls): the chat
+  // template sees `content` as None, as Hugging Face passes it.
+  bool content_null = false;
+  // Assistant: its tool calls (ParseHistoryToolCalls: a JSON array as text); "" for none.
+  std::string tool_calls_json;
+  // Tool: the call this message answers. "" when not given.
+  std::string tool_call_id;
+  // The optional `name` of the message ("" when absent).
+  std::string name;
 };
 
 struct ParseLimits {
@@ -65,12 +75,15 @@ struct OpenAiRequest {
   // Logprobs of the generated tokens: -1 = not asked; else how many alternatives per token
   // (completions: `logprobs: N`; chat: `logprobs: true` with `top_logprobs: N`).
   int32_t logprobs = -1;
+  // kChat: `tools`, `tool_choice`, `parallel_tool_calls`. An enforced choice has set
+  // sampling.constraint to EnforcedCallSchema.
+  ToolsSpec tools;
 };
 
 // Parses and checks `body` (a JSON object). InvalidArgument naming the field for malformed JSON,
 // wrong types, out-of-range values, unknown fields, and fields this server cannot honour (n > 1,
-// best_of > 1, echo with logprobs, suffix, tools, penalties, logit_bias, non-text content parts,
-// response formats other than text).
+// best_of > 1, echo with logprobs, suffix, tools on /v1/completions, an enforced tool_choice
+// with another constraint, penalties, logit_bias, non-text content parts).
 absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view body,
                                            const ParseLimits& limits);
 

@@ -187,8 +187,8 @@ TEST(OpenAiRequestTest, UnknownAndUnsupportedFieldsAreRefusedByName) {
   ExpectBad(Completions(R"({"model":"m","prompt":"x","logit_bias":{"5":1}})"), "logit_bias",
             "not supported");
   ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
-                    "tools":[{"type":"function"}]})"),
-            "tools", "not supported");
+                    "tools":[{"type":"retrieval"}]})"),
+            "tools[0].type", "not supported");
   ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
                     "response_format":{"type":"xml"}})"),
             "response_format.type", "json_schema");
@@ -272,8 +272,8 @@ TEST(OpenAiRequestTest, ChatMessages) {
 TEST(OpenAiRequestTest, ChatErrorsNameTheMessage) {
   ExpectBad(Chat(R"({"model":"m","messages":[]})"), "messages", "empty");
   ExpectBad(Chat(R"({"model":"m"})"), "messages", "required");
-  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"tool","content":"x"}]})"), "messages[0].role",
-            "not supported");
+  ExpectBad(Chat(R"({"model":"m","messages":[{"role":"critic","content":"x"}]})"),
+            "messages[0].role", "not supported");
   ExpectBad(Chat(R"({"model":"m","messages":[{"content":"x"}]})"), "messages[0].role", "required");
   ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user"}]})"), "messages[0].content",
             "required");

@@ -186,8 +186,8 @@ absl::string_view FinishReasonName(pdserve::v1::FinishReason reason) {
 }
 
 ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, int64_t created,
-                                 std::string model, std::string echo_text,
-                                 TokenBytesFn token_bytes)
+                                 std::string model, std::string echo_text, TokenBytesFn token_bytes,
+                                 ToolCallFormat tool_format)
     : endpoint_(request.endpoint),
       include_usage_(request.include_usage),
       id_(std::move(id)),
@@ -196,8 +196,40 @@ ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, i
       echo_text_(std::move(echo_text)),
       logprobs_(request.logprobs),
       token_bytes_(std::move(token_bytes)),
-      text_offset_(CodePoints(echo_text_)) {}
+      text_offset_(CodePoints(echo_text_)) {
+  const ToolsSpec& tools = request.tools;
+  if (endpoint_ != Endpoint::kChat || !tools.offered()) return;
+  if (tools.enforced()) {
+    tools_.emplace(ToolCallParser::Mode::kEnforced, tool_format, tools.CallableNames());
+  } else if (!request.sampling.has_constraint()) {
+    // "auto" under a response format: the format decides the output; nothing is parsed.
+    tools_.emplace(ToolCallParser::Mode::kAuto, tool_format, tools.CallableNames());
+  }
+}
 
+void ResponseBuilder::Collect(std::vector<ToolCallEvent> events) {
+  for (ToolCallEvent& e : events) {
+    switch (e.kind) {
+      case ToolCallEvent::Kind::kContent:
+        text_ += e.text;
+        break;
+      case ToolCallEvent::Kind::kCallStart:
+        calls_.push_back({std::move(e.id), std::move(e.name), ""});
+        break;
+      case ToolCallEvent::Kind::kArguments:
+        if (e.index >= 0 && static_cast<size_t>(e.index) < calls_.size()) {
+          calls_[e.index].arguments += e.text;
+        }
+        break;
+    }
+  }
+}
+
+std::string ResponseBuilder::FinishReason() const {
+  const bool called = tools_.has_value() && tools_->num_calls() > 0;
+  if (called && finish_reason_ != pdserve::v1::FINISH_REASON_LENGTH) return "tool_calls";
+  return std::string(FinishReasonName(finish_reason_));
+}
 
 std::string ResponseBuilder::UsageJson() const {
   json u;
@@ -249,13 +281,43 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
   }
   // Tokens whose text is held back still get their logprobs now, in a chunk with no text.
   const bool logprobs = wants_logprobs() && msg.logprobs_size() > 0;
-  if (!msg.text().empty() || logprobs) {
+  const bool last = msg.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED;
+  if (tools_.has_value()) {
+    std::vector<ToolCallEvent> events = tools_->Feed(msg.text());
+    if (last) {
+      for (ToolCallEvent& e : tools_->Finish()) events.push_back(std::move(e));
+    }
+    json lp = logprobs ? RenderLogprobs(endpoint_, token_bytes_, msg.token_ids(), msg.logprobs(),
+                                        &prev_token_, &text_offset_)
+                       : json(nullptr);
+    if (events.empty() && logprobs) out += Event(Chunk(text_choice("", std::move(lp)), true));
+    for (ToolCallEvent& e : events) {
+      if (e.kind == ToolCallEvent::Kind::kContent) {
+        out += Event(Chunk(text_choice(e.text, std::exchange(lp, json(nullptr))), true));
+        continue;
+      }
+      json call = {{"index", e.index}};
+      if (e.kind == ToolCallEvent::Kind::kCallStart) {
+        call["id"] = e.id;
+        call["type"] = "function";
+        call["function"] = {{"name", e.name}, {"arguments", ""}};
+      } else {
+        call["function"] = {{"arguments", e.text}};
+      }
+      json c;
+      c["index"] = 0;
+      c["delta"] = {{"tool_calls", json::array({std::move(call)})}};
+      c["logprobs"] = std::exchange(lp, json(nullptr));
+      c["finish_reason"] = nullptr;
+      out += Event(Chunk(Dump(c), true));
+    }
+  } else if (!msg.text().empty() || logprobs) {
     json lp = logprobs ? RenderLogprobs(endpoint_, token_bytes_, msg.token_ids(), msg.logprobs(),
                                         &prev_token_, &text_offset_)
                        : json(nullptr);
     out += Event(Chunk(text_choice(msg.text(), std::move(lp)), true));
   }
-  if (msg.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED) {
+  if (last) {
     finish_reason_ = msg.finish_reason();
     usage_ = msg.usage();
     json c;
@@ -266,7 +328,7 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
       c["text"] = "";
     }
     c["logprobs"] = nullptr;
-    c["finish_reason"] = FinishReasonName(finish_reason_);
+    c["finish_reason"] = FinishReason();
     out += Event(Chunk(Dump(c), true));
     if (include_usage_) {
       out += Event(absl::StrCat("{\"id\":", Dump(id_), ",\"object\":\"",
@@ -283,7 +345,12 @@ std::string ResponseBuilder::DoneEvent() { return "data: [DONE]\n\n"; }
 std::string ResponseBuilder::ErrorEvent(const ApiError& error) { return Event(ErrorBody(error)); }
 
 void ResponseBuilder::Add(const pdserve::v1::GenerateResponse& msg) {
-  text_ += msg.text();
+  if (tools_.has_value()) {
+    Collect(tools_->Feed(msg.text()));
+    if (msg.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED) Collect(tools_->Finish());
+  } else {
+    text_ += msg.text();
+  }
   if (wants_logprobs()) {
     // Paired by position; a message whose entries do not match its tokens contributes only the
     // pairs it has (RenderLogprobs), so later tokens still meet their own entries.
@@ -305,6 +372,17 @@ std::string ResponseBuilder::Body() const {
   c["index"] = 0;
   if (chat) {
     c["message"] = {{"role", "assistant"}, {"content", text_}};
+    if (!calls_.empty()) {
+      // As OpenAI: content is null unless the model wrote text before its calls.
+      if (text_.empty()) c["message"]["content"] = nullptr;
+      json calls = json::array();
+      for (const Call& call : calls_) {
+        calls.push_back({{"id", call.id},
+                         {"type", "function"},
+                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      c["message"]["tool_calls"] = std::move(calls);
+    }
   } else {
     c["text"] = echo_text_ + text_;
   }
@@ -316,7 +394,7 @@ std::string ResponseBuilder::Body() const {
   } else {
     c["logprobs"] = nullptr;
   }
-  c["finish_reason"] = FinishReasonName(finish_reason_);
+  c["finish_reason"] = FinishReason();
   return absl::StrCat("{\"id\":", Dump(id_), ",\"object\":\"",
                       chat ? "chat.completion" : "text_completion", "\",\"created\":", created_,
                       ",\"model\":", Dump(model_), ",\"choices\":[", Dump(c),

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "pd/v1/generation.pb.h"
 #include "services/router/openai/openai_request.h"
+#include "services/router/openai/tool_parser.h"
 
 namespace pd::router::openai {
 
@@ -65,8 +67,17 @@ class ResponseBuilder {
   //    start in the choice's text in characters (code points), echoed prompt included.
   // A streamed chunk carries the entries of the tokens that arrived with it, so a chunk may
   // have logprobs and no text (bytes held back until a character completes).
+  //
+  // Tool calls (chat with request.tools offered; tool_parser.h): an enforced tool choice reads
+  // the output as the call; "auto" (without another constraint) parses it in `tool_format`.
+  // Calls become message.tool_calls [{id, type "function", function {name, arguments}}] with
+  // content null when no text came before them, and the finish reason "tool_calls" when the
+  // output ended normally. A stream sends them as delta.tool_calls, as OpenAI does: a call's
+  // first chunk carries index, id, type, function.name and function.arguments "", later chunks
+  // index and the next piece of function.arguments.
   ResponseBuilder(const OpenAiRequest& request, std::string id, int64_t created, std::string model,
-                  std::string echo_text, TokenBytesFn token_bytes = nullptr);
+                  std::string echo_text, TokenBytesFn token_bytes = nullptr,
+                  ToolCallFormat tool_format = ToolCallFormat::kHermes);
 
   // Stream: the chunks ("data: {...}\n\n" events) that relay `msg`, in order. The first call
   // also emits the chat stream's role chunk (or the echoed prompt); the message carrying the
@@ -88,6 +99,16 @@ class ResponseBuilder {
   std::string Chunk(const std::string& choice_json, bool with_usage_null) const;
   std::string UsageJson() const;
   bool wants_logprobs() const { return logprobs_ >= 0; }
+  // Non-streaming: takes the parser's events into text_ and calls_.
+  void Collect(std::vector<ToolCallEvent> events);
+  // The choice's finish_reason: "tool_calls" when calls were made and the output ended normally.
+  std::string FinishReason() const;
+
+  struct Call {
+    std::string id;
+    std::string name;
+    std::string arguments;
+  };
 
   const Endpoint endpoint_;
   const bool include_usage_;
@@ -106,6 +127,10 @@ class ResponseBuilder {
   std::string text_;
   pdserve::v1::FinishReason finish_reason_ = pdserve::v1::FINISH_REASON_UNSPECIFIED;
   pdserve::v1::Usage usage_;
+  // Tool calls: the output's parser (none when no tools are offered or a response format
+  // constrains the output), and the calls made (non-streaming).
+  std::optional<ToolCallParser> tools_;
+  std::vector<Call> calls_;
 };
 
 }  // namespace pd::router::openai

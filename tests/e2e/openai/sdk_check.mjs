@@ -97,8 +97,10 @@ await expectStatus('error.unknown_model', 404, 'model', () =>
 await expectStatus('error.n', 400, 'n', () => client.completions.create({ ...greedy, n: 2 }));
 await expectStatus('error.max_tokens', 400, 'max_tokens', () =>
   client.completions.create({ ...greedy, max_tokens: 10_000_000 }));
-await expectStatus('error.tools', 400, 'tools', () => client.chat.completions.create({
-  model, messages, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }));
+await expectStatus('error.tool_choice', 400, 'tool_choice.function.name', () =>
+  client.chat.completions.create({
+    model, messages, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }],
+    tool_choice: { type: 'function', function: { name: 'g' } } }));
 const stranger = new OpenAI({ baseURL, apiKey: 'not-a-key-of-this-cluster', maxRetries: 0 });
 await expectStatus('error.api_key', 401, undefined, () => stranger.completions.create(greedy));
 

@@ -1,0 +1,410 @@
+#include "services/router/openai/tool_parser.h"
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace pd::router::openai {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr absl::string_view kHermesOpen = "<tool_call>";
+constexpr absl::string_view kHermesClose = "</tool_call>";
+constexpr absl::string_view kMistralMarker = "[TOOL_CALLS]";
+constexpr absl::string_view kLlamaMarker = "<|python_tag|>";
+
+bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+absl::string_view SkipSpace(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size() && IsSpace(s[i])) ++i;
+  return s.substr(i);
+}
+
+// The length of the longest suffix of `text` that is a proper prefix of `marker`: text that may
+// still turn into the marker when more arrives.
+size_t MarkerPrefixSuffix(absl::string_view text, absl::string_view marker) {
+  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
+    if (absl::EndsWith(text, marker.substr(0, n))) return n;
+  }
+  return 0;
+}
+
+std::string Dump(const ordered_json& j) {
+  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+// Matches the head of an enforced call, `{"name": "<name>", "arguments":` (whitespace allowed
+// where JSON allows it), at the start of `s`.
+enum class Head { kNeedMore, kMismatch, kMatched };
+Head MatchHead(absl::string_view s, std::string* name, size_t* end) {
+  size_t i = 0;
+  auto space = [&] {
+    while (i < s.size() && IsSpace(s[i])) ++i;
+  };
+  auto literal = [&](absl::string_view lit) {
+    const size_t n = std::min(lit.size(), s.size() - i);
+    if (s.substr(i, n) != lit.substr(0, n)) return Head::kMismatch;
+    i += n;
+    return n == lit.size() ? Head::kMatched : Head::kNeedMore;
+  };
+  for (absl::string_view lit : {"{", "\"name\"", ":"}) {
+    space();
+    if (Head h = literal(lit); h != Head::kMatched) return h;
+  }
+  space();
+  if (i == s.size()) return Head::kNeedMore;
+  if (s[i] != '"') return Head::kMismatch;
+  // The name's string literal: its end is the first quote not escaped.
+  size_t j = i + 1;
+  bool escape = false;
+  for (; j < s.size(); ++j) {
+    if (escape) {
+      escape = false;
+    } else if (s[j] == '\\') {
+      escape = true;
+    } else if (s[j] == '"') {
+      break;
+    }
+  }
+  if (j == s.size()) return Head::kNeedMore;
+  const ordered_json parsed = ordered_json::parse(s.substr(i, j + 1 - i), nullptr, false);
+  if (!parsed.is_string()) return Head::kMismatch;
+  *name = parsed.get<std::string>();
+  i = j + 1;
+  for (absl::string_view lit : {",", "\"arguments\"", ":"}) {
+    space();
+    if (Head h = literal(lit); h != Head::kMatched) return h;
+  }
+  space();
+  if (i == s.size()) return Head::kNeedMore;  // the value's first byte decides its kind
+  *end = i;
+  return Head::kMatched;
+}
+
+}  // namespace
+
+absl::string_view ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlama3:
+      return "llama3";
+    case ToolCallFormat::kMistral:
+      return "mistral";
+  }
+  return "hermes";
+}
+
+absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name) {
+  for (ToolCallFormat f :
+       {ToolCallFormat::kHermes, ToolCallFormat::kLlama3, ToolCallFormat::kMistral}) {
+    if (name == ToolCallFormatName(f)) return f;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tool call format must be \"hermes\", \"llama3\" or \"mistral\", got \"", name, "\""));
+}
+
+ToolCallFormat DetectToolCallFormat(absl::string_view source) {
+  if (absl::StrContains(source, kMistralMarker)) return ToolCallFormat::kMistral;
+  if (absl::StrContains(source, kLlamaMarker) ||
+      absl::StrContains(source, "<|start_header_id|>ipython")) {
+    return ToolCallFormat::kLlama3;
+  }
+  return ToolCallFormat::kHermes;
+}
+
+std::string NewToolCallId() {
+  static constexpr char kAlphabet[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_int_distribution<size_t> pick(0, sizeof(kAlphabet) - 2);
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[pick(rng)];
+  return id;
+}
+
+ToolCallParser::ToolCallParser(Mode mode, ToolCallFormat format, std::vector<std::string> names)
+    : mode_(mode), format_(format), names_(std::move(names)) {
+  if (mode_ == Mode::kEnforced) {
+    state_ = State::kHead;
+  } else {
+    state_ = format_ == ToolCallFormat::kHermes ? State::kText : State::kUndecided;
+  }
+}
+
+bool ToolCallParser::Known(absl::string_view name) const {
+  return std::find(names_.begin(), names_.end(), name) != names_.end();
+}
+
+void ToolCallParser::Content(std::string text, std::vector<ToolCallEvent>* out) {
+  if (after_call_) {
+    // The separator between calls (Qwen writes "\n") is not content.
+    const size_t keep = text.size() - SkipSpace(text).size();
+    text.erase(0, keep);
+    if (text.empty()) return;
+    after_call_ = false;
+  }
+  if (text.empty()) return;
+  if (!out->empty() && out->back().kind == ToolCallEvent::Kind::kContent) {
+    out->back().text += text;
+    return;
+  }
+  ToolCallEvent e;
+  e.text = std::move(text);
+  out->push_back(std::move(e));
+}
+
+bool ToolCallParser::EmitCalls(absl::string_view body, bool list, std::vector<ToolCallEvent>* out) {
+  const ordered_json doc = ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  if (doc.is_discarded()) return false;
+  std::vector<const ordered_json*> objects;
+  if (list && doc.is_array()) {
+    for (const ordered_json& o : doc) objects.push_back(&o);
+  } else {
+    objects.push_back(&doc);
+  }
+  if (objects.empty()) return false;
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+  for (const ordered_json* o : objects) {
+    if (!o->is_object()) return false;
+    auto name = o->find("name");
+    if (name == o->end() || !name->is_string() || !Known(name->get<std::string>())) return false;
+    auto args = o->find("arguments");
+    if (args == o->end()) args = o->find("parameters");  // Llama 3's spelling
+    std::string text;
+    if (args == o->end() || args->is_null()) {
+      text = "{}";
+    } else if (args->is_object()) {
+      text = Dump(*args);
+    } else if (args->is_string()) {
+      // Some models write the arguments as a JSON string, as the API carries them.
+      const ordered_json inner = ordered_json::parse(args->get<std::string>(), nullptr, false);
+      if (!inner.is_object()) return false;
+      text = Dump(inner);
+    } else {
+      return false;
+    }
+    calls.emplace_back(name->get<std::string>(), std::move(text));
+  }
+  for (auto& [name, args] : calls) {
+    ToolCallEvent start;
+    start.kind = ToolCallEvent::Kind::kCallStart;
+    start.index = num_calls_;
+    start.id = NewToolCallId();
+    start.name = name;
+    out->push_back(std::move(start));
+    ToolCallEvent piece;
+    piece.kind = ToolCallEvent::Kind::kArguments;
+    piece.index = num_calls_;
+    piece.text = std::move(args);
+    out->push_back(std::move(piece));
+    ++num_calls_;
+  }
+  after_call_ = true;
+  return true;
+}
+
+std::vector<ToolCallEvent> ToolCallParser::Feed(absl::string_view text) {
+  std::vector<ToolCallEvent> out;
+  if (text.empty()) return out;
+  switch (state_) {
+    case State::kHead:
+    case State::kArgs:
+    case State::kTail:
+      buf_.append(text.data(), text.size());
+      FeedEnforced(&out);
+      break;
+    case State::kText:
+      if (mode_ == Mode::kEnforced || format_ != ToolCallFormat::kHermes) {
+        Content(std::string(text), &out);
+        break;
+      }
+      [[fallthrough]];
+    case State::kInCall:
+      buf_.append(text.data(), text.size());
+      FeedHermes(&out);
+      break;
+    case State::kUndecided:
+    case State::kHold:
+      held_.append(text.data(), text.size());
+      FeedWhole(&out);
+      break;
+  }
+  return out;
+}
+
+void ToolCallParser::FeedEnforced(std::vector<ToolCallEvent>* out) {
+  if (state_ == State::kHead) {
+    std::string name;
+    size_t end = 0;
+    switch (MatchHead(buf_, &name, &end)) {
+      case Head::kNeedMore:
+        return;
+      case Head::kMismatch:
+        // Not a call (the constraint makes one, so this is no output of this server's
+        // engine): everything is content.
+        state_ = State::kText;
+        Content(std::exchange(buf_, std::string()), out);
+        return;
+      case Head::kMatched:
+        break;
+    }
+    ToolCallEvent start;
+    start.kind = ToolCallEvent::Kind::kCallStart;
+    start.index = num_calls_++;
+    start.id = NewToolCallId();
+    start.name = std::move(name);
+    out->push_back(std::move(start));
+    buf_.erase(0, end);
+    state_ = State::kArgs;
+    // The value's first byte decides how its end is found.
+    const char c = buf_[0];
+    if (c == '{' || c == '[') {
+      depth_ = 1;
+    } else if (c == '"') {
+      in_string_ = true;
+    } else {
+      scalar_ = true;
+    }
+    if (!scalar_) {
+      ToolCallEvent piece;
+      piece.kind = ToolCallEvent::Kind::kArguments;
+      piece.index = 0;
+      piece.text = buf_.substr(0, 1);
+      out->push_back(std::move(piece));
+      buf_.erase(0, 1);
+    }
+  }
+  if (state_ != State::kArgs) {
+    buf_.clear();  // kTail: the closing brace and whitespace
+    return;
+  }
+  size_t i = 0;
+  bool done = false;
+  for (; i < buf_.size() && !done; ++i) {
+    const char c = buf_[i];
+    if (scalar_) {
+      if (IsSpace(c) || c == ',' || c == '}') {
+        done = true;
+        break;  // the delimiter is not part of the value
+      }
+    } else if (in_string_) {
+      if (escape_) {
+        escape_ = false;
+      } else if (c == '\\') {
+        escape_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+        done = depth_ == 0;
+      }
+    } else if (c == '"') {
+      in_string_ = true;
+    } else if (c == '{' || c == '[') {
+      ++depth_;
+    } else if (c == '}' || c == ']') {
+      done = --depth_ == 0;
+    }
+  }
+  if (i > 0) {
+    ToolCallEvent piece;
+    piece.kind = ToolCallEvent::Kind::kArguments;
+    piece.index = 0;
+    piece.text = buf_.substr(0, i);
+    out->push_back(std::move(piece));
+  }
+  buf_.clear();
+  if (done) state_ = State::kTail;
+}
+
+void ToolCallParser::FeedHermes(std::vector<ToolCallEvent>* out) {
+  while (true) {
+    if (state_ == State::kText) {
+      const size_t open = absl::string_view(buf_).find(kHermesOpen);
+      if (open == absl::string_view::npos) {
+        const size_t keep = MarkerPrefixSuffix(buf_, kHermesOpen);
+        Content(buf_.substr(0, buf_.size() - keep), out);
+        buf_.erase(0, buf_.size() - keep);
+        return;
+      }
+      Content(buf_.substr(0, open), out);
+      buf_.erase(0, open + kHermesOpen.size());
+      state_ = State::kInCall;
+    }
+    const size_t close = absl::string_view(buf_).find(kHermesClose);
+    if (close == absl::string_view::npos) return;  // the call is held until it is complete
+    const std::string body = buf_.substr(0, close);
+    buf_.erase(0, close + kHermesClose.size());
+    state_ = State::kText;
+    if (!EmitCalls(body, /*list=*/false, out)) {
+      Content(absl::StrCat(kHermesOpen, body, kHermesClose), out);
+    }
+  }
+}
+
+void ToolCallParser::FeedWhole(std::vector<ToolCallEvent>* out) {
+  if (state_ != State::kUndecided) return;  // kHold: the end decides
+  const absl::string_view marker =
+      format_ == ToolCallFormat::kMistral ? kMistralMarker : kLlamaMarker;
+  absl::string_view rest = SkipSpace(held_);
+  if (rest.empty()) return;
+  if (absl::StartsWith(rest, marker)) {
+    state_ = State::kHold;  // the model announced a call
+    return;
+  }
+  if (absl::StartsWith(marker, rest)) return;  // may still become the marker
+  const bool call_like = rest[0] == '[' || (format_ == ToolCallFormat::kLlama3 && rest[0] == '{');
+  if (call_like) {
+    state_ = State::kHold;
+    return;
+  }
+  state_ = State::kText;
+  Content(std::exchange(held_, std::string()), out);
+}
+
+std::vector<ToolCallEvent> ToolCallParser::Finish() {
+  std::vector<ToolCallEvent> out;
+  switch (state_) {
+    case State::kHead:
+      Content(std::exchange(buf_, std::string()), &out);  // cut before the call began
+      break;
+    case State::kArgs:
+    case State::kTail:
+      break;
+    case State::kText:
+      Content(std::exchange(buf_, std::string()), &out);
+      break;
+    case State::kInCall: {
+      // Unterminated (cut by max_tokens, or the model ended without the closing tag).
+      const std::string body = std::exchange(buf_, std::string());
+      if (!EmitCalls(body, /*list=*/false, &out)) {
+        Content(absl::StrCat(kHermesOpen, body), &out);
+      }
+      break;
+    }
+    case State::kUndecided:
+      Content(std::exchange(held_, std::string()), &out);
+      break;
+    case State::kHold: {
+      const absl::string_view marker =
+          format_ == ToolCallFormat::kMistral ? kMistralMarker : kLlamaMarker;
+      absl::string_view body = SkipSpace(held_);
+      if (absl::StartsWith(body, marker)) body.remove_prefix(marker.size());
+      body = SkipSpace(body);
+      const bool list = !body.empty() && body[0] == '[';
+      if (!EmitCalls(body, list, &out)) Content(std::exchange(held_, std::string()), &out);
+      held_.clear();
+      break;
+    }
+  }
+  state_ = State::kTail;
+  return out;
+}
+
+}  // namespace pd::router::openai

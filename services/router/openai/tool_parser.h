@@ -1,0 +1,107 @@
+// Tool calling on POST /v1/chat/completions, response side: finds the tool calls in a model's
+// output text, incrementally, so that a stream can send `delta.tool_calls` as the text arrives
+// and a non-streamed answer gets `message.tool_calls` from the same parser.
+//
+// Two modes:
+//  - enforced (tool_choice "required" or a named function): the output is the JSON document
+//    {"name": ..., "arguments": {...}} that the request's constraint (EnforcedCallSchema) made
+//    it; the call starts once its name is known and its arguments stream as they are generated.
+//  - auto: the output is text in the model family's tool-call format (ToolCallFormat); text
+//    that may start a call is held back until known, a call is sent once it is complete, and
+//    a call that does not parse (malformed JSON, an unknown function) is returned as content.
+//
+// Thread-compatible (one per response).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pd::router::openai {
+
+// How a model family writes tool calls when free to ("auto"):
+//  - kHermes (Qwen 2.5/3, Hermes, and the default): `<tool_call>{"name": ..., "arguments":
+//    {...}}</tool_call>`, any number of them, possibly after some text.
+//  - kLlama3 (Llama 3.1-3.3): the whole output is `{"name": ..., "parameters": {...}}`, possibly
+//    after `<|python_tag|>` (a special token, decoded as nothing), or an array of such objects.
+//  - kMistral: the whole output is `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
+//    (`[TOOL_CALLS]` is a control token too: an output starting with `[` is parsed as well).
+enum class ToolCallFormat { kHermes, kLlama3, kMistral };
+
+// "hermes", "llama3", "mistral".
+absl::string_view ToolCallFormatName(ToolCallFormat format);
+// The inverse of ToolCallFormatName; InvalidArgument naming the accepted values.
+absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name);
+// The format a chat template's text implies: `[TOOL_CALLS]` -> kMistral; `<|python_tag|>` or
+// `<|start_header_id|>ipython` -> kLlama3; anything else (`<tool_call>` included) -> kHermes.
+ToolCallFormat DetectToolCallFormat(absl::string_view chat_template_source);
+
+// A fresh call id: "call_" and 24 random alphanumeric characters.
+std::string NewToolCallId();
+
+// What the parser makes of the text fed so far, in order.
+struct ToolCallEvent {
+  enum class Kind {
+    kContent,    // text: plain content
+    kCallStart,  // a call begins: index, id, name (its arguments follow as kArguments)
+    kArguments,  // text: the next piece of call `index`'s arguments (JSON text)
+  };
+  Kind kind = Kind::kContent;
+  int index = 0;
+  std::string text;
+  std::string id;
+  std::string name;
+};
+
+class ToolCallParser {
+ public:
+  enum class Mode { kEnforced, kAuto };
+  // `names`: the functions a call may name (a call naming another one is content).
+  ToolCallParser(Mode mode, ToolCallFormat format, std::vector<std::string> names);
+
+  // The events that `text` (the next piece of output) completes.
+  std::vector<ToolCallEvent> Feed(absl::string_view text);
+  // The output ended: what was held back, as calls or content.
+  std::vector<ToolCallEvent> Finish();
+
+  // Calls started so far.
+  int num_calls() const { return num_calls_; }
+
+ private:
+  void FeedEnforced(std::vector<ToolCallEvent>* out);
+  void FeedHermes(std::vector<ToolCallEvent>* out);
+  void FeedWhole(std::vector<ToolCallEvent>* out);
+  // Parses `body` as one call object {"name", "arguments"|"parameters"} (or, when `list`, an
+  // array of them); false (nothing emitted) when it is not one, or names an unknown function.
+  bool EmitCalls(absl::string_view body, bool list, std::vector<ToolCallEvent>* out);
+  void Content(std::string text, std::vector<ToolCallEvent>* out);
+  bool Known(absl::string_view name) const;
+
+  enum class State {
+    kText,       // plain text (auto), passed on
+    kUndecided,  // auto, kLlama3/kMistral: nothing but a possible call start so far
+    kHold,       // auto, kLlama3/kMistral: the output looks like a call; held to the end
+    kInCall,     // auto, kHermes: inside <tool_call>...
+    kHead,       // enforced: before the arguments value
+    kArgs,       // enforced: inside the arguments value
+    kTail,       // enforced: after it
+  };
+
+  const Mode mode_;
+  const ToolCallFormat format_;
+  const std::vector<std::string> names_;
+  State state_;
+  std::string buf_;   // text not yet accounted for
+  std::string held_;  // kUndecided/kHold: everything since the start, as generated
+  int num_calls_ = 0;
+  bool after_call_ = false;  // kHermes: a call was emitted; whitespace after it is dropped
+  // kArgs: the scan of the arguments value.
+  int depth_ = 0;
+  bool in_string_ = false;
+  bool escape_ = false;
+  bool scalar_ = false;  // a value that is no object, array or string (ends at a delimiter)
+};
+
+}  // namespace pd::router::openai

@@ -1,0 +1,216 @@
+#include "services/router/openai/tool_parser.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pd::router::openai {
+namespace {
+
+using json = nlohmann::json;
+using Kind = ToolCallEvent::Kind;
+using Mode = ToolCallParser::Mode;
+
+// What a response made of a parser's events: the content, and each call's name and arguments.
+struct Result {
+  std::string content;
+  std::vector<std::string> names;
+  std::vector<std::string> arguments;
+  std::vector<std::string> ids;
+  // The content that was passed on before the end (a stream's early chunks).
+  std::string content_before_end;
+};
+
+void Take(std::vector<ToolCallEvent> events, Result* r) {
+  for (ToolCallEvent& e : events) {
+    if (e.kind == Kind::kContent) {
+      r->content += e.text;
+    } else if (e.kind == Kind::kCallStart) {
+      EXPECT_EQ(e.index, static_cast<int>(r->names.size()));
+      EXPECT_TRUE(absl::StartsWith(e.id, "call_")) << e.id;
+      EXPECT_EQ(e.id.size(), 29u);
+      r->names.push_back(e.name);
+      r->ids.push_back(e.id);
+      r->arguments.emplace_back();
+    } else {
+      ASSERT_LT(e.index, static_cast<int>(r->arguments.size()));
+      r->arguments[e.index] += e.text;
+    }
+  }
+}
+
+// Feeds `pieces` one after the other (as a stream's messages), then ends the output.
+Result Parse(Mode mode, ToolCallFormat format, const std::vector<std::string>& pieces,
+             std::vector<std::string> names = {"get_weather", "get_time"}) {
+  ToolCallParser p(mode, format, std::move(names));
+  Result r;
+  for (const std::string& piece : pieces) Take(p.Feed(piece), &r);
+  r.content_before_end = r.content;
+  Take(p.Finish(), &r);
+  EXPECT_EQ(p.num_calls(), static_cast<int>(r.names.size()));
+  return r;
+}
+
+// Every split of `text` into two pieces, and one piece per byte, give the same result.
+void ExpectSameForEverySplit(Mode mode, ToolCallFormat format, const std::string& text) {
+  const Result whole = Parse(mode, format, {text});
+  std::vector<std::string> bytes;
+  for (const char c : text) bytes.emplace_back(1, c);
+  const Result each = Parse(mode, format, bytes);
+  EXPECT_EQ(each.content, whole.content);
+  EXPECT_EQ(each.names, whole.names);
+  EXPECT_EQ(each.arguments, whole.arguments);
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const Result split = Parse(mode, format, {text.substr(0, i), text.substr(i)});
+    EXPECT_EQ(split.content, whole.content) << i;
+    EXPECT_EQ(split.names, whole.names) << i;
+    EXPECT_EQ(split.arguments, whole.arguments) << i;
+  }
+}
+
+TEST(ToolParserTest, FormatsByNameAndFromTheTemplate) {
+  EXPECT_EQ(*ParseToolCallFormat("llama3"), ToolCallFormat::kLlama3);
+  EXPECT_EQ(*ParseToolCallFormat("mistral"), ToolCallFormat::kMistral);
+  EXPECT_EQ(*ParseToolCallFormat("hermes"), ToolCallFormat::kHermes);
+  EXPECT_FALSE(ParseToolCallFormat("qwen").ok());
+  EXPECT_EQ(DetectToolCallFormat("{{ '<tool_call>\\n' }}"), ToolCallFormat::kHermes);
+  EXPECT_EQ(DetectToolCallFormat("{{- '[TOOL_CALLS] [' }}"), ToolCallFormat::kMistral);
+  EXPECT_EQ(DetectToolCallFormat("{{- '<|python_tag|>' }}"), ToolCallFormat::kLlama3);
+  EXPECT_EQ(DetectToolCallFormat("<|start_header_id|>ipython<|end_header_id|>"),
+            ToolCallFormat::kLlama3);
+  EXPECT_EQ(DetectToolCallFormat(""), ToolCallFormat::kHermes);
+  EXPECT_NE(NewToolCallId(), NewToolCallId());
+}
+
+TEST(ToolParserTest, EnforcedCallStreamsItsArguments) {
+  const std::string out =
+      R"({ "name" : "get_weather" , "arguments" : {"city": "Pa\"ris}", "n": [1, {"a": 2}]} })";
+  ToolCallParser p(Mode::kEnforced, ToolCallFormat::kHermes, {"get_weather"});
+  Result r;
+  Take(p.Feed(R"({ "name" : "get_wea)"), &r);
+  EXPECT_TRUE(r.names.empty());  // the name is not known yet
+  Take(p.Feed(R"(ther" , "arguments" : {"ci)"), &r);
+  ASSERT_EQ(r.names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(r.arguments[0], R"({"ci)");  // the arguments stream before they are complete
+  Take(p.Feed(out.substr(std::string(R"({ "name" : "get_weather" , "arguments" : {"ci)").size())),
+       &r);
+  Take(p.Finish(), &r);
+  EXPECT_EQ(r.arguments[0], R"({"city": "Pa\"ris}", "n": [1, {"a": 2}]})");
+  EXPECT_EQ(r.content, "");
+  EXPECT_TRUE(json::parse(r.arguments[0]).is_object());
+  ExpectSameForEverySplit(Mode::kEnforced, ToolCallFormat::kHermes, out);
+  // A call cut (max_tokens) before its arguments began is content; after, a partial call.
+  Result cut = Parse(Mode::kEnforced, ToolCallFormat::kHermes, {R"({"name":"get_we)"});
+  EXPECT_EQ(cut.content, R"({"name":"get_we)");
+  EXPECT_TRUE(cut.names.empty());
+  cut = Parse(Mode::kEnforced, ToolCallFormat::kHermes, {R"({"name":"get_time","arguments":{"a)"});
+  EXPECT_EQ(cut.arguments, std::vector<std::string>{R"({"a)"});
+}
+
+TEST(ToolParserTest, HermesCallsAfterTextAndBetweenWhitespace) {
+  const std::string out =
+      "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n"
+      "</tool_call>";
+  const Result r = Parse(Mode::kAuto, ToolCallFormat::kHermes, {out});
+  EXPECT_EQ(r.content, "Let me check.");
+  EXPECT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time"}));
+  EXPECT_EQ(r.arguments, (std::vector<std::string>{R"({"city":"Paris"})", "{}"}));
+  EXPECT_NE(r.ids[0], r.ids[1]);
+  ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kHermes, out);
+}
+
+TEST(ToolParserTest, HermesHoldsBackOnlyWhatMayStartAMarker) {
+  ToolCallParser p(Mode::kAuto, ToolCallFormat::kHermes, {"get_weather"});
+  Result r;
+  Take(p.Feed("a < b and <tool"), &r);
+  EXPECT_EQ(r.content, "a < b and ");  // "<tool" may be the marker's start: held
+  Take(p.Feed("box> is text"), &r);
+  EXPECT_EQ(r.content, "a < b and <toolbox> is text");
+  Take(p.Feed(" <tool_"), &r);
+  Take(p.Feed("call>{\"name\": \"get_weather\", \"argu"), &r);
+  EXPECT_TRUE(r.names.empty());  // a call is sent once complete
+  Take(p.Feed("ments\": {\"city\": \"Oslo\"}}</tool_call>"), &r);
+  ASSERT_EQ(r.names.size(), 1u);
+  EXPECT_EQ(r.arguments[0], R"({"city":"Oslo"})");
+  Take(p.Finish(), &r);
+  EXPECT_EQ(r.content, "a < b and <toolbox> is text ");
+}
+
+TEST(ToolParserTest, MalformedCallsAreContent) {
+  // Broken JSON, an unknown function, arguments that are no object, a call cut short.
+  for (const std::string& out : {
+           std::string("<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>"),
+           std::string("<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>"),
+           std::string("<tool_call>{\"name\": \"get_time\", \"arguments\": 5}</tool_call>"),
+           std::string("<tool_call>[1, 2]</tool_call>"),
+       }) {
+    const Result r = Parse(Mode::kAuto, ToolCallFormat::kHermes, {out});
+    EXPECT_TRUE(r.names.empty()) << out;
+    EXPECT_EQ(r.content, out);
+  }
+  const Result cut =
+      Parse(Mode::kAuto, ToolCallFormat::kHermes, {"hi <tool_call>{\"name\": \"get"});
+  EXPECT_TRUE(cut.names.empty());
+  EXPECT_EQ(cut.content, "hi <tool_call>{\"name\": \"get");
+  // Unterminated but complete (the model ended right after the JSON): still a call.
+  const Result open = Parse(Mode::kAuto, ToolCallFormat::kHermes,
+                            {"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}"});
+  EXPECT_EQ(open.names, std::vector<std::string>{"get_time"});
+  // A call in the wrong format for the family is plain text.
+  const Result other = Parse(Mode::kAuto, ToolCallFormat::kHermes,
+                             {"[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}]"});
+  EXPECT_TRUE(other.names.empty());
+}
+
+TEST(ToolParserTest, Llama3WholeOutputIsTheCall) {
+  const std::string out = R"({"name": "get_weather", "parameters": {"city": "Rome"}})";
+  Result r = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {out});
+  EXPECT_EQ(r.names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(r.arguments[0], R"({"city":"Rome"})");
+  EXPECT_EQ(r.content, "");
+  ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kLlama3, out);
+  // <|python_tag|> decoded as text (a tokenizer that keeps special tokens) is skipped.
+  r = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {"<|python", "_tag|>", out});
+  EXPECT_EQ(r.names, std::vector<std::string>{"get_weather"});
+  // Plain text streams as it comes; JSON that is no call is returned as content at the end.
+  ToolCallParser p(Mode::kAuto, ToolCallFormat::kLlama3, {"get_weather"});
+  Result text;
+  Take(p.Feed("  The "), &text);
+  EXPECT_EQ(text.content, "  The ");
+  Take(p.Feed("weather is {fine}"), &text);
+  EXPECT_EQ(text.content, "  The weather is {fine}");
+  r = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {R"({"answer": 42})"});
+  EXPECT_TRUE(r.names.empty());
+  EXPECT_EQ(r.content_before_end, "");  // held until the end decided
+  EXPECT_EQ(r.content, R"({"answer": 42})");
+}
+
+TEST(ToolParserTest, MistralCallList) {
+  const std::string out =
+      R"([TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Lyon"}}, )"
+      R"({"name": "get_time", "arguments": {}}])";
+  Result r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {out});
+  EXPECT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time"}));
+  EXPECT_EQ(r.arguments[0], R"({"city":"Lyon"})");
+  ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kMistral, out);
+  // [TOOL_CALLS] is a control token most tokenizers decode as nothing.
+  r = Parse(Mode::kAuto, ToolCallFormat::kMistral,
+            {R"([{"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}])"});
+  EXPECT_EQ(r.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(r.arguments[0], R"({"tz":"UTC"})");
+  // Malformed: everything is content, as generated.
+  r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {"[TOOL_CALLS] [{\"name\": \"get_time\", "});
+  EXPECT_TRUE(r.names.empty());
+  EXPECT_EQ(r.content, "[TOOL_CALLS] [{\"name\": \"get_time\", ");
+  r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {"[1] is a list"});
+  EXPECT_EQ(r.content, "[1] is a list");
+  EXPECT_TRUE(r.names.empty());
+}
+
+}  // namespace
+}  // namespace pd::router::openai

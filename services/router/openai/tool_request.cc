@@ -1,0 +1,276 @@
+#include "services/router/openai/tool_request.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "services/router/openai/openai_request.h"
+
+namespace pd::router::openai {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+using json = nlohmann::json;
+
+absl::Status Bad(absl::string_view param, absl::string_view message) {
+  return WithParam(absl::InvalidArgumentError(absl::StrCat(param, ": ", message)), param);
+}
+
+bool ValidName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxToolNameBytes) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> Name(const std::string& param, const ordered_json* v) {
+  if (v == nullptr || !v->is_string()) return Bad(param, "is required and must be a string");
+  const std::string name = v->get<std::string>();
+  if (!ValidName(name)) {
+    return Bad(param,
+               absl::StrCat("must match ^[a-zA-Z0-9_-]{1,64}$, got \"", name.substr(0, 80), "\""));
+  }
+  return name;
+}
+
+const ordered_json* Find(const ordered_json& o, const char* key) {
+  auto it = o.find(key);
+  return it == o.end() ? nullptr : &*it;
+}
+
+absl::StatusOr<ToolFunction> ParseTool(size_t i, const ordered_json& t) {
+  const std::string param = absl::StrCat("tools[", i, "]");
+  if (!t.is_object()) return Bad(param, "must be an object");
+  const ordered_json* type = Find(t, "type");
+  if (type == nullptr || !type->is_string()) {
+    return Bad(absl::StrCat(param, ".type"), "is required: \"function\"");
+  }
+  if (type->get<std::string>() != "function") {
+    return Bad(absl::StrCat(param, ".type"),
+               absl::StrCat("tools of type \"", type->get<std::string>().substr(0, 64),
+                            "\" are not supported; only \"function\""));
+  }
+  for (const auto& [key, value] : t.items()) {
+    if (key != "type" && key != "function") {
+      return Bad(absl::StrCat(param, ".", key), "unrecognized field");
+    }
+  }
+  const ordered_json* f = Find(t, "function");
+  const std::string fparam = absl::StrCat(param, ".function");
+  if (f == nullptr || !f->is_object()) return Bad(fparam, "is required and must be an object");
+  ToolFunction out;
+  for (const auto& [key, value] : f->items()) {
+    const std::string field = absl::StrCat(fparam, ".", key);
+    if (key == "name") {
+      continue;
+    } else if (key == "description") {
+      if (!value.is_string() && !value.is_null()) return Bad(field, "must be a string");
+    } else if (key == "strict") {
+      // Enforced calls are always strict; "auto" calls are parsed, never enforced.
+      if (!value.is_boolean() && !value.is_null()) return Bad(field, "must be a boolean");
+    } else if (key == "parameters") {
+      if (value.is_null()) continue;
+      if (!value.is_object()) return Bad(field, "must be a JSON Schema object");
+      out.parameters = value.dump();
+    } else {
+      return Bad(field, "unrecognized field");
+    }
+  }
+  absl::StatusOr<std::string> name = Name(absl::StrCat(fparam, ".name"), Find(*f, "name"));
+  if (!name.ok()) return name.status();
+  out.name = *std::move(name);
+  return out;
+}
+
+// tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}.
+absl::Status ParseChoice(const ordered_json& v, ToolsSpec* spec) {
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    if (s == "none") {
+      spec->choice = ToolChoice::kNone;
+    } else if (s == "auto") {
+      spec->choice = ToolChoice::kAuto;
+    } else if (s == "required") {
+      spec->choice = ToolChoice::kRequired;
+    } else {
+      return Bad("tool_choice", absl::StrCat("must be \"none\", \"auto\", \"required\" or an "
+                                             "object naming a function, got \"",
+                                             s.substr(0, 64), "\""));
+    }
+    return absl::OkStatus();
+  }
+  if (!v.is_object()) {
+    return Bad("tool_choice", "must be a string or {\"type\": \"function\", \"function\": ...}");
+  }
+  for (const auto& [key, value] : v.items()) {
+    if (key != "type" && key != "function") {
+      return Bad(absl::StrCat("tool_choice.", key), "unrecognized field");
+    }
+  }
+  const ordered_json* type = Find(v, "type");
+  if (type == nullptr || !type->is_string() || type->get<std::string>() != "function") {
+    return Bad("tool_choice.type", "must be \"function\"");
+  }
+  const ordered_json* f = Find(v, "function");
+  if (f == nullptr || !f->is_object()) {
+    return Bad("tool_choice.function", "is required: {\"name\": ...}");
+  }
+  for (const auto& [key, value] : f->items()) {
+    if (key != "name") return Bad(absl::StrCat("tool_choice.function.", key), "unrecognized field");
+  }
+  absl::StatusOr<std::string> name = Name("tool_choice.function.name", Find(*f, "name"));
+  if (!name.ok()) return name.status();
+  spec->choice = ToolChoice::kFunction;
+  spec->function = *std::move(name);
+  return absl::OkStatus();
+}
+
+// One call object of an enforced call's schema.
+ordered_json CallSchema(const ToolFunction& f) {
+  ordered_json args = f.parameters.empty()
+                          ? ordered_json{{"type", "object"}, {"additionalProperties", false}}
+                          : ordered_json::parse(f.parameters);
+  ordered_json s = ordered_json::object();
+  s["type"] = "object";
+  s["properties"] = ordered_json::object();
+  s["properties"]["name"] = {{"const", f.name}};
+  s["properties"]["arguments"] = std::move(args);
+  s["required"] = {"name", "arguments"};
+  s["additionalProperties"] = false;
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> ToolsSpec::CallableNames() const {
+  std::vector<std::string> names;
+  if (choice == ToolChoice::kFunction) {
+    names.push_back(function);
+    return names;
+  }
+  for (const ToolFunction& f : functions) names.push_back(f.name);
+  return names;
+}
+
+absl::StatusOr<ToolsSpec> ParseTools(const ordered_json& body) {
+  ToolsSpec spec;
+  for (const char* legacy : {"functions", "function_call"}) {
+    const ordered_json* v = Find(body, legacy);
+    if (v != nullptr && !v->is_null() && !(v->is_array() && v->empty()) &&
+        !(v->is_string() && v->get<std::string>() == "none")) {
+      return Bad(legacy,
+                 "the legacy functions API is not implemented yet; use tools and tool_choice");
+    }
+  }
+  const ordered_json* tools = Find(body, "tools");
+  if (tools != nullptr && !tools->is_null()) {
+    if (!tools->is_array()) return Bad("tools", "must be an array");
+    if (tools->size() > kMaxTools) {
+      return Bad("tools", absl::StrCat("at most ", kMaxTools, " tools, got ", tools->size()));
+    }
+    absl::flat_hash_set<std::string> names;
+    for (size_t i = 0; i < tools->size(); ++i) {
+      absl::StatusOr<ToolFunction> f = ParseTool(i, (*tools)[i]);
+      if (!f.ok()) return f.status();
+      if (!names.insert(f->name).second) {
+        return Bad(absl::StrCat("tools[", i, "].function.name"),
+                   absl::StrCat("duplicate function name \"", f->name, "\""));
+      }
+      spec.functions.push_back(*std::move(f));
+    }
+    if (!tools->empty()) spec.tools_json = tools->dump();
+  }
+  spec.choice = spec.functions.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  const ordered_json* choice = Find(body, "tool_choice");
+  if (choice != nullptr && !choice->is_null()) {
+    if (absl::Status s = ParseChoice(*choice, &spec); !s.ok()) return s;
+    if (spec.choice != ToolChoice::kNone && spec.functions.empty()) {
+      return Bad("tool_choice", "needs tools: no function is offered");
+    }
+    if (spec.choice == ToolChoice::kFunction) {
+      bool known = false;
+      for (const ToolFunction& f : spec.functions) known = known || f.name == spec.function;
+      if (!known) {
+        return Bad("tool_choice.function.name",
+                   absl::StrCat("no tool named \"", spec.function, "\" is offered in tools"));
+      }
+    }
+  }
+  const ordered_json* parallel = Find(body, "parallel_tool_calls");
+  if (parallel != nullptr && !parallel->is_null()) {
+    if (!parallel->is_boolean()) return Bad("parallel_tool_calls", "must be a boolean");
+    spec.parallel_tool_calls = parallel->get<bool>();
+  }
+  return spec;
+}
+
+std::string EnforcedCallSchema(const ToolsSpec& spec) {
+  std::vector<ordered_json> calls;
+  for (const ToolFunction& f : spec.functions) {
+    if (spec.choice == ToolChoice::kFunction && f.name != spec.function) continue;
+    calls.push_back(CallSchema(f));
+  }
+  if (calls.size() == 1) return calls[0].dump();
+  ordered_json any = ordered_json::object();
+  any["anyOf"] = ordered_json(std::move(calls));
+  return any.dump();
+}
+
+absl::StatusOr<std::string> ParseHistoryToolCalls(absl::string_view param, const json& v) {
+  if (!v.is_array()) return Bad(param, "must be an array of tool calls");
+  ordered_json out = ordered_json::array();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = absl::StrCat(param, "[", i, "]");
+    const json& c = v[i];
+    if (!c.is_object()) return Bad(p, "must be an object");
+    ordered_json call = ordered_json::object();
+    for (const auto& [key, value] : c.items()) {
+      if (key != "id" && key != "type" && key != "function") {
+        return Bad(absl::StrCat(p, ".", key), "unrecognized field");
+      }
+    }
+    auto id = c.find("id");
+    if (id == c.end() || !id->is_string()) {
+      return Bad(absl::StrCat(p, ".id"), "is required and must be a string");
+    }
+    auto type = c.find("type");
+    if (type != c.end() && !(type->is_string() && type->get<std::string>() == "function")) {
+      return Bad(absl::StrCat(p, ".type"), "must be \"function\"");
+    }
+    auto f = c.find("function");
+    if (f == c.end() || !f->is_object()) {
+      return Bad(absl::StrCat(p, ".function"), "is required and must be an object");
+    }
+    for (const auto& [key, value] : f->items()) {
+      if (key != "name" && key != "arguments") {
+        return Bad(absl::StrCat(p, ".function.", key), "unrecognized field");
+      }
+    }
+    auto name = f->find("name");
+    if (name == f->end() || !name->is_string()) {
+      return Bad(absl::StrCat(p, ".function.name"), "is required and must be a string");
+    }
+    auto args = f->find("arguments");
+    if (args == f->end() || !args->is_string()) {
+      return Bad(absl::StrCat(p, ".function.arguments"),
+                 "is required and must be a string (the arguments as JSON text)");
+    }
+    const std::string& text = args->get_ref<const std::string&>();
+    ordered_json parsed = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    call["id"] = id->get<std::string>();
+    call["type"] = "function";
+    call["function"] = ordered_json::object();
+    call["function"]["name"] = name->get<std::string>();
+    // Templates write arguments with `| tojson` (Qwen, Llama 3.1) or iterate them as a mapping:
+    // both expect an object, as Hugging Face and vLLM give them.
+    call["function"]["arguments"] = parsed.is_object() ? std::move(parsed) : ordered_json(text);
+    out.push_back(std::move(call));
+  }
+  return out.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+}  // namespace pd::router::openai

@@ -1,0 +1,81 @@
+// Tool calling on POST /v1/chat/completions, request side: the `tools`, `tool_choice` and
+// `parallel_tool_calls` fields, the tool calls of an assistant message in the history, and the
+// JSON Schema that enforces a call when tool_choice is "required" or names a function
+// (docs/structured-outputs.md, "Tools").
+//
+// Errors are InvalidArgument naming the field (ParamOf), as openai_request.h's are.
+//
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace pd::router::openai {
+
+// Limits of the tools a request offers.
+inline constexpr size_t kMaxTools = 128;
+inline constexpr size_t kMaxToolNameBytes = 64;  // names match ^[a-zA-Z0-9_-]{1,64}$
+
+enum class ToolChoice {
+  kNone,      // no tool is offered to the model; nothing is parsed
+  kAuto,      // tools are offered; the output is parsed for calls (tool_parser.h)
+  kRequired,  // the output is one call of any offered function (enforced)
+  kFunction,  // the output is one call of ToolsSpec::function (enforced)
+};
+
+// One offered function.
+struct ToolFunction {
+  std::string name;
+  // Its `parameters` JSON Schema as compact JSON text, keys in request order (the order the
+  // arguments' keys are generated in); "" when the tool gave none (no arguments: `{}`).
+  std::string parameters;
+};
+
+// What a request asks of tools. The default (no `tools`) offers none.
+struct ToolsSpec {
+  std::vector<ToolFunction> functions;
+  // The `tools` array as sent (compact JSON, key order kept), given to the chat template as
+  // its `tools` variable; "" without tools.
+  std::string tools_json;
+  ToolChoice choice = ToolChoice::kNone;
+  std::string function;  // kFunction: the function's name
+  // Accepted as sent; an enforced choice yields one call either way (see the docs).
+  bool parallel_tool_calls = true;
+
+  // Tools go to the chat template and the output may hold calls.
+  bool offered() const { return choice != ToolChoice::kNone && !functions.empty(); }
+  // The output is exactly one call, enforced by a JSON Schema constraint.
+  bool enforced() const {
+    return choice == ToolChoice::kRequired || choice == ToolChoice::kFunction;
+  }
+  // The names of the functions a call may name (the named one alone for kFunction).
+  std::vector<std::string> CallableNames() const;
+};
+
+// Reads `tools`, `tool_choice` and `parallel_tool_calls` from `body` (the request parsed with
+// key order kept; absent or null fields take OpenAI's defaults: choice "auto" with tools, "none"
+// without). InvalidArgument naming the field: a tool type other than "function", a missing or
+// malformed name (^[a-zA-Z0-9_-]{1,64}$), duplicate names, more than kMaxTools tools,
+// `parameters` that is not an object, unknown fields, a tool_choice naming no offered function
+// or given without tools, the legacy `functions`/`function_call` (not implemented yet).
+absl::StatusOr<ToolsSpec> ParseTools(const nlohmann::ordered_json& body);
+
+// The JSON Schema text of an enforced call (spec.enforced()): an object {"name": <const>,
+// "arguments": <the function's parameters>} with both members required and no others; for
+// "required" with several functions, anyOf over one such object per function.
+std::string EnforcedCallSchema(const ToolsSpec& spec);
+
+// An assistant message's `tool_calls` (`param` names it in errors): an array of {"id",
+// "type": "function", "function": {"name", "arguments": a string}}. Returns the calls in the
+// shape chat templates expect (as Hugging Face and vLLM pass them), as compact JSON text: each
+// call's `arguments` parsed into an object when it is a JSON object, kept as a string otherwise.
+absl::StatusOr<std::string> ParseHistoryToolCalls(absl::string_view param, const nlohmann::json& v);
+
+}  // namespace pd::router::openai

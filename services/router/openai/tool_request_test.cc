@@ -1,0 +1,189 @@
+#include "services/router/openai/tool_request.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "services/router/openai/openai_request.h"
+
+namespace pd::router::openai {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+constexpr char kWeather[] =
+    R"({"type":"function","function":{"name":"get_weather","description":"d","strict":true,)"
+    R"("parameters":{"type":"object","properties":{"city":{"type":"string"},)"
+    R"("unit":{"enum":["c","f"]}},"required":["city","unit"],"additionalProperties":false}}})";
+constexpr char kTime[] = R"({"type":"function","function":{"name":"get_time"}})";
+
+absl::StatusOr<OpenAiRequest> Chat(const std::string& extra) {
+  return ParseRequest(
+      Endpoint::kChat,
+      absl::StrCat(R"({"model":"m","messages":[{"role":"user","content":"x"}])", extra, "}"),
+      ParseLimits{});
+}
+
+void ExpectBad(const absl::StatusOr<OpenAiRequest>& r, const std::string& param,
+               const std::string& text) {
+  ASSERT_FALSE(r.ok()) << "expected an error naming " << param;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(ParamOf(r.status()), param) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr(text));
+}
+
+TEST(ToolRequestTest, ToolsDefaultToAutoAndKeepTheirText) {
+  absl::StatusOr<OpenAiRequest> r = Chat(absl::StrCat(R"(,"tools":[)", kWeather, ",", kTime, "]"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tools.choice, ToolChoice::kAuto);
+  ASSERT_EQ(r->tools.functions.size(), 2u);
+  EXPECT_EQ(r->tools.functions[0].name, "get_weather");
+  // Key order kept: the arguments' keys are generated in this order.
+  EXPECT_THAT(r->tools.functions[0].parameters, HasSubstr(R"({"city":{"type":"string"},"unit")"));
+  EXPECT_EQ(r->tools.functions[1].parameters, "");
+  EXPECT_EQ(json::parse(r->tools.tools_json).size(), 2u);
+  EXPECT_TRUE(r->tools.offered());
+  EXPECT_FALSE(r->tools.enforced());
+  EXPECT_FALSE(r->sampling.has_constraint());  // auto: parsed, not enforced
+  EXPECT_TRUE(r->tools.parallel_tool_calls);
+
+  r = Chat(absl::StrCat(R"(,"tools":[)", kWeather,
+                        R"(],"tool_choice":"none","parallel_tool_calls":false)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->tools.offered());
+  EXPECT_FALSE(r->tools.parallel_tool_calls);
+  // No tools at all: nothing offered, and the no-op values of the fields are accepted.
+  r = Chat(R"(,"tools":[],"tool_choice":"none","functions":[],"function_call":"none")");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->tools.offered());
+}
+
+TEST(ToolRequestTest, RequiredAndNamedChoicesBecomeASchemaConstraint) {
+  absl::StatusOr<OpenAiRequest> r =
+      Chat(absl::StrCat(R"(,"tools":[)", kWeather, R"(],"tool_choice":"required")"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->tools.enforced());
+  const json one = json::parse(r->sampling.constraint().json_schema());
+  EXPECT_EQ(one["properties"]["name"]["const"], "get_weather");
+  EXPECT_EQ(one["properties"]["arguments"]["required"], json({"city", "unit"}));
+  EXPECT_EQ(one["required"], json({"name", "arguments"}));
+  EXPECT_EQ(one["additionalProperties"], false);
+  // The name comes first: the parser learns the function before its arguments.
+  EXPECT_LT(r->sampling.constraint().json_schema().find("\"name\""),
+            r->sampling.constraint().json_schema().find("\"arguments\""));
+
+  r = Chat(absl::StrCat(R"(,"tools":[)", kWeather, ",", kTime, R"(],"tool_choice":"required")"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const json any = json::parse(r->sampling.constraint().json_schema());
+  ASSERT_EQ(any["anyOf"].size(), 2u);
+  EXPECT_EQ(any["anyOf"][1]["properties"]["name"]["const"], "get_time");
+  // A tool without parameters takes an empty object.
+  EXPECT_EQ(any["anyOf"][1]["properties"]["arguments"],
+            json({{"type", "object"}, {"additionalProperties", false}}));
+
+  r = Chat(absl::StrCat(R"(,"tools":[)", kWeather, ",", kTime,
+                        R"(],"tool_choice":{"type":"function","function":{"name":"get_time"}})"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tools.choice, ToolChoice::kFunction);
+  EXPECT_EQ(r->tools.CallableNames(), std::vector<std::string>{"get_time"});
+  EXPECT_EQ(json::parse(r->sampling.constraint().json_schema())["properties"]["name"]["const"],
+            "get_time");
+}
+
+TEST(ToolRequestTest, BadShapesNameTheField) {
+  const std::string w = kWeather;
+  ExpectBad(Chat(R"(,"tools":{})"), "tools", "array");
+  ExpectBad(Chat(R"(,"tools":[{"type":"code_interpreter"}])"), "tools[0].type", "code_interpreter");
+  ExpectBad(Chat(R"(,"tools":[{"type":"function"}])"), "tools[0].function", "required");
+  ExpectBad(Chat(R"(,"tools":[{"type":"function","function":{"name":"a b"}}])"),
+            "tools[0].function.name", "^[a-zA-Z0-9_-]{1,64}$");
+  ExpectBad(Chat(absl::StrCat(R"(,"tools":[{"type":"function","function":{"name":")",
+                              std::string(65, 'a'), R"("}}])")),
+            "tools[0].function.name", "{1,64}");
+  ExpectBad(Chat(R"(,"tools":[{"type":"function","function":{"description":"x"}}])"),
+            "tools[0].function.name", "required");
+  ExpectBad(Chat(R"(,"tools":[{"type":"function","function":{"name":"a","parameters":[]}}])"),
+            "tools[0].function.parameters", "object");
+  ExpectBad(Chat(R"(,"tools":[{"type":"function","function":{"name":"a","extra":1}}])"),
+            "tools[0].function.extra", "unrecognized");
+  ExpectBad(Chat(absl::StrCat(R"(,"tools":[)", w, ",", w, "]")), "tools[1].function.name",
+            "duplicate");
+  std::string many = R"(,"tools":[)";
+  for (int i = 0; i <= 128; ++i) {
+    absl::StrAppend(&many, i ? "," : "", R"({"type":"function","function":{"name":"f)", i,
+                    R"("}})");
+  }
+  ExpectBad(Chat(many + "]"), "tools", "at most 128");
+  ExpectBad(Chat(R"(,"tool_choice":"required")"), "tool_choice", "needs tools");
+  ExpectBad(Chat(absl::StrCat(R"(,"tools":[)", w, R"(],"tool_choice":"sometimes")")), "tool_choice",
+            "sometimes");
+  ExpectBad(Chat(absl::StrCat(R"(,"tools":[)", w,
+                              R"(],"tool_choice":{"type":"function","function":{"name":"nope"}})")),
+            "tool_choice.function.name", "no tool named \"nope\"");
+  ExpectBad(Chat(absl::StrCat(R"(,"tools":[)", w, R"(],"tool_choice":{"type":"function"})")),
+            "tool_choice.function", "required");
+  ExpectBad(Chat(absl::StrCat(R"(,"tools":[)", w, R"(],"parallel_tool_calls":1)")),
+            "parallel_tool_calls", "boolean");
+  // One constraint per request.
+  ExpectBad(
+      Chat(absl::StrCat(R"(,"tools":[)", w,
+                        R"(],"tool_choice":"required","response_format":{"type":"json_object"})")),
+      "tool_choice", "response_format");
+  ExpectBad(Chat(R"(,"functions":[{"name":"a"}])"), "functions", "not implemented yet");
+  ExpectBad(Chat(R"(,"function_call":"auto")"), "function_call", "not implemented yet");
+  // Completions have no tools.
+  ExpectBad(ParseRequest(Endpoint::kCompletions,
+                         absl::StrCat(R"({"model":"m","prompt":"x","tools":[)", w, "]}"), {}),
+            "tools", "chat/completions");
+}
+
+TEST(ToolRequestTest, HistoryCarriesToolCallsAndToolResults) {
+  absl::StatusOr<OpenAiRequest> r = ParseRequest(Endpoint::kChat, R"({"model":"m","messages":[
+      {"role":"user","content":"weather?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",
+        "function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"}}]},
+      {"role":"tool","tool_call_id":"call_1","content":"18C"},
+      {"role":"assistant","tool_calls":[{"id":"call_2","type":"function",
+        "function":{"name":"x","arguments":"not json"}}]}]})",
+                                                 ParseLimits{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_TRUE(r->messages[1].content_null);
+  const json calls = json::parse(r->messages[1].tool_calls_json);
+  // Arguments that are a JSON object reach the template as one (as Hugging Face passes them).
+  EXPECT_EQ(calls[0]["function"]["arguments"]["city"], "Paris");
+  EXPECT_EQ(calls[0]["id"], "call_1");
+  EXPECT_EQ(r->messages[2].role, "tool");
+  EXPECT_EQ(r->messages[2].tool_call_id, "call_1");
+  EXPECT_EQ(r->messages[2].content, "18C");
+  EXPECT_TRUE(r->messages[3].content_null);  // absent content
+  EXPECT_EQ(json::parse(r->messages[3].tool_calls_json)[0]["function"]["arguments"], "not json");
+
+  auto bad = [](const std::string& message) {
+    return ParseRequest(Endpoint::kChat,
+                        absl::StrCat(R"({"model":"m","messages":[)", message, "]}"), {});
+  };
+  ExpectBad(bad(R"({"role":"user","content":"x","tool_calls":[]})"), "messages[0].tool_calls",
+            "only assistant");
+  ExpectBad(bad(R"({"role":"assistant","tool_calls":[{"id":"a","function":{"name":"f"}}]})"),
+            "messages[0].tool_calls[0].function.arguments", "required");
+  ExpectBad(
+      bad(R"({"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]})"),
+      "messages[0].tool_calls[0].id", "required");
+  ExpectBad(bad(R"({"role":"assistant","tool_calls":{}})"), "messages[0].tool_calls", "array");
+  ExpectBad(bad(R"({"role":"tool","tool_call_id":"a"})"), "messages[0].content", "required");
+  ExpectBad(bad(R"({"role":"tool","tool_call_id":5,"content":"x"})"), "messages[0].tool_call_id",
+            "string");
+  ExpectBad(bad(R"({"role":"user","tool_call_id":"a","content":"x"})"), "messages[0].tool_call_id",
+            "only tool messages");
+  ExpectBad(bad(R"({"role":"function","name":"f","content":"x"})"), "messages[0].role",
+            "not implemented yet");
+  ExpectBad(bad(R"({"role":"assistant","content":"x","function_call":{"name":"f"}})"),
+            "messages[0].function_call", "not implemented yet");
+}
+
+}  // namespace
+}  // namespace pd::router::openai
