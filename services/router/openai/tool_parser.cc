@@ -8,9 +8,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "services/router/openai/openai_request.h"
 
 namespace pd::router::openai {
 namespace {
+
+// Deepest nesting of arrays and objects a parsed call may have (as requests: ParseLimits).
+constexpr size_t kMaxCallDepth = 64;
 
 using ordered_json = nlohmann::ordered_json;
 
@@ -162,6 +166,9 @@ void ToolCallParser::Content(std::string text, std::vector<ToolCallEvent>* out) 
 }
 
 bool ToolCallParser::EmitCalls(absl::string_view body, bool list, std::vector<ToolCallEvent>* out) {
+  // Model output nests as deep as it likes: what is deeper than any call needs stays content
+  // (re-serializing it recursively could exhaust the stack).
+  if (JsonNestingDepth(body, kMaxCallDepth).depth > kMaxCallDepth) return false;
   const ordered_json doc = ordered_json::parse(body.begin(), body.end(), nullptr, false);
   if (doc.is_discarded()) return false;
   std::vector<const ordered_json*> objects;
@@ -185,7 +192,9 @@ bool ToolCallParser::EmitCalls(absl::string_view body, bool list, std::vector<To
       text = Dump(*args);
     } else if (args->is_string()) {
       // Some models write the arguments as a JSON string, as the API carries them.
-      const ordered_json inner = ordered_json::parse(args->get<std::string>(), nullptr, false);
+      const std::string& inner_text = args->get_ref<const std::string&>();
+      if (JsonNestingDepth(inner_text, kMaxCallDepth).depth > kMaxCallDepth) return false;
+      const ordered_json inner = ordered_json::parse(inner_text, nullptr, false);
       if (!inner.is_object()) return false;
       text = Dump(inner);
     } else {

@@ -167,6 +167,32 @@ TEST(ToolParserTest, MalformedCallsAreContent) {
   EXPECT_TRUE(other.names.empty());
 }
 
+// Output nested deeper than any call (a model can write 100,000 brackets) is content, at once
+// and without recursing through it, in every family.
+TEST(ToolParserTest, DeeplyNestedOutputIsContent) {
+  const std::string deep_args =
+      "{\"name\": \"get_time\", \"arguments\": {\"a\": " + std::string(100000, '[') +
+      std::string(100000, ']') + "}}";
+  const Result hermes =
+      Parse(Mode::kAuto, ToolCallFormat::kHermes, {"<tool_call>" + deep_args + "</tool_call>"});
+  EXPECT_TRUE(hermes.names.empty());
+  const Result llama = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {deep_args});
+  EXPECT_TRUE(llama.names.empty());
+  EXPECT_EQ(llama.content, deep_args);
+  const Result mistral = Parse(Mode::kAuto, ToolCallFormat::kMistral, {std::string(100000, '[')});
+  EXPECT_TRUE(mistral.names.empty());
+  // Arguments written as a JSON string that nests deeply.
+  const std::string in_string = "<tool_call>{\"name\": \"get_time\", \"arguments\": \"" +
+                                std::string(100000, '[') + "\"}</tool_call>";
+  EXPECT_TRUE(Parse(Mode::kAuto, ToolCallFormat::kHermes, {in_string}).names.empty());
+  // 64 levels are fine.
+  const std::string ok =
+      "<tool_call>{\"name\": \"get_time\", \"arguments\": {\"a\": " + std::string(61, '[') +
+      std::string(61, ']') + "}}</tool_call>";
+  EXPECT_EQ(Parse(Mode::kAuto, ToolCallFormat::kHermes, {ok}).names,
+            std::vector<std::string>{"get_time"});
+}
+
 TEST(ToolParserTest, Llama3WholeOutputIsTheCall) {
   const std::string out = R"({"name": "get_weather", "parameters": {"city": "Rome"}})";
   Result r = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {out});

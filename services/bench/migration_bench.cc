@@ -1,0 +1,192 @@
+// The stall a migrated stream sees (issue #32, docs/migration.md): pd-router and two decode
+// pd-workers as real processes on loopback; each round starts --streams concurrent streams
+// (a --prompt_tokens prompt each, fresh cache salt), SIGKILLs decode-0 once every stream has
+// --after_tokens tokens, reads every stream to its end and restarts decode-0. A moved stream's
+// stall is the gap between its last token before the move and its first after it, measured by
+// the client; the router's pd_router_migrations_total says how many streams moved (m), and the
+// m largest per-stream gaps of the round are taken as their stalls (the streams that stayed see
+// only ordinary gaps). The yardstick, measured in the same run: the TTFT of one fresh request
+// whose prompt is as long as a moved stream's resumed prompt (prompt + after_tokens), on the
+// idle cluster.
+//
+// Modes: recompute (the new worker computes the resumed prompt) and tier (both workers share a
+// pd-tierd and write every computed block through to it: the new worker restores the blocks
+// of the prompt and of the streamed tokens from the node's DRAM tier).
+//
+// Usage: migration_bench [--mode=both|recompute|tier] [--rounds=10] [--streams=8]
+//                        [--prompt_tokens=256] [--after_tokens=32]. stories260K from ../shared.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/log/log.h"
+#include "common/testing/temp_dir.h"
+#include "tests/e2e/cluster_fixture.h"
+
+ABSL_FLAG(std::string, mode, "both", "recompute, tier or both");
+ABSL_FLAG(int, rounds, 10, "kill rounds per mode");
+ABSL_FLAG(int, streams, 8, "concurrent streams per round (half on the killed worker)");
+ABSL_FLAG(int, prompt_tokens, 256, "prompt length in tokens");
+ABSL_FLAG(int, after_tokens, 32, "tokens every stream has received when decode-0 is killed");
+
+namespace {
+
+using pd::e2e::Cluster;
+using pd::e2e::Metric;
+
+std::vector<uint32_t> Prompt(int n, int variant) {
+  std::vector<uint32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = 3 + (i * 7919 + variant * 104729) % 400;
+  return p;
+}
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+// First-token latency of one fresh request of `prompt`, in ms.
+double Ttft(Cluster& c, const std::vector<uint32_t>& prompt, const std::string& salt) {
+  pdserve::v1::GenerateRequest req;
+  req.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  req.mutable_sampling()->set_max_tokens(1);
+  req.set_cache_salt(salt);
+  grpc::ClientContext ctx;
+  const absl::Time start = absl::Now();
+  auto reader = c.api()->Generate(&ctx, req);
+  pdserve::v1::GenerateResponse resp;
+  absl::Time first = absl::InfiniteFuture();
+  while (reader->Read(&resp)) {
+    if (resp.token_ids_size() > 0 && first == absl::InfiniteFuture()) first = absl::Now();
+  }
+  const grpc::Status s = reader->Finish();
+  CHECK(s.ok()) << s.error_message();
+  return absl::ToDoubleMilliseconds(first - start);
+}
+
+struct ModeResult {
+  std::vector<double> stalls_ms;
+  std::vector<double> ttft_ms;
+  int moved = 0;
+  int failed = 0;
+};
+
+ModeResult RunMode(bool tier) {
+  const int prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  const int after = absl::GetFlag(FLAGS_after_tokens);
+  const int n = absl::GetFlag(FLAGS_streams);
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-migration-bench-");
+  CHECK(dir.ok()) << dir.status();
+  std::optional<pd::e2e::Tierd> tierd;
+  // 5 ms per step keeps every stream running well past the kill.
+  std::vector<std::string> flags = {"--step_delay=5ms", "--kv_blocks=2048", "--max_running=64"};
+  if (tier) {
+    tierd.emplace(dir->path(), std::vector<std::string>{"--dram_mib=64"});
+    flags.push_back("--tierd_address=" + tierd->address());
+    flags.push_back("--tier_write_through");
+  }
+  Cluster c(dir->path(), 0, 2, "round_robin", flags);
+  CHECK(c.WaitReady(absl::Seconds(60))) << c.Logs();
+  ModeResult r;
+  for (int i = 0; i < absl::GetFlag(FLAGS_rounds); ++i) {
+    r.ttft_ms.push_back(
+        Ttft(c, Prompt(prompt_tokens + after, 1000 + i), absl::StrCat("ttft-", tier, "-", i)));
+  }
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    const double moved_before =
+        Metric(c.RouterMetrics(), R"(pd_router_migrations_total{reason="failure",result="moved"})");
+    std::vector<std::vector<absl::Time>> arrivals(n);
+    std::vector<std::atomic<int>> received(n);
+    std::vector<grpc::Status> status(n);
+    std::vector<std::thread> threads;
+    for (int s = 0; s < n; ++s) {
+      threads.emplace_back([&, s] {
+        pdserve::v1::GenerateRequest req;
+        const std::vector<uint32_t> prompt = Prompt(prompt_tokens, s);
+        req.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+        req.mutable_sampling()->set_max_tokens(after + 160);
+        req.mutable_sampling()->set_ignore_eos(true);
+        req.set_cache_salt(absl::StrCat("round-", tier, "-", round, "-", s));
+        grpc::ClientContext ctx;
+        auto reader = c.api()->Generate(&ctx, req);
+        pdserve::v1::GenerateResponse resp;
+        while (reader->Read(&resp)) {
+          if (resp.token_ids_size() == 0) continue;
+          arrivals[s].push_back(absl::Now());
+          received[s] += resp.token_ids_size();
+        }
+        status[s] = reader->Finish();
+      });
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    auto all_have = [&] {
+      for (auto& k : received) {
+        if (k.load() < after) return false;
+      }
+      return true;
+    };
+    while (!all_have() && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(200));
+    CHECK(c.workers()[0].process->Signal(SIGKILL).ok());
+    for (std::thread& t : threads) t.join();
+    std::vector<double> gaps;
+    for (int s = 0; s < n; ++s) {
+      if (!status[s].ok()) ++r.failed;
+      double max_gap = 0;
+      for (size_t k = 1; k < arrivals[s].size(); ++k) {
+        max_gap =
+            std::max(max_gap, absl::ToDoubleMilliseconds(arrivals[s][k] - arrivals[s][k - 1]));
+      }
+      gaps.push_back(max_gap);
+    }
+    const int moved =
+        static_cast<int>(Metric(c.RouterMetrics(),
+                                R"(pd_router_migrations_total{reason="failure",result="moved"})") -
+                         moved_before);
+    std::sort(gaps.rbegin(), gaps.rend());
+    for (int k = 0; k < moved && k < n; ++k) r.stalls_ms.push_back(gaps[k]);
+    r.moved += moved;
+    (void)c.workers()[0].process->Wait(absl::Seconds(10));
+    c.RestartWorker(0);
+    CHECK(c.WaitReady(absl::Seconds(60))) << c.Logs();
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "The stall a migrated stream sees, against the TTFT of its resumed prompt; see the top of "
+      "services/bench/migration_bench.cc");
+  absl::ParseCommandLine(argc, argv);
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "both" && mode != "recompute" && mode != "tier") {
+    std::fprintf(stderr, "--mode must be both, recompute or tier, got '%s'\n", mode.c_str());
+    return 2;
+  }
+  std::printf("%-10s %6s %6s %14s %14s %16s %12s\n", "mode", "moved", "failed", "stall_p50_ms",
+              "stall_p99_ms", "ttft_p50_ms", "p99/ttft");
+  for (const bool tier : {false, true}) {
+    if ((tier && mode == "recompute") || (!tier && mode == "tier")) continue;
+    const ModeResult r = RunMode(tier);
+    const double ttft = Quantile(r.ttft_ms, 0.5);
+    const double p99 = Quantile(r.stalls_ms, 0.99);
+    std::printf("%-10s %6d %6d %14.2f %14.2f %16.2f %12.2f\n", tier ? "tier" : "recompute", r.moved,
+                r.failed, Quantile(r.stalls_ms, 0.5), p99, ttft, ttft > 0 ? p99 / ttft : 0);
+    std::fflush(stdout);
+  }
+  return 0;
+}
