@@ -144,10 +144,16 @@ class ScriptedCall final : public grpc::ServerWriteReactor<iv1::DecodeResponse> 
       writing_ = true;
       StartWrite(&script_.messages[next_++]);
     } else if (!script_.wait_for_cancel && script_.pause > absl::ZeroDuration()) {
-      std::thread([this] {  // the call lives until Finish: `this` stays valid
+      std::thread([this] {  // the call lives until Finish: `this` is valid until then
         absl::SleepFor(script_.pause);
-        absl::MutexLock lock(&mu_);
-        FinishLocked(script_.status);
+        const grpc::Status status = script_.status;
+        bool finish;
+        {
+          absl::MutexLock lock(&mu_);
+          finish = !finished_;
+          finished_ = true;
+        }
+        if (finish) Finish(status);  // OnDone may delete `this` from here on
       })
           .detach();
     } else if (!script_.wait_for_cancel) {
