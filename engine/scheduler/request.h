@@ -180,8 +180,8 @@ struct GenerationRequest {
   // worker, which failed or drained after streaming them. The request continues after them as
   // if it had generated them here: they count towards max_tokens, min_tokens and usage, move
   // the structured-output matcher and the text decoder on, and the sampler's draws continue at
-  // step resume.tokens.size(); they are computed with the prompt (prefilled here, never
-  // remotely) and not emitted again.
+  // step resume.tokens.size(); they are computed with the prompt (here, or by the prefill
+  // worker of remote_prefill, which is given the same resume) and not emitted again.
   ResumeState resume;
 };
 

@@ -82,7 +82,8 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
   const int64_t needed = window_.MaxBlocks(
       kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + resumed + 1));
   if (request.on_prefilled != nullptr) {
-    PD_RETURN_IF_ERROR(window_.CheckPrefillOnly(id, static_cast<int64_t>(request.prompt.size())));
+    PD_RETURN_IF_ERROR(window_.CheckPrefillOnly(
+        id, static_cast<int64_t>(request.prompt.size() + request.resume.tokens.size())));
   }
   if (needed > kv_->num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt needs ", needed,
@@ -110,7 +111,17 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
   seq->submitted = clock_->Now();
   seq->request = std::move(request);
   PD_RETURN_IF_ERROR(ReplayResume(seq.get()));
-  waiting_.push_back(std::move(seq));
+  if (seq->num_resumed > 0) {
+    // A migrated stream has a client waiting mid-stream: it is admitted before new requests
+    // (after preempted ones and earlier migrated ones).
+    auto first_new =
+        std::find_if(waiting_.begin(), waiting_.end(), [](const std::unique_ptr<Sequence>& s) {
+          return !s->admitted_once && s->num_resumed == 0;
+        });
+    waiting_.insert(first_new, std::move(seq));
+  } else {
+    waiting_.push_back(std::move(seq));
+  }
   return absl::OkStatus();
 }
 
@@ -253,8 +264,8 @@ void Scheduler::Admit() {
         static_cast<uint32_t>(kv_->block_size()));
     // A remote prefill is tried once, at first admission; a preempted request recomputes here.
     // A prompt that needs a drop is computed here (the prefill worker would not drop).
-    const bool remote = seq->request.remote_prefill != nullptr && !seq->remote_started &&
-                        to_allocate == num_tokens && seq->num_resumed == 0;
+    const bool remote =
+        seq->request.remote_prefill != nullptr && !seq->remote_started && to_allocate == num_tokens;
     if (!seq->admitted_once && !seq->request.tier_prefix.chain.empty()) {
       RestoreTierPrefix(seq, chain);
     }
@@ -552,14 +563,19 @@ bool Scheduler::Step() {
 Scheduler::Batch Scheduler::CollectBatch() {
   Batch batch;
   int64_t budget = config_.max_batch_tokens;
-  for (int pass = 0; pass < 2 && budget > 0; ++pass) {
+  // Pass 0: decodes (one token each); pass 1: prefills of migrated streams, whose clients wait
+  // mid-stream; pass 2: the other prefills.
+  for (int pass = 0; pass < 3 && budget > 0; ++pass) {
     for (auto& owned : running_) {
       Sequence* seq = owned.get();
       if (seq->remote_pending || seq->finished != FinishReason::kNone) {
         continue;
       }
       const int64_t todo = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
-      if (todo <= 0 || (todo == 1) != (pass == 0) || budget <= 0) {
+      const int seq_pass = todo == 1                                                            ? 0
+                           : (seq->num_resumed > 0 && seq->num_generated() == seq->num_resumed) ? 1
+                                                                                                : 2;
+      if (todo <= 0 || seq_pass != pass || budget <= 0) {
         continue;
       }
       // Under the sink + window policy the slots may cover only part of the todo.

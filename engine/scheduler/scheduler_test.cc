@@ -1259,6 +1259,31 @@ TEST(SchedulerResumeTest, ResumedRequestContinuesTheRunExactly) {
   }
 }
 
+// A migrated stream's client waits mid-stream: it is admitted before a new request that came
+// first.
+TEST(SchedulerResumeTest, MigratedStreamsAreAdmittedBeforeNewRequests) {
+  SchedulerConfig one;
+  one.max_running = 1;
+  Harness h(64, one);
+  ASSERT_TRUE(h.Submit(1, {1}, MaxTokens(8)).ok());
+  h.RunToCompletion();
+  const std::vector<uint32_t> out = h.results()[1].tokens;
+  ASSERT_TRUE(h.Submit(2, h.Encode(kPrompts[1]), MaxTokens(8)).ok());
+  GenerationRequest r;
+  r.resume.tokens.assign(out.begin(), out.begin() + 3);
+  ASSERT_TRUE(h.SubmitRequest(3, {1}, MaxTokens(8), "", std::move(r)).ok());
+  while (h.results()[2].last.finish_reason == FinishReason::kNone &&
+         h.results()[3].last.finish_reason == FinishReason::kNone) {
+    h.scheduler()->Step();
+  }
+  EXPECT_EQ(h.results()[3].last.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(h.results()[2].outputs, 0);  // not admitted yet
+  h.RunToCompletion();
+  std::vector<uint32_t> resumed(out.begin(), out.begin() + 3);
+  resumed.insert(resumed.end(), h.results()[3].tokens.begin(), h.results()[3].tokens.end());
+  EXPECT_EQ(resumed, out);
+}
+
 // A resume that could not have been streamed is refused at Submit, naming what is wrong.
 TEST(SchedulerResumeTest, ImpossibleResumesAreRefused) {
   Harness h(64, {});

@@ -291,15 +291,10 @@ void RouterStream::OnUpstreamDone(Attempt* a, const absl::Status& status) {
     }
   }
   if (retry != nullptr) {
+    // Nothing of this stream is touched after Launch: the call may end, and the sink's owner
+    // delete the stream, before it returns. A Cancel in between cancels the new attempt's
+    // context, which gRPC applies when the call starts.
     Launch(retry);
-    bool cancelled;
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled = cancelled_by_client_;
-    }
-    if (cancelled) {
-      retry->ctx.TryCancel();  // a Cancel between the new attempt and its call: pass it on
-    }
     return;
   }
   {
@@ -357,9 +352,9 @@ RouterStream::Attempt* RouterStream::Migrate(const absl::Status& why) {
   std::vector<uint32_t> tokens(decode_.token_ids().begin(), decode_.token_ids().end());
   tokens.insert(tokens.end(), streamed_.begin(), streamed_.end());
   absl::StatusOr<std::vector<BlockHash>> chain = host_->BlockHashesOf(decode_.cache_salt(), tokens);
+  const std::vector<WorkerSnapshot> workers = host_->workers()->Snapshot();
   absl::StatusOr<Placement> p =
-      chain.ok() ? host_->policy()->Choose(*chain, static_cast<int64_t>(tokens.size()),
-                                           host_->workers()->Snapshot())
+      chain.ok() ? host_->policy()->Choose(*chain, static_cast<int64_t>(tokens.size()), workers)
                  : absl::StatusOr<Placement>(chain.status());
   if (!p.ok()) {
     not_moved_ = absl::StrCat("; not moved: no decode worker can take the stream over (",
@@ -367,12 +362,17 @@ RouterStream::Attempt* RouterStream::Migrate(const absl::Status& why) {
     counter->WithLabels({reason, "no_worker"}).Increment();
     return nullptr;
   }
-  p->prefill_index = -1;  // the new worker computes the prompt and the streamed tokens itself
+  // The resumed prompt (prompt + streamed tokens) is placed as any prompt: restored from the
+  // tiers, computed by a prefill worker, or by the decode worker.
   pdserve::internal::v1::ResumeState* resume = decode_.mutable_resume();
   resume->mutable_token_ids()->Assign(streamed_.begin(), streamed_.end());
   resume->set_text_offset(text_offset_);
   decode_.set_block_hashes(ConcatBlockHashes(*chain));
-  decode_.clear_prefill_address();
+  if (p->prefill_index >= 0) {
+    decode_.set_prefill_address(workers[p->prefill_index].address);
+  } else {
+    decode_.clear_prefill_address();
+  }
   const absl::Time now = absl::Now();
   if (decode_.timeout_ms() > 0 && deadline_ != absl::InfiniteFuture()) {
     decode_.set_timeout_ms(

@@ -229,18 +229,17 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
   r.on_output = [reactor](engine::GenerationOutput out) {
     reactor->OnEngineOutput(std::move(out));
   };
-  // A resumed request's prompt is followed by its resumed tokens: prefilled here (the prefill
-  // worker would sample them again from step 0).
-  const bool resumed = request->resume().token_ids_size() > 0;
-  if (resumed) {
-    ctx_->metrics.prefills->WithLabels({"resumed"}).Increment();
-  } else if (!request->prefill_address().empty() && ctx_->handoff != nullptr) {
+  // A resumed request (migration) is prefilled like any: its prompt followed by its resumed
+  // tokens, by the prefill worker (given the resume state) or here.
+  if (!request->prefill_address().empty() && ctx_->handoff != nullptr) {
     RemotePrefill::Attach(ctx_, prefill_peers_.Get(request->prefill_address()),
                           std::make_shared<const iv1::DecodeRequest>(*request),
                           std::min(deadline, absl::Now() + ctx_->config.prefill_timeout), remote,
                           &r);
   } else {
-    ctx_->metrics.prefills->WithLabels({"local"}).Increment();
+    ctx_->metrics.prefills
+        ->WithLabels({request->resume().token_ids_size() > 0 ? "resumed" : "local"})
+        .Increment();
   }
   SubmitWithTiers(ctx_, request->block_hashes(), std::move(r),
                   [reactor](const absl::Status& s) { reactor->Reject(s); });

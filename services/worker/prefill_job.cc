@@ -30,10 +30,11 @@ absl::Status PrefillJob::Validate(const WorkerContext& ctx, const iv1::PrefillRe
         "decode worker uses transport '", req.transport(), "', this prefill worker runs '",
         ctx.handoff == nullptr ? "none" : std::string(ctx.handoff->backend()), "'"));
   }
-  const int64_t n = req.token_ids_size();
-  if (n == 0) {
+  if (req.token_ids_size() == 0) {
     return absl::InvalidArgumentError("token_ids is empty");
   }
+  // A resumed request's tokens follow its prompt: the blocks cover both.
+  const int64_t n = req.token_ids_size() + req.resume().token_ids_size();
   const int64_t bs = ctx.layout.block_size();
   const int64_t full = n / bs;
   const int64_t blocks = (n + bs - 1) / bs;
@@ -77,6 +78,8 @@ void PrefillJob::Run(WorkerContext* ctx, iv1::PrefillRequest request, absl::Time
   r.prompt.assign(req.token_ids().begin(), req.token_ids().end());
   r.sampling = *std::move(sampling);
   r.cache_salt = req.cache_salt();
+  r.resume.tokens.assign(req.resume().token_ids().begin(), req.resume().token_ids().end());
+  r.resume.text_offset = req.resume().text_offset();
   if (deadline != absl::InfiniteFuture()) {
     r.deadline = deadline;
   }

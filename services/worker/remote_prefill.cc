@@ -95,6 +95,7 @@ iv1::PrefillRequest RemotePrefill::BuildRequest(const engine::RemotePrefillTarge
   req.set_transfer_tag(tag);
   req.set_decode_worker_id(ctx_->worker_id);
   req.set_cache_salt(decode_->cache_salt());
+  *req.mutable_resume() = decode_->resume();
   return req;
 }
 

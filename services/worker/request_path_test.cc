@@ -192,6 +192,8 @@ class RequestPathTest : public ::testing::Test {
     EXPECT_TRUE(sampling.ok()) << sampling.status();
     r.sampling = *sampling;
     r.cache_salt = d.cache_salt();
+    r.resume.tokens.assign(d.resume().token_ids().begin(), d.resume().token_ids().end());
+    r.resume.text_offset = d.resume().text_offset();
     r.on_output = [out](engine::GenerationOutput o) {
       bool last = false;
       {
@@ -273,6 +275,41 @@ TEST_F(RequestPathTest, RemotePrefillEqualsLocalPrefill) {
   EXPECT_EQ(decode_->ctx.metrics.kv_transfer_bytes->WithLabels({"in"}).Value(), out);
   EXPECT_EQ(StatsAfterPosted(decode_->loop.get()).remote_prefill_failures, 0);
   ExpectBlocksFreed();
+}
+
+// Migration: a resumed request's prompt and streamed tokens go to the prefill worker with the
+// resume state, which samples the next token as step len(resume) of the seeded stream: the
+// continuation equals the undisturbed run's.
+TEST_F(RequestPathTest, ResumedRequestIsPrefilledRemotelyFromItsResumeState) {
+  iv1::DecodeRequest ref = Decode("reference");
+  ref.mutable_sampling()->set_temperature(1.0f);
+  ref.mutable_sampling()->set_seed(11);
+  Collected want;
+  Submit(ref, nullptr, absl::Seconds(30), &want);
+  ASSERT_TRUE(want.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  std::vector<uint32_t> all;
+  {
+    absl::MutexLock lock(&want.mu);
+    ASSERT_TRUE(want.last.status.ok()) << want.last.status;
+    all = want.tokens;
+  }
+  constexpr int kStreamed = 5;
+  iv1::DecodeRequest d = ref;
+  d.set_request_id("request-resumed");
+  d.set_cache_salt("resumed");
+  d.mutable_resume()->mutable_token_ids()->Add(all.begin(), all.begin() + kStreamed);
+  peer_ =
+      std::make_unique<LoopbackPrefillPeer>(&prefill_->ctx, LoopbackPrefillPeer::Mode::kForward);
+  Collected c;
+  Submit(d, peer_.get(), absl::Seconds(30), &c);
+  ASSERT_TRUE(c.done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  absl::MutexLock lock(&c.mu);
+  EXPECT_TRUE(c.last.status.ok()) << c.last.status;
+  EXPECT_TRUE(c.last.prefilled_remotely);
+  EXPECT_EQ(c.tokens, std::vector<uint32_t>(all.begin() + kStreamed, all.end()));
+  EXPECT_EQ(c.last.completion_tokens, all.size());
+  EXPECT_EQ(peer_->calls(), 1);
+  EXPECT_EQ(Prefills(*decode_, "remote"), 1);
 }
 
 TEST_F(RequestPathTest, PeerThatNeverAnswersFallsBackAtTheDeadline) {
