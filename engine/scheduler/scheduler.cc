@@ -157,15 +157,10 @@ absl::Status Scheduler::ReplayResume(Sequence* seq) {
       return absl::InvalidArgumentError(
           absl::StrCat("request ", id, ": resumed token ", i, " (id ", token, ") ends generation"));
     }
-    if (seq->matcher.has_value()) {
-      const grammar::TokenTrie& trie = GrammarTrie();
-      const auto t = static_cast<int32_t>(token);
-      if (trie.is_end_token(t) || trie.token_bytes(t).empty() ||
-          !seq->matcher->AcceptBytes(trie.token_bytes(t))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("request ", id, ": resumed token ", i, " (id ", token,
-                         ") does not continue the structured output's grammar"));
-      }
+    if (!AdvanceMatcher(seq, token)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", id, ": resumed token ", i, " (id ", token,
+                       ") does not continue the structured output's grammar"));
     }
     PD_ASSIGN_OR_RETURN(std::string delta, seq->detok->Step(token));
     seq->text += delta;
@@ -483,20 +478,13 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLo
   seq->AppendToken(token, std::move(logprob));
   ++stats_.decode_tokens;
   const size_t generated = seq->num_generated();
-  if (seq->matcher.has_value()) {
-    // Every token, sampled here or (decode side) by the prefill worker, moves the matcher on.
-    const grammar::TokenTrie& trie = GrammarTrie();
-    const auto t = static_cast<int32_t>(token);
-    const bool ok = trie.is_end_token(t) ? seq->matcher->CanEnd()
-                                         : !trie.token_bytes(t).empty() &&
-                                               seq->matcher->AcceptBytes(trie.token_bytes(t));
-    if (!ok) {
-      Finish(seq, FinishReason::kError,
-             absl::InternalError(absl::StrCat("request ", seq->request.id.ToString(),
-                                              ": structured output: token ", token,
-                                              " does not continue the grammar")));
-      return;
-    }
+  // Every token, sampled here or (decode side) by the prefill worker, moves the matcher on.
+  if (!AdvanceMatcher(seq, token)) {
+    Finish(seq, FinishReason::kError,
+           absl::InternalError(absl::StrCat("request ", seq->request.id.ToString(),
+                                            ": structured output: token ", token,
+                                            " does not continue the grammar")));
+    return;
   }
   const bool may_stop = generated >= so.min_tokens;
   if (may_stop && seq->IsStopToken(token, c.eos_ids)) {
@@ -560,6 +548,19 @@ bool Scheduler::Step() {
   return true;
 }
 
+namespace {
+
+// Which pass of CollectBatch takes a sequence with `todo` tokens to compute: 0 = a decode (one
+// token), 1 = the prefill of a migrated stream not yet resumed (its client waits mid-stream),
+// 2 = any other prefill.
+int BatchPass(const scheduler_internal::Sequence& seq, int64_t todo) {
+  if (todo == 1) return 0;
+  const bool resuming = seq.num_resumed > 0 && seq.num_generated() == seq.num_resumed;
+  return resuming ? 1 : 2;
+}
+
+}  // namespace
+
 Scheduler::Batch Scheduler::CollectBatch() {
   Batch batch;
   int64_t budget = config_.max_batch_tokens;
@@ -572,10 +573,7 @@ Scheduler::Batch Scheduler::CollectBatch() {
         continue;
       }
       const int64_t todo = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
-      const int seq_pass = todo == 1                                                            ? 0
-                           : (seq->num_resumed > 0 && seq->num_generated() == seq->num_resumed) ? 1
-                                                                                                : 2;
-      if (todo <= 0 || seq_pass != pass || budget <= 0) {
+      if (todo <= 0 || BatchPass(*seq, todo) != pass || budget <= 0) {
         continue;
       }
       // Under the sink + window policy the slots may cover only part of the todo.
@@ -706,6 +704,17 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
     return;
   }
   AcceptToken(seq, static_cast<uint32_t>(token), std::move(logprob));
+}
+
+bool Scheduler::AdvanceMatcher(Sequence* seq, uint32_t token) {
+  if (!seq->matcher.has_value()) {
+    return true;
+  }
+  const grammar::TokenTrie& trie = GrammarTrie();
+  const auto t = static_cast<int32_t>(token);
+  return trie.is_end_token(t)
+             ? seq->matcher->CanEnd()
+             : !trie.token_bytes(t).empty() && seq->matcher->AcceptBytes(trie.token_bytes(t));
 }
 
 const grammar::TokenTrie& Scheduler::GrammarTrie() {

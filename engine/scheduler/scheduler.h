@@ -187,6 +187,9 @@ class Scheduler {
   // The vocabulary as a byte trie for structured output, built on first use (scheduler thread).
   const grammar::TokenTrie& GrammarTrie();
   absl::Status ReplayResume(Sequence* seq);
+  // Moves `seq`'s structured-output matcher over `token` (the model's end token: only where the
+  // sentence may end); false when the token does not continue the grammar. True without one.
+  bool AdvanceMatcher(Sequence* seq, uint32_t token);
   absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 
   const SchedulerConfig config_;

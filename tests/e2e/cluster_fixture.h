@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -388,6 +389,22 @@ class Cluster {
   std::unique_ptr<pdserve::v1::Generation::Stub> api_;
   std::string api_key_;
 };
+
+// Runs `argv` (a node client against a cluster, a python check) to its end within `timeout`,
+// its output going to `log_path`: the output when it exits 0; otherwise an error carrying how
+// it ended and the output.
+inline absl::StatusOr<std::string> RunToEnd(std::vector<std::string> argv,
+                                            const std::string& log_path, absl::Duration timeout) {
+  absl::StatusOr<Subprocess> p = Subprocess::Spawn(std::move(argv), log_path);
+  if (!p.ok()) return p.status();
+  absl::StatusOr<pd::testing::ExitInfo> exit = p->Wait(timeout);
+  std::string log = p->ReadLog();
+  if (!exit.ok() || !exit->Success()) {
+    return absl::InternalError(
+        absl::StrCat(exit.ok() ? exit->ToString() : exit.status().ToString(), "; output:\n", log));
+  }
+  return log;
+}
 
 // A pd-tierd child process on loopback.
 class Tierd {

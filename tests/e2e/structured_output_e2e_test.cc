@@ -26,7 +26,6 @@ namespace pd {
 namespace {
 
 using ::pd::e2e::Cluster;
-using ::pd::testing::Subprocess;
 using ::testing::HasSubstr;
 using json = nlohmann::ordered_json;
 
@@ -149,12 +148,10 @@ TEST(StructuredOutputE2eTest, SchemasFromTheSharedSetOnBothPathsValidate) {
       "        print(c['name'], repr(c['text'])[:200], str(e)[:200])\n"
       "print('validated', len(json.load(open(sys.argv[1]))), 'invalid', bad)\n"
       "sys.exit(1 if bad else 0)\n";
-  absl::StatusOr<Subprocess> py =
-      Subprocess::Spawn({"/usr/bin/python3", "-c", script, checks_path}, tmp->path() + "/py.log");
-  ASSERT_TRUE(py.ok()) << py.status();
-  absl::StatusOr<pd::testing::ExitInfo> exit = py->Wait(absl::Seconds(60));
-  ASSERT_TRUE(exit.ok() && exit->Success()) << py->ReadLog();
-  std::cout << py->ReadLog();
+  absl::StatusOr<std::string> checked = e2e::RunToEnd(
+      {"/usr/bin/python3", "-c", script, checks_path}, tmp->path() + "/py.log", absl::Seconds(60));
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  std::cout << *checked;
 }
 
 TEST(StructuredOutputE2eTest, OpenAiSdkGetsJsonAndBadConstraintsAre400s) {
@@ -171,15 +168,13 @@ TEST(StructuredOutputE2eTest, OpenAiSdkGetsJsonAndBadConstraintsAre400s) {
                   {absl::StrCat("--http_address=127.0.0.1:", e2e::kHttpPort),
                    "--chat_template=" + chat_template});
   ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60))) << cluster.Logs();
-  absl::StatusOr<Subprocess> node = Subprocess::Spawn(
+  absl::StatusOr<std::string> node = e2e::RunToEnd(
       {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", cluster.http_port(), "/v1"),
        "PD_OPENAI_MODEL=stories260K", absl::StrCat("PD_SCHEMA=", kPersonSchema), "node",
        dir + "/structured_output.mjs"},
-      tmp->path() + "/node.log");
-  ASSERT_TRUE(node.ok()) << node.status();
-  absl::StatusOr<pd::testing::ExitInfo> exit = node->Wait(absl::Seconds(120));
-  const std::string log = node->ReadLog();
-  ASSERT_TRUE(exit.ok() && exit->Success()) << log << cluster.Logs();
+      tmp->path() + "/node.log", absl::Seconds(120));
+  ASSERT_TRUE(node.ok()) << node.status() << cluster.Logs();
+  const std::string& log = *node;
   EXPECT_THAT(log, HasSubstr(R"("summary":true,"answers":3)")) << log;
   // Every person answer ends (the schema bounds every string and number).
   EXPECT_THAT(log, ::testing::Not(HasSubstr(R"("finish":"length")"))) << log;

@@ -24,7 +24,6 @@ namespace pd {
 namespace {
 
 using ::pd::e2e::Cluster;
-using ::pd::testing::Subprocess;
 using ::testing::HasSubstr;
 using json = nlohmann::ordered_json;
 
@@ -57,15 +56,13 @@ TEST(ToolCallsE2eTest, OpenAiSdkGetsEnforcedCallsThatValidate) {
                   {absl::StrCat("--http_address=127.0.0.1:", e2e::kHttpPort),
                    "--chat_template=" + chat_template});
   ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60))) << cluster.Logs();
-  absl::StatusOr<Subprocess> node = Subprocess::Spawn(
+  absl::StatusOr<std::string> node = e2e::RunToEnd(
       {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", cluster.http_port(), "/v1"),
        "PD_OPENAI_MODEL=stories260K", absl::StrCat("PD_SCHEMA=", kWeatherSchema), "node",
        dir + "/tool_calls.mjs"},
-      tmp->path() + "/node.log");
-  ASSERT_TRUE(node.ok()) << node.status();
-  absl::StatusOr<pd::testing::ExitInfo> exit = node->Wait(absl::Seconds(120));
-  const std::string log = node->ReadLog();
-  ASSERT_TRUE(exit.ok() && exit->Success()) << log << cluster.Logs();
+      tmp->path() + "/node.log", absl::Seconds(120));
+  ASSERT_TRUE(node.ok()) << node.status() << cluster.Logs();
+  const std::string& log = *node;
   EXPECT_THAT(log, HasSubstr(R"("summary":true,"calls":5)")) << log;
 
   // Each call's arguments against its tool's schema.
@@ -87,12 +84,10 @@ TEST(ToolCallsE2eTest, OpenAiSdkGetsEnforcedCallsThatValidate) {
       "for c in checks:\n"
       "    jsonschema.validate(c['arguments'], c['schema'])\n"
       "print('validated', len(checks))\n";
-  absl::StatusOr<Subprocess> py =
-      Subprocess::Spawn({"/usr/bin/python3", "-c", script, checks_path}, tmp->path() + "/py.log");
-  ASSERT_TRUE(py.ok()) << py.status();
-  absl::StatusOr<pd::testing::ExitInfo> checked = py->Wait(absl::Seconds(60));
-  ASSERT_TRUE(checked.ok() && checked->Success()) << py->ReadLog() << log;
-  std::cout << log << py->ReadLog();
+  absl::StatusOr<std::string> checked = e2e::RunToEnd(
+      {"/usr/bin/python3", "-c", script, checks_path}, tmp->path() + "/py.log", absl::Seconds(60));
+  ASSERT_TRUE(checked.ok()) << checked.status() << log;
+  std::cout << log << *checked;
 
   // Bad tool requests are 400s naming the field.
   struct Case {
