@@ -29,6 +29,8 @@ ABSL_FLAG(std::string, schemas, PD_SHARED_DIR "/jsonschema",
           "folder of MaskBench-format files ({schema, tests: [{valid, data}]})");
 ABSL_FLAG(int, max_schemas, 0, "stop after this many files (0: all)");
 ABSL_FLAG(int, max_whitespace, 16, "JsonSchemaOptions::max_whitespace");
+ABSL_FLAG(bool, verify, false,
+          "also compute every mask by the uncached walk and count differences (slow; not timed)");
 
 namespace {
 
@@ -96,6 +98,11 @@ int main(int argc, char** argv) {
   std::vector<double> mask_us;
   int compiled = 0;
   int token_refused = 0;
+  int mismatches = 0;
+  int64_t cache_hits = 0;
+  int64_t cache_misses = 0;
+  size_t cache_bytes = 0;
+  std::vector<uint32_t> reference;
   size_t done = 0;
   std::vector<uint32_t> mask;
   for (const auto& path : files) {
@@ -125,12 +132,20 @@ int main(int argc, char** argv) {
         const auto m0 = Clock::now();
         m.FillTokenMask(trie, &mask);
         mask_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
+        if (absl::GetFlag(FLAGS_verify)) {
+          m.FillTokenMaskUncached(trie, &reference);
+          if (reference != mask) ++mismatches;
+        }
         if ((mask[id >> 5] & (1u << (id & 31))) == 0 || !m.AcceptBytes(bytes[id])) {
           ++token_refused;  // the instance leaves the grammar (e.g. another member order)
           break;
         }
       }
     }
+    const auto stats = (*c)->mask_cache_stats();
+    cache_hits += stats.hits;
+    cache_misses += stats.misses;
+    cache_bytes = std::max(cache_bytes, stats.bytes);
   }
   std::printf("schemas: %zu, compiled: %d\n", files.size(), compiled);
   std::printf("compile + first mask (ms): p50 %.2f  p99 %.2f  max %.2f\n",
@@ -139,6 +154,18 @@ int main(int argc, char** argv) {
   std::printf("mask (us): %zu masks, mean %.1f  p50 %.1f  p99 %.1f  max %.1f\n", mask_us.size(),
               Mean(mask_us), Percentile(mask_us, 0.5), Percentile(mask_us, 0.99),
               Percentile(mask_us, 1.0));
+  std::printf("mask (us): p90 %.1f  p95 %.1f\n", Percentile(mask_us, 0.9),
+              Percentile(mask_us, 0.95));
+  std::printf("mask cache: %lld hits, %lld misses, largest %.1f KiB\n",
+              static_cast<long long>(cache_hits), static_cast<long long>(cache_misses),
+              static_cast<double>(cache_bytes) / 1024.0);
+  const auto shared = trie.mask_cache_stats();
+  std::printf("shared (per tokenizer) mask cache: %lld hits, %lld misses, %zu entries, %.1f MiB\n",
+              static_cast<long long>(shared.hits), static_cast<long long>(shared.misses),
+              shared.entries, static_cast<double>(shared.bytes) / (1024.0 * 1024.0));
   std::printf("instances that left the grammar mid-way: %d\n", token_refused);
+  if (absl::GetFlag(FLAGS_verify)) {
+    std::printf("masks differing from the uncached walk: %d\n", mismatches);
+  }
   return 0;
 }

@@ -16,8 +16,11 @@
 #include <string>
 #include <vector>
 
+#include <random>
+
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/matcher.h"
+#include "engine/grammar/token_trie.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -25,6 +28,24 @@ namespace pd::grammar {
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+std::vector<std::filesystem::path> SchemaFiles() {
+  std::vector<std::filesystem::path> files;
+  const std::filesystem::path dir = PD_SHARED_DIR "/jsonschema";
+  if (!std::filesystem::exists(dir)) return files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+Json ReadJson(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return Json::parse(text.str(), nullptr, false);
+}
 
 TEST(JsonSchemaSetTest, CompiledSchemasAcceptValidAndRejectInvalidInstances) {
   const std::filesystem::path dir = PD_SHARED_DIR "/jsonschema";
@@ -107,6 +128,79 @@ TEST(JsonSchemaSetTest, CompiledSchemasAcceptValidAndRejectInvalidInstances) {
   // keywords are added, never lower them.
   EXPECT_GE(compiled, 1112);
   EXPECT_LE(valid_refused, 4);
+}
+
+// The cached token masks (Matcher::FillTokenMask: cut states cached per grammar and, by
+// canonical form, across grammars in the trie) against the whole walk, on real schemas and
+// their valid instances. The vocabulary is made of pieces of the instances themselves (1 to 8
+// bytes, cut anywhere, so multi-byte characters split too) and every single byte: large enough
+// that walks inside strings get cached. Every 13th schema; the mask compared at every 6th byte
+// of each valid instance, twice (the second matcher finds every cut state cached).
+TEST(JsonSchemaSetTest, CachedTokenMasksEqualTheWholeWalk) {
+  const std::vector<std::filesystem::path> files = SchemaFiles();
+  if (files.empty()) GTEST_SKIP() << "the shared schema set is not present";
+  std::vector<std::filesystem::path> picked;
+  for (size_t i = 0; i < files.size(); i += 13) picked.push_back(files[i]);
+  std::vector<std::string> vocab;
+  for (int b = 0; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  std::mt19937 rng(9);
+  for (const auto& path : picked) {
+    const Json doc = ReadJson(path);
+    for (const Json& t : doc["tests"]) {
+      const std::string text = t["data"].dump();
+      for (size_t at = 0; at < text.size();) {
+        const size_t len = 1 + rng() % 8;
+        vocab.push_back(text.substr(at, len));
+        at += len;
+      }
+    }
+  }
+  std::sort(vocab.begin() + 256, vocab.end());
+  vocab.erase(std::unique(vocab.begin() + 256, vocab.end()), vocab.end());
+  vocab.push_back("");  // the end token
+  const TokenTrie trie(vocab, {static_cast<int32_t>(vocab.size() - 1)});
+  std::printf("vocabulary: %zu tokens, trie of %zu nodes\n", vocab.size(), trie.num_nodes());
+
+  int masks = 0;
+  int differing = 0;
+  std::vector<uint32_t> cached;
+  std::vector<uint32_t> whole;
+  for (const auto& path : picked) {
+    const Json doc = ReadJson(path);
+    auto grammar = CompileJsonSchema(doc["schema"].dump(), JsonSchemaOptions{});
+    if (!grammar.ok()) continue;
+    auto c = CompiledGrammar::Compile(*grammar);
+    if (!c.ok()) continue;
+    for (const Json& t : doc["tests"]) {
+      if (!t["valid"].get<bool>()) continue;
+      const std::string text = t["data"].dump();
+      for (int pass = 0; pass < 2; ++pass) {
+        Matcher m(*c);
+        for (size_t i = 0; i <= text.size(); ++i) {
+          if (i % 6 == 0 || i == text.size()) {
+            const size_t n_cached = m.FillTokenMask(trie, &cached);
+            const size_t n_whole = m.FillTokenMaskUncached(trie, &whole);
+            ++masks;
+            if (cached != whole || n_cached != n_whole) {
+              ++differing;
+              ADD_FAILURE() << path.filename() << " pass " << pass << " after " << i
+                            << " bytes: " << text.substr(0, i) << ": " << n_cached
+                            << " tokens allowed, the whole walk allows " << n_whole;
+            }
+          }
+          if (i < text.size() && !m.AcceptByte(static_cast<uint8_t>(text[i]))) break;
+        }
+      }
+    }
+  }
+  const auto stats = trie.mask_cache_stats();
+  std::printf("%d masks compared, %d differing; shared cache: %lld hits, %zu entries\n", masks,
+              differing, static_cast<long long>(stats.hits), stats.entries);
+  EXPECT_GT(masks, 5000);
+  EXPECT_EQ(differing, 0);
+  // Strings are cached once and shared: the test would not test the cache otherwise.
+  EXPECT_GT(stats.entries, 0u);
+  EXPECT_GT(stats.hits, 100);
 }
 
 }  // namespace

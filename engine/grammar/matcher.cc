@@ -1,9 +1,11 @@
 #include "engine/grammar/matcher.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/types/span.h"
 #include "common/base/status_macros.h"
 #include "engine/grammar/token_trie.h"
 
@@ -25,6 +27,34 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
     }
   }
   return std::shared_ptr<const CompiledGrammar>(std::move(out));
+}
+
+std::shared_ptr<const CachedTokenMask> CompiledGrammar::FindMask(
+    const std::vector<uint32_t>& key) const {
+  absl::MutexLock lock(&mask_mu_);
+  auto it = masks_.find(key);
+  if (it == masks_.end()) {
+    ++mask_stats_.misses;
+    return nullptr;
+  }
+  ++mask_stats_.hits;
+  return it->second;
+}
+
+void CompiledGrammar::StoreMask(const std::vector<uint32_t>& key,
+                                std::shared_ptr<const CachedTokenMask> mask) const {
+  absl::MutexLock lock(&mask_mu_);
+  const size_t bytes = mask->ByteSize() + key.size() * sizeof(uint32_t);
+  if (mask_stats_.bytes + bytes > kMaxMaskCacheBytes) return;
+  if (masks_.emplace(key, std::move(mask)).second) {
+    mask_stats_.bytes += bytes;
+    ++mask_stats_.entries;
+  }
+}
+
+CompiledGrammar::MaskCacheStats CompiledGrammar::mask_cache_stats() const {
+  absl::MutexLock lock(&mask_mu_);
+  return mask_stats_;
 }
 
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
@@ -72,7 +102,7 @@ bool Matcher::Normalize(uint32_t id, State* out) const {
       if (!seen_set.insert(s).second) continue;
       seen.push_back(s);
     }
-    if (s == 0 || el[nodes_[s].pos].kind == Element::Kind::kBytes) {
+    if (!IsByteTop(s) || el[nodes_[s].pos].kind == Element::Kind::kBytes) {
       out->push_back(s);
       if (out->size() > kMaxStacks) return false;
       continue;
@@ -105,25 +135,48 @@ const Matcher::State* Matcher::Step(uint32_t id, uint8_t byte) const {
   return &steps_.emplace(key, std::move(out)).first->second;
 }
 
-int32_t Matcher::QuickStep(uint32_t id, uint8_t byte) const {
-  if (quick_.size() <= id) quick_.resize(nodes_.size());
-  if (!quick_[id]) {
-    quick_[id] = std::make_unique<std::array<int32_t, 256>>();
-    quick_[id]->fill(kUnknown);
-  }
-  int32_t& slot = (*quick_[id])[byte];
-  if (slot != kUnknown) return slot;
-  int32_t result = kRefused;
-  if (id != 0 && grammar_->set(grammar_->elements()[nodes_[id].pos].index).test(byte)) {
-    const State* next = Step(id, byte);
-    if (next != nullptr && next->size() == 1) {
-      result = static_cast<int32_t>((*next)[0]);
-    } else if (next != nullptr) {
-      result = kSeveral;
+int32_t Matcher::DfaId(const State& state) const {
+  auto it = dfa_ids_.find(state);
+  if (it != dfa_ids_.end()) return it->second;
+  if (dfa_.size() >= kMaxDfaStates) return kDfaNoId;
+  DfaState entry;
+  entry.stacks = state;
+  State live;
+  for (const uint32_t s : state) {
+    if (s != 0 && IsPlaceholder(s)) {
+      entry.placeholders.push_back(nodes_[s].pos - kPlaceholderBase);
+    } else if (s != 0) {
+      live.push_back(s);
     }
   }
-  // Step may have grown quick_ (through nodes_): index again.
-  (*quick_[id])[byte] = result;
+  // The live part first (it may take an id of its own), then this state.
+  if (live.size() != state.size() && !live.empty()) {
+    entry.live = DfaId(live);
+    if (dfa_.size() >= kMaxDfaStates) return kDfaNoId;
+  }
+  const auto id = static_cast<int32_t>(dfa_.size());
+  if (live.size() == state.size()) entry.live = id;
+  dfa_ids_.emplace(state, id);
+  dfa_.push_back(std::move(entry));
+  dfa_next_.push_back(nullptr);
+  return id;
+}
+
+int32_t Matcher::DfaStep(int32_t id, uint8_t byte, State* next) const {
+  auto& row = dfa_next_[static_cast<size_t>(id)];
+  if (row == nullptr) {
+    row = std::make_unique<std::array<int32_t, 256>>();
+    row->fill(kDfaUnknown);
+  }
+  const int32_t known = (*row)[byte];
+  if (known != kDfaUnknown) return known;
+  bool overflow = false;
+  int32_t result = kDfaRefused;
+  // (dfa_ may grow below: copy the stacks first.)
+  const State from = dfa_[static_cast<size_t>(id)].stacks;
+  dfa_work_ += from.size();
+  if (Advance(from, byte, next, &overflow)) result = DfaId(*next);
+  if (result != kDfaNoId) (*dfa_next_[static_cast<size_t>(id)])[byte] = result;
   return result;
 }
 
@@ -132,7 +185,7 @@ bool Matcher::Advance(const State& from, uint8_t byte, State* to, bool* overflow
   to->clear();
   size_t sources = 0;
   for (const uint32_t s : from) {
-    if (s == 0 || !grammar_->set(el[nodes_[s].pos].index).test(byte)) continue;
+    if (!IsByteTop(s) || !grammar_->set(el[nodes_[s].pos].index).test(byte)) continue;
     const State* next = Step(s, byte);
     if (next == nullptr) {
       *overflow = true;
@@ -154,6 +207,29 @@ bool Matcher::Advance(const State& from, uint8_t byte, State* to, bool* overflow
     return false;
   }
   return true;
+}
+
+uint32_t Matcher::CommonTail(const State& state) const {
+  if (state.size() < 2) return 0;
+  auto depth = [&](uint32_t id) {
+    size_t d = 0;
+    for (; id != 0; id = nodes_[id].parent) ++d;
+    return d;
+  };
+  uint32_t tail = state[0];
+  size_t tail_depth = depth(tail);
+  for (size_t i = 1; i < state.size() && tail != 0; ++i) {
+    uint32_t other = state[i];
+    size_t other_depth = depth(other);
+    for (; other_depth > tail_depth; --other_depth) other = nodes_[other].parent;
+    for (; tail_depth > other_depth; --tail_depth) tail = nodes_[tail].parent;
+    while (tail != other) {
+      tail = nodes_[tail].parent;
+      other = nodes_[other].parent;
+      --tail_depth;
+    }
+  }
+  return tail;
 }
 
 bool Matcher::AcceptByte(uint8_t byte) {
@@ -186,64 +262,345 @@ ByteSet Matcher::NextBytes() const { return NextBytesOf(state_); }
 ByteSet Matcher::NextBytesOf(const State& state) const {
   ByteSet out;
   for (const uint32_t s : state) {
-    if (s != 0) out |= grammar_->set(grammar_->elements()[nodes_[s].pos].index);
+    if (IsByteTop(s)) out |= grammar_->set(grammar_->elements()[nodes_[s].pos].index);
   }
   return out;
 }
 
-size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
-  mask->assign(trie.mask_words(), 0);
-  size_t allowed = 0;
-  auto allow = [&](int32_t token) {
-    uint32_t& word = (*mask)[static_cast<size_t>(token) >> 5];
-    const uint32_t bit = 1u << (static_cast<uint32_t>(token) & 31);
-    if ((word & bit) == 0) {
+Matcher::WalkStats Matcher::Walk(const TokenTrie& trie, uint32_t root, const State& state,
+                                 std::vector<uint32_t>* mask,
+                                 std::vector<CachedTokenMask::Boundary>* boundaries,
+                                 size_t max_work) const {
+  WalkStats stats;
+  const size_t work_before = dfa_work_;
+  auto allow_tokens = [&](const TokenTrie::Node& node) {
+    for (uint32_t k = node.tokens_begin; k < node.tokens_end; ++k) {
+      const auto token = static_cast<uint32_t>(trie.token_at(k));
+      uint32_t& word = (*mask)[token >> 5];
+      const uint32_t bit = 1u << (token & 31);
+      stats.added += (word & bit) == 0 ? 1 : 0;
       word |= bit;
-      ++allowed;
     }
   };
-  if (CanEnd()) {
-    for (const int32_t t : trie.end_tokens()) allow(t);
-  }
-  // Depth-first over the trie, one matcher state per level; a subtree whose first byte the
-  // state refuses is skipped whole. A state of one stack (the common case) steps by table.
-  struct Frame {
-    uint32_t node;
-    State state;
+  // Drops the placeholders of `s` (recording where they were reached); false when nothing
+  // that accepts bytes is left.
+  auto split = [&](uint32_t node, State* s) {
+    if (boundaries == nullptr) return true;
+    size_t keep = 0;
+    for (const uint32_t id : *s) {
+      if (id != 0 && IsPlaceholder(id)) {
+        boundaries->push_back({node, nodes_[id].pos - kPlaceholderBase});
+      } else {
+        (*s)[keep++] = id;
+      }
+    }
+    s->resize(keep);
+    return keep > 0;
   };
-  std::vector<Frame> stack;
-  stack.push_back({0, state_});
+  // Depth-first over the trie, one matcher state per level; a subtree whose first byte the
+  // state refuses is skipped whole.
+  std::vector<WalkFrame>& stack = walk_stack_;
+  stack.clear();
+  // Frames are filled in place (GCC's maybe-uninitialized misfires on moved InlinedVectors).
+  auto push = [&](uint32_t node, int32_t dfa, const State* s) {
+    WalkFrame& f = stack.emplace_back();
+    f.node = node;
+    f.dfa = dfa;
+    if (s != nullptr) f.state = *s;
+  };
+  {
+    const int32_t id = DfaId(state);
+    push(root, id, id == kDfaNoId ? &state : nullptr);
+  }
   State next;
   while (!stack.empty()) {
-    Frame frame = std::move(stack.back());
+    const uint32_t frame_node = stack.back().node;
+    const int32_t frame_dfa = stack.back().dfa;
+    State frame_state;
+    if (frame_dfa < 0) frame_state = stack.back().state;
     stack.pop_back();
-    const TokenTrie::Node& node = trie.node(frame.node);
+    ++stats.nodes;
+    const TokenTrie::Node& node = trie.node(frame_node);
     const uint32_t end = node.first_child + node.num_children;
-    if (frame.state.size() == 1) {
-      const uint32_t id = frame.state[0];
+    if (frame_dfa >= 0) {
       for (uint32_t c = node.first_child; c < end; ++c) {
         const TokenTrie::Node& child = trie.node(c);
-        const int32_t q = QuickStep(id, child.byte);
-        if (q == kRefused) continue;
-        for (uint32_t k = child.tokens_begin; k < child.tokens_end; ++k) allow(trie.token_at(k));
-        if (child.num_children == 0) continue;
-        if (q >= 0) {
-          stack.push_back({c, State{static_cast<uint32_t>(q)}});
-        } else {
-          stack.push_back({c, *Step(id, child.byte)});
+        const int32_t to = DfaStep(frame_dfa, child.byte, &next);
+        if (stats.nodes + dfa_work_ - work_before > max_work) {
+          stats.complete = false;
+          return stats;
+        }
+        if (to == kDfaRefused) continue;
+        allow_tokens(child);
+        if (child.num_children == 0) continue;  // (a leaf is no boundary either)
+        if (to == kDfaNoId) {
+          if (split(c, &next)) push(c, kDfaNoId, &next);
+          continue;
+        }
+        const DfaState& after = dfa_[static_cast<size_t>(to)];
+        if (boundaries != nullptr) {
+          for (const uint32_t p : after.placeholders) boundaries->push_back({c, p});
+        }
+        if (after.live >= 0) {
+          push(c, after.live, nullptr);
+        } else if (after.live == kDfaNoId) {
+          State live;
+          for (const uint32_t id : after.stacks) {
+            if (IsByteTop(id)) live.push_back(id);
+          }
+          push(c, kDfaNoId, &live);
         }
       }
       continue;
     }
-    const ByteSet bytes = NextBytesOf(frame.state);
+    const ByteSet bytes = NextBytesOf(frame_state);
     for (uint32_t c = node.first_child; c < end; ++c) {
       const TokenTrie::Node& child = trie.node(c);
       if (!bytes.test(child.byte)) continue;
       bool overflow = false;
-      if (!Advance(frame.state, child.byte, &next, &overflow)) continue;
-      for (uint32_t k = child.tokens_begin; k < child.tokens_end; ++k) allow(trie.token_at(k));
-      if (child.num_children > 0) stack.push_back({c, next});
+      dfa_work_ += frame_state.size();
+      if (stats.nodes + dfa_work_ - work_before > max_work) {
+        stats.complete = false;
+        return stats;
+      }
+      if (!Advance(frame_state, child.byte, &next, &overflow)) continue;
+      allow_tokens(child);
+      if (child.num_children > 0 && split(c, &next)) push(c, kDfaNoId, &next);
     }
+  }
+  return stats;
+}
+
+namespace {
+
+// One stack cut Matcher::kCutDepth entries below its top.
+struct Cut {
+  std::array<uint32_t, Matcher::kCutDepth> pos;  // positions, top first
+  int len = 0;
+  uint32_t below = 0;  // stack id below the cut; 0: the stack ends above it
+};
+
+// Past this many words a cut state's canonical form is not built (the state reaches most of
+// a big grammar, and only its own grammar's cache can serve it).
+constexpr size_t kMaxCanonicalWords = 16384;
+
+// The canonical form of the grammar reachable from `cuts` (sorted, with placeholder numbers
+// `tails`): every alternative tail and rule met, numbered in the order a walk from the cut
+// stacks meets them, byte sets by content. Two cut states with equal forms accept the same
+// byte strings from every stack, whatever grammar they come from. Empty when too big.
+std::vector<uint32_t> CanonicalForm(const CompiledGrammar& g, absl::Span<const Cut> cuts,
+                                    absl::Span<const uint32_t> tails) {
+  const std::vector<Element>& el = g.elements();
+  std::vector<uint32_t> out = {static_cast<uint32_t>(cuts.size())};
+  absl::flat_hash_map<uint32_t, uint32_t> tail_ids;  // position -> number
+  absl::flat_hash_map<uint32_t, uint32_t> rule_ids;
+  absl::flat_hash_map<uint32_t, uint32_t> set_ids;
+  std::vector<std::pair<bool, uint32_t>> queue;  // (is_rule, position or rule)
+  std::vector<uint32_t> sets;
+  auto tail_id = [&](uint32_t pos) {
+    auto [it, added] = tail_ids.try_emplace(pos, static_cast<uint32_t>(tail_ids.size()));
+    if (added) queue.emplace_back(false, pos);
+    return it->second;
+  };
+  auto rule_id = [&](uint32_t rule) {
+    auto [it, added] = rule_ids.try_emplace(rule, static_cast<uint32_t>(rule_ids.size()));
+    if (added) queue.emplace_back(true, rule);
+    return it->second;
+  };
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    out.push_back(static_cast<uint32_t>(cuts[i].len));
+    for (int k = 0; k < cuts[i].len; ++k) out.push_back(tail_id(cuts[i].pos[static_cast<size_t>(k)]));
+    out.push_back(tails[i]);
+  }
+  for (size_t q = 0; q < queue.size(); ++q) {
+    if (out.size() > kMaxCanonicalWords) return {};
+    const auto [is_rule, what] = queue[q];
+    if (is_rule) {
+      const std::vector<uint32_t>& starts = g.alternative_starts(what);
+      out.push_back(0xFFFFFFFFu);
+      out.push_back(static_cast<uint32_t>(starts.size()));
+      // An empty alternative is its kEnd: a tail of no elements, numbered like any other.
+      for (const uint32_t a : starts) out.push_back(tail_id(a));
+      continue;
+    }
+    out.push_back(0xFFFFFFFEu);
+    for (uint32_t p = what; el[p].kind != Element::Kind::kEnd; ++p) {
+      if (el[p].kind == Element::Kind::kRule) {
+        out.push_back(1);
+        out.push_back(rule_id(el[p].index));
+      } else {
+        auto [it, added] = set_ids.try_emplace(el[p].index, static_cast<uint32_t>(sets.size()));
+        if (added) sets.push_back(el[p].index);
+        out.push_back(2);
+        out.push_back(it->second);
+      }
+    }
+  }
+  for (const uint32_t set : sets) {
+    const ByteSet& bits = g.set(set);
+    for (int w = 0; w < 8; ++w) {
+      uint32_t word = 0;
+      for (int b = 0; b < 32; ++b) word |= static_cast<uint32_t>(bits.test(w * 32 + b)) << b;
+      out.push_back(word);
+    }
+  }
+  return out.size() > kMaxCanonicalWords ? std::vector<uint32_t>{} : out;
+}
+
+}  // namespace
+
+size_t Matcher::AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+  size_t added = 0;
+  if (!CanEnd()) return 0;
+  for (const int32_t t : trie.end_tokens()) {
+    uint32_t& word = (*mask)[static_cast<size_t>(t) >> 5];
+    const uint32_t bit = 1u << (static_cast<uint32_t>(t) & 31);
+    added += (word & bit) == 0 ? 1 : 0;
+    word |= bit;
+  }
+  return added;
+}
+
+size_t Matcher::FillTokenMaskUncached(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+  mask->assign(trie.mask_words(), 0);
+  size_t allowed = AllowEndTokens(trie, mask);
+  if (!state_.empty() && !(state_.size() == 1 && state_[0] == 0)) {
+    allowed += Walk(trie, 0, state_, mask, nullptr).added;
+  }
+  return allowed;
+}
+
+size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+  if (state_.size() > kMaxCutStacks) return FillTokenMaskUncached(trie, mask);
+  // Where stacks share what lies below (inside a JSON string: its closing quote and all
+  // that follows), the cut goes just below the shared entry: it keeps the key free of the
+  // context, and tokens reach the cut only once they leave the shared entry (the string).
+  uint32_t common = CommonTail(state_);
+  if (common != 0) common = nodes_[common].parent;
+  absl::InlinedVector<Cut, 8> cuts;
+  for (const uint32_t s : state_) {
+    if (s == 0) continue;  // a complete sentence: the end tokens, added below
+    Cut cut;
+    uint32_t id = s;
+    while (id != 0 && id != common && cut.len < kCutDepth) {
+      cut.pos[static_cast<size_t>(cut.len++)] = nodes_[id].pos;
+      id = nodes_[id].parent;
+    }
+    cut.below = id;
+    cuts.push_back(cut);
+  }
+  std::sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) {
+    if (a.len != b.len) return a.len < b.len;
+    for (int i = 0; i < a.len; ++i) {
+      if (a.pos[static_cast<size_t>(i)] != b.pos[static_cast<size_t>(i)]) {
+        return a.pos[static_cast<size_t>(i)] < b.pos[static_cast<size_t>(i)];
+      }
+    }
+    return a.below < b.below;
+  });
+  // The key lists, per stack, the grammar positions above the cut and what lies below: the
+  // empty stack, or placeholder i (numbered by first appearance, so stacks that share what
+  // lies below share the placeholder).
+  std::vector<uint32_t> key = {static_cast<uint32_t>(trie.id()),
+                               static_cast<uint32_t>(trie.id() >> 32),
+                               static_cast<uint32_t>(cuts.size())};
+  absl::InlinedVector<uint32_t, 4> below;  // placeholder i stands for stack below[i]
+  absl::InlinedVector<uint32_t, 8> tails;  // per cut: its placeholder, or UINT32_MAX
+  for (const Cut& cut : cuts) {
+    key.push_back(static_cast<uint32_t>(cut.len));
+    key.insert(key.end(), cut.pos.begin(), cut.pos.begin() + cut.len);
+    uint32_t tail = UINT32_MAX;
+    if (cut.below != 0) {
+      const auto it = std::find(below.begin(), below.end(), cut.below);
+      tail = static_cast<uint32_t>(it - below.begin());
+      if (it == below.end()) below.push_back(cut.below);
+    }
+    key.push_back(tail);
+    tails.push_back(tail);
+  }
+  std::shared_ptr<const CachedTokenMask> part = grammar_->FindMask(key);
+  if (part != nullptr && part->walk_whole) return FillTokenMaskUncached(trie, mask);
+  if (part == nullptr) {
+    // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
+    // that within a budget; the cache is for the others.
+    mask->assign(trie.mask_words(), 0);
+    const size_t ends = AllowEndTokens(trie, mask);
+    const WalkStats whole = Walk(trie, 0, state_, mask, nullptr, kMinCachedWalk);
+    if (whole.complete) {
+      auto marker = std::make_shared<CachedTokenMask>();
+      marker->walk_whole = true;
+      grammar_->StoreMask(key, std::move(marker));
+      return ends + whole.added;
+    }
+  }
+  std::vector<uint32_t> canonical;
+  if (part == nullptr) {
+    canonical = CanonicalForm(*grammar_, cuts, tails);
+    if (!canonical.empty()) part = trie.FindMask(canonical);
+    if (part != nullptr) grammar_->StoreMask(key, part);
+  }
+  if (part == nullptr) {
+    // Walk the cut state: its stacks rebuilt over placeholder nodes.
+    auto computed = std::make_shared<CachedTokenMask>();
+    computed->accepted.assign(trie.mask_words(), 0);
+    State cut_state;
+    for (size_t i = 0; i < cuts.size(); ++i) {
+      uint32_t base = tails[i] == UINT32_MAX ? 0 : Intern(kPlaceholderBase + tails[i], 0);
+      for (int k = cuts[i].len - 1; k >= 0; --k) {
+        base = Intern(cuts[i].pos[static_cast<size_t>(k)], base);
+      }
+      if (IsPlaceholder(base)) {
+        // A stack cut at its top continues below at once: from the trie's root.
+        computed->boundaries.push_back({0, tails[i]});
+      } else {
+        cut_state.push_back(base);
+      }
+    }
+    std::sort(cut_state.begin(), cut_state.end());
+    cut_state.erase(std::unique(cut_state.begin(), cut_state.end()), cut_state.end());
+    std::sort(computed->boundaries.begin(), computed->boundaries.end(),
+              [](const auto& a, const auto& b) { return a.placeholder < b.placeholder; });
+    computed->boundaries.erase(
+        std::unique(computed->boundaries.begin(), computed->boundaries.end(),
+                    [](const auto& a, const auto& b) { return a.placeholder == b.placeholder; }),
+        computed->boundaries.end());
+    size_t nodes = 0;
+    if (!cut_state.empty()) {
+      const WalkStats stats =
+          Walk(trie, 0, cut_state, &computed->accepted, &computed->boundaries);
+      computed->num_accepted = stats.added;
+      nodes = stats.nodes;
+    }
+    part = computed;
+    if (nodes < kMinCachedWalk) {
+      // The cut walk is short though the whole one was not (the long part lies below the
+      // cut): the cut saves nothing here, walk the whole state next time.
+      auto marker = std::make_shared<CachedTokenMask>();
+      marker->walk_whole = true;
+      grammar_->StoreMask(key, std::move(marker));
+    } else {
+      if (!canonical.empty()) trie.StoreMask(canonical, computed);
+      grammar_->StoreMask(key, std::move(computed));
+    }
+  }
+  *mask = part->accepted;
+  size_t allowed = part->num_accepted + AllowEndTokens(trie, mask);
+  // Below the cut: walk on from each boundary with the real stack there, expanded once per
+  // placeholder.
+  absl::InlinedVector<std::optional<State>, 4> resumed(below.size());
+  for (const CachedTokenMask::Boundary& b : part->boundaries) {
+    std::optional<State>& from = resumed[b.placeholder];
+    if (!from.has_value()) {
+      from.emplace();
+      if (!Normalize(below[b.placeholder], &*from)) {
+        // Too ambiguous to expand: the uncached walk refuses what the matcher would.
+        return FillTokenMaskUncached(trie, mask);
+      }
+      std::sort(from->begin(), from->end());
+      from->erase(std::unique(from->begin(), from->end()), from->end());
+      from->erase(std::remove(from->begin(), from->end(), 0u), from->end());
+    }
+    if (!from->empty()) allowed += Walk(trie, b.trie_node, *from, mask, nullptr).added;
   }
   return allowed;
 }

@@ -22,13 +22,20 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/grammar/grammar.h"
+#include "engine/grammar/token_trie.h"
 
 namespace pd::grammar {
 
-// A validated grammar, flattened for matching. Immutable; shared by every matcher of it.
+// A validated grammar, flattened for matching. Immutable but for its token-mask cache
+// (thread-safe); shared by every matcher of it.
 class CompiledGrammar {
  public:
+  // Most bytes of cached token masks one grammar keeps (past it, masks are computed and not
+  // kept): 2 MiB, about 128 masks of a 128k vocabulary.
+  static constexpr size_t kMaxMaskCacheBytes = size_t{2} << 20;
+
   static absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar);
 
   // Flattened alternatives: each ends with an Element of kind kEnd.
@@ -37,7 +44,20 @@ class CompiledGrammar {
   const ByteSet& set(uint32_t index) const { return sets_[index]; }
   // Position of the synthetic start element (a reference to the root followed by kEnd).
   uint32_t start() const { return 0; }
-  // Approximate bytes held (for caches that bound their memory).
+  // The cached mask part for `key` (Matcher's canonical form of a cut state), or null.
+  std::shared_ptr<const CachedTokenMask> FindMask(const std::vector<uint32_t>& key) const;
+  // Keeps `mask` under `key` while the cache is under kMaxMaskCacheBytes.
+  void StoreMask(const std::vector<uint32_t>& key,
+                 std::shared_ptr<const CachedTokenMask> mask) const;
+  struct MaskCacheStats {
+    int64_t hits = 0;
+    int64_t misses = 0;
+    size_t entries = 0;
+    size_t bytes = 0;
+  };
+  MaskCacheStats mask_cache_stats() const;
+
+  // Approximate bytes held, without the mask cache (for caches that bound their memory).
   size_t ByteSize() const {
     size_t n = elements_.size() * sizeof(Element) + sets_.size() * sizeof(ByteSet);
     for (const auto& s : starts_) n += s.size() * sizeof(uint32_t) + sizeof(s);
@@ -48,9 +68,11 @@ class CompiledGrammar {
   std::vector<Element> elements_;
   std::vector<std::vector<uint32_t>> starts_;
   std::vector<ByteSet> sets_;
+  mutable absl::Mutex mask_mu_;
+  mutable absl::flat_hash_map<std::vector<uint32_t>, std::shared_ptr<const CachedTokenMask>>
+      masks_ ABSL_GUARDED_BY(mask_mu_);
+  mutable MaskCacheStats mask_stats_ ABSL_GUARDED_BY(mask_mu_);
 };
-
-class TokenTrie;
 
 // A matcher is owned by one request (not thread-safe); copies are independent.
 class Matcher {
@@ -84,7 +106,32 @@ class Matcher {
   // The token mask: sets bit t of `mask` (trie.mask_words() words) for every token t whose
   // bytes this matcher accepts from its current state, and the end tokens when CanEnd().
   // Returns the number of tokens allowed.
+  //
+  // How (docs/structured-outputs.md, "Token masks"): most of a mask does not depend on the
+  // whole stack. Inside a JSON string every token that does not close the string is allowed
+  // or refused whatever the string belongs to. So the stacks are cut just below the deepest
+  // entry they all share (the string's closing quote), at most kCutDepth entries down; what
+  // lies below becomes placeholders; and the trie walk of that cut state is cached: in the
+  // CompiledGrammar under its grammar positions, and in the TokenTrie under the canonical form
+  // of the grammar it reaches, so one schema's strings serve every other schema's. A hit costs
+  // a copy of the cached bitmask plus walks of the subtrees where a token reached a
+  // placeholder (tokens that close the string and go on), from the real stack below. States
+  // that are cheap to walk whole (most, outside strings) are walked whole and not cached.
+  // The walk itself runs a lazy DFA over matcher states. The result is the same as
+  // FillTokenMaskUncached's, bit for bit (tested on the shared schema set).
   size_t FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
+  // The same mask by one walk of the trie from the whole state (the reference).
+  size_t FillTokenMaskUncached(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
+  // Most stack entries kept above the cut. The cut goes just below the deepest entry all
+  // stacks share when that is nearer (inside a JSON string: its closing quote), so the key
+  // does not reach into the context.
+  static constexpr int kCutDepth = 4;
+  // States of more stacks than this are walked whole (the cut would split the kMaxStacks
+  // bound's accounting, and such ambiguity is rare).
+  static constexpr size_t kMaxCutStacks = 64;
+  // States whose walk costs less work than this (Walk) are walked whole each time rather than
+  // cached (a 128k vocabulary's mask is 16 KiB; a short walk is cheaper).
+  static constexpr size_t kMinCachedWalk = 2048;
 
  private:
   // Stacks are interned: id 0 is the empty stack, id i > 0 is (top position, id of the rest).
@@ -96,15 +143,57 @@ class Matcher {
     uint32_t parent;
   };
   uint32_t Intern(uint32_t pos, uint32_t parent) const;
+  // Cut placeholders are nodes whose position is kPlaceholderBase + their number: a stack
+  // that pops down to one stops there (Normalize keeps it as a top that accepts no byte).
+  static constexpr uint32_t kPlaceholderBase = 0x80000000u;
+  bool IsPlaceholder(uint32_t id) const { return nodes_[id].pos >= kPlaceholderBase; }
+  // A top that accepts bytes: not the empty stack, not a placeholder.
+  bool IsByteTop(uint32_t id) const { return id != 0 && !IsPlaceholder(id); }
+  // The deepest stack entry every stack of `state` shares (0: none, or fewer than 2 stacks).
+  uint32_t CommonTail(const State& state) const;
+  // Depth-first walk of the trie below `node` from `state`, setting the bits of the tokens
+  // accepted. A step that reaches a placeholder is recorded in *boundaries (which must then
+  // be non-null) when the node has children.
+  // It stops once its work (nodes expanded, plus stacks stepped to extend the DFA) passes
+  // `max_work` (complete = false: the mask is partial).
+  struct WalkStats {
+    size_t added = 0;  // bits newly set
+    size_t nodes = 0;  // trie nodes expanded
+    bool complete = true;
+  };
+  WalkStats Walk(const TokenTrie& trie, uint32_t node, const State& state,
+                 std::vector<uint32_t>* mask, std::vector<CachedTokenMask::Boundary>* boundaries,
+                 size_t max_work = SIZE_MAX) const;
+  // Sets the end tokens' bits when CanEnd(); returns how many were newly set.
+  size_t AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
+  struct WalkFrame {
+    uint32_t node;
+    int32_t dfa;  // the state's DFA id, or kDfaNoId: then `state` holds it
+    State state;
+  };
+  mutable std::vector<WalkFrame> walk_stack_;
   // Expands stack `id` until every top is a byte set (or the stack is empty), into `out`.
   bool Normalize(uint32_t id, State* out) const;
   // The stacks after `byte` from stack `id` (whose top accepts it), memoized.
   const State* Step(uint32_t id, uint8_t byte) const;
-  // Step of a stack whose result is one stack, as a table lookup after the first time:
-  // the next stack id, kRefused, or kSeveral (then Step() has the stacks).
-  static constexpr int32_t kRefused = -1;
-  static constexpr int32_t kSeveral = -2;
-  int32_t QuickStep(uint32_t id, uint8_t byte) const;
+  // The trie walk runs a lazy DFA over whole states: a state seen before has an id, and its
+  // step over a byte is a table lookup after the first time. At most kMaxDfaStates states get
+  // an id (1 KiB of table each); past that, a walk carries the states themselves.
+  static constexpr size_t kMaxDfaStates = 4096;
+  static constexpr int32_t kDfaRefused = -1;  // no stack accepts the byte
+  static constexpr int32_t kDfaNoId = -2;     // accepted, but the DFA is full: Advance again
+  static constexpr int32_t kDfaUnknown = -3;
+  struct DfaState {
+    State stacks;  // sorted; may hold placeholders and the empty stack
+    absl::InlinedVector<uint32_t, 2> placeholders;  // the placeholder numbers among them
+    // The id of the stacks among them that accept bytes: -1 none, kDfaNoId no room.
+    int32_t live = -1;
+  };
+  // The id of `state` (sorted), or kDfaNoId when the DFA is full.
+  int32_t DfaId(const State& state) const;
+  // The id of the state after `byte` from DFA state `id`: kDfaRefused, or kDfaNoId (then
+  // *next holds the state).
+  int32_t DfaStep(int32_t id, uint8_t byte, State* next) const;
   // The state after `byte` from `from`; false when no stack accepts it or a bound is hit
   // (then *overflow is set).
   bool Advance(const State& from, uint8_t byte, State* to, bool* overflow) const;
@@ -114,9 +203,10 @@ class Matcher {
   mutable std::vector<Node> nodes_;
   mutable absl::flat_hash_map<uint64_t, uint32_t> intern_;
   mutable absl::flat_hash_map<uint64_t, State> steps_;
-  // Per stack id (allocated when first needed): 256 QuickStep results, kUnknown until known.
-  static constexpr int32_t kUnknown = -3;
-  mutable std::vector<std::unique_ptr<std::array<int32_t, 256>>> quick_;
+  mutable std::vector<DfaState> dfa_;
+  mutable std::vector<std::unique_ptr<std::array<int32_t, 256>>> dfa_next_;
+  mutable absl::flat_hash_map<State, int32_t> dfa_ids_;
+  mutable size_t dfa_work_ = 0;  // stacks stepped to extend the DFA, ever (a work measure)
   State state_;
   bool overflowed_ = false;
 };

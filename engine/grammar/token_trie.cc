@@ -1,6 +1,7 @@
 #include "engine/grammar/token_trie.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 namespace pd::grammar {
@@ -9,6 +10,8 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
     : end_tokens_(std::move(end_tokens)),
       token_bytes_(token_bytes),
       vocab_size_(token_bytes.size()) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id.fetch_add(1);
   std::vector<int32_t> order;
   for (size_t t = 0; t < token_bytes.size(); ++t) {
     if (!token_bytes[t].empty()) order.push_back(static_cast<int32_t>(t));
@@ -54,6 +57,33 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
       i = j;
     }
   }
+}
+
+std::shared_ptr<const CachedTokenMask> TokenTrie::FindMask(const std::vector<uint32_t>& key) const {
+  absl::MutexLock lock(&mask_mu_);
+  auto it = masks_.find(key);
+  if (it == masks_.end()) {
+    ++mask_stats_.misses;
+    return nullptr;
+  }
+  ++mask_stats_.hits;
+  return it->second;
+}
+
+void TokenTrie::StoreMask(const std::vector<uint32_t>& key,
+                          std::shared_ptr<const CachedTokenMask> mask) const {
+  absl::MutexLock lock(&mask_mu_);
+  const size_t bytes = mask->ByteSize() + key.size() * sizeof(uint32_t);
+  if (mask_stats_.bytes + bytes > kMaxMaskCacheBytes) return;
+  if (masks_.emplace(key, std::move(mask)).second) {
+    mask_stats_.bytes += bytes;
+    ++mask_stats_.entries;
+  }
+}
+
+TokenTrie::MaskCacheStats TokenTrie::mask_cache_stats() const {
+  absl::MutexLock lock(&mask_mu_);
+  return mask_stats_;
 }
 
 }  // namespace pd::grammar

@@ -6,13 +6,39 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+
 namespace pd::grammar {
+
+// The part of a token mask that does not depend on the stack below a cut: the tokens accepted
+// without reaching the cut, and the trie nodes where a walk reached it (the rest of those
+// tokens depends on what lies below). Matcher::FillTokenMask explains the cut.
+struct CachedTokenMask {
+  struct Boundary {
+    uint32_t trie_node;    // the bytes of this node's path were accepted, popping to the cut
+    uint32_t placeholder;  // which cut stack (the key's placeholder number)
+  };
+  std::vector<uint32_t> accepted;    // bitmask, TokenTrie::mask_words() words
+  size_t num_accepted = 0;           // bits set in `accepted`
+  // A marker instead of a mask: this state's walk is short, walk the whole state each time.
+  bool walk_whole = false;
+  std::vector<Boundary> boundaries;  // only nodes with children (leaves are in `accepted`)
+  size_t ByteSize() const {
+    return accepted.size() * sizeof(uint32_t) + boundaries.size() * sizeof(Boundary);
+  }
+};
 
 class TokenTrie {
  public:
+  // Most bytes of cached token masks the trie keeps for all grammars together (past it,
+  // masks are computed and not kept): 32 MiB, about 2,000 masks of a 128k vocabulary.
+  static constexpr size_t kMaxMaskCacheBytes = size_t{32} << 20;
+
   struct Node {
     uint8_t byte = 0;
     uint32_t first_child = 0;  // children are contiguous, sorted by byte
@@ -37,6 +63,22 @@ class TokenTrie {
   size_t vocab_size() const { return vocab_size_; }
   size_t mask_words() const { return (vocab_size_ + 31) / 32; }
   size_t num_nodes() const { return nodes_.size(); }
+  // Unique per trie ever built in this process (a key for caches of masks over it).
+  uint64_t id() const { return id_; }
+
+  // Token masks shared by every grammar (thread-safe): keyed by the canonical form of a cut
+  // state's reachable grammar (Matcher::FillTokenMask), so a JSON string's mask computed for
+  // one schema serves every other schema's strings.
+  std::shared_ptr<const CachedTokenMask> FindMask(const std::vector<uint32_t>& key) const;
+  void StoreMask(const std::vector<uint32_t>& key,
+                 std::shared_ptr<const CachedTokenMask> mask) const;
+  struct MaskCacheStats {
+    int64_t hits = 0;
+    int64_t misses = 0;
+    size_t entries = 0;
+    size_t bytes = 0;
+  };
+  MaskCacheStats mask_cache_stats() const;
 
  private:
   std::vector<Node> nodes_;  // nodes_[0] is the root
@@ -44,6 +86,11 @@ class TokenTrie {
   std::vector<int32_t> end_tokens_;
   std::vector<std::string> token_bytes_;
   size_t vocab_size_ = 0;
+  uint64_t id_ = 0;
+  mutable absl::Mutex mask_mu_;
+  mutable absl::flat_hash_map<std::vector<uint32_t>, std::shared_ptr<const CachedTokenMask>>
+      masks_ ABSL_GUARDED_BY(mask_mu_);
+  mutable MaskCacheStats mask_stats_ ABSL_GUARDED_BY(mask_mu_);
 };
 
 }  // namespace pd::grammar
