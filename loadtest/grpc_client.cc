@@ -173,6 +173,9 @@ std::unique_ptr<InFlight> GrpcClient::Prepare(RequestSpec& spec, bool move_promp
   if (options_.temperature != 0) {
     req.mutable_sampling()->set_temperature(static_cast<float>(options_.temperature));
   }
+  if (!options_.json_schema.empty()) {
+    req.mutable_sampling()->mutable_constraint()->set_json_schema(options_.json_schema);
+  }
   req.set_client_request_id(params.client_request_id);
   if (!params.cache_salt.empty()) {
     req.set_cache_salt(params.cache_salt);

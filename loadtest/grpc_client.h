@@ -27,6 +27,7 @@ struct GrpcClientOptions {
   absl::Duration request_timeout = absl::Minutes(10);  // gRPC deadline; zero = none
   bool ignore_eos = true;
   double temperature = 0;  // sampling.temperature (0 = greedy, the server's default)
+  std::string json_schema;  // sampling.constraint.json_schema when not empty
   int num_threads = 2;     // completion-queue polling threads, >= 1
 };
 

@@ -265,6 +265,9 @@ absl::StatusOr<std::unique_ptr<LoadRun>> LoadRun::Create(const LoadTestConfig& c
     info.workload_options.push_back({"compare_target", config.compare_target});
     add_backend(1, "compare_");
   }
+  if (!config.json_schema_file.empty()) {
+    info.workload_options.push_back({"json_schema", config.json_schema_file});
+  }
   if (config.temperature != 0) {
     info.workload_options.push_back({"temperature", absl::StrCat(config.temperature)});
   }
@@ -328,6 +331,7 @@ RunnerOptions LoadRun::RunnerOptionsFor(double request_rate) const {
   ro.ignore_eos = config_.ignore_eos;
   ro.temperature = config_.temperature;
   ro.cache_salt = config_.cache_salt;
+  ro.json_schema = config_.json_schema;
   if (config_.compare() && config_.compare_salt) {
     ro.cache_salt = absl::StrCat(config_.cache_salt, "/a");
     ro.compare_cache_salt = absl::StrCat(config_.cache_salt, "/b");

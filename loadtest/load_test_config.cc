@@ -126,6 +126,11 @@ absl::StatusOr<ArrivalMode> LoadTestConfig::ResolveArrival() const {
 }
 
 absl::Status LoadTestConfig::Validate() const {
+  if (!json_schema.empty() && ignore_eos) {
+    return absl::InvalidArgumentError(
+        "--json_schema needs --ignore_eos=false: a constrained output ends when its document is "
+        "complete");
+  }
   if (target.empty()) {
     return absl::InvalidArgumentError("--target is empty (expected host:port)");
   }

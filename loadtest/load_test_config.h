@@ -75,6 +75,10 @@ struct LoadTestConfig {
   bool ignore_eos = true;
   double temperature = 0;  // sampling temperature of every request; 0 = greedy
   std::string cache_salt;  // "" = unset
+  // Structured output: every request's output is constrained to this JSON Schema (its text;
+  // "" = none). Needs ignore_eos false: a constrained output ends when its document does.
+  std::string json_schema;
+  std::string json_schema_file;  // where it came from (for the report)
   // Security of the connections to the target(s) (docs/security.md): a file holding the API
   // key sent as "authorization: Bearer <key>" ("" = none), and TLS: the CA of the target's
   // certificate ("" = plaintext) and a client certificate and key for targets requiring mTLS.

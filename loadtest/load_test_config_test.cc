@@ -26,6 +26,14 @@ TEST(LoadTestConfigTest, ValidClosedLoop) {
   EXPECT_EQ(*Closed().ResolveArrival(), ArrivalMode::kClosed);
 }
 
+TEST(LoadTestConfigTest, JsonSchemaNeedsIgnoreEosOff) {
+  LoadTestConfig c = Closed();
+  c.json_schema = R"({"type":"object"})";
+  ExpectInvalid(c, "--json_schema needs --ignore_eos=false");
+  c.ignore_eos = false;
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+}
+
 TEST(LoadTestConfigTest, AutoArrival) {
   LoadTestConfig c = Closed();
   c.request_rate = 5;

@@ -6,11 +6,16 @@
 // flag, bad input (trace), an unreachable target or an unwritable report; 130 after Ctrl-C
 // (SIGINT) or SIGTERM, once the partial report is written.
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "loadtest/load_run.h"
 #include "services/base/shutdown_signal.h"
 #include "services/base/startup.h"
@@ -72,6 +77,10 @@ ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "per-request deadl
 ABSL_FLAG(bool, ignore_eos, true, "ask the server to generate exactly the output length");
 ABSL_FLAG(double, temperature, 0, "sampling temperature of every request; 0 = greedy");
 ABSL_FLAG(std::string, cache_salt, "", "cache_salt of every request; empty = unset");
+ABSL_FLAG(std::string, json_schema, "",
+          "file holding a JSON Schema: every request's output is constrained to it (OpenAI: "
+          "response_format json_schema; gRPC: SamplingParams.constraint); needs "
+          "--ignore_eos=false");
 ABSL_FLAG(double, slo_ttft_ms, 0, "goodput SLO on TTFT in ms; 0 = none");
 ABSL_FLAG(double, slo_tpot_ms, 0, "goodput SLO on TPOT in ms; 0 = none");
 ABSL_FLAG(std::string, output_json, "", "write the JSON summary here");
@@ -134,6 +143,7 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   c.temperature = absl::GetFlag(FLAGS_temperature);
   c.cache_salt = absl::GetFlag(FLAGS_cache_salt);
+  c.json_schema_file = absl::GetFlag(FLAGS_json_schema);
   c.slo_ttft_ms = absl::GetFlag(FLAGS_slo_ttft_ms);
   c.slo_tpot_ms = absl::GetFlag(FLAGS_slo_tpot_ms);
   c.output_json = absl::GetFlag(FLAGS_output_json);
@@ -161,7 +171,25 @@ int main(int argc, char** argv) {
       "[--duration=D] [--compare_target=HOST:PORT] [--output_dir=DIR] ... "
       "(dashed names like --slo-ttft-ms work too; see docs/loadtest.md)");
   pd::services::ShutdownSignal signal;  // Ctrl-C / SIGTERM: stop, report, exit 130
-  auto load_test = pd::loadtest::LoadRun::Create(ConfigFromFlags());
+  pd::loadtest::LoadTestConfig config = ConfigFromFlags();
+  if (!config.json_schema_file.empty()) {
+    std::ifstream in(config.json_schema_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) {
+      pd::services::ExitWithStartupError(
+          kProgram, absl::InvalidArgumentError(absl::StrCat(
+                        "--json_schema: cannot read ", config.json_schema_file)));
+    }
+    const auto schema = nlohmann::json::parse(text.str(), nullptr, false);
+    if (schema.is_discarded() || !schema.is_object()) {
+      pd::services::ExitWithStartupError(
+          kProgram, absl::InvalidArgumentError(absl::StrCat(
+                        "--json_schema: ", config.json_schema_file, " is not a JSON object")));
+    }
+    config.json_schema = schema.dump();
+  }
+  auto load_test = pd::loadtest::LoadRun::Create(config);
   if (!load_test.ok()) {
     pd::services::ExitWithStartupError(kProgram, load_test.status());
   }

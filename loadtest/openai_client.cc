@@ -277,6 +277,7 @@ void OpenAiClient::Impl::Run(HttpRequest* r, httplib::Client* client) {
   fields.temperature = options_.temperature;
   fields.ignore_eos = options_.ignore_eos;
   fields.cache_salt = r->params.cache_salt;
+  fields.json_schema = options_.json_schema;
   std::string text;
   absl::Status setup;
   if (options_.endpoint == OpenAiEndpoint::kChat) {

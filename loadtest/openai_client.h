@@ -39,6 +39,7 @@ struct OpenAiClientOptions {
   absl::Duration request_timeout = absl::Minutes(10);  // zero = none
   bool ignore_eos = true;
   double temperature = 0;
+  std::string json_schema;  // response_format json_schema when not empty
 
   // InvalidArgument for a bad URL or a chat endpoint without a tokenizer.
   absl::Status Validate() const;

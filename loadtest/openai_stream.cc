@@ -115,6 +115,12 @@ std::string OpenAiRequestBody(const OpenAiRequestFields& f) {
   if (!f.cache_salt.empty()) {
     j["cache_salt"] = f.cache_salt;
   }
+  if (!f.json_schema.empty()) {
+    j["response_format"] = {
+        {"type", "json_schema"},
+        {"json_schema",
+         {{"name", "loadtest"}, {"schema", json::parse(f.json_schema, nullptr, false)}}}};
+  }
   // Text decoded from random token ids may be invalid UTF-8: replace, never throw.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -66,6 +66,9 @@ struct OpenAiRequestFields {
   double temperature = 0;
   bool ignore_eos = true;  // sent as the ignore_eos extension (vLLM, SGLang) only when true
   std::string cache_salt;  // sent as cache_salt (vLLM's extension) only when not empty
+  // Sent as response_format {type: json_schema, json_schema: {name, schema}} when not empty
+  // (JSON text; must parse).
+  std::string json_schema;
 };
 
 // The JSON body: model, prompt or messages, max_tokens, temperature, stream: true,

@@ -191,6 +191,18 @@ TEST(OpenAiRequestBodyTest, ChatSendsOneUserMessageWithInvalidUtf8Replaced) {
   EXPECT_FALSE(j.contains("prompt"));
 }
 
+TEST(OpenAiRequestBodyTest, JsonSchemaIsSentAsResponseFormat) {
+  OpenAiRequestFields f;
+  f.model = "m";
+  f.ignore_eos = false;
+  f.json_schema = R"({"type":"array","items":{"type":"string"}})";
+  const nlohmann::json j = nlohmann::json::parse(OpenAiRequestBody(f));
+  EXPECT_EQ(j["response_format"]["type"], "json_schema");
+  EXPECT_EQ(j["response_format"]["json_schema"]["name"], "loadtest");
+  EXPECT_EQ(j["response_format"]["json_schema"]["schema"]["items"]["type"], "string");
+  EXPECT_FALSE(j.contains("ignore_eos"));
+}
+
 TEST(OpenAiUrlTest, BaseUrlsWithAndWithoutV1) {
   struct Case {
     const char* url;

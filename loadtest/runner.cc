@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(
     go.request_timeout = o.request_timeout;
     go.ignore_eos = o.ignore_eos;
     go.temperature = o.temperature;
+    go.json_schema = o.json_schema;
     go.num_threads = o.num_threads;
     runner->owned_clients_.push_back(std::make_unique<GrpcClient>(
         runner.get(), go, std::move(grpc_channels[0]), std::move(grpc_channels[1])));
@@ -110,6 +111,7 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(
     oo.request_timeout = o.request_timeout;
     oo.ignore_eos = o.ignore_eos;
     oo.temperature = o.temperature;
+    oo.json_schema = o.json_schema;
     absl::StatusOr<std::unique_ptr<OpenAiClient>> client =
         OpenAiClient::Create(runner.get(), std::move(oo));
     if (!client.ok()) {

@@ -53,6 +53,7 @@ struct RunnerOptions {
   bool ignore_eos = true;
   double temperature = 0;  // sampling temperature (0 = greedy)
   std::string cache_salt;  // GenerateRequest.cache_salt; "" = unset
+  std::string json_schema;  // every request's output constraint (JSON Schema text); "" = none
   // Compare mode (a second group of channels): cache_salt of the copies sent there; "" = unset.
   std::string compare_cache_salt;
   int num_threads = 2;  // completion-queue polling threads, [1, 64]
