@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, tokenizer, "", "a Hugging Face tokenizer.json (required)"
 ABSL_FLAG(std::string, schemas, PD_SHARED_DIR "/jsonschema",
           "folder of MaskBench-format files ({schema, tests: [{valid, data}]})");
 ABSL_FLAG(int, max_schemas, 0, "stop after this many files (0: all)");
+ABSL_FLAG(int, skip_schemas, 0, "skip this many files first (in name order)");
+ABSL_FLAG(double, report_slow_ms, 0,
+          "print each mask slower than this (schema, position, time); 0: none");
 ABSL_FLAG(int, max_whitespace, 16, "JsonSchemaOptions::max_whitespace");
 ABSL_FLAG(bool, verify, false,
           "also compute every mask by the uncached walk and count differences (slow; not timed)");
@@ -88,6 +91,8 @@ int main(int argc, char** argv) {
     if (e.path().extension() == ".json") files.push_back(e.path());
   }
   std::sort(files.begin(), files.end());
+  const auto skip = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_skip_schemas)));
+  files.erase(files.begin(), files.begin() + static_cast<std::ptrdiff_t>(std::min(skip, files.size())));
   if (absl::GetFlag(FLAGS_max_schemas) > 0 &&
       files.size() > static_cast<size_t>(absl::GetFlag(FLAGS_max_schemas))) {
     files.resize(static_cast<size_t>(absl::GetFlag(FLAGS_max_schemas)));
@@ -132,6 +137,12 @@ int main(int argc, char** argv) {
         const auto m0 = Clock::now();
         m.FillTokenMask(trie, &mask);
         mask_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
+        if (absl::GetFlag(FLAGS_report_slow_ms) > 0 &&
+            mask_us.back() > 1000 * absl::GetFlag(FLAGS_report_slow_ms)) {
+          std::fprintf(stderr, "slow mask: %s, instance token %zu: %.1f ms\n",
+                       path.filename().string().c_str(), static_cast<size_t>(&id - ids->data()),
+                       mask_us.back() / 1000);
+        }
         if (absl::GetFlag(FLAGS_verify)) {
           m.FillTokenMaskUncached(trie, &reference);
           if (reference != mask) ++mismatches;

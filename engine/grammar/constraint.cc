@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "engine/grammar/gbnf.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex.h"
 
@@ -35,6 +36,8 @@ absl::StatusOr<Grammar> BuildGrammar(const ConstraintSpec& spec) {
       g.set_root(*root);
       return g;
     }
+    case ConstraintSpec::Kind::kGrammar:
+      return CompileGbnf(spec.text);
     case ConstraintSpec::Kind::kChoice: {
       if (spec.choices.empty()) {
         return absl::InvalidArgumentError("choice: the list of choices is empty");
@@ -63,6 +66,8 @@ const char* ConstraintKindName(ConstraintSpec::Kind kind) {
       return "regex";
     case ConstraintSpec::Kind::kChoice:
       return "choice";
+    case ConstraintSpec::Kind::kGrammar:
+      return "grammar";
   }
   return "unknown";
 }

@@ -19,9 +19,10 @@
 namespace pd::grammar {
 
 struct ConstraintSpec {
-  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kChoice };
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar };
   Kind kind = Kind::kNone;
-  std::string text;                  // kJsonSchema: the schema (JSON); kRegex: the pattern
+  // kJsonSchema: the schema (JSON); kRegex: the pattern; kGrammar: GBNF (gbnf.h)
+  std::string text;
   std::vector<std::string> choices;  // kChoice: the output is exactly one of these
 };
 
@@ -33,7 +34,7 @@ inline constexpr size_t kMaxChoices = 4096;
 // models otherwise spend their tokens on runs of newlines up to any larger bound.
 inline constexpr int kConstraintMaxWhitespace = 1;
 
-// "json_schema", "json_object", "regex", "choice" or "none".
+// "json_schema", "json_object", "regex", "choice", "grammar" or "none".
 const char* ConstraintKindName(ConstraintSpec::Kind kind);
 
 // Compiles `spec` (kind not kNone). Errors: InvalidArgument naming what is wrong (a keyword

@@ -47,6 +47,11 @@ absl::StatusOr<grammar::ConstraintSpec> ConstraintFromProto(
       spec.kind = grammar::ConstraintSpec::Kind::kRegex;
       spec.text = c.regex();
       break;
+    case OutputConstraint::kGrammar:
+      if (auto s = CheckText("grammar", c.grammar()); !s.ok()) return s;
+      spec.kind = grammar::ConstraintSpec::Kind::kGrammar;
+      spec.text = c.grammar();
+      break;
     case OutputConstraint::kChoice: {
       const auto& values = c.choice().values();
       if (values.empty() || static_cast<size_t>(values.size()) > grammar::kMaxChoices) {
@@ -68,7 +73,7 @@ absl::StatusOr<grammar::ConstraintSpec> ConstraintFromProto(
       break;
     }
     case OutputConstraint::KIND_NOT_SET:
-      return Invalid("kind", "set one of json_schema, json_object, regex or choice");
+      return Invalid("kind", "set one of json_schema, json_object, regex, choice or grammar");
   }
   if (sampling.min_tokens() > 0 || sampling.ignore_eos()) {
     return absl::InvalidArgumentError(

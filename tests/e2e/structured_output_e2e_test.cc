@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -190,6 +191,10 @@ TEST(StructuredOutputE2eTest, OpenAiSdkGetsJsonAndBadConstraintsAre400s) {
        "matches nothing"},
       {R"({"model":"stories260K","prompt":"x","guided_regex":"(a"})", "missing ')'"},
       {R"({"model":"stories260K","prompt":"x","guided_json":{"$ref":"#/$defs/nope"}})", "$defs"},
+      {R"({"model":"stories260K","prompt":"x","guided_grammar":"root ::= e\ne ::= e \"+\" [0-9]"})",
+       "rule 'e' is left-recursive"},
+      {R"({"model":"stories260K","prompt":"x","guided_grammar":"root ::= \"a\" @"})",
+       "line 1, column 14: unexpected '@'"},
       {R"({"model":"stories260K","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":[1]}}})",
        "must be a JSON Schema"},
       {absl::StrCat(
@@ -199,6 +204,26 @@ TEST(StructuredOutputE2eTest, OpenAiSdkGetsJsonAndBadConstraintsAre400s) {
   };
   httplib::Client http("127.0.0.1", cluster.http_port());
   http.set_read_timeout(30, 0);
+  // A GBNF grammar (vLLM's guided_grammar) through prefill and decode workers: the text is a
+  // sentence of it.
+  {
+    const nlohmann::json body = {
+        {"model", "stories260K"},
+        {"prompt", "Once upon a time"},
+        {"max_tokens", 60},
+        {"guided_grammar",
+         "root ::= \" The \" animal \" was \" [a-z]{2,10} (\" and \" [a-z]{2,10})? \".\"\n"
+         "animal ::= \"cat\" | \"dog\" | \"bird\""}};
+    auto res = http.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res) << "grammar request";
+    ASSERT_EQ(res->status, 200) << res->body;
+    const nlohmann::json out = nlohmann::json::parse(res->body);
+    const std::string text = out["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(out["choices"][0]["finish_reason"], "stop") << text;
+    EXPECT_TRUE(std::regex_match(
+        text, std::regex(R"( The (cat|dog|bird) was [a-z]{2,10}( and [a-z]{2,10})?\.)")))
+        << text;
+  }
   for (const Case& c : cases) {
     auto res = http.Post("/v1/completions", c.body, "application/json");
     ASSERT_TRUE(res) << c.message;

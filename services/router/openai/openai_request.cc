@@ -358,7 +358,8 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
     }
     return absl::OkStatus();
   };
-  // One of vLLM's forms: "json" (a schema), "regex" or "choice", given as `param`.
+  // One of vLLM's forms: "json" (a schema), "regex", "grammar" (GBNF) or "choice", given as
+  // `param`.
   auto set_form = [&](const std::string& param, const std::string& form,
                       const ordered_json& v) -> absl::Status {
     PD_RETURN_IF_ERROR(take(param));
@@ -368,6 +369,9 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
     } else if (form == "regex") {
       if (!v.is_string()) return Bad(param, "must be a string");
       c.set_regex(v.get<std::string>());
+    } else if (form == "grammar") {
+      if (!v.is_string()) return Bad(param, "must be a string (a GBNF grammar)");
+      c.set_grammar(v.get<std::string>());
     } else {
       PD_RETURN_IF_ERROR(set_choices(param, v));
     }
@@ -421,12 +425,9 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
                    absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", got \"",
                                 t.substr(0, 64), "\""));
       }
-    } else if (key == "guided_json" || key == "guided_regex" || key == "guided_choice") {
+    } else if (key == "guided_json" || key == "guided_regex" || key == "guided_choice" ||
+               key == "guided_grammar") {
       PD_RETURN_IF_ERROR(set_form(key, key.substr(7), v));
-    } else if (key == "guided_grammar") {
-      return Bad(key,
-                 "grammars (EBNF/GBNF) are not implemented yet; use guided_json, "
-                 "guided_regex or guided_choice");
     } else if (key == "guided_whitespace_pattern") {
       return Bad(key, "is not supported by this server (whitespace is bounded by the engine)");
     } else if (key == "guided_decoding_backend") {
@@ -436,15 +437,15 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
       for (const auto& [k2, v2] : v.items()) {
         const std::string field = absl::StrCat(key, ".", k2);
         if (v2.is_null()) continue;
-        if (k2 == "json" || k2 == "regex" || k2 == "choice") {
+        if (k2 == "json" || k2 == "regex" || k2 == "choice" || k2 == "grammar") {
           PD_RETURN_IF_ERROR(set_form(field, k2, v2));
         } else if (k2 == "json_object") {
           if (!v2.is_boolean()) return Bad(field, "must be a boolean");
           if (!v2.get<bool>()) continue;
           PD_RETURN_IF_ERROR(take(field));
           c.set_json_object(true);
-        } else if (k2 == "grammar" || k2 == "structural_tag") {
-          return Bad(field, "is not implemented yet; use json, regex or choice");
+        } else if (k2 == "structural_tag") {
+          return Bad(field, "is not implemented yet; use json, regex, grammar or choice");
         } else {
           return Bad(field, "unrecognized field");
         }

@@ -241,8 +241,16 @@ TEST(OpenAiRequestTest, StructuredOutputConstraints) {
             "guided_choice[1]", "string");
   ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_json":"{nope"})"), "guided_json",
             "not a JSON document");
-  ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_grammar":"root ::= \"a\""})"),
-            "guided_grammar", "not implemented");
+  r = Completions(R"({"model":"m","prompt":"x","guided_grammar":"root ::= \"a\""})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.constraint().grammar(), "root ::= \"a\"");
+  r = Completions(R"({"model":"m","prompt":"x","structured_outputs":{"grammar":"root ::= [a-z]+"}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.constraint().grammar(), "root ::= [a-z]+");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_grammar":{"root":"a"}})"),
+            "guided_grammar", "must be a string");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","structured_outputs":{"structural_tag":"x"}})"),
+            "structured_outputs.structural_tag", "not implemented");
   ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_regex":"a","ignore_eos":true})"),
             "ignore_eos", "structured output");
 }
