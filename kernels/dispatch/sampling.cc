@@ -55,9 +55,6 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
       return absl::InvalidArgumentError(
           "sample: on cuda, temperature needs seeds and steps (rows are not inspected)");
     }
-    if (p.min_p != nullptr) {  // TODO(#31): the CUDA sampler's min-p follows in its own change
-      return absl::UnimplementedError("sample: min_p on cuda is not built yet");
-    }
     if (p.vocab_size >= (int64_t{1} << 27)) {  // cuda::kMaxSamplingVocab: fixed-point sums
       return absl::InvalidArgumentError(absl::StrCat("sample: on cuda, vocab_size ", p.vocab_size,
                                                      " must be below 2^27 (134217728)"));
@@ -139,8 +136,7 @@ absl::Status ApplyLogitEdits(const OpContext& ctx, const LogitEditParams& p) {
   }
 #if PD_WITH_CUDA
   if (ctx.device == Device::kCuda) {
-    // TODO(#31): the CUDA kernel follows in its own change.
-    return absl::UnimplementedError("logit_edits: no cuda kernel yet");
+    return cuda::ApplyLogitEdits(ctx, p);  // ids are device memory: the caller's to check
   }
 #endif
   for (int64_t i = 0; i < p.num_edits; ++i) {
