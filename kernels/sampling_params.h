@@ -25,13 +25,17 @@ constexpr bool IsGreedyTemperature(float temperature) {
 //  - greedy when temperature is nullptr or IsGreedyTemperature(temperature[s]) (below 1e-5): the
 //    argmax, ties to the lowest id;
 //  - otherwise sampling from softmax(logits / temperature[s]) restricted to the kept set: the
-//    top_k[s] tokens (if 0 < top_k[s] < vocab_size), then the smallest prefix of those whose
-//    renormalised probability mass reaches top_p[s] (if top_p[s] < 1). Candidates are ranked by
-//    (logit descending, id ascending), so ties are broken deterministically.
+//    tokens whose weight exp((logit - max logit) / temperature[s]), i.e. their probability over
+//    the top token's, is at least min_p[s] (if min_p[s] > 0: vLLM's min_p), of those the top_k[s]
+//    first (if 0 < top_k[s]), then the smallest prefix of those whose renormalised probability
+//    mass reaches top_p[s] (if top_p[s] < 1). Candidates are ranked by (logit descending, id
+//    ascending), so ties are broken deterministically; the min_p set is a prefix of that order
+//    (the weight grows with the logit), so the three cuts are prefixes one after the other.
 // The draw is u = SamplingUniform(seeds[s], steps[s]); the token is the first kept id, in
 // ascending id order, whose cumulative kept probability exceeds u. So the token depends only on
-// the logits row and (seed, step, temperature, top_k, top_p): never on batch composition or
-// thread count. NaN logits are never chosen (unless the whole row is NaN: token 0).
+// the logits row and (seed, step, temperature, min_p, top_k, top_p): never on batch composition
+// or thread count. NaN logits are never chosen (unless the whole row is NaN: token 0). Greedy
+// rows ignore min_p, top_k and top_p (the argmax is always kept).
 struct SamplingParams {
   const float* logits = nullptr;  // [num_seqs][logits_stride], first vocab_size used
   int32_t* out_tokens = nullptr;  // [num_seqs]
@@ -41,6 +45,7 @@ struct SamplingParams {
   const float* temperature = nullptr;  // [num_seqs] or nullptr (all greedy)
   const int32_t* top_k = nullptr;      // [num_seqs] or nullptr (no top-k); <= 0 disables
   const float* top_p = nullptr;        // [num_seqs] in (0, 1], or nullptr (no top-p)
+  const float* min_p = nullptr;        // [num_seqs] in [0, 1] (0 = off), or nullptr (no min-p)
   const uint64_t* seeds = nullptr;     // [num_seqs]; needed unless all greedy
   const uint64_t* steps = nullptr;     // [num_seqs]: index of this token within its request
   // Scratch of at least SamplingWorkspaceBytes(ctx, *this) bytes; may be nullptr when that is 0.
@@ -59,6 +64,36 @@ struct TokenMaskParams {
   int64_t vocab_size = 0;
   int64_t logits_stride = 0;      // >= vocab_size
   int64_t mask_stride_words = 0;  // >= (vocab_size + 31) / 32
+};
+
+// One token's logit edit (OpenAI's logit_bias and presence/frequency penalties, vLLM's
+// repetition penalty), fully resolved on the host from the request's token counts:
+//   x = logit + bias;
+//   x = x > 0 ? x / repetition : x * repetition;   (repetition 1: unchanged)
+//   x = x - frequency;                              (frequency_penalty * count in the output)
+//   x = x - presence;                               (presence_penalty if count > 0, else 0)
+// each step one float operation rounded to nearest (never fused), in this order: the order
+// and the float32 arithmetic of vLLM's apply_logits_bias + apply_penalties, so a dense PyTorch
+// version of the same rule gives the same bits. A NaN logit (a masked token) stays NaN.
+struct LogitEdit {
+  int32_t token = 0;  // [0, vocab_size)
+  float bias = 0.0f;
+  float repetition = 1.0f;  // > 0
+  float frequency = 0.0f;
+  float presence = 0.0f;
+};
+
+// Applies edits[i] to logits[rows[i]][edits[i].token] in place, for i < num_edits, before
+// Sample. At most one edit per (row, token) in one call (the CUDA kernel applies them in
+// parallel); the order of the edits is free.
+struct LogitEditParams {
+  float* logits = nullptr;           // [num_seqs][logits_stride], first vocab_size edited
+  const LogitEdit* edits = nullptr;  // [num_edits]
+  const int32_t* rows = nullptr;     // [num_edits], each in [0, num_seqs)
+  int64_t num_edits = 0;
+  int64_t num_seqs = 0;
+  int64_t vocab_size = 0;
+  int64_t logits_stride = 0;  // >= vocab_size
 };
 
 // splitmix64 finaliser: a bijective 64-bit mixer.

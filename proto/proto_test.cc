@@ -177,6 +177,11 @@ void CheckEnum(const gpb::EnumDescriptor& e, std::vector<std::string>* out) {
 }
 
 void CheckMessage(const gpb::Descriptor& m, std::vector<std::string>* out) {
+  // The entry message protoc synthesises for a map<K, V> field has no source of its own: the
+  // map field's comment documents it.
+  if (m.options().map_entry()) {
+    return;
+  }
   CheckDocumented(m, "message", out);
   for (int i = 0; i < m.field_count(); ++i) {
     CheckDocumented(*m.field(i), "field", out);
@@ -226,12 +231,31 @@ TEST(ProtoDocTest, CheckerReportsElementsWithoutComments) {
   field->set_number(1);
   field->set_type(gpb::FieldDescriptorProto::TYPE_UINT32);
   field->set_label(gpb::FieldDescriptorProto::LABEL_OPTIONAL);
+  // map<uint32, float> m = 2: the field counts, its synthetic entry message does not.
+  gpb::DescriptorProto* entry = message->add_nested_type();
+  entry->set_name("MEntry");
+  entry->mutable_options()->set_map_entry(true);
+  for (int i = 1; i <= 2; ++i) {
+    gpb::FieldDescriptorProto* kv = entry->add_field();
+    kv->set_name(i == 1 ? "key" : "value");
+    kv->set_number(i);
+    kv->set_type(i == 1 ? gpb::FieldDescriptorProto::TYPE_UINT32
+                        : gpb::FieldDescriptorProto::TYPE_FLOAT);
+    kv->set_label(gpb::FieldDescriptorProto::LABEL_OPTIONAL);
+  }
+  gpb::FieldDescriptorProto* map = message->add_field();
+  map->set_name("m");
+  map->set_number(2);
+  map->set_type(gpb::FieldDescriptorProto::TYPE_MESSAGE);
+  map->set_type_name(".pdserve.test.Bare.MEntry");
+  map->set_label(gpb::FieldDescriptorProto::LABEL_REPEATED);
   gpb::DescriptorPool pool;
   const gpb::FileDescriptor* file = pool.BuildFile(proto);
   ASSERT_NE(file, nullptr);
   EXPECT_THAT(UndocumentedElements(*file),
               ElementsAre("pd/v1/undocumented.proto: message pdserve.test.Bare",
-                          "pd/v1/undocumented.proto: field pdserve.test.Bare.x"));
+                          "pd/v1/undocumented.proto: field pdserve.test.Bare.x",
+                          "pd/v1/undocumented.proto: field pdserve.test.Bare.m"));
 }
 
 TEST(ProtoDocTest, EveryElementHasLeadingComment) {

@@ -119,6 +119,10 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
   f->steps_.resize(options.max_seqs);
   f->mask_words_ = (int64_t{c.vocab_size} + 31) / 32;
   f->mask_.assign(options.max_seqs * f->mask_words_, ~0u);
+  f->min_p_.resize(options.max_seqs);
+  // Staged edits go up in chunks of 256 a sequence (a long penalised output's distinct tokens,
+  // or a repetition penalty's prompt, take a few chunks), at least 512.
+  f->edit_chunk_ = std::max<int64_t>(512, options.max_seqs * 256);
   if (ctx.device == kernels::Device::kCpu) {
     kernels::SamplingParams sp;  // the most any call needs: every row sampling
     sp.num_seqs = options.max_seqs;
@@ -161,7 +165,7 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
   void *inv_freq = nullptr, *positions = nullptr, *token_seq = nullptr, *tables = nullptr,
        *lens = nullptr, *token_ids = nullptr, *temperature = nullptr, *top_p = nullptr,
        *top_k = nullptr, *tokens = nullptr, *seeds = nullptr, *steps = nullptr, *shift = nullptr,
-       *mask = nullptr;
+       *mask = nullptr, *min_p = nullptr, *edits = nullptr, *edit_rows = nullptr;
   // Pass 0 measures, pass 1 carves the allocation in the same order; pieces start 256-byte
   // aligned, empty pieces are nullptr.
   for (int pass = 0; pass < 2; ++pass) {
@@ -199,6 +203,9 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
       seeds = carve(seqs * 8);
       steps = carve(seqs * 8);
       mask = carve(static_cast<int64_t>(mask_.size()) * 4);
+      min_p = carve(seqs * 4);
+      edits = carve(edit_chunk_ * static_cast<int64_t>(sizeof(kernels::LogitEdit)));
+      edit_rows = carve(edit_chunk_ * 4);
       shift = carve((2 * max_blocks_per_seq_ + 2 * t) * 4);  // CopyBlocksShifted's metadata
     }
     if (pass == 0) {
@@ -224,7 +231,8 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
     d_seeds_ = seeds_.data();
     d_steps_ = steps_.data();
     d_mask_ = mask_.data();
-    return absl::OkStatus();
+    d_min_p_ = min_p_.data();
+    return absl::OkStatus();  // edits: ApplyEdits passes the host vectors
   }
   inv_freq_ = static_cast<const float*>(inv_freq);
   d_positions_ = static_cast<int32_t*>(positions);
@@ -241,6 +249,9 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
   d_seeds_ = static_cast<uint64_t*>(seeds);
   d_steps_ = static_cast<uint64_t*>(steps);
   d_mask_ = static_cast<uint32_t*>(mask);
+  d_min_p_ = static_cast<float*>(min_p);
+  d_edits_ = static_cast<kernels::LogitEdit*>(edits);
+  d_edit_rows_ = static_cast<int32_t*>(edit_rows);
   PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, inv_freq, inv_freq_host_.data(),
                                         static_cast<int64_t>(inv_freq_host_.size()) * 4));
   return kernels::SynchronizeStream(ctx_);
@@ -485,13 +496,40 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
   return row;
 }
 
-bool LlamaForward::GraphEligible(int64_t num_tokens) const {
+bool LlamaForward::GraphEligible(int64_t num_tokens, bool edited) const {
   const int64_t n = static_cast<int64_t>(slots_.size());
   return Staged() && options_.decode_graphs && !graph_stats_.off && num_decode_slots_ == n &&
-         num_tokens == n;
+         num_tokens == n && !edited;
 }
 
-absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool masked) {
+absl::Status LlamaForward::ApplyEdits(int64_t num_seqs) {
+  kernels::LogitEditParams e;
+  e.logits = logits_tmp_;
+  e.num_seqs = num_seqs;
+  e.vocab_size = e.logits_stride = config_.vocab_size;
+  const int64_t total = static_cast<int64_t>(edits_.size());
+  if (!Staged()) {
+    e.edits = edits_.data();
+    e.rows = edit_rows_.data();
+    e.num_edits = total;
+    return kernels::ApplyLogitEdits(ctx_, e);
+  }
+  // Chunk by chunk through the fixed buffers: on one stream, a chunk's kernel has run before
+  // the next upload overwrites its inputs.
+  for (int64_t first = 0; first < total; first += edit_chunk_) {
+    const int64_t n = std::min(edit_chunk_, total - first);
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_edits_, &edits_[first],
+                                          n * static_cast<int64_t>(sizeof(kernels::LogitEdit))));
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_edit_rows_, &edit_rows_[first], n * 4));
+    e.edits = d_edits_;
+    e.rows = d_edit_rows_;
+    e.num_edits = n;
+    PD_RETURN_IF_ERROR(kernels::ApplyLogitEdits(ctx_, e));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool masked, bool edited) {
   const ModelConfig& c = config_;
   // Embedding: the token rows gathered by id (one CopyBlocks; into xb_, free until the first
   // norm, unless the table is f32), then widened to f32 into x_ (one Convert).
@@ -539,6 +577,9 @@ absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool maske
   if (!sample) {
     return absl::OkStatus();
   }
+  if (edited) {
+    PD_RETURN_IF_ERROR(ApplyEdits(num_seqs));
+  }
   if (masked) {
     kernels::TokenMaskParams m;
     m.logits = logits_tmp_;
@@ -557,6 +598,7 @@ absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool maske
   p.temperature = d_temperature_;
   p.top_k = d_top_k_;
   p.top_p = d_top_p_;
+  p.min_p = d_min_p_;
   p.seeds = d_seeds_;
   p.steps = d_steps_;
   p.workspace = sample_ws_.data();
@@ -572,14 +614,19 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
   const int64_t n = static_cast<int64_t>(slots_.size());
   const bool staged = Staged();
   bool masked = false;
+  edits_.clear();
+  edit_rows_.clear();
   if (sample) {  // the sampling inputs in slot order (the order of logits_tmp_'s rows)
     for (int64_t i = 0; i < n; ++i) {
       const SampleSpec& sp = specs[slots_[i].batch_index];
       temperature_[i] = sp.temperature;
       top_k_[i] = sp.top_k;
       top_p_[i] = sp.top_p;
+      min_p_[i] = sp.min_p;
       seeds_[i] = sp.seed;
       steps_[i] = sp.step;
+      edits_.insert(edits_.end(), sp.edits.begin(), sp.edits.end());
+      edit_rows_.resize(edits_.size(), static_cast<int32_t>(i));
       if (sp.allowed != nullptr) {
         std::memcpy(&mask_[i * mask_words_], sp.allowed, mask_words_ * 4);
         masked = true;
@@ -594,26 +641,28 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
       PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_temperature_, temperature_.data(), n * 4));
       PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_top_k_, top_k_.data(), n * 4));
       PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_top_p_, top_p_.data(), n * 4));
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_min_p_, min_p_.data(), n * 4));
       PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_seeds_, seeds_.data(), n * 8));
       PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_steps_, steps_.data(), n * 8));
     }
   }
-  if (!GraphEligible(num_tokens)) {
-    return QueueStep(num_tokens, sample, masked);
+  const bool edited = !edits_.empty();
+  if (!GraphEligible(num_tokens, edited)) {
+    return QueueStep(num_tokens, sample, masked, edited);
   }
   // A decode step: its work depends only on (n, sample, the decode context bound) and on
   // buffers whose contents were just uploaded, so it is captured once per shape and replayed.
   kernels::DeviceGraph& graph = graphs_[GraphKey{n, sample, decode_bound_, masked}];
   if (graph.empty()) {
     absl::StatusOr<kernels::DeviceGraph> captured = kernels::DeviceGraph::Capture(
-        ctx_, [this, n, sample, masked] { return QueueStep(n, sample, masked); });
+        ctx_, [this, n, sample, masked] { return QueueStep(n, sample, masked, false); });
     if (!captured.ok()) {
       // Nothing ran: fall back to launching kernel by kernel, for the rest of this object's
       // life (a capture that fails once would fail again).
       LOG(WARNING) << "forward: decode graphs off, capture of a " << n
                    << "-sequence step failed: " << captured.status();
       graph_stats_.off = true;
-      return QueueStep(num_tokens, sample, masked);
+      return QueueStep(num_tokens, sample, masked, false);
     }
     graph = *std::move(captured);
     ++graph_stats_.captures;
@@ -644,10 +693,18 @@ absl::Status LlamaForward::ForwardSample(absl::Span<const ForwardSequence> batch
   }
   for (size_t s = 0; s < specs.size(); ++s) {
     const SampleSpec& sp = specs[s];
-    if (std::isnan(sp.temperature) || !(sp.top_p > 0.0f && sp.top_p <= 1.0f)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("forward: sequence ", s, " samples with temperature ", sp.temperature,
-                       " and top_p ", sp.top_p, " (need a number and (0, 1])"));
+    if (std::isnan(sp.temperature) || !(sp.top_p > 0.0f && sp.top_p <= 1.0f) ||
+        !(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward: sequence ", s, " samples with temperature ", sp.temperature, ", top_p ",
+          sp.top_p, " and min_p ", sp.min_p, " (need a number, (0, 1] and [0, 1])"));
+    }
+    for (const kernels::LogitEdit& e : sp.edits) {
+      if (e.token < 0 || e.token >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("forward: sequence ", s,
+                                                       " edits the logit of token ", e.token,
+                                                       ", vocab_size is ", config_.vocab_size));
+      }
     }
     if (sp.want_logits && logits == nullptr) {
       return absl::InvalidArgumentError(

@@ -30,6 +30,7 @@
 #include "engine/model/model_weights.h"
 #include "kernels/attention_params.h"
 #include "kernels/device_memory.h"
+#include "kernels/sampling_params.h"
 #include "kernels/types.h"
 
 namespace pd::engine {
@@ -55,8 +56,8 @@ struct ForwardSequence {
 };
 
 // How ForwardSample picks one sequence's next token: kernels/sampling_params.h's rule with these
-// values (temperature below kernels::kMinSamplingTemperature, 1e-5, is greedy; top_k <= 0 and
-// top_p 1 are off).
+// values (temperature below kernels::kMinSamplingTemperature, 1e-5, is greedy; top_k <= 0,
+// top_p 1 and min_p 0 are off), after the logit edits and the token mask.
 struct SampleSpec {
   float temperature = 0.0f;
   int32_t top_k = 0;
@@ -70,6 +71,13 @@ struct SampleSpec {
   // tokens are never sampled, and their logits come back NaN (logprob -inf). Must stay valid
   // for the call.
   const uint32_t* allowed = nullptr;
+  float min_p = 0.0f;  // [0, 1] (after the fields above: keeps their brace initialisers valid)
+  // Logit bias and penalties (kernels::LogitEdit), applied to this sequence's logits row before
+  // the mask and the sampler, at most one per token id, each id < vocab_size; empty = none (no
+  // cost). The returned logits row (want_logits) has them applied. A step with any edits runs
+  // kernel by kernel, never as a decode graph (the edits' count changes every step). Must stay
+  // valid for the call.
+  absl::Span<const kernels::LogitEdit> edits;
 };
 
 struct ForwardOptions {
@@ -130,8 +138,9 @@ class LlamaForward {
   // batch.size() entries; `logits` is [batch.size()][vocab_size()], written only in the rows
   // with want_logits (may be nullptr when none asks). Tokens equal kernels::Sample's for each
   // logits row on the same device (CPU and CUDA differ only as kernels/sampling.h says; greedy
-  // never). Errors as Forward(), plus InvalidArgument for a spec with a NaN temperature or a
-  // top_p outside (0, 1] (found before any compute), or a null `logits` a spec needs.
+  // never). Errors as Forward(), plus InvalidArgument for a spec with a NaN temperature, a
+  // top_p outside (0, 1], a min_p outside [0, 1] or an edit of a token outside the vocabulary
+  // (found before any compute), or a null `logits` a spec needs.
   absl::Status ForwardSample(absl::Span<const ForwardSequence> batch,
                              absl::Span<const SampleSpec> specs, int32_t* tokens, float* logits);
 
@@ -168,9 +177,11 @@ class LlamaForward {
   absl::Status Step(absl::Span<const ForwardSequence> batch, absl::Span<const SampleSpec> specs);
   // Every layer, the final norm, the classifier and (sample) the sampler for the prepared
   // batch of num_tokens rows. For a decode step it reads only fixed buffers: what a graph holds.
-  absl::Status QueueStep(int64_t num_tokens, bool sample, bool masked);
-  // Whether the prepared batch runs as a decode graph.
-  bool GraphEligible(int64_t num_tokens) const;
+  absl::Status QueueStep(int64_t num_tokens, bool sample, bool masked, bool edited);
+  // Applies edits_ to the num_seqs rows of logits_tmp_ (QueueStep, before the mask).
+  absl::Status ApplyEdits(int64_t num_seqs);
+  // Whether the prepared batch runs as a decode graph (a step with logit edits never does).
+  bool GraphEligible(int64_t num_tokens, bool edited) const;
   absl::Status Layer(int layer, int64_t num_tokens);
   // y (+)= x w^T + bias; w_scales: the per-row scales of int8 weights, else nullptr.
   absl::Status MatMul(const float* x, const void* w, const float* w_scales, const float* bias,
@@ -233,6 +244,17 @@ class LlamaForward {
   int64_t mask_words_ = 0;
   std::vector<uint32_t> mask_;
   uint32_t* d_mask_ = nullptr;
+  // min_p per slot, staged like temperature_.
+  std::vector<float> min_p_;
+  float* d_min_p_ = nullptr;
+  // The step's logit edits, every row's in slot order, and each edit's slot. Staged steps upload
+  // them in chunks of kEditChunk into d_edits_ / d_edit_rows_ (fixed scratch, so a long edit
+  // list never allocates), applying each chunk before the next overwrites it (one stream).
+  std::vector<kernels::LogitEdit> edits_;
+  std::vector<int32_t> edit_rows_;
+  kernels::LogitEdit* d_edits_ = nullptr;
+  int32_t* d_edit_rows_ = nullptr;
+  int64_t edit_chunk_ = 0;
 
   // The decode attention's DecodeAttentionParams::max_context_len for the prepared batch.
   int64_t decode_bound_ = 0;

@@ -324,6 +324,106 @@ TEST_F(LlamaForwardTest, ForwardSampleEqualsForwardThenSample) {
   }
 }
 
+// Logit edits and min_p: ForwardSample equals Forward, then kernels::ApplyLogitEdits and
+// kernels::Sample on the host, unstaged and staged (where 3 x 512 edits go up in three chunks
+// of 768), and the returned rows carry the edits. A decode step with edits runs eagerly (no
+// graph), one without replays its graph.
+TEST_F(LlamaForwardTest, ForwardSampleAppliesEditsAndMinP) {
+  const ModelConfig& c = weights_.config;
+  const int64_t vocab = c.vocab_size;
+  const std::vector<uint32_t> p1 = {1, 403, 407, 261, 378}, p2 = {1, 265, 266}, p3 = {1, 300};
+  const std::vector<int32_t> t1 = {5}, t2 = {9}, t3 = {0};
+  const std::vector<ForwardSequence> batch = {{p1, 0, t1}, {p2, 0, t2}, {p3, 0, t3}};
+  std::vector<std::vector<kernels::LogitEdit>> edits(3);
+  for (int s = 0; s < 3; ++s) {
+    for (int32_t t = 0; t < vocab; ++t) {  // every token: 3 x 512 edits
+      edits[s].push_back({t, (t % 11) * 0.5f - 2.0f, 1.0f + 0.1f * (t % 4),
+                          0.25f * static_cast<float>(t % 3), t % 2 == 0 ? 0.5f : -0.5f});
+    }
+  }
+  std::vector<SampleSpec> specs(3);
+  for (int s = 0; s < 3; ++s) {
+    specs[s].temperature = s == 0 ? 0.0f : 1.0f;
+    specs[s].seed = 40 + s;
+    specs[s].step = 2;
+    specs[s].min_p = s == 2 ? 0.2f : 0.05f;
+    specs[s].want_logits = true;
+    specs[s].edits = edits[s];
+  }
+  std::unique_ptr<LlamaForward> plain = MakeForward(16);
+  ASSERT_NE(plain, nullptr);
+  std::vector<float> logits(3 * vocab);
+  ASSERT_TRUE(plain->Forward(batch, logits.data()).ok());
+  std::vector<kernels::LogitEdit> flat;
+  std::vector<int32_t> rows;
+  for (int s = 0; s < 3; ++s) {
+    flat.insert(flat.end(), edits[s].begin(), edits[s].end());
+    rows.resize(flat.size(), s);
+  }
+  kernels::LogitEditParams e;
+  e.logits = logits.data();
+  e.edits = flat.data();
+  e.rows = rows.data();
+  e.num_edits = static_cast<int64_t>(flat.size());
+  e.num_seqs = 3;
+  e.vocab_size = e.logits_stride = vocab;
+  ASSERT_TRUE(kernels::ApplyLogitEdits(kernels::OpContext{}, e).ok());
+  std::vector<int32_t> want(3);
+  for (int s = 0; s < 3; ++s) {
+    kernels::SamplingParams p;
+    p.logits = &logits[s * vocab];
+    p.out_tokens = &want[s];
+    p.num_seqs = 1;
+    p.vocab_size = p.logits_stride = vocab;
+    p.temperature = &specs[s].temperature;
+    p.min_p = &specs[s].min_p;
+    p.seeds = &specs[s].seed;
+    p.steps = &specs[s].step;
+    std::vector<uint8_t> ws(kernels::SamplingWorkspaceBytes(kernels::OpContext{}, p));
+    p.workspace = ws.data();
+    p.workspace_bytes = static_cast<int64_t>(ws.size());
+    ASSERT_TRUE(kernels::Sample(kernels::OpContext{}, p).ok());
+  }
+  for (bool staged : {false, true}) {
+    ForwardOptions options;
+    options.staged_metadata = staged;
+    options.max_seqs = 3;  // staged edits then go up 768 at a time
+    std::unique_ptr<LlamaForward> f = MakeForward(16, options);
+    ASSERT_NE(f, nullptr);
+    std::vector<int32_t> tokens(3, -1);
+    std::vector<float> got(3 * vocab);
+    ASSERT_TRUE(f->ForwardSample(batch, specs, tokens.data(), got.data()).ok());
+    EXPECT_EQ(tokens, want) << "staged " << staged;
+    EXPECT_EQ(std::memcmp(got.data(), logits.data(), got.size() * sizeof(float)), 0);
+
+    // Decode steps: with edits eagerly, without them through a graph (staged only), the
+    // tokens as the step without graphs gives them.
+    const std::vector<uint32_t> next = {static_cast<uint32_t>(tokens[0])};
+    const std::vector<ForwardSequence> decode = {{next, static_cast<int64_t>(p1.size()), t1}};
+    std::vector<SampleSpec> one = {specs[0]};
+    int32_t with_edits = -1, without = -1;
+    ASSERT_TRUE(f->ForwardSample(decode, one, &with_edits, got.data()).ok());
+    const int64_t replays = f->graph_stats().replays;
+    EXPECT_EQ(replays, 0);
+    one[0].edits = {};
+    ASSERT_TRUE(f->ForwardSample(decode, one, &without, got.data()).ok());
+    EXPECT_EQ(f->graph_stats().replays, staged ? 1 : 0);
+    EXPECT_EQ(static_cast<uint32_t>(without), Argmax(got.data(), vocab));
+  }
+  // Out-of-range edits and min_p are refused before any compute.
+  std::unique_ptr<LlamaForward> f = MakeForward(16);
+  std::vector<int32_t> tokens(3);
+  std::vector<kernels::LogitEdit> past = {{static_cast<int32_t>(vocab), 1.0f, 1.0f, 0, 0}};
+  std::vector<SampleSpec> bad = specs;
+  bad[1].edits = past;
+  EXPECT_EQ(f->ForwardSample(batch, bad, tokens.data(), logits.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = specs;
+  bad[2].min_p = 1.5f;
+  EXPECT_EQ(f->ForwardSample(batch, bad, tokens.data(), logits.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Decode graphs (emulated on the CPU through the staged path: kernels::DeviceGraph replays the
 // captured step's code) give bitwise the results of launching kernel by kernel: the graph is
 // keyed by the right shape and the per-step inputs reach it through the fixed buffers.

@@ -22,12 +22,23 @@ namespace pd::engine {
 // Sampling and stopping, mirroring pdserve.v1.SamplingParams (see proto/pd/v1/generation.proto
 // for the meaning of each field).
 struct SamplingOptions {
-  uint32_t max_tokens = 0;               // 0 = until the context is full
-  uint32_t min_tokens = 0;               // stop conditions are ignored before this many tokens
-  float temperature = 0.0f;              // 0 or below 1e-5 = greedy
-  float top_p = 1.0f;                    // (0, 1]
-  int32_t top_k = 0;                     // 0 = off
-  uint64_t seed = 0;                     // the draw for step i is SamplingUniform(seed, i)
+  uint32_t max_tokens = 0;   // 0 = until the context is full
+  uint32_t min_tokens = 0;   // stop conditions are ignored before this many tokens
+  float temperature = 0.0f;  // 0 or below 1e-5 = greedy
+  float top_p = 1.0f;        // (0, 1]
+  int32_t top_k = 0;         // 0 = off
+  float min_p = 0.0f;        // [0, 1]; 0 = off (vLLM's min_p, after temperature)
+  uint64_t seed = 0;         // the draw for step i is SamplingUniform(seed, i)
+  // Logit processing before temperature, in this order (vLLM's): logit_bias is added, then the
+  // repetition penalty scales the logits of tokens in the prompt or the output so far (logit /
+  // r if positive, logit * r otherwise), then frequency_penalty * count and presence_penalty
+  // (count > 0) are subtracted, count being how often the token occurs among the generated
+  // tokens (resumed and forced ones included). kernels::LogitEdit is the exact arithmetic.
+  float presence_penalty = 0.0f;    // [-2, 2]; 0 = off
+  float frequency_penalty = 0.0f;   // [-2, 2]; 0 = off
+  float repetition_penalty = 1.0f;  // > 0; 1 = off
+  // (token id, bias in [-100, 100]) pairs, ids unique and inside the vocabulary; empty = none.
+  std::vector<std::pair<uint32_t, float>> logit_bias;
   std::vector<std::string> stop;         // stop strings
   std::vector<uint32_t> stop_token_ids;  // ids that end generation like EOS
   bool ignore_eos = false;
@@ -45,10 +56,12 @@ struct SamplingOptions {
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
-// The log-probability of one generated token and its most likely alternatives, under the raw
-// model distribution: log_softmax of the logits, before temperature, top-k and top-p (what
-// vLLM reports by default), computed by kernels::LogProbs (kernels/logprobs_params.h defines
-// the non-finite cases: a NaN logit has logprob -inf, a row of NaN logits gives NaN).
+// The log-probability of one generated token and its most likely alternatives: log_softmax of
+// the logits after logit_bias, the penalties and a structured-output mask (a masked token has
+// logprob -inf), before temperature, min-p, top-k and top-p; without those, the raw model
+// distribution (what vLLM reports by default). OpenAI's logprobs likewise reflect logit_bias.
+// Computed by kernels::LogProbs (kernels/logprobs_params.h defines the non-finite cases: a NaN
+// logit has logprob -inf, a row of NaN logits gives NaN).
 struct TokenLogprob {
   float logprob = 0.0f;  // of the generated token (natural log, <= 0)
   // The SamplingOptions::logprobs most likely tokens as (id, logprob), most likely first, ties

@@ -14,8 +14,10 @@ namespace pd::engine {
 absl::Status CheckPrompt(const GenerationRequest& request, const ModelConfig& model);
 
 // The options: forced tokens inside the vocabulary, a temperature that is a number, top_p at
-// most 1, logprobs in [-1, kernels::kMaxTopLogprobs], and at most one of the disaggregation
-// hooks (remote_prefill, on_prefilled).
+// most 1, min_p in [0, 1], presence and frequency penalties in [-2, 2], a finite repetition
+// penalty > 0, logit_bias ids inside the vocabulary (unique, ascending) with biases in
+// [-100, 100], logprobs in [-1, kernels::kMaxTopLogprobs], and at most one of the
+// disaggregation hooks (remote_prefill, on_prefilled).
 absl::Status CheckOptions(const GenerationRequest& request, const ModelConfig& model);
 
 }  // namespace pd::engine

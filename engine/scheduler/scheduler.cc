@@ -622,6 +622,12 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
       seq->allowed.resize((static_cast<size_t>(forward_->vocab_size()) + 31) / 32, 0);
       specs.back().allowed = seq->allowed.data();
     }
+    // Logit bias and penalties, from the prompt and the tokens generated so far (resumed ones
+    // included): the same edits on every worker and after any preemption.
+    if (samples && HasLogitEdits(seq->request.sampling)) {
+      specs.back().edits =
+          seq->logit_edits.Build(seq->request.sampling, seq->tokens, seq->prompt_len);
+    }
   }
   sampled->assign(batch->members.size(), 0);
   return forward_->ForwardSample(batch->rows, specs, sampled->data(),

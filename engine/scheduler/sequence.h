@@ -19,6 +19,7 @@
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/model/tokenizer.h"
 #include "engine/scheduler/request.h"
+#include "engine/scheduler/token_sampling.h"
 
 namespace pd::engine::scheduler_internal {
 
@@ -59,6 +60,10 @@ struct Sequence {
   // and the tokens allowed at the step being computed.
   std::optional<grammar::Matcher> matcher;
   std::vector<uint32_t> allowed;
+  // Logit bias and penalties (request.sampling, HasLogitEdits): the edits of the step being
+  // computed, from `tokens` alone (so a preempted, resumed or remotely prefilled request
+  // rebuilds the same ones). Unused, and empty, for other requests.
+  LogitEditBuilder logit_edits;
 
   // The tier prefix's sources are released exactly once, even when the request never runs.
   void ReleaseTierPrefix() {

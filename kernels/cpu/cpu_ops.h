@@ -44,6 +44,8 @@ int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
 void Sample(const OpContext& ctx, const SamplingParams& p);
 // Rows spread over ctx.parallel.
 void ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p);
+// Serial: edits are few (a request's distinct tokens), and each is a few flops.
+void ApplyLogitEdits(const OpContext& ctx, const LogitEditParams& p);
 
 // Rows spread over ctx.parallel; no workspace.
 void LogProbs(const OpContext& ctx, const LogProbsParams& p);

@@ -1,6 +1,6 @@
 // Sampling on the CPU: one row per task, rows spread over ctx.parallel, each thread with its own
 // slice of the workspace. The result depends only on the row and its (seed, step, temperature,
-// top_k, top_p), never on which thread ran it.
+// min_p, top_k, top_p), never on which thread ran it.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -73,8 +73,8 @@ inline int Bucket(float w) {
 }
 
 // `scratch` holds vocab Candidates followed by vocab floats.
-int32_t SampleRow(const float* row, int64_t vocab, float temperature, int32_t top_k, float top_p,
-                  double u, void* scratch) {
+int32_t SampleRow(const float* row, int64_t vocab, float temperature, float min_p, int32_t top_k,
+                  float top_p, double u, void* scratch) {
   auto* cand = static_cast<Candidate*>(scratch);
   float* weight = reinterpret_cast<float*>(cand + vocab);
   float max_logit = 0.0f;
@@ -98,6 +98,25 @@ int32_t SampleRow(const float* row, int64_t vocab, float temperature, int32_t to
     }
   } else {
     PD_ISA_DISPATCH(SoftmaxWeights(row, vocab, max_logit, 1.0f / temperature, weight));
+  }
+  if (min_p > 0.0f) {
+    // min-p keeps the tokens whose weight (probability over the top token's) is at least
+    // min_p: a prefix of the rank order, so it is a top-k cut with k = their number (NaN
+    // logits weigh 0 and never count; the top token weighs 1 and always does).
+    int64_t kept = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      kept += weight[i] >= min_p ? 1 : 0;
+    }
+    kept = std::max<int64_t>(kept, 1);
+    if (top_k <= 0 || kept < top_k) {
+      top_k = static_cast<int32_t>(kept);
+      if (n == vocab) {  // NaN logits not counted yet: the cut below compares with n
+        n = 0;
+        for (int64_t i = 0; i < vocab; ++i) {
+          n += row[i] == row[i] ? 1 : 0;
+        }
+      }
+    }
   }
   const bool cut_k = top_k > 0 && top_k < n;
   const bool cut_p = top_p < 1.0f;
@@ -250,9 +269,10 @@ void Sample(const OpContext& ctx, const SamplingParams& p) {
       return;
     }
     void* scratch = static_cast<char*>(p.workspace) + slot * p.vocab_size * kBytesPerCandidate;
-    p.out_tokens[s] = SampleRow(
-        row, p.vocab_size, p.temperature[s], p.top_k != nullptr ? p.top_k[s] : 0,
-        p.top_p != nullptr ? p.top_p[s] : 1.0f, SamplingUniform(p.seeds[s], p.steps[s]), scratch);
+    p.out_tokens[s] =
+        SampleRow(row, p.vocab_size, p.temperature[s], p.min_p != nullptr ? p.min_p[s] : 0.0f,
+                  p.top_k != nullptr ? p.top_k[s] : 0, p.top_p != nullptr ? p.top_p[s] : 1.0f,
+                  SamplingUniform(p.seeds[s], p.steps[s]), scratch);
   });
 }
 

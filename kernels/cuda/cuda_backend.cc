@@ -62,6 +62,10 @@ absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p) {
   return FromCuda(LaunchApplyTokenMask(p, Stream(ctx)), "token_mask launch");
 }
 
+absl::Status ApplyLogitEdits(const OpContext& ctx, const LogitEditParams& p) {
+  return FromCuda(LaunchApplyLogitEdits(p, Stream(ctx)), "logit_edits launch");
+}
+
 absl::Status CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p) {
   return FromCuda(LaunchCopyBlocks(p, Stream(ctx)), "copy_blocks launch");
 }

@@ -29,6 +29,7 @@ absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 absl::Status Sample(const OpContext& ctx, const SamplingParams& p);
 absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p);
+absl::Status ApplyLogitEdits(const OpContext& ctx, const LogitEditParams& p);
 absl::Status CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p);
 
 // y = x w^T (+ bias) through cuBLAS sgemm on the calling thread's cuBLAS handle for the current

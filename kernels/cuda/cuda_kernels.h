@@ -57,10 +57,13 @@ cudaError_t LaunchMatMulI8Epilogue(const int32_t* acc, const float* sx, const fl
                                    const float* bias, float* y, int64_t rows, int64_t out,
                                    int64_t y_row_stride, bool accumulate, cudaStream_t stream);
 
-// Greedy, temperature, top-k and top-p as kernels/sampling_params.h; needs no workspace.
+// Greedy, temperature, min-p, top-k and top-p as kernels/sampling_params.h; no workspace.
 cudaError_t LaunchSample(const SamplingParams& p, cudaStream_t stream);
 // Token masks (TokenMaskParams): one thread per logit.
 cudaError_t LaunchApplyTokenMask(const TokenMaskParams& p, cudaStream_t stream);
+// Logit edits (LogitEditParams): one thread per edit, each step rounded as the reference's
+// (__fadd_rn and friends: never contracted into an FMA).
+cudaError_t LaunchApplyLogitEdits(const LogitEditParams& p, cudaStream_t stream);
 
 cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, cudaStream_t stream);
 

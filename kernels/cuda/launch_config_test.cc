@@ -637,6 +637,15 @@ class HostRow {
     max_ = max_logit;
     inv_t_ = inv_t;
   }
+  int64_t CountAtLeast(float min_p) {
+    ++passes;
+    int64_t count = 0;
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const float v = row_[i];
+      count += v == v && MinPKeeps(v, max_, inv_t_, min_p) ? 1 : 0;
+    }
+    return count;
+  }
   void Histogram(RadixState s, int shift, uint64_t limit) {
     ++passes;
     std::fill(std::begin(counts_), std::end(counts_), 0u);
@@ -711,9 +720,10 @@ class HostRow {
 };
 
 int32_t ReferenceToken(const std::vector<float>& row, float temperature, int32_t top_k, float top_p,
-                       uint64_t seed, uint64_t step) {
+                       uint64_t seed, uint64_t step, float min_p = 0.0f) {
   int32_t want = -1;
   SamplingParams p;
+  p.min_p = &min_p;
   p.logits = row.data();
   p.out_tokens = &want;
   p.num_seqs = 1;
@@ -747,7 +757,7 @@ TEST(CudaLaunchTest, SamplingRadixMatchesReference) {
             const int32_t want = ReferenceToken(row, temperature, top_k, top_p, seed, step);
             HostRow host(row.data(), vocab);
             const int32_t got =
-                SampleRowRadix(host, temperature, top_k, top_p, SamplingUniform(seed, step));
+                SampleRowRadix(host, temperature, 0.0f, top_k, top_p, SamplingUniform(seed, step));
             ++rows;
             mismatches += got != want ? 1 : 0;
             EXPECT_LE(host.passes, 2 + 2 * kRadixPasses);
@@ -759,6 +769,44 @@ TEST(CudaLaunchTest, SamplingRadixMatchesReference) {
   // Fixed-point weights vs the reference's doubles can move a draw that lands within ~1e-10 of
   // a boundary; with these seeds none does.
   EXPECT_EQ(mismatches, 0) << "of " << rows;
+}
+
+// min-p becomes a top-k cut of the count it keeps: the same tokens as the reference's rule,
+// alone and with top-k and top-p after it, one pass more than without.
+TEST(CudaLaunchTest, SamplingRadixMinPMatchesReference) {
+  std::mt19937 rng(11);
+  int mismatches = 0, rows = 0;
+  for (float min_p : {1e-4f, 0.05f, 0.3f, 0.9f, 1.0f}) {
+    for (int32_t top_k : {0, 3, 40}) {
+      for (float top_p : {1.0f, 0.8f}) {
+        for (uint64_t seed = 0; seed < 4; ++seed) {
+          std::vector<float> row = Random(700, rng);
+          for (float& x : row) {
+            x *= 3.0f;
+          }
+          row[5] = std::numeric_limits<float>::quiet_NaN();
+          row[9] = row[10];
+          const float temperature = 0.8f;
+          const int32_t want = ReferenceToken(row, temperature, top_k, top_p, seed, 3, min_p);
+          HostRow host(row.data(), 700);
+          const int32_t got =
+              SampleRowRadix(host, temperature, min_p, top_k, top_p, SamplingUniform(seed, 3));
+          ++rows;
+          mismatches += got != want ? 1 : 0;
+          EXPECT_LE(host.passes, 3 + 2 * kRadixPasses);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << rows;
+  // min_p 1 keeps only the maximum (here a tie of two: both drawn over seeds, nothing else).
+  const std::vector<float> tie = {1.0f, 4.0f, 3.9f, 4.0f};
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    HostRow host(tie.data(), 4);
+    const int32_t t = SampleRowRadix(host, 1.0f, 1.0f, 0, 1.0f, SamplingUniform(seed, 1));
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+    EXPECT_EQ(t, ReferenceToken(tie, 1.0f, 0, 1.0f, seed, 1, 1.0f));
+  }
 }
 
 TEST(CudaLaunchTest, SamplingRadixEdgeRows) {
@@ -785,8 +833,9 @@ TEST(CudaLaunchTest, SamplingRadixEdgeRows) {
     const Case& k = cases[c];
     for (uint64_t seed = 0; seed < 20; ++seed) {
       HostRow host(k.row.data(), static_cast<int64_t>(k.row.size()));
-      EXPECT_EQ(SampleRowRadix(host, k.temperature, k.top_k, k.top_p, SamplingUniform(seed, 5)),
-                ReferenceToken(k.row, k.temperature, k.top_k, k.top_p, seed, 5))
+      EXPECT_EQ(
+          SampleRowRadix(host, k.temperature, 0.0f, k.top_k, k.top_p, SamplingUniform(seed, 5)),
+          ReferenceToken(k.row, k.temperature, k.top_k, k.top_p, seed, 5))
           << "case " << c << " seed " << seed;
     }
   }
@@ -797,7 +846,7 @@ TEST(CudaLaunchTest, SamplingRadixEdgeRows) {
                   1e-6f, std::nextafter(kMinSamplingTemperature, 0.0f)}) {
     for (uint64_t seed = 0; seed < 20; ++seed) {
       HostRow host(near.data(), static_cast<int64_t>(near.size()));
-      EXPECT_EQ(SampleRowRadix(host, t, 0, 1.0f, SamplingUniform(seed, 5)), 1) << t;
+      EXPECT_EQ(SampleRowRadix(host, t, 0.0f, 0, 1.0f, SamplingUniform(seed, 5)), 1) << t;
       EXPECT_EQ(ReferenceToken(near, t, 0, 1.0f, seed, 5), 1) << t;
     }
   }
@@ -805,7 +854,7 @@ TEST(CudaLaunchTest, SamplingRadixEdgeRows) {
   for (uint64_t seed = 0; seed < 200; ++seed) {
     HostRow host(near.data(), static_cast<int64_t>(near.size()));
     const int32_t token =
-        SampleRowRadix(host, kMinSamplingTemperature, 0, 1.0f, SamplingUniform(seed, 5));
+        SampleRowRadix(host, kMinSamplingTemperature, 0.0f, 0, 1.0f, SamplingUniform(seed, 5));
     EXPECT_EQ(token, ReferenceToken(near, kMinSamplingTemperature, 0, 1.0f, seed, 5));
     ASSERT_GE(token, 1);
     ASSERT_LE(token, 3);
@@ -818,7 +867,7 @@ TEST(CudaLaunchTest, SamplingRadixEdgeRows) {
   // Greedy reads the row once.
   const std::vector<float> row = {1.0f, 2.0f};
   HostRow host(row.data(), 2);
-  EXPECT_EQ(SampleRowRadix(host, 0.0f, 0, 1.0f, 0.5), 1);
+  EXPECT_EQ(SampleRowRadix(host, 0.0f, 0.0f, 0, 1.0f, 0.5), 1);
   EXPECT_EQ(host.passes, 1);
 }
 

@@ -119,6 +119,17 @@ class BlockRow {
     inv_t_ = inv_t;
   }
 
+  __device__ int64_t CountAtLeast(float min_p) {
+    unsigned long long count = 0;
+    for (int64_t i = threadIdx.x; i < vocab_; i += blockDim.x) {
+      const float v = row_[i];
+      if (v == v && MinPKeeps(v, max_, inv_t_, min_p)) {
+        ++count;
+      }
+    }
+    return static_cast<int64_t>(BlockSum(count, sh_));
+  }
+
   __device__ void Histogram(RadixState s, int shift, uint64_t limit) {
     for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) {
       sh_.counts[b] = 0;
@@ -257,8 +268,9 @@ __global__ void __launch_bounds__(kSamplingThreads) SampleKernel(SamplingParams 
   const bool sample = !IsGreedyTemperature(temperature);
   const int32_t top_k = sample && p.top_k != nullptr ? p.top_k[s] : 0;
   const float top_p = sample && p.top_p != nullptr ? p.top_p[s] : 1.0f;
+  const float min_p = sample && p.min_p != nullptr ? p.min_p[s] : 0.0f;
   const double u = sample ? SamplingUniform(p.seeds[s], p.steps[s]) : 0.0;
-  const int32_t token = SampleRowRadix(row, temperature, top_k, top_p, u);
+  const int32_t token = SampleRowRadix(row, temperature, min_p, top_k, top_p, u);
   if (threadIdx.x == 0) {
     p.out_tokens[s] = token;
   }
@@ -278,7 +290,33 @@ __global__ void ApplyTokenMaskKernel(TokenMaskParams p) {
   }
 }
 
+// One thread per edit: the rule of kernels/sampling_params.h's LogitEdit, each step rounded to
+// nearest with the _rn intrinsics, which nvcc never contracts into an FMA (the reference rounds
+// after the division and after each subtraction).
+__global__ void ApplyLogitEditsKernel(LogitEditParams p) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.num_edits;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const LogitEdit e = p.edits[i];
+    float* logit = p.logits + p.rows[i] * p.logits_stride + e.token;
+    float x = __fadd_rn(*logit, e.bias);
+    x = x > 0.0f ? __fdiv_rn(x, e.repetition) : __fmul_rn(x, e.repetition);
+    x = __fsub_rn(x, e.frequency);
+    x = __fsub_rn(x, e.presence);
+    *logit = x;
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchApplyLogitEdits(const LogitEditParams& p, cudaStream_t stream) {
+  if (p.num_edits <= 0) {
+    return cudaSuccess;
+  }
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((p.num_edits + kThreads - 1) / kThreads, 4096);
+  ApplyLogitEditsKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchApplyTokenMask(const TokenMaskParams& p, cudaStream_t stream) {
   constexpr int kThreads = 256;

@@ -1,7 +1,9 @@
 // GPU tests of the CUDA sampler (label gpu): tokens against the CPU op on the same logits and
-// (seed, step, temperature, top_k, top_p). Skip without a CUDA device.
+// (seed, step, temperature, min_p, top_k, top_p), and the logit edits bitwise against the CPU's.
+// Skip without a CUDA device.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -23,6 +25,7 @@ struct Rows {
   int64_t vocab = 0;
   int64_t stride = 0;
   std::vector<float> logits, temperature, top_p;
+  std::vector<float> min_p;  // empty = none
   std::vector<int32_t> top_k;
   std::vector<uint64_t> seeds, steps;
 };
@@ -44,6 +47,7 @@ void RunBoth(const Rows& r, bool all_greedy, std::vector<int32_t>* cpu_tokens,
     cpu.top_p = r.top_p.data();
     cpu.seeds = r.seeds.data();
     cpu.steps = r.steps.data();
+    cpu.min_p = r.min_p.empty() ? nullptr : r.min_p.data();
   }
   std::vector<uint8_t> ws(SamplingWorkspaceBytes(OpContext{}, cpu));
   cpu.workspace = ws.data();
@@ -52,6 +56,7 @@ void RunBoth(const Rows& r, bool all_greedy, std::vector<int32_t>* cpu_tokens,
 
   DeviceBuffer logits(r.logits), out(r.num_seqs * sizeof(int32_t));
   DeviceBuffer temp(r.temperature), top_k(r.top_k), top_p(r.top_p), seeds(r.seeds), steps(r.steps);
+  DeviceBuffer min_p(r.min_p);
   SamplingParams gpu = p;
   gpu.logits = logits.as<float>();
   gpu.out_tokens = out.as<int32_t>();
@@ -61,6 +66,7 @@ void RunBoth(const Rows& r, bool all_greedy, std::vector<int32_t>* cpu_tokens,
     gpu.top_p = top_p.as<float>();
     gpu.seeds = seeds.as<uint64_t>();
     gpu.steps = steps.as<uint64_t>();
+    gpu.min_p = r.min_p.empty() ? nullptr : min_p.as<float>();
   }
   EXPECT_EQ(SamplingWorkspaceBytes(CudaCtx(), gpu), 0);
   ASSERT_TRUE(Sample(CudaCtx(), gpu).ok());
@@ -180,6 +186,77 @@ TEST(CudaSamplingTest, RepeatsExactly) {
     RunBoth(r, /*all_greedy=*/false, &cpu, &again);
     EXPECT_EQ(again, first) << "run " << run;
   }
+}
+
+// min-p on the GPU keeps the CPU's tokens: alone, with top-k and top-p after it, and at 1
+// (only the maximum).
+TEST(CudaSamplingTest, MinPMatchesCpu) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(46);
+  for (int64_t vocab : {int64_t{300}, int64_t{32000}, int64_t{128256}}) {
+    Rows r = MakeRows(64, vocab, rng);
+    for (int64_t s = 0; s < r.num_seqs; ++s) {
+      r.min_p.push_back(std::vector<float>{0.0f, 0.01f, 0.1f, 0.5f, 1.0f}[s % 5]);
+    }
+    std::vector<int32_t> cpu, gpu;
+    RunBoth(r, /*all_greedy=*/false, &cpu, &gpu);
+    int mismatches = 0;
+    for (int64_t s = 0; s < r.num_seqs; ++s) {
+      mismatches += gpu[s] != cpu[s] ? 1 : 0;
+    }
+    EXPECT_LE(mismatches, 1) << "vocab " << vocab;  // boundary draws, as SampledTokensMatchCpu
+  }
+}
+
+// The edits' arithmetic is bitwise the CPU's (no FMA contraction, IEEE division), on rows with
+// NaN (masked) and infinite logits too.
+TEST(CudaSamplingTest, LogitEditsMatchCpuBitwise) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(47);
+  constexpr int64_t kSeqs = 8, kVocab = 5000, kStride = 5003;
+  std::vector<float> logits = RandomVector(kSeqs * kStride, rng, 4.0f);
+  logits[3] = std::numeric_limits<float>::quiet_NaN();
+  logits[kStride + 4] = std::numeric_limits<float>::infinity();
+  std::vector<LogitEdit> edits;
+  std::vector<int32_t> rows;
+  std::uniform_real_distribution<float> pen(-2.0f, 2.0f), rep(0.1f, 3.0f), bias(-100.0f, 100.0f);
+  for (int64_t s = 0; s < kSeqs; ++s) {
+    for (int32_t t = static_cast<int32_t>(s); t < kVocab; t += 3 + static_cast<int32_t>(s)) {
+      LogitEdit e;
+      e.token = t;
+      e.bias = t % 5 == 0 ? bias(rng) : 0.0f;
+      e.repetition = t % 2 == 0 ? rep(rng) : 1.0f;
+      e.frequency = pen(rng) * static_cast<float>(t % 7);
+      e.presence = pen(rng);
+      edits.push_back(e);
+      rows.push_back(static_cast<int32_t>(s));
+    }
+  }
+  edits.push_back({3, 1.0f, 2.0f, 0.5f, 0.5f});  // the NaN stays NaN
+  rows.push_back(0);
+  edits.push_back({4, -100.0f, 1.5f, 0.0f, 0.0f});  // +inf - 100 / 1.5 = +inf
+  rows.push_back(1);
+  LogitEditParams p;
+  p.num_edits = static_cast<int64_t>(edits.size());
+  p.num_seqs = kSeqs;
+  p.vocab_size = kVocab;
+  p.logits_stride = kStride;
+  std::vector<float> cpu = logits;
+  LogitEditParams c = p;
+  c.logits = cpu.data();
+  c.edits = edits.data();
+  c.rows = rows.data();
+  ASSERT_TRUE(ApplyLogitEdits(OpContext{}, c).ok());
+  DeviceBuffer d_logits(logits), d_edits(edits), d_rows(rows);
+  LogitEditParams g = p;
+  g.logits = d_logits.as<float>();
+  g.edits = d_edits.as<LogitEdit>();
+  g.rows = d_rows.as<int32_t>();
+  ASSERT_TRUE(ApplyLogitEdits(CudaCtx(), g).ok());
+  const std::vector<float> gpu = d_logits.Download<float>();
+  ASSERT_EQ(gpu.size(), cpu.size());
+  EXPECT_EQ(std::memcmp(gpu.data(), cpu.data(), cpu.size() * sizeof(float)), 0);
+  EXPECT_TRUE(std::isnan(gpu[3]));
 }
 
 }  // namespace

@@ -14,9 +14,9 @@
 // vocabulary) by the reference; here never.
 //
 // Passes over the row (each reads it once; the row stays in L2): 1 for the maximum (and the
-// whole answer when greedy); top-k: at most 8, usually 4-5 (one per byte of the 64-bit key
-// until the cut's byte-prefix holds exactly the remaining count); top-p likewise; the draw: 1
-// plus a walk of one warp's share.
+// whole answer when greedy); min-p: 1 (a count, which becomes a top-k cut); top-k: at most 8,
+// usually 4-5 (one per byte of the 64-bit key until the cut's byte-prefix holds exactly the
+// remaining count); top-p likewise; the draw: 1 plus a walk of one warp's share.
 //
 // Header-only, no CUDA headers (PD_HOST_DEVICE from kernels/half.h).
 #pragma once
@@ -37,17 +37,25 @@ inline constexpr float kFixedWeightOne = 68719476736.0f;
 // The sampler accepts vocabularies below this (dispatch checks): the fixed-point sums fit.
 inline constexpr int64_t kMaxSamplingVocab = int64_t{1} << 27;
 
-// Weight of a non-NaN logit in fixed point: round(exp((logit - max) * inv_t) * 2^36). When the
-// maximum is +-inf the +inf logits (or, all -inf, every logit) weigh 1 and the others 0, as in
-// the reference. The multiply by 2^36 is exact, so the only rounding is rintf's.
-PD_HOST_DEVICE inline uint64_t FixedWeight(float logit, float max_logit, float inv_t) {
-  float w;
+// Weight of a non-NaN logit: exp((logit - max) * inv_t) in float. When the maximum is +-inf
+// the +inf logits (or, all -inf, every logit) weigh 1 and the others 0, as in the reference.
+PD_HOST_DEVICE inline float RadixWeight(float logit, float max_logit, float inv_t) {
   if (max_logit == INFINITY || max_logit == -INFINITY) {
-    w = logit == max_logit ? 1.0f : 0.0f;
-  } else {
-    w = expf((logit - max_logit) * inv_t);
+    return logit == max_logit ? 1.0f : 0.0f;
   }
-  return static_cast<uint64_t>(rintf(w * kFixedWeightOne));
+  return expf((logit - max_logit) * inv_t);
+}
+
+// The weight in fixed point: round(RadixWeight * 2^36). The multiply by 2^36 is exact, so the
+// only rounding is rintf's.
+PD_HOST_DEVICE inline uint64_t FixedWeight(float logit, float max_logit, float inv_t) {
+  return static_cast<uint64_t>(rintf(RadixWeight(logit, max_logit, inv_t) * kFixedWeightOne));
+}
+
+// min-p's rule for a non-NaN logit: kept when its weight (before the fixed-point rounding) is at
+// least min_p.
+PD_HOST_DEVICE inline bool MinPKeeps(float logit, float max_logit, float inv_t, float min_p) {
+  return RadixWeight(logit, max_logit, inv_t) >= min_p;
 }
 
 // A byte-prefix of the rank key fixed so far: keys k with (k & mask) == prefix are still open.
@@ -132,6 +140,8 @@ struct RowSummary {
 // caller (every thread of a block on the device):
 //   RowSummary Summarize();
 //   void SetWeights(float max_logit, float inv_t);  // for the passes below
+//   // How many non-NaN logits MinPKeeps (min_p in (0, 1]).
+//   int64_t CountAtLeast(float min_p);
 //   // Over the candidates (non-NaN, FixedWeight > 0, key <= limit, RadixOpen(key, s)), per
 //   // digit at `shift`: how many and their mass. Histogram arrays belong to the Row.
 //   void Histogram(RadixState s, int shift, uint64_t limit);
@@ -144,8 +154,8 @@ struct RowSummary {
 #pragma nv_exec_check_disable
 #endif
 template <typename Row>
-PD_HOST_DEVICE int32_t SampleRowRadix(Row& row, float temperature, int32_t top_k, float top_p,
-                                      double u) {
+PD_HOST_DEVICE int32_t SampleRowRadix(Row& row, float temperature, float min_p, int32_t top_k,
+                                      float top_p, double u) {
   const RowSummary sum = row.Summarize();
   if (sum.count == 0) {
     return 0;  // all NaN
@@ -154,6 +164,15 @@ PD_HOST_DEVICE int32_t SampleRowRadix(Row& row, float temperature, int32_t top_k
     return sum.argmax;  // greedy: below kMinSamplingTemperature, or NaN
   }
   row.SetWeights(sum.max, 1.0f / temperature);
+  if (min_p > 0.0f) {
+    // The tokens min-p keeps are a prefix of the rank order (the weight grows with the logit):
+    // a top-k cut with k = their number, at least 1 (the maximum weighs 1).
+    const int64_t kept = row.CountAtLeast(min_p);
+    const int32_t k = static_cast<int32_t>(kept < 1 ? 1 : kept);
+    if (top_k <= 0 || k < top_k) {
+      top_k = k;
+    }
+  }
   uint64_t limit = ~uint64_t{0};  // candidates are the keys <= limit
   if (top_k > 0) {
     RadixState s;

@@ -49,7 +49,8 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
   if (ctx.device == Device::kCuda) {
     // The per-row arrays are device memory: not read here. Which rows sample is unknown on the
     // host, so temperatures need seeds and steps on every row. The kernel treats a NaN
-    // temperature as greedy; the caller guarantees top_p in (0, 1]. No workspace.
+    // temperature as greedy; the caller guarantees top_p in (0, 1] and min_p in [0, 1]. No
+    // workspace.
     if (p.temperature != nullptr && (p.seeds == nullptr || p.steps == nullptr)) {
       return absl::InvalidArgumentError(
           "sample: on cuda, temperature needs seeds and steps (rows are not inspected)");
@@ -77,6 +78,10 @@ absl::Status Sample(const OpContext& ctx, const SamplingParams& p) {
       if (p.top_p != nullptr && !(p.top_p[s] > 0.0f && p.top_p[s] <= 1.0f)) {
         return absl::InvalidArgumentError(
             absl::StrCat("sample: top_p[", s, "] = ", p.top_p[s], " outside (0, 1]"));
+      }
+      if (p.min_p != nullptr && !(p.min_p[s] >= 0.0f && p.min_p[s] <= 1.0f)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample: min_p[", s, "] = ", p.min_p[s], " outside [0, 1]"));
       }
     }
   }
@@ -109,6 +114,40 @@ absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p) {
   }
 #endif
   cpu::ApplyTokenMask(ctx, p);
+  return absl::OkStatus();
+}
+
+absl::Status ApplyLogitEdits(const OpContext& ctx, const LogitEditParams& p) {
+  if (p.num_edits == 0) {
+    return absl::OkStatus();
+  }
+  if (p.logits == nullptr || p.edits == nullptr || p.rows == nullptr) {
+    return absl::InvalidArgumentError("logit_edits: null logits, edits or rows");
+  }
+  if (p.num_edits < 0 || p.num_seqs <= 0 || p.vocab_size <= 0 ||
+      p.vocab_size > std::numeric_limits<int32_t>::max() || p.logits_stride < p.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_edits: need num_edits >= 0, num_seqs > 0, vocab_size in [1, 2^31) and "
+                     "logits_stride >= vocab_size, got ",
+                     p.num_edits, ", ", p.num_seqs, ", ", p.vocab_size, ", ", p.logits_stride));
+  }
+  if (!SupportsSample(ctx.device)) {
+    return dispatch_internal::NoBackend("logit_edits", ctx.device, DType::kF32);
+  }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::ApplyLogitEdits(ctx, p);  // ids are device memory: the caller's to check
+  }
+#endif
+  for (int64_t i = 0; i < p.num_edits; ++i) {
+    if (p.rows[i] < 0 || p.rows[i] >= p.num_seqs || p.edits[i].token < 0 ||
+        p.edits[i].token >= p.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_edits: edit ", i, " names row ", p.rows[i], " and token ", p.edits[i].token, " (",
+          p.num_seqs, " rows, vocab_size ", p.vocab_size, ")"));
+    }
+  }
+  cpu::ApplyLogitEdits(ctx, p);
   return absl::OkStatus();
 }
 

@@ -29,6 +29,7 @@ struct Rows {
   std::vector<int32_t> top_k;
   std::vector<float> top_p;
   std::vector<uint64_t> seeds, steps;
+  std::vector<float> min_p;  // empty = none (else one per row)
   int64_t size() const { return static_cast<int64_t>(temperature.size()); }
   void Add(const std::vector<float>& row, float t, int32_t k, float p, uint64_t seed,
            uint64_t step) {
@@ -57,6 +58,7 @@ std::vector<int32_t> SampleRows(const OpContext& ctx, const Rows& r, bool refere
   p.top_p = r.top_p.data();
   p.seeds = r.seeds.data();
   p.steps = r.steps.data();
+  p.min_p = r.min_p.empty() ? nullptr : r.min_p.data();
   std::vector<uint8_t> workspace(SamplingWorkspaceBytes(ctx, p));
   p.workspace = workspace.data();
   p.workspace_bytes = static_cast<int64_t>(workspace.size());
@@ -190,6 +192,83 @@ TEST(SampleTest, MatchesReference) {
   }
 }
 
+// min-p, alone and before top-k and top-p: the CPU sampler and the reference pick the same
+// token, and never one whose weight (probability over the top token's) is below min_p.
+TEST(SampleTest, MinPMatchesReference) {
+  std::mt19937 rng(19);
+  std::uniform_real_distribution<float> temp(0.3f, 2.0f), prob(0.3f, 1.0f);
+  Rows r;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<float> row = RandomVector(800, rng, 3.0f);
+    if (i % 9 == 0) {
+      row[(i * 5) % 800] = NAN;
+      row[(i * 3) % 800] = -INFINITY;
+    }
+    r.Add(row, temp(rng), i % 3 == 0 ? 0 : 1 + i % 50, i % 4 == 0 ? 1.0f : prob(rng), 500 + i, i);
+    r.min_p.push_back(std::vector<float>{0.0f, 1e-3f, 0.02f, 0.2f, 0.7f, 1.0f}[i % 6]);
+  }
+  const std::vector<int32_t> want = SampleRows(OpContext{}, r, /*reference=*/true);
+  for (const CpuVariant& variant : CpuVariants()) {
+    VariantScope scope(variant);
+    EXPECT_EQ(SampleRows(scope.ctx(), r), want) << variant.Name();
+  }
+  for (int64_t s = 0; s < r.size(); ++s) {
+    const float* row = &r.logits[s * r.vocab];
+    float max = -INFINITY;
+    for (int64_t t = 0; t < r.vocab; ++t) {
+      if (row[t] > max) max = row[t];
+    }
+    const double w = std::exp((static_cast<double>(row[want[s]]) - max) / r.temperature[s]);
+    EXPECT_GE(w, r.min_p[s] * (1 - 1e-5)) << "row " << s;
+  }
+}
+
+// Draw frequencies under min-p: p = {0.1, 0.2, 0.3, 0.4}; min_p 0.6 keeps p >= 0.24 (0.3 and
+// 0.4), min_p 0.3 keeps p >= 0.12 (0.2 too); at temperature 0.5 the weights square first
+// (p^2 / 0.16 >= 0.3 keeps 0.3 and 0.4 only). Then top-k and top-p cut what min-p kept.
+TEST(SampleTest, MinPDistributions) {
+  const std::vector<float> logits = {std::log(0.1f), std::log(0.2f), std::log(0.3f),
+                                     std::log(0.4f)};
+  struct Setting {
+    float temperature;
+    float min_p;
+    int32_t top_k;
+    float top_p;
+    std::vector<double> want;
+  };
+  const Setting settings[] = {
+      {1.0f, 0.6f, 0, 1.0f, {0, 0, 3.0 / 7, 4.0 / 7}},
+      {1.0f, 0.3f, 0, 1.0f, {0, 2.0 / 9, 3.0 / 9, 4.0 / 9}},
+      {0.5f, 0.3f, 0, 1.0f, {0, 0, 9.0 / 25, 16.0 / 25}},
+      {1.0f, 0.3f, 2, 1.0f, {0, 0, 3.0 / 7, 4.0 / 7}},
+      {1.0f, 0.3f, 0, 0.5f, {0, 0, 3.0 / 7, 4.0 / 7}},  // 4/9 < 0.5 <= 7/9 of the kept mass
+      {1.0f, 1.0f, 0, 1.0f, {0, 0, 0, 1}},
+  };
+  constexpr int kDraws = 20000;
+  for (const Setting& s : settings) {
+    Rows r;
+    for (int step = 0; step < kDraws; ++step) {
+      r.Add(logits, s.temperature, s.top_k, s.top_p, 77, step);
+      r.min_p.push_back(s.min_p);
+    }
+    VariantScope scope({cpu::DetectedIsa(), 3});
+    std::vector<int> counts(4);
+    for (int32_t t : SampleRows(scope.ctx(), r)) {
+      ++counts.at(t);
+    }
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(counts[i] / static_cast<double>(kDraws), s.want[i], 0.015)
+          << "temperature " << s.temperature << " min_p " << s.min_p << " top_k " << s.top_k
+          << " top_p " << s.top_p << " id " << i;
+    }
+  }
+  // Greedy rows ignore min_p.
+  Rows g;
+  g.Add(logits, 0.0f, 0, 1.0f, 1, 1);
+  g.min_p.push_back(1.0f);
+  EXPECT_EQ(SampleRows(OpContext{}, g)[0], 3);
+}
+
 // A row's token does not depend on its batch neighbours, its position in the batch or threads.
 TEST(SampleTest, IndependentOfBatchAndThreads) {
   std::mt19937 rng(10);
@@ -308,6 +387,13 @@ TEST(SampleDispatchTest, RejectsBadInput) {
   bad = p;
   bad.logits_stride = 2;
   EXPECT_EQ(Sample(OpContext{}, bad).code(), absl::StatusCode::kInvalidArgument);
+  for (float min_p : {-0.1f, 1.5f, NAN}) {
+    bad = p;
+    bad.min_p = &min_p;
+    const absl::Status s = Sample(OpContext{}, bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << min_p;
+    EXPECT_NE(s.message().find("min_p"), absl::string_view::npos) << s;
+  }
   if (!SupportsSample(Device::kCuda)) {
     EXPECT_EQ(Sample(OpContext{Device::kCuda, nullptr}, p).code(),
               absl::StatusCode::kUnimplemented);

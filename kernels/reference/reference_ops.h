@@ -40,6 +40,8 @@ void DecodeAttention(const DecodeAttentionParams& p);
 
 // Full sort of every row, probabilities in double; ignores the workspace.
 void Sample(const SamplingParams& p);
+// One edit after another, each step a separate float operation.
+void ApplyLogitEdits(const LogitEditParams& p);
 
 // Every log p of a row in double, then a full sort of the tokens with p > 0.
 void LogProbs(const LogProbsParams& p);

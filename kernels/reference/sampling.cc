@@ -22,8 +22,8 @@ int32_t Greedy(const float* row, int64_t vocab) {
   return static_cast<int32_t>(std::max<int64_t>(best, 0));
 }
 
-int32_t SampleRow(const float* row, int64_t vocab, double temperature, int32_t top_k, double top_p,
-                  double u) {
+int32_t SampleRow(const float* row, int64_t vocab, double temperature, double min_p, int32_t top_k,
+                  double top_p, double u) {
   std::vector<int32_t> order;
   for (int64_t i = 0; i < vocab; ++i) {
     if (!std::isnan(row[i])) {
@@ -43,6 +43,14 @@ int32_t SampleRow(const float* row, int64_t vocab, double temperature, int32_t t
     return std::exp((static_cast<double>(row[id]) - max_logit) / temperature);
   };
   int64_t kept = static_cast<int64_t>(order.size());
+  if (min_p > 0.0) {
+    // Weights fall along the rank order: the kept tokens are a prefix of it.
+    int64_t n = 0;
+    while (n < kept && weight(order[n]) >= min_p) {
+      ++n;
+    }
+    kept = std::max<int64_t>(n, 1);
+  }
   if (top_k > 0 && top_k < kept) {
     kept = top_k;
   }
@@ -88,8 +96,9 @@ void Sample(const SamplingParams& p) {
       continue;
     }
     p.out_tokens[s] =
-        SampleRow(row, p.vocab_size, p.temperature[s], p.top_k != nullptr ? p.top_k[s] : 0,
-                  p.top_p != nullptr ? p.top_p[s] : 1.0, SamplingUniform(p.seeds[s], p.steps[s]));
+        SampleRow(row, p.vocab_size, p.temperature[s], p.min_p != nullptr ? p.min_p[s] : 0.0,
+                  p.top_k != nullptr ? p.top_k[s] : 0, p.top_p != nullptr ? p.top_p[s] : 1.0,
+                  SamplingUniform(p.seeds[s], p.steps[s]));
   }
 }
 

@@ -263,6 +263,14 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
           "sampling.stop_token_ids: ", t, " is out of range: vocabulary size is ", mc.vocab_size));
     }
   }
+  for (const auto& [t, bias] : request.sampling().logit_bias()) {
+    if (t >= static_cast<uint32_t>(mc.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias[", t,
+                                                     "]: token id is out of range: vocabulary "
+                                                     "size is ",
+                                                     mc.vocab_size));
+    }
+  }
   // With API keys the salt is bound to the authenticated tenant: no client salt can make one
   // tenant's block hashes equal another's. Without keys the client's salt is used as sent.
   std::string salt;

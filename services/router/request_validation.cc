@@ -36,6 +36,32 @@ absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const Reques
   if (s.top_k() > static_cast<uint32_t>(INT32_MAX)) {
     return Invalid("sampling.top_k", absl::StrCat(s.top_k(), " exceeds ", INT32_MAX));
   }
+  if (!(s.min_p() >= 0.0f && s.min_p() <= 1.0f)) {
+    return Invalid("sampling.min_p", absl::StrCat("must be in [0, 1], got ", s.min_p()));
+  }
+  if (!(s.presence_penalty() >= -2.0f && s.presence_penalty() <= 2.0f)) {
+    return Invalid("sampling.presence_penalty",
+                   absl::StrCat("must be in [-2, 2], got ", s.presence_penalty()));
+  }
+  if (!(s.frequency_penalty() >= -2.0f && s.frequency_penalty() <= 2.0f)) {
+    return Invalid("sampling.frequency_penalty",
+                   absl::StrCat("must be in [-2, 2], got ", s.frequency_penalty()));
+  }
+  if (!std::isfinite(s.repetition_penalty()) || s.repetition_penalty() < 0) {
+    return Invalid(
+        "sampling.repetition_penalty",
+        absl::StrCat("must be finite and > 0 (0 = unset = 1), got ", s.repetition_penalty()));
+  }
+  if (s.logit_bias_size() > kMaxLogitBias) {
+    return Invalid("sampling.logit_bias",
+                   absl::StrCat(s.logit_bias_size(), " entries exceed the limit ", kMaxLogitBias));
+  }
+  for (const auto& [token, bias] : s.logit_bias()) {
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return Invalid(absl::StrCat("sampling.logit_bias[", token, "]"),
+                     absl::StrCat("must be in [-100, 100], got ", bias));
+    }
+  }
   // The engine's bound (kernels::kMaxTopLogprobs, OpenAI's top_logprobs limit); refused here
   // so that the client hears it from the router, not from a worker.
   constexpr uint32_t kMaxLogprobs = 20;

@@ -11,6 +11,9 @@
 
 namespace pd::router {
 
+// Most sampling.logit_bias entries a request may carry (OpenAI's limit).
+inline constexpr int kMaxLogitBias = 300;
+
 // Limits on request fields (documented in proto/pd/v1/generation.proto). Flags of pd-router.
 struct RequestLimits {
   uint32_t max_stop_strings = 16;

@@ -1,5 +1,6 @@
 #include "services/router/request_validation.h"
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -34,6 +35,13 @@ TEST(RequestValidationTest, AcceptsMinimalAndFullRequests) {
   s->add_stop("é");
   s->add_stop_token_ids(2);
   s->set_logprobs(20);
+  s->set_presence_penalty(-2.0f);
+  s->set_frequency_penalty(2.0f);
+  s->set_repetition_penalty(1.3f);
+  s->set_min_p(1.0f);
+  for (uint32_t id = 0; id < 300; ++id) {
+    (*s->mutable_logit_bias())[id] = id % 2 == 0 ? -100.0f : 100.0f;
+  }
   full.set_client_request_id("abc");
   full.set_tenant("team-a");
   full.set_cache_salt("salt");
@@ -83,6 +91,34 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"LogprobsAbove20",
                 [](GenerateRequest* r) { r->mutable_sampling()->set_logprobs(21); },
                 "sampling.logprobs"},
+        BadCase{"PresenceAboveTwo",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_presence_penalty(2.5f); },
+                "sampling.presence_penalty"},
+        BadCase{"FrequencyNan",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_frequency_penalty(NAN); },
+                "sampling.frequency_penalty"},
+        BadCase{"FrequencyBelowMinusTwo",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_frequency_penalty(-3.0f); },
+                "sampling.frequency_penalty"},
+        BadCase{"NegativeRepetition",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_repetition_penalty(-1.0f); },
+                "sampling.repetition_penalty"},
+        BadCase{"InfiniteRepetition",
+                [](GenerateRequest* r) { r->mutable_sampling()->set_repetition_penalty(INFINITY); },
+                "sampling.repetition_penalty"},
+        BadCase{"MinPAboveOne", [](GenerateRequest* r) { r->mutable_sampling()->set_min_p(1.1f); },
+                "sampling.min_p"},
+        BadCase{
+            "BiasAbove100",
+            [](GenerateRequest* r) { (*r->mutable_sampling()->mutable_logit_bias())[17] = 101; },
+            "sampling.logit_bias[17]"},
+        BadCase{"TooManyBiases",
+                [](GenerateRequest* r) {
+                  for (uint32_t id = 0; id < 301; ++id) {
+                    (*r->mutable_sampling()->mutable_logit_bias())[id] = 1.0f;
+                  }
+                },
+                "sampling.logit_bias: 301 entries exceed the limit 300"},
         BadCase{"MinAboveMax",
                 [](GenerateRequest* r) { r->mutable_sampling()->set_min_tokens(64); },
                 "sampling.min_tokens"},

@@ -593,6 +593,20 @@ TEST_F(RouterStreamTest, NewStreamRefusesABadRequestWithoutTouchingTheSink) {
   EXPECT_EQ(Counter("pd_router_requests_total{method=\"Generate\",code=\"NOT_FOUND\"}"), 1);
 }
 
+// logit_bias ids are checked against the model's vocabulary before any worker is involved.
+TEST_F(RouterStreamTest, NewStreamRefusesALogitBiasOutsideTheVocabulary) {
+  RecordingSink sink;
+  v1::GenerateRequest request = Request();
+  (*request.mutable_sampling()->mutable_logit_bias())[5] = 1.0f;
+  (*request.mutable_sampling()->mutable_logit_bias())[9999] = -100.0f;
+  absl::StatusOr<std::unique_ptr<RouterStream>> stream =
+      service_->NewStream(request, CallerAuth{}, absl::InfiniteFuture(), &sink);
+  EXPECT_EQ(stream.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(stream.status().message().find("sampling.logit_bias[9999]"), absl::string_view::npos)
+      << stream.status();
+  EXPECT_FALSE(sink.ended_.HasBeenNotified());
+}
+
 // A stream dropped before Start gives its slot back and calls no worker.
 TEST_F(RouterStreamTest, StreamDestroyedBeforeStartReleasesItsSlot) {
   RecordingSink sink;

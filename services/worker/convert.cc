@@ -1,5 +1,6 @@
 #include "services/worker/convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -25,7 +26,37 @@ absl::StatusOr<engine::SamplingOptions> SamplingFromProto(const pdserve::v1::Sam
   if (p.top_k() > static_cast<uint32_t>(INT32_MAX)) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.top_k too large: ", p.top_k()));
   }
+  if (!(p.min_p() >= 0.0f && p.min_p() <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.min_p must be in [0, 1], got ", p.min_p()));
+  }
+  if (!(p.presence_penalty() >= -2.0f && p.presence_penalty() <= 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.presence_penalty must be in [-2, 2], got ", p.presence_penalty()));
+  }
+  if (!(p.frequency_penalty() >= -2.0f && p.frequency_penalty() <= 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.frequency_penalty must be in [-2, 2], got ", p.frequency_penalty()));
+  }
+  if (!std::isfinite(p.repetition_penalty()) || p.repetition_penalty() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.repetition_penalty must be finite and > 0 (0 = off), got ",
+                     p.repetition_penalty()));
+  }
   engine::SamplingOptions s;
+  for (const auto& [token, bias] : p.logit_bias()) {
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias[", token, "] must be in [-100, 100], got ", bias));
+    }
+    s.logit_bias.emplace_back(token, bias);
+  }
+  // A proto map has no order: by id, as the engine wants them (ids are unique keys).
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
+  s.presence_penalty = p.presence_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  s.repetition_penalty = p.repetition_penalty() > 0 ? p.repetition_penalty() : 1.0f;
+  s.min_p = p.min_p();
   s.max_tokens = p.max_tokens();
   s.min_tokens = p.min_tokens();
   s.temperature = p.temperature();

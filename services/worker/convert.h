@@ -13,7 +13,10 @@
 namespace pd::worker {
 
 // Sampling parameters as the engine takes them. InvalidArgument naming the field for values
-// out of range (temperature < 0 or not finite, top_p outside [0, 1], min_tokens > max_tokens).
+// out of range (temperature < 0 or not finite, top_p outside [0, 1], min_tokens > max_tokens,
+// min_p outside [0, 1], presence or frequency penalty outside [-2, 2], a repetition penalty
+// < 0 or not finite, a logit_bias value outside [-100, 100]). logit_bias ids are the engine's
+// to check against the vocabulary (Scheduler::Submit).
 absl::StatusOr<engine::SamplingOptions> SamplingFromProto(const pdserve::v1::SamplingParams& p);
 
 pdserve::v1::FinishReason FinishReasonToProto(engine::FinishReason reason);

@@ -115,6 +115,13 @@ ApiError HttpLayerError(int http_status, absl::string_view method, absl::string_
   return e;
 }
 
+ParseLimits WithVocabulary(ParseLimits limits, const engine::ModelFront* model) {
+  if (limits.vocab_size == 0 && model != nullptr) {
+    limits.vocab_size = static_cast<uint32_t>(model->config().vocab_size);
+  }
+  return limits;
+}
+
 absl::StatusOr<v1::GenerateRequest> ToGenerateRequest(const OpenAiRequest& r,
                                                       const PromptEncoder& prompts,
                                                       const engine::Tokenizer& tokenizer,
@@ -172,7 +179,7 @@ HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* mod
                        std::optional<ToolCallFormat> tool_call_format)
     : service_(service),
       model_(model),
-      limits_(limits),
+      limits_(WithVocabulary(limits, model)),
       live_(live),
       draining_(draining),
       requests_(requests),

@@ -42,6 +42,10 @@ absl::string_view RouteLabel(absl::string_view path);
 // the limit, ...), for `method` and `path` of the request.
 ApiError HttpLayerError(int http_status, absl::string_view method, absl::string_view path);
 
+// `limits` with vocab_size set to the model's when unset, so that logit_bias ids are checked
+// (and the bad key named) while parsing.
+ParseLimits WithVocabulary(ParseLimits limits, const engine::ModelFront* model);
+
 // The request to send through the router for `r`: chat messages become token ids
 // (prompts.EncodeChat), a completion's text or ids are passed on (GenerationService encodes
 // them with the same PromptEncoder). `echo` gets the prompt's text when r.echo. Errors carry

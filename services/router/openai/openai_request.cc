@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -279,22 +280,53 @@ absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiReque
   return absl::OkStatus();
 }
 
+// A number in [lo, hi] (finite), as a float.
+absl::StatusOr<float> GetNumberIn(const std::string& param, const json& v, double lo, double hi) {
+  PD_ASSIGN_OR_RETURN(double d, GetNumber(param, v));
+  if (d < lo || d > hi) return Bad(param, absl::StrCat("must be in [", lo, ", ", hi, "], got ", d));
+  return static_cast<float>(d);
+}
+
+// "logit_bias": OpenAI's map of token ids (as JSON object keys, decimal strings) to a bias in
+// [-100, 100], at most limits.max_logit_bias entries; ids below limits.vocab_size when known.
+// Errors name the offending key.
+absl::Status ParseLogitBias(const json& v, const ParseLimits& limits,
+                            pdserve::v1::SamplingParams* s) {
+  constexpr char kKey[] = "logit_bias";
+  if (!v.is_object()) return WrongType(kKey, "an object of token ids to numbers", v);
+  if (v.size() > limits.max_logit_bias) {
+    return Bad(kKey, absl::StrCat("at most ", limits.max_logit_bias, " entries, got ", v.size()));
+  }
+  for (const auto& [key, value] : v.items()) {
+    const std::string shown = absl::StrCat("key \"", key.substr(0, 32), "\"");
+    uint32_t id = 0;
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || !absl::SimpleAtoi(key, &id)) {
+      return Bad(kKey, absl::StrCat(shown, " is not a token id (a decimal integer)"));
+    }
+    if (limits.vocab_size > 0 && id >= limits.vocab_size) {
+      return Bad(kKey,
+                 absl::StrCat(shown, ": token id ", id, " is not in the vocabulary (its size is ",
+                              limits.vocab_size, ")"));
+    }
+    if (!value.is_number()) {
+      return Bad(kKey, absl::StrCat(shown, ": the bias must be a number, got ", TypeName(value)));
+    }
+    const double bias = value.get<double>();
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      return Bad(kKey, absl::StrCat(shown, ": the bias must be in [-100, 100], got ", bias));
+    }
+    (*s->mutable_logit_bias())[id] = static_cast<float>(bias);
+  }
+  return absl::OkStatus();
+}
+
 // Fields that exist in the OpenAI API but which this server cannot honour: refused unless null
 // or at the value that changes nothing.
 absl::Status CheckUnsupported(const std::string& key, const json& v) {
   if (v.is_null()) return absl::OkStatus();
-  if (key == "presence_penalty" || key == "frequency_penalty") {
-    if (v.is_number() && v.get<double>() == 0.0) return absl::OkStatus();
-    return Bad(key, "is not supported by this server (only 0)");
-  }
-  if (key == "repetition_penalty") {
-    if (v.is_number() && v.get<double>() == 1.0) return absl::OkStatus();
-    return Bad(key, "is not supported by this server (only 1)");
-  }
-  if (key == "logit_bias") {
-    if (v.is_object() && v.empty()) return absl::OkStatus();
-    return Bad(key, "is not supported by this server");
-  }
   // Chat reads the tool fields (tool_request.h); completions have no tools.
   if (key == "tool_choice" || key == "function_call") {
     if (v == "none") return absl::OkStatus();
@@ -466,11 +498,7 @@ bool IsToolKey(const std::string& key) {
 }
 
 bool IsKnownUnsupported(const std::string& key) {
-  static const char* const kKeys[] = {"presence_penalty",
-                                      "frequency_penalty",
-                                      "repetition_penalty",
-                                      "logit_bias",
-                                      "tool_choice",
+  static const char* const kKeys[] = {"tool_choice",
                                       "tools",
                                       "functions",
                                       "function_call",
@@ -606,6 +634,25 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
     } else if (key == "top_k") {
       PD_ASSIGN_OR_RETURN(int64_t k, GetInt(key, v, -1, 1 << 20));
       s.set_top_k(k <= 0 ? 0 : static_cast<uint32_t>(k));  // -1 and 0 = off (vLLM)
+    } else if (key == "min_p") {
+      PD_ASSIGN_OR_RETURN(float p, GetNumberIn(key, v, 0.0, 1.0));
+      s.set_min_p(p);
+    } else if (key == "presence_penalty" || key == "frequency_penalty") {
+      PD_ASSIGN_OR_RETURN(float p, GetNumberIn(key, v, -2.0, 2.0));
+      if (key == "presence_penalty") {
+        s.set_presence_penalty(p);
+      } else {
+        s.set_frequency_penalty(p);
+      }
+    } else if (key == "repetition_penalty") {
+      PD_ASSIGN_OR_RETURN(double r, GetNumber(key, v));
+      // vLLM's bound: > 0 (a float that rounds to 0 is refused too: the wire's 0 means unset).
+      if (!(r > 0) || static_cast<float>(r) <= 0.0f || !std::isfinite(static_cast<float>(r))) {
+        return Bad(key, absl::StrCat("must be > 0 (1 = off), got ", r));
+      }
+      s.set_repetition_penalty(static_cast<float>(r));
+    } else if (key == "logit_bias") {
+      PD_RETURN_IF_ERROR(ParseLogitBias(v, limits, &s));
     } else if (key == "seed") {
       PD_ASSIGN_OR_RETURN(int64_t seed, GetInt(key, v, std::numeric_limits<int64_t>::min(),
                                                std::numeric_limits<int64_t>::max()));

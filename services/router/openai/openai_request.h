@@ -52,6 +52,10 @@ struct ParseLimits {
   // Arrays and objects nested deeper than this refuse the whole body (the deepest valid
   // request, a chat message's content part, is 5 levels).
   uint32_t max_json_depth = 64;
+  uint32_t max_logit_bias = 300;  // logit_bias entries (OpenAI's limit)
+  // The model's vocabulary: logit_bias ids must be below it. 0 = not checked here (the router
+  // checks again before placing the request).
+  uint32_t vocab_size = 0;
 };
 
 // A request as the router runs it.
@@ -64,8 +68,9 @@ struct OpenAiRequest {
   // kChat: at least one message.
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;  // kChat (extension, as vLLM accepts it)
-  // max_tokens (0 = until the context is full), temperature, top_p, top_k, seed, stop,
-  // stop_token_ids, min_tokens, ignore_eos. OpenAI's defaults apply: temperature 1, top_p 1,
+  // max_tokens (0 = until the context is full), temperature, top_p, top_k, min_p, seed, stop,
+  // stop_token_ids, min_tokens, ignore_eos, presence_penalty, frequency_penalty,
+  // repetition_penalty, logit_bias. OpenAI's defaults apply: temperature 1, top_p 1,
   // max_tokens 16 for completions and unbounded for chat.
   pdserve::v1::SamplingParams sampling;
   std::optional<std::string> cache_salt;  // extension
@@ -81,9 +86,10 @@ struct OpenAiRequest {
 };
 
 // Parses and checks `body` (a JSON object). InvalidArgument naming the field for malformed JSON,
-// wrong types, out-of-range values, unknown fields, and fields this server cannot honour (n > 1,
-// best_of > 1, echo with logprobs, suffix, tools on /v1/completions, an enforced tool_choice
-// with another constraint, penalties, logit_bias, non-text content parts).
+// wrong types, out-of-range values (a logit_bias key that is not a token id of the vocabulary
+// names the key), unknown fields, and fields this server cannot honour (n > 1, best_of > 1,
+// echo with logprobs, suffix, tools on /v1/completions, an enforced tool_choice with another
+// constraint, non-text content parts).
 absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view body,
                                            const ParseLimits& limits);
 

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -182,10 +183,6 @@ TEST(OpenAiRequestTest, UnknownAndUnsupportedFieldsAreRefusedByName) {
   ExpectBad(Completions(R"({"model":"m","prompt":"x","suffix":"y"})"), "suffix", "not supported");
   ExpectBad(Completions(R"({"model":"m","prompt":"x","echo":true,"logprobs":1})"), "echo",
             "logprobs");
-  ExpectBad(Completions(R"({"model":"m","prompt":"x","frequency_penalty":0.5})"),
-            "frequency_penalty", "not supported");
-  ExpectBad(Completions(R"({"model":"m","prompt":"x","logit_bias":{"5":1}})"), "logit_bias",
-            "not supported");
   ExpectBad(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
                     "tools":[{"type":"retrieval"}]})"),
             "tools[0].type", "not supported");
@@ -196,6 +193,74 @@ TEST(OpenAiRequestTest, UnknownAndUnsupportedFieldsAreRefusedByName) {
   EXPECT_TRUE(Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
                       "frequency_penalty":0,"logit_bias":{},"tools":[],"n":null,"stop":null,
                       "response_format":{"type":"text"},"seed":null})")
+                  .ok());
+}
+
+// Issue #31 section 3: the penalties, logit_bias and min_p, on both endpoints, at their bounds.
+TEST(OpenAiRequestTest, PenaltiesLogitBiasAndMinPMapToSampling) {
+  for (const char* base : {R"("prompt":"x")", R"("messages":[{"role":"user","content":"x"}])"}) {
+    const std::string body =
+        absl::StrCat(R"({"model":"m",)", base,
+                     R"(,"presence_penalty":-2,"frequency_penalty":2.0,"repetition_penalty":1.3,)",
+                     R"("min_p":0.05,"logit_bias":{"0":-100,"17":2.5,"511":100}})");
+    const bool chat = absl::StrContains(base, "messages");
+    absl::StatusOr<OpenAiRequest> r = chat ? Chat(body) : Completions(body);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FLOAT_EQ(r->sampling.presence_penalty(), -2.0f);
+    EXPECT_FLOAT_EQ(r->sampling.frequency_penalty(), 2.0f);
+    EXPECT_FLOAT_EQ(r->sampling.repetition_penalty(), 1.3f);
+    EXPECT_FLOAT_EQ(r->sampling.min_p(), 0.05f);
+    ASSERT_EQ(r->sampling.logit_bias_size(), 3);
+    EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(0), -100.0f);
+    EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(17), 2.5f);
+    EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(511), 100.0f);
+  }
+  // Defaults: nothing set (0 on the wire; repetition 0 = unset = 1).
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({"model":"m","prompt":"x"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.repetition_penalty(), 0.0f);
+  EXPECT_EQ(r->sampling.logit_bias_size(), 0);
+  // 300 entries are fine (OpenAI's limit).
+  std::string many = R"({"model":"m","prompt":"x","logit_bias":{)";
+  for (int i = 0; i < 300; ++i) absl::StrAppend(&many, i > 0 ? "," : "", "\"", i, "\":1");
+  EXPECT_TRUE(Completions(many + "}}").ok());
+  ExpectBad(Completions(many + R"(,"300":1}})"), "logit_bias", "at most 300");
+}
+
+TEST(OpenAiRequestTest, BadPenaltiesLogitBiasAndMinPAreRefusedByName) {
+  auto bad = [](const std::string& field, const std::string& value, const std::string& part) {
+    const std::string rest = absl::StrCat(R"(,")", field, R"(":)", value, "}");
+    ExpectBad(Completions(absl::StrCat(R"({"model":"m","prompt":"x")", rest)), field, part);
+    ExpectBad(
+        Chat(absl::StrCat(R"({"model":"m","messages":[{"role":"user","content":"x"}])", rest)),
+        field, part);
+  };
+  bad("presence_penalty", "2.5", "[-2, 2]");
+  bad("presence_penalty", "-2.01", "[-2, 2]");
+  bad("presence_penalty", "\"1\"", "a number");
+  bad("frequency_penalty", "3", "[-2, 2]");
+  bad("frequency_penalty", "true", "a number");
+  bad("repetition_penalty", "0", "> 0");
+  bad("repetition_penalty", "-1", "> 0");
+  bad("repetition_penalty", "1e-50", "> 0");  // rounds to a float 0
+  bad("repetition_penalty", "[1]", "a number");
+  bad("min_p", "1.5", "[0, 1]");
+  bad("min_p", "-0.1", "[0, 1]");
+  bad("logit_bias", "[1]", "an object");
+  bad("logit_bias", R"({"abc":1})", "key \"abc\" is not a token id");
+  bad("logit_bias", R"({"-5":1})", "key \"-5\" is not a token id");
+  bad("logit_bias", R"({"99999999999":1})", "is not a token id");
+  bad("logit_bias", R"({"5":101})", "key \"5\": the bias must be in [-100, 100]");
+  bad("logit_bias", R"({"5":"1"})", "key \"5\": the bias must be a number");
+  EXPECT_TRUE(Completions(R"({"model":"m","prompt":"x","min_p":null,"logit_bias":null})").ok());
+  // With the vocabulary known (the HTTP front sets it), an id past it names the key.
+  ParseLimits limits;
+  limits.vocab_size = 512;
+  ExpectBad(ParseRequest(Endpoint::kCompletions,
+                         R"({"model":"m","prompt":"x","logit_bias":{"3":1,"512":-100}})", limits),
+            "logit_bias", "key \"512\": token id 512 is not in the vocabulary (its size is 512)");
+  EXPECT_TRUE(ParseRequest(Endpoint::kCompletions,
+                           R"({"model":"m","prompt":"x","logit_bias":{"511":-100}})", limits)
                   .ok());
 }
 
