@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const auto stats = (*c)->mask_cache_stats();
+    const auto stats = (*c)->mask_cache().stats();
     cache_hits += stats.hits;
     cache_misses += stats.misses;
     cache_bytes = std::max(cache_bytes, stats.bytes);
@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
   std::printf("mask cache: %lld hits, %lld misses, largest %.1f KiB\n",
               static_cast<long long>(cache_hits), static_cast<long long>(cache_misses),
               static_cast<double>(cache_bytes) / 1024.0);
-  const auto shared = trie.mask_cache_stats();
+  const auto shared = trie.mask_cache().stats();
   std::printf("shared (per tokenizer) mask cache: %lld hits, %lld misses, %zu entries, %.1f MiB\n",
               static_cast<long long>(shared.hits), static_cast<long long>(shared.misses),
               shared.entries, static_cast<double>(shared.bytes) / (1024.0 * 1024.0));

@@ -193,7 +193,7 @@ TEST(JsonSchemaSetTest, CachedTokenMasksEqualTheWholeWalk) {
       }
     }
   }
-  const auto stats = trie.mask_cache_stats();
+  const auto stats = trie.mask_cache().stats();
   std::printf("%d masks compared, %d differing; shared cache: %lld hits, %zu entries\n", masks,
               differing, static_cast<long long>(stats.hits), stats.entries);
   EXPECT_GT(masks, 5000);

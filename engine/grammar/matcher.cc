@@ -29,34 +29,6 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   return std::shared_ptr<const CompiledGrammar>(std::move(out));
 }
 
-std::shared_ptr<const CachedTokenMask> CompiledGrammar::FindMask(
-    const std::vector<uint32_t>& key) const {
-  absl::MutexLock lock(&mask_mu_);
-  auto it = masks_.find(key);
-  if (it == masks_.end()) {
-    ++mask_stats_.misses;
-    return nullptr;
-  }
-  ++mask_stats_.hits;
-  return it->second;
-}
-
-void CompiledGrammar::StoreMask(const std::vector<uint32_t>& key,
-                                std::shared_ptr<const CachedTokenMask> mask) const {
-  absl::MutexLock lock(&mask_mu_);
-  const size_t bytes = mask->ByteSize() + key.size() * sizeof(uint32_t);
-  if (mask_stats_.bytes + bytes > kMaxMaskCacheBytes) return;
-  if (masks_.emplace(key, std::move(mask)).second) {
-    mask_stats_.bytes += bytes;
-    ++mask_stats_.entries;
-  }
-}
-
-CompiledGrammar::MaskCacheStats CompiledGrammar::mask_cache_stats() const {
-  absl::MutexLock lock(&mask_mu_);
-  return mask_stats_;
-}
-
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
   nodes_.push_back(Node{0, 0});  // id 0: the empty stack
   if (!Normalize(Intern(grammar_->start(), 0), &state_)) {
@@ -518,7 +490,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     key.push_back(tail);
     tails.push_back(tail);
   }
-  std::shared_ptr<const CachedTokenMask> part = grammar_->FindMask(key);
+  std::shared_ptr<const CachedTokenMask> part = grammar_->mask_cache().Find(key);
   if (part != nullptr && part->walk_whole) return FillTokenMaskUncached(trie, mask);
   if (part == nullptr) {
     // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
@@ -529,15 +501,15 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     if (whole.complete) {
       auto marker = std::make_shared<CachedTokenMask>();
       marker->walk_whole = true;
-      grammar_->StoreMask(key, std::move(marker));
+      grammar_->mask_cache().Store(key, std::move(marker));
       return ends + whole.added;
     }
   }
   std::vector<uint32_t> canonical;
   if (part == nullptr) {
     canonical = CanonicalForm(*grammar_, cuts, tails);
-    if (!canonical.empty()) part = trie.FindMask(canonical);
-    if (part != nullptr) grammar_->StoreMask(key, part);
+    if (!canonical.empty()) part = trie.mask_cache().Find(canonical);
+    if (part != nullptr) grammar_->mask_cache().Store(key, part);
   }
   if (part == nullptr) {
     // Walk the cut state: its stacks rebuilt over placeholder nodes.
@@ -577,10 +549,10 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       // cut): the cut saves nothing here, walk the whole state next time.
       auto marker = std::make_shared<CachedTokenMask>();
       marker->walk_whole = true;
-      grammar_->StoreMask(key, std::move(marker));
+      grammar_->mask_cache().Store(key, std::move(marker));
     } else {
-      if (!canonical.empty()) trie.StoreMask(canonical, computed);
-      grammar_->StoreMask(key, std::move(computed));
+      if (!canonical.empty()) trie.mask_cache().Store(canonical, computed);
+      grammar_->mask_cache().Store(key, std::move(computed));
     }
   }
   *mask = part->accepted;

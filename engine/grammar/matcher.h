@@ -22,7 +22,6 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "engine/grammar/grammar.h"
 #include "engine/grammar/token_trie.h"
 
@@ -44,18 +43,8 @@ class CompiledGrammar {
   const ByteSet& set(uint32_t index) const { return sets_[index]; }
   // Position of the synthetic start element (a reference to the root followed by kEnd).
   uint32_t start() const { return 0; }
-  // The cached mask part for `key` (Matcher's canonical form of a cut state), or null.
-  std::shared_ptr<const CachedTokenMask> FindMask(const std::vector<uint32_t>& key) const;
-  // Keeps `mask` under `key` while the cache is under kMaxMaskCacheBytes.
-  void StoreMask(const std::vector<uint32_t>& key,
-                 std::shared_ptr<const CachedTokenMask> mask) const;
-  struct MaskCacheStats {
-    int64_t hits = 0;
-    int64_t misses = 0;
-    size_t entries = 0;
-    size_t bytes = 0;
-  };
-  MaskCacheStats mask_cache_stats() const;
+  // Cached mask parts of this grammar, by the grammar positions of a cut state (Matcher).
+  const TokenMaskCache& mask_cache() const { return masks_; }
 
   // Approximate bytes held, without the mask cache (for caches that bound their memory).
   size_t ByteSize() const {
@@ -68,10 +57,7 @@ class CompiledGrammar {
   std::vector<Element> elements_;
   std::vector<std::vector<uint32_t>> starts_;
   std::vector<ByteSet> sets_;
-  mutable absl::Mutex mask_mu_;
-  mutable absl::flat_hash_map<std::vector<uint32_t>, std::shared_ptr<const CachedTokenMask>>
-      masks_ ABSL_GUARDED_BY(mask_mu_);
-  mutable MaskCacheStats mask_stats_ ABSL_GUARDED_BY(mask_mu_);
+  TokenMaskCache masks_{kMaxMaskCacheBytes};
 };
 
 // A matcher is owned by one request (not thread-safe); copies are independent.

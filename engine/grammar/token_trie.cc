@@ -59,31 +59,32 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
   }
 }
 
-std::shared_ptr<const CachedTokenMask> TokenTrie::FindMask(const std::vector<uint32_t>& key) const {
-  absl::MutexLock lock(&mask_mu_);
+std::shared_ptr<const CachedTokenMask> TokenMaskCache::Find(
+    const std::vector<uint32_t>& key) const {
+  absl::MutexLock lock(&mu_);
   auto it = masks_.find(key);
   if (it == masks_.end()) {
-    ++mask_stats_.misses;
+    ++stats_.misses;
     return nullptr;
   }
-  ++mask_stats_.hits;
+  ++stats_.hits;
   return it->second;
 }
 
-void TokenTrie::StoreMask(const std::vector<uint32_t>& key,
-                          std::shared_ptr<const CachedTokenMask> mask) const {
-  absl::MutexLock lock(&mask_mu_);
+void TokenMaskCache::Store(const std::vector<uint32_t>& key,
+                           std::shared_ptr<const CachedTokenMask> mask) const {
+  absl::MutexLock lock(&mu_);
   const size_t bytes = mask->ByteSize() + key.size() * sizeof(uint32_t);
-  if (mask_stats_.bytes + bytes > kMaxMaskCacheBytes) return;
+  if (stats_.bytes + bytes > max_bytes_) return;
   if (masks_.emplace(key, std::move(mask)).second) {
-    mask_stats_.bytes += bytes;
-    ++mask_stats_.entries;
+    stats_.bytes += bytes;
+    ++stats_.entries;
   }
 }
 
-TokenTrie::MaskCacheStats TokenTrie::mask_cache_stats() const {
-  absl::MutexLock lock(&mask_mu_);
-  return mask_stats_;
+TokenMaskCache::Stats TokenMaskCache::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
 }
 
 }  // namespace pd::grammar

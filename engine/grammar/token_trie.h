@@ -33,6 +33,29 @@ struct CachedTokenMask {
   }
 };
 
+// A bounded, thread-safe map of cached mask parts (Matcher::FillTokenMask). Past `max_bytes`,
+// masks are computed and not kept (the first ones stay).
+class TokenMaskCache {
+ public:
+  explicit TokenMaskCache(size_t max_bytes) : max_bytes_(max_bytes) {}
+  std::shared_ptr<const CachedTokenMask> Find(const std::vector<uint32_t>& key) const;
+  void Store(const std::vector<uint32_t>& key, std::shared_ptr<const CachedTokenMask> mask) const;
+  struct Stats {
+    int64_t hits = 0;
+    int64_t misses = 0;
+    size_t entries = 0;
+    size_t bytes = 0;
+  };
+  Stats stats() const;
+
+ private:
+  const size_t max_bytes_;
+  mutable absl::Mutex mu_;
+  mutable absl::flat_hash_map<std::vector<uint32_t>, std::shared_ptr<const CachedTokenMask>> masks_
+      ABSL_GUARDED_BY(mu_);
+  mutable Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
 class TokenTrie {
  public:
   // Most bytes of cached token masks the trie keeps for all grammars together (past it,
@@ -66,19 +89,10 @@ class TokenTrie {
   // Unique per trie ever built in this process (a key for caches of masks over it).
   uint64_t id() const { return id_; }
 
-  // Token masks shared by every grammar (thread-safe): keyed by the canonical form of a cut
-  // state's reachable grammar (Matcher::FillTokenMask), so a JSON string's mask computed for
-  // one schema serves every other schema's strings.
-  std::shared_ptr<const CachedTokenMask> FindMask(const std::vector<uint32_t>& key) const;
-  void StoreMask(const std::vector<uint32_t>& key,
-                 std::shared_ptr<const CachedTokenMask> mask) const;
-  struct MaskCacheStats {
-    int64_t hits = 0;
-    int64_t misses = 0;
-    size_t entries = 0;
-    size_t bytes = 0;
-  };
-  MaskCacheStats mask_cache_stats() const;
+  // Token masks shared by every grammar: keyed by the canonical form of a cut state's
+  // reachable grammar (Matcher::FillTokenMask), so a JSON string's mask computed for one schema
+  // serves every other schema's strings.
+  const TokenMaskCache& mask_cache() const { return masks_; }
 
  private:
   std::vector<Node> nodes_;  // nodes_[0] is the root
@@ -87,10 +101,7 @@ class TokenTrie {
   std::vector<std::string> token_bytes_;
   size_t vocab_size_ = 0;
   uint64_t id_ = 0;
-  mutable absl::Mutex mask_mu_;
-  mutable absl::flat_hash_map<std::vector<uint32_t>, std::shared_ptr<const CachedTokenMask>>
-      masks_ ABSL_GUARDED_BY(mask_mu_);
-  mutable MaskCacheStats mask_stats_ ABSL_GUARDED_BY(mask_mu_);
+  TokenMaskCache masks_{kMaxMaskCacheBytes};
 };
 
 }  // namespace pd::grammar
