@@ -29,11 +29,17 @@ namespace iv1 = pdserve::internal::v1;
 using pdserve::v1::SamplingParams;
 
 bool SamplingValid(const SamplingParams& p) {
+  for (const auto& [id, bias] : p.logit_bias()) {
+    if (!(bias >= -100 && bias <= 100)) return false;
+  }
   return std::isfinite(p.temperature()) && p.temperature() >= 0 && std::isfinite(p.top_p()) &&
          p.top_p() >= 0 && p.top_p() <= 1 &&
          (p.max_tokens() == 0 || p.min_tokens() <= p.max_tokens()) &&
          p.top_k() <= static_cast<uint32_t>(INT32_MAX) &&
-         (!p.has_logprobs() || p.logprobs() <= 20);  // OpenAI's top_logprobs bound
+         (!p.has_logprobs() || p.logprobs() <= 20) &&  // OpenAI's top_logprobs bound
+         p.min_p() >= 0 && p.min_p() <= 1 && p.presence_penalty() >= -2 &&
+         p.presence_penalty() <= 2 && p.frequency_penalty() >= -2 && p.frequency_penalty() <= 2 &&
+         std::isfinite(p.repetition_penalty()) && p.repetition_penalty() >= 0;
 }
 
 void CheckSampling(const SamplingParams& p) {
@@ -70,6 +76,17 @@ void CheckSampling(const SamplingParams& p) {
         s->stop_token_ids);
   CHECK_EQ(s->ignore_eos, p.ignore_eos());
   CHECK_EQ(s->logprobs, p.has_logprobs() ? static_cast<int32_t>(p.logprobs()) : -1);
+  CHECK_EQ(s->min_p, p.min_p());
+  CHECK_EQ(s->presence_penalty, p.presence_penalty());
+  CHECK_EQ(s->frequency_penalty, p.frequency_penalty());
+  CHECK_EQ(s->repetition_penalty, p.repetition_penalty() > 0 ? p.repetition_penalty() : 1.0f);
+  // Every entry once, by ascending id.
+  CHECK_EQ(s->logit_bias.size(), static_cast<size_t>(p.logit_bias_size()));
+  for (size_t i = 0; i < s->logit_bias.size(); ++i) {
+    const auto [id, bias] = s->logit_bias[i];
+    CHECK(i == 0 || s->logit_bias[i - 1].first < id);
+    CHECK(p.logit_bias().count(id) == 1 && p.logit_bias().at(id) == bias);
+  }
 }
 
 void CheckLayouts(const iv1::KvLayout& theirs) {

@@ -77,6 +77,23 @@ bool RefValid(const GenerateRequest& r, const RequestLimits& l) {
   if (s.top_k() > static_cast<uint32_t>(INT32_MAX)) {
     return false;  // the engine's top_k is an int32
   }
+  // Issue #31 section 3: min_p in [0, 1]; presence and frequency penalties in [-2, 2]; the
+  // repetition penalty finite and >= 0 (0 = unset); at most 300 logit_bias entries, each bias
+  // in [-100, 100] (ids are checked against the model's vocabulary later, by the router).
+  if (!(s.min_p() >= 0 && s.min_p() <= 1) ||
+      !(s.presence_penalty() >= -2 && s.presence_penalty() <= 2) ||
+      !(s.frequency_penalty() >= -2 && s.frequency_penalty() <= 2) ||
+      !std::isfinite(s.repetition_penalty()) || s.repetition_penalty() < 0) {
+    return false;
+  }
+  if (s.logit_bias_size() > 300) {
+    return false;
+  }
+  for (const auto& [id, bias] : s.logit_bias()) {
+    if (!(bias >= -100 && bias <= 100)) {
+      return false;
+    }
+  }
   if (static_cast<uint64_t>(s.stop_size()) > l.max_stop_strings) {
     return false;
   }
