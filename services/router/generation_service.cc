@@ -126,7 +126,7 @@ absl::StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(
   PD_ASSIGN_OR_RETURN(m.prefill_placement,
                       r->AddCounter("pd_router_prefill_placements_total",
                                     "Where prompts were prefilled: remote_prefill, "
-                                    "below_disagg_threshold, no_prefill_worker",
+                                    "below_disagg_threshold, no_prefill_worker, sibling",
                                     {"placement"}));
   PD_ASSIGN_OR_RETURN(m.routed_cached_blocks,
                       r->AddCounter("pd_router_routed_cached_blocks_total",
@@ -239,8 +239,8 @@ absl::StatusOr<std::vector<BlockHash>> GenerationService::BlockHashesOf(
 }
 
 absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
-                                        const std::string& tenant, iv1::DecodeRequest* decode,
-                                        Placement* placement) {
+                                        const std::string& tenant, absl::string_view sibling_decode,
+                                        iv1::DecodeRequest* decode, Placement* placement) {
   PD_RETURN_IF_ERROR(ValidateGenerateRequest(request, config_.limits));
   if (!request.model().empty() && request.model() != model_id_) {
     return absl::NotFoundError(absl::StrCat("unknown model '", request.model(),
@@ -284,7 +284,28 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
   PD_ASSIGN_OR_RETURN(BlockHash seed, SeedFor(salt));
   const std::vector<BlockHash> chain =
       ComputeBlockHashes(seed, tokens, static_cast<uint32_t>(config_.block_size));
-  PD_ASSIGN_OR_RETURN(*placement, policy_->Choose(chain, n, workers_->Snapshot()));
+  const std::vector<WorkerSnapshot> snapshot = workers_->Snapshot();
+  const WorkerSnapshot* sibling = nullptr;
+  for (const WorkerSnapshot& w : snapshot) {
+    if (!sibling_decode.empty() && w.address == sibling_decode && w.healthy && w.can_decode) {
+      sibling = &w;
+    }
+  }
+  if (sibling != nullptr) {
+    // The sibling's blocks hold this prompt: every full block but one holding the last token,
+    // which the decode worker computes again to sample this choice's first token.
+    const int64_t bs = config_.block_size;
+    Placement p;
+    p.decode_index = sibling->index;
+    p.prefill_index = -1;
+    p.reason = "sibling";
+    p.prefill_reason = "sibling";
+    p.cached_blocks = (n - 1) / bs;
+    p.new_blocks = (n + bs - 1) / bs - p.cached_blocks;
+    *placement = std::move(p);
+  } else {
+    PD_ASSIGN_OR_RETURN(*placement, policy_->Choose(chain, n, snapshot));
+  }
 
   static std::atomic<uint64_t> epoch{std::random_device{}()};
   decode->set_request_id(
@@ -296,7 +317,7 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
     decode->mutable_sampling()->set_seed(gen());
   }
   if (placement->prefill_index >= 0) {
-    decode->set_prefill_address(workers_->Snapshot()[placement->prefill_index].address);
+    decode->set_prefill_address(snapshot[placement->prefill_index].address);
   }
   decode->set_timeout_ms(request.timeout_ms());
   decode->set_tenant(tenant);
@@ -306,14 +327,14 @@ absl::Status GenerationService::Prepare(const v1::GenerateRequest& request,
 
 absl::StatusOr<std::unique_ptr<RouterStream>> GenerationService::NewStream(
     const v1::GenerateRequest& request, const CallerAuth& caller, absl::Time client_deadline,
-    StreamSink* sink) {
+    StreamSink* sink, absl::string_view sibling_decode) {
   const absl::Time start = absl::Now();
   iv1::DecodeRequest decode;
   Placement placement;
   absl::StatusOr<std::string> tenant = Authenticate(caller, &request);
   absl::Status status = tenant.status();
   if (status.ok()) {
-    status = Prepare(request, *tenant, &decode, &placement);
+    status = Prepare(request, *tenant, sibling_decode, &decode, &placement);
   }
   if (status.ok()) {
     status = AcquireStream(*tenant);  // released by ReleaseStream, before the client sees the end

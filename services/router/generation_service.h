@@ -75,9 +75,13 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService,
   // request.timeout_ms shortens it. On failure nothing is sent to `sink` and the status is what
   // the client gets (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, NOT_FOUND,
   // UNAVAILABLE without a decode worker, RESOURCE_EXHAUSTED at a limit); it is counted already.
+  // `sibling_decode`: the address of the decode worker a sibling of this request runs on (the
+  // choices of n > 1, started once the first one's prompt is computed there): while it is
+  // healthy the request runs there with no prefill worker, its prompt's blocks shared with the
+  // sibling's (placement reason and prefill placement "sibling"); else it is placed as any.
   absl::StatusOr<std::unique_ptr<RouterStream>> NewStream(
       const pdserve::v1::GenerateRequest& request, const CallerAuth& caller,
-      absl::Time client_deadline, StreamSink* sink);
+      absl::Time client_deadline, StreamSink* sink, absl::string_view sibling_decode = {});
 
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const pdserve::v1::ListModelsRequest* request,
@@ -125,6 +129,7 @@ class GenerationService final : public pdserve::v1::Generation::CallbackService,
   absl::Status AcquireStream(const std::string& tenant);
   // Validation, tokenization, hashing and placement: the DecodeRequest to send and where.
   absl::Status Prepare(const pdserve::v1::GenerateRequest& request, const std::string& tenant,
+                       absl::string_view sibling_decode,
                        pdserve::internal::v1::DecodeRequest* decode, Placement* placement);
   absl::StatusOr<BlockHash> SeedFor(const std::string& cache_salt);
 

@@ -86,6 +86,11 @@ RouterStream::~RouterStream() {
   }
 }
 
+int RouterStream::decode_index() {
+  absl::MutexLock lock(&mu_);
+  return attempt_ != nullptr ? attempt_->placement.decode_index : first_placement_.decode_index;
+}
+
 void RouterStream::Start() {
   Attempt* a;
   bool cancelled;

@@ -140,6 +140,8 @@ class RouterStream final : public StreamControl {
   void Start();
   void OnSent(bool ok) override;
   void Cancel() override;
+  // The pool index of the decode worker the stream runs on (its latest attempt's).
+  int decode_index();
 
  private:
   struct Attempt;

@@ -274,8 +274,8 @@ TEST_F(OpenAiE2eTest, BadRequestsGetTheirStatusAndErrorObject) {
       {"invalid utf-8", "/v1/completions",
        std::string("{\"model\":\"stories260K\",\"prompt\":\"\xc3\x28\"}"), kKey, 400, ""},
       {"unknown field", "/v1/completions", "{" + ok_prompt + ",\"foo\":1}", kKey, 400, "foo"},
-      {"n > 1", "/v1/chat/completions",
-       R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"n":3})", kKey, 400,
+      {"n past the bound", "/v1/chat/completions",
+       R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"n":99})", kKey, 400,
        "n"},
       {"prompt past the context", "/v1/completions",
        R"({"model":"stories260K","prompt":")" + std::string(6000, 'a') + "\"}", kKey, 400, ""},
@@ -541,7 +541,8 @@ TEST_F(OpenAiE2eTest, OfficialNodeSdk) {
   ASSERT_TRUE(exit.ok() && exit->Success()) << log << cluster_->Logs();
   for (const char* check :
        {"ok models.list", "ok completions", "ok completions.stream", "ok chat", "ok chat.stream",
-        "ok error.unknown_model", "ok error.n", "ok error.api_key", "ok disconnect"}) {
+        "ok completions.n", "ok chat.stream.n", "ok error.unknown_model", "ok error.n",
+        "ok error.api_key", "ok disconnect"}) {
     EXPECT_THAT(log, HasSubstr(check));
   }
   // The aborted stream was cancelled on the decode worker and its blocks returned: nothing

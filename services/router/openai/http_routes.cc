@@ -13,6 +13,7 @@
 #include "services/router/generation_service.h"
 #include "services/router/openai/http_connections.h"
 #include "services/router/openai/http_stream.h"
+#include "services/router/openai/sibling_streams.h"
 #include "services/router/router_stream.h"
 
 namespace pd::router::openai {
@@ -284,6 +285,10 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     return;
   }
   g->set_client_request_id(Header(req, "X-Request-Id"));
+  if (r.n > 1) {
+    ServeChoices(r, *std::move(g), std::move(echo), req, res);
+    return;
+  }
   HttpStreamOptions options;
   options.client_gone = CurrentClientGone;
   auto st = std::make_shared<HttpStream>(live_, std::move(options));
@@ -302,17 +307,7 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     Reply(res, s);
     return;
   }
-  const std::string id =
-      absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", first.request_id());
-  TokenBytesFn token_bytes;
-  if (r.logprobs >= 0) {
-    token_bytes = [tokenizer = &model_->tokenizer()](uint32_t prev, uint32_t token) {
-      absl::StatusOr<std::string> bytes = tokenizer->DecodeToken(prev, token);
-      return bytes.ok() ? *std::move(bytes) : std::string();
-    };
-  }
-  st->SetBuilder(ResponseBuilder(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(),
-                                 std::move(echo), std::move(token_bytes), tool_call_format_));
+  st->SetBuilder(NewBuilder(r, first.request_id(), echo));
   if (!r.stream) {
     absl::StatusOr<std::string> body = st->ReadBody(first);
     if (!body.ok()) {
@@ -329,6 +324,82 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
                                    [st](size_t /*offset*/, httplib::DataSink& sink) {
                                      DataSinkWriter out(sink);
                                      return st->WriteEvents(out);
+                                   });
+}
+
+ResponseBuilder HttpRoutes::NewBuilder(const OpenAiRequest& r, const std::string& request_id,
+                                       const std::string& echo) const {
+  const std::string id =
+      absl::StrCat(r.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", request_id);
+  TokenBytesFn token_bytes;
+  if (r.logprobs >= 0) {
+    token_bytes = [tokenizer = &model_->tokenizer()](uint32_t prev, uint32_t token) {
+      absl::StatusOr<std::string> bytes = tokenizer->DecodeToken(prev, token);
+      return bytes.ok() ? *std::move(bytes) : std::string();
+    };
+  }
+  return ResponseBuilder(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(), echo,
+                         std::move(token_bytes), tool_call_format_);
+}
+
+void HttpRoutes::ServeChoices(const OpenAiRequest& r, v1::GenerateRequest g, std::string echo,
+                              const httplib::Request& req, httplib::Response& res) {
+  auto doorbell = std::make_unique<Doorbell>();  // outlives the streams ringing it
+  HttpStreamOptions options;
+  options.client_gone = CurrentClientGone;
+  options.doorbell = doorbell.get();
+  std::vector<std::unique_ptr<HttpStream>> streams;
+  std::vector<v1::GenerateResponse> firsts(static_cast<size_t>(r.n));
+  // Seeded sampling: choice i draws with seed + i, so the choices differ and each is what a
+  // request of n = 1 with that seed produces. Unseeded: the router draws a seed per choice.
+  const bool seeded = g.sampling().has_seed();
+  const uint64_t seed = g.sampling().seed();
+  std::string sibling_decode;
+  for (int i = 0; i < r.n; ++i) {
+    if (seeded) g.mutable_sampling()->set_seed(seed + static_cast<uint64_t>(i));
+    auto st = std::make_unique<HttpStream>(live_, options);
+    absl::StatusOr<std::unique_ptr<RouterStream>> stream =
+        service_->NewStream(g, Caller(req), absl::InfiniteFuture(), st->sink(), sibling_decode);
+    if (!stream.ok()) {
+      Reply(res, stream.status());  // the choices started are cancelled as `streams` goes
+      return;
+    }
+    RouterStream* started = stream->get();
+    st->Attach(*std::move(stream));
+    started->Start();
+    if (absl::Status s = st->WaitFirst(&firsts[static_cast<size_t>(i)]); !s.ok()) {
+      Reply(res, s);
+      return;
+    }
+    if (i == 0) {
+      // The first choice's prompt is computed on its decode worker now: the others run there
+      // and share its blocks (GenerationService::NewStream, sibling_decode).
+      const int index = started->decode_index();
+      for (const WorkerSnapshot& w : service_->workers()->Snapshot()) {
+        if (w.index == index) sibling_decode = w.address;
+      }
+    }
+    streams.push_back(std::move(st));
+  }
+  for (auto& st : streams) st->SetBuilder(NewBuilder(r, firsts[0].request_id(), echo));
+  auto siblings =
+      std::make_shared<SiblingStreams>(std::move(doorbell), std::move(streams), options);
+  if (!r.stream) {
+    absl::StatusOr<std::string> body = siblings->ReadBody(firsts);
+    if (!body.ok()) {
+      Reply(res, body.status());
+      return;
+    }
+    res.set_content(*body, "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  siblings->StartEvents(firsts);
+  res.set_chunked_content_provider("text/event-stream",
+                                   [siblings](size_t /*offset*/, httplib::DataSink& sink) {
+                                     DataSinkWriter out(sink);
+                                     return siblings->WriteEvents(out);
                                    });
 }
 

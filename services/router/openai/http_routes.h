@@ -79,6 +79,12 @@ class HttpRoutes {
   void HandleHealth(httplib::Response& res);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
   void HandleGenerate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // n > 1: the first choice placed as any request; once its first token came, the others on
+  // its decode worker (sharing its prompt's blocks); one response of every choice.
+  void ServeChoices(const OpenAiRequest& r, pdserve::v1::GenerateRequest g, std::string echo,
+                    const httplib::Request& req, httplib::Response& res);
+  ResponseBuilder NewBuilder(const OpenAiRequest& r, const std::string& request_id,
+                             const std::string& echo) const;
   // OK when the request may go on (not draining).
   absl::Status Admit() const;
 

@@ -8,14 +8,35 @@ namespace pd::router::openai {
 
 namespace v1 = pdserve::v1;
 
+void Doorbell::Ring() {
+  absl::MutexLock lock(&mu_);
+  ++rings_;
+}
+
+uint64_t Doorbell::rings() {
+  absl::MutexLock lock(&mu_);
+  return rings_;
+}
+
+void Doorbell::WaitPast(uint64_t seen, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto rang = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return rings_ > seen; };
+  mu_.AwaitWithTimeout(absl::Condition(&rang), timeout);
+}
+
+// The doorbell rings under mu_: the reader cannot see the message (or the end) before the ring
+// is done, so it cannot finish the response and free the doorbell (and this sink) while the
+// stream's thread still rings it. Lock order: a sink's mu_, then the doorbell's.
 void BlockingSink::Send(const v1::GenerateResponse& response) {
   absl::MutexLock lock(&mu_);
   pending_ = &response;
+  if (doorbell_ != nullptr) doorbell_->Ring();
 }
 
 void BlockingSink::End(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   end_ = status;
+  if (doorbell_ != nullptr) doorbell_->Ring();
 }
 
 BlockingSink::Next BlockingSink::Wait(absl::Duration timeout, v1::GenerateResponse* msg,
@@ -177,6 +198,53 @@ bool HttpStream::WriteEvents(EventWriter& out) {
     }
   }
   return false;
+}
+
+void HttpStream::AddFirst(const v1::GenerateResponse& first) {
+  builder_->Add(first);
+  Ack(true);
+}
+
+HttpStream::Poll HttpStream::PollBody() {
+  if (ended_) return Poll::kEnded;
+  v1::GenerateResponse msg;
+  switch (Next(absl::ZeroDuration(), &msg)) {
+    case BlockingSink::Next::kMessage:
+      builder_->Add(msg);
+      Ack(!cancelled_);
+      return Poll::kMessage;
+    case BlockingSink::Next::kEnd:
+      return Poll::kEnded;
+    case BlockingSink::Next::kTimeout:
+      break;
+  }
+  return Poll::kNothing;
+}
+
+HttpStream::Poll HttpStream::PollEvents(std::string* events) {
+  if (first_events_.has_value()) {
+    *events = *std::move(first_events_);
+    first_events_.reset();
+    return Poll::kMessage;
+  }
+  if (ended_) return Poll::kEnded;
+  v1::GenerateResponse msg;
+  switch (Next(absl::ZeroDuration(), &msg)) {
+    case BlockingSink::Next::kMessage:
+      *events = builder_->StreamEvents(msg);
+      return Poll::kMessage;
+    case BlockingSink::Next::kEnd:
+      return Poll::kEnded;
+    case BlockingSink::Next::kTimeout:
+      break;
+  }
+  return Poll::kNothing;
+}
+
+void HttpStream::CancelForClient() {
+  if (cancelled_) return;
+  cancelled_ = true;
+  stream_->Cancel();
 }
 
 }  // namespace pd::router::openai

@@ -28,10 +28,27 @@
 
 namespace pd::router::openai {
 
+// Wakes one thread reading several streams (the choices of a request with n > 1): each of
+// their sinks rings it when a message or the end arrives. Thread-safe.
+class Doorbell {
+ public:
+  void Ring();
+  // How many times it rang so far.
+  uint64_t rings();
+  // Waits until it rang more than `seen` times (a value of rings()) or `timeout` passed.
+  void WaitPast(uint64_t seen, absl::Duration timeout);
+
+ private:
+  absl::Mutex mu_;
+  uint64_t rings_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // The client side of one RouterStream for a connection thread that waits on it: the stream
 // hands a message over (Send) and the thread takes it (Wait), writes it, and acknowledges it.
 class BlockingSink final : public StreamSink {
  public:
+  // `doorbell` (may be null; must outlive the sink) rings after every Send and End.
+  explicit BlockingSink(Doorbell* doorbell = nullptr) : doorbell_(doorbell) {}
   void Send(const pdserve::v1::GenerateResponse& response) override;
   void End(const absl::Status& status) override;
 
@@ -43,6 +60,7 @@ class BlockingSink final : public StreamSink {
  private:
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  Doorbell* const doorbell_;
   absl::Mutex mu_;
   const pdserve::v1::GenerateResponse* pending_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<absl::Status> end_ ABSL_GUARDED_BY(mu_);
@@ -84,6 +102,9 @@ struct HttpStreamOptions {
   absl::Duration ping = absl::Seconds(5);
   // True when the client has hung up (CurrentClientGone on a connection thread); null = never.
   std::function<bool()> client_gone;
+  // Rung when a message or the end arrives (SiblingStreams); null = none. Must outlive the
+  // stream.
+  Doorbell* doorbell = nullptr;
 };
 
 class HttpStream {
@@ -127,6 +148,23 @@ class HttpStream {
   // generation is cancelled). Call again while it returns true and the response is not done.
   bool WriteEvents(EventWriter& out);
 
+  // For one thread reading several streams (SiblingStreams), without waiting:
+  enum class Poll { kNothing, kMessage, kEnded };
+  // Non-streamed: `first` is added to the builder and acknowledged.
+  void AddFirst(const pdserve::v1::GenerateResponse& first);
+  // Non-streamed: adds the next message to the builder and acknowledges it, when one came.
+  Poll PollBody();
+  // Streamed (after StartEvents): the next message's events in `events` (possibly empty),
+  // unacknowledged until Written; kEnded once the stream ended (end_status()).
+  Poll PollEvents(std::string* events);
+  // The events PollEvents returned were written (`ok`) or not (the client is gone).
+  void Written(bool ok) { Ack(ok); }
+  // The client hung up: the generation is cancelled.
+  void CancelForClient();
+  bool ended() const { return ended_; }
+  const absl::Status& end_status() const { return end_status_; }
+  ResponseBuilder& builder() { return *builder_; }
+
  private:
   // The next message (to be acknowledged with Ack), or the end (ended_/end_status_ set). Waits
   // at most `timeout`. Call only with no message unacknowledged.
@@ -141,7 +179,7 @@ class HttpStream {
 
   LiveStreams* const live_;
   const HttpStreamOptions options_;
-  BlockingSink sink_;
+  BlockingSink sink_{options_.doorbell};
   std::unique_ptr<StreamControl> stream_;
   std::optional<ResponseBuilder> builder_;   // once the first message came
   std::optional<std::string> first_events_;  // streams: the first message's SSE, until written

@@ -598,6 +598,7 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
   s.set_max_tokens(chat ? 0 : 16);
   bool has_model = false;
   bool has_input = false;
+  std::optional<int64_t> best_of;
   bool logprobs_flag = false;           // chat "logprobs": true
   std::optional<int64_t> top_logprobs;  // chat
   std::optional<int64_t> max_tokens;
@@ -666,9 +667,12 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
     } else if (key == "ignore_eos") {
       PD_ASSIGN_OR_RETURN(bool b, GetBool(key, v));
       s.set_ignore_eos(b);
-    } else if (key == "n" || key == "best_of") {
-      PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 1, 1 << 20));
-      if (n != 1) return Bad(key, "only 1 is supported by this server");
+    } else if (key == "n") {
+      PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 1, limits.max_n));
+      r.n = static_cast<int32_t>(n);
+    } else if (key == "best_of") {
+      PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 1, limits.max_n));
+      best_of = n;
     } else if (key == "stream") {
       PD_ASSIGN_OR_RETURN(bool b, GetBool(key, v));
       r.stream = b;
@@ -763,6 +767,10 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
   }
   if (r.include_usage && !r.stream) {
     return Bad("stream_options", "is only allowed with \"stream\": true");
+  }
+  if (best_of.has_value() && *best_of != r.n) {
+    return Bad("best_of", absl::StrCat("must equal n (", r.n, "): this server returns every "
+                                       "choice it generates, it does not rank them"));
   }
   return r;
 }

@@ -53,6 +53,9 @@ struct ParseLimits {
   // request, a chat message's content part, is 5 levels).
   uint32_t max_json_depth = 64;
   uint32_t max_logit_bias = 300;  // logit_bias entries (OpenAI's limit)
+  // Choices per request (`n`): each is a stream of its own (one slot of --max_inflight and of
+  // the tenant's --max_streams_per_tenant), so the bound keeps one request from taking them all.
+  uint32_t max_n = 16;
   // The model's vocabulary: logit_bias ids must be below it. 0 = not checked here (the router
   // checks again before placing the request).
   uint32_t vocab_size = 0;
@@ -80,6 +83,10 @@ struct OpenAiRequest {
   // Logprobs of the generated tokens: -1 = not asked; else how many alternatives per token
   // (completions: `logprobs: N`; chat: `logprobs: true` with `top_logprobs: N`).
   int32_t logprobs = -1;
+  // `n`: how many choices (1 to ParseLimits::max_n). Siblings share the prompt's KV blocks:
+  // the first is placed and prefilled as any request, the others run on its decode worker
+  // (docs/openai.md, "n > 1"). `best_of`, when sent, must equal n.
+  int32_t n = 1;
   // kChat: `tools`, `tool_choice`, `parallel_tool_calls`. An enforced choice has set
   // sampling.constraint to EnforcedCallSchema.
   ToolsSpec tools;
@@ -87,7 +94,7 @@ struct OpenAiRequest {
 
 // Parses and checks `body` (a JSON object). InvalidArgument naming the field for malformed JSON,
 // wrong types, out-of-range values (a logit_bias key that is not a token id of the vocabulary
-// names the key), unknown fields, and fields this server cannot honour (n > 1, best_of > 1,
+// names the key), unknown fields, and fields this server cannot honour (best_of other than n,
 // echo with logprobs, suffix, tools on /v1/completions, an enforced tool_choice with another
 // constraint, non-text content parts).
 absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view body,

@@ -178,8 +178,7 @@ TEST(OpenAiRequestTest, WrongTypesAndRanges) {
 TEST(OpenAiRequestTest, UnknownAndUnsupportedFieldsAreRefusedByName) {
   ExpectBad(Completions(R"({"model":"m","prompt":"x","frobnicate":1})"), "frobnicate",
             "unrecognized");
-  ExpectBad(Completions(R"({"model":"m","prompt":"x","n":2})"), "n", "only 1");
-  ExpectBad(Completions(R"({"model":"m","prompt":"x","best_of":3})"), "best_of", "only 1");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","best_of":3})"), "best_of", "must equal n");
   ExpectBad(Completions(R"({"model":"m","prompt":"x","suffix":"y"})"), "suffix", "not supported");
   ExpectBad(Completions(R"({"model":"m","prompt":"x","echo":true,"logprobs":1})"), "echo",
             "logprobs");
@@ -194,6 +193,25 @@ TEST(OpenAiRequestTest, UnknownAndUnsupportedFieldsAreRefusedByName) {
                       "frequency_penalty":0,"logit_bias":{},"tools":[],"n":null,"stop":null,
                       "response_format":{"type":"text"},"seed":null})")
                   .ok());
+}
+
+// Issue #31 section 3: n choices, within ParseLimits::max_n; best_of only as n's equal.
+TEST(OpenAiRequestTest, NChoicesWithinTheLimitAndBestOfOnlyAsN) {
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({"model":"m","prompt":"x","n":4})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->n, 4);
+  r = Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":16,"stream":true})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->n, 16);
+  EXPECT_EQ(Completions(R"({"model":"m","prompt":"x"})")->n, 1);
+  r = Completions(R"({"model":"m","prompt":"x","best_of":3,"n":3})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->n, 3);
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","n":17})"), "n", "[1, 16], got 17");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","n":0})"), "n", "[1, 16], got 0");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","n":2.5})"), "n", "integer");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","n":2,"best_of":4})"), "best_of",
+            "must equal n (2)");
 }
 
 // Issue #31 section 3: the penalties, logit_bias and min_p, on both endpoints, at their bounds.

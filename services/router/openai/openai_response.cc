@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace pd::router::openai {
@@ -231,13 +232,32 @@ std::string ResponseBuilder::FinishReason() const {
   return std::string(FinishReasonName(finish_reason_));
 }
 
-std::string ResponseBuilder::UsageJson() const {
+std::string ResponseBuilder::UsageJson(const pdserve::v1::Usage& usage) {
   json u;
-  u["prompt_tokens"] = usage_.prompt_tokens();
-  u["completion_tokens"] = usage_.completion_tokens();
-  u["total_tokens"] = usage_.prompt_tokens() + usage_.completion_tokens();
-  u["prompt_tokens_details"] = {{"cached_tokens", usage_.cached_tokens()}};
+  u["prompt_tokens"] = usage.prompt_tokens();
+  u["completion_tokens"] = usage.completion_tokens();
+  u["total_tokens"] = usage.prompt_tokens() + usage.completion_tokens();
+  u["prompt_tokens_details"] = {{"cached_tokens", usage.cached_tokens()}};
   return Dump(u);
+}
+
+pdserve::v1::Usage ResponseBuilder::CombinedUsage(const std::vector<pdserve::v1::Usage>& choices) {
+  pdserve::v1::Usage out;
+  if (choices.empty()) return out;
+  out.set_prompt_tokens(choices[0].prompt_tokens());
+  out.set_cached_tokens(choices[0].cached_tokens());
+  out.set_tier_cached_tokens(choices[0].tier_cached_tokens());
+  uint32_t completion = 0;
+  for (const pdserve::v1::Usage& u : choices) completion += u.completion_tokens();
+  out.set_completion_tokens(completion);
+  return out;
+}
+
+std::string ResponseBuilder::UsageEvent(const pdserve::v1::Usage& usage) const {
+  return Event(absl::StrCat(
+      "{\"id\":", Dump(id_), ",\"object\":\"",
+      endpoint_ == Endpoint::kChat ? "chat.completion.chunk" : "text_completion", "\",\"created\":",
+      created_, ",\"model\":", Dump(model_), ",\"choices\":[],\"usage\":", UsageJson(usage), "}"));
 }
 
 std::string ResponseBuilder::Chunk(const std::string& choice_json, bool with_usage_null) const {
@@ -256,7 +276,7 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
   const bool chat = endpoint_ == Endpoint::kChat;
   auto text_choice = [&](const std::string& text, json logprobs) {
     json c;
-    c["index"] = 0;
+    c["index"] = choice_index_;
     if (chat) {
       c["delta"] = {{"content", text}};
     } else {
@@ -270,7 +290,7 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
     started_ = true;
     if (chat) {
       json c;
-      c["index"] = 0;
+      c["index"] = choice_index_;
       c["delta"] = {{"role", "assistant"}, {"content", ""}};
       c["logprobs"] = nullptr;
       c["finish_reason"] = nullptr;
@@ -305,7 +325,7 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
         call["function"] = {{"arguments", e.text}};
       }
       json c;
-      c["index"] = 0;
+      c["index"] = choice_index_;
       c["delta"] = {{"tool_calls", json::array({std::move(call)})}};
       c["logprobs"] = std::exchange(lp, json(nullptr));
       c["finish_reason"] = nullptr;
@@ -321,7 +341,7 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
     finish_reason_ = msg.finish_reason();
     usage_ = msg.usage();
     json c;
-    c["index"] = 0;
+    c["index"] = choice_index_;
     if (chat) {
       c["delta"] = json::object();
     } else {
@@ -330,12 +350,7 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
     c["logprobs"] = nullptr;
     c["finish_reason"] = FinishReason();
     out += Event(Chunk(Dump(c), true));
-    if (include_usage_) {
-      out += Event(absl::StrCat("{\"id\":", Dump(id_), ",\"object\":\"",
-                                chat ? "chat.completion.chunk" : "text_completion",
-                                "\",\"created\":", created_, ",\"model\":", Dump(model_),
-                                ",\"choices\":[],\"usage\":", UsageJson(), "}"));
-    }
+    if (include_usage_ && usage_chunk_) out += UsageEvent(usage_);
   }
   return out;
 }
@@ -366,10 +381,20 @@ void ResponseBuilder::Add(const pdserve::v1::GenerateResponse& msg) {
   }
 }
 
-std::string ResponseBuilder::Body() const {
+std::string ResponseBuilder::Body() const { return BodyOf({ChoiceJson()}, usage_); }
+
+std::string ResponseBuilder::BodyOf(const std::vector<std::string>& choices,
+                                    const pdserve::v1::Usage& usage) const {
+  return absl::StrCat("{\"id\":", Dump(id_), ",\"object\":\"",
+                      endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion",
+                      "\",\"created\":", created_, ",\"model\":", Dump(model_), ",\"choices\":[",
+                      absl::StrJoin(choices, ","), "],\"usage\":", UsageJson(usage), "}");
+}
+
+std::string ResponseBuilder::ChoiceJson() const {
   const bool chat = endpoint_ == Endpoint::kChat;
   json c;
-  c["index"] = 0;
+  c["index"] = choice_index_;
   if (chat) {
     c["message"] = {{"role", "assistant"}, {"content", text_}};
     if (!calls_.empty()) {
@@ -395,10 +420,7 @@ std::string ResponseBuilder::Body() const {
     c["logprobs"] = nullptr;
   }
   c["finish_reason"] = FinishReason();
-  return absl::StrCat("{\"id\":", Dump(id_), ",\"object\":\"",
-                      chat ? "chat.completion" : "text_completion", "\",\"created\":", created_,
-                      ",\"model\":", Dump(model_), ",\"choices\":[", Dump(c),
-                      "],\"usage\":", UsageJson(), "}");
+  return Dump(c);
 }
 
 }  // namespace pd::router::openai

@@ -93,11 +93,32 @@ class ResponseBuilder {
   // Non-streaming: the whole response object, once the final message was added.
   std::string Body() const;
 
+  // n > 1 (one builder per choice, each fed its own sibling's messages):
+  // The choice's index in "choices" (default 0), in every chunk and in ChoiceJson.
+  void set_choice_index(int index) { choice_index_ = index; }
+  // Whether StreamEvents ends the choice with the usage chunk (when the request asked for it);
+  // siblings do not: the request's usage chunk comes once, after every choice ended
+  // (UsageEvent with their CombinedUsage).
+  void set_usage_chunk(bool on) { usage_chunk_ = on; }
+  bool include_usage() const { return include_usage_; }
+  // Non-streaming: this choice as JSON, once its final message was added.
+  std::string ChoiceJson() const;
+  // The usage of the final message (prompt counted once per choice).
+  const pdserve::v1::Usage& usage() const { return usage_; }
+  // The response object with `choices` (ChoiceJson of each) and `usage`.
+  std::string BodyOf(const std::vector<std::string>& choices,
+                     const pdserve::v1::Usage& usage) const;
+  // The stream's usage chunk ("choices": [] and `usage`).
+  std::string UsageEvent(const pdserve::v1::Usage& usage) const;
+  // The usage of n choices of one prompt: the prompt (and its cached tokens) once, completion
+  // tokens summed.
+  static pdserve::v1::Usage CombinedUsage(const std::vector<pdserve::v1::Usage>& choices);
+
   bool finished() const { return finish_reason_ != pdserve::v1::FINISH_REASON_UNSPECIFIED; }
 
  private:
   std::string Chunk(const std::string& choice_json, bool with_usage_null) const;
-  std::string UsageJson() const;
+  static std::string UsageJson(const pdserve::v1::Usage& usage);
   bool wants_logprobs() const { return logprobs_ >= 0; }
   // Non-streaming: takes the parser's events into text_ and calls_.
   void Collect(std::vector<ToolCallEvent> events);
@@ -118,6 +139,8 @@ class ResponseBuilder {
   std::string echo_text_;
   const int32_t logprobs_;
   const TokenBytesFn token_bytes_;
+  int choice_index_ = 0;
+  bool usage_chunk_ = true;
   uint32_t prev_token_ = kNoPrevToken;
   int64_t text_offset_ = 0;  // code points before the next token (completions)
   // Non-streaming: every generated token and its entry, rendered by Body().

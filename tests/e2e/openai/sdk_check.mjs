@@ -92,9 +92,34 @@ assert.ok(sawRole, 'no role chunk');
 assert.equal(chatStreamed, chatText);
 ok('chat.stream');
 
+// n choices: greedy, every one is the expected text; streamed, each under its index.
+const three = await client.completions.create({ ...greedy, n: 3 });
+assert.equal(three.choices.length, 3);
+three.choices.forEach((c, i) => {
+  assert.equal(c.index, i);
+  assert.equal(c.text, expected, `choice ${i}`);
+});
+assert.equal(three.usage.completion_tokens, 3 * maxTokens);
+assert.equal(three.usage.prompt_tokens, completion.usage.prompt_tokens);
+ok('completions.n');
+
+const perChoice = ['', ''];
+const finishes = [null, null];
+const chatChoices = await client.chat.completions.create({
+  model, messages, max_tokens: maxTokens, temperature: 0, n: 2, stream: true });
+for await (const chunk of chatChoices) {
+  for (const c of chunk.choices) {
+    if (c.delta.content) perChoice[c.index] += c.delta.content;
+    if (c.finish_reason) finishes[c.index] = c.finish_reason;
+  }
+}
+assert.deepEqual(perChoice, [chatText, chatText]);
+assert.ok(finishes.every((f) => f !== null), `finishes: ${finishes}`);
+ok('chat.stream.n');
+
 await expectStatus('error.unknown_model', 404, 'model', () =>
   client.completions.create({ ...greedy, model: 'no-such-model' }));
-await expectStatus('error.n', 400, 'n', () => client.completions.create({ ...greedy, n: 2 }));
+await expectStatus('error.n', 400, 'n', () => client.completions.create({ ...greedy, n: 17 }));
 await expectStatus('error.max_tokens', 400, 'max_tokens', () =>
   client.completions.create({ ...greedy, max_tokens: 10_000_000 }));
 await expectStatus('error.tool_choice', 400, 'tool_choice.function.name', () =>
