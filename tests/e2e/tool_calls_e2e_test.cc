@@ -1,5 +1,6 @@
 // Tool calling through the cluster (docs/structured-outputs.md, "Tools"): tool_choice "required"
-// and a named function on stories260K, through the official openai npm SDK, streamed and not.
+// and a named function on stories260K, through the official openai npm SDK and LangChain's
+// ChatOpenAI (withStructuredOutput, bindTools), streamed and not.
 // The enforced constraint makes even a model that has never seen a tool write a valid call:
 // every call's arguments validate against its tool's schema (python3-jsonschema). The history
 // (an assistant's tool_calls, a tool message) reaches the chat template; bad tool requests are
@@ -62,8 +63,16 @@ TEST(ToolCallsE2eTest, OpenAiSdkGetsEnforcedCallsThatValidate) {
        dir + "/tool_calls.mjs"},
       tmp->path() + "/node.log", absl::Seconds(120));
   ASSERT_TRUE(node.ok()) << node.status() << cluster.Logs();
-  const std::string& log = *node;
-  EXPECT_THAT(log, HasSubstr(R"("summary":true,"calls":5)")) << log;
+  EXPECT_THAT(*node, HasSubstr(R"("summary":true,"calls":5)")) << *node;
+  // LangChain's ChatOpenAI: withStructuredOutput (both methods) and bindTools, streamed too.
+  absl::StatusOr<std::string> langchain = e2e::RunToEnd(
+      {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", cluster.http_port(), "/v1"),
+       "PD_OPENAI_MODEL=stories260K", absl::StrCat("PD_SCHEMA=", kWeatherSchema), "node",
+       dir + "/langchain.mjs"},
+      tmp->path() + "/langchain.log", absl::Seconds(120));
+  ASSERT_TRUE(langchain.ok()) << langchain.status() << cluster.Logs();
+  EXPECT_THAT(*langchain, HasSubstr(R"("summary":true,"langchain":6)")) << *langchain;
+  const std::string log = *node + *langchain;
 
   // Each call's arguments against its tool's schema.
   json checks = json::array();
@@ -75,7 +84,7 @@ TEST(ToolCallsE2eTest, OpenAiSdkGetsEnforcedCallsThatValidate) {
                             : json({{"type", "object"}, {"additionalProperties", false}});
     checks.push_back({{"name", j["how"]}, {"schema", schema}, {"arguments", j["arguments"]}});
   }
-  ASSERT_EQ(checks.size(), 5u) << log;
+  ASSERT_EQ(checks.size(), 11u) << log;
   const std::string checks_path = tmp->path() + "/checks.json";
   std::ofstream(checks_path) << checks.dump();
   const std::string script =
