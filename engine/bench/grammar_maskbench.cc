@@ -29,6 +29,7 @@ ABSL_FLAG(std::string, schemas, PD_SHARED_DIR "/jsonschema",
           "folder of MaskBench-format files ({schema, tests: [{valid, data}]})");
 ABSL_FLAG(int, max_schemas, 0, "stop after this many files (0: all)");
 ABSL_FLAG(int, skip_schemas, 0, "skip this many files first (in name order)");
+ABSL_FLAG(std::string, only, "", "only the files whose name contains this (after --skip_schemas)");
 ABSL_FLAG(double, report_slow_ms, 0,
           "print each mask slower than this (schema, position, time); 0: none");
 ABSL_FLAG(int, max_whitespace, 16, "JsonSchemaOptions::max_whitespace");
@@ -93,6 +94,11 @@ int main(int argc, char** argv) {
   std::sort(files.begin(), files.end());
   const auto skip = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_skip_schemas)));
   files.erase(files.begin(), files.begin() + static_cast<std::ptrdiff_t>(std::min(skip, files.size())));
+  if (!absl::GetFlag(FLAGS_only).empty()) {
+    std::erase_if(files, [](const std::filesystem::path& f) {
+      return f.filename().string().find(absl::GetFlag(FLAGS_only)) == std::string::npos;
+    });
+  }
   if (absl::GetFlag(FLAGS_max_schemas) > 0 &&
       files.size() > static_cast<size_t>(absl::GetFlag(FLAGS_max_schemas))) {
     files.resize(static_cast<size_t>(absl::GetFlag(FLAGS_max_schemas)));
@@ -133,14 +139,15 @@ int main(int argc, char** argv) {
       auto ids = tok->Encode(t["data"].dump(), false, false);
       if (!ids.ok()) continue;
       pd::grammar::Matcher m(*c);
-      for (const uint32_t id : *ids) {
+      for (size_t k = 0; k < ids->size(); ++k) {
+        const uint32_t id = (*ids)[k];
         const auto m0 = Clock::now();
         m.FillTokenMask(trie, &mask);
         mask_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
         if (absl::GetFlag(FLAGS_report_slow_ms) > 0 &&
             mask_us.back() > 1000 * absl::GetFlag(FLAGS_report_slow_ms)) {
-          std::fprintf(stderr, "slow mask: %s, instance token %zu: %.1f ms\n",
-                       path.filename().string().c_str(), static_cast<size_t>(&id - ids->data()),
+          std::fprintf(stderr, "slow mask: %s, instance token %zu (%zu stacks): %.1f ms\n",
+                       path.filename().string().c_str(), k, m.num_stacks(),
                        mask_us.back() / 1000);
         }
         if (absl::GetFlag(FLAGS_verify)) {

@@ -31,8 +31,8 @@ namespace pd::grammar {
 // (thread-safe); shared by every matcher of it.
 class CompiledGrammar {
  public:
-  // Most bytes of cached token masks one grammar keeps (past it, masks are computed and not
-  // kept): 2 MiB, about 128 masks of a 128k vocabulary.
+  // Most bytes of cached token masks one grammar keeps (past it, the least recently used
+  // go): 2 MiB, about 128 masks of a 128k vocabulary.
   static constexpr size_t kMaxMaskCacheBytes = size_t{2} << 20;
 
   static absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const Grammar& grammar);

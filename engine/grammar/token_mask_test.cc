@@ -98,5 +98,36 @@ TEST(TokenMaskTest, SplitUtf8TokensAreAllowedOnlyAsPrefixesOfAllowedCharacters) 
   EXPECT_EQ(mask[0], 0b10u);  // only the continuation \xA9
 }
 
+// The mask caches keep what was used last: past their bound the least recently used part
+// goes, so a long-running server's cache follows its traffic instead of keeping its first
+// masks forever.
+TEST(TokenMaskCacheTest, PastItsBoundTheLeastRecentlyUsedPartGoes) {
+  auto part = [] {
+    auto p = std::make_shared<CachedTokenMask>();
+    p->accepted.assign(256, 0);  // 1 KiB
+    return p;
+  };
+  TokenMaskCache cache(3500);  // three parts with their keys and bookkeeping, not four
+  cache.Store({1}, part());
+  cache.Store({2}, part());
+  cache.Store({3}, part());
+  ASSERT_EQ(cache.stats().entries, 3u);
+  ASSERT_NE(cache.Find({1}), nullptr);  // 1 is now the most recently used; 2 the least
+  cache.Store({4}, part());
+  EXPECT_EQ(cache.stats().entries, 3u);
+  EXPECT_EQ(cache.stats().evictions, 1);
+  EXPECT_EQ(cache.Find({2}), nullptr);
+  EXPECT_NE(cache.Find({1}), nullptr);
+  EXPECT_NE(cache.Find({3}), nullptr);
+  EXPECT_NE(cache.Find({4}), nullptr);
+  EXPECT_LE(cache.stats().bytes, 3500u);
+  // A part bigger than the whole bound is not kept (and evicts nothing).
+  auto huge = std::make_shared<CachedTokenMask>();
+  huge->accepted.assign(4096, 0);
+  cache.Store({5}, huge);
+  EXPECT_EQ(cache.Find({5}), nullptr);
+  EXPECT_EQ(cache.stats().entries, 3u);
+}
+
 }  // namespace
 }  // namespace pd::grammar

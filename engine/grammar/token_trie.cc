@@ -68,18 +68,30 @@ std::shared_ptr<const CachedTokenMask> TokenMaskCache::Find(
     return nullptr;
   }
   ++stats_.hits;
-  return it->second;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  return it->second.mask;
 }
 
 void TokenMaskCache::Store(const std::vector<uint32_t>& key,
                            std::shared_ptr<const CachedTokenMask> mask) const {
   absl::MutexLock lock(&mu_);
-  const size_t bytes = mask->ByteSize() + key.size() * sizeof(uint32_t);
-  if (stats_.bytes + bytes > max_bytes_) return;
-  if (masks_.emplace(key, std::move(mask)).second) {
-    stats_.bytes += bytes;
-    ++stats_.entries;
+  const size_t bytes = mask->ByteSize() + 2 * key.size() * sizeof(uint32_t) + sizeof(Entry);
+  if (bytes > max_bytes_ || masks_.contains(key)) return;
+  while (stats_.bytes + bytes > max_bytes_ && !lru_.empty()) {
+    auto victim = masks_.find(*lru_.back());
+    stats_.bytes -= victim->second.bytes;
+    --stats_.entries;
+    ++stats_.evictions;
+    lru_.pop_back();
+    masks_.erase(victim);
   }
+  auto [it, added] = masks_.try_emplace(key);
+  it->second.mask = std::move(mask);
+  it->second.bytes = bytes;
+  lru_.push_front(&it->first);
+  it->second.lru = lru_.begin();
+  stats_.bytes += bytes;
+  ++stats_.entries;
 }
 
 TokenMaskCache::Stats TokenMaskCache::stats() const {

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/synchronization/mutex.h"
 
 namespace pd::grammar {
@@ -34,7 +36,7 @@ struct CachedTokenMask {
 };
 
 // A bounded, thread-safe map of cached mask parts (Matcher::FillTokenMask). Past `max_bytes`,
-// masks are computed and not kept (the first ones stay).
+// the least recently used parts are dropped.
 class TokenMaskCache {
  public:
   explicit TokenMaskCache(size_t max_bytes) : max_bytes_(max_bytes) {}
@@ -45,21 +47,28 @@ class TokenMaskCache {
     int64_t misses = 0;
     size_t entries = 0;
     size_t bytes = 0;
+    int64_t evictions = 0;
   };
   Stats stats() const;
 
  private:
+  struct Entry {
+    std::shared_ptr<const CachedTokenMask> mask;
+    size_t bytes = 0;
+    std::list<const std::vector<uint32_t>*>::iterator lru;  // its place in lru_
+  };
   const size_t max_bytes_;
   mutable absl::Mutex mu_;
-  mutable absl::flat_hash_map<std::vector<uint32_t>, std::shared_ptr<const CachedTokenMask>> masks_
-      ABSL_GUARDED_BY(mu_);
+  // node_hash_map: the keys stay put, so lru_ can point at them.
+  mutable absl::node_hash_map<std::vector<uint32_t>, Entry> masks_ ABSL_GUARDED_BY(mu_);
+  mutable std::list<const std::vector<uint32_t>*> lru_ ABSL_GUARDED_BY(mu_);  // most recent first
   mutable Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 class TokenTrie {
  public:
-  // Most bytes of cached token masks the trie keeps for all grammars together (past it,
-  // masks are computed and not kept): 32 MiB, about 2,000 masks of a 128k vocabulary.
+  // Most bytes of cached token masks the trie keeps for all grammars together (past it, the
+  // least recently used go): 32 MiB, about 2,000 masks of a 128k vocabulary.
   static constexpr size_t kMaxMaskCacheBytes = size_t{32} << 20;
 
   struct Node {
