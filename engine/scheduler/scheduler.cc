@@ -301,6 +301,13 @@ void Scheduler::Admit() {
       seq->admitted_once = true;
       seq->cached_tokens = static_cast<uint32_t>(*cached);
       seq->first_scheduled = clock_->Now();
+      if (seq->num_resumed > 0 && seq->request.on_prefilled == nullptr) {
+        // Where a moved stream's KV came from (restored blocks are in the pool by now).
+        const int64_t restored = std::min<int64_t>(*cached, seq->restored_tokens);
+        stats_.resumed_tier_tokens += restored;
+        stats_.resumed_pool_tokens += *cached - restored;
+        stats_.resumed_computed_tokens += num_tokens - *cached;
+      }
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();

@@ -59,6 +59,12 @@ struct SchedulerStats {
   int64_t remote_prefill_failures = 0;  // cumulative: fell back to local prefill
   int64_t tier_restored_blocks = 0;     // cumulative: blocks copied in from the node's tiers
   int64_t tier_restore_failures = 0;    // cumulative: restores cut short by a failed copy
+  // Cumulative, migrated streams (request.resume) admitted here: the tokens of their resumed
+  // prompts (prompt + resumed tokens) by where their KV came from: found in this pool, restored
+  // from the node's tiers, or computed (here, or by the prefill worker it was sent to).
+  int64_t resumed_pool_tokens = 0;
+  int64_t resumed_tier_tokens = 0;
+  int64_t resumed_computed_tokens = 0;
   int64_t window_dropped_blocks = 0;    // cumulative: blocks dropped by the sink + window policy
   int64_t decode_graph_captures = 0;    // cumulative: decode steps captured as device graphs
   int64_t decode_graph_replays = 0;     // cumulative: decode steps run as one graph launch

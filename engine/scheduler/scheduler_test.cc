@@ -1095,6 +1095,41 @@ TEST(SchedulerResumeTest, ResumedRequestContinuesTheRunExactly) {
   }
 }
 
+// Where a moved stream's resumed prompt came from (pd_worker_resumed_tokens_total): all
+// computed on a cold worker; on a worker that ran the stream before, every full block of the
+// prompt + resumed tokens but the last one's is found in the pool.
+TEST(SchedulerResumeTest, ResumedTokensAreCountedByWhereTheirKvCameFrom) {
+  Harness h(64, {});
+  const std::vector<uint32_t> prompt = h.Encode(kPrompts[0]);
+  ASSERT_TRUE(h.Submit(1, prompt, MaxTokens(40)).ok());
+  h.RunToCompletion();
+  const std::vector<uint32_t> run = h.results()[1].tokens;
+  ASSERT_GE(run.size(), 30u);
+  const SchedulerStats before = h.scheduler()->Stats();
+  EXPECT_EQ(before.resumed_pool_tokens + before.resumed_computed_tokens, 0);
+
+  Harness cold(64, {});
+  GenerationRequest r;
+  r.resume.tokens.assign(run.begin(), run.begin() + 30);
+  ASSERT_TRUE(cold.SubmitRequest(2, prompt, MaxTokens(40), "", r).ok());
+  cold.RunToCompletion();
+  const SchedulerStats c = cold.scheduler()->Stats();
+  const auto resumed_len = static_cast<int64_t>(prompt.size() + 30);
+  EXPECT_EQ(c.resumed_computed_tokens, resumed_len);
+  EXPECT_EQ(c.resumed_pool_tokens, 0);
+  EXPECT_EQ(c.resumed_tier_tokens, 0);
+
+  // The worker that generated the run holds its blocks: the resume finds them.
+  ASSERT_TRUE(h.SubmitRequest(3, prompt, MaxTokens(40), "", r).ok());
+  h.RunToCompletion();
+  const SchedulerStats w = h.scheduler()->Stats();
+  EXPECT_EQ(w.resumed_pool_tokens + w.resumed_computed_tokens, resumed_len);
+  EXPECT_EQ(w.resumed_pool_tokens % 16, 0);
+  EXPECT_GE(w.resumed_pool_tokens, (resumed_len - 1) / 16 * 16 - 16);
+  EXPECT_GT(w.resumed_pool_tokens, 0);
+  EXPECT_EQ(h.results()[3].tokens, std::vector<uint32_t>(run.begin() + 30, run.end()));
+}
+
 // A migrated stream's client waits mid-stream: it is admitted before a new request that came
 // first.
 TEST(SchedulerResumeTest, MigratedStreamsAreAdmittedBeforeNewRequests) {

@@ -255,6 +255,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddCounter("pd_worker_tier_restored_blocks_total",
                     "Blocks restored into the pool from the node's tiers instead of computed",
                     st.tier_restored_blocks);
+    for (const auto& [source, tokens] :
+         {std::pair<const char*, int64_t>{"pool", st.resumed_pool_tokens},
+          {"tier", st.resumed_tier_tokens},
+          {"computed", st.resumed_computed_tokens}}) {
+      sink.AddCounter("pd_worker_resumed_tokens_total",
+                      "Tokens of moved streams' resumed prompts (prompt + streamed tokens) by "
+                      "where their KV came from: pool, tier (restored), computed",
+                      tokens, {{"source", source}});
+    }
     sink.AddCounter("pd_worker_decode_tokens_total", "Tokens sampled here", st.decode_tokens);
     sink.AddCounter("pd_worker_decode_graph_replays_total",
                     "Decode steps run as one CUDA graph launch", st.decode_graph_replays);

@@ -214,6 +214,17 @@ TEST_F(MigrationE2eTest, KilledAndDrainedDecodeWorkersLoseNoStream) {
   EXPECT_GE(moved, 1) << m;
   EXPECT_EQ(Metric(m, R"(pd_router_requests_total{method="Generate",code="UNAVAILABLE"})", 0), 0)
       << m;
+  // The surviving decode worker (worker 2) counts where the moved streams' KV came from.
+  const std::string w2 = c.WorkerMetrics(2);
+  double resumed = 0;
+  for (const char* source : {"pool", "tier", "computed"}) {
+    const double n =
+        Metric(w2, absl::StrCat("pd_worker_resumed_tokens_total{source=\"", source, "\"}"), -1);
+    EXPECT_GE(n, 0) << source << " missing:\n" << w2;
+    std::cout << "resumed tokens from " << source << ": " << n << "\n";
+    resumed += n;
+  }
+  EXPECT_GT(resumed, 0) << w2;
 
   // SIGTERM: decode-0 back; decode-1 (worker 2) drains by handing its streams over, and exits
   // within 5 s although its streams had seconds left to run.
