@@ -580,6 +580,18 @@ absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool maske
   if (edited) {
     PD_RETURN_IF_ERROR(ApplyEdits(num_seqs));
   }
+  if (masked && !deferred_masks_.empty()) {
+    // kCpu: the caller's masks are complete once masks_ready_ returns (ForwardSample).
+    if (masks_ready_ != nullptr && *masks_ready_ != nullptr) (*masks_ready_)();
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      const SampleSpec& sp = deferred_masks_[static_cast<size_t>(slots_[i].batch_index)];
+      if (sp.allowed != nullptr) {
+        std::memcpy(&mask_[i * mask_words_], sp.allowed, mask_words_ * 4);
+      } else {
+        std::fill_n(&mask_[i * mask_words_], mask_words_, ~0u);
+      }
+    }
+  }
   if (masked) {
     kernels::TokenMaskParams m;
     m.logits = logits_tmp_;
@@ -616,6 +628,17 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
   bool masked = false;
   edits_.clear();
   edit_rows_.clear();
+  deferred_masks_ = {};
+  if (sample) {
+    for (const SampleSpec& sp : specs) masked |= sp.allowed != nullptr;
+  }
+  // kCpu: the masks are read right before they are applied (QueueStep), so a caller computes
+  // them while the layers run. Staged: they go up with the other inputs, before the step.
+  const bool defer_masks = masked && !staged;
+  if (masked && !defer_masks && masks_ready_ != nullptr && *masks_ready_ != nullptr) {
+    (*masks_ready_)();
+  }
+  if (defer_masks) deferred_masks_ = specs;
   if (sample) {  // the sampling inputs in slot order (the order of logits_tmp_'s rows)
     for (int64_t i = 0; i < n; ++i) {
       const SampleSpec& sp = specs[slots_[i].batch_index];
@@ -627,9 +650,9 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
       steps_[i] = sp.step;
       edits_.insert(edits_.end(), sp.edits.begin(), sp.edits.end());
       edit_rows_.resize(edits_.size(), static_cast<int32_t>(i));
+      if (defer_masks) continue;
       if (sp.allowed != nullptr) {
         std::memcpy(&mask_[i * mask_words_], sp.allowed, mask_words_ * 4);
-        masked = true;
       } else {
         std::fill_n(&mask_[i * mask_words_], mask_words_, ~0u);
       }
@@ -685,7 +708,8 @@ absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, floa
 
 absl::Status LlamaForward::ForwardSample(absl::Span<const ForwardSequence> batch,
                                          absl::Span<const SampleSpec> specs, int32_t* tokens,
-                                         float* logits) {
+                                         float* logits,
+                                         const std::function<void()>& masks_ready) {
   if (specs.size() != batch.size() || batch.empty() || tokens == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("forward: ", specs.size(),
                                                    " sampling specs for a batch of ", batch.size(),
@@ -711,7 +735,11 @@ absl::Status LlamaForward::ForwardSample(absl::Span<const ForwardSequence> batch
           absl::StrCat("forward: sequence ", s, " wants its logits, but logits is null"));
     }
   }
-  PD_RETURN_IF_ERROR(Step(batch, specs));
+  masks_ready_ = &masks_ready;
+  const absl::Status stepped = Step(batch, specs);
+  masks_ready_ = nullptr;
+  deferred_masks_ = {};
+  PD_RETURN_IF_ERROR(stepped);
   const int64_t num_seqs = static_cast<int64_t>(slots_.size());
   const bool staged = Staged();
   if (staged) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -141,8 +142,16 @@ class LlamaForward {
   // never). Errors as Forward(), plus InvalidArgument for a spec with a NaN temperature, a
   // top_p outside (0, 1], a min_p outside [0, 1] or an edit of a token outside the vocabulary
   // (found before any compute), or a null `logits` a spec needs.
+  //
+  // `masks_ready` (may be null): called once before the specs' `allowed` masks are read, so a
+  // caller can compute them while the step runs. On kCpu (without staged_metadata) that is
+  // after the classifier, right before the masks are applied: the layers run meanwhile. On
+  // kCuda (and staged) it is before the step is queued (the masks are uploaded with the other
+  // sampling inputs, ahead of a decode graph's launch). Not called when the call fails before
+  // any compute; the caller must not rely on it being called.
   absl::Status ForwardSample(absl::Span<const ForwardSequence> batch,
-                             absl::Span<const SampleSpec> specs, int32_t* tokens, float* logits);
+                             absl::Span<const SampleSpec> specs, int32_t* tokens, float* logits,
+                             const std::function<void()>& masks_ready = nullptr);
 
   // Copies the K/V of cache positions [0, num_tokens) of the blocks `src` (logical order) into
   // the same positions of the blocks `dst`, every layer, with the keys rotated `delta` RoPE
@@ -178,6 +187,10 @@ class LlamaForward {
   // Every layer, the final norm, the classifier and (sample) the sampler for the prepared
   // batch of num_tokens rows. For a decode step it reads only fixed buffers: what a graph holds.
   absl::Status QueueStep(int64_t num_tokens, bool sample, bool masked, bool edited);
+  // kCpu without staged_metadata: the masks of the step's specs, copied into mask_ by
+  // QueueStep once masks_ready_ returned (ForwardSample's masks_ready). Null otherwise.
+  absl::Span<const SampleSpec> deferred_masks_;
+  const std::function<void()>* masks_ready_ = nullptr;
   // Applies edits_ to the num_seqs rows of logits_tmp_ (QueueStep, before the mask).
   absl::Status ApplyEdits(int64_t num_seqs);
   // Whether the prepared batch runs as a decode graph (a step with logit edits never does).

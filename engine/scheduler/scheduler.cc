@@ -1,7 +1,9 @@
 #include "engine/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -614,6 +616,8 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
   // cuda); only rows whose request asked for logprobs come back as logits.
   std::vector<SampleSpec> specs;
   bool any_logits = false;
+  std::vector<Sequence*> masked;  // their masks are computed while the forward pass runs
+  const size_t mask_words = (static_cast<size_t>(forward_->vocab_size()) + 31) / 32;
   for (size_t i = 0; i < batch->members.size(); ++i) {
     Sequence* seq = batch->members[i];
     specs.push_back(SampleSpecFor(seq->request.sampling, seq->num_generated()));
@@ -623,11 +627,10 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
     const bool samples = seq->num_computed + static_cast<int64_t>(batch->rows[i].tokens.size()) ==
                          static_cast<int64_t>(seq->tokens.size());
     if (seq->matcher.has_value() && samples) {
-      seq->matcher->FillTokenMask(GrammarTrie(), &seq->allowed);
-      // The forward pass reads a mask of the model's vocabulary, which can be larger than the
-      // tokenizer's (padded embeddings): the ids past the tokenizer's are never allowed.
-      seq->allowed.resize((static_cast<size_t>(forward_->vocab_size()) + 31) / 32, 0);
+      // Sized now (the pointer the forward pass reads stays put); filled by the mask thread.
+      seq->allowed.assign(mask_words, 0);
       specs.back().allowed = seq->allowed.data();
+      masked.push_back(seq);
     }
     // Logit bias and penalties, from the prompt and the tokens generated so far (resumed ones
     // included): the same edits on every worker and after any preemption.
@@ -637,8 +640,32 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
     }
   }
   sampled->assign(batch->members.size(), 0);
-  return forward_->ForwardSample(batch->rows, specs, sampled->data(),
-                                 any_logits ? logits_.data() : nullptr);
+  if (masked.empty()) {
+    return forward_->ForwardSample(batch->rows, specs, sampled->data(),
+                                   any_logits ? logits_.data() : nullptr);
+  }
+  // Structured output: the masks are computed on a thread of their own while the layers run
+  // (on the CPU; on a GPU the step waits for them before it is queued), one sequence after
+  // another, each by its own matcher (nothing else touches it during the step). The forward
+  // pass waits for them right before it applies them; the result is the same as computing
+  // them first.
+  const grammar::TokenTrie& trie = GrammarTrie();
+  std::thread masks([&trie, &masked, mask_words] {
+    std::vector<uint32_t> mask;
+    for (Sequence* seq : masked) {
+      seq->matcher->FillTokenMask(trie, &mask);
+      // The forward pass reads a mask of the model's vocabulary, which can be larger than the
+      // tokenizer's (padded embeddings): the ids past the tokenizer's are never allowed.
+      std::copy_n(mask.begin(), std::min(mask.size(), mask_words), seq->allowed.begin());
+    }
+  });
+  const std::function<void()> ready = [&masks] {
+    if (masks.joinable()) masks.join();
+  };
+  const absl::Status status = forward_->ForwardSample(
+      batch->rows, specs, sampled->data(), any_logits ? logits_.data() : nullptr, ready);
+  ready();  // a call that failed before its compute never waited
+  return status;
 }
 
 void Scheduler::FailBatch(const Batch& batch, const absl::Status& status) {
