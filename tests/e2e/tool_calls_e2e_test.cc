@@ -1,6 +1,7 @@
 // Tool calling through the cluster (docs/structured-outputs.md, "Tools"): tool_choice "required"
-// and a named function on stories260K, through the official openai npm SDK and LangChain's
-// ChatOpenAI (withStructuredOutput, bindTools), streamed and not.
+// and a named function on stories260K, through the official openai npm SDK, LangChain's
+// ChatOpenAI (withStructuredOutput, bindTools) and Vercel's AI SDK (generateObject, tools),
+// streamed and not.
 // The enforced constraint makes even a model that has never seen a tool write a valid call:
 // every call's arguments validate against its tool's schema (python3-jsonschema). The history
 // (an assistant's tool_calls, a tool message) reaches the chat template; bad tool requests are
@@ -72,7 +73,15 @@ TEST(ToolCallsE2eTest, OpenAiSdkGetsEnforcedCallsThatValidate) {
       tmp->path() + "/langchain.log", absl::Seconds(120));
   ASSERT_TRUE(langchain.ok()) << langchain.status() << cluster.Logs();
   EXPECT_THAT(*langchain, HasSubstr(R"("summary":true,"langchain":6)")) << *langchain;
-  const std::string log = *node + *langchain;
+  // Vercel's AI SDK: text, generateObject and a forced tool, generated and streamed.
+  absl::StatusOr<std::string> ai_sdk = e2e::RunToEnd(
+      {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", cluster.http_port(), "/v1"),
+       "PD_OPENAI_MODEL=stories260K", absl::StrCat("PD_SCHEMA=", kWeatherSchema), "node",
+       dir + "/ai_sdk.mjs"},
+      tmp->path() + "/ai_sdk.log", absl::Seconds(120));
+  ASSERT_TRUE(ai_sdk.ok()) << ai_sdk.status() << cluster.Logs();
+  EXPECT_THAT(*ai_sdk, HasSubstr(R"("summary":true,"ai_sdk":3)")) << *ai_sdk;
+  const std::string log = *node + *langchain + *ai_sdk;
 
   // Each call's arguments against its tool's schema.
   json checks = json::array();
@@ -84,7 +93,7 @@ TEST(ToolCallsE2eTest, OpenAiSdkGetsEnforcedCallsThatValidate) {
                             : json({{"type", "object"}, {"additionalProperties", false}});
     checks.push_back({{"name", j["how"]}, {"schema", schema}, {"arguments", j["arguments"]}});
   }
-  ASSERT_EQ(checks.size(), 11u) << log;
+  ASSERT_EQ(checks.size(), 14u) << log;
   const std::string checks_path = tmp->path() + "/checks.json";
   std::ofstream(checks_path) << checks.dump();
   const std::string script =
