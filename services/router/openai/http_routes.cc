@@ -88,6 +88,30 @@ absl::StatusOr<std::vector<chat::ChatMessage>> TemplateMessages(const OpenAiRequ
   return messages;
 }
 
+// The response of `streams` (an HttpStream, or the SiblingStreams of n > 1) whose first
+// message(s) came: one JSON body, or an event stream written as the client reads it.
+template <typename Streams, typename Firsts>
+void Respond(bool stream, std::shared_ptr<Streams> streams, const Firsts& firsts,
+             httplib::Response& res) {
+  if (!stream) {
+    absl::StatusOr<std::string> body = streams->ReadBody(firsts);
+    if (!body.ok()) {
+      Reply(res, body.status());
+      return;
+    }
+    res.set_content(*body, "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  streams->StartEvents(firsts);
+  res.set_chunked_content_provider("text/event-stream",
+                                   [streams](size_t /*offset*/, httplib::DataSink& sink) {
+                                     DataSinkWriter out(sink);
+                                     return streams->WriteEvents(out);
+                                   });
+}
+
 }  // namespace
 
 absl::string_view RouteLabel(absl::string_view path) {
@@ -308,23 +332,7 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     return;
   }
   st->SetBuilder(NewBuilder(r, first.request_id(), echo));
-  if (!r.stream) {
-    absl::StatusOr<std::string> body = st->ReadBody(first);
-    if (!body.ok()) {
-      Reply(res, body.status());
-      return;
-    }
-    res.set_content(*body, "application/json");
-    return;
-  }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  st->StartEvents(first);
-  res.set_chunked_content_provider("text/event-stream",
-                                   [st](size_t /*offset*/, httplib::DataSink& sink) {
-                                     DataSinkWriter out(sink);
-                                     return st->WriteEvents(out);
-                                   });
+  Respond(r.stream, std::move(st), first, res);
 }
 
 ResponseBuilder HttpRoutes::NewBuilder(const OpenAiRequest& r, const std::string& request_id,
@@ -382,25 +390,9 @@ void HttpRoutes::ServeChoices(const OpenAiRequest& r, v1::GenerateRequest g, std
     streams.push_back(std::move(st));
   }
   for (auto& st : streams) st->SetBuilder(NewBuilder(r, firsts[0].request_id(), echo));
-  auto siblings =
-      std::make_shared<SiblingStreams>(std::move(doorbell), std::move(streams), options);
-  if (!r.stream) {
-    absl::StatusOr<std::string> body = siblings->ReadBody(firsts);
-    if (!body.ok()) {
-      Reply(res, body.status());
-      return;
-    }
-    res.set_content(*body, "application/json");
-    return;
-  }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  siblings->StartEvents(firsts);
-  res.set_chunked_content_provider("text/event-stream",
-                                   [siblings](size_t /*offset*/, httplib::DataSink& sink) {
-                                     DataSinkWriter out(sink);
-                                     return siblings->WriteEvents(out);
-                                   });
+  Respond(r.stream,
+          std::make_shared<SiblingStreams>(std::move(doorbell), std::move(streams), options),
+          firsts, res);
 }
 
 }  // namespace pd::router::openai
