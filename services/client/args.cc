@@ -172,6 +172,25 @@ absl::StatusOr<pdserve::v1::GenerateRequest> BuildRequest(const RequestOptions& 
       s->add_stop(std::move(stop));
     }
   }
+  s->set_presence_penalty(options.presence_penalty);
+  s->set_frequency_penalty(options.frequency_penalty);
+  s->set_repetition_penalty(options.repetition_penalty);
+  s->set_min_p(options.min_p);
+  if (!options.logit_bias.empty()) {
+    for (absl::string_view item : absl::StrSplit(options.logit_bias, ',')) {
+      const std::pair<absl::string_view, absl::string_view> kv =
+          absl::StrSplit(item, absl::MaxSplits(':', 1));
+      uint32_t id = 0;
+      float bias = 0;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(kv.first), &id) ||
+          !absl::SimpleAtof(absl::StripAsciiWhitespace(kv.second), &bias) ||
+          !std::isfinite(bias)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--logit_bias: '", item, "' is not TOKEN_ID:BIAS (e.g. --logit_bias=42:-100,7:5)"));
+      }
+      (*s->mutable_logit_bias())[id] = bias;
+    }
+  }
   if (!options.cache_salt.empty()) {
     req.set_cache_salt(options.cache_salt);
   }

@@ -68,14 +68,22 @@ struct RequestOptions {
   std::string seed;                       // "" = the server draws one; else a uint64
   std::vector<std::string> stop;          // raw --stop values (SplitStopList)
   bool ignore_eos = false;
+  // Logit processing (docs/openai.md, "Order of the sampling steps"); 0 = off. The server
+  // checks the ranges and the token ids against the vocabulary.
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
+  float repetition_penalty = 0;  // 0 = 1 = off
+  float min_p = 0;
+  std::string logit_bias;  // --logit_bias: "ID:BIAS,ID:BIAS"; "" = none
   std::string cache_salt;  // "" = unset (the server rejects a set-but-empty salt)
   std::string tenant;      // "" = unset
 };
 
 // Builds the request. InvalidArgument (a usage error) when there is neither a prompt nor
 // --token_ids or both, the prompt text is empty, or a value is out of range (temperature < 0
-// or not finite, top_p outside [0, 1], bad seed, token ids or stop list). Limits that depend on
-// the model (context length, vocabulary) are left to the server.
+// or not finite, top_p outside [0, 1], bad seed, token ids, stop list or logit_bias list).
+// Limits that depend on the model (context length, vocabulary) and the ranges of the
+// penalties are left to the server, which names the field it refuses.
 absl::StatusOr<pdserve::v1::GenerateRequest> BuildRequest(const RequestOptions& options);
 
 }  // namespace pd::client

@@ -111,6 +111,11 @@ TEST(BuildRequestTest, TextPromptAndSamplingFromOptions) {
   o.ignore_eos = true;
   o.cache_salt = "s1";
   o.model = "stories260K";
+  o.presence_penalty = 0.5f;
+  o.frequency_penalty = -1.0f;
+  o.repetition_penalty = 1.3f;
+  o.min_p = 0.05f;
+  o.logit_bias = "42:-100, 7:5.5";
   absl::StatusOr<pdserve::v1::GenerateRequest> r = BuildRequest(o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->text(), "Once upon a time");
@@ -124,6 +129,13 @@ TEST(BuildRequestTest, TextPromptAndSamplingFromOptions) {
   EXPECT_EQ(s.seed(), 18446744073709551615ull);
   EXPECT_THAT(s.stop(), ElementsAre("The end", "!", "x,y"));
   EXPECT_TRUE(s.ignore_eos());
+  EXPECT_FLOAT_EQ(s.presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty(), -1.0f);
+  EXPECT_FLOAT_EQ(s.repetition_penalty(), 1.3f);
+  EXPECT_FLOAT_EQ(s.min_p(), 0.05f);
+  ASSERT_EQ(s.logit_bias_size(), 2);
+  EXPECT_FLOAT_EQ(s.logit_bias().at(42), -100.0f);
+  EXPECT_FLOAT_EQ(s.logit_bias().at(7), 5.5f);
   ASSERT_TRUE(r->has_cache_salt());
   EXPECT_EQ(r->cache_salt(), "s1");
   EXPECT_FALSE(r->has_tenant());
@@ -158,6 +170,11 @@ TEST(BuildRequestTest, BadInputIsAUsageError) {
   o.temperature = std::nanf("");
   EXPECT_THAT(error(o).message(), HasSubstr("--temperature"));
   o.temperature = 0;
+  for (const char* bad : {"42", "x:1", "42:", "42:nan", "-1:5", "1:2,,3:4"}) {
+    o.logit_bias = bad;
+    EXPECT_THAT(error(o).message(), HasSubstr("--logit_bias")) << bad;
+  }
+  o.logit_bias = "";
   o.top_p = 1.5f;
   EXPECT_THAT(error(o).message(), HasSubstr("--top_p"));
   o.top_p = 0;

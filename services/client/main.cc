@@ -26,6 +26,19 @@ ABSL_FLAG(std::string, seed, "", "sampling seed (uint64); empty = the server dra
 ABSL_FLAG(std::vector<std::string>, stop, {},
           "stop string; repeat the flag or separate with commas (\\, is a literal comma)");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating past EOS");
+ABSL_FLAG(float, presence_penalty, 0,
+          "subtracted from the logit of every token generated so far, in [-2, 2]; 0 = off");
+ABSL_FLAG(float, frequency_penalty, 0,
+          "times its count, subtracted from the logit of each token generated so far, in "
+          "[-2, 2]; 0 = off");
+ABSL_FLAG(float, repetition_penalty, 0,
+          "divides the positive logits (multiplies the others) of tokens in the prompt or the "
+          "output, > 0; 0 or 1 = off");
+ABSL_FLAG(float, min_p, 0,
+          "drop tokens whose probability is below min_p times the most likely one's, in [0, 1]; "
+          "0 = off");
+ABSL_FLAG(std::string, logit_bias, "",
+          "biases added to token logits, \"ID:BIAS,...\" with BIAS in [-100, 100]; empty = none");
 ABSL_FLAG(std::string, cache_salt, "", "prefix-cache isolation salt; empty = none");
 ABSL_FLAG(std::string, tenant, "", "tenant the request is accounted to; empty = default");
 ABSL_FLAG(std::string, token_ids, "", "prompt as comma-separated token ids instead of text");
@@ -100,6 +113,11 @@ int main(int argc, char** argv) {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.stop = pre->stop;
   o.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  o.presence_penalty = absl::GetFlag(FLAGS_presence_penalty);
+  o.frequency_penalty = absl::GetFlag(FLAGS_frequency_penalty);
+  o.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+  o.min_p = absl::GetFlag(FLAGS_min_p);
+  o.logit_bias = absl::GetFlag(FLAGS_logit_bias);
   o.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   o.tenant = absl::GetFlag(FLAGS_tenant);
   const bool list = absl::GetFlag(FLAGS_list_models), json = absl::GetFlag(FLAGS_json);
