@@ -134,6 +134,13 @@ int32_t Matcher::DfaId(const State& state) const {
   return id;
 }
 
+void Matcher::TrimDfa() const {
+  if (dfa_.size() < kMaxDfaStates / 4 * 3) return;
+  dfa_.clear();
+  dfa_next_.clear();
+  dfa_ids_.clear();
+}
+
 int32_t Matcher::DfaStep(int32_t id, uint8_t byte, State* next) const {
   auto& row = dfa_next_[static_cast<size_t>(id)];
   if (row == nullptr) {
@@ -434,6 +441,7 @@ size_t Matcher::AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mas
 }
 
 size_t Matcher::FillTokenMaskUncached(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+  TrimDfa();
   mask->assign(trie.mask_words(), 0);
   size_t allowed = AllowEndTokens(trie, mask);
   if (!state_.empty() && !(state_.size() == 1 && state_[0] == 0)) {
@@ -443,6 +451,7 @@ size_t Matcher::FillTokenMaskUncached(const TokenTrie& trie, std::vector<uint32_
 }
 
 size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+  TrimDfa();
   if (state_.size() > kMaxCutStacks) return FillTokenMaskUncached(trie, mask);
   // Where stacks share what lies below (inside a JSON string: its closing quote and all
   // that follows), the cut goes just below the shared entry: it keeps the key free of the

@@ -177,6 +177,10 @@ class Matcher {
   };
   // The id of `state` (sorted), or kDfaNoId when the DFA is full.
   int32_t DfaId(const State& state) const;
+  // Empties the DFA once it is three-quarters full, so that the next walk builds the states it
+  // needs instead of stepping whole states for good (the states a generation visits drift: an
+  // object's keys, then its values). Only between walks: a walk holds DFA ids.
+  void TrimDfa() const;
   // The id of the state after `byte` from DFA state `id`: kDfaRefused, or kDfaNoId (then
   // *next holds the state).
   int32_t DfaStep(int32_t id, uint8_t byte, State* next) const;
