@@ -409,7 +409,11 @@ std::optional<absl::Status> RouterStream::MaybeFinishLocked() {
   if (status_.ok() && !got_final_) {
     final_status = absl::InternalError("decode worker ended the stream without a finish reason");
   }
-  if (status_.code() == absl::StatusCode::kUnavailable) {
+  if (got_final_ && status_.code() == absl::StatusCode::kUnavailable) {
+    // The worker died after its last message (the finish reason) and before the call's
+    // status: the client has the whole stream, so it ends OK (the soak test lost such a stream).
+    final_status = absl::OkStatus();
+  } else if (status_.code() == absl::StatusCode::kUnavailable) {
     final_status = absl::UnavailableError(
         absl::StrCat("decode worker failed: ", status_.message(), not_moved_, " (retry)"));
   }

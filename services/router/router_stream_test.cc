@@ -534,6 +534,21 @@ TEST_F(RouterStreamTest, ClientCancellingMidStreamCancelsTheWorkerCall) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+// A worker that dies after its last message (the finish reason went out) and before the call's
+// status: the client has the whole stream, which ends OK, and nothing moves.
+TEST_F(RouterStreamTest, WorkerDyingAfterItsFinalMessageStillEndsTheStreamOk) {
+  scripts_.Add({{Tokens({5}), Final({6})},
+                grpc::Status(grpc::StatusCode::UNAVAILABLE, "recvmsg:Connection reset by peer")});
+  const Outcome out = Generate();
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_THAT(AllTokens(out.messages), ElementsAre(5, 6));
+  EXPECT_EQ(out.messages.back().finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(scripts_.calls().size(), 1u);
+  EXPECT_EQ(Counter("pd_router_migrations_total{reason=\"failure\",result=\"moved\"}"), 0);
+  EXPECT_EQ(Counter("pd_router_requests_total{method=\"Generate\",code=\"OK\"}"), 1);
+  EXPECT_EQ(service_->inflight(), 0);
+}
+
 TEST_F(RouterStreamTest, WorkerEndingWithoutAFinishReasonIsInternal) {
   scripts_.Add({{Tokens({5}), Tokens({6})}});
   const Outcome out = Generate();
