@@ -205,13 +205,10 @@ void HttpStream::AddFirst(const v1::GenerateResponse& first) {
   Ack(true);
 }
 
-HttpStream::Poll HttpStream::PollBody() {
+HttpStream::Poll HttpStream::PollNext(v1::GenerateResponse* msg) {
   if (ended_) return Poll::kEnded;
-  v1::GenerateResponse msg;
-  switch (Next(absl::ZeroDuration(), &msg)) {
+  switch (Next(absl::ZeroDuration(), msg)) {
     case BlockingSink::Next::kMessage:
-      builder_->Add(msg);
-      Ack(!cancelled_);
       return Poll::kMessage;
     case BlockingSink::Next::kEnd:
       return Poll::kEnded;
@@ -221,24 +218,26 @@ HttpStream::Poll HttpStream::PollBody() {
   return Poll::kNothing;
 }
 
+HttpStream::Poll HttpStream::PollBody() {
+  v1::GenerateResponse msg;
+  const Poll p = PollNext(&msg);
+  if (p == Poll::kMessage) {
+    builder_->Add(msg);
+    Ack(!cancelled_);
+  }
+  return p;
+}
+
 HttpStream::Poll HttpStream::PollEvents(std::string* events) {
   if (first_events_.has_value()) {
     *events = *std::move(first_events_);
     first_events_.reset();
     return Poll::kMessage;
   }
-  if (ended_) return Poll::kEnded;
   v1::GenerateResponse msg;
-  switch (Next(absl::ZeroDuration(), &msg)) {
-    case BlockingSink::Next::kMessage:
-      *events = builder_->StreamEvents(msg);
-      return Poll::kMessage;
-    case BlockingSink::Next::kEnd:
-      return Poll::kEnded;
-    case BlockingSink::Next::kTimeout:
-      break;
-  }
-  return Poll::kNothing;
+  const Poll p = PollNext(&msg);
+  if (p == Poll::kMessage) *events = builder_->StreamEvents(msg);
+  return p;
 }
 
 void HttpStream::CancelForClient() {

@@ -173,6 +173,8 @@ class HttpStream {
   // up (checked every options.client_check): a client that leaves before the first token, or
   // during a non-streamed generation, frees its worker and slot within that bound.
   BlockingSink::Next NextWhileClientThere(pdserve::v1::GenerateResponse* msg);
+  // Next without waiting, as a Poll (the message, unacknowledged, in `msg`).
+  Poll PollNext(pdserve::v1::GenerateResponse* msg);
   // The message Next returned was written (`ok`) or not (false: the client is gone, the
   // generation is cancelled). No-op when none is outstanding.
   void Ack(bool ok);
