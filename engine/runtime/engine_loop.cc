@@ -32,6 +32,25 @@ absl::Status EngineLoop::Submit(GenerationRequest request) {
   return result;
 }
 
+void EngineLoop::SubmitAsync(GenerationRequest request,
+                             std::function<void(const absl::Status&)> rejected) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      // A command queued before stopping_ is set runs before the loop cancels everything, so
+      // the request gets its final output (kAbort at worst).
+      commands_.push_back([request = std::make_shared<GenerationRequest>(std::move(request)),
+                           rejected = std::move(rejected)](Scheduler& s) {
+        if (absl::Status st = s.Submit(std::move(*request)); !st.ok()) {
+          rejected(st);
+        }
+      });
+      return;
+    }
+  }
+  rejected(absl::UnavailableError("engine is stopping"));
+}
+
 void EngineLoop::Post(std::function<void(Scheduler&)> fn) {
   absl::MutexLock lock(&mu_);
   if (!stopped_) {

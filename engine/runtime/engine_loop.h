@@ -2,8 +2,9 @@
 // handlers, transfer completions).
 //
 // The scheduler is thread-compatible; the loop owns its thread. Other threads reach it in two
-// ways: Submit (synchronous: returns the scheduler's admission verdict) and Post (asynchronous:
-// `fn` runs on the loop thread before its next step). Request callbacks (on_output,
+// ways: Submit (synchronous: returns the scheduler's admission verdict), SubmitAsync (the same
+// verdict, reported to a callback when it is a refusal) and Post (asynchronous: `fn` runs on
+// the loop thread before its next step). Request callbacks (on_output,
 // remote_prefill, on_prefilled) run on the loop thread; they may call Post but never Submit.
 //
 // Idle cost: the thread sleeps while the scheduler is idle; while requests wait (for blocks,
@@ -42,6 +43,14 @@ class EngineLoop {
   // Scheduler::Submit on the loop thread; blocks until it ran (at most one step). Unavailable
   // after Stop. Must not be called from a request callback (it would wait on itself).
   absl::Status Submit(GenerationRequest request);
+
+  // Scheduler::Submit on the loop thread before its next step, without waiting for it: a thread
+  // that serves many requests (the tier client's, a gRPC handler's) does not sit out a step per
+  // request. When the scheduler refuses the request, or the loop is stopping, `rejected` runs
+  // with the reason: on the loop thread, or on the calling thread when the loop is stopping.
+  // Exactly one of the request's final output or `rejected` happens. Safe from any thread,
+  // including request callbacks.
+  void SubmitAsync(GenerationRequest request, std::function<void(const absl::Status&)> rejected);
 
   // Runs `fn` on the loop thread before the next step. Safe from any thread, including request
   // callbacks. Dropped (never run) after Stop.

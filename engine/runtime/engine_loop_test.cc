@@ -1,5 +1,6 @@
 #include "engine/runtime/engine_loop.h"
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -142,6 +143,46 @@ TEST(EngineLoopTest, StopCancelsRunningRequestsAndRefusesNewOnes) {
   EXPECT_EQ(c.last.status.code(), absl::StatusCode::kCancelled);
   Collected d;
   EXPECT_EQ(loop.Submit(Request(2, {1}, 4, &d)).code(), absl::StatusCode::kUnavailable);
+}
+
+// SubmitAsync returns before the loop ran the request; a refusal reaches `rejected` (on the
+// loop thread), an admitted request its outputs, and after Stop `rejected` runs at once.
+TEST(EngineLoopTest, SubmitAsyncReportsRefusalsToTheCallbackAndNeverBoth) {
+  std::unique_ptr<ModelRuntime> rt = Stories();
+  EngineLoop loop(rt->scheduler());
+  struct Refusal {
+    absl::Notification done;
+    absl::Status status;
+    std::thread::id thread;
+  };
+  auto refusal = std::make_shared<Refusal>();
+  Collected bad;
+  loop.SubmitAsync(Request(1, {}, 4, &bad), [refusal](const absl::Status& s) {
+    refusal->status = s;
+    refusal->thread = std::this_thread::get_id();
+    refusal->done.Notify();
+  });
+  ASSERT_TRUE(refusal->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(refusal->status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refusal->thread, std::this_thread::get_id());
+  EXPECT_FALSE(bad.done.HasBeenNotified());
+
+  Collected good;
+  auto wrongly_refused = std::make_shared<std::atomic<bool>>(false);
+  loop.SubmitAsync(Request(2, {1, 2, 3}, 4, &good),
+                   [wrongly_refused](const absl::Status&) { *wrongly_refused = true; });
+  ASSERT_TRUE(good.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(good.last.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(good.tokens.size(), 4u);
+  EXPECT_FALSE(*wrongly_refused);
+
+  loop.Stop();
+  absl::Status after_stop;
+  Collected late;
+  loop.SubmitAsync(Request(3, {1}, 4, &late),
+                   [&after_stop](const absl::Status& s) { after_stop = s; });
+  EXPECT_EQ(after_stop.code(), absl::StatusCode::kUnavailable);  // ran on this thread
+  EXPECT_FALSE(late.done.HasBeenNotified());
 }
 
 }  // namespace

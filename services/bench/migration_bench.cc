@@ -4,8 +4,8 @@
 // --after_tokens tokens, reads every stream to its end and restarts decode-0. A moved stream's
 // stall is the gap between its last token before the move and its first after it, measured by
 // the client; the router's pd_router_migrations_total says how many streams moved (m), and the
-// m largest per-stream gaps of the round are taken as their stalls (the streams that stayed see
-// only ordinary gaps). The yardstick, measured in the same run: the TTFT of one fresh request
+// m largest of the streams' gaps across the signal are taken as their stalls (the streams that
+// stayed see an ordinary gap there). The yardstick, measured in the same run: the TTFT of one fresh request
 // whose prompt is as long as a moved stream's resumed prompt (prompt + after_tokens), on the
 // idle cluster; and, as the load the moved streams meet, the TTFT of the rounds' own streams
 // (--streams prompts prefilled at once, half per worker).
@@ -14,12 +14,25 @@
 // pd-tierd and write every computed block through to it: the new worker restores the blocks
 // of the prompt and of the streamed tokens from the node's DRAM tier).
 //
-// Usage: migration_bench [--mode=both|recompute|tier] [--rounds=10] [--streams=8]
-//                        [--prompt_tokens=256] [--after_tokens=32]. stories260K from ../shared.
+// --signal=kill (SIGKILL, a crash) or term (SIGTERM, a drain: the worker hands its streams
+// over at once). A killed process's sockets close only once the kernel has torn it down (tens
+// of ms for a worker's ~200 MB here), and only then can the router know: the bench holds a TCP
+// connection to decode-0 and times kill -> that connection's end ("teardown"), and reports the
+// rest of each stall, teardown's end -> the stream's next token ("move"), beside the stall.
+// Under SIGTERM the worker ends its streams itself right away: "move" counts from the signal.
+//
+// Usage: migration_bench [--mode=both|recompute|tier] [--signal=kill|term] [--rounds=10]
+//                        [--streams=8] [--prompt_tokens=256] [--after_tokens=32].
+// stories260K from ../shared.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -41,6 +54,7 @@ ABSL_FLAG(int, rounds, 10, "kill rounds per mode");
 ABSL_FLAG(int, streams, 8, "concurrent streams per round (half on the killed worker)");
 ABSL_FLAG(int, prompt_tokens, 256, "prompt length in tokens");
 ABSL_FLAG(int, after_tokens, 32, "tokens every stream has received when decode-0 is killed");
+ABSL_FLAG(std::string, signal, "kill", "kill (SIGKILL: a crash) or term (SIGTERM: a drain)");
 
 namespace {
 
@@ -78,8 +92,37 @@ double Ttft(Cluster& c, const std::vector<uint32_t>& prompt, const std::string& 
   return absl::ToDoubleMilliseconds(first - start);
 }
 
+// A plain TCP connection to 127.0.0.1:`port`; -1 on failure.
+int ConnectLoopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads `fd` until the peer closes it (whatever the server sent is dropped); when it closed.
+absl::Time WaitClosed(int fd) {
+  char buf[256];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
+  }
+  const absl::Time t = absl::Now();
+  ::close(fd);
+  return t;
+}
+
 struct ModeResult {
   std::vector<double> stalls_ms;
+  std::vector<double> teardown_ms;  // signal -> decode-0's connection closed
+  std::vector<double> move_ms;      // that close -> a moved stream's next token
   std::vector<double> ttft_ms;
   std::vector<double> stream_ttft_ms;  // the rounds' own streams: first token after the start
   int moved = 0;
@@ -107,9 +150,12 @@ ModeResult RunMode(bool tier) {
     r.ttft_ms.push_back(
         Ttft(c, Prompt(prompt_tokens + after, 1000 + i), absl::StrCat("ttft-", tier, "-", i)));
   }
+  const bool term = absl::GetFlag(FLAGS_signal) == "term";
+  const std::string moved_metric =
+      absl::StrCat("pd_router_migrations_total{reason=\"", term ? "drain" : "failure",
+                   "\",result=\"moved\"}");
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-    const double moved_before =
-        Metric(c.RouterMetrics(), R"(pd_router_migrations_total{reason="failure",result="moved"})");
+    const double moved_before = Metric(c.RouterMetrics(), moved_metric);
     std::vector<std::vector<absl::Time>> arrivals(n);
     std::vector<std::atomic<int>> received(n);
     std::vector<grpc::Status> status(n);
@@ -143,27 +189,44 @@ ModeResult RunMode(bool tier) {
       return true;
     };
     while (!all_have() && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(200));
-    CHECK(c.workers()[0].process->Signal(SIGKILL).ok());
+    const int probe = ConnectLoopback(c.workers()[0].grpc_port);
+    CHECK_GE(probe, 0) << "cannot connect to decode-0";
+    absl::Time closed = absl::InfiniteFuture();
+    std::thread watch([&] { closed = WaitClosed(probe); });
+    const absl::Time signalled = absl::Now();
+    CHECK(c.workers()[0].process->Signal(term ? SIGTERM : SIGKILL).ok());
     for (std::thread& t : threads) t.join();
-    std::vector<double> gaps;
+    watch.join();
+    struct Gap {
+      double ms = 0;
+      absl::Time end = absl::InfinitePast();
+    };
+    std::vector<Gap> gaps;
     for (int s = 0; s < n; ++s) {
       if (!status[s].ok()) ++r.failed;
       if (!arrivals[s].empty()) {
         r.stream_ttft_ms.push_back(absl::ToDoubleMilliseconds(arrivals[s][0] - starts[s]));
       }
-      double max_gap = 0;
+      // The gap across the signal: a moved stream's stall, an ordinary gap for the others.
+      Gap across;
       for (size_t k = 1; k < arrivals[s].size(); ++k) {
-        max_gap =
-            std::max(max_gap, absl::ToDoubleMilliseconds(arrivals[s][k] - arrivals[s][k - 1]));
+        if (arrivals[s][k - 1] <= signalled && arrivals[s][k] > signalled) {
+          across = Gap{absl::ToDoubleMilliseconds(arrivals[s][k] - arrivals[s][k - 1]),
+                       arrivals[s][k]};
+        }
       }
-      gaps.push_back(max_gap);
+      gaps.push_back(across);
     }
-    const int moved =
-        static_cast<int>(Metric(c.RouterMetrics(),
-                                R"(pd_router_migrations_total{reason="failure",result="moved"})") -
-                         moved_before);
-    std::sort(gaps.rbegin(), gaps.rend());
-    for (int k = 0; k < moved && k < n; ++k) r.stalls_ms.push_back(gaps[k]);
+    const int moved = static_cast<int>(Metric(c.RouterMetrics(), moved_metric) - moved_before);
+    std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.ms > b.ms; });
+    // When the router can first know: a drained worker tells it at once; a killed one's
+    // connections end once the kernel has torn the process down.
+    const absl::Time known = term ? signalled : closed;
+    for (int k = 0; k < moved && k < n; ++k) {
+      r.stalls_ms.push_back(gaps[k].ms);
+      r.move_ms.push_back(absl::ToDoubleMilliseconds(gaps[k].end - known));
+    }
+    if (!term) r.teardown_ms.push_back(absl::ToDoubleMilliseconds(closed - signalled));
     r.moved += moved;
     (void)c.workers()[0].process->Wait(absl::Seconds(10));
     c.RestartWorker(0);
@@ -184,8 +247,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--mode must be both, recompute or tier, got '%s'\n", mode.c_str());
     return 2;
   }
-  std::printf("%-10s %6s %6s %13s %13s %12s %9s %16s %14s\n", "mode", "moved", "failed",
-              "stall_p50_ms", "stall_p99_ms", "ttft_p50_ms", "p99/ttft", "load_ttft_p50_ms",
+  const std::string sig = absl::GetFlag(FLAGS_signal);
+  if (sig != "kill" && sig != "term") {
+    std::fprintf(stderr, "--signal must be kill or term, got '%s'\n", sig.c_str());
+    return 2;
+  }
+  std::printf("%-10s %-6s %6s %6s %13s %13s %15s %12s %12s %12s %9s %16s %14s\n", "mode",
+              "signal", "moved", "failed", "stall_p50_ms", "stall_p99_ms", "teardown_p50_ms",
+              "move_p50_ms", "move_p99_ms", "ttft_p50_ms", "p99/ttft", "load_ttft_p50_ms",
               "p99/load_ttft");
   for (const bool tier : {false, true}) {
     if ((tier && mode == "recompute") || (!tier && mode == "tier")) continue;
@@ -193,9 +262,11 @@ int main(int argc, char** argv) {
     const double ttft = Quantile(r.ttft_ms, 0.5);
     const double p99 = Quantile(r.stalls_ms, 0.99);
     const double load_ttft = Quantile(r.stream_ttft_ms, 0.5);
-    std::printf("%-10s %6d %6d %13.2f %13.2f %12.2f %9.2f %16.2f %14.2f\n",
-                tier ? "tier" : "recompute", r.moved, r.failed, Quantile(r.stalls_ms, 0.5), p99,
-                ttft, ttft > 0 ? p99 / ttft : 0, load_ttft, load_ttft > 0 ? p99 / load_ttft : 0);
+    std::printf("%-10s %-6s %6d %6d %13.2f %13.2f %15.2f %12.2f %12.2f %12.2f %9.2f %16.2f %14.2f\n",
+                tier ? "tier" : "recompute", sig.c_str(), r.moved, r.failed,
+                Quantile(r.stalls_ms, 0.5), p99, Quantile(r.teardown_ms, 0.5),
+                Quantile(r.move_ms, 0.5), Quantile(r.move_ms, 0.99), ttft,
+                ttft > 0 ? p99 / ttft : 0, load_ttft, load_ttft > 0 ? p99 / load_ttft : 0);
     std::fflush(stdout);
   }
   return 0;

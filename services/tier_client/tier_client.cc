@@ -227,14 +227,16 @@ bool TierClient::WaitAttached(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&attached_), timeout);
 }
 
-void TierClient::FlushOffersForTest() {
+bool TierClient::FlushOffers(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !attached_ ||
            (staged_.empty() && filled_.empty() && releases_.empty() && !sending_);
   };
-  mu_.Await(absl::Condition(&done));
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
 }
+
+void TierClient::FlushOffersForTest() { FlushOffers(absl::InfiniteDuration()); }
 
 bool TierClient::AwaitStatsForTest(absl::FunctionRef<bool(const TierLinkStats&)> done,
                                    absl::Duration timeout) {
@@ -343,7 +345,7 @@ bool TierClient::Attach() {
 void TierClient::Loop() {
   absl::Time next_attach = absl::InfinitePast();
   while (true) {
-    std::optional<PrepareJob> prepare;
+    std::vector<PrepareJob> prepares;
     std::vector<Staged> offers;
     std::vector<Releases> releases;
     std::vector<Filled> filled;
@@ -374,8 +376,11 @@ void TierClient::Loop() {
         }
         releases.swap(releases_);
         if (!prepares_.empty()) {
-          prepare = std::move(prepares_.front());
-          prepares_.pop_front();
+          // Every waiting request at once: several streams moved here together (migration)
+          // each wait for their blocks, so none queues behind another's Promote.
+          prepares.assign(std::make_move_iterator(prepares_.begin()),
+                          std::make_move_iterator(prepares_.end()));
+          prepares_.clear();
         } else {
           while (!staged_.empty() &&
                  static_cast<int64_t>(offers.size()) < config_.offer_batch_blocks) {
@@ -408,6 +413,10 @@ void TierClient::Loop() {
       }
       continue;
     }
+    // Requests wait for their prepares: they go first.
+    if (!prepares.empty()) {
+      RunPrepares(std::move(prepares));
+    }
     const bool released = !releases.empty();
     if (released) {
       RunReleases(std::move(releases));
@@ -418,9 +427,6 @@ void TierClient::Loop() {
     }
     if (reserve > 0) {
       RunReserve(reserve);
-    }
-    if (prepare.has_value()) {
-      RunPrepare(*std::move(prepare));
     }
     const bool offered = !offers.empty();  // read before the move empties it
     if (offered) {
@@ -547,24 +553,66 @@ void TierClient::RunReleases(std::vector<Releases> releases) {
   }
 }
 
-void TierClient::RunPrepare(PrepareJob job) {
-  auto run = std::make_shared<ShmPromotedRun>();
+void TierClient::RunPrepares(std::vector<PrepareJob> jobs) {
+  struct Call {
+    PrepareJob job;
+    std::shared_ptr<ShmPromotedRun> run = std::make_shared<ShmPromotedRun>();
+    v1::PromoteRequest req;
+    v1::PromoteResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  calls.reserve(jobs.size());
   {
     absl::MutexLock lock(&mu_);
-    run->client_ = this;
-    run->region_ = region_;
-    run->session_ = session_;
-    run->slot_bytes_ = slot_bytes_;
-    run->block_bytes_ = static_cast<int64_t>(config_.layout.block_bytes());
+    for (PrepareJob& job : jobs) {
+      auto c = std::make_unique<Call>();
+      c->job = std::move(job);
+      c->run->client_ = this;
+      c->run->region_ = region_;
+      c->run->session_ = session_;
+      c->run->slot_bytes_ = slot_bytes_;
+      c->run->block_bytes_ = static_cast<int64_t>(config_.layout.block_bytes());
+      calls.push_back(std::move(c));
+    }
   }
-  v1::PromoteRequest req;
-  req.set_session_id(run->session_);
-  req.set_block_hashes(ConcatBlockHashes(job.chain));
-  req.set_recompute_seconds_per_block(job.recompute_seconds_per_block);
-  v1::PromoteResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
-  grpc::Status s = stub_->Promote(&ctx, req, &resp);
+  // The Promotes run concurrently (tierd serves them in parallel); each answer is handled here,
+  // on the client thread, as it comes.
+  struct Answers {  // shared with the callbacks, which may still be unlocking when this returns
+    absl::Mutex mu;
+    std::vector<Call*> calls ABSL_GUARDED_BY(mu);
+  };
+  auto answers = std::make_shared<Answers>();
+  for (std::unique_ptr<Call>& c : calls) {
+    c->req.set_session_id(c->run->session_);
+    c->req.set_block_hashes(ConcatBlockHashes(c->job.chain));
+    c->req.set_recompute_seconds_per_block(c->job.recompute_seconds_per_block);
+    c->ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_timeout));
+    stub_->async()->Promote(&c->ctx, &c->req, &c->resp,
+                            [call = c.get(), answers](grpc::Status s) {
+                              absl::MutexLock lock(&answers->mu);
+                              call->status = std::move(s);
+                              answers->calls.push_back(call);
+                            });
+  }
+  for (size_t handled = 0; handled < calls.size();) {
+    std::vector<Call*> batch;
+    {
+      absl::MutexLock lock(&answers->mu);
+      answers->mu.Await(absl::Condition(
+          +[](std::vector<Call*>* a) { return !a->empty(); }, &answers->calls));
+      batch.swap(answers->calls);
+    }
+    for (Call* c : batch) {
+      FinishPrepare(std::move(c->job), std::move(c->run), c->status, c->resp);
+    }
+    handled += batch.size();
+  }
+}
+
+void TierClient::FinishPrepare(PrepareJob job, std::shared_ptr<ShmPromotedRun> run,
+                               const grpc::Status& s, const v1::PromoteResponse& resp) {
   if (!s.ok()) {
     OnRpcFailure(s, "Promote");
   }

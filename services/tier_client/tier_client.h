@@ -127,7 +127,11 @@ class TierClient final : public TierLink {
 
   // Blocks until the client is attached or `timeout` passes (tests, startup logs).
   bool WaitAttached(absl::Duration timeout);
-  // Blocks until every offer and release queued so far was sent (tests).
+  // Blocks until every offer and release queued so far was sent, or `timeout` passed (a
+  // drained worker, before it hands its streams over); whether they were. True at once when
+  // detached (nothing can be sent).
+  bool FlushOffers(absl::Duration timeout);
+  // FlushOffers without a timeout (tests).
   void FlushOffersForTest();
   // Blocks until `done` holds for the client's statistics or `timeout` passes; returns whether
   // it held (tests). `done` runs under the client's lock: it must only read its argument.
@@ -166,7 +170,10 @@ class TierClient final : public TierLink {
   explicit TierClient(TierClientConfig config);
   void Loop();
   bool Attach();
-  void RunPrepare(PrepareJob job);
+  // Sends every job's Promote at once and answers each as its reply comes.
+  void RunPrepares(std::vector<PrepareJob> jobs);
+  void FinishPrepare(PrepareJob job, std::shared_ptr<ShmPromotedRun> run, const grpc::Status& s,
+                     const pdserve::internal::v1::PromoteResponse& resp);
   void RunOffers(std::vector<Staged> batch);
   void RunReleases(std::vector<Releases> releases);
   void RunCommits(std::vector<Filled> filled);

@@ -77,12 +77,16 @@ void SubmitWithTiers(WorkerContext* ctx, const std::string& chain_bytes,
           };
           tp.release = [tiers = ctx->tiers, run] { tiers->Release(*run); };
         }
-        if (absl::Status s = ctx->loop->Submit(std::move(*request)); !s.ok()) {
-          if (run != nullptr) {
-            ctx->tiers->Release(*run);  // the refused request never reached the scheduler
-          }
-          rejected(s);
-        }
+        // Not Submit: this is the tier client's one thread, and waiting a step here for each
+        // request made streams that moved here together wait for each other's admission.
+        ctx->loop->SubmitAsync(std::move(*request),
+                               [ctx, run, rejected](const absl::Status& s) {
+                                 if (run != nullptr) {
+                                   // The refused request never reached the scheduler.
+                                   ctx->tiers->Release(*run);
+                                 }
+                                 rejected(s);
+                               });
       },
       recompute_per_block);
 }

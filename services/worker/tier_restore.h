@@ -36,7 +36,8 @@ namespace pd::worker {
 // Submits `r` to ctx->loop; with the node's tiers configured (ctx->tiers), first asks them for
 // the blocks of `chain_bytes` (the prompt's hash chain, 16 bytes a hash) after the pool's
 // cached prefix, and attaches what they pinned as r.tier_prefix. `rejected` runs (on the
-// calling thread or the tier client's thread) when the engine refuses the request; exactly one
+// calling thread, the tier client's thread or the engine loop's) when the engine refuses the
+// request; exactly one
 // of the request's final output or `rejected` happens. A malformed chain or an unreachable
 // tierd only costs the restore.
 // The pool's eviction / write-through hook (ModelRuntimeConfig::on_evict, on_store): offers the

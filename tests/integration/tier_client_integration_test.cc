@@ -124,6 +124,54 @@ TEST_F(TierClientTest, OfferThenPrepareAndCopyOut) {
   EXPECT_EQ(PrepareSync(client.get(), {ClientHash(77)}), nullptr);
 }
 
+// Streams that move to a worker together prepare together: every queued Prepare is sent at
+// once and each gets its own run (its blocks, in its chain's order), or nullptr for a miss.
+TEST_F(TierClientTest, ManyPreparesAtOnceEachGetTheirOwnRun) {
+  std::unique_ptr<TierClient> client = StartClient();
+  ASSERT_TRUE(client->WaitAttached(absl::Seconds(10)));
+  for (int i = 0; i < 16; ++i) {
+    client->Offer(ClientHash(i), BlockBytes(i));
+  }
+  client->FlushOffersForTest();
+  ASSERT_EQ(client->Stats().offer_stored_blocks_total, 16u);
+  constexpr int kJobs = 12;
+  struct Answer {
+    absl::Notification done;
+    std::shared_ptr<const PromotedRun> run;
+  };
+  std::vector<Answer> answers(kJobs);
+  for (int j = 0; j < kJobs; ++j) {
+    // Job j asks for blocks j, j+1, j+2 (all held for j < 14), the last job for a miss.
+    std::vector<BlockHash> chain = {ClientHash(j), ClientHash(j + 1), ClientHash(j + 2)};
+    if (j == kJobs - 1) chain = {ClientHash(900)};
+    client->Prepare(
+        std::move(chain),
+        [&answers, j](std::shared_ptr<const PromotedRun> run) {
+          answers[j].run = std::move(run);
+          answers[j].done.Notify();
+        },
+        0);
+  }
+  std::vector<uint8_t> dst(layout_.block_bytes());
+  for (int j = 0; j < kJobs; ++j) {
+    ASSERT_TRUE(answers[j].done.WaitForNotificationWithTimeout(absl::Seconds(30))) << j;
+    if (j == kJobs - 1) {
+      EXPECT_EQ(answers[j].run, nullptr);
+      continue;
+    }
+    ASSERT_NE(answers[j].run, nullptr) << j;
+    ASSERT_EQ(answers[j].run->size(), 3u) << j;
+    for (size_t k = 0; k < 3; ++k) {
+      ASSERT_TRUE(answers[j].run->CopyOut(k, dst.data()));
+      EXPECT_EQ(dst, BlockBytes(j + static_cast<int>(k))) << j << " " << k;
+    }
+    client->Release(*answers[j].run);
+  }
+  client->FlushOffersForTest();
+  EXPECT_EQ(server_->store()->Stats().dram.pinned_blocks, 0);
+  EXPECT_EQ(client->Stats().prepares_total, static_cast<uint64_t>(kJobs));
+}
+
 TEST_F(TierClientTest, AnotherNodesTierdIsFlagged) {
   ASSERT_FALSE(config_.node_name.empty());
   std::unique_ptr<TierClient> same = StartClient(nullptr, config_.node_name);
