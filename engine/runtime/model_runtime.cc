@@ -262,6 +262,18 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   return rt;
 }
 
+int64_t ModelRuntime::OfferRunningBlocks() {
+  if (!config_.on_evict) {
+    return 0;
+  }
+  int64_t offered = 0;
+  scheduler_->ForEachRunningBlock([&](const BlockHash& hash, BlockId block) {
+    config_.on_evict(hash, [&](uint8_t* dst) { return memory_->ReadBlock(block, dst).ok(); });
+    ++offered;
+  });
+  return offered;
+}
+
 std::string ModelRuntime::Describe() const {
   const ModelConfig& c = weights_.config;
   return absl::StrCat("model ", config_.model, " (", ArchitectureName(c.architecture), ", ",

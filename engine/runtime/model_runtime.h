@@ -136,6 +136,11 @@ class ModelRuntime {
   memory::KvPoolMemory* kv_memory() { return memory_.get(); }
   kernels::Device device() const { return config_.device; }
   kvcache::KvCacheManager* kv_cache() { return kv_.get(); }
+  // Drain (the worker's SIGTERM): offers the full computed blocks of every running
+  // generation to the node's tiers through config.on_evict, as if they were evicted, so that
+  // the worker each stream moves to restores them instead of computing them again. Engine
+  // loop thread (between steps). Returns how many blocks were offered; 0 without on_evict.
+  int64_t OfferRunningBlocks();
   // One line describing the model and the pool, for startup logs.
   std::string Describe() const;
 

@@ -201,6 +201,23 @@ void Scheduler::Evacuate(absl::Status why) {
   std::for_each(running_.begin(), running_.end(), evacuate);
 }
 
+void Scheduler::ForEachRunningBlock(
+    absl::FunctionRef<void(const BlockHash&, BlockId)> fn) const {
+  for (const std::unique_ptr<Sequence>& s : running_) {
+    if (s->request.on_prefilled != nullptr) {
+      continue;
+    }
+    const kvcache::BlockTable* table = kv_->GetTable(s->kv_id);
+    if (table == nullptr || table->windowed()) {
+      continue;
+    }
+    const size_t n = std::min(s->chain.size(), table->blocks().size());
+    for (size_t i = 0; i < n; ++i) {
+      fn(s->chain[i], table->blocks()[i]);
+    }
+  }
+}
+
 void Scheduler::CancelAll() {
   for (auto& s : waiting_) s->cancel_requested = true;
   for (auto& s : running_) s->cancel_requested = true;

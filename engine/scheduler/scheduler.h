@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/hash/block_hash.h"
 #include "common/time/clock.h"
@@ -123,6 +124,12 @@ class Scheduler {
   // text (GenerationOutput::text_offset says where the text stopped), so that another worker
   // can resume it exactly; later generations are refused with `why`. Non-OK `why`.
   void Evacuate(absl::Status why);
+
+  // The full computed blocks of every running generation (not prefill-only requests), each
+  // as (its hash, its pool block), stream by stream in order: what a drained worker offers
+  // its node's tiers before Evacuate, so that the streams' next worker restores them. A
+  // sequence under the sink + window policy that dropped blocks has none to offer.
+  void ForEachRunningBlock(absl::FunctionRef<void(const BlockHash&, BlockId)> fn) const;
 
   // Runs one batch. Returns false when there was no batch to run (empty, or every running
   // request waits for a remote prefill). Errors from the forward pass fail the requests of

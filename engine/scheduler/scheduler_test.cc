@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/log/log.h"
 #include "engine/grammar/constraint.h"
 #include "engine/kvcache/kv_cache_manager.h"
@@ -42,6 +43,40 @@ TEST(SchedulerTest, GreedyFromBosMatchesReadmeText) {
   EXPECT_THAT(r.text, ::testing::StartsWith(
                           "Once upon a time, there was a little girl named Lily. She loved to "
                           "play outside in the park."));
+}
+
+// What a drained worker offers its tier: each running stream's full computed blocks, with the
+// hashes of the chain of its prompt and the tokens generated so far, stream by stream.
+TEST(SchedulerTest, ForEachRunningBlockGivesEachStreamsComputedBlocks) {
+  Harness h(64, {});
+  std::vector<uint32_t> a(40), b(23);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 5 + static_cast<uint32_t>(i * 7 % 300);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 9 + static_cast<uint32_t>(i * 11 % 300);
+  SamplingOptions so = MaxTokens(100);
+  so.ignore_eos = true;  // both still running after 20 steps
+  ASSERT_TRUE(h.Submit(1, a, so).ok());
+  ASSERT_TRUE(h.Submit(2, b, so).ok());
+  for (int i = 0; i < 20; ++i) h.scheduler()->Step();
+  std::vector<std::pair<BlockHash, BlockId>> got;
+  h.scheduler()->ForEachRunningBlock(
+      [&](const BlockHash& hash, BlockId block) { got.emplace_back(hash, block); });
+  std::vector<BlockHash> want;
+  for (const auto& [id, prompt] : {std::pair<uint64_t, std::vector<uint32_t>>{1, a}, {2, b}}) {
+    std::vector<uint32_t> text = prompt;
+    const std::vector<uint32_t>& gen = h.results()[id].tokens;
+    ASSERT_FALSE(gen.empty());
+    text.insert(text.end(), gen.begin(), gen.end());
+    text.pop_back();  // the last sampled token's KV is computed by the next step
+    const std::vector<BlockHash> chain = h.ChainOf(text);
+    want.insert(want.end(), chain.begin(), chain.end());
+  }
+  ASSERT_EQ(got.size(), want.size());
+  absl::flat_hash_set<uint32_t> blocks;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i]) << i;
+    EXPECT_TRUE(blocks.insert(got[i].second.value()).second) << "block used twice: " << i;
+  }
+  EXPECT_EQ(got.size(), 5u);  // (40 + 19) / 16 + (23 + 19) / 16
 }
 
 // Batch composition, chunking and cache hits must not change a single token.

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
@@ -308,6 +309,40 @@ std::string WorkerServer::Describe() const {
                         : std::string(", no tierd"));
 }
 
+void WorkerServer::OfferRunningBlocksToTiers() {
+  if (tiers_ == nullptr || ctx_.config.tier_write_through) {
+    return;  // no tiers, or every computed block is there already
+  }
+  // The running streams' blocks go to the node's tiers before the streams are handed over, so
+  // the workers they move to restore them rather than compute them again. Bounded: staging
+  // drops what does not fit, and the flush waits at most kFlushBound.
+  constexpr absl::Duration kFlushBound = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  const tier_client::TierLinkStats before = tiers_->Stats();
+  struct Offered {
+    absl::Notification done;
+    int64_t blocks = 0;
+  };
+  auto offered = std::make_shared<Offered>();
+  loop_->Post([rt = runtime_.get(), offered](engine::Scheduler&) {
+    offered->blocks = rt->OfferRunningBlocks();
+    offered->done.Notify();
+  });
+  if (!offered->done.WaitForNotificationWithTimeout(kFlushBound)) {
+    LOG(WARNING) << "drain: the engine did not offer its running blocks within " << kFlushBound;
+    return;
+  }
+  const bool flushed = tiers_->FlushOffers(kFlushBound - (absl::Now() - start));
+  const tier_client::TierLinkStats after = tiers_->Stats();
+  LOG(INFO) << "drain: offered the running streams' " << offered->blocks
+            << " blocks to the tiers in " << absl::Now() - start << " ("
+            << after.offer_stored_blocks_total - before.offer_stored_blocks_total << " stored, "
+            << after.offer_skipped_blocks_total - before.offer_skipped_blocks_total
+            << " already held, "
+            << after.offer_dropped_blocks_total - before.offer_dropped_blocks_total << " dropped"
+            << (flushed ? "" : ", not all sent in time") << ")";
+}
+
 void WorkerServer::Drain(absl::Duration timeout) {
   if (kv_events_ != nullptr) {
     // First: its streams never end by themselves, and Server::Shutdown would wait for them.
@@ -316,6 +351,7 @@ void WorkerServer::Drain(absl::Duration timeout) {
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     if (ctx_.config.drain_by_migration && loop_ != nullptr) {
+      OfferRunningBlocksToTiers();
       // Streams end now, with what was generated sent; the router resumes each elsewhere.
       loop_->Post([](engine::Scheduler& s) {
         s.Evacuate(absl::UnavailableError(

@@ -45,11 +45,16 @@ class WorkerServer {
 
   // End the KV event streams (UNAVAILABLE: routers resubscribe elsewhere or later), NOT_SERVING
   // on health, stop accepting calls, wait up to `timeout` for in-flight calls (the engine keeps
-  // running them), cancel the rest, then stop the engine. Idempotent.
+  // running them), cancel the rest, then stop the engine. Idempotent. With drain by
+  // migration the running streams' blocks are first offered to the node's tiers (when it has
+  // some and they are not written through already), then the streams are handed over.
   void Drain(absl::Duration timeout);
 
  private:
   WorkerServer() = default;
+
+  // Drain by migration: the running streams' computed blocks to the tiers, flushed (bounded).
+  void OfferRunningBlocksToTiers();
 
   WorkerContext ctx_;
   int port_ = 0;

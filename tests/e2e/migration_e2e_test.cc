@@ -2,7 +2,7 @@
 // with SIGTERM, while 64 streams run; every stream completes, and its tokens, text and usage
 // are those of an undisturbed run of the same requests: greedy and seeded-sampled, with stop
 // strings holding text back, over gRPC and over the OpenAI API (SSE). Real processes: pd-router,
-// one prefill and two decode pd-workers, on loopback.
+// one prefill and two decode pd-workers sharing their node's pd-tierd, on loopback.
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <signal.h>
@@ -191,8 +191,12 @@ TEST_F(MigrationE2eTest, KilledAndDrainedDecodeWorkersLoseNoStream) {
   // 10 ms per engine step: a 200-token stream takes over 2 s, a 450-token one over 4.5 s.
   // --drain_timeout=30s: a drain that waited for its streams would take seconds, not return
   // at the fixture's 2 s bound.
+  // One node's pd-tierd, no write-through: a drained worker offers its streams' blocks to it
+  // before it hands them over.
+  e2e::Tierd tierd(dir_->path(), {"--dram_mib=64"});
   Cluster c(dir_->path(), 1, 2, "round_robin",
-            {"--step_delay=10ms", "--kv_blocks=1024", "--drain_timeout=30s"},
+            {"--step_delay=10ms", "--kv_blocks=1024", "--drain_timeout=30s",
+             "--tierd_address=" + tierd.address()},
             {absl::StrCat("--http_address=127.0.0.1:", e2e::kHttpPort)});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(60))) << c.Logs();
   const uint32_t seed = std::random_device{}();
@@ -249,6 +253,19 @@ TEST_F(MigrationE2eTest, KilledAndDrainedDecodeWorkersLoseNoStream) {
   const std::string m2 = c.RouterMetrics();
   EXPECT_GE(Metric(m2, R"(pd_router_migrations_total{reason="drain",result="moved"})"), 1) << m2;
   EXPECT_GE(Metric(m2, "pd_router_migration_stall_seconds_count"), 2) << m2;
+  // Before handing its streams over, decode-1 offered their blocks to the node's tier, and
+  // decode-0 (restarted: its counters are this phase's) restored moved streams from there.
+  const std::string drain_log = c.workers()[2].process->ReadLog();
+  const size_t offered_at = drain_log.find("drain: offered the running streams'");
+  ASSERT_NE(offered_at, std::string::npos) << drain_log;
+  std::cout << drain_log.substr(offered_at, drain_log.find('\n', offered_at) - offered_at) << "\n";
+  const std::string w1 = c.WorkerMetrics(1);
+  const double from_tier = Metric(w1, R"(pd_worker_resumed_tokens_total{source="tier"})", -1);
+  std::cout << "after the drain, resumed tokens from the tier: " << from_tier << " of "
+            << from_tier + Metric(w1, R"(pd_worker_resumed_tokens_total{source="computed"})", 0) +
+                   Metric(w1, R"(pd_worker_resumed_tokens_total{source="pool"})", 0)
+            << "\n";
+  EXPECT_GT(from_tier, 0) << w1;
 }
 
 // The issue's drain figure with long generations: a random-weight pd-make-model checkpoint with a
