@@ -228,11 +228,9 @@ absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiReque
     }
     std::string role = role_it->get<std::string>();
     if (role == "developer") role = "system";
-    if (role == "function") {
-      return Bad(absl::StrCat(param, ".role"),
-                 "role 'function' (the legacy functions API) is not implemented yet; use tool "
-                 "messages");
-    }
+    // The legacy functions API: a function's result is a tool message (named by `name`).
+    const bool function_result = role == "function";
+    if (function_result) role = "tool";
     if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
       return Bad(absl::StrCat(param, ".role"),
                  absl::StrCat("role '", role_it->get<std::string>(),
@@ -256,20 +254,33 @@ absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiReque
       } else if (key == "tool_calls") {
         if (value.is_null()) continue;
         if (role != "assistant") return Bad(field, "only assistant messages carry tool calls");
+        if (!msg.tool_calls_json.empty()) return Bad(field, "cannot be combined with function_call");
         PD_ASSIGN_OR_RETURN(msg.tool_calls_json, ParseHistoryToolCalls(field, value));
       } else if (key == "tool_call_id") {
         if (value.is_null()) continue;
         if (role != "tool") return Bad(field, "only tool messages answer a tool call");
         PD_ASSIGN_OR_RETURN(msg.tool_call_id, GetString(field, value));
       } else if (key == "function_call") {
-        if (!value.is_null()) {
-          return Bad(field, "the legacy functions API is not implemented yet; use tool_calls");
+        // The legacy functions API: an assistant's call, as one tool call.
+        if (value.is_null()) continue;
+        if (role != "assistant") return Bad(field, "only assistant messages carry a function call");
+        if (!msg.tool_calls_json.empty()) return Bad(field, "cannot be combined with tool_calls");
+        if (!value.is_object()) return WrongType(field, "an object {name, arguments}", value);
+        const json calls = json::array(
+            {json{{"id", absl::StrCat("call_", i)}, {"type", "function"}, {"function", value}}});
+        absl::StatusOr<std::string> parsed = ParseHistoryToolCalls(field, calls);
+        if (!parsed.ok()) {
+          return Bad(field, "must be {\"name\": a string, \"arguments\": a string}");
         }
+        msg.tool_calls_json = *std::move(parsed);
       } else if (key == "audio" || key == "refusal") {
         if (!value.is_null()) return Bad(field, "is not supported by this server");
       } else {
         return Bad(field, "unrecognized field");
       }
+    }
+    if (function_result && msg.name.empty()) {
+      return Bad(absl::StrCat(param, ".name"), "is required: the function whose result this is");
     }
     if (!has_content && role != "assistant") {
       return Bad(absl::StrCat(param, ".content"), "is required");

@@ -200,6 +200,7 @@ ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, i
       text_offset_(CodePoints(echo_text_)) {
   const ToolsSpec& tools = request.tools;
   if (endpoint_ != Endpoint::kChat || !tools.offered()) return;
+  legacy_functions_ = tools.legacy;
   if (tools.enforced()) {
     tools_.emplace(ToolCallParser::Mode::kEnforced, tool_format, tools.CallableNames());
   } else if (!request.sampling.has_constraint()) {
@@ -228,7 +229,9 @@ void ResponseBuilder::Collect(std::vector<ToolCallEvent> events) {
 
 std::string ResponseBuilder::FinishReason() const {
   const bool called = tools_.has_value() && tools_->num_calls() > 0;
-  if (called && finish_reason_ != pdserve::v1::FINISH_REASON_LENGTH) return "tool_calls";
+  if (called && finish_reason_ != pdserve::v1::FINISH_REASON_LENGTH) {
+    return legacy_functions_ ? "function_call" : "tool_calls";
+  }
   return std::string(FinishReasonName(finish_reason_));
 }
 
@@ -316,6 +319,19 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
         out += Event(Chunk(text_choice(e.text, std::exchange(lp, json(nullptr))), true));
         continue;
       }
+      if (legacy_functions_) {
+        if (e.index != 0) continue;  // the legacy API answers one call
+        json fc = e.kind == ToolCallEvent::Kind::kCallStart
+                      ? json{{"name", e.name}, {"arguments", ""}}
+                      : json{{"arguments", e.text}};
+        json c;
+        c["index"] = choice_index_;
+        c["delta"] = {{"function_call", std::move(fc)}};
+        c["logprobs"] = std::exchange(lp, json(nullptr));
+        c["finish_reason"] = nullptr;
+        out += Event(Chunk(Dump(c), true));
+        continue;
+      }
       json call = {{"index", e.index}};
       if (e.kind == ToolCallEvent::Kind::kCallStart) {
         call["id"] = e.id;
@@ -400,13 +416,19 @@ std::string ResponseBuilder::ChoiceJson() const {
     if (!calls_.empty()) {
       // As OpenAI: content is null unless the model wrote text before its calls.
       if (text_.empty()) c["message"]["content"] = nullptr;
-      json calls = json::array();
-      for (const Call& call : calls_) {
-        calls.push_back({{"id", call.id},
-                         {"type", "function"},
-                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      if (legacy_functions_) {
+        // The legacy API has one call at most: the first.
+        c["message"]["function_call"] = {{"name", calls_[0].name},
+                                         {"arguments", calls_[0].arguments}};
+      } else {
+        json calls = json::array();
+        for (const Call& call : calls_) {
+          calls.push_back({{"id", call.id},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        }
+        c["message"]["tool_calls"] = std::move(calls);
       }
-      c["message"]["tool_calls"] = std::move(calls);
     }
   } else {
     c["text"] = echo_text_ + text_;

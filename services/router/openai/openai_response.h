@@ -154,6 +154,9 @@ class ResponseBuilder {
   // constrains the output), and the calls made (non-streaming).
   std::optional<ToolCallParser> tools_;
   std::vector<Call> calls_;
+  // The legacy functions API: the first call is answered as `function_call` (the API has one
+  // at most), finish_reason "function_call".
+  bool legacy_functions_ = false;
 };
 
 }  // namespace pd::router::openai

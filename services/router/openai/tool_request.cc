@@ -42,6 +42,8 @@ const ordered_json* Find(const ordered_json& o, const char* key) {
   return it == o.end() ? nullptr : &*it;
 }
 
+absl::StatusOr<ToolFunction> ParseFunction(const std::string& fparam, const ordered_json* f);
+
 absl::StatusOr<ToolFunction> ParseTool(size_t i, const ordered_json& t) {
   const std::string param = absl::StrCat("tools[", i, "]");
   if (!t.is_object()) return Bad(param, "must be an object");
@@ -59,8 +61,12 @@ absl::StatusOr<ToolFunction> ParseTool(size_t i, const ordered_json& t) {
       return Bad(absl::StrCat(param, ".", key), "unrecognized field");
     }
   }
-  const ordered_json* f = Find(t, "function");
-  const std::string fparam = absl::StrCat(param, ".function");
+  return ParseFunction(absl::StrCat(param, ".function"), Find(t, "function"));
+}
+
+// A function object {"name", "description"?, "strict"?, "parameters"?}: a tool's `function`,
+// or an entry of the legacy `functions` (`fparam` names it in errors).
+absl::StatusOr<ToolFunction> ParseFunction(const std::string& fparam, const ordered_json* f) {
   if (f == nullptr || !f->is_object()) return Bad(fparam, "is required and must be an object");
   ToolFunction out;
   for (const auto& [key, value] : f->items()) {
@@ -156,15 +162,91 @@ std::vector<std::string> ToolsSpec::CallableNames() const {
   return names;
 }
 
+// The legacy `functions` / `function_call` (OpenAI's API before tools): read into the same
+// spec, with `legacy` set (the answer is a `function_call`, one at most).
+absl::StatusOr<ToolsSpec> ParseLegacyFunctions(const ordered_json* functions,
+                                               const ordered_json* function_call) {
+  ToolsSpec spec;
+  spec.legacy = true;
+  spec.parallel_tool_calls = false;
+  if (functions != nullptr && !functions->is_null()) {
+    if (!functions->is_array()) return Bad("functions", "must be an array");
+    if (functions->size() > kMaxTools) {
+      return Bad("functions",
+                 absl::StrCat("at most ", kMaxTools, " functions, got ", functions->size()));
+    }
+    absl::flat_hash_set<std::string> names;
+    ordered_json tools = ordered_json::array();
+    for (size_t i = 0; i < functions->size(); ++i) {
+      const std::string param = absl::StrCat("functions[", i, "]");
+      absl::StatusOr<ToolFunction> f = ParseFunction(param, &(*functions)[i]);
+      if (!f.ok()) return f.status();
+      if (!names.insert(f->name).second) {
+        return Bad(absl::StrCat(param, ".name"),
+                   absl::StrCat("duplicate function name \"", f->name, "\""));
+      }
+      spec.functions.push_back(*std::move(f));
+      // The chat template sees them as tools, as for the current API.
+      tools.push_back(ordered_json{{"type", "function"}, {"function", (*functions)[i]}});
+    }
+    if (!tools.empty()) spec.tools_json = tools.dump();
+  }
+  spec.choice = spec.functions.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  if (function_call == nullptr || function_call->is_null()) return spec;
+  if (function_call->is_string()) {
+    const std::string s = function_call->get<std::string>();
+    if (s == "none") {
+      spec.choice = ToolChoice::kNone;
+    } else if (s == "auto") {
+      spec.choice = ToolChoice::kAuto;
+    } else {
+      return Bad("function_call", absl::StrCat("must be \"none\", \"auto\" or {\"name\": ...}, "
+                                               "got \"",
+                                               s.substr(0, 64), "\""));
+    }
+  } else if (function_call->is_object()) {
+    for (const auto& [key, value] : function_call->items()) {
+      if (key != "name") return Bad(absl::StrCat("function_call.", key), "unrecognized field");
+    }
+    absl::StatusOr<std::string> name = Name("function_call.name", Find(*function_call, "name"));
+    if (!name.ok()) return name.status();
+    spec.choice = ToolChoice::kFunction;
+    spec.function = *std::move(name);
+  } else {
+    return Bad("function_call", "must be \"none\", \"auto\" or {\"name\": ...}");
+  }
+  if (spec.choice != ToolChoice::kNone && spec.functions.empty()) {
+    return Bad("function_call", "needs functions: no function is offered");
+  }
+  if (spec.choice == ToolChoice::kFunction) {
+    bool known = false;
+    for (const ToolFunction& f : spec.functions) known = known || f.name == spec.function;
+    if (!known) {
+      return Bad("function_call.name",
+                 absl::StrCat("no function named \"", spec.function, "\" is offered in functions"));
+    }
+  }
+  return spec;
+}
+
 absl::StatusOr<ToolsSpec> ParseTools(const ordered_json& body) {
   ToolsSpec spec;
-  for (const char* legacy : {"functions", "function_call"}) {
-    const ordered_json* v = Find(body, legacy);
-    if (v != nullptr && !v->is_null() && !(v->is_array() && v->empty()) &&
-        !(v->is_string() && v->get<std::string>() == "none")) {
-      return Bad(legacy,
-                 "the legacy functions API is not implemented yet; use tools and tool_choice");
+  const ordered_json* functions = Find(body, "functions");
+  const ordered_json* function_call = Find(body, "function_call");
+  // Their no-op values (null, [], "none") are accepted beside tools, as before.
+  const bool legacy =
+      (functions != nullptr && !functions->is_null() &&
+       !(functions->is_array() && functions->empty())) ||
+      (function_call != nullptr && !function_call->is_null() &&
+       !(function_call->is_string() && function_call->get<std::string>() == "none"));
+  if (legacy) {
+    for (const char* current : {"tools", "tool_choice"}) {
+      const ordered_json* v = Find(body, current);
+      if (v != nullptr && !v->is_null()) {
+        return Bad(current, "cannot be combined with the legacy functions / function_call");
+      }
     }
+    return ParseLegacyFunctions(functions, function_call);
   }
   const ordered_json* tools = Find(body, "tools");
   if (tools != nullptr && !tools->is_null()) {

@@ -48,6 +48,10 @@ struct ToolsSpec {
   std::string function;  // kFunction: the function's name
   // Accepted as sent; an enforced choice yields one call either way (see the docs).
   bool parallel_tool_calls = true;
+  // Asked with the legacy `functions` / `function_call` (OpenAI's API before tools): the
+  // answer carries `message.function_call` (one call at most) and finish_reason
+  // "function_call" instead of `tool_calls`.
+  bool legacy = false;
 
   // Tools go to the chat template and the output may hold calls.
   bool offered() const { return choice != ToolChoice::kNone && !functions.empty(); }
@@ -64,7 +68,9 @@ struct ToolsSpec {
 // without). InvalidArgument naming the field: a tool type other than "function", a missing or
 // malformed name (^[a-zA-Z0-9_-]{1,64}$), duplicate names, more than kMaxTools tools,
 // `parameters` that is not an object, unknown fields, a tool_choice naming no offered function
-// or given without tools, the legacy `functions`/`function_call` (not implemented yet).
+// or given without tools. The legacy `functions` (function objects) and `function_call`
+// ("none", "auto" or {"name": ...}) are read into the same spec with `legacy` set; mixing
+// them with `tools`/`tool_choice` is InvalidArgument.
 absl::StatusOr<ToolsSpec> ParseTools(const nlohmann::ordered_json& body);
 
 // The JSON Schema text of an enforced call (spec.enforced()): an object {"name": <const>,

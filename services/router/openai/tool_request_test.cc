@@ -132,8 +132,8 @@ TEST(ToolRequestTest, BadShapesNameTheField) {
       Chat(absl::StrCat(R"(,"tools":[)", w,
                         R"(],"tool_choice":"required","response_format":{"type":"json_object"})")),
       "tool_choice", "response_format");
-  ExpectBad(Chat(R"(,"functions":[{"name":"a"}])"), "functions", "not implemented yet");
-  ExpectBad(Chat(R"(,"function_call":"auto")"), "function_call", "not implemented yet");
+  ExpectBad(Chat(absl::StrCat(R"(,"tools":[)", w, R"(],"functions":[{"name":"a"}])")), "tools",
+            "legacy");
   // Completions have no tools.
   ExpectBad(ParseRequest(Endpoint::kCompletions,
                          absl::StrCat(R"({"model":"m","prompt":"x","tools":[)", w, "]}"), {}),
@@ -179,10 +179,73 @@ TEST(ToolRequestTest, HistoryCarriesToolCallsAndToolResults) {
             "string");
   ExpectBad(bad(R"({"role":"user","tool_call_id":"a","content":"x"})"), "messages[0].tool_call_id",
             "only tool messages");
-  ExpectBad(bad(R"({"role":"function","name":"f","content":"x"})"), "messages[0].role",
-            "not implemented yet");
+  ExpectBad(bad(R"({"role":"function","content":"x"})"), "messages[0].name", "required");
   ExpectBad(bad(R"({"role":"assistant","content":"x","function_call":{"name":"f"}})"),
-            "messages[0].function_call", "not implemented yet");
+            "messages[0].function_call", "arguments");
+  ExpectBad(bad(R"({"role":"user","content":"x","function_call":{"name":"f","arguments":"{}"}})"),
+            "messages[0].function_call", "only assistant");
+  ExpectBad(bad(R"({"role":"assistant","function_call":{"name":"f","arguments":"{}"},)"
+                R"("tool_calls":[{"id":"a","type":"function","function":{"name":"f",)"
+                R"("arguments":"{}"}}]})"),
+            "messages[0].tool_calls", "function_call");
+}
+
+// The legacy functions API (OpenAI's before tools): `functions` and `function_call` read into
+// the same spec, marked legacy (one call, answered as `function_call`); its history messages
+// (an assistant's `function_call`, role "function") become tool calls and tool results.
+TEST(ToolRequestTest, LegacyFunctionsAreToolsAnsweredTheOldWay) {
+  const std::string f =
+      R"({"name":"get_weather","description":"d","parameters":{"type":"object",)"
+      R"("properties":{"city":{"type":"string"}},"required":["city"]}})";
+  absl::StatusOr<OpenAiRequest> r = Chat(absl::StrCat(R"(,"functions":[)", f, "]"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->tools.legacy);
+  EXPECT_EQ(r->tools.choice, ToolChoice::kAuto);
+  EXPECT_FALSE(r->tools.parallel_tool_calls);
+  ASSERT_EQ(r->tools.functions.size(), 1u);
+  EXPECT_EQ(r->tools.functions[0].name, "get_weather");
+  // The template sees them as tools.
+  const json tools = json::parse(r->tools.tools_json);
+  EXPECT_EQ(tools[0]["type"], "function");
+  EXPECT_EQ(tools[0]["function"]["name"], "get_weather");
+
+  r = Chat(absl::StrCat(R"(,"functions":[)", f, R"(],"function_call":{"name":"get_weather"})"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tools.choice, ToolChoice::kFunction);
+  EXPECT_TRUE(r->sampling.has_constraint());  // enforced, as a named tool_choice
+  r = Chat(absl::StrCat(R"(,"functions":[)", f, R"(],"function_call":"none")"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->tools.offered());
+
+  ExpectBad(Chat(R"(,"functions":{})"), "functions", "array");
+  ExpectBad(Chat(absl::StrCat(R"(,"functions":[)", f, ",", f, "]")), "functions[1].name",
+            "duplicate");
+  ExpectBad(Chat(R"(,"functions":[{"description":"no name"}])"), "functions[0].name", "required");
+  ExpectBad(Chat(R"(,"functions":[{"name":"a","parameters":[]}])"), "functions[0].parameters",
+            "JSON Schema");
+  ExpectBad(Chat(absl::StrCat(R"(,"functions":[)", f, R"(],"function_call":"required")")),
+            "function_call", "\"required\"");
+  ExpectBad(Chat(absl::StrCat(R"(,"functions":[)", f, R"(],"function_call":{"name":"nope"})")),
+            "function_call.name", "no function named \"nope\"");
+  ExpectBad(Chat(R"(,"function_call":"auto")"), "function_call", "needs functions");
+  ExpectBad(Chat(absl::StrCat(R"(,"functions":[)", f, R"(],"tool_choice":"auto")")),
+            "tool_choice", "legacy");
+
+  r = ParseRequest(Endpoint::kChat, R"({"model":"m","messages":[
+      {"role":"user","content":"weather?"},
+      {"role":"assistant","content":null,
+       "function_call":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+      {"role":"function","name":"get_weather","content":"18C"}]})",
+                   ParseLimits{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 3u);
+  const json calls = json::parse(r->messages[1].tool_calls_json);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"]["city"], "Paris");
+  EXPECT_EQ(r->messages[2].role, "tool");
+  EXPECT_EQ(r->messages[2].name, "get_weather");
+  EXPECT_EQ(r->messages[2].content, "18C");
 }
 
 }  // namespace

@@ -172,6 +172,60 @@ TEST(ToolResponseTest, AutoStreamHoldsMarkersAndSendsWholeCalls) {
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "tool_calls");
 }
 
+// The legacy functions API: the call is message.function_call / delta.function_call (no id, no
+// index), finish_reason "function_call"; a second call is not expressible and is left out.
+TEST(ToolResponseTest, LegacyFunctionsAnswerWithFunctionCall) {
+  auto legacy = [](const std::string& fields, bool stream) {
+    absl::StatusOr<OpenAiRequest> r = ParseRequest(
+        Endpoint::kChat,
+        absl::StrCat(R"({"model":"m","messages":[{"role":"user","content":"x"}],)",
+                     R"("functions":[{"name":"get_weather","parameters":{"type":"object",)",
+                     R"("properties":{"city":{"type":"string"}},"required":["city"]}},)",
+                     R"({"name":"get_time"}])",
+                     fields, R"(,"stream":)", stream ? "true" : "false", "}"),
+        ParseLimits{});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  };
+  json body = Body(legacy(R"(,"function_call":{"name":"get_weather"})", false),
+                   {R"({"name": "get_weather", "arguments": {"city": "Oslo"}})"});
+  const json& choice = body["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "function_call");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  EXPECT_FALSE(choice["message"].contains("tool_calls"));
+  EXPECT_EQ(choice["message"]["function_call"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(choice["message"]["function_call"]["arguments"].get<std::string>()),
+            json({{"city", "Oslo"}}));
+
+  // "auto" with two calls: the first is the answer.
+  body = Body(legacy("", false),
+              {"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>\n"
+               "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}"
+               "</tool_call>"});
+  EXPECT_EQ(body["choices"][0]["message"]["function_call"]["name"], "get_time");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "function_call");
+  body = Body(legacy("", false), {"Just text."});
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "Just text.");
+  EXPECT_FALSE(body["choices"][0]["message"].contains("function_call"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+
+  const std::vector<json> chunks =
+      Stream(legacy(R"(,"function_call":{"name":"get_time"})", true),
+             {R"({"name":"get_)", R"(time","arguments":{)", R"("tz":"U)", R"(TC"}})"});
+  ASSERT_GE(chunks.size(), 4u);
+  const json& start = chunks[1]["choices"][0]["delta"];
+  EXPECT_FALSE(start.contains("tool_calls"));
+  EXPECT_EQ(start["function_call"], json({{"name", "get_time"}, {"arguments", ""}}));
+  std::string arguments;
+  for (size_t i = 2; i + 1 < chunks.size(); ++i) {
+    const json& fc = chunks[i]["choices"][0]["delta"]["function_call"];
+    EXPECT_FALSE(fc.contains("name"));
+    arguments += fc["arguments"].get<std::string>();
+  }
+  EXPECT_EQ(arguments, R"({"tz":"UTC"})");
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "function_call");
+}
+
 TEST(ToolResponseTest, NothingIsParsedWithoutToolsOrWithNone) {
   OpenAiRequest r = Request(R"("tool_choice":"none")", false);
   json body = Body(r, {"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>"});

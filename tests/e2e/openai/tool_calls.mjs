@@ -1,7 +1,8 @@
 // Tool calls through the official openai npm SDK (tests/e2e/tool_calls_e2e_test.cc): tool_choice
 // "required" and a named function, streamed (raw chunks, and the SDK's own stream helper that
 // accumulates delta.tool_calls) and not, then a conversation carrying the call and its result.
-// Every answer must be a call whose arguments parse as a JSON object. Prints one JSON line per
+// Then the legacy functions API (function_call), plain, streamed and with its history. Every
+// answer must be a call whose arguments parse as a JSON object. Prints one JSON line per
 // call for the C++ test to validate against the tool's schema (python3-jsonschema), then a
 // summary line.
 import OpenAI from "openai";
@@ -98,4 +99,47 @@ const followUp = await client.chat.completions.create({
 });
 check(followUp.choices[0].message.tool_calls[0], "history");
 calls++;
+
+// The legacy functions API (the SDK still types it): function_call names the function; the
+// answer is message.function_call, streamed as delta.function_call; its history (an assistant
+// function_call, a "function" message) goes back to the model.
+const functions = tools.map((t) => t.function);
+const legacyRequest = {
+  model, messages, functions, function_call: { name: "get_weather" }, max_tokens: 200, temperature: 0 };
+function checkLegacy(fc, finish, how) {
+  if (finish !== "function_call") throw new Error(`${how}: finish_reason ${finish}`);
+  if (fc?.name !== "get_weather") throw new Error(`${how}: ${JSON.stringify(fc)}`);
+  check({ id: "call_legacy", type: "function", function: fc }, how);
+  calls++;
+}
+const legacy = await client.chat.completions.create(legacyRequest);
+if (legacy.choices[0].message.tool_calls) throw new Error("legacy answer has tool_calls");
+checkLegacy(legacy.choices[0].message.function_call, legacy.choices[0].finish_reason, "legacy");
+const legacyStream = await client.chat.completions.create({ ...legacyRequest, stream: true });
+const fc = { name: undefined, arguments: "" };
+let legacyFinish;
+for await (const chunk of legacyStream) {
+  const choice = chunk.choices[0];
+  if (!choice) continue;
+  const d = choice.delta?.function_call;
+  if (d) {
+    if (d.name !== undefined) {
+      if (fc.name !== undefined) throw new Error(`name sent twice: ${JSON.stringify(d)}`);
+      fc.name = d.name;
+    }
+    fc.arguments += d.arguments ?? "";
+  }
+  if (choice.finish_reason) legacyFinish = choice.finish_reason;
+}
+checkLegacy(fc, legacyFinish, "legacy-stream");
+const legacyFollowUp = await client.chat.completions.create({
+  ...legacyRequest,
+  messages: [
+    ...messages,
+    { role: "assistant", content: null, function_call: legacy.choices[0].message.function_call },
+    { role: "function", name: "get_weather", content: "Sunny, 21 C" },
+  ],
+});
+checkLegacy(legacyFollowUp.choices[0].message.function_call,
+            legacyFollowUp.choices[0].finish_reason, "legacy-history");
 console.log(JSON.stringify({ summary: true, calls }));
