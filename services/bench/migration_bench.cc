@@ -4,8 +4,8 @@
 // --after_tokens tokens, reads every stream to its end and restarts decode-0. A moved stream's
 // stall is the gap between its last token before the move and its first after it, measured by
 // the client; the router's pd_router_migrations_total says how many streams moved (m), and the
-// m largest of the streams' gaps across the signal are taken as their stalls (the streams that
-// stayed see an ordinary gap there). The yardstick, measured in the same run: the TTFT of one fresh request
+// m largest of the streams' largest gaps after the signal are taken as their stalls (the
+// streams that stayed see ordinary gaps). The yardstick, measured in the same run: the TTFT of one fresh request
 // whose prompt is as long as a moved stream's resumed prompt (prompt + after_tokens), on the
 // idle cluster; and, as the load the moved streams meet, the TTFT of the rounds' own streams
 // (--streams prompts prefilled at once, half per worker).
@@ -19,11 +19,13 @@
 // of ms for a worker's ~200 MB here), and only then can the router know: the bench holds a TCP
 // connection to decode-0 and times kill -> that connection's end ("teardown"), and reports the
 // rest of each stall, teardown's end -> the stream's next token ("move"), beside the stall.
-// Under SIGTERM the worker ends its streams itself right away: "move" counts from the signal.
+// Under SIGTERM the worker ends its streams itself (their last tokens first): the move is
+// the whole stall.
 //
 // Usage: migration_bench [--mode=both|recompute|tier] [--signal=kill|term] [--rounds=10]
-//                        [--streams=8] [--prompt_tokens=256] [--after_tokens=32].
-// stories260K from ../shared.
+//                        [--streams=8] [--prompt_tokens=256] [--after_tokens=32]
+//                        [--model=HF_DIR] [--step_delay=5ms].
+// stories260K from ../shared unless --model names another (a pd-make-model checkpoint).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -55,6 +57,9 @@ ABSL_FLAG(int, streams, 8, "concurrent streams per round (half on the killed wor
 ABSL_FLAG(int, prompt_tokens, 256, "prompt length in tokens");
 ABSL_FLAG(int, after_tokens, 32, "tokens every stream has received when decode-0 is killed");
 ABSL_FLAG(std::string, signal, "kill", "kill (SIGKILL: a crash) or term (SIGTERM: a drain)");
+ABSL_FLAG(std::string, model, "",
+          "a Hugging Face model directory (e.g. from pd-make-model) instead of stories260K");
+ABSL_FLAG(std::string, step_delay, "5ms", "pd-worker --step_delay");
 
 namespace {
 
@@ -137,13 +142,20 @@ ModeResult RunMode(bool tier) {
   CHECK(dir.ok()) << dir.status();
   std::optional<pd::e2e::Tierd> tierd;
   // 5 ms per step keeps every stream running well past the kill.
-  std::vector<std::string> flags = {"--step_delay=5ms", "--kv_blocks=2048", "--max_running=64"};
+  std::vector<std::string> flags = {"--step_delay=" + absl::GetFlag(FLAGS_step_delay),
+                                    "--kv_blocks=2048", "--max_running=64"};
+  const std::string model = absl::GetFlag(FLAGS_model);
+  pd::e2e::ModelFiles files;
+  if (!model.empty()) files = pd::e2e::ModelFiles{model, ""};
   if (tier) {
-    tierd.emplace(dir->path(), std::vector<std::string>{"--dram_mib=64"});
+    std::vector<std::string> tierd_flags = {"--dram_mib=256", "--nvme_mib=256"};
+    for (const std::string& f : files.Flags()) tierd_flags.push_back(f);
+    if (files.tokenizer.empty()) tierd_flags.push_back("--tokenizer=");
+    tierd.emplace(dir->path(), tierd_flags);
     flags.push_back("--tierd_address=" + tierd->address());
     flags.push_back("--tier_write_through");
   }
-  Cluster c(dir->path(), 0, 2, "round_robin", flags);
+  Cluster c(dir->path(), 0, 2, "round_robin", flags, {}, nullptr, nullptr, files);
   CHECK(c.WaitReady(absl::Seconds(60))) << c.Logs();
   ModeResult r;
   for (int i = 0; i < absl::GetFlag(FLAGS_rounds); ++i) {
@@ -207,24 +219,24 @@ ModeResult RunMode(bool tier) {
       if (!arrivals[s].empty()) {
         r.stream_ttft_ms.push_back(absl::ToDoubleMilliseconds(arrivals[s][0] - starts[s]));
       }
-      // The gap across the signal: a moved stream's stall, an ordinary gap for the others.
-      Gap across;
+      // The largest gap ending after the signal: a moved stream's stall (a drained worker
+      // still sends its last tokens after the signal, then the seam comes), an ordinary gap
+      // for the others.
+      Gap after;
       for (size_t k = 1; k < arrivals[s].size(); ++k) {
-        if (arrivals[s][k - 1] <= signalled && arrivals[s][k] > signalled) {
-          across = Gap{absl::ToDoubleMilliseconds(arrivals[s][k] - arrivals[s][k - 1]),
-                       arrivals[s][k]};
-        }
+        const double ms = absl::ToDoubleMilliseconds(arrivals[s][k] - arrivals[s][k - 1]);
+        if (arrivals[s][k] > signalled && ms > after.ms) after = Gap{ms, arrivals[s][k]};
       }
-      gaps.push_back(across);
+      gaps.push_back(after);
     }
     const int moved = static_cast<int>(Metric(c.RouterMetrics(), moved_metric) - moved_before);
     std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.ms > b.ms; });
-    // When the router can first know: a drained worker tells it at once; a killed one's
-    // connections end once the kernel has torn the process down.
-    const absl::Time known = term ? signalled : closed;
     for (int k = 0; k < moved && k < n; ++k) {
       r.stalls_ms.push_back(gaps[k].ms);
-      r.move_ms.push_back(absl::ToDoubleMilliseconds(gaps[k].end - known));
+      // From when the router could first know: a killed worker's connections end once the
+      // kernel has torn the process down; a drained worker ends the stream itself, right
+      // after the last token before the seam (the move is the whole stall).
+      r.move_ms.push_back(term ? gaps[k].ms : absl::ToDoubleMilliseconds(gaps[k].end - closed));
     }
     if (!term) r.teardown_ms.push_back(absl::ToDoubleMilliseconds(closed - signalled));
     r.moved += moved;
