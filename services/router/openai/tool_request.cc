@@ -162,6 +162,22 @@ std::vector<std::string> ToolsSpec::CallableNames() const {
   return names;
 }
 
+// A choice other than "none" needs functions, and a named one must be among them. `param` /
+// `name_param` name the choice and its name in errors; `what` / `list` the offered kind.
+absl::Status CheckChoiceOffered(const ToolsSpec& spec, absl::string_view param,
+                                absl::string_view name_param, absl::string_view what,
+                                absl::string_view list) {
+  if (spec.choice != ToolChoice::kNone && spec.functions.empty()) {
+    return Bad(param, absl::StrCat("needs ", list, ": no function is offered"));
+  }
+  if (spec.choice != ToolChoice::kFunction) return absl::OkStatus();
+  for (const ToolFunction& f : spec.functions) {
+    if (f.name == spec.function) return absl::OkStatus();
+  }
+  return Bad(name_param,
+             absl::StrCat("no ", what, " named \"", spec.function, "\" is offered in ", list));
+}
+
 // The legacy `functions` / `function_call` (OpenAI's API before tools): read into the same
 // spec, with `legacy` set (the answer is a `function_call`, one at most).
 absl::StatusOr<ToolsSpec> ParseLegacyFunctions(const ordered_json* functions,
@@ -215,16 +231,10 @@ absl::StatusOr<ToolsSpec> ParseLegacyFunctions(const ordered_json* functions,
   } else {
     return Bad("function_call", "must be \"none\", \"auto\" or {\"name\": ...}");
   }
-  if (spec.choice != ToolChoice::kNone && spec.functions.empty()) {
-    return Bad("function_call", "needs functions: no function is offered");
-  }
-  if (spec.choice == ToolChoice::kFunction) {
-    bool known = false;
-    for (const ToolFunction& f : spec.functions) known = known || f.name == spec.function;
-    if (!known) {
-      return Bad("function_call.name",
-                 absl::StrCat("no function named \"", spec.function, "\" is offered in functions"));
-    }
+  if (absl::Status s = CheckChoiceOffered(spec, "function_call", "function_call.name", "function",
+                                          "functions");
+      !s.ok()) {
+    return s;
   }
   return spec;
 }
@@ -270,16 +280,10 @@ absl::StatusOr<ToolsSpec> ParseTools(const ordered_json& body) {
   const ordered_json* choice = Find(body, "tool_choice");
   if (choice != nullptr && !choice->is_null()) {
     if (absl::Status s = ParseChoice(*choice, &spec); !s.ok()) return s;
-    if (spec.choice != ToolChoice::kNone && spec.functions.empty()) {
-      return Bad("tool_choice", "needs tools: no function is offered");
-    }
-    if (spec.choice == ToolChoice::kFunction) {
-      bool known = false;
-      for (const ToolFunction& f : spec.functions) known = known || f.name == spec.function;
-      if (!known) {
-        return Bad("tool_choice.function.name",
-                   absl::StrCat("no tool named \"", spec.function, "\" is offered in tools"));
-      }
+    if (absl::Status s = CheckChoiceOffered(spec, "tool_choice", "tool_choice.function.name",
+                                            "tool", "tools");
+        !s.ok()) {
+      return s;
     }
   }
   const ordered_json* parallel = Find(body, "parallel_tool_calls");
