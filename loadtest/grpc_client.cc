@@ -176,6 +176,11 @@ std::unique_ptr<InFlight> GrpcClient::Prepare(RequestSpec& spec, bool move_promp
   if (!options_.json_schema.empty()) {
     req.mutable_sampling()->mutable_constraint()->set_json_schema(options_.json_schema);
   }
+  const SamplingPenalties& pen = options_.penalties;
+  req.mutable_sampling()->set_presence_penalty(static_cast<float>(pen.presence_penalty));
+  req.mutable_sampling()->set_frequency_penalty(static_cast<float>(pen.frequency_penalty));
+  req.mutable_sampling()->set_repetition_penalty(static_cast<float>(pen.repetition_penalty));
+  req.mutable_sampling()->set_min_p(static_cast<float>(pen.min_p));
   req.set_client_request_id(params.client_request_id);
   if (!params.cache_salt.empty()) {
     req.set_cache_salt(params.cache_salt);

@@ -18,6 +18,7 @@
 
 #include "absl/time/time.h"
 #include "loadtest/request_client.h"
+#include "loadtest/sampling_penalties.h"
 #include "pd/v1/generation.grpc.pb.h"
 
 namespace pd::loadtest {
@@ -27,6 +28,7 @@ struct GrpcClientOptions {
   absl::Duration request_timeout = absl::Minutes(10);  // gRPC deadline; zero = none
   bool ignore_eos = true;
   double temperature = 0;  // sampling.temperature (0 = greedy, the server's default)
+  SamplingPenalties penalties;  // sampling's penalty fields and min_p (zero = unset)
   std::string json_schema;  // sampling.constraint.json_schema when not empty
   int num_threads = 2;     // completion-queue polling threads, >= 1
 };

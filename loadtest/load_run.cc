@@ -271,6 +271,14 @@ absl::StatusOr<std::unique_ptr<LoadRun>> LoadRun::Create(const LoadTestConfig& c
   if (config.temperature != 0) {
     info.workload_options.push_back({"temperature", absl::StrCat(config.temperature)});
   }
+  const SamplingPenalties& pen = config.penalties;
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"presence_penalty", pen.presence_penalty},
+        {"frequency_penalty", pen.frequency_penalty},
+        {"repetition_penalty", pen.repetition_penalty},
+        {"min_p", pen.min_p}}) {
+    if (value != 0) info.workload_options.push_back({name, absl::StrCat(value)});
+  }
   // Everything a run needs is checked now, not at the first (or a later) rate.
   PD_RETURN_IF_ERROR(lt->MakeWorkload().status());
   for (double rate :
@@ -330,6 +338,7 @@ RunnerOptions LoadRun::RunnerOptionsFor(double request_rate) const {
   ro.request_timeout = config_.request_timeout;
   ro.ignore_eos = config_.ignore_eos;
   ro.temperature = config_.temperature;
+  ro.penalties = config_.penalties;
   ro.cache_salt = config_.cache_salt;
   ro.json_schema = config_.json_schema;
   if (config_.compare() && config_.compare_salt) {

@@ -126,6 +126,7 @@ absl::StatusOr<ArrivalMode> LoadTestConfig::ResolveArrival() const {
 }
 
 absl::Status LoadTestConfig::Validate() const {
+  PD_RETURN_IF_ERROR(penalties.Validate());
   if (!json_schema.empty() && ignore_eos) {
     return absl::InvalidArgumentError(
         "--json_schema needs --ignore_eos=false: a constrained output ends when its document is "

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "loadtest/arrival.h"
+#include "loadtest/sampling_penalties.h"
 
 namespace pd::loadtest {
 
@@ -74,6 +75,7 @@ struct LoadTestConfig {
   absl::Duration request_timeout = absl::Minutes(10);  // per request; 0 = none
   bool ignore_eos = true;
   double temperature = 0;  // sampling temperature of every request; 0 = greedy
+  SamplingPenalties penalties;  // of every request; zero = unset
   std::string cache_salt;  // "" = unset
   // Structured output: every request's output is constrained to this JSON Schema (its text;
   // "" = none). Needs ignore_eos false: a constrained output ends when its document does.

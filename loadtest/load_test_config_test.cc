@@ -26,6 +26,22 @@ TEST(LoadTestConfigTest, ValidClosedLoop) {
   EXPECT_EQ(*Closed().ResolveArrival(), ArrivalMode::kClosed);
 }
 
+TEST(LoadTestConfigTest, PenaltiesInTheServersRanges) {
+  LoadTestConfig c = Closed();
+  c.penalties.presence_penalty = 2.5;
+  ExpectInvalid(c, "--presence_penalty must be in [-2, 2], got 2.5");
+  c.penalties.presence_penalty = 0;
+  c.penalties.min_p = -0.1;
+  ExpectInvalid(c, "--min_p must be in [0, 1]");
+  c.penalties.min_p = 0;
+  c.penalties.repetition_penalty = -1;
+  ExpectInvalid(c, "--repetition_penalty must be > 0");
+  c.penalties.repetition_penalty = 1.1;
+  c.penalties.frequency_penalty = -2;
+  c.penalties.min_p = 0.05;
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+}
+
 TEST(LoadTestConfigTest, JsonSchemaNeedsIgnoreEosOff) {
   LoadTestConfig c = Closed();
   c.json_schema = R"({"type":"object"})";

@@ -76,6 +76,12 @@ ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(), "stop issuing after th
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "per-request deadline; 0 = none");
 ABSL_FLAG(bool, ignore_eos, true, "ask the server to generate exactly the output length");
 ABSL_FLAG(double, temperature, 0, "sampling temperature of every request; 0 = greedy");
+ABSL_FLAG(double, presence_penalty, 0, "presence_penalty of every request, [-2, 2]; 0 = unset");
+ABSL_FLAG(double, frequency_penalty, 0,
+          "frequency_penalty of every request, [-2, 2]; 0 = unset");
+ABSL_FLAG(double, repetition_penalty, 0,
+          "repetition_penalty (vLLM's) of every request, > 0 (1 = off); 0 = unset");
+ABSL_FLAG(double, min_p, 0, "min_p of every request, [0, 1]; 0 = unset");
 ABSL_FLAG(std::string, cache_salt, "", "cache_salt of every request; empty = unset");
 ABSL_FLAG(std::string, json_schema, "",
           "file holding a JSON Schema: every request's output is constrained to it (OpenAI: "
@@ -142,6 +148,10 @@ pd::loadtest::LoadTestConfig ConfigFromFlags() {
   c.request_timeout = absl::GetFlag(FLAGS_request_timeout);
   c.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   c.temperature = absl::GetFlag(FLAGS_temperature);
+  c.penalties.presence_penalty = absl::GetFlag(FLAGS_presence_penalty);
+  c.penalties.frequency_penalty = absl::GetFlag(FLAGS_frequency_penalty);
+  c.penalties.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+  c.penalties.min_p = absl::GetFlag(FLAGS_min_p);
   c.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   c.json_schema_file = absl::GetFlag(FLAGS_json_schema);
   c.slo_ttft_ms = absl::GetFlag(FLAGS_slo_ttft_ms);

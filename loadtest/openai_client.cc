@@ -275,6 +275,7 @@ void OpenAiClient::Impl::Run(HttpRequest* r, httplib::Client* client) {
   fields.model = options_.model;
   fields.max_tokens = record.max_tokens;
   fields.temperature = options_.temperature;
+  fields.penalties = options_.penalties;
   fields.ignore_eos = options_.ignore_eos;
   fields.cache_salt = r->params.cache_salt;
   fields.json_schema = options_.json_schema;

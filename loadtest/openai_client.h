@@ -23,6 +23,7 @@
 #include "engine/model/tokenizer.h"
 #include "loadtest/openai_stream.h"
 #include "loadtest/request_client.h"
+#include "loadtest/sampling_penalties.h"
 
 namespace pd::loadtest {
 
@@ -39,6 +40,7 @@ struct OpenAiClientOptions {
   absl::Duration request_timeout = absl::Minutes(10);  // zero = none
   bool ignore_eos = true;
   double temperature = 0;
+  SamplingPenalties penalties;  // sent when not zero
   std::string json_schema;  // response_format json_schema when not empty
 
   // InvalidArgument for a bad URL or a chat endpoint without a tokenizer.

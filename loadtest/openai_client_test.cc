@@ -123,6 +123,8 @@ TEST(OpenAiRunnerTest, OpenLoopChatWithCrlfAndRoleChunk) {
   o.request_rate = 500;
   o.num_requests = 15;
   o.temperature = 0.5;
+  o.penalties.frequency_penalty = 0.25;
+  o.penalties.min_p = 0.1;
   std::unique_ptr<Workload> w = Synthetic(6, 3);
   const RunResult r = RunOpenAi(OpenAiTarget(server->url(), OpenAiEndpoint::kChat), o, w.get());
   ASSERT_EQ(r.records.size(), 15u);
@@ -136,6 +138,9 @@ TEST(OpenAiRunnerTest, OpenLoopChatWithCrlfAndRoleChunk) {
   ASSERT_EQ(body["messages"].size(), 1u);
   EXPECT_THAT(body["messages"][0]["content"].get<std::string>(), HasSubstr("w"));
   EXPECT_EQ(body["temperature"], 0.5);
+  EXPECT_EQ(body["frequency_penalty"], 0.25);  // the runner's penalties reach every request
+  EXPECT_EQ(body["min_p"], 0.1);
+  EXPECT_FALSE(body.contains("presence_penalty"));
 }
 
 struct FailureCase {

@@ -107,6 +107,11 @@ std::string OpenAiRequestBody(const OpenAiRequestFields& f) {
   }
   j["max_tokens"] = f.max_tokens;
   j["temperature"] = f.temperature;
+  const SamplingPenalties& pen = f.penalties;
+  if (pen.presence_penalty != 0) j["presence_penalty"] = pen.presence_penalty;
+  if (pen.frequency_penalty != 0) j["frequency_penalty"] = pen.frequency_penalty;
+  if (pen.repetition_penalty != 0) j["repetition_penalty"] = pen.repetition_penalty;
+  if (pen.min_p != 0) j["min_p"] = pen.min_p;
   j["stream"] = true;
   j["stream_options"] = {{"include_usage", true}};
   if (f.ignore_eos) {

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "loadtest/sampling_penalties.h"
 #include "loadtest/metrics.h"
 
 namespace pd::loadtest {
@@ -64,6 +65,7 @@ struct OpenAiRequestFields {
   absl::string_view prompt_text;          // chat: the user message (invalid UTF-8 replaced)
   int64_t max_tokens = 0;
   double temperature = 0;
+  SamplingPenalties penalties;  // each sent only when not zero
   bool ignore_eos = true;  // sent as the ignore_eos extension (vLLM, SGLang) only when true
   std::string cache_salt;  // sent as cache_salt (vLLM's extension) only when not empty
   // Sent as response_format {type: json_schema, json_schema: {name, schema}} when not empty

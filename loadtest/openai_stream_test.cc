@@ -195,8 +195,14 @@ TEST(OpenAiRequestBodyTest, JsonSchemaIsSentAsResponseFormat) {
   OpenAiRequestFields f;
   f.model = "m";
   f.ignore_eos = false;
+  f.penalties.presence_penalty = 0.5;
+  f.penalties.repetition_penalty = 1.2;
   f.json_schema = R"({"type":"array","items":{"type":"string"}})";
   const nlohmann::json j = nlohmann::json::parse(OpenAiRequestBody(f));
+  EXPECT_EQ(j["presence_penalty"], 0.5);
+  EXPECT_EQ(j["repetition_penalty"], 1.2);
+  EXPECT_FALSE(j.contains("frequency_penalty"));  // zero: unset, not sent
+  EXPECT_FALSE(j.contains("min_p"));
   EXPECT_EQ(j["response_format"]["type"], "json_schema");
   EXPECT_EQ(j["response_format"]["json_schema"]["name"], "loadtest");
   EXPECT_EQ(j["response_format"]["json_schema"]["schema"]["items"]["type"], "string");

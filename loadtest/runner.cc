@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(
     go.request_timeout = o.request_timeout;
     go.ignore_eos = o.ignore_eos;
     go.temperature = o.temperature;
+    go.penalties = o.penalties;
     go.json_schema = o.json_schema;
     go.num_threads = o.num_threads;
     runner->owned_clients_.push_back(std::make_unique<GrpcClient>(
@@ -111,6 +112,7 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(
     oo.request_timeout = o.request_timeout;
     oo.ignore_eos = o.ignore_eos;
     oo.temperature = o.temperature;
+    oo.penalties = o.penalties;
     oo.json_schema = o.json_schema;
     absl::StatusOr<std::unique_ptr<OpenAiClient>> client =
         OpenAiClient::Create(runner.get(), std::move(oo));

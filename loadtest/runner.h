@@ -31,6 +31,7 @@
 #include "loadtest/openai_client.h"
 #include "loadtest/progress.h"
 #include "loadtest/request_client.h"
+#include "loadtest/sampling_penalties.h"
 #include "loadtest/workload.h"
 
 namespace pd::loadtest {
@@ -52,6 +53,7 @@ struct RunnerOptions {
   absl::Duration request_timeout = absl::Minutes(10);
   bool ignore_eos = true;
   double temperature = 0;  // sampling temperature (0 = greedy)
+  SamplingPenalties penalties;  // zero = unset
   std::string cache_salt;  // GenerateRequest.cache_salt; "" = unset
   std::string json_schema;  // every request's output constraint (JSON Schema text); "" = none
   // Compare mode (a second group of channels): cache_salt of the copies sent there; "" = unset.
