@@ -3,8 +3,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "kernels/device_memory.h"
@@ -335,7 +335,8 @@ void WorkerServer::OfferRunningBlocksToTiers() {
   const bool flushed = tiers_->FlushOffers(kFlushBound - (absl::Now() - start));
   const tier_client::TierLinkStats after = tiers_->Stats();
   LOG(INFO) << "drain: offered the running streams' " << offered->blocks
-            << " blocks to the tiers in " << absl::Now() - start << " ("
+            << " blocks to the tiers in " << absl::Now() - start << " (streams sharing blocks "
+            << "offer them once; "
             << after.offer_stored_blocks_total - before.offer_stored_blocks_total << " stored, "
             << after.offer_skipped_blocks_total - before.offer_skipped_blocks_total
             << " already held, "
