@@ -319,30 +319,23 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
         out += Event(Chunk(text_choice(e.text, std::exchange(lp, json(nullptr))), true));
         continue;
       }
-      if (legacy_functions_) {
-        if (e.index != 0) continue;  // the legacy API answers one call
-        json fc = e.kind == ToolCallEvent::Kind::kCallStart
-                      ? json{{"name", e.name}, {"arguments", ""}}
-                      : json{{"arguments", e.text}};
-        json c;
-        c["index"] = choice_index_;
-        c["delta"] = {{"function_call", std::move(fc)}};
-        c["logprobs"] = std::exchange(lp, json(nullptr));
-        c["finish_reason"] = nullptr;
-        out += Event(Chunk(Dump(c), true));
-        continue;
-      }
-      json call = {{"index", e.index}};
-      if (e.kind == ToolCallEvent::Kind::kCallStart) {
-        call["id"] = e.id;
-        call["type"] = "function";
-        call["function"] = {{"name", e.name}, {"arguments", ""}};
-      } else {
-        call["function"] = {{"arguments", e.text}};
-      }
+      if (legacy_functions_ && e.index != 0) continue;  // the legacy API answers one call
+      json function = e.kind == ToolCallEvent::Kind::kCallStart
+                          ? json{{"name", e.name}, {"arguments", ""}}
+                          : json{{"arguments", e.text}};
       json c;
       c["index"] = choice_index_;
-      c["delta"] = {{"tool_calls", json::array({std::move(call)})}};
+      if (legacy_functions_) {
+        c["delta"] = {{"function_call", std::move(function)}};
+      } else {
+        json call = {{"index", e.index}};
+        if (e.kind == ToolCallEvent::Kind::kCallStart) {
+          call["id"] = e.id;
+          call["type"] = "function";
+        }
+        call["function"] = std::move(function);
+        c["delta"] = {{"tool_calls", json::array({std::move(call)})}};
+      }
       c["logprobs"] = std::exchange(lp, json(nullptr));
       c["finish_reason"] = nullptr;
       out += Event(Chunk(Dump(c), true));
