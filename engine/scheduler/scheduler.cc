@@ -27,7 +27,9 @@ Scheduler::Scheduler(SchedulerConfig config, WindowPolicy window, LlamaForward* 
       clock_(clock),
       handoffs_(kv_cache, forward->vocab_size()) {}
 
-Scheduler::~Scheduler() = default;
+Scheduler::~Scheduler() {
+  for (MaskThread& t : mask_threads_) t.thread.join();
+}
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     SchedulerConfig config, LlamaForward* forward, kvcache::KvCacheManager* kv_cache,
@@ -108,7 +110,7 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
   seq->prompt_len = request.prompt.size();
   seq->detok = std::make_unique<DecodeStream>(tokenizer_, request.prompt.back());
   if (request.sampling.grammar != nullptr) {
-    seq->matcher.emplace(request.sampling.grammar);
+    seq->matcher = std::make_shared<grammar::Matcher>(request.sampling.grammar);
   }
   seq->submitted = clock_->Now();
   seq->request = std::move(request);
@@ -549,6 +551,9 @@ struct Scheduler::Batch {
   std::vector<Sequence*> members;
   std::vector<ForwardSequence> rows;         // block_table set by ForwardBatch
   std::vector<std::vector<int32_t>> tables;  // [members] physical block ids
+  // [members] set by ForwardBatch: the member's structured-output mask was late, it sits the
+  // step out (ApplyBatch leaves its last token to compute again).
+  std::vector<bool> late;
 };
 
 bool Scheduler::Step() {
@@ -633,7 +638,9 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
   // cuda); only rows whose request asked for logprobs come back as logits.
   std::vector<SampleSpec> specs;
   bool any_logits = false;
-  std::vector<Sequence*> masked;  // their masks are computed while the forward pass runs
+  const absl::Time start = absl::Now();
+  std::vector<size_t> masked;  // members whose masks are computed while the forward pass runs
+  batch->late.assign(batch->members.size(), false);
   const size_t mask_words = (static_cast<size_t>(forward_->vocab_size()) + 31) / 32;
   for (size_t i = 0; i < batch->members.size(); ++i) {
     Sequence* seq = batch->members[i];
@@ -643,11 +650,11 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
     // with a sampled token (a prefill chunk short of the end samples nothing that is kept).
     const bool samples = seq->num_computed + static_cast<int64_t>(batch->rows[i].tokens.size()) ==
                          static_cast<int64_t>(seq->tokens.size());
-    if (seq->matcher.has_value() && samples) {
-      // Sized now (the pointer the forward pass reads stays put); filled by the mask thread.
+    if (seq->matcher != nullptr && samples) {
+      // Sized now (the pointer the forward pass reads stays put); filled once the mask is done.
       seq->allowed.assign(mask_words, 0);
       specs.back().allowed = seq->allowed.data();
-      masked.push_back(seq);
+      masked.push_back(i);
     }
     // Logit bias and penalties, from the prompt and the tokens generated so far (resumed ones
     // included): the same edits on every worker and after any preemption.
@@ -663,21 +670,69 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
   }
   // Structured output: the masks are computed on a thread of their own while the layers run
   // (on the CPU; on a GPU the step waits for them before it is queued), one sequence after
-  // another, each by its own matcher (nothing else touches it during the step). The forward
-  // pass waits for them right before it applies them; the result is the same as computing
-  // them first.
+  // another, each by its own matcher (nothing else touches it while its job runs). The forward
+  // pass waits for them right before it applies them (`ready`), for at most the grace
+  // (SchedulerConfig::mask_grace_us): a sequence whose mask is later sits the step out and
+  // keeps its job, which goes on after the step; its token is computed again next step, where
+  // the finished mask is used. The result is the same as computing every mask first.
   const grammar::TokenTrie& trie = GrammarTrie();
-  std::thread masks([&trie, &masked, mask_words] {
-    std::vector<uint32_t> mask;
-    for (Sequence* seq : masked) {
-      seq->matcher->FillTokenMask(trie, &mask);
+  std::vector<std::shared_ptr<scheduler_internal::MaskJob>> jobs;  // [masked]
+  std::vector<std::shared_ptr<scheduler_internal::MaskJob>> fresh;
+  for (const size_t i : masked) {
+    Sequence* seq = batch->members[i];
+    if (seq->mask_job == nullptr) {  // (else: late at an earlier step, done or still running)
+      seq->mask_job = std::make_shared<scheduler_internal::MaskJob>(seq->matcher);
+      fresh.push_back(seq->mask_job);
+    }
+    jobs.push_back(seq->mask_job);
+  }
+  // Threads that finished a late mask are joined here.
+  for (size_t t = 0; t < mask_threads_.size();) {
+    if (mask_threads_[t].finished->load()) {
+      mask_threads_[t].thread.join();
+      mask_threads_.erase(mask_threads_.begin() + static_cast<std::ptrdiff_t>(t));
+    } else {
+      ++t;
+    }
+  }
+  if (!fresh.empty()) {
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    std::thread thread([&trie, fresh, finished, hook = mask_hook_] {
+      for (const auto& job : fresh) {
+        if (hook) hook();
+        job->Run(trie);
+      }
+      finished->store(true);
+    });
+    mask_threads_.push_back({std::move(thread), std::move(finished)});
+  }
+  bool waited = false;
+  const std::function<void()> ready = [&] {
+    if (waited) return;
+    waited = true;
+    const absl::Duration so_far = absl::Now() - start;
+    const absl::Time deadline =
+        absl::Now() + std::max(absl::Microseconds(config_.mask_grace_us), so_far / 4);
+    size_t late = 0;
+    for (const auto& job : jobs) late += job->WaitUntil(deadline) ? 0 : 1;
+    if (late == batch->members.size()) {
+      // Every sequence of the step waits on its mask: waiting holds no one else.
+      for (const auto& job : jobs) job->Wait();
+    }
+    for (size_t m = 0; m < masked.size(); ++m) {
+      Sequence* seq = batch->members[masked[m]];
+      if (!jobs[m]->WaitUntil(absl::InfinitePast())) {
+        // Sits the step out: any mask will do for the token that is thrown away.
+        std::fill(seq->allowed.begin(), seq->allowed.end(), ~0u);
+        batch->late[masked[m]] = true;
+        continue;
+      }
       // The forward pass reads a mask of the model's vocabulary, which can be larger than the
       // tokenizer's (padded embeddings): the ids past the tokenizer's are never allowed.
+      const std::vector<uint32_t>& mask = jobs[m]->mask();
       std::copy_n(mask.begin(), std::min(mask.size(), mask_words), seq->allowed.begin());
+      seq->mask_job.reset();
     }
-  });
-  const std::function<void()> ready = [&masks] {
-    if (masks.joinable()) masks.join();
   };
   const absl::Status status = forward_->ForwardSample(
       batch->rows, specs, sampled->data(), any_logits ? logits_.data() : nullptr, ready);
@@ -695,6 +750,13 @@ void Scheduler::FailBatch(const Batch& batch, const absl::Status& status) {
 void Scheduler::ApplyBatch(const Batch& batch, const std::vector<int32_t>& sampled) {
   for (size_t i = 0; i < batch.members.size(); ++i) {
     Sequence* seq = batch.members[i];
+    if (batch.late[i]) {
+      // Its mask was late: the last token is computed again next step (its KV slot is
+      // rewritten with the same values), when the mask is there.
+      ++stats_.late_masks;
+      RecordComputed(seq, static_cast<int64_t>(batch.rows[i].tokens.size()) - 1);
+      continue;
+    }
     RecordComputed(seq, static_cast<int64_t>(batch.rows[i].tokens.size()));
     if (seq->num_computed < static_cast<int64_t>(seq->tokens.size())) {
       continue;  // a prefill chunk short of the end: no token yet
@@ -726,7 +788,7 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
   if (step < so.forced_tokens.size()) {
     token = static_cast<int32_t>(so.forced_tokens[step]);  // teacher forcing
   }
-  if (seq->matcher.has_value()) {
+  if (seq->matcher != nullptr) {
     // The sampler never picks a masked token while one is allowed: a token outside the mask
     // means none was (the grammar cannot go on from here, or it outgrew the matcher's bounds).
     const auto t = static_cast<size_t>(token);
@@ -764,8 +826,12 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
 }
 
 bool Scheduler::AdvanceMatcher(Sequence* seq, uint32_t token) {
-  if (!seq->matcher.has_value()) {
+  if (seq->matcher == nullptr) {
     return true;
+  }
+  if (seq->mask_job != nullptr) {
+    seq->mask_job->Wait();  // (the matcher is the job's until then)
+    seq->mask_job.reset();
   }
   const grammar::TokenTrie& trie = GrammarTrie();
   const auto t = static_cast<int32_t>(token);

@@ -21,10 +21,13 @@
 // thread and queues). Output callbacks run inside Step().
 #pragma once
 
+#include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -70,6 +73,9 @@ struct SchedulerStats {
   int64_t decode_graph_captures = 0;    // cumulative: decode steps captured as device graphs
   int64_t decode_graph_replays = 0;     // cumulative: decode steps run as one graph launch
   bool decode_graphs_off = false;       // a capture failed: steps launch kernel by kernel
+  // Cumulative: steps a sequence sat out because its structured-output mask was late
+  // (SchedulerConfig::mask_grace_us); its token was computed again the next step.
+  int64_t late_masks = 0;
   kvcache::KvCacheStats kv;
 };
 
@@ -139,6 +145,10 @@ class Scheduler {
   // No request queued, running, waiting for a remote prefill or held after a prefill.
   bool idle() const { return waiting_.empty() && running_.empty() && handoffs_.empty(); }
   SchedulerStats Stats() const;
+
+  // Tests: runs before each structured-output mask, on the thread that computes it (to make a
+  // mask late on purpose). Set before the first Step.
+  void SetMaskHookForTesting(std::function<void()> hook) { mask_hook_ = std::move(hook); }
 
  private:
   using Sequence = scheduler_internal::Sequence;
@@ -221,6 +231,14 @@ class Scheduler {
   SchedulerStats stats_;
   std::vector<float> logits_;
   std::unique_ptr<grammar::TokenTrie> trie_;
+  // Threads computing structured-output masks: each step's, and those still finishing a late
+  // mask (joined once done, and all in the destructor).
+  struct MaskThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::vector<MaskThread> mask_threads_;
+  std::function<void()> mask_hook_;
   absl::Status evacuated_;  // non-OK after Evacuate: generations are refused with it
 };
 

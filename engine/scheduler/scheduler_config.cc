@@ -17,6 +17,10 @@ absl::Status SchedulerConfig::Validate() const {
   if (kv_dtype.empty()) {
     return absl::InvalidArgumentError("scheduler: kv_dtype is empty");
   }
+  if (mask_grace_us < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler: mask_grace_us must be >= 0, got ", mask_grace_us));
+  }
   return WindowPolicy::ValidateTokens(kv_sink_tokens, kv_window_tokens);
 }
 

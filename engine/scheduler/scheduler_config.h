@@ -17,9 +17,15 @@ struct SchedulerConfig {
   // blocks; kv_sink_tokens > 0 needs kv_window_tokens > 0.
   int64_t kv_sink_tokens = 0;
   int64_t kv_window_tokens = 0;
+  // Structured output: how long the step may wait for a late token mask once its layers are
+  // done (at least this, or a quarter of the step's time so far if that is longer). A sequence
+  // whose mask is later sits the step out (its token is computed again next step) instead of
+  // holding the batch; when every sequence of the step waits on its mask, the step waits.
+  int64_t mask_grace_us = 2000;
 
   // InvalidArgument naming the values when a bound is not positive, max_running exceeds
-  // max_batch_tokens, kv_dtype is empty or the sink + window counts are invalid.
+  // max_batch_tokens, kv_dtype is empty, mask_grace_us is negative or the sink + window counts
+  // are invalid.
   absl::Status Validate() const;
 };
 

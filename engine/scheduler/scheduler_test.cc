@@ -1,6 +1,7 @@
 #include "engine/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -1022,6 +1023,90 @@ TEST(SchedulerGrammarTest, OutputsAreSentencesOfTheGrammarOnEveryPath) {
     for (int i = 0; i < 4; ++i) {
       EXPECT_EQ(h.results()[i].tokens, alone[i]) << "prompt " << i << " staged " << staged;
     }
+  }
+}
+
+// A late mask holds no one: with no grace, a constrained sequence whose mask is held on
+// purpose sits steps out while its unconstrained neighbour goes on, and both outputs are the
+// ones computed without delay. Alone, the step waits for it instead. A sequence cancelled while
+// its mask is late leaves the job to finish on its own.
+TEST(SchedulerGrammarTest, LateMaskSitsTheStepOutAndChangesNothing) {
+  auto schema = TestGrammar({grammar::ConstraintSpec::Kind::kJsonSchema, kPersonSchema, {}});
+  SchedulerConfig no_grace;
+  no_grace.mask_grace_us = 0;
+  std::map<int, std::vector<uint32_t>> reference;
+  {
+    Harness h(64, {});
+    ASSERT_TRUE(h.Submit(0, h.Encode(kPrompts[0]), Constrained(schema, 0.0f)).ok());
+    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(60)).ok());
+    h.RunToCompletion();
+    reference[0] = h.results()[0].tokens;
+    reference[1] = h.results()[1].tokens;
+    ASSERT_GT(reference[0].size(), 8u);
+  }
+  // Masks 4 and 9 (decode steps) are each held until three more steps ran.
+  std::atomic<int> steps{0};
+  std::atomic<int> masks{0};
+  std::atomic<bool> timed_out{false};
+  auto hold_for_steps = [&](int n) {
+    const int until = steps.load() + n;
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (steps.load() < until) {
+      if (absl::Now() > give_up) {
+        timed_out = true;  // the steps waited for the mask: it held the batch
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  };
+  {
+    Harness h(64, no_grace);
+    h.scheduler()->SetMaskHookForTesting([&] {
+      const int k = masks.fetch_add(1);
+      if (k == 4 || k == 9) hold_for_steps(3);
+    });
+    ASSERT_TRUE(h.Submit(0, h.Encode(kPrompts[0]), Constrained(schema, 0.0f)).ok());
+    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(60)).ok());
+    for (int i = 0; i < 10000 && !h.scheduler()->idle(); ++i) {
+      h.scheduler()->Step();
+      steps.fetch_add(1);
+    }
+    ASSERT_TRUE(h.scheduler()->idle());
+    EXPECT_FALSE(timed_out.load());
+    EXPECT_GE(h.scheduler()->Stats().late_masks, 6);
+    EXPECT_EQ(h.results()[0].tokens, reference[0]);
+    EXPECT_EQ(h.results()[1].tokens, reference[1]);
+  }
+  {
+    // Alone: the step waits (nothing sat out), the output is the same.
+    Harness h(64, no_grace);
+    h.scheduler()->SetMaskHookForTesting([] { absl::SleepFor(absl::Milliseconds(5)); });
+    ASSERT_TRUE(h.Submit(0, h.Encode(kPrompts[0]), Constrained(schema, 0.0f)).ok());
+    h.RunToCompletion();
+    EXPECT_EQ(h.scheduler()->Stats().late_masks, 0);
+    EXPECT_EQ(h.results()[0].tokens, reference[0]);
+  }
+  {
+    // Cancelled while late: the request ends, the job finishes after it.
+    std::atomic<bool> release{false};
+    masks = 0;
+    Harness h(64, no_grace);
+    h.scheduler()->SetMaskHookForTesting([&] {
+      if (masks.fetch_add(1) != 4) return;
+      while (!release.load()) absl::SleepFor(absl::Milliseconds(1));
+    });
+    ASSERT_TRUE(h.Submit(0, h.Encode(kPrompts[0]), Constrained(schema, 0.0f)).ok());
+    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(60)).ok());
+    for (int i = 0; i < 10000 && h.scheduler()->Stats().late_masks == 0; ++i) {
+      h.scheduler()->Step();
+    }
+    ASSERT_GT(h.scheduler()->Stats().late_masks, 0);
+    ASSERT_TRUE(h.scheduler()->Cancel(RequestId(0)).ok());
+    h.scheduler()->Step();
+    release = true;
+    h.RunToCompletion();
+    EXPECT_EQ(h.results()[0].last.finish_reason, FinishReason::kAbort);
+    EXPECT_EQ(h.results()[1].tokens, reference[1]);
   }
 }
 

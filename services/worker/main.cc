@@ -45,6 +45,10 @@ ABSL_FLAG(int64_t, kv_window_tokens, 0,
           "sink + window KV policy: keep the most recent N tokens (rounded up to whole blocks) "
           "besides the sinks and drop the blocks in between, so a sequence generates past the "
           "model's context in flat memory (max_tokens then bounds it); 0 = off");
+ABSL_FLAG(double, mask_grace_ms, 2.0,
+          "structured output: how long a step may wait for a late token mask once its layers are "
+          "done (or a quarter of the step's time so far, if longer); a sequence whose mask is "
+          "later sits the step out instead of holding the batch (docs/structured-outputs.md)");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "linear weights: auto (as stored) | int8 (quantized at load, W8A8; the model "
           "fingerprint gets \"+w8\", so prefill and decode workers must agree)");
@@ -126,6 +130,12 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   c.runtime.scheduler.kv_sink_tokens = absl::GetFlag(FLAGS_kv_sink_tokens);
   c.runtime.scheduler.kv_window_tokens = absl::GetFlag(FLAGS_kv_window_tokens);
+  const double mask_grace_ms = absl::GetFlag(FLAGS_mask_grace_ms);
+  if (!(mask_grace_ms >= 0 && mask_grace_ms <= 60000)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mask_grace_ms must be between 0 and 60000, got ", mask_grace_ms));
+  }
+  c.runtime.scheduler.mask_grace_us = static_cast<int64_t>(mask_grace_ms * 1000);
   PD_ASSIGN_OR_RETURN(c.grpc_address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address),
                                                                   "--grpc_address"));
   PD_ASSIGN_OR_RETURN(

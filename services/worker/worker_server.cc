@@ -251,6 +251,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddCounter("pd_worker_kv_window_dropped_blocks_total",
                     "KV blocks dropped by the sink + window policy (--kv_window_tokens)",
                     st.window_dropped_blocks);
+    sink.AddCounter("pd_worker_late_masks_total",
+                    "Steps a sequence sat out because its structured-output mask was late "
+                    "(--mask_grace_ms)",
+                    st.late_masks);
     sink.AddCounter("pd_worker_prefill_tokens_total", "Prompt tokens computed here",
                     st.prefill_tokens);
     sink.AddCounter("pd_worker_tier_restored_blocks_total",
