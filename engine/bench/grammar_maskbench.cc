@@ -146,8 +146,11 @@ int main(int argc, char** argv) {
         mask_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
         if (absl::GetFlag(FLAGS_report_slow_ms) > 0 &&
             mask_us.back() > 1000 * absl::GetFlag(FLAGS_report_slow_ms)) {
-          std::fprintf(stderr, "slow mask: %s, instance token %zu (%zu stacks): %.1f ms\n",
-                       path.filename().string().c_str(), k, m.num_stacks(),
+          std::string before;
+          for (size_t j = (k > 4 ? k - 4 : 0); j < k; ++j) before += trie.token_bytes((*ids)[j]);
+          std::fprintf(stderr,
+                       "slow mask: %s, instance token %zu after '%s' (%zu stacks): %.1f ms\n",
+                       path.filename().string().c_str(), k, before.c_str(), m.num_stacks(),
                        mask_us.back() / 1000);
         }
         if (absl::GetFlag(FLAGS_verify)) {

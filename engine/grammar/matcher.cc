@@ -450,6 +450,56 @@ size_t Matcher::FillTokenMaskUncached(const TokenTrie& trie, std::vector<uint32_
   return allowed;
 }
 
+bool Matcher::AcceptsEveryPlainRun(const State& cut) const {
+  const int32_t start = DfaId(cut);
+  if (start < 0) return false;
+  const int32_t live = dfa_[static_cast<size_t>(start)].live;
+  if (live < 0) return false;
+  // Pairs (DFA id of the live stacks, PlainStringStep state) met so far, and to explore.
+  absl::flat_hash_set<uint64_t> seen;
+  std::vector<std::pair<int32_t, int>> todo = {{live, 0}};
+  seen.insert(static_cast<uint64_t>(live) * kPlainStringStates);
+  size_t steps = 0;
+  State next;
+  const std::vector<Element>& el = grammar_->elements();
+  // Bytes that the same stacks accept lead to the same state (a stack's step past its top
+  // byte set does not depend on the byte): one step per class of (those stacks, the plain
+  // state after the byte).
+  std::vector<std::pair<std::vector<uint64_t>, int>> classes;
+  while (!todo.empty()) {
+    const auto [id, plain] = todo.back();
+    todo.pop_back();
+    const State stacks = dfa_[static_cast<size_t>(id)].stacks;
+    classes.clear();
+    std::vector<uint64_t> signature((stacks.size() + 63) / 64);
+    for (int b = 0; b < 256; ++b) {
+      const int plain_next = PlainStringStep(plain, static_cast<uint8_t>(b));
+      if (plain_next < 0) continue;
+      std::fill(signature.begin(), signature.end(), 0);
+      for (size_t k = 0; k < stacks.size(); ++k) {
+        if (IsByteTop(stacks[k]) &&
+            grammar_->set(el[nodes_[stacks[k]].pos].index).test(static_cast<uint8_t>(b))) {
+          signature[k / 64] |= uint64_t{1} << (k % 64);
+        }
+      }
+      bool met = false;
+      for (const auto& [sig, p] : classes) met = met || (p == plain_next && sig == signature);
+      if (met) continue;
+      classes.emplace_back(signature, plain_next);
+      if (++steps > kMaxPlainCheckSteps) return false;
+      const int32_t to = DfaStep(id, static_cast<uint8_t>(b), &next);
+      if (to < 0) return false;  // refused (or the DFA is full)
+      const DfaState& after = dfa_[static_cast<size_t>(to)];
+      // A run that leaves the cut depends on what lies below: not decided here.
+      if (!after.placeholders.empty() || after.live < 0) return false;
+      const uint64_t pair =
+          static_cast<uint64_t>(after.live) * kPlainStringStates + static_cast<uint64_t>(plain_next);
+      if (seen.insert(pair).second) todo.emplace_back(after.live, plain_next);
+    }
+  }
+  return true;
+}
+
 size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
   TrimDfa();
   if (state_.size() > kMaxCutStacks) return FillTokenMaskUncached(trie, mask);
@@ -545,15 +595,30 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
         std::unique(computed->boundaries.begin(), computed->boundaries.end(),
                     [](const auto& a, const auto& b) { return a.placeholder == b.placeholder; }),
         computed->boundaries.end());
+    // Inside a string the cut state usually accepts every plain run without reaching the cut:
+    // then the plain tokens are all accepted, and only the others (the rest trie, ~4% of a
+    // vocabulary) are walked; the part's boundaries are nodes of the rest trie.
+    const TokenTrie* walked = &trie;
+    if (computed->boundaries.empty() && !cut_state.empty() && trie.rest() != nullptr &&
+        AcceptsEveryPlainRun(cut_state)) {
+      walked = trie.rest();
+      computed->rest_trie = true;
+    }
     size_t nodes = 0;
     if (!cut_state.empty()) {
       const WalkStats stats =
-          Walk(trie, 0, cut_state, &computed->accepted, &computed->boundaries);
+          Walk(*walked, 0, cut_state, &computed->accepted, &computed->boundaries);
       computed->num_accepted = stats.added;
       nodes = stats.nodes;
     }
+    if (computed->rest_trie) {
+      for (size_t w = 0; w < computed->accepted.size(); ++w) {
+        computed->accepted[w] |= trie.plain_mask()[w];
+      }
+      computed->num_accepted += trie.num_plain();
+    }
     part = computed;
-    if (nodes < kMinCachedWalk) {
+    if (nodes < kMinCachedWalk && !computed->rest_trie) {
       // The cut walk is short though the whole one was not (the long part lies below the
       // cut): the cut saves nothing here, walk the whole state next time.
       auto marker = std::make_shared<CachedTokenMask>();
@@ -564,6 +629,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       grammar_->mask_cache().Store(key, std::move(computed));
     }
   }
+  if (part->rest_trie) ++plain_universal_masks_;
   *mask = part->accepted;
   size_t allowed = part->num_accepted + AllowEndTokens(trie, mask);
   // Below the cut: walk on from each boundary with the real stack there, expanded once per
@@ -581,7 +647,9 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       from->erase(std::unique(from->begin(), from->end()), from->end());
       from->erase(std::remove(from->begin(), from->end(), 0u), from->end());
     }
-    if (!from->empty()) allowed += Walk(trie, b.trie_node, *from, mask, nullptr).added;
+    if (!from->empty()) {
+      allowed += Walk(part->rest_trie ? *trie.rest() : trie, b.trie_node, *from, mask, nullptr).added;
+    }
   }
   return allowed;
 }

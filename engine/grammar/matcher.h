@@ -87,6 +87,8 @@ class Matcher {
   ByteSet NextBytes() const;
   // The last refused byte was refused because a bound (kMaxStacks, kMaxNodes) was hit.
   bool overflowed() const { return overflowed_; }
+  // Masks this matcher took from a cut state that accepts every plain run (FillTokenMask).
+  size_t plain_universal_masks() const { return plain_universal_masks_; }
   size_t num_stacks() const { return state_.size(); }
 
   // The token mask: sets bit t of `mask` (trie.mask_words() words) for every token t whose
@@ -150,6 +152,12 @@ class Matcher {
   WalkStats Walk(const TokenTrie& trie, uint32_t node, const State& state,
                  std::vector<uint32_t>* mask, std::vector<CachedTokenMask::Boundary>* boundaries,
                  size_t max_work = SIZE_MAX) const;
+  // The cut state `cut` (no stack cut at its top) accepts every run of plain string bytes
+  // (PlainStringStep, from between characters) without reaching the cut: explored over pairs
+  // of its DFA states and PlainStringStep states, at most kMaxPlainCheckSteps DFA steps (past
+  // that, or with the DFA full, the answer is no).
+  bool AcceptsEveryPlainRun(const State& cut) const;
+  static constexpr size_t kMaxPlainCheckSteps = 2048;
   // Sets the end tokens' bits when CanEnd(); returns how many were newly set.
   size_t AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
   struct WalkFrame {
@@ -199,6 +207,7 @@ class Matcher {
   mutable size_t dfa_work_ = 0;  // stacks stepped to extend the DFA, ever (a work measure)
   State state_;
   bool overflowed_ = false;
+  mutable size_t plain_universal_masks_ = 0;
 };
 
 // Whole-string match: `text` is a sentence of the grammar.

@@ -80,6 +80,80 @@ TEST(TokenMaskTest, MaskEqualsTheMatcherTokenByTokenAlongADocument) {
   EXPECT_EQ(mask[0] & 1u, 1u);
 }
 
+TEST(TokenMaskTest, PlainStringBytesAreUtf8WithoutEscapesOrControls) {
+  auto run = [](const std::string& bytes) {
+    int state = 0;
+    for (const char c : bytes) {
+      state = PlainStringStep(state, static_cast<uint8_t>(c));
+      if (state < 0) return -1;
+    }
+    return state;
+  };
+  EXPECT_EQ(run("abc XYZ 09 {}[]:,/'"), 0);
+  EXPECT_EQ(run("\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80"), 0);  // é 中 😀
+  EXPECT_EQ(run("\xE4\xB8"), 1);  // inside a character
+  for (const char* bad : {"\"", "\\", "\n", "\x7F", "\xC0\x80", "\xC1\xBF", "\xE0\x80\x80",
+                          "\xED\xA0\x80", "\xF0\x80\x80\x80", "\xF4\x90\x80\x80", "\xF5",
+                          "\xA9", "\xC3" "a", "\xFF"}) {
+    EXPECT_EQ(run(bad), -1) << bad;
+  }
+}
+
+// With a vocabulary large enough that string states are not walked whole, masks inside free
+// strings and keys are the trie's plain tokens plus a walk of the others; they equal the whole
+// walk, and strings that do not accept every plain run (maxLength, a pattern) are walked.
+TEST(TokenMaskTest, PlainTokensAtOnceGiveTheWholeWalksMask) {
+  std::vector<std::string> vocab = Vocabulary(7);
+  std::mt19937 rng(11);
+  const std::vector<std::string> pieces = {"a", "e", "n", "s", "t", "x", " ", "-", "_", "0", "7",
+                                           "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80",
+                                           "\xC3", "\xB8", "\"", "\\", "\n", ":", ",", "}"};
+  for (int i = 0; i < 6000; ++i) {
+    std::string s;
+    const int len = 1 + static_cast<int>(rng() % 7);
+    for (int k = 0; k < len; ++k) {
+      // Mostly plain pieces: a tenth of the tokens hold a quote, an escape or a control.
+      const size_t p = rng() % 10 == 0 ? rng() % pieces.size() : rng() % 16;
+      s += pieces[p];
+    }
+    vocab.push_back(s);
+  }
+  const std::vector<int32_t> end = {0};
+  const TokenTrie trie(vocab, end);
+  ASSERT_NE(trie.rest(), nullptr);
+  EXPECT_GT(trie.num_plain(), vocab.size() / 2);
+  EXPECT_LT(trie.rest()->num_nodes(), trie.num_nodes());
+  auto g = CompileJsonSchema(R"({"type": "object", "properties": {
+      "name": {"type": "string"}, "note": {"type": "string", "maxLength": 5},
+      "id": {"type": "string", "pattern": "^[a-f0-9]+$"}, "n": {"type": "integer"}},
+      "required": ["name"]})",
+                             JsonSchemaOptions{.max_whitespace = 1});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  const std::string doc =
+      "{\"name\":\"t\xC3\xA9 st_\xE4\xB8\xAD\\\"x\",\"note\":\"ab\",\"id\":\"0af\",\"n\":7,"
+      "\"namex\":\"a \xF0\x9F\x98\x80 e\",\"s\":[\"x\"]}";
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  size_t plain_masks = 0;
+  for (int pass = 0; pass < 2; ++pass) {  // the second time, every state is cached
+    Matcher m(*c);
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const size_t allowed = m.FillTokenMask(trie, &mask);
+      const size_t expected = m.FillTokenMaskUncached(trie, &reference);
+      ASSERT_EQ(mask, reference) << "pass " << pass << ", after " << doc.substr(0, i);
+      ASSERT_EQ(allowed, expected) << "pass " << pass << ", after " << doc.substr(0, i);
+      if (i < doc.size()) {
+        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+      }
+    }
+    EXPECT_TRUE(m.CanEnd());
+    plain_masks += m.plain_universal_masks();
+  }
+  EXPECT_GT(plain_masks, 20u);
+}
+
 TEST(TokenMaskTest, SplitUtf8TokensAreAllowedOnlyAsPrefixesOfAllowedCharacters) {
   const std::vector<std::string> vocab = {"\xC3", "\xA9", "\xC3\xA9", "\xE4", "a", "\"", "\xFF"};
   const TokenTrie trie(vocab, {});

@@ -6,7 +6,43 @@
 
 namespace pd::grammar {
 
+int PlainStringStep(int state, uint8_t byte) {
+  const bool cont = byte >= 0x80 && byte <= 0xBF;
+  switch (state) {
+    case 0:
+      if (byte >= 0x20 && byte <= 0x7E) return byte == '"' || byte == '\\' ? -1 : 0;
+      if (byte >= 0xC2 && byte <= 0xDF) return 1;
+      if (byte == 0xE0) return 3;
+      if (byte == 0xED) return 4;
+      if (byte >= 0xE1 && byte <= 0xEF) return 2;
+      if (byte == 0xF0) return 6;
+      if (byte >= 0xF1 && byte <= 0xF3) return 5;
+      if (byte == 0xF4) return 7;
+      return -1;
+    case 1:
+      return cont ? 0 : -1;
+    case 2:
+      return cont ? 1 : -1;
+    case 3:
+      return byte >= 0xA0 && byte <= 0xBF ? 1 : -1;
+    case 4:
+      return byte >= 0x80 && byte <= 0x9F ? 1 : -1;
+    case 5:
+      return cont ? 2 : -1;
+    case 6:
+      return byte >= 0x90 && byte <= 0xBF ? 2 : -1;
+    case 7:
+      return byte >= 0x80 && byte <= 0x8F ? 2 : -1;
+    default:
+      return -1;
+  }
+}
+
 TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<int32_t> end_tokens)
+    : TokenTrie(token_bytes, std::move(end_tokens), /*split_plain=*/true) {}
+
+TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<int32_t> end_tokens,
+                     bool split_plain)
     : end_tokens_(std::move(end_tokens)),
       token_bytes_(token_bytes),
       vocab_size_(token_bytes.size()) {
@@ -57,6 +93,22 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
       i = j;
     }
   }
+  if (!split_plain) return;
+  plain_mask_.assign(mask_words(), 0);
+  std::vector<std::string> rest = token_bytes;
+  for (size_t t = 0; t < token_bytes.size(); ++t) {
+    if (token_bytes[t].empty()) continue;
+    int state = 0;
+    for (const char c : token_bytes[t]) {
+      state = PlainStringStep(state, static_cast<uint8_t>(c));
+      if (state < 0) break;
+    }
+    if (state < 0) continue;
+    plain_mask_[t >> 5] |= 1u << (t & 31);
+    ++num_plain_;
+    rest[t].clear();
+  }
+  rest_.reset(new TokenTrie(rest, end_tokens_, /*split_plain=*/false));
 }
 
 std::shared_ptr<const CachedTokenMask> TokenMaskCache::Find(

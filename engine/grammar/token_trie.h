@@ -29,6 +29,10 @@ struct CachedTokenMask {
   size_t num_accepted = 0;           // bits set in `accepted`
   // A marker instead of a mask: this state's walk is short, walk the whole state each time.
   bool walk_whole = false;
+  // The cut state accepts every plain string run (TokenTrie::plain_mask) without reaching the
+  // cut: `accepted` holds the plain tokens and what a walk of the rest trie accepted, and the
+  // boundaries are nodes of TokenTrie::rest().
+  bool rest_trie = false;
   std::vector<Boundary> boundaries;  // only nodes with children (leaves are in `accepted`)
   size_t ByteSize() const {
     return accepted.size() * sizeof(uint32_t) + boundaries.size() * sizeof(Boundary);
@@ -64,6 +68,13 @@ class TokenMaskCache {
   mutable std::list<const std::vector<uint32_t>*> lru_ ABSL_GUARDED_BY(mu_);  // most recent first
   mutable Stats stats_ ABSL_GUARDED_BY(mu_);
 };
+
+// Plain JSON string content, byte by byte: UTF-8 (no overlong forms, no surrogates) of the
+// characters a JSON string holds without an escape (not '"', '\\', a control below 0x20, or
+// 0x7F). State 0 is between characters, 1..7 inside one; returns the state after `byte`, or -1
+// when the byte cannot come next.
+inline constexpr int kPlainStringStates = 8;
+int PlainStringStep(int state, uint8_t byte);
 
 class TokenTrie {
  public:
@@ -103,7 +114,20 @@ class TokenTrie {
   // serves every other schema's strings.
   const TokenMaskCache& mask_cache() const { return masks_; }
 
+  // The plain tokens: those whose bytes, from between two characters, are plain JSON string
+  // content (PlainStringStep; a token may end inside a character). Inside a string almost
+  // every token is one (122,893 of Llama 3.1's 128,000), so a state that accepts every plain
+  // run allows them all at once, and only the other tokens are walked: rest() holds them, with
+  // the same token ids (a trie of 10,852 nodes instead of 274,521 for Llama 3.1).
+  const std::vector<uint32_t>& plain_mask() const { return plain_mask_; }
+  size_t num_plain() const { return num_plain_; }
+  // Null for the rest trie itself.
+  const TokenTrie* rest() const { return rest_.get(); }
+
  private:
+  TokenTrie(const std::vector<std::string>& token_bytes, std::vector<int32_t> end_tokens,
+            bool split_plain);
+
   std::vector<Node> nodes_;  // nodes_[0] is the root
   std::vector<int32_t> tokens_;
   std::vector<int32_t> end_tokens_;
@@ -111,6 +135,9 @@ class TokenTrie {
   size_t vocab_size_ = 0;
   uint64_t id_ = 0;
   TokenMaskCache masks_{kMaxMaskCacheBytes};
+  std::vector<uint32_t> plain_mask_;
+  size_t num_plain_ = 0;
+  std::unique_ptr<TokenTrie> rest_;
 };
 
 }  // namespace pd::grammar
