@@ -30,7 +30,7 @@ absl::StatusOr<int64_t> AutoKvBlocks(const ModelRuntimeConfig& config, const Mod
   PD_ASSIGN_OR_RETURN(const int64_t scratch,
                       LlamaForward::ScratchBytes(
                           &weights, {nullptr, layout.dtype, 1, config.block_size}, ctx,
-                          {config.scheduler.max_batch_tokens, config.scheduler.max_running}));
+                          {config.scheduler.max_batch_tokens, config.scheduler.ForwardMaxSeqs()}));
   PD_ASSIGN_OR_RETURN(const kernels::DeviceMemoryInfo mem, kernels::QueryDeviceMemory(ctx.device));
   const AutoPoolSize size = AutoPoolBlocks(
       mem.total_bytes, mem.free_bytes, config.gpu_memory_fraction, scratch, layout.block_bytes());
@@ -254,7 +254,7 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
       LlamaForward::Create(
           forward_weights,
           {rt->memory_->base(), rt->layout_.dtype, config.kv_blocks, config.block_size}, ctx,
-          {config.scheduler.max_batch_tokens, config.scheduler.max_running}));
+          {config.scheduler.max_batch_tokens, config.scheduler.ForwardMaxSeqs()}));
   PD_ASSIGN_OR_RETURN(rt->scheduler_,
                       Scheduler::Create(config.scheduler, rt->forward_.get(), rt->kv_.get(),
                                         rt->tokenizer_.get(), rt->weights_.fingerprint));

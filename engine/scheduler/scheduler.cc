@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "engine/scheduler/ngram_proposer.h"
 #include "engine/scheduler/request_checks.h"
 #include "engine/scheduler/sequence.h"
 #include "engine/scheduler/tier_restore.h"
@@ -554,6 +555,12 @@ struct Scheduler::Batch {
   // [members] set by ForwardBatch: the member's structured-output mask was late, it sits the
   // step out (ApplyBatch leaves its last token to compute again).
   std::vector<bool> late;
+  // Speculative decoding, [rows]: a verify row holds the index of the decode row whose
+  // proposal it checks (-1 for the others); a decode row with a proposal, its verify rows
+  // (contiguous, in the proposal's order).
+  std::vector<int64_t> verifies;
+  std::vector<size_t> first_verify;
+  std::vector<size_t> num_verify;
 };
 
 bool Scheduler::Step() {
@@ -627,7 +634,89 @@ Scheduler::Batch Scheduler::CollectBatch() {
                             seq->dropped});
     }
   }
+  const size_t rows = batch.rows.size();
+  batch.verifies.assign(rows, -1);
+  batch.first_verify.assign(rows, 0);
+  batch.num_verify.assign(rows, 0);
+  if (config_.speculative != "ngram" || !waiting_.empty() || window_.enabled()) {
+    return batch;
+  }
+  // Speculation only in steps with nothing to prefill: verify rows never take a prefill's
+  // budget. Each decode with a proposal gets one row per proposed token, at the positions after
+  // its last token; the forward pass writes every row's K/V before any attention, so row j
+  // attends to the proposal's tokens before it, and its logits are those a plain decode would
+  // compute there (docs/engine.md, "Speculative decoding").
+  for (const auto& owned : running_) {
+    const Sequence& s = *owned;
+    if (s.finished == FinishReason::kNone && !s.remote_pending &&
+        static_cast<int64_t>(s.tokens.size()) - s.num_computed > 1) {
+      return batch;
+    }
+  }
+  const auto max_rows = static_cast<size_t>(forward_->options().max_seqs);
+  for (size_t r = 0; r < rows && budget > 0 && batch.rows.size() < max_rows; ++r) {
+    Sequence* seq = batch.members[r];
+    const int64_t room =
+        std::min<int64_t>(budget, static_cast<int64_t>(max_rows - batch.rows.size()));
+    const int64_t k = std::min(room, Propose(seq));
+    if (k <= 0) continue;
+    seq->draft.resize(static_cast<size_t>(k));
+    budget -= k;
+    // (Propose may have added a block to the table.)
+    const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
+    std::vector<int32_t> ids;
+    ids.reserve(table->num_blocks());
+    for (BlockId b : table->blocks()) {
+      ids.push_back(static_cast<int32_t>(b.value()));
+    }
+    batch.tables[r] = ids;
+    batch.first_verify[r] = batch.rows.size();
+    batch.num_verify[r] = static_cast<size_t>(k);
+    for (int64_t j = 0; j < k; ++j) {
+      batch.members.push_back(seq);
+      batch.tables.push_back(ids);
+      batch.rows.push_back({absl::MakeConstSpan(seq->draft).subspan(static_cast<size_t>(j), 1),
+                            seq->num_computed + 1 + j,
+                            {},
+                            0});
+      batch.verifies.push_back(static_cast<int64_t>(r));
+      batch.first_verify.push_back(0);
+      batch.num_verify.push_back(0);
+    }
+  }
   return batch;
+}
+
+int64_t Scheduler::Propose(Sequence* seq) {
+  const SamplingOptions& so = seq->request.sampling;
+  // Exact for greedy decodes of plain requests; the rest decode one token at a time.
+  if (so.temperature >= kernels::kMinSamplingTemperature || seq->matcher != nullptr ||
+      HasLogitEdits(so) || seq->num_generated() < so.forced_tokens.size() ||
+      seq->request.on_prefilled != nullptr || seq->dropped != 0) {
+    return 0;
+  }
+  const auto last = static_cast<int64_t>(seq->tokens.size()) - 1;  // its position
+  int64_t k = seq->spec_k > 0 ? seq->spec_k : config_.spec_max_tokens;
+  if (so.max_tokens > 0) {
+    // The step yields up to k + 1 tokens: no more than max_tokens allows.
+    k = std::min(k, static_cast<int64_t>(so.max_tokens) -
+                        static_cast<int64_t>(seq->num_generated()) - 1);
+  }
+  k = std::min<int64_t>(k, forward_->config().seq_len - 1 - last);  // inside the context
+  if (k <= 0) return 0;
+  seq->draft = ProposeNgram(seq->tokens, static_cast<int>(k));
+  const auto proposed = static_cast<int64_t>(seq->draft.size());
+  // Slots for the verify rows (positions last + 1 .. last + proposed), from free blocks only:
+  // a proposal never preempts anyone.
+  const int64_t missing = last + 1 + proposed - seq->num_allocated;
+  if (proposed > 0 && missing > 0) {
+    if (!kv_->AppendTokens(seq->kv_id, missing).ok()) {
+      seq->draft.clear();
+      return 0;
+    }
+    seq->num_allocated += missing;
+  }
+  return proposed;
 }
 
 absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled) {
@@ -644,6 +733,13 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
   const size_t mask_words = (static_cast<size_t>(forward_->vocab_size()) + 31) / 32;
   for (size_t i = 0; i < batch->members.size(); ++i) {
     Sequence* seq = batch->members[i];
+    if (batch->verifies[i] >= 0) {
+      // A verify row: the token after proposed token j is generated token num_generated + j.
+      const size_t j = i - batch->first_verify[static_cast<size_t>(batch->verifies[i])] + 1;
+      specs.push_back(SampleSpecFor(seq->request.sampling, seq->num_generated() + j));
+      any_logits = any_logits || specs.back().want_logits;
+      continue;
+    }
     specs.push_back(SampleSpecFor(seq->request.sampling, seq->num_generated()));
     any_logits = any_logits || specs.back().want_logits;
     // Structured output: the tokens that continue the grammar, for rows that end this step
@@ -742,13 +838,16 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
 
 void Scheduler::FailBatch(const Batch& batch, const absl::Status& status) {
   LOG(ERROR) << "forward pass failed for a batch of " << batch.rows.size() << ": " << status;
-  for (Sequence* seq : batch.members) {
+  for (size_t i = 0; i < batch.members.size(); ++i) {
+    if (batch.verifies[i] >= 0) continue;  // (its sequence is its decode row's)
+    Sequence* seq = batch.members[i];
     Finish(seq, FinishReason::kError, status);
   }
 }
 
 void Scheduler::ApplyBatch(const Batch& batch, const std::vector<int32_t>& sampled) {
   for (size_t i = 0; i < batch.members.size(); ++i) {
+    if (batch.verifies[i] >= 0) continue;  // taken with the decode row it verifies
     Sequence* seq = batch.members[i];
     if (batch.late[i]) {
       // Its mask was late: the last token is computed again next step (its KV slot is
@@ -762,7 +861,37 @@ void Scheduler::ApplyBatch(const Batch& batch, const std::vector<int32_t>& sampl
       continue;  // a prefill chunk short of the end: no token yet
     }
     TakeSampledToken(seq, i, sampled[i]);
+    if (batch.num_verify[i] > 0) {
+      VerifyProposal(seq, batch.first_verify[i], batch.num_verify[i], sampled);
+    }
   }
+}
+
+void Scheduler::VerifyProposal(Sequence* seq, size_t first_row, size_t num_rows,
+                               const std::vector<int32_t>& sampled) {
+  // Proposed token j sits at position base + j - 1 (base: the tokens computed now), where the
+  // verify row first_row + j - 1 computed it. It is accepted when the token the sequence took
+  // there is the proposed one: its K/V is then the sequence's, and that row's sample is the
+  // next token, exactly as a plain decode step would have computed it.
+  const auto base = static_cast<size_t>(seq->num_computed);
+  size_t accepted = 0;
+  for (size_t j = 1; j <= num_rows; ++j) {
+    if (seq->finished != FinishReason::kNone || seq->tokens.size() != base + j ||
+        seq->tokens[base + j - 1] != seq->draft[j - 1]) {
+      break;
+    }
+    ++accepted;
+    RecordComputed(seq, 1);
+    TakeSampledToken(seq, first_row + j - 1, sampled[first_row + j - 1]);
+  }
+  ++stats_.spec_verify_steps;
+  stats_.spec_proposed_tokens += static_cast<int64_t>(num_rows);
+  stats_.spec_accepted_tokens += static_cast<int64_t>(accepted);
+  // Next proposal: one more than accepted (all accepted: one more than proposed), up to the
+  // configured bound.
+  seq->spec_k = std::min<int64_t>(config_.spec_max_tokens, static_cast<int64_t>(accepted) + 1 +
+                                                               (accepted == num_rows ? 1 : 0));
+  seq->draft.clear();
 }
 
 void Scheduler::RecordComputed(Sequence* seq, int64_t n) {

@@ -76,6 +76,11 @@ struct SchedulerStats {
   // Cumulative: steps a sequence sat out because its structured-output mask was late
   // (SchedulerConfig::mask_grace_us); its token was computed again the next step.
   int64_t late_masks = 0;
+  // Cumulative, speculative decoding (SchedulerConfig::speculative): tokens proposed, those
+  // accepted (each one a step saved), and sequence-steps that verified a proposal.
+  int64_t spec_proposed_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  int64_t spec_verify_steps = 0;
   kvcache::KvCacheStats kv;
 };
 
@@ -164,8 +169,11 @@ class Scheduler {
   void Admit();
   void EnsureSlots();
   // One token for each running sequence with exactly one to compute (decode), then prefill
-  // chunks, oldest first, within max_batch_tokens. Empty when nothing can run.
+  // chunks, oldest first, within max_batch_tokens. Empty when nothing can run. When
+  // speculating and nothing is left to prefill, verify rows for the decodes' proposals.
   Batch CollectBatch();
+  // Speculation: proposes tokens for `seq` (a decode) and gives them slots; how many (0: none).
+  int64_t Propose(Sequence* seq);
   // Runs the forward pass over `batch` (setting its rows' block tables) and samples one token
   // per member into `sampled`.
   absl::Status ForwardBatch(Batch* batch, std::vector<int32_t>* sampled);
@@ -174,6 +182,10 @@ class Scheduler {
   // Advances every member by the tokens it computed and hands each whose tokens are all
   // computed its next token (`sampled`, one per member).
   void ApplyBatch(const Batch& batch, const std::vector<int32_t>& sampled);
+  // After `seq`'s decode row took its token: accepts the proposed tokens its verify rows
+  // (num_rows from first_row) confirm, each with the token sampled after it.
+  void VerifyProposal(Sequence* seq, size_t first_row, size_t num_rows,
+                      const std::vector<int32_t>& sampled);
   void MoveHeld();
 
   // Copies in what the node's tiers hold of seq's prompt (`chain`: its full blocks' hashes)

@@ -1,5 +1,7 @@
 #include "engine/scheduler/scheduler_config.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "engine/scheduler/window_policy.h"
 
@@ -21,7 +23,25 @@ absl::Status SchedulerConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("scheduler: mask_grace_us must be >= 0, got ", mask_grace_us));
   }
+  if (speculative == "draft") {
+    return absl::UnimplementedError(
+        "scheduler: speculative decoding with a draft model is not implemented yet (use "
+        "\"ngram\" or \"off\")");
+  }
+  if (speculative != "off" && speculative != "ngram") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler: speculative must be off, ngram or draft, got \"", speculative, "\""));
+  }
+  if (spec_max_tokens < 1 || spec_max_tokens > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler: spec_max_tokens must be between 1 and 16, got ", spec_max_tokens));
+  }
   return WindowPolicy::ValidateTokens(kv_sink_tokens, kv_window_tokens);
+}
+
+int64_t SchedulerConfig::ForwardMaxSeqs() const {
+  if (speculative != "ngram") return max_running;
+  return std::min(max_batch_tokens, max_running * (1 + spec_max_tokens));
 }
 
 }  // namespace pd::engine

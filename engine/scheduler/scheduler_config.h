@@ -22,10 +22,18 @@ struct SchedulerConfig {
   // whose mask is later sits the step out (its token is computed again next step) instead of
   // holding the batch; when every sequence of the step waits on its mask, the step waits.
   int64_t mask_grace_us = 2000;
+  // Speculative decoding (docs/engine.md): "off", or "ngram" (each greedy decode proposes up
+  // to spec_max_tokens tokens from its own prompt and output, verified in the same step).
+  std::string speculative = "off";
+  int64_t spec_max_tokens = 4;
+  // Sequences one forward pass must hold: max_running, plus a verify row per proposed token
+  // when speculating (at most max_batch_tokens).
+  int64_t ForwardMaxSeqs() const;
 
   // InvalidArgument naming the values when a bound is not positive, max_running exceeds
-  // max_batch_tokens, kv_dtype is empty, mask_grace_us is negative or the sink + window counts
-  // are invalid.
+  // max_batch_tokens, kv_dtype is empty, mask_grace_us is negative, speculative is unknown or
+  // spec_max_tokens outside [1, 16], or the sink + window counts are invalid; Unimplemented
+  // for speculative "draft" (a draft model: not built yet).
   absl::Status Validate() const;
 };
 

@@ -1026,19 +1026,94 @@ TEST(SchedulerGrammarTest, OutputsAreSentencesOfTheGrammarOnEveryPath) {
   }
 }
 
+// Speculative decoding (n-gram): greedy output is token for token the output without it, alone,
+// batched, with a pool small enough to preempt, and with logprobs; proposals are verified and
+// many accepted (stories260K repeats itself); max_tokens is never overshot.
+TEST(SchedulerSpecTest, NgramSpeculationGivesTheSameGreedyOutput) {
+  SchedulerConfig spec;
+  spec.speculative = "ngram";
+  spec.spec_max_tokens = 4;
+  auto run = [](int64_t blocks, SchedulerConfig config, bool logprobs, bool staged = false) {
+    Harness h(blocks, config, Clock::Real(), staged);
+    for (int i = 0; i < 4; ++i) {
+      SamplingOptions so = MaxTokens(i == 3 ? 37 : 120);
+      if (logprobs && i == 1) so.logprobs = 3;
+      CHECK(h.Submit(i, h.Encode(kPrompts[i]), so).ok());
+    }
+    h.RunToCompletion();
+    std::map<int, Result> out;
+    for (int i = 0; i < 4; ++i) out[i] = h.results()[i];
+    return std::make_pair(out, h.scheduler()->Stats());
+  };
+  for (const bool logprobs : {false, true}) {
+    const auto [plain, plain_stats] = run(64, {}, logprobs);
+    const auto [fast, fast_stats] = run(64, spec, logprobs);
+    const auto [tight, tight_stats] = run(14, spec, logprobs);  // preempts
+    // The CUDA path's staging and decode graphs, on the host.
+    const auto [staged, staged_stats] = run(64, spec, logprobs, /*staged=*/true);
+    std::printf("proposed %lld, accepted %lld; steps %lld (without: %lld)\n",
+                static_cast<long long>(fast_stats.spec_proposed_tokens),
+                static_cast<long long>(fast_stats.spec_accepted_tokens),
+                static_cast<long long>(fast_stats.steps), static_cast<long long>(plain_stats.steps));
+    EXPECT_EQ(plain_stats.spec_proposed_tokens, 0);
+    EXPECT_GT(staged_stats.spec_accepted_tokens, 20);
+    EXPECT_GT(fast_stats.spec_accepted_tokens, 20);
+    EXPECT_LE(fast_stats.spec_accepted_tokens, fast_stats.spec_proposed_tokens);
+    // Each accepted token is a step saved.
+    EXPECT_LT(fast_stats.steps, plain_stats.steps);
+    EXPECT_GT(tight_stats.preemptions, 0);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(fast.at(i).tokens, plain.at(i).tokens) << "prompt " << i;
+      EXPECT_EQ(fast.at(i).text, plain.at(i).text) << "prompt " << i;
+      EXPECT_EQ(fast.at(i).last.finish_reason, plain.at(i).last.finish_reason);
+      EXPECT_EQ(tight.at(i).tokens, plain.at(i).tokens) << "prompt " << i << " (preempted)";
+      EXPECT_EQ(staged.at(i).tokens, plain.at(i).tokens) << "prompt " << i << " (staged)";
+      ASSERT_EQ(fast.at(i).logprobs.size(), plain.at(i).logprobs.size());
+      for (size_t t = 0; t < plain.at(i).logprobs.size(); ++t) {
+        EXPECT_NEAR(fast.at(i).logprobs[t].logprob, plain.at(i).logprobs[t].logprob, 1e-5);
+        EXPECT_EQ(fast.at(i).logprobs[t].top.size(), plain.at(i).logprobs[t].top.size());
+      }
+    }
+    EXPECT_EQ(fast.at(3).tokens.size(), 37u);  // max_tokens, not one more
+  }
+}
+
+TEST(SchedulerSpecTest, ConfigIsValidated) {
+  SchedulerConfig c;
+  c.speculative = "draft";
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kUnimplemented);
+  c.speculative = "eagle";
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c.speculative = "ngram";
+  c.spec_max_tokens = 0;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c.spec_max_tokens = 4;
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(c.ForwardMaxSeqs(), std::min<int64_t>(c.max_batch_tokens, 5 * c.max_running));
+  c.speculative = "off";
+  EXPECT_EQ(c.ForwardMaxSeqs(), c.max_running);
+}
+
 // A late mask holds no one: with no grace, a constrained sequence whose mask is held on
 // purpose sits steps out while its unconstrained neighbour goes on, and both outputs are the
 // ones computed without delay. Alone, the step waits for it instead. A sequence cancelled while
 // its mask is late leaves the job to finish on its own.
 TEST(SchedulerGrammarTest, LateMaskSitsTheStepOutAndChangesNothing) {
   auto schema = TestGrammar({grammar::ConstraintSpec::Kind::kJsonSchema, kPersonSchema, {}});
+  // The neighbour outlasts the constrained request whatever the timing (with no grace, a mask
+  // slower than the layers sits a step out at any time).
+  auto Long = [] {
+    SamplingOptions so = MaxTokens(400);
+    so.ignore_eos = true;
+    return so;
+  };
   SchedulerConfig no_grace;
   no_grace.mask_grace_us = 0;
   std::map<int, std::vector<uint32_t>> reference;
   {
     Harness h(64, {});
     ASSERT_TRUE(h.Submit(0, h.Encode(kPrompts[0]), Constrained(schema, 0.0f)).ok());
-    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(60)).ok());
+    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), Long()).ok());
     h.RunToCompletion();
     reference[0] = h.results()[0].tokens;
     reference[1] = h.results()[1].tokens;
@@ -1066,7 +1141,7 @@ TEST(SchedulerGrammarTest, LateMaskSitsTheStepOutAndChangesNothing) {
       if (k == 4 || k == 9) hold_for_steps(3);
     });
     ASSERT_TRUE(h.Submit(0, h.Encode(kPrompts[0]), Constrained(schema, 0.0f)).ok());
-    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(60)).ok());
+    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), Long()).ok());
     for (int i = 0; i < 10000 && !h.scheduler()->idle(); ++i) {
       h.scheduler()->Step();
       steps.fetch_add(1);
@@ -1096,7 +1171,7 @@ TEST(SchedulerGrammarTest, LateMaskSitsTheStepOutAndChangesNothing) {
       while (!release.load()) absl::SleepFor(absl::Milliseconds(1));
     });
     ASSERT_TRUE(h.Submit(0, h.Encode(kPrompts[0]), Constrained(schema, 0.0f)).ok());
-    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(60)).ok());
+    ASSERT_TRUE(h.Submit(1, h.Encode(kPrompts[1]), Long()).ok());
     for (int i = 0; i < 10000 && h.scheduler()->Stats().late_masks == 0; ++i) {
       h.scheduler()->Step();
     }

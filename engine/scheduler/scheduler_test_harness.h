@@ -58,7 +58,7 @@ class Harness {
         memory::HostKvPool::Create(layout, num_blocks);
     CHECK(pool.ok()) << pool.status();
     pool_ = *std::move(pool);
-    ForwardOptions fo{config.max_batch_tokens, config.max_running};
+    ForwardOptions fo{config.max_batch_tokens, config.ForwardMaxSeqs()};
     fo.staged_metadata = staged;
     absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
         &weights_, {pool_->base(), kernels::DType::kF32, num_blocks, 16}, {}, fo);

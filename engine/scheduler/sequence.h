@@ -95,6 +95,10 @@ struct Sequence {
   // The mask of the matcher's current state, being computed (it was late: the sequence sat a
   // step out) or done; reset once a token moves the matcher on.
   std::shared_ptr<MaskJob> mask_job;
+  // Speculative decoding: the tokens proposed at this step (verify rows of the batch), and how
+  // many to propose next (adapted to what was accepted; 0 until the first proposal).
+  std::vector<uint32_t> draft;
+  int64_t spec_k = 0;
   // Logit bias and penalties (request.sampling, HasLogitEdits): the edits of the step being
   // computed, from `tokens` alone (so a preempted, resumed or remotely prefilled request
   // rebuilds the same ones). Unused, and empty, for other requests.

@@ -49,6 +49,11 @@ ABSL_FLAG(double, mask_grace_ms, 2.0,
           "structured output: how long a step may wait for a late token mask once its layers are "
           "done (or a quarter of the step's time so far, if longer); a sequence whose mask is "
           "later sits the step out instead of holding the batch (docs/structured-outputs.md)");
+ABSL_FLAG(std::string, speculative, "off",
+          "speculative decoding: off | ngram (each greedy decode proposes up to "
+          "--spec_max_tokens tokens from its own prompt and output, verified in the same step; "
+          "output identical) | draft (a draft model: not implemented yet)");
+ABSL_FLAG(int64_t, spec_max_tokens, 4, "speculative decoding: most tokens proposed per step (1-16)");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "linear weights: auto (as stored) | int8 (quantized at load, W8A8; the model "
           "fingerprint gets \"+w8\", so prefill and decode workers must agree)");
@@ -136,6 +141,8 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
         absl::StrCat("--mask_grace_ms must be between 0 and 60000, got ", mask_grace_ms));
   }
   c.runtime.scheduler.mask_grace_us = static_cast<int64_t>(mask_grace_ms * 1000);
+  c.runtime.scheduler.speculative = absl::GetFlag(FLAGS_speculative);
+  c.runtime.scheduler.spec_max_tokens = absl::GetFlag(FLAGS_spec_max_tokens);
   PD_ASSIGN_OR_RETURN(c.grpc_address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address),
                                                                   "--grpc_address"));
   PD_ASSIGN_OR_RETURN(

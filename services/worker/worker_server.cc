@@ -251,6 +251,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddCounter("pd_worker_kv_window_dropped_blocks_total",
                     "KV blocks dropped by the sink + window policy (--kv_window_tokens)",
                     st.window_dropped_blocks);
+    sink.AddCounter("pd_worker_spec_proposed_tokens_total",
+                    "Speculative decoding: tokens proposed (--speculative)",
+                    st.spec_proposed_tokens);
+    sink.AddCounter("pd_worker_spec_accepted_tokens_total",
+                    "Speculative decoding: proposed tokens accepted (each a decode step saved)",
+                    st.spec_accepted_tokens);
+    sink.AddCounter("pd_worker_spec_verify_steps_total",
+                    "Speculative decoding: sequence-steps that verified a proposal",
+                    st.spec_verify_steps);
     sink.AddCounter("pd_worker_late_masks_total",
                     "Steps a sequence sat out because its structured-output mask was late "
                     "(--mask_grace_ms)",
