@@ -887,8 +887,8 @@ void Scheduler::VerifyProposal(Sequence* seq, size_t first_row, size_t num_rows,
   ++stats_.spec_verify_steps;
   stats_.spec_proposed_tokens += static_cast<int64_t>(num_rows);
   stats_.spec_accepted_tokens += static_cast<int64_t>(accepted);
-  // Next proposal: one more than accepted (all accepted: one more than proposed), up to the
-  // configured bound.
+  // Next proposal: one more than accepted (all accepted: two more), up to the configured
+  // bound.
   seq->spec_k = std::min<int64_t>(config_.spec_max_tokens, static_cast<int64_t>(accepted) + 1 +
                                                                (accepted == num_rows ? 1 : 0));
   seq->draft.clear();
