@@ -575,7 +575,12 @@ bool Scheduler::Step() {
   }
   ++stats_.steps;
   std::vector<int32_t> sampled;
+  const absl::Time started = absl::Now();
   absl::Status forward = ForwardBatch(&batch, &sampled);
+  if (config_.speculative != "off") {
+    spec_.ObserveStep(static_cast<int64_t>(batch.rows.size()),
+                      absl::ToDoubleSeconds(absl::Now() - started));
+  }
   if (forward.ok()) {
     ApplyBatch(batch, sampled);
   } else {
@@ -653,12 +658,19 @@ Scheduler::Batch Scheduler::CollectBatch() {
       return batch;
     }
   }
+  const int64_t step_k = config_.spec_adaptive
+                             ? spec_.MaxProposal(static_cast<int64_t>(rows), config_.spec_max_tokens)
+                             : config_.spec_max_tokens;
+  if (step_k == 0) {
+    ++stats_.spec_declined_steps;
+    return batch;
+  }
   const auto max_rows = static_cast<size_t>(forward_->options().max_seqs);
   for (size_t r = 0; r < rows && budget > 0 && batch.rows.size() < max_rows; ++r) {
     Sequence* seq = batch.members[r];
     const int64_t room =
         std::min<int64_t>(budget, static_cast<int64_t>(max_rows - batch.rows.size()));
-    const int64_t k = std::min(room, Propose(seq));
+    const int64_t k = std::min(room, Propose(seq, step_k));
     if (k <= 0) continue;
     seq->draft.resize(static_cast<size_t>(k));
     budget -= k;
@@ -687,7 +699,7 @@ Scheduler::Batch Scheduler::CollectBatch() {
   return batch;
 }
 
-int64_t Scheduler::Propose(Sequence* seq) {
+int64_t Scheduler::Propose(Sequence* seq, int64_t max_k) {
   const SamplingOptions& so = seq->request.sampling;
   // Exact for greedy decodes of plain requests; the rest decode one token at a time.
   if (so.temperature >= kernels::kMinSamplingTemperature || seq->matcher != nullptr ||
@@ -696,7 +708,7 @@ int64_t Scheduler::Propose(Sequence* seq) {
     return 0;
   }
   const auto last = static_cast<int64_t>(seq->tokens.size()) - 1;  // its position
-  int64_t k = seq->spec_k > 0 ? seq->spec_k : config_.spec_max_tokens;
+  int64_t k = std::min(max_k, seq->spec_k > 0 ? seq->spec_k : config_.spec_max_tokens);
   if (so.max_tokens > 0) {
     // The step yields up to k + 1 tokens: no more than max_tokens allows.
     k = std::min(k, static_cast<int64_t>(so.max_tokens) -
@@ -885,6 +897,7 @@ void Scheduler::VerifyProposal(Sequence* seq, size_t first_row, size_t num_rows,
     TakeSampledToken(seq, first_row + j - 1, sampled[first_row + j - 1]);
   }
   ++stats_.spec_verify_steps;
+  spec_.ObserveVerify(static_cast<int64_t>(num_rows), static_cast<int64_t>(accepted));
   stats_.spec_proposed_tokens += static_cast<int64_t>(num_rows);
   stats_.spec_accepted_tokens += static_cast<int64_t>(accepted);
   // Next proposal: one more than accepted (all accepted: two more), up to the configured

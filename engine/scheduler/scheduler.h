@@ -42,6 +42,7 @@
 #include "engine/scheduler/remote_prefill_holds.h"
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/scheduler_config.h"
+#include "engine/scheduler/spec_controller.h"
 #include "engine/scheduler/window_policy.h"
 
 namespace pd::engine {
@@ -81,6 +82,7 @@ struct SchedulerStats {
   int64_t spec_proposed_tokens = 0;
   int64_t spec_accepted_tokens = 0;
   int64_t spec_verify_steps = 0;
+  int64_t spec_declined_steps = 0;  // steps whose measured costs said proposals do not pay
   kvcache::KvCacheStats kv;
 };
 
@@ -172,8 +174,9 @@ class Scheduler {
   // chunks, oldest first, within max_batch_tokens. Empty when nothing can run. When
   // speculating and nothing is left to prefill, verify rows for the decodes' proposals.
   Batch CollectBatch();
-  // Speculation: proposes tokens for `seq` (a decode) and gives them slots; how many (0: none).
-  int64_t Propose(Sequence* seq);
+  // Speculation: proposes at most `max_k` tokens for `seq` (a decode) and gives them slots; how
+  // many (0: none).
+  int64_t Propose(Sequence* seq, int64_t max_k);
   // Runs the forward pass over `batch` (setting its rows' block tables) and samples one token
   // per member into `sampled`.
   absl::Status ForwardBatch(Batch* batch, std::vector<int32_t>* sampled);
@@ -251,6 +254,7 @@ class Scheduler {
   };
   std::vector<MaskThread> mask_threads_;
   std::function<void()> mask_hook_;
+  SpecController spec_;
   absl::Status evacuated_;  // non-OK after Evacuate: generations are refused with it
 };
 

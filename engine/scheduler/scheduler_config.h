@@ -26,6 +26,8 @@ struct SchedulerConfig {
   // to spec_max_tokens tokens from its own prompt and output, verified in the same step).
   std::string speculative = "off";
   int64_t spec_max_tokens = 4;
+  // Propose only what the measured step costs say pays (SpecController); false: always.
+  bool spec_adaptive = true;
   // Sequences one forward pass must hold: max_running, plus a verify row per proposed token
   // when speculating (at most max_batch_tokens).
   int64_t ForwardMaxSeqs() const;

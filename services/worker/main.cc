@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, speculative, "off",
           "--spec_max_tokens tokens from its own prompt and output, verified in the same step; "
           "output identical) | draft (a draft model: not implemented yet)");
 ABSL_FLAG(int64_t, spec_max_tokens, 4, "speculative decoding: most tokens proposed per step (1-16)");
+ABSL_FLAG(bool, spec_adaptive, true,
+          "speculative decoding: propose only when the measured step costs say it pays (fit "
+          "of step time against rows, and the acceptance); false: always");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "linear weights: auto (as stored) | int8 (quantized at load, W8A8; the model "
           "fingerprint gets \"+w8\", so prefill and decode workers must agree)");
@@ -143,6 +146,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.scheduler.mask_grace_us = static_cast<int64_t>(mask_grace_ms * 1000);
   c.runtime.scheduler.speculative = absl::GetFlag(FLAGS_speculative);
   c.runtime.scheduler.spec_max_tokens = absl::GetFlag(FLAGS_spec_max_tokens);
+  c.runtime.scheduler.spec_adaptive = absl::GetFlag(FLAGS_spec_adaptive);
   PD_ASSIGN_OR_RETURN(c.grpc_address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address),
                                                                   "--grpc_address"));
   PD_ASSIGN_OR_RETURN(

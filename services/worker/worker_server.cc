@@ -260,6 +260,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddCounter("pd_worker_spec_verify_steps_total",
                     "Speculative decoding: sequence-steps that verified a proposal",
                     st.spec_verify_steps);
+    sink.AddCounter("pd_worker_spec_declined_steps_total",
+                    "Speculative decoding: steps whose measured costs said proposals do not pay",
+                    st.spec_declined_steps);
     sink.AddCounter("pd_worker_late_masks_total",
                     "Steps a sequence sat out because its structured-output mask was late "
                     "(--mask_grace_ms)",

@@ -80,7 +80,7 @@ TEST(SpeculativeE2eTest, NgramOnPrefillPlusDecodeGivesTheOutputOfPlainDecoding) 
   ASSERT_TRUE(tmp.ok()) << tmp.status();
   const Answers plain = RunCluster(tmp->path() + "/plain", 0, {});
   const Answers spec =
-      RunCluster(tmp->path() + "/spec", 1, {"--speculative=ngram", "--spec_max_tokens=5"});
+      RunCluster(tmp->path() + "/spec", 1, {"--speculative=ngram", "--spec_max_tokens=5", "--spec_adaptive=false"});
   ASSERT_EQ(plain.greedy.size(), 3u);
   ASSERT_EQ(spec.greedy.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {

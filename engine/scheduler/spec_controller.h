@@ -1,0 +1,42 @@
+// When speculation pays (issue #33, "decided from measured step costs, not a fixed
+// threshold"): the scheduler measures each forward pass and how many rows it had, fits the step
+// time as a + b * rows (exponentially weighted least squares, so it follows load and machine),
+// and tracks the share of proposed tokens accepted. A step with R plain rows yields R tokens in
+// a + bR; adding k verify rows with expected accepted tokens E(k) yields R + E(k) tokens in
+// a + b(R + k). That is more tokens per second exactly when E(k) / k > bR / (a + bR), so a
+// proposal is cut to the longest k that passes. On a model whose step is bound by reading its
+// weights, b is small against a and speculation runs; on one where every row costs as much as
+// the weights (a tiny model, or a large batch), it stops. One step in kExploreEvery proposes
+// anyway, so the fit and the acceptance keep being measured. docs/engine.md.
+#pragma once
+
+#include <cstdint>
+
+namespace pd::engine {
+
+class SpecController {
+ public:
+  static constexpr int64_t kExploreEvery = 16;
+
+  // A forward pass of `rows` rows took `seconds`.
+  void ObserveStep(int64_t rows, double seconds);
+  // A verification: `proposed` tokens, `accepted` of them taken.
+  void ObserveVerify(int64_t proposed, int64_t accepted);
+  // Called once per step that could speculate, with its plain rows: the longest proposal worth
+  // verifying, at most `max_k` (0: none).
+  int64_t MaxProposal(int64_t plain_rows, int64_t max_k);
+
+  // The current fit (for tests and logs): step seconds = a + b * rows; false until the rows seen
+  // vary enough to separate a from b.
+  bool Fit(double* a, double* b) const;
+  double acceptance() const { return acceptance_; }
+
+ private:
+  // Exponentially weighted sums of 1, x (rows), y (seconds), x^2, xy.
+  double s0_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+  // Per-token acceptance, weighted toward recent verifications; optimistic until measured.
+  double acceptance_ = 0.5;
+  int64_t steps_ = 0;
+};
+
+}  // namespace pd::engine

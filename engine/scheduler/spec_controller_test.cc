@@ -1,0 +1,64 @@
+#include "engine/scheduler/spec_controller.h"
+
+#include "gtest/gtest.h"
+
+namespace pd::engine {
+namespace {
+
+// Feeds steps of 1..8 rows costing a + b * rows, and verifications accepting `rate`.
+void Feed(SpecController* c, double a, double b, double rate) {
+  for (int i = 0; i < 400; ++i) {
+    const int rows = 1 + i % 8;
+    c->ObserveStep(rows, a + b * rows);
+    c->ObserveVerify(100, static_cast<int64_t>(rate * 100));
+  }
+}
+
+TEST(SpecControllerTest, FitsTheStepCostAndProposesWhereItPays) {
+  // A weight-bound model: 75 ms a step, 1 ms a row; a tenth of the proposals accepted still
+  // pays.
+  SpecController bound;
+  Feed(&bound, 0.075, 0.001, 0.1);
+  double a = 0, b = 0;
+  ASSERT_TRUE(bound.Fit(&a, &b));
+  EXPECT_NEAR(a, 0.075, 1e-6);
+  EXPECT_NEAR(b, 0.001, 1e-6);
+  int proposed = 0;
+  for (int i = 0; i < 32; ++i) proposed += bound.MaxProposal(1, 4) > 0 ? 1 : 0;
+  EXPECT_EQ(proposed, 32);
+  EXPECT_GE(bound.MaxProposal(1, 4), 1);
+
+  // A model where each row costs twice the rest of the step: a third accepted does not pay,
+  // except on the steps that keep measuring.
+  SpecController rows;
+  Feed(&rows, 0.00005, 0.0001, 0.35);
+  int explored = 0;
+  for (int i = 0; i < 64; ++i) {
+    const int64_t k = rows.MaxProposal(1, 4);
+    EXPECT_TRUE(k == 0 || k == 4) << k;
+    explored += k == 4 ? 1 : 0;
+  }
+  EXPECT_EQ(explored, 64 / SpecController::kExploreEvery);
+  // With nearly every proposal accepted it pays again.
+  SpecController good;
+  Feed(&good, 0.00005, 0.0001, 0.95);
+  EXPECT_GT(good.MaxProposal(1, 4) + good.MaxProposal(1, 4), 0);
+}
+
+TEST(SpecControllerTest, ProposesWhileItCannotTellACostFromTheRows) {
+  SpecController c;
+  EXPECT_EQ(c.MaxProposal(3, 4), 4);  // nothing measured
+  for (int i = 0; i < 50; ++i) c.ObserveStep(4, 0.01);  // always 4 rows: no slope
+  double a = 0, b = 0;
+  EXPECT_FALSE(c.Fit(&a, &b));
+  EXPECT_EQ(c.MaxProposal(4, 3), 3);
+  EXPECT_EQ(c.MaxProposal(4, 0), 0);
+  // Garbage is ignored.
+  c.ObserveStep(0, 1.0);
+  c.ObserveStep(3, -1.0);
+  c.ObserveVerify(0, 5);
+  EXPECT_FALSE(c.Fit(&a, &b));
+}
+
+}  // namespace
+}  // namespace pd::engine
