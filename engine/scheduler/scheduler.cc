@@ -577,7 +577,11 @@ bool Scheduler::Step() {
   std::vector<int32_t> sampled;
   const absl::Time started = absl::Now();
   absl::Status forward = ForwardBatch(&batch, &sampled);
-  if (config_.speculative != "off") {
+  // Steps of one-token rows only (decodes and verify rows): the steps speculation happens in.
+  // A prefill chunk's tokens cost another price (no classifier or sampling for most of them).
+  if (config_.speculative != "off" &&
+      std::all_of(batch.rows.begin(), batch.rows.end(),
+                  [](const ForwardSequence& row) { return row.tokens.size() == 1; })) {
     spec_.ObserveStep(static_cast<int64_t>(batch.rows.size()),
                       absl::ToDoubleSeconds(absl::Now() - started));
   }

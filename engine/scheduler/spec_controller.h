@@ -1,6 +1,7 @@
 // When speculation pays (issue #33, "decided from measured step costs, not a fixed
-// threshold"): the scheduler measures each forward pass and how many rows it had, fits the step
-// time as a + b * rows (exponentially weighted least squares, so it follows load and machine),
+// threshold"): the scheduler measures each forward pass of one-token rows (decodes and verify
+// rows) and how many rows it had, fits the step time as a + b * rows (exponentially weighted
+// least squares, so it follows load and machine),
 // and tracks the share of proposed tokens accepted. A step with R plain rows yields R tokens in
 // a + bR; adding k verify rows with expected accepted tokens E(k) yields R + E(k) tokens in
 // a + b(R + k). That is more tokens per second exactly when E(k) / k > bR / (a + bR), so a
@@ -18,7 +19,7 @@ class SpecController {
  public:
   static constexpr int64_t kExploreEvery = 16;
 
-  // A forward pass of `rows` rows took `seconds`.
+  // A forward pass of `rows` one-token rows took `seconds`.
   void ObserveStep(int64_t rows, double seconds);
   // A verification: `proposed` tokens, `accepted` of them taken.
   void ObserveVerify(int64_t proposed, int64_t accepted);
