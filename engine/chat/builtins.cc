@@ -743,7 +743,10 @@ absl::StatusOr<Value> CallGlobal(absl::string_view name, const CallArgs& args, B
   if (name == "namespace" || name == "dict") {
     PD_ASSIGN_OR_RETURN(Dict d, MappingFromArgs(name, args));
     PD_RETURN_IF_ERROR(budget->Charge(static_cast<int64_t>(d.items.size()) + 1));
-    return name == "dict" ? Value::MakeDict(std::move(d)) : Value::Namespace(std::move(d));
+    if (name == "dict") return Value::MakeDict(std::move(d));
+    Value ns = Value::Namespace(std::move(d));
+    budget->namespaces.push_back(ns);
+    return ns;
   }
   if (name == "raise_exception") {
     absl::Status raised = absl::InvalidArgumentError(

@@ -51,6 +51,10 @@ struct Budget {
   int64_t max_iterations = 0;
   absl::Duration max_duration = absl::InfiniteDuration();
   int64_t charges = 0;  // calls of Charge, to read the clock every 64th
+  // The namespaces this render created. A namespace is shared and mutable, so it can hold
+  // itself (`{% set ns.me = ns %}`): a reference cycle. The render empties them all when it
+  // ends, which breaks every cycle (nothing built during a render outlives it).
+  std::vector<Value> namespaces;
 
   // ResourceExhausted once the work runs out, the meter is past max_memory_bytes or the
   // deadline has passed.

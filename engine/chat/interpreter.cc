@@ -65,6 +65,12 @@ class Interpreter {
     budget_.max_duration = limits.max_duration;
     frames_.emplace_back();
   }
+  ~Interpreter() {
+    // Breaks the reference cycles namespaces may form (Budget::namespaces).
+    for (const Value& ns : budget_.namespaces) ns.mutable_namespace() = Dict();
+  }
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   absl::StatusOr<std::string> Run(const StmtList& body) {
     std::string out;
