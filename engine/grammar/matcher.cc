@@ -455,9 +455,9 @@ bool Matcher::AcceptsEveryPlainRun(const State& cut) const {
   if (start < 0) return false;
   const int32_t live = dfa_[static_cast<size_t>(start)].live;
   if (live < 0) return false;
-  // Pairs (DFA id of the live stacks, PlainStringStep state) met so far, and to explore.
+  // Pairs (DFA id of the live stacks, PlainStringStep state) met so far, and still to explore.
   absl::flat_hash_set<uint64_t> seen;
-  std::vector<std::pair<int32_t, int>> todo = {{live, 0}};
+  std::vector<std::pair<int32_t, int>> pending = {{live, 0}};
   seen.insert(static_cast<uint64_t>(live) * kPlainStringStates);
   size_t steps = 0;
   State next;
@@ -466,9 +466,9 @@ bool Matcher::AcceptsEveryPlainRun(const State& cut) const {
   // byte set does not depend on the byte): one step per class of (those stacks, the plain
   // state after the byte).
   std::vector<std::pair<std::vector<uint64_t>, int>> classes;
-  while (!todo.empty()) {
-    const auto [id, plain] = todo.back();
-    todo.pop_back();
+  while (!pending.empty()) {
+    const auto [id, plain] = pending.back();
+    pending.pop_back();
     const State stacks = dfa_[static_cast<size_t>(id)].stacks;
     classes.clear();
     std::vector<uint64_t> signature((stacks.size() + 63) / 64);
@@ -494,7 +494,7 @@ bool Matcher::AcceptsEveryPlainRun(const State& cut) const {
       if (!after.placeholders.empty() || after.live < 0) return false;
       const uint64_t pair =
           static_cast<uint64_t>(after.live) * kPlainStringStates + static_cast<uint64_t>(plain_next);
-      if (seen.insert(pair).second) todo.emplace_back(after.live, plain_next);
+      if (seen.insert(pair).second) pending.emplace_back(after.live, plain_next);
     }
   }
   return true;

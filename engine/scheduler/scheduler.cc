@@ -630,13 +630,7 @@ Scheduler::Batch Scheduler::CollectBatch() {
       }
       budget -= n;
       batch.members.push_back(seq);
-      const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
-      std::vector<int32_t> ids;
-      ids.reserve(table->num_blocks());
-      for (BlockId b : table->blocks()) {
-        ids.push_back(static_cast<int32_t>(b.value()));
-      }
-      batch.tables.push_back(std::move(ids));
+      batch.tables.push_back(TableIds(*seq));
       batch.rows.push_back({absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, n),
                             seq->num_computed - seq->dropped,
                             {},
@@ -678,13 +672,7 @@ Scheduler::Batch Scheduler::CollectBatch() {
     if (k <= 0) continue;
     seq->draft.resize(static_cast<size_t>(k));
     budget -= k;
-    // (Propose may have added a block to the table.)
-    const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
-    std::vector<int32_t> ids;
-    ids.reserve(table->num_blocks());
-    for (BlockId b : table->blocks()) {
-      ids.push_back(static_cast<int32_t>(b.value()));
-    }
+    const std::vector<int32_t> ids = TableIds(*seq);  // (Propose may have added a block)
     batch.tables[r] = ids;
     batch.first_verify[r] = batch.rows.size();
     batch.num_verify[r] = static_cast<size_t>(k);
@@ -701,6 +689,16 @@ Scheduler::Batch Scheduler::CollectBatch() {
     }
   }
   return batch;
+}
+
+std::vector<int32_t> Scheduler::TableIds(const Sequence& seq) const {
+  const kvcache::BlockTable* table = kv_->GetTable(seq.kv_id);
+  std::vector<int32_t> ids;
+  ids.reserve(table->num_blocks());
+  for (BlockId b : table->blocks()) {
+    ids.push_back(static_cast<int32_t>(b.value()));
+  }
+  return ids;
 }
 
 int64_t Scheduler::Propose(Sequence* seq, int64_t max_k) {

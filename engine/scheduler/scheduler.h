@@ -177,6 +177,8 @@ class Scheduler {
   // Speculation: proposes at most `max_k` tokens for `seq` (a decode) and gives them slots; how
   // many (0: none).
   int64_t Propose(Sequence* seq, int64_t max_k);
+  // The physical block ids of seq's table, as a batch row reads them.
+  std::vector<int32_t> TableIds(const Sequence& seq) const;
   // Runs the forward pass over `batch` (setting its rows' block tables) and samples one token
   // per member into `sampled`.
   absl::Status ForwardBatch(Batch* batch, std::vector<int32_t>* sampled);
