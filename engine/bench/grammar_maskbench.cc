@@ -107,6 +107,9 @@ int main(int argc, char** argv) {
   options.max_whitespace = absl::GetFlag(FLAGS_max_whitespace);
   std::vector<double> compile_ms;
   std::vector<double> mask_us;
+  using Path = pd::grammar::Matcher::MaskPath;
+  constexpr int kPaths = pd::grammar::Matcher::kNumMaskPaths;
+  std::vector<double> path_us[kPaths];
   int compiled = 0;
   int token_refused = 0;
   int mismatches = 0;
@@ -144,13 +147,15 @@ int main(int argc, char** argv) {
         const auto m0 = Clock::now();
         m.FillTokenMask(trie, &mask);
         mask_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
+        path_us[static_cast<int>(m.last_mask_path())].push_back(mask_us.back());
         if (absl::GetFlag(FLAGS_report_slow_ms) > 0 &&
             mask_us.back() > 1000 * absl::GetFlag(FLAGS_report_slow_ms)) {
           std::string before;
           for (size_t j = (k > 4 ? k - 4 : 0); j < k; ++j) before += trie.token_bytes((*ids)[j]);
           std::fprintf(stderr,
-                       "slow mask: %s, instance token %zu after '%s' (%zu stacks): %.1f ms\n",
+                       "slow mask: %s, instance token %zu after '%s' (%zu stacks, %s): %.1f ms\n",
                        path.filename().string().c_str(), k, before.c_str(), m.num_stacks(),
+                       pd::grammar::Matcher::MaskPathName(m.last_mask_path()),
                        mask_us.back() / 1000);
         }
         if (absl::GetFlag(FLAGS_verify)) {
@@ -177,6 +182,18 @@ int main(int argc, char** argv) {
               Percentile(mask_us, 1.0));
   std::printf("mask (us): p90 %.1f  p95 %.1f\n", Percentile(mask_us, 0.9),
               Percentile(mask_us, 0.95));
+  double total_us = 0;
+  for (const double x : mask_us) total_us += x;
+  std::printf("where the mask time goes (path: masks, share of time, mean, p99 us):\n");
+  for (int p = 0; p < kPaths; ++p) {
+    const std::vector<double>& v = path_us[p];
+    if (v.empty()) continue;
+    double sum = 0;
+    for (const double x : v) sum += x;
+    std::printf("  %-22s %8zu  %5.1f%%  %9.1f  %9.1f\n",
+                pd::grammar::Matcher::MaskPathName(static_cast<Path>(p)), v.size(),
+                total_us > 0 ? 100 * sum / total_us : 0.0, Mean(v), Percentile(v, 0.99));
+  }
   std::printf("mask cache: %lld hits, %lld misses, largest %.1f KiB\n",
               static_cast<long long>(cache_hits), static_cast<long long>(cache_misses),
               static_cast<double>(cache_bytes) / 1024.0);

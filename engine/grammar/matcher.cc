@@ -29,6 +29,19 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   return std::shared_ptr<const CompiledGrammar>(std::move(out));
 }
 
+std::optional<bool> CompiledGrammar::FindPlainRun(const std::vector<uint32_t>& key) const {
+  absl::MutexLock lock(&plain_mu_);
+  const auto it = plain_runs_.find(key);
+  if (it == plain_runs_.end()) return std::nullopt;
+  return it->second;
+}
+
+void CompiledGrammar::StorePlainRun(const std::vector<uint32_t>& key, bool accepts) const {
+  absl::MutexLock lock(&plain_mu_);
+  if (plain_runs_.size() >= kMaxPlainRunEntries) plain_runs_.clear();
+  plain_runs_.emplace(key, accepts);
+}
+
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
   nodes_.push_back(Node{0, 0});  // id 0: the empty stack
   if (!Normalize(Intern(grammar_->start(), 0), &state_)) {
@@ -450,9 +463,12 @@ size_t Matcher::FillTokenMaskUncached(const TokenTrie& trie, std::vector<uint32_
   return allowed;
 }
 
-bool Matcher::AcceptsEveryPlainRun(const State& cut) const {
+bool Matcher::AcceptsEveryPlainRun(const State& cut, size_t max_steps, bool* dfa_full) const {
   const int32_t start = DfaId(cut);
-  if (start < 0) return false;
+  if (start < 0) {
+    if (dfa_full != nullptr) *dfa_full = start == kDfaNoId;
+    return false;
+  }
   const int32_t live = dfa_[static_cast<size_t>(start)].live;
   if (live < 0) return false;
   // Pairs (DFA id of the live stacks, PlainStringStep state) met so far, and still to explore.
@@ -462,33 +478,56 @@ bool Matcher::AcceptsEveryPlainRun(const State& cut) const {
   size_t steps = 0;
   State next;
   const std::vector<Element>& el = grammar_->elements();
+  // The plain bytes from each PlainStringStep state, by the state after them.
+  static const auto* const kPlainClasses = [] {
+    auto* classes = new std::array<std::array<ByteSet, kPlainStringStates>, kPlainStringStates>();
+    for (int from = 0; from < kPlainStringStates; ++from) {
+      for (int b = 0; b < 256; ++b) {
+        const int to = PlainStringStep(from, static_cast<uint8_t>(b));
+        if (to < 0) continue;
+        (*classes)[static_cast<size_t>(from)][static_cast<size_t>(to)].set(static_cast<size_t>(b));
+      }
+    }
+    return classes;
+  }();
   // Bytes that the same stacks accept lead to the same state (a stack's step past its top
   // byte set does not depend on the byte): one step per class of (those stacks, the plain
-  // state after the byte).
-  std::vector<std::pair<std::vector<uint64_t>, int>> classes;
+  // state after the byte), found by splitting the plain classes by each stack's byte set.
+  std::vector<std::pair<ByteSet, int>> classes;
+  std::vector<std::pair<ByteSet, int>> split;
   while (!pending.empty()) {
     const auto [id, plain] = pending.back();
     pending.pop_back();
-    const State stacks = dfa_[static_cast<size_t>(id)].stacks;
     classes.clear();
-    std::vector<uint64_t> signature((stacks.size() + 63) / 64);
-    for (int b = 0; b < 256; ++b) {
-      const int plain_next = PlainStringStep(plain, static_cast<uint8_t>(b));
-      if (plain_next < 0) continue;
-      std::fill(signature.begin(), signature.end(), 0);
-      for (size_t k = 0; k < stacks.size(); ++k) {
-        if (IsByteTop(stacks[k]) &&
-            grammar_->set(el[nodes_[stacks[k]].pos].index).test(static_cast<uint8_t>(b))) {
-          signature[k / 64] |= uint64_t{1} << (k % 64);
+    for (int to = 0; to < kPlainStringStates; ++to) {
+      const ByteSet& bytes =
+          (*kPlainClasses)[static_cast<size_t>(plain)][static_cast<size_t>(to)];
+      if (bytes.any()) classes.emplace_back(bytes, to);
+    }
+    for (const uint32_t s : dfa_[static_cast<size_t>(id)].stacks) {
+      if (!IsByteTop(s)) continue;
+      const ByteSet& set = grammar_->set(el[nodes_[s].pos].index);
+      split.clear();
+      for (const auto& [bytes, to] : classes) {
+        const ByteSet in = bytes & set;
+        if (in.none() || in == bytes) {
+          split.emplace_back(bytes, to);
+        } else {
+          split.emplace_back(in, to);
+          split.emplace_back(bytes & ~set, to);
         }
       }
-      bool met = false;
-      for (const auto& [sig, p] : classes) met = met || (p == plain_next && sig == signature);
-      if (met) continue;
-      classes.emplace_back(signature, plain_next);
-      if (++steps > kMaxPlainCheckSteps) return false;
+      classes.swap(split);
+    }
+    for (const auto& [bytes, plain_next] : classes) {
+      if (++steps > max_steps) return false;
+      size_t b = 0;
+      while (!bytes.test(b)) ++b;
       const int32_t to = DfaStep(id, static_cast<uint8_t>(b), &next);
-      if (to < 0) return false;  // refused (or the DFA is full)
+      if (to < 0) {  // refused (or the DFA is full)
+        if (dfa_full != nullptr) *dfa_full = to == kDfaNoId;
+        return false;
+      }
       const DfaState& after = dfa_[static_cast<size_t>(to)];
       // A run that leaves the cut depends on what lies below: not decided here.
       if (!after.placeholders.empty() || after.live < 0) return false;
@@ -500,9 +539,94 @@ bool Matcher::AcceptsEveryPlainRun(const State& cut) const {
   return true;
 }
 
+bool Matcher::SomeGroupAcceptsEveryPlainRun(const State& cut) const {
+  // Each stack's entries above the cut, top first.
+  std::vector<absl::InlinedVector<uint32_t, kCutDepth + 1>> chains;
+  absl::flat_hash_map<uint32_t, uint32_t> shared;  // entry below a top -> stacks holding it
+  for (const uint32_t s : cut) {
+    auto& chain = chains.emplace_back();
+    for (uint32_t id = s; id != 0 && !IsPlaceholder(id); id = nodes_[id].parent) {
+      chain.push_back(id);
+      if (id != s) ++shared[id];
+    }
+  }
+  std::vector<std::pair<uint32_t, uint32_t>> groups;  // (stacks, shared entry)
+  for (const auto& [entry, count] : shared) {
+    if (count >= 2) groups.emplace_back(count, entry);
+  }
+  // The largest first; the deepest entry first among equals (it cuts least away).
+  std::sort(groups.begin(), groups.end(), [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return a.second < b.second;
+  });
+  absl::flat_hash_set<uint32_t> tried;  // a group is tried once, under its deepest entry
+  size_t tried_groups = 0;
+  for (const auto& [count, entry] : groups) {
+    if (tried_groups == kMaxPlainGroups) break;
+    // The group's key: each member's positions down to (not including) the shared entry, a
+    // separator after each, in a canonical order.
+    std::vector<std::vector<uint32_t>> members;
+    for (const auto& chain : chains) {
+      const auto at = std::find(chain.begin(), chain.end(), entry);
+      if (at == chain.end()) continue;
+      std::vector<uint32_t>& m = members.emplace_back();
+      for (auto it = chain.begin(); it != at; ++it) m.push_back(nodes_[*it].pos);
+    }
+    std::sort(members.begin(), members.end());
+    members.erase(std::unique(members.begin(), members.end()), members.end());
+    if (!tried.insert(static_cast<uint32_t>(absl::HashOf(members))).second) continue;
+    ++tried_groups;
+    std::vector<uint32_t> key;
+    for (const auto& m : members) {
+      key.insert(key.end(), m.begin(), m.end());
+      key.push_back(UINT32_MAX);
+    }
+    std::optional<bool> known = grammar_->FindPlainRun(key);
+    if (!known.has_value()) {
+      // The group over a placeholder of its own in place of the shared entry.
+      const uint32_t below = Intern(kPlaceholderBase + kMaxStacks + 1, 0);
+      State group;
+      for (const auto& m : members) {
+        uint32_t id = below;
+        for (auto it = m.rbegin(); it != m.rend(); ++it) id = Intern(*it, id);
+        group.push_back(id);
+      }
+      std::sort(group.begin(), group.end());
+      // The answer is kept, so it must not depend on this matcher's DFA: the search starts
+      // with half the DFA free (no walk holds DFA ids here), and an answer cut short by a
+      // full DFA is not kept.
+      if (dfa_.size() > kMaxDfaStates / 2) {
+        dfa_.clear();
+        dfa_next_.clear();
+        dfa_ids_.clear();
+      }
+      bool dfa_full = false;
+      known = AcceptsEveryPlainRun(group, kMaxGroupCheckSteps, &dfa_full);
+      if (!dfa_full) grammar_->StorePlainRun(key, *known);
+    }
+    if (*known) return true;
+  }
+  return false;
+}
+
+const char* Matcher::MaskPathName(MaskPath path) {
+  switch (path) {
+    case MaskPath::kWholeManyStacks: return "whole (many stacks)";
+    case MaskPath::kWholeKnown: return "whole (known cheap)";
+    case MaskPath::kWholeFirst: return "whole (first, cheap)";
+    case MaskPath::kCutHit: return "cut, cached";
+    case MaskPath::kCanonicalHit: return "cut, shared cache";
+    case MaskPath::kCutWalked: return "cut, walked";
+  }
+  return "?";
+}
+
 size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
   TrimDfa();
-  if (state_.size() > kMaxCutStacks) return FillTokenMaskUncached(trie, mask);
+  if (state_.size() > kMaxCutStacks) {
+    last_mask_path_ = MaskPath::kWholeManyStacks;
+    return FillTokenMaskUncached(trie, mask);
+  }
   // Where stacks share what lies below (inside a JSON string: its closing quote and all
   // that follows), the cut goes just below the shared entry: it keeps the key free of the
   // context, and tokens reach the cut only once they leave the shared entry (the string).
@@ -550,8 +674,13 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     tails.push_back(tail);
   }
   std::shared_ptr<const CachedTokenMask> part = grammar_->mask_cache().Find(key);
-  if (part != nullptr && part->walk_whole) return FillTokenMaskUncached(trie, mask);
+  last_mask_path_ = MaskPath::kCutHit;
+  if (part != nullptr && part->walk_whole) {
+    last_mask_path_ = MaskPath::kWholeKnown;
+    return FillTokenMaskUncached(trie, mask);
+  }
   if (part == nullptr) {
+    last_mask_path_ = MaskPath::kWholeFirst;
     // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
     // that within a budget; the cache is for the others.
     mask->assign(trie.mask_words(), 0);
@@ -569,8 +698,10 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     canonical = CanonicalForm(*grammar_, cuts, tails);
     if (!canonical.empty()) part = trie.mask_cache().Find(canonical);
     if (part != nullptr) grammar_->mask_cache().Store(key, part);
+    last_mask_path_ = MaskPath::kCanonicalHit;
   }
   if (part == nullptr) {
+    last_mask_path_ = MaskPath::kCutWalked;
     // Walk the cut state: its stacks rebuilt over placeholder nodes.
     auto computed = std::make_shared<CachedTokenMask>();
     computed->accepted.assign(trie.mask_words(), 0);
@@ -600,7 +731,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     // vocabulary) are walked; the part's boundaries are nodes of the rest trie.
     const TokenTrie* walked = &trie;
     if (computed->boundaries.empty() && !cut_state.empty() && trie.rest() != nullptr &&
-        AcceptsEveryPlainRun(cut_state)) {
+        (SomeGroupAcceptsEveryPlainRun(cut_state) || AcceptsEveryPlainRun(cut_state))) {
       walked = trie.rest();
       computed->rest_trie = true;
     }

@@ -16,11 +16,13 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/string_view.h"
 #include "engine/grammar/grammar.h"
 #include "engine/grammar/token_trie.h"
@@ -45,6 +47,13 @@ class CompiledGrammar {
   uint32_t start() const { return 0; }
   // Cached mask parts of this grammar, by the grammar positions of a cut state (Matcher).
   const TokenMaskCache& mask_cache() const { return masks_; }
+  // Whether a group of stacks (by its grammar positions: Matcher::SomeGroupAcceptsEveryPlainRun)
+  // accepts every plain run: answers already found by any matcher of this grammar.
+  // Thread-safe.
+  std::optional<bool> FindPlainRun(const std::vector<uint32_t>& key) const;
+  void StorePlainRun(const std::vector<uint32_t>& key, bool accepts) const;
+  // Most answers kept (past it, all are dropped and found again).
+  static constexpr size_t kMaxPlainRunEntries = 16384;
 
   // Approximate bytes held, without the mask cache (for caches that bound their memory).
   size_t ByteSize() const {
@@ -58,6 +67,8 @@ class CompiledGrammar {
   std::vector<std::vector<uint32_t>> starts_;
   std::vector<ByteSet> sets_;
   TokenMaskCache masks_{kMaxMaskCacheBytes};
+  mutable absl::Mutex plain_mu_;
+  mutable absl::flat_hash_map<std::vector<uint32_t>, bool> plain_runs_ ABSL_GUARDED_BY(plain_mu_);
 };
 
 // A matcher is owned by one request (not thread-safe); copies are independent.
@@ -90,6 +101,18 @@ class Matcher {
   // Masks this matcher took from a cut state that accepts every plain run (FillTokenMask).
   size_t plain_universal_masks() const { return plain_universal_masks_; }
   size_t num_stacks() const { return state_.size(); }
+  // How the last FillTokenMask computed its mask (for benchmarks: where the time goes).
+  enum class MaskPath {
+    kWholeManyStacks,  // more than kMaxCutStacks stacks: walked whole
+    kWholeKnown,       // a state this grammar walks whole (cached marker)
+    kWholeFirst,       // first met, and cheap enough to walk whole
+    kCutHit,           // the cut state's part came from this grammar's cache
+    kCanonicalHit,     // ... from the tokenizer's cache (another grammar's)
+    kCutWalked,        // the cut state was walked (then cached)
+  };
+  static constexpr int kNumMaskPaths = 6;
+  static const char* MaskPathName(MaskPath path);
+  MaskPath last_mask_path() const { return last_mask_path_; }
 
   // The token mask: sets bit t of `mask` (trie.mask_words() words) for every token t whose
   // bytes this matcher accepts from its current state, and the end tokens when CanEnd().
@@ -155,9 +178,19 @@ class Matcher {
   // The cut state `cut` (no stack cut at its top) accepts every run of plain string bytes
   // (PlainStringStep, from between characters) without reaching the cut: explored over pairs
   // of its DFA states and PlainStringStep states, at most kMaxPlainCheckSteps DFA steps (past
-  // that, or with the DFA full, the answer is no).
-  bool AcceptsEveryPlainRun(const State& cut) const;
+  // that, or with the DFA full, the answer is no; *dfa_full then says which).
+  bool AcceptsEveryPlainRun(const State& cut, size_t max_steps = kMaxPlainCheckSteps,
+                            bool* dfa_full = nullptr) const;
   static constexpr size_t kMaxPlainCheckSteps = 2048;
+  // Before the whole cut state, its groups: stacks that share an entry X above the cut (an
+  // object's other-key trie, say, beside its named keys' literals) accept every plain run
+  // when, with X taken as a cut, they do by themselves; and then so does the whole state.
+  // Such a group is the same at every key of an object and in every request: its answer is
+  // kept in the grammar (FindPlainRun) under its positions down to X, and found once, with
+  // this larger bound. At most kMaxPlainGroups groups (the largest) are tried.
+  bool SomeGroupAcceptsEveryPlainRun(const State& cut) const;
+  static constexpr size_t kMaxGroupCheckSteps = 16384;
+  static constexpr size_t kMaxPlainGroups = 3;
   // Sets the end tokens' bits when CanEnd(); returns how many were newly set.
   size_t AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
   struct WalkFrame {
@@ -208,6 +241,7 @@ class Matcher {
   State state_;
   bool overflowed_ = false;
   mutable size_t plain_universal_masks_ = 0;
+  mutable MaskPath last_mask_path_ = MaskPath::kWholeFirst;
 };
 
 // Whole-string match: `text` is a sentence of the grammar.

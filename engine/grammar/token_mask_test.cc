@@ -154,6 +154,66 @@ TEST(TokenMaskTest, PlainTokensAtOnceGiveTheWholeWalksMask) {
   EXPECT_GT(plain_masks, 20u);
 }
 
+// An object of many optional properties, other keys allowed: at each key, the stacks of the
+// names not yet used sit beside the trie of the other keys, which accepts every plain run by
+// itself. That group's answer is found once for the grammar (too big a search for the whole
+// state's bound), so keys take the plain tokens at once; the masks equal the whole walk.
+TEST(TokenMaskTest, KeysOfAnObjectOfManyNamesTakePlainTokensAtOnce) {
+  std::vector<std::string> vocab = Vocabulary(9);
+  std::mt19937 rng(5);
+  const std::vector<std::string> pieces = {"a", "e", "n", "s", "t", "x", "_", "-", "0",
+                                           "\xC3\xA9", "\xE4\xB8\xAD", "\"", ":", ","};
+  for (int i = 0; i < 6000; ++i) {
+    std::string s;
+    const int len = 1 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < len; ++k) {
+      s += pieces[rng() % 10 == 0 ? rng() % pieces.size() : rng() % 11];
+    }
+    vocab.push_back(s);
+  }
+  const TokenTrie trie(vocab, {0});
+  std::string schema = R"({"type": "object", "properties": {)";
+  std::vector<std::string> names;
+  // The names of a real configuration file's schema (a development server's).
+  for (const char* name : {"port", "host", "proxy", "insecure-proxy", "watcher", "live-reload",
+                           "live-reload-host", "live-reload-port", "environment", "output-path",
+                           "ssl", "ssl-key", "ssl-cert"}) {
+    schema += (names.empty() ? "\"" : ", \"") + std::string(name) + R"(": {"type": "string"})";
+    names.push_back(name);
+  }
+  schema += "}}";
+  auto g = CompileJsonSchema(schema, JsonSchemaOptions{.max_whitespace = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  const std::string doc =
+      "{\"port\":\"80\",\"live-reload\":\"x\",\"live-reload-port\":\"\xC3\xA9\",\"ssl\":\"1\","
+      "\"ssl-cart\":\"2\",\"ss\":\"\",\"ssl-cert-x\":\"3\"}";
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  for (int pass = 0; pass < 2; ++pass) {
+    Matcher m(*c);
+    size_t key_starts = 0;
+    size_t plain_key_starts = 0;
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const size_t plain_before = m.plain_universal_masks();
+      m.FillTokenMask(trie, &mask);
+      // (The first key, where every name may come, has more than kMaxCutStacks stacks: it
+      // is walked whole.)
+      if (i > 2 && doc[i - 1] == '"' && doc[i - 2] == ',') {
+        ++key_starts;
+        plain_key_starts += m.plain_universal_masks() - plain_before;
+      }
+      m.FillTokenMaskUncached(trie, &reference);
+      ASSERT_EQ(mask, reference) << "pass " << pass << ", after " << doc.substr(0, i);
+      if (i < doc.size()) ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+    }
+    EXPECT_TRUE(m.CanEnd());
+    EXPECT_EQ(key_starts, 6u);
+    EXPECT_EQ(plain_key_starts, key_starts) << "pass " << pass;
+  }
+}
+
 TEST(TokenMaskTest, SplitUtf8TokensAreAllowedOnlyAsPrefixesOfAllowedCharacters) {
   const std::vector<std::string> vocab = {"\xC3", "\xA9", "\xC3\xA9", "\xE4", "a", "\"", "\xFF"};
   const TokenTrie trie(vocab, {});
