@@ -54,6 +54,9 @@ struct SamplingOptions {
   // exactly when the sentence is complete, and ends generation (STOP). Not combinable with
   // forced_tokens, ignore_eos or min_tokens. docs/structured-outputs.md.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // This request takes no speculative proposals (SchedulerConfig::speculative applies to the
+  // others). Its output is the same either way; only its speed may change.
+  bool no_speculation = false;
 };
 
 // The log-probability of one generated token and its most likely alternatives: log_softmax of

@@ -561,6 +561,9 @@ struct Scheduler::Batch {
   std::vector<int64_t> verifies;
   std::vector<size_t> first_verify;
   std::vector<size_t> num_verify;
+  // [rows] set by ForwardBatch: a verify row's logit edits (bias and penalties counted over the
+  // proposed tokens before it, as plain decoding would count them); empty for the others.
+  std::vector<std::vector<kernels::LogitEdit>> verify_edits;
 };
 
 bool Scheduler::Step() {
@@ -703,10 +706,15 @@ std::vector<int32_t> Scheduler::TableIds(const Sequence& seq) const {
 
 int64_t Scheduler::Propose(Sequence* seq, int64_t max_k) {
   const SamplingOptions& so = seq->request.sampling;
-  // Exact for greedy decodes of plain requests; the rest decode one token at a time.
-  if (so.temperature >= kernels::kMinSamplingTemperature || seq->matcher != nullptr ||
-      HasLogitEdits(so) || seq->num_generated() < so.forced_tokens.size() ||
-      seq->request.on_prefilled != nullptr || seq->dropped != 0) {
+  // Exact for plain requests, greedy or sampled: a verify row samples with the draw of the
+  // step it stands for (SamplingUniform(seed, step)) and with the logit edits (bias,
+  // penalties) of the tokens before it, so the tokens taken are the ones plain decoding takes,
+  // and a proposal is accepted exactly when it is that token. Requests with a grammar (its
+  // mask would have to follow the proposal) or that are not decoded here decode one token at
+  // a time.
+  if (so.no_speculation || seq->matcher != nullptr ||
+      seq->num_generated() < so.forced_tokens.size() || seq->request.on_prefilled != nullptr ||
+      seq->dropped != 0) {
     return 0;
   }
   const auto last = static_cast<int64_t>(seq->tokens.size()) - 1;  // its position
@@ -745,6 +753,7 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
   std::vector<size_t> masked;  // members whose masks are computed while the forward pass runs
   batch->late.assign(batch->members.size(), false);
   const size_t mask_words = (static_cast<size_t>(forward_->vocab_size()) + 31) / 32;
+  batch->verify_edits.assign(batch->members.size(), {});
   for (size_t i = 0; i < batch->members.size(); ++i) {
     Sequence* seq = batch->members[i];
     if (batch->verifies[i] >= 0) {
@@ -752,6 +761,19 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
       const size_t j = i - batch->first_verify[static_cast<size_t>(batch->verifies[i])] + 1;
       specs.push_back(SampleSpecFor(seq->request.sampling, seq->num_generated() + j));
       any_logits = any_logits || specs.back().want_logits;
+      if (HasLogitEdits(seq->request.sampling)) {
+        // Its edits count the proposed tokens before it, as if plain decoding had taken them
+        // (if it did not, the row's token is not used). A copy of the sequence's builder
+        // (counted up to its tokens, by its decode row above) counts just those.
+        std::vector<uint32_t> context = seq->tokens;
+        context.insert(context.end(), seq->draft.begin(),
+                       seq->draft.begin() + static_cast<std::ptrdiff_t>(j));
+        LogitEditBuilder builder = seq->logit_edits;
+        const absl::Span<const kernels::LogitEdit> edits =
+            builder.Build(seq->request.sampling, context, seq->prompt_len);
+        batch->verify_edits[i].assign(edits.begin(), edits.end());
+        specs.back().edits = batch->verify_edits[i];
+      }
       continue;
     }
     specs.push_back(SampleSpecFor(seq->request.sampling, seq->num_generated()));

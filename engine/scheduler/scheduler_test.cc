@@ -1079,6 +1079,134 @@ TEST(SchedulerSpecTest, NgramSpeculationGivesTheSameGreedyOutput) {
   }
 }
 
+// Sampled requests speculate too, and their output is token for token the output without
+// speculation for the same seeds: a verify row samples with the draw of the step it stands
+// for, so a proposal is accepted exactly when plain decoding would have taken it (accepted
+// with the target's probability of the proposed token, as rejection sampling of a
+// deterministic proposal does). Equal outputs for every seed are a stronger check than a
+// goodness-of-fit test of the distribution: the distribution is the plain sampler's.
+TEST(SchedulerSpecTest, SampledRequestsSpeculateAndKeepTheirSeededOutput) {
+  SchedulerConfig spec;
+  spec.speculative = "ngram";
+  spec.spec_max_tokens = 4;
+  spec.spec_adaptive = false;
+  auto run = [](SchedulerConfig config, bool staged) {
+    Harness h(64, config, Clock::Real(), staged);
+    for (int i = 0; i < 4; ++i) {
+      SamplingOptions so = MaxTokens(100);
+      so.temperature = i == 0 ? 0.3f : 0.8f;
+      so.top_p = i == 2 ? 0.9f : 1.0f;
+      so.top_k = i == 3 ? 20 : 0;
+      so.min_p = i == 1 ? 0.05f : 0.0f;
+      so.seed = 1000 + static_cast<uint64_t>(i);
+      if (i == 1) so.logprobs = 2;
+      CHECK(h.Submit(i, h.Encode(kPrompts[i]), so).ok());
+    }
+    h.RunToCompletion();
+    std::map<int, Result> out;
+    for (int i = 0; i < 4; ++i) out[i] = h.results()[i];
+    return std::make_pair(out, h.scheduler()->Stats());
+  };
+  const auto [plain, plain_stats] = run({}, false);
+  for (const bool staged : {false, true}) {
+    const auto [fast, fast_stats] = run(spec, staged);
+    std::printf("sampled: proposed %lld, accepted %lld; steps %lld (without: %lld)\n",
+                static_cast<long long>(fast_stats.spec_proposed_tokens),
+                static_cast<long long>(fast_stats.spec_accepted_tokens),
+                static_cast<long long>(fast_stats.steps), static_cast<long long>(plain_stats.steps));
+    EXPECT_GT(fast_stats.spec_accepted_tokens, 0);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(fast.at(i).tokens, plain.at(i).tokens) << "prompt " << i << " staged " << staged;
+      ASSERT_EQ(fast.at(i).logprobs.size(), plain.at(i).logprobs.size());
+      for (size_t t = 0; t < plain.at(i).logprobs.size(); ++t) {
+        EXPECT_NEAR(fast.at(i).logprobs[t].logprob, plain.at(i).logprobs[t].logprob, 1e-5);
+      }
+    }
+  }
+}
+
+// Logit bias and penalties too: a verify row's edits count the proposed tokens before it, as
+// plain decoding would have counted them; output equal to plain decoding, greedy and sampled.
+TEST(SchedulerSpecTest, PenalizedRequestsSpeculateAndKeepTheirOutput) {
+  SchedulerConfig spec;
+  spec.speculative = "ngram";
+  spec.spec_max_tokens = 4;
+  spec.spec_adaptive = false;
+  auto run = [](SchedulerConfig config) {
+    Harness h(64, config);
+    for (int i = 0; i < 4; ++i) {
+      SamplingOptions so = MaxTokens(100);
+      so.temperature = i % 2 == 0 ? 0.0f : 0.7f;
+      so.seed = 50 + static_cast<uint64_t>(i);
+      // Mild: stories260K still repeats itself, so proposals are made and some accepted.
+      so.presence_penalty = i == 0 ? 0.2f : 0.0f;
+      so.frequency_penalty = i == 1 ? 0.1f : 0.0f;
+      so.repetition_penalty = i == 2 ? 1.1f : 1.0f;
+      if (i == 3) so.logit_bias = {{13, -2.0f}, {100, 1.5f}};
+      if (i == 0) so.logprobs = 1;
+      CHECK(h.Submit(i, h.Encode(kPrompts[i]), so).ok());
+    }
+    h.RunToCompletion();
+    std::map<int, Result> out;
+    for (int i = 0; i < 4; ++i) out[i] = h.results()[i];
+    return std::make_pair(out, h.scheduler()->Stats());
+  };
+  const auto [plain, plain_stats] = run({});
+  const auto [fast, fast_stats] = run(spec);
+  std::printf("penalized: proposed %lld, accepted %lld\n",
+              static_cast<long long>(fast_stats.spec_proposed_tokens),
+              static_cast<long long>(fast_stats.spec_accepted_tokens));
+  EXPECT_GT(fast_stats.spec_accepted_tokens, 0);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(fast.at(i).tokens, plain.at(i).tokens) << "prompt " << i;
+    ASSERT_EQ(fast.at(i).logprobs.size(), plain.at(i).logprobs.size());
+    for (size_t t = 0; t < plain.at(i).logprobs.size(); ++t) {
+      EXPECT_NEAR(fast.at(i).logprobs[t].logprob, plain.at(i).logprobs[t].logprob, 1e-5);
+    }
+  }
+}
+
+// A request that opts out takes no proposals: alone with speculation on, it is decoded one
+// token a step (nothing proposed); beside one that speculates, only the other is proposed for.
+// Both outputs equal the ones without speculation.
+TEST(SchedulerSpecTest, ARequestThatOptsOutTakesNoProposals) {
+  SchedulerConfig spec;
+  spec.speculative = "ngram";
+  spec.spec_max_tokens = 4;
+  spec.spec_adaptive = false;
+  auto run = [](SchedulerConfig config, bool opt_out_first, bool with_second) {
+    Harness h(64, config);
+    SamplingOptions first = MaxTokens(120);
+    first.no_speculation = opt_out_first;
+    CHECK(h.Submit(0, h.Encode(kPrompts[0]), first).ok());
+    if (with_second) CHECK(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(120)).ok());
+    h.RunToCompletion();
+    std::map<int, std::vector<uint32_t>> out;
+    out[0] = h.results()[0].tokens;
+    if (with_second) out[1] = h.results()[1].tokens;
+    return std::make_pair(out, h.scheduler()->Stats());
+  };
+  const auto [plain, plain_stats] = run({}, false, true);
+  const auto [alone, alone_stats] = run(spec, /*opt_out_first=*/true, /*with_second=*/false);
+  EXPECT_EQ(alone_stats.spec_proposed_tokens, 0);
+  EXPECT_EQ(alone.at(0), plain.at(0));
+  const auto [spec_alone, spec_alone_stats] = run(spec, false, false);
+  EXPECT_GT(spec_alone_stats.spec_proposed_tokens, 0);  // (the same request, not opted out)
+  const auto [mixed, mixed_stats] = run(spec, true, true);
+  const auto [second_alone, second_stats] = [&] {
+    Harness h(64, spec);
+    CHECK(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(120)).ok());
+    h.RunToCompletion();
+    return std::make_pair(h.results()[1].tokens, h.scheduler()->Stats());
+  }();
+  EXPECT_GT(mixed_stats.spec_proposed_tokens, 0);
+  // Proposals went to the second request only: as many as it gets alone.
+  EXPECT_EQ(mixed_stats.spec_proposed_tokens, second_stats.spec_proposed_tokens);
+  EXPECT_EQ(mixed.at(0), plain.at(0));
+  EXPECT_EQ(mixed.at(1), plain.at(1));
+  EXPECT_EQ(second_alone, plain.at(1));
+}
+
 TEST(SchedulerSpecTest, ConfigIsValidated) {
   SchedulerConfig c;
   c.speculative = "draft";

@@ -66,6 +66,7 @@ absl::StatusOr<engine::SamplingOptions> SamplingFromProto(const pdserve::v1::Sam
   s.stop.assign(p.stop().begin(), p.stop().end());
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.ignore_eos = p.ignore_eos();
+  s.no_speculation = p.no_speculation();
   if (p.has_logprobs()) {
     if (p.logprobs() > static_cast<uint32_t>(kernels::kMaxTopLogprobs)) {
       return absl::InvalidArgumentError(absl::StrCat(
