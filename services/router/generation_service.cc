@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <deque>
 #include <optional>
 #include <random>
 #include <string>
@@ -56,6 +57,243 @@ class GrpcStreamWriter final : public grpc::ServerWriteReactor<v1::GenerateRespo
 
  private:
   std::unique_ptr<RouterStream> stream_;
+};
+
+// The gRPC client side of a request of n > 1 choices: one RouterStream per choice, each
+// feeding a ChoiceSink of this reactor; their messages, tagged with their index, are written
+// one at a time, and a choice's stream hears OnSent once its message was written (so a slow
+// client holds every choice back, as with one stream). Choice 0 starts first; its first
+// message starts the others on its decode worker (GenerationService::NewStream,
+// sibling_decode). The first choice to fail (or to be refused a stream) cancels the others; the
+// call finishes once every started stream ended and nothing is left to write: OK when all
+// ended OK, else with the first failure. Deletes itself (and the streams) in OnDone.
+class GrpcChoicesWriter final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GrpcChoicesWriter(GenerationService* service, const v1::GenerateRequest& request,
+                    CallerAuth caller, absl::Time deadline)
+      : service_(service),
+        request_(request),
+        caller_(std::move(caller)),
+        deadline_(deadline),
+        n_(static_cast<int>(request.n())) {
+    request_.set_n(0);  // each choice is a request of one
+    for (int i = 0; i < n_; ++i) sinks_.push_back(std::make_unique<ChoiceSink>(this, i));
+    streams_.resize(static_cast<size_t>(n_));
+  }
+
+  // The sink of choice 0, for NewStream.
+  StreamSink* first_sink() { return sinks_[0].get(); }
+  // Starts choice 0's stream (made by NewStream with first_sink()).
+  void Start(std::unique_ptr<RouterStream> first) {
+    RouterStream* s = first.get();
+    {
+      absl::MutexLock lock(&mu_);
+      streams_[0] = std::move(first);
+      started_ = 1;
+    }
+    s->Start();
+  }
+
+  void OnWriteDone(bool ok) override {
+    RouterStream* written = nullptr;
+    bool write_next = false;
+    std::vector<RouterStream*> dropped;  // queued when the client left
+    {
+      absl::MutexLock lock(&mu_);
+      written = streams_[static_cast<size_t>(writing_index_)].get();
+      writing_ = false;
+      if (!ok) client_gone_ = true;
+      if (client_gone_) {
+        for (const v1::GenerateResponse& r : queue_) {
+          dropped.push_back(streams_[r.index()].get());
+        }
+        queue_.clear();
+      } else if (!queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        writing_index_ = static_cast<int>(current_.index());
+        writing_ = true;
+        write_next = true;
+      }
+    }
+    if (!ok) CancelAll();
+    written->OnSent(ok);
+    for (RouterStream* s : dropped) s->OnSent(false);
+    if (write_next) StartWrite(&current_);
+    MaybeFinish();
+  }
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      client_gone_ = true;
+    }
+    CancelAll();
+  }
+  void OnDone() override { delete this; }  // gRPC's reactor ownership contract
+
+ private:
+  class ChoiceSink final : public StreamSink {
+   public:
+    ChoiceSink(GrpcChoicesWriter* w, int index) : w_(w), index_(index) {}
+    void Send(const v1::GenerateResponse& response) override { w_->Send(index_, response); }
+    void End(const absl::Status& status) override { w_->End(status); }
+
+   private:
+    GrpcChoicesWriter* const w_;
+    const int index_;
+  };
+
+  void Send(int index, const v1::GenerateResponse& response) {
+    bool start_siblings = false;
+    bool refuse = false;
+    bool write_now = false;
+    RouterStream* stream = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      stream = streams_[static_cast<size_t>(index)].get();
+      if (!failure_.ok() || client_gone_) {
+        refuse = true;
+      } else {
+        v1::GenerateResponse copy = response;
+        copy.set_index(static_cast<uint32_t>(index));
+        if (writing_) {
+          queue_.push_back(std::move(copy));
+        } else {
+          current_ = std::move(copy);
+          writing_index_ = index;
+          writing_ = true;
+          write_now = true;
+        }
+        if (index == 0 && !siblings_started_) {
+          siblings_started_ = true;
+          starting_siblings_ = true;
+          start_siblings = true;
+        }
+      }
+    }
+    if (refuse) {
+      stream->OnSent(false);  // the request failed or the client left: this choice ends too
+      return;
+    }
+    // (Before the write: choice 0 cannot end while its message is not sent.)
+    if (start_siblings) StartSiblings();
+    if (write_now) StartWrite(&current_);
+  }
+
+  void End(const absl::Status& status) {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      ++ended_;
+      if (!status.ok() && failure_.ok()) {
+        failure_ = status;
+        cancel = true;
+      }
+    }
+    if (cancel) CancelAll();
+    MaybeFinish();
+  }
+
+  // Starts choices 1 .. n-1 on choice 0's decode worker.
+  void StartSiblings() {
+    std::string sibling_decode;
+    RouterStream* first = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      first = streams_[0].get();
+    }
+    const int worker = first->decode_index();
+    for (const WorkerSnapshot& w : service_->workers()->Snapshot()) {
+      if (w.index == worker) sibling_decode = w.address;
+    }
+    const bool seeded = request_.sampling().has_seed();
+    const uint64_t seed = request_.sampling().seed();
+    for (int i = 1; i < n_; ++i) {
+      v1::GenerateRequest choice = request_;
+      // Seeded: choice i is the n = 1 answer with seed + i. Unseeded: a seed of its own.
+      if (seeded) choice.mutable_sampling()->set_seed(seed + static_cast<uint64_t>(i));
+      absl::StatusOr<std::unique_ptr<RouterStream>> stream = service_->NewStream(
+          choice, caller_, deadline_, sinks_[static_cast<size_t>(i)].get(), sibling_decode);
+      RouterStream* started = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!stream.ok()) {
+          if (failure_.ok()) failure_ = stream.status();
+        } else if (failure_.ok() && !client_gone_) {
+          streams_[static_cast<size_t>(i)] = *std::move(stream);
+          started = streams_[static_cast<size_t>(i)].get();
+          ++started_;
+        }
+      }
+      if (started == nullptr) {
+        // Refused, or the request failed meanwhile: the started choices are cancelled (a
+        // stream made but not started may simply go).
+        CancelAll();
+        break;
+      }
+      started->Start();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      starting_siblings_ = false;
+    }
+    MaybeFinish();
+  }
+
+  void CancelAll() {
+    std::vector<RouterStream*> all;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& s : streams_) {
+        if (s != nullptr) all.push_back(s.get());
+      }
+    }
+    for (RouterStream* s : all) s->Cancel();
+  }
+
+  // Finishes the call once every started stream ended, nothing is being written or queued,
+  // and no sibling is being started.
+  void MaybeFinish() {
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || writing_ || !queue_.empty() || ended_ < started_ || starting_siblings_) {
+        return;
+      }
+      finished_ = true;
+      if (!failure_.ok()) {
+        status = services::ToGrpcStatus(failure_);
+      } else if (client_gone_) {
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call");
+      } else if (started_ < n_) {
+        status = grpc::Status(grpc::StatusCode::INTERNAL,
+                              absl::StrCat("only ", started_, " of ", n_, " choices started"));
+      }
+    }
+    Finish(status);
+  }
+
+  GenerationService* const service_;
+  v1::GenerateRequest request_;
+  const CallerAuth caller_;
+  const absl::Time deadline_;
+  const int n_;
+  std::vector<std::unique_ptr<ChoiceSink>> sinks_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<RouterStream>> streams_ ABSL_GUARDED_BY(mu_);
+  int started_ ABSL_GUARDED_BY(mu_) = 0;
+  int ended_ ABSL_GUARDED_BY(mu_) = 0;
+  bool siblings_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool starting_siblings_ ABSL_GUARDED_BY(mu_) = false;
+  bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  // The message being written (read by gRPC until OnWriteDone) and its choice; the others
+  // waiting (at most one per choice: a choice sends again only after its OnSent).
+  v1::GenerateResponse current_;
+  int writing_index_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
 };
 
 // The caller of a gRPC call, as NewStream and Authenticate take it.
@@ -364,6 +602,20 @@ absl::StatusOr<std::unique_ptr<RouterStream>> GenerationService::NewStream(
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  if (request->n() > 1) {
+    // Choice 0 is validated, authenticated and placed as any request (n checked there too).
+    CallerAuth caller = GrpcCaller(*context);
+    const absl::Time deadline = absl::FromChrono(context->deadline());
+    auto writer = std::make_unique<GrpcChoicesWriter>(this, *request, caller, deadline);
+    v1::GenerateRequest first = *request;
+    absl::StatusOr<std::unique_ptr<RouterStream>> stream =
+        NewStream(first, caller, deadline, writer->first_sink());
+    if (!stream.ok()) {
+      return new FinishedWriter(services::ToGrpcStatus(stream.status()));
+    }
+    writer->Start(*std::move(stream));
+    return writer.release();  // deletes itself in OnDone
+  }
   auto writer = std::make_unique<GrpcStreamWriter>();
   absl::StatusOr<std::unique_ptr<RouterStream>> stream = NewStream(
       *request, GrpcCaller(*context), absl::FromChrono(context->deadline()), writer.get());

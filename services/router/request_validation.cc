@@ -153,6 +153,10 @@ absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request
   if (request.has_cache_salt() && !utf8::IsValid(request.cache_salt())) {
     return Invalid("cache_salt", "is not valid UTF-8");
   }
+  if (request.n() > limits.max_n) {
+    return Invalid("n", absl::StrCat("must be in [1, ", limits.max_n, "] (0 = 1), got ",
+                                     request.n()));
+  }
   if (request.client_request_id().size() > limits.max_client_request_id_bytes) {
     return Invalid("client_request_id",
                    absl::StrCat(request.client_request_id().size(), " bytes exceed the limit ",

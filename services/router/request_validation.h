@@ -25,6 +25,9 @@ struct RequestLimits {
   uint32_t max_prompt_bytes = 1 << 20;  // text prompts
   uint32_t max_prompt_tokens = 131072;  // token-id prompts (the model's context bounds further)
   uint32_t max_tokens_limit = 131072;   // upper bound on sampling.max_tokens
+  // Choices per request (n): each is a stream of its own (a slot of --max_inflight and of the
+  // tenant's --max_streams_per_tenant), so the bound keeps one request from taking them all.
+  uint32_t max_n = 16;
 
   absl::Status Validate() const;
 };

@@ -46,6 +46,7 @@ TEST(RequestValidationTest, AcceptsMinimalAndFullRequests) {
   full.set_tenant("team-a");
   full.set_cache_salt("salt");
   full.set_timeout_ms(1000);
+  full.set_n(16);
   EXPECT_TRUE(ValidateGenerateRequest(full, limits).ok());
 }
 
@@ -133,6 +134,8 @@ INSTANTIATE_TEST_SUITE_P(
                 },
                 "sampling.stop"},
         BadCase{"EmptyTenant", [](GenerateRequest* r) { r->set_tenant(""); }, "tenant"},
+        BadCase{"TooManyChoices", [](GenerateRequest* r) { r->set_n(17); },
+                "n: must be in [1, 16] (0 = 1), got 17"},
         BadCase{"EmptySalt", [](GenerateRequest* r) { r->set_cache_salt(""); }, "cache_salt"},
         BadCase{"LongClientId",
                 [](GenerateRequest* r) { r->set_client_request_id(std::string(129, 'x')); },

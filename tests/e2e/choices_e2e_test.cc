@@ -4,7 +4,8 @@
 // prompt's last block again (worker metric pd_worker_prefill_tokens_total, router metric
 // pd_router_prefill_placements_total{placement="sibling"}). Greedy choices equal each other and
 // the n = 1 answer; seeded sampled choice i equals the n = 1 answer with seed + i, streamed
-// (chunks by index, one usage chunk, one [DONE]) or not.
+// (chunks by index, one usage chunk, one [DONE]) or not; the gRPC API's `n` likewise (messages
+// tagged with their choice's index).
 #include <httplib.h>
 
 #include <filesystem>
@@ -24,6 +25,7 @@ namespace pd {
 namespace {
 
 using ::pd::e2e::Cluster;
+using ::pd::e2e::Generated;
 using ::pd::e2e::Metric;
 using json = nlohmann::json;
 
@@ -197,6 +199,62 @@ TEST(ChoicesE2eTest, ChoicesShareOnePrefillAndEqualTheirSingleRequests) {
   bad = Post(port, "/v1/completions", {{"model", "stories260K"}, {"prompt", "x"}, {"n", 99}});
   EXPECT_EQ(bad["_status"], 400);
   EXPECT_EQ(bad["error"]["param"], "n");
+
+  // The gRPC API: the same choices on one stream, each message tagged with its index.
+  {
+    pdserve::v1::GenerateRequest req;
+    req.set_text(prompt);
+    req.set_cache_salt("grpc-choices");
+    req.mutable_sampling()->set_max_tokens(24);
+    const Generated one = cluster.Generate(req);
+    ASSERT_TRUE(one.status.ok()) << one.status.error_message() << cluster.Logs();
+    const double siblings0 = Metric(cluster.RouterMetrics(),
+                                    "pd_router_prefill_placements_total{placement=\"sibling\"}");
+    int bad_index = 0;
+    const std::vector<Generated> greedy =
+        cluster.GenerateChoices(req, 4, absl::Seconds(60), &bad_index);
+    EXPECT_EQ(bad_index, 0);
+    ASSERT_TRUE(greedy[0].status.ok()) << greedy[0].status.error_message() << cluster.Logs();
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(greedy[i].tokens, one.tokens) << i;
+      EXPECT_EQ(greedy[i].text, one.text) << i;
+      EXPECT_NE(greedy[i].last.finish_reason(), pdserve::v1::FINISH_REASON_UNSPECIFIED) << i;
+      EXPECT_EQ(greedy[i].last.usage().completion_tokens(), greedy[i].tokens.size()) << i;
+      EXPECT_EQ(greedy[i].last.usage().prompt_tokens(), one.last.usage().prompt_tokens()) << i;
+    }
+    EXPECT_EQ(Metric(cluster.RouterMetrics(),
+                     "pd_router_prefill_placements_total{placement=\"sibling\"}") -
+                  siblings0,
+              3);
+    // Seeded sampling: choice i is the n = 1 answer with seed + i.
+    req.mutable_sampling()->set_temperature(1.0f);
+    std::vector<Generated> singles;
+    for (int i = 0; i < 3; ++i) {
+      req.mutable_sampling()->set_seed(200 + static_cast<uint64_t>(i));
+      singles.push_back(cluster.Generate(req));
+      ASSERT_TRUE(singles.back().status.ok()) << singles.back().status.error_message();
+    }
+    req.mutable_sampling()->set_seed(200);
+    const std::vector<Generated> sampled = cluster.GenerateChoices(req, 3);
+    ASSERT_TRUE(sampled[0].status.ok()) << sampled[0].status.error_message() << cluster.Logs();
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(sampled[i].tokens, singles[i].tokens) << i;
+    // n past the bound is refused naming the field.
+    const std::vector<Generated> bad = cluster.GenerateChoices(req, 17);
+    EXPECT_EQ(bad[0].status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(bad[0].status.error_message(), ::testing::HasSubstr("n: must be in [1, 16]"));
+    // A deadline that passes mid-stream ends every choice; nothing is left open (below).
+    pdserve::v1::GenerateRequest long_req;
+    long_req.set_text(prompt);
+    long_req.mutable_sampling()->set_ignore_eos(true);
+    long_req.mutable_sampling()->set_max_tokens(400);
+    const std::vector<Generated> cut =
+        cluster.GenerateChoices(long_req, 3, absl::Milliseconds(40));
+    EXPECT_FALSE(cut[0].status.ok());
+  }
+  for (int i = 0; i < 100 && Metric(cluster.RouterMetrics(), "pd_router_inflight_streams") != 0;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   EXPECT_EQ(Metric(cluster.RouterMetrics(), "pd_router_inflight_streams"), 0);
 }
 

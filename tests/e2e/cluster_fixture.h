@@ -292,6 +292,35 @@ class Cluster {
     return g;
   }
 
+  // A request of n > 1 choices: what each choice (GenerateResponse.index) returned, `last`
+  // being its first message with a finish reason (or its last one); every entry's status is
+  // the call's. Messages whose index is n or more are counted in *bad_index.
+  std::vector<Generated> GenerateChoices(pdserve::v1::GenerateRequest req, uint32_t n,
+                                         absl::Duration timeout = absl::Seconds(60),
+                                         int* bad_index = nullptr) {
+    req.set_n(n);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    if (!api_key_.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key_);
+    std::vector<Generated> out(n);
+    auto reader = api_->Generate(&ctx, req);
+    pdserve::v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      if (resp.index() >= n) {
+        if (bad_index != nullptr) ++*bad_index;
+        continue;
+      }
+      Generated& g = out[resp.index()];
+      g.tokens.insert(g.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+      g.text += resp.text();
+      ++g.messages;
+      if (g.last.finish_reason() == pdserve::v1::FINISH_REASON_UNSPECIFIED) g.last = resp;
+    }
+    const grpc::Status status = reader->Finish();
+    for (Generated& g : out) g.status = status;
+    return out;
+  }
+
   Generated GenerateText(const std::string& text, uint32_t max_tokens) {
     pdserve::v1::GenerateRequest req;
     req.set_text(text);
