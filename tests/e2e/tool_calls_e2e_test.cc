@@ -1,7 +1,8 @@
 // Tool calling through the cluster (docs/structured-outputs.md, "Tools"): tool_choice "required"
 // and a named function on stories260K, through the official openai npm SDK, LangChain's
 // ChatOpenAI (withStructuredOutput, bindTools) and Vercel's AI SDK (generateObject, tools),
-// streamed and not, and the legacy functions API (function_call) through the openai SDK.
+// streamed and not, parallel_tool_calls (an array of calls), and the legacy functions API
+// (function_call) through the openai SDK.
 // The enforced constraint makes even a model that has never seen a tool write a valid call:
 // every call's arguments validate against its tool's schema (python3-jsonschema). The history
 // (an assistant's tool_calls, a tool message) reaches the chat template; bad tool requests are
@@ -64,7 +65,14 @@ TEST(ToolCallsE2eTest, OpenAiSdkGetsEnforcedCallsThatValidate) {
        dir + "/tool_calls.mjs"},
       tmp->path() + "/node.log", absl::Seconds(120));
   ASSERT_TRUE(node.ok()) << node.status() << cluster.Logs();
-  EXPECT_THAT(*node, HasSubstr(R"("summary":true,"calls":8)")) << *node;
+  EXPECT_THAT(*node, HasSubstr(R"("summary":true,"calls":8,"parallel":)")) << *node;
+  // parallel_tool_calls: true: one or more calls per answer (two answers), each validated below.
+  int parallel = 0;
+  for (absl::string_view line : absl::StrSplit(*node, '\n', absl::SkipEmpty())) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("summary")) parallel = j.value("parallel", 0);
+  }
+  EXPECT_GE(parallel, 2) << *node;
   // LangChain's ChatOpenAI: withStructuredOutput (both methods) and bindTools, streamed too.
   absl::StatusOr<std::string> langchain = e2e::RunToEnd(
       {"/usr/bin/env", absl::StrCat("PD_OPENAI_BASE=http://127.0.0.1:", cluster.http_port(), "/v1"),
@@ -93,7 +101,7 @@ TEST(ToolCallsE2eTest, OpenAiSdkGetsEnforcedCallsThatValidate) {
                             : json({{"type", "object"}, {"additionalProperties", false}});
     checks.push_back({{"name", j["how"]}, {"schema", schema}, {"arguments", j["arguments"]}});
   }
-  ASSERT_EQ(checks.size(), 17u) << log;
+  ASSERT_EQ(checks.size(), 17u + static_cast<size_t>(parallel)) << log;
   const std::string checks_path = tmp->path() + "/checks.json";
   std::ofstream(checks_path) << checks.dump();
   const std::string script =

@@ -202,7 +202,8 @@ ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, i
   if (endpoint_ != Endpoint::kChat || !tools.offered()) return;
   legacy_functions_ = tools.legacy;
   if (tools.enforced()) {
-    tools_.emplace(ToolCallParser::Mode::kEnforced, tool_format, tools.CallableNames());
+    tools_.emplace(ToolCallParser::Mode::kEnforced, tool_format, tools.CallableNames(),
+                   tools.enforced_list());
   } else if (!request.sampling.has_constraint()) {
     // "auto" under a response format: the format decides the output; nothing is parsed.
     tools_.emplace(ToolCallParser::Mode::kAuto, tool_format, tools.CallableNames());

@@ -134,10 +134,11 @@ std::string NewToolCallId() {
   return id;
 }
 
-ToolCallParser::ToolCallParser(Mode mode, ToolCallFormat format, std::vector<std::string> names)
-    : mode_(mode), format_(format), names_(std::move(names)) {
+ToolCallParser::ToolCallParser(Mode mode, ToolCallFormat format, std::vector<std::string> names,
+                               bool list)
+    : mode_(mode), list_(list), format_(format), names_(std::move(names)) {
   if (mode_ == Mode::kEnforced) {
-    state_ = State::kHead;
+    state_ = list_ ? State::kListOpen : State::kHead;
   } else {
     state_ = format_ == ToolCallFormat::kHermes ? State::kText : State::kUndecided;
   }
@@ -224,6 +225,7 @@ std::vector<ToolCallEvent> ToolCallParser::Feed(absl::string_view text) {
   std::vector<ToolCallEvent> out;
   if (text.empty()) return out;
   switch (state_) {
+    case State::kListOpen:
     case State::kHead:
     case State::kArgs:
     case State::kTail:
@@ -250,86 +252,131 @@ std::vector<ToolCallEvent> ToolCallParser::Feed(absl::string_view text) {
 }
 
 void ToolCallParser::FeedEnforced(std::vector<ToolCallEvent>* out) {
-  if (state_ == State::kHead) {
-    std::string name;
-    size_t end = 0;
-    switch (MatchHead(buf_, &name, &end)) {
-      case Head::kNeedMore:
-        return;
-      case Head::kMismatch:
-        // Not a call (the constraint makes one, so this is no output of this server's
-        // engine): everything is content.
+  // A list runs the call states once per call: kHead, kArgs, kTail, then kHead again after ','.
+  while (true) {
+    if (state_ == State::kListOpen) {
+      size_t i = 0;
+      while (i < buf_.size() && IsSpace(buf_[i])) ++i;
+      if (i == buf_.size()) return;
+      if (buf_[i] != '[') {
+        // Not a list (the constraint makes one, so this is no output of this server's engine).
         state_ = State::kText;
         Content(std::exchange(buf_, std::string()), out);
         return;
-      case Head::kMatched:
-        break;
-    }
-    ToolCallEvent start;
-    start.kind = ToolCallEvent::Kind::kCallStart;
-    start.index = num_calls_++;
-    start.id = NewToolCallId();
-    start.name = std::move(name);
-    out->push_back(std::move(start));
-    buf_.erase(0, end);
-    state_ = State::kArgs;
-    // The value's first byte decides how its end is found.
-    const char c = buf_[0];
-    if (c == '{' || c == '[') {
-      depth_ = 1;
-    } else if (c == '"') {
-      in_string_ = true;
-    } else {
-      scalar_ = true;
-    }
-    if (!scalar_) {
-      ToolCallEvent piece;
-      piece.kind = ToolCallEvent::Kind::kArguments;
-      piece.index = 0;
-      piece.text = buf_.substr(0, 1);
-      out->push_back(std::move(piece));
-      buf_.erase(0, 1);
-    }
-  }
-  if (state_ != State::kArgs) {
-    buf_.clear();  // kTail: the closing brace and whitespace
-    return;
-  }
-  size_t i = 0;
-  bool done = false;
-  for (; i < buf_.size() && !done; ++i) {
-    const char c = buf_[i];
-    if (scalar_) {
-      if (IsSpace(c) || c == ',' || c == '}') {
-        done = true;
-        break;  // the delimiter is not part of the value
       }
-    } else if (in_string_) {
-      if (escape_) {
-        escape_ = false;
-      } else if (c == '\\') {
-        escape_ = true;
+      buf_.erase(0, i + 1);
+      state_ = State::kHead;
+    }
+    if (state_ == State::kHead) {
+      std::string name;
+      size_t end = 0;
+      switch (MatchHead(buf_, &name, &end)) {
+        case Head::kNeedMore:
+          return;
+        case Head::kMismatch:
+          // Not a call (the constraint makes one, so this is no output of this server's
+          // engine): everything is content.
+          state_ = State::kText;
+          Content(std::exchange(buf_, std::string()), out);
+          return;
+        case Head::kMatched:
+          break;
+      }
+      ToolCallEvent start;
+      start.kind = ToolCallEvent::Kind::kCallStart;
+      start.index = num_calls_++;
+      start.id = NewToolCallId();
+      start.name = std::move(name);
+      out->push_back(std::move(start));
+      buf_.erase(0, end);
+      state_ = State::kArgs;
+      depth_ = 0;
+      in_string_ = escape_ = scalar_ = false;
+      // The value's first byte decides how its end is found.
+      const char c = buf_[0];
+      if (c == '{' || c == '[') {
+        depth_ = 1;
       } else if (c == '"') {
-        in_string_ = false;
-        done = depth_ == 0;
+        in_string_ = true;
+      } else {
+        scalar_ = true;
       }
-    } else if (c == '"') {
-      in_string_ = true;
-    } else if (c == '{' || c == '[') {
-      ++depth_;
-    } else if (c == '}' || c == ']') {
-      done = --depth_ == 0;
+      if (!scalar_) {
+        ToolCallEvent piece;
+        piece.kind = ToolCallEvent::Kind::kArguments;
+        piece.index = num_calls_ - 1;
+        piece.text = buf_.substr(0, 1);
+        out->push_back(std::move(piece));
+        buf_.erase(0, 1);
+      }
     }
+    if (state_ == State::kArgs) {
+      size_t i = 0;
+      bool done = false;
+      for (; i < buf_.size() && !done; ++i) {
+        const char c = buf_[i];
+        if (scalar_) {
+          if (IsSpace(c) || c == ',' || c == '}') {
+            done = true;
+            break;  // the delimiter is not part of the value
+          }
+        } else if (in_string_) {
+          if (escape_) {
+            escape_ = false;
+          } else if (c == '\\') {
+            escape_ = true;
+          } else if (c == '"') {
+            in_string_ = false;
+            done = depth_ == 0;
+          }
+        } else if (c == '"') {
+          in_string_ = true;
+        } else if (c == '{' || c == '[') {
+          ++depth_;
+        } else if (c == '}' || c == ']') {
+          done = --depth_ == 0;
+        }
+      }
+      if (i > 0) {
+        ToolCallEvent piece;
+        piece.kind = ToolCallEvent::Kind::kArguments;
+        piece.index = num_calls_ - 1;
+        piece.text = buf_.substr(0, i);
+        out->push_back(std::move(piece));
+      }
+      buf_.erase(0, i);
+      if (!done) return;
+      state_ = State::kTail;
+      call_closed_ = false;
+    }
+    // kTail: the call's closing brace and whitespace; in a list, then ',' (the next call) or
+    // ']' (the end).
+    if (!list_ || list_closed_) {
+      buf_.clear();
+      return;
+    }
+    size_t i = 0;
+    bool next_call = false;
+    for (; i < buf_.size(); ++i) {
+      const char c = buf_[i];
+      if (IsSpace(c)) continue;
+      if (!call_closed_) {
+        call_closed_ = c == '}';
+      } else if (c == ',') {
+        next_call = true;
+        break;
+      } else if (c == ']') {
+        list_closed_ = true;
+        break;
+      }
+    }
+    if (!next_call) {
+      buf_.clear();
+      return;
+    }
+    buf_.erase(0, i + 1);
+    state_ = State::kHead;
   }
-  if (i > 0) {
-    ToolCallEvent piece;
-    piece.kind = ToolCallEvent::Kind::kArguments;
-    piece.index = 0;
-    piece.text = buf_.substr(0, i);
-    out->push_back(std::move(piece));
-  }
-  buf_.clear();
-  if (done) state_ = State::kTail;
 }
 
 void ToolCallParser::FeedHermes(std::vector<ToolCallEvent>* out) {
@@ -380,8 +427,11 @@ void ToolCallParser::FeedWhole(std::vector<ToolCallEvent>* out) {
 std::vector<ToolCallEvent> ToolCallParser::Finish() {
   std::vector<ToolCallEvent> out;
   switch (state_) {
+    case State::kListOpen:
     case State::kHead:
-      Content(std::exchange(buf_, std::string()), &out);  // cut before the call began
+      // Cut before a call began: content when no call came (a list's earlier calls stand).
+      if (num_calls_ == 0) Content(std::exchange(buf_, std::string()), &out);
+      buf_.clear();
       break;
     case State::kArgs:
     case State::kTail:

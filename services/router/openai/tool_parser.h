@@ -5,7 +5,8 @@
 // Two modes:
 //  - enforced (tool_choice "required" or a named function): the output is the JSON document
 //    {"name": ..., "arguments": {...}} that the request's constraint (EnforcedCallSchema) made
-//    it; the call starts once its name is known and its arguments stream as they are generated.
+//    it, or with `list` an array of them; each call starts once its name is known and its
+//    arguments stream as they are generated.
 //  - auto: the output is text in the model family's tool-call format (ToolCallFormat); text
 //    that may start a call is held back until known, a call is sent once it is complete, and
 //    a call that does not parse (malformed JSON, an unknown function) is returned as content.
@@ -58,8 +59,10 @@ struct ToolCallEvent {
 class ToolCallParser {
  public:
   enum class Mode { kEnforced, kAuto };
-  // `names`: the functions a call may name (a call naming another one is content).
-  ToolCallParser(Mode mode, ToolCallFormat format, std::vector<std::string> names);
+  // `names`: the functions a call may name (a call naming another one is content). `list`
+  // (kEnforced): the output is an array of calls.
+  ToolCallParser(Mode mode, ToolCallFormat format, std::vector<std::string> names,
+                 bool list = false);
 
   // The events that `text` (the next piece of output) completes.
   std::vector<ToolCallEvent> Feed(absl::string_view text);
@@ -84,12 +87,16 @@ class ToolCallParser {
     kUndecided,  // auto, kLlama3/kMistral: nothing but a possible call start so far
     kHold,       // auto, kLlama3/kMistral: the output looks like a call; held to the end
     kInCall,     // auto, kHermes: inside <tool_call>...
+    kListOpen,   // enforced list: before its '['
     kHead,       // enforced: before the arguments value
     kArgs,       // enforced: inside the arguments value
-    kTail,       // enforced: after it
+    kTail,       // enforced: after it (a list: until ',' starts the next call or ']' ends)
   };
 
   const Mode mode_;
+  const bool list_;
+  bool call_closed_ = false;  // kTail, list: the call's '}' was seen
+  bool list_closed_ = false;  // kTail, list: the ']' was seen
   const ToolCallFormat format_;
   const std::vector<std::string> names_;
   State state_;

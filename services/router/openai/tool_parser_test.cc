@@ -1,5 +1,6 @@
 #include "services/router/openai/tool_parser.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,8 @@ void Take(std::vector<ToolCallEvent> events, Result* r) {
 
 // Feeds `pieces` one after the other (as a stream's messages), then ends the output.
 Result Parse(Mode mode, ToolCallFormat format, const std::vector<std::string>& pieces,
-             std::vector<std::string> names = {"get_weather", "get_time"}) {
-  ToolCallParser p(mode, format, std::move(names));
+             std::vector<std::string> names = {"get_weather", "get_time"}, bool list = false) {
+  ToolCallParser p(mode, format, std::move(names), list);
   Result r;
   for (const std::string& piece : pieces) Take(p.Feed(piece), &r);
   r.content_before_end = r.content;
@@ -56,16 +57,18 @@ Result Parse(Mode mode, ToolCallFormat format, const std::vector<std::string>& p
 }
 
 // Every split of `text` into two pieces, and one piece per byte, give the same result.
-void ExpectSameForEverySplit(Mode mode, ToolCallFormat format, const std::string& text) {
-  const Result whole = Parse(mode, format, {text});
+void ExpectSameForEverySplit(Mode mode, ToolCallFormat format, const std::string& text,
+                             bool list = false) {
+  const std::vector<std::string> names = {"get_weather", "get_time"};
+  const Result whole = Parse(mode, format, {text}, names, list);
   std::vector<std::string> bytes;
   for (const char c : text) bytes.emplace_back(1, c);
-  const Result each = Parse(mode, format, bytes);
+  const Result each = Parse(mode, format, bytes, names, list);
   EXPECT_EQ(each.content, whole.content);
   EXPECT_EQ(each.names, whole.names);
   EXPECT_EQ(each.arguments, whole.arguments);
   for (size_t i = 0; i <= text.size(); ++i) {
-    const Result split = Parse(mode, format, {text.substr(0, i), text.substr(i)});
+    const Result split = Parse(mode, format, {text.substr(0, i), text.substr(i)}, names, list);
     EXPECT_EQ(split.content, whole.content) << i;
     EXPECT_EQ(split.names, whole.names) << i;
     EXPECT_EQ(split.arguments, whole.arguments) << i;
@@ -109,6 +112,41 @@ TEST(ToolParserTest, EnforcedCallStreamsItsArguments) {
   EXPECT_TRUE(cut.names.empty());
   cut = Parse(Mode::kEnforced, ToolCallFormat::kHermes, {R"({"name":"get_time","arguments":{"a)"});
   EXPECT_EQ(cut.arguments, std::vector<std::string>{R"({"a)"});
+}
+
+// parallel_tool_calls: true with an enforced choice: an array of calls, each streamed as its
+// name and its arguments come, whatever the split; a list cut after a call keeps that call.
+TEST(ToolParserTest, EnforcedListStreamsEachCall) {
+  const std::string out =
+      R"( [ {"name": "get_weather", "arguments": {"city": "Oslo, \"N\" ]"}} ,)"
+      R"({ "name":"get_time" ,"arguments":{}}, {"name": "get_weather", "arguments": {"a": [1]}} ] )";
+  ToolCallParser p(Mode::kEnforced, ToolCallFormat::kHermes, {"get_weather", "get_time"},
+                   /*list=*/true);
+  Result r;
+  Take(p.Feed(R"( [ {"name": "get_weather", "arguments": {"ci)"), &r);
+  ASSERT_EQ(r.names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(r.arguments[0], R"({"ci)");
+  Take(p.Feed(out.substr(std::string(R"( [ {"name": "get_weather", "arguments": {"ci)").size())),
+       &r);
+  Take(p.Finish(), &r);
+  EXPECT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time", "get_weather"}));
+  EXPECT_EQ(r.arguments, (std::vector<std::string>{R"({"city": "Oslo, \"N\" ]"})", "{}",
+                                                   R"({"a": [1]})"}));
+  for (const std::string& a : r.arguments) EXPECT_TRUE(json::parse(a).is_object()) << a;
+  EXPECT_EQ(r.content, "");
+  EXPECT_EQ(std::set<std::string>(r.ids.begin(), r.ids.end()).size(), 3u);
+  ExpectSameForEverySplit(Mode::kEnforced, ToolCallFormat::kHermes, out, /*list=*/true);
+  // Cut by max_tokens: inside the second call's head, the first call stands; before any call,
+  // the text is content.
+  Result cut = Parse(Mode::kEnforced, ToolCallFormat::kHermes,
+                     {R"([{"name":"get_time","arguments":{}},{"name":"get_we)"},
+                     {"get_weather", "get_time"}, true);
+  EXPECT_EQ(cut.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(cut.content, "");
+  cut = Parse(Mode::kEnforced, ToolCallFormat::kHermes, {R"([{"na)"},
+              {"get_weather", "get_time"}, true);
+  EXPECT_TRUE(cut.names.empty());
+  EXPECT_EQ(cut.content, R"({"na)");
 }
 
 TEST(ToolParserTest, HermesCallsAfterTextAndBetweenWhitespace) {

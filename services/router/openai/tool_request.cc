@@ -290,6 +290,7 @@ absl::StatusOr<ToolsSpec> ParseTools(const ordered_json& body) {
   if (parallel != nullptr && !parallel->is_null()) {
     if (!parallel->is_boolean()) return Bad("parallel_tool_calls", "must be a boolean");
     spec.parallel_tool_calls = parallel->get<bool>();
+    spec.parallel_tool_calls_set = true;
   }
   return spec;
 }
@@ -300,10 +301,19 @@ std::string EnforcedCallSchema(const ToolsSpec& spec) {
     if (spec.choice == ToolChoice::kFunction && f.name != spec.function) continue;
     calls.push_back(CallSchema(f));
   }
-  if (calls.size() == 1) return calls[0].dump();
-  ordered_json any = ordered_json::object();
-  any["anyOf"] = ordered_json(std::move(calls));
-  return any.dump();
+  ordered_json call;
+  if (calls.size() == 1) {
+    call = std::move(calls[0]);
+  } else {
+    call = ordered_json::object();
+    call["anyOf"] = ordered_json(std::move(calls));
+  }
+  if (!spec.enforced_list()) return call.dump();
+  ordered_json list = ordered_json::object();
+  list["type"] = "array";
+  list["items"] = std::move(call);
+  list["minItems"] = 1;
+  return list.dump();
 }
 
 absl::StatusOr<std::string> ParseHistoryToolCalls(absl::string_view param, const json& v) {

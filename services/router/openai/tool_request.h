@@ -46,8 +46,10 @@ struct ToolsSpec {
   std::string tools_json;
   ToolChoice choice = ToolChoice::kNone;
   std::string function;  // kFunction: the function's name
-  // Accepted as sent; an enforced choice yields one call either way (see the docs).
+  // OpenAI's default is true. An enforced choice yields one call unless the request set it to
+  // true explicitly (`parallel_tool_calls_set`): then an array of one or more calls.
   bool parallel_tool_calls = true;
+  bool parallel_tool_calls_set = false;
   // Asked with the legacy `functions` / `function_call` (OpenAI's API before tools): the
   // answer carries `message.function_call` (one call at most) and finish_reason
   // "function_call" instead of `tool_calls`.
@@ -58,6 +60,10 @@ struct ToolsSpec {
   // The output is exactly one call, enforced by a JSON Schema constraint.
   bool enforced() const {
     return choice == ToolChoice::kRequired || choice == ToolChoice::kFunction;
+  }
+  // Enforced, as an array of one or more calls (`parallel_tool_calls: true` sent).
+  bool enforced_list() const {
+    return enforced() && !legacy && parallel_tool_calls_set && parallel_tool_calls;
   }
   // The names of the functions a call may name (the named one alone for kFunction).
   std::vector<std::string> CallableNames() const;
@@ -75,7 +81,8 @@ absl::StatusOr<ToolsSpec> ParseTools(const nlohmann::ordered_json& body);
 
 // The JSON Schema text of an enforced call (spec.enforced()): an object {"name": <const>,
 // "arguments": <the function's parameters>} with both members required and no others; for
-// "required" with several functions, anyOf over one such object per function.
+// "required" with several functions, anyOf over one such object per function; with
+// spec.enforced_list(), an array of at least one such call.
 std::string EnforcedCallSchema(const ToolsSpec& spec);
 
 // An assistant message's `tool_calls` (`param` names it in errors): an array of {"id",

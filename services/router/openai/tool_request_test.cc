@@ -91,6 +91,21 @@ TEST(ToolRequestTest, RequiredAndNamedChoicesBecomeASchemaConstraint) {
   EXPECT_EQ(r->tools.CallableNames(), std::vector<std::string>{"get_time"});
   EXPECT_EQ(json::parse(r->sampling.constraint().json_schema())["properties"]["name"]["const"],
             "get_time");
+
+  // parallel_tool_calls: true (sent): an array of one or more such calls. Unset or false: one.
+  r = Chat(absl::StrCat(R"(,"tools":[)", kWeather, ",", kTime,
+                        R"(],"tool_choice":"required","parallel_tool_calls":true)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->tools.enforced_list());
+  const json list = json::parse(r->sampling.constraint().json_schema());
+  EXPECT_EQ(list["type"], "array");
+  EXPECT_EQ(list["minItems"], 1);
+  EXPECT_EQ(list["items"]["anyOf"].size(), 2u);
+  r = Chat(absl::StrCat(R"(,"tools":[)", kWeather,
+                        R"(],"tool_choice":"required","parallel_tool_calls":false)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->tools.enforced_list());
+  EXPECT_NE(json::parse(r->sampling.constraint().json_schema())["type"], "array");
 }
 
 TEST(ToolRequestTest, BadShapesNameTheField) {

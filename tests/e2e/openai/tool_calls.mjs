@@ -1,7 +1,7 @@
 // Tool calls through the official openai npm SDK (tests/e2e/tool_calls_e2e_test.cc): tool_choice
 // "required" and a named function, streamed (raw chunks, and the SDK's own stream helper that
 // accumulates delta.tool_calls) and not, then a conversation carrying the call and its result.
-// Then the legacy functions API (function_call), plain, streamed and with its history. Every
+// Then parallel_tool_calls: true (an array of calls, enforced). Then the legacy functions API (function_call), plain, streamed and with its history. Every
 // answer must be a call whose arguments parse as a JSON object. Prints one JSON line per
 // call for the C++ test to validate against the tool's schema (python3-jsonschema), then a
 // summary line.
@@ -81,6 +81,52 @@ for (const c of cases) {
   calls++;
 }
 
+// parallel_tool_calls: true with tool_choice "required": an array of one or more calls, each
+// valid, streamed (each call's first delta with its own index) and not.
+let parallel = 0;
+for (const stream of [false, true]) {
+  const how = stream ? "parallel-stream" : "parallel";
+  const request = { model, messages, tools, tool_choice: "required", parallel_tool_calls: true,
+                    max_tokens: 300, temperature: 0 };
+  let list;
+  let finish;
+  if (stream) {
+    const s = await client.chat.completions.create({ ...request, stream: true });
+    list = [];
+    for await (const chunk of s) {
+      const choice = chunk.choices[0];
+      if (!choice) continue;
+      for (const d of choice.delta?.tool_calls ?? []) {
+        if (!list[d.index]) {
+          if (d.index !== list.length || !d.id || !d.function?.name) {
+            throw new Error(`${how}: bad first delta ${JSON.stringify(d)}`);
+          }
+          list[d.index] = { id: d.id, type: d.type, function: { name: d.function.name, arguments: "" } };
+        }
+        list[d.index].function.arguments += d.function?.arguments ?? "";
+      }
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+  } else {
+    const r = await client.chat.completions.create(request);
+    list = r.choices[0].message.tool_calls;
+    finish = r.choices[0].finish_reason;
+  }
+  // A model that never closes the array (stories260K, greedy, keeps calling) runs to
+  // max_tokens: the last call may be cut (finish_reason "length"), the ones before are whole.
+  if (finish === "length") {
+    list.pop();
+    if (list.length < 2) throw new Error(`${how}: cut with ${list.length} whole calls`);
+  } else if (finish !== "tool_calls") {
+    throw new Error(`${how}: finish_reason ${finish}`);
+  }
+  if (!(list?.length >= 1)) throw new Error(`${how}: no calls`);
+  for (const call of list) {
+    check(call, how);
+    parallel++;
+  }
+}
+
 // The history: the assistant's call and the tool's answer go back to the model.
 const first = await client.chat.completions.create({
   model, messages, tools, tool_choice: named, max_tokens: 200, temperature: 0 });
@@ -142,4 +188,4 @@ const legacyFollowUp = await client.chat.completions.create({
 });
 checkLegacy(legacyFollowUp.choices[0].message.function_call,
             legacyFollowUp.choices[0].finish_reason, "legacy-history");
-console.log(JSON.stringify({ summary: true, calls }));
+console.log(JSON.stringify({ summary: true, calls, parallel }));
