@@ -1079,6 +1079,29 @@ TEST(SchedulerSpecTest, NgramSpeculationGivesTheSameGreedyOutput) {
   }
 }
 
+// The n-gram proposer, proposing every step (stories260K is too small for speculation to pay,
+// so the controller would decline).
+SchedulerConfig AlwaysNgram() {
+  SchedulerConfig spec;
+  spec.speculative = "ngram";
+  spec.spec_max_tokens = 4;
+  spec.spec_adaptive = false;
+  return spec;
+}
+
+// Every request's tokens and logprobs are the plain run's.
+void ExpectSameOutput(const std::map<int, Result>& fast, const std::map<int, Result>& plain,
+                      const std::string& label) {
+  for (const auto& [i, want] : plain) {
+    const Result& got = fast.at(i);
+    EXPECT_EQ(got.tokens, want.tokens) << label << ", prompt " << i;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << label << ", prompt " << i;
+    for (size_t t = 0; t < want.logprobs.size(); ++t) {
+      EXPECT_NEAR(got.logprobs[t].logprob, want.logprobs[t].logprob, 1e-5);
+    }
+  }
+}
+
 // Sampled requests speculate too, and their output is token for token the output without
 // speculation for the same seeds: a verify row samples with the draw of the step it stands
 // for, so a proposal is accepted exactly when plain decoding would have taken it (accepted
@@ -1086,10 +1109,7 @@ TEST(SchedulerSpecTest, NgramSpeculationGivesTheSameGreedyOutput) {
 // deterministic proposal does). Equal outputs for every seed are a stronger check than a
 // goodness-of-fit test of the distribution: the distribution is the plain sampler's.
 TEST(SchedulerSpecTest, SampledRequestsSpeculateAndKeepTheirSeededOutput) {
-  SchedulerConfig spec;
-  spec.speculative = "ngram";
-  spec.spec_max_tokens = 4;
-  spec.spec_adaptive = false;
+  const SchedulerConfig spec = AlwaysNgram();
   auto run = [](SchedulerConfig config, bool staged) {
     Harness h(64, config, Clock::Real(), staged);
     for (int i = 0; i < 4; ++i) {
@@ -1115,23 +1135,14 @@ TEST(SchedulerSpecTest, SampledRequestsSpeculateAndKeepTheirSeededOutput) {
                 static_cast<long long>(fast_stats.spec_accepted_tokens),
                 static_cast<long long>(fast_stats.steps), static_cast<long long>(plain_stats.steps));
     EXPECT_GT(fast_stats.spec_accepted_tokens, 0);
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_EQ(fast.at(i).tokens, plain.at(i).tokens) << "prompt " << i << " staged " << staged;
-      ASSERT_EQ(fast.at(i).logprobs.size(), plain.at(i).logprobs.size());
-      for (size_t t = 0; t < plain.at(i).logprobs.size(); ++t) {
-        EXPECT_NEAR(fast.at(i).logprobs[t].logprob, plain.at(i).logprobs[t].logprob, 1e-5);
-      }
-    }
+    ExpectSameOutput(fast, plain, staged ? "staged" : "host");
   }
 }
 
 // Logit bias and penalties too: a verify row's edits count the proposed tokens before it, as
 // plain decoding would have counted them; output equal to plain decoding, greedy and sampled.
 TEST(SchedulerSpecTest, PenalizedRequestsSpeculateAndKeepTheirOutput) {
-  SchedulerConfig spec;
-  spec.speculative = "ngram";
-  spec.spec_max_tokens = 4;
-  spec.spec_adaptive = false;
+  const SchedulerConfig spec = AlwaysNgram();
   auto run = [](SchedulerConfig config) {
     Harness h(64, config);
     for (int i = 0; i < 4; ++i) {
@@ -1157,23 +1168,14 @@ TEST(SchedulerSpecTest, PenalizedRequestsSpeculateAndKeepTheirOutput) {
               static_cast<long long>(fast_stats.spec_proposed_tokens),
               static_cast<long long>(fast_stats.spec_accepted_tokens));
   EXPECT_GT(fast_stats.spec_accepted_tokens, 0);
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(fast.at(i).tokens, plain.at(i).tokens) << "prompt " << i;
-    ASSERT_EQ(fast.at(i).logprobs.size(), plain.at(i).logprobs.size());
-    for (size_t t = 0; t < plain.at(i).logprobs.size(); ++t) {
-      EXPECT_NEAR(fast.at(i).logprobs[t].logprob, plain.at(i).logprobs[t].logprob, 1e-5);
-    }
-  }
+  ExpectSameOutput(fast, plain, "penalized");
 }
 
 // A request that opts out takes no proposals: alone with speculation on, it is decoded one
 // token a step (nothing proposed); beside one that speculates, only the other is proposed for.
 // Both outputs equal the ones without speculation.
 TEST(SchedulerSpecTest, ARequestThatOptsOutTakesNoProposals) {
-  SchedulerConfig spec;
-  spec.speculative = "ngram";
-  spec.spec_max_tokens = 4;
-  spec.spec_adaptive = false;
+  const SchedulerConfig spec = AlwaysNgram();
   auto run = [](SchedulerConfig config, bool opt_out_first, bool with_second) {
     Harness h(64, config);
     SamplingOptions first = MaxTokens(120);
