@@ -206,7 +206,9 @@ TEST(TokenMaskTest, KeysOfAnObjectOfManyNamesTakePlainTokensAtOnce) {
       }
       m.FillTokenMaskUncached(trie, &reference);
       ASSERT_EQ(mask, reference) << "pass " << pass << ", after " << doc.substr(0, i);
-      if (i < doc.size()) ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+      if (i < doc.size()) {
+        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+      }
     }
     EXPECT_TRUE(m.CanEnd());
     EXPECT_EQ(key_starts, 6u);

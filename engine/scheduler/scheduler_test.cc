@@ -1181,7 +1181,9 @@ TEST(SchedulerSpecTest, ARequestThatOptsOutTakesNoProposals) {
     SamplingOptions first = MaxTokens(120);
     first.no_speculation = opt_out_first;
     CHECK(h.Submit(0, h.Encode(kPrompts[0]), first).ok());
-    if (with_second) CHECK(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(120)).ok());
+    if (with_second) {
+      CHECK(h.Submit(1, h.Encode(kPrompts[1]), MaxTokens(120)).ok());
+    }
     h.RunToCompletion();
     std::map<int, std::vector<uint32_t>> out;
     out[0] = h.results()[0].tokens;
