@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 #include <random>
@@ -75,6 +76,7 @@ class GrpcChoicesWriter final : public grpc::ServerWriteReactor<v1::GenerateResp
         request_(request),
         caller_(std::move(caller)),
         deadline_(deadline),
+        received_(absl::Now()),
         n_(static_cast<int>(request.n())) {
     request_.set_n(0);  // each choice is a request of one
     for (int i = 0; i < n_; ++i) sinks_.push_back(std::make_unique<ChoiceSink>(this, i));
@@ -212,6 +214,12 @@ class GrpcChoicesWriter final : public grpc::ServerWriteReactor<v1::GenerateResp
       v1::GenerateRequest choice = request_;
       // Seeded: choice i is the n = 1 answer with seed + i. Unseeded: a seed of its own.
       if (seeded) choice.mutable_sampling()->set_seed(seed + static_cast<uint64_t>(i));
+      if (request_.timeout_ms() > 0) {
+        // timeout_ms counts from when the request came, for every choice: what is left of it.
+        const int64_t left = absl::ToInt64Milliseconds(
+            received_ + absl::Milliseconds(request_.timeout_ms()) - absl::Now());
+        choice.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(1, left)));
+      }
       absl::StatusOr<std::unique_ptr<RouterStream>> stream = service_->NewStream(
           choice, caller_, deadline_, sinks_[static_cast<size_t>(i)].get(), sibling_decode);
       RouterStream* started = nullptr;
@@ -277,6 +285,7 @@ class GrpcChoicesWriter final : public grpc::ServerWriteReactor<v1::GenerateResp
   v1::GenerateRequest request_;
   const CallerAuth caller_;
   const absl::Time deadline_;
+  const absl::Time received_;
   const int n_;
   std::vector<std::unique_ptr<ChoiceSink>> sinks_;
   absl::Mutex mu_;

@@ -250,6 +250,15 @@ TEST(ChoicesE2eTest, ChoicesShareOnePrefillAndEqualTheirSingleRequests) {
     const std::vector<Generated> cut =
         cluster.GenerateChoices(long_req, 3, absl::Milliseconds(40));
     EXPECT_FALSE(cut[0].status.ok());
+    // timeout_ms counts from the request for every choice: the call ends DEADLINE_EXCEEDED.
+    pdserve::v1::GenerateRequest timed_req;
+    timed_req.set_text("Once");  // room for 500 tokens: far more than 20 ms of decoding
+    timed_req.mutable_sampling()->set_ignore_eos(true);
+    timed_req.mutable_sampling()->set_max_tokens(500);
+    timed_req.set_timeout_ms(20);
+    const std::vector<Generated> timed = cluster.GenerateChoices(timed_req, 3);
+    EXPECT_EQ(timed[0].status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+        << timed[0].status.error_message();
   }
   for (int i = 0; i < 100 && Metric(cluster.RouterMetrics(), "pd_router_inflight_streams") != 0;
        ++i) {
