@@ -48,6 +48,9 @@ bool RefValid(const GenerateRequest& r, const RequestLimits& l) {
       (r.has_cache_salt() && !pd::utf8::IsValid(r.cache_salt()))) {
     return false;
   }
+  if (r.n() > l.max_n) {  // choices: 0 and 1 are one
+    return false;
+  }
   if (r.client_request_id().size() > l.max_client_request_id_bytes) {
     return false;
   }
@@ -117,6 +120,7 @@ RequestLimits TinyLimits() {
   l.max_prompt_bytes = 16;
   l.max_prompt_tokens = 4;
   l.max_tokens_limit = 100;
+  l.max_n = 2;
   return l;
 }
 
