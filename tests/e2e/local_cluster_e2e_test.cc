@@ -255,7 +255,13 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
   ASSERT_FALSE(tierd_url.empty()) << ReadFile(run_dir_ + "/cluster.txt");
   ASSERT_EQ(worker_urls.size(), 2u) << ReadFile(run_dir_ + "/cluster.txt");
   for (const std::string& url : worker_urls) {
-    const std::string m = Scrape(url);
+    // A worker attaches to pd-tierd in the background (again every second while it fails, as
+    // when its first try came before pd-tierd listened): wait for it rather than assume it.
+    std::string m = Scrape(url);
+    for (int i = 0; i < 150 && Metric(m, "pd_worker_tierd_attached") != 1; ++i) {
+      absl::SleepFor(absl::Milliseconds(100));
+      m = Scrape(url);
+    }
     EXPECT_EQ(Metric(m, "pd_worker_tierd_attached"), 1) << url << "\n" << m;
     EXPECT_EQ(Metric(m, "pd_worker_tierd_node_mismatch"), 0) << url << "\n" << m;
   }
