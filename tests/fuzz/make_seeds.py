@@ -400,6 +400,28 @@ def openai_request_seeds():
     return seeds
 
 
+# ---- tool-call parser (services/router/openai/tool_parser.h) -------------------------------
+def tool_parser_seeds():
+    """Model outputs in each family's format: config byte (bit 0 enforced, bits 1-2 family
+    hermes/llama3/mistral, bit 3 list), piece-sizes byte, then the text."""
+    def seed(config, text):
+        return bytes([config, 0x5A]) + text
+    call = b'{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", "n": [1, {"a": "]"}]}}'
+    return {
+        "hermes_calls": seed(0, b'Sure.<tool_call>\n' + call + b'\n</tool_call>\n<tool_call>'
+                                b'{"name": "f", "arguments": {}}</tool_call> bye'),
+        "hermes_broken": seed(0, b'<tool_call>{"name": "get_weather", "arguments": {"a": '
+                                 b'</tool_call>x<tool_call>{"arguments": {}, "name": "f"}'),
+        "llama_call": seed(2, b'<|python_tag|>{"name": "f", "parameters": {"x": 1}}'),
+        "llama_list": seed(2, b'[' + call + b', {"name": "f"}]'),
+        "mistral_list": seed(4, b'[TOOL_CALLS] [' + call + b', {"name": "f", "arguments": '
+                                b'"{\\"a\\": 1}"}] done'),
+        "enforced": seed(1, call),
+        "enforced_list": seed(9, b'[' + call + b', ' + call + b']'),
+        "deep": seed(2, b'{"name": "f", "arguments": {"a": ' + b'[' * 5000 + b']' * 5000 + b'}}'),
+    }
+
+
 # ---- jinja (engine/chat) ------------------------------------------------------------------
 def jinja_seeds():
     """Every differential-test template, plus a few edge cases."""
@@ -428,6 +450,7 @@ def main():
     write_seeds("trace_fuzzer", trace_seeds())
     write_seeds("jinja_fuzzer", jinja_seeds())
     write_seeds("openai_request_fuzzer", openai_request_seeds())
+    write_seeds("tool_parser_fuzzer", tool_parser_seeds())
     return 0
 
 

@@ -44,8 +44,9 @@ std::string Dump(const ordered_json& j) {
   return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
 }
 
-// Matches the head of an enforced call, `{"name": "<name>", "arguments":` (whitespace allowed
-// where JSON allows it), at the start of `s`.
+// Matches the head of a call, `{"name": "<name>", "arguments":` (or Llama 3's "parameters";
+// whitespace allowed where JSON allows it), at the start of `s`, up to the value's first byte
+// (s[*end]).
 enum class Head { kNeedMore, kMismatch, kMatched };
 Head MatchHead(absl::string_view s, std::string* name, size_t* end) {
   size_t i = 0;
@@ -82,10 +83,20 @@ Head MatchHead(absl::string_view s, std::string* name, size_t* end) {
   if (!parsed.is_string()) return Head::kMismatch;
   *name = parsed.get<std::string>();
   i = j + 1;
-  for (absl::string_view lit : {",", "\"arguments\"", ":"}) {
-    space();
-    if (Head h = literal(lit); h != Head::kMatched) return h;
+  space();
+  if (Head h = literal(","); h != Head::kMatched) return h;
+  space();
+  // The arguments' key, either spelling.
+  const size_t key = i;
+  Head h = Head::kMismatch;
+  for (absl::string_view lit : {"\"arguments\"", "\"parameters\""}) {
+    i = key;
+    h = literal(lit);
+    if (h != Head::kMismatch) break;
   }
+  if (h != Head::kMatched) return h;
+  space();
+  if (Head h = literal(":"); h != Head::kMatched) return h;
   space();
   if (i == s.size()) return Head::kNeedMore;  // the value's first byte decides its kind
   *end = i;
@@ -224,36 +235,64 @@ bool ToolCallParser::EmitCalls(absl::string_view body, bool list, std::vector<To
 std::vector<ToolCallEvent> ToolCallParser::Feed(absl::string_view text) {
   std::vector<ToolCallEvent> out;
   if (text.empty()) return out;
+  if (mode_ == Mode::kEnforced) {
+    if (state_ == State::kText) {
+      Content(std::string(text), &out);
+    } else {
+      buf_.append(text.data(), text.size());
+      RunCalls(&out);
+    }
+    return out;
+  }
+  if (format_ == ToolCallFormat::kHermes) {
+    buf_.append(text.data(), text.size());
+    FeedHermes(&out);
+    return out;
+  }
   switch (state_) {
-    case State::kListOpen:
-    case State::kHead:
-    case State::kArgs:
-    case State::kTail:
-      buf_.append(text.data(), text.size());
-      FeedEnforced(&out);
-      break;
     case State::kText:
-      if (mode_ == Mode::kEnforced || format_ != ToolCallFormat::kHermes) {
-        Content(std::string(text), &out);
-        break;
-      }
-      [[fallthrough]];
-    case State::kInCall:
-      buf_.append(text.data(), text.size());
-      FeedHermes(&out);
+      Content(std::string(text), &out);
       break;
-    case State::kUndecided:
     case State::kHold:
       held_.append(text.data(), text.size());
+      break;
+    case State::kUndecided:
+      held_.append(text.data(), text.size());
+      FeedWhole(&out);
+      break;
+    default:
+      // Until a call starts, the end may still return the whole output as content.
+      if (num_calls_ == 0) held_.append(text.data(), text.size());
+      buf_.append(text.data(), text.size());
       FeedWhole(&out);
       break;
   }
   return out;
 }
 
-void ToolCallParser::FeedEnforced(std::vector<ToolCallEvent>* out) {
+void ToolCallParser::HeadFailed(std::vector<ToolCallEvent>* out) {
+  if (mode_ == Mode::kEnforced) {
+    // Not a call (the constraint makes one, so this is no output of this server's engine):
+    // everything is content.
+    state_ = State::kText;
+    Content(std::exchange(buf_, std::string()), out);
+  } else if (format_ == ToolCallFormat::kHermes) {
+    state_ = State::kInCall;  // held until </tool_call>: parsed whole, or content
+  } else if (num_calls_ == 0) {
+    state_ = State::kHold;  // the whole output, parsed at the end, or content
+    buf_.clear();
+  } else {
+    // A later element of a list that is no call that can stream: the rest is content.
+    state_ = State::kText;
+    after_call_ = true;
+    Content(std::exchange(buf_, std::string()), out);
+  }
+}
+
+void ToolCallParser::RunCalls(std::vector<ToolCallEvent>* out) {
+  const bool hermes = mode_ == Mode::kAuto && format_ == ToolCallFormat::kHermes;
   // A list runs the call states once per call: kHead, kArgs, kTail, then kHead again after ','.
-  while (true) {
+  while (InCall()) {
     if (state_ == State::kListOpen) {
       size_t i = 0;
       while (i < buf_.size() && IsSpace(buf_[i])) ++i;
@@ -270,17 +309,19 @@ void ToolCallParser::FeedEnforced(std::vector<ToolCallEvent>* out) {
     if (state_ == State::kHead) {
       std::string name;
       size_t end = 0;
-      switch (MatchHead(buf_, &name, &end)) {
-        case Head::kNeedMore:
-          return;
-        case Head::kMismatch:
-          // Not a call (the constraint makes one, so this is no output of this server's
-          // engine): everything is content.
-          state_ = State::kText;
-          Content(std::exchange(buf_, std::string()), out);
-          return;
-        case Head::kMatched:
-          break;
+      const Head head = MatchHead(buf_, &name, &end);
+      if (head == Head::kNeedMore) {
+        // A Hermes call closed before its head was complete: the held path decides.
+        if (hermes && absl::StrContains(buf_, kHermesClose)) state_ = State::kInCall;
+        return;
+      }
+      // Only an offered function streams (enforced: the constraint names one); auto: only
+      // one whose arguments are an object (a call that will not parse stays content; other
+      // spellings are parsed whole).
+      if (head == Head::kMismatch || !Known(name) ||
+          (mode_ == Mode::kAuto && buf_[end] != '{')) {
+        HeadFailed(out);
+        return;
       }
       ToolCallEvent start;
       start.kind = ToolCallEvent::Kind::kCallStart;
@@ -288,6 +329,7 @@ void ToolCallParser::FeedEnforced(std::vector<ToolCallEvent>* out) {
       start.id = NewToolCallId();
       start.name = std::move(name);
       out->push_back(std::move(start));
+      held_.clear();
       buf_.erase(0, end);
       state_ = State::kArgs;
       depth_ = 0;
@@ -311,9 +353,21 @@ void ToolCallParser::FeedEnforced(std::vector<ToolCallEvent>* out) {
       }
     }
     if (state_ == State::kArgs) {
+      // Hermes: </tool_call> ends the call even inside its arguments (the model cut them).
+      size_t limit = buf_.size();
+      bool closed = false;
+      if (hermes) {
+        const size_t close = absl::string_view(buf_).find(kHermesClose);
+        if (close != absl::string_view::npos) {
+          limit = close;
+          closed = true;
+        } else {
+          limit -= MarkerPrefixSuffix(buf_, kHermesClose);
+        }
+      }
       size_t i = 0;
       bool done = false;
-      for (; i < buf_.size() && !done; ++i) {
+      for (; i < limit && !done; ++i) {
         const char c = buf_[i];
         if (scalar_) {
           if (IsSpace(c) || c == ',' || c == '}') {
@@ -345,37 +399,96 @@ void ToolCallParser::FeedEnforced(std::vector<ToolCallEvent>* out) {
         out->push_back(std::move(piece));
       }
       buf_.erase(0, i);
-      if (!done) return;
+      if (!done) {
+        if (closed) {
+          buf_.erase(0, kHermesClose.size());
+          state_ = State::kText;
+          after_call_ = true;
+        }
+        return;
+      }
       state_ = State::kTail;
       call_closed_ = false;
+      tail_depth_ = 1;  // auto: inside the call object
     }
     // kTail: the call's closing brace and whitespace; in a list, then ',' (the next call) or
     // ']' (the end).
-    if (!list_ || list_closed_) {
-      buf_.clear();
+    if (mode_ == Mode::kEnforced) {
+      if (!list_ || list_closed_) {
+        buf_.clear();
+        return;
+      }
+      size_t i = 0;
+      bool next_call = false;
+      for (; i < buf_.size(); ++i) {
+        const char c = buf_[i];
+        if (IsSpace(c)) continue;
+        if (!call_closed_) {
+          call_closed_ = c == '}';
+        } else if (c == ',') {
+          next_call = true;
+          break;
+        } else if (c == ']') {
+          list_closed_ = true;
+          break;
+        }
+      }
+      if (!next_call) {
+        buf_.clear();
+        return;
+      }
+      buf_.erase(0, i + 1);
+      state_ = State::kHead;
+      continue;
+    }
+    if (hermes) {
+      // The rest of the call (its '}', keys the model added) up to </tool_call> is markup.
+      const size_t close = absl::string_view(buf_).find(kHermesClose);
+      if (close == absl::string_view::npos) {
+        buf_.erase(0, buf_.size() - MarkerPrefixSuffix(buf_, kHermesClose));
+        return;
+      }
+      buf_.erase(0, close + kHermesClose.size());
+      state_ = State::kText;
+      after_call_ = true;
       return;
     }
+    // kLlama3/kMistral: the rest of the call object (keys after the arguments are dropped).
     size_t i = 0;
-    bool next_call = false;
-    for (; i < buf_.size(); ++i) {
+    for (; i < buf_.size() && !call_closed_; ++i) {
       const char c = buf_[i];
-      if (IsSpace(c)) continue;
-      if (!call_closed_) {
-        call_closed_ = c == '}';
-      } else if (c == ',') {
-        next_call = true;
-        break;
-      } else if (c == ']') {
-        list_closed_ = true;
-        break;
+      if (in_string_) {
+        if (escape_) {
+          escape_ = false;
+        } else if (c == '\\') {
+          escape_ = true;
+        } else if (c == '"') {
+          in_string_ = false;
+        }
+      } else if (c == '"') {
+        in_string_ = true;
+      } else if (c == '{' || c == '[') {
+        ++tail_depth_;
+      } else if (c == '}' || c == ']') {
+        call_closed_ = --tail_depth_ == 0;
       }
     }
-    if (!next_call) {
-      buf_.clear();
-      return;
+    buf_.erase(0, i);
+    if (!call_closed_) return;
+    const size_t text = buf_.size() - SkipSpace(buf_).size();
+    buf_.erase(0, text);
+    if (buf_.empty()) return;
+    if (list_ && buf_[0] == ',') {
+      buf_.erase(0, 1);
+      state_ = State::kHead;
+      continue;
     }
-    buf_.erase(0, i + 1);
-    state_ = State::kHead;
+    // The end of the calls: what follows (after a list's ']') is content.
+    if (list_ && buf_[0] == ']') buf_.erase(0, 1);
+    state_ = State::kText;
+    after_call_ = true;
+    Content(std::exchange(buf_, std::string()), out);
+    return;
   }
 }
 
@@ -391,10 +504,16 @@ void ToolCallParser::FeedHermes(std::vector<ToolCallEvent>* out) {
       }
       Content(buf_.substr(0, open), out);
       buf_.erase(0, open + kHermesOpen.size());
-      state_ = State::kInCall;
+      state_ = State::kHead;
     }
+    if (InCall()) {
+      RunCalls(out);
+      if (InCall()) return;
+      continue;  // kText after the call, or kInCall (held)
+    }
+    // kInCall: a call that does not stream, held until it is complete.
     const size_t close = absl::string_view(buf_).find(kHermesClose);
-    if (close == absl::string_view::npos) return;  // the call is held until it is complete
+    if (close == absl::string_view::npos) return;
     const std::string body = buf_.substr(0, close);
     buf_.erase(0, close + kHermesClose.size());
     state_ = State::kText;
@@ -405,64 +524,106 @@ void ToolCallParser::FeedHermes(std::vector<ToolCallEvent>* out) {
 }
 
 void ToolCallParser::FeedWhole(std::vector<ToolCallEvent>* out) {
-  if (state_ != State::kUndecided) return;  // kHold: the end decides
   const absl::string_view marker =
       format_ == ToolCallFormat::kMistral ? kMistralMarker : kLlamaMarker;
-  absl::string_view rest = SkipSpace(held_);
-  if (rest.empty()) return;
-  if (absl::StartsWith(rest, marker)) {
-    state_ = State::kHold;  // the model announced a call
-    return;
+  if (state_ == State::kUndecided) {
+    absl::string_view rest = SkipSpace(held_);
+    if (rest.empty()) return;
+    if (!absl::StartsWith(rest, marker)) {  // the model announced a call
+      if (absl::StartsWith(marker, rest)) return;  // may still become the marker
+      const bool call_like =
+          rest[0] == '[' || (format_ == ToolCallFormat::kLlama3 && rest[0] == '{');
+      if (!call_like) {
+        state_ = State::kText;
+        Content(std::exchange(held_, std::string()), out);
+        return;
+      }
+    }
+    state_ = State::kWholeStart;
+    buf_ = held_;
   }
-  if (absl::StartsWith(marker, rest)) return;  // may still become the marker
-  const bool call_like = rest[0] == '[' || (format_ == ToolCallFormat::kLlama3 && rest[0] == '{');
-  if (call_like) {
-    state_ = State::kHold;
-    return;
+  if (state_ == State::kWholeStart) {
+    absl::string_view rest = SkipSpace(buf_);
+    if (absl::StartsWith(marker, rest)) return;  // "[TOOL" may be Mistral's marker
+    if (absl::StartsWith(rest, marker)) rest = SkipSpace(rest.substr(marker.size()));
+    if (rest.empty()) return;
+    if (rest[0] == '[') {
+      list_ = true;
+      rest.remove_prefix(1);
+    } else if (rest[0] == '{') {
+      list_ = false;
+    } else {
+      state_ = State::kHold;  // no call: content at the end
+      buf_.clear();
+      return;
+    }
+    buf_ = std::string(rest);
+    state_ = State::kHead;
   }
-  state_ = State::kText;
-  Content(std::exchange(held_, std::string()), out);
+  if (InCall()) RunCalls(out);
 }
 
 std::vector<ToolCallEvent> ToolCallParser::Finish() {
   std::vector<ToolCallEvent> out;
+  // kLlama3/kMistral auto before a call streamed: the whole output, parsed.
+  auto finish_whole = [&] {
+    const absl::string_view marker =
+        format_ == ToolCallFormat::kMistral ? kMistralMarker : kLlamaMarker;
+    absl::string_view body = SkipSpace(held_);
+    if (absl::StartsWith(body, marker)) body.remove_prefix(marker.size());
+    body = SkipSpace(body);
+    const bool list = !body.empty() && body[0] == '[';
+    if (!EmitCalls(body, list, &out)) Content(std::exchange(held_, std::string()), &out);
+    held_.clear();
+  };
+  // kHermes: a call not complete (cut by max_tokens, or the model ended without the tag).
+  auto finish_hermes = [&] {
+    const std::string body = std::exchange(buf_, std::string());
+    if (!EmitCalls(body, /*list=*/false, &out)) {
+      Content(absl::StrCat(kHermesOpen, body), &out);
+    }
+  };
   switch (state_) {
     case State::kListOpen:
     case State::kHead:
-      // Cut before a call began: content when no call came (a list's earlier calls stand).
-      if (num_calls_ == 0) Content(std::exchange(buf_, std::string()), &out);
-      buf_.clear();
+      if (mode_ == Mode::kEnforced) {
+        // Cut before a call began: content when no call came (a list's earlier calls stand).
+        if (num_calls_ == 0) Content(std::exchange(buf_, std::string()), &out);
+      } else if (format_ == ToolCallFormat::kHermes) {
+        finish_hermes();
+      } else if (num_calls_ == 0) {
+        finish_whole();
+      }
+      buf_.clear();  // a list cut in a later call's head: the calls before it stand
       break;
     case State::kArgs:
+      // Hermes: what was held back as a possible </tool_call> is the arguments' end.
+      if (!buf_.empty()) {
+        ToolCallEvent piece;
+        piece.kind = ToolCallEvent::Kind::kArguments;
+        piece.index = num_calls_ - 1;
+        piece.text = std::exchange(buf_, std::string());
+        out.push_back(std::move(piece));
+      }
+      break;
     case State::kTail:
       break;
     case State::kText:
       Content(std::exchange(buf_, std::string()), &out);
       break;
-    case State::kInCall: {
-      // Unterminated (cut by max_tokens, or the model ended without the closing tag).
-      const std::string body = std::exchange(buf_, std::string());
-      if (!EmitCalls(body, /*list=*/false, &out)) {
-        Content(absl::StrCat(kHermesOpen, body), &out);
-      }
+    case State::kInCall:
+      finish_hermes();
       break;
-    }
     case State::kUndecided:
       Content(std::exchange(held_, std::string()), &out);
       break;
-    case State::kHold: {
-      const absl::string_view marker =
-          format_ == ToolCallFormat::kMistral ? kMistralMarker : kLlamaMarker;
-      absl::string_view body = SkipSpace(held_);
-      if (absl::StartsWith(body, marker)) body.remove_prefix(marker.size());
-      body = SkipSpace(body);
-      const bool list = !body.empty() && body[0] == '[';
-      if (!EmitCalls(body, list, &out)) Content(std::exchange(held_, std::string()), &out);
-      held_.clear();
+    case State::kWholeStart:
+    case State::kHold:
+      finish_whole();
       break;
-    }
   }
   state_ = State::kTail;
+  buf_.clear();
   return out;
 }
 

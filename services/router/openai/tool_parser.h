@@ -8,8 +8,12 @@
 //    it, or with `list` an array of them; each call starts once its name is known and its
 //    arguments stream as they are generated.
 //  - auto: the output is text in the model family's tool-call format (ToolCallFormat); text
-//    that may start a call is held back until known, a call is sent once it is complete, and
-//    a call that does not parse (malformed JSON, an unknown function) is returned as content.
+//    that may start a call is held back until known. A call written `{"name": <an offered
+//    function>, "arguments"|"parameters": {` starts once that much is seen and its arguments
+//    stream as they are generated, as enforced calls do (they are the model's text: like
+//    OpenAI's, they may not be valid JSON). Any other call (an unknown function, the keys in
+//    another order, arguments written as a JSON string) is held until complete and returned
+//    as a call when it parses, else as content.
 //
 // Thread-compatible (one per response).
 #pragma once
@@ -73,9 +77,17 @@ class ToolCallParser {
   int num_calls() const { return num_calls_; }
 
  private:
-  void FeedEnforced(std::vector<ToolCallEvent>* out);
+  // Runs the call states (kListOpen, kHead, kArgs, kTail) over buf_ until more text is needed
+  // or the calls end (state_ leaves them).
+  void RunCalls(std::vector<ToolCallEvent>* out);
+  // kHead could not start a streamed call: what follows depends on the mode.
+  void HeadFailed(std::vector<ToolCallEvent>* out);
   void FeedHermes(std::vector<ToolCallEvent>* out);
   void FeedWhole(std::vector<ToolCallEvent>* out);
+  bool InCall() const {
+    return state_ == State::kListOpen || state_ == State::kHead || state_ == State::kArgs ||
+           state_ == State::kTail;
+  }
   // Parses `body` as one call object {"name", "arguments"|"parameters"} (or, when `list`, an
   // array of them); false (nothing emitted) when it is not one, or names an unknown function.
   bool EmitCalls(absl::string_view body, bool list, std::vector<ToolCallEvent>* out);
@@ -83,25 +95,28 @@ class ToolCallParser {
   bool Known(absl::string_view name) const;
 
   enum class State {
-    kText,       // plain text (auto), passed on
-    kUndecided,  // auto, kLlama3/kMistral: nothing but a possible call start so far
-    kHold,       // auto, kLlama3/kMistral: the output looks like a call; held to the end
-    kInCall,     // auto, kHermes: inside <tool_call>...
-    kListOpen,   // enforced list: before its '['
-    kHead,       // enforced: before the arguments value
-    kArgs,       // enforced: inside the arguments value
-    kTail,       // enforced: after it (a list: until ',' starts the next call or ']' ends)
+    kText,        // plain text (auto), passed on (kHermes: scanned for <tool_call>)
+    kUndecided,   // auto, kLlama3/kMistral: nothing but a possible call start so far
+    kWholeStart,  // auto, kLlama3/kMistral: a call's marker, '[' or '{' seen; what is it?
+    kHold,        // auto, kLlama3/kMistral: a call not streamed; the end decides
+    kInCall,      // auto, kHermes: inside <tool_call>... not streamed; the close decides
+    kListOpen,    // enforced list: before its '['
+    kHead,        // before a call's arguments value
+    kArgs,        // inside the arguments value
+    kTail,        // after it (a list: until ',' starts the next call or ']' ends)
   };
 
   const Mode mode_;
-  const bool list_;
-  bool call_closed_ = false;  // kTail, list: the call's '}' was seen
+  bool list_;  // the calls are an array's elements (enforced: `list`; auto: the output's '[')
+  bool call_closed_ = false;  // kTail: the call object's '}' was seen
   bool list_closed_ = false;  // kTail, list: the ']' was seen
+  int tail_depth_ = 0;        // kTail, auto: nesting within the call object (1: in it)
   const ToolCallFormat format_;
   const std::vector<std::string> names_;
   State state_;
   std::string buf_;   // text not yet accounted for
-  std::string held_;  // kUndecided/kHold: everything since the start, as generated
+  // kLlama3/kMistral auto until a call starts: everything since the start, as generated.
+  std::string held_;
   int num_calls_ = 0;
   bool after_call_ = false;  // kHermes: a call was emitted; whitespace after it is dropped
   // kArgs: the scan of the arguments value.

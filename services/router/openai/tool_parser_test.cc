@@ -116,6 +116,14 @@ TEST(ToolParserTest, EnforcedCallStreamsItsArguments) {
 
 // parallel_tool_calls: true with an enforced choice: an array of calls, each streamed as its
 // name and its arguments come, whatever the split; a list cut after a call keeps that call.
+// A call naming a function not offered is no call even when enforced (found by the fuzzer).
+TEST(ToolParserTest, EnforcedCallOfAnUnknownFunctionIsContent) {
+  const std::string out = R"({"name": "get_weAather", "arguments": {}})";
+  const Result r = Parse(Mode::kEnforced, ToolCallFormat::kHermes, {out});
+  EXPECT_TRUE(r.names.empty());
+  EXPECT_EQ(r.content, out);
+}
+
 TEST(ToolParserTest, EnforcedListStreamsEachCall) {
   const std::string out =
       R"( [ {"name": "get_weather", "arguments": {"city": "Oslo, \"N\" ]"}} ,)"
@@ -157,7 +165,8 @@ TEST(ToolParserTest, HermesCallsAfterTextAndBetweenWhitespace) {
   const Result r = Parse(Mode::kAuto, ToolCallFormat::kHermes, {out});
   EXPECT_EQ(r.content, "Let me check.");
   EXPECT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time"}));
-  EXPECT_EQ(r.arguments, (std::vector<std::string>{R"({"city":"Paris"})", "{}"}));
+  // Streamed as generated.
+  EXPECT_EQ(r.arguments, (std::vector<std::string>{R"({"city": "Paris"})", "{}"}));
   EXPECT_NE(r.ids[0], r.ids[1]);
   ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kHermes, out);
 }
@@ -171,18 +180,21 @@ TEST(ToolParserTest, HermesHoldsBackOnlyWhatMayStartAMarker) {
   EXPECT_EQ(r.content, "a < b and <toolbox> is text");
   Take(p.Feed(" <tool_"), &r);
   Take(p.Feed("call>{\"name\": \"get_weather\", \"argu"), &r);
-  EXPECT_TRUE(r.names.empty());  // a call is sent once complete
-  Take(p.Feed("ments\": {\"city\": \"Oslo\"}}</tool_call>"), &r);
+  EXPECT_TRUE(r.names.empty());  // a call starts once its name and arguments' key are known
+  Take(p.Feed("ments\": {\"ci"), &r);
   ASSERT_EQ(r.names.size(), 1u);
-  EXPECT_EQ(r.arguments[0], R"({"city":"Oslo"})");
+  EXPECT_EQ(r.arguments[0], R"({"ci)");  // then its arguments stream
+  Take(p.Feed("ty\": \"a </t"), &r);
+  EXPECT_EQ(r.arguments[0], R"({"city": "a )");  // "</t" may be </tool_call>: held
+  Take(p.Feed("d>\"}}</tool_call>"), &r);
+  EXPECT_EQ(r.arguments[0], R"({"city": "a </td>"})");
   Take(p.Finish(), &r);
   EXPECT_EQ(r.content, "a < b and <toolbox> is text ");
 }
 
 TEST(ToolParserTest, MalformedCallsAreContent) {
-  // Broken JSON, an unknown function, arguments that are no object, a call cut short.
+  // An unknown function, arguments that are no object, no call object, a call cut short.
   for (const std::string& out : {
-           std::string("<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>"),
            std::string("<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>"),
            std::string("<tool_call>{\"name\": \"get_time\", \"arguments\": 5}</tool_call>"),
            std::string("<tool_call>[1, 2]</tool_call>"),
@@ -199,24 +211,44 @@ TEST(ToolParserTest, MalformedCallsAreContent) {
   const Result open = Parse(Mode::kAuto, ToolCallFormat::kHermes,
                             {"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}"});
   EXPECT_EQ(open.names, std::vector<std::string>{"get_time"});
+  // Arguments that break once started are the call's, as generated (as OpenAI's may be), up to
+  // the </tool_call> that ends them; what follows is content again.
+  const Result broken = Parse(
+      Mode::kAuto, ToolCallFormat::kHermes,
+      {"<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"a\": </tool_call> ok"});
+  EXPECT_EQ(broken.names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(broken.arguments[0], "{\"a\": ");
+  EXPECT_EQ(broken.content, "ok");
+  // Other spellings are parsed whole: the keys in another order, arguments as a JSON string.
+  const Result reversed = Parse(
+      Mode::kAuto, ToolCallFormat::kHermes,
+      {"<tool_call>{\"arguments\": {\"b\": 1}, \"name\": \"get_time\"}</tool_call>"});
+  EXPECT_EQ(reversed.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(reversed.arguments[0], R"({"b":1})");
   // A call in the wrong format for the family is plain text.
   const Result other = Parse(Mode::kAuto, ToolCallFormat::kHermes,
                              {"[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}]"});
   EXPECT_TRUE(other.names.empty());
 }
 
-// Output nested deeper than any call (a model can write 100,000 brackets) is content, at once
-// and without recursing through it, in every family.
+// Output nested deeper than any call (a model can write 100,000 brackets) is never recursed
+// through: streamed arguments are scanned, not parsed; what is parsed whole is content.
 TEST(ToolParserTest, DeeplyNestedOutputIsContent) {
+  const std::string deep_value = "{\"a\": " + std::string(100000, '[') +
+                                 std::string(100000, ']') + "}";
   const std::string deep_args =
-      "{\"name\": \"get_time\", \"arguments\": {\"a\": " + std::string(100000, '[') +
-      std::string(100000, ']') + "}}";
+      "{\"name\": \"get_time\", \"arguments\": " + deep_value + "}";
   const Result hermes =
       Parse(Mode::kAuto, ToolCallFormat::kHermes, {"<tool_call>" + deep_args + "</tool_call>"});
-  EXPECT_TRUE(hermes.names.empty());
+  EXPECT_EQ(hermes.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(hermes.arguments[0], deep_value);
   const Result llama = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {deep_args});
-  EXPECT_TRUE(llama.names.empty());
-  EXPECT_EQ(llama.content, deep_args);
+  EXPECT_EQ(llama.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(llama.arguments[0], deep_value);
+  const std::string deep_whole = "{\"arguments\": " + deep_value + ", \"name\": \"get_time\"}";
+  const Result reversed = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {deep_whole});
+  EXPECT_TRUE(reversed.names.empty());
+  EXPECT_EQ(reversed.content, deep_whole);
   const Result mistral = Parse(Mode::kAuto, ToolCallFormat::kMistral, {std::string(100000, '[')});
   EXPECT_TRUE(mistral.names.empty());
   // Arguments written as a JSON string that nests deeply.
@@ -235,7 +267,7 @@ TEST(ToolParserTest, Llama3WholeOutputIsTheCall) {
   const std::string out = R"({"name": "get_weather", "parameters": {"city": "Rome"}})";
   Result r = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {out});
   EXPECT_EQ(r.names, std::vector<std::string>{"get_weather"});
-  EXPECT_EQ(r.arguments[0], R"({"city":"Rome"})");
+  EXPECT_EQ(r.arguments[0], R"({"city": "Rome"})");
   EXPECT_EQ(r.content, "");
   ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kLlama3, out);
   // <|python_tag|> decoded as text (a tokenizer that keeps special tokens) is skipped.
@@ -260,7 +292,7 @@ TEST(ToolParserTest, MistralCallList) {
       R"({"name": "get_time", "arguments": {}}])";
   Result r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {out});
   EXPECT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time"}));
-  EXPECT_EQ(r.arguments[0], R"({"city":"Lyon"})");
+  EXPECT_EQ(r.arguments[0], R"({"city": "Lyon"})");
   ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kMistral, out);
   // [TOOL_CALLS] is a control token most tokenizers decode as nothing.
   r = Parse(Mode::kAuto, ToolCallFormat::kMistral,
@@ -274,6 +306,49 @@ TEST(ToolParserTest, MistralCallList) {
   r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {"[1] is a list"});
   EXPECT_EQ(r.content, "[1] is a list");
   EXPECT_TRUE(r.names.empty());
+}
+
+// Llama 3 and Mistral calls stream as Hermes calls do: the call once its name is known, its
+// arguments as they come, each call of a list in turn.
+TEST(ToolParserTest, WholeOutputCallsStreamPieceByPiece) {
+  ToolCallParser p(Mode::kAuto, ToolCallFormat::kMistral, {"get_weather", "get_time"});
+  Result r;
+  Take(p.Feed("[TOOL"), &r);
+  Take(p.Feed("_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\""), &r);
+  ASSERT_EQ(r.names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(r.arguments[0], R"({"city")");
+  Take(p.Feed(": \"Lyon\", \"days\": [1, {\"x\": \"]}\"}]}, \"id\": {\"k\": 1}},"), &r);
+  EXPECT_EQ(r.arguments[0], R"({"city": "Lyon", "days": [1, {"x": "]}"}]})");
+  Take(p.Feed(" {\"name\": \"get_time\", \"parameters\": {"), &r);
+  ASSERT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time"}));
+  Take(p.Feed("}}]  Done."), &r);
+  EXPECT_EQ(r.arguments[1], "{}");
+  EXPECT_EQ(r.content, "Done.");  // after the list: content
+  Take(p.Finish(), &r);
+  EXPECT_EQ(r.names.size(), 2u);
+
+  // A later element that cannot stream (an unknown function): the calls before it stand, the
+  // rest is content.
+  r = Parse(Mode::kAuto, ToolCallFormat::kMistral,
+            {R"([{"name": "get_time", "arguments": {}}, {"name": "rm", "arguments": {}}])"});
+  EXPECT_EQ(r.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(r.content, R"({"name": "rm", "arguments": {}}])");
+  // Cut by max_tokens inside the arguments: the call stands with what came (finish_reason
+  // "length" says so), as an enforced call's.
+  r = Parse(Mode::kAuto, ToolCallFormat::kLlama3,
+            {"<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Ro"});
+  EXPECT_EQ(r.names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(r.arguments[0], R"({"city": "Ro)");
+  // A call without arguments is parsed whole at the end.
+  r = Parse(Mode::kAuto, ToolCallFormat::kLlama3, {R"({"name": "get_time"})"});
+  EXPECT_EQ(r.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(r.arguments[0], "{}");
+  const std::string list =
+      "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {\"a\": \"}\"}}, "
+      "{\"name\": \"get_weather\", \"arguments\": {\"b\": [\"x\"]}}] bye";
+  ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kMistral, list);
+  ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kLlama3,
+                          R"([{"name": "get_time", "parameters": {"tz": "UTC"}}])");
 }
 
 }  // namespace

@@ -127,7 +127,7 @@ TEST(ToolResponseTest, AutoParsesTheFamilyFormat) {
   body = Body(r, {R"({"name": "get_weather", "parameters": {"city": "Rome"}})"},
               ToolCallFormat::kLlama3);
   EXPECT_EQ(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
-            R"({"city":"Rome"})");
+            R"({"city": "Rome"})");  // as generated
   // Plain text: no tool_calls key, finish "stop".
   body = Body(r, {"Just text."});
   EXPECT_EQ(body["choices"][0]["message"]["content"], "Just text.");
@@ -144,32 +144,55 @@ TEST(ToolResponseTest, AutoParsesTheFamilyFormat) {
   EXPECT_EQ(body["choices"][0]["message"]["content"], "<tool_call>{\"name\": \"get_");
 }
 
-TEST(ToolResponseTest, AutoStreamHoldsMarkersAndSendsWholeCalls) {
+TEST(ToolResponseTest, AutoStreamHoldsMarkersAndStreamsCalls) {
   const OpenAiRequest r = Request(R"("tool_choice":"auto")", true);
   // The marker arrives split across messages (as across tokens).
-  const std::vector<json> chunks =
-      Stream(r, {"Hi", " <to", "ol_c", "all>{\"name\": \"get_weather\",",
-                 " \"arguments\": {\"city\": ", "\"Oslo\"}}</tool_call>",
-                 "\n<tool_call>{\"name\": \"get_time\", \"arguments\": {}}", "</tool_call>"});
+  const std::vector<std::string> pieces = {
+      "Hi", " <to", "ol_c", "all>{\"name\": \"get_weather\",", " \"arguments\": {\"city\": ",
+      "\"Oslo\"}}</tool_call>", "\n<tool_call>{\"name\": \"get_time\", \"arguments\": {}}",
+      "</tool_call>"};
+  const std::vector<json> chunks = Stream(r, pieces);
   std::string content;
   std::vector<json> calls;
+  std::vector<std::string> arguments;
   for (const json& c : chunks) {
     const json& delta = c["choices"][0]["delta"];
     if (delta.contains("content")) {
       content += delta["content"].get<std::string>();
       EXPECT_FALSE(absl::StrContains(delta["content"].get<std::string>(), "<")) << delta;
     }
-    if (delta.contains("tool_calls")) calls.push_back(delta["tool_calls"][0]);
+    if (!delta.contains("tool_calls")) continue;
+    const json& call = delta["tool_calls"][0];
+    const size_t index = call["index"].get<size_t>();
+    if (call.contains("id")) {
+      // A call's first delta: id and name, before its arguments were complete.
+      EXPECT_EQ(index, calls.size());
+      EXPECT_TRUE(arguments.size() == index) << c;
+      calls.push_back(call);
+      arguments.emplace_back();
+    } else {
+      EXPECT_FALSE(call["function"].contains("name")) << c;
+    }
+    ASSERT_LT(index, arguments.size());
+    if (call["function"].contains("arguments")) {
+      arguments[index] += call["function"]["arguments"].get<std::string>();
+    }
   }
   EXPECT_EQ(content, "Hi ");
-  ASSERT_EQ(calls.size(), 4u);  // a start and its arguments, per call
-  EXPECT_EQ(calls[0]["index"], 0);
+  ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
-  EXPECT_EQ(calls[1]["function"]["arguments"], R"({"city":"Oslo"})");
-  EXPECT_EQ(calls[2]["index"], 1);
-  EXPECT_EQ(calls[2]["function"]["name"], "get_time");
-  EXPECT_NE(calls[0]["id"], calls[2]["id"]);
+  EXPECT_EQ(calls[1]["function"]["name"], "get_time");
+  EXPECT_EQ(arguments, (std::vector<std::string>{R"({"city": "Oslo"})", "{}"}));
+  EXPECT_NE(calls[0]["id"], calls[1]["id"]);
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "tool_calls");
+  // The first call started with the piece that named its arguments, before "Oslo" came: more
+  // than one chunk carries its arguments.
+  int first_call_chunks = 0;
+  for (const json& c : chunks) {
+    const json& delta = c["choices"][0]["delta"];
+    if (delta.contains("tool_calls") && delta["tool_calls"][0]["index"] == 0) ++first_call_chunks;
+  }
+  EXPECT_GE(first_call_chunks, 2);
 }
 
 // The legacy functions API: the call is message.function_call / delta.function_call (no id, no
