@@ -24,7 +24,7 @@ PD_PACKAGES=(
   libabsl-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev libxxhash-dev liburing-dev libpcre2-dev libcpp-httplib-dev
-  libicu-dev                     # common/utf8: ICU's header-only UTF-8 macros (nothing linked)
+  libicu-dev                     # ICU: UTF-8 macros (common/utf8), NFC (HF tokenizers)
   iproute2 procps curl fio python3 python3-jinja2  # jinja2: engine/chat differential test
   python3-jsonschema             # structured output e2e: answers validated against their schema
   libssl-dev openssl             # SHA-256/CRYPTO_memcmp for auth; openssl CLI makes test certs

@@ -29,7 +29,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32 libgoogle-glog0v6 \
       libucx0 libhiredis0.14 libopenblas0-pthread libxxhash0 liburing2 libpcre2-8-0 \
-      libcpp-httplib0.11 libssl3 libstdc++6 \
+      libcpp-httplib0.11 libssl3 libicu72 libstdc++6 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/services/router/pd-router /src/build/services/worker/pd-worker /src/build/services/tierd/pd-tierd /src/build/services/client/pd-client /src/build/loadtest/pd-loadtest /usr/local/bin/
 # 65532: an unprivileged uid with no home; the chart mounts everything it writes.

@@ -26,7 +26,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32 libgoogle-glog0v6 \
       libucx0 libhiredis0.14 libopenblas0-pthread libxxhash0 liburing2 libpcre2-8-0 \
-      libcpp-httplib0.11 libssl3 libstdc++6 \
+      libcpp-httplib0.11 libssl3 libicu72 libstdc++6 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=cuda /usr/local/cuda-13.0/targets/x86_64-linux/lib/libcudart.so.13* /usr/local/lib/pdserve-cuda/
 COPY --from=cuda /usr/local/cuda-13.0/targets/x86_64-linux/lib/libcublas.so.13* /usr/local/lib/pdserve-cuda/

@@ -1,5 +1,9 @@
 #include "engine/model/hf_tokenizer.h"
 
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/utf8.h>
+
 #include <algorithm>
 #include <functional>
 #include <limits>
@@ -144,11 +148,21 @@ class HfTokenizerParser {
     if (n == nullptr) {
       return absl::OkStatus();
     }
+    // NFC (Qwen2/3), or a Sequence of NFCs (possibly empty).
+    std::vector<const Json*> steps = {n};
     auto list = n->find("normalizers");
-    if (TypeOf(*n) == "Sequence" && list != n->end() && list->is_array() && list->empty()) {
-      return absl::OkStatus();
+    if (TypeOf(*n) == "Sequence" && list != n->end() && list->is_array()) {
+      steps.clear();
+      for (const Json& step : *list) steps.push_back(&step);
     }
-    return Unsupported(absl::StrCat("normalizer \"", TypeOf(*n), "\""));
+    for (const Json* step : steps) {
+      if (!step->is_object() || TypeOf(*step) != "NFC") {
+        return Unsupported(absl::StrCat("normalizer \"", step->is_object() ? TypeOf(*step) : "",
+                                        "\""));
+      }
+      t_.nfc_ = true;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status SetEntry(uint32_t id, std::string bytes, HfTokenizer::Kind kind) {
@@ -570,10 +584,54 @@ absl::StatusOr<std::vector<std::string>> HfTokenizer::PreTokenize(absl::string_v
   return pieces;
 }
 
-absl::Status HfTokenizer::EncodeOrdinary(absl::string_view text, std::vector<uint32_t>* ids) const {
-  if (text.empty()) {
+absl::StatusOr<std::string> HfTokenizer::Normalize(absl::string_view text) const {
+  if (!nfc_ || std::all_of(text.begin(), text.end(),
+                           [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+    return std::string(text);  // ASCII is its own NFC
+  }
+  UErrorCode error = U_ZERO_ERROR;
+  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(error);
+  if (U_FAILURE(error)) {
+    return absl::InternalError(absl::StrCat("ICU's NFC normalizer: ", u_errorName(error)));
+  }
+  // NFC of each run of well-formed UTF-8; a byte that starts no character is kept as it is
+  // (Hugging Face's input is always well formed: this only decides what arbitrary bytes get).
+  std::string out;
+  out.reserve(text.size());
+  const auto* bytes = reinterpret_cast<const uint8_t*>(text.data());
+  const int32_t size = static_cast<int32_t>(text.size());
+  int32_t run = 0;
+  int32_t i = 0;
+  auto flush = [&](int32_t end) -> absl::Status {
+    if (end > run) {
+      icu::StringByteSink<std::string> sink(&out);
+      UErrorCode e = U_ZERO_ERROR;
+      nfc->normalizeUTF8(0, icu::StringPiece(text.data() + run, end - run), sink, nullptr, e);
+      if (U_FAILURE(e)) {
+        return absl::InternalError(absl::StrCat("ICU's NFC normalizer: ", u_errorName(e)));
+      }
+    }
+    return absl::OkStatus();
+  };
+  while (i < size) {
+    const int32_t start = i;
+    UChar32 c;
+    U8_NEXT(bytes, i, size, c);
+    if (c < 0) {
+      PD_RETURN_IF_ERROR(flush(start));
+      out.append(text.data() + start, static_cast<size_t>(i - start));
+      run = i;
+    }
+  }
+  PD_RETURN_IF_ERROR(flush(size));
+  return out;
+}
+
+absl::Status HfTokenizer::EncodeOrdinary(absl::string_view raw, std::vector<uint32_t>* ids) const {
+  if (raw.empty()) {
     return absl::OkStatus();
   }
+  PD_ASSIGN_OR_RETURN(std::string text, Normalize(raw));
   PD_ASSIGN_OR_RETURN(std::vector<std::string> pieces, PreTokenize(text));
   for (const std::string& piece : pieces) {
     PD_RETURN_IF_ERROR(EncodePiece(piece, ids));

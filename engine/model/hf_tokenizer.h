@@ -6,7 +6,8 @@
 //                  ["a", "b"]), optional "ignore_merges" (a pre-token that is itself a vocab
 //                  entry is emitted whole); byte_fallback, dropout, continuing_subword_prefix
 //                  and end_of_word_suffix must be unset;
-//   normalizer     null (Qwen2's NFC normalizer is not supported);
+//   normalizer     null, NFC (Qwen2/3: ICU's, applied to the text between added tokens), or a
+//                  Sequence of these;
 //   pre_tokenizer  ByteLevel (add_prefix_space, use_regex = GPT-2 pattern), Split with a
 //                  {"Regex": ...} or {"String": ...} pattern, behavior Isolated or Removed,
 //                  invert false, or a Sequence of these; a ByteLevel step is required;
@@ -135,6 +136,8 @@ class HfTokenizer final : public Tokenizer {
   HfTokenizer() = default;
   // Appends the ids of a segment without added tokens.
   absl::Status EncodeOrdinary(absl::string_view text, std::vector<uint32_t>* ids) const;
+  // The normalizer's output for text between added tokens (NFC, or the text as it is).
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const;
   // Appends the ids of one pre-token.
   absl::Status EncodePiece(absl::string_view piece, std::vector<uint32_t>* ids) const;
   static uint64_t PairKey(uint32_t left, uint32_t right) {
@@ -158,6 +161,7 @@ class HfTokenizer final : public Tokenizer {
   uint32_t eos_id_ = kNoToken;
   bool add_bos_by_default_ = false;
   bool add_eos_by_default_ = false;
+  bool nfc_ = false;  // the normalizer is NFC
   bool skip_special_tokens_ = true;
 };
 

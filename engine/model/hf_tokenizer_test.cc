@@ -266,7 +266,7 @@ TEST(HfTokenizerTest, UnsupportedComponentsAreUnimplemented) {
   const std::string base = absl::StrReplaceAll(kMiniTemplate, {{"MERGES", "[]"}, {"EXTRA", ""}});
   const std::pair<std::string, std::string> cases[] = {
       {R"("type": "BPE")", R"("type": "WordPiece")"},
-      {R"("normalizer": null)", R"("normalizer": {"type": "NFC"})"},
+      {R"("normalizer": null)", R"("normalizer": {"type": "NFKC"})"},
       {R"("type": "BPE")", R"("type": "BPE", "byte_fallback": true)"},
       {R"("decoder": {"type": "ByteLevel"})", R"("decoder": {"type": "Metaspace"})"},
       {R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})",
@@ -289,9 +289,37 @@ TEST(HfTokenizerTest, UnsupportedComponentsAreUnimplemented) {
   absl::StatusOr<HfTokenizer> wp = HfTokenizer::Parse(
       absl::StrReplaceAll(base, {{R"("type": "BPE")", R"("type": "WordPiece")"}}));
   EXPECT_THAT(wp.status().message(), HasSubstr("WordPiece"));
-  absl::StatusOr<HfTokenizer> nfc = HfTokenizer::Parse(
-      absl::StrReplaceAll(base, {{R"("normalizer": null)", R"("normalizer": {"type": "NFC"})"}}));
-  EXPECT_THAT(nfc.status().message(), HasSubstr("NFC"));
+  absl::StatusOr<HfTokenizer> nfkc = HfTokenizer::Parse(
+      absl::StrReplaceAll(base, {{R"("normalizer": null)", R"("normalizer": {"type": "NFKC"})"}}));
+  EXPECT_THAT(nfkc.status().message(), HasSubstr("NFKC"));
+}
+
+// Qwen's normalizer: NFC of the text between added tokens, before pre-tokenization. (The e2e
+// test real_templates_e2e_test checks Qwen3's real tokenizer against transformers.js.)
+TEST(HfTokenizerTest, NfcNormalizerComposesBeforeEncoding) {
+  absl::StatusOr<std::string> json = BuildTokenizerJson(512);
+  ASSERT_TRUE(json.ok()) << json.status();
+  ASSERT_THAT(*json, HasSubstr(R"("normalizer": null)"));
+  for (const char* normalizer :
+       {R"({"type":"NFC"})", R"({"type":"Sequence","normalizers":[{"type":"NFC"}]})"}) {
+    SCOPED_TRACE(normalizer);
+    absl::StatusOr<HfTokenizer> nfc = HfTokenizer::Parse(
+        absl::StrReplaceAll(*json, {{R"("normalizer": null)",
+                                     absl::StrCat(R"("normalizer":)", normalizer)}}));
+    ASSERT_TRUE(nfc.ok()) << nfc.status();
+    const HfTokenizer& plain = Tiny();
+    // e + U+0301 (combining acute) composes to U+00E9; so do Hangul jamo to a syllable.
+    EXPECT_EQ(Ids(*nfc, "Cafe\xcc\x81 cre\xcc\x80me"), Ids(plain, "Caf\xc3\xa9 cr\xc3\xa8me"));
+    EXPECT_EQ(Ids(*nfc, "\xe1\x84\x80\xe1\x85\xa1"), Ids(plain, "\xea\xb0\x80"));
+    EXPECT_EQ(Ids(*nfc, "Once upon a time"), Ids(plain, "Once upon a time"));
+    // Added tokens are matched in the raw text; each side is normalized on its own.
+    EXPECT_EQ(Ids(*nfc, "e\xcc\x81<|end_of_text|>e\xcc\x81"), Ids(plain, "\xc3\xa9<|end_of_text|>\xc3\xa9"));
+    // Bytes that are no UTF-8 stay as they are; the text around them is still composed.
+    absl::StatusOr<std::string> back =
+        nfc->Decode(Ids(*nfc, "a\xff e\xcc\x81\xc3 b\xcc\x81"));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, "a\xff \xc3\xa9\xc3 b\xcc\x81");  // "b" + U+0301 has no composed form
+  }
 }
 
 TEST(HfTokenizerTest, MalformedFilesAreInvalidArgument) {

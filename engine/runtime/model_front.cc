@@ -2,14 +2,37 @@
 
 #include <sys/stat.h>
 
+#include <fstream>
+#include <optional>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/hf_tokenizer.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/llama2c_tokenizer.h"
+#include "nlohmann/json.hpp"
 
 namespace pd::engine {
+namespace {
+
+// tokenizer_config.json's "add_bos_token" when it is a bool (transformers' fast tokenizers
+// rebuild their post-processor from it); nullopt when the file or the field is missing, or the
+// file does not parse (the chat template's loader reports that).
+std::optional<bool> ConfigAddBos(const std::string& model_dir) {
+  std::ifstream in(absl::StrCat(model_dir, "/tokenizer_config.json"));
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  auto it = j.find("add_bos_token");
+  if (it == j.end() || !it->is_boolean()) return std::nullopt;
+  return it->get<bool>();
+}
+
+}  // namespace
 
 absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name) {
   if (name == "auto") {
@@ -42,6 +65,8 @@ absl::StatusOr<std::unique_ptr<ModelFront>> ModelFront::Load(const std::string& 
     f->fingerprint_ = hf.Fingerprint();
     const std::string path = tokenizer.empty() ? absl::StrCat(model, "/tokenizer.json") : tokenizer;
     PD_ASSIGN_OR_RETURN(HfTokenizer tok, HfTokenizer::Load(path));
+    f->add_bos_ = ConfigAddBos(model).value_or(tok.add_bos_by_default()) &&
+                  tok.bos_id() != Tokenizer::kNoToken;
     f->tokenizer_ = std::make_unique<HfTokenizer>(std::move(tok));
   } else {
     if (tokenizer.empty()) {
@@ -53,6 +78,7 @@ absl::StatusOr<std::unique_ptr<ModelFront>> ModelFront::Load(const std::string& 
     f->fingerprint_ = ckpt.Fingerprint();
     PD_ASSIGN_OR_RETURN(Llama2cTokenizer tok,
                         Llama2cTokenizer::Load(tokenizer, f->config_.vocab_size));
+    f->add_bos_ = f->config_.bos_id != ModelConfig::kNoToken;
     f->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
   }
   if (weight_dtype == WeightDType::kInt8) {

@@ -42,12 +42,17 @@ class ModelFront {
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::string& fingerprint() const { return fingerprint_; }
-  // Whether text prompts get a BOS token (the model has one).
-  bool add_bos() const { return config_.bos_id != ModelConfig::kNoToken; }
+  // Whether text prompts get a BOS token, as Hugging Face's tokenizer adds one (encode with
+  // special tokens): a llama2.c model always; a Hugging Face directory when its
+  // tokenizer_config.json says `add_bos_token: true` or, without that field, when
+  // tokenizer.json's post-processor starts with a special token (Llama 3, Mistral). Not from
+  // config.json's bos_token_id: Qwen names one there that its tokenizer never adds.
+  bool add_bos() const { return add_bos_; }
 
  private:
   ModelFront() = default;
   ModelConfig config_;
+  bool add_bos_ = true;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::string fingerprint_;
 };

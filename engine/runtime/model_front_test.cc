@@ -1,6 +1,8 @@
 #include "engine/runtime/model_front.h"
 
 #include <cstdint>
+#include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "engine/runtime/runtime_test_util.h"
 #include "engine/tools/make_model.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace pd::engine {
 namespace {
@@ -64,6 +67,40 @@ TEST(ModelFrontTest, HuggingFaceDirectoryMatchesTheWorkersRuntime) {
   ASSERT_TRUE(rt.ok()) << rt.status();
   ExpectSameAsRuntime(**front, **rt);
   EXPECT_EQ((*front)->config(), made->config);
+}
+
+// BOS as Hugging Face's tokenizer adds it: from tokenizer_config.json's add_bos_token, else
+// from tokenizer.json's post-processor; never from config.json's bos_token_id alone (Qwen names
+// one there that its tokenizer never adds).
+TEST(ModelFrontTest, BosComesFromTheTokenizerNotTheConfig) {
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  MakeModelOptions o;
+  o.out_dir = dir->File("tiny");
+  o.preset = "tiny";
+  ASSERT_TRUE(MakeModel(o).ok());
+  auto add_bos = [&] {
+    absl::StatusOr<std::unique_ptr<ModelFront>> front = ModelFront::Load(o.out_dir, "");
+    EXPECT_TRUE(front.ok()) << front.status();
+    return front.ok() && (*front)->add_bos();
+  };
+  auto rewrite = [](const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(path);
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    std::ofstream(path) << j.dump();
+  };
+  EXPECT_TRUE(add_bos());  // pd-make-model's post-processor: "<s> $A"
+  const std::string config = o.out_dir + "/tokenizer_config.json";
+  rewrite(config, [](nlohmann::json& j) { j["add_bos_token"] = false; });
+  EXPECT_FALSE(add_bos());
+  rewrite(config, [](nlohmann::json& j) { j.erase("add_bos_token"); });
+  // A Qwen-style tokenizer: no post-processor, while config.json keeps its bos_token_id.
+  rewrite(o.out_dir + "/tokenizer.json",
+          [](nlohmann::json& j) { j["post_processor"] = nullptr; });
+  EXPECT_FALSE(add_bos());
+  rewrite(config, [](nlohmann::json& j) { j["add_bos_token"] = true; });
+  EXPECT_TRUE(add_bos());
 }
 
 TEST(ModelFrontTest, MissingModelIsNotFound) {

@@ -70,7 +70,8 @@ absl::StatusOr<std::vector<chat::ChatMessage>> TemplateMessages(const OpenAiRequ
     out.role = m.role;
     out.content = m.content;
     chat::Dict fields;
-    if (m.content_null) fields.Set(chat::Value::String("content"), chat::Value::None());
+    // A null content (an assistant's tool calls) reaches the template as "", as vLLM passes
+    // it: real templates (Qwen3's) test `'</think>' in content`, which None fails.
     if (!m.tool_calls_json.empty()) {
       absl::StatusOr<chat::Value> calls = chat::ParseJsonValue(m.tool_calls_json);
       if (!calls.ok()) {

@@ -33,7 +33,7 @@ struct ChatMessage {
   std::string role;
   std::string content;
   // An assistant message whose content was null or absent (it carries tool calls): the chat
-  // template sees `content` as None, as Hugging Face passes it.
+  // template sees `content` as "", as vLLM passes it (Qwen3's template fails on None).
   bool content_null = false;
   // Assistant: its tool calls (ParseHistoryToolCalls: a JSON array as text); "" for none.
   std::string tool_calls_json;
