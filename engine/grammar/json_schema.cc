@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -146,6 +148,7 @@ class SchemaCompiler {
     digit19_ = g_.AddCodePoints("digit19", {{'1', '9'}});
     const uint32_t digits = g_.AddRepeat("digits", digit_, 1, -1);
     const uint32_t more_digits = g_.AddRepeat("digits0", digit_, 0, -1);
+    more_digits_ = more_digits;
     const uint32_t nat = g_.NewRule("nat");
     g_.AddAlternative(nat, {g_.Byte('0')});
     g_.AddAlternative(nat, {Grammar::Ref(digit19_), Grammar::Ref(more_digits)});
@@ -155,6 +158,7 @@ class SchemaCompiler {
     const uint32_t frac = g_.NewRule("frac");
     g_.AddAlternative(frac, {g_.Byte('.'), Grammar::Ref(digits)});
     g_.AddAlternative(frac, {});
+    any_frac_ = frac;
     const uint32_t exp = g_.NewRule("exp");
     ByteSet e;
     e.set('e');
@@ -684,9 +688,7 @@ class SchemaCompiler {
       }
     }
     if (!lo && !hi) return type == "integer" ? any_integer_ : any_number_;
-    if (type == "number") {
-      return Error(path, "minimum/maximum on type 'number' is not supported (integers only)");
-    }
+    if (type == "number") return NumberRange(lo, lo_exclusive, hi, hi_exclusive, path);
     constexpr double kLimit = 9e15;
     std::optional<int64_t> ilo;
     std::optional<int64_t> ihi;
@@ -705,6 +707,219 @@ class SchemaCompiler {
     if (ilo && ihi && *ilo > *ihi) return Nothing(path, "integer range is empty");
     return IntegerRange(ilo, ihi);
   }
+
+  // A non-negative decimal: integer part and fraction digits (no trailing zeros).
+  struct Decimal {
+    uint64_t whole = 0;
+    std::string frac;
+  };
+
+  static int Compare(const Decimal& a, const Decimal& b) {
+    if (a.whole != b.whole) return a.whole < b.whole ? -1 : 1;
+    const size_t n = std::max(a.frac.size(), b.frac.size());
+    for (size_t i = 0; i < n; ++i) {
+      const char x = i < a.frac.size() ? a.frac[i] : '0';
+      const char y = i < b.frac.size() ? b.frac[i] : '0';
+      if (x != y) return x < y ? -1 : 1;
+    }
+    return 0;
+  }
+
+  // `v` as the decimal its shortest round-trip text writes (0.1 is 0.1, as the schema wrote
+  // it), with its sign apart; nullopt when it is out of the supported range.
+  static std::optional<std::pair<bool, Decimal>> ToDecimal(double v) {
+    if (!std::isfinite(v) || std::abs(v) > 9e15) return std::nullopt;
+    char buf[64];
+    const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), v);
+    if (r.ec != std::errc()) return std::nullopt;
+    std::string text(buf, r.ptr);
+    const bool negative = !text.empty() && text[0] == '-';
+    if (negative) text.erase(0, 1);
+    int exponent = 0;
+    if (const size_t e = text.find_first_of("eE"); e != std::string::npos) {
+      exponent = std::atoi(text.c_str() + e + 1);
+      text.resize(e);
+    }
+    std::string digits = text;
+    int point = static_cast<int>(text.size());
+    if (const size_t dot = text.find('.'); dot != std::string::npos) {
+      digits = text.substr(0, dot) + text.substr(dot + 1);
+      point = static_cast<int>(dot);
+    }
+    point += exponent;
+    if (point < -40 || point > 16) return std::nullopt;
+    std::string whole, frac;
+    if (point <= 0) {
+      frac = std::string(static_cast<size_t>(-point), '0') + digits;
+    } else if (static_cast<size_t>(point) >= digits.size()) {
+      whole = digits + std::string(static_cast<size_t>(point) - digits.size(), '0');
+    } else {
+      whole = digits.substr(0, static_cast<size_t>(point));
+      frac = digits.substr(static_cast<size_t>(point));
+    }
+    while (!frac.empty() && frac.back() == '0') frac.pop_back();
+    if (frac.size() > 40) return std::nullopt;
+    Decimal d;
+    for (const char c : whole) d.whole = d.whole * 10 + static_cast<uint64_t>(c - '0');
+    d.frac = std::move(frac);
+    return std::make_pair(negative && (d.whole != 0 || !d.frac.empty()), d);
+  }
+
+  // Numbers of type 'number' in a range, written without an exponent:
+  // -?(0|[1-9][0-9]*)(\.[0-9]+)? whose value is in [lo, hi] (either end open when exclusive,
+  // absent when unbounded). Exact: digit by digit against the bounds' decimal expansions.
+  absl::StatusOr<uint32_t> NumberRange(std::optional<double> lo, bool lo_exclusive,
+                                       std::optional<double> hi, bool hi_exclusive,
+                                       const std::string& path) {
+    std::optional<std::pair<bool, Decimal>> l, h;
+    if (lo) {
+      l = ToDecimal(*lo);
+      if (!l) return Error(path, "minimum out of range (|x| <= 9e15, 40 fraction digits)");
+    }
+    if (hi) {
+      h = ToDecimal(*hi);
+      if (!h) return Error(path, "maximum out of range (|x| <= 9e15, 40 fraction digits)");
+    }
+    const Decimal zero;
+    const uint32_t rule = g_.NewRule("number_range");
+    bool any = false;
+    // x >= 0: [max(lo, 0), hi].
+    const bool hi_negative = h && h->first;
+    const bool hi_zero_open = h && !h->first && Compare(h->second, zero) == 0 && hi_exclusive;
+    if (!hi_negative && !hi_zero_open) {
+      const bool lo_positive = l && !l->first;
+      std::optional<Decimal> upper;
+      if (h) upper = h->second;
+      if (std::optional<uint32_t> r = MagnitudeRange(lo_positive ? l->second : zero,
+                                                     lo_positive && lo_exclusive, upper,
+                                                     hi_exclusive)) {
+        g_.AddAlternative(rule, {Grammar::Ref(*r)});
+        any = true;
+      }
+    }
+    // x < 0: -y with y in (0 or -hi, -lo].
+    const bool lo_nonnegative = l && !l->first;
+    if (!lo_nonnegative) {
+      std::optional<Decimal> upper;
+      if (l) upper = l->second;
+      const Decimal lower = hi_negative ? h->second : zero;
+      if (std::optional<uint32_t> r =
+              MagnitudeRange(lower, hi_negative ? hi_exclusive : true, upper, lo_exclusive)) {
+        g_.AddAlternative(rule, {g_.Byte('-'), Grammar::Ref(*r)});
+        any = true;
+      }
+    }
+    if (!any) return Nothing(path, "number range is empty");
+    return rule;
+  }
+
+  // Non-negative decimals in [lo, hi] (ends open when `*_open`; no hi: unbounded), as
+  // (0|[1-9][0-9]*)(\.[0-9]+)?; nullopt when there is none.
+  std::optional<uint32_t> MagnitudeRange(const Decimal& lo, bool lo_open,
+                                         const std::optional<Decimal>& hi, bool hi_open) {
+    if (hi) {
+      const int c = Compare(lo, *hi);
+      if (c > 0 || (c == 0 && (lo_open || hi_open))) return std::nullopt;
+    }
+    FracBuilder fb{this, lo.frac, lo_open, hi ? hi->frac : std::string(), hi_open, {}};
+    const uint32_t rule = g_.NewRule("magnitude");
+    bool any = false;
+    auto with_fraction = [&](const std::string& whole, bool tight_lo, bool tight_hi) {
+      std::optional<uint32_t> frac = fb.Top(tight_lo, tight_hi);
+      if (!frac) return;
+      Seq seq = g_.Literal(whole);
+      seq.push_back(Grammar::Ref(*frac));
+      g_.AddAlternative(rule, std::move(seq));
+      any = true;
+    };
+    if (hi && lo.whole == hi->whole) {
+      with_fraction(std::to_string(lo.whole), true, true);
+    } else {
+      with_fraction(std::to_string(lo.whole), true, false);
+      if (!hi || hi->whole - lo.whole >= 2) {
+        std::optional<uint64_t> top;
+        if (hi) top = hi->whole - 1;
+        g_.AddAlternative(rule, {Grammar::Ref(NaturalRange(lo.whole + 1, top)),
+                                 Grammar::Ref(any_frac_)});
+        any = true;
+      }
+      if (hi) with_fraction(std::to_string(hi->whole), false, true);
+    }
+    if (!any) return std::nullopt;
+    return rule;
+  }
+
+  // The fraction digits after an integer part equal to a bound's: a digit-by-digit automaton
+  // whose state is (position, still equal to lo's digits, still equal to hi's digits).
+  struct FracBuilder {
+    SchemaCompiler* c;
+    std::string lo;  // lo's fraction digits (no trailing zeros)
+    bool lo_open;
+    std::string hi;
+    bool hi_open;
+    std::map<std::tuple<size_t, bool, bool>, uint32_t> rules;
+
+    size_t End() const { return std::max(lo.size(), hi.size()); }
+    char LoDigit(size_t i) const { return i < lo.size() ? lo[i] : '0'; }
+    char HiDigit(size_t i) const { return i < hi.size() ? hi[i] : '0'; }
+    // The digits so far may be the whole fraction.
+    bool CanEnd(size_t i, bool tl, bool th) const {
+      const bool lo_ok = !tl || (i >= lo.size() && !lo_open);  // equal to lo: closed end only
+      const bool hi_ok = !th || i < hi.size() || !hi_open;     // below hi, or equal and closed
+      return lo_ok && hi_ok;
+    }
+    // Some continuation of the digits so far is in range.
+    bool Viable(size_t i, bool tl, bool th) const {
+      if (CanEnd(i, tl, th)) return true;
+      if (i >= End()) return !th;  // past both: only zeros keep hi tight, and they never end
+      const char l = tl ? LoDigit(i) : '0';
+      const char h = th ? HiDigit(i) : '9';
+      for (char d = l; d <= h; ++d) {
+        if (Viable(i + 1, tl && d == l, th && d == h)) return true;
+      }
+      return false;
+    }
+    // The digit alternatives from a state, grouped by the state they lead to.
+    std::vector<Seq> Steps(size_t i, bool tl, bool th) {
+      std::map<std::pair<bool, bool>, ByteSet> groups;
+      const char l = tl ? LoDigit(i) : '0';
+      const char h = th ? HiDigit(i) : '9';
+      for (char d = l; d <= h; ++d) {
+        const bool ntl = tl && d == l, nth = th && d == h;
+        if (Viable(i + 1, ntl, nth)) groups[{ntl, nth}].set(static_cast<uint8_t>(d));
+      }
+      std::vector<Seq> out;
+      for (const auto& [next, set] : groups) {
+        out.push_back({c->g_.Bytes(set), Grammar::Ref(Rest(i + 1, next.first, next.second))});
+      }
+      return out;
+    }
+    // Digits (possibly none) that complete a fraction from a state.
+    uint32_t Rest(size_t i, bool tl, bool th) {
+      i = std::min(i, End());
+      if (!tl && !th) return c->more_digits_;
+      const auto key = std::make_tuple(i, tl, th);
+      if (auto it = rules.find(key); it != rules.end()) return it->second;
+      const uint32_t rule = c->g_.NewRule("frac_digits");
+      rules.emplace(key, rule);
+      if (CanEnd(i, tl, th)) c->g_.AddAlternative(rule, {});
+      for (Seq& seq : Steps(i, tl, th)) c->g_.AddAlternative(rule, std::move(seq));
+      return rule;
+    }
+    // The fraction after an integer part equal to lo's (tl) and/or hi's (th): none, or '.'
+    // and at least one digit; nullopt when nothing fits.
+    std::optional<uint32_t> Top(bool tl, bool th) {
+      if (!tl && !th) return c->any_frac_;
+      if (!Viable(0, tl, th)) return std::nullopt;
+      const uint32_t rule = c->g_.NewRule("frac_range");
+      if (CanEnd(0, tl, th)) c->g_.AddAlternative(rule, {});
+      for (Seq& seq : Steps(0, tl, th)) {
+        seq.insert(seq.begin(), c->g_.Byte('.'));
+        c->g_.AddAlternative(rule, std::move(seq));
+      }
+      return rule;
+    }
+  };
 
   // Decimal digits of `a`..`b` (same length, no leading-zero rule: the caller handles it).
   uint32_t SameLength(const std::string& a, const std::string& b) {
@@ -833,6 +1048,28 @@ class SchemaCompiler {
     return rule;
   }
 
+  // RFC 3986 (section 3 and appendix A), without IP-literal hosts ("[v6]"): every string these
+  // match is a URI (a URI reference); a few valid ones (IPv6 hosts) are not produced.
+  static constexpr char kUriScheme[] = "[A-Za-z][A-Za-z0-9+.\\-]*";
+  static constexpr char kPchar[] = "([A-Za-z0-9\\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})";
+  static constexpr char kPcharNoColon[] = "([A-Za-z0-9\\-._~!$&'()*+,;=@]|%[0-9A-Fa-f]{2})";
+  static constexpr char kAuthority[] =
+      "(([A-Za-z0-9\\-._~!$&'()*+,;=:]|%[0-9A-Fa-f]{2})*@)?"  // userinfo
+      "([A-Za-z0-9\\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*"        // reg-name (IPv4 included)
+      "(:[0-9]*)?";                                               // port
+  inline static const std::string kSegments = absl::StrCat("(/", kPchar, "*)*");
+  // hier-part: "//" authority path-abempty | path-absolute | path-rootless | path-empty.
+  inline static const std::string kHierPart =
+      absl::StrCat("(//", kAuthority, kSegments, "|/(", kPchar, "+", kSegments, ")?|", kPchar,
+                   "+", kSegments, ")?");
+  // relative-part: the same with path-noscheme (no ':' in the first segment).
+  inline static const std::string kRelativePart =
+      absl::StrCat("(//", kAuthority, kSegments, "|/(", kPchar, "+", kSegments, ")?|",
+                   kPcharNoColon, "+", kSegments, ")?");
+  inline static const std::string kQueryFragment =
+      "(\\?([A-Za-z0-9\\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*)?"
+      "(#([A-Za-z0-9\\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*)?";
+
   absl::StatusOr<std::string> FormatRegex(const std::string& format, absl::string_view path) {
     static const std::map<std::string, std::string> kFormats = {
         {"date", R"(^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$)"},
@@ -843,6 +1080,13 @@ class SchemaCompiler {
         {"email",
          R"(^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$)"},
         {"ipv4", R"(^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$)"},
+        {"uri", absl::StrCat("^", kUriScheme, ":", kHierPart, kQueryFragment, "$")},
+        {"uri-reference",
+         absl::StrCat("^(", kUriScheme, ":", kHierPart, "|", kRelativePart, ")", kQueryFragment,
+                      "$")},
+        {"byte", R"(^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$)"},
+        {"hostname",
+         R"(^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$)"},
     };
     auto it = kFormats.find(format);
     if (it == kFormats.end()) {
@@ -1106,7 +1350,7 @@ class SchemaCompiler {
   Grammar g_;
   uint32_t ws_ = 0, comma_ = 0, colon_ = 0, any_char_ = 0, any_string_ = 0, digit_ = 0,
            digit19_ = 0, any_integer_ = 0, any_number_ = 0, boolean_ = 0, null_ = 0,
-           any_value_ = 0, any_object_ = 0;
+           any_value_ = 0, any_object_ = 0, any_frac_ = 0, more_digits_ = 0;
   std::map<std::string, uint32_t> type_rule_;
   std::map<std::vector<std::pair<uint32_t, uint32_t>>, uint32_t> char_cache_;
   std::map<std::string, uint32_t> literal_cache_;

@@ -8,8 +8,9 @@
 // `additionalProperties`, `items`, `prefixItems` (and draft-04 array `items`), `additionalItems`,
 // `minItems`, `maxItems`, `anyOf`, `oneOf` (when its branches cannot overlap), `allOf` (merged),
 // `$ref` to `#...` with `$defs`/`definitions` and recursion, `pattern`, `minLength`, `maxLength`,
-// `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum` on integers, `format` date, time,
-// date-time, uuid, email, ipv4. A validation keyword outside this list is refused with an error
+// `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum` on integers and numbers (bounded
+// numbers are written without an exponent), `format` date, time, date-time, uuid, email, ipv4,
+// hostname, uri, uri-reference, byte (base64). A validation keyword outside this list is refused with an error
 // naming it and where it is (never ignored); annotations (title, description, default, ...)
 // and unknown keywords are ignored, as the specification says.
 #pragma once

@@ -1,10 +1,14 @@
 #include "engine/grammar/json_schema.h"
 
 #include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "engine/grammar/matcher.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pd::grammar {
@@ -54,6 +58,105 @@ TEST(JsonSchemaTest, IntegerRangesAreExact) {
   EXPECT_TRUE(Matches(open, "123456789123456789"));
   auto below = Schema(R"({"type": "integer", "maximum": -7})");
   for (int v = -3000; v < 100; ++v) ASSERT_EQ(Matches(below, std::to_string(v)), v <= -7) << v;
+}
+
+// Bounds on type 'number': exact digit by digit against the bounds' decimals, written without
+// an exponent. Checked against exact decimal comparison on every number with at most three
+// fraction digits in [-250, 250] (as thousandths).
+TEST(JsonSchemaTest, NumberRangesAreExact) {
+  struct Range {
+    const char* schema_bounds;
+    std::optional<int64_t> lo, hi;  // thousandths
+    bool lo_open, hi_open;
+  };
+  const std::vector<Range> ranges = {
+      {R"("minimum": 0, "maximum": 1)", 0, 1000, false, false},
+      {R"("minimum": -90, "maximum": 90)", -90000, 90000, false, false},
+      {R"("exclusiveMinimum": 0)", 0, std::nullopt, true, false},
+      {R"("minimum": 0.5, "exclusiveMaximum": 2.25)", 500, 2250, false, true},
+      {R"("minimum": -1.25, "maximum": -0.125)", -1250, -125, false, false},
+      {R"("exclusiveMinimum": -1.5, "exclusiveMaximum": 0)", -1500, 0, true, true},
+      {R"("maximum": 0.05)", std::nullopt, 50, false, false},
+      {R"("minimum": 3.5, "maximum": 3.5)", 3500, 3500, false, false},
+      {R"("minimum": 100.001, "maximum": 200)", 100001, 200000, false, false},
+      {R"("minimum": 2, "exclusiveMaximum": 2.5)", 2000, 2500, false, true},
+      {R"("exclusiveMinimum": 7, "maximum": 8)", 7000, 8000, true, false},
+  };
+  std::vector<std::pair<std::string, int64_t>> numbers;  // text, value in thousandths
+  for (int whole = 0; whole <= 250; ++whole) {
+    for (const char* frac : {"", ".0", ".5", ".25", ".05", ".125", ".9", ".99", ".001", ".50",
+                             ".000", ".999"}) {
+      const std::string f = frac;
+      int64_t milli = 0;
+      if (!f.empty()) {
+        std::string digits = f.substr(1);
+        while (digits.size() < 3) digits += '0';
+        milli = std::stoll(digits);
+      }
+      const int64_t v = whole * 1000 + milli;
+      numbers.emplace_back(absl::StrCat(whole, f), v);
+      if (v != 0) numbers.emplace_back(absl::StrCat("-", whole, f), -v);
+    }
+  }
+  for (const Range& r : ranges) {
+    SCOPED_TRACE(r.schema_bounds);
+    auto c = Schema(absl::StrCat(R"({"type": "number", )", r.schema_bounds, "}"));
+    ASSERT_NE(c, nullptr);
+    for (const auto& [text, v] : numbers) {
+      const bool above = !r.lo || (r.lo_open ? v > *r.lo : v >= *r.lo);
+      const bool below = !r.hi || (r.hi_open ? v < *r.hi : v <= *r.hi);
+      ASSERT_EQ(Matches(c, text), above && below) << text;
+    }
+    for (const char* bad : {"1e0", "-0", "00.5", "1.", ".5", "0x1"}) EXPECT_FALSE(Matches(c, bad));
+  }
+  // Far beyond the integer bounds: long integer parts.
+  auto big = Schema(R"({"type": "number", "exclusiveMinimum": 0.5})");
+  EXPECT_TRUE(Matches(big, "123456789012345678901234567890.5"));
+  EXPECT_TRUE(Matches(big, "0.5000001"));
+  EXPECT_FALSE(Matches(big, "0.50000"));
+  // Empty ranges are "nothing"; bounds past 9e15 are refused by name.
+  EXPECT_FALSE(Refusal(R"({"type": "number", "minimum": 2, "maximum": 1.5})").ok());
+  EXPECT_FALSE(Refusal(R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})").ok());
+  EXPECT_THAT(std::string(Refusal(R"({"type": "number", "minimum": 1e20})").message()),
+              ::testing::HasSubstr("minimum out of range"));
+}
+
+// format uri / uri-reference (RFC 3986 without IPv6 hosts), byte (base64) and hostname (RFC
+// 1123 labels).
+TEST(JsonSchemaTest, UriAndHostnameFormats) {
+  auto uri = Schema(R"({"type": "string", "format": "uri"})");
+  for (const char* ok : {R"("https://example.com/a/b?x=1&y=%20#f")", R"("urn:isbn:0451450523")",
+                         R"("mailto:a@b.c")", R"("file:///tmp/x")", R"("http://u:p@h:8080/")",
+                         R"("a:")", R"("git+ssh://h/r.git")"}) {
+    EXPECT_TRUE(Matches(uri, ok)) << ok;
+  }
+  for (const char* bad : {R"("example.com")", R"("http://a b")", R"("1http://x")",
+                          R"("http://x/%zz")", R"("http://[::1]/")", R"("")", R"("/a/b")",
+                          R"("h:\"x")", R"("a:b#c#d")"}) {
+    EXPECT_FALSE(Matches(uri, bad)) << bad;
+  }
+  auto ref = Schema(R"({"type": "string", "format": "uri-reference"})");
+  for (const char* ok : {R"("/a/b")", R"("a/b?c")", R"("#frag")", R"("")", R"("//host/p")",
+                         R"("https://x.y/z")", R"("./a:b")"}) {
+    EXPECT_TRUE(Matches(ref, ok)) << ok;
+  }
+  for (const char* bad : {R"("a b")", R"("%zz")", R"("1a:b")"}) {
+    EXPECT_FALSE(Matches(ref, bad)) << bad;
+  }
+  auto b64 = Schema(R"({"type": "string", "format": "byte"})");
+  for (const char* ok : {R"("")", R"("QUJD")", R"("QUI=")", R"("QQ==")", R"("a+/9QQ==")"}) {
+    EXPECT_TRUE(Matches(b64, ok)) << ok;
+  }
+  for (const char* bad : {R"("QUJ")", R"("Q===")", R"("QU=I")", R"("QU I=")"}) {
+    EXPECT_FALSE(Matches(b64, bad)) << bad;
+  }
+  auto host = Schema(R"({"type": "string", "format": "hostname"})");
+  for (const char* ok : {R"("example.com")", R"("a-b.c")", R"("localhost")", R"("x1")"}) {
+    EXPECT_TRUE(Matches(host, ok)) << ok;
+  }
+  for (const char* bad : {R"("-a.com")", R"("a..b")", R"("a.com.")", R"("a_b")", R"("")"}) {
+    EXPECT_FALSE(Matches(host, bad)) << bad;
+  }
 }
 
 TEST(JsonSchemaTest, StringsAreCanonicallyEscapedAndLengthBounded) {
