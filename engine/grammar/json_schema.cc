@@ -455,6 +455,42 @@ class SchemaCompiler {
       // Two forms are exact: `not: {}` / `not: true` (nothing), and `not` of types only.
       const Json& n = schema["not"];
       if (n == Json(true) || n == Json::object()) return Nothing(path, "'not' of everything");
+      auto only = [&](const char* key) {
+        if (!n.is_object() || !n.contains(key)) return false;
+        for (auto it = n.begin(); it != n.end(); ++it) {
+          if (it.key() != key && !IsAnnotation(it.key())) return false;
+        }
+        return true;
+      };
+      Json rest = schema;
+      rest.erase("not");
+      if (only("not")) {
+        // not: {not: X} is X (with the rest of this schema).
+        PD_RETURN_IF_ERROR(Merge(&rest, n["not"], absl::StrCat(path, "/not/not"), depth));
+        return Compile(rest, path, depth + 1);
+      }
+      if (only("required") && n["required"].is_array() && n["required"].size() == 1 &&
+          n["required"][0].is_string()) {
+        // not: {required: [p]}: an object (`required` holds for anything else) without p.
+        const std::string name = n["required"][0].get<std::string>();
+        if (rest.contains("type")) {
+          const std::vector<std::string> types = Types(rest["type"]);
+          if (std::find(types.begin(), types.end(), "object") == types.end()) {
+            return Nothing(path, "'not' of 'required' on a schema that is no object");
+          }
+        }
+        rest["type"] = "object";
+        if (rest.contains("required") && rest["required"].is_array() &&
+            std::find(rest["required"].begin(), rest["required"].end(), Json(name)) !=
+                rest["required"].end()) {
+          return Nothing(path, absl::StrCat("property '", name, "' both required and not"));
+        }
+        if (!rest.contains("properties") || !rest["properties"].is_object()) {
+          rest["properties"] = Json::object();
+        }
+        rest["properties"][name] = false;  // may not appear, additionalProperties or not
+        return Compile(rest, path, depth + 1);
+      }
       bool types_only = n.is_object() && n.contains("type");
       if (types_only) {
         for (auto it = n.begin(); it != n.end(); ++it) {
@@ -466,10 +502,9 @@ class SchemaCompiler {
           std::find(banned.begin(), banned.end(), "integer") != banned.end() &&
           std::find(banned.begin(), banned.end(), "number") == banned.end();
       if (!types_only || bans_integer_only) {
-        return Error(path, "keyword 'not' is not supported (only of {} or of types)");
+        return Error(path, "keyword 'not' is not supported (only of {}, of types, of 'not', or "
+                           "of one required property)");
       }
-      Json rest = schema;
-      rest.erase("not");
       Json allowed = Json::array();
       for (const char* t : kAllTypes) {
         const std::string type(t);

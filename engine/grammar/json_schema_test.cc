@@ -274,8 +274,32 @@ TEST(JsonSchemaTest, NotOfNothingAndOfTypes) {
   EXPECT_FALSE(Matches(t, R"("x")"));
   EXPECT_NE(Refusal(R"({"not": {"type": "integer"}})").message().find("'not' is not supported"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"not": {"required": ["a"]}})").message().find("'not' is not supported"),
+  EXPECT_NE(Refusal(R"({"not": {"required": ["a", "b"]}})").message().find("'not' is not supported"),
             std::string::npos);
+  EXPECT_NE(Refusal(R"({"not": {"pattern": "a"}})").message().find("'not' is not supported"),
+            std::string::npos);
+}
+
+// not of not is the inner schema; not of one required property is an object without it.
+TEST(JsonSchemaTest, NotOfNotAndOfARequiredProperty) {
+  auto twice = Schema(R"({"not": {"not": {"type": "integer", "minimum": 3}}})");
+  EXPECT_TRUE(Matches(twice, "5"));
+  EXPECT_FALSE(Matches(twice, "2"));
+  EXPECT_FALSE(Matches(twice, R"("x")"));
+  auto absent = Schema(R"({"type": "object", "properties": {"a": {"type": "integer"}},
+      "not": {"required": ["b"]}})");
+  EXPECT_TRUE(Matches(absent, R"({"a":1})"));
+  EXPECT_TRUE(Matches(absent, R"({"c":1})"));  // additionalProperties: any, but not b
+  EXPECT_FALSE(Matches(absent, R"({"b":1})"));
+  EXPECT_FALSE(Matches(absent, R"({"a":1,"b":1})"));
+  auto only = Schema(R"({"not": {"required": ["a"]}})");
+  EXPECT_TRUE(Matches(only, R"({})"));
+  EXPECT_FALSE(Matches(only, R"({"a":1})"));
+  EXPECT_FALSE(Matches(only, "5"));  // `required` holds for a number: its negation does not
+  EXPECT_THAT(std::string(Refusal(R"({"required": ["a"], "not": {"required": ["a"]}})").message()),
+              ::testing::HasSubstr("matches nothing"));
+  EXPECT_THAT(std::string(Refusal(R"({"type": "string", "not": {"required": ["a"]}})").message()),
+              ::testing::HasSubstr("matches nothing"));
 }
 
 TEST(JsonSchemaTest, AllOfMergesProperties) {
