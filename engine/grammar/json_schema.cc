@@ -566,7 +566,7 @@ class SchemaCompiler {
           has_rest = true;
         }
       }
-      if (std::string(key) == "oneOf") PD_RETURN_IF_ERROR(CheckDisjoint(branches, path));
+      if (std::string(key) == "oneOf") PD_RETURN_IF_ERROR(CheckDisjoint(branches, rest, path));
       std::vector<Seq> alts;
       for (size_t i = 0; i < branches.size(); ++i) {
         const std::string bpath = absl::StrCat(path, "/", key, "/", i);
@@ -627,19 +627,35 @@ class SchemaCompiler {
     return g_.AddChoice("types", std::move(alts));
   }
 
-  // oneOf is exact only when no document can match two branches: the branches must accept
-  // disjoint sets of JSON types, or be objects told apart by a required `const`/`enum` member.
-  absl::Status CheckDisjoint(const Json& branches, absl::string_view path) {
+  // oneOf is exact only when no document can match two branches. Two branches are disjoint
+  // when the JSON types (or constants) they accept are, or when they are objects told apart by
+  // a member: one both require whose values are different constants (a tagged union: "type":
+  // {"const": "circle"}), or one that a branch requires and the other forbids (`false`, or
+  // not among its properties with additionalProperties false). `rest` is the schema around
+  // the oneOf (its siblings), which applies to every branch.
+  absl::Status CheckDisjoint(const Json& branches, const Json& rest, absl::string_view path) {
+    const absl::Status overlap =
+        Error(path, "oneOf whose branches may overlap is not supported (use anyOf)");
+    auto deref = [&](const Json& j) -> const Json& {
+      if (j.is_object() && j.contains("$ref") && j["$ref"].is_string()) {
+        absl::StatusOr<const Json*> t = Resolve(j["$ref"].get<std::string>(), path);
+        if (t.ok()) return **t;
+      }
+      return j;
+    };
     std::vector<std::set<std::string>> sets;
+    std::vector<const Json*> nodes;
     for (const Json& b : branches) {
       std::set<std::string> s;
-      const Json* node = &b;
-      if (b.is_object() && b.contains("$ref") && b["$ref"].is_string()) {
-        absl::StatusOr<const Json*> t = Resolve(b["$ref"].get<std::string>(), path);
-        if (t.ok()) node = *t;
-      }
-      if (node->is_object() && node->contains("type")) {
-        for (const std::string& t : Types((*node)["type"])) s.insert(t);
+      const Json* node = &deref(b);
+      const Json* typed = node->is_object() && node->contains("type") ? node
+                          : rest.is_object() && rest.contains("type") &&
+                                  !(node->is_object() &&
+                                    (node->contains("const") || node->contains("enum")))
+                              ? &rest
+                              : nullptr;
+      if (typed != nullptr) {
+        for (const std::string& t : Types((*typed)["type"])) s.insert(t);
         if (s.count("number") > 0) s.insert("integer");
       } else if (node->is_object() && node->contains("const")) {
         s.insert(absl::StrCat("=", TypeName((*node)["const"]), ":", (*node)["const"].dump()));
@@ -648,13 +664,16 @@ class SchemaCompiler {
           s.insert(absl::StrCat("=", TypeName(v), ":", v.dump()));
         }
       } else {
-        return Error(path, "oneOf whose branches may overlap is not supported (use anyOf)");
+        return overlap;
       }
       sets.push_back(std::move(s));
+      nodes.push_back(node);
     }
     // A constant overlaps a type set holding its type ("=integer:5" and "integer").
-    auto overlaps = [](const std::set<std::string>& a, const std::set<std::string>& b) {
+    auto overlaps = [](const std::set<std::string>& a, const std::set<std::string>& b,
+                       bool but_objects) {
       for (const std::string& t : a) {
+        if (but_objects && t == "object") continue;
         if (b.count(t) > 0) return true;
         if (t[0] == '=' && b.count(t.substr(1, t.find(':') - 1)) > 0) return true;
         // 5.0 is an integer too, in JSON Schema.
@@ -662,11 +681,71 @@ class SchemaCompiler {
       }
       return false;
     };
+    // The member schema `name` of a branch (its own, else the siblings'); null when none.
+    auto member = [&](const Json& node, const std::string& name) -> const Json* {
+      for (const Json* scope : {&node, &rest}) {
+        if (scope->is_object() && scope->contains("properties") &&
+            (*scope)["properties"].is_object() && (*scope)["properties"].contains(name)) {
+          return &deref((*scope)["properties"][name]);
+        }
+      }
+      return nullptr;
+    };
+    auto required = [&](const Json& node) {
+      std::set<std::string> names;
+      for (const Json* scope : {&node, &rest}) {
+        if (!scope->is_object() || !scope->contains("required")) continue;
+        for (const Json& r : (*scope)["required"]) {
+          if (r.is_string()) names.insert(r.get<std::string>());
+        }
+      }
+      return names;
+    };
+    // The values a member schema allows, when finitely many (const or enum).
+    auto values = [](const Json* m) -> std::optional<std::vector<Json>> {
+      if (m == nullptr || !m->is_object()) return std::nullopt;
+      if (m->contains("const")) return std::vector<Json>{(*m)["const"]};
+      if (m->contains("enum") && (*m)["enum"].is_array()) {
+        return std::vector<Json>((*m)["enum"].begin(), (*m)["enum"].end());
+      }
+      return std::nullopt;
+    };
+    auto forbids = [&](const Json& node, const std::string& name) {
+      const Json* m = member(node, name);
+      if (m != nullptr) return *m == Json(false);
+      // Not among its properties: forbidden when nothing else may appear.
+      return node.is_object() && node.value("additionalProperties", Json(true)) == Json(false) &&
+             !node.contains("patternProperties") &&
+             !(rest.is_object() && (rest.contains("properties") ||
+                                    rest.contains("patternProperties")));
+    };
+    auto objects_disjoint = [&](const Json& a, const Json& b) {
+      const std::set<std::string> ra = required(a), rb = required(b);
+      for (const std::string& name : ra) {
+        if (forbids(b, name)) return true;
+        if (rb.count(name) == 0) continue;
+        std::optional<std::vector<Json>> va = values(member(a, name));
+        std::optional<std::vector<Json>> vb = values(member(b, name));
+        if (!va || !vb) continue;
+        bool shared = false;
+        for (const Json& x : *va) {
+          for (const Json& y : *vb) shared = shared || x == y;
+        }
+        if (!shared) return true;
+      }
+      for (const std::string& name : rb) {
+        if (forbids(a, name)) return true;
+      }
+      return false;
+    };
     for (size_t i = 0; i < sets.size(); ++i) {
       for (size_t j = i + 1; j < sets.size(); ++j) {
-        if (overlaps(sets[i], sets[j]) || overlaps(sets[j], sets[i])) {
-          return Error(path, "oneOf whose branches may overlap is not supported (use anyOf)");
-        }
+        if (!overlaps(sets[i], sets[j], false) && !overlaps(sets[j], sets[i], false)) continue;
+        // Only objects in common: told apart by a member?
+        const bool only_objects =
+            !overlaps(sets[i], sets[j], true) && !overlaps(sets[j], sets[i], true);
+        if (only_objects && objects_disjoint(*nodes[i], *nodes[j])) continue;
+        return overlap;
       }
     }
     return absl::OkStatus();

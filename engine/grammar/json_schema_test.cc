@@ -261,6 +261,45 @@ TEST(JsonSchemaTest, EnumConstAndDisjointOneOf) {
   }
 }
 
+// Objects told apart by a member: a tagged union, or a member one branch requires and the
+// other forbids. Members that only may differ are no proof.
+TEST(JsonSchemaTest, OneOfOfObjectsToldApartByAMember) {
+  auto tagged = Schema(R"({"type": "object", "oneOf": [
+      {"properties": {"kind": {"const": "circle"}, "r": {"type": "number"}},
+       "required": ["kind", "r"]},
+      {"properties": {"kind": {"enum": ["square", "box"]}, "side": {"type": "number"}},
+       "required": ["kind"]}]})");
+  EXPECT_TRUE(Matches(tagged, R"({"kind":"circle","r":1})"));
+  EXPECT_TRUE(Matches(tagged, R"({"kind":"box"})"));
+  EXPECT_FALSE(Matches(tagged, R"({"kind":"circle"})"));
+  EXPECT_FALSE(Matches(tagged, R"({"kind":"triangle"})"));
+  auto forbidden = Schema(R"({"oneOf": [
+      {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+      {"type": "object", "properties": {"b": {"type": "integer"}},
+       "additionalProperties": false}]})");
+  EXPECT_TRUE(Matches(forbidden, R"({"a":1})"));
+  EXPECT_TRUE(Matches(forbidden, R"({"b":1})"));
+  EXPECT_TRUE(Matches(forbidden, R"({})"));  // only the second: a is required by the first
+  for (const char* schema : {
+           // Both may lack the tag: {} matches both.
+           R"({"type": "object", "oneOf": [{"properties": {"k": {"const": 1}}},
+               {"properties": {"k": {"const": 2}}}]})",
+           // The tags share a value.
+           R"({"type": "object", "oneOf": [
+               {"properties": {"k": {"enum": [1, 2]}}, "required": ["k"]},
+               {"properties": {"k": {"enum": [2, 3]}}, "required": ["k"]}]})",
+           // 1 and 1.0 are the same number.
+           R"({"type": "object", "oneOf": [
+               {"properties": {"k": {"const": 1}}, "required": ["k"]},
+               {"properties": {"k": {"const": 1.0}}, "required": ["k"]}]})",
+           // No type: both accept any number.
+           R"({"oneOf": [{"properties": {"k": {"const": 1}}, "required": ["k"]},
+               {"properties": {"k": {"const": 2}}, "required": ["k"]}]})",
+       }) {
+    EXPECT_NE(Refusal(schema).message().find("may overlap"), std::string::npos) << schema;
+  }
+}
+
 TEST(JsonSchemaTest, NotOfNothingAndOfTypes) {
   // `not: {}` forbids a property; `not` of types leaves the other types.
   auto c = Schema(R"({"type": "object", "properties": {"a": {"type": "integer"},
