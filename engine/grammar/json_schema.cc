@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
 #include "common/utf8/utf8.h"
+#include "engine/grammar/matcher.h"
 #include "engine/grammar/regex.h"
 #include "nlohmann/json.hpp"
 
@@ -37,7 +39,8 @@ const std::set<std::string>& Supported() {
       "type", "enum", "const", "properties", "required", "additionalProperties", "items",
       "prefixItems", "additionalItems", "minItems", "maxItems", "anyOf", "oneOf", "allOf", "$ref",
       "pattern", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-      "exclusiveMaximum", "format", "$defs", "definitions", "minProperties", "maxProperties"};
+      "exclusiveMaximum", "format", "$defs", "definitions", "minProperties", "maxProperties",
+      "patternProperties"};
   return *s;
 }
 
@@ -45,7 +48,7 @@ const std::set<std::string>& Supported() {
 const std::set<std::string>& Unsupported() {
   static const auto* s = new std::set<std::string>{
       "multipleOf", "uniqueItems", "contains", "minContains", "maxContains",
-      "patternProperties", "propertyNames", "dependencies", "dependentRequired",
+      "propertyNames", "dependencies", "dependentRequired",
       "dependentSchemas", "not", "if", "then", "else", "unevaluatedItems",
       "unevaluatedProperties", "$dynamicRef", "$recursiveRef"};
   return *s;
@@ -1302,6 +1305,18 @@ class SchemaCompiler {
     std::map<uint32_t, size_t> children;  // code point -> node
   };
 
+  // Whether `text` has a match of `pattern` (search semantics, as JSON Schema's patterns).
+  static absl::StatusOr<bool> RegexMatches(const std::string& pattern, const std::string& text) {
+    Grammar g;
+    RegexOptions options;
+    options.search = true;
+    PD_ASSIGN_OR_RETURN(const uint32_t root, CompileRegex(pattern, options, &g));
+    g.set_root(root);
+    PD_ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> compiled,
+                        CompiledGrammar::Compile(g));
+    return Matches(compiled, text);
+  }
+
   uint32_t KeyNotIn(const std::vector<std::string>& excluded) {
     std::vector<TrieNode> trie(1);
     for (const std::string& key : excluded) {
@@ -1402,6 +1417,50 @@ class SchemaCompiler {
         }
       }
     }
+    // patternProperties (one pattern): the members after the known ones have keys matching it
+    // and values of its schema. Keys outside the pattern would need the pattern's complement:
+    // they are not produced (an additionalProperties schema then has nothing to apply to).
+    // The one case that changes nothing is kept exact: any value under the pattern while any
+    // member may appear.
+    std::optional<uint32_t> pattern_key;
+    if (s.contains("patternProperties")) {
+      const Json& pp = s["patternProperties"];
+      if (!pp.is_object()) return Error(path, "patternProperties must be an object");
+      if (pp.size() > 1) {
+        return Error(path, "patternProperties with more than one pattern is not supported");
+      }
+      if (pp.size() == 1) {
+        const std::string pattern = pp.begin().key();
+        const Json& value_schema = pp.begin().value();
+        const std::string ppath = absl::StrCat(path, "/patternProperties");
+        const bool any = value_schema == Json(true) || value_schema == Json::object();
+        for (const std::string& name : known) {
+          absl::StatusOr<bool> m = RegexMatches(pattern, name);
+          if (!m.ok()) return Error(ppath, m.status().message());
+          if (*m) {
+            return Error(ppath, absl::StrCat("patternProperties whose pattern matches the "
+                                             "property '", name, "' is not supported"));
+          }
+        }
+        if (!(any && additional && additional_value == any_value_)) {
+          RegexOptions ropts;
+          ropts.search = true;
+          ropts.char_class = [this](Grammar*, const std::vector<CodePointRange>& r) {
+            return JsonChar(r);
+          };
+          absl::StatusOr<uint32_t> body = CompileRegex(pattern, ropts, &g_);
+          if (!body.ok()) return Error(ppath, body.status().message());
+          absl::StatusOr<uint32_t> v = Compile(value_schema, ppath, depth + 1);
+          if (!v.ok() && !IsNothing(v.status())) return v.status();
+          additional = v.ok();  // a pattern whose values match nothing: no extra member
+          if (v.ok()) {
+            additional_value = *v;
+            pattern_key = g_.NewRule("pattern_key");
+            g_.AddAlternative(*pattern_key, Quoted(*body));
+          }
+        }
+      }
+    }
     size_t num_required = 0;
     for (const Prop& p : props) num_required += p.required ? 1 : 0;
     if (auto mn = Number(s, "minProperties"); mn && *mn > static_cast<double>(num_required)) {
@@ -1415,7 +1474,9 @@ class SchemaCompiler {
     uint32_t extra_tail = 0;   // after at least one member
     uint32_t extra_first = 0;  // when no member came before
     if (additional) {
-      const uint32_t key = KeyNotIn(std::vector<std::string>(known.begin(), known.end()));
+      const uint32_t key =
+          pattern_key ? *pattern_key
+                      : KeyNotIn(std::vector<std::string>(known.begin(), known.end()));
       const uint32_t member = g_.NewRule("extra_member");
       g_.AddAlternative(member, {Grammar::Ref(key), Grammar::Ref(colon_),
                                  Grammar::Ref(additional_value)});

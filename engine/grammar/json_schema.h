@@ -5,14 +5,15 @@
 // raw UTF-8), and at most `max_whitespace` whitespace bytes at each place JSON allows it.
 //
 // Enforced: `type` (and unions), `enum`, `const`, `properties`, `required`,
-// `additionalProperties`, `items`, `prefixItems` (and draft-04 array `items`), `additionalItems`,
+// `additionalProperties`, `patternProperties` (one pattern; keys outside it are not produced),
+// `items`, `prefixItems` (and draft-04 array `items`), `additionalItems`,
 // `minItems`, `maxItems`, `anyOf`, `oneOf` (when its branches cannot overlap), `allOf` (merged),
 // `$ref` to `#...` with `$defs`/`definitions` and recursion, `pattern`, `minLength`, `maxLength`,
 // `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum` on integers and numbers (bounded
 // numbers are written without an exponent), `format` date, time, date-time, uuid, email, ipv4,
-// hostname, uri, uri-reference, byte (base64). A validation keyword outside this list is refused with an error
-// naming it and where it is (never ignored); annotations (title, description, default, ...)
-// and unknown keywords are ignored, as the specification says.
+// hostname, uri, uri-reference, byte (base64). A validation keyword outside this list is
+// refused with an error naming it and where it is (never ignored); annotations (title,
+// description, default, ...) and unknown keywords are ignored, as the specification says.
 #pragma once
 
 #include <cstddef>

@@ -348,9 +348,43 @@ TEST(JsonSchemaTest, AllOfMergesProperties) {
   EXPECT_FALSE(Matches(c, R"({"a":1})"));
 }
 
+// patternProperties (one pattern): the members after the known ones have keys matching it
+// and values of its schema; keys outside it are not produced.
+TEST(JsonSchemaTest, PatternPropertiesGiveTheKeysAndValuesOfExtraMembers) {
+  auto map = Schema(R"({"type": "object", "properties": {"id": {"type": "integer"}},
+      "required": ["id"], "patternProperties": {"^x_[a-z]+$": {"type": "string"}},
+      "additionalProperties": false})");
+  EXPECT_TRUE(Matches(map, R"({"id":1})"));
+  EXPECT_TRUE(Matches(map, R"({"id":1,"x_a":"s","x_bc":"t"})"));
+  EXPECT_FALSE(Matches(map, R"({"id":1,"x_a":2})"));    // the pattern's schema
+  EXPECT_FALSE(Matches(map, R"({"id":1,"y":"s"})"));    // additionalProperties false
+  EXPECT_FALSE(Matches(map, R"({"id":1,"x_A":"s"})"));  // no match
+  // additionalProperties absent: keys outside the pattern are valid but not produced.
+  auto open = Schema(R"({"type": "object", "patternProperties": {"^[0-9]+$": {"type": "boolean"}}})");
+  EXPECT_TRUE(Matches(open, R"({"12":true})"));
+  EXPECT_FALSE(Matches(open, R"({"12":1})"));
+  EXPECT_FALSE(Matches(open, R"({"ab":1})"));
+  // A pattern whose values may be anything, when anything may appear: nothing changes.
+  auto any = Schema(R"({"type": "object", "patternProperties": {"^a": {}}})");
+  EXPECT_TRUE(Matches(any, R"({"b":[1]})"));
+  // Search semantics: "b" matches any key containing a b.
+  auto search = Schema(R"({"type": "object", "patternProperties": {"b": {"const": 1}},
+      "additionalProperties": false})");
+  EXPECT_TRUE(Matches(search, R"({"abc":1})"));
+  EXPECT_FALSE(Matches(search, R"({"ac":1})"));
+  // Refused: several patterns, a pattern matching a known property (both schemas would apply).
+  EXPECT_NE(Refusal(R"({"patternProperties": {"a": {}, "b": {}}})").message().find(
+                "more than one pattern"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"properties": {"ab": {}}, "patternProperties": {"^a": {"type": "null"}}})")
+                .message()
+                .find("matches the property 'ab'"),
+            std::string::npos);
+}
+
 TEST(JsonSchemaTest, KeywordsItCannotEnforceAreNamedNotIgnored) {
-  for (const char* keyword : {"multipleOf", "uniqueItems", "patternProperties", "if",
-                              "contains", "propertyNames"}) {
+  for (const char* keyword : {"multipleOf", "uniqueItems", "dependencies", "if", "contains",
+                              "propertyNames"}) {
     const absl::Status s =
         Refusal(absl::StrCat(R"({"type": "object", "properties": {"x": {")", keyword,
                              R"(": 2}}})"));
