@@ -40,7 +40,7 @@ const std::set<std::string>& Supported() {
       "prefixItems", "additionalItems", "minItems", "maxItems", "anyOf", "oneOf", "allOf", "$ref",
       "pattern", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
       "exclusiveMaximum", "format", "$defs", "definitions", "minProperties", "maxProperties",
-      "patternProperties"};
+      "patternProperties", "dependencies", "dependentRequired", "dependentSchemas"};
   return *s;
 }
 
@@ -48,8 +48,7 @@ const std::set<std::string>& Supported() {
 const std::set<std::string>& Unsupported() {
   static const auto* s = new std::set<std::string>{
       "multipleOf", "uniqueItems", "contains", "minContains", "maxContains",
-      "propertyNames", "dependencies", "dependentRequired",
-      "dependentSchemas", "not", "if", "then", "else", "unevaluatedItems",
+      "propertyNames", "not", "if", "then", "else", "unevaluatedItems",
       "unevaluatedProperties", "$dynamicRef", "$recursiveRef"};
   return *s;
 }
@@ -527,6 +526,9 @@ class SchemaCompiler {
         return Error(path, absl::StrCat("keyword '", it.key(), "' is not supported"));
       }
     }
+    for (const char* key : {"dependencies", "dependentRequired", "dependentSchemas"}) {
+      if (schema.contains(key)) return CompileDependency(schema, key, path, depth);
+    }
     if (schema.contains("allOf")) {
       const Json& all = schema["allOf"];
       if (!all.is_array() || all.empty()) return Error(path, "allOf must be a non-empty array");
@@ -628,6 +630,92 @@ class SchemaCompiler {
     }
     if (alts.size() == 1) return alts[0][0].index;
     return g_.AddChoice("types", std::move(alts));
+  }
+
+  // A property dependency ("dependencies"/"dependentRequired": a name whose presence requires
+  // others; "dependencies"/"dependentSchemas": one whose presence requires a schema) splits
+  // the schema in two that cannot overlap: the trigger absent, or present (an object) with
+  // what it requires. One dependency at a time, at most kMaxDependencies per schema (each
+  // doubles the object's grammar).
+  absl::StatusOr<uint32_t> CompileDependency(const Json& schema, const char* key,
+                                             const std::string& path, int depth) {
+    constexpr size_t kMaxDependencies = 4;
+    const Json& deps = schema[key];
+    if (!deps.is_object()) return Error(path, absl::StrCat(key, " must be an object"));
+    size_t total = 0;
+    for (const char* k : {"dependencies", "dependentRequired", "dependentSchemas"}) {
+      if (schema.contains(k) && schema[k].is_object()) total += schema[k].size();
+    }
+    if (total > kMaxDependencies) {
+      return Error(path, absl::StrCat("more than ", kMaxDependencies,
+                                      " property dependencies are not supported"));
+    }
+    Json rest = schema;
+    if (deps.empty()) {
+      rest.erase(key);
+      return Compile(rest, path, depth + 1);
+    }
+    const std::string trigger = deps.begin().key();
+    const Json what = deps.begin().value();
+    rest[key].erase(trigger);
+    if (rest[key].empty()) rest.erase(key);
+    const std::string dpath = absl::StrCat(path, "/", key, "/", trigger);
+    // Present: an object with the trigger and what it requires.
+    Json present = rest;
+    if (present.contains("type")) {
+      const std::vector<std::string> types = Types(present["type"]);
+      if (std::find(types.begin(), types.end(), "object") == types.end()) {
+        return Compile(rest, path, depth + 1);  // no object: the dependency never applies
+      }
+    }
+    present["type"] = "object";
+    if (!present.contains("required") || !present["required"].is_array()) {
+      present["required"] = Json::array();
+    }
+    auto require = [&](const std::string& name) {
+      Json& r = present["required"];
+      if (std::find(r.begin(), r.end(), Json(name)) == r.end()) r.push_back(name);
+    };
+    require(trigger);
+    const bool trigger_required =
+        rest.contains("required") && rest["required"].is_array() &&
+        std::find(rest["required"].begin(), rest["required"].end(), Json(trigger)) !=
+            rest["required"].end();
+    absl::Status merged = absl::OkStatus();
+    if (what.is_array()) {
+      if (std::string(key) == "dependentSchemas") {
+        return Error(dpath, "dependentSchemas values must be schemas");
+      }
+      for (const Json& name : what) {
+        if (!name.is_string()) return Error(dpath, "a property dependency lists names");
+        require(name.get<std::string>());
+      }
+    } else {
+      if (std::string(key) == "dependentRequired") {
+        return Error(dpath, "dependentRequired values must be arrays of names");
+      }
+      merged = Merge(&present, what, dpath, depth);
+      if (!merged.ok() && !IsNothing(merged)) return merged;
+    }
+    // Absent: the trigger may not appear.
+    Json absent = rest;
+    if (!absent.contains("properties") || !absent["properties"].is_object()) {
+      absent["properties"] = Json::object();
+    }
+    absent["properties"][trigger] = false;
+    std::vector<Seq> alts;
+    for (Json* variant : {&absent, &present}) {
+      if (variant == &present && !merged.ok()) continue;
+      if (variant == &absent && trigger_required) continue;
+      absl::StatusOr<uint32_t> r = Compile(*variant, path, depth + 1);
+      if (!r.ok()) {
+        if (IsNothing(r.status())) continue;
+        return r.status();
+      }
+      alts.push_back({Grammar::Ref(*r)});
+    }
+    if (alts.empty()) return Nothing(path, absl::StrCat(key, ": '", trigger, "' either way"));
+    return g_.AddChoice("dependency", std::move(alts));
   }
 
   // oneOf is exact only when no document can match two branches. Two branches are disjoint
@@ -1393,11 +1481,12 @@ class SchemaCompiler {
         props.push_back({it.key(), *v, req});
       }
     }
-    // Required names without a schema: any value.
+    // Required names without a schema: their value is additionalProperties' (below).
+    std::vector<std::string> required_only;
     for (const std::string& r : required) {
       if (known.count(r) == 0) {
         known.insert(r);
-        props.push_back({r, any_value_, true});
+        required_only.push_back(r);
       }
     }
     bool additional = true;
@@ -1416,6 +1505,13 @@ class SchemaCompiler {
           additional_value = *v;
         }
       }
+    }
+    for (const std::string& r : required_only) {
+      if (!additional) {
+        return Nothing(path, absl::StrCat("required property '", r,
+                                          "' is not allowed (additionalProperties)"));
+      }
+      props.push_back({r, additional_value, true});
     }
     // patternProperties (one pattern): the members after the known ones have keys matching it
     // and values of its schema. Keys outside the pattern would need the pattern's complement:

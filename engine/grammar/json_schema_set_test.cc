@@ -126,7 +126,7 @@ TEST(JsonSchemaSetTest, CompiledSchemasAcceptValidAndRejectInvalidInstances) {
   EXPECT_EQ(invalid_accepted, 0);
   // Floors measured when the compiler landed (docs/structured-outputs.md): raise them as
   // keywords are added, never lower them.
-  EXPECT_GE(compiled, 1275);
+  EXPECT_GE(compiled, 1277);
   // Members in another order than `properties` (o37075, since format uri compiles it, puts
   // "plugins" before "router"), and text that is no base64 in a `format: byte` field (the
   // set's validator leaves that OpenAPI format unchecked: "/9j/.../9k=").

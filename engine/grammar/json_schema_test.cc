@@ -382,9 +382,48 @@ TEST(JsonSchemaTest, PatternPropertiesGiveTheKeysAndValuesOfExtraMembers) {
             std::string::npos);
 }
 
+// A property dependency: the trigger absent, or present with what it requires.
+TEST(JsonSchemaTest, PropertyDependencies) {
+  auto names = Schema(R"({"type": "object", "properties": {"card": {"type": "integer"},
+      "address": {"type": "string"}, "name": {"type": "string"}},
+      "dependencies": {"card": ["address"]}, "additionalProperties": false})");
+  EXPECT_TRUE(Matches(names, R"({"name":"a"})"));
+  EXPECT_TRUE(Matches(names, R"({"address":"x"})"));
+  EXPECT_TRUE(Matches(names, R"({"card":1,"address":"x"})"));
+  EXPECT_FALSE(Matches(names, R"({"card":1})"));
+  EXPECT_FALSE(Matches(names, R"({"card":1,"name":"a"})"));
+  auto schema = Schema(R"({"type": "object", "properties": {"a": {"type": "integer"},
+      "b": {"type": "integer"}}, "dependentSchemas": {"a": {"properties": {"b": {"minimum": 5}},
+      "required": ["b"]}}})");
+  EXPECT_TRUE(Matches(schema, R"({"b":1})"));
+  EXPECT_TRUE(Matches(schema, R"({"a":1,"b":7})"));
+  EXPECT_FALSE(Matches(schema, R"({"a":1,"b":1})"));
+  EXPECT_FALSE(Matches(schema, R"({"a":1})"));
+  auto required = Schema(R"({"type": "object", "properties": {"a": {"type": "integer"}},
+      "required": ["a"], "dependentRequired": {"a": ["z"]}})");
+  EXPECT_TRUE(Matches(required, R"({"a":1,"z":null})"));
+  EXPECT_FALSE(Matches(required, R"({"a":1})"));
+  EXPECT_NE(Refusal(R"({"dependencies": {"a": [], "b": [], "c": [], "d": [], "e": []}})")
+                .message()
+                .find("more than 4"),
+            std::string::npos);
+}
+
+// A required name outside `properties` takes additionalProperties' value; with
+// additionalProperties false nothing validates.
+TEST(JsonSchemaTest, RequiredNamesOutsidePropertiesFollowAdditionalProperties) {
+  auto typed = Schema(R"({"type": "object", "required": ["x"],
+      "additionalProperties": {"type": "integer"}})");
+  EXPECT_TRUE(Matches(typed, R"({"x":1})"));
+  EXPECT_FALSE(Matches(typed, R"({"x":"s"})"));
+  EXPECT_THAT(std::string(Refusal(R"({"type": "object", "required": ["x"],
+      "additionalProperties": false})").message()),
+              ::testing::HasSubstr("matches nothing"));
+}
+
 TEST(JsonSchemaTest, KeywordsItCannotEnforceAreNamedNotIgnored) {
-  for (const char* keyword : {"multipleOf", "uniqueItems", "dependencies", "if", "contains",
-                              "propertyNames"}) {
+  for (const char* keyword : {"multipleOf", "uniqueItems", "unevaluatedProperties", "if",
+                              "contains", "propertyNames"}) {
     const absl::Status s =
         Refusal(absl::StrCat(R"({"type": "object", "properties": {"x": {")", keyword,
                              R"(": 2}}})"));
