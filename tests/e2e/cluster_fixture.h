@@ -70,9 +70,9 @@ struct ServingProcess {
 };
 
 // Spawns make_args(grpc_port, metrics_port) on free loopback ports and waits until its /healthz
-// answers. Ports are picked free but can be taken by another test before the child binds them
-// (ctest runs tests in parallel): a child that exits reporting a bind failure is started again
-// on fresh ports, up to 3 times. CHECK-fails when it does not come up within `timeout`.
+// answers and its log says it serves on them. Ports are picked free but can be taken by another
+// test before the child binds them (ctest runs tests in parallel): a child that exits reporting
+// a bind failure is started again on fresh ports, up to 3 times. CHECK-fails when it does not come up within `timeout`.
 inline ServingProcess SpawnServing(
     const std::function<std::vector<std::string>(int grpc_port, int metrics_port)>& make_args,
     const std::string& log_path, absl::Duration timeout = absl::Seconds(30)) {
@@ -87,8 +87,17 @@ inline ServingProcess SpawnServing(
     while (absl::Now() < deadline) {
       httplib::Client http("127.0.0.1", mport);
       http.set_connection_timeout(1);
-      if (auto res = http.Get("/healthz"); res && res->status == 200) {
-        return ServingProcess{*std::move(p), std::move(args), port, mport};
+      // The answer must be this child's: another test's server may have taken the port (its
+      // /healthz says 200 while this child failed to bind). The child logs "<program>
+      // serving: ...; metrics on <host>:<mport>" once both its servers listen (services/base/
+      // serve.cc).
+      if (auto res = http.Get("/healthz"); res && res->status == 200 && !p->Poll().has_value()) {
+        const std::string log = p->ReadLog();
+        if (absl::StrContains(log, " serving: ") &&
+            absl::StrContains(log, "; metrics on ") &&
+            absl::StrContains(log, absl::StrCat(":", mport, "\n"))) {
+          return ServingProcess{*std::move(p), std::move(args), port, mport};
+        }
       }
       if (p->Poll().has_value()) {
         exited = true;
