@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/log/log.h"
+#include "engine/runtime/model_front.h"
 #include "engine/runtime/model_runtime.h"
 #include "kernels/type_names.h"
 
@@ -84,8 +85,12 @@ int main(int argc, char** argv) {
   if (!rt.ok()) Fail(rt.status());
   LOG(INFO) << (*rt)->Describe();
 
-  const pd::engine::ModelConfig& mc = (*rt)->model_config();
-  const bool add_bos = mc.bos_id != pd::engine::ModelConfig::kNoToken;
+  // BOS as pd-router adds it to a text prompt (ModelFront::add_bos: as Hugging Face's
+  // tokenizer does, not config.json's bos_token_id alone).
+  absl::StatusOr<std::unique_ptr<pd::engine::ModelFront>> front =
+      pd::engine::ModelFront::Load(config.model, config.tokenizer);
+  if (!front.ok()) Fail(front.status());
+  const bool add_bos = (*front)->add_bos();
   absl::StatusOr<std::vector<uint32_t>> prompt =
       (*rt)->tokenizer().Encode(absl::GetFlag(FLAGS_prompt), add_bos, false);
   if (!prompt.ok()) Fail(prompt.status());
