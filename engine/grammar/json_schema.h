@@ -6,8 +6,9 @@
 //
 // Enforced: `type` (and unions), `enum`, `const`, `properties`, `required`,
 // `additionalProperties`, `patternProperties` (one pattern; keys outside it are not produced),
-// property dependencies (`dependencies`, `dependentRequired`, `dependentSchemas`), `items`, `prefixItems` (and draft-04 array `items`), `additionalItems`,
-// `minItems`, `maxItems`, `anyOf`, `oneOf` (when its branches cannot overlap), `allOf` (merged),
+// property dependencies (`dependencies`, `dependentRequired`, `dependentSchemas`), `items`,
+// `prefixItems` (and draft-04 array `items`), `additionalItems`, `minItems`, `maxItems`, `anyOf`,
+// `oneOf` (when its branches cannot overlap), `allOf` (merged),
 // `$ref` to `#...` with `$defs`/`definitions` and recursion, `pattern`, `minLength`, `maxLength`,
 // `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum` on integers and numbers (bounded
 // numbers are written without an exponent), `format` date, time, date-time, uuid, email, ipv4,

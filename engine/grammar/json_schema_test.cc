@@ -313,8 +313,9 @@ TEST(JsonSchemaTest, NotOfNothingAndOfTypes) {
   EXPECT_FALSE(Matches(t, R"("x")"));
   EXPECT_NE(Refusal(R"({"not": {"type": "integer"}})").message().find("'not' is not supported"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"not": {"required": ["a", "b"]}})").message().find("'not' is not supported"),
-            std::string::npos);
+  EXPECT_NE(
+      Refusal(R"({"not": {"required": ["a", "b"]}})").message().find("'not' is not supported"),
+      std::string::npos);
   EXPECT_NE(Refusal(R"({"not": {"pattern": "a"}})").message().find("'not' is not supported"),
             std::string::npos);
 }
@@ -360,7 +361,8 @@ TEST(JsonSchemaTest, PatternPropertiesGiveTheKeysAndValuesOfExtraMembers) {
   EXPECT_FALSE(Matches(map, R"({"id":1,"y":"s"})"));    // additionalProperties false
   EXPECT_FALSE(Matches(map, R"({"id":1,"x_A":"s"})"));  // no match
   // additionalProperties absent: keys outside the pattern are valid but not produced.
-  auto open = Schema(R"({"type": "object", "patternProperties": {"^[0-9]+$": {"type": "boolean"}}})");
+  auto open =
+      Schema(R"({"type": "object", "patternProperties": {"^[0-9]+$": {"type": "boolean"}}})");
   EXPECT_TRUE(Matches(open, R"({"12":true})"));
   EXPECT_FALSE(Matches(open, R"({"12":1})"));
   EXPECT_FALSE(Matches(open, R"({"ab":1})"));

@@ -313,7 +313,8 @@ TEST(HfTokenizerTest, NfcNormalizerComposesBeforeEncoding) {
     EXPECT_EQ(Ids(*nfc, "\xe1\x84\x80\xe1\x85\xa1"), Ids(plain, "\xea\xb0\x80"));
     EXPECT_EQ(Ids(*nfc, "Once upon a time"), Ids(plain, "Once upon a time"));
     // Added tokens are matched in the raw text; each side is normalized on its own.
-    EXPECT_EQ(Ids(*nfc, "e\xcc\x81<|end_of_text|>e\xcc\x81"), Ids(plain, "\xc3\xa9<|end_of_text|>\xc3\xa9"));
+    EXPECT_EQ(Ids(*nfc, "e\xcc\x81<|end_of_text|>e\xcc\x81"),
+              Ids(plain, "\xc3\xa9<|end_of_text|>\xc3\xa9"));
     // Bytes that are no UTF-8 stay as they are; the text around them is still composed.
     absl::StatusOr<std::string> back =
         nfc->Decode(Ids(*nfc, "a\xff e\xcc\x81\xc3 b\xcc\x81"));

@@ -72,7 +72,8 @@ struct ServingProcess {
 // Spawns make_args(grpc_port, metrics_port) on free loopback ports and waits until its /healthz
 // answers and its log says it serves on them. Ports are picked free but can be taken by another
 // test before the child binds them (ctest runs tests in parallel): a child that exits reporting
-// a bind failure is started again on fresh ports, up to 3 times. CHECK-fails when it does not come up within `timeout`.
+// a bind failure is started again on fresh ports, up to 3 times. CHECK-fails when it does not
+// come up within `timeout`.
 inline ServingProcess SpawnServing(
     const std::function<std::vector<std::string>(int grpc_port, int metrics_port)>& make_args,
     const std::string& log_path, absl::Duration timeout = absl::Seconds(30)) {

@@ -104,7 +104,8 @@ json ApiMessages() {
                                      {"type", "function"},
                                      {"function",
                                       {{"name", "get_weather"},
-                                       {"arguments", R"({"city": "Paris", "unit": "celsius"})"}}}}})}},
+                                       {"arguments",
+                                        R"({"city": "Paris", "unit": "celsius"})"}}}}})}},
        {{"role", "tool"}, {"tool_call_id", "abcDEF123"}, {"content", R"({"temperature": 21})"}},
        {{"role", "assistant"}, {"content", "It is 21 degrees in Paris."}},
        {{"role", "user"}, {"content", "And in Oslo?"}}});
@@ -218,16 +219,18 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   ASSERT_TRUE(tools.ok()) << tools.status();
   chat::Dict vars;
   vars.Set(chat::Value::String("tools"), *std::move(tools));
-  absl::StatusOr<std::string> our_text =
-      ours->Render(messages, /*add_generation_prompt=*/true, chat::Value::MakeDict(std::move(vars)));
+  absl::StatusOr<std::string> our_text = ours->Render(
+      messages, /*add_generation_prompt=*/true, chat::Value::MakeDict(std::move(vars)));
   ASSERT_TRUE(our_text.ok()) << our_text.status();
   EXPECT_EQ(*our_text, python_text);
 
   // The tokens Hugging Face would give that text (a chat template writes its own BOS; the
   // rendered text is encoded without one).
-  absl::StatusOr<std::unique_ptr<engine::ModelFront>> front = engine::ModelFront::Load(o.out_dir, "");
+  absl::StatusOr<std::unique_ptr<engine::ModelFront>> front =
+      engine::ModelFront::Load(o.out_dir, "");
   ASSERT_TRUE(front.ok()) << front.status();
-  absl::StatusOr<std::vector<uint32_t>> ids = (*front)->tokenizer().Encode(python_text, false, false);
+  absl::StatusOr<std::vector<uint32_t>> ids =
+      (*front)->tokenizer().Encode(python_text, false, false);
   ASSERT_TRUE(ids.ok()) << ids.status();
   // ... which are the reference tokenizer's (transformers.js on the same tokenizer.json).
   const std::string text_path = tmp->path() + "/python_text.txt";
@@ -300,8 +303,8 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   EXPECT_EQ(name, "get_weather") << res->body;
   EXPECT_EQ(finish, "tool_calls") << res->body;
   EXPECT_GT(argument_chunks, 1) << res->body;
-  const json checks = json::array(
-      {{{"schema", json::parse(kWeatherSchema)}, {"arguments", json::parse(arguments, nullptr, false)}}});
+  const json checks = json::array({{{"schema", json::parse(kWeatherSchema)},
+                                    {"arguments", json::parse(arguments, nullptr, false)}}});
   const std::string checks_path = tmp->path() + "/checks.json";
   std::ofstream(checks_path) << checks.dump();
   absl::StatusOr<std::string> checked = e2e::RunToEnd(

@@ -31,6 +31,31 @@ absl::string_view SkipSpace(absl::string_view s) {
   return s.substr(i);
 }
 
+// One byte of JSON text (not inside a number or literal): follows strings, with their escapes,
+// and the nesting of arrays and objects. True when the byte ends a string or a container.
+bool ScanJsonByte(char c, bool* in_string, bool* escape, int* depth) {
+  if (*in_string) {
+    if (*escape) {
+      *escape = false;
+    } else if (c == '\\') {
+      *escape = true;
+    } else if (c == '"') {
+      *in_string = false;
+      return true;
+    }
+    return false;
+  }
+  if (c == '"') {
+    *in_string = true;
+  } else if (c == '{' || c == '[') {
+    ++*depth;
+  } else if (c == '}' || c == ']') {
+    --*depth;
+    return true;
+  }
+  return false;
+}
+
 // The length of the longest suffix of `text` that is a proper prefix of `marker`: text that may
 // still turn into the marker when more arrives.
 size_t MarkerPrefixSuffix(absl::string_view text, absl::string_view marker) {
@@ -374,21 +399,8 @@ void ToolCallParser::RunCalls(std::vector<ToolCallEvent>* out) {
             done = true;
             break;  // the delimiter is not part of the value
           }
-        } else if (in_string_) {
-          if (escape_) {
-            escape_ = false;
-          } else if (c == '\\') {
-            escape_ = true;
-          } else if (c == '"') {
-            in_string_ = false;
-            done = depth_ == 0;
-          }
-        } else if (c == '"') {
-          in_string_ = true;
-        } else if (c == '{' || c == '[') {
-          ++depth_;
-        } else if (c == '}' || c == ']') {
-          done = --depth_ == 0;
+        } else {
+          done = ScanJsonByte(c, &in_string_, &escape_, &depth_) && depth_ == 0;
         }
       }
       if (i > 0) {
@@ -456,22 +468,7 @@ void ToolCallParser::RunCalls(std::vector<ToolCallEvent>* out) {
     // kLlama3/kMistral: the rest of the call object (keys after the arguments are dropped).
     size_t i = 0;
     for (; i < buf_.size() && !call_closed_; ++i) {
-      const char c = buf_[i];
-      if (in_string_) {
-        if (escape_) {
-          escape_ = false;
-        } else if (c == '\\') {
-          escape_ = true;
-        } else if (c == '"') {
-          in_string_ = false;
-        }
-      } else if (c == '"') {
-        in_string_ = true;
-      } else if (c == '{' || c == '[') {
-        ++tail_depth_;
-      } else if (c == '}' || c == ']') {
-        call_closed_ = --tail_depth_ == 0;
-      }
+      call_closed_ = ScanJsonByte(buf_[i], &in_string_, &escape_, &tail_depth_) && tail_depth_ == 0;
     }
     buf_.erase(0, i);
     if (!call_closed_) return;
