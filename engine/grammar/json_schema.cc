@@ -487,10 +487,7 @@ class SchemaCompiler {
                 rest["required"].end()) {
           return Nothing(path, absl::StrCat("property '", name, "' both required and not"));
         }
-        if (!rest.contains("properties") || !rest["properties"].is_object()) {
-          rest["properties"] = Json::object();
-        }
-        rest["properties"][name] = false;  // may not appear, additionalProperties or not
+        ForbidProperty(&rest, name);
         return Compile(rest, path, depth + 1);
       }
       bool types_only = n.is_object() && n.contains("type");
@@ -632,6 +629,14 @@ class SchemaCompiler {
     return g_.AddChoice("types", std::move(alts));
   }
 
+  // `name` may not appear in the object `schema` describes, additionalProperties or not.
+  static void ForbidProperty(Json* schema, const std::string& name) {
+    if (!schema->contains("properties") || !(*schema)["properties"].is_object()) {
+      (*schema)["properties"] = Json::object();
+    }
+    (*schema)["properties"][name] = false;
+  }
+
   // A property dependency ("dependencies"/"dependentRequired": a name whose presence requires
   // others; "dependencies"/"dependentSchemas": one whose presence requires a schema) splits
   // the schema in two that cannot overlap: the trigger absent, or present (an object) with
@@ -699,10 +704,7 @@ class SchemaCompiler {
     }
     // Absent: the trigger may not appear.
     Json absent = rest;
-    if (!absent.contains("properties") || !absent["properties"].is_object()) {
-      absent["properties"] = Json::object();
-    }
-    absent["properties"][trigger] = false;
+    ForbidProperty(&absent, trigger);
     std::vector<Seq> alts;
     for (Json* variant : {&absent, &present}) {
       if (variant == &present && !merged.ok()) continue;
@@ -1393,8 +1395,11 @@ class SchemaCompiler {
     std::map<uint32_t, size_t> children;  // code point -> node
   };
 
-  // Whether `text` has a match of `pattern` (search semantics, as JSON Schema's patterns).
-  static absl::StatusOr<bool> RegexMatches(const std::string& pattern, const std::string& text) {
+  // The first of `names` that has a match of `pattern` (search semantics, as JSON Schema's
+  // patterns); "" when none does.
+  static absl::StatusOr<std::string> FirstMatch(const std::string& pattern,
+                                                const std::set<std::string>& names) {
+    if (names.empty()) return std::string();
     Grammar g;
     RegexOptions options;
     options.search = true;
@@ -1402,7 +1407,10 @@ class SchemaCompiler {
     g.set_root(root);
     PD_ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> compiled,
                         CompiledGrammar::Compile(g));
-    return Matches(compiled, text);
+    for (const std::string& name : names) {
+      if (Matches(compiled, name)) return name;
+    }
+    return std::string();
   }
 
   uint32_t KeyNotIn(const std::vector<std::string>& excluded) {
@@ -1530,13 +1538,11 @@ class SchemaCompiler {
         const Json& value_schema = pp.begin().value();
         const std::string ppath = absl::StrCat(path, "/patternProperties");
         const bool any = value_schema == Json(true) || value_schema == Json::object();
-        for (const std::string& name : known) {
-          absl::StatusOr<bool> m = RegexMatches(pattern, name);
-          if (!m.ok()) return Error(ppath, m.status().message());
-          if (*m) {
-            return Error(ppath, absl::StrCat("patternProperties whose pattern matches the "
-                                             "property '", name, "' is not supported"));
-          }
+        absl::StatusOr<std::string> matched = FirstMatch(pattern, known);
+        if (!matched.ok()) return Error(ppath, matched.status().message());
+        if (!matched->empty()) {
+          return Error(ppath, absl::StrCat("patternProperties whose pattern matches the "
+                                           "property '", *matched, "' is not supported"));
         }
         if (!(any && additional && additional_value == any_value_)) {
           RegexOptions ropts;

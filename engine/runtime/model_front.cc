@@ -34,6 +34,16 @@ std::optional<bool> ConfigAddBos(const std::string& model_dir) {
 
 }  // namespace
 
+bool AddsBos(const std::string& model, const Tokenizer& tokenizer, const ModelConfig& config) {
+  struct stat st;
+  if (::stat(model.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return config.bos_id != ModelConfig::kNoToken;  // llama2.c
+  }
+  const auto* hf = dynamic_cast<const HfTokenizer*>(&tokenizer);
+  const bool by_default = hf != nullptr && hf->add_bos_by_default();
+  return ConfigAddBos(model).value_or(by_default) && tokenizer.bos_id() != Tokenizer::kNoToken;
+}
+
 absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name) {
   if (name == "auto") {
     return WeightDType::kAuto;
@@ -65,8 +75,6 @@ absl::StatusOr<std::unique_ptr<ModelFront>> ModelFront::Load(const std::string& 
     f->fingerprint_ = hf.Fingerprint();
     const std::string path = tokenizer.empty() ? absl::StrCat(model, "/tokenizer.json") : tokenizer;
     PD_ASSIGN_OR_RETURN(HfTokenizer tok, HfTokenizer::Load(path));
-    f->add_bos_ = ConfigAddBos(model).value_or(tok.add_bos_by_default()) &&
-                  tok.bos_id() != Tokenizer::kNoToken;
     f->tokenizer_ = std::make_unique<HfTokenizer>(std::move(tok));
   } else {
     if (tokenizer.empty()) {
@@ -78,9 +86,9 @@ absl::StatusOr<std::unique_ptr<ModelFront>> ModelFront::Load(const std::string& 
     f->fingerprint_ = ckpt.Fingerprint();
     PD_ASSIGN_OR_RETURN(Llama2cTokenizer tok,
                         Llama2cTokenizer::Load(tokenizer, f->config_.vocab_size));
-    f->add_bos_ = f->config_.bos_id != ModelConfig::kNoToken;
     f->tokenizer_ = std::make_unique<Llama2cTokenizer>(std::move(tok));
   }
+  f->add_bos_ = AddsBos(model, *f->tokenizer_, f->config_);
   if (weight_dtype == WeightDType::kInt8) {
     f->fingerprint_ += kInt8FingerprintSuffix;  // as QuantizeWeightsInt8 does on the workers
   }

@@ -29,6 +29,14 @@ absl::StatusOr<WeightDType> ParseWeightDType(absl::string_view name);
 // "auto" or "int8".
 absl::string_view WeightDTypeName(WeightDType dtype);
 
+// Whether text prompts of `model` get a BOS token, as Hugging Face's tokenizer adds one (encode
+// with special tokens): a llama2.c checkpoint when its config has a BOS; a Hugging Face
+// directory when its tokenizer_config.json says `add_bos_token: true` or, without that field,
+// when tokenizer.json's post-processor starts with a special token (Llama 3, Mistral), and the
+// tokenizer has a BOS. Not from config.json's bos_token_id: Qwen names one there that its
+// tokenizer never adds. `tokenizer` and `config` are the model's, as loaded.
+bool AddsBos(const std::string& model, const Tokenizer& tokenizer, const ModelConfig& config);
+
 class ModelFront {
  public:
   // `model` is a Hugging Face directory or a llama2.c checkpoint (then `tokenizer` is its
@@ -42,11 +50,7 @@ class ModelFront {
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::string& fingerprint() const { return fingerprint_; }
-  // Whether text prompts get a BOS token, as Hugging Face's tokenizer adds one (encode with
-  // special tokens): a llama2.c model always; a Hugging Face directory when its
-  // tokenizer_config.json says `add_bos_token: true` or, without that field, when
-  // tokenizer.json's post-processor starts with a special token (Llama 3, Mistral). Not from
-  // config.json's bos_token_id: Qwen names one there that its tokenizer never adds.
+  // Whether text prompts get a BOS token (AddsBos).
   bool add_bos() const { return add_bos_; }
 
  private:

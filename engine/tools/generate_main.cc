@@ -85,12 +85,10 @@ int main(int argc, char** argv) {
   if (!rt.ok()) Fail(rt.status());
   LOG(INFO) << (*rt)->Describe();
 
-  // BOS as pd-router adds it to a text prompt (ModelFront::add_bos: as Hugging Face's
-  // tokenizer does, not config.json's bos_token_id alone).
-  absl::StatusOr<std::unique_ptr<pd::engine::ModelFront>> front =
-      pd::engine::ModelFront::Load(config.model, config.tokenizer);
-  if (!front.ok()) Fail(front.status());
-  const bool add_bos = (*front)->add_bos();
+  // BOS as pd-router adds it to a text prompt (as Hugging Face's tokenizer does, not
+  // config.json's bos_token_id alone).
+  const bool add_bos =
+      pd::engine::AddsBos(config.model, (*rt)->tokenizer(), (*rt)->model_config());
   absl::StatusOr<std::vector<uint32_t>> prompt =
       (*rt)->tokenizer().Encode(absl::GetFlag(FLAGS_prompt), add_bos, false);
   if (!prompt.ok()) Fail(prompt.status());

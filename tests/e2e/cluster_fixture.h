@@ -56,6 +56,12 @@ inline int FreePort() {
   return *port;
 }
 
+// The tool schema of the tool-calling e2e tests: a city and a unit.
+inline constexpr char kWeatherSchema[] =
+    R"({"type":"object","properties":{"city":{"type":"string","maxLength":12},)"
+    R"("unit":{"enum":["celsius","fahrenheit"]}},"required":["city","unit"],)"
+    R"("additionalProperties":false})";
+
 // In a router flag, stands for the router's HTTP port: Cluster picks a free one on every start
 // attempt (a port picked once, outside the retry loop, made the retries futile: a CI run where
 // another test held it failed three attempts on the same port). Cluster::http_port() says which.

@@ -78,10 +78,7 @@ std::string SpecialToken(const json& config, const char* key) {
   return "";
 }
 
-constexpr char kWeatherSchema[] =
-    R"({"type":"object","properties":{"city":{"type":"string","maxLength":12},)"
-    R"("unit":{"enum":["celsius","fahrenheit"]}},"required":["city","unit"],)"
-    R"("additionalProperties":false})";
+using ::pd::e2e::kWeatherSchema;
 
 json Tools() {
   return json::array({{{"type", "function"},

@@ -30,10 +30,7 @@ using ::pd::e2e::Cluster;
 using ::testing::HasSubstr;
 using json = nlohmann::ordered_json;
 
-constexpr char kWeatherSchema[] =
-    R"({"type":"object","properties":{"city":{"type":"string","maxLength":12},)"
-    R"("unit":{"enum":["celsius","fahrenheit"]}},"required":["city","unit"],)"
-    R"("additionalProperties":false})";
+using ::pd::e2e::kWeatherSchema;
 
 // A template that shows the offered tools and the history's calls and results (the names only:
 // stories260K's context is 512 tokens).
