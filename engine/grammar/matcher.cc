@@ -224,6 +224,18 @@ uint32_t Matcher::CommonTail(const State& state) const {
   return tail;
 }
 
+Matcher::Position Matcher::position() const {
+  Position p;
+  p.stacks = state_;
+  p.overflowed = overflowed_;
+  return p;
+}
+
+void Matcher::Restore(const Position& position) {
+  state_ = position.stacks;
+  overflowed_ = position.overflowed;
+}
+
 bool Matcher::AcceptByte(uint8_t byte) {
   State next;
   bool overflow = false;

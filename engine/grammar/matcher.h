@@ -86,6 +86,17 @@ class Matcher {
   Matcher(Matcher&&) = default;
   Matcher& operator=(Matcher&&) = default;
 
+  // A point of the input to come back to (speculative decoding walks proposed tokens ahead
+  // and back). Valid for this matcher and its copies made after it was taken.
+  class Position {
+   private:
+    friend class Matcher;
+    absl::InlinedVector<uint32_t, 4> stacks;
+    bool overflowed = false;
+  };
+  Position position() const;
+  void Restore(const Position& position);
+
   // Accepts one byte; false (state unchanged) when the grammar does not allow it here.
   bool AcceptByte(uint8_t byte);
   // Accepts all of `bytes` or none of them.

@@ -564,6 +564,9 @@ struct Scheduler::Batch {
   // [rows] set by ForwardBatch: a verify row's logit edits (bias and penalties counted over the
   // proposed tokens before it, as plain decoding would count them); empty for the others.
   std::vector<std::vector<kernels::LogitEdit>> verify_edits;
+  // [rows] set by ForwardBatch: a verify row's grammar mask (its matcher's position after the
+  // proposed tokens before it); empty for the others and without a grammar.
+  std::vector<std::vector<uint32_t>> verify_allowed;
 };
 
 bool Scheduler::Step() {
@@ -706,13 +709,12 @@ std::vector<int32_t> Scheduler::TableIds(const Sequence& seq) const {
 
 int64_t Scheduler::Propose(Sequence* seq, int64_t max_k) {
   const SamplingOptions& so = seq->request.sampling;
-  // Exact for plain requests, greedy or sampled: a verify row samples with the draw of the
-  // step it stands for (SamplingUniform(seed, step)) and with the logit edits (bias,
-  // penalties) of the tokens before it, so the tokens taken are the ones plain decoding takes,
-  // and a proposal is accepted exactly when it is that token. Requests with a grammar (its
-  // mask would have to follow the proposal) or that are not decoded here decode one token at
-  // a time.
-  if (so.no_speculation || seq->matcher != nullptr ||
+  // Exact, greedy or sampled: a verify row samples with the draw of the step it stands for
+  // (SamplingUniform(seed, step)), with the logit edits (bias, penalties) and the grammar's
+  // mask of the tokens before it, so the tokens taken are the ones plain decoding takes, and a
+  // proposal is accepted exactly when it is that token. Requests that are not decoded here,
+  // and those whose matcher is still a late mask's, decode one token at a time.
+  if (so.no_speculation || seq->mask_job != nullptr ||
       seq->num_generated() < so.forced_tokens.size() || seq->request.on_prefilled != nullptr ||
       seq->dropped != 0) {
     return 0;
@@ -727,6 +729,25 @@ int64_t Scheduler::Propose(Sequence* seq, int64_t max_k) {
   k = std::min<int64_t>(k, forward_->config().seq_len - 1 - last);  // inside the context
   if (k <= 0) return 0;
   seq->draft = ProposeNgram(seq->tokens, static_cast<int>(k));
+  if (seq->matcher != nullptr) {
+    // Only the grammar's tokens can be accepted (the sampler takes no other): the proposal
+    // ends before the first it refuses, and before an end token (which would end the
+    // sequence: nothing after it is used). The matcher's position after each is kept for its
+    // verify row's mask; the matcher itself stays where it was.
+    const grammar::TokenTrie& trie = GrammarTrie();
+    const grammar::Matcher::Position start = seq->matcher->position();
+    seq->draft_positions.clear();
+    for (const uint32_t token : seq->draft) {
+      const auto t = static_cast<int32_t>(token);
+      if (trie.is_end_token(t) || trie.token_bytes(t).empty() ||
+          !seq->matcher->AcceptBytes(trie.token_bytes(t))) {
+        break;
+      }
+      seq->draft_positions.push_back(seq->matcher->position());
+    }
+    seq->matcher->Restore(start);
+    seq->draft.resize(seq->draft_positions.size());
+  }
   const auto proposed = static_cast<int64_t>(seq->draft.size());
   // Slots for the verify rows (positions last + 1 .. last + proposed), from free blocks only:
   // a proposal never preempts anyone.
@@ -754,6 +775,8 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
   batch->late.assign(batch->members.size(), false);
   const size_t mask_words = (static_cast<size_t>(forward_->vocab_size()) + 31) / 32;
   batch->verify_edits.assign(batch->members.size(), {});
+  batch->verify_allowed.assign(batch->members.size(), {});
+  size_t decode_rows = 0;  // members that are not verify rows
   for (size_t i = 0; i < batch->members.size(); ++i) {
     Sequence* seq = batch->members[i];
     if (batch->verifies[i] >= 0) {
@@ -774,8 +797,14 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
         batch->verify_edits[i].assign(edits.begin(), edits.end());
         specs.back().edits = batch->verify_edits[i];
       }
+      if (seq->matcher != nullptr) {
+        // Filled with its decode row's job (ready, below).
+        batch->verify_allowed[i].assign(mask_words, 0);
+        specs.back().allowed = batch->verify_allowed[i].data();
+      }
       continue;
     }
+    ++decode_rows;
     specs.push_back(SampleSpecFor(seq->request.sampling, seq->num_generated()));
     any_logits = any_logits || specs.back().want_logits;
     // Structured output: the tokens that continue the grammar, for rows that end this step
@@ -813,7 +842,11 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
   for (const size_t i : masked) {
     Sequence* seq = batch->members[i];
     if (seq->mask_job == nullptr) {  // (else: late at an earlier step, done or still running)
-      seq->mask_job = std::make_shared<scheduler_internal::MaskJob>(seq->matcher);
+      // (A late job's sequence proposes nothing: it has no verify rows.)
+      const auto verify = static_cast<std::ptrdiff_t>(batch->num_verify[i]);
+      seq->mask_job = std::make_shared<scheduler_internal::MaskJob>(
+          seq->matcher, std::vector<grammar::Matcher::Position>(
+                            seq->draft_positions.begin(), seq->draft_positions.begin() + verify));
       fresh.push_back(seq->mask_job);
     }
     jobs.push_back(seq->mask_job);
@@ -834,6 +867,8 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
         if (hook) hook();
         job->Run(trie);
       }
+      // Then the verify rows' masks, so that no sequence's own mask waits for another's.
+      for (const auto& job : fresh) job->RunVerify(trie, hook);
       finished->store(true);
     });
     mask_threads_.push_back({std::move(thread), std::move(finished)});
@@ -847,22 +882,50 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
         absl::Now() + std::max(absl::Microseconds(config_.mask_grace_us), so_far / 4);
     size_t late = 0;
     for (const auto& job : jobs) late += job->WaitUntil(deadline) ? 0 : 1;
-    if (late == batch->members.size()) {
-      // Every sequence of the step waits on its mask: waiting holds no one else.
+    absl::Time verify_deadline = deadline;
+    if (late == decode_rows) {
+      // Every sequence of the step waits on its mask: waiting holds no one else (nor does
+      // waiting for the verify rows' masks, then or when the sequence is alone).
       for (const auto& job : jobs) job->Wait();
     }
+    if (late == decode_rows || decode_rows == 1) verify_deadline = absl::InfiniteFuture();
     for (size_t m = 0; m < masked.size(); ++m) {
       Sequence* seq = batch->members[masked[m]];
+      const size_t first = batch->first_verify[masked[m]];
+      const size_t verify = batch->num_verify[masked[m]];
       if (!jobs[m]->WaitUntil(absl::InfinitePast())) {
-        // Sits the step out: any mask will do for the token that is thrown away.
+        // Sits the step out: any mask will do for the tokens that are thrown away.
         std::fill(seq->allowed.begin(), seq->allowed.end(), ~0u);
         batch->late[masked[m]] = true;
+        for (size_t v = first; v < first + verify; ++v) {
+          std::fill(batch->verify_allowed[v].begin(), batch->verify_allowed[v].end(), ~0u);
+          batch->late[v] = true;
+        }
+        jobs[m]->Abandon();
         continue;
       }
       // The forward pass reads a mask of the model's vocabulary, which can be larger than the
       // tokenizer's (padded embeddings): the ids past the tokenizer's are never allowed.
       const std::vector<uint32_t>& mask = jobs[m]->mask();
       std::copy_n(mask.begin(), std::min(mask.size(), mask_words), seq->allowed.begin());
+      // Verify rows whose mask is late, and those after them, are not used (VerifyProposal
+      // stops before the first): the proposal is cut there.
+      bool cut = false;
+      for (size_t j = 0; j < verify; ++j) {
+        std::vector<uint32_t>& allowed = batch->verify_allowed[first + j];
+        cut = cut || !jobs[m]->WaitVerifyUntil(j, verify_deadline);
+        if (cut) {
+          std::fill(allowed.begin(), allowed.end(), ~0u);
+          batch->late[first + j] = true;
+          continue;
+        }
+        const std::vector<uint32_t>& vmask = jobs[m]->verify_mask(j);
+        std::copy_n(vmask.begin(), std::min(vmask.size(), mask_words), allowed.begin());
+      }
+      if (cut) {
+        ++stats_.late_verify_masks;
+        jobs[m]->Abandon();
+      }
       seq->mask_job.reset();
     }
   };
@@ -898,13 +961,15 @@ void Scheduler::ApplyBatch(const Batch& batch, const std::vector<int32_t>& sampl
     }
     TakeSampledToken(seq, i, sampled[i]);
     if (batch.num_verify[i] > 0) {
-      VerifyProposal(seq, batch.first_verify[i], batch.num_verify[i], sampled);
+      VerifyProposal(seq, batch, i, sampled);
     }
   }
 }
 
-void Scheduler::VerifyProposal(Sequence* seq, size_t first_row, size_t num_rows,
+void Scheduler::VerifyProposal(Sequence* seq, const Batch& batch, size_t decode_row,
                                const std::vector<int32_t>& sampled) {
+  const size_t first_row = batch.first_verify[decode_row];
+  const size_t num_rows = batch.num_verify[decode_row];
   // Proposed token j sits at position base + j - 1 (base: the tokens computed now), where the
   // verify row first_row + j - 1 computed it. It is accepted when the token the sequence took
   // there is the proposed one: its K/V is then the sequence's, and that row's sample is the
@@ -913,11 +978,14 @@ void Scheduler::VerifyProposal(Sequence* seq, size_t first_row, size_t num_rows,
   size_t accepted = 0;
   for (size_t j = 1; j <= num_rows; ++j) {
     if (seq->finished != FinishReason::kNone || seq->tokens.size() != base + j ||
-        seq->tokens[base + j - 1] != seq->draft[j - 1]) {
+        seq->tokens[base + j - 1] != seq->draft[j - 1] || batch.late[first_row + j - 1]) {
       break;
     }
     ++accepted;
     RecordComputed(seq, 1);
+    if (seq->matcher != nullptr) {
+      seq->allowed = batch.verify_allowed[first_row + j - 1];  // (its row's mask)
+    }
     TakeSampledToken(seq, first_row + j - 1, sampled[first_row + j - 1]);
   }
   ++stats_.spec_verify_steps;

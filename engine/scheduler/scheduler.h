@@ -77,6 +77,9 @@ struct SchedulerStats {
   // Cumulative: steps a sequence sat out because its structured-output mask was late
   // (SchedulerConfig::mask_grace_us); its token was computed again the next step.
   int64_t late_masks = 0;
+  // Cumulative: proposals cut short because a verify row's mask was late (the rows from it
+  // on were not used).
+  int64_t late_verify_masks = 0;
   // Cumulative, speculative decoding (SchedulerConfig::speculative): tokens proposed, those
   // accepted (each one a step saved), and sequence-steps that verified a proposal.
   int64_t spec_proposed_tokens = 0;
@@ -189,7 +192,7 @@ class Scheduler {
   void ApplyBatch(const Batch& batch, const std::vector<int32_t>& sampled);
   // After `seq`'s decode row took its token: accepts the proposed tokens its verify rows
   // (num_rows from first_row) confirm, each with the token sampled after it.
-  void VerifyProposal(Sequence* seq, size_t first_row, size_t num_rows,
+  void VerifyProposal(Sequence* seq, const Batch& batch, size_t decode_row,
                       const std::vector<int32_t>& sampled);
   void MoveHeld();
 

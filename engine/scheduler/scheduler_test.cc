@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -1316,6 +1317,76 @@ TEST(SchedulerGrammarTest, LateMaskSitsTheStepOutAndChangesNothing) {
     EXPECT_EQ(h.results()[0].last.finish_reason, FinishReason::kAbort);
     EXPECT_EQ(h.results()[1].tokens, reference[1]);
   }
+}
+
+// Speculation composes with structured output: a proposal is cut before the first token the
+// grammar refuses, each verify row samples under the mask of the grammar after the proposed
+// tokens before it, and the output is token for token the output without speculation, greedy
+// and sampled, on the host and staged paths, with logprobs, and when verify rows' masks are
+// late (the proposal is cut there; nothing else changes).
+TEST(SchedulerGrammarTest, SpeculationUnderAGrammarGivesTheSameOutput) {
+  auto person = TestGrammar({grammar::ConstraintSpec::Kind::kJsonSchema, kPersonSchema, {}});
+  // Free text (stories260K repeats itself inside it, so proposals are accepted) and an array of
+  // short strings.
+  auto text = TestGrammar({grammar::ConstraintSpec::Kind::kRegex, "[A-Za-z ,.']{1,300}", {}});
+  auto lines = TestGrammar(
+      {grammar::ConstraintSpec::Kind::kJsonSchema,
+       R"({"type":"array","items":{"type":"string","maxLength":60},"minItems":2,"maxItems":6})",
+       {}});
+  auto run = [&](SchedulerConfig config, bool staged, std::function<void()> hook = nullptr) {
+    Harness h(64, config, Clock::Real(), staged);
+    if (hook) h.scheduler()->SetMaskHookForTesting(hook);
+    const std::shared_ptr<const grammar::CompiledGrammar> grammars[] = {text, lines, person, text};
+    for (int i = 0; i < 4; ++i) {
+      SamplingOptions so = Constrained(grammars[i], i == 3 ? 0.8f : 0.0f, 70 + i);
+      so.max_tokens = 150;
+      if (i == 0) so.logprobs = 2;
+      CHECK(h.Submit(i, h.Encode(kPrompts[i]), so).ok());
+    }
+    h.RunToCompletion();
+    std::map<int, Result> out;
+    for (int i = 0; i < 4; ++i) out[i] = h.results()[i];
+    return std::make_pair(out, h.scheduler()->Stats());
+  };
+  // With a grace longer than any mask, no mask is late: the steps count only the proposals.
+  SchedulerConfig patient;
+  patient.mask_grace_us = 10'000'000;
+  SchedulerConfig spec = AlwaysNgram();
+  spec.mask_grace_us = patient.mask_grace_us;
+  const auto [plain, plain_stats] = run(patient, false);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_NE(plain.at(i).last.finish_reason, FinishReason::kError) << plain.at(i).last.status;
+  }
+  for (const bool staged : {false, true}) {
+    const auto [fast, fast_stats] = run(spec, staged);
+    std::printf(
+        "grammar: proposed %lld, accepted %lld; steps %lld (without: %lld); late masks %lld, "
+        "late verify masks %lld (without: %lld)\n",
+        static_cast<long long>(fast_stats.spec_proposed_tokens),
+        static_cast<long long>(fast_stats.spec_accepted_tokens),
+        static_cast<long long>(fast_stats.steps), static_cast<long long>(plain_stats.steps),
+        static_cast<long long>(fast_stats.late_masks),
+        static_cast<long long>(fast_stats.late_verify_masks),
+        static_cast<long long>(plain_stats.late_masks));
+    EXPECT_GT(fast_stats.spec_accepted_tokens, 20);
+    EXPECT_EQ(fast_stats.late_masks + fast_stats.late_verify_masks, 0);
+    EXPECT_LT(fast_stats.steps, plain_stats.steps);
+    ExpectSameOutput(fast, plain, staged ? "grammar, staged" : "grammar, host");
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(fast.at(i).text, plain.at(i).text) << "prompt " << i;
+      EXPECT_EQ(fast.at(i).last.finish_reason, plain.at(i).last.finish_reason) << "prompt " << i;
+    }
+  }
+  // Verify rows' masks held past the layers (no grace): proposals are cut, the output is the
+  // same. The hook runs before every mask; every third is held a while.
+  SchedulerConfig no_grace = AlwaysNgram();
+  no_grace.mask_grace_us = 0;
+  std::atomic<int> masks{0};
+  const auto [slow, slow_stats] = run(no_grace, false, [&] {
+    if (masks.fetch_add(1) % 3 == 2) absl::SleepFor(absl::Milliseconds(3));
+  });
+  EXPECT_GT(slow_stats.late_verify_masks, 0);
+  ExpectSameOutput(slow, plain, "grammar, late verify masks");
 }
 
 TEST(SchedulerGrammarTest, ChoicesRegexesAndLogprobsStayInsideTheMask) {

@@ -4,8 +4,10 @@
 // scheduler.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,13 +32,33 @@ namespace pd::engine::scheduler_internal {
 // pass runs. The job owns what it touches (the matcher, shared with its sequence, and its own
 // buffer), so a mask that is late can go on after the step, and after its sequence ended. The
 // matcher is not touched by anyone else until the job is done (Wait).
+//
+// Speculative decoding: the job also computes the masks of the verify rows, one per proposed
+// token, from the matcher's positions after each (`verify`). Those are computed on a copy of
+// the matcher, taken before the first mask is signalled done, so the sequence's matcher is
+// free as soon as its own mask is; a verify mask that is late is abandoned (Abandon: the rest
+// are not computed) and its row's token is not used.
 class MaskJob {
  public:
-  explicit MaskJob(std::shared_ptr<grammar::Matcher> matcher) : matcher_(std::move(matcher)) {}
+  explicit MaskJob(std::shared_ptr<grammar::Matcher> matcher,
+                   std::vector<grammar::Matcher::Position> verify = {})
+      : matcher_(std::move(matcher)), verify_(std::move(verify)), verify_masks_(verify_.size()) {}
   void Run(const grammar::TokenTrie& trie) {
     matcher_->FillTokenMask(trie, &mask_);
+    if (!verify_.empty()) copy_ = std::make_unique<grammar::Matcher>(*matcher_);
     absl::MutexLock lock(&mu_);
     done_ = true;
+  }
+  // The verify rows' masks, after Run (on the same thread); `before` runs before each.
+  void RunVerify(const grammar::TokenTrie& trie, const std::function<void()>& before) {
+    for (size_t j = 0; j < verify_.size(); ++j) {
+      if (abandoned_.load()) return;
+      if (before) before();
+      copy_->Restore(verify_[j]);
+      copy_->FillTokenMask(trie, &verify_masks_[j]);
+      absl::MutexLock lock(&mu_);
+      ++verify_done_;
+    }
   }
   // True once done; waits until then or `deadline`, whichever comes first.
   bool WaitUntil(absl::Time deadline) {
@@ -45,14 +67,31 @@ class MaskJob {
     return done;
   }
   void Wait() { WaitUntil(absl::InfiniteFuture()); }
+  // True once verify mask j is done; waits until then or `deadline`.
+  bool WaitVerifyUntil(size_t j, absl::Time deadline) {
+    auto ready = [this, j]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return verify_done_ > j; };
+    const bool done = mu_.LockWhenWithDeadline(absl::Condition(&ready), deadline);
+    mu_.Unlock();
+    return done;
+  }
+  // The verify masks not yet started are not computed.
+  void Abandon() { abandoned_.store(true); }
   // Once done: the mask (the tokenizer's vocabulary, TokenTrie::mask_words() words).
   const std::vector<uint32_t>& mask() const { return mask_; }
+  // Once verify mask j is done: that mask.
+  const std::vector<uint32_t>& verify_mask(size_t j) const { return verify_masks_[j]; }
+  size_t num_verify() const { return verify_.size(); }
 
  private:
   std::shared_ptr<grammar::Matcher> matcher_;
   std::vector<uint32_t> mask_;
+  std::vector<grammar::Matcher::Position> verify_;
+  std::unique_ptr<grammar::Matcher> copy_;
+  std::vector<std::vector<uint32_t>> verify_masks_;
+  std::atomic<bool> abandoned_{false};
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  size_t verify_done_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 struct Sequence {
@@ -98,6 +137,9 @@ struct Sequence {
   // Speculative decoding: the tokens proposed at this step (verify rows of the batch), and how
   // many to propose next (adapted to what was accepted; 0 until the first proposal).
   std::vector<uint32_t> draft;
+  // With a grammar: the matcher's position after each proposed token (draft_positions[j]
+  // after draft[0..j]), for the verify rows' masks.
+  std::vector<grammar::Matcher::Position> draft_positions;
   int64_t spec_k = 0;
   // Logit bias and penalties (request.sampling, HasLogitEdits): the edits of the step being
   // computed, from `tokens` alone (so a preempted, resumed or remotely prefilled request

@@ -267,6 +267,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                     "Steps a sequence sat out because its structured-output mask was late "
                     "(--mask_grace_ms)",
                     st.late_masks);
+    sink.AddCounter("pd_worker_late_verify_masks_total",
+                    "Speculative proposals cut short because a verify row's structured-output "
+                    "mask was late",
+                    st.late_verify_masks);
     sink.AddCounter("pd_worker_prefill_tokens_total", "Prompt tokens computed here",
                     st.prefill_tokens);
     sink.AddCounter("pd_worker_tier_restored_blocks_total",

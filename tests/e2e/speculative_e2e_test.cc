@@ -1,8 +1,8 @@
 // Speculative decoding through a real cluster (issue #33): a prefill + decode cluster whose
 // workers run --speculative=ngram gives, token for token, what a decode worker alone without it
-// gives, for greedy requests (speculated) and seeded sampled ones (decoded one token at a
-// time); the decode worker's metrics show proposals accepted; --speculative=draft is refused at
-// start as not implemented yet. stories260K.
+// gives, for greedy requests, a seeded sampled one, one with logprobs and a greedy one under a
+// grammar (a regex); the decode worker's metrics show proposals accepted; --speculative=draft
+// is refused at start as not implemented yet. stories260K.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -28,6 +28,8 @@ struct Answers {
   std::vector<uint32_t> sampled;
   std::vector<uint32_t> logprob_tokens;
   std::vector<float> logprobs;
+  std::vector<uint32_t> constrained;  // greedy under a regex
+  std::string constrained_text;
   std::string metrics;  // every worker's, concatenated
 };
 
@@ -61,6 +63,15 @@ Answers RunCluster(const std::string& dir, int prefill, std::vector<std::string>
   e2e::Generated g = cluster.Generate(r);
   EXPECT_TRUE(g.status.ok()) << g.status.error_message();
   a.logprob_tokens = g.tokens;
+  // Structured output: proposals cut to what the grammar allows, verify rows under its mask.
+  r = pdserve::v1::GenerateRequest();
+  r.set_text(kPrompts[2]);
+  r.mutable_sampling()->set_max_tokens(80);
+  r.mutable_sampling()->mutable_constraint()->set_regex("[A-Za-z ,.']{1,200}");
+  g = cluster.Generate(r);
+  EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+  a.constrained = g.tokens;
+  a.constrained_text = g.text;
   for (int i = 0; i < prefill + 1; ++i) a.metrics += cluster.WorkerMetrics(i);
   return a;
 }
@@ -90,6 +101,9 @@ TEST(SpeculativeE2eTest, NgramOnPrefillPlusDecodeGivesTheOutputOfPlainDecoding) 
   EXPECT_EQ(spec.sampled.size(), 48u);
   EXPECT_EQ(spec.sampled, plain.sampled);
   EXPECT_EQ(spec.logprob_tokens, plain.logprob_tokens);
+  EXPECT_FALSE(plain.constrained.empty());
+  EXPECT_EQ(spec.constrained, plain.constrained);
+  EXPECT_THAT(plain.constrained_text, ::testing::MatchesRegex("[A-Za-z ,.']+"));
   EXPECT_EQ(Counter(plain.metrics, "pd_worker_spec_proposed_tokens_total"), 0);
   const int64_t accepted = Counter(spec.metrics, "pd_worker_spec_accepted_tokens_total");
   EXPECT_GT(accepted, 10) << spec.metrics;
