@@ -24,18 +24,39 @@ namespace {
 // --kv_blocks 0 on cuda: the blocks that fit gpu_memory_fraction of the device's total memory,
 // less what is in use now (the CUDA context, the weights just uploaded, other processes), the
 // forward pass's scratch and a reserve for what cuBLAS and CUDA graphs allocate later.
+// The draft model's forward pass: one row per sequence (DraftProposer), prompts caught up
+// within the step's tokens.
+ForwardOptions DraftForwardOptions(const ModelRuntimeConfig& config) {
+  return {config.scheduler.max_batch_tokens, config.scheduler.max_running};
+}
+
+// With a draft model (its weights already uploaded, `draft`), its scratch counts too, and each
+// block of the model's pool comes with one of the draft's (`draft_layout`): the two pools get
+// the same number of blocks.
 absl::StatusOr<int64_t> AutoKvBlocks(const ModelRuntimeConfig& config, const ModelWeights& weights,
                                      const kvcache::KvLayout& layout,
-                                     const kernels::OpContext& ctx) {
-  PD_ASSIGN_OR_RETURN(const int64_t scratch,
+                                     const kernels::OpContext& ctx,
+                                     const ModelWeights* draft = nullptr,
+                                     const kvcache::KvLayout* draft_layout = nullptr) {
+  const ForwardOptions options{config.scheduler.max_batch_tokens,
+                               config.scheduler.ForwardMaxSeqs()};
+  PD_ASSIGN_OR_RETURN(int64_t scratch,
                       LlamaForward::ScratchBytes(
-                          &weights, {nullptr, layout.dtype, 1, config.block_size}, ctx,
-                          {config.scheduler.max_batch_tokens, config.scheduler.ForwardMaxSeqs()}));
+                          &weights, {nullptr, layout.dtype, 1, config.block_size}, ctx, options));
+  int64_t block_bytes = layout.block_bytes();
+  if (draft != nullptr) {
+    PD_ASSIGN_OR_RETURN(
+        const int64_t draft_scratch,
+        LlamaForward::ScratchBytes(draft, {nullptr, layout.dtype, 1, config.block_size}, ctx,
+                                   DraftForwardOptions(config)));
+    scratch += draft_scratch;
+    block_bytes += draft_layout->block_bytes();
+  }
   PD_ASSIGN_OR_RETURN(const kernels::DeviceMemoryInfo mem, kernels::QueryDeviceMemory(ctx.device));
-  const AutoPoolSize size = AutoPoolBlocks(
-      mem.total_bytes, mem.free_bytes, config.gpu_memory_fraction, scratch, layout.block_bytes());
-  LOG(INFO) << "--kv_blocks 0: " << size.blocks << " blocks of " << layout.block_bytes()
-            << " bytes (GPU " << (mem.total_bytes >> 20) << " MiB, " << (mem.free_bytes >> 20)
+  const AutoPoolSize size = AutoPoolBlocks(mem.total_bytes, mem.free_bytes,
+                                           config.gpu_memory_fraction, scratch, block_bytes);
+  LOG(INFO) << "--kv_blocks 0: " << size.blocks << " blocks of " << block_bytes
+            << " bytes" << (draft != nullptr ? " (the model's and the draft's)" : "") << " (GPU " << (mem.total_bytes >> 20) << " MiB, " << (mem.free_bytes >> 20)
             << " MiB free after the weights, fraction " << config.gpu_memory_fraction
             << ", forward scratch " << (scratch >> 20) << " MiB, reserve "
             << (kGpuReserveBytes >> 20) << " MiB)";
@@ -44,7 +65,7 @@ absl::StatusOr<int64_t> AutoKvBlocks(const ModelRuntimeConfig& config, const Mod
         "--kv_blocks 0: only ", size.budget_bytes, " bytes left for the KV pool (GPU total ",
         mem.total_bytes, ", free ", mem.free_bytes, ", fraction ", config.gpu_memory_fraction,
         ", forward scratch ", scratch, ", reserve ", kGpuReserveBytes, "): fewer than ",
-        kMinAutoKvBlocks, " blocks of ", layout.block_bytes(),
+        kMinAutoKvBlocks, " blocks of ", block_bytes,
         " bytes; raise --gpu_memory_fraction, lower --max_batch_tokens, or set --kv_blocks"));
   }
   return size.blocks;
@@ -84,6 +105,25 @@ absl::Status ModelRuntimeConfig::Validate() const {
   }
   if (weight_dtype == WeightDType::kInt8 && !kernels::SupportsMatMul(device, kernels::DType::kI8)) {
     return absl::InvalidArgumentError(absl::StrCat("--weight_dtype int8 is not supported on ",
+                                                   DeviceName(device),
+                                                   " in this build (no int8 MatMul for it)"));
+  }
+  if (scheduler.speculative == "draft" && draft_model.empty()) {
+    return absl::InvalidArgumentError("--speculative=draft needs --draft_model (a smaller model "
+                                      "with the model's tokenizer)");
+  }
+  if (!draft_model.empty() && scheduler.speculative != "draft") {
+    return absl::InvalidArgumentError(absl::StrCat("--draft_model is set but --speculative is \"",
+                                                   scheduler.speculative, "\" (not \"draft\")"));
+  }
+  if (draft_kv_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--draft_kv_blocks must be >= 0 (0 = as many as --kv_blocks), got ",
+                     draft_kv_blocks));
+  }
+  if (draft_weight_dtype == WeightDType::kInt8 &&
+      !kernels::SupportsMatMul(device, kernels::DType::kI8)) {
+    return absl::InvalidArgumentError(absl::StrCat("--draft_weight_dtype int8 is not supported on ",
                                                    DeviceName(device),
                                                    " in this build (no int8 MatMul for it)"));
   }
@@ -139,6 +179,32 @@ absl::Status ReplaceWeightsAtLoad(ModelWeights* weights, ModelWeights* loaded,
   return absl::OkStatus();
 }
 
+// The draft model's weights (config.draft_model), their owner kept in *hf or *ckpt, quantized
+// to int8 when asked (the loaded ones then in *loaded).
+absl::Status LoadDraftWeights(const ModelRuntimeConfig& config, std::unique_ptr<HfModel>* hf,
+                              std::unique_ptr<Llama2cCheckpoint>* ckpt, ModelWeights* loaded,
+                              ModelWeights* weights) {
+  struct stat st;
+  if (::stat(config.draft_model.c_str(), &st) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat("--draft_model ", config.draft_model, " does not exist"));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    PD_ASSIGN_OR_RETURN(HfModel model, HfModel::Load(config.draft_model));
+    *hf = std::make_unique<HfModel>(std::move(model));
+    PD_ASSIGN_OR_RETURN(*weights, WeightsFromHf(**hf));
+  } else {
+    PD_ASSIGN_OR_RETURN(Llama2cCheckpoint c, Llama2cCheckpoint::Load(config.draft_model));
+    *ckpt = std::make_unique<Llama2cCheckpoint>(std::move(c));
+    *weights = WeightsFromLlama2c(**ckpt);
+  }
+  if (config.draft_weight_dtype == WeightDType::kInt8) {
+    PD_RETURN_IF_ERROR(ReplaceWeightsAtLoad(weights, loaded, &QuantizeWeightsInt8,
+                                            "(draft) quantized to int8", ""));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size,
@@ -190,6 +256,19 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     }
   }
   rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size, config.kv_dtype);
+  const bool with_draft = !config.draft_model.empty();
+  kvcache::KvLayout draft_layout;
+  if (with_draft) {
+    PD_RETURN_IF_ERROR(LoadDraftWeights(config, &rt->draft_hf_, &rt->draft_llama2c_,
+                                        &rt->draft_loaded_weights_, &rt->draft_weights_));
+    if (rt->draft_weights_.config.vocab_size != rt->weights_.config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--draft_model ", config.draft_model, " has a vocabulary of ",
+          rt->draft_weights_.config.vocab_size, " tokens, --model ", config.model, " of ",
+          rt->weights_.config.vocab_size, ": a draft model must share the model's tokenizer"));
+    }
+    draft_layout = KvLayoutForModel(rt->draft_weights_.config, config.block_size, config.kv_dtype);
+  }
   // The block-hash seed names the cache dtype: blocks of different dtypes never match.
   config.scheduler.kv_dtype = std::string(kernels::DTypeName(config.kv_dtype));
   const bool on_cuda = config.device == kernels::Device::kCuda;
@@ -201,9 +280,15 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     ctx.stream = rt->stream_.handle();
     PD_ASSIGN_OR_RETURN(rt->device_weights_, DeviceWeights::Upload(rt->weights_, ctx));
     forward_weights = &rt->device_weights_->weights();
+    if (with_draft) {
+      PD_ASSIGN_OR_RETURN(rt->draft_device_weights_, DeviceWeights::Upload(rt->draft_weights_, ctx));
+    }
     if (config.kv_blocks == 0) {
-      PD_ASSIGN_OR_RETURN(config.kv_blocks,
-                          AutoKvBlocks(config, *forward_weights, rt->layout_, ctx));
+      PD_ASSIGN_OR_RETURN(
+          config.kv_blocks,
+          AutoKvBlocks(config, *forward_weights, rt->layout_, ctx,
+                       with_draft ? &rt->draft_device_weights_->weights() : nullptr,
+                       with_draft ? &draft_layout : nullptr));
     }
     PD_ASSIGN_OR_RETURN(rt->memory_,
                         memory::DeviceKvPool::Create(rt->layout_, config.kv_blocks, config.device));
@@ -258,6 +343,36 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   PD_ASSIGN_OR_RETURN(rt->scheduler_,
                       Scheduler::Create(config.scheduler, rt->forward_.get(), rt->kv_.get(),
                                         rt->tokenizer_.get(), rt->weights_.fingerprint));
+  if (with_draft) {
+    if (config.draft_kv_blocks == 0) config.draft_kv_blocks = config.kv_blocks;
+    void* draft_base = nullptr;
+    const ModelWeights* draft_weights = &rt->draft_weights_;
+    if (on_cuda) {
+      PD_ASSIGN_OR_RETURN(rt->draft_memory_, memory::DeviceKvPool::Create(
+                                                 draft_layout, config.draft_kv_blocks,
+                                                 config.device));
+      draft_base = rt->draft_memory_->base();
+      draft_weights = &rt->draft_device_weights_->weights();
+    } else {
+      PD_ASSIGN_OR_RETURN(rt->draft_pool_,
+                          memory::HostKvPool::Create(draft_layout, config.draft_kv_blocks));
+      draft_base = rt->draft_pool_->base();
+    }
+    PD_ASSIGN_OR_RETURN(
+        rt->draft_forward_,
+        LlamaForward::Create(
+            draft_weights,
+            {draft_base, draft_layout.dtype, config.draft_kv_blocks, config.block_size}, ctx,
+            DraftForwardOptions(config)));
+    PD_RETURN_IF_ERROR(
+        rt->scheduler_->UseDraftModel(rt->draft_forward_.get(), config.draft_kv_blocks));
+    LOG(INFO) << "draft model " << config.draft_model << " ("
+              << rt->draft_weights_.config.n_layers << " layers, dim "
+              << rt->draft_weights_.config.dim << ", weights "
+              << kernels::DTypeName(rt->draft_weights_.dtype) << "), its kv pool "
+              << config.draft_kv_blocks << " blocks (" << (draft_layout.block_bytes() >> 10)
+              << " KiB each)";
+  }
   rt->config_ = std::move(config);
   return rt;
 }

@@ -57,6 +57,15 @@ struct ModelRuntimeConfig {
   // gives no huge pages, on CUDA, and for int8 weights (quantized into huge pages anyway).
   bool huge_page_weights = true;
   SchedulerConfig scheduler;
+  // Speculative decoding with a draft model (scheduler.speculative "draft"): the draft's path
+  // (a Hugging Face directory or a llama2.c checkpoint, with the model's tokenizer: its
+  // vocabulary must be the model's), its weights (--draft_weight_dtype: int8 quantizes its
+  // matrices at load, a quantized copy of the model makes a draft), and its own KV pool's
+  // blocks (of block_size tokens, kv_dtype; 0 = as many as the model's pool). On the model's
+  // device.
+  std::string draft_model;
+  WeightDType draft_weight_dtype = WeightDType::kAuto;
+  int64_t draft_kv_blocks = 0;
   // Receives the KV cache's stored/removed events (e.g. the worker's KV event publisher); null
   // = none. Not owned; must outlive the runtime.
   kvcache::KvEventListener* kv_listener = nullptr;
@@ -163,6 +172,16 @@ class ModelRuntime {
   std::unique_ptr<kvcache::KvCacheManager> kv_;
   std::unique_ptr<ParallelFor> parallel_;  // device cpu
   std::unique_ptr<LlamaForward> forward_;
+  // The draft model (config.draft_model), as the model above: its owner, weights, pool (host:
+  // draft_pool_ and a view of it; cuda: a DeviceKvPool) and forward pass.
+  std::unique_ptr<Llama2cCheckpoint> draft_llama2c_;
+  std::unique_ptr<HfModel> draft_hf_;
+  ModelWeights draft_loaded_weights_;
+  ModelWeights draft_weights_;
+  std::unique_ptr<DeviceWeights> draft_device_weights_;
+  std::unique_ptr<memory::HostKvPool> draft_pool_;
+  std::unique_ptr<memory::KvPoolMemory> draft_memory_;
+  std::unique_ptr<LlamaForward> draft_forward_;
   std::unique_ptr<Scheduler> scheduler_;
 };
 

@@ -257,16 +257,40 @@ void Scheduler::SweepFinished() {
     if ((*it)->finished != FinishReason::kNone && !(*it)->remote_pending) {
       absl::Status s = kv_->Free((*it)->kv_id);
       CHECK(s.ok()) << s;  // the table exists for every running sequence
+      if (draft_ != nullptr) draft_->Release((*it)->request.id.value());
       it = running_.erase(it);
     } else {
       ++it;
     }
   }
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
-                                [](const std::unique_ptr<Sequence>& s) {
-                                  return s->finished != FinishReason::kNone;
+                                [this](const std::unique_ptr<Sequence>& s) {
+                                  if (s->finished == FinishReason::kNone) return false;
+                                  if (draft_ != nullptr) draft_->Release(s->request.id.value());
+                                  return true;
                                 }),
                  waiting_.end());
+}
+
+absl::Status Scheduler::UseDraftModel(LlamaForward* draft, int64_t num_blocks) {
+  if (config_.speculative != "draft") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model: speculative is \"", config_.speculative, "\", not \"draft\""));
+  }
+  if (draft->vocab_size() != forward_->vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model: its vocabulary has ", draft->vocab_size(), " tokens, the model's ",
+        forward_->vocab_size(), ": a draft model must share the model's tokenizer"));
+  }
+  if (draft->device() != forward_->device()) {
+    return absl::InvalidArgumentError("draft model: not on the model's device");
+  }
+  if (num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft model: its KV pool needs blocks, got ", num_blocks));
+  }
+  draft_ = std::make_unique<DraftProposer>(draft, num_blocks, kv_->block_size());
+  return absl::OkStatus();
 }
 
 void Scheduler::Admit() {
@@ -647,7 +671,8 @@ Scheduler::Batch Scheduler::CollectBatch() {
   batch.verifies.assign(rows, -1);
   batch.first_verify.assign(rows, 0);
   batch.num_verify.assign(rows, 0);
-  if (config_.speculative != "ngram" || !waiting_.empty() || window_.enabled()) {
+  if (config_.speculative == "off" || (config_.speculative == "draft" && draft_ == nullptr) ||
+      !waiting_.empty() || window_.enabled()) {
     return batch;
   }
   // Speculation only in steps with nothing to prefill: verify rows never take a prefill's
@@ -669,16 +694,50 @@ Scheduler::Batch Scheduler::CollectBatch() {
     ++stats_.spec_declined_steps;
     return batch;
   }
+  // How many each decode may propose (within the step's tokens and rows), then the proposals,
+  // all at once (a draft model runs them as one batch), then their verify rows.
   const auto max_rows = static_cast<size_t>(forward_->options().max_seqs);
-  for (size_t r = 0; r < rows && budget > 0 && batch.rows.size() < max_rows; ++r) {
-    Sequence* seq = batch.members[r];
-    const int64_t room =
-        std::min<int64_t>(budget, static_cast<int64_t>(max_rows - batch.rows.size()));
-    const int64_t k = std::min(room, Propose(seq, step_k));
+  std::vector<std::pair<size_t, int64_t>> wants;  // (decode row, most tokens)
+  size_t planned_rows = batch.rows.size();
+  for (size_t r = 0; r < rows && budget > 0 && planned_rows < max_rows; ++r) {
+    const int64_t room = std::min<int64_t>(budget, static_cast<int64_t>(max_rows - planned_rows));
+    const int64_t k = std::min(room, ProposalRoom(batch.members[r], step_k));
     if (k <= 0) continue;
-    seq->draft.resize(static_cast<size_t>(k));
+    wants.emplace_back(r, k);
     budget -= k;
-    const std::vector<int32_t> ids = TableIds(*seq);  // (Propose may have added a block)
+    planned_rows += static_cast<size_t>(k);
+  }
+  if (wants.empty()) return batch;
+  if (draft_ != nullptr) {
+    std::vector<DraftProposer::Want> asks;
+    for (const auto& [r, k] : wants) {
+      Sequence* seq = batch.members[r];
+      asks.push_back({seq->request.id.value(), seq->tokens, k});
+    }
+    const absl::Time started = absl::Now();
+    const int64_t passes = draft_->stats().forward_passes;
+    absl::StatusOr<std::vector<std::vector<uint32_t>>> drafts = draft_->Propose(asks);
+    spec_.ObserveDraft(draft_->stats().forward_passes - passes,
+                       absl::ToDoubleSeconds(absl::Now() - started));
+    if (!drafts.ok()) {
+      // The target's step goes on without proposals; the draft's state was dropped.
+      LOG_EVERY_N(WARNING, 100) << "draft model: " << drafts.status();
+      return batch;
+    }
+    for (size_t w = 0; w < wants.size(); ++w) batch.members[wants[w].first]->draft = (*drafts)[w];
+  } else {
+    for (const auto& [r, k] : wants) {
+      batch.members[r]->draft = ProposeNgram(batch.members[r]->tokens, static_cast<int>(k));
+    }
+  }
+  for (const auto& [r, most] : wants) {
+    Sequence* seq = batch.members[r];
+    if (static_cast<int64_t>(seq->draft.size()) > most) {
+      seq->draft.resize(static_cast<size_t>(most));
+    }
+    const auto k = static_cast<int64_t>(TakeProposal(seq));
+    if (k <= 0) continue;
+    const std::vector<int32_t> ids = TableIds(*seq);  // (TakeProposal may have added a block)
     batch.tables[r] = ids;
     batch.first_verify[r] = batch.rows.size();
     batch.num_verify[r] = static_cast<size_t>(k);
@@ -707,7 +766,7 @@ std::vector<int32_t> Scheduler::TableIds(const Sequence& seq) const {
   return ids;
 }
 
-int64_t Scheduler::Propose(Sequence* seq, int64_t max_k) {
+int64_t Scheduler::ProposalRoom(Sequence* seq, int64_t max_k) {
   const SamplingOptions& so = seq->request.sampling;
   // Exact, greedy or sampled: a verify row samples with the draw of the step it stands for
   // (SamplingUniform(seed, step)), with the logit edits (bias, penalties) and the grammar's
@@ -727,8 +786,11 @@ int64_t Scheduler::Propose(Sequence* seq, int64_t max_k) {
                         static_cast<int64_t>(seq->num_generated()) - 1);
   }
   k = std::min<int64_t>(k, forward_->config().seq_len - 1 - last);  // inside the context
-  if (k <= 0) return 0;
-  seq->draft = ProposeNgram(seq->tokens, static_cast<int>(k));
+  return std::max<int64_t>(k, 0);
+}
+
+size_t Scheduler::TakeProposal(Sequence* seq) {
+  const auto last = static_cast<int64_t>(seq->tokens.size()) - 1;  // its position
   if (seq->matcher != nullptr) {
     // Only the grammar's tokens can be accepted (the sampler takes no other): the proposal
     // ends before the first it refuses, and before an end token (which would end the
@@ -1107,6 +1169,13 @@ SchedulerStats Scheduler::Stats() const {
   s.held = handoffs_.num_held();
   s.remote_prefill_failures = handoffs_.num_failures();
   s.window_dropped_blocks = window_.num_dropped_blocks();
+  if (draft_ != nullptr) {
+    const DraftProposer::Stats d = draft_->stats();
+    s.draft_forward_passes = d.forward_passes;
+    s.draft_catch_up_tokens = d.catch_up_tokens;
+    s.draft_evictions = d.evictions;
+    s.draft_free_blocks = d.free_blocks;
+  }
   for (const auto& q : waiting_) {
     s.pending_prefill_tokens += static_cast<int64_t>(q->prompt_len);
   }

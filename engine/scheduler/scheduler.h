@@ -39,6 +39,7 @@
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/model/llama_forward.h"
 #include "engine/model/tokenizer.h"
+#include "engine/scheduler/draft_proposer.h"
 #include "engine/scheduler/remote_prefill_holds.h"
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/scheduler_config.h"
@@ -86,6 +87,13 @@ struct SchedulerStats {
   int64_t spec_accepted_tokens = 0;
   int64_t spec_verify_steps = 0;
   int64_t spec_declined_steps = 0;  // steps whose measured costs said proposals do not pay
+  // Draft model (speculative "draft"): its forward passes, the tokens it computed to catch up
+  // with its sequences (prompts, then what the target took), sequences whose draft blocks went
+  // to others, and its free blocks.
+  int64_t draft_forward_passes = 0;
+  int64_t draft_catch_up_tokens = 0;
+  int64_t draft_evictions = 0;
+  int64_t draft_free_blocks = 0;
   kvcache::KvCacheStats kv;
 };
 
@@ -160,6 +168,13 @@ class Scheduler {
   // mask late on purpose). Set before the first Step.
   void SetMaskHookForTesting(std::function<void()> hook) { mask_hook_ = std::move(hook); }
 
+  // Speculative decoding with a draft model (config.speculative "draft"): `draft` is its
+  // forward pass over a KV pool of its own of `num_blocks` blocks of the scheduler's block
+  // size, on the same device; it must outlive the scheduler. Call before the first step.
+  // InvalidArgument when the draft's vocabulary is not the target's (it must share the
+  // tokenizer), or speculative is not "draft".
+  absl::Status UseDraftModel(LlamaForward* draft, int64_t num_blocks);
+
  private:
   using Sequence = scheduler_internal::Sequence;
   struct Batch;
@@ -177,9 +192,12 @@ class Scheduler {
   // chunks, oldest first, within max_batch_tokens. Empty when nothing can run. When
   // speculating and nothing is left to prefill, verify rows for the decodes' proposals.
   Batch CollectBatch();
-  // Speculation: proposes at most `max_k` tokens for `seq` (a decode) and gives them slots; how
-  // many (0: none).
-  int64_t Propose(Sequence* seq, int64_t max_k);
+  // Speculation: the most tokens `seq` (a decode) may have proposed this step, at most `max_k`
+  // (0: none; it decodes one token).
+  int64_t ProposalRoom(Sequence* seq, int64_t max_k);
+  // Speculation: cuts seq->draft (the proposal) to what its grammar allows and gives its verify
+  // rows slots; how many tokens are verified (0: none).
+  size_t TakeProposal(Sequence* seq);
   // The physical block ids of seq's table, as a batch row reads them.
   std::vector<int32_t> TableIds(const Sequence& seq) const;
   // Runs the forward pass over `batch` (setting its rows' block tables) and samples one token
@@ -259,6 +277,7 @@ class Scheduler {
   };
   std::vector<MaskThread> mask_threads_;
   std::function<void()> mask_hook_;
+  std::unique_ptr<DraftProposer> draft_;  // speculative "draft"
   SpecController spec_;
   absl::Status evacuated_;  // non-OK after Evacuate: generations are refused with it
 };

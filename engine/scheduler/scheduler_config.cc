@@ -23,12 +23,7 @@ absl::Status SchedulerConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("scheduler: mask_grace_us must be >= 0, got ", mask_grace_us));
   }
-  if (speculative == "draft") {
-    return absl::UnimplementedError(
-        "scheduler: speculative decoding with a draft model is not implemented yet (use "
-        "\"ngram\" or \"off\")");
-  }
-  if (speculative != "off" && speculative != "ngram") {
+  if (speculative != "off" && speculative != "ngram" && speculative != "draft") {
     return absl::InvalidArgumentError(absl::StrCat(
         "scheduler: speculative must be off, ngram or draft, got \"", speculative, "\""));
   }
@@ -40,7 +35,7 @@ absl::Status SchedulerConfig::Validate() const {
 }
 
 int64_t SchedulerConfig::ForwardMaxSeqs() const {
-  if (speculative != "ngram") return max_running;
+  if (speculative == "off") return max_running;
   return std::min(max_batch_tokens, max_running * (1 + spec_max_tokens));
 }
 

@@ -22,8 +22,10 @@ struct SchedulerConfig {
   // whose mask is later sits the step out (its token is computed again next step) instead of
   // holding the batch; when every sequence of the step waits on its mask, the step waits.
   int64_t mask_grace_us = 2000;
-  // Speculative decoding (docs/engine.md): "off", or "ngram" (each greedy decode proposes up
-  // to spec_max_tokens tokens from its own prompt and output, verified in the same step).
+  // Speculative decoding (docs/engine.md): "off", "ngram" (each decode proposes up to
+  // spec_max_tokens tokens from its own prompt and output, verified in the same step) or
+  // "draft" (a draft model proposes them: Scheduler::UseDraftModel must be called before the
+  // first step, else nothing is proposed).
   std::string speculative = "off";
   int64_t spec_max_tokens = 4;
   // Propose only what the measured step costs say pays (SpecController); false: always.
@@ -34,8 +36,7 @@ struct SchedulerConfig {
 
   // InvalidArgument naming the values when a bound is not positive, max_running exceeds
   // max_batch_tokens, kv_dtype is empty, mask_grace_us is negative, speculative is unknown or
-  // spec_max_tokens outside [1, 16], or the sink + window counts are invalid; Unimplemented
-  // for speculative "draft" (a draft model: not built yet).
+  // spec_max_tokens outside [1, 16], or the sink + window counts are invalid.
   absl::Status Validate() const;
 };
 

@@ -1212,10 +1212,95 @@ TEST(SchedulerSpecTest, ARequestThatOptsOutTakesNoProposals) {
   EXPECT_EQ(second_alone, plain.at(1));
 }
 
+// A draft model proposes (batched across sequences, its own KV pool kept in step by content):
+// the output is token for token the output without speculation, greedy, sampled and with a
+// grammar, batched, preempted, staged, and with a draft pool so small that sequences' draft
+// blocks are evicted for others. With the model itself as its draft, every greedy proposal is
+// accepted; its int8 copy is sometimes wrong, and those proposals are rejected.
+TEST(SchedulerSpecTest, DraftModelGivesTheSameOutput) {
+  auto person = TestGrammar({grammar::ConstraintSpec::Kind::kJsonSchema, kPersonSchema, {}});
+  struct Setup {
+    int64_t blocks = 64;
+    bool speculate = true;
+    bool int8 = false;
+    int64_t draft_blocks = 64;
+    bool staged = false;
+  };
+  auto run = [&](Setup setup) {
+    SchedulerConfig config;
+    if (setup.speculate) {
+      config.speculative = "draft";
+      config.spec_max_tokens = 4;
+      config.spec_adaptive = false;
+    }
+    config.mask_grace_us = 10'000'000;  // (no late masks: equal step counts below)
+    Harness h(setup.blocks, config, Clock::Real(), setup.staged);
+    if (setup.speculate) h.UseDraft(setup.draft_blocks, setup.int8, setup.staged);
+    for (int i = 0; i < 5; ++i) {
+      SamplingOptions so = MaxTokens(i == 4 ? 33 : 100);
+      if (i == 1) {
+        so.temperature = 0.8f;
+        so.seed = 5;
+      }
+      if (i == 2) so = Constrained(person, 0.0f);
+      if (i == 3) so.logprobs = 2;
+      CHECK(h.Submit(i, h.Encode(kPrompts[i]), so).ok());
+    }
+    h.RunToCompletion();
+    std::map<int, Result> out;
+    for (int i = 0; i < 5; ++i) out[i] = h.results()[i];
+    return std::make_pair(out, h.scheduler()->Stats());
+  };
+  const auto [plain, plain_stats] = run({.speculate = false});
+  auto report = [](const char* label, const SchedulerStats& s) {
+    std::printf("%s: proposed %lld, accepted %lld, steps %lld, draft passes %lld, catch-up %lld, "
+                "evictions %lld\n",
+                label, static_cast<long long>(s.spec_proposed_tokens),
+                static_cast<long long>(s.spec_accepted_tokens), static_cast<long long>(s.steps),
+                static_cast<long long>(s.draft_forward_passes),
+                static_cast<long long>(s.draft_catch_up_tokens),
+                static_cast<long long>(s.draft_evictions));
+  };
+  report("plain", plain_stats);
+  const auto [same, same_stats] = run({});
+  report("self draft", same_stats);
+  ExpectSameOutput(same, plain, "self draft");
+  EXPECT_GT(same_stats.spec_accepted_tokens, 100);
+  EXPECT_LT(same_stats.steps, plain_stats.steps);
+  const auto [q, q_stats] = run({.int8 = true});
+  report("int8 draft", q_stats);
+  ExpectSameOutput(q, plain, "int8 draft");
+  EXPECT_GT(q_stats.spec_accepted_tokens, 50);
+  EXPECT_LE(q_stats.spec_accepted_tokens, same_stats.spec_accepted_tokens);
+  const auto [tight, tight_stats] = run({.blocks = 14, .int8 = true});
+  report("preempted", tight_stats);
+  EXPECT_GT(tight_stats.preemptions, 0);
+  ExpectSameOutput(tight, plain, "int8 draft, preempted");
+  const auto [small, small_stats] = run({.int8 = true, .draft_blocks = 12});
+  report("small draft pool", small_stats);
+  EXPECT_GT(small_stats.draft_evictions, 0);
+  EXPECT_GT(small_stats.spec_accepted_tokens, 0);
+  ExpectSameOutput(small, plain, "int8 draft, small draft pool");
+  const auto [staged, staged_stats] = run({.int8 = true, .staged = true});
+  report("staged", staged_stats);
+  ExpectSameOutput(staged, plain, "int8 draft, staged");
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(q.at(i).text, plain.at(i).text) << "prompt " << i;
+  EXPECT_EQ(q.at(4).tokens.size(), 33u);  // max_tokens, not one more
+}
+
+TEST(SchedulerSpecTest, UseDraftModelNeedsTheDraftMode) {
+  SchedulerConfig config;
+  config.speculative = "ngram";
+  Harness h(16, config);
+  // No draft is wanted here: refused before the draft is looked at.
+  EXPECT_EQ(h.scheduler()->UseDraftModel(nullptr, 16).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SchedulerSpecTest, ConfigIsValidated) {
   SchedulerConfig c;
   c.speculative = "draft";
-  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(c.ForwardMaxSeqs(), std::min<int64_t>(c.max_batch_tokens, 5 * c.max_running));
   c.speculative = "eagle";
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
   c.speculative = "ngram";

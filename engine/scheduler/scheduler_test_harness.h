@@ -118,6 +118,31 @@ class Harness {
   }
 
   Scheduler* scheduler() { return scheduler_.get(); }
+  // Speculative decoding with a draft model (config.speculative "draft"): stories260K itself
+  // (`int8`: its int8-quantized copy, a draft that is sometimes wrong) over a pool of its own of
+  // `blocks` blocks; `staged` as the constructor's.
+  void UseDraft(int64_t blocks, bool int8, bool staged = false) {
+    if (int8) {
+      absl::StatusOr<ModelWeights> q = QuantizeWeightsInt8(weights_);
+      CHECK(q.ok()) << q.status();
+      draft_weights_ = *std::move(q);
+    }
+    const ModelWeights* w = int8 ? &draft_weights_ : &weights_;
+    kvcache::KvLayout layout{w->config.n_layers, w->config.n_kv_heads, w->config.head_dim, 16,
+                             kernels::DType::kF32};
+    absl::StatusOr<std::unique_ptr<memory::HostKvPool>> pool =
+        memory::HostKvPool::Create(layout, blocks);
+    CHECK(pool.ok()) << pool.status();
+    draft_pool_ = *std::move(pool);
+    ForwardOptions fo{forward_->options().max_batch_tokens, forward_->options().max_seqs};
+    fo.staged_metadata = staged;
+    absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
+        w, {draft_pool_->base(), kernels::DType::kF32, blocks, 16}, {}, fo);
+    CHECK(f.ok()) << f.status();
+    draft_forward_ = *std::move(f);
+    absl::Status s = scheduler_->UseDraftModel(draft_forward_.get(), blocks);
+    CHECK(s.ok()) << s;
+  }
   // The text of `tokens` generated after `prev`, as the scheduler's decoder yields it.
   std::string TextOf(uint32_t prev, absl::Span<const uint32_t> tokens) {
     DecodeStream d(tokenizer_.get(), prev);
@@ -176,6 +201,9 @@ class Harness {
   std::unique_ptr<memory::HostKvPool> pool_;
   std::unique_ptr<LlamaForward> forward_;
   std::unique_ptr<kvcache::KvCacheManager> kv_;
+  ModelWeights draft_weights_;  // UseDraft(int8)
+  std::unique_ptr<memory::HostKvPool> draft_pool_;
+  std::unique_ptr<LlamaForward> draft_forward_;
   std::unique_ptr<Scheduler> scheduler_;
   std::map<uint64_t, Result> results_;
 };

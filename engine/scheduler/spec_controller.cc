@@ -22,6 +22,13 @@ void SpecController::ObserveStep(int64_t rows, double seconds) {
   sxy_ = kDecay * sxy_ + x * seconds;
 }
 
+void SpecController::ObserveDraft(int64_t passes, double seconds) {
+  if (passes <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
+  const double per_pass = seconds / static_cast<double>(passes);
+  draft_weight_ = kDecay * draft_weight_ + 1;
+  draft_seconds_ += (per_pass - draft_seconds_) / draft_weight_;
+}
+
 void SpecController::ObserveVerify(int64_t proposed, int64_t accepted) {
   if (proposed <= 0) return;
   // Per-token acceptance a from accepted tokens out of proposed: the proposal stops at the
@@ -49,7 +56,7 @@ int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k) {
   const double r = static_cast<double>(std::max<int64_t>(plain_rows, 1));
   const double step = a + b * r;
   if (step <= 0) return max_k;
-  const double threshold = b * r / step;
+  const double threshold = (b * r + draft_seconds_) / step;
   // E(k) / k for a proposal of k, with per-token acceptance p: (p + p^2 + ... + p^k) / k,
   // decreasing in k; the longest k above the threshold.
   const double p = acceptance_;

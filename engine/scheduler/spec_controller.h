@@ -8,7 +8,10 @@
 // proposal is cut to the longest k that passes. On a model whose step is bound by reading its
 // weights, b is small against a and speculation runs; on one where every row costs as much as
 // the weights (a tiny model, or a large batch), it stops. One step in kExploreEvery proposes
-// anyway, so the fit and the acceptance keep being measured. docs/engine.md.
+// anyway, so the fit and the acceptance keep being measured. With a draft model, its time is a
+// cost too: a proposal of k tokens per sequence takes k draft passes of about c seconds each
+// (batched over the sequences), so the rule becomes E(k) / k > (bR + c) / (a + bR).
+// docs/engine.md.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,10 @@ class SpecController {
 
   // A forward pass of `rows` one-token rows took `seconds`.
   void ObserveStep(int64_t rows, double seconds);
+  // A draft model's proposals for one step (every sequence's, batched) ran `passes` forward
+  // passes of the draft in `seconds`: an added cost of proposing, counted against what the
+  // proposals save.
+  void ObserveDraft(int64_t passes, double seconds);
   // A verification: `proposed` tokens, `accepted` of them taken.
   void ObserveVerify(int64_t proposed, int64_t accepted);
   // Called once per step that could speculate, with its plain rows: the longest proposal worth
@@ -37,6 +44,9 @@ class SpecController {
   double s0_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
   // Per-token acceptance, weighted toward recent verifications; optimistic until measured.
   double acceptance_ = 0.5;
+  // Seconds of one draft forward pass (exponentially weighted; 0 without a draft model).
+  double draft_seconds_ = 0;
+  double draft_weight_ = 0;
   int64_t steps_ = 0;
 };
 

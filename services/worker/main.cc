@@ -50,9 +50,18 @@ ABSL_FLAG(double, mask_grace_ms, 2.0,
           "done (or a quarter of the step's time so far, if longer); a sequence whose mask is "
           "later sits the step out instead of holding the batch (docs/structured-outputs.md)");
 ABSL_FLAG(std::string, speculative, "off",
-          "speculative decoding: off | ngram (each greedy decode proposes up to "
-          "--spec_max_tokens tokens from its own prompt and output, verified in the same step; "
-          "output identical) | draft (a draft model: not implemented yet)");
+          "speculative decoding: off | ngram (each decode proposes up to --spec_max_tokens "
+          "tokens from its own prompt and output, verified in the same step; output identical) "
+          "| draft (a smaller model with the same tokenizer proposes them: --draft_model)");
+ABSL_FLAG(std::string, draft_model, "",
+          "--speculative=draft: the draft model (a Hugging Face directory or a llama2.c "
+          "checkpoint) sharing --model's tokenizer; run on the same device, with a KV pool of "
+          "its own");
+ABSL_FLAG(std::string, draft_weight_dtype, "auto",
+          "--speculative=draft: the draft's linear weights, auto | int8 (quantized at load: an "
+          "int8 copy of --model makes a draft)");
+ABSL_FLAG(int64_t, draft_kv_blocks, 0,
+          "--speculative=draft: blocks of the draft's KV pool (0 = as many as --kv_blocks)");
 ABSL_FLAG(int64_t, spec_max_tokens, 4, "speculative decoding: most tokens proposed per step (1-16)");
 ABSL_FLAG(bool, spec_adaptive, true,
           "speculative decoding: propose only when the measured step costs say it pays (fit "
@@ -147,6 +156,15 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.scheduler.speculative = absl::GetFlag(FLAGS_speculative);
   c.runtime.scheduler.spec_max_tokens = absl::GetFlag(FLAGS_spec_max_tokens);
   c.runtime.scheduler.spec_adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  c.runtime.draft_model = absl::GetFlag(FLAGS_draft_model);
+  absl::StatusOr<pd::engine::WeightDType> draft_dtype =
+      pd::engine::ParseWeightDType(absl::GetFlag(FLAGS_draft_weight_dtype));
+  if (!draft_dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--draft_weight_dtype: ", draft_dtype.status().message()));
+  }
+  c.runtime.draft_weight_dtype = *draft_dtype;
+  c.runtime.draft_kv_blocks = absl::GetFlag(FLAGS_draft_kv_blocks);
   PD_ASSIGN_OR_RETURN(c.grpc_address, pd::services::ParseHostPort(absl::GetFlag(FLAGS_grpc_address),
                                                                   "--grpc_address"));
   PD_ASSIGN_OR_RETURN(

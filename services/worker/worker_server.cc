@@ -263,6 +263,19 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddCounter("pd_worker_spec_declined_steps_total",
                     "Speculative decoding: steps whose measured costs said proposals do not pay",
                     st.spec_declined_steps);
+    sink.AddCounter("pd_worker_draft_forward_passes_total",
+                    "Speculative decoding with a draft model: the draft's forward passes",
+                    st.draft_forward_passes);
+    sink.AddCounter("pd_worker_draft_catch_up_tokens_total",
+                    "Speculative decoding with a draft model: tokens the draft computed to catch "
+                    "up with its sequences (prompts, then the tokens the model took)",
+                    st.draft_catch_up_tokens);
+    sink.AddCounter("pd_worker_draft_evictions_total",
+                    "Speculative decoding with a draft model: sequences whose draft KV blocks "
+                    "went to others (--draft_kv_blocks short)",
+                    st.draft_evictions);
+    sink.AddGauge("pd_worker_draft_free_blocks", "Free blocks of the draft model's KV pool",
+                  st.draft_free_blocks);
     sink.AddCounter("pd_worker_late_masks_total",
                     "Steps a sequence sat out because its structured-output mask was late "
                     "(--mask_grace_ms)",

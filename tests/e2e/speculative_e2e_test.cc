@@ -1,15 +1,18 @@
 // Speculative decoding through a real cluster (issue #33): a prefill + decode cluster whose
 // workers run --speculative=ngram gives, token for token, what a decode worker alone without it
 // gives, for greedy requests, a seeded sampled one, one with logprobs and a greedy one under a
-// grammar (a regex); the decode worker's metrics show proposals accepted; --speculative=draft
-// is refused at start as not implemented yet. stories260K.
+// grammar (a regex), with the n-gram proposer and with a draft model; the decode worker's
+// metrics show proposals accepted; bad draft flags are refused at start. stories260K.
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/temp_dir.h"
+#include "engine/tools/make_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/cluster_fixture.h"
@@ -110,18 +113,68 @@ TEST(SpeculativeE2eTest, NgramOnPrefillPlusDecodeGivesTheOutputOfPlainDecoding) 
   EXPECT_LE(accepted, Counter(spec.metrics, "pd_worker_spec_proposed_tokens_total"));
 }
 
-TEST(SpeculativeE2eTest, DraftModelIsRefusedAsNotImplementedYet) {
+// A draft model (stories260K's int8 copy, loaded by the decode worker from the same checkpoint)
+// proposes; the output is plain decoding's, and the metrics show the draft ran and its
+// proposals were accepted.
+TEST(SpeculativeE2eTest, DraftModelOnPrefillPlusDecodeGivesTheOutputOfPlainDecoding) {
+  absl::StatusOr<pd::testing::TempDir> tmp = pd::testing::TempDir::Create("pd-spec-draft-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  const Answers plain = RunCluster(tmp->path() + "/plain", 0, {});
+  const Answers spec = RunCluster(
+      tmp->path() + "/draft", 1,
+      {"--speculative=draft", absl::StrCat("--draft_model=", e2e::kModel),
+       "--draft_weight_dtype=int8", "--draft_kv_blocks=64", "--spec_max_tokens=4",
+       "--spec_adaptive=false"});
+  ASSERT_EQ(spec.greedy.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(spec.greedy[i], plain.greedy[i]) << "prompt " << i;
+  EXPECT_EQ(spec.sampled, plain.sampled);
+  EXPECT_EQ(spec.logprob_tokens, plain.logprob_tokens);
+  EXPECT_EQ(spec.constrained, plain.constrained);
+  const int64_t accepted = Counter(spec.metrics, "pd_worker_spec_accepted_tokens_total");
+  EXPECT_GT(accepted, 50) << spec.metrics;
+  EXPECT_GT(Counter(spec.metrics, "pd_worker_draft_forward_passes_total"), 0);
+}
+
+// What pd-worker prints and its exit status for `flags` (it must not start).
+std::pair<int, std::string> WorkerRefuses(const std::string& flags) {
   const std::string cmd = absl::StrCat("timeout 30 ", e2e::kWorker, " --model=", e2e::kModel,
                                        " --tokenizer=", e2e::kTokenizer,
-                                       " --grpc_address=127.0.0.1:0 --speculative=draft 2>&1");
+                                       " --grpc_address=127.0.0.1:0 ", flags, " 2>&1");
   FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
+  if (p == nullptr) return {-1, "popen failed"};
   std::string out;
   char buf[512];
   while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = ::pclose(p);
+  return {::pclose(p), out};
+}
+
+TEST(SpeculativeE2eTest, BadDraftFlagsAreRefusedAtStart) {
+  auto [status, out] = WorkerRefuses("--speculative=draft");
   EXPECT_NE(status, 0) << out;
-  EXPECT_THAT(out, HasSubstr("not implemented yet"));
+  EXPECT_THAT(out, HasSubstr("--speculative=draft needs --draft_model"));
+  std::tie(status, out) = WorkerRefuses(absl::StrCat("--draft_model=", e2e::kModel));
+  EXPECT_NE(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("--draft_model is set but --speculative is \"off\""));
+  std::tie(status, out) = WorkerRefuses("--speculative=draft --draft_model=/nonexistent/draft");
+  EXPECT_NE(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("--draft_model /nonexistent/draft does not exist"));
+  // Another tokenizer: a random-weight model of another vocabulary.
+  absl::StatusOr<pd::testing::TempDir> tmp = pd::testing::TempDir::Create("pd-spec-vocab-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  engine::MakeModelOptions o;
+  o.out_dir = tmp->path() + "/draft";
+  o.preset = "tiny";
+  o.vocab_size = 1000;
+  ASSERT_TRUE(engine::MakeModel(o).ok());
+  std::tie(status, out) =
+      WorkerRefuses(absl::StrCat("--speculative=draft --draft_model=", o.out_dir));
+  EXPECT_NE(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("a draft model must share the model's tokenizer"));
+  std::tie(status, out) =
+      WorkerRefuses(absl::StrCat("--speculative=draft --draft_weight_dtype=int4 --draft_model=",
+                                 e2e::kModel));
+  EXPECT_NE(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("--draft_weight_dtype"));
 }
 
 }  // namespace
