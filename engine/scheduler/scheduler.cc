@@ -706,6 +706,10 @@ Scheduler::Batch Scheduler::CollectBatch() {
     wants.emplace_back(r, k);
     budget -= k;
     planned_rows += static_cast<size_t>(k);
+    // A draft model measures on one sequence: after steps it sat out, every sequence's draft
+    // would first compute what it missed (a prefill's worth each), a price the measurement
+    // is not worth.
+    if (draft_ != nullptr && config_.spec_adaptive && spec_.exploring()) break;
   }
   if (wants.empty()) return batch;
   if (draft_ != nullptr) {

@@ -48,9 +48,13 @@ bool SpecController::Fit(double* a, double* b) const {
 
 int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k) {
   ++steps_;
+  exploring_ = false;
   if (max_k <= 0) return 0;
   double a = 0, b = 0;
-  if (steps_ % kExploreEvery == 0 || !Fit(&a, &b)) return max_k;  // measure
+  if (steps_ % kExploreEvery == 0 || !Fit(&a, &b)) {  // measure
+    exploring_ = true;
+    return max_k;
+  }
   b = std::max(b, 0.0);
   a = std::max(a, 0.0);
   const double r = static_cast<double>(std::max<int64_t>(plain_rows, 1));

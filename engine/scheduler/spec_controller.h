@@ -38,6 +38,8 @@ class SpecController {
   // vary enough to separate a from b.
   bool Fit(double* a, double* b) const;
   double acceptance() const { return acceptance_; }
+  // The last MaxProposal allowed max_k only to measure (an exploring step, or no fit yet).
+  bool exploring() const { return exploring_; }
 
  private:
   // Exponentially weighted sums of 1, x (rows), y (seconds), x^2, xy.
@@ -48,6 +50,7 @@ class SpecController {
   double draft_seconds_ = 0;
   double draft_weight_ = 0;
   int64_t steps_ = 0;
+  bool exploring_ = false;
 };
 
 }  // namespace pd::engine
