@@ -85,6 +85,8 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     PD_RETURN_IF_ERROR(add(h.bq, q * f, &o.bq, false, "bq" + at));
     PD_RETURN_IF_ERROR(add(h.bk, kv * f, &o.bk, false, "bk" + at));
     PD_RETURN_IF_ERROR(add(h.bv, kv * f, &o.bv, false, "bv" + at));
+    PD_RETURN_IF_ERROR(add(h.q_norm, c.head_dim * f, &o.q_norm, false, "q_norm" + at));
+    PD_RETURN_IF_ERROR(add(h.k_norm, c.head_dim * f, &o.k_norm, false, "k_norm" + at));
     PD_RETURN_IF_ERROR(add(h.ffn_norm, dim * f, &o.ffn_norm, true, "ffn_norm" + at));
     PD_RETURN_IF_ERROR(add(h.w_gate, hidden * dim * w, &o.w_gate, true, "w_gate" + at));
     PD_RETURN_IF_ERROR(add(h.w_up, hidden * dim * w, &o.w_up, true, "w_up" + at));

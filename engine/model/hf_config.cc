@@ -23,7 +23,8 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr absl::string_view kSupported =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (model_type llama, mistral, qwen2)";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (model_type llama, "
+    "mistral, qwen2, qwen3)";
 
 // A JSON value for an error message: invalid UTF-8 replaced (dump() would throw), at most 80
 // characters.
@@ -199,6 +200,9 @@ absl::StatusOr<Architecture> DetectArchitecture(const Json& j, absl::string_view
     if (name == "Qwen2ForCausalLM") {
       return Architecture::kQwen2;
     }
+    if (name == "Qwen3ForCausalLM") {
+      return Architecture::kQwen3;
+    }
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": unsupported architecture \"", name, "\"; supported: ", kSupported));
   }
@@ -212,6 +216,9 @@ absl::StatusOr<Architecture> DetectArchitecture(const Json& j, absl::string_view
   }
   if (type == "qwen2") {
     return Architecture::kQwen2;
+  }
+  if (type == "qwen3") {
+    return Architecture::kQwen3;
   }
   if (type.empty()) {
     return absl::InvalidArgumentError(
@@ -288,20 +295,22 @@ absl::Status CheckUnsupportedFeatures(const FieldReader& r, absl::string_view so
     return absl::UnimplementedError(
         absl::StrCat(source, ": hidden_act \"", act, "\" is not supported (only silu)"));
   }
-  if (arch == Architecture::kLlama) {
+  if (arch == Architecture::kLlama || arch == Architecture::kQwen3) {
     for (const char* key : {"attention_bias", "mlp_bias"}) {
       PD_ASSIGN_OR_RETURN(bool on, r.Bool(key, false));
       if (on) {
         return absl::UnimplementedError(
-            absl::StrCat(source, ": ", key, "=true is not supported for LlamaForCausalLM"));
+            absl::StrCat(source, ": ", key, "=true is not supported for ",
+                         arch == Architecture::kLlama ? "LlamaForCausalLM" : "Qwen3ForCausalLM"));
       }
     }
   }
-  if (arch == Architecture::kQwen2) {
+  if (arch == Architecture::kQwen2 || arch == Architecture::kQwen3) {
     PD_ASSIGN_OR_RETURN(bool swa, r.Bool("use_sliding_window", false));
     if (swa) {
-      return absl::UnimplementedError(absl::StrCat(
-          source, ": use_sliding_window=true (per-layer windows) is not supported for Qwen2"));
+      return absl::UnimplementedError(
+          absl::StrCat(source, ": use_sliding_window=true (per-layer windows) is not supported for ",
+                       arch == Architecture::kQwen2 ? "Qwen2" : "Qwen3"));
     }
   }
   return absl::OkStatus();
@@ -312,7 +321,8 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& j, absl::string_view s
   PD_ASSIGN_OR_RETURN(c.architecture, DetectArchitecture(j, source));
   FieldReader r(j, source);
   PD_RETURN_IF_ERROR(CheckUnsupportedFeatures(r, source, c.architecture));
-  const bool llama_like = c.architecture != Architecture::kQwen2;
+  const bool qwen = c.architecture == Architecture::kQwen2 || c.architecture == Architecture::kQwen3;
+  const bool llama_like = !qwen;
   PD_ASSIGN_OR_RETURN(c.dim, r.Int32("hidden_size", std::nullopt));
   PD_ASSIGN_OR_RETURN(c.hidden_dim, r.Int32("intermediate_size", std::nullopt));
   PD_ASSIGN_OR_RETURN(c.n_layers, r.Int32("num_hidden_layers", std::nullopt));
@@ -342,6 +352,7 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& j, absl::string_view s
   PD_RETURN_IF_ERROR(ParseRope(r, source, &c));
   c.rope_form = RopeForm::kRotateHalf;
   c.qkv_bias = c.architecture == Architecture::kQwen2;
+  c.qk_norm = c.architecture == Architecture::kQwen3;
   if (c.architecture == Architecture::kMistral) {
     PD_ASSIGN_OR_RETURN(int32_t window, r.Int32("sliding_window", 0, 0));
     c.sliding_window = window >= c.seq_len ? 0 : window;  // a window >= context changes nothing
@@ -425,6 +436,12 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
     case Architecture::kQwen2:
       j["architectures"] = {"Qwen2ForCausalLM"};
       j["model_type"] = "qwen2";
+      j["use_sliding_window"] = false;
+      break;
+    case Architecture::kQwen3:
+      j["architectures"] = {"Qwen3ForCausalLM"};
+      j["model_type"] = "qwen3";
+      j["attention_bias"] = false;
       j["use_sliding_window"] = false;
       break;
     case Architecture::kLlama2c:

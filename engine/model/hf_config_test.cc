@@ -1,6 +1,8 @@
 #include "engine/model/hf_config.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
@@ -119,6 +121,66 @@ TEST(HfConfigTest, ParsesQwen2WithBiasAndNoBosDefault) {
   c = ParseHfConfig(no_bos);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->bos_id, ModelConfig::kNoToken);
+}
+
+// Qwen3-0.6B's config.json: heads wider than hidden_size / num_heads, q/k norms, no biases.
+constexpr char kQwen3Config[] = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+TEST(HfConfigTest, ParsesQwen3WithHeadNormsAndWideHeads) {
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(kQwen3Config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->q_dim(), 2048);  // wider than hidden_size 1024
+  EXPECT_EQ(c->kv_dim, 1024);
+  EXPECT_TRUE(c->shared_classifier);
+  EXPECT_EQ(c->seq_len, 40960);
+  EXPECT_EQ(c->weight_dtype, kernels::DType::kBF16);
+  EXPECT_EQ(c->eos_ids, std::vector<uint32_t>{151645});
+  // The same by model_type alone.
+  c = ParseHfConfig(absl::StrReplaceAll(kQwen3Config, {{"\"Qwen3ForCausalLM\"", ""}}));
+  ASSERT_FALSE(c.ok());  // an empty architectures list is an error, not a fallback
+  c = ParseHfConfig(
+      absl::StrReplaceAll(kQwen3Config, {{"\"architectures\": [\"Qwen3ForCausalLM\"],", ""}}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3);
+  // What the engine does not implement is refused by name.
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"attention_bias\": false", "\"attention_bias\": true"},
+           {"\"use_sliding_window\": false", "\"use_sliding_window\": true"}}) {
+    c = ParseHfConfig(absl::StrReplaceAll(kQwen3Config, {{from, to}}));
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << to;
+    EXPECT_THAT(c.status().message(), ::testing::HasSubstr("Qwen3")) << to;
+  }
 }
 
 TEST(HfConfigTest, ModelTypeWithoutArchitectures) {

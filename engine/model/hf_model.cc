@@ -86,6 +86,10 @@ std::vector<HfTensorRequirement> HfRequiredTensors(const ModelConfig& c) {
       out.push_back({LayerName(l, "self_attn.k_proj.bias"), {kv}});
       out.push_back({LayerName(l, "self_attn.v_proj.bias"), {kv}});
     }
+    if (c.qk_norm) {
+      out.push_back({LayerName(l, "self_attn.q_norm.weight"), {c.head_dim}});
+      out.push_back({LayerName(l, "self_attn.k_norm.weight"), {c.head_dim}});
+    }
     out.push_back({LayerName(l, "self_attn.o_proj.weight"), {dim, q}});
     out.push_back({LayerName(l, "post_attention_layernorm.weight"), {dim}});
     out.push_back({LayerName(l, "mlp.gate_proj.weight"), {hidden, dim}});
@@ -142,6 +146,10 @@ void HfModel::BindTensors() {
       w.q_bias = get(LayerName(l, "self_attn.q_proj.bias"));
       w.k_bias = get(LayerName(l, "self_attn.k_proj.bias"));
       w.v_bias = get(LayerName(l, "self_attn.v_proj.bias"));
+    }
+    if (config_.qk_norm) {
+      w.q_norm = get(LayerName(l, "self_attn.q_norm.weight"));
+      w.k_norm = get(LayerName(l, "self_attn.k_norm.weight"));
     }
     w.post_attention_layernorm = get(LayerName(l, "post_attention_layernorm.weight"));
     w.gate_proj = get(LayerName(l, "mlp.gate_proj.weight"));

@@ -67,6 +67,8 @@ struct HfLayerWeights {
   std::optional<TensorView> q_bias;  // set iff config().qkv_bias
   std::optional<TensorView> k_bias;
   std::optional<TensorView> v_bias;
+  std::optional<TensorView> q_norm;  // [head_dim], set iff config().qk_norm
+  std::optional<TensorView> k_norm;
   TensorView post_attention_layernorm;
   TensorView gate_proj;
   TensorView up_proj;

@@ -771,6 +771,13 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wq, w.wq_scales, w.bq, q_, num_tokens, c.dim, q_dim, false));
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wk, w.wk_scales, w.bk, k_, num_tokens, c.dim, c.kv_dim, false));
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wv, w.wv_scales, w.bv, v_, num_tokens, c.dim, c.kv_dim, false));
+  if (c.qk_norm) {
+    // Qwen3: every head of q and of k RMS-normalized on its own (rows of head_dim), in place.
+    PD_RETURN_IF_ERROR(RmsNormRows(ctx_, q_, w.q_norm, q_, num_tokens * c.n_heads, c.head_dim,
+                                   c.rms_norm_eps));
+    PD_RETURN_IF_ERROR(RmsNormRows(ctx_, k_, w.k_norm, k_, num_tokens * c.n_kv_heads, c.head_dim,
+                                   c.rms_norm_eps));
+  }
 
   kernels::RopeParams rope;
   rope.q = q_;

@@ -33,6 +33,8 @@ absl::string_view ArchitectureName(Architecture architecture) {
       return "mistral";
     case Architecture::kQwen2:
       return "qwen2";
+    case Architecture::kQwen3:
+      return "qwen3";
   }
   return "unknown";
 }
@@ -118,6 +120,7 @@ std::string ModelConfig::DebugString() const {
                     ",original=", rope_scaling->original_max_position_embeddings, ")");
   }
   absl::StrAppend(&out, " rms_norm_eps=", rms_norm_eps, " qkv_bias=", qkv_bias ? "true" : "false",
+                  " qk_norm=", qk_norm ? "true" : "false",
                   " sliding_window=", sliding_window, " bos_id=");
   if (bos_id == kNoToken) {
     out += "none";

@@ -27,9 +27,10 @@ enum class Architecture : uint8_t {
   kLlama = 1,    // HF LlamaForCausalLM (Llama 2 / 3 / 3.1 / 3.2)
   kMistral = 2,  // HF MistralForCausalLM
   kQwen2 = 3,    // HF Qwen2ForCausalLM
+  kQwen3 = 4,    // HF Qwen3ForCausalLM (dense): RMSNorm of each q and k head before RoPE
 };
 
-// "llama2c", "llama", "mistral", "qwen2".
+// "llama2c", "llama", "mistral", "qwen2", "qwen3".
 absl::string_view ArchitectureName(Architecture architecture);
 
 // Which elements of a head form a rotated RoPE pair (i in [0, head_dim / 2)):
@@ -73,6 +74,9 @@ struct ModelConfig {
   std::optional<Llama3RopeScaling> rope_scaling;  // absent = plain RoPE
   float rms_norm_eps = 1e-5f;
   bool qkv_bias = false;       // q_proj, k_proj, v_proj carry a bias (Qwen2)
+  // Each head of q and of k is RMS-normalized (weights [head_dim], rms_norm_eps) after the
+  // projection and before RoPE (Qwen3).
+  bool qk_norm = false;
   int32_t sliding_window = 0;  // attention window in tokens (Mistral v0.1); 0 = full attention
   uint32_t bos_id = 1;         // bos_token_id, or kNoToken
   // The primary end-of-sequence id: eos_ids[0].

@@ -94,6 +94,10 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
       PD_ASSIGN_OR_RETURN(lw.bk, OwnedF32(*hl.k_bias, &w));
       PD_ASSIGN_OR_RETURN(lw.bv, OwnedF32(*hl.v_bias, &w));
     }
+    if (hl.q_norm.has_value()) {
+      PD_ASSIGN_OR_RETURN(lw.q_norm, OwnedF32(*hl.q_norm, &w));
+      PD_ASSIGN_OR_RETURN(lw.k_norm, OwnedF32(*hl.k_norm, &w));
+    }
   }
   return w;
 }

@@ -30,6 +30,8 @@ struct LayerWeights {
   const float* bq = nullptr;         // [q_dim] or nullptr (Qwen2 has q/k/v biases)
   const float* bk = nullptr;         // [kv_dim] or nullptr
   const float* bv = nullptr;         // [kv_dim] or nullptr
+  const float* q_norm = nullptr;     // [head_dim] or nullptr (Qwen3: ModelConfig::qk_norm)
+  const float* k_norm = nullptr;     // [head_dim] or nullptr
   const float* ffn_norm = nullptr;   // [dim]
   const void* w_gate = nullptr;      // [hidden_dim][dim]
   const void* w_up = nullptr;        // [hidden_dim][dim]

@@ -214,13 +214,14 @@ absl::StatusOr<kernels::DType> ParseDTypeName(absl::string_view name) {
 }
 
 absl::StatusOr<Architecture> ParseArchitectureName(absl::string_view name) {
-  for (Architecture a : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2}) {
+  for (Architecture a : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2,
+                         Architecture::kQwen3}) {
     if (name == ArchitectureName(a)) {
       return a;
     }
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("architecture \"", name, "\" is not one of llama, mistral, qwen2"));
+      absl::StrCat("architecture \"", name, "\" is not one of llama, mistral, qwen2, qwen3"));
 }
 
 absl::Status MakeModelOptions::Validate() const {
@@ -234,6 +235,7 @@ absl::Status MakeModelOptions::Validate() const {
       {"num_layers", num_layers},
       {"num_heads", num_heads},
       {"num_kv_heads", num_kv_heads},
+      {"head_dim", head_dim},
       {"vocab_size", vocab_size},
       {"max_position_embeddings", max_position_embeddings}};
   for (const auto& [name, value] : overrides) {
@@ -299,11 +301,15 @@ absl::StatusOr<ModelConfig> ResolveMakeModelConfig(const MakeModelOptions& o) {
     c.architecture = *o.architecture;
   }
   c.qkv_bias = c.architecture == Architecture::kQwen2;
-  if (c.dim % c.n_heads != 0) {
+  c.qk_norm = c.architecture == Architecture::kQwen3;
+  if (o.head_dim > 0) {
+    c.head_dim = o.head_dim;  // (Qwen3's heads are wider than hidden_size / num_heads)
+  } else if (c.dim % c.n_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("hidden_size ", c.dim, " is not a multiple of num_heads ", c.n_heads));
+  } else {
+    c.head_dim = c.dim / c.n_heads;
   }
-  c.head_dim = c.dim / c.n_heads;
   c.kv_dim = c.n_kv_heads * c.head_dim;
   PD_ASSIGN_OR_RETURN(TokenizerLayout layout,
                       ComputeTokenizerLayout(static_cast<uint32_t>(c.vocab_size)));

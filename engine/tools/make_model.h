@@ -42,13 +42,14 @@ struct MakeModelOptions {
   std::string preset = "tiny";  // tiny | small | 1b
   uint64_t seed = 0;
   std::optional<kernels::DType> dtype;       // preset's when unset
-  std::optional<Architecture> architecture;  // kLlama, kMistral or kQwen2; preset's (llama)
+  std::optional<Architecture> architecture;  // kLlama, kMistral, kQwen2 or kQwen3; preset's (llama)
   // Shape overrides; 0 / unset = the preset's value.
   int32_t hidden_size = 0;
   int32_t intermediate_size = 0;
   int32_t num_layers = 0;
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;  // 0 = hidden_size / num_heads
   int32_t vocab_size = 0;
   int32_t max_position_embeddings = 0;
   std::optional<bool> tie_word_embeddings;

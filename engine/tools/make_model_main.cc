@@ -21,7 +21,7 @@ ABSL_FLAG(std::string, out, "", "output directory (created if missing; required)
 ABSL_FLAG(std::string, preset, "tiny", "tiny | small | 1b");
 ABSL_FLAG(uint64_t, seed, 0, "weight seed; equal seeds give byte-identical files");
 ABSL_FLAG(std::string, dtype, "", "f32 | bf16 | f16 (default: the preset's)");
-ABSL_FLAG(std::string, arch, "llama", "llama | mistral | qwen2");
+ABSL_FLAG(std::string, arch, "llama", "llama | mistral | qwen2 | qwen3");
 ABSL_FLAG(bool, force, false, "overwrite the model files in an existing non-empty directory");
 ABSL_FLAG(bool, verify, true, "load the result with HfModel/HfTokenizer and print its fingerprint");
 ABSL_FLAG(int32_t, hidden_size, 0, "override (0 = preset)");
@@ -29,6 +29,7 @@ ABSL_FLAG(int32_t, intermediate_size, 0, "override (0 = preset)");
 ABSL_FLAG(int32_t, num_layers, 0, "override (0 = preset)");
 ABSL_FLAG(int32_t, num_heads, 0, "override (0 = preset)");
 ABSL_FLAG(int32_t, num_kv_heads, 0, "override (0 = preset)");
+ABSL_FLAG(int32_t, head_dim, 0, "width of a head (0 = hidden_size / num_heads; Qwen3 uses more)");
 ABSL_FLAG(int32_t, vocab_size, 0, "override (0 = preset; at least 260)");
 ABSL_FLAG(int32_t, max_position_embeddings, 0, "override (0 = preset)");
 ABSL_FLAG(std::string, tie_word_embeddings, "", "true | false (default: the preset's)");
@@ -47,6 +48,7 @@ absl::StatusOr<pd::engine::MakeModelOptions> OptionsFromFlags() {
   o.num_layers = absl::GetFlag(FLAGS_num_layers);
   o.num_heads = absl::GetFlag(FLAGS_num_heads);
   o.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
+  o.head_dim = absl::GetFlag(FLAGS_head_dim);
   o.vocab_size = absl::GetFlag(FLAGS_vocab_size);
   o.max_position_embeddings = absl::GetFlag(FLAGS_max_position_embeddings);
   if (!absl::GetFlag(FLAGS_dtype).empty()) {

@@ -291,6 +291,7 @@ struct HfCase {
   std::string name;
   std::optional<Architecture> architecture;
   kernels::DType dtype;
+  int32_t head_dim = 0;  // 0 = hidden_size / num_heads
   friend void PrintTo(const HfCase& c, std::ostream* os) { *os << c.name; }
 };
 
@@ -307,6 +308,7 @@ TEST_P(TorchParityHfTest, TinyModelPrefillAndDecode) {
   options.seed = 7;
   options.dtype = GetParam().dtype;
   options.architecture = GetParam().architecture;
+  options.head_dim = GetParam().head_dim;
   absl::StatusOr<MakeModelResult> made = MakeModel(options);
   ASSERT_TRUE(made.ok()) << made.status();
   std::vector<uint32_t> prompt;
@@ -324,6 +326,9 @@ INSTANTIATE_TEST_SUITE_P(
     Models, TorchParityHfTest,
     ::testing::Values(HfCase{"LlamaF32", std::nullopt, kernels::DType::kF32},
                       HfCase{"Qwen2F32", Architecture::kQwen2, kernels::DType::kF32},
+                      // Heads wider than hidden_size / num_heads, as Qwen3's are.
+                      HfCase{"Qwen3F32", Architecture::kQwen3, kernels::DType::kF32, 32},
+                      HfCase{"Qwen3Bf16", Architecture::kQwen3, kernels::DType::kBF16, 32},
                       HfCase{"LlamaBf16", std::nullopt, kernels::DType::kBF16}),
     [](const ::testing::TestParamInfo<HfCase>& info) { return info.param.name; });
 

@@ -81,7 +81,8 @@ def load_hf(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
     arch = (c.get("architectures") or ["?"])[0]
-    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                    "Qwen3ForCausalLM"):
         raise ValueError(f"unsupported architecture {arch}")
     if c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {c['hidden_act']}")
@@ -124,6 +125,8 @@ def load_hf(model_dir):
             wq=t[a + "q_proj.weight"], bq=g(a + "q_proj.bias"), wk=t[a + "k_proj.weight"],
             bk=g(a + "k_proj.bias"), wv=t[a + "v_proj.weight"], bv=g(a + "v_proj.bias"),
             wo=t[a + "o_proj.weight"], bo=g(a + "o_proj.bias"),
+            # Qwen3: RMSNorm of each q and k head (over head_dim) before RoPE.
+            q_norm=g(a + "q_norm.weight"), k_norm=g(a + "k_norm.weight"),
             w1=t[m + "gate_proj.weight"], b1=g(m + "gate_proj.bias"),
             w3=t[m + "up_proj.weight"], b3=g(m + "up_proj.bias"),
             w2=t[m + "down_proj.weight"], b2=g(m + "down_proj.bias")))
@@ -204,6 +207,10 @@ class Llama:
     def rmsnorm(self, x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["eps"]) * weight
 
+    def head_norm(self, x, weight):
+        """Qwen3's q_norm / k_norm: x [T, heads, head_dim] normalized per head; None = off."""
+        return x if weight is None else self.rmsnorm(x, weight)
+
     def rope(self, x, pos):
         """x: [T, heads, head_dim]; pos: [T] absolute positions."""
         ang = pos.to(torch.float64)[:, None] * self.c["inv_freq"][None, :]  # [T, hd/2]
@@ -230,8 +237,9 @@ class Llama:
         x = self.w["embed"][torch.tensor(tokens, dtype=torch.long)]
         for i, L in enumerate(self.w["layers"]):
             h = self.rmsnorm(x, L["attn_norm"])
-            q = self.rope(self.linear(h, L["wq"], L.get("bq")).view(T, H, hd), pos)
-            k = self.rope(self.linear(h, L["wk"], L.get("bk")).view(T, KVH, hd), pos)
+            q = self.head_norm(self.linear(h, L["wq"], L.get("bq")).view(T, H, hd), L.get("q_norm"))
+            k = self.head_norm(self.linear(h, L["wk"], L.get("bk")).view(T, KVH, hd), L.get("k_norm"))
+            q, k = self.rope(q, pos), self.rope(k, pos)
             v = self.linear(h, L["wv"], L.get("bv")).view(T, KVH, hd)
             if cache[i] is not None:  # KV cache kept in f32 in both modes
                 k, v = torch.cat((cache[i][0], k)), torch.cat((cache[i][1], v))
@@ -272,8 +280,8 @@ class Llama:
         x = self.w["embed"][torch.tensor([token], dtype=torch.long)]
         for i, L in enumerate(self.w["layers"]):
             h = self.rmsnorm(x, L["attn_norm"])
-            q = self.linear(h, L["wq"], L.get("bq")).view(1, H, hd)
-            k = self.linear(h, L["wk"], L.get("bk")).view(1, KVH, hd)
+            q = self.head_norm(self.linear(h, L["wq"], L.get("bq")).view(1, H, hd), L.get("q_norm"))
+            k = self.head_norm(self.linear(h, L["wk"], L.get("bk")).view(1, KVH, hd), L.get("k_norm"))
             v = self.linear(h, L["wv"], L.get("bv")).view(1, KVH, hd)
             if cache[i] is None:
                 cache[i] = ([], [])
