@@ -41,6 +41,9 @@ ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, tool_call_format, "",
           "how the model writes tool calls under tool_choice \"auto\": hermes, llama3 or "
           "mistral; empty = detected from the chat template (docs/structured-outputs.md)");
+ABSL_FLAG(std::string, reasoning_parser, "auto",
+          "reasoning blocks (<think>...</think>) in chat output, returned as reasoning_content: "
+          "auto (when the chat template writes them: Qwen3, QwQ, DeepSeek-R1) | think | none");
 ABSL_FLAG(std::string, chat_template, "",
           "Jinja chat template file for /v1/chat/completions, replacing the model's "
           "(tokenizer_config.json chat_template); llama2.c models have none");
@@ -225,6 +228,7 @@ absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> HttpConfigFro
     }
     c.tool_call_format = *f;
   }
+  c.reasoning_parser = absl::GetFlag(FLAGS_reasoning_parser);
   PD_RETURN_IF_ERROR(c.Validate());
   if (absl::Status s = ChatTemplateLimitsFromFlags().Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--chat_template_max_*: ", s.message()));

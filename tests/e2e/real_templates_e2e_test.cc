@@ -4,19 +4,24 @@
 // and tokenizer_config.json as the model repositories ship them; tests/e2e/openai installs them).
 //
 // For each family, on a random-weight pd-make-model checkpoint of the family's vocabulary size
+// (and architecture: Qwen3's is Qwen3ForCausalLM, q/k head norms and wide heads, issue #34)
 // carrying those files:
 //  - a conversation with tools, an assistant's tool call and its result renders to the same bytes
 //    with this server's template engine as with Python's jinja2 (Debian's python3-jinja2, the
 //    way Hugging Face renders); this server's tokenizer encodes that text to the reference's
 //    ids (transformers.js, tests/e2e/openai/encode_reference.mjs; Qwen's NFC included), and
 //    pd-router's prompt for it through the HTTP API has that many tokens (usage.prompt_tokens);
-//  - pd-router reads tool calls in the family's format (detected from the template);
+//  - pd-router reads tool calls in the family's format (detected from the template), and
+//    parses reasoning blocks where the template writes them (Qwen3: reasoning_content);
+//  - chat_template_kwargs reach the template (Qwen3's enable_thinking=false: the prompt is
+//    jinja2's with that variable);
 //  - tool_choice "required", streamed, through prefill and decode workers: the call's id and
 //    name come first, its arguments in pieces, finish_reason "tool_calls", and the arguments
 //    validate against the tool's schema (python3-jsonschema), on the real 128k-152k vocabulary.
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -53,6 +58,10 @@ struct Family {
   // config.json's ids, as the family's model repositories write them.
   uint32_t bos_id;
   std::vector<uint32_t> eos_ids;
+  // The model's architecture (random weights of it) and whether its template writes reasoning
+  // blocks (<think>: pd-router parses them into reasoning_content).
+  std::optional<engine::Architecture> architecture;
+  bool thinks = false;
 };
 
 void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }
@@ -153,6 +162,8 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   o.max_position_embeddings = 4096;
   o.tie_word_embeddings = true;
   o.seed = 31;
+  o.architecture = family.architecture;
+  if (family.architecture == engine::Architecture::kQwen3) o.head_dim = 32;  // (wide heads)
   absl::StatusOr<engine::MakeModelResult> made = engine::MakeModel(o);
   ASSERT_TRUE(made.ok()) << made.status();
   for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
@@ -180,7 +191,11 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   std::filesystem::create_directories(src);
   std::ofstream(src + "/" + family.name + ".jinja", std::ios::binary)
       << tokenizer_config["chat_template"].get<std::string>();
-  std::ofstream(src + "/" + family.name + ".json") << json::array({context}).dump();
+  // Context 1: the same, with a chat_template_kwargs variable (Qwen3's enable_thinking).
+  json no_thinking = context;
+  no_thinking["enable_thinking"] = false;
+  std::ofstream(src + "/" + family.name + ".json")
+      << json::array({context, no_thinking}).dump();
   absl::StatusOr<std::string> rendered =
       e2e::RunToEnd({"/usr/bin/python3", kRenderScript, src, tmp->path() + "/python"},
                     tmp->path() + "/python.log", absl::Seconds(60));
@@ -190,6 +205,12 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   ASSERT_FALSE(python_text.empty())
       << ReadFile(absl::StrCat(tmp->path(), "/python/", family.name, ".0.err"));
   EXPECT_THAT(python_text, HasSubstr("get_weather"));
+  const std::string python_no_thinking =
+      ReadFile(absl::StrCat(tmp->path(), "/python/", family.name, ".1.out"));
+  if (family.thinks) {
+    // Qwen3 closes an empty block in the prompt: the output is the answer.
+    EXPECT_THAT(python_no_thinking, HasSubstr("<think>\n\n</think>")) << python_no_thinking;
+  }
 
   // This server's template engine renders the same bytes.
   absl::StatusOr<chat::ChatTemplate> ours = chat::ChatTemplate::FromModelDir(o.out_dir);
@@ -251,6 +272,8 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60))) << cluster.Logs();
   EXPECT_THAT(ReadFile(tmp->path() + "/router.log"),
               HasSubstr(absl::StrCat("tool calls read as ", family.format)));
+  EXPECT_THAT(ReadFile(tmp->path() + "/router.log"),
+              HasSubstr(family.thinks ? "reasoning blocks parsed" : "reasoning blocks not parsed"));
   httplib::Client http("127.0.0.1", cluster.http_port());
   http.set_read_timeout(60, 0);
   json body = {{"model", "model"},   {"messages", ApiMessages()}, {"tools", Tools()},
@@ -260,6 +283,23 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   ASSERT_EQ(res->status, 200) << res->body << cluster.Logs();
   const json answer = json::parse(res->body);
   EXPECT_EQ(answer["usage"]["prompt_tokens"].get<size_t>(), ids->size()) << python_text;
+  // A reasoning model's answer has reasoning_content (null: random weights write no block).
+  EXPECT_EQ(answer["choices"][0]["message"].contains("reasoning_content"), family.thinks)
+      << res->body;
+
+  // chat_template_kwargs reach the template: the prompt is the one jinja2 renders with them.
+  {
+    json kwargs_body = body;
+    kwargs_body["chat_template_kwargs"] = {{"enable_thinking", false}};
+    auto kw = http.Post("/v1/chat/completions", kwargs_body.dump(), "application/json");
+    ASSERT_TRUE(kw) << httplib::to_string(kw.error());
+    ASSERT_EQ(kw->status, 200) << kw->body;
+    absl::StatusOr<std::vector<uint32_t>> kw_ids =
+        (*front)->tokenizer().Encode(python_no_thinking, false, false);
+    ASSERT_TRUE(kw_ids.ok()) << kw_ids.status();
+    EXPECT_EQ(json::parse(kw->body)["usage"]["prompt_tokens"].get<size_t>(), kw_ids->size())
+        << python_no_thinking;
+  }
 
   // An enforced call, streamed.
   body["tool_choice"] = "required";
@@ -318,7 +358,8 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, RealTemplatesE2eTest,
-    ::testing::Values(Family{"qwen3", "hermes", 151643, {151645, 151643}},
+    ::testing::Values(Family{"qwen3", "hermes", 151643, {151645, 151643},
+                             engine::Architecture::kQwen3, /*thinks=*/true},
                       Family{"llama3_2", "llama3", 128000, {128001, 128008, 128009}},
                       Family{"mistral_nemo", "mistral", 1, {2}}),
     [](const ::testing::TestParamInfo<Family>& info) { return info.param.name; });

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "services/router/generation_service.h"
 #include "services/router/openai/http_connections.h"
 #include "services/router/openai/http_routes.h"
 #include "services/router/openai/http_stream.h"
@@ -12,6 +13,10 @@
 namespace pd::router::openai {
 
 absl::Status HttpFrontConfig::Validate() const {
+  if (reasoning_parser != "auto" && reasoning_parser != "think" && reasoning_parser != "none") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--reasoning_parser must be auto, think or none, got \"", reasoning_parser, "\""));
+  }
   if (address.port < 0 || address.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--http_address: bad port ", address.port));
   }
@@ -54,8 +59,14 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontConfi
       metrics::Family<metrics::Counter> * requests,
       registry->AddCounter("pd_router_http_requests_total",
                            "OpenAI HTTP API requests by path and HTTP status", {"path", "status"}));
+  const chat::ChatTemplate* chat_template = service->prompts().chat_template();
+  const bool reasoning =
+      config.reasoning_parser == "think" ||
+      (config.reasoning_parser == "auto" && chat_template != nullptr &&
+       TemplateHasThinkBlocks(chat_template->source()));
   f->routes_ = std::make_unique<HttpRoutes>(service, model, config.limits, f->live_.get(),
-                                            &f->draining_, requests, config.tool_call_format);
+                                            &f->draining_, requests, config.tool_call_format,
+                                            reasoning);
   HttpConnectionsConfig c;
   c.address = config.address;
   c.tls = config.tls;
@@ -72,7 +83,9 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontConfi
   LOG(INFO) << "http: OpenAI API on " << config.address.host << ":" << f->connections_->port()
             << (config.tls.enabled() ? " (tls)" : " (plaintext)") << "; tool calls read as "
             << ToolCallFormatName(f->routes_->tool_call_format())
-            << (config.tool_call_format.has_value() ? " (--tool_call_format)" : " (detected)");
+            << (config.tool_call_format.has_value() ? " (--tool_call_format)" : " (detected)")
+            << "; reasoning blocks " << (reasoning ? "parsed" : "not parsed") << " ("
+            << config.reasoning_parser << ")";
   return f;
 }
 

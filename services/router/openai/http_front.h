@@ -69,6 +69,9 @@ struct HttpFrontConfig {
   // The tool-call format of tool_choice "auto" (--tool_call_format); unset = detected from the
   // chat template (ChooseToolCallFormat in http_routes.h).
   std::optional<ToolCallFormat> tool_call_format;
+  // Reasoning blocks in chat output (--reasoning_parser, reasoning_parser.h): "auto" (on when
+  // the chat template writes "</think>"), "think" (on) or "none".
+  std::string reasoning_parser = "auto";
 
   absl::Status Validate() const;
 };

@@ -173,15 +173,21 @@ absl::StatusOr<v1::GenerateRequest> ToGenerateRequest(const OpenAiRequest& r,
   }
   PD_ASSIGN_OR_RETURN(std::vector<chat::ChatMessage> messages, TemplateMessages(r));
   chat::Value extra_vars;
+  chat::Dict vars;
+  if (!r.chat_template_kwargs.empty()) {
+    // More template variables (e.g. Qwen3's enable_thinking), as apply_chat_template(**kwargs).
+    absl::StatusOr<chat::Value> kwargs = chat::ParseJsonValue(r.chat_template_kwargs);
+    if (!kwargs.ok()) return WithParam(kwargs.status(), "chat_template_kwargs");
+    if (kwargs->is_dict()) vars = kwargs->dict();
+  }
   if (r.tools.offered()) {
     // The template sees the tools as sent (Hugging Face's apply_chat_template(tools=...)); with
     // tool_choice "none" it sees none, as vLLM does.
     absl::StatusOr<chat::Value> tools = chat::ParseJsonValue(r.tools.tools_json);
     if (!tools.ok()) return WithParam(tools.status(), "tools");
-    chat::Dict vars;
     vars.Set(chat::Value::String("tools"), *std::move(tools));
-    extra_vars = chat::Value::MakeDict(std::move(vars));
   }
+  if (!vars.items.empty()) extra_vars = chat::Value::MakeDict(std::move(vars));
   absl::StatusOr<std::vector<uint32_t>> ids =
       prompts.EncodeChat(messages, r.add_generation_prompt, extra_vars);
   if (!ids.ok()) {
@@ -202,7 +208,7 @@ ToolCallFormat ChooseToolCallFormat(std::optional<ToolCallFormat> forced,
 HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* model,
                        ParseLimits limits, LiveStreams* live, const std::atomic<bool>* draining,
                        metrics::Family<metrics::Counter>* requests,
-                       std::optional<ToolCallFormat> tool_call_format)
+                       std::optional<ToolCallFormat> tool_call_format, bool reasoning)
     : service_(service),
       model_(model),
       limits_(WithVocabulary(limits, model)),
@@ -210,7 +216,8 @@ HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* mod
       draining_(draining),
       requests_(requests),
       tool_call_format_(
-          ChooseToolCallFormat(tool_call_format, service->prompts().chat_template())) {}
+          ChooseToolCallFormat(tool_call_format, service->prompts().chat_template())),
+      reasoning_(reasoning) {}
 
 absl::Status HttpRoutes::Admit() const {
   if (*draining_) {
@@ -332,12 +339,24 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     Reply(res, s);
     return;
   }
-  st->SetBuilder(NewBuilder(r, first.request_id(), echo));
+  st->SetBuilder(NewBuilder(r, first.request_id(), echo, ReasoningFor(r, *g)));
   Respond(r.stream, std::move(st), first, res);
 }
 
+std::optional<bool> HttpRoutes::ReasoningFor(const OpenAiRequest& r,
+                                             const v1::GenerateRequest& g) const {
+  if (!reasoning_ || r.endpoint != Endpoint::kChat) return std::nullopt;
+  // The prompt's last tokens, as text, say whether the generation prompt opened a block.
+  const auto& ids = g.token_ids().ids();
+  const int tail = std::min(ids.size(), 16);
+  absl::StatusOr<std::string> text = model_->tokenizer().Decode(
+      std::vector<uint32_t>(ids.end() - tail, ids.end()));
+  return text.ok() && PromptOpensThinkBlock(*text);
+}
+
 ResponseBuilder HttpRoutes::NewBuilder(const OpenAiRequest& r, const std::string& request_id,
-                                       const std::string& echo) const {
+                                       const std::string& echo,
+                                       std::optional<bool> reasoning) const {
   const std::string id =
       absl::StrCat(r.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", request_id);
   TokenBytesFn token_bytes;
@@ -348,7 +367,7 @@ ResponseBuilder HttpRoutes::NewBuilder(const OpenAiRequest& r, const std::string
     };
   }
   return ResponseBuilder(r, id, absl::ToUnixSeconds(absl::Now()), service_->model_id(), echo,
-                         std::move(token_bytes), tool_call_format_);
+                         std::move(token_bytes), tool_call_format_, reasoning);
 }
 
 void HttpRoutes::ServeChoices(const OpenAiRequest& r, v1::GenerateRequest g, std::string echo,
@@ -390,7 +409,8 @@ void HttpRoutes::ServeChoices(const OpenAiRequest& r, v1::GenerateRequest g, std
     }
     streams.push_back(std::move(st));
   }
-  for (auto& st : streams) st->SetBuilder(NewBuilder(r, firsts[0].request_id(), echo));
+  const std::optional<bool> reasoning = ReasoningFor(r, g);
+  for (auto& st : streams) st->SetBuilder(NewBuilder(r, firsts[0].request_id(), echo, reasoning));
   Respond(r.stream,
           std::make_shared<SiblingStreams>(std::move(doorbell), std::move(streams), options),
           firsts, res);

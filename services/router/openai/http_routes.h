@@ -68,7 +68,8 @@ class HttpRoutes {
   HttpRoutes(GenerationService* service, const engine::ModelFront* model, ParseLimits limits,
              LiveStreams* live, const std::atomic<bool>* draining,
              metrics::Family<metrics::Counter>* requests,
-             std::optional<ToolCallFormat> tool_call_format = std::nullopt);
+             std::optional<ToolCallFormat> tool_call_format = std::nullopt,
+             bool reasoning = false);
 
   // Adds the routes, the error handler and the request counter to `server`.
   void Register(httplib::Server& server);
@@ -83,8 +84,13 @@ class HttpRoutes {
   // its decode worker (sharing its prompt's blocks); one response of every choice.
   void ServeChoices(const OpenAiRequest& r, pdserve::v1::GenerateRequest g, std::string echo,
                     const httplib::Request& req, httplib::Response& res);
+  // `reasoning`: ResponseBuilder's (ReasoningFor).
   ResponseBuilder NewBuilder(const OpenAiRequest& r, const std::string& request_id,
-                             const std::string& echo) const;
+                             const std::string& echo, std::optional<bool> reasoning) const;
+  // Reasoning blocks for chat request `r` whose prompt is `g` (when parsed): whether the
+  // prompt opened one (PromptOpensThinkBlock of its decoded end); nullopt when not parsed.
+  std::optional<bool> ReasoningFor(const OpenAiRequest& r,
+                                   const pdserve::v1::GenerateRequest& g) const;
   // OK when the request may go on (not draining).
   absl::Status Admit() const;
 
@@ -95,6 +101,7 @@ class HttpRoutes {
   const std::atomic<bool>* const draining_;
   metrics::Family<metrics::Counter>* const requests_;
   const ToolCallFormat tool_call_format_;
+  const bool reasoning_;
 };
 
 }  // namespace pd::router::openai

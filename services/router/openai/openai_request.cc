@@ -715,6 +715,16 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, absl::string_view 
     } else if (key == "top_logprobs" && chat) {
       PD_ASSIGN_OR_RETURN(int64_t n, GetInt(key, v, 0, limits.max_top_logprobs));
       top_logprobs = n;
+    } else if (key == "chat_template_kwargs" && chat) {
+      if (!v.is_object()) return Bad(key, "must be an object");
+      for (const auto& [name, value] : v.items()) {
+        if (name == "messages" || name == "tools" || name == "add_generation_prompt") {
+          return Bad(key, absl::StrCat("\"", name,
+                                       "\" is set by the request itself, not by "
+                                       "chat_template_kwargs"));
+        }
+      }
+      r.chat_template_kwargs = v.dump();
     } else if (key == "add_generation_prompt" && chat) {
       PD_ASSIGN_OR_RETURN(bool b, GetBool(key, v));
       r.add_generation_prompt = b;

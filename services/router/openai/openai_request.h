@@ -71,6 +71,10 @@ struct OpenAiRequest {
   // kChat: at least one message.
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;  // kChat (extension, as vLLM accepts it)
+  // kChat (extension, as vLLM accepts it): more variables for the chat template, e.g.
+  // {"enable_thinking": false} for Qwen3; a JSON object's text, "" = none. Its keys may not be
+  // the template's own inputs (messages, tools, add_generation_prompt).
+  std::string chat_template_kwargs;
   // max_tokens (0 = until the context is full), temperature, top_p, top_k, min_p, seed, stop,
   // stop_token_ids, min_tokens, ignore_eos, presence_penalty, frequency_penalty,
   // repetition_penalty, logit_bias. OpenAI's defaults apply: temperature 1, top_p 1,

@@ -188,7 +188,7 @@ absl::string_view FinishReasonName(pdserve::v1::FinishReason reason) {
 
 ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, int64_t created,
                                  std::string model, std::string echo_text, TokenBytesFn token_bytes,
-                                 ToolCallFormat tool_format)
+                                 ToolCallFormat tool_format, std::optional<bool> reasoning)
     : endpoint_(request.endpoint),
       include_usage_(request.include_usage),
       id_(std::move(id)),
@@ -198,6 +198,10 @@ ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, i
       logprobs_(request.logprobs),
       token_bytes_(std::move(token_bytes)),
       text_offset_(CodePoints(echo_text_)) {
+  if (endpoint_ == Endpoint::kChat && reasoning.has_value() &&
+      !request.sampling.has_constraint()) {
+    reasoning_.emplace(*reasoning);
+  }
   const ToolsSpec& tools = request.tools;
   if (endpoint_ != Endpoint::kChat || !tools.offered()) return;
   legacy_functions_ = tools.legacy;
@@ -207,6 +211,21 @@ ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, i
   } else if (!request.sampling.has_constraint()) {
     // "auto" under a response format: the format decides the output; nothing is parsed.
     tools_.emplace(ToolCallParser::Mode::kAuto, tool_format, tools.CallableNames());
+  }
+}
+
+void ResponseBuilder::SplitReasoning(const std::string& text, bool last, std::string* reasoning,
+                                     std::string* content) {
+  if (!reasoning_.has_value()) {
+    *content = text;
+    return;
+  }
+  std::vector<ReasoningEvent> events = reasoning_->Feed(text);
+  if (last) {
+    for (ReasoningEvent& e : reasoning_->Finish()) events.push_back(std::move(e));
+  }
+  for (const ReasoningEvent& e : events) {
+    (e.kind == ReasoningEvent::Kind::kReasoning ? reasoning : content)->append(e.text);
   }
 }
 
@@ -306,15 +325,29 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
   // Tokens whose text is held back still get their logprobs now, in a chunk with no text.
   const bool logprobs = wants_logprobs() && msg.logprobs_size() > 0;
   const bool last = msg.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED;
+  std::string reasoning, content;
+  SplitReasoning(msg.text(), last, &reasoning, &content);
+  json lp = logprobs ? RenderLogprobs(endpoint_, token_bytes_, msg.token_ids(), msg.logprobs(),
+                                      &prev_token_, &text_offset_)
+                     : json(nullptr);
+  bool lp_sent = false;  // (a message's logprobs go with its first chunk)
+  if (!reasoning.empty()) {
+    json c;
+    c["index"] = choice_index_;
+    c["delta"] = {{"reasoning_content", reasoning}};
+    c["logprobs"] = std::exchange(lp, json(nullptr));
+    c["finish_reason"] = nullptr;
+    out += Event(Chunk(Dump(c), true));
+    lp_sent = true;
+  }
   if (tools_.has_value()) {
-    std::vector<ToolCallEvent> events = tools_->Feed(msg.text());
+    std::vector<ToolCallEvent> events = tools_->Feed(content);
     if (last) {
       for (ToolCallEvent& e : tools_->Finish()) events.push_back(std::move(e));
     }
-    json lp = logprobs ? RenderLogprobs(endpoint_, token_bytes_, msg.token_ids(), msg.logprobs(),
-                                        &prev_token_, &text_offset_)
-                       : json(nullptr);
-    if (events.empty() && logprobs) out += Event(Chunk(text_choice("", std::move(lp)), true));
+    if (events.empty() && logprobs && !lp_sent) {
+      out += Event(Chunk(text_choice("", std::move(lp)), true));
+    }
     for (ToolCallEvent& e : events) {
       if (e.kind == ToolCallEvent::Kind::kContent) {
         out += Event(Chunk(text_choice(e.text, std::exchange(lp, json(nullptr))), true));
@@ -341,11 +374,8 @@ std::string ResponseBuilder::StreamEvents(const pdserve::v1::GenerateResponse& m
       c["finish_reason"] = nullptr;
       out += Event(Chunk(Dump(c), true));
     }
-  } else if (!msg.text().empty() || logprobs) {
-    json lp = logprobs ? RenderLogprobs(endpoint_, token_bytes_, msg.token_ids(), msg.logprobs(),
-                                        &prev_token_, &text_offset_)
-                       : json(nullptr);
-    out += Event(Chunk(text_choice(msg.text(), std::move(lp)), true));
+  } else if (!content.empty() || (logprobs && !lp_sent)) {
+    out += Event(Chunk(text_choice(content, std::move(lp)), true));
   }
   if (last) {
     finish_reason_ = msg.finish_reason();
@@ -370,11 +400,14 @@ std::string ResponseBuilder::DoneEvent() { return "data: [DONE]\n\n"; }
 std::string ResponseBuilder::ErrorEvent(const ApiError& error) { return Event(ErrorBody(error)); }
 
 void ResponseBuilder::Add(const pdserve::v1::GenerateResponse& msg) {
+  const bool last = msg.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED;
+  std::string content;
+  SplitReasoning(msg.text(), last, &reasoning_text_, &content);
   if (tools_.has_value()) {
-    Collect(tools_->Feed(msg.text()));
-    if (msg.finish_reason() != pdserve::v1::FINISH_REASON_UNSPECIFIED) Collect(tools_->Finish());
+    Collect(tools_->Feed(content));
+    if (last) Collect(tools_->Finish());
   } else {
-    text_ += msg.text();
+    text_ += content;
   }
   if (wants_logprobs()) {
     // Paired by position; a message whose entries do not match its tokens contributes only the
@@ -407,6 +440,12 @@ std::string ResponseBuilder::ChoiceJson() const {
   c["index"] = choice_index_;
   if (chat) {
     c["message"] = {{"role", "assistant"}, {"content", text_}};
+    if (reasoning_.has_value()) {
+      c["message"]["reasoning_content"] =
+          reasoning_->in_block() ? json(reasoning_text_) : json(nullptr);
+      // Only reasoning (a block that never ended): no content, as vLLM answers it.
+      if (text_.empty() && reasoning_->in_block()) c["message"]["content"] = nullptr;
+    }
     if (!calls_.empty()) {
       // As OpenAI: content is null unless the model wrote text before its calls.
       if (text_.empty()) c["message"]["content"] = nullptr;

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "pd/v1/generation.pb.h"
 #include "services/router/openai/openai_request.h"
+#include "services/router/openai/reasoning_parser.h"
 #include "services/router/openai/tool_parser.h"
 
 namespace pd::router::openai {
@@ -75,9 +76,16 @@ class ResponseBuilder {
   // output ended normally. A stream sends them as delta.tool_calls, as OpenAI does: a call's
   // first chunk carries index, id, type, function.name and function.arguments "", later chunks
   // index and the next piece of function.arguments.
+  //
+  // Reasoning (chat; reasoning_parser.h): with `reasoning` set (the model's template writes
+  // reasoning blocks; the value says whether the prompt opened one), the block's text becomes
+  // message.reasoning_content (null when there was none; streamed as delta.reasoning_content)
+  // and the rest is the content, where tool calls are parsed. Not under a response format or
+  // an enforced call: their grammar decides the output from its first token.
   ResponseBuilder(const OpenAiRequest& request, std::string id, int64_t created, std::string model,
                   std::string echo_text, TokenBytesFn token_bytes = nullptr,
-                  ToolCallFormat tool_format = ToolCallFormat::kHermes);
+                  ToolCallFormat tool_format = ToolCallFormat::kHermes,
+                  std::optional<bool> reasoning = std::nullopt);
 
   // Stream: the chunks ("data: {...}\n\n" events) that relay `msg`, in order. The first call
   // also emits the chat stream's role chunk (or the echoed prompt); the message carrying the
@@ -122,6 +130,9 @@ class ResponseBuilder {
   bool wants_logprobs() const { return logprobs_ >= 0; }
   // Non-streaming: takes the parser's events into text_ and calls_.
   void Collect(std::vector<ToolCallEvent> events);
+  // The text of a message split by the reasoning parser (when on): reasoning and content.
+  void SplitReasoning(const std::string& text, bool last, std::string* reasoning,
+                      std::string* content);
   // The choice's finish_reason: "tool_calls" when calls were made and the output ended normally.
   std::string FinishReason() const;
 
@@ -153,6 +164,9 @@ class ResponseBuilder {
   // Tool calls: the output's parser (none when no tools are offered or a response format
   // constrains the output), and the calls made (non-streaming).
   std::optional<ToolCallParser> tools_;
+  // Reasoning blocks: the parser (chat, when on) and the reasoning text (non-streaming).
+  std::optional<ReasoningParser> reasoning_;
+  std::string reasoning_text_;
   std::vector<Call> calls_;
   // The legacy functions API: the first call is answered as `function_call` (the API has one
   // at most), finish_reason "function_call".
