@@ -51,7 +51,7 @@ int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k) {
   exploring_ = false;
   if (max_k <= 0) return 0;
   double a = 0, b = 0;
-  if (steps_ % kExploreEvery == 0 || !Fit(&a, &b)) {  // measure
+  if (steps_ % explore_every_ == 0 || !Fit(&a, &b)) {  // measure
     exploring_ = true;
     return max_k;
   }

@@ -21,6 +21,10 @@ namespace pd::engine {
 class SpecController {
  public:
   static constexpr int64_t kExploreEvery = 16;
+  // With a draft model: an exploring step first computes what the draft missed since the last
+  // (a prefill's worth), so it explores four times less often.
+  static constexpr int64_t kDraftExploreEvery = 64;
+  void set_explore_every(int64_t steps) { explore_every_ = steps; }
 
   // A forward pass of `rows` one-token rows took `seconds`.
   void ObserveStep(int64_t rows, double seconds);
@@ -50,6 +54,7 @@ class SpecController {
   double draft_seconds_ = 0;
   double draft_weight_ = 0;
   int64_t steps_ = 0;
+  int64_t explore_every_ = kExploreEvery;
   bool exploring_ = false;
 };
 
