@@ -806,7 +806,8 @@ size_t Scheduler::TakeProposal(Sequence* seq) {
     seq->draft_positions.clear();
     for (const uint32_t token : seq->draft) {
       const auto t = static_cast<int32_t>(token);
-      if (trie.is_end_token(t) || trie.token_bytes(t).empty() ||
+      // (A draft model may propose a padded embedding's id, past the tokenizer's.)
+      if (token >= trie.vocab_size() || trie.is_end_token(t) || trie.token_bytes(t).empty() ||
           !seq->matcher->AcceptBytes(trie.token_bytes(t))) {
         break;
       }

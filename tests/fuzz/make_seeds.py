@@ -403,7 +403,8 @@ def openai_request_seeds():
 # ---- tool-call parser (services/router/openai/tool_parser.h) -------------------------------
 def tool_parser_seeds():
     """Model outputs in each family's format: config byte (bit 0 enforced, bits 1-2 family
-    hermes/llama3/mistral, bit 3 list), piece-sizes byte, then the text."""
+    hermes/llama3/mistral, bit 3 list, bit 4 reasoning parser in front, bit 5 block opened by
+    the prompt), piece-sizes byte, then the text."""
     def seed(config, text):
         return bytes([config, 0x5A]) + text
     call = b'{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", "n": [1, {"a": "]"}]}}'
@@ -419,6 +420,12 @@ def tool_parser_seeds():
         "enforced": seed(1, call),
         "enforced_list": seed(9, b'[' + call + b', ' + call + b']'),
         "deep": seed(2, b'{"name": "f", "arguments": {"a": ' + b'[' * 5000 + b']' * 5000 + b'}}'),
+        # Reasoning in front (bit 4; bit 5: the prompt opened the block).
+        "think_then_call": seed(16, b'<think>\nplan: call f</think>\n\n<tool_call>\n'
+                                    b'{"name": "f", "arguments": {}}\n</tool_call>'),
+        "think_open_unclosed": seed(48, b'still thinking </thin'),
+        "think_not_a_block": seed(16, b'  <thinking> no </think> <tool_call>{"name": "f", '
+                                      b'"arguments": {}}</tool_call>'),
     }
 
 
