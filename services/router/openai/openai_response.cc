@@ -443,7 +443,7 @@ std::string ResponseBuilder::ChoiceJson() const {
     if (reasoning_.has_value()) {
       c["message"]["reasoning_content"] =
           reasoning_->in_block() ? json(reasoning_text_) : json(nullptr);
-      // Only reasoning (a block that never ended): no content, as vLLM answers it.
+      // Nothing after the block (or a block that never ended): content null, as vLLM has it.
       if (text_.empty() && reasoning_->in_block()) c["message"]["content"] = nullptr;
     }
     if (!calls_.empty()) {
