@@ -20,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/matcher.h"
+#include "engine/grammar/structural_tag.h"
 #include "engine/grammar/token_trie.h"
 #include "engine/model/hf_tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -33,6 +34,9 @@ ABSL_FLAG(std::string, only, "", "only the files whose name contains this (after
 ABSL_FLAG(double, report_slow_ms, 0,
           "print each mask slower than this (schema, position, time); 0: none");
 ABSL_FLAG(int, max_whitespace, 16, "JsonSchemaOptions::max_whitespace");
+ABSL_FLAG(bool, tool_tag, false,
+          "each schema as the arguments of a tool call under tool_choice \"auto\": a structural "
+          "tag (<tool_call> trigger) around it, each instance walked inside text and a call");
 ABSL_FLAG(bool, verify, false,
           "also compute every mask by the uncached walk and count differences (slow; not timed)");
 
@@ -128,8 +132,19 @@ int main(int argc, char** argv) {
     text << in.rdbuf();
     const Json doc = Json::parse(text.str(), nullptr, false);
     if (doc.is_discarded()) continue;
+    const bool tool_tag = absl::GetFlag(FLAGS_tool_tag);
+    const std::string begin = "<tool_call>\n{\"name\": \"f\", \"arguments\": ";
+    const std::string end = "}\n</tool_call>";
     const auto t0 = Clock::now();
-    auto grammar = pd::grammar::CompileJsonSchema(doc["schema"].dump(), options);
+    absl::StatusOr<pd::grammar::Grammar> grammar;
+    if (tool_tag) {
+      pd::grammar::StructuralTag tag;
+      tag.triggers = {"<tool_call>"};
+      tag.structures.push_back({begin, doc["schema"].dump(), end});
+      grammar = pd::grammar::CompileStructuralTag(tag, options);
+    } else {
+      grammar = pd::grammar::CompileJsonSchema(doc["schema"].dump(), options);
+    }
     if (!grammar.ok()) continue;
     auto c = pd::grammar::CompiledGrammar::Compile(*grammar);
     if (!c.ok()) continue;
@@ -139,7 +154,10 @@ int main(int argc, char** argv) {
     ++compiled;
     for (const Json& t : doc["tests"]) {
       if (!t["valid"].get<bool>()) continue;
-      auto ids = tok->Encode(t["data"].dump(), false, false);
+      auto ids = tok->Encode(tool_tag ? "Let me check that for you.\n" + begin + t["data"].dump() +
+                                            end + "\nDone: <tool> calls are above."
+                                      : t["data"].dump(),
+                             false, false);
       if (!ids.ok()) continue;
       pd::grammar::Matcher m(*c);
       for (size_t k = 0; k < ids->size(); ++k) {

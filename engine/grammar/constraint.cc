@@ -7,6 +7,7 @@
 #include "engine/grammar/gbnf.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex.h"
+#include "engine/grammar/structural_tag.h"
 
 namespace pd::grammar {
 namespace {
@@ -38,6 +39,10 @@ absl::StatusOr<Grammar> BuildGrammar(const ConstraintSpec& spec) {
     }
     case ConstraintSpec::Kind::kGrammar:
       return CompileGbnf(spec.text);
+    case ConstraintSpec::Kind::kStructuralTag: {
+      PD_ASSIGN_OR_RETURN(StructuralTag tag, ParseStructuralTag(spec.text));
+      return CompileStructuralTag(tag, JsonOptions());
+    }
     case ConstraintSpec::Kind::kChoice: {
       if (spec.choices.empty()) {
         return absl::InvalidArgumentError("choice: the list of choices is empty");
@@ -68,6 +73,8 @@ const char* ConstraintKindName(ConstraintSpec::Kind kind) {
       return "choice";
     case ConstraintSpec::Kind::kGrammar:
       return "grammar";
+    case ConstraintSpec::Kind::kStructuralTag:
+      return "structural_tag";
   }
   return "unknown";
 }

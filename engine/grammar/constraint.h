@@ -19,9 +19,10 @@
 namespace pd::grammar {
 
 struct ConstraintSpec {
-  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar };
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar, kStructuralTag };
   Kind kind = Kind::kNone;
-  // kJsonSchema: the schema (JSON); kRegex: the pattern; kGrammar: GBNF (gbnf.h)
+  // kJsonSchema: the schema (JSON); kRegex: the pattern; kGrammar: GBNF (gbnf.h);
+  // kStructuralTag: the tag as JSON (structural_tag.h)
   std::string text;
   std::vector<std::string> choices;  // kChoice: the output is exactly one of these
 };
@@ -34,7 +35,7 @@ inline constexpr size_t kMaxChoices = 4096;
 // models otherwise spend their tokens on runs of newlines up to any larger bound.
 inline constexpr int kConstraintMaxWhitespace = 1;
 
-// "json_schema", "json_object", "regex", "choice", "grammar" or "none".
+// "json_schema", "json_object", "regex", "choice", "grammar", "structural_tag" or "none".
 const char* ConstraintKindName(ConstraintSpec::Kind kind);
 
 // Compiles `spec` (kind not kNone). Errors: InvalidArgument naming what is wrong (a keyword

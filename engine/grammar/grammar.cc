@@ -61,6 +61,27 @@ void Grammar::AddAlternative(uint32_t rule, Sequence sequence) {
   rules_[rule].push_back(std::move(sequence));
 }
 
+uint32_t Grammar::Import(const Grammar& other) {
+  const auto offset = static_cast<uint32_t>(rules_.size());
+  std::vector<Element> sets;  // other's set i, as an element of this grammar
+  sets.reserve(other.sets_.size());
+  for (const ByteSet& set : other.sets_) sets.push_back(Bytes(set));
+  for (size_t r = 0; r < other.rules_.size(); ++r) NewRule(other.names_[r]);
+  for (size_t r = 0; r < other.rules_.size(); ++r) {
+    for (const Sequence& alternative : other.rules_[r]) {
+      Sequence seq;
+      seq.reserve(alternative.size());
+      for (const Element& e : alternative) {
+        seq.push_back(e.kind == Element::Kind::kBytes  ? sets[e.index]
+                      : e.kind == Element::Kind::kRule ? Ref(e.index + offset)
+                                                       : e);
+      }
+      AddAlternative(offset + static_cast<uint32_t>(r), std::move(seq));
+    }
+  }
+  return other.root_ + offset;
+}
+
 Element Grammar::Bytes(const ByteSet& set) {
   for (size_t i = 0; i < sets_.size(); ++i) {
     if (sets_[i] == set) return Element{Element::Kind::kBytes, static_cast<uint32_t>(i)};

@@ -61,6 +61,10 @@ class Grammar {
   // A new rule matching one of `alternatives`.
   uint32_t AddChoice(absl::string_view name, std::vector<Sequence> alternatives);
 
+  // Copies every rule of `other` into this grammar (renumbered, names kept) and returns the id
+  // its root has here: a grammar embedded in another, as a structural tag embeds a schema's.
+  uint32_t Import(const Grammar& other);
+
   void set_root(uint32_t rule) { root_ = rule; }
   uint32_t root() const { return root_; }
 

@@ -52,6 +52,11 @@ absl::StatusOr<grammar::ConstraintSpec> ConstraintFromProto(
       spec.kind = grammar::ConstraintSpec::Kind::kGrammar;
       spec.text = c.grammar();
       break;
+    case OutputConstraint::kStructuralTag:
+      if (auto s = CheckText("structural_tag", c.structural_tag()); !s.ok()) return s;
+      spec.kind = grammar::ConstraintSpec::Kind::kStructuralTag;
+      spec.text = c.structural_tag();
+      break;
     case OutputConstraint::kChoice: {
       const auto& values = c.choice().values();
       if (values.empty() || static_cast<size_t>(values.size()) > grammar::kMaxChoices) {
@@ -73,7 +78,7 @@ absl::StatusOr<grammar::ConstraintSpec> ConstraintFromProto(
       break;
     }
     case OutputConstraint::KIND_NOT_SET:
-      return Invalid("kind", "set one of json_schema, json_object, regex, choice or grammar");
+      return Invalid("kind", "set one of json_schema, json_object, regex, choice, grammar or structural_tag");
   }
   if (sampling.min_tokens() > 0 || sampling.ignore_eos()) {
     return absl::InvalidArgumentError(

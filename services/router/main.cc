@@ -41,6 +41,10 @@ ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, tool_call_format, "",
           "how the model writes tool calls under tool_choice \"auto\": hermes, llama3 or "
           "mistral; empty = detected from the chat template (docs/structured-outputs.md)");
+ABSL_FLAG(bool, constrain_auto_tool_calls, true,
+          "tool_choice \"auto\" with a Hermes/Qwen-format model: once the output writes "
+          "<tool_call>, the call is enforced by grammar (an offered function's name, arguments "
+          "that follow its parameters, </tool_call>); false: calls are only parsed");
 ABSL_FLAG(std::string, reasoning_parser, "auto",
           "reasoning blocks (<think>...</think>) in chat output, returned as reasoning_content: "
           "auto (when the chat template writes them: Qwen3, QwQ, DeepSeek-R1) | think | none");
@@ -229,6 +233,7 @@ absl::StatusOr<std::optional<pd::router::openai::HttpFrontConfig>> HttpConfigFro
     c.tool_call_format = *f;
   }
   c.reasoning_parser = absl::GetFlag(FLAGS_reasoning_parser);
+  c.constrain_auto_tool_calls = absl::GetFlag(FLAGS_constrain_auto_tool_calls);
   PD_RETURN_IF_ERROR(c.Validate());
   if (absl::Status s = ChatTemplateLimitsFromFlags().Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--chat_template_max_*: ", s.message()));

@@ -15,6 +15,8 @@
 //    parses reasoning blocks where the template writes them (Qwen3: reasoning_content);
 //  - chat_template_kwargs reach the template (Qwen3's enable_thinking=false: the prompt is
 //    jinja2's with that variable);
+//  - tool_choice "auto" (Qwen3): a call the model starts (forced here with logit_bias) is
+//    enforced by grammar (pd-router's structural tag) and validates;
 //  - tool_choice "required", streamed, through prefill and decode workers: the call's id and
 //    name come first, its arguments in pieces, finish_reason "tool_calls", and the arguments
 //    validate against the tool's schema (python3-jsonschema), on the real 128k-152k vocabulary.
@@ -301,6 +303,33 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
         << python_no_thinking;
   }
 
+  // tool_choice "auto" (Hermes): a call the model starts is enforced. logit_bias makes this
+  // random model write `<tool_call>` whenever it is free to; from there on the grammar decides
+  // what may follow, so each call names the offered function with arguments that validate
+  // (without the constraint a random model's "call" is noise, returned as content).
+  json auto_arguments;
+  if (family.format == "hermes") {
+    absl::StatusOr<std::vector<uint32_t>> open =
+        (*front)->tokenizer().Encode("<tool_call>", false, false);
+    ASSERT_TRUE(open.ok() && open->size() == 1) << "<tool_call> is one token in this family";
+    json auto_body = body;
+    auto_body["max_tokens"] = 120;
+    auto_body["logit_bias"] = {{std::to_string(open->front()), 100}};
+    auto au = http.Post("/v1/chat/completions", auto_body.dump(), "application/json");
+    ASSERT_TRUE(au) << httplib::to_string(au.error());
+    ASSERT_EQ(au->status, 200) << au->body;
+    const json a = json::parse(au->body);
+    const json& message = a["choices"][0]["message"];
+    ASSERT_TRUE(message.contains("tool_calls")) << au->body;
+    ASSERT_GE(message["tool_calls"].size(), 1u) << au->body;
+    EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather") << au->body;
+    auto_arguments = json::parse(
+        message["tool_calls"][0]["function"]["arguments"].get<std::string>(), nullptr, false);
+    EXPECT_TRUE(auto_arguments.is_object()) << au->body;
+    std::cout << family.name << ": auto, " << message["tool_calls"].size()
+              << " call(s) in 120 tokens, finish " << a["choices"][0]["finish_reason"] << "\n";
+  }
+
   // An enforced call, streamed.
   body["tool_choice"] = "required";
   body["stream"] = true;
@@ -340,8 +369,11 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   EXPECT_EQ(name, "get_weather") << res->body;
   EXPECT_EQ(finish, "tool_calls") << res->body;
   EXPECT_GT(argument_chunks, 1) << res->body;
-  const json checks = json::array({{{"schema", json::parse(kWeatherSchema)},
-                                    {"arguments", json::parse(arguments, nullptr, false)}}});
+  json checks = json::array({{{"schema", json::parse(kWeatherSchema)},
+                              {"arguments", json::parse(arguments, nullptr, false)}}});
+  if (!auto_arguments.is_null()) {
+    checks.push_back({{"schema", json::parse(kWeatherSchema)}, {"arguments", auto_arguments}});
+  }
   const std::string checks_path = tmp->path() + "/checks.json";
   std::ofstream(checks_path) << checks.dump();
   absl::StatusOr<std::string> checked = e2e::RunToEnd(

@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontConfi
        TemplateHasThinkBlocks(chat_template->source()));
   f->routes_ = std::make_unique<HttpRoutes>(service, model, config.limits, f->live_.get(),
                                             &f->draining_, requests, config.tool_call_format,
-                                            reasoning);
+                                            reasoning, config.constrain_auto_tool_calls);
   HttpConnectionsConfig c;
   c.address = config.address;
   c.tls = config.tls;
@@ -85,7 +85,11 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontConfi
             << ToolCallFormatName(f->routes_->tool_call_format())
             << (config.tool_call_format.has_value() ? " (--tool_call_format)" : " (detected)")
             << "; reasoning blocks " << (reasoning ? "parsed" : "not parsed") << " ("
-            << config.reasoning_parser << ")";
+            << config.reasoning_parser << ")"
+            << (f->routes_->tool_call_format() == ToolCallFormat::kHermes
+                    ? (config.constrain_auto_tool_calls ? "; auto tool calls enforced once started"
+                                                        : "; auto tool calls parsed only")
+                    : "");
   return f;
 }
 

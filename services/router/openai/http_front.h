@@ -72,6 +72,9 @@ struct HttpFrontConfig {
   // Reasoning blocks in chat output (--reasoning_parser, reasoning_parser.h): "auto" (on when
   // the chat template writes "</think>"), "think" (on) or "none".
   std::string reasoning_parser = "auto";
+  // tool_choice "auto" (Hermes format): enforce a call once the model starts one
+  // (--constrain_auto_tool_calls; HttpRoutes::ConstrainAutoCalls).
+  bool constrain_auto_tool_calls = true;
 
   absl::Status Validate() const;
 };

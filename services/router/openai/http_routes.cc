@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/base/constraint_proto.h"
 #include "services/router/generation_service.h"
 #include "services/router/openai/http_connections.h"
 #include "services/router/openai/http_stream.h"
@@ -208,7 +209,8 @@ ToolCallFormat ChooseToolCallFormat(std::optional<ToolCallFormat> forced,
 HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* model,
                        ParseLimits limits, LiveStreams* live, const std::atomic<bool>* draining,
                        metrics::Family<metrics::Counter>* requests,
-                       std::optional<ToolCallFormat> tool_call_format, bool reasoning)
+                       std::optional<ToolCallFormat> tool_call_format, bool reasoning,
+                       bool constrain_auto_calls)
     : service_(service),
       model_(model),
       limits_(WithVocabulary(limits, model)),
@@ -217,7 +219,21 @@ HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* mod
       requests_(requests),
       tool_call_format_(
           ChooseToolCallFormat(tool_call_format, service->prompts().chat_template())),
-      reasoning_(reasoning) {}
+      reasoning_(reasoning),
+      constrain_auto_calls_(constrain_auto_calls) {}
+
+void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest* g) {
+  v1::SamplingParams* s = g->mutable_sampling();
+  if (!constrain_auto_calls_ || r.endpoint != Endpoint::kChat || !r.tools.offered() ||
+      r.tools.choice != ToolChoice::kAuto || tool_call_format_ != ToolCallFormat::kHermes ||
+      s->has_constraint() || s->min_tokens() > 0 || s->ignore_eos()) {
+    return;
+  }
+  s->mutable_constraint()->set_structural_tag(AutoCallTag(r.tools));
+  if (!services::CompileConstraintOf(*s, &auto_call_grammars_).ok()) {
+    s->clear_constraint();  // a parameters keyword the engine cannot enforce: parsed only
+  }
+}
 
 absl::Status HttpRoutes::Admit() const {
   if (*draining_) {
@@ -317,6 +333,7 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     return;
   }
   g->set_client_request_id(Header(req, "X-Request-Id"));
+  ConstrainAutoCalls(r, &*g);
   if (r.n > 1) {
     ServeChoices(r, *std::move(g), std::move(echo), req, res);
     return;

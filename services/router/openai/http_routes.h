@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/metrics/metrics.h"
+#include "engine/grammar/constraint.h"
 #include "engine/runtime/model_front.h"
 #include "pd/v1/generation.pb.h"
 #include "services/router/openai/openai_request.h"
@@ -64,12 +65,12 @@ class HttpRoutes {
  public:
   // Everything passed must outlive the routes. `draining`: new requests get 503 while true.
   // `requests`: pd_router_http_requests_total {path, status}. `tool_call_format`: see
-  // ChooseToolCallFormat.
+  // ChooseToolCallFormat. `constrain_auto_calls`: ConstrainAutoCalls does its work.
   HttpRoutes(GenerationService* service, const engine::ModelFront* model, ParseLimits limits,
              LiveStreams* live, const std::atomic<bool>* draining,
              metrics::Family<metrics::Counter>* requests,
              std::optional<ToolCallFormat> tool_call_format = std::nullopt,
-             bool reasoning = false);
+             bool reasoning = false, bool constrain_auto_calls = true);
 
   // Adds the routes, the error handler and the request counter to `server`.
   void Register(httplib::Server& server);
@@ -91,6 +92,12 @@ class HttpRoutes {
   // prompt opened one (PromptOpensThinkBlock of its decoded end); nullopt when not parsed.
   std::optional<bool> ReasoningFor(const OpenAiRequest& r,
                                    const pdserve::v1::GenerateRequest& g) const;
+  // tool_choice "auto" with a Hermes-format model: a call the model starts (`<tool_call>`) is
+  // enforced (AutoCallTag, a structural tag on `g`), unless the request has a constraint
+  // already, min_tokens or ignore_eos, or a tool's parameters use a keyword the engine cannot
+  // enforce (then calls are only parsed, as before). The response is built from `r`, whose
+  // sampling has no constraint: the output is still parsed as an "auto" answer.
+  void ConstrainAutoCalls(const OpenAiRequest& r, pdserve::v1::GenerateRequest* g);
   // OK when the request may go on (not draining).
   absl::Status Admit() const;
 
@@ -102,6 +109,8 @@ class HttpRoutes {
   metrics::Family<metrics::Counter>* const requests_;
   const ToolCallFormat tool_call_format_;
   const bool reasoning_;
+  const bool constrain_auto_calls_;
+  grammar::GrammarCache auto_call_grammars_{64};
 };
 
 }  // namespace pd::router::openai

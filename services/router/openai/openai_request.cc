@@ -427,17 +427,25 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
       const auto type = v.find("type");
       if (type == v.end() || !type->is_string()) {
         return Bad("response_format.type",
-                   "is required: \"text\", \"json_object\" or \"json_schema\"");
+                   "is required: \"text\", \"json_object\", \"json_schema\" or \"structural_tag\"");
       }
       const std::string t = type->get<std::string>();
       for (const auto& [k2, v2] : v.items()) {
-        if (k2 != "type" && !(t == "json_schema" && k2 == "json_schema")) {
-          return Bad(absl::StrCat("response_format.", k2), "unrecognized field");
+        if (k2 != "type" && !(t == "json_schema" && k2 == "json_schema") &&
+            !(t == "structural_tag" && (k2 == "structures" || k2 == "triggers"))) {
+          return Bad(absl::StrCat("response_format.", k2),
+                     t == "structural_tag" && k2 == "format"
+                         ? "is not supported: give the tag as \"structures\" and \"triggers\""
+                         : "unrecognized field");
         }
       }
       if (t == "text") continue;
       PD_RETURN_IF_ERROR(take(key));
-      if (t == "json_object") {
+      if (t == "structural_tag") {
+        // Checked and compiled with the other constraints (request_validation.cc); errors
+        // name the tag's own fields (triggers[0], structures[1].begin, ...).
+        c.set_structural_tag(v.dump());
+      } else if (t == "json_object") {
         c.set_json_object(true);
       } else if (t == "json_schema") {
         const auto js = v.find("json_schema");
@@ -465,7 +473,8 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
         c.set_json_schema(std::move(text));
       } else {
         return Bad("response_format.type",
-                   absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", got \"",
+                   absl::StrCat("must be \"text\", \"json_object\", \"json_schema\" or "
+                                "\"structural_tag\", got \"",
                                 t.substr(0, 64), "\""));
       }
     } else if (key == "guided_json" || key == "guided_regex" || key == "guided_choice" ||
@@ -488,7 +497,17 @@ absl::Status ParseConstraint(const ordered_json& doc, pdserve::v1::SamplingParam
           PD_RETURN_IF_ERROR(take(field));
           c.set_json_object(true);
         } else if (k2 == "structural_tag") {
-          return Bad(field, "is not implemented yet; use json, regex, grammar or choice");
+          // vLLM takes the tag as a JSON string; an object is taken too.
+          PD_RETURN_IF_ERROR(take(field));
+          if (v2.is_string()) {
+            const ordered_json tag = ordered_json::parse(v2.get<std::string>(), nullptr, false);
+            if (tag.is_discarded()) return Bad(field, "is a string but not a JSON document");
+            c.set_structural_tag(tag.dump());
+          } else if (v2.is_object()) {
+            c.set_structural_tag(v2.dump());
+          } else {
+            return Bad(field, "must be a structural tag (a JSON object or its text)");
+          }
         } else {
           return Bad(field, "unrecognized field");
         }

@@ -333,7 +333,23 @@ TEST(OpenAiRequestTest, StructuredOutputConstraints) {
   ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_grammar":{"root":"a"}})"),
             "guided_grammar", "must be a string");
   ExpectBad(Completions(R"({"model":"m","prompt":"x","structured_outputs":{"structural_tag":"x"}})"),
-            "structured_outputs.structural_tag", "not implemented");
+            "structured_outputs.structural_tag", "not a JSON document");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","structured_outputs":{"structural_tag":3}})"),
+            "structured_outputs.structural_tag", "must be a structural tag");
+  r = Completions(R"({"model":"m","prompt":"x","structured_outputs":{"structural_tag":
+                     "{\"triggers\":[\"<f\"],\"structures\":[]}"}})");
+  ASSERT_TRUE(r.ok()) << r.status();  // the tag itself is checked where it is compiled
+  EXPECT_EQ(r->sampling.constraint().structural_tag(), R"({"triggers":["<f"],"structures":[]})");
+  r = Chat(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+               "response_format":{"type":"structural_tag","triggers":["<f="],
+                 "structures":[{"begin":"<f=a>","schema":{"type":"integer"},"end":"</f>"}]}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.constraint().structural_tag(),
+            R"({"type":"structural_tag","triggers":["<f="],)"
+            R"("structures":[{"begin":"<f=a>","schema":{"type":"integer"},"end":"</f>"}]})");
+  ExpectBad(Completions(R"({"model":"m","prompt":"x","response_format":{"type":"structural_tag",
+                           "format":{"type":"triggered_tags"}}})"),
+            "response_format.format", "structures");
   ExpectBad(Completions(R"({"model":"m","prompt":"x","guided_regex":"a","ignore_eos":true})"),
             "ignore_eos", "structured output");
 }

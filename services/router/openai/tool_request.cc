@@ -316,6 +316,24 @@ std::string EnforcedCallSchema(const ToolsSpec& spec) {
   return list.dump();
 }
 
+std::string AutoCallTag(const ToolsSpec& spec) {
+  ordered_json structures = ordered_json::array();
+  for (const ToolFunction& f : spec.functions) {
+    ordered_json st = ordered_json::object();
+    st["begin"] = absl::StrCat(kHermesCallOpen, "\n{\"name\": \"", f.name, "\", \"arguments\": ");
+    st["schema"] = f.parameters.empty()
+                       ? ordered_json{{"type", "object"}, {"additionalProperties", false}}
+                       : ordered_json::parse(f.parameters);
+    st["end"] = absl::StrCat("}\n", kHermesCallClose);
+    structures.push_back(std::move(st));
+  }
+  ordered_json tag = ordered_json::object();
+  tag["type"] = "structural_tag";
+  tag["structures"] = std::move(structures);
+  tag["triggers"] = {kHermesCallOpen};
+  return tag.dump();
+}
+
 absl::StatusOr<std::string> ParseHistoryToolCalls(absl::string_view param, const json& v) {
   if (!v.is_array()) return Bad(param, "must be an array of tool calls");
   ordered_json out = ordered_json::array();

@@ -85,6 +85,17 @@ absl::StatusOr<ToolsSpec> ParseTools(const nlohmann::ordered_json& body);
 // spec.enforced_list(), an array of at least one such call.
 std::string EnforcedCallSchema(const ToolsSpec& spec);
 
+// The Hermes/Qwen call markers (tool_parser.h's kHermes format).
+inline constexpr char kHermesCallOpen[] = "<tool_call>";
+inline constexpr char kHermesCallClose[] = "</tool_call>";
+
+// The structural tag (engine/grammar/structural_tag.h, as JSON text) that enforces a call a
+// Hermes-format model chooses to make under tool_choice "auto": free text until it writes
+// `<tool_call>`, then `\n{"name": "<an offered function>", "arguments": ` and arguments that follow
+// that function's parameters, then `}\n</tool_call>`, then free text again (more calls, or
+// not). The layout is the one Qwen's and Hermes's chat templates teach.
+std::string AutoCallTag(const ToolsSpec& spec);
+
 // An assistant message's `tool_calls` (`param` names it in errors): an array of {"id",
 // "type": "function", "function": {"name", "arguments": a string}}. Returns the calls in the
 // shape chat templates expect (as Hugging Face and vLLM pass them), as compact JSON text: each

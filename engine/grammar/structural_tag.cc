@@ -1,0 +1,243 @@
+#include "engine/grammar/structural_tag.h"
+
+#include <array>
+#include <deque>
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pd::grammar {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+absl::Status Bad(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", what));
+}
+
+absl::StatusOr<std::string> TagString(const Json& parent, const std::string& field,
+                                      const std::string& key, bool nonempty) {
+  const auto it = parent.find(key);
+  if (it == parent.end() || !it->is_string()) return Bad(field, "must be a string");
+  std::string s = it->get<std::string>();
+  if (nonempty && s.empty()) return Bad(field, "must not be empty");
+  const size_t limit = field.rfind("triggers", 0) == 0 ? kMaxTriggerBytes : kMaxTagStringBytes;
+  if (s.size() > limit) {
+    return Bad(field, absl::StrCat("is ", s.size(), " bytes, at most ", limit));
+  }
+  return s;
+}
+
+// The triggers' automaton (Aho-Corasick): state 0 is "no part of a trigger written"; a state
+// is the longest end of the text that is a prefix of a trigger. `ends` lists the triggers that
+// end at a state (its own and, through the failure links, the shorter ones that end there).
+struct TriggerAutomaton {
+  std::vector<std::array<uint32_t, 256>> next;
+  std::vector<std::vector<size_t>> ends;
+
+  explicit TriggerAutomaton(const std::vector<std::string>& triggers) {
+    next.emplace_back();
+    next[0].fill(0);
+    ends.emplace_back();
+    std::vector<std::array<bool, 256>> has_child(1);
+    has_child[0].fill(false);
+    for (size_t t = 0; t < triggers.size(); ++t) {
+      uint32_t s = 0;
+      for (const char c : triggers[t]) {
+        const auto b = static_cast<uint8_t>(c);
+        if (!has_child[s][b]) {
+          next.emplace_back();
+          next.back().fill(0);
+          ends.emplace_back();
+          has_child.emplace_back();
+          has_child.back().fill(false);
+          has_child[s][b] = true;
+          next[s][b] = static_cast<uint32_t>(next.size() - 1);
+        }
+        s = next[s][b];
+      }
+      ends[s].push_back(t);
+    }
+    // Breadth first: a state's failure link is shallower, so complete before it.
+    std::vector<uint32_t> fail(next.size(), 0);
+    std::deque<uint32_t> queue;
+    for (int b = 0; b < 256; ++b) {
+      if (has_child[0][b]) queue.push_back(next[0][b]);
+    }
+    while (!queue.empty()) {
+      const uint32_t s = queue.front();
+      queue.pop_front();
+      for (const size_t t : ends[fail[s]]) ends[s].push_back(t);
+      for (int b = 0; b < 256; ++b) {
+        if (has_child[s][b]) {
+          const uint32_t child = next[s][b];
+          fail[child] = s == 0 ? 0 : next[fail[s]][b];
+          queue.push_back(child);
+        } else {
+          next[s][b] = next[fail[s]][b];
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view text) {
+  const Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("a structural tag must be a JSON object");
+  }
+  for (const auto& [key, value] : doc.items()) {
+    if (key == "type") {
+      if (!value.is_string() || value.get<std::string>() != "structural_tag") {
+        return Bad("type", "must be \"structural_tag\"");
+      }
+    } else if (key != "structures" && key != "triggers") {
+      return Bad(key, "is not a field of a structural tag (structures, triggers)");
+    }
+  }
+  StructuralTag tag;
+  const auto triggers = doc.find("triggers");
+  if (triggers == doc.end() || !triggers->is_array() || triggers->empty()) {
+    return Bad("triggers", "must be a non-empty array of strings");
+  }
+  if (triggers->size() > kMaxTagTriggers) {
+    return Bad("triggers", absl::StrCat("has ", triggers->size(), " entries, at most ",
+                                        kMaxTagTriggers));
+  }
+  for (size_t i = 0; i < triggers->size(); ++i) {
+    const std::string field = absl::StrCat("triggers[", i, "]");
+    if (!(*triggers)[i].is_string()) return Bad(field, "must be a string");
+    std::string t = (*triggers)[i].get<std::string>();
+    if (t.empty()) return Bad(field, "must not be empty");
+    if (t.size() > kMaxTriggerBytes) {
+      return Bad(field, absl::StrCat("is ", t.size(), " bytes, at most ", kMaxTriggerBytes));
+    }
+    tag.triggers.push_back(std::move(t));
+  }
+  const auto structures = doc.find("structures");
+  if (structures == doc.end() || !structures->is_array() || structures->empty()) {
+    return Bad("structures", "must be a non-empty array of {begin, schema, end} objects");
+  }
+  if (structures->size() > kMaxTagStructures) {
+    return Bad("structures", absl::StrCat("has ", structures->size(), " entries, at most ",
+                                          kMaxTagStructures));
+  }
+  std::vector<bool> used(tag.triggers.size(), false);
+  for (size_t i = 0; i < structures->size(); ++i) {
+    const Json& s = (*structures)[i];
+    const std::string field = absl::StrCat("structures[", i, "]");
+    if (!s.is_object()) return Bad(field, "must be an object with begin, schema and end");
+    for (const auto& [key, value] : s.items()) {
+      if (key != "begin" && key != "schema" && key != "end") {
+        return Bad(absl::StrCat(field, ".", key), "is not a field of a structure");
+      }
+    }
+    StructuralTag::Structure st;
+    PD_ASSIGN_OR_RETURN(st.begin, TagString(s, field + ".begin", "begin", false));
+    PD_ASSIGN_OR_RETURN(st.end, TagString(s, field + ".end", "end", false));
+    const auto schema = s.find("schema");
+    if (schema == s.end() || !(schema->is_object() || schema->is_boolean())) {
+      return Bad(field + ".schema", "must be a JSON Schema (an object)");
+    }
+    st.schema = schema->dump();
+    bool starts = false;
+    for (size_t t = 0; t < tag.triggers.size(); ++t) {
+      if (absl::StartsWith(st.begin, tag.triggers[t])) used[t] = starts = true;
+    }
+    if (!starts) {
+      return Bad(field + ".begin",
+                 absl::StrCat("\"", st.begin.substr(0, 64), "\" does not start with a trigger"));
+    }
+    tag.structures.push_back(std::move(st));
+  }
+  for (size_t t = 0; t < used.size(); ++t) {
+    if (!used[t]) {
+      return Bad(absl::StrCat("triggers[", t, "]"),
+                 absl::StrCat("\"", tag.triggers[t], "\" begins no structure"));
+    }
+  }
+  return tag;
+}
+
+std::string StructuralTagJson(const StructuralTag& tag) {
+  Json doc = {{"type", "structural_tag"}, {"structures", Json::array()}, {"triggers", tag.triggers}};
+  for (const StructuralTag::Structure& s : tag.structures) {
+    Json schema = Json::parse(s.schema, nullptr, /*allow_exceptions=*/false);
+    doc["structures"].push_back({{"begin", s.begin}, {"schema", std::move(schema)}, {"end", s.end}});
+  }
+  return doc.dump();
+}
+
+absl::StatusOr<Grammar> CompileStructuralTag(const StructuralTag& tag,
+                                             const JsonSchemaOptions& options) {
+  if (tag.structures.empty() || tag.triggers.empty()) {
+    return absl::InvalidArgumentError("a structural tag needs structures and triggers");
+  }
+  Grammar g;
+  const TriggerAutomaton automaton(tag.triggers);
+  const size_t n = automaton.next.size();
+  // One rule per state: "free text from here" where no trigger ends, "a structure" where one
+  // does.
+  std::vector<uint32_t> rule(n);
+  for (size_t s = 0; s < n; ++s) {
+    rule[s] = automaton.ends[s].empty() ? g.NewRule(absl::StrCat("text_", s))
+                                        : g.NewRule(absl::StrCat("tagged_", s));
+  }
+  g.set_root(rule[0]);
+  // The structures' schemas, each compiled once.
+  absl::flat_hash_map<std::string, uint32_t> schema_roots;
+  std::vector<uint32_t> roots;
+  for (size_t i = 0; i < tag.structures.size(); ++i) {
+    const std::string& text = tag.structures[i].schema;
+    auto it = schema_roots.find(text);
+    if (it == schema_roots.end()) {
+      absl::StatusOr<Grammar> schema = CompileJsonSchema(text, options);
+      if (!schema.ok()) {
+        return absl::Status(schema.status().code(),
+                            absl::StrCat("structures[", i,
+                                         "].schema: ", schema.status().message()));
+      }
+      it = schema_roots.emplace(text, g.Import(*schema)).first;
+    }
+    roots.push_back(it->second);
+  }
+  for (size_t s = 0; s < n; ++s) {
+    if (automaton.ends[s].empty()) {
+      g.AddAlternative(rule[s], {});  // free text may end here
+      std::map<uint32_t, ByteSet> by_target;  // ordered: the same grammar every compile
+      for (int b = 0; b < 256; ++b) by_target[automaton.next[s][b]].set(static_cast<size_t>(b));
+      for (const auto& [target, bytes] : by_target) {
+        g.AddAlternative(rule[s], {g.Bytes(bytes), Grammar::Ref(rule[target])});
+      }
+      continue;
+    }
+    // A trigger was just written: the rest of a structure that begins with it.
+    std::vector<std::pair<size_t, std::string>> seen;  // structure, rest of its begin
+    for (const size_t t : automaton.ends[s]) {
+      const std::string& trigger = tag.triggers[t];
+      for (size_t i = 0; i < tag.structures.size(); ++i) {
+        const StructuralTag::Structure& st = tag.structures[i];
+        if (!absl::StartsWith(st.begin, trigger)) continue;
+        std::pair<size_t, std::string> key(i, st.begin.substr(trigger.size()));
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+        Grammar::Sequence seq = g.Literal(key.second);
+        seq.push_back(Grammar::Ref(roots[i]));
+        for (const Element& e : g.Literal(st.end)) seq.push_back(e);
+        seq.push_back(Grammar::Ref(rule[0]));
+        g.AddAlternative(rule[s], std::move(seq));
+        seen.push_back(std::move(key));
+      }
+    }
+  }
+  PD_RETURN_IF_ERROR(g.Validate());
+  return g;
+}
+
+}  // namespace pd::grammar

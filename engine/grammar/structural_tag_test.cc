@@ -1,0 +1,165 @@
+#include "engine/grammar/structural_tag.h"
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/grammar/constraint.h"
+#include "engine/grammar/matcher.h"
+#include "engine/grammar/token_trie.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pd::grammar {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The tool-call tag pd-router sends for tool_choice "auto" with a Hermes-format model.
+constexpr char kToolTag[] = R"({"type": "structural_tag", "triggers": ["<tool_call>"],
+  "structures": [
+    {"begin": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ",
+     "schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"], "additionalProperties": false},
+     "end": "}\n</tool_call>"},
+    {"begin": "<tool_call>\n{\"name\": \"get_time\", \"arguments\": ",
+     "schema": {"type": "object", "additionalProperties": false},
+     "end": "}\n</tool_call>"}]})";
+
+std::shared_ptr<const CompiledGrammar> CompileTag(const std::string& json) {
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kStructuralTag;
+  spec.text = json;
+  auto c = CompileConstraint(spec);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : nullptr;
+}
+
+std::string Call(const std::string& name, const std::string& args) {
+  return "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " + args + "}\n</tool_call>";
+}
+
+TEST(StructuralTagTest, FreeTextAroundCallsThatFollowTheirSchemas) {
+  auto g = CompileTag(kToolTag);
+  ASSERT_NE(g, nullptr);
+  for (const std::string& ok :
+       {std::string(""), std::string("Sunny, 21 degrees."),
+        std::string("a < b, <tool and <tool_ca are text; \xC3\xA9\xff bytes too"),
+        Call("get_weather", R"({"city": "Lyon"})"),
+        "Let me check. " + Call("get_weather", R"({"city":"Lyon"})") + "\n" +
+            Call("get_time", "{}") + " Done.",
+        "<<tool_call" + std::string(">\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>")}) {
+    EXPECT_TRUE(Matches(g, ok)) << ok;
+  }
+  for (const std::string& bad :
+       {std::string("<tool_call>"),                          // a call must finish
+        Call("get_weather", R"({"town": "Lyon"})"),           // not its schema
+        Call("get_weather", R"({})"),                         // a required member
+        Call("get_date", "{}"),                               // not an offered function
+        std::string("x <tool_call> y"),                       // the trigger is the call's
+        Call("get_time", "{}").substr(0, 40)}) {              // cut inside the call
+    EXPECT_FALSE(Matches(g, bad)) << bad;
+  }
+}
+
+TEST(StructuralTagTest, SeveralTriggersAndOnesEndingInsideOthers) {
+  // "ab" ends inside "zab": writing "zab" may start the "ab" structure (a trigger found
+  // through the automaton's failure links) or the "zab" one.
+  auto g = CompileTag(R"({"triggers": ["ab", "<f=", "zab"],
+    "structures": [{"begin": "ab", "schema": {"const": 1}, "end": "."},
+                   {"begin": "zab!", "schema": {"const": 2}, "end": "."},
+                   {"begin": "<f=a>", "schema": {"type": "boolean"}, "end": "</f>"},
+                   {"begin": "<f=b>", "schema": {"type": "null"}, "end": "</f>"}]})");
+  ASSERT_NE(g, nullptr);
+  for (const char* ok : {"x", "xab1.", "aab1.y", "zab1.", "zab!2.z", "<f=a>true</f><f=b>null</f>",
+                        "<f<f=a>false</f>"}) {
+    EXPECT_TRUE(Matches(g, ok)) << ok;
+  }
+  for (const char* bad : {"xab2.", "ab", "zab!1.", "zab2.", "<f=c>1</f>", "<f=a>null</f>", "<f=b>null"}) {
+    EXPECT_FALSE(Matches(g, bad)) << bad;
+  }
+}
+
+TEST(StructuralTagTest, MasksEqualTheMatcherThroughTextAndACall) {
+  std::vector<std::string> vocab = {"", "<tool_call>", "</tool_call>", "<tool", "_call>", "\n{",
+                                    "\"name\"", ": ", "\"get_time\"", ", ", "\"arguments\"",
+                                    "{}", "}\n", "}", "Hi", " there", "<", "x<tool_call>\n"};
+  for (int b = 1; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  const TokenTrie trie(vocab, {0});
+  auto g = CompileTag(kToolTag);
+  ASSERT_NE(g, nullptr);
+  const std::string out = "Hi there <tool" + std::string("_call>\n{\"name\": \"get_time\", ") +
+                          "\"arguments\": {}}\n</tool_call> ok";
+  Matcher m(g);
+  std::vector<uint32_t> mask;
+  for (size_t i = 0; i <= out.size(); ++i) {
+    m.FillTokenMask(trie, &mask);
+    std::vector<uint32_t> expected(trie.mask_words(), 0);
+    for (size_t t = 1; t < vocab.size(); ++t) {
+      Matcher copy = m;
+      if (copy.AcceptBytes(vocab[t])) {
+        expected[t >> 5] |= 1u << (t & 31);
+      }
+    }
+    if (m.CanEnd()) expected[0] |= 1u;
+    ASSERT_EQ(mask, expected) << "after " << out.substr(0, i);
+    if (i < out.size()) {
+      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(out[i]))) << i;
+    }
+  }
+  EXPECT_TRUE(m.CanEnd());
+}
+
+TEST(StructuralTagTest, BadTagsAreRefusedNamingTheField) {
+  struct Case {
+    const char* json;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"[]", "must be a JSON object"},
+           {R"({"structures": [{"begin": "a", "schema": {}, "end": ""}]})", "triggers must be"},
+           {R"({"triggers": [""], "structures": []})", "triggers[0] must not be empty"},
+           {R"({"triggers": ["<f"], "structures": []})", "structures must be a non-empty"},
+           {R"({"triggers": ["<f"], "structures": [{"begin": "<g", "schema": {}, "end": ""}]})",
+            "structures[0].begin \"<g\" does not start with a trigger"},
+           {R"({"triggers": ["<f", "<g"], "structures": [{"begin": "<f", "schema": {}, "end": ""}]})",
+            "triggers[1] \"<g\" begins no structure"},
+           {R"({"triggers": ["<f"], "structures": [{"begin": "<f", "end": ""}]})",
+            "structures[0].schema must be a JSON Schema"},
+           {R"({"triggers": ["<f"], "structures": [{"begin": "<f", "schema": {}, "end": 3}]})",
+            "structures[0].end must be a string"},
+           {R"({"triggers": ["<f"], "structures": [{"begin": "<f", "schema": {}, "end": "", "x": 1}]})",
+            "structures[0].x is not a field"},
+           {R"({"type": "json", "triggers": ["<f"], "structures": []})", "type must be"},
+           {R"({"triggers": ["<f"], "structures": [{"begin": "<f", "end": "",
+               "schema": {"type": "string", "multipleOf": 2}}]})",
+            "structures[0].schema"},
+       }) {
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kStructuralTag;
+    spec.text = c.json;
+    auto compiled = CompileConstraint(spec);
+    ASSERT_FALSE(compiled.ok()) << c.json;
+    EXPECT_EQ(compiled.status().code(), absl::StatusCode::kInvalidArgument) << c.json;
+    EXPECT_THAT(std::string(compiled.status().message()), HasSubstr(c.message)) << c.json;
+  }
+  std::string long_trigger(kMaxTriggerBytes + 1, 'a');
+  auto tag = ParseStructuralTag(R"({"triggers": [")" + long_trigger +
+                                R"("], "structures": [{"begin": "a", "schema": {}, "end": ""}]})");
+  ASSERT_FALSE(tag.ok());
+  EXPECT_THAT(std::string(tag.status().message()), HasSubstr("at most 64"));
+}
+
+TEST(StructuralTagTest, CanonicalJsonRoundTrips) {
+  auto tag = ParseStructuralTag(kToolTag);
+  ASSERT_TRUE(tag.ok()) << tag.status();
+  auto again = ParseStructuralTag(StructuralTagJson(*tag));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(StructuralTagJson(*again), StructuralTagJson(*tag));
+  ASSERT_EQ(again->structures.size(), 2u);
+  EXPECT_EQ(again->structures[1].end, "}\n</tool_call>");
+}
+
+}  // namespace
+}  // namespace pd::grammar
