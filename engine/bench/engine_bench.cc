@@ -26,6 +26,12 @@
 //                              Ceiling: the best of kernels::MatMul at m = 512, in = out = 2048,
 //                              bf16 weights (the dispatched kernel and both CPU paths, best of 5).
 //
+// Mixture-of-experts models (--model_dir of a mixtral or qwen3_moe checkpoint): a decode step
+// reads the router and only the experts its tokens were routed to, so its bytes are every
+// non-expert weight byte + (distinct (layer, expert) pairs the step used, from
+// LlamaForward::expert_tokens) * one expert's bytes + the KV: the active-weight roofline.
+// Counter experts_per_layer: the distinct experts a decode step read per layer, on average.
+//
 // Counters: tok_per_s; GBps (decode) or GFLOPps (achieved; decode reports its GFLOPps too);
 // triad_GBps or gemm_GFLOPps (ceiling); ratio (achieved / ceiling; issue #3 targets >= 0.6 for
 // decode at batch 1, >= 0.5 for prefill).
@@ -93,6 +99,10 @@ struct Engine {
   int64_t weight_bytes = 0;         // every weight byte a decode step reads
   int64_t layer_matmul_params = 0;  // parameters of the per-layer linear layers, all layers
   int64_t kv_bytes_per_token = 0;   // K and V of one token, all layers, at the pool dtype
+  // Mixture of experts: one expert's matrices (as stored; int8 codes + scales), counted in
+  // weight_bytes / weight_bytes_i8 for every expert of every layer.
+  int64_t expert_bytes = 0;
+  int64_t expert_bytes_i8 = 0;
   // Blocks: [0, 16 * decode_blocks) for the decode sequences (decode_blocks each), then the
   // prefill sequence's.
   int64_t decode_blocks = 0;
@@ -127,9 +137,19 @@ Engine& GetEngine() {
       for (int64_t d : t.shape) n *= d;
       e->weight_bytes += n * dsize;
     }
+    // Per token: attention, and the dense MLP or the router and the chosen experts.
+    const int64_t mlp_params =
+        c.moe() ? static_cast<int64_t>(c.n_experts) * c.dim +
+                      static_cast<int64_t>(c.n_experts_per_tok) * 3 * c.moe_hidden_dim * c.dim
+                : 3 * static_cast<int64_t>(c.hidden_dim) * c.dim;
     e->layer_matmul_params = static_cast<int64_t>(c.n_layers) *
                              (2 * c.q_dim() * c.dim + 2 * static_cast<int64_t>(c.kv_dim) * c.dim +
-                              3 * static_cast<int64_t>(c.hidden_dim) * c.dim);
+                              mlp_params);
+    if (c.moe()) {
+      e->expert_bytes = 3 * static_cast<int64_t>(c.moe_hidden_dim) * c.dim * dsize;
+      e->expert_bytes_i8 =
+          3 * static_cast<int64_t>(c.moe_hidden_dim) * c.dim + 4 * (2 * c.moe_hidden_dim + c.dim);
+    }
     const kvcache::KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kBlockSize,
                                    kernels::DType::kF32};
     e->kv_bytes_per_token = layout.block_bytes() / kBlockSize;
@@ -178,6 +198,11 @@ const ModelWeights& WeightsI8() {
     if (!w.ok()) Die("quantize weights", w.status());
     e.weights_i8 = std::make_unique<ModelWeights>(*std::move(w));
     const ModelConfig& c = e.weights.config;
+    if (c.moe()) {
+      // Every matrix and scale, every expert (the decode step counts the experts it read).
+      e.weight_bytes_i8 = MatrixWeightBytes(*e.weights_i8);
+      return *e.weights_i8;
+    }
     // One f32 scale per output row: q, k, v, o, gate, up, down of every layer; the classifier.
     const int64_t scale_rows = static_cast<int64_t>(c.n_layers) *
                                    (c.q_dim() + 2 * c.kv_dim + 2 * c.dim + 2 * c.hidden_dim) +
@@ -372,24 +397,40 @@ void BM_Decode(benchmark::State& state) {
   const int64_t vocab = c.vocab_size;
   int64_t step = 0;
   double flops = 0;
+  // Mixture of experts: the experts' bytes are counted per step, for the experts it used.
+  const int64_t expert_bytes = int8 ? e.expert_bytes_i8 : e.expert_bytes;
+  const int64_t fixed_bytes =
+      weight_bytes - static_cast<int64_t>(c.n_layers) * c.n_experts * expert_bytes;
+  std::vector<int64_t> experts_before;
+  double experts_read = 0;
   auto run_step = [&]() -> int64_t {  // returns the bytes the step read
     const int64_t pos = kPromptTokens + step % kDecodeSteps;
     for (int64_t s = 0; s < batch; ++s) {
       seqs[s] = {absl::MakeConstSpan(&tokens[(step % kDecodeSteps) * batch + s], 1), pos,
                  tables[s]};
     }
+    if (c.moe()) experts_before = forward->expert_tokens();
     const absl::Status status = forward->Forward(seqs, logits.data());
     if (!status.ok()) Die("decode step", status);
     ++step;
     flops += static_cast<double>(batch) *
              (2.0 * static_cast<double>(e.layer_matmul_params + vocab * c.dim) +
               4.0 * c.head_dim * c.n_heads * c.n_layers * static_cast<double>(pos + 1));
-    return weight_bytes + batch * (pos + 1) * e.kv_bytes_per_token;
+    int64_t weights_read = weight_bytes;
+    if (c.moe()) {
+      int64_t used = 0;
+      const std::vector<int64_t>& after = forward->expert_tokens();
+      for (size_t i = 0; i < after.size(); ++i) used += after[i] > experts_before[i] ? 1 : 0;
+      experts_read += static_cast<double>(used) / c.n_layers;
+      weights_read = fixed_bytes + used * expert_bytes;
+    }
+    return weights_read + batch * (pos + 1) * e.kv_bytes_per_token;
   };
   run_step();  // warm-up: pages, caches, thread team
   run_step();
   step = 0;
   flops = 0;
+  experts_read = 0;
   const double triad = TriadBytesPerSecond(threads);
   double bytes = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -405,6 +446,9 @@ void BM_Decode(benchmark::State& state) {
   // Compute done per second (matmuls and attention), to compare with the prefill GEMM ceiling:
   // large batches become compute bound on few cores.
   state.counters["GFLOPps"] = flops / seconds.count() / 1e9;
+  if (c.moe()) {
+    state.counters["experts_per_layer"] = experts_read / static_cast<double>(state.iterations());
+  }
 }
 BENCHMARK(BM_Decode)
     ->ArgsProduct({{1, 16}, {2, 1}, {0, 2}})

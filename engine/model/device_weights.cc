@@ -35,6 +35,12 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     return absl::InvalidArgumentError(
         absl::StrCat("device weights: ", host.layers.size(), " layers, config says ", c.n_layers));
   }
+  if (c.moe()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "device weights: ", ArchitectureName(c.architecture),
+        " (mixture of experts) runs on the CPU only so far; its CUDA path (grouped expert GEMMs) "
+        "is not implemented"));
+  }
   std::unique_ptr<DeviceWeights> d(new DeviceWeights());
   ModelWeights& v = d->view_;
   v.config = c;

@@ -23,8 +23,9 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr absl::string_view kSupported =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (model_type llama, "
-    "mistral, qwen2, qwen3)";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+    "MixtralForCausalLM, Qwen3MoeForCausalLM (model_type llama, mistral, qwen2, qwen3, mixtral, "
+    "qwen3_moe)";
 
 // A JSON value for an error message: invalid UTF-8 replaced (dump() would throw), at most 80
 // characters.
@@ -203,6 +204,12 @@ absl::StatusOr<Architecture> DetectArchitecture(const Json& j, absl::string_view
     if (name == "Qwen3ForCausalLM") {
       return Architecture::kQwen3;
     }
+    if (name == "MixtralForCausalLM") {
+      return Architecture::kMixtral;
+    }
+    if (name == "Qwen3MoeForCausalLM") {
+      return Architecture::kQwen3Moe;
+    }
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": unsupported architecture \"", name, "\"; supported: ", kSupported));
   }
@@ -219,6 +226,12 @@ absl::StatusOr<Architecture> DetectArchitecture(const Json& j, absl::string_view
   }
   if (type == "qwen3") {
     return Architecture::kQwen3;
+  }
+  if (type == "mixtral") {
+    return Architecture::kMixtral;
+  }
+  if (type == "qwen3_moe") {
+    return Architecture::kQwen3Moe;
   }
   if (type.empty()) {
     return absl::InvalidArgumentError(
@@ -295,22 +308,37 @@ absl::Status CheckUnsupportedFeatures(const FieldReader& r, absl::string_view so
     return absl::UnimplementedError(
         absl::StrCat(source, ": hidden_act \"", act, "\" is not supported (only silu)"));
   }
-  if (arch == Architecture::kLlama || arch == Architecture::kQwen3) {
+  const absl::string_view name = arch == Architecture::kLlama     ? "LlamaForCausalLM"
+                                 : arch == Architecture::kQwen2     ? "Qwen2ForCausalLM"
+                                 : arch == Architecture::kQwen3     ? "Qwen3ForCausalLM"
+                                 : arch == Architecture::kQwen3Moe  ? "Qwen3MoeForCausalLM"
+                                                                    : ArchitectureName(arch);
+  if (arch == Architecture::kLlama || arch == Architecture::kQwen3 ||
+      arch == Architecture::kQwen3Moe) {
     for (const char* key : {"attention_bias", "mlp_bias"}) {
       PD_ASSIGN_OR_RETURN(bool on, r.Bool(key, false));
       if (on) {
         return absl::UnimplementedError(
-            absl::StrCat(source, ": ", key, "=true is not supported for ",
-                         arch == Architecture::kLlama ? "LlamaForCausalLM" : "Qwen3ForCausalLM"));
+            absl::StrCat(source, ": ", key, "=true is not supported for ", name));
       }
     }
   }
-  if (arch == Architecture::kQwen2 || arch == Architecture::kQwen3) {
+  if (arch == Architecture::kQwen2 || arch == Architecture::kQwen3 ||
+      arch == Architecture::kQwen3Moe) {
     PD_ASSIGN_OR_RETURN(bool swa, r.Bool("use_sliding_window", false));
     if (swa) {
-      return absl::UnimplementedError(
-          absl::StrCat(source, ": use_sliding_window=true (per-layer windows) is not supported for ",
-                       arch == Architecture::kQwen2 ? "Qwen2" : "Qwen3"));
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": use_sliding_window=true (per-layer windows) is not supported for ", name));
+    }
+  }
+  if (arch == Architecture::kQwen3Moe) {
+    // Dense layers among the sparse ones (Qwen3-MoE's checkpoints have none).
+    PD_ASSIGN_OR_RETURN(int32_t step, r.Int32("decoder_sparse_step", 1, 1));
+    const Json* dense = r.Find("mlp_only_layers");
+    if (step != 1 || (dense != nullptr && !dense->is_null() && !dense->empty())) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": dense layers among the experts (decoder_sparse_step ", step,
+          ", mlp_only_layers) are not supported; every layer must be a mixture of experts"));
     }
   }
   return absl::OkStatus();
@@ -321,16 +349,19 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& j, absl::string_view s
   PD_ASSIGN_OR_RETURN(c.architecture, DetectArchitecture(j, source));
   FieldReader r(j, source);
   PD_RETURN_IF_ERROR(CheckUnsupportedFeatures(r, source, c.architecture));
-  const bool qwen = c.architecture == Architecture::kQwen2 || c.architecture == Architecture::kQwen3;
+  const bool qwen = c.architecture == Architecture::kQwen2 || c.architecture == Architecture::kQwen3 ||
+                    c.architecture == Architecture::kQwen3Moe;
   const bool llama_like = !qwen;
   PD_ASSIGN_OR_RETURN(c.dim, r.Int32("hidden_size", std::nullopt));
   PD_ASSIGN_OR_RETURN(c.hidden_dim, r.Int32("intermediate_size", std::nullopt));
   PD_ASSIGN_OR_RETURN(c.n_layers, r.Int32("num_hidden_layers", std::nullopt));
   PD_ASSIGN_OR_RETURN(c.n_heads, r.Int32("num_attention_heads", std::nullopt));
   PD_ASSIGN_OR_RETURN(c.vocab_size, r.Int32("vocab_size", std::nullopt));
-  const int32_t default_kv = c.architecture == Architecture::kLlama     ? c.n_heads
-                             : c.architecture == Architecture::kMistral ? 8
-                                                                        : 32;
+  const bool mistral_like =
+      c.architecture == Architecture::kMistral || c.architecture == Architecture::kMixtral;
+  const int32_t default_kv = c.architecture == Architecture::kLlama ? c.n_heads
+                             : mistral_like                         ? 8
+                                                                    : 32;
   PD_ASSIGN_OR_RETURN(c.n_kv_heads, r.Int32("num_key_value_heads", default_kv));
   if (r.Has("head_dim")) {
     PD_ASSIGN_OR_RETURN(c.head_dim, r.Int32("head_dim", std::nullopt));
@@ -343,17 +374,28 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& j, absl::string_view s
   }
   c.kv_dim = static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(c.n_kv_heads) * c.head_dim,
                                                     std::numeric_limits<int32_t>::max()));
-  const int32_t default_max_pos = c.architecture == Architecture::kLlama     ? 2048
-                                  : c.architecture == Architecture::kMistral ? 131072
-                                                                             : 32768;
+  const int32_t default_max_pos = c.architecture == Architecture::kLlama ? 2048
+                                  : mistral_like                         ? 131072
+                                                                         : 32768;
   PD_ASSIGN_OR_RETURN(c.seq_len, r.Int32("max_position_embeddings", default_max_pos));
   PD_ASSIGN_OR_RETURN(c.rms_norm_eps, r.PositiveFloat("rms_norm_eps", 1e-6f));
   PD_ASSIGN_OR_RETURN(c.shared_classifier, r.Bool("tie_word_embeddings", false));
   PD_RETURN_IF_ERROR(ParseRope(r, source, &c));
   c.rope_form = RopeForm::kRotateHalf;
   c.qkv_bias = c.architecture == Architecture::kQwen2;
-  c.qk_norm = c.architecture == Architecture::kQwen3;
-  if (c.architecture == Architecture::kMistral) {
+  c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
+  if (c.architecture == Architecture::kMixtral) {
+    PD_ASSIGN_OR_RETURN(c.n_experts, r.Int32("num_local_experts", std::nullopt, 1));
+    PD_ASSIGN_OR_RETURN(c.n_experts_per_tok, r.Int32("num_experts_per_tok", 2, 1));
+    c.moe_hidden_dim = c.hidden_dim;  // Mixtral's intermediate_size is each expert's
+    c.moe_norm_topk = true;
+  } else if (c.architecture == Architecture::kQwen3Moe) {
+    PD_ASSIGN_OR_RETURN(c.n_experts, r.Int32("num_experts", std::nullopt, 1));
+    PD_ASSIGN_OR_RETURN(c.n_experts_per_tok, r.Int32("num_experts_per_tok", std::nullopt, 1));
+    PD_ASSIGN_OR_RETURN(c.moe_hidden_dim, r.Int32("moe_intermediate_size", std::nullopt, 1));
+    PD_ASSIGN_OR_RETURN(c.moe_norm_topk, r.Bool("norm_topk_prob", false));
+  }
+  if (mistral_like) {
     PD_ASSIGN_OR_RETURN(int32_t window, r.Int32("sliding_window", 0, 0));
     c.sliding_window = window >= c.seq_len ? 0 : window;  // a window >= context changes nothing
   }
@@ -443,6 +485,26 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
       j["model_type"] = "qwen3";
       j["attention_bias"] = false;
       j["use_sliding_window"] = false;
+      break;
+    case Architecture::kMixtral:
+      j["architectures"] = {"MixtralForCausalLM"};
+      j["model_type"] = "mixtral";
+      j["sliding_window"] = c.sliding_window > 0 ? Json(c.sliding_window) : Json(nullptr);
+      j["num_local_experts"] = c.n_experts;
+      j["num_experts_per_tok"] = c.n_experts_per_tok;
+      j["router_aux_loss_coef"] = 0.02;
+      break;
+    case Architecture::kQwen3Moe:
+      j["architectures"] = {"Qwen3MoeForCausalLM"};
+      j["model_type"] = "qwen3_moe";
+      j["attention_bias"] = false;
+      j["use_sliding_window"] = false;
+      j["num_experts"] = c.n_experts;
+      j["num_experts_per_tok"] = c.n_experts_per_tok;
+      j["moe_intermediate_size"] = c.moe_hidden_dim;
+      j["norm_topk_prob"] = c.moe_norm_topk;
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = Json::array();
       break;
     case Architecture::kLlama2c:
       return absl::InvalidArgumentError(

@@ -153,6 +153,125 @@ constexpr char kQwen3Config[] = R"({
   "vocab_size": 151936
 })";
 
+// Mixtral-8x7B-v0.1's config.json.
+constexpr char kMixtralConfig[] = R"({
+  "architectures": ["MixtralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mixtral",
+  "num_attention_heads": 32,
+  "num_experts_per_tok": 2,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "num_local_experts": 8,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.02,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})";
+
+// Qwen3-30B-A3B's config.json.
+constexpr char kQwen3MoeConfig[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "decoder_sparse_step": 1,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 6144,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 48,
+  "mlp_only_layers": [],
+  "model_type": "qwen3_moe",
+  "moe_intermediate_size": 768,
+  "norm_topk_prob": true,
+  "num_attention_heads": 32,
+  "num_experts": 128,
+  "num_experts_per_tok": 8,
+  "num_hidden_layers": 48,
+  "num_key_value_heads": 4,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+TEST(HfConfigTest, ParsesMixturesOfExperts) {
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(kMixtralConfig);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kMixtral);
+  EXPECT_EQ(c->n_experts, 8);
+  EXPECT_EQ(c->n_experts_per_tok, 2);
+  EXPECT_EQ(c->moe_hidden_dim, 14336);
+  EXPECT_TRUE(c->moe_norm_topk);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->mlp_width(), 14336);
+
+  c = ParseHfConfig(kQwen3MoeConfig);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3Moe);
+  EXPECT_EQ(c->n_experts, 128);
+  EXPECT_EQ(c->n_experts_per_tok, 8);
+  EXPECT_EQ(c->moe_hidden_dim, 768);
+  EXPECT_EQ(c->mlp_width(), 768);
+  EXPECT_TRUE(c->moe_norm_topk);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->head_dim, 128);
+  // The same by model_type alone.
+  c = ParseHfConfig(absl::StrReplaceAll(
+      kQwen3MoeConfig, {{"\"architectures\": [\"Qwen3MoeForCausalLM\"],", ""}}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3Moe);
+  // Dense layers among the experts are refused by name; so is a top k above the experts.
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"mlp_only_layers\": []", "\"mlp_only_layers\": [0, 47]"},
+           {"\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2"}}) {
+    c = ParseHfConfig(absl::StrReplaceAll(kQwen3MoeConfig, {{from, to}}));
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << to;
+    EXPECT_THAT(c.status().message(), ::testing::HasSubstr("dense layers")) << to;
+  }
+  c = ParseHfConfig(absl::StrReplaceAll(kQwen3MoeConfig,
+                                        {{"\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 129"}}));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), ::testing::HasSubstr("n_experts_per_tok 129"));
+  // Written back and read again: the same config.
+  c = ParseHfConfig(kQwen3MoeConfig);
+  absl::StatusOr<std::string> json = HfConfigJson(*c);
+  ASSERT_TRUE(json.ok()) << json.status();
+  absl::StatusOr<ModelConfig> again = ParseHfConfig(*json);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *c);
+  // Experts change the fingerprint's config bytes; a dense model's stay as they were.
+  ModelConfig fewer = *c;
+  fewer.n_experts_per_tok = 4;
+  EXPECT_NE(CanonicalConfigBytes(fewer), CanonicalConfigBytes(*c));
+}
+
 TEST(HfConfigTest, ParsesQwen3WithHeadNormsAndWideHeads) {
   absl::StatusOr<ModelConfig> c = ParseHfConfig(kQwen3Config);
   ASSERT_TRUE(c.ok()) << c.status();

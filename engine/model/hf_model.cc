@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <array>
 #include <cstdint>
 #include <utility>
 
@@ -19,6 +20,23 @@ namespace {
 
 std::string LayerName(int layer, absl::string_view suffix) {
   return absl::StrCat("model.layers.", layer, ".", suffix);
+}
+
+// A mixture-of-experts layer's tensor names: the router, and expert e's gate / up / down.
+std::string RouterName(const ModelConfig& c, int layer) {
+  return LayerName(layer, c.architecture == Architecture::kMixtral ? "block_sparse_moe.gate.weight"
+                                                                   : "mlp.gate.weight");
+}
+
+std::array<std::string, 3> ExpertNames(const ModelConfig& c, int layer, int e) {
+  if (c.architecture == Architecture::kMixtral) {
+    const std::string base = absl::StrCat("block_sparse_moe.experts.", e, ".");
+    return {LayerName(layer, base + "w1.weight"), LayerName(layer, base + "w3.weight"),
+            LayerName(layer, base + "w2.weight")};
+  }
+  const std::string base = absl::StrCat("mlp.experts.", e, ".");
+  return {LayerName(layer, base + "gate_proj.weight"), LayerName(layer, base + "up_proj.weight"),
+          LayerName(layer, base + "down_proj.weight")};
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -92,6 +110,17 @@ std::vector<HfTensorRequirement> HfRequiredTensors(const ModelConfig& c) {
     }
     out.push_back({LayerName(l, "self_attn.o_proj.weight"), {dim, q}});
     out.push_back({LayerName(l, "post_attention_layernorm.weight"), {dim}});
+    if (c.moe()) {
+      const int64_t width = c.moe_hidden_dim;
+      out.push_back({RouterName(c, l), {c.n_experts, dim}});
+      for (int e = 0; e < c.n_experts; ++e) {
+        const std::array<std::string, 3> names = ExpertNames(c, l, e);
+        out.push_back({names[0], {width, dim}});
+        out.push_back({names[1], {width, dim}});
+        out.push_back({names[2], {dim, width}});
+      }
+      continue;
+    }
     out.push_back({LayerName(l, "mlp.gate_proj.weight"), {hidden, dim}});
     out.push_back({LayerName(l, "mlp.up_proj.weight"), {hidden, dim}});
     out.push_back({LayerName(l, "mlp.down_proj.weight"), {dim, hidden}});
@@ -152,6 +181,15 @@ void HfModel::BindTensors() {
       w.k_norm = get(LayerName(l, "self_attn.k_norm.weight"));
     }
     w.post_attention_layernorm = get(LayerName(l, "post_attention_layernorm.weight"));
+    if (config_.moe()) {
+      w.router = get(RouterName(config_, l));
+      w.experts.resize(static_cast<size_t>(config_.n_experts));
+      for (int e = 0; e < config_.n_experts; ++e) {
+        const std::array<std::string, 3> names = ExpertNames(config_, l, e);
+        w.experts[e] = {get(names[0]), get(names[1]), get(names[2])};
+      }
+      continue;
+    }
     w.gate_proj = get(LayerName(l, "mlp.gate_proj.weight"));
     w.up_proj = get(LayerName(l, "mlp.up_proj.weight"));
     w.down_proj = get(LayerName(l, "mlp.down_proj.weight"));

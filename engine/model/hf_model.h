@@ -70,9 +70,18 @@ struct HfLayerWeights {
   std::optional<TensorView> q_norm;  // [head_dim], set iff config().qk_norm
   std::optional<TensorView> k_norm;
   TensorView post_attention_layernorm;
-  TensorView gate_proj;
+  TensorView gate_proj;  // dense MLP (unset with experts)
   TensorView up_proj;
   TensorView down_proj;
+  // Mixture of experts (config().moe()): the router [n_experts][dim] and each expert's SwiGLU
+  // matrices (Mixtral's w1 / w3 / w2 as gate / up / down).
+  TensorView router;
+  struct Expert {
+    TensorView gate_proj;  // [moe_hidden_dim][dim]
+    TensorView up_proj;    // [moe_hidden_dim][dim]
+    TensorView down_proj;  // [dim][moe_hidden_dim]
+  };
+  std::vector<Expert> experts;
 };
 
 struct HfModelLoadStats {

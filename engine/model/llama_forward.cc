@@ -90,8 +90,16 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
         "no kernels on this device for weight dtype ", kernels::DTypeName(weights->dtype),
         " with kv dtype ", kernels::DTypeName(pool.dtype)));
   }
+  if (weights->config.moe() && ctx.device != kernels::Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        ArchitectureName(weights->config.architecture),
+        ": mixture-of-experts layers run on the CPU only so far (no CUDA grouped expert GEMMs)"));
+  }
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   const ModelConfig& c = f->config_;
+  if (c.moe()) {
+    f->expert_tokens_.assign(static_cast<size_t>(c.n_layers) * c.n_experts, 0);
+  }
   kernels::RopeFreqConfig rope;
   rope.head_dim = c.head_dim;
   rope.theta = c.rope_theta;
@@ -132,9 +140,11 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
   }
 
   // One workspace for the largest matmul of any layer at the largest batch.
-  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},    {t, c.dim, c.kv_dim},
-                               {t, c.q_dim(), c.dim},    {t, c.dim, c.hidden_dim},
-                               {t, c.hidden_dim, c.dim}, {options.max_seqs, c.dim, c.vocab_size}};
+  const int64_t width = c.mlp_width();
+  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},  {t, c.dim, c.kv_dim},
+                               {t, c.q_dim(), c.dim},  {t, c.dim, width},
+                               {t, width, c.dim},      {options.max_seqs, c.dim, c.vocab_size},
+                               {t, c.dim, std::max(c.n_experts, 1)}};
   for (const auto& s : shapes) {
     kernels::MatMulParams p;
     p.num_rows = s[0];
@@ -184,8 +194,14 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
     k_ = static_cast<float*>(carve(t * c.kv_dim * 4));
     v_ = static_cast<float*>(carve(t * c.kv_dim * 4));
     att_ = static_cast<float*>(carve(t * c.q_dim() * 4));
-    gate_ = static_cast<float*>(carve(t * c.hidden_dim * 4));
-    up_ = static_cast<float*>(carve(t * c.hidden_dim * 4));
+    gate_ = static_cast<float*>(carve(t * c.mlp_width() * 4));
+    up_ = static_cast<float*>(carve(t * c.mlp_width() * 4));
+    if (c.moe()) {
+      router_logits_ = static_cast<float*>(carve(t * c.n_experts * 4));
+      moe_in_ = static_cast<float*>(carve(t * c.dim * 4));
+      moe_out_ = static_cast<float*>(carve(t * c.dim * 4));
+      moe_sum_ = static_cast<float*>(carve(t * c.dim * 4));
+    }
     logits_tmp_ = static_cast<float*>(carve(options_.max_seqs * int64_t{c.vocab_size} * 4));
     workspace_ = carve(workspace_bytes_);
     if (on_device) {
@@ -846,6 +862,9 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
 
   // MLP block: x += W_down (silu(W_gate xb) * (W_up xb)).
   PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.ffn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
+  if (c.moe()) {
+    return MoeMlp(layer, num_tokens);
+  }
   PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, w.w_gate_scales, nullptr, gate_, num_tokens, c.dim,
                             c.hidden_dim, false));
   PD_RETURN_IF_ERROR(
@@ -862,6 +881,51 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   PD_RETURN_IF_ERROR(kernels::SiluMul(ctx_, silu));
   return MatMul(gate_, w.w_down, w.w_down_scales, nullptr, x_, num_tokens, c.hidden_dim, c.dim,
                 true);
+}
+
+absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_->layers[layer];
+  const int64_t dim = c.dim, width = c.moe_hidden_dim;
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.router, w.router_scales, nullptr, router_logits_, num_tokens,
+                            dim, c.n_experts, false));
+  RouteTokens(router_logits_, num_tokens, c.n_experts, c.n_experts_per_tok, c.moe_norm_topk,
+              &routing_);
+  std::fill(moe_sum_, moe_sum_ + num_tokens * dim, 0.0f);
+  int64_t* counts = &expert_tokens_[static_cast<size_t>(layer) * c.n_experts];
+  for (int e = 0; e < c.n_experts; ++e) {
+    const std::vector<int32_t>& tokens = routing_.tokens[e];
+    if (tokens.empty()) continue;
+    const auto n = static_cast<int64_t>(tokens.size());
+    counts[e] += n;
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(xb_ + tokens[i] * dim, dim, moe_in_ + i * dim);
+    }
+    const ExpertWeights& x = w.experts[e];
+    PD_RETURN_IF_ERROR(
+        MatMul(moe_in_, x.w_gate, x.w_gate_scales, nullptr, gate_, n, dim, width, false));
+    PD_RETURN_IF_ERROR(MatMul(moe_in_, x.w_up, x.w_up_scales, nullptr, up_, n, dim, width, false));
+    kernels::SiluMulParams silu;
+    silu.gate = gate_;
+    silu.up = up_;
+    silu.out = gate_;
+    silu.num_rows = n;
+    silu.dim = width;
+    silu.gate_row_stride = width;
+    silu.up_row_stride = width;
+    silu.out_row_stride = width;
+    PD_RETURN_IF_ERROR(kernels::SiluMul(ctx_, silu));
+    PD_RETURN_IF_ERROR(
+        MatMul(gate_, x.w_down, x.w_down_scales, nullptr, moe_out_, n, width, dim, false));
+    for (int64_t i = 0; i < n; ++i) {
+      const float weight = routing_.weights[e][i];
+      float* sum = moe_sum_ + tokens[i] * dim;
+      const float* y = moe_out_ + i * dim;
+      for (int64_t d = 0; d < dim; ++d) sum[d] += weight * y[d];
+    }
+  }
+  for (int64_t i = 0; i < num_tokens * dim; ++i) x_[i] += moe_sum_[i];
+  return absl::OkStatus();
 }
 
 }  // namespace pd::engine

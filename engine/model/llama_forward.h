@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/model_weights.h"
+#include "engine/model/moe_routing.h"
 #include "kernels/attention_params.h"
 #include "kernels/device_memory.h"
 #include "kernels/sampling_params.h"
@@ -175,6 +176,9 @@ class LlamaForward {
   // Bytes of one KV block of this model at the pool's dtype.
   int64_t block_bytes() const;
   GraphStats graph_stats() const { return graph_stats_; }
+  // Mixture of experts: token-expert assignments since creation, [layer][expert] flattened
+  // (n_layers * n_experts entries; empty for a dense model). Read between steps.
+  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
 
  private:
   LlamaForward(const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx,
@@ -196,6 +200,10 @@ class LlamaForward {
   // Whether the prepared batch runs as a decode graph (a step with logit edits never does).
   bool GraphEligible(int64_t num_tokens, bool edited) const;
   absl::Status Layer(int layer, int64_t num_tokens);
+  // The MLP block of a mixture-of-experts layer (config_.moe(); kCpu): routes the tokens
+  // (moe_routing.h), runs each expert's SwiGLU MLP over the tokens routed to it, and adds
+  // the weighted outputs (summed in expert order) to x_.
+  absl::Status MoeMlp(int layer, int64_t num_tokens);
   // y (+)= x w^T + bias; w_scales: the per-row scales of int8 weights, else nullptr.
   absl::Status MatMul(const float* x, const void* w, const float* w_scales, const float* bias,
                       float* y, int64_t num_rows, int64_t in, int64_t out, bool accumulate);
@@ -239,6 +247,11 @@ class LlamaForward {
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
   float *att_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
   float* logits_tmp_ = nullptr;  // [max_seqs][vocab], slot order
+  // Mixture of experts (kCpu): router logits [tokens][n_experts], one expert's gathered inputs
+  // and outputs [tokens][dim], the weighted sum of the experts' outputs [tokens][dim].
+  float *router_logits_ = nullptr, *moe_in_ = nullptr, *moe_out_ = nullptr, *moe_sum_ = nullptr;
+  MoeRouting routing_;
+  std::vector<int64_t> expert_tokens_;
   void* workspace_ = nullptr;    // matmul and decode attention workspace (device memory on kCuda)
   int64_t workspace_bytes_ = 0;
   const float* inv_freq_ = nullptr;  // [head_dim / 2]

@@ -35,6 +35,10 @@ absl::string_view ArchitectureName(Architecture architecture) {
       return "qwen2";
     case Architecture::kQwen3:
       return "qwen3";
+    case Architecture::kMixtral:
+      return "mixtral";
+    case Architecture::kQwen3Moe:
+      return "qwen3_moe";
   }
   return "unknown";
 }
@@ -85,6 +89,18 @@ absl::Status ModelConfig::Validate() const {
                        s.original_max_position_embeddings));
     }
   }
+  if (n_experts < 0) {
+    return invalid(absl::StrCat("n_experts ", n_experts, " is negative"));
+  }
+  if (n_experts > 0) {
+    if (n_experts_per_tok < 1 || n_experts_per_tok > n_experts) {
+      return invalid(absl::StrCat("n_experts_per_tok ", n_experts_per_tok, " is not in [1, ",
+                                  n_experts, "]"));
+    }
+    if (moe_hidden_dim <= 0) {
+      return invalid(absl::StrCat("moe_hidden_dim ", moe_hidden_dim, " must be positive"));
+    }
+  }
   if (sliding_window < 0) {
     return invalid(absl::StrCat("sliding_window ", sliding_window, " is negative"));
   }
@@ -121,6 +137,11 @@ std::string ModelConfig::DebugString() const {
   }
   absl::StrAppend(&out, " rms_norm_eps=", rms_norm_eps, " qkv_bias=", qkv_bias ? "true" : "false",
                   " qk_norm=", qk_norm ? "true" : "false",
+                  n_experts > 0 ? absl::StrCat(" n_experts=", n_experts, " n_experts_per_tok=",
+                                               n_experts_per_tok, " moe_hidden_dim=",
+                                               moe_hidden_dim, " moe_norm_topk=",
+                                               moe_norm_topk ? "true" : "false")
+                                : std::string(),
                   " sliding_window=", sliding_window, " bos_id=");
   if (bos_id == kNoToken) {
     out += "none";
@@ -159,6 +180,12 @@ std::string CanonicalConfigBytes(const ModelConfig& c) {
     AppendRaw<uint32_t>(&out, id);
   }
   AppendRaw<uint8_t>(&out, static_cast<uint8_t>(c.weight_dtype));
+  if (c.n_experts > 0) {  // appended only with experts: dense models' bytes are unchanged
+    for (int32_t v : {c.n_experts, c.n_experts_per_tok, c.moe_hidden_dim}) {
+      AppendRaw<int32_t>(&out, v);
+    }
+    AppendRaw<uint8_t>(&out, c.moe_norm_topk ? 1 : 0);
+  }
   return out;
 }
 

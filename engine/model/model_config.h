@@ -28,9 +28,11 @@ enum class Architecture : uint8_t {
   kMistral = 2,  // HF MistralForCausalLM
   kQwen2 = 3,    // HF Qwen2ForCausalLM
   kQwen3 = 4,    // HF Qwen3ForCausalLM (dense): RMSNorm of each q and k head before RoPE
+  kMixtral = 5,  // HF MixtralForCausalLM: Mistral attention, mixture-of-experts MLPs
+  kQwen3Moe = 6, // HF Qwen3MoeForCausalLM: Qwen3 attention, mixture-of-experts MLPs
 };
 
-// "llama2c", "llama", "mistral", "qwen2", "qwen3".
+// "llama2c", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe".
 absl::string_view ArchitectureName(Architecture architecture);
 
 // Which elements of a head form a rotated RoPE pair (i in [0, head_dim / 2)):
@@ -77,6 +79,14 @@ struct ModelConfig {
   // Each head of q and of k is RMS-normalized (weights [head_dim], rms_norm_eps) after the
   // projection and before RoPE (Qwen3).
   bool qk_norm = false;
+  // Mixture of experts (Mixtral, Qwen3-MoE); n_experts == 0: every MLP is dense. Otherwise every
+  // layer's MLP is n_experts SwiGLU experts of width moe_hidden_dim, of which each token goes
+  // to n_experts_per_tok: softmax over the router's logits, the top k, their probabilities as
+  // weights, renormalized to sum 1 when moe_norm_topk (engine/model/moe_routing.h).
+  int32_t n_experts = 0;          // num_local_experts (Mixtral), num_experts (Qwen3-MoE)
+  int32_t n_experts_per_tok = 0;  // num_experts_per_tok
+  int32_t moe_hidden_dim = 0;     // intermediate_size (Mixtral), moe_intermediate_size (Qwen3-MoE)
+  bool moe_norm_topk = false;     // Mixtral: true; Qwen3-MoE: norm_topk_prob
   int32_t sliding_window = 0;  // attention window in tokens (Mistral v0.1); 0 = full attention
   uint32_t bos_id = 1;         // bos_token_id, or kNoToken
   // The primary end-of-sequence id: eos_ids[0].
@@ -88,12 +98,15 @@ struct ModelConfig {
 
   // Width of the concatenated query heads: n_heads * head_dim.
   int64_t q_dim() const { return static_cast<int64_t>(n_heads) * head_dim; }
+  bool moe() const { return n_experts > 0; }
+  // The widest MLP a token passes through: hidden_dim, or moe_hidden_dim with experts.
+  int32_t mlp_width() const { return moe() ? moe_hidden_dim : hidden_dim; }
 
   // Checks internal consistency. InvalidArgument naming the field and its value when: a size is
   // not positive; n_heads % n_kv_heads != 0; head_dim is odd; kv_dim != n_kv_heads * head_dim;
   // rope_theta or rms_norm_eps is not a positive finite number; a rope_scaling field is out of
   // range; sliding_window < 0; eos_ids is empty, eos_id != eos_ids[0], or a special id is
-  // >= vocab_size.
+  // >= vocab_size; with experts, n_experts_per_tok not in [1, n_experts] or moe_hidden_dim <= 0.
   absl::Status Validate() const;
 
   // One line with every field, for logs and error messages.

@@ -86,9 +86,19 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
     lw.wk = hl.k_proj.data;
     lw.wv = hl.v_proj.data;
     lw.wo = hl.o_proj.data;
-    lw.w_gate = hl.gate_proj.data;
-    lw.w_up = hl.up_proj.data;
-    lw.w_down = hl.down_proj.data;
+    if (w.config.moe()) {
+      lw.router = hl.router.data;
+      lw.experts.resize(hl.experts.size());
+      for (size_t e = 0; e < hl.experts.size(); ++e) {
+        lw.experts[e].w_gate = hl.experts[e].gate_proj.data;
+        lw.experts[e].w_up = hl.experts[e].up_proj.data;
+        lw.experts[e].w_down = hl.experts[e].down_proj.data;
+      }
+    } else {
+      lw.w_gate = hl.gate_proj.data;
+      lw.w_up = hl.up_proj.data;
+      lw.w_down = hl.down_proj.data;
+    }
     if (hl.q_bias.has_value()) {
       PD_ASSIGN_OR_RETURN(lw.bq, OwnedF32(*hl.q_bias, &w));
       PD_ASSIGN_OR_RETURN(lw.bk, OwnedF32(*hl.k_bias, &w));
@@ -102,7 +112,10 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
   return w;
 }
 
-int64_t MatrixWeightBytes(const ModelWeights& w) {
+namespace {
+
+// MatrixWeightBytes with `experts` experts counted per layer (moe() only).
+int64_t WeightBytes(const ModelWeights& w, int64_t experts) {
   const ModelConfig& c = w.config;
   const bool i8 = w.dtype == kernels::DType::kI8;
   // One matrix of `rows` x `cols`, plus its scales when int8.
@@ -114,9 +127,23 @@ int64_t MatrixWeightBytes(const ModelWeights& w) {
   if (w.classifier != w.embedding) {
     total += matrix(c.vocab_size, dim);
   }
-  const int64_t layer = matrix(q, dim) + 2 * matrix(kv, dim) + matrix(dim, q) +
-                        2 * matrix(hidden, dim) + matrix(dim, hidden);
+  int64_t layer = matrix(q, dim) + 2 * matrix(kv, dim) + matrix(dim, q);
+  if (c.moe()) {
+    const int64_t width = c.moe_hidden_dim;
+    layer += matrix(c.n_experts, dim) +
+             experts * (2 * matrix(width, dim) + matrix(dim, width));
+  } else {
+    layer += 2 * matrix(hidden, dim) + matrix(dim, hidden);
+  }
   return total + layer * c.n_layers;
+}
+
+}  // namespace
+
+int64_t MatrixWeightBytes(const ModelWeights& w) { return WeightBytes(w, w.config.n_experts); }
+
+int64_t ActiveMatrixWeightBytes(const ModelWeights& w) {
+  return WeightBytes(w, w.config.n_experts_per_tok);
 }
 
 namespace {
@@ -165,23 +192,48 @@ struct LayerMatrix {
 
 std::vector<LayerMatrix> LayerMatrices(const ModelConfig& c) {
   const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
-  return {{q, dim, &LayerWeights::wq, &LayerWeights::wq_scales},
-          {kv, dim, &LayerWeights::wk, &LayerWeights::wk_scales},
-          {kv, dim, &LayerWeights::wv, &LayerWeights::wv_scales},
-          {dim, q, &LayerWeights::wo, &LayerWeights::wo_scales},
-          {hidden, dim, &LayerWeights::w_gate, &LayerWeights::w_gate_scales},
-          {hidden, dim, &LayerWeights::w_up, &LayerWeights::w_up_scales},
-          {dim, hidden, &LayerWeights::w_down, &LayerWeights::w_down_scales}};
+  std::vector<LayerMatrix> out = {{q, dim, &LayerWeights::wq, &LayerWeights::wq_scales},
+                                  {kv, dim, &LayerWeights::wk, &LayerWeights::wk_scales},
+                                  {kv, dim, &LayerWeights::wv, &LayerWeights::wv_scales},
+                                  {dim, q, &LayerWeights::wo, &LayerWeights::wo_scales}};
+  if (c.moe()) {
+    out.push_back({c.n_experts, dim, &LayerWeights::router, &LayerWeights::router_scales});
+  } else {
+    out.push_back({hidden, dim, &LayerWeights::w_gate, &LayerWeights::w_gate_scales});
+    out.push_back({hidden, dim, &LayerWeights::w_up, &LayerWeights::w_up_scales});
+    out.push_back({dim, hidden, &LayerWeights::w_down, &LayerWeights::w_down_scales});
+  }
+  return out;
+}
+
+// The matrices of one expert (moe() only), as LayerMatrix is for a layer.
+struct ExpertMatrix {
+  int64_t rows, cols;
+  const void* ExpertWeights::*weight;
+  const float* ExpertWeights::*scales;
+};
+
+std::vector<ExpertMatrix> ExpertMatrices(const ModelConfig& c) {
+  if (!c.moe()) return {};
+  const int64_t dim = c.dim, width = c.moe_hidden_dim;
+  return {{width, dim, &ExpertWeights::w_gate, &ExpertWeights::w_gate_scales},
+          {width, dim, &ExpertWeights::w_up, &ExpertWeights::w_up_scales},
+          {dim, width, &ExpertWeights::w_down, &ExpertWeights::w_down_scales}};
 }
 
 // Calls reserve(rows, cols) for the classifier, then for each layer's matrices in LayerMatrices
-// order: the order in which QuantizeWeightsInt8 and CopyWeightsToHugePages Take them.
+// order and its experts' in ExpertMatrices order: the order in which QuantizeWeightsInt8 and
+// CopyWeightsToHugePages Take them.
 template <typename Reserve>
 void ReserveMatrices(const ModelConfig& c, const std::vector<LayerMatrix>& matrices,
                      Reserve reserve) {
   reserve(c.vocab_size, c.dim);
+  const std::vector<ExpertMatrix> experts = ExpertMatrices(c);
   for (int l = 0; l < c.n_layers; ++l) {
     for (const LayerMatrix& m : matrices) reserve(m.rows, m.cols);
+    for (int e = 0; e < c.n_experts; ++e) {
+      for (const ExpertMatrix& m : experts) reserve(m.rows, m.cols);
+    }
   }
 }
 
@@ -262,6 +314,13 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
       PD_RETURN_IF_ERROR(QuantizeMatrix(s.*m.weight, src.dtype, m.rows, m.cols, &arena,
                                         &(o.*m.weight), &(o.*m.scales)));
     }
+    for (size_t e = 0; e < s.experts.size(); ++e) {
+      for (const ExpertMatrix& m : ExpertMatrices(c)) {
+        PD_RETURN_IF_ERROR(QuantizeMatrix(s.experts[e].*m.weight, src.dtype, m.rows, m.cols,
+                                          &arena, &(o.experts[e].*m.weight),
+                                          &(o.experts[e].*m.scales)));
+      }
+    }
   }
   return w;
 }
@@ -308,6 +367,12 @@ absl::StatusOr<ModelWeights> CopyWeightsToHugePages(const ModelWeights& src) {
     o = s;  // norms, biases (views), then the matrices replaced
     for (const LayerMatrix& m : matrices) {
       o.*m.weight = copy(s.*m.weight, s.*m.scales, m.rows, m.cols, &(o.*m.scales));
+    }
+    for (size_t e = 0; e < s.experts.size(); ++e) {
+      for (const ExpertMatrix& m : ExpertMatrices(c)) {
+        o.experts[e].*m.weight = copy(s.experts[e].*m.weight, s.experts[e].*m.scales, m.rows,
+                                      m.cols, &(o.experts[e].*m.scales));
+      }
     }
   }
   return w;

@@ -21,6 +21,16 @@
 
 namespace pd::engine {
 
+// One expert of a mixture-of-experts layer: a SwiGLU MLP of width moe_hidden_dim.
+struct ExpertWeights {
+  const void* w_gate = nullptr;          // [moe_hidden_dim][dim], of ModelWeights::dtype
+  const void* w_up = nullptr;            // [moe_hidden_dim][dim]
+  const void* w_down = nullptr;          // [dim][moe_hidden_dim]
+  const float* w_gate_scales = nullptr;  // int8: [moe_hidden_dim]
+  const float* w_up_scales = nullptr;    // int8: [moe_hidden_dim]
+  const float* w_down_scales = nullptr;  // int8: [dim]
+};
+
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim]
   const void* wq = nullptr;          // [q_dim][dim], of ModelWeights::dtype
@@ -44,6 +54,11 @@ struct LayerWeights {
   const float* w_gate_scales = nullptr;  // [hidden_dim]
   const float* w_up_scales = nullptr;    // [hidden_dim]
   const float* w_down_scales = nullptr;  // [dim]
+  // Mixture of experts (ModelConfig::moe()): the dense w_gate / w_up / w_down are unset; the
+  // router ([n_experts][dim], of dtype) and n_experts experts take their place.
+  const void* router = nullptr;
+  const float* router_scales = nullptr;  // int8: [n_experts]
+  std::vector<ExpertWeights> experts;
 };
 
 struct ModelWeights {
@@ -72,7 +87,12 @@ struct ModelWeights {
 
 // Bytes of the linear matrices (with their scales) and of the embedding table: what a forward
 // pass streams per decode step, and what a weight dtype changes. A shared classifier counts once.
+// With experts, every expert counts (what the weights occupy).
 int64_t MatrixWeightBytes(const ModelWeights& w);
+// What one token's decode step reads of the same: with experts, the router and
+// n_experts_per_tok experts per layer instead of all of them (the active parameters); equals
+// MatrixWeightBytes for a dense model.
+int64_t ActiveMatrixWeightBytes(const ModelWeights& w);
 
 // Views into a llama2.c checkpoint (f32, no copies). `checkpoint` must outlive the result.
 ModelWeights WeightsFromLlama2c(const Llama2cCheckpoint& checkpoint);

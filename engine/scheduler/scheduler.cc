@@ -1170,6 +1170,8 @@ SchedulerStats Scheduler::Stats() const {
   s.decode_graph_captures = graphs.captures;
   s.decode_graph_replays = graphs.replays;
   s.decode_graphs_off = graphs.off;
+  s.moe_experts = forward_->config().n_experts;
+  s.moe_expert_tokens = forward_->expert_tokens();
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.running = static_cast<int64_t>(running_.size());
   s.held = handoffs_.num_held();

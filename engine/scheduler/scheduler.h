@@ -75,6 +75,10 @@ struct SchedulerStats {
   int64_t decode_graph_captures = 0;    // cumulative: decode steps captured as device graphs
   int64_t decode_graph_replays = 0;     // cumulative: decode steps run as one graph launch
   bool decode_graphs_off = false;       // a capture failed: steps launch kernel by kernel
+  // Mixture of experts: cumulative token-expert assignments, [layer][expert] flattened
+  // (moe_experts entries a layer; empty for a dense model).
+  int32_t moe_experts = 0;
+  std::vector<int64_t> moe_expert_tokens;
   // Cumulative: steps a sequence sat out because its structured-output mask was late
   // (SchedulerConfig::mask_grace_us); its token was computed again the next step.
   int64_t late_masks = 0;

@@ -215,13 +215,13 @@ absl::StatusOr<kernels::DType> ParseDTypeName(absl::string_view name) {
 
 absl::StatusOr<Architecture> ParseArchitectureName(absl::string_view name) {
   for (Architecture a : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2,
-                         Architecture::kQwen3}) {
+                         Architecture::kQwen3, Architecture::kMixtral, Architecture::kQwen3Moe}) {
     if (name == ArchitectureName(a)) {
       return a;
     }
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("architecture \"", name, "\" is not one of llama, mistral, qwen2, qwen3"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "architecture \"", name, "\" is not one of llama, mistral, qwen2, qwen3, mixtral, qwen3_moe"));
 }
 
 absl::Status MakeModelOptions::Validate() const {
@@ -237,7 +237,10 @@ absl::Status MakeModelOptions::Validate() const {
       {"num_kv_heads", num_kv_heads},
       {"head_dim", head_dim},
       {"vocab_size", vocab_size},
-      {"max_position_embeddings", max_position_embeddings}};
+      {"max_position_embeddings", max_position_embeddings},
+      {"num_experts", num_experts},
+      {"num_experts_per_tok", num_experts_per_tok},
+      {"moe_intermediate_size", moe_intermediate_size}};
   for (const auto& [name, value] : overrides) {
     if (value < 0) {
       return absl::InvalidArgumentError(absl::StrCat(name, " is ", value, ", must be >= 0"));
@@ -245,6 +248,19 @@ absl::Status MakeModelOptions::Validate() const {
   }
   if (architecture == Architecture::kLlama2c) {
     return absl::InvalidArgumentError("architecture llama2c cannot be written as an HF model");
+  }
+  const bool moe = architecture == Architecture::kMixtral || architecture == Architecture::kQwen3Moe;
+  if (!moe && (num_experts > 0 || num_experts_per_tok > 0 || moe_intermediate_size > 0 ||
+               norm_topk_prob.has_value())) {
+    return absl::InvalidArgumentError(
+        "num_experts, num_experts_per_tok, moe_intermediate_size and norm_topk_prob need a "
+        "mixture-of-experts architecture (mixtral, qwen3_moe)");
+  }
+  if (architecture == Architecture::kMixtral &&
+      (moe_intermediate_size > 0 || norm_topk_prob.has_value())) {
+    return absl::InvalidArgumentError(
+        "mixtral: the experts are intermediate_size wide and always renormalized; "
+        "moe_intermediate_size and norm_topk_prob are Qwen3-MoE's");
   }
   return absl::OkStatus();
 }
@@ -301,7 +317,16 @@ absl::StatusOr<ModelConfig> ResolveMakeModelConfig(const MakeModelOptions& o) {
     c.architecture = *o.architecture;
   }
   c.qkv_bias = c.architecture == Architecture::kQwen2;
-  c.qk_norm = c.architecture == Architecture::kQwen3;
+  c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
+  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe) {
+    const bool mixtral = c.architecture == Architecture::kMixtral;
+    c.n_experts = o.num_experts > 0 ? o.num_experts : 8;
+    c.n_experts_per_tok = o.num_experts_per_tok > 0 ? o.num_experts_per_tok : 2;
+    c.moe_hidden_dim = mixtral                        ? c.hidden_dim
+                       : o.moe_intermediate_size > 0 ? o.moe_intermediate_size
+                                                      : std::max(1, c.hidden_dim / 4);
+    c.moe_norm_topk = mixtral || o.norm_topk_prob.value_or(true);
+  }
   if (o.head_dim > 0) {
     c.head_dim = o.head_dim;  // (Qwen3's heads are wider than hidden_size / num_heads)
   } else if (c.dim % c.n_heads != 0) {

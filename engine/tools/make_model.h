@@ -17,6 +17,7 @@
 //          max_pos 512, untied, theta 1e4, f32                                  (~0.16 M params)
 //   small  hidden 768, 12 layers, 12 heads, 4 kv heads, intermediate 2304, vocab 8192,
 //          max_pos 2048, untied, theta 1e4, bf16                                (~95 M params)
+//   (with --arch mixtral or qwen3_moe any preset gets 8 experts, 2 per token, unless overridden)
 //   1b     Llama-3.2-1B shape: hidden 2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192,
 //          vocab 128256, max_pos 131072, tied, theta 5e5, llama3 rope_scaling (32, 1, 4, 8192),
 //          bf16                                                                 (~1.24 B params)
@@ -42,7 +43,8 @@ struct MakeModelOptions {
   std::string preset = "tiny";  // tiny | small | 1b
   uint64_t seed = 0;
   std::optional<kernels::DType> dtype;       // preset's when unset
-  std::optional<Architecture> architecture;  // kLlama, kMistral, kQwen2 or kQwen3; preset's (llama)
+  // kLlama, kMistral, kQwen2, kQwen3, kMixtral or kQwen3Moe; preset's (llama)
+  std::optional<Architecture> architecture;
   // Shape overrides; 0 / unset = the preset's value.
   int32_t hidden_size = 0;
   int32_t intermediate_size = 0;
@@ -53,6 +55,13 @@ struct MakeModelOptions {
   int32_t vocab_size = 0;
   int32_t max_position_embeddings = 0;
   std::optional<bool> tie_word_embeddings;
+  // Mixture of experts (kMixtral, kQwen3Moe only; 0 / unset = the defaults: 8 experts, 2 per
+  // token; Mixtral's experts are intermediate_size wide, Qwen3-MoE's moe_intermediate_size =
+  // intermediate_size / 4 and norm_topk_prob true, as Qwen3-30B-A3B).
+  int32_t num_experts = 0;
+  int32_t num_experts_per_tok = 0;
+  int32_t moe_intermediate_size = 0;
+  std::optional<bool> norm_topk_prob;
   // An existing non-empty out_dir is an error unless set; then our files are overwritten (and a
   // stale model.safetensors.index.json removed), other files are left alone.
   bool force = false;
@@ -88,7 +97,8 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options);
 
 // "f32" | "bf16" | "f16". InvalidArgument naming the value otherwise.
 absl::StatusOr<kernels::DType> ParseDTypeName(absl::string_view name);
-// "llama" | "mistral" | "qwen2". InvalidArgument naming the value otherwise.
+// "llama" | "mistral" | "qwen2" | "qwen3" | "mixtral" | "qwen3_moe". InvalidArgument naming the
+// value otherwise.
 absl::StatusOr<Architecture> ParseArchitectureName(absl::string_view name);
 
 // Element `index` of tensor `name` before rounding to the storage dtype (see the file comment).

@@ -21,7 +21,7 @@ ABSL_FLAG(std::string, out, "", "output directory (created if missing; required)
 ABSL_FLAG(std::string, preset, "tiny", "tiny | small | 1b");
 ABSL_FLAG(uint64_t, seed, 0, "weight seed; equal seeds give byte-identical files");
 ABSL_FLAG(std::string, dtype, "", "f32 | bf16 | f16 (default: the preset's)");
-ABSL_FLAG(std::string, arch, "llama", "llama | mistral | qwen2 | qwen3");
+ABSL_FLAG(std::string, arch, "llama", "llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe");
 ABSL_FLAG(bool, force, false, "overwrite the model files in an existing non-empty directory");
 ABSL_FLAG(bool, verify, true, "load the result with HfModel/HfTokenizer and print its fingerprint");
 ABSL_FLAG(int32_t, hidden_size, 0, "override (0 = preset)");
@@ -33,6 +33,13 @@ ABSL_FLAG(int32_t, head_dim, 0, "width of a head (0 = hidden_size / num_heads; Q
 ABSL_FLAG(int32_t, vocab_size, 0, "override (0 = preset; at least 260)");
 ABSL_FLAG(int32_t, max_position_embeddings, 0, "override (0 = preset)");
 ABSL_FLAG(std::string, tie_word_embeddings, "", "true | false (default: the preset's)");
+ABSL_FLAG(int32_t, num_experts, 0, "mixtral / qwen3_moe: experts per layer (0 = 8)");
+ABSL_FLAG(int32_t, num_experts_per_tok, 0, "mixtral / qwen3_moe: experts per token (0 = 2)");
+ABSL_FLAG(int32_t, moe_intermediate_size, 0,
+          "qwen3_moe: width of an expert (0 = intermediate_size / 4); mixtral's experts are "
+          "intermediate_size wide");
+ABSL_FLAG(std::string, norm_topk_prob, "",
+          "qwen3_moe: true | false, renormalize the chosen experts' weights (default true)");
 
 namespace {
 
@@ -55,6 +62,15 @@ absl::StatusOr<pd::engine::MakeModelOptions> OptionsFromFlags() {
     PD_ASSIGN_OR_RETURN(o.dtype, pd::engine::ParseDTypeName(absl::GetFlag(FLAGS_dtype)));
   }
   PD_ASSIGN_OR_RETURN(o.architecture, pd::engine::ParseArchitectureName(absl::GetFlag(FLAGS_arch)));
+  o.num_experts = absl::GetFlag(FLAGS_num_experts);
+  o.num_experts_per_tok = absl::GetFlag(FLAGS_num_experts_per_tok);
+  o.moe_intermediate_size = absl::GetFlag(FLAGS_moe_intermediate_size);
+  const std::string norm = absl::GetFlag(FLAGS_norm_topk_prob);
+  if (norm == "true" || norm == "false") {
+    o.norm_topk_prob = norm == "true";
+  } else if (!norm.empty()) {
+    return absl::InvalidArgumentError("--norm_topk_prob must be true or false");
+  }
   const std::string tie = absl::GetFlag(FLAGS_tie_word_embeddings);
   if (tie == "true" || tie == "false") {
     o.tie_word_embeddings = tie == "true";

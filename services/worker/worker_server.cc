@@ -3,6 +3,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/status_macros.h"
@@ -306,6 +308,31 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddGauge("pd_worker_decode_graphs_disabled",
                   "1 when a CUDA graph capture failed and decode steps launch kernel by kernel",
                   st.decode_graphs_off ? 1 : 0);
+    if (st.moe_experts > 0) {
+      // Expert load: assignments per layer and expert, and the most loaded expert's share
+      // against an even spread (1 = balanced; n_experts = one expert takes everything).
+      double max_ratio = 0;
+      const auto experts = static_cast<size_t>(st.moe_experts);
+      for (size_t l = 0; l * experts < st.moe_expert_tokens.size(); ++l) {
+        int64_t total = 0, most = 0;
+        for (size_t e = 0; e < experts; ++e) {
+          const int64_t n = st.moe_expert_tokens[l * experts + e];
+          sink.AddCounter("pd_worker_moe_expert_tokens_total",
+                          "Mixture of experts: tokens routed to each expert of each layer", n,
+                          {{"layer", absl::StrCat(l)}, {"expert", absl::StrCat(e)}});
+          total += n;
+          most = std::max(most, n);
+        }
+        if (total > 0) {
+          max_ratio = std::max(max_ratio, static_cast<double>(most) * static_cast<double>(experts) /
+                                              static_cast<double>(total));
+        }
+      }
+      sink.AddGauge("pd_worker_moe_expert_load_max_ratio",
+                    "Mixture of experts: the most loaded expert's tokens over the mean per expert, "
+                    "worst layer, since start (1 = balanced)",
+                    max_ratio);
+    }
     sink.AddCounter("pd_worker_remote_prefill_failures_total",
                     "Remote prefills that failed (decode then prefilled locally)",
                     st.remote_prefill_failures);

@@ -292,6 +292,7 @@ struct HfCase {
   std::optional<Architecture> architecture;
   kernels::DType dtype;
   int32_t head_dim = 0;  // 0 = hidden_size / num_heads
+  std::optional<bool> norm_topk_prob;  // Qwen3-MoE
   friend void PrintTo(const HfCase& c, std::ostream* os) { *os << c.name; }
 };
 
@@ -309,11 +310,13 @@ TEST_P(TorchParityHfTest, TinyModelPrefillAndDecode) {
   options.dtype = GetParam().dtype;
   options.architecture = GetParam().architecture;
   options.head_dim = GetParam().head_dim;
+  options.norm_topk_prob = GetParam().norm_topk_prob;
   absl::StatusOr<MakeModelResult> made = MakeModel(options);
   ASSERT_TRUE(made.ok()) << made.status();
   std::vector<uint32_t> prompt;
   for (uint32_t i = 0; i < 37; ++i) prompt.push_back((i * 97 + 11) % 400);  // crosses blocks
-  absl::StatusOr<Reference> ref = RunOracle({"--hf", options.out_dir}, prompt, *dir);
+  // 64 greedy steps (issue #34: tokens identical for 64 steps).
+  absl::StatusOr<Reference> ref = RunOracle({"--hf", options.out_dir}, prompt, *dir, 64);
   ASSERT_TRUE(ref.ok()) << ref.status();
   absl::StatusOr<HfModel> model = HfModel::Load(options.out_dir);
   ASSERT_TRUE(model.ok()) << model.status();
@@ -329,7 +332,14 @@ INSTANTIATE_TEST_SUITE_P(
                       // Heads wider than hidden_size / num_heads, as Qwen3's are.
                       HfCase{"Qwen3F32", Architecture::kQwen3, kernels::DType::kF32, 32},
                       HfCase{"Qwen3Bf16", Architecture::kQwen3, kernels::DType::kBF16, 32},
-                      HfCase{"LlamaBf16", std::nullopt, kernels::DType::kBF16}),
+                      HfCase{"LlamaBf16", std::nullopt, kernels::DType::kBF16},
+                      // Mixtures of experts (8 experts, 2 per token): Mixtral's renormalized
+                      // weights, Qwen3-MoE's with and without norm_topk_prob.
+                      HfCase{"MixtralF32", Architecture::kMixtral, kernels::DType::kF32},
+                      HfCase{"MixtralBf16", Architecture::kMixtral, kernels::DType::kBF16},
+                      HfCase{"Qwen3MoeF32", Architecture::kQwen3Moe, kernels::DType::kF32, 32},
+                      HfCase{"Qwen3MoeUnnormalizedF32", Architecture::kQwen3Moe,
+                             kernels::DType::kF32, 32, false}),
     [](const ::testing::TestParamInfo<HfCase>& info) { return info.param.name; });
 
 }  // namespace

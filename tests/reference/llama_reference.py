@@ -82,7 +82,7 @@ def load_hf(model_dir):
         c = json.load(f)
     arch = (c.get("architectures") or ["?"])[0]
     if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                    "Qwen3ForCausalLM"):
+                    "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"):
         raise ValueError(f"unsupported architecture {arch}")
     if c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {c['hidden_act']}")
@@ -111,6 +111,17 @@ def load_hf(model_dir):
                n_kv_heads=c.get("num_key_value_heads") or heads, head_dim=head_dim,
                vocab=c["vocab_size"], eps=float(c["rms_norm_eps"]), inv_freq=inv_freq,
                interleaved_rope=False, max_seq=c.get("max_position_embeddings"))
+    # Mixture of experts (Mixtral, Qwen3-MoE): every layer's MLP is num_experts SwiGLU experts;
+    # the router's softmax picks num_experts_per_tok per token (renormalized: Mixtral always,
+    # Qwen3-MoE when norm_topk_prob).
+    moe = arch in ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
+    if moe:
+        mixtral = arch == "MixtralForCausalLM"
+        cfg["n_experts"] = c["num_local_experts"] if mixtral else c["num_experts"]
+        cfg["top_k"] = c["num_experts_per_tok"]
+        cfg["norm_topk"] = True if mixtral else bool(c.get("norm_topk_prob", False))
+        if not mixtral and (c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1):
+            raise ValueError("Qwen3-MoE with dense layers (mlp_only_layers, decoder_sparse_step)")
     if c.get("sliding_window") and c.get("use_sliding_window", arch == "MistralForCausalLM"):
         cfg["max_seq"] = min(cfg["max_seq"] or 1 << 30, c["sliding_window"])  # not modelled
 
@@ -120,6 +131,20 @@ def load_hf(model_dir):
     layers = []
     for i in range(cfg["n_layers"]):
         p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        if moe:
+            base = p + ("block_sparse_moe." if mixtral else "mlp.")
+            names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+            experts = [dict(w1=t[f"{base}experts.{e}.{names[0]}.weight"],
+                            w3=t[f"{base}experts.{e}.{names[1]}.weight"],
+                            w2=t[f"{base}experts.{e}.{names[2]}.weight"])
+                       for e in range(cfg["n_experts"])]
+            layers.append(dict(
+                attn_norm=t[p + "input_layernorm.weight"],
+                ffn_norm=t[p + "post_attention_layernorm.weight"],
+                wq=t[a + "q_proj.weight"], wk=t[a + "k_proj.weight"], wv=t[a + "v_proj.weight"],
+                wo=t[a + "o_proj.weight"], q_norm=g(a + "q_norm.weight"),
+                k_norm=g(a + "k_norm.weight"), router=t[base + "gate.weight"], experts=experts))
+            continue
         layers.append(dict(
             attn_norm=t[p + "input_layernorm.weight"], ffn_norm=t[p + "post_attention_layernorm.weight"],
             wq=t[a + "q_proj.weight"], bq=g(a + "q_proj.bias"), wk=t[a + "k_proj.weight"],
@@ -192,8 +217,13 @@ class Llama:
         if self.bf16:  # every weight tensor (incl. embeddings, norms, biases) rounded once
             def r(v):
                 return round_bf16(v) if isinstance(v, torch.Tensor) else v
+            def rl(L):
+                out = {k: r(v) for k, v in L.items() if k != "experts"}
+                if "experts" in L:
+                    out["experts"] = [{k: r(v) for k, v in e.items()} for e in L["experts"]]
+                return out
             w = dict(embed=r(w["embed"]), norm=r(w["norm"]), lm_head=r(w["lm_head"]),
-                     layers=[{k: r(v) for k, v in L.items()} for L in w["layers"]])
+                     layers=[rl(L) for L in w["layers"]])
         self.w = w
 
     def linear(self, x, weight, bias=None):
@@ -206,6 +236,29 @@ class Llama:
 
     def rmsnorm(self, x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["eps"]) * weight
+
+    def mlp(self, h, L):
+        """The MLP block's output for h [T, dim]: one SwiGLU MLP, or the routed experts."""
+        if "experts" not in L:
+            gate = torch.nn.functional.silu(self.linear(h, L["w1"], L.get("b1")))
+            return self.linear(gate * self.linear(h, L["w3"], L.get("b3")), L["w2"], L.get("b2"))
+        # Mixtral / Qwen3-MoE routing: softmax over the router logits (f32), the top k experts,
+        # their weights renormalized to sum 1 when norm_topk. Each expert runs on the tokens
+        # routed to it; the weighted outputs are summed over experts in expert order.
+        probs = torch.softmax(self.linear(h, L["router"]), dim=-1)
+        weights, chosen = torch.topk(probs, self.c["top_k"], dim=-1)
+        if self.c["norm_topk"]:
+            weights = weights / weights.sum(-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for e, E in enumerate(L["experts"]):
+            rows, slots = torch.nonzero(chosen == e, as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            he = h[rows]
+            y = self.linear(torch.nn.functional.silu(self.linear(he, E["w1"])) *
+                            self.linear(he, E["w3"]), E["w2"])
+            out[rows] += weights[rows, slots][:, None] * y
+        return out
 
     def head_norm(self, x, weight):
         """Qwen3's q_norm / k_norm: x [T, heads, head_dim] normalized per head; None = off."""
@@ -255,9 +308,7 @@ class Llama:
             p = p / p.sum(-1, keepdim=True)
             o = torch.einsum("hts,shd->thd", p, v).reshape(T, H * hd)
             x = x + self.linear(o, L["wo"], L.get("bo"))
-            h = self.rmsnorm(x, L["ffn_norm"])
-            gate = torch.nn.functional.silu(self.linear(h, L["w1"], L.get("b1")))
-            x = x + self.linear(gate * self.linear(h, L["w3"], L.get("b3")), L["w2"], L.get("b2"))
+            x = x + self.mlp(self.rmsnorm(x, L["ffn_norm"]), L)
         return self.linear(self.rmsnorm(x, self.w["norm"]), self.w["lm_head"])
 
 
@@ -297,9 +348,7 @@ class Llama:
             p = p / p.sum(-1, keepdim=True)
             o = torch.einsum("hts,shd->thd", p, vals).reshape(1, H * hd)
             x = x + self.linear(o, L["wo"], L.get("bo"))
-            h = self.rmsnorm(x, L["ffn_norm"])
-            gate = torch.nn.functional.silu(self.linear(h, L["w1"], L.get("b1")))
-            x = x + self.linear(gate * self.linear(h, L["w3"], L.get("b3")), L["w2"], L.get("b2"))
+            x = x + self.mlp(self.rmsnorm(x, L["ffn_norm"]), L)
         return self.linear(self.rmsnorm(x, self.w["norm"]), self.w["lm_head"])
 
 
