@@ -97,6 +97,10 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileConstraint(
         absl::StrCat("choice: ", choice_bytes, " bytes of choices, at most ", kMaxConstraintBytes));
   }
   PD_ASSIGN_OR_RETURN(Grammar g, BuildGrammar(spec));
+  if (!spec.reasoning_end.empty()) {
+    PD_ASSIGN_OR_RETURN(g, AfterReasoning(g, spec.reasoning_start, spec.reasoning_end,
+                                          spec.reasoning_opened));
+  }
   PD_ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> compiled, CompiledGrammar::Compile(g));
   // A grammar the matcher cannot even start (more alternatives open at once than its bound, as
   // an enum of 50,000 values) would fail every request at its first token: refuse it here.
@@ -115,6 +119,11 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(
   std::string key =
       absl::StrCat(ConstraintKindName(spec.kind), ":", spec.text.size(), ":", spec.text);
   for (const std::string& c : spec.choices) absl::StrAppend(&key, ":", c.size(), ":", c);
+  if (!spec.reasoning_end.empty()) {
+    absl::StrAppend(&key, ":reasoning:", spec.reasoning_opened ? 1 : 0, ":",
+                    spec.reasoning_start.size(), ":", spec.reasoning_start, ":",
+                    spec.reasoning_end);
+  }
   {
     absl::MutexLock lock(&mu_);
     auto it = index_.find(key);

@@ -25,6 +25,11 @@ struct ConstraintSpec {
   // kStructuralTag: the tag as JSON (structural_tag.h)
   std::string text;
   std::vector<std::string> choices;  // kChoice: the output is exactly one of these
+  // A reasoning model's block before the constrained answer (AfterReasoning in
+  // structural_tag.h): set when reasoning_end is not empty.
+  std::string reasoning_start;
+  std::string reasoning_end;
+  bool reasoning_opened = false;
 };
 
 // Largest schema or pattern text, and most choices (each at most kMaxConstraintBytes too).

@@ -240,4 +240,47 @@ absl::StatusOr<Grammar> CompileStructuralTag(const StructuralTag& tag,
   return g;
 }
 
+absl::StatusOr<Grammar> AfterReasoning(const Grammar& inner, absl::string_view start,
+                                       absl::string_view end, bool opened) {
+  if (end.empty() || end.size() > kMaxTriggerBytes || start.size() > kMaxTriggerBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reasoning: the block's end must be 1..", kMaxTriggerBytes, " bytes, its start at most ",
+        kMaxTriggerBytes));
+  }
+  if (start.empty() && !opened) {
+    return absl::InvalidArgumentError("reasoning: a block the prompt did not open needs a start");
+  }
+  Grammar g;
+  const TriggerAutomaton automaton({std::string(end)});
+  const size_t n = automaton.next.size();
+  std::vector<uint32_t> rule(n);
+  for (size_t s = 0; s < n; ++s) rule[s] = g.NewRule(absl::StrCat("reasoning_", s));
+  const uint32_t answer = g.Import(inner);
+  const uint32_t newlines = g.AddChoice("after_reasoning", {{}, g.Literal("\n"), g.Literal("\n\n")});
+  for (size_t s = 0; s < n; ++s) {
+    if (!automaton.ends[s].empty()) {  // the block just closed: the answer
+      g.AddAlternative(rule[s], {Grammar::Ref(newlines), Grammar::Ref(answer)});
+      continue;
+    }
+    // Inside the block: no empty alternative, the output may not end before the answer.
+    std::map<uint32_t, ByteSet> by_target;
+    for (int b = 0; b < 256; ++b) by_target[automaton.next[s][b]].set(static_cast<size_t>(b));
+    for (const auto& [target, bytes] : by_target) {
+      g.AddAlternative(rule[s], {g.Bytes(bytes), Grammar::Ref(rule[target])});
+    }
+  }
+  if (opened) {
+    g.set_root(rule[0]);
+  } else {
+    const uint32_t root = g.NewRule("root");
+    Grammar::Sequence block = g.Literal(start);
+    block.push_back(Grammar::Ref(rule[0]));
+    g.AddAlternative(root, std::move(block));
+    g.AddAlternative(root, {Grammar::Ref(answer)});
+    g.set_root(root);
+  }
+  PD_RETURN_IF_ERROR(g.Validate());
+  return g;
+}
+
 }  // namespace pd::grammar

@@ -55,4 +55,13 @@ std::string StructuralTagJson(const StructuralTag& tag);
 absl::StatusOr<Grammar> CompileStructuralTag(const StructuralTag& tag,
                                              const JsonSchemaOptions& options);
 
+// A reasoning model's output under a constraint: first, optionally, a reasoning block
+// `start` + free text + `end` (with `opened` the output starts inside the block, which the
+// prompt opened, and must close it), then at most two newlines, then a sentence of `inner`. The
+// block's free text is any bytes not containing `end`; the output may not end inside it.
+// InvalidArgument when `end` is empty or longer than kMaxTriggerBytes, or `start` is empty
+// without `opened`.
+absl::StatusOr<Grammar> AfterReasoning(const Grammar& inner, absl::string_view start,
+                                       absl::string_view end, bool opened);
+
 }  // namespace pd::grammar

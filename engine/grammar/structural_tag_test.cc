@@ -151,6 +151,41 @@ TEST(StructuralTagTest, BadTagsAreRefusedNamingTheField) {
   EXPECT_THAT(std::string(tag.status().message()), HasSubstr("at most 64"));
 }
 
+TEST(StructuralTagTest, ReasoningBlockBeforeTheConstrainedAnswer) {
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kJsonSchema;
+  spec.text = R"({"type": "object", "properties": {"a": {"type": "integer"}},
+                  "required": ["a"], "additionalProperties": false})";
+  spec.reasoning_start = "<think>";
+  spec.reasoning_end = "</think>";
+  // The model may think first (or not), then answers by the schema.
+  auto g = CompileConstraint(spec);
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* ok : {"{\"a\":1}", "<think></think>{\"a\":1}",
+                         "<think>Let me think. {not json} </think\n</think>\n\n{\"a\": 2}"}) {
+    EXPECT_TRUE(Matches(*g, ok)) << ok;
+  }
+  for (const char* bad : {"<think>still thinking", "<think>x</think>\n\n\n{\"a\":1}",
+                          "<think>x</think>{\"b\":1}", "Sure! {\"a\":1}", ""}) {
+    EXPECT_FALSE(Matches(*g, bad)) << bad;
+  }
+  // The prompt opened the block: the output starts inside it and must close it.
+  spec.reasoning_opened = true;
+  g = CompileConstraint(spec);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(Matches(*g, "thinking...</think>\n{\"a\":3}"));
+  EXPECT_TRUE(Matches(*g, "</think>{\"a\":3}"));
+  EXPECT_FALSE(Matches(*g, "{\"a\":3}"));
+  // Cached apart from the same schema without a block.
+  GrammarCache cache;
+  auto with = cache.Get(spec);
+  spec.reasoning_end.clear();
+  auto without = cache.Get(spec);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_NE(*with, *without);
+  EXPECT_TRUE(Matches(*without, "{\"a\":3}"));
+}
+
 TEST(StructuralTagTest, CanonicalJsonRoundTrips) {
   auto tag = ParseStructuralTag(kToolTag);
   ASSERT_TRUE(tag.ok()) << tag.status();

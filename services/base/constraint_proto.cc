@@ -80,6 +80,20 @@ absl::StatusOr<grammar::ConstraintSpec> ConstraintFromProto(
     case OutputConstraint::KIND_NOT_SET:
       return Invalid("kind", "set one of json_schema, json_object, regex, choice, grammar or structural_tag");
   }
+  if (c.has_reasoning()) {
+    const OutputConstraint::Reasoning& r = c.reasoning();
+    if (auto s = CheckText("reasoning.start", r.start()); !s.ok()) return s;
+    if (auto s = CheckText("reasoning.end", r.end()); !s.ok()) return s;
+    if (r.end().empty() || r.end().size() > 64 || r.start().size() > 64 ||
+        (r.start().empty() && !r.opened())) {
+      return Invalid("reasoning",
+                     "needs an end of 1..64 bytes and a start of at most 64 (required unless "
+                     "opened)");
+    }
+    spec.reasoning_start = r.start();
+    spec.reasoning_end = r.end();
+    spec.reasoning_opened = r.opened();
+  }
   if (sampling.min_tokens() > 0 || sampling.ignore_eos()) {
     return absl::InvalidArgumentError(
         "sampling.constraint: cannot be combined with min_tokens or ignore_eos (the constraint "

@@ -15,6 +15,8 @@
 //    parses reasoning blocks where the template writes them (Qwen3: reasoning_content);
 //  - chat_template_kwargs reach the template (Qwen3's enable_thinking=false: the prompt is
 //    jinja2's with that variable);
+//  - a response format with a reasoning model (Qwen3): the block comes first (forced here with
+//    logit_bias), then the answer follows the schema and validates;
 //  - tool_choice "auto" (Qwen3): a call the model starts (forced here with logit_bias) is
 //    enforced by grammar (pd-router's structural tag) and validates;
 //  - tool_choice "required", streamed, through prefill and decode workers: the call's id and
@@ -330,6 +332,33 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
               << " call(s) in 120 tokens, finish " << a["choices"][0]["finish_reason"] << "\n";
   }
 
+  // A reasoning model under a response format: the block comes first, then the answer follows
+  // the schema. logit_bias makes this random model open a block and close it at once.
+  json reasoned_answer;
+  if (family.thinks) {
+    absl::StatusOr<std::vector<uint32_t>> open = (*front)->tokenizer().Encode("<think>", false, false);
+    absl::StatusOr<std::vector<uint32_t>> close =
+        (*front)->tokenizer().Encode("</think>", false, false);
+    ASSERT_TRUE(open.ok() && open->size() == 1 && close.ok() && close->size() == 1);
+    json schema_body = {{"model", "model"},
+                        {"messages", {{{"role", "user"}, {"content", "Weather in Oslo?"}}}},
+                        {"max_tokens", 120},
+                        {"temperature", 0},
+                        {"logit_bias",
+                         {{std::to_string(open->front()), 50}, {std::to_string(close->front()), 100}}},
+                        {"response_format",
+                         {{"type", "json_schema"},
+                          {"json_schema", {{"name", "weather"}, {"schema", json::parse(kWeatherSchema)}}}}}};
+    auto rs = http.Post("/v1/chat/completions", schema_body.dump(), "application/json");
+    ASSERT_TRUE(rs) << httplib::to_string(rs.error());
+    ASSERT_EQ(rs->status, 200) << rs->body;
+    const json parsed = json::parse(rs->body);
+    const json& message = parsed["choices"][0]["message"];
+    EXPECT_TRUE(message["reasoning_content"].is_string()) << rs->body;  // the block was parsed
+    reasoned_answer = json::parse(message["content"].get<std::string>(), nullptr, false);
+    EXPECT_TRUE(reasoned_answer.is_object()) << rs->body;
+  }
+
   // An enforced call, streamed.
   body["tool_choice"] = "required";
   body["stream"] = true;
@@ -373,6 +402,9 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
                               {"arguments", json::parse(arguments, nullptr, false)}}});
   if (!auto_arguments.is_null()) {
     checks.push_back({{"schema", json::parse(kWeatherSchema)}, {"arguments", auto_arguments}});
+  }
+  if (!reasoned_answer.is_null()) {
+    checks.push_back({{"schema", json::parse(kWeatherSchema)}, {"arguments", reasoned_answer}});
   }
   const std::string checks_path = tmp->path() + "/checks.json";
   std::ofstream(checks_path) << checks.dump();

@@ -11,6 +11,7 @@
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/base/constraint_proto.h"
+#include "services/router/openai/reasoning_parser.h"
 #include "services/router/generation_service.h"
 #include "services/router/openai/http_connections.h"
 #include "services/router/openai/http_stream.h"
@@ -222,6 +223,17 @@ HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* mod
       reasoning_(reasoning),
       constrain_auto_calls_(constrain_auto_calls) {}
 
+void HttpRoutes::ConstrainAfterReasoning(const OpenAiRequest& r, v1::GenerateRequest* g) const {
+  if (!r.sampling.has_constraint()) return;  // (the auto-call tag is free text already)
+  const std::optional<bool> opened = ReasoningFor(r, *g);
+  if (!opened.has_value()) return;
+  v1::OutputConstraint::Reasoning* reasoning =
+      g->mutable_sampling()->mutable_constraint()->mutable_reasoning();
+  reasoning->set_start(std::string(kThinkStart));
+  reasoning->set_end(std::string(kThinkEnd));
+  reasoning->set_opened(*opened);
+}
+
 void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest* g) {
   v1::SamplingParams* s = g->mutable_sampling();
   if (!constrain_auto_calls_ || r.endpoint != Endpoint::kChat || !r.tools.offered() ||
@@ -334,6 +346,7 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   }
   g->set_client_request_id(Header(req, "X-Request-Id"));
   ConstrainAutoCalls(r, &*g);
+  ConstrainAfterReasoning(r, &*g);
   if (r.n > 1) {
     ServeChoices(r, *std::move(g), std::move(echo), req, res);
     return;

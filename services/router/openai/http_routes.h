@@ -98,6 +98,11 @@ class HttpRoutes {
   // enforce (then calls are only parsed, as before). The response is built from `r`, whose
   // sampling has no constraint: the output is still parsed as an "auto" answer.
   void ConstrainAutoCalls(const OpenAiRequest& r, pdserve::v1::GenerateRequest* g);
+  // A constrained chat request (response_format, guided_*, an enforced tool choice) to a
+  // reasoning model (reasoning blocks parsed): the constraint applies after the reasoning block
+  // (`<think> ... </think>`, or from the prompt's open block), so the model may think first and
+  // the answer still follows the constraint; the block becomes reasoning_content.
+  void ConstrainAfterReasoning(const OpenAiRequest& r, pdserve::v1::GenerateRequest* g) const;
   // OK when the request may go on (not draining).
   absl::Status Admit() const;
 

@@ -198,8 +198,9 @@ ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string id, i
       logprobs_(request.logprobs),
       token_bytes_(std::move(token_bytes)),
       text_offset_(CodePoints(echo_text_)) {
-  if (endpoint_ == Endpoint::kChat && reasoning.has_value() &&
-      !request.sampling.has_constraint()) {
+  // (Under a constraint too: pd-router then lets the block come before the constrained answer,
+  // HttpRoutes::ConstrainAfterReasoning.)
+  if (endpoint_ == Endpoint::kChat && reasoning.has_value()) {
     reasoning_.emplace(*reasoning);
   }
   const ToolsSpec& tools = request.tools;

@@ -80,8 +80,9 @@ class ResponseBuilder {
   // Reasoning (chat; reasoning_parser.h): with `reasoning` set (the model's template writes
   // reasoning blocks; the value says whether the prompt opened one), the block's text becomes
   // message.reasoning_content (null when there was none; streamed as delta.reasoning_content)
-  // and the rest is the content, where tool calls are parsed. Not under a response format or
-  // an enforced call: their grammar decides the output from its first token.
+  // and the rest is the content, where tool calls are parsed. Under a response format or an
+  // enforced call too: pd-router's grammar then lets the block come first and constrains the
+  // answer after it (HttpRoutes::ConstrainAfterReasoning).
   ResponseBuilder(const OpenAiRequest& request, std::string id, int64_t created, std::string model,
                   std::string echo_text, TokenBytesFn token_bytes = nullptr,
                   ToolCallFormat tool_format = ToolCallFormat::kHermes,

@@ -156,11 +156,14 @@ TEST(ReasoningResponseTest, ReasoningContentWholeAndStreamed) {
   EXPECT_EQ(answer["choices"][0]["message"]["content"], "Just an answer.");
   EXPECT_TRUE(answer["choices"][0]["message"]["reasoning_content"].is_null());
 
-  // Under a response format the grammar decides the output: nothing is parsed.
+  // Under a response format the block comes first (pd-router's grammar allows it) and the
+  // constrained answer is the content.
   ResponseBuilder constrained(Chat(R"(,"response_format":{"type":"json_object"})", false),
                               "chatcmpl-1", 0, "m", "", nullptr, ToolCallFormat::kHermes, true);
-  constrained.Add(Msg("{}", true));
-  EXPECT_EQ(json::parse(constrained.Body())["choices"][0]["message"]["content"], "{}");
+  constrained.Add(Msg("I will answer in JSON.</think>\n\n{}", true));
+  const json c = json::parse(constrained.Body());
+  EXPECT_EQ(c["choices"][0]["message"]["content"], "{}");
+  EXPECT_EQ(c["choices"][0]["message"]["reasoning_content"], "I will answer in JSON.");
 }
 
 TEST(ReasoningRequestTest, ChatTemplateKwargs) {
