@@ -1,6 +1,7 @@
 #include "engine/grammar/matcher.h"
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <utility>
 
@@ -629,8 +630,86 @@ const char* Matcher::MaskPathName(MaskPath path) {
     case MaskPath::kCutHit: return "cut, cached";
     case MaskPath::kCanonicalHit: return "cut, shared cache";
     case MaskPath::kCutWalked: return "cut, walked";
+    case MaskPath::kCutFreeText: return "cut, free text";
   }
   return "?";
+}
+
+bool Matcher::FreeTextMask(const TokenTrie& trie, const State& cut, CachedTokenMask* out) const {
+  const int32_t id = DfaId(cut);
+  if (id < 0) return false;
+  State next;
+  std::array<int32_t, 256> target{};
+  absl::flat_hash_map<int32_t, int> votes;
+  for (int b = 0; b < 256; ++b) {
+    target[static_cast<size_t>(b)] = DfaStep(id, static_cast<uint8_t>(b), &next);
+    if (target[static_cast<size_t>(b)] == kDfaNoId) return false;
+    if (target[static_cast<size_t>(b)] >= 0) ++votes[target[static_cast<size_t>(b)]];
+  }
+  int32_t hub = -1;
+  int most = 0;
+  for (const auto& [state, n] : votes) {
+    if (n > most || (n == most && state < hub)) hub = state, most = n;
+  }
+  if (most < 128) return false;
+  // The byte values that move the hub, and the first bytes that do not lead to it and keep it.
+  std::array<bool, 256> moves{};
+  std::array<bool, 256> walk_first{};
+  size_t num_moves = 0;
+  size_t to_walk = 0;
+  for (int b = 0; b < 256; ++b) {
+    const int32_t h = DfaStep(hub, static_cast<uint8_t>(b), &next);
+    if (h == kDfaNoId) return false;
+    if (h != hub) {
+      moves[static_cast<size_t>(b)] = true;
+      to_walk += trie.tokens_with_byte(static_cast<uint8_t>(b)).size();
+      if (++num_moves > kMaxFreeTextBytes) return false;
+    }
+    if (h != hub || target[static_cast<size_t>(b)] != hub) {
+      walk_first[static_cast<size_t>(b)] = true;
+      to_walk += trie.tokens_starting_with(static_cast<uint8_t>(b)).size();
+    }
+    if (to_walk > trie.vocab_size() / 4) return false;
+  }
+  // Whether `token` is accepted from DFA state `from`; nullopt when the DFA is full.
+  auto accepts = [&](int32_t from, int32_t token) -> std::optional<bool> {
+    for (const char c : trie.token_bytes(token)) {
+      from = DfaStep(from, static_cast<uint8_t>(c), &next);
+      if (from == kDfaNoId) return std::nullopt;
+      if (from < 0) return false;
+    }
+    return true;
+  };
+  std::vector<uint32_t>& accepted = out->accepted;
+  accepted = trie.bytes_mask();
+  auto set = [&](int32_t t, bool on) {
+    uint32_t& word = accepted[static_cast<size_t>(t) >> 5];
+    const uint32_t bit = 1u << (t & 31);
+    word = on ? (word | bit) : (word & ~bit);
+  };
+  // From the hub: every token, but those holding a moving byte are walked.
+  for (int b = 0; b < 256; ++b) {
+    if (!moves[static_cast<size_t>(b)]) continue;
+    for (const int32_t t : trie.tokens_with_byte(static_cast<uint8_t>(b))) {
+      const std::optional<bool> ok = accepts(hub, t);
+      if (!ok.has_value()) return false;
+      set(t, *ok);
+    }
+  }
+  // From the cut state: as from the hub, but tokens whose first byte does not lead to the hub
+  // and keep it are walked from the state itself.
+  for (int b = 0; b < 256; ++b) {
+    if (!walk_first[static_cast<size_t>(b)]) continue;
+    for (const int32_t t : trie.tokens_starting_with(static_cast<uint8_t>(b))) {
+      const std::optional<bool> ok = accepts(id, t);
+      if (!ok.has_value()) return false;
+      set(t, *ok);
+    }
+  }
+  size_t n = 0;
+  for (const uint32_t w : accepted) n += static_cast<size_t>(__builtin_popcount(w));
+  out->num_accepted = n;
+  return true;
 }
 
 size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
@@ -738,17 +817,23 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
         std::unique(computed->boundaries.begin(), computed->boundaries.end(),
                     [](const auto& a, const auto& b) { return a.placeholder == b.placeholder; }),
         computed->boundaries.end());
+    // (Only with nothing below the cut: a token walked on its own cannot go on below it.)
+    const bool free_text = below.empty() && !cut_state.empty() && trie.rest() != nullptr &&
+                           FreeTextMask(trie, cut_state, computed.get());
+    if (free_text) last_mask_path_ = MaskPath::kCutFreeText;
     // Inside a string the cut state usually accepts every plain run without reaching the cut:
     // then the plain tokens are all accepted, and only the others (the rest trie, ~4% of a
     // vocabulary) are walked; the part's boundaries are nodes of the rest trie.
     const TokenTrie* walked = &trie;
-    if (computed->boundaries.empty() && !cut_state.empty() && trie.rest() != nullptr &&
+    if (!free_text && computed->boundaries.empty() && !cut_state.empty() &&
+        trie.rest() != nullptr &&
         (SomeGroupAcceptsEveryPlainRun(cut_state) || AcceptsEveryPlainRun(cut_state))) {
       walked = trie.rest();
       computed->rest_trie = true;
     }
-    size_t nodes = 0;
-    if (!cut_state.empty()) {
+    // (A free-text mask is kept in the caches: walked whole it would cost the full trie.)
+    size_t nodes = free_text ? kMinCachedWalk : 0;
+    if (!cut_state.empty() && !free_text) {
       const WalkStats stats =
           Walk(*walked, 0, cut_state, &computed->accepted, &computed->boundaries);
       computed->num_accepted = stats.added;

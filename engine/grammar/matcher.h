@@ -120,8 +120,9 @@ class Matcher {
     kCutHit,           // the cut state's part came from this grammar's cache
     kCanonicalHit,     // ... from the tokenizer's cache (another grammar's)
     kCutWalked,        // the cut state was walked (then cached)
+    kCutFreeText,      // the cut state is free text (FreeTextMask; then cached)
   };
-  static constexpr int kNumMaskPaths = 6;
+  static constexpr int kNumMaskPaths = 7;
   static const char* MaskPathName(MaskPath path);
   MaskPath last_mask_path() const { return last_mask_path_; }
 
@@ -193,6 +194,18 @@ class Matcher {
   bool AcceptsEveryPlainRun(const State& cut, size_t max_steps = kMaxPlainCheckSteps,
                             bool* dfa_full = nullptr) const;
   static constexpr size_t kMaxPlainCheckSteps = 2048;
+  // Free text (a structural tag's text between triggers): the cut state `cut` (nothing below
+  // the cut) sends most byte values to one DFA state, the hub, which all but at most
+  // kMaxFreeTextBytes byte values keep where it is (free text: the trigger's first byte moves
+  // it). Then a token is accepted from `cut` as from the hub when its first byte goes to the
+  // hub and stays there, and from the hub unless it holds a byte that moves it: the mask is
+  // every token with bytes, less those holding a moving byte or starting with another byte
+  // (TokenTrie::tokens_with_byte / tokens_starting_with), which are walked one by one. A few
+  // percent of a vocabulary instead of the whole trie. Fills out->accepted / num_accepted;
+  // false (then walk) when the state is not such, the DFA is full, or the tokens to walk are
+  // more than a quarter of the vocabulary.
+  bool FreeTextMask(const TokenTrie& trie, const State& cut, CachedTokenMask* out) const;
+  static constexpr int kMaxFreeTextBytes = 16;
   // Before the whole cut state, its groups: stacks that share an entry X above the cut (an
   // object's other-key trie, say, beside its named keys' literals) accept every plain run
   // when, with X taken as a cut, they do by themselves; and then so does the whole state.

@@ -111,6 +111,43 @@ TEST(StructuralTagTest, MasksEqualTheMatcherThroughTextAndACall) {
   EXPECT_TRUE(m.CanEnd());
 }
 
+// A vocabulary big enough that free-text states are not walked whole (Matcher::kMinCachedWalk):
+// their masks take FreeTextMask's path, and must equal the uncached walk at every byte.
+TEST(StructuralTagTest, FreeTextMasksEqualTheWholeWalk) {
+  std::vector<std::string> vocab = {"", "<tool_call>", "</tool_call>", "<tool", "_call>", "\n{",
+                                    "\"name\"", ": ", "\"get_time\"", "\"get_weather\"", ", ",
+                                    "\"arguments\"", "{}", "}\n", "}", "<t", "ool", "x<tool_call>\n"};
+  for (int b = 1; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  std::mt19937 rng(5);
+  const std::string alphabet =
+      "abcdefghijklmnopqrstuvwxyz0123456789 .,:{}\"\n_<>/\xC3\xA9";
+  for (int i = 0; i < 6000; ++i) {
+    std::string s;
+    const int len = 2 + static_cast<int>(rng() % 7);
+    for (int k = 0; k < len; ++k) s += alphabet[rng() % alphabet.size()];
+    vocab.push_back(s);
+  }
+  const TokenTrie trie(vocab, {0});
+  ASSERT_GT(trie.num_nodes(), Matcher::kMinCachedWalk);
+  auto g = CompileTag(kToolTag);
+  ASSERT_NE(g, nullptr);
+  const std::string out = "Hi <t <to <tool_ca <tool_call>\n{\"name\": \"get_weather\", "
+                          "\"arguments\": {\"city\": \"<tool_call>\"}}\n</tool_call> <<to ok";
+  Matcher m(g);
+  std::vector<uint32_t> mask, reference;
+  int free_text = 0;
+  for (size_t i = 0; i <= out.size(); ++i) {
+    m.FillTokenMask(trie, &mask);
+    free_text += m.last_mask_path() == Matcher::MaskPath::kCutFreeText ? 1 : 0;
+    m.FillTokenMaskUncached(trie, &reference);
+    ASSERT_EQ(mask, reference) << "after " << out.substr(0, i);
+    if (i < out.size()) {
+      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(out[i]))) << i;
+    }
+  }
+  EXPECT_GE(free_text, 5);  // the trigger's states met for the first time
+}
+
 TEST(StructuralTagTest, BadTagsAreRefusedNamingTheField) {
   struct Case {
     const char* json;

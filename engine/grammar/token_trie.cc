@@ -94,6 +94,19 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
     }
   }
   if (!split_plain) return;
+  bytes_mask_.assign(mask_words(), 0);
+  for (size_t t = 0; t < token_bytes.size(); ++t) {
+    if (token_bytes[t].empty()) continue;
+    bytes_mask_[t >> 5] |= 1u << (t & 31);
+    starting_with_[static_cast<uint8_t>(token_bytes[t][0])].push_back(static_cast<int32_t>(t));
+    std::array<bool, 256> seen{};
+    for (const char c : token_bytes[t]) {
+      const auto b = static_cast<uint8_t>(c);
+      if (seen[b]) continue;
+      seen[b] = true;
+      with_byte_[b].push_back(static_cast<int32_t>(t));
+    }
+  }
   plain_mask_.assign(mask_words(), 0);
   std::vector<std::string> rest = token_bytes;
   for (size_t t = 0; t < token_bytes.size(); ++t) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -123,6 +124,14 @@ class TokenTrie {
   size_t num_plain() const { return num_plain_; }
   // Null for the rest trie itself.
   const TokenTrie* rest() const { return rest_.get(); }
+  // The tokens that have bytes, as a mask; per byte value, the tokens whose bytes contain it,
+  // and the tokens whose bytes start with it, ascending (all empty in the rest trie). For
+  // states that few byte values move (free text: Matcher::FreeTextMask).
+  const std::vector<uint32_t>& bytes_mask() const { return bytes_mask_; }
+  const std::vector<int32_t>& tokens_with_byte(uint8_t byte) const { return with_byte_[byte]; }
+  const std::vector<int32_t>& tokens_starting_with(uint8_t byte) const {
+    return starting_with_[byte];
+  }
 
  private:
   TokenTrie(const std::vector<std::string>& token_bytes, std::vector<int32_t> end_tokens,
@@ -137,6 +146,9 @@ class TokenTrie {
   TokenMaskCache masks_{kMaxMaskCacheBytes};
   std::vector<uint32_t> plain_mask_;
   size_t num_plain_ = 0;
+  std::vector<uint32_t> bytes_mask_;
+  std::array<std::vector<int32_t>, 256> with_byte_;
+  std::array<std::vector<int32_t>, 256> starting_with_;
   std::unique_ptr<TokenTrie> rest_;
 };
 
