@@ -30,6 +30,21 @@ kernels::RopeStyle RopeStyleOf(RopeForm form) {
                                         : kernels::RopeStyle::kRotateHalf;
 }
 
+// gate = silu(gate) * up, over `rows` rows of `width` (the SwiGLU of an MLP or an expert).
+absl::Status SiluMulRows(const kernels::OpContext& ctx, float* gate, const float* up,
+                         int64_t rows, int64_t width) {
+  kernels::SiluMulParams p;
+  p.gate = gate;
+  p.up = up;
+  p.out = gate;
+  p.num_rows = rows;
+  p.dim = width;
+  p.gate_row_stride = width;
+  p.up_row_stride = width;
+  p.out_row_stride = width;
+  return kernels::SiluMul(ctx, p);
+}
+
 absl::Status RmsNormRows(const kernels::OpContext& ctx, const float* in, const float* weight,
                          float* out, int64_t rows, int64_t dim, float eps) {
   kernels::RmsNormParams p;
@@ -869,16 +884,7 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
                             c.hidden_dim, false));
   PD_RETURN_IF_ERROR(
       MatMul(xb_, w.w_up, w.w_up_scales, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
-  kernels::SiluMulParams silu;
-  silu.gate = gate_;
-  silu.up = up_;
-  silu.out = gate_;
-  silu.num_rows = num_tokens;
-  silu.dim = c.hidden_dim;
-  silu.gate_row_stride = c.hidden_dim;
-  silu.up_row_stride = c.hidden_dim;
-  silu.out_row_stride = c.hidden_dim;
-  PD_RETURN_IF_ERROR(kernels::SiluMul(ctx_, silu));
+  PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, num_tokens, c.hidden_dim));
   return MatMul(gate_, w.w_down, w.w_down_scales, nullptr, x_, num_tokens, c.hidden_dim, c.dim,
                 true);
 }
@@ -905,16 +911,7 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(
         MatMul(moe_in_, x.w_gate, x.w_gate_scales, nullptr, gate_, n, dim, width, false));
     PD_RETURN_IF_ERROR(MatMul(moe_in_, x.w_up, x.w_up_scales, nullptr, up_, n, dim, width, false));
-    kernels::SiluMulParams silu;
-    silu.gate = gate_;
-    silu.up = up_;
-    silu.out = gate_;
-    silu.num_rows = n;
-    silu.dim = width;
-    silu.gate_row_stride = width;
-    silu.up_row_stride = width;
-    silu.out_row_stride = width;
-    PD_RETURN_IF_ERROR(kernels::SiluMul(ctx_, silu));
+    PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, n, width));
     PD_RETURN_IF_ERROR(
         MatMul(gate_, x.w_down, x.w_down_scales, nullptr, moe_out_, n, width, dim, false));
     for (int64_t i = 0; i < n; ++i) {

@@ -11,10 +11,10 @@
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/base/constraint_proto.h"
-#include "services/router/openai/reasoning_parser.h"
 #include "services/router/generation_service.h"
 #include "services/router/openai/http_connections.h"
 #include "services/router/openai/http_stream.h"
+#include "services/router/openai/reasoning_parser.h"
 #include "services/router/openai/sibling_streams.h"
 #include "services/router/router_stream.h"
 
