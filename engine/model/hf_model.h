@@ -1,4 +1,5 @@
-// HfModel: a Hugging Face Llama / Mistral / Qwen2 checkpoint directory, loaded zero-copy.
+// HfModel: a Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Mixtral / Qwen3-MoE checkpoint
+// directory, loaded zero-copy.
 //
 // Directory layout: config.json (+ optional generation_config.json, see hf_config.h) and either
 // model.safetensors or model.safetensors.index.json with its shards (see safetensors.h).
@@ -19,6 +20,11 @@
 //   model.layers.N.mlp.gate_proj.weight                [hidden_dim, dim]
 //   model.layers.N.mlp.up_proj.weight                  [hidden_dim, dim]
 //   model.layers.N.mlp.down_proj.weight                [dim, hidden_dim]
+//     (Qwen3: self_attn.q_norm.weight / k_norm.weight [head_dim] too. Mixtures of experts,
+//     instead of the mlp: the router model.layers.N.block_sparse_moe.gate.weight (Mixtral) /
+//     mlp.gate.weight (Qwen3-MoE) [n_experts, dim], and per expert E
+//     block_sparse_moe.experts.E.w1 / w3 / w2.weight (Mixtral) or mlp.experts.E.gate_proj /
+//     up_proj / down_proj.weight (Qwen3-MoE), [moe_hidden_dim, dim] x 2 and [dim, moe_hidden_dim].)
 //   model.norm.weight                                  [dim]
 //   lm_head.weight                                     [vocab_size, dim] (absent when tied)
 // Matrices are row-major [out][in] (torch nn.Linear). q_proj/k_proj rows are in the rotate-half
