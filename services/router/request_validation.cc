@@ -92,9 +92,8 @@ absl::Status ValidateSampling(const pdserve::v1::SamplingParams& s, const Reques
   if (s.has_constraint()) {
     // Compiled here so that a constraint the engine cannot enforce is refused before any
     // worker sees it (the compiled grammar is cached: the workers compile the same text).
-    static grammar::GrammarCache* const cache = new grammar::GrammarCache(256);
     absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
-        services::CompileConstraintOf(s, cache);
+        services::CompileConstraintOf(s, RouterGrammarCache());
     if (!g.ok()) return g.status();
   }
   return absl::OkStatus();
@@ -108,6 +107,11 @@ absl::Status RequestLimits::Validate() const {
         "request limits: max_prompt_bytes, max_prompt_tokens and max_tokens_limit must be > 0");
   }
   return absl::OkStatus();
+}
+
+grammar::GrammarCache* RouterGrammarCache() {
+  static grammar::GrammarCache* const cache = new grammar::GrammarCache(256);
+  return cache;
 }
 
 absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request,

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "engine/grammar/constraint.h"
 #include "pd/v1/generation.pb.h"
 
 namespace pd::router {
@@ -31,6 +32,11 @@ struct RequestLimits {
 
   absl::Status Validate() const;
 };
+
+// The router's cache of compiled constraints (ValidateGenerateRequest compiles through it, and
+// so may others that compile a constraint before a request is validated: the OpenAI front's
+// auto tool-call tag). Process-wide, thread-safe.
+grammar::GrammarCache* RouterGrammarCache();
 
 absl::Status ValidateGenerateRequest(const pdserve::v1::GenerateRequest& request,
                                      const RequestLimits& limits);

@@ -16,6 +16,7 @@
 #include "services/router/openai/http_stream.h"
 #include "services/router/openai/reasoning_parser.h"
 #include "services/router/openai/sibling_streams.h"
+#include "services/router/request_validation.h"
 #include "services/router/router_stream.h"
 
 namespace pd::router::openai {
@@ -223,10 +224,10 @@ HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* mod
       reasoning_(reasoning),
       constrain_auto_calls_(constrain_auto_calls) {}
 
-void HttpRoutes::ConstrainAfterReasoning(const OpenAiRequest& r, v1::GenerateRequest* g) const {
-  if (!r.sampling.has_constraint()) return;  // (the auto-call tag is free text already)
-  const std::optional<bool> opened = ReasoningFor(r, *g);
-  if (!opened.has_value()) return;
+void HttpRoutes::ConstrainAfterReasoning(const OpenAiRequest& r, std::optional<bool> opened,
+                                         v1::GenerateRequest* g) const {
+  // (The auto-call tag, set on `g` only, is free text already.)
+  if (!r.sampling.has_constraint() || !opened.has_value()) return;
   v1::OutputConstraint::Reasoning* reasoning =
       g->mutable_sampling()->mutable_constraint()->mutable_reasoning();
   reasoning->set_start(std::string(kThinkStart));
@@ -234,7 +235,7 @@ void HttpRoutes::ConstrainAfterReasoning(const OpenAiRequest& r, v1::GenerateReq
   reasoning->set_opened(*opened);
 }
 
-void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest* g) {
+void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest* g) const {
   v1::SamplingParams* s = g->mutable_sampling();
   if (!constrain_auto_calls_ || r.endpoint != Endpoint::kChat || !r.tools.offered() ||
       r.tools.choice != ToolChoice::kAuto || tool_call_format_ != ToolCallFormat::kHermes ||
@@ -242,7 +243,7 @@ void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest*
     return;
   }
   s->mutable_constraint()->set_structural_tag(AutoCallTag(r.tools));
-  if (!services::CompileConstraintOf(*s, &auto_call_grammars_).ok()) {
+  if (!services::CompileConstraintOf(*s, RouterGrammarCache()).ok()) {
     s->clear_constraint();  // a parameters keyword the engine cannot enforce: parsed only
   }
 }
@@ -345,10 +346,11 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     return;
   }
   g->set_client_request_id(Header(req, "X-Request-Id"));
+  const std::optional<bool> reasoning = ReasoningFor(r, *g);
   ConstrainAutoCalls(r, &*g);
-  ConstrainAfterReasoning(r, &*g);
+  ConstrainAfterReasoning(r, reasoning, &*g);
   if (r.n > 1) {
-    ServeChoices(r, *std::move(g), std::move(echo), req, res);
+    ServeChoices(r, *std::move(g), std::move(echo), reasoning, req, res);
     return;
   }
   HttpStreamOptions options;
@@ -369,7 +371,7 @@ void HttpRoutes::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     Reply(res, s);
     return;
   }
-  st->SetBuilder(NewBuilder(r, first.request_id(), echo, ReasoningFor(r, *g)));
+  st->SetBuilder(NewBuilder(r, first.request_id(), echo, reasoning));
   Respond(r.stream, std::move(st), first, res);
 }
 
@@ -401,6 +403,7 @@ ResponseBuilder HttpRoutes::NewBuilder(const OpenAiRequest& r, const std::string
 }
 
 void HttpRoutes::ServeChoices(const OpenAiRequest& r, v1::GenerateRequest g, std::string echo,
+                              std::optional<bool> reasoning,
                               const httplib::Request& req, httplib::Response& res) {
   auto doorbell = std::make_unique<Doorbell>();  // outlives the streams ringing it
   HttpStreamOptions options;
@@ -439,7 +442,6 @@ void HttpRoutes::ServeChoices(const OpenAiRequest& r, v1::GenerateRequest g, std
     }
     streams.push_back(std::move(st));
   }
-  const std::optional<bool> reasoning = ReasoningFor(r, g);
   for (auto& st : streams) st->SetBuilder(NewBuilder(r, firsts[0].request_id(), echo, reasoning));
   Respond(r.stream,
           std::make_shared<SiblingStreams>(std::move(doorbell), std::move(streams), options),

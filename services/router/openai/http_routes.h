@@ -13,7 +13,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/metrics/metrics.h"
-#include "engine/grammar/constraint.h"
 #include "engine/runtime/model_front.h"
 #include "pd/v1/generation.pb.h"
 #include "services/router/openai/openai_request.h"
@@ -84,6 +83,7 @@ class HttpRoutes {
   // n > 1: the first choice placed as any request; once its first token came, the others on
   // its decode worker (sharing its prompt's blocks); one response of every choice.
   void ServeChoices(const OpenAiRequest& r, pdserve::v1::GenerateRequest g, std::string echo,
+                    std::optional<bool> reasoning,
                     const httplib::Request& req, httplib::Response& res);
   // `reasoning`: ResponseBuilder's (ReasoningFor).
   ResponseBuilder NewBuilder(const OpenAiRequest& r, const std::string& request_id,
@@ -97,12 +97,14 @@ class HttpRoutes {
   // already, min_tokens or ignore_eos, or a tool's parameters use a keyword the engine cannot
   // enforce (then calls are only parsed, as before). The response is built from `r`, whose
   // sampling has no constraint: the output is still parsed as an "auto" answer.
-  void ConstrainAutoCalls(const OpenAiRequest& r, pdserve::v1::GenerateRequest* g);
+  void ConstrainAutoCalls(const OpenAiRequest& r, pdserve::v1::GenerateRequest* g) const;
   // A constrained chat request (response_format, guided_*, an enforced tool choice) to a
   // reasoning model (reasoning blocks parsed): the constraint applies after the reasoning block
   // (`<think> ... </think>`, or from the prompt's open block), so the model may think first and
   // the answer still follows the constraint; the block becomes reasoning_content.
-  void ConstrainAfterReasoning(const OpenAiRequest& r, pdserve::v1::GenerateRequest* g) const;
+  // `reasoning`: ReasoningFor(r, *g).
+  void ConstrainAfterReasoning(const OpenAiRequest& r, std::optional<bool> reasoning,
+                               pdserve::v1::GenerateRequest* g) const;
   // OK when the request may go on (not draining).
   absl::Status Admit() const;
 
@@ -115,7 +117,6 @@ class HttpRoutes {
   const ToolCallFormat tool_call_format_;
   const bool reasoning_;
   const bool constrain_auto_calls_;
-  grammar::GrammarCache auto_call_grammars_{64};
 };
 
 }  // namespace pd::router::openai
