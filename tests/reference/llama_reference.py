@@ -8,6 +8,9 @@ writes them in the PDRL binary format described in README.md next to this file.
       --tokens 1,403,407 [--decode-steps N] [--dtype f32|bf16] [--tok tok512.bin] --out FILE
       [--logprobs-out FILE [--top-logprobs K]]
 
+Hugging Face families: Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, and DeepSeek-V2 / V3
+(multi-head latent attention + DeepSeekMoE; not with --window-tokens).
+
 Only torch (1.13, Debian's python3-torch), numpy and the standard library are used.
 """
 import argparse
@@ -77,12 +80,16 @@ def inv_freq_llama3(inv_freq, rs):
     return torch.where(is_medium, smoothed, scaled)
 
 
+DEEPSEEK_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")  # see load_deepseek
+
+
 def load_hf(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
     arch = (c.get("architectures") or ["?"])[0]
     if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                    "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"):
+                    "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                    *DEEPSEEK_ARCHS):
         raise ValueError(f"unsupported architecture {arch}")
     if c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {c['hidden_act']}")
@@ -95,6 +102,8 @@ def load_hf(model_dir):
     t = {}
     for name in files:
         t.update(read_safetensors(os.path.join(model_dir, name)))
+    if arch in DEEPSEEK_ARCHS:
+        return load_deepseek(c, t, arch)
 
     heads = c["num_attention_heads"]
     head_dim = c.get("head_dim") or c["hidden_size"] // heads
@@ -155,6 +164,134 @@ def load_hf(model_dir):
             w1=t[m + "gate_proj.weight"], b1=g(m + "gate_proj.bias"),
             w3=t[m + "up_proj.weight"], b3=g(m + "up_proj.bias"),
             w2=t[m + "down_proj.weight"], b2=g(m + "down_proj.bias")))
+    embed = t["model.embed_tokens.weight"]
+    tied = c.get("tie_word_embeddings", False) or "lm_head.weight" not in t
+    w = dict(embed=embed, layers=layers, norm=t["model.norm.weight"],
+             lm_head=embed if tied else t["lm_head.weight"])
+    return cfg, w
+
+
+def yarn_get_mscale(factor, mscale):
+    """YaRN attention magnitude correction: 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def inv_freq_yarn_deepseek(rope_dim, theta, rs):
+    """DeepSeek's YaRN inv_freq (DeepseekV2YarnRotaryEmbedding), in float64.
+
+    freq_extra[j] = theta^(-2j/d) (the original frequencies), freq_inter = freq_extra / factor
+    (interpolated). yarn_find_correction_range turns the rotation counts beta_fast / beta_slow
+    over original_max_position_embeddings into a dimension range [low, high] (floor / ceil,
+    clamped to [0, d-1]); a linear ramp over j (0 below low, 1 above high) blends them:
+    inv_freq = freq_inter * ramp + freq_extra * (1 - ramp), i.e. the fast (low j) dims keep
+    their frequency and the slow ones are divided by factor.
+    """
+    factor = float(rs["factor"])
+    beta_fast, beta_slow = float(rs.get("beta_fast", 32)), float(rs.get("beta_slow", 1))
+    old_ctx = float(rs.get("original_max_position_embeddings", 4096))
+    freq_extra = inv_freq_default(rope_dim, theta)
+    freq_inter = freq_extra / factor
+
+    def correction_dim(n_rot):  # the dim j whose wavelength fits n_rot times into old_ctx
+        return rope_dim * math.log(old_ctx / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), rope_dim - 1)
+    if low == high:
+        high += 0.001  # as HF: avoid a zero-width ramp
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extra = 1.0 - ramp  # weight of the original (extrapolated) frequency
+    return freq_inter * (1.0 - extra) + freq_extra * extra
+
+
+def load_deepseek(c, t, arch):
+    """DeepSeek-V2 / V3 (Multi-head Latent Attention + DeepSeekMoE), from config.json and the
+    already-read tensors `t`. See Llama.attention_mla and Llama.mlp_deepseek for the math."""
+    v3 = arch == "DeepseekV3ForCausalLM"
+    if c.get("attention_bias", False):
+        raise ValueError("DeepSeek with attention_bias = true is not supported")
+    heads = c["num_attention_heads"]
+    nope, rope_dim, v_dim = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    theta = float(c.get("rope_theta", 10000.0))
+    # RoPE covers only the qk_rope_head_dim sub-dims of q and k.
+    inv_freq = inv_freq_default(rope_dim, theta)
+    softmax_scale = (nope + rope_dim) ** -0.5
+    rope_mscale = None
+    rs = c.get("rope_scaling")
+    if rs:
+        kind = rs.get("type", rs.get("rope_type"))
+        if kind != "yarn":
+            raise ValueError(f"unsupported rope_scaling for DeepSeek {rs}")
+        factor = float(rs["factor"])
+        inv_freq = inv_freq_yarn_deepseek(rope_dim, theta, rs)
+        # cos/sin scaled by mscale(factor, mscale) / mscale(factor, mscale_all_dim) ...
+        mscale, mscale_all_dim = float(rs.get("mscale", 1)), float(rs.get("mscale_all_dim", 0))
+        rope_mscale = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+        # ... and the softmax scale by mscale(factor, mscale_all_dim)^2 when mscale_all_dim is set.
+        if mscale_all_dim:
+            m = yarn_get_mscale(factor, mscale_all_dim)
+            softmax_scale = softmax_scale * m * m
+    cfg = dict(dim=c["hidden_size"], hidden=c["intermediate_size"],
+               n_layers=c["num_hidden_layers"], n_heads=heads, n_kv_heads=heads,
+               head_dim=nope + rope_dim, vocab=c["vocab_size"], eps=float(c["rms_norm_eps"]),
+               # HF DeepSeek's RoPE permutes the rope dims (interleaved -> halves) and then
+               # rotates halves: the same as rotating adjacent pairs (2j, 2j+1) in stored order.
+               inv_freq=inv_freq, interleaved_rope=True, max_seq=c.get("max_position_embeddings"),
+               mla=True, q_lora_rank=c.get("q_lora_rank"), kv_lora_rank=c["kv_lora_rank"],
+               qk_nope=nope, qk_rope=rope_dim, v_head=v_dim, softmax_scale=softmax_scale,
+               # HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps (1e-6),
+               # not rms_norm_eps.
+               lora_eps=1e-6)
+    if rope_mscale is not None:
+        cfg["rope_mscale"] = rope_mscale
+
+    n_routed = c.get("n_routed_experts")
+    first_dense, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
+    if n_routed:
+        method = c.get("topk_method", "noaux_tc" if v3 else "greedy")
+        scoring = c.get("scoring_func", "sigmoid" if v3 else "softmax")
+        ok = (scoring, method) == ("sigmoid", "noaux_tc") if v3 else \
+            scoring == "softmax" and method in ("greedy", "group_limited_greedy")
+        if not ok:
+            raise ValueError(f"{arch}: unsupported scoring_func {scoring} / topk_method {method}")
+        n_group = c.get("n_group") or 1
+        if method != "greedy" and (n_routed % n_group or c.get("topk_group") is None):
+            raise ValueError(f"{method}: n_routed_experts {n_routed} not split into n_group "
+                             f"{n_group}, or topk_group missing")
+        if method == "noaux_tc" and n_routed // n_group < 2:
+            raise ValueError("noaux_tc needs >= 2 experts per group (group score = top-2 sum)")
+        cfg.update(deepseek_moe="v3" if v3 else "v2", n_experts=n_routed,
+                   top_k=c["num_experts_per_tok"], norm_topk=bool(c.get("norm_topk_prob", False)),
+                   topk_method=method, n_group=n_group, topk_group=c.get("topk_group"),
+                   routed_scale=float(c.get("routed_scaling_factor", 1.0)))
+
+    layers = []
+    for i in range(cfg["n_layers"]):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        L = dict(attn_norm=t[p + "input_layernorm.weight"],
+                 ffn_norm=t[p + "post_attention_layernorm.weight"],
+                 wkv_a=t[a + "kv_a_proj_with_mqa.weight"], kv_a_norm=t[a + "kv_a_layernorm.weight"],
+                 wkv_b=t[a + "kv_b_proj.weight"], wo=t[a + "o_proj.weight"])
+        if cfg["q_lora_rank"] is None:
+            L["wq"] = t[a + "q_proj.weight"]
+        else:
+            L.update(wq_a=t[a + "q_a_proj.weight"], q_a_norm=t[a + "q_a_layernorm.weight"],
+                     wq_b=t[a + "q_b_proj.weight"])
+        if n_routed and i >= first_dense and i % freq == 0:  # DeepSeekMoE layer
+            L["router"] = t[m + "gate.weight"]
+            if v3:
+                L["router_bias"] = t[m + "gate.e_score_correction_bias"]
+            L["experts"] = [dict(w1=t[f"{m}experts.{e}.gate_proj.weight"],
+                                 w3=t[f"{m}experts.{e}.up_proj.weight"],
+                                 w2=t[f"{m}experts.{e}.down_proj.weight"]) for e in range(n_routed)]
+            if c.get("n_shared_experts"):  # one SwiGLU of width moe_intermediate * n_shared
+                L.update(sw1=t[m + "shared_experts.gate_proj.weight"],
+                         sw3=t[m + "shared_experts.up_proj.weight"],
+                         sw2=t[m + "shared_experts.down_proj.weight"])
+        else:  # dense SwiGLU MLP of width intermediate_size
+            L.update(w1=t[m + "gate_proj.weight"], w3=t[m + "up_proj.weight"],
+                     w2=t[m + "down_proj.weight"])
+        layers.append(L)
     embed = t["model.embed_tokens.weight"]
     tied = c.get("tie_word_embeddings", False) or "lm_head.weight" not in t
     w = dict(embed=embed, layers=layers, norm=t["model.norm.weight"],
@@ -234,14 +371,17 @@ class Llama:
         y = x @ weight.t()
         return y if bias is None else y + bias
 
-    def rmsnorm(self, x, weight):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["eps"]) * weight
+    def rmsnorm(self, x, weight, eps=None):
+        eps = self.c["eps"] if eps is None else eps
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
     def mlp(self, h, L):
         """The MLP block's output for h [T, dim]: one SwiGLU MLP, or the routed experts."""
         if "experts" not in L:
             gate = torch.nn.functional.silu(self.linear(h, L["w1"], L.get("b1")))
             return self.linear(gate * self.linear(h, L["w3"], L.get("b3")), L["w2"], L.get("b2"))
+        if self.c.get("deepseek_moe"):
+            return self.mlp_deepseek(h, L)
         # Mixtral / Qwen3-MoE routing: softmax over the router logits (f32), the top k experts,
         # their weights renormalized to sum 1 when norm_topk. Each expert runs on the tokens
         # routed to it; the weighted outputs are summed over experts in expert order.
@@ -249,8 +389,14 @@ class Llama:
         weights, chosen = torch.topk(probs, self.c["top_k"], dim=-1)
         if self.c["norm_topk"]:
             weights = weights / weights.sum(-1, keepdim=True)
+        return self.run_experts(h, L["experts"], chosen, weights)
+
+    def run_experts(self, h, experts, chosen, weights):
+        """sum_k weights[t, k] * expert_{chosen[t, k]}(h[t]) for h [T, dim], chosen / weights
+        [T, top_k]: each expert runs on the tokens routed to it; the weighted outputs are summed
+        over experts in expert order."""
         out = torch.zeros_like(h)
-        for e, E in enumerate(L["experts"]):
+        for e, E in enumerate(experts):
             rows, slots = torch.nonzero(chosen == e, as_tuple=True)
             if rows.numel() == 0:
                 continue
@@ -259,6 +405,55 @@ class Llama:
                             self.linear(he, E["w3"]), E["w2"])
             out[rows] += weights[rows, slots][:, None] * y
         return out
+
+    def mlp_deepseek(self, h, L):
+        """DeepSeekMoE block for h [T, dim]: routed experts (gate of DeepseekV2MoE / DeepseekV3MoE,
+        all in f32) plus the always-on shared experts."""
+        c = self.c
+        T, k = h.shape[0], c["top_k"]
+        logits = self.linear(h, L["router"])  # [T, n_experts]
+        if c["deepseek_moe"] == "v2":
+            # V2: softmax scores; the weights are the chosen experts' scores.
+            scores = torch.softmax(logits, dim=-1)
+            if c["topk_method"] == "greedy":
+                weights, chosen = torch.topk(scores, k, dim=-1)
+            else:  # group_limited_greedy
+                # Experts split into n_group consecutive groups; group score = its best expert;
+                # only the topk_group best groups compete, the other experts' scores are set to 0.
+                group_scores = scores.view(T, c["n_group"], -1).max(-1).values  # [T, n_group]
+                keep = self.group_mask(group_scores, c["topk_group"], scores.shape[-1])
+                weights, chosen = torch.topk(scores.masked_fill(~keep, 0.0), k, dim=-1)
+            if k > 1 and c["norm_topk"]:
+                weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+            else:
+                weights = weights * c["routed_scale"]
+        else:
+            # V3 (noaux_tc): sigmoid scores; the choice adds e_score_correction_bias, the weights
+            # do not. Group score = sum of its two best choice scores; the experts outside the
+            # topk_group best groups get -inf; top-k of the rest.
+            scores = torch.sigmoid(logits)
+            choice = scores + L["router_bias"][None, :]
+            group_scores = choice.view(T, c["n_group"], -1).topk(2, dim=-1).values.sum(-1)
+            keep = self.group_mask(group_scores, c["topk_group"], scores.shape[-1])
+            chosen = torch.topk(choice.masked_fill(~keep, float("-inf")), k, dim=-1).indices
+            weights = scores.gather(1, chosen)
+            if k > 1 and c["norm_topk"]:
+                weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+            weights = weights * c["routed_scale"]  # V3: always scaled
+        out = self.run_experts(h, L["experts"], chosen, weights)
+        if "sw1" in L:  # shared experts: one SwiGLU MLP seen by every token, added last
+            gate = torch.nn.functional.silu(self.linear(h, L["sw1"]))
+            out = out + self.linear(gate * self.linear(h, L["sw3"]), L["sw2"])
+        return out
+
+    @staticmethod
+    def group_mask(group_scores, topk_group, n_experts):
+        """[T, n_experts] bool: True for the experts of each token's topk_group best groups."""
+        T, n_group = group_scores.shape
+        best = torch.topk(group_scores, topk_group, dim=-1).indices
+        groups = torch.zeros(T, n_group, dtype=torch.bool)
+        groups[torch.arange(T)[:, None], best] = True
+        return groups[:, :, None].expand(T, n_group, n_experts // n_group).reshape(T, n_experts)
 
     def head_norm(self, x, weight):
         """Qwen3's q_norm / k_norm: x [T, heads, head_dim] normalized per head; None = off."""
@@ -269,6 +464,8 @@ class Llama:
         ang = pos.to(torch.float64)[:, None] * self.c["inv_freq"][None, :]  # [T, hd/2]
         cos = torch.cos(ang).to(torch.float32)[:, None, :]
         sin = torch.sin(ang).to(torch.float32)[:, None, :]
+        if "rope_mscale" in self.c:  # DeepSeek YaRN: cos/sin scaled (f32, as HF)
+            cos, sin = cos * self.c["rope_mscale"], sin * self.c["rope_mscale"]
         if self.c["interleaved_rope"]:
             # llama2.c: adjacent pairs (x[2j], x[2j+1]) rotated by angle pos*inv_freq[j].
             x0, x1 = x[..., 0::2], x[..., 1::2]
@@ -284,6 +481,8 @@ class Llama:
 
     def forward(self, tokens, start, cache):
         """Runs `tokens` at positions start..start+T-1, appending to `cache`; returns [T, vocab]."""
+        if self.c.get("mla"):
+            return self.forward_mla(tokens, start, cache)
         c = self.c
         T, H, KVH, hd = len(tokens), c["n_heads"], c["n_kv_heads"], c["head_dim"]
         pos = torch.arange(start, start + T)
@@ -311,6 +510,53 @@ class Llama:
             x = x + self.mlp(self.rmsnorm(x, L["ffn_norm"]), L)
         return self.linear(self.rmsnorm(x, self.w["norm"]), self.w["lm_head"])
 
+    def attention_mla(self, h, L, pos, cache, i):
+        """DeepSeek Multi-head Latent Attention, expanded form (as HF computes it), for h [T, dim]
+        (the normed residual) at positions `pos`; appends this layer's k / v to cache[i] and
+        returns the o_proj output [T, dim]."""
+        c = self.c
+        T, H = h.shape[0], c["n_heads"]
+        nope, rd, vd, R = c["qk_nope"], c["qk_rope"], c["v_head"], c["kv_lora_rank"]
+        # Query: q_proj(h), or the low-rank q_b_proj(rmsnorm(q_a_proj(h))); per head [nope | rope].
+        if "wq" in L:
+            q = self.linear(h, L["wq"])
+        else:
+            q = self.linear(self.rmsnorm(self.linear(h, L["wq_a"]), L["q_a_norm"], c["lora_eps"]),
+                            L["wq_b"])
+        q = q.view(T, H, nope + rd)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
+        # Keys / values: kv_a_proj_with_mqa(h) = [latent c (kv_lora_rank) | k_pe (rope)], k_pe one
+        # head shared by all query heads; kv_b_proj(rmsnorm(c)) = per head [k_nope | value].
+        ckv = self.linear(h, L["wkv_a"])
+        latent, k_pe = ckv[:, :R], ckv[:, R:].reshape(T, 1, rd)
+        kv = self.linear(self.rmsnorm(latent, L["kv_a_norm"], c["lora_eps"]), L["wkv_b"])
+        kv = kv.view(T, H, nope + vd)
+        k_nope, v = kv[..., :nope], kv[..., nope:]
+        # RoPE on the rope sub-dims only (adjacent pairs), then q = [q_nope | q_pe],
+        # k = [k_nope | k_pe] with k_pe broadcast to every head.
+        q = torch.cat((q_nope, self.rope(q_pe, pos)), -1)
+        k = torch.cat((k_nope, self.rope(k_pe, pos).expand(T, H, rd)), -1)
+        if cache[i] is not None:  # cache: k [S, H, nope+rope], v [S, H, v], f32 in both modes
+            k, v = torch.cat((cache[i][0], k)), torch.cat((cache[i][1], v))
+        cache[i] = (k, v)
+        S = k.shape[0]
+        # scores = q.k * (nope+rope)^-0.5 (times YaRN's mscale^2), causal, explicit f32 softmax.
+        scores = torch.einsum("thd,shd->hts", q, k) * c["softmax_scale"]  # [H, T, S]
+        causal = torch.arange(S)[None, :] <= pos[:, None]
+        scores = scores.masked_fill(~causal[None], float("-inf"))
+        p = torch.exp(scores - scores.max(-1, keepdim=True).values)
+        p = p / p.sum(-1, keepdim=True)
+        o = torch.einsum("hts,shd->thd", p, v).reshape(T, H * vd)
+        return self.linear(o, L["wo"])
+
+    def forward_mla(self, tokens, start, cache):
+        """DeepSeek-V2/V3 forward: pre-norm blocks of MLA attention and a dense or MoE MLP."""
+        pos = torch.arange(start, start + len(tokens))
+        x = self.w["embed"][torch.tensor(tokens, dtype=torch.long)]
+        for i, L in enumerate(self.w["layers"]):
+            x = x + self.attention_mla(self.rmsnorm(x, L["attn_norm"]), L, pos, cache, i)
+            x = x + self.mlp(self.rmsnorm(x, L["ffn_norm"]), L)
+        return self.linear(self.rmsnorm(x, self.w["norm"]), self.w["lm_head"])
 
     def forward_streaming(self, token, t, cache, sink_blocks, window_blocks, block):
         """StreamingLLM, literally: runs the token at text position t against the attention
@@ -319,6 +565,8 @@ class Llama:
         blocks exist, else against all of [0, t]. Keys are cached before RoPE and rotated at
         their positions inside the cache (index in the kept list), the query at its own.
         `cache` holds every token's pre-RoPE (k, v) per layer; returns [1, vocab]."""
+        if self.c.get("mla"):
+            raise ValueError("--window-tokens (StreamingLLM) is not implemented for DeepSeek (MLA)")
         c = self.c
         H, KVH, hd = c["n_heads"], c["n_kv_heads"], c["head_dim"]
         k_blk = t // block
