@@ -41,6 +41,11 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
         " (mixture of experts) runs on the CPU only so far; its CUDA path (grouped expert GEMMs) "
         "is not implemented"));
   }
+  if (c.mla()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "device weights: ", ArchitectureName(c.architecture),
+        " (multi-head latent attention) runs on the CPU only so far; no CUDA MLA kernels"));
+  }
   std::unique_ptr<DeviceWeights> d(new DeviceWeights());
   ModelWeights& v = d->view_;
   v.config = c;

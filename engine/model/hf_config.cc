@@ -24,8 +24,8 @@ using Json = nlohmann::json;
 
 constexpr absl::string_view kSupported =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-    "MixtralForCausalLM, Qwen3MoeForCausalLM (model_type llama, mistral, qwen2, qwen3, mixtral, "
-    "qwen3_moe)";
+    "MixtralForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM "
+    "(model_type llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v2, deepseek_v3)";
 
 // A JSON value for an error message: invalid UTF-8 replaced (dump() would throw), at most 80
 // characters.
@@ -210,6 +210,12 @@ absl::StatusOr<Architecture> DetectArchitecture(const Json& j, absl::string_view
     if (name == "Qwen3MoeForCausalLM") {
       return Architecture::kQwen3Moe;
     }
+    if (name == "DeepseekV2ForCausalLM") {
+      return Architecture::kDeepseekV2;
+    }
+    if (name == "DeepseekV3ForCausalLM") {
+      return Architecture::kDeepseekV3;
+    }
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": unsupported architecture \"", name, "\"; supported: ", kSupported));
   }
@@ -232,6 +238,12 @@ absl::StatusOr<Architecture> DetectArchitecture(const Json& j, absl::string_view
   }
   if (type == "qwen3_moe") {
     return Architecture::kQwen3Moe;
+  }
+  if (type == "deepseek_v2") {
+    return Architecture::kDeepseekV2;
+  }
+  if (type == "deepseek_v3") {
+    return Architecture::kDeepseekV3;
   }
   if (type.empty()) {
     return absl::InvalidArgumentError(
@@ -288,7 +300,8 @@ absl::Status ParseRope(const FieldReader& r, absl::string_view source, ModelConf
   }
   if (type != "llama3") {
     return absl::UnimplementedError(absl::StrCat(
-        where, ": rope type \"", type, "\" is not supported (supported: default, llama3)"));
+        where, ": rope type \"", type,
+        "\" is not supported (supported: default, llama3; DeepSeek's yarn is not implemented)"));
   }
   Llama3RopeScaling l3;
   PD_ASSIGN_OR_RETURN(l3.factor, s.PositiveFloat("factor", std::nullopt));
@@ -308,13 +321,14 @@ absl::Status CheckUnsupportedFeatures(const FieldReader& r, absl::string_view so
     return absl::UnimplementedError(
         absl::StrCat(source, ": hidden_act \"", act, "\" is not supported (only silu)"));
   }
-  const absl::string_view name = arch == Architecture::kLlama     ? "LlamaForCausalLM"
-                                 : arch == Architecture::kQwen2     ? "Qwen2ForCausalLM"
-                                 : arch == Architecture::kQwen3     ? "Qwen3ForCausalLM"
-                                 : arch == Architecture::kQwen3Moe  ? "Qwen3MoeForCausalLM"
-                                                                    : ArchitectureName(arch);
+  const absl::string_view name = arch == Architecture::kLlama      ? "LlamaForCausalLM"
+                                 : arch == Architecture::kQwen2    ? "Qwen2ForCausalLM"
+                                 : arch == Architecture::kQwen3    ? "Qwen3ForCausalLM"
+                                 : arch == Architecture::kQwen3Moe ? "Qwen3MoeForCausalLM"
+                                                                   : ArchitectureName(arch);
+  const bool deepseek = arch == Architecture::kDeepseekV2 || arch == Architecture::kDeepseekV3;
   if (arch == Architecture::kLlama || arch == Architecture::kQwen3 ||
-      arch == Architecture::kQwen3Moe) {
+      arch == Architecture::kQwen3Moe || deepseek) {
     for (const char* key : {"attention_bias", "mlp_bias"}) {
       PD_ASSIGN_OR_RETURN(bool on, r.Bool(key, false));
       if (on) {
@@ -341,6 +355,69 @@ absl::Status CheckUnsupportedFeatures(const FieldReader& r, absl::string_view so
           ", mlp_only_layers) are not supported; every layer must be a mixture of experts"));
     }
   }
+  if (deepseek && r.Has("n_routed_experts")) {
+    PD_ASSIGN_OR_RETURN(int32_t freq, r.Int32("moe_layer_freq", 1, 1));
+    if (freq != 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": moe_layer_freq ", freq,
+          " is not supported (every layer from first_k_dense_replace on must be sparse)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// DeepSeek-V2 / V3: multi-head latent attention and the mixture of experts (ModelConfig's MLA
+// and routing fields). The query head is qk_nope_head_dim + qk_rope_head_dim wide; "head_dim"
+// and num_key_value_heads describe the expanded form and are not used.
+absl::Status ParseDeepseek(const FieldReader& r, absl::string_view source, ModelConfig* c) {
+  const bool v3 = c->architecture == Architecture::kDeepseekV3;
+  if (r.Has("q_lora_rank")) {
+    PD_ASSIGN_OR_RETURN(c->q_lora_rank, r.Int32("q_lora_rank", std::nullopt));
+  }
+  PD_ASSIGN_OR_RETURN(c->kv_lora_rank, r.Int32("kv_lora_rank", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c->qk_nope_head_dim, r.Int32("qk_nope_head_dim", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c->qk_rope_head_dim, r.Int32("qk_rope_head_dim", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c->v_head_dim, r.Int32("v_head_dim", std::nullopt));
+  c->head_dim = static_cast<int32_t>(std::min<int64_t>(
+      int64_t{c->qk_nope_head_dim} + c->qk_rope_head_dim, std::numeric_limits<int32_t>::max()));
+  c->n_kv_heads = c->n_heads;
+  c->kv_dim = static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(c->n_heads) * c->head_dim,
+                                                     std::numeric_limits<int32_t>::max()));
+  c->rope_form = RopeForm::kInterleaved;  // the stored rope dims pair adjacent elements
+  if (!r.Has("n_routed_experts")) {
+    return absl::OkStatus();  // every MLP dense
+  }
+  PD_ASSIGN_OR_RETURN(c->n_experts, r.Int32("n_routed_experts", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c->n_experts_per_tok, r.Int32("num_experts_per_tok", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c->moe_hidden_dim, r.Int32("moe_intermediate_size", std::nullopt));
+  PD_ASSIGN_OR_RETURN(c->n_shared_experts, r.Int32("n_shared_experts", 0, 0));
+  PD_ASSIGN_OR_RETURN(c->first_dense_layers, r.Int32("first_k_dense_replace", 0, 0));
+  PD_ASSIGN_OR_RETURN(float scale, r.PositiveFloat("routed_scaling_factor", 1.0f));
+  PD_ASSIGN_OR_RETURN(bool norm, r.Bool("norm_topk_prob", false));
+  PD_ASSIGN_OR_RETURN(std::string scoring, r.String("scoring_func", v3 ? "sigmoid" : "softmax"));
+  PD_ASSIGN_OR_RETURN(std::string method, r.String("topk_method", v3 ? "noaux_tc" : "greedy"));
+  const std::string name(ArchitectureName(c->architecture));
+  if (scoring != (v3 ? "sigmoid" : "softmax")) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": scoring_func \"", scoring, "\" is not supported for ", name));
+  }
+  c->moe_scoring = v3 ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+  if (v3 ? method != "noaux_tc" : method != "greedy" && method != "group_limited_greedy") {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": topk_method \"", method, "\" is not supported for ", name,
+                     v3 ? " (noaux_tc)" : " (greedy, group_limited_greedy)"));
+  }
+  c->moe_topk = method == "noaux_tc"               ? MoeTopk::kNoAuxTc
+                : method == "group_limited_greedy" ? MoeTopk::kGroupLimited
+                                                   : MoeTopk::kGreedy;
+  if (c->moe_topk != MoeTopk::kGreedy) {
+    PD_ASSIGN_OR_RETURN(c->moe_n_group, r.Int32("n_group", 1));
+    PD_ASSIGN_OR_RETURN(c->moe_topk_group, r.Int32("topk_group", 1));
+  }
+  // Hugging Face's DeepSeek gates normalize only with more than one expert per token; V2
+  // scales only what it does not normalize, V3 scales always.
+  c->moe_norm_topk = norm && c->n_experts_per_tok > 1;
+  c->moe_routed_scale = !v3 && c->moe_norm_topk ? 1.0f : scale;
   return absl::OkStatus();
 }
 
@@ -349,9 +426,11 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& j, absl::string_view s
   PD_ASSIGN_OR_RETURN(c.architecture, DetectArchitecture(j, source));
   FieldReader r(j, source);
   PD_RETURN_IF_ERROR(CheckUnsupportedFeatures(r, source, c.architecture));
-  const bool qwen = c.architecture == Architecture::kQwen2 || c.architecture == Architecture::kQwen3 ||
+  const bool qwen = c.architecture == Architecture::kQwen2 ||
+                    c.architecture == Architecture::kQwen3 ||
                     c.architecture == Architecture::kQwen3Moe;
-  const bool llama_like = !qwen;
+  const bool llama_like = !qwen && c.architecture != Architecture::kDeepseekV2 &&
+                          c.architecture != Architecture::kDeepseekV3;
   PD_ASSIGN_OR_RETURN(c.dim, r.Int32("hidden_size", std::nullopt));
   PD_ASSIGN_OR_RETURN(c.hidden_dim, r.Int32("intermediate_size", std::nullopt));
   PD_ASSIGN_OR_RETURN(c.n_layers, r.Int32("num_hidden_layers", std::nullopt));
@@ -363,7 +442,11 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& j, absl::string_view s
                              : mistral_like                         ? 8
                                                                     : 32;
   PD_ASSIGN_OR_RETURN(c.n_kv_heads, r.Int32("num_key_value_heads", default_kv));
-  if (r.Has("head_dim")) {
+  const bool deepseek =
+      c.architecture == Architecture::kDeepseekV2 || c.architecture == Architecture::kDeepseekV3;
+  if (deepseek) {
+    // head_dim comes from the MLA fields (ParseDeepseek).
+  } else if (r.Has("head_dim")) {
     PD_ASSIGN_OR_RETURN(c.head_dim, r.Int32("head_dim", std::nullopt));
   } else if (c.dim % c.n_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": hidden_size ", c.dim,
@@ -382,6 +465,9 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& j, absl::string_view s
   PD_ASSIGN_OR_RETURN(c.shared_classifier, r.Bool("tie_word_embeddings", false));
   PD_RETURN_IF_ERROR(ParseRope(r, source, &c));
   c.rope_form = RopeForm::kRotateHalf;
+  if (c.architecture == Architecture::kDeepseekV2 || c.architecture == Architecture::kDeepseekV3) {
+    PD_RETURN_IF_ERROR(ParseDeepseek(r, source, &c));
+  }
   c.qkv_bias = c.architecture == Architecture::kQwen2;
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
   if (c.architecture == Architecture::kMixtral) {
@@ -506,6 +592,37 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
       j["decoder_sparse_step"] = 1;
       j["mlp_only_layers"] = Json::array();
       break;
+    case Architecture::kDeepseekV2:
+    case Architecture::kDeepseekV3: {
+      const bool v3 = c.architecture == Architecture::kDeepseekV3;
+      j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
+      j["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
+      j["attention_bias"] = false;
+      j["q_lora_rank"] = c.q_lora_rank > 0 ? Json(c.q_lora_rank) : Json(nullptr);
+      j["kv_lora_rank"] = c.kv_lora_rank;
+      j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+      j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+      j["v_head_dim"] = c.v_head_dim;
+      if (c.moe()) {
+        j["n_routed_experts"] = c.n_experts;
+        j["num_experts_per_tok"] = c.n_experts_per_tok;
+        j["moe_intermediate_size"] = c.moe_hidden_dim;
+        j["n_shared_experts"] = c.n_shared_experts > 0 ? Json(c.n_shared_experts) : Json(nullptr);
+        j["first_k_dense_replace"] = c.first_dense_layers;
+        j["moe_layer_freq"] = 1;
+        j["norm_topk_prob"] = c.moe_norm_topk;
+        j["routed_scaling_factor"] = ShortestDouble(c.moe_routed_scale);
+        j["scoring_func"] = c.moe_scoring == MoeScoring::kSigmoid ? "sigmoid" : "softmax";
+        j["topk_method"] = c.moe_topk == MoeTopk::kNoAuxTc        ? "noaux_tc"
+                           : c.moe_topk == MoeTopk::kGroupLimited ? "group_limited_greedy"
+                                                                  : "greedy";
+        j["n_group"] = c.moe_n_group;
+        j["topk_group"] = c.moe_topk_group;
+      } else {
+        j["n_routed_experts"] = nullptr;
+      }
+      break;
+    }
     case Architecture::kLlama2c:
       return absl::InvalidArgumentError(
           "HfConfigJson: a llama2.c config has no Hugging Face equivalent");
@@ -516,7 +633,9 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
   j["num_hidden_layers"] = c.n_layers;
   j["num_attention_heads"] = c.n_heads;
   j["num_key_value_heads"] = c.n_kv_heads;
-  j["head_dim"] = c.head_dim;
+  if (!c.mla()) {
+    j["head_dim"] = c.head_dim;
+  }
   j["vocab_size"] = c.vocab_size;
   j["max_position_embeddings"] = c.seq_len;
   j["rms_norm_eps"] = ShortestDouble(c.rms_norm_eps);

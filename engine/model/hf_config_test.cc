@@ -1,6 +1,7 @@
 #include "engine/model/hf_config.h"
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -243,8 +244,8 @@ TEST(HfConfigTest, ParsesMixturesOfExperts) {
   EXPECT_TRUE(c->qk_norm);
   EXPECT_EQ(c->head_dim, 128);
   // The same by model_type alone.
-  c = ParseHfConfig(absl::StrReplaceAll(
-      kQwen3MoeConfig, {{"\"architectures\": [\"Qwen3MoeForCausalLM\"],", ""}}));
+  c = ParseHfConfig(absl::StrReplaceAll(kQwen3MoeConfig,
+                                        {{"\"architectures\": [\"Qwen3MoeForCausalLM\"],", ""}}));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->architecture, Architecture::kQwen3Moe);
   // Dense layers among the experts are refused by name; so is a top k above the experts.
@@ -255,8 +256,8 @@ TEST(HfConfigTest, ParsesMixturesOfExperts) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << to;
     EXPECT_THAT(c.status().message(), ::testing::HasSubstr("dense layers")) << to;
   }
-  c = ParseHfConfig(absl::StrReplaceAll(kQwen3MoeConfig,
-                                        {{"\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 129"}}));
+  c = ParseHfConfig(absl::StrReplaceAll(
+      kQwen3MoeConfig, {{"\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 129"}}));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), ::testing::HasSubstr("n_experts_per_tok 129"));
   // Written back and read again: the same config.
@@ -270,6 +271,130 @@ TEST(HfConfigTest, ParsesMixturesOfExperts) {
   ModelConfig fewer = *c;
   fewer.n_experts_per_tok = 4;
   EXPECT_NE(CanonicalConfigBytes(fewer), CanonicalConfigBytes(*c));
+}
+
+// DeepSeek-V2-Lite's config.json (published values), without its yarn rope_scaling.
+constexpr char kDeepseekV2LiteConfig[] = R"({
+  "architectures": ["DeepseekV2ForCausalLM"],
+  "attention_bias": false,
+  "bos_token_id": 100000,
+  "eos_token_id": 100001,
+  "first_k_dense_replace": 1,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "intermediate_size": 10944,
+  "kv_lora_rank": 512,
+  "max_position_embeddings": 163840,
+  "model_type": "deepseek_v2",
+  "moe_intermediate_size": 1408,
+  "moe_layer_freq": 1,
+  "n_group": 1,
+  "n_routed_experts": 64,
+  "n_shared_experts": 2,
+  "norm_topk_prob": false,
+  "num_attention_heads": 16,
+  "num_experts_per_tok": 6,
+  "num_hidden_layers": 27,
+  "num_key_value_heads": 16,
+  "q_lora_rank": null,
+  "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 10000,
+  "routed_scaling_factor": 1.0,
+  "scoring_func": "softmax",
+  "tie_word_embeddings": false,
+  "topk_group": 1,
+  "topk_method": "greedy",
+  "torch_dtype": "bfloat16",
+  "v_head_dim": 128,
+  "vocab_size": 102400
+})";
+
+TEST(HfConfigTest, ParsesDeepseekLatentAttentionAndItsExperts) {
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(kDeepseekV2LiteConfig);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kDeepseekV2);
+  EXPECT_TRUE(c->mla());
+  EXPECT_EQ(c->head_dim, 192);  // nope 128 + rope 64: the query head
+  EXPECT_EQ(c->rope_dim(), 64);
+  EXPECT_EQ(c->attn_out_dim(), 16 * 128);
+  EXPECT_EQ(c->q_lora_rank, 0);
+  EXPECT_EQ(c->rope_form, RopeForm::kInterleaved);
+  // The cache: 576 elements a token (latent 512 + rope key 64), as 2 heads of K 144 + V 144.
+  EXPECT_EQ(c->mla_latent_dim(), 576);
+  EXPECT_EQ(c->cache_kv_heads(), 2);
+  EXPECT_EQ(c->cache_head_dim(), 144);
+  EXPECT_EQ(c->n_experts, 64);
+  EXPECT_EQ(c->n_experts_per_tok, 6);
+  EXPECT_EQ(c->moe_hidden_dim, 1408);
+  EXPECT_EQ(c->n_shared_experts, 2);
+  EXPECT_EQ(c->first_dense_layers, 1);
+  EXPECT_FALSE(c->moe_layer(0));
+  EXPECT_TRUE(c->moe_layer(1));
+  EXPECT_EQ(c->mlp_width(), 10944);  // the dense first layer is the widest
+  EXPECT_FALSE(c->moe_norm_topk);
+  EXPECT_EQ(c->moe_topk, MoeTopk::kGreedy);
+  EXPECT_EQ(c->moe_scoring, MoeScoring::kSoftmax);
+  EXPECT_EQ(c->bos_id, 100000u);
+
+  // DeepSeek-V3's routing: sigmoid, noaux_tc over 8 groups of which 4, scaled by 2.5.
+  const std::string v3 = absl::StrReplaceAll(
+      kDeepseekV2LiteConfig, {{"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"},
+                              {"\"deepseek_v2\"", "\"deepseek_v3\""},
+                              {"\"n_group\": 1", "\"n_group\": 8"},
+                              {"\"topk_group\": 1", "\"topk_group\": 4"},
+                              {"\"topk_method\": \"greedy\"", "\"topk_method\": \"noaux_tc\""},
+                              {"\"scoring_func\": \"softmax\"", "\"scoring_func\": \"sigmoid\""},
+                              {"\"norm_topk_prob\": false", "\"norm_topk_prob\": true"},
+                              {"\"routed_scaling_factor\": 1.0", "\"routed_scaling_factor\": 2.5"},
+                              {"\"q_lora_rank\": null", "\"q_lora_rank\": 1536"}});
+  c = ParseHfConfig(v3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kDeepseekV3);
+  EXPECT_EQ(c->moe_topk, MoeTopk::kNoAuxTc);
+  EXPECT_EQ(c->moe_scoring, MoeScoring::kSigmoid);
+  EXPECT_EQ(c->moe_n_group, 8);
+  EXPECT_EQ(c->moe_topk_group, 4);
+  EXPECT_TRUE(c->moe_norm_topk);
+  EXPECT_FLOAT_EQ(c->moe_routed_scale, 2.5f);
+  EXPECT_EQ(c->q_lora_rank, 1536);
+  // Written back and read again: the same config; MLA changes the fingerprint's bytes.
+  absl::StatusOr<std::string> json = HfConfigJson(*c);
+  ASSERT_TRUE(json.ok()) << json.status();
+  absl::StatusOr<ModelConfig> again = ParseHfConfig(*json);
+  ASSERT_TRUE(again.ok()) << again.status() << *json;
+  EXPECT_EQ(*again, *c);
+  ModelConfig wider = *c;
+  wider.kv_lora_rank = 256;
+  EXPECT_NE(CanonicalConfigBytes(wider), CanonicalConfigBytes(*c));
+
+  // What the engine does not run is refused by name.
+  for (const auto& [from, to, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40}",
+            "yarn"},
+           {"\"moe_layer_freq\": 1", "\"moe_layer_freq\": 2", "moe_layer_freq"},
+           {"\"scoring_func\": \"softmax\"", "\"scoring_func\": \"sigmoid\"", "scoring_func"},
+           {"\"topk_method\": \"greedy\"", "\"topk_method\": \"noaux_tc\"", "topk_method"}}) {
+    c = ParseHfConfig(absl::StrReplaceAll(kDeepseekV2LiteConfig, {{from, to}}));
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << to;
+    EXPECT_THAT(c.status().message(), HasSubstr(says)) << to;
+  }
+  // Bad shapes are InvalidArgument naming the fields.
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"qk_rope_head_dim\": 64", "\"qk_rope_head_dim\": 63"},
+           {"\"kv_lora_rank\": 512", "\"kv_lora_rank\": 2000000"},
+           {"\"n_group\": 1", "\"n_group\": 3"}}) {
+    std::string json_text = absl::StrReplaceAll(kDeepseekV2LiteConfig, {{from, to}});
+    if (from.find("n_group") != std::string::npos) {
+      json_text = absl::StrReplaceAll(json_text, {{"\"topk_method\": \"greedy\"",
+                                                   "\"topk_method\": \"group_limited_greedy\""}});
+    }
+    c = ParseHfConfig(json_text);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << to;
+  }
 }
 
 TEST(HfConfigTest, ParsesQwen3WithHeadNormsAndWideHeads) {

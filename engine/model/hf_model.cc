@@ -60,6 +60,14 @@ absl::StatusOr<SafetensorsDtype> CheckTensors(const ModelConfig& config, const W
                                                      view->ShapeString(), ", config implies ",
                                                      ShapeString(req.shape)));
     }
+    if (req.any_float) {
+      if (!ToKernelDType(view->dtype).has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor ", req.name, " has dtype ",
+                                                       SafetensorsDtypeName(view->dtype),
+                                                       "; it must be F32, BF16 or F16"));
+      }
+      continue;
+    }
     if (!dtype.has_value()) {
       if (!ToKernelDType(view->dtype).has_value()) {
         return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor ", req.name, " has dtype ",
@@ -96,9 +104,26 @@ std::vector<HfTensorRequirement> HfRequiredTensors(const ModelConfig& c) {
   out.push_back({"model.embed_tokens.weight", {vocab, dim}});
   for (int l = 0; l < c.n_layers; ++l) {
     out.push_back({LayerName(l, "input_layernorm.weight"), {dim}});
-    out.push_back({LayerName(l, "self_attn.q_proj.weight"), {q, dim}});
-    out.push_back({LayerName(l, "self_attn.k_proj.weight"), {kv, dim}});
-    out.push_back({LayerName(l, "self_attn.v_proj.weight"), {kv, dim}});
+    if (c.mla()) {
+      const int64_t heads = c.n_heads;
+      if (c.q_lora_rank > 0) {
+        out.push_back({LayerName(l, "self_attn.q_a_proj.weight"), {c.q_lora_rank, dim}});
+        out.push_back({LayerName(l, "self_attn.q_a_layernorm.weight"), {c.q_lora_rank}});
+        out.push_back({LayerName(l, "self_attn.q_b_proj.weight"), {q, c.q_lora_rank}});
+      } else {
+        out.push_back({LayerName(l, "self_attn.q_proj.weight"), {q, dim}});
+      }
+      out.push_back(
+          {LayerName(l, "self_attn.kv_a_proj_with_mqa.weight"), {c.mla_latent_dim(), dim}});
+      out.push_back({LayerName(l, "self_attn.kv_a_layernorm.weight"), {c.kv_lora_rank}});
+      out.push_back({LayerName(l, "self_attn.kv_b_proj.weight"),
+                     {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}});
+      out.push_back({LayerName(l, "self_attn.o_proj.weight"), {dim, c.attn_out_dim()}});
+    } else {
+      out.push_back({LayerName(l, "self_attn.q_proj.weight"), {q, dim}});
+      out.push_back({LayerName(l, "self_attn.k_proj.weight"), {kv, dim}});
+      out.push_back({LayerName(l, "self_attn.v_proj.weight"), {kv, dim}});
+    }
     if (c.qkv_bias) {
       out.push_back({LayerName(l, "self_attn.q_proj.bias"), {q}});
       out.push_back({LayerName(l, "self_attn.k_proj.bias"), {kv}});
@@ -108,16 +133,27 @@ std::vector<HfTensorRequirement> HfRequiredTensors(const ModelConfig& c) {
       out.push_back({LayerName(l, "self_attn.q_norm.weight"), {c.head_dim}});
       out.push_back({LayerName(l, "self_attn.k_norm.weight"), {c.head_dim}});
     }
-    out.push_back({LayerName(l, "self_attn.o_proj.weight"), {dim, q}});
+    if (!c.mla()) {
+      out.push_back({LayerName(l, "self_attn.o_proj.weight"), {dim, q}});
+    }
     out.push_back({LayerName(l, "post_attention_layernorm.weight"), {dim}});
-    if (c.moe()) {
+    if (c.moe_layer(l)) {
       const int64_t width = c.moe_hidden_dim;
       out.push_back({RouterName(c, l), {c.n_experts, dim}});
+      if (c.moe_topk == MoeTopk::kNoAuxTc) {
+        out.push_back({LayerName(l, "mlp.gate.e_score_correction_bias"), {c.n_experts}, true});
+      }
       for (int e = 0; e < c.n_experts; ++e) {
         const std::array<std::string, 3> names = ExpertNames(c, l, e);
         out.push_back({names[0], {width, dim}});
         out.push_back({names[1], {width, dim}});
         out.push_back({names[2], {dim, width}});
+      }
+      if (c.n_shared_experts > 0) {
+        const int64_t shared = width * c.n_shared_experts;
+        out.push_back({LayerName(l, "mlp.shared_experts.gate_proj.weight"), {shared, dim}});
+        out.push_back({LayerName(l, "mlp.shared_experts.up_proj.weight"), {shared, dim}});
+        out.push_back({LayerName(l, "mlp.shared_experts.down_proj.weight"), {dim, shared}});
       }
       continue;
     }
@@ -167,9 +203,22 @@ void HfModel::BindTensors() {
   for (int l = 0; l < config_.n_layers; ++l) {
     HfLayerWeights& w = layers_[l];
     w.input_layernorm = get(LayerName(l, "input_layernorm.weight"));
-    w.q_proj = get(LayerName(l, "self_attn.q_proj.weight"));
-    w.k_proj = get(LayerName(l, "self_attn.k_proj.weight"));
-    w.v_proj = get(LayerName(l, "self_attn.v_proj.weight"));
+    if (config_.mla()) {
+      if (config_.q_lora_rank > 0) {
+        w.q_a_proj = get(LayerName(l, "self_attn.q_a_proj.weight"));
+        w.q_a_layernorm = get(LayerName(l, "self_attn.q_a_layernorm.weight"));
+        w.q_proj = get(LayerName(l, "self_attn.q_b_proj.weight"));
+      } else {
+        w.q_proj = get(LayerName(l, "self_attn.q_proj.weight"));
+      }
+      w.kv_a_proj = get(LayerName(l, "self_attn.kv_a_proj_with_mqa.weight"));
+      w.kv_a_layernorm = get(LayerName(l, "self_attn.kv_a_layernorm.weight"));
+      w.kv_b_proj = get(LayerName(l, "self_attn.kv_b_proj.weight"));
+    } else {
+      w.q_proj = get(LayerName(l, "self_attn.q_proj.weight"));
+      w.k_proj = get(LayerName(l, "self_attn.k_proj.weight"));
+      w.v_proj = get(LayerName(l, "self_attn.v_proj.weight"));
+    }
     w.o_proj = get(LayerName(l, "self_attn.o_proj.weight"));
     if (config_.qkv_bias) {
       w.q_bias = get(LayerName(l, "self_attn.q_proj.bias"));
@@ -181,12 +230,20 @@ void HfModel::BindTensors() {
       w.k_norm = get(LayerName(l, "self_attn.k_norm.weight"));
     }
     w.post_attention_layernorm = get(LayerName(l, "post_attention_layernorm.weight"));
-    if (config_.moe()) {
+    if (config_.moe_layer(l)) {
       w.router = get(RouterName(config_, l));
+      if (config_.moe_topk == MoeTopk::kNoAuxTc) {
+        w.router_bias = get(LayerName(l, "mlp.gate.e_score_correction_bias"));
+      }
       w.experts.resize(static_cast<size_t>(config_.n_experts));
       for (int e = 0; e < config_.n_experts; ++e) {
         const std::array<std::string, 3> names = ExpertNames(config_, l, e);
         w.experts[e] = {get(names[0]), get(names[1]), get(names[2])};
+      }
+      if (config_.n_shared_experts > 0) {
+        w.shared = HfLayerWeights::Expert{get(LayerName(l, "mlp.shared_experts.gate_proj.weight")),
+                                          get(LayerName(l, "mlp.shared_experts.up_proj.weight")),
+                                          get(LayerName(l, "mlp.shared_experts.down_proj.weight"))};
       }
       continue;
     }

@@ -1,5 +1,5 @@
-// HfModel: a Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Mixtral / Qwen3-MoE checkpoint
-// directory, loaded zero-copy.
+// HfModel: a Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Mixtral / Qwen3-MoE / DeepSeek-V2 /
+// DeepSeek-V3 checkpoint directory, loaded zero-copy.
 //
 // Directory layout: config.json (+ optional generation_config.json, see hf_config.h) and either
 // model.safetensors or model.safetensors.index.json with its shards (see safetensors.h).
@@ -24,7 +24,12 @@
 //     instead of the mlp: the router model.layers.N.block_sparse_moe.gate.weight (Mixtral) /
 //     mlp.gate.weight (Qwen3-MoE) [n_experts, dim], and per expert E
 //     block_sparse_moe.experts.E.w1 / w3 / w2.weight (Mixtral) or mlp.experts.E.gate_proj /
-//     up_proj / down_proj.weight (Qwen3-MoE), [moe_hidden_dim, dim] x 2 and [dim, moe_hidden_dim].)
+//     up_proj / down_proj.weight (Qwen3-MoE), [moe_hidden_dim, dim] x 2 and [dim, moe_hidden_dim].
+//     DeepSeek: attention is MLA's self_attn.q_proj (or q_a_proj, q_a_layernorm, q_b_proj),
+//     kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj and o_proj (shapes in HfLayerWeights);
+//     layers from first_k_dense_replace on have Qwen3-MoE's expert names, plus
+//     mlp.shared_experts.gate_proj / up_proj / down_proj.weight and, V3,
+//     mlp.gate.e_score_correction_bias [n_experts].)
 //   model.norm.weight                                  [dim]
 //   lm_head.weight                                     [vocab_size, dim] (absent when tied)
 // Matrices are row-major [out][in] (torch nn.Linear). q_proj/k_proj rows are in the rotate-half
@@ -57,6 +62,9 @@ namespace pd::engine {
 struct HfTensorRequirement {
   std::string name;
   std::vector<int64_t> shape;
+  // A small vector the engine converts to f32 (DeepSeek-V3's e_score_correction_bias, stored
+  // f32 beside bf16 matrices): any of F32/BF16/F16, not held to the matrices' dtype.
+  bool any_float = false;
 };
 
 // Every tensor `config` needs, in the fingerprint order of the file comment (per layer, then the
@@ -66,10 +74,19 @@ std::vector<HfTensorRequirement> HfRequiredTensors(const ModelConfig& config);
 // The weights of one decoder layer (views into the mapping; see the file comment for shapes).
 struct HfLayerWeights {
   TensorView input_layernorm;
-  TensorView q_proj;
-  TensorView k_proj;
-  TensorView v_proj;
-  TensorView o_proj;
+  TensorView q_proj;  // MLA with q_lora_rank: q_b_proj, [n_heads * head_dim][q_lora_rank]
+  TensorView k_proj;  // unset with MLA
+  TensorView v_proj;  // unset with MLA
+  TensorView o_proj;  // MLA: [dim][n_heads * v_head_dim]
+  // MLA (config().mla()): q_a_proj [q_lora_rank][dim] and q_a_layernorm [q_lora_rank] (set iff
+  // q_lora_rank > 0), kv_a_proj_with_mqa [kv_lora_rank + qk_rope_head_dim][dim],
+  // kv_a_layernorm [kv_lora_rank], kv_b_proj [n_heads * (qk_nope_head_dim + v_head_dim)]
+  // [kv_lora_rank].
+  std::optional<TensorView> q_a_proj;
+  std::optional<TensorView> q_a_layernorm;
+  TensorView kv_a_proj;
+  TensorView kv_a_layernorm;
+  TensorView kv_b_proj;
   std::optional<TensorView> q_bias;  // set iff config().qkv_bias
   std::optional<TensorView> k_bias;
   std::optional<TensorView> v_bias;
@@ -82,12 +99,17 @@ struct HfLayerWeights {
   // Mixture of experts (config().moe()): the router [n_experts][dim] and each expert's SwiGLU
   // matrices (Mixtral's w1 / w3 / w2 as gate / up / down).
   TensorView router;
+  // DeepSeek-V3 (topk_method noaux_tc): the selection bias e_score_correction_bias [n_experts].
+  std::optional<TensorView> router_bias;
   struct Expert {
     TensorView gate_proj;  // [moe_hidden_dim][dim]
     TensorView up_proj;    // [moe_hidden_dim][dim]
     TensorView down_proj;  // [dim][moe_hidden_dim]
   };
   std::vector<Expert> experts;
+  // DeepSeek's shared experts, one SwiGLU MLP of width moe_hidden_dim * n_shared_experts (set
+  // iff n_shared_experts > 0 on a mixture-of-experts layer).
+  std::optional<Expert> shared;
 };
 
 struct HfModelLoadStats {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "common/threads/parallel_for.h"
 #include "kernels/attention.h"
 #include "kernels/convert.h"
 #include "kernels/copy.h"
@@ -31,8 +32,8 @@ kernels::RopeStyle RopeStyleOf(RopeForm form) {
 }
 
 // gate = silu(gate) * up, over `rows` rows of `width` (the SwiGLU of an MLP or an expert).
-absl::Status SiluMulRows(const kernels::OpContext& ctx, float* gate, const float* up,
-                         int64_t rows, int64_t width) {
+absl::Status SiluMulRows(const kernels::OpContext& ctx, float* gate, const float* up, int64_t rows,
+                         int64_t width) {
   kernels::SiluMulParams p;
   p.gate = gate;
   p.up = up;
@@ -110,13 +111,18 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
         ArchitectureName(weights->config.architecture),
         ": mixture-of-experts layers run on the CPU only so far (no CUDA grouped expert GEMMs)"));
   }
+  if (weights->config.mla() && ctx.device != kernels::Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        ArchitectureName(weights->config.architecture),
+        ": multi-head latent attention runs on the CPU only so far (no CUDA MLA kernels)"));
+  }
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   const ModelConfig& c = f->config_;
   if (c.moe()) {
     f->expert_tokens_.assign(static_cast<size_t>(c.n_layers) * c.n_experts, 0);
   }
   kernels::RopeFreqConfig rope;
-  rope.head_dim = c.head_dim;
+  rope.head_dim = c.rope_dim();
   rope.theta = c.rope_theta;
   if (c.rope_scaling.has_value()) {
     rope.llama3.enabled = true;
@@ -156,10 +162,19 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
 
   // One workspace for the largest matmul of any layer at the largest batch.
   const int64_t width = c.mlp_width();
-  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},  {t, c.dim, c.kv_dim},
-                               {t, c.q_dim(), c.dim},  {t, c.dim, width},
-                               {t, width, c.dim},      {options.max_seqs, c.dim, c.vocab_size},
-                               {t, c.dim, std::max(c.n_experts, 1)}};
+  const int64_t q_in = c.q_lora_rank > 0 ? c.q_lora_rank : c.dim;
+  const int64_t shapes[][3] = {{t, c.dim, c.q_dim()},
+                               {t, c.dim, c.kv_dim},
+                               {t, c.q_dim(), c.dim},
+                               {t, c.dim, width},
+                               {t, width, c.dim},
+                               {options.max_seqs, c.dim, c.vocab_size},
+                               {t, c.dim, std::max(c.n_experts, 1)},
+                               // MLA: q_a_proj, q_b_proj, kv_a_proj_with_mqa, o_proj
+                               {t, c.dim, std::max(c.q_lora_rank, 1)},
+                               {t, q_in, c.q_dim()},
+                               {t, c.dim, std::max(c.mla_latent_dim(), 1)},
+                               {t, c.attn_out_dim(), c.dim}};
   for (const auto& s : shapes) {
     kernels::MatMulParams p;
     p.num_rows = s[0];
@@ -208,7 +223,7 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
     q_ = static_cast<float*>(carve(t * c.q_dim() * 4));
     k_ = static_cast<float*>(carve(t * c.kv_dim * 4));
     v_ = static_cast<float*>(carve(t * c.kv_dim * 4));
-    att_ = static_cast<float*>(carve(t * c.q_dim() * 4));
+    att_ = static_cast<float*>(carve(t * std::max(c.q_dim(), c.attn_out_dim()) * 4));
     gate_ = static_cast<float*>(carve(t * c.mlp_width() * 4));
     up_ = static_cast<float*>(carve(t * c.mlp_width() * 4));
     if (c.moe()) {
@@ -216,6 +231,11 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
       moe_in_ = static_cast<float*>(carve(t * c.dim * 4));
       moe_out_ = static_cast<float*>(carve(t * c.dim * 4));
       moe_sum_ = static_cast<float*>(carve(t * c.dim * 4));
+    }
+    if (c.mla()) {
+      mla_qa_ = static_cast<float*>(carve(t * std::max(c.q_lora_rank, 1) * 4));
+      mla_latent_ = static_cast<float*>(carve(t * int64_t{c.mla_latent_dim()} * 4));
+      mla_qpe_ = static_cast<float*>(carve(t * int64_t{c.n_heads} * c.qk_rope_head_dim * 4));
     }
     logits_tmp_ = static_cast<float*>(carve(options_.max_seqs * int64_t{c.vocab_size} * 4));
     workspace_ = carve(workspace_bytes_);
@@ -289,13 +309,14 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
 }
 
 int64_t LlamaForward::block_bytes() const {
-  return kernels::DenseKvBlockBytes(pool_.dtype, config_.n_layers, config_.n_kv_heads,
-                                    pool_.block_size, config_.head_dim);
+  return kernels::DenseKvBlockBytes(pool_.dtype, config_.n_layers, config_.cache_kv_heads(),
+                                    pool_.block_size, config_.cache_head_dim());
 }
 
 kernels::KvCacheView LlamaForward::CacheView(int layer) const {
   return kernels::DenseKvCacheView(pool_.base, pool_.dtype, pool_.num_blocks, config_.n_layers,
-                                   config_.n_kv_heads, pool_.block_size, config_.head_dim, layer);
+                                   config_.cache_kv_heads(), pool_.block_size,
+                                   config_.cache_head_dim(), layer);
 }
 
 absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) const {
@@ -373,6 +394,11 @@ absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
                                              absl::Span<const int32_t> dst, int64_t num_tokens,
                                              int64_t delta) {
   const ModelConfig& c = config_;
+  if (c.mla()) {
+    return absl::UnimplementedError(
+        "copy blocks shifted: a multi-head latent attention cache cannot be re-rotated (the sink "
+        "+ window KV policy does not support MLA models)");
+  }
   const int64_t needed = (num_tokens + pool_.block_size - 1) / pool_.block_size;
   if (num_tokens <= 0 || delta < 0 || delta > std::numeric_limits<int32_t>::max() ||
       needed > max_blocks_per_seq_ || static_cast<int64_t>(src.size()) < needed ||
@@ -529,8 +555,9 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
 
 bool LlamaForward::GraphEligible(int64_t num_tokens, bool edited) const {
   const int64_t n = static_cast<int64_t>(slots_.size());
+  // MLA's attention reads the host's block tables (CPU only): never captured.
   return Staged() && options_.decode_graphs && !graph_stats_.off && num_decode_slots_ == n &&
-         num_tokens == n && !edited;
+         num_tokens == n && !edited && !config_.mla();
 }
 
 absl::Status LlamaForward::ApplyEdits(int64_t num_seqs) {
@@ -739,8 +766,7 @@ absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, floa
 
 absl::Status LlamaForward::ForwardSample(absl::Span<const ForwardSequence> batch,
                                          absl::Span<const SampleSpec> specs, int32_t* tokens,
-                                         float* logits,
-                                         const std::function<void()>& masks_ready) {
+                                         float* logits, const std::function<void()>& masks_ready) {
   if (specs.size() != batch.size() || batch.empty() || tokens == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("forward: ", specs.size(),
                                                    " sampling specs for a batch of ", batch.size(),
@@ -795,19 +821,36 @@ absl::Status LlamaForward::ForwardSample(absl::Span<const ForwardSequence> batch
 absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_->layers[layer];
-  const int64_t q_dim = c.q_dim();
-
-  // Attention block.
   PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.attn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
+  PD_RETURN_IF_ERROR(c.mla() ? MlaAttention(layer, num_tokens) : Attention(layer, num_tokens));
+
+  // MLP block: x += W_down (silu(W_gate xb) * (W_up xb)).
+  PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.ffn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
+  if (c.moe_layer(layer)) {
+    return MoeMlp(layer, num_tokens);
+  }
+  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, w.w_gate_scales, nullptr, gate_, num_tokens, c.dim,
+                            c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(
+      MatMul(xb_, w.w_up, w.w_up_scales, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
+  PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, num_tokens, c.hidden_dim));
+  return MatMul(gate_, w.w_down, w.w_down_scales, nullptr, x_, num_tokens, c.hidden_dim, c.dim,
+                true);
+}
+
+absl::Status LlamaForward::Attention(int layer, int64_t num_tokens) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_->layers[layer];
+  const int64_t q_dim = c.q_dim();
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wq, w.wq_scales, w.bq, q_, num_tokens, c.dim, q_dim, false));
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wk, w.wk_scales, w.bk, k_, num_tokens, c.dim, c.kv_dim, false));
   PD_RETURN_IF_ERROR(MatMul(xb_, w.wv, w.wv_scales, w.bv, v_, num_tokens, c.dim, c.kv_dim, false));
   if (c.qk_norm) {
     // Qwen3: every head of q and of k RMS-normalized on its own (rows of head_dim), in place.
-    PD_RETURN_IF_ERROR(RmsNormRows(ctx_, q_, w.q_norm, q_, num_tokens * c.n_heads, c.head_dim,
-                                   c.rms_norm_eps));
-    PD_RETURN_IF_ERROR(RmsNormRows(ctx_, k_, w.k_norm, k_, num_tokens * c.n_kv_heads, c.head_dim,
-                                   c.rms_norm_eps));
+    PD_RETURN_IF_ERROR(
+        RmsNormRows(ctx_, q_, w.q_norm, q_, num_tokens * c.n_heads, c.head_dim, c.rms_norm_eps));
+    PD_RETURN_IF_ERROR(
+        RmsNormRows(ctx_, k_, w.k_norm, k_, num_tokens * c.n_kv_heads, c.head_dim, c.rms_norm_eps));
   }
 
   kernels::RopeParams rope;
@@ -873,20 +916,7 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(kernels::PrefillAttention(ctx_, p));
   }
   // x += attn Wo
-  PD_RETURN_IF_ERROR(MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, q_dim, c.dim, true));
-
-  // MLP block: x += W_down (silu(W_gate xb) * (W_up xb)).
-  PD_RETURN_IF_ERROR(RmsNormRows(ctx_, x_, w.ffn_norm, xb_, num_tokens, c.dim, c.rms_norm_eps));
-  if (c.moe()) {
-    return MoeMlp(layer, num_tokens);
-  }
-  PD_RETURN_IF_ERROR(MatMul(xb_, w.w_gate, w.w_gate_scales, nullptr, gate_, num_tokens, c.dim,
-                            c.hidden_dim, false));
-  PD_RETURN_IF_ERROR(
-      MatMul(xb_, w.w_up, w.w_up_scales, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
-  PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, num_tokens, c.hidden_dim));
-  return MatMul(gate_, w.w_down, w.w_down_scales, nullptr, x_, num_tokens, c.hidden_dim, c.dim,
-                true);
+  return MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, q_dim, c.dim, true);
 }
 
 absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
@@ -895,8 +925,8 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
   const int64_t dim = c.dim, width = c.moe_hidden_dim;
   PD_RETURN_IF_ERROR(MatMul(xb_, w.router, w.router_scales, nullptr, router_logits_, num_tokens,
                             dim, c.n_experts, false));
-  RouteTokens(router_logits_, num_tokens, c.n_experts, c.n_experts_per_tok, c.moe_norm_topk,
-              &routing_);
+  RouteTokens(router_logits_, num_tokens, c.n_experts, c.n_experts_per_tok,
+              MoeRuleFor(c, w.router_bias), &routing_);
   std::fill(moe_sum_, moe_sum_ + num_tokens * dim, 0.0f);
   int64_t* counts = &expert_tokens_[static_cast<size_t>(layer) * c.n_experts];
   for (int e = 0; e < c.n_experts; ++e) {
@@ -921,8 +951,186 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
       for (int64_t d = 0; d < dim; ++d) sum[d] += weight * y[d];
     }
   }
+  if (w.w_shared_gate != nullptr) {
+    // DeepSeek's shared experts: every token, added to the routed sum (as Hugging Face does).
+    const int64_t shared = width * c.n_shared_experts;
+    PD_RETURN_IF_ERROR(MatMul(xb_, w.w_shared_gate, w.w_shared_gate_scales, nullptr, gate_,
+                              num_tokens, dim, shared, false));
+    PD_RETURN_IF_ERROR(MatMul(xb_, w.w_shared_up, w.w_shared_up_scales, nullptr, up_, num_tokens,
+                              dim, shared, false));
+    PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, num_tokens, shared));
+    PD_RETURN_IF_ERROR(MatMul(gate_, w.w_shared_down, w.w_shared_down_scales, nullptr, moe_out_,
+                              num_tokens, shared, dim, false));
+    for (int64_t i = 0; i < num_tokens * dim; ++i) moe_sum_[i] += moe_out_[i];
+  }
   for (int64_t i = 0; i < num_tokens * dim; ++i) x_[i] += moe_sum_[i];
   return absl::OkStatus();
+}
+
+absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_->layers[layer];
+  const int64_t heads = c.n_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
+  const int64_t rank = c.kv_lora_rank, latent = c.mla_latent_dim(), vdim = c.v_head_dim;
+  const int64_t q_dim = c.q_dim(), out_dim = c.attn_out_dim();
+  // Hugging Face builds q_a_layernorm and kv_a_layernorm with RMSNorm's default epsilon, not
+  // rms_norm_eps (the same value, 1e-6, in DeepSeek's published configs).
+  constexpr float kLoraNormEps = 1e-6f;
+
+  // Queries: q_proj, or q_a_proj -> RMSNorm -> q_b_proj; each head [nope | rope].
+  if (w.wq_a != nullptr) {
+    PD_RETURN_IF_ERROR(MatMul(xb_, w.wq_a, w.wq_a_scales, nullptr, mla_qa_, num_tokens, c.dim,
+                              c.q_lora_rank, false));
+    PD_RETURN_IF_ERROR(
+        RmsNormRows(ctx_, mla_qa_, w.q_a_norm, mla_qa_, num_tokens, c.q_lora_rank, kLoraNormEps));
+    PD_RETURN_IF_ERROR(
+        MatMul(mla_qa_, w.wq, w.wq_scales, nullptr, q_, num_tokens, c.q_lora_rank, q_dim, false));
+  } else {
+    PD_RETURN_IF_ERROR(
+        MatMul(xb_, w.wq, w.wq_scales, nullptr, q_, num_tokens, c.dim, q_dim, false));
+  }
+  // The cache entry: [c | k_rope] = kv_a_proj_with_mqa(x), c RMS-normalized in place.
+  PD_RETURN_IF_ERROR(
+      MatMul(xb_, w.wkv_a, w.wkv_a_scales, nullptr, mla_latent_, num_tokens, c.dim, latent, false));
+  {
+    kernels::RmsNormParams p;
+    p.in = mla_latent_;
+    p.weight = w.kv_a_norm;
+    p.out = mla_latent_;
+    p.num_rows = num_tokens;
+    p.dim = rank;
+    p.in_row_stride = latent;
+    p.out_row_stride = latent;
+    p.eps = kLoraNormEps;
+    PD_RETURN_IF_ERROR(kernels::RmsNorm(ctx_, p));
+  }
+  // RoPE on the heads' rope parts (gathered) and the shared rope key, adjacent pairs.
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::copy_n(q_ + t * q_dim + h * c.head_dim + nope, rope, mla_qpe_ + (t * heads + h) * rope);
+    }
+  }
+  kernels::RopeParams rp;
+  rp.q = mla_qpe_;
+  rp.k = mla_latent_ + rank;
+  rp.positions = d_rope_positions_;
+  rp.inv_freq = inv_freq_;
+  rp.num_tokens = num_tokens;
+  rp.num_heads = heads;
+  rp.num_kv_heads = 1;
+  rp.head_dim = rope;
+  rp.q_token_stride = heads * rope;
+  rp.k_token_stride = latent;
+  rp.style = kernels::RopeStyle::kInterleaved;
+  PD_RETURN_IF_ERROR(kernels::Rope(ctx_, rp));
+
+  // The entry is cached as the K and V halves of cache_kv_heads() heads (ModelConfig).
+  const kernels::KvCacheView cache = CacheView(layer);
+  kernels::WriteKvParams write;
+  write.k = mla_latent_;
+  write.v = mla_latent_ + latent / 2;
+  write.k_token_stride = latent;
+  write.v_token_stride = latent;
+  write.cache = cache;
+  write.num_tokens = num_tokens;
+  write.positions = d_positions_;
+  write.token_seq = d_token_seq_;
+  write.block_tables = d_block_tables_;
+  write.num_seqs = static_cast<int64_t>(slots_.size());
+  write.max_blocks_per_seq = max_blocks_per_seq_;
+  PD_RETURN_IF_ERROR(kernels::WriteKv(ctx_, write));
+
+  // Attention in the absorbed form, for decode and prefill alike (so a token's result does not
+  // depend on which path computed it): head h's query in latent space is
+  // [W_UK_h^T q_nope_h | q_rope_h], scored against every cached entry [c | k_rope] (scale
+  // 1 / sqrt(head_dim)); the softmax-weighted sum of the c's goes through W_UV_h.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float* wkv_b = w.wkv_b;
+  const int64_t head_rows = nope + vdim;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    const int64_t context = slot.start_pos + slot.num_tokens;
+    if (static_cast<int64_t>(mla_positions_.size()) < context) {
+      const auto old = static_cast<int32_t>(mla_positions_.size());
+      mla_positions_.resize(context);
+      std::iota(mla_positions_.begin() + old, mla_positions_.end(), old);
+    }
+    if (static_cast<int64_t>(mla_context_.size()) < 2 * context * latent) {
+      mla_context_.resize(2 * context * latent);
+    }
+    // The halves come back into [K rows | V rows] (ReadKv wants them apart) and are joined.
+    const int64_t half = latent / 2;
+    float* halves = mla_context_.data() + context * latent;
+    kernels::ReadKvParams read;
+    read.k = halves;
+    read.v = halves + context * half;
+    read.k_token_stride = half;
+    read.v_token_stride = half;
+    read.cache = cache;
+    read.num_tokens = context;
+    read.positions = mla_positions_.data();
+    read.block_tables = block_tables_.data() + i * max_blocks_per_seq_;
+    read.num_seqs = 1;
+    read.max_blocks_per_seq = max_blocks_per_seq_;
+    PD_RETURN_IF_ERROR(kernels::ReadKv(kernels::OpContext{}, read));  // host vectors: CPU
+    for (int64_t t = 0; t < context; ++t) {
+      std::copy_n(halves + t * half, half, mla_context_.data() + t * latent);
+      std::copy_n(halves + (context + t) * half, half, mla_context_.data() + t * latent + half);
+    }
+    const float* entries = mla_context_.data();
+    const int64_t items = slot.num_tokens * heads;
+    auto run = [&](int64_t begin, int64_t end) {
+      std::vector<float> query(latent), scores(context), sum(rank);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t j = item / heads, h = item % heads;
+        const int64_t row = slot.first_token + j;
+        const float* q_nope = q_ + row * q_dim + h * c.head_dim;
+        const float* w_uk = wkv_b + h * head_rows * rank;
+        std::fill(query.begin(), query.begin() + rank, 0.0f);
+        for (int64_t n = 0; n < nope; ++n) {
+          const float qn = q_nope[n];
+          const float* wr = w_uk + n * rank;
+          for (int64_t r = 0; r < rank; ++r) query[r] += qn * wr[r];
+        }
+        std::copy_n(mla_qpe_ + (row * heads + h) * rope, rope, query.begin() + rank);
+        const int64_t n_keys = slot.start_pos + j + 1;  // causal: positions [0, pos]
+        float max = -INFINITY;
+        for (int64_t t = 0; t < n_keys; ++t) {
+          const float* e = entries + t * latent;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < latent; ++d) dot += query[d] * e[d];
+          scores[t] = dot * scale;
+          max = std::max(max, scores[t]);
+        }
+        float total = 0.0f;
+        for (int64_t t = 0; t < n_keys; ++t) {
+          scores[t] = std::exp(scores[t] - max);
+          total += scores[t];
+        }
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t t = 0; t < n_keys; ++t) {
+          const float p = scores[t] / total;
+          const float* e = entries + t * latent;
+          for (int64_t r = 0; r < rank; ++r) sum[r] += p * e[r];
+        }
+        const float* w_uv = w_uk + nope * rank;
+        float* out = att_ + row * out_dim + h * vdim;
+        for (int64_t v = 0; v < vdim; ++v) {
+          const float* wr = w_uv + v * rank;
+          float acc = 0.0f;
+          for (int64_t r = 0; r < rank; ++r) acc += wr[r] * sum[r];
+          out[v] = acc;
+        }
+      }
+    };
+    if (ctx_.parallel != nullptr) {
+      ctx_.parallel->Run(items, run);
+    } else {
+      run(0, items);
+    }
+  }
+  // x += attn Wo
+  return MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, out_dim, c.dim, true);
 }
 
 }  // namespace pd::engine

@@ -200,6 +200,10 @@ class LlamaForward {
   // Whether the prepared batch runs as a decode graph (a step with logit edits never does).
   bool GraphEligible(int64_t num_tokens, bool edited) const;
   absl::Status Layer(int layer, int64_t num_tokens);
+  // The attention block of a layer (x_ += its output; xb_ holds the normalized input): grouped-
+  // query attention over the paged cache, or multi-head latent attention (config_.mla(); kCpu).
+  absl::Status Attention(int layer, int64_t num_tokens);
+  absl::Status MlaAttention(int layer, int64_t num_tokens);
   // The MLP block of a mixture-of-experts layer (config_.moe(); kCpu): routes the tokens
   // (moe_routing.h), runs each expert's SwiGLU MLP over the tokens routed to it, and adds
   // the weighted outputs (summed in expert order) to x_.
@@ -251,8 +255,14 @@ class LlamaForward {
   // and outputs [tokens][dim], the weighted sum of the experts' outputs [tokens][dim].
   float *router_logits_ = nullptr, *moe_in_ = nullptr, *moe_out_ = nullptr, *moe_sum_ = nullptr;
   MoeRouting routing_;
+  // MLA (kCpu): q_a_proj's output [tokens][q_lora_rank], the new cache entries
+  // [tokens][kv_lora_rank + qk_rope_head_dim], the heads' rope parts [tokens][n_heads][rope];
+  // a sequence's cache entries read back to f32 and their positions (host, grown on demand).
+  float *mla_qa_ = nullptr, *mla_latent_ = nullptr, *mla_qpe_ = nullptr;
+  std::vector<float> mla_context_;
+  std::vector<int32_t> mla_positions_;
   std::vector<int64_t> expert_tokens_;
-  void* workspace_ = nullptr;    // matmul and decode attention workspace (device memory on kCuda)
+  void* workspace_ = nullptr;  // matmul and decode attention workspace (device memory on kCuda)
   int64_t workspace_bytes_ = 0;
   const float* inv_freq_ = nullptr;  // [head_dim / 2]
   // ForwardSample's per-slot sampling inputs and the sampled tokens: the host vectors on kCpu

@@ -1,11 +1,13 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/attention_params.h"
 #include "kernels/type_names.h"
 
 namespace pd::engine {
@@ -39,8 +41,33 @@ absl::string_view ArchitectureName(Architecture architecture) {
       return "mixtral";
     case Architecture::kQwen3Moe:
       return "qwen3_moe";
+    case Architecture::kDeepseekV2:
+      return "deepseek_v2";
+    case Architecture::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "unknown";
+}
+
+int32_t ModelConfig::mlp_width() const {
+  if (!moe()) return hidden_dim;
+  int32_t width = std::max(moe_hidden_dim, moe_hidden_dim * std::max(1, n_shared_experts));
+  return first_dense_layers > 0 ? std::max(width, hidden_dim) : width;
+}
+
+int32_t ModelConfig::cache_kv_heads() const {
+  if (!mla()) return n_kv_heads;
+  const int32_t latent = mla_latent_dim();
+  if (latent <= 0 || latent % 2 != 0) return 1;  // invalid (Validate says so)
+  for (int32_t heads = 1;; ++heads) {            // ends: heads = latent / 2 gives pieces of 1
+    if (latent % (2 * heads) == 0 && latent / (2 * heads) <= kernels::kMaxAttentionHeadDim) {
+      return heads;
+    }
+  }
+}
+
+int32_t ModelConfig::cache_head_dim() const {
+  return mla() ? mla_latent_dim() / (2 * cache_kv_heads()) : head_dim;
 }
 
 absl::Status ModelConfig::Validate() const {
@@ -94,11 +121,52 @@ absl::Status ModelConfig::Validate() const {
   }
   if (n_experts > 0) {
     if (n_experts_per_tok < 1 || n_experts_per_tok > n_experts) {
-      return invalid(absl::StrCat("n_experts_per_tok ", n_experts_per_tok, " is not in [1, ",
-                                  n_experts, "]"));
+      return invalid(
+          absl::StrCat("n_experts_per_tok ", n_experts_per_tok, " is not in [1, ", n_experts, "]"));
     }
     if (moe_hidden_dim <= 0) {
       return invalid(absl::StrCat("moe_hidden_dim ", moe_hidden_dim, " must be positive"));
+    }
+    if (moe_n_group < 1 || n_experts % moe_n_group != 0 || moe_topk_group < 1 ||
+        moe_topk_group > moe_n_group ||
+        static_cast<int64_t>(moe_topk_group) * (n_experts / moe_n_group) < n_experts_per_tok) {
+      return invalid(absl::StrCat(
+          "n_group ", moe_n_group, " must divide n_experts ", n_experts, " and topk_group ",
+          moe_topk_group, " groups must hold n_experts_per_tok ", n_experts_per_tok, " experts"));
+    }
+    if (moe_topk == MoeTopk::kNoAuxTc && n_experts / moe_n_group < 2) {
+      return invalid("topk_method noaux_tc ranks groups by their top 2: groups need 2 experts");
+    }
+    if (!std::isfinite(moe_routed_scale) || moe_routed_scale <= 0.0f || n_shared_experts < 0 ||
+        first_dense_layers < 0 || first_dense_layers > n_layers ||
+        static_cast<int64_t>(moe_hidden_dim) * std::max(1, n_shared_experts) >
+            std::numeric_limits<int32_t>::max()) {
+      return invalid(absl::StrCat("routed_scaling_factor ", moe_routed_scale,
+                                  " must be positive, n_shared_experts ", n_shared_experts,
+                                  " >= 0 and first_dense_layers ", first_dense_layers,
+                                  " in [0, n_layers]"));
+    }
+  }
+  if (kv_lora_rank < 0) {
+    return invalid(absl::StrCat("kv_lora_rank ", kv_lora_rank, " is negative"));
+  }
+  if (mla()) {
+    constexpr int32_t kMaxWidth = 64 * 1024;  // keeps every sum below far from overflow
+    if (q_lora_rank < 0 || q_lora_rank > kMaxWidth || kv_lora_rank > kMaxWidth ||
+        qk_nope_head_dim <= 0 || qk_nope_head_dim > kMaxWidth || qk_rope_head_dim <= 0 ||
+        qk_rope_head_dim > kMaxWidth || qk_rope_head_dim % 2 != 0 || v_head_dim <= 0 ||
+        v_head_dim > kMaxWidth || head_dim != qk_nope_head_dim + qk_rope_head_dim ||
+        mla_latent_dim() % 2 != 0) {
+      return invalid(absl::StrCat(
+          "MLA needs q_lora_rank >= 0, positive qk_nope_head_dim, v_head_dim and an even "
+          "qk_rope_head_dim, head_dim = qk_nope_head_dim + qk_rope_head_dim, and an even "
+          "kv_lora_rank + qk_rope_head_dim, with every width at most 65536; got q_lora_rank ",
+          q_lora_rank, ", kv_lora_rank ", kv_lora_rank, ", qk_nope_head_dim ", qk_nope_head_dim,
+          ", qk_rope_head_dim ", qk_rope_head_dim, ", v_head_dim ", v_head_dim, ", head_dim ",
+          head_dim));
+    }
+    if (sliding_window > 0) {
+      return invalid("MLA with a sliding window is not supported");
     }
   }
   if (sliding_window < 0) {
@@ -135,14 +203,28 @@ std::string ModelConfig::DebugString() const {
                     ",high=", rope_scaling->high_freq_factor,
                     ",original=", rope_scaling->original_max_position_embeddings, ")");
   }
-  absl::StrAppend(&out, " rms_norm_eps=", rms_norm_eps, " qkv_bias=", qkv_bias ? "true" : "false",
-                  " qk_norm=", qk_norm ? "true" : "false",
-                  n_experts > 0 ? absl::StrCat(" n_experts=", n_experts, " n_experts_per_tok=",
-                                               n_experts_per_tok, " moe_hidden_dim=",
-                                               moe_hidden_dim, " moe_norm_topk=",
-                                               moe_norm_topk ? "true" : "false")
-                                : std::string(),
-                  " sliding_window=", sliding_window, " bos_id=");
+  absl::StrAppend(
+      &out, " rms_norm_eps=", rms_norm_eps, " qkv_bias=", qkv_bias ? "true" : "false",
+      " qk_norm=", qk_norm ? "true" : "false",
+      n_experts > 0
+          ? absl::StrCat(" n_experts=", n_experts, " n_experts_per_tok=", n_experts_per_tok,
+                         " moe_hidden_dim=", moe_hidden_dim,
+                         " moe_norm_topk=", moe_norm_topk ? "true" : "false")
+          : std::string(),
+      n_experts > 0 && (moe_scoring != MoeScoring::kSoftmax || moe_topk != MoeTopk::kGreedy ||
+                        moe_n_group != 1 || moe_topk_group != 1 || moe_routed_scale != 1.0f ||
+                        n_shared_experts != 0 || first_dense_layers != 0)
+          ? absl::StrCat(" moe_scoring=", static_cast<int>(moe_scoring),
+                         " moe_topk=", static_cast<int>(moe_topk), " n_group=", moe_n_group,
+                         " topk_group=", moe_topk_group, " routed_scale=", moe_routed_scale,
+                         " n_shared_experts=", n_shared_experts,
+                         " first_dense_layers=", first_dense_layers)
+          : std::string(),
+      mla() ? absl::StrCat(" q_lora_rank=", q_lora_rank, " kv_lora_rank=", kv_lora_rank,
+                           " qk_nope_head_dim=", qk_nope_head_dim,
+                           " qk_rope_head_dim=", qk_rope_head_dim, " v_head_dim=", v_head_dim)
+            : std::string(),
+      " sliding_window=", sliding_window, " bos_id=");
   if (bos_id == kNoToken) {
     out += "none";
   } else {
@@ -185,6 +267,25 @@ std::string CanonicalConfigBytes(const ModelConfig& c) {
       AppendRaw<int32_t>(&out, v);
     }
     AppendRaw<uint8_t>(&out, c.moe_norm_topk ? 1 : 0);
+    // DeepSeek's routing, appended only when it differs from the defaults (Mixtral's and
+    // Qwen3-MoE's bytes are unchanged).
+    if (c.moe_scoring != MoeScoring::kSoftmax || c.moe_topk != MoeTopk::kGreedy ||
+        c.moe_n_group != 1 || c.moe_topk_group != 1 || c.moe_routed_scale != 1.0f ||
+        c.n_shared_experts != 0 || c.first_dense_layers != 0) {
+      AppendRaw<uint8_t>(&out, static_cast<uint8_t>(c.moe_scoring));
+      AppendRaw<uint8_t>(&out, static_cast<uint8_t>(c.moe_topk));
+      for (int32_t v :
+           {c.moe_n_group, c.moe_topk_group, c.n_shared_experts, c.first_dense_layers}) {
+        AppendRaw<int32_t>(&out, v);
+      }
+      AppendRaw<uint32_t>(&out, std::bit_cast<uint32_t>(c.moe_routed_scale));
+    }
+  }
+  if (c.mla()) {  // appended only with MLA
+    for (int32_t v :
+         {c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim}) {
+      AppendRaw<int32_t>(&out, v);
+    }
   }
   return out;
 }

@@ -86,8 +86,25 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
     lw.wk = hl.k_proj.data;
     lw.wv = hl.v_proj.data;
     lw.wo = hl.o_proj.data;
-    if (w.config.moe()) {
+    if (w.config.mla()) {
+      if (hl.q_a_proj.has_value()) {
+        lw.wq_a = hl.q_a_proj->data;
+        PD_ASSIGN_OR_RETURN(lw.q_a_norm, OwnedF32(*hl.q_a_layernorm, &w));
+      }
+      lw.wkv_a = hl.kv_a_proj.data;
+      PD_ASSIGN_OR_RETURN(lw.kv_a_norm, OwnedF32(hl.kv_a_layernorm, &w));
+      PD_ASSIGN_OR_RETURN(lw.wkv_b, OwnedF32(hl.kv_b_proj, &w));
+    }
+    if (w.config.moe_layer(l)) {
       lw.router = hl.router.data;
+      if (hl.router_bias.has_value()) {
+        PD_ASSIGN_OR_RETURN(lw.router_bias, OwnedF32(*hl.router_bias, &w));
+      }
+      if (hl.shared.has_value()) {
+        lw.w_shared_gate = hl.shared->gate_proj.data;
+        lw.w_shared_up = hl.shared->up_proj.data;
+        lw.w_shared_down = hl.shared->down_proj.data;
+      }
       lw.experts.resize(hl.experts.size());
       for (size_t e = 0; e < hl.experts.size(); ++e) {
         lw.experts[e].w_gate = hl.experts[e].gate_proj.data;
@@ -114,6 +131,63 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
 
 namespace {
 
+// The linear matrices of one layer, in order, as (rows, cols) and their fields.
+struct LayerMatrix {
+  int64_t rows, cols;
+  const void* LayerWeights::*weight;
+  const float* LayerWeights::*scales;
+};
+
+std::vector<LayerMatrix> LayerMatrices(const ModelConfig& c, int layer) {
+  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
+  std::vector<LayerMatrix> out;
+  if (c.mla()) {
+    const int64_t q_in = c.q_lora_rank > 0 ? c.q_lora_rank : dim;
+    if (c.q_lora_rank > 0) {
+      out.push_back({c.q_lora_rank, dim, &LayerWeights::wq_a, &LayerWeights::wq_a_scales});
+    }
+    out.push_back({q, q_in, &LayerWeights::wq, &LayerWeights::wq_scales});
+    out.push_back({c.mla_latent_dim(), dim, &LayerWeights::wkv_a, &LayerWeights::wkv_a_scales});
+    out.push_back({dim, c.attn_out_dim(), &LayerWeights::wo, &LayerWeights::wo_scales});
+  } else {
+    out = {{q, dim, &LayerWeights::wq, &LayerWeights::wq_scales},
+           {kv, dim, &LayerWeights::wk, &LayerWeights::wk_scales},
+           {kv, dim, &LayerWeights::wv, &LayerWeights::wv_scales},
+           {dim, q, &LayerWeights::wo, &LayerWeights::wo_scales}};
+  }
+  if (c.moe_layer(layer)) {
+    out.push_back({c.n_experts, dim, &LayerWeights::router, &LayerWeights::router_scales});
+    if (c.n_shared_experts > 0) {
+      const int64_t shared = int64_t{c.moe_hidden_dim} * c.n_shared_experts;
+      out.push_back(
+          {shared, dim, &LayerWeights::w_shared_gate, &LayerWeights::w_shared_gate_scales});
+      out.push_back({shared, dim, &LayerWeights::w_shared_up, &LayerWeights::w_shared_up_scales});
+      out.push_back(
+          {dim, shared, &LayerWeights::w_shared_down, &LayerWeights::w_shared_down_scales});
+    }
+  } else {
+    out.push_back({hidden, dim, &LayerWeights::w_gate, &LayerWeights::w_gate_scales});
+    out.push_back({hidden, dim, &LayerWeights::w_up, &LayerWeights::w_up_scales});
+    out.push_back({dim, hidden, &LayerWeights::w_down, &LayerWeights::w_down_scales});
+  }
+  return out;
+}
+
+// The matrices of one expert (moe() only), as LayerMatrix is for a layer.
+struct ExpertMatrix {
+  int64_t rows, cols;
+  const void* ExpertWeights::*weight;
+  const float* ExpertWeights::*scales;
+};
+
+std::vector<ExpertMatrix> ExpertMatrices(const ModelConfig& c) {
+  if (!c.moe()) return {};
+  const int64_t dim = c.dim, width = c.moe_hidden_dim;
+  return {{width, dim, &ExpertWeights::w_gate, &ExpertWeights::w_gate_scales},
+          {width, dim, &ExpertWeights::w_up, &ExpertWeights::w_up_scales},
+          {dim, width, &ExpertWeights::w_down, &ExpertWeights::w_down_scales}};
+}
+
 // MatrixWeightBytes with `experts` experts counted per layer (moe() only).
 int64_t WeightBytes(const ModelWeights& w, int64_t experts) {
   const ModelConfig& c = w.config;
@@ -122,20 +196,21 @@ int64_t WeightBytes(const ModelWeights& w, int64_t experts) {
   auto matrix = [&](int64_t rows, int64_t cols) {
     return rows * cols * kernels::DTypeSize(w.dtype) + (i8 ? rows * 4 : 0);
   };
-  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
+  const int64_t dim = c.dim;
   int64_t total = int64_t{c.vocab_size} * dim * kernels::DTypeSize(w.embedding_dtype);
   if (w.classifier != w.embedding) {
     total += matrix(c.vocab_size, dim);
   }
-  int64_t layer = matrix(q, dim) + 2 * matrix(kv, dim) + matrix(dim, q);
-  if (c.moe()) {
-    const int64_t width = c.moe_hidden_dim;
-    layer += matrix(c.n_experts, dim) +
-             experts * (2 * matrix(width, dim) + matrix(dim, width));
-  } else {
-    layer += 2 * matrix(hidden, dim) + matrix(dim, hidden);
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (const LayerMatrix& m : LayerMatrices(c, l)) total += matrix(m.rows, m.cols);
+    if (c.mla()) {  // the f32 kv_b_proj
+      total += int64_t{c.n_heads} * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank * 4;
+    }
+    if (c.moe_layer(l)) {
+      for (const ExpertMatrix& m : ExpertMatrices(c)) total += experts * matrix(m.rows, m.cols);
+    }
   }
-  return total + layer * c.n_layers;
+  return total;
 }
 
 }  // namespace
@@ -183,54 +258,16 @@ class HugePageArena {
   uint8_t* next_ = nullptr;
 };
 
-// The linear matrices of one layer, in order, as (rows, cols) and their fields.
-struct LayerMatrix {
-  int64_t rows, cols;
-  const void* LayerWeights::*weight;
-  const float* LayerWeights::*scales;
-};
-
-std::vector<LayerMatrix> LayerMatrices(const ModelConfig& c) {
-  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim, hidden = c.hidden_dim;
-  std::vector<LayerMatrix> out = {{q, dim, &LayerWeights::wq, &LayerWeights::wq_scales},
-                                  {kv, dim, &LayerWeights::wk, &LayerWeights::wk_scales},
-                                  {kv, dim, &LayerWeights::wv, &LayerWeights::wv_scales},
-                                  {dim, q, &LayerWeights::wo, &LayerWeights::wo_scales}};
-  if (c.moe()) {
-    out.push_back({c.n_experts, dim, &LayerWeights::router, &LayerWeights::router_scales});
-  } else {
-    out.push_back({hidden, dim, &LayerWeights::w_gate, &LayerWeights::w_gate_scales});
-    out.push_back({hidden, dim, &LayerWeights::w_up, &LayerWeights::w_up_scales});
-    out.push_back({dim, hidden, &LayerWeights::w_down, &LayerWeights::w_down_scales});
-  }
-  return out;
-}
-
-// The matrices of one expert (moe() only), as LayerMatrix is for a layer.
-struct ExpertMatrix {
-  int64_t rows, cols;
-  const void* ExpertWeights::*weight;
-  const float* ExpertWeights::*scales;
-};
-
-std::vector<ExpertMatrix> ExpertMatrices(const ModelConfig& c) {
-  if (!c.moe()) return {};
-  const int64_t dim = c.dim, width = c.moe_hidden_dim;
-  return {{width, dim, &ExpertWeights::w_gate, &ExpertWeights::w_gate_scales},
-          {width, dim, &ExpertWeights::w_up, &ExpertWeights::w_up_scales},
-          {dim, width, &ExpertWeights::w_down, &ExpertWeights::w_down_scales}};
-}
-
 // Calls reserve(rows, cols) for the classifier, then for each layer's matrices in LayerMatrices
 // order and its experts' in ExpertMatrices order: the order in which QuantizeWeightsInt8 and
 // CopyWeightsToHugePages Take them.
 template <typename Reserve>
-void ReserveMatrices(const ModelConfig& c, const std::vector<LayerMatrix>& matrices,
-                     Reserve reserve) {
+void ReserveMatrices(const ModelConfig& c, Reserve reserve) {
   reserve(c.vocab_size, c.dim);
   const std::vector<ExpertMatrix> experts = ExpertMatrices(c);
   for (int l = 0; l < c.n_layers; ++l) {
-    for (const LayerMatrix& m : matrices) reserve(m.rows, m.cols);
+    for (const LayerMatrix& m : LayerMatrices(c, l)) reserve(m.rows, m.cols);
+    if (!c.moe_layer(l)) continue;
     for (int e = 0; e < c.n_experts; ++e) {
       for (const ExpertMatrix& m : experts) reserve(m.rows, m.cols);
     }
@@ -295,9 +332,8 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
   w.embedding_dtype = src.embedding_dtype;
   w.embedding = src.embedding;
   w.final_norm = src.final_norm;
-  const std::vector<LayerMatrix> matrices = LayerMatrices(c);
   HugePageArena arena;
-  ReserveMatrices(c, matrices, [&](int64_t rows, int64_t cols) {
+  ReserveMatrices(c, [&](int64_t rows, int64_t cols) {
     arena.Reserve(rows * cols);  // codes
     arena.Reserve(rows * 4);     // scales
   });
@@ -310,15 +346,14 @@ absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src) {
     const LayerWeights& s = src.layers[l];
     LayerWeights& o = w.layers[l];
     o = s;  // norms, biases (views), then the matrices and their scales replaced
-    for (const LayerMatrix& m : matrices) {
+    for (const LayerMatrix& m : LayerMatrices(c, l)) {
       PD_RETURN_IF_ERROR(QuantizeMatrix(s.*m.weight, src.dtype, m.rows, m.cols, &arena,
                                         &(o.*m.weight), &(o.*m.scales)));
     }
     for (size_t e = 0; e < s.experts.size(); ++e) {
       for (const ExpertMatrix& m : ExpertMatrices(c)) {
-        PD_RETURN_IF_ERROR(QuantizeMatrix(s.experts[e].*m.weight, src.dtype, m.rows, m.cols,
-                                          &arena, &(o.experts[e].*m.weight),
-                                          &(o.experts[e].*m.scales)));
+        PD_RETURN_IF_ERROR(QuantizeMatrix(s.experts[e].*m.weight, src.dtype, m.rows, m.cols, &arena,
+                                          &(o.experts[e].*m.weight), &(o.experts[e].*m.scales)));
       }
     }
   }
@@ -330,10 +365,9 @@ absl::StatusOr<ModelWeights> CopyWeightsToHugePages(const ModelWeights& src) {
   const ModelConfig& c = src.config;
   const bool i8 = src.dtype == kernels::DType::kI8;
   const int64_t size = kernels::DTypeSize(src.dtype);
-  const std::vector<LayerMatrix> matrices = LayerMatrices(c);
   const bool tied = src.classifier == src.embedding;
   HugePageArena arena;
-  ReserveMatrices(c, matrices, [&](int64_t rows, int64_t cols) {
+  ReserveMatrices(c, [&](int64_t rows, int64_t cols) {
     arena.Reserve(rows * cols * size);
     if (i8) arena.Reserve(rows * 4);
   });
@@ -365,7 +399,7 @@ absl::StatusOr<ModelWeights> CopyWeightsToHugePages(const ModelWeights& src) {
     const LayerWeights& s = src.layers[l];
     LayerWeights& o = w.layers[l];
     o = s;  // norms, biases (views), then the matrices replaced
-    for (const LayerMatrix& m : matrices) {
+    for (const LayerMatrix& m : LayerMatrices(c, l)) {
       o.*m.weight = copy(s.*m.weight, s.*m.scales, m.rows, m.cols, &(o.*m.scales));
     }
     for (size_t e = 0; e < s.experts.size(); ++e) {

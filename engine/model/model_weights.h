@@ -58,7 +58,28 @@ struct LayerWeights {
   // router ([n_experts][dim], of dtype) and n_experts experts take their place.
   const void* router = nullptr;
   const float* router_scales = nullptr;  // int8: [n_experts]
+  const float* router_bias = nullptr;    // DeepSeek-V3's selection bias [n_experts], or nullptr
   std::vector<ExpertWeights> experts;
+  // DeepSeek's shared experts (n_shared_experts > 0 on a mixture-of-experts layer): one SwiGLU
+  // MLP of width moe_hidden_dim * n_shared_experts, of dtype; else nullptr.
+  const void* w_shared_gate = nullptr;  // [shared width][dim]
+  const void* w_shared_up = nullptr;    // [shared width][dim]
+  const void* w_shared_down = nullptr;  // [dim][shared width]
+  const float* w_shared_gate_scales = nullptr;
+  const float* w_shared_up_scales = nullptr;
+  const float* w_shared_down_scales = nullptr;
+  // Multi-head latent attention (ModelConfig::mla()): wk / wv are unset; wq is q_proj, or q_b_proj
+  // ([q_dim][q_lora_rank]) after wq_a and q_a_norm; wo is [dim][n_heads * v_head_dim].
+  const void* wq_a = nullptr;           // [q_lora_rank][dim], of dtype, or nullptr
+  const float* wq_a_scales = nullptr;   // int8: [q_lora_rank]
+  const float* q_a_norm = nullptr;      // [q_lora_rank]
+  const void* wkv_a = nullptr;          // [kv_lora_rank + qk_rope_head_dim][dim], of dtype
+  const float* wkv_a_scales = nullptr;  // int8: [kv_lora_rank + qk_rope_head_dim]
+  const float* kv_a_norm = nullptr;     // [kv_lora_rank]
+  // kv_b_proj in f32 whatever dtype the matrices have ([n_heads * (qk_nope_head_dim +
+  // v_head_dim)][kv_lora_rank]): decode absorbs it into the query and the output per head
+  // (LlamaForward's MLA), reading it in both directions; never quantized.
+  const float* wkv_b = nullptr;
 };
 
 struct ModelWeights {
@@ -102,12 +123,12 @@ ModelWeights WeightsFromLlama2c(const Llama2cCheckpoint& checkpoint);
 absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model);
 
 // W8A8 weights (kernels/matmul_params.h): every linear matrix of `src` (wq, wk, wv, wo, w_gate,
-// w_up, w_down, classifier) quantized per output row to int8 with f32 scales, all owned by the
-// result (in huge pages, as CopyWeightsToHugePages); a classifier tied to the embedding gets its
-// own int8 copy. The embedding (a gather), norms and biases stay views of src's storage: src, and
-// whatever it views, must outlive the result. The fingerprint is src's with "+w8" appended.
-// InvalidArgument if src is already int8 or its matrices are not f32, bf16 or f16;
-// ResourceExhausted when the mapping fails.
+// w_up, w_down, the experts', MLA's wq_a and wkv_a, classifier; not MLA's f32 wkv_b) quantized per
+// output row to int8 with f32 scales, all owned by the result (in huge pages, as
+// CopyWeightsToHugePages); a classifier tied to the embedding gets its own int8 copy. The embedding
+// (a gather), norms and biases stay views of src's storage: src, and whatever it views, must
+// outlive the result. The fingerprint is src's with "+w8" appended. InvalidArgument if src is
+// already int8 or its matrices are not f32, bf16 or f16; ResourceExhausted when the mapping fails.
 absl::StatusOr<ModelWeights> QuantizeWeightsInt8(const ModelWeights& src);
 
 // The same weights with every linear matrix (wq ... w_down, classifier; a tied classifier with

@@ -34,8 +34,7 @@ ForwardOptions DraftForwardOptions(const ModelRuntimeConfig& config) {
 // block of the model's pool comes with one of the draft's (`draft_layout`): the two pools get
 // the same number of blocks.
 absl::StatusOr<int64_t> AutoKvBlocks(const ModelRuntimeConfig& config, const ModelWeights& weights,
-                                     const kvcache::KvLayout& layout,
-                                     const kernels::OpContext& ctx,
+                                     const kvcache::KvLayout& layout, const kernels::OpContext& ctx,
                                      const ModelWeights* draft = nullptr,
                                      const kvcache::KvLayout* draft_layout = nullptr) {
   const ForwardOptions options{config.scheduler.max_batch_tokens,
@@ -55,8 +54,9 @@ absl::StatusOr<int64_t> AutoKvBlocks(const ModelRuntimeConfig& config, const Mod
   PD_ASSIGN_OR_RETURN(const kernels::DeviceMemoryInfo mem, kernels::QueryDeviceMemory(ctx.device));
   const AutoPoolSize size = AutoPoolBlocks(mem.total_bytes, mem.free_bytes,
                                            config.gpu_memory_fraction, scratch, block_bytes);
-  LOG(INFO) << "--kv_blocks 0: " << size.blocks << " blocks of " << block_bytes
-            << " bytes" << (draft != nullptr ? " (the model's and the draft's)" : "") << " (GPU " << (mem.total_bytes >> 20) << " MiB, " << (mem.free_bytes >> 20)
+  LOG(INFO) << "--kv_blocks 0: " << size.blocks << " blocks of " << block_bytes << " bytes"
+            << (draft != nullptr ? " (the model's and the draft's)" : "") << " (GPU "
+            << (mem.total_bytes >> 20) << " MiB, " << (mem.free_bytes >> 20)
             << " MiB free after the weights, fraction " << config.gpu_memory_fraction
             << ", forward scratch " << (scratch >> 20) << " MiB, reserve "
             << (kGpuReserveBytes >> 20) << " MiB)";
@@ -109,17 +109,17 @@ absl::Status ModelRuntimeConfig::Validate() const {
                                                    " in this build (no int8 MatMul for it)"));
   }
   if (scheduler.speculative == "draft" && draft_model.empty()) {
-    return absl::InvalidArgumentError("--speculative=draft needs --draft_model (a smaller model "
-                                      "with the model's tokenizer)");
+    return absl::InvalidArgumentError(
+        "--speculative=draft needs --draft_model (a smaller model "
+        "with the model's tokenizer)");
   }
   if (!draft_model.empty() && scheduler.speculative != "draft") {
     return absl::InvalidArgumentError(absl::StrCat("--draft_model is set but --speculative is \"",
                                                    scheduler.speculative, "\" (not \"draft\")"));
   }
   if (draft_kv_blocks < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--draft_kv_blocks must be >= 0 (0 = as many as --kv_blocks), got ",
-                     draft_kv_blocks));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--draft_kv_blocks must be >= 0 (0 = as many as --kv_blocks), got ", draft_kv_blocks));
   }
   if (draft_weight_dtype == WeightDType::kInt8 &&
       !kernels::SupportsMatMul(device, kernels::DType::kI8)) {
@@ -209,7 +209,7 @@ absl::Status LoadDraftWeights(const ModelRuntimeConfig& config, std::unique_ptr<
 
 kvcache::KvLayout KvLayoutForModel(const ModelConfig& c, int64_t block_size,
                                    kernels::DType kv_dtype) {
-  return {c.n_layers, c.n_kv_heads, c.head_dim, block_size, kv_dtype};
+  return {c.n_layers, c.cache_kv_heads(), c.cache_head_dim(), block_size, kv_dtype};
 }
 
 absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeConfig config) {
@@ -281,14 +281,14 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     PD_ASSIGN_OR_RETURN(rt->device_weights_, DeviceWeights::Upload(rt->weights_, ctx));
     forward_weights = &rt->device_weights_->weights();
     if (with_draft) {
-      PD_ASSIGN_OR_RETURN(rt->draft_device_weights_, DeviceWeights::Upload(rt->draft_weights_, ctx));
+      PD_ASSIGN_OR_RETURN(rt->draft_device_weights_,
+                          DeviceWeights::Upload(rt->draft_weights_, ctx));
     }
     if (config.kv_blocks == 0) {
-      PD_ASSIGN_OR_RETURN(
-          config.kv_blocks,
-          AutoKvBlocks(config, *forward_weights, rt->layout_, ctx,
-                       with_draft ? &rt->draft_device_weights_->weights() : nullptr,
-                       with_draft ? &draft_layout : nullptr));
+      PD_ASSIGN_OR_RETURN(config.kv_blocks,
+                          AutoKvBlocks(config, *forward_weights, rt->layout_, ctx,
+                                       with_draft ? &rt->draft_device_weights_->weights() : nullptr,
+                                       with_draft ? &draft_layout : nullptr));
     }
     PD_ASSIGN_OR_RETURN(rt->memory_,
                         memory::DeviceKvPool::Create(rt->layout_, config.kv_blocks, config.device));
@@ -348,9 +348,9 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     void* draft_base = nullptr;
     const ModelWeights* draft_weights = &rt->draft_weights_;
     if (on_cuda) {
-      PD_ASSIGN_OR_RETURN(rt->draft_memory_, memory::DeviceKvPool::Create(
-                                                 draft_layout, config.draft_kv_blocks,
-                                                 config.device));
+      PD_ASSIGN_OR_RETURN(
+          rt->draft_memory_,
+          memory::DeviceKvPool::Create(draft_layout, config.draft_kv_blocks, config.device));
       draft_base = rt->draft_memory_->base();
       draft_weights = &rt->draft_device_weights_->weights();
     } else {
@@ -358,17 +358,15 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
                           memory::HostKvPool::Create(draft_layout, config.draft_kv_blocks));
       draft_base = rt->draft_pool_->base();
     }
-    PD_ASSIGN_OR_RETURN(
-        rt->draft_forward_,
-        LlamaForward::Create(
-            draft_weights,
-            {draft_base, draft_layout.dtype, config.draft_kv_blocks, config.block_size}, ctx,
-            DraftForwardOptions(config)));
+    PD_ASSIGN_OR_RETURN(rt->draft_forward_,
+                        LlamaForward::Create(draft_weights,
+                                             {draft_base, draft_layout.dtype,
+                                              config.draft_kv_blocks, config.block_size},
+                                             ctx, DraftForwardOptions(config)));
     PD_RETURN_IF_ERROR(
         rt->scheduler_->UseDraftModel(rt->draft_forward_.get(), config.draft_kv_blocks));
-    LOG(INFO) << "draft model " << config.draft_model << " ("
-              << rt->draft_weights_.config.n_layers << " layers, dim "
-              << rt->draft_weights_.config.dim << ", weights "
+    LOG(INFO) << "draft model " << config.draft_model << " (" << rt->draft_weights_.config.n_layers
+              << " layers, dim " << rt->draft_weights_.config.dim << ", weights "
               << kernels::DTypeName(rt->draft_weights_.dtype) << "), its kv pool "
               << config.draft_kv_blocks << " blocks (" << (draft_layout.block_bytes() >> 10)
               << " KiB each)";

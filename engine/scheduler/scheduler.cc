@@ -50,6 +50,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   PD_ASSIGN_OR_RETURN(WindowPolicy window,
                       WindowPolicy::Create(config.kv_sink_tokens, config.kv_window_tokens,
                                            kv_cache->block_size(), forward->config().seq_len));
+  if (window.enabled() && forward->config().mla()) {
+    return absl::UnimplementedError(
+        "scheduler: the sink + window KV policy re-rotates cached keys, which a multi-head "
+        "latent attention cache does not hold per head; not supported for MLA models");
+  }
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), window, forward, kv_cache,
                                              tokenizer, std::move(model_fingerprint), clock));
   s->logits_.resize(forward->options().max_seqs * forward->vocab_size());
@@ -204,8 +209,7 @@ void Scheduler::Evacuate(absl::Status why) {
   std::for_each(running_.begin(), running_.end(), evacuate);
 }
 
-void Scheduler::ForEachRunningBlock(
-    absl::FunctionRef<void(const BlockHash&, BlockId)> fn) const {
+void Scheduler::ForEachRunningBlock(absl::FunctionRef<void(const BlockHash&, BlockId)> fn) const {
   for (const std::unique_ptr<Sequence>& s : running_) {
     if (s->request.on_prefilled != nullptr) {
       continue;
@@ -274,8 +278,8 @@ void Scheduler::SweepFinished() {
 
 absl::Status Scheduler::UseDraftModel(LlamaForward* draft, int64_t num_blocks) {
   if (config_.speculative != "draft") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "draft model: speculative is \"", config_.speculative, "\", not \"draft\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft model: speculative is \"", config_.speculative, "\", not \"draft\""));
   }
   if (draft->vocab_size() != forward_->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -688,9 +692,9 @@ Scheduler::Batch Scheduler::CollectBatch() {
       return batch;
     }
   }
-  const int64_t step_k = config_.spec_adaptive
-                             ? spec_.MaxProposal(static_cast<int64_t>(rows), config_.spec_max_tokens)
-                             : config_.spec_max_tokens;
+  const int64_t step_k =
+      config_.spec_adaptive ? spec_.MaxProposal(static_cast<int64_t>(rows), config_.spec_max_tokens)
+                            : config_.spec_max_tokens;
   if (step_k == 0) {
     ++stats_.spec_declined_steps;
     return batch;
@@ -787,8 +791,8 @@ int64_t Scheduler::ProposalRoom(Sequence* seq, int64_t max_k) {
   int64_t k = std::min(max_k, seq->spec_k > 0 ? seq->spec_k : config_.spec_max_tokens);
   if (so.max_tokens > 0) {
     // The step yields up to k + 1 tokens: no more than max_tokens allows.
-    k = std::min(k, static_cast<int64_t>(so.max_tokens) -
-                        static_cast<int64_t>(seq->num_generated()) - 1);
+    k = std::min(
+        k, static_cast<int64_t>(so.max_tokens) - static_cast<int64_t>(seq->num_generated()) - 1);
   }
   k = std::min<int64_t>(k, forward_->config().seq_len - 1 - last);  // inside the context
   return std::max<int64_t>(k, 0);
@@ -997,8 +1001,8 @@ absl::Status Scheduler::ForwardBatch(Batch* batch, std::vector<int32_t>* sampled
       seq->mask_job.reset();
     }
   };
-  const absl::Status status = forward_->ForwardSample(
-      batch->rows, specs, sampled->data(), any_logits ? logits_.data() : nullptr, ready);
+  const absl::Status status = forward_->ForwardSample(batch->rows, specs, sampled->data(),
+                                                      any_logits ? logits_.data() : nullptr, ready);
   ready();  // a call that failed before its compute never waited
   return status;
 }
@@ -1062,8 +1066,8 @@ void Scheduler::VerifyProposal(Sequence* seq, const Batch& batch, size_t decode_
   stats_.spec_accepted_tokens += static_cast<int64_t>(accepted);
   // Next proposal: one more than accepted (all accepted: two more), up to the configured
   // bound.
-  seq->spec_k = std::min<int64_t>(config_.spec_max_tokens, static_cast<int64_t>(accepted) + 1 +
-                                                               (accepted == num_rows ? 1 : 0));
+  seq->spec_k = std::min<int64_t>(
+      config_.spec_max_tokens, static_cast<int64_t>(accepted) + 1 + (accepted == num_rows ? 1 : 0));
   seq->draft.clear();
 }
 

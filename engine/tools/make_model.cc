@@ -133,6 +133,11 @@ std::pair<float, float> InitOf(absl::string_view name, const std::vector<int64_t
   if (absl::EndsWith(name, ".bias")) {
     return {0.0f, 0.1f};
   }
+  if (absl::EndsWith(name, ".e_score_correction_bias")) {
+    // DeepSeek-V3's selection bias, kept positive so that every biased score is too (where
+    // Hugging Face's masking of the unused groups with 0 and exclusion agree).
+    return {0.05f, 0.05f};
+  }
   const double fan_in = static_cast<double>(shape.back());
   return {0.0f, static_cast<float>(std::sqrt(3.0 / fan_in))};
 }
@@ -215,13 +220,16 @@ absl::StatusOr<kernels::DType> ParseDTypeName(absl::string_view name) {
 
 absl::StatusOr<Architecture> ParseArchitectureName(absl::string_view name) {
   for (Architecture a : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2,
-                         Architecture::kQwen3, Architecture::kMixtral, Architecture::kQwen3Moe}) {
+                         Architecture::kQwen3, Architecture::kMixtral, Architecture::kQwen3Moe,
+                         Architecture::kDeepseekV2, Architecture::kDeepseekV3}) {
     if (name == ArchitectureName(a)) {
       return a;
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "architecture \"", name, "\" is not one of llama, mistral, qwen2, qwen3, mixtral, qwen3_moe"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("architecture \"", name,
+                   "\" is not one of llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, "
+                   "deepseek_v2, deepseek_v3"));
 }
 
 absl::Status MakeModelOptions::Validate() const {
@@ -240,7 +248,12 @@ absl::Status MakeModelOptions::Validate() const {
       {"max_position_embeddings", max_position_embeddings},
       {"num_experts", num_experts},
       {"num_experts_per_tok", num_experts_per_tok},
-      {"moe_intermediate_size", moe_intermediate_size}};
+      {"moe_intermediate_size", moe_intermediate_size},
+      {"q_lora_rank", q_lora_rank},
+      {"kv_lora_rank", kv_lora_rank},
+      {"qk_rope_head_dim", qk_rope_head_dim},
+      {"n_shared_experts", n_shared_experts.value_or(0)},
+      {"first_k_dense_replace", first_k_dense_replace.value_or(0)}};
   for (const auto& [name, value] : overrides) {
     if (value < 0) {
       return absl::InvalidArgumentError(absl::StrCat(name, " is ", value, ", must be >= 0"));
@@ -249,7 +262,16 @@ absl::Status MakeModelOptions::Validate() const {
   if (architecture == Architecture::kLlama2c) {
     return absl::InvalidArgumentError("architecture llama2c cannot be written as an HF model");
   }
-  const bool moe = architecture == Architecture::kMixtral || architecture == Architecture::kQwen3Moe;
+  const bool deepseek =
+      architecture == Architecture::kDeepseekV2 || architecture == Architecture::kDeepseekV3;
+  if (!deepseek && (q_lora_rank > 0 || kv_lora_rank > 0 || qk_rope_head_dim > 0 ||
+                    n_shared_experts.has_value() || first_k_dense_replace.has_value())) {
+    return absl::InvalidArgumentError(
+        "q_lora_rank, kv_lora_rank, qk_rope_head_dim, n_shared_experts and first_k_dense_replace "
+        "need a DeepSeek architecture (deepseek_v2, deepseek_v3)");
+  }
+  const bool moe =
+      architecture == Architecture::kMixtral || architecture == Architecture::kQwen3Moe || deepseek;
   if (!moe && (num_experts > 0 || num_experts_per_tok > 0 || moe_intermediate_size > 0 ||
                norm_topk_prob.has_value())) {
     return absl::InvalidArgumentError(
@@ -322,10 +344,50 @@ absl::StatusOr<ModelConfig> ResolveMakeModelConfig(const MakeModelOptions& o) {
     const bool mixtral = c.architecture == Architecture::kMixtral;
     c.n_experts = o.num_experts > 0 ? o.num_experts : 8;
     c.n_experts_per_tok = o.num_experts_per_tok > 0 ? o.num_experts_per_tok : 2;
-    c.moe_hidden_dim = mixtral                        ? c.hidden_dim
+    c.moe_hidden_dim = mixtral                       ? c.hidden_dim
                        : o.moe_intermediate_size > 0 ? o.moe_intermediate_size
-                                                      : std::max(1, c.hidden_dim / 4);
+                                                     : std::max(1, c.hidden_dim / 4);
     c.moe_norm_topk = mixtral || o.norm_topk_prob.value_or(true);
+  }
+  const bool deepseek =
+      c.architecture == Architecture::kDeepseekV2 || c.architecture == Architecture::kDeepseekV3;
+  if (deepseek) {
+    const bool v3 = c.architecture == Architecture::kDeepseekV3;
+    if (c.dim % c.n_heads != 0 && o.head_dim == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden_size ", c.dim, " is not a multiple of num_heads ", c.n_heads));
+    }
+    const int32_t nope = o.head_dim > 0 ? o.head_dim : c.dim / c.n_heads;
+    c.qk_nope_head_dim = nope;
+    c.v_head_dim = nope;
+    c.qk_rope_head_dim =
+        o.qk_rope_head_dim > 0 ? o.qk_rope_head_dim : std::max(2, nope / 2 / 2 * 2);
+    c.kv_lora_rank = o.kv_lora_rank > 0 ? o.kv_lora_rank : 4 * nope;
+    c.q_lora_rank = o.q_lora_rank;
+    c.head_dim = nope + c.qk_rope_head_dim;
+    c.n_kv_heads = c.n_heads;
+    c.kv_dim = c.n_kv_heads * c.head_dim;
+    c.rope_form = RopeForm::kInterleaved;
+    c.n_experts = o.num_experts > 0 ? o.num_experts : 8;
+    c.n_experts_per_tok = o.num_experts_per_tok > 0 ? o.num_experts_per_tok : 2;
+    c.moe_hidden_dim =
+        o.moe_intermediate_size > 0 ? o.moe_intermediate_size : std::max(1, c.hidden_dim / 4);
+    c.n_shared_experts = o.n_shared_experts.value_or(1);
+    c.first_dense_layers = std::min(o.first_k_dense_replace.value_or(1), c.n_layers);
+    const bool norm = o.norm_topk_prob.value_or(v3) && c.n_experts_per_tok > 1;
+    c.moe_norm_topk = norm;
+    c.moe_scoring = v3 ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+    c.moe_topk = v3 ? MoeTopk::kNoAuxTc : MoeTopk::kGreedy;
+    c.moe_n_group = v3 && c.n_experts % 4 == 0 ? 4 : 1;
+    c.moe_topk_group = v3 && c.n_experts % 4 == 0 ? 2 : 1;
+    c.moe_routed_scale = v3 ? 2.5f : 1.0f;
+    PD_ASSIGN_OR_RETURN(TokenizerLayout layout,
+                        ComputeTokenizerLayout(static_cast<uint32_t>(c.vocab_size)));
+    c.bos_id = layout.bos_id;
+    c.eos_id = layout.eos_id;
+    c.eos_ids = {layout.eos_id};
+    PD_RETURN_IF_ERROR(c.Validate());
+    return c;
   }
   if (o.head_dim > 0) {
     c.head_dim = o.head_dim;  // (Qwen3's heads are wider than hidden_size / num_heads)

@@ -17,7 +17,8 @@
 //          max_pos 512, untied, theta 1e4, f32                                  (~0.16 M params)
 //   small  hidden 768, 12 layers, 12 heads, 4 kv heads, intermediate 2304, vocab 8192,
 //          max_pos 2048, untied, theta 1e4, bf16                                (~95 M params)
-//   (with --arch mixtral or qwen3_moe any preset gets 8 experts, 2 per token, unless overridden)
+//   (with --arch mixtral or qwen3_moe any preset gets 8 experts, 2 per token, unless overridden;
+//   with deepseek_v2 / deepseek_v3, MLA and DeepSeek's experts as MakeModelOptions says)
 //   1b     Llama-3.2-1B shape: hidden 2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192,
 //          vocab 128256, max_pos 131072, tied, theta 5e5, llama3 rope_scaling (32, 1, 4, 8192),
 //          bf16                                                                 (~1.24 B params)
@@ -42,8 +43,9 @@ struct MakeModelOptions {
   std::string out_dir;          // created (with parents) when missing
   std::string preset = "tiny";  // tiny | small | 1b
   uint64_t seed = 0;
-  std::optional<kernels::DType> dtype;       // preset's when unset
-  // kLlama, kMistral, kQwen2, kQwen3, kMixtral or kQwen3Moe; preset's (llama)
+  std::optional<kernels::DType> dtype;  // preset's when unset
+  // kLlama, kMistral, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV2 or kDeepseekV3; preset's
+  // (llama)
   std::optional<Architecture> architecture;
   // Shape overrides; 0 / unset = the preset's value.
   int32_t hidden_size = 0;
@@ -62,6 +64,17 @@ struct MakeModelOptions {
   int32_t num_experts_per_tok = 0;
   int32_t moe_intermediate_size = 0;
   std::optional<bool> norm_topk_prob;
+  // DeepSeek (kDeepseekV2, kDeepseekV3; 0 / unset = the defaults). MLA: qk_nope_head_dim =
+  // v_head_dim = head_dim (or hidden_size / num_heads), qk_rope_head_dim = half of that,
+  // kv_lora_rank = 4 x qk_nope_head_dim, no q_lora_rank (q_proj). Experts: 8 routed (2 per
+  // token) of width intermediate_size / 4, one shared, the first layer dense; V2 greedy softmax
+  // routing, V3 sigmoid with a selection bias in (0, 0.1), 4 groups of which 2 may be used,
+  // renormalized and scaled by 2.5. first_k_dense_replace = num_layers makes every MLP dense.
+  int32_t q_lora_rank = 0;
+  int32_t kv_lora_rank = 0;
+  int32_t qk_rope_head_dim = 0;
+  std::optional<int32_t> n_shared_experts;
+  std::optional<int32_t> first_k_dense_replace;
   // An existing non-empty out_dir is an error unless set; then our files are overwritten (and a
   // stale model.safetensors.index.json removed), other files are left alone.
   bool force = false;
@@ -97,8 +110,8 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options);
 
 // "f32" | "bf16" | "f16". InvalidArgument naming the value otherwise.
 absl::StatusOr<kernels::DType> ParseDTypeName(absl::string_view name);
-// "llama" | "mistral" | "qwen2" | "qwen3" | "mixtral" | "qwen3_moe". InvalidArgument naming the
-// value otherwise.
+// "llama" | "mistral" | "qwen2" | "qwen3" | "mixtral" | "qwen3_moe" | "deepseek_v2" |
+// "deepseek_v3". InvalidArgument naming the value otherwise.
 absl::StatusOr<Architecture> ParseArchitectureName(absl::string_view name);
 
 // Element `index` of tensor `name` before rounding to the storage dtype (see the file comment).

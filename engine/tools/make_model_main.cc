@@ -21,7 +21,8 @@ ABSL_FLAG(std::string, out, "", "output directory (created if missing; required)
 ABSL_FLAG(std::string, preset, "tiny", "tiny | small | 1b");
 ABSL_FLAG(uint64_t, seed, 0, "weight seed; equal seeds give byte-identical files");
 ABSL_FLAG(std::string, dtype, "", "f32 | bf16 | f16 (default: the preset's)");
-ABSL_FLAG(std::string, arch, "llama", "llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe");
+ABSL_FLAG(std::string, arch, "llama",
+          "llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe | deepseek_v2 | deepseek_v3");
 ABSL_FLAG(bool, force, false, "overwrite the model files in an existing non-empty directory");
 ABSL_FLAG(bool, verify, true, "load the result with HfModel/HfTokenizer and print its fingerprint");
 ABSL_FLAG(int32_t, hidden_size, 0, "override (0 = preset)");
@@ -38,6 +39,13 @@ ABSL_FLAG(int32_t, num_experts_per_tok, 0, "mixtral / qwen3_moe: experts per tok
 ABSL_FLAG(int32_t, moe_intermediate_size, 0,
           "qwen3_moe: width of an expert (0 = intermediate_size / 4); mixtral's experts are "
           "intermediate_size wide");
+ABSL_FLAG(int32_t, q_lora_rank, 0, "deepseek: q_a_proj's rank (0 = q_proj, no low-rank query)");
+ABSL_FLAG(int32_t, kv_lora_rank, 0, "deepseek: MLA's latent width (0 = 4 x the head's nope part)");
+ABSL_FLAG(int32_t, qk_rope_head_dim, 0,
+          "deepseek: rotated part of a head (0 = half the nope part)");
+ABSL_FLAG(int32_t, n_shared_experts, -1, "deepseek: shared experts (-1 = 1)");
+ABSL_FLAG(int32_t, first_k_dense_replace, -1,
+          "deepseek: leading dense layers (-1 = 1; num_layers = every MLP dense)");
 ABSL_FLAG(std::string, norm_topk_prob, "",
           "qwen3_moe: true | false, renormalize the chosen experts' weights (default true)");
 
@@ -65,6 +73,15 @@ absl::StatusOr<pd::engine::MakeModelOptions> OptionsFromFlags() {
   o.num_experts = absl::GetFlag(FLAGS_num_experts);
   o.num_experts_per_tok = absl::GetFlag(FLAGS_num_experts_per_tok);
   o.moe_intermediate_size = absl::GetFlag(FLAGS_moe_intermediate_size);
+  o.q_lora_rank = absl::GetFlag(FLAGS_q_lora_rank);
+  o.kv_lora_rank = absl::GetFlag(FLAGS_kv_lora_rank);
+  o.qk_rope_head_dim = absl::GetFlag(FLAGS_qk_rope_head_dim);
+  if (absl::GetFlag(FLAGS_n_shared_experts) >= 0) {
+    o.n_shared_experts = absl::GetFlag(FLAGS_n_shared_experts);
+  }
+  if (absl::GetFlag(FLAGS_first_k_dense_replace) >= 0) {
+    o.first_k_dense_replace = absl::GetFlag(FLAGS_first_k_dense_replace);
+  }
   const std::string norm = absl::GetFlag(FLAGS_norm_topk_prob);
   if (norm == "true" || norm == "false") {
     o.norm_topk_prob = norm == "true";

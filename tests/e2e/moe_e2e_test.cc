@@ -1,5 +1,6 @@
 // Mixture-of-experts models through a real cluster (issue #34): random-weight pd-make-model
-// checkpoints of Mixtral and Qwen3-MoE (8 experts, 2 per token) served by prefill + decode
+// checkpoints of Mixtral, Qwen3-MoE and DeepSeek-V2/V3 (8 experts, 2 per token; DeepSeek with
+// multi-head latent attention) served by prefill + decode
 // workers and by a decode worker alone, with their weights as stored and quantized to int8 at
 // load. On every path greedy output is token for token the single-process engine's (the
 // engine itself is checked against PyTorch in integration_torch_parity_test), a repeated
@@ -149,12 +150,77 @@ TEST_P(MoeE2eTest, PrefillPlusDecodeAndAggregatedGiveTheEnginesTokens) {
   }
 }
 
+// DeepSeek's latent blocks through pd-tierd: a decode worker with a pool of 24 blocks serves
+// twelve prompts of 9+ blocks, so blocks spill to the node's DRAM tier; asking again restores
+// them (the tier's blocks are the worker's latent bytes) and every output equals the engine's.
+TEST(DeepseekTierE2eTest, LatentBlocksComeBackFromTheTiersWithExactOutput) {
+  absl::StatusOr<pd::testing::TempDir> tmp = pd::testing::TempDir::Create("pd-mla-tier-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  engine::MakeModelOptions o;
+  o.out_dir = tmp->path() + "/model";
+  o.preset = "tiny";
+  o.vocab_size = 2000;
+  o.seed = 35;
+  o.architecture = engine::Architecture::kDeepseekV3;
+  absl::StatusOr<engine::MakeModelResult> made = engine::MakeModel(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_TRUE(made->config.mla());
+  std::vector<std::vector<uint32_t>> prompts;
+  for (uint32_t p = 0; p < 12; ++p) {
+    std::vector<uint32_t> prompt = {made->config.bos_id, 100 + p};  // distinct first blocks
+    for (uint32_t i = 0; i < 140; ++i) prompt.push_back(300 + (i * 37 + p) % 1500);
+    prompts.push_back(std::move(prompt));
+  }
+  engine::ModelRuntimeConfig rc;
+  rc.model = o.out_dir;
+  rc.kv_blocks = 256;
+  rc.threads = 1;
+  absl::StatusOr<std::unique_ptr<engine::ModelRuntime>> rt = engine::ModelRuntime::Create(rc);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  std::vector<std::vector<uint32_t>> want;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<uint32_t> tokens = ReferenceGreedy(rt->get(), prompts[i], i + 1);
+    tokens.resize(16);
+    want.push_back(std::move(tokens));
+  }
+  rt->reset();
+
+  const std::string dir = tmp->path();
+  e2e::Tierd tierd(dir, {"--model=" + o.out_dir, "--tokenizer="});
+  Cluster c(dir, 0, 1, "round_robin",
+            {"--kv_blocks=24", "--tierd_address=" + tierd.address(), "--tier_offer_slots=16"}, {},
+            nullptr, nullptr, e2e::ModelFiles{o.out_dir, ""});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(60))) << c.Logs() << tierd.Log();
+  auto pass = [&](bool reverse) {
+    uint64_t tier_cached = 0;
+    for (size_t n = 0; n < prompts.size(); ++n) {
+      const size_t i = reverse ? prompts.size() - 1 - n : n;
+      pdserve::v1::GenerateRequest r = Request(prompts[i]);
+      r.mutable_sampling()->set_max_tokens(16);
+      e2e::Generated g = c.Generate(r);
+      EXPECT_TRUE(g.status.ok()) << g.status.error_message() << c.Logs();
+      EXPECT_EQ(g.tokens, want[i]) << "prompt " << i;
+      tier_cached += g.last.usage().tier_cached_tokens();
+    }
+    return tier_cached;
+  };
+  EXPECT_EQ(pass(false), 0u) << "a cold pass has no tier hits";
+  EXPECT_GT(pass(true), 0u) << c.Logs() << tierd.Log();
+  const std::string wm = c.WorkerMetrics(0);
+  EXPECT_GT(e2e::Metric(wm, "pd_worker_tier_restored_blocks_total"), 0) << wm;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, MoeE2eTest,
-    ::testing::Values(MoeCase{"mixtral", engine::Architecture::kMixtral, 0,
-                              engine::WeightDType::kAuto},
-                      MoeCase{"qwen3_moe_int8", engine::Architecture::kQwen3Moe, 32,
-                              engine::WeightDType::kInt8}),
+    ::testing::Values(
+        MoeCase{"mixtral", engine::Architecture::kMixtral, 0, engine::WeightDType::kAuto},
+        MoeCase{"qwen3_moe_int8", engine::Architecture::kQwen3Moe, 32, engine::WeightDType::kInt8},
+        // DeepSeek: multi-head latent attention (latent KV blocks through the
+        // hand-off and the caches), a dense first layer, shared experts; V3's
+        // sigmoid, biased, group-limited routing.
+        MoeCase{"deepseek_v3", engine::Architecture::kDeepseekV3, 0, engine::WeightDType::kAuto},
+        MoeCase{"deepseek_v2_int8", engine::Architecture::kDeepseekV2, 0,
+                engine::WeightDType::kInt8}),
     [](const ::testing::TestParamInfo<MoeCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -168,7 +168,9 @@ void ExpectMatchesOracle(const ModelWeights& weights, const Reference& ref, doub
     ExpectTopLogprobsMatch(logits, ref, row, max_diff);
   };
   absl::Span<const uint32_t> seq(ref.tokens);
-  ASSERT_TRUE((*f)->Forward({{seq.first(ref.num_prompt), 0, table}}, logits.data()).ok());
+  const absl::Status prefill =
+      (*f)->Forward({{seq.first(ref.num_prompt), 0, table}}, logits.data());
+  ASSERT_TRUE(prefill.ok()) << prefill;
   compare(ref.num_prompt - 1);
   for (uint32_t i = 0; i < ref.num_steps; ++i) {
     const int64_t pos = ref.num_prompt + i;
@@ -291,8 +293,10 @@ struct HfCase {
   std::string name;
   std::optional<Architecture> architecture;
   kernels::DType dtype;
-  int32_t head_dim = 0;  // 0 = hidden_size / num_heads
-  std::optional<bool> norm_topk_prob;  // Qwen3-MoE
+  int32_t head_dim = 0;                          // 0 = hidden_size / num_heads
+  std::optional<bool> norm_topk_prob;            // Qwen3-MoE
+  int32_t q_lora_rank = 0;                       // DeepSeek
+  std::optional<int32_t> first_k_dense_replace;  // DeepSeek
   friend void PrintTo(const HfCase& c, std::ostream* os) { *os << c.name; }
 };
 
@@ -311,6 +315,8 @@ TEST_P(TorchParityHfTest, TinyModelPrefillAndDecode) {
   options.architecture = GetParam().architecture;
   options.head_dim = GetParam().head_dim;
   options.norm_topk_prob = GetParam().norm_topk_prob;
+  options.q_lora_rank = GetParam().q_lora_rank;
+  options.first_k_dense_replace = GetParam().first_k_dense_replace;
   absl::StatusOr<MakeModelResult> made = MakeModel(options);
   ASSERT_TRUE(made.ok()) << made.status();
   std::vector<uint32_t> prompt;
@@ -339,7 +345,18 @@ INSTANTIATE_TEST_SUITE_P(
                       HfCase{"MixtralBf16", Architecture::kMixtral, kernels::DType::kBF16},
                       HfCase{"Qwen3MoeF32", Architecture::kQwen3Moe, kernels::DType::kF32, 32},
                       HfCase{"Qwen3MoeUnnormalizedF32", Architecture::kQwen3Moe,
-                             kernels::DType::kF32, 32, false}),
+                             kernels::DType::kF32, 32, false},
+                      // DeepSeek: multi-head latent attention (absorbed, against the oracle's
+                      // expanded form) with dense MLPs only; with a low-rank query and
+                      // V2's experts (a dense first layer, a shared expert); V3's sigmoid,
+                      // biased, group-limited routing.
+                      HfCase{"DeepseekV2DenseF32", Architecture::kDeepseekV2, kernels::DType::kF32,
+                             0, std::nullopt, 0, 2},
+                      HfCase{"DeepseekV2MoeF32", Architecture::kDeepseekV2, kernels::DType::kF32, 0,
+                             std::nullopt, 24},
+                      HfCase{"DeepseekV3F32", Architecture::kDeepseekV3, kernels::DType::kF32, 0,
+                             std::nullopt, 24},
+                      HfCase{"DeepseekV3Bf16", Architecture::kDeepseekV3, kernels::DType::kBF16}),
     [](const ::testing::TestParamInfo<HfCase>& info) { return info.param.name; });
 
 }  // namespace

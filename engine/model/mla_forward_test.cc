@@ -1,0 +1,147 @@
+// Multi-head latent attention (DeepSeek) in the forward pass: the latent cache entry is the
+// whole of a block, and a sequence's logits are bitwise independent of batching, chunking,
+// cache hits and the decode path, as for grouped-query attention (the logits themselves are
+// checked against PyTorch in integration_torch_parity_test).
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "common/testing/temp_dir.h"
+#include "engine/model/hf_model.h"
+#include "engine/model/llama_forward.h"
+#include "engine/model/model_weights.h"
+#include "engine/tools/make_model.h"
+#include "gtest/gtest.h"
+#include "kernels/attention_params.h"
+
+namespace pd::engine {
+namespace {
+
+constexpr int64_t kBlockSize = 16;
+
+std::vector<int32_t> Table(int32_t first, int32_t n) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+class MlaForwardTest : public ::testing::TestWithParam<kernels::DType> {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_.emplace(*std::move(dir));
+    MakeModelOptions o;
+    o.out_dir = dir_->File("model");
+    o.architecture = Architecture::kDeepseekV3;
+    o.q_lora_rank = 24;
+    o.seed = 3;
+    ASSERT_TRUE(MakeModel(o).ok());
+    absl::StatusOr<HfModel> model = HfModel::Load(o.out_dir);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::make_unique<HfModel>(*std::move(model));
+    absl::StatusOr<ModelWeights> w = WeightsFromHf(*model_);
+    ASSERT_TRUE(w.ok()) << w.status();
+    weights_ = *std::move(w);
+  }
+
+  std::unique_ptr<LlamaForward> MakeForward(int64_t num_blocks, kernels::DType dtype) {
+    const ModelConfig& c = weights_.config;
+    const int64_t block = kernels::DenseKvBlockBytes(dtype, c.n_layers, c.cache_kv_heads(),
+                                                     kBlockSize, c.cache_head_dim());
+    pool_.assign(num_blocks * block / 4 + 1, 0.0f);
+    absl::StatusOr<std::unique_ptr<LlamaForward>> f =
+        LlamaForward::Create(&weights_, {pool_.data(), dtype, num_blocks, kBlockSize}, {}, {});
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.ok() ? *std::move(f) : nullptr;
+  }
+
+  std::optional<pd::testing::TempDir> dir_;
+  std::unique_ptr<HfModel> model_;
+  ModelWeights weights_;
+  std::vector<float> pool_;
+};
+
+TEST(MlaGeometryTest, TheCacheHoldsTheLatentOnly) {
+  ModelConfig c;
+  c.kv_lora_rank = 512;
+  c.qk_rope_head_dim = 64;
+  EXPECT_EQ(c.cache_kv_heads(), 2);  // 576 = 2 heads x (K 144 + V 144)
+  EXPECT_EQ(c.cache_head_dim(), 144);
+  c.kv_lora_rank = 64;
+  c.qk_rope_head_dim = 8;
+  EXPECT_EQ(c.cache_kv_heads(), 1);
+  EXPECT_EQ(c.cache_head_dim(), 36);
+}
+
+TEST_P(MlaForwardTest, BlockBytesAreTheLatentsBytes) {
+  const ModelConfig& c = weights_.config;
+  ASSERT_TRUE(c.mla());
+  std::unique_ptr<LlamaForward> f = MakeForward(8, GetParam());
+  ASSERT_NE(f, nullptr);
+  if (GetParam() == kernels::DType::kF32) {
+    EXPECT_EQ(f->block_bytes(), int64_t{c.n_layers} * kBlockSize * c.mla_latent_dim() * 4);
+  }
+}
+
+TEST_P(MlaForwardTest, LogitsAreBitwiseIndependentOfBatchingChunkingCacheHitsAndDecode) {
+  std::unique_ptr<LlamaForward> f = MakeForward(64, GetParam());
+  ASSERT_NE(f, nullptr);
+  const int64_t vocab = f->vocab_size();
+  std::vector<uint32_t> prompt;
+  for (uint32_t i = 0; i < 23; ++i) prompt.push_back(300 + (i * 13) % 200);
+  std::vector<float> whole(vocab), chunked(vocab), batched(3 * vocab), cached(vocab), step(vocab);
+  absl::Span<const uint32_t> p(prompt);
+
+  std::vector<int32_t> t_whole = Table(0, 2);
+  ASSERT_TRUE(f->Forward({{p, 0, t_whole}}, whole.data()).ok());
+
+  std::vector<int32_t> t_chunk = Table(2, 2);
+  ASSERT_TRUE(f->Forward({{p.subspan(0, 7), 0, t_chunk}}, chunked.data()).ok());
+  ASSERT_TRUE(f->Forward({{p.subspan(7, 9), 7, t_chunk}}, chunked.data()).ok());
+  ASSERT_TRUE(f->Forward({{p.subspan(16, 7), 16, t_chunk}}, chunked.data()).ok());
+  EXPECT_EQ(std::memcmp(whole.data(), chunked.data(), vocab * 4), 0) << "chunked prefill";
+
+  std::vector<int32_t> t_a = Table(4, 2), t_b = Table(6, 1), t_c = Table(7, 2);
+  std::vector<uint32_t> other = {1, 265, 266, 267};
+  std::vector<uint32_t> single = {42};
+  ASSERT_TRUE(f->Forward({{other, 0, t_b}, {p, 0, t_a}, {single, 0, t_c}}, batched.data()).ok());
+  EXPECT_EQ(std::memcmp(whole.data(), batched.data() + vocab, vocab * 4), 0) << "batched";
+
+  std::vector<int32_t> t_hit = {t_whole[0], 9};
+  ASSERT_TRUE(f->Forward({{p.subspan(16), 16, t_hit}}, cached.data()).ok());
+  EXPECT_EQ(std::memcmp(whole.data(), cached.data(), vocab * 4), 0) << "cache hit";
+
+  // Token by token (every step a decode), batched with another sequence's decode step.
+  std::vector<int32_t> t_step = Table(10, 2);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    std::vector<float> two(2 * vocab);
+    std::vector<uint32_t> o = {static_cast<uint32_t>(7 + i)};
+    ASSERT_TRUE(f->Forward({{o, static_cast<int64_t>(i), Table(12, 2)},
+                            {p.subspan(i, 1), static_cast<int64_t>(i), t_step}},
+                           two.data())
+                    .ok());
+    std::copy_n(two.data() + vocab, vocab, step.data());
+  }
+  EXPECT_EQ(std::memcmp(whole.data(), step.data(), vocab * 4), 0) << "decode steps";
+}
+
+TEST_P(MlaForwardTest, TheSinkWindowCopyIsRefused) {
+  std::unique_ptr<LlamaForward> f = MakeForward(8, GetParam());
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->CopyBlocksShifted({0}, {1}, 16, 16).code(), absl::StatusCode::kUnimplemented);
+}
+
+INSTANTIATE_TEST_SUITE_P(KvDtypes, MlaForwardTest,
+                         ::testing::Values(kernels::DType::kF32, kernels::DType::kBF16,
+                                           kernels::DType::kI8),
+                         [](const ::testing::TestParamInfo<kernels::DType>& info) {
+                           return info.param == kernels::DType::kF32    ? "F32"
+                                  : info.param == kernels::DType::kBF16 ? "Bf16"
+                                                                        : "I8";
+                         });
+
+}  // namespace
+}  // namespace pd::engine
