@@ -1043,10 +1043,41 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
   // Attention in the absorbed form, for decode and prefill alike (so a token's result does not
   // depend on which path computed it): head h's query in latent space is
   // [W_UK_h^T q_nope_h | q_rope_h], scored against every cached entry [c | k_rope] (scale
-  // 1 / sqrt(head_dim)); the softmax-weighted sum of the c's goes through W_UV_h.
+  // 1 / sqrt(head_dim)); the softmax-weighted sum of the c's goes through W_UV_h. Every product
+  // is a MatMul whose rows are independent of how many there are and whose other shapes are
+  // fixed per token (the heads, the widths, the token's own number of keys), so the logits are
+  // bitwise the same however the tokens are batched or chunked.
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  const float* wkv_b = w.wkv_b;
   const int64_t head_rows = nope + vdim;
+  // f32 matrices (kv_b_proj and its transpose, the step's own activations): never int8.
+  auto matmul = [&](const float* x, int64_t x_stride, const float* wm, float* y, int64_t y_stride,
+                    int64_t rows, int64_t in, int64_t out) {
+    kernels::MatMulParams p;
+    p.x = x;
+    p.w = wm;
+    p.y = y;
+    p.num_rows = rows;
+    p.in_features = in;
+    p.out_features = out;
+    p.x_row_stride = x_stride;
+    p.y_row_stride = y_stride;
+    p.w_dtype = DType::kF32;
+    return kernels::MatMul(ctx_, p);
+  };
+  const int64_t query_row = heads * latent;  // mla_query_: [tokens][heads][latent]
+  if (static_cast<int64_t>(mla_query_.size()) < num_tokens * query_row) {
+    mla_query_.resize(num_tokens * query_row);
+    mla_sum_.resize(num_tokens * heads * rank);
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    // The query's latent part: W_UK_h^T q_nope_h (wuk_t holds each head's W_UK transposed).
+    PD_RETURN_IF_ERROR(matmul(q_ + h * c.head_dim, q_dim, w.wuk_t + h * rank * nope,
+                              mla_query_.data() + h * latent, query_row, num_tokens, nope, rank));
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      std::copy_n(mla_qpe_ + (t * heads + h) * rope, rope,
+                  mla_query_.data() + t * query_row + h * latent + rank);
+    }
+  }
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& slot = slots_[i];
     const int64_t context = slot.start_pos + slot.num_tokens;
@@ -1055,12 +1086,19 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
       mla_positions_.resize(context);
       std::iota(mla_positions_.begin() + old, mla_positions_.end(), old);
     }
-    if (static_cast<int64_t>(mla_context_.size()) < 2 * context * latent) {
-      mla_context_.resize(2 * context * latent);
-    }
-    // The halves come back into [K rows | V rows] (ReadKv wants them apart) and are joined.
+    // entries [context][latent], their c's transposed [rank][context], the halves as read, one
+    // token's scores [context][heads] and probabilities [heads][context].
+    const int64_t need = context * latent + rank * context + context * latent + context * heads +
+                         heads * context + rank * heads;
+    if (static_cast<int64_t>(mla_context_.size()) < need) mla_context_.resize(need);
+    float* entries = mla_context_.data();
+    float* transposed = entries + context * latent;
+    float* halves = transposed + rank * context;
+    float* scores = halves + context * latent;
+    float* probs = scores + context * heads;
+    float* summed = probs + heads * context;  // [rank][heads]
+    // The halves come back as [K rows | V rows] (ReadKv wants them apart) and are joined.
     const int64_t half = latent / 2;
-    float* halves = mla_context_.data() + context * latent;
     kernels::ReadKvParams read;
     read.k = halves;
     read.v = halves + context * half;
@@ -1074,60 +1112,40 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
     read.max_blocks_per_seq = max_blocks_per_seq_;
     PD_RETURN_IF_ERROR(kernels::ReadKv(kernels::OpContext{}, read));  // host vectors: CPU
     for (int64_t t = 0; t < context; ++t) {
-      std::copy_n(halves + t * half, half, mla_context_.data() + t * latent);
-      std::copy_n(halves + (context + t) * half, half, mla_context_.data() + t * latent + half);
+      std::copy_n(halves + t * half, half, entries + t * latent);
+      std::copy_n(halves + (context + t) * half, half, entries + t * latent + half);
+      for (int64_t r = 0; r < rank; ++r) transposed[r * context + t] = entries[t * latent + r];
     }
-    const float* entries = mla_context_.data();
-    const int64_t items = slot.num_tokens * heads;
-    auto run = [&](int64_t begin, int64_t end) {
-      std::vector<float> query(latent), scores(context), sum(rank);
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t j = item / heads, h = item % heads;
-        const int64_t row = slot.first_token + j;
-        const float* q_nope = q_ + row * q_dim + h * c.head_dim;
-        const float* w_uk = wkv_b + h * head_rows * rank;
-        std::fill(query.begin(), query.begin() + rank, 0.0f);
-        for (int64_t n = 0; n < nope; ++n) {
-          const float qn = q_nope[n];
-          const float* wr = w_uk + n * rank;
-          for (int64_t r = 0; r < rank; ++r) query[r] += qn * wr[r];
-        }
-        std::copy_n(mla_qpe_ + (row * heads + h) * rope, rope, query.begin() + rank);
-        const int64_t n_keys = slot.start_pos + j + 1;  // causal: positions [0, pos]
+    for (int64_t j = 0; j < slot.num_tokens; ++j) {
+      const int64_t row = slot.first_token + j;
+      const int64_t n_keys = slot.start_pos + j + 1;  // causal: positions [0, pos]
+      // scores[t][h] = entry_t . query_h
+      PD_RETURN_IF_ERROR(matmul(entries, latent, mla_query_.data() + row * query_row, scores, heads,
+                                n_keys, latent, heads));
+      for (int64_t h = 0; h < heads; ++h) {
         float max = -INFINITY;
-        for (int64_t t = 0; t < n_keys; ++t) {
-          const float* e = entries + t * latent;
-          float dot = 0.0f;
-          for (int64_t d = 0; d < latent; ++d) dot += query[d] * e[d];
-          scores[t] = dot * scale;
-          max = std::max(max, scores[t]);
-        }
+        for (int64_t t = 0; t < n_keys; ++t) max = std::max(max, scores[t * heads + h]);
         float total = 0.0f;
+        float* ph = probs + h * n_keys;
         for (int64_t t = 0; t < n_keys; ++t) {
-          scores[t] = std::exp(scores[t] - max);
-          total += scores[t];
+          ph[t] = std::exp((scores[t * heads + h] - max) * scale);
+          total += ph[t];
         }
-        std::fill(sum.begin(), sum.end(), 0.0f);
-        for (int64_t t = 0; t < n_keys; ++t) {
-          const float p = scores[t] / total;
-          const float* e = entries + t * latent;
-          for (int64_t r = 0; r < rank; ++r) sum[r] += p * e[r];
-        }
-        const float* w_uv = w_uk + nope * rank;
-        float* out = att_ + row * out_dim + h * vdim;
-        for (int64_t v = 0; v < vdim; ++v) {
-          const float* wr = w_uv + v * rank;
-          float acc = 0.0f;
-          for (int64_t r = 0; r < rank; ++r) acc += wr[r] * sum[r];
-          out[v] = acc;
-        }
+        for (int64_t t = 0; t < n_keys; ++t) ph[t] /= total;
       }
-    };
-    if (ctx_.parallel != nullptr) {
-      ctx_.parallel->Run(items, run);
-    } else {
-      run(0, items);
+      // summed[r][h] = sum_t c_t[r] probs[h][t]
+      PD_RETURN_IF_ERROR(matmul(transposed, context, probs, summed, heads, rank, n_keys, heads));
+      float* out_lat = mla_sum_.data() + row * heads * rank;
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t r = 0; r < rank; ++r) out_lat[h * rank + r] = summed[r * heads + h];
+      }
     }
+  }
+  // Each head's output: W_UV_h (the value rows of kv_b_proj) times its weighted latent.
+  for (int64_t h = 0; h < heads; ++h) {
+    PD_RETURN_IF_ERROR(matmul(mla_sum_.data() + h * rank, heads * rank,
+                              w.wkv_b + (h * head_rows + nope) * rank, att_ + h * vdim, out_dim,
+                              num_tokens, rank, vdim));
   }
   // x += attn Wo
   return MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, out_dim, c.dim, true);

@@ -259,7 +259,9 @@ class LlamaForward {
   // [tokens][kv_lora_rank + qk_rope_head_dim], the heads' rope parts [tokens][n_heads][rope];
   // a sequence's cache entries read back to f32 and their positions (host, grown on demand).
   float *mla_qa_ = nullptr, *mla_latent_ = nullptr, *mla_qpe_ = nullptr;
-  std::vector<float> mla_context_;
+  // The step's queries in latent space [tokens][n_heads][latent] and their weighted latents
+  // [tokens][n_heads][kv_lora_rank]; a sequence's entries and per-token scratch; positions.
+  std::vector<float> mla_query_, mla_sum_, mla_context_;
   std::vector<int32_t> mla_positions_;
   std::vector<int64_t> expert_tokens_;
   void* workspace_ = nullptr;  // matmul and decode attention workspace (device memory on kCuda)

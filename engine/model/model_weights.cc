@@ -94,6 +94,17 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
       lw.wkv_a = hl.kv_a_proj.data;
       PD_ASSIGN_OR_RETURN(lw.kv_a_norm, OwnedF32(hl.kv_a_layernorm, &w));
       PD_ASSIGN_OR_RETURN(lw.wkv_b, OwnedF32(hl.kv_b_proj, &w));
+      const ModelConfig& c = w.config;
+      const int64_t rank = c.kv_lora_rank, nope = c.qk_nope_head_dim;
+      auto wuk_t = std::make_unique<float[]>(int64_t{c.n_heads} * rank * nope);
+      for (int64_t h = 0; h < c.n_heads; ++h) {
+        const float* w_uk = lw.wkv_b + h * (nope + c.v_head_dim) * rank;
+        for (int64_t n = 0; n < nope; ++n) {
+          for (int64_t r = 0; r < rank; ++r) wuk_t[(h * rank + r) * nope + n] = w_uk[n * rank + r];
+        }
+      }
+      lw.wuk_t = wuk_t.get();
+      w.owned.push_back(std::move(wuk_t));
     }
     if (w.config.moe_layer(l)) {
       lw.router = hl.router.data;

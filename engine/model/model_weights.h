@@ -80,6 +80,9 @@ struct LayerWeights {
   // v_head_dim)][kv_lora_rank]): decode absorbs it into the query and the output per head
   // (LlamaForward's MLA), reading it in both directions; never quantized.
   const float* wkv_b = nullptr;
+  // Each head's W_UK (its first qk_nope_head_dim rows of wkv_b) transposed, f32
+  // [n_heads][kv_lora_rank][qk_nope_head_dim]: the absorption's matrix.
+  const float* wuk_t = nullptr;
 };
 
 struct ModelWeights {
