@@ -122,6 +122,22 @@ class FieldReader {
     return static_cast<float>(d);
   }
 
+  // A finite float >= 0; `fallback` when absent or null.
+  absl::StatusOr<float> NonNegativeFloat(const char* key, float fallback) const {
+    const Json* v = Find(key);
+    if (v == nullptr) {
+      return fallback;
+    }
+    if (!v->is_number()) {
+      return Error(key, absl::StrCat("must be a number, got ", Short(*v)));
+    }
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d < 0.0 || d > std::numeric_limits<float>::max()) {
+      return Error(key, absl::StrCat("is ", Short(*v), ", must be a finite float >= 0"));
+    }
+    return static_cast<float>(d);
+  }
+
   absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
     const Json* v = Find(key);
     if (v == nullptr) {
@@ -298,10 +314,23 @@ absl::Status ParseRope(const FieldReader& r, absl::string_view source, ModelConf
   if (type == "default") {
     return absl::OkStatus();
   }
+  if (type == "yarn" && (c->architecture == Architecture::kDeepseekV2 ||
+                         c->architecture == Architecture::kDeepseekV3)) {
+    YarnRopeScaling y;
+    PD_ASSIGN_OR_RETURN(y.factor, s.PositiveFloat("factor", std::nullopt));
+    PD_ASSIGN_OR_RETURN(y.original_max_position_embeddings,
+                        s.Int32("original_max_position_embeddings", 4096));
+    PD_ASSIGN_OR_RETURN(y.beta_fast, s.PositiveFloat("beta_fast", 32.0f));
+    PD_ASSIGN_OR_RETURN(y.beta_slow, s.PositiveFloat("beta_slow", 1.0f));
+    PD_ASSIGN_OR_RETURN(y.mscale, s.NonNegativeFloat("mscale", 1.0f));
+    PD_ASSIGN_OR_RETURN(y.mscale_all_dim, s.NonNegativeFloat("mscale_all_dim", 0.0f));
+    c->yarn = y;
+    return absl::OkStatus();
+  }
   if (type != "llama3") {
-    return absl::UnimplementedError(absl::StrCat(
-        where, ": rope type \"", type,
-        "\" is not supported (supported: default, llama3; DeepSeek's yarn is not implemented)"));
+    return absl::UnimplementedError(
+        absl::StrCat(where, ": rope type \"", type,
+                     "\" is not supported (supported: default, llama3; yarn for DeepSeek)"));
   }
   Llama3RopeScaling l3;
   PD_ASSIGN_OR_RETURN(l3.factor, s.PositiveFloat("factor", std::nullopt));
@@ -640,7 +669,16 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
   j["max_position_embeddings"] = c.seq_len;
   j["rms_norm_eps"] = ShortestDouble(c.rms_norm_eps);
   j["rope_theta"] = ShortestDouble(c.rope_theta);
-  if (c.rope_scaling.has_value()) {
+  if (c.yarn.has_value()) {
+    j["rope_scaling"] = {
+        {"type", "yarn"},
+        {"factor", ShortestDouble(c.yarn->factor)},
+        {"original_max_position_embeddings", c.yarn->original_max_position_embeddings},
+        {"beta_fast", ShortestDouble(c.yarn->beta_fast)},
+        {"beta_slow", ShortestDouble(c.yarn->beta_slow)},
+        {"mscale", ShortestDouble(c.yarn->mscale)},
+        {"mscale_all_dim", ShortestDouble(c.yarn->mscale_all_dim)}};
+  } else if (c.rope_scaling.has_value()) {
     j["rope_scaling"] = {
         {"rope_type", "llama3"},
         {"factor", ShortestDouble(c.rope_scaling->factor)},

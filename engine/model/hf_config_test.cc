@@ -370,11 +370,27 @@ TEST(HfConfigTest, ParsesDeepseekLatentAttentionAndItsExperts) {
   wider.kv_lora_rank = 256;
   EXPECT_NE(CanonicalConfigBytes(wider), CanonicalConfigBytes(*c));
 
+  // DeepSeek's yarn (V2-Lite's published values) is read and written back.
+  c = ParseHfConfig(absl::StrReplaceAll(
+      kDeepseekV2LiteConfig,
+      {{"\"rope_scaling\": null",
+        "\"rope_scaling\": {\"beta_fast\": 32, \"beta_slow\": 1, \"factor\": 40, "
+        "\"mscale\": 0.707, \"mscale_all_dim\": 0.707, "
+        "\"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}"}}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->yarn.has_value());
+  EXPECT_FLOAT_EQ(c->yarn->factor, 40.0f);
+  EXPECT_FLOAT_EQ(c->yarn->mscale_all_dim, 0.707f);
+  EXPECT_EQ(c->yarn->original_max_position_embeddings, 4096);
+  absl::StatusOr<std::string> yarn_json = HfConfigJson(*c);
+  ASSERT_TRUE(yarn_json.ok()) << yarn_json.status();
+  absl::StatusOr<ModelConfig> yarn_again = ParseHfConfig(*yarn_json);
+  ASSERT_TRUE(yarn_again.ok()) << yarn_again.status();
+  EXPECT_EQ(*yarn_again, *c);
+
   // What the engine does not run is refused by name.
   for (const auto& [from, to, says] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40}",
-            "yarn"},
            {"\"moe_layer_freq\": 1", "\"moe_layer_freq\": 2", "moe_layer_freq"},
            {"\"scoring_func\": \"softmax\"", "\"scoring_func\": \"sigmoid\"", "scoring_func"},
            {"\"topk_method\": \"greedy\"", "\"topk_method\": \"noaux_tc\"", "topk_method"}}) {

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
+#include "engine/model/fp8_block.h"
 #include "engine/model/hf_config.h"
 
 namespace pd::engine {
@@ -45,7 +46,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Checks presence, shape and dtype of every required tensor; returns the common dtype.
 absl::StatusOr<SafetensorsDtype> CheckTensors(const ModelConfig& config, const WeightSet& weights,
-                                              absl::string_view dir) {
+                                              absl::string_view dir,
+                                              std::optional<Fp8BlockSize> fp8) {
   std::optional<SafetensorsDtype> dtype;
   std::string first_name;
   for (const HfTensorRequirement& req : HfRequiredTensors(config)) {
@@ -59,6 +61,20 @@ absl::StatusOr<SafetensorsDtype> CheckTensors(const ModelConfig& config, const W
       return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor ", req.name, " has shape ",
                                                      view->ShapeString(), ", config implies ",
                                                      ShapeString(req.shape)));
+    }
+    if (view->dtype == SafetensorsDtype::kF8E4M3 && fp8.has_value()) {
+      // Block-scaled fp8 (fp8_block.h): its scales must be there, of the right shape.
+      const std::string scale_name = Fp8ScaleName(req.name);
+      const TensorView* scale = weights.Find(scale_name);
+      if (scale == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir, ": missing tensor ", scale_name, " (", req.name, " is fp8)"));
+      }
+      absl::Status ok = CheckFp8Scale(req.name, *view, *scale, *fp8);
+      if (!ok.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(dir, ": ", ok.message()));
+      }
+      continue;
     }
     if (req.any_float) {
       if (!ToKernelDType(view->dtype).has_value()) {
@@ -172,7 +188,8 @@ absl::StatusOr<HfModel> HfModel::Load(absl::string_view dir) {
   const absl::Time start = absl::Now();
   PD_ASSIGN_OR_RETURN(ModelConfig config, LoadHfConfig(dir));
   PD_ASSIGN_OR_RETURN(WeightSet weights, WeightSet::Open(dir));
-  PD_ASSIGN_OR_RETURN(SafetensorsDtype dtype, CheckTensors(config, weights, dir));
+  PD_ASSIGN_OR_RETURN(std::optional<Fp8BlockSize> fp8, LoadFp8Quantization(dir));
+  PD_ASSIGN_OR_RETURN(SafetensorsDtype dtype, CheckTensors(config, weights, dir, fp8));
   const kernels::DType actual = *ToKernelDType(dtype);
   if (actual != config.weight_dtype) {
     LOG(WARNING) << dir << ": config.json torch_dtype disagrees with the weights, which are "
@@ -279,6 +296,17 @@ void HfModel::ComputeFingerprint() {
       HashUpdate(state, v->data, v->size_bytes);
     }
     hashed += v->size_bytes;
+    if (v->dtype == SafetensorsDtype::kF8E4M3) {  // its block scales are part of the weight
+      const std::string scale_name = Fp8ScaleName(req.name);
+      const TensorView* s = weights_.Find(scale_name);
+      CHECK(s != nullptr) << scale_name;
+      HashValue<uint64_t>(state, scale_name.size());
+      HashUpdate(state, scale_name.data(), scale_name.size());
+      HashValue<uint8_t>(state, static_cast<uint8_t>(s->dtype));
+      HashValue<uint64_t>(state, s->size_bytes);
+      HashUpdate(state, s->data, s->size_bytes);
+      hashed += s->size_bytes;
+    }
   }
   XXH128_canonical_t canonical;
   XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state));

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/testing/temp_dir.h"
+#include "engine/model/model_weights.h"
 #include "engine/model/safetensors_writer.h"
 #include "engine/tools/make_model.h"
 #include "gmock/gmock.h"
@@ -307,6 +308,88 @@ TEST_F(HfModelTest, DtypeChecks) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->config().weight_dtype, kernels::DType::kF32);
   EXPECT_EQ(ok->Fingerprint(), m->Fingerprint());
+}
+
+// Block-scaled fp8 (DeepSeek-V3's and Qwen3-FP8's format): the projections are F8_E4M3 with
+// weight_scale_inv, dequantized at load into the checkpoint's other dtype; the scales are part
+// of the fingerprint; a missing or misshapen scale is named.
+TEST_F(HfModelTest, BlockScaledFp8WeightsAreDequantizedAtLoad) {
+  const std::string plain =
+      Make("plain", 1, [](MakeModelOptions* o) { o->dtype = kernels::DType::kBF16; });
+  const std::string fp8 = Make("fp8", 1, [](MakeModelOptions* o) {
+    o->dtype = kernels::DType::kBF16;
+    o->fp8_block = 16;  // intermediate 172: partial blocks too
+  });
+  absl::StatusOr<HfModel> m = HfModel::Load(fp8);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config().weight_dtype, kernels::DType::kBF16);
+  EXPECT_EQ(m->layer(0).gate_proj.dtype, SafetensorsDtype::kF8E4M3);
+  const TensorView* scale = m->weights().Find("model.layers.0.mlp.gate_proj.weight_scale_inv");
+  ASSERT_NE(scale, nullptr);
+  EXPECT_EQ(scale->shape, (std::vector<int64_t>{11, 4}));
+  absl::StatusOr<ModelWeights> w = WeightsFromHf(*m);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->dtype, kernels::DType::kBF16);
+  // Element (r, c) of the dequantized matrix is code * its block's scale (a power of two, so
+  // exact in bf16), and close to the plain model's bf16 value (fp8 keeps 3 mantissa bits).
+  absl::StatusOr<HfModel> p = HfModel::Load(plain);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const auto* deq = static_cast<const uint16_t*>(w->layers[0].w_gate);
+  const auto* codes = static_cast<const uint8_t*>(m->layer(0).gate_proj.data);
+  const auto* ref = static_cast<const uint16_t*>(p->layer(0).gate_proj.data);
+  const auto* s = static_cast<const float*>(scale->data);
+  for (int64_t r : {0, 17, 171}) {
+    for (int64_t c : {0, 5, 63}) {
+      const float want = kernels::E4M3ToF32(codes[r * 64 + c]) * s[(r / 16) * 4 + c / 16];
+      EXPECT_EQ(kernels::Bf16ToF32(deq[r * 64 + c]), want) << r << "," << c;
+      EXPECT_NEAR(want, kernels::Bf16ToF32(ref[r * 64 + c]),
+                  std::fabs(kernels::Bf16ToF32(ref[r * 64 + c])) / 8 + 1e-3);
+    }
+  }
+  EXPECT_NE(m->Fingerprint(), p->Fingerprint());
+  // The scales are part of the fingerprint.
+  std::vector<float> doubled(s, s + 44);
+  for (float& v : doubled) v *= 2;
+  std::vector<Source> changed = SourcesOf(*m, [](const std::string& n) {
+    return n != "model.layers.0.mlp.gate_proj.weight_scale_inv";
+  });
+  changed.push_back(
+      Source{{"model.layers.0.mlp.gate_proj.weight_scale_inv", SafetensorsDtype::kF32, {11, 4}},
+             doubled.data()});
+  const std::string out = CopyConfig(fp8, "scaled");
+  WriteTensors(out + "/model.safetensors", changed);
+  absl::StatusOr<HfModel> other = HfModel::Load(out);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->Fingerprint(), m->Fingerprint());
+  // A missing scale, and one of the wrong shape, are named.
+  const std::string missing = CopyConfig(fp8, "missing-scale");
+  WriteTensors(missing + "/model.safetensors", SourcesOf(*m, [](const std::string& n) {
+                 return n != "model.layers.1.self_attn.o_proj.weight_scale_inv";
+               }));
+  absl::StatusOr<HfModel> bad = HfModel::Load(missing);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("missing tensor model.layers.1.self_attn.o_proj.weight_scale_inv"));
+  std::vector<Source> misshapen = SourcesOf(*m, [](const std::string& n) {
+    return n != "model.layers.0.mlp.gate_proj.weight_scale_inv";
+  });
+  misshapen.push_back(
+      Source{{"model.layers.0.mlp.gate_proj.weight_scale_inv", SafetensorsDtype::kF32, {4, 11}},
+             doubled.data()});
+  const std::string shape = CopyConfig(fp8, "misshapen");
+  WriteTensors(shape + "/model.safetensors", misshapen);
+  bad = HfModel::Load(shape);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("needs model.layers.0.mlp.gate_proj.weight_scale_inv"));
+  // Another quantization method is refused by name.
+  const std::string awq = CopyConfig(fp8, "awq");
+  WriteFile(awq + "/config.json",
+            absl::StrReplaceAll(ReadFile(awq + "/config.json"), {{"\"fp8\"", "\"awq\""}}));
+  WriteTensors(awq + "/model.safetensors", SourcesOf(*m));
+  bad = HfModel::Load(awq);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(bad.status().message(), HasSubstr("awq"));
 }
 
 TEST_F(HfModelTest, MissingFiles) {

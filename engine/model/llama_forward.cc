@@ -46,6 +46,32 @@ absl::Status SiluMulRows(const kernels::OpContext& ctx, float* gate, const float
   return kernels::SiluMul(ctx, p);
 }
 
+// DeepSeek's yarn magnitude correction: 0.1 m ln(s) + 1, or 1 for s <= 1.
+double YarnMscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+// DeepSeek's yarn inverse frequencies (DeepseekV2YarnRotaryEmbedding), computed in double:
+// dims below the correction range keep theta^(-2i/d), dims above it are divided by factor, a
+// linear ramp blends the range between.
+std::vector<float> YarnInvFreq(int64_t dim, double theta, const YarnRopeScaling& y) {
+  const double factor = y.factor, old = y.original_max_position_embeddings;
+  auto correction = [&](double rotations) {
+    return static_cast<double>(dim) * std::log(old / (rotations * 2 * M_PI)) /
+           (2 * std::log(theta));
+  };
+  const double low = std::max(std::floor(correction(y.beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction(y.beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  std::vector<float> out(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const double extra = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim));
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    out[i] = static_cast<float>(extra / factor * ramp + extra * (1.0 - ramp));
+  }
+  return out;
+}
+
 absl::Status RmsNormRows(const kernels::OpContext& ctx, const float* in, const float* weight,
                          float* out, int64_t rows, int64_t dim, float eps) {
   kernels::RmsNormParams p;
@@ -132,6 +158,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
     rope.llama3.original_max_position_embeddings = c.rope_scaling->original_max_position_embeddings;
   }
   PD_ASSIGN_OR_RETURN(f->inv_freq_host_, kernels::ComputeRopeInvFreq(rope));
+  if (c.yarn.has_value()) {
+    f->inv_freq_host_ = YarnInvFreq(c.rope_dim(), c.rope_theta, *c.yarn);
+  }
 
   const int64_t t = options.max_batch_tokens;
   f->positions_.resize(2 * t);  // [0, t) cache slots, [t, 2t) RoPE positions
@@ -1023,6 +1052,18 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
   rp.k_token_stride = latent;
   rp.style = kernels::RopeStyle::kInterleaved;
   PD_RETURN_IF_ERROR(kernels::Rope(ctx_, rp));
+  if (c.yarn.has_value()) {
+    // yarn scales the rotated parts (Hugging Face multiplies cos and sin by the same factor).
+    const auto m = static_cast<float>(YarnMscale(c.yarn->factor, c.yarn->mscale) /
+                                      YarnMscale(c.yarn->factor, c.yarn->mscale_all_dim));
+    if (m != 1.0f) {
+      for (int64_t i = 0; i < num_tokens * heads * rope; ++i) mla_qpe_[i] *= m;
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        float* k = mla_latent_ + t * latent + rank;
+        for (int64_t d = 0; d < rope; ++d) k[d] *= m;
+      }
+    }
+  }
 
   // The entry is cached as the K and V halves of cache_kv_heads() heads (ModelConfig).
   const kernels::KvCacheView cache = CacheView(layer);
@@ -1047,7 +1088,11 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
   // is a MatMul whose rows are independent of how many there are and whose other shapes are
   // fixed per token (the heads, the widths, the token's own number of keys), so the logits are
   // bitwise the same however the tokens are batched or chunked.
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (c.yarn.has_value() && c.yarn->mscale_all_dim > 0.0f) {
+    const auto m = static_cast<float>(YarnMscale(c.yarn->factor, c.yarn->mscale_all_dim));
+    scale = scale * m * m;
+  }
   const int64_t head_rows = nope + vdim;
   // f32 matrices (kv_b_proj and its transpose, the step's own activations): never int8.
   auto matmul = [&](const float* x, int64_t x_stride, const float* wm, float* y, int64_t y_stride,

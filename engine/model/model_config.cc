@@ -169,6 +169,21 @@ absl::Status ModelConfig::Validate() const {
       return invalid("MLA with a sliding window is not supported");
     }
   }
+  if (yarn.has_value()) {
+    const YarnRopeScaling& y = *yarn;
+    if (!mla() || rope_scaling.has_value() || !PositiveFinite(y.factor) ||
+        y.original_max_position_embeddings <= 0 || !PositiveFinite(y.beta_fast) ||
+        !PositiveFinite(y.beta_slow) || !std::isfinite(y.mscale) || y.mscale < 0.0f ||
+        !std::isfinite(y.mscale_all_dim) || y.mscale_all_dim < 0.0f) {
+      return invalid(absl::StrCat(
+          "yarn rope scaling needs an MLA model without llama3 scaling, factor, beta_fast, "
+          "beta_slow and original_max_position_embeddings > 0, mscale and mscale_all_dim >= 0; "
+          "got factor ",
+          y.factor, ", original_max_position_embeddings ", y.original_max_position_embeddings,
+          ", beta_fast ", y.beta_fast, ", beta_slow ", y.beta_slow, ", mscale ", y.mscale,
+          ", mscale_all_dim ", y.mscale_all_dim));
+    }
+  }
   if (sliding_window < 0) {
     return invalid(absl::StrCat("sliding_window ", sliding_window, " is negative"));
   }

@@ -69,6 +69,24 @@ struct Llama3RopeScaling {
   friend bool operator==(const Llama3RopeScaling&, const Llama3RopeScaling&) = default;
 };
 
+// DeepSeek's `rope_scaling` with "type": "yarn" (DeepseekV2YarnRotaryEmbedding): the rotated
+// dims' frequencies blend between the original ones and the ones divided by `factor` over the
+// dims between the correction range of beta_fast and beta_slow rotations in
+// original_max_position_embeddings; the rotated q and k are scaled by
+// mscale(factor, mscale) / mscale(factor, mscale_all_dim) and, when mscale_all_dim is set, the
+// attention scale by mscale(factor, mscale_all_dim)^2, with mscale(s, m) = 0.1 m ln(s) + 1
+// (1 for s <= 1). MLA models only.
+struct YarnRopeScaling {
+  float factor = 1.0f;                              // > 0
+  int32_t original_max_position_embeddings = 4096;  // > 0
+  float beta_fast = 32.0f;                          // > 0
+  float beta_slow = 1.0f;                           // > 0
+  float mscale = 1.0f;                              // >= 0
+  float mscale_all_dim = 0.0f;                      // >= 0; 0 = unset
+
+  friend bool operator==(const YarnRopeScaling&, const YarnRopeScaling&) = default;
+};
+
 struct ModelConfig {
   // A bos_id meaning "this model has no beginning-of-sequence token".
   static constexpr uint32_t kNoToken = std::numeric_limits<uint32_t>::max();
@@ -92,6 +110,7 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   RopeForm rope_form = RopeForm::kInterleaved;
   std::optional<Llama3RopeScaling> rope_scaling;  // absent = plain RoPE
+  std::optional<YarnRopeScaling> yarn;            // DeepSeek's yarn (MLA only); absent = none
   float rms_norm_eps = 1e-5f;
   bool qkv_bias = false;  // q_proj, k_proj, v_proj carry a bias (Qwen2)
   // Each head of q and of k is RMS-normalized (weights [head_dim], rms_norm_eps) after the

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "engine/model/fp8_block.h"
 #include "kernels/convert.h"
 #include "kernels/matmul_params.h"
 #include "kernels/type_names.h"
@@ -73,8 +75,43 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
   w.fingerprint = model.Fingerprint();
   w.dtype = w.config.weight_dtype;
   w.embedding_dtype = w.config.weight_dtype;
-  w.embedding = model.embed_tokens().data;
-  w.classifier = model.lm_head().data;
+  // Block-scaled fp8 tensors (fp8_block.h) are dequantized into owned storage of w.dtype, once
+  // each (a tied classifier is the embedding's copy); the others stay views.
+  PD_ASSIGN_OR_RETURN(std::optional<Fp8BlockSize> fp8, LoadFp8Quantization(model.dir()));
+  absl::flat_hash_map<const void*, std::string> names;
+  absl::flat_hash_map<const void*, const void*> dequantized;
+  if (fp8.has_value()) {
+    for (const auto& [name, view] : model.weights().tensors()) names[view.data] = name;
+  }
+  auto dequantize = [&](const TensorView& t, kernels::DType dtype) -> absl::StatusOr<const void*> {
+    auto it = names.find(t.data);
+    const TensorView* scale =
+        it == names.end() ? nullptr : model.weights().Find(Fp8ScaleName(it->second));
+    if (!fp8.has_value() || scale == nullptr) {
+      return absl::InvalidArgumentError("weights: an fp8 tensor without its block scales");
+    }
+    PD_RETURN_IF_ERROR(CheckFp8Scale(it->second, t, *scale, *fp8));
+    const int64_t bytes = t.num_elements() * kernels::DTypeSize(dtype);
+    auto storage = std::make_unique<float[]>(static_cast<size_t>((bytes + 3) / 4));
+    DequantizeFp8Block(t, *scale, *fp8, dtype, storage.get());
+    w.owned.push_back(std::move(storage));
+    return static_cast<const void*>(w.owned.back().get());
+  };
+  auto matrix = [&](const TensorView& t) -> absl::StatusOr<const void*> {
+    if (t.dtype != SafetensorsDtype::kF8E4M3 || t.data == nullptr) return t.data;
+    auto it = dequantized.find(t.data);
+    if (it != dequantized.end()) return it->second;
+    PD_ASSIGN_OR_RETURN(const void* out, dequantize(t, w.dtype));
+    dequantized[t.data] = out;
+    return out;
+  };
+  auto owned_f32 = [&](const TensorView& t) -> absl::StatusOr<const float*> {
+    if (t.dtype != SafetensorsDtype::kF8E4M3) return OwnedF32(t, &w);
+    PD_ASSIGN_OR_RETURN(const void* out, dequantize(t, kernels::DType::kF32));
+    return static_cast<const float*>(out);
+  };
+  PD_ASSIGN_OR_RETURN(w.embedding, matrix(model.embed_tokens()));
+  PD_ASSIGN_OR_RETURN(w.classifier, matrix(model.lm_head()));
   PD_ASSIGN_OR_RETURN(w.final_norm, OwnedF32(model.norm(), &w));
   w.layers.resize(w.config.n_layers);
   for (int l = 0; l < w.config.n_layers; ++l) {
@@ -82,18 +119,18 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
     LayerWeights& lw = w.layers[l];
     PD_ASSIGN_OR_RETURN(lw.attn_norm, OwnedF32(hl.input_layernorm, &w));
     PD_ASSIGN_OR_RETURN(lw.ffn_norm, OwnedF32(hl.post_attention_layernorm, &w));
-    lw.wq = hl.q_proj.data;
-    lw.wk = hl.k_proj.data;
-    lw.wv = hl.v_proj.data;
-    lw.wo = hl.o_proj.data;
+    PD_ASSIGN_OR_RETURN(lw.wq, matrix(hl.q_proj));
+    PD_ASSIGN_OR_RETURN(lw.wk, matrix(hl.k_proj));
+    PD_ASSIGN_OR_RETURN(lw.wv, matrix(hl.v_proj));
+    PD_ASSIGN_OR_RETURN(lw.wo, matrix(hl.o_proj));
     if (w.config.mla()) {
       if (hl.q_a_proj.has_value()) {
-        lw.wq_a = hl.q_a_proj->data;
+        PD_ASSIGN_OR_RETURN(lw.wq_a, matrix(*hl.q_a_proj));
         PD_ASSIGN_OR_RETURN(lw.q_a_norm, OwnedF32(*hl.q_a_layernorm, &w));
       }
-      lw.wkv_a = hl.kv_a_proj.data;
+      PD_ASSIGN_OR_RETURN(lw.wkv_a, matrix(hl.kv_a_proj));
       PD_ASSIGN_OR_RETURN(lw.kv_a_norm, OwnedF32(hl.kv_a_layernorm, &w));
-      PD_ASSIGN_OR_RETURN(lw.wkv_b, OwnedF32(hl.kv_b_proj, &w));
+      PD_ASSIGN_OR_RETURN(lw.wkv_b, owned_f32(hl.kv_b_proj));
       const ModelConfig& c = w.config;
       const int64_t rank = c.kv_lora_rank, nope = c.qk_nope_head_dim;
       auto wuk_t = std::make_unique<float[]>(int64_t{c.n_heads} * rank * nope);
@@ -107,25 +144,25 @@ absl::StatusOr<ModelWeights> WeightsFromHf(const HfModel& model) {
       w.owned.push_back(std::move(wuk_t));
     }
     if (w.config.moe_layer(l)) {
-      lw.router = hl.router.data;
+      PD_ASSIGN_OR_RETURN(lw.router, matrix(hl.router));
       if (hl.router_bias.has_value()) {
         PD_ASSIGN_OR_RETURN(lw.router_bias, OwnedF32(*hl.router_bias, &w));
       }
       if (hl.shared.has_value()) {
-        lw.w_shared_gate = hl.shared->gate_proj.data;
-        lw.w_shared_up = hl.shared->up_proj.data;
-        lw.w_shared_down = hl.shared->down_proj.data;
+        PD_ASSIGN_OR_RETURN(lw.w_shared_gate, matrix(hl.shared->gate_proj));
+        PD_ASSIGN_OR_RETURN(lw.w_shared_up, matrix(hl.shared->up_proj));
+        PD_ASSIGN_OR_RETURN(lw.w_shared_down, matrix(hl.shared->down_proj));
       }
       lw.experts.resize(hl.experts.size());
       for (size_t e = 0; e < hl.experts.size(); ++e) {
-        lw.experts[e].w_gate = hl.experts[e].gate_proj.data;
-        lw.experts[e].w_up = hl.experts[e].up_proj.data;
-        lw.experts[e].w_down = hl.experts[e].down_proj.data;
+        PD_ASSIGN_OR_RETURN(lw.experts[e].w_gate, matrix(hl.experts[e].gate_proj));
+        PD_ASSIGN_OR_RETURN(lw.experts[e].w_up, matrix(hl.experts[e].up_proj));
+        PD_ASSIGN_OR_RETURN(lw.experts[e].w_down, matrix(hl.experts[e].down_proj));
       }
     } else {
-      lw.w_gate = hl.gate_proj.data;
-      lw.w_up = hl.up_proj.data;
-      lw.w_down = hl.down_proj.data;
+      PD_ASSIGN_OR_RETURN(lw.w_gate, matrix(hl.gate_proj));
+      PD_ASSIGN_OR_RETURN(lw.w_up, matrix(hl.up_proj));
+      PD_ASSIGN_OR_RETURN(lw.w_down, matrix(hl.down_proj));
     }
     if (hl.q_bias.has_value()) {
       PD_ASSIGN_OR_RETURN(lw.bq, OwnedF32(*hl.q_bias, &w));

@@ -159,17 +159,87 @@ uint64_t TensorKey(uint64_t seed, absl::string_view name) {
   return XXH3_64bits_withSeed(name.data(), name.size(), seed);
 }
 
+// Whether --fp8_block stores tensor `name` as fp8: the linear projections and experts, not
+// the embedding, lm_head, routers or vectors.
+bool Fp8Tensor(absl::string_view name, const std::vector<int64_t>& shape) {
+  return shape.size() == 2 && name != "model.embed_tokens.weight" && name != "lm_head.weight" &&
+         !absl::EndsWith(name, ".gate.weight");
+}
+
+// The power-of-two scale of each block of tensor `name`'s generated values (fp8's 448 holds the
+// block's largest magnitude), [ceil(rows / b)][ceil(cols / b)].
+std::vector<float> Fp8Scales(const std::vector<float>& values, int64_t rows, int64_t cols,
+                             int64_t b) {
+  const int64_t br = (rows + b - 1) / b, bc = (cols + b - 1) / b;
+  std::vector<float> amax(static_cast<size_t>(br * bc), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float& m = amax[(r / b) * bc + c / b];
+      m = std::max(m, std::fabs(values[r * cols + c]));
+    }
+  }
+  for (float& m : amax) m = m > 0 ? std::exp2(std::ceil(std::log2(m / 448.0f))) : 1.0f;
+  return amax;
+}
+
 absl::Status WriteWeights(const MakeModelOptions& options, const ModelConfig& config,
                           const std::string& path, MakeModelResult* result) {
   const SafetensorsDtype dtype = FromKernelDType(config.weight_dtype);
   std::vector<SafetensorsTensorSpec> specs;
+  const int64_t block = options.fp8_block;
   for (HfTensorRequirement& req : HfRequiredTensors(config)) {
+    if (block > 0 && Fp8Tensor(req.name, req.shape)) {
+      const int64_t rows = req.shape[0], cols = req.shape[1];
+      specs.push_back({req.name + "_scale_inv",
+                       SafetensorsDtype::kF32,
+                       {(rows + block - 1) / block, (cols + block - 1) / block}});
+      specs.push_back({std::move(req.name), SafetensorsDtype::kF8E4M3, std::move(req.shape)});
+      continue;
+    }
     specs.push_back({std::move(req.name), dtype, std::move(req.shape)});
   }
   PD_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::Create(path, std::move(specs)));
   std::vector<float> f32(kChunkElements);
   std::vector<uint16_t> half(kChunkElements);
   for (const SafetensorsTensorSpec& spec : writer.order()) {
+    if (spec.dtype == SafetensorsDtype::kF8E4M3 || absl::EndsWith(spec.name, "_scale_inv")) {
+      // fp8: the tensor's values are generated whole (its blocks need their maxima), then the
+      // codes or the scales written.
+      const bool scales = spec.dtype != SafetensorsDtype::kF8E4M3;
+      const std::string name =
+          scales ? spec.name.substr(0, spec.name.size() - std::strlen("_scale_inv")) : spec.name;
+      std::vector<int64_t> shape;
+      for (const SafetensorsTensorSpec& s : writer.order()) {
+        if (s.name == name) shape = s.shape;
+      }
+      const int64_t rows = shape[0], cols = shape[1];
+      const auto [center, amplitude] = InitOf(name, shape);
+      const uint64_t key = TensorKey(options.seed, name);
+      std::vector<float> values(static_cast<size_t>(rows * cols));
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        values[i] = center + amplitude * UnitFromBits(SplitMix64At(key, i));
+      }
+      const std::vector<float> s = Fp8Scales(values, rows, cols, block);
+      if (scales) {
+        PD_RETURN_IF_ERROR(writer.Append(s.data(), s.size() * sizeof(float)));
+        result->num_parameters += s.size();
+      } else {
+        const int64_t bc = (cols + block - 1) / block;
+        std::vector<uint8_t> codes(values.size());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            codes[r * cols + c] =
+                kernels::F32ToE4M3(values[r * cols + c] / s[(r / block) * bc + c / block]);
+          }
+        }
+        PD_RETURN_IF_ERROR(writer.Append(codes.data(), codes.size()));
+        result->num_parameters += codes.size();
+      }
+      if (options.progress) {
+        options.progress(writer.written_bytes(), writer.data_bytes());
+      }
+      continue;
+    }
     const auto [center, amplitude] = InitOf(spec.name, spec.shape);
     const uint64_t key = TensorKey(options.seed, spec.name);
     const uint64_t n = spec.size_bytes() / SafetensorsDtypeSize(dtype);
@@ -253,7 +323,8 @@ absl::Status MakeModelOptions::Validate() const {
       {"kv_lora_rank", kv_lora_rank},
       {"qk_rope_head_dim", qk_rope_head_dim},
       {"n_shared_experts", n_shared_experts.value_or(0)},
-      {"first_k_dense_replace", first_k_dense_replace.value_or(0)}};
+      {"first_k_dense_replace", first_k_dense_replace.value_or(0)},
+      {"fp8_block", fp8_block}};
   for (const auto& [name, value] : overrides) {
     if (value < 0) {
       return absl::InvalidArgumentError(absl::StrCat(name, " is ", value, ", must be >= 0"));
@@ -419,6 +490,14 @@ absl::StatusOr<MakeModelResult> MakeModel(const MakeModelOptions& options) {
     return ErrnoToStatus(errno, "unlink", index);
   }
   PD_ASSIGN_OR_RETURN(std::string config_json, HfConfigJson(c));
+  if (options.fp8_block > 0) {
+    nlohmann::json j = nlohmann::json::parse(config_json);
+    j["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {options.fp8_block, options.fp8_block}}};
+    config_json = j.dump(2) + "\n";
+  }
   PD_RETURN_IF_ERROR(WriteFile(absl::StrCat(dir, "/config.json"), config_json));
   PD_RETURN_IF_ERROR(
       WriteFile(absl::StrCat(dir, "/generation_config.json"), HfGenerationConfigJson(c)));

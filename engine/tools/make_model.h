@@ -75,6 +75,11 @@ struct MakeModelOptions {
   int32_t qk_rope_head_dim = 0;
   std::optional<int32_t> n_shared_experts;
   std::optional<int32_t> first_k_dense_replace;
+  // > 0: write every linear projection (attention, MLP, experts; not the embedding, lm_head or
+  // routers) as block-scaled fp8 E4M3 with blocks of fp8_block x fp8_block and power-of-two
+  // weight_scale_inv, and config.json's quantization_config (engine/model/fp8_block.h): the
+  // format of DeepSeek-V3's and Qwen3-FP8's checkpoints.
+  int32_t fp8_block = 0;
   // An existing non-empty out_dir is an error unless set; then our files are overwritten (and a
   // stale model.safetensors.index.json removed), other files are left alone.
   bool force = false;

@@ -46,6 +46,9 @@ ABSL_FLAG(int32_t, qk_rope_head_dim, 0,
 ABSL_FLAG(int32_t, n_shared_experts, -1, "deepseek: shared experts (-1 = 1)");
 ABSL_FLAG(int32_t, first_k_dense_replace, -1,
           "deepseek: leading dense layers (-1 = 1; num_layers = every MLP dense)");
+ABSL_FLAG(int32_t, fp8_block, 0,
+          "> 0: linear projections as block-scaled fp8 E4M3 (blocks of N x N), as DeepSeek-V3's "
+          "and Qwen3-FP8's checkpoints");
 ABSL_FLAG(std::string, norm_topk_prob, "",
           "qwen3_moe: true | false, renormalize the chosen experts' weights (default true)");
 
@@ -74,6 +77,7 @@ absl::StatusOr<pd::engine::MakeModelOptions> OptionsFromFlags() {
   o.num_experts_per_tok = absl::GetFlag(FLAGS_num_experts_per_tok);
   o.moe_intermediate_size = absl::GetFlag(FLAGS_moe_intermediate_size);
   o.q_lora_rank = absl::GetFlag(FLAGS_q_lora_rank);
+  o.fp8_block = absl::GetFlag(FLAGS_fp8_block);
   o.kv_lora_rank = absl::GetFlag(FLAGS_kv_lora_rank);
   o.qk_rope_head_dim = absl::GetFlag(FLAGS_qk_rope_head_dim);
   if (absl::GetFlag(FLAGS_n_shared_experts) >= 0) {

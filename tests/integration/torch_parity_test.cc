@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/testing/subprocess.h"
 #include "common/testing/temp_dir.h"
 #include "engine/kvcache/kv_cache_manager.h"
@@ -297,6 +298,8 @@ struct HfCase {
   std::optional<bool> norm_topk_prob;            // Qwen3-MoE
   int32_t q_lora_rank = 0;                       // DeepSeek
   std::optional<int32_t> first_k_dense_replace;  // DeepSeek
+  std::string rope_scaling;                      // replaces config.json's null rope_scaling
+  int32_t fp8_block = 0;                         // block-scaled fp8 projections
   friend void PrintTo(const HfCase& c, std::ostream* os) { *os << c.name; }
 };
 
@@ -317,8 +320,18 @@ TEST_P(TorchParityHfTest, TinyModelPrefillAndDecode) {
   options.norm_topk_prob = GetParam().norm_topk_prob;
   options.q_lora_rank = GetParam().q_lora_rank;
   options.first_k_dense_replace = GetParam().first_k_dense_replace;
+  options.fp8_block = GetParam().fp8_block;
   absl::StatusOr<MakeModelResult> made = MakeModel(options);
   ASSERT_TRUE(made.ok()) << made.status();
+  if (!GetParam().rope_scaling.empty()) {
+    const std::string path = options.out_dir + "/config.json";
+    std::ifstream in(path);
+    std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string patched =
+        absl::StrReplaceAll(json, {{"\"rope_scaling\": null", GetParam().rope_scaling}});
+    ASSERT_NE(patched, json);
+    std::ofstream(path) << patched;
+  }
   std::vector<uint32_t> prompt;
   for (uint32_t i = 0; i < 37; ++i) prompt.push_back((i * 97 + 11) % 400);  // crosses blocks
   // 64 greedy steps (issue #34: tokens identical for 64 steps).
@@ -356,7 +369,21 @@ INSTANTIATE_TEST_SUITE_P(
                              std::nullopt, 24},
                       HfCase{"DeepseekV3F32", Architecture::kDeepseekV3, kernels::DType::kF32, 0,
                              std::nullopt, 24},
-                      HfCase{"DeepseekV3Bf16", Architecture::kDeepseekV3, kernels::DType::kBF16}),
+                      HfCase{"DeepseekV3Bf16", Architecture::kDeepseekV3, kernels::DType::kBF16},
+                      // DeepSeek's yarn: frequencies blended over a short original context,
+                      // the rotated parts scaled by mscale(8, 1) / mscale(8, 0.5) = 1.094
+                      // and the attention scale by mscale(8, 0.5)^2 = 1.219.
+                      HfCase{"DeepseekV2YarnF32", Architecture::kDeepseekV2, kernels::DType::kF32,
+                             0, std::nullopt, 24, std::nullopt,
+                             "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 8, "
+                             "\"original_max_position_embeddings\": 32, \"beta_fast\": 32, "
+                             "\"beta_slow\": 1, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}"},
+                      // Block-scaled fp8 projections (DeepSeek-V3's and Qwen3-FP8's format),
+                      // dequantized at load; the oracle dequantizes in f32.
+                      HfCase{"LlamaFp8", std::nullopt, kernels::DType::kBF16, 0, std::nullopt, 0,
+                             std::nullopt, "", 16},
+                      HfCase{"DeepseekV3Fp8", Architecture::kDeepseekV3, kernels::DType::kBF16, 0,
+                             std::nullopt, 24, std::nullopt, "", 16}),
     [](const ::testing::TestParamInfo<HfCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -9,7 +9,10 @@ writes them in the PDRL binary format described in README.md next to this file.
       [--logprobs-out FILE [--top-logprobs K]]
 
 Hugging Face families: Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, and DeepSeek-V2 / V3
-(multi-head latent attention + DeepSeekMoE; not with --window-tokens).
+(multi-head latent attention + DeepSeekMoE; not with --window-tokens). Weights may be F32, BF16,
+F16, or block-scaled fp8 (F8_E4M3 + weight_scale_inv, quantization_config quant_method "fp8", as
+DeepSeek-V3 / Qwen3-*-FP8 publish them), dequantized to f32 at load; activations are never
+quantized.
 
 Only torch (1.13, Debian's python3-torch), numpy and the standard library are used.
 """
@@ -29,8 +32,30 @@ import torch
 # ----------------------------------------------------------------------------------------
 
 
-def read_safetensors(path):
-    """Parses a .safetensors file: u64 LE header length, JSON header, raw tensor bytes."""
+def e4m3_table():
+    """The f32 value of each of the 256 fp8 E4M3 (OCP E4M3FN) codes: 1 sign bit, 4 exponent bits
+    (bias 7), 3 mantissa bits; no infinities; exponent 15 with mantissa 7 is NaN; exponent 0 is
+    subnormal: (-1)^s * 2^-6 * m/8."""
+    lut = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        sign, e, m = -1.0 if b & 0x80 else 1.0, (b >> 3) & 0xF, b & 0x7
+        if e == 15 and m == 7:
+            v = float("nan")
+        elif e == 0:
+            v = sign * math.ldexp(m / 8.0, -6)
+        else:
+            v = sign * math.ldexp(1.0 + m / 8.0, e - 7)
+        lut[b] = v
+    return lut
+
+
+E4M3_TABLE = e4m3_table()
+
+
+def read_safetensors(path, fp8_names=None):
+    """Parses a .safetensors file: u64 LE header length, JSON header, raw tensor bytes.
+    F8_E4M3 tensors are decoded to f32 (without their scales) and their names added to the
+    set `fp8_names` when one is given (see dequantize_fp8_blocks)."""
     with open(path, "rb") as f:
         data = f.read()
     (hlen,) = struct.unpack_from("<Q", data, 0)
@@ -49,10 +74,51 @@ def read_safetensors(path):
             arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         elif dt == "F16":
             arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        elif dt == "F8_E4M3":
+            arr = E4M3_TABLE[np.frombuffer(raw, dtype=np.uint8)]
+            if fp8_names is not None:
+                fp8_names.add(name)
         else:
             raise ValueError(f"{path}: tensor {name} has unsupported dtype {dt}")
         out[name] = torch.from_numpy(arr.reshape(info["shape"]).copy())
     return out
+
+
+def dequantize_fp8_blocks(c, t, fp8_names, model_dir):
+    """Block-scaled fp8 checkpoints (DeepSeek-V3, Qwen3-*-FP8; config.json quantization_config
+    {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [br, bc]}): every F8_E4M3
+    `X.weight` [rows, cols] comes with `X.weight_scale_inv` [ceil(rows/br), ceil(cols/bc)]
+    (F32 or BF16), and W[r][c] = e4m3(q[r][c]) * scale_inv[r // br][c // bc], in f32.
+    Replaces each such weight in `t` by that f32 tensor and drops its scale."""
+    if not fp8_names:
+        return
+    qc = c.get("quantization_config") or {}
+    if qc.get("quant_method") != "fp8" or qc.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"{model_dir}: F8_E4M3 tensors (e.g. {sorted(fp8_names)[0]}) but "
+                         f"quantization_config is {qc or None}, not quant_method fp8 / fmt e4m3")
+    block = qc.get("weight_block_size")
+    if not (isinstance(block, (list, tuple)) and len(block) == 2 and
+            all(isinstance(b, int) and b > 0 for b in block)):
+        raise ValueError(f"{model_dir}: quantization_config.weight_block_size must be "
+                         f"[rows, cols] > 0, got {block!r}")
+    br, bc = block
+    for name in sorted(fp8_names):
+        sname = name + "_scale_inv"
+        if sname not in t:
+            raise ValueError(f"{model_dir}: F8_E4M3 tensor {name} has no {sname}")
+        q, s = t[name], t[sname]
+        if q.dim() != 2:
+            raise ValueError(f"{model_dir}: F8_E4M3 tensor {name} has shape {list(q.shape)}, "
+                             f"expected a 2-D weight")
+        rows, cols = q.shape
+        want = [-(-rows // br), -(-cols // bc)]
+        if list(s.shape) != want:
+            raise ValueError(f"{model_dir}: {sname} has shape {list(s.shape)}, expected {want} "
+                             f"(ceil of {name}'s [{rows}, {cols}] / weight_block_size "
+                             f"[{br}, {bc}])")
+        s = s.repeat_interleave(br, dim=0).repeat_interleave(bc, dim=1)[:rows, :cols]
+        t[name] = (q * s).contiguous()
+        del t[sname]
 
 
 def inv_freq_default(head_dim, theta):
@@ -99,9 +165,10 @@ def load_hf(model_dir):
             files = sorted(set(json.load(f)["weight_map"].values()))
     else:
         files = ["model.safetensors"]
-    t = {}
+    t, fp8_names = {}, set()
     for name in files:
-        t.update(read_safetensors(os.path.join(model_dir, name)))
+        t.update(read_safetensors(os.path.join(model_dir, name), fp8_names))
+    dequantize_fp8_blocks(c, t, fp8_names, model_dir)
     if arch in DEEPSEEK_ARCHS:
         return load_deepseek(c, t, arch)
 
