@@ -138,20 +138,33 @@ Engine& GetEngine() {
       e->weight_bytes += n * dsize;
     }
     // Per token: attention, and the dense MLP or the router and the chosen experts.
-    const int64_t mlp_params =
-        c.moe() ? static_cast<int64_t>(c.n_experts) * c.dim +
-                      static_cast<int64_t>(c.n_experts_per_tok) * 3 * c.moe_hidden_dim * c.dim
-                : 3 * static_cast<int64_t>(c.hidden_dim) * c.dim;
-    e->layer_matmul_params = static_cast<int64_t>(c.n_layers) *
-                             (2 * c.q_dim() * c.dim + 2 * static_cast<int64_t>(c.kv_dim) * c.dim +
-                              mlp_params);
+    // (Summed over the layers: DeepSeek's first layers are dense, the rest have experts and
+    // a shared expert.)
+    int64_t mlp_params = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      mlp_params +=
+          c.moe_layer(l)
+              ? static_cast<int64_t>(c.n_experts) * c.dim +
+                    static_cast<int64_t>(c.n_experts_per_tok + c.n_shared_experts) * 3 *
+                        c.moe_hidden_dim * c.dim
+              : 3 * static_cast<int64_t>(c.hidden_dim) * c.dim;
+    }
+    // MLA: q (or q_a and q_b), kv_a, kv_b (absorbed into the query and the output) and o_proj.
+    const int64_t attention_params =
+        c.mla() ? (c.q_lora_rank > 0 ? int64_t{c.q_lora_rank} * (c.dim + c.q_dim())
+                                     : c.q_dim() * c.dim) +
+                      int64_t{c.mla_latent_dim()} * c.dim +
+                      int64_t{c.n_heads} * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank +
+                      c.attn_out_dim() * c.dim
+                : 2 * c.q_dim() * c.dim + 2 * static_cast<int64_t>(c.kv_dim) * c.dim;
+    e->layer_matmul_params = static_cast<int64_t>(c.n_layers) * attention_params + mlp_params;
     if (c.moe()) {
       e->expert_bytes = 3 * static_cast<int64_t>(c.moe_hidden_dim) * c.dim * dsize;
       e->expert_bytes_i8 =
           3 * static_cast<int64_t>(c.moe_hidden_dim) * c.dim + 4 * (2 * c.moe_hidden_dim + c.dim);
     }
-    const kvcache::KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kBlockSize,
-                                   kernels::DType::kF32};
+    const kvcache::KvLayout layout{c.n_layers, c.cache_kv_heads(), c.cache_head_dim(),
+                                   kBlockSize, kernels::DType::kF32};
     e->kv_bytes_per_token = layout.block_bytes() / kBlockSize;
     e->decode_blocks = (kPromptTokens + kDecodeSteps + kBlockSize - 1) / kBlockSize;
     e->prefill_first_block = kMaxDecodeBatch * e->decode_blocks;
@@ -399,8 +412,14 @@ void BM_Decode(benchmark::State& state) {
   double flops = 0;
   // Mixture of experts: the experts' bytes are counted per step, for the experts it used.
   const int64_t expert_bytes = int8 ? e.expert_bytes_i8 : e.expert_bytes;
-  const int64_t fixed_bytes =
-      weight_bytes - static_cast<int64_t>(c.n_layers) * c.n_experts * expert_bytes;
+  int64_t moe_layers = 0;
+  for (int l = 0; l < c.n_layers; ++l) moe_layers += c.moe_layer(l) ? 1 : 0;
+  const int64_t fixed_bytes = weight_bytes - moe_layers * c.n_experts * expert_bytes;
+  // Attention flops per cached key: q.k and p.v per head, or MLA's absorbed scores over the
+  // latent entry and the weighted sum of its kv_lora_rank part.
+  const double attention_flops_per_key =
+      c.mla() ? 2.0 * (c.mla_latent_dim() + c.kv_lora_rank) * c.n_heads
+              : 4.0 * c.head_dim * c.n_heads;
   std::vector<int64_t> experts_before;
   double experts_read = 0;
   auto run_step = [&]() -> int64_t {  // returns the bytes the step read
@@ -409,19 +428,19 @@ void BM_Decode(benchmark::State& state) {
       seqs[s] = {absl::MakeConstSpan(&tokens[(step % kDecodeSteps) * batch + s], 1), pos,
                  tables[s]};
     }
-    if (c.moe()) experts_before = forward->expert_tokens();
+    if (moe_layers > 0) experts_before = forward->expert_tokens();
     const absl::Status status = forward->Forward(seqs, logits.data());
     if (!status.ok()) Die("decode step", status);
     ++step;
     flops += static_cast<double>(batch) *
              (2.0 * static_cast<double>(e.layer_matmul_params + vocab * c.dim) +
-              4.0 * c.head_dim * c.n_heads * c.n_layers * static_cast<double>(pos + 1));
+              attention_flops_per_key * c.n_layers * static_cast<double>(pos + 1));
     int64_t weights_read = weight_bytes;
-    if (c.moe()) {
+    if (moe_layers > 0) {
       int64_t used = 0;
       const std::vector<int64_t>& after = forward->expert_tokens();
       for (size_t i = 0; i < after.size(); ++i) used += after[i] > experts_before[i] ? 1 : 0;
-      experts_read += static_cast<double>(used) / c.n_layers;
+      experts_read += static_cast<double>(used) / static_cast<double>(moe_layers);
       weights_read = fixed_bytes + used * expert_bytes;
     }
     return weights_read + batch * (pos + 1) * e.kv_bytes_per_token;
@@ -446,7 +465,7 @@ void BM_Decode(benchmark::State& state) {
   // Compute done per second (matmuls and attention), to compare with the prefill GEMM ceiling:
   // large batches become compute bound on few cores.
   state.counters["GFLOPps"] = flops / seconds.count() / 1e9;
-  if (c.moe()) {
+  if (moe_layers > 0) {
     state.counters["experts_per_layer"] = experts_read / static_cast<double>(state.iterations());
   }
 }
@@ -477,7 +496,8 @@ void BM_DecodeKvDType(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(2));
   Engine& e = GetEngine();
   const ModelConfig& c = e.weights.config;
-  const kvcache::KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kBlockSize, dtype};
+  const kvcache::KvLayout layout{c.n_layers, c.cache_kv_heads(), c.cache_head_dim(), kBlockSize,
+                                 dtype};
   const int64_t num_blocks = context / kBlockSize + 1;
   memory::HostKvPoolOptions pool_options;
   pool_options.populate = true;
@@ -505,7 +525,7 @@ void BM_DecodeKvDType(benchmark::State& state) {
         w.k_token_stride = c.kv_dim;
         w.v_token_stride = c.kv_dim;
         w.cache = kernels::DenseKvCacheView((*pool)->base(), dtype, num_blocks, c.n_layers,
-                                            c.n_kv_heads, kBlockSize, c.head_dim, l);
+                                            c.cache_kv_heads(), kBlockSize, c.cache_head_dim(), l);
         w.num_tokens = n;
         w.positions = pos.data();
         w.block_tables = table.data();
