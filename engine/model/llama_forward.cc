@@ -867,6 +867,23 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
                 true);
 }
 
+absl::Status LlamaForward::WriteNewKv(const float* k, const float* v, int64_t token_stride,
+                                      const kernels::KvCacheView& cache, int64_t num_tokens) {
+  kernels::WriteKvParams write;
+  write.k = k;
+  write.v = v;
+  write.k_token_stride = token_stride;
+  write.v_token_stride = token_stride;
+  write.cache = cache;
+  write.num_tokens = num_tokens;
+  write.positions = d_positions_;
+  write.token_seq = d_token_seq_;
+  write.block_tables = d_block_tables_;
+  write.num_seqs = static_cast<int64_t>(slots_.size());
+  write.max_blocks_per_seq = max_blocks_per_seq_;
+  return kernels::WriteKv(ctx_, write);
+}
+
 absl::Status LlamaForward::Attention(int layer, int64_t num_tokens) {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_->layers[layer];
@@ -897,19 +914,7 @@ absl::Status LlamaForward::Attention(int layer, int64_t num_tokens) {
   PD_RETURN_IF_ERROR(kernels::Rope(ctx_, rope));
 
   const kernels::KvCacheView cache = CacheView(layer);
-  kernels::WriteKvParams write;
-  write.k = k_;
-  write.v = v_;
-  write.k_token_stride = c.kv_dim;
-  write.v_token_stride = c.kv_dim;
-  write.cache = cache;
-  write.num_tokens = num_tokens;
-  write.positions = d_positions_;
-  write.token_seq = d_token_seq_;
-  write.block_tables = d_block_tables_;
-  write.num_seqs = static_cast<int64_t>(slots_.size());
-  write.max_blocks_per_seq = max_blocks_per_seq_;
-  PD_RETURN_IF_ERROR(kernels::WriteKv(ctx_, write));
+  PD_RETURN_IF_ERROR(WriteNewKv(k_, v_, c.kv_dim, cache, num_tokens));
 
   if (num_decode_slots_ > 0) {
     kernels::DecodeAttentionParams d;
@@ -1067,19 +1072,7 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
 
   // The entry is cached as the K and V halves of cache_kv_heads() heads (ModelConfig).
   const kernels::KvCacheView cache = CacheView(layer);
-  kernels::WriteKvParams write;
-  write.k = mla_latent_;
-  write.v = mla_latent_ + latent / 2;
-  write.k_token_stride = latent;
-  write.v_token_stride = latent;
-  write.cache = cache;
-  write.num_tokens = num_tokens;
-  write.positions = d_positions_;
-  write.token_seq = d_token_seq_;
-  write.block_tables = d_block_tables_;
-  write.num_seqs = static_cast<int64_t>(slots_.size());
-  write.max_blocks_per_seq = max_blocks_per_seq_;
-  PD_RETURN_IF_ERROR(kernels::WriteKv(ctx_, write));
+  PD_RETURN_IF_ERROR(WriteNewKv(mla_latent_, mla_latent_ + latent / 2, latent, cache, num_tokens));
 
   // Attention in the absorbed form, for decode and prefill alike (so a token's result does not
   // depend on which path computed it): head h's query in latent space is

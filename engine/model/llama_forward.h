@@ -204,6 +204,9 @@ class LlamaForward {
   // query attention over the paged cache, or multi-head latent attention (config_.mla(); kCpu).
   absl::Status Attention(int layer, int64_t num_tokens);
   absl::Status MlaAttention(int layer, int64_t num_tokens);
+  // Writes the step's new K and V rows (token_stride apart) into the pool at their positions.
+  absl::Status WriteNewKv(const float* k, const float* v, int64_t token_stride,
+                          const kernels::KvCacheView& cache, int64_t num_tokens);
   // The MLP block of a mixture-of-experts layer (config_.moe(); kCpu): routes the tokens
   // (moe_routing.h), runs each expert's SwiGLU MLP over the tokens routed to it, and adds
   // the weighted outputs (summed in expert order) to x_.

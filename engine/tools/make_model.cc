@@ -452,23 +452,17 @@ absl::StatusOr<ModelConfig> ResolveMakeModelConfig(const MakeModelOptions& o) {
     c.moe_n_group = v3 && c.n_experts % 4 == 0 ? 4 : 1;
     c.moe_topk_group = v3 && c.n_experts % 4 == 0 ? 2 : 1;
     c.moe_routed_scale = v3 ? 2.5f : 1.0f;
-    PD_ASSIGN_OR_RETURN(TokenizerLayout layout,
-                        ComputeTokenizerLayout(static_cast<uint32_t>(c.vocab_size)));
-    c.bos_id = layout.bos_id;
-    c.eos_id = layout.eos_id;
-    c.eos_ids = {layout.eos_id};
-    PD_RETURN_IF_ERROR(c.Validate());
-    return c;
-  }
-  if (o.head_dim > 0) {
-    c.head_dim = o.head_dim;  // (Qwen3's heads are wider than hidden_size / num_heads)
-  } else if (c.dim % c.n_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hidden_size ", c.dim, " is not a multiple of num_heads ", c.n_heads));
   } else {
-    c.head_dim = c.dim / c.n_heads;
+    if (o.head_dim > 0) {
+      c.head_dim = o.head_dim;  // (Qwen3's heads are wider than hidden_size / num_heads)
+    } else if (c.dim % c.n_heads != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden_size ", c.dim, " is not a multiple of num_heads ", c.n_heads));
+    } else {
+      c.head_dim = c.dim / c.n_heads;
+    }
+    c.kv_dim = c.n_kv_heads * c.head_dim;
   }
-  c.kv_dim = c.n_kv_heads * c.head_dim;
   PD_ASSIGN_OR_RETURN(TokenizerLayout layout,
                       ComputeTokenizerLayout(static_cast<uint32_t>(c.vocab_size)));
   c.bos_id = layout.bos_id;
