@@ -128,6 +128,37 @@ Head MatchHead(absl::string_view s, std::string* name, size_t* end) {
   return Head::kMatched;
 }
 
+// Mistral's newer templates (v11+) write a call as `[TOOL_CALLS]name[ARGS]{...}`; both markers
+// are control tokens that may decode as nothing.
+constexpr absl::string_view kMistralArgs = "[ARGS]";
+
+// The index just past the JSON object that `s` starts with ('{'), honouring strings and their
+// escapes; npos when it does not end within `s`.
+size_t JsonObjectEnd(absl::string_view s) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char ch = s[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '{' || ch == '[') {
+      ++depth;
+    } else if (ch == '}' || ch == ']') {
+      if (--depth == 0) return i + 1;
+      if (depth < 0) return absl::string_view::npos;
+    }
+  }
+  return absl::string_view::npos;
+}
+
 }  // namespace
 
 absl::string_view ToolCallFormatName(ToolCallFormat format) {
@@ -295,6 +326,67 @@ std::vector<ToolCallEvent> ToolCallParser::Feed(absl::string_view text) {
   return out;
 }
 
+ToolCallParser::Named ToolCallParser::NamedCallStart(absl::string_view rest) const {
+  bool maybe = false;
+  for (const std::string& name : names_) {
+    if (rest.size() < name.size()) {
+      maybe = maybe || absl::StartsWith(name, rest);
+      continue;
+    }
+    if (!absl::StartsWith(rest, name)) continue;
+    const absl::string_view after = rest.substr(name.size());
+    if (after.empty() || absl::StartsWith(kMistralArgs, after)) {
+      maybe = true;
+    } else if (after[0] == '{' || absl::StartsWith(after, kMistralArgs)) {
+      return Named::kYes;
+    }
+  }
+  return maybe ? Named::kMaybe : Named::kNo;
+}
+
+bool ToolCallParser::EmitNamedCalls(absl::string_view body, std::vector<ToolCallEvent>* out) {
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+  body = SkipSpace(body);
+  while (!body.empty()) {
+    if (absl::StartsWith(body, kMistralMarker))
+      body = SkipSpace(body.substr(kMistralMarker.size()));
+    // The longest offered name the text starts with.
+    const std::string* name = nullptr;
+    for (const std::string& n : names_) {
+      if (absl::StartsWith(body, n) && (name == nullptr || n.size() > name->size())) name = &n;
+    }
+    if (name == nullptr) return false;
+    body.remove_prefix(name->size());
+    if (absl::StartsWith(body, kMistralArgs)) body.remove_prefix(kMistralArgs.size());
+    body = SkipSpace(body);
+    if (body.empty() || body[0] != '{') return false;
+    const size_t end = JsonObjectEnd(body);
+    if (end == absl::string_view::npos) return false;
+    const absl::string_view object = body.substr(0, end);
+    if (JsonNestingDepth(object, kMaxCallDepth).depth > kMaxCallDepth) return false;
+    const ordered_json args = ordered_json::parse(object.begin(), object.end(), nullptr, false);
+    if (!args.is_object()) return false;
+    calls.emplace_back(*name, Dump(args));
+    body = SkipSpace(body.substr(end));
+  }
+  if (calls.empty()) return false;
+  for (auto& [name, args] : calls) {
+    ToolCallEvent start;
+    start.kind = ToolCallEvent::Kind::kCallStart;
+    start.index = num_calls_;
+    start.id = NewToolCallId();
+    start.name = name;
+    out->push_back(std::move(start));
+    ToolCallEvent piece;
+    piece.kind = ToolCallEvent::Kind::kArguments;
+    piece.index = num_calls_;
+    piece.text = std::move(args);
+    out->push_back(std::move(piece));
+    ++num_calls_;
+  }
+  return true;
+}
+
 void ToolCallParser::HeadFailed(std::vector<ToolCallEvent>* out) {
   if (mode_ == Mode::kEnforced) {
     // Not a call (the constraint makes one, so this is no output of this server's engine):
@@ -343,8 +435,7 @@ void ToolCallParser::RunCalls(std::vector<ToolCallEvent>* out) {
       // Only an offered function streams (enforced: the constraint names one); auto: only
       // one whose arguments are an object (a call that will not parse stays content; other
       // spellings are parsed whole).
-      if (head == Head::kMismatch || !Known(name) ||
-          (mode_ == Mode::kAuto && buf_[end] != '{')) {
+      if (head == Head::kMismatch || !Known(name) || (mode_ == Mode::kAuto && buf_[end] != '{')) {
         HeadFailed(out);
         return;
       }
@@ -526,10 +617,19 @@ void ToolCallParser::FeedWhole(std::vector<ToolCallEvent>* out) {
   if (state_ == State::kUndecided) {
     absl::string_view rest = SkipSpace(held_);
     if (rest.empty()) return;
-    if (!absl::StartsWith(rest, marker)) {  // the model announced a call
+    if (!absl::StartsWith(rest, marker)) {         // the model announced a call
       if (absl::StartsWith(marker, rest)) return;  // may still become the marker
       const bool call_like =
           rest[0] == '[' || (format_ == ToolCallFormat::kLlama3 && rest[0] == '{');
+      if (!call_like && format_ == ToolCallFormat::kMistral) {
+        // Mistral v11+: `name[ARGS]{...}` with the markers decoded as nothing or not.
+        const Named named = NamedCallStart(rest);
+        if (named == Named::kMaybe) return;
+        if (named == Named::kYes) {
+          state_ = State::kHold;  // parsed whole at the end (not streamed)
+          return;
+        }
+      }
       if (!call_like) {
         state_ = State::kText;
         Content(std::exchange(held_, std::string()), out);
@@ -570,7 +670,10 @@ std::vector<ToolCallEvent> ToolCallParser::Finish() {
     if (absl::StartsWith(body, marker)) body.remove_prefix(marker.size());
     body = SkipSpace(body);
     const bool list = !body.empty() && body[0] == '[';
-    if (!EmitCalls(body, list, &out)) Content(std::exchange(held_, std::string()), &out);
+    if (!EmitCalls(body, list, &out) &&
+        !(format_ == ToolCallFormat::kMistral && EmitNamedCalls(held_, &out))) {
+      Content(std::exchange(held_, std::string()), &out);
+    }
     held_.clear();
   };
   // kHermes: a call not complete (cut by max_tokens, or the model ended without the tag).

@@ -32,7 +32,9 @@ namespace pd::router::openai {
 //  - kLlama3 (Llama 3.1-3.3): the whole output is `{"name": ..., "parameters": {...}}`, possibly
 //    after `<|python_tag|>` (a special token, decoded as nothing), or an array of such objects.
 //  - kMistral: the whole output is `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
-//    (`[TOOL_CALLS]` is a control token too: an output starting with `[` is parsed as well).
+//    (`[TOOL_CALLS]` is a control token too: an output starting with `[` is parsed as well),
+//    or, as Mistral's v11+ templates write them, `[TOOL_CALLS]name[ARGS]{...}` once per call
+//    (the markers may decode as nothing: `name{...}`), returned whole at the end.
 enum class ToolCallFormat { kHermes, kLlama3, kMistral };
 
 // "hermes", "llama3", "mistral".
@@ -91,6 +93,12 @@ class ToolCallParser {
   // Parses `body` as one call object {"name", "arguments"|"parameters"} (or, when `list`, an
   // array of them); false (nothing emitted) when it is not one, or names an unknown function.
   bool EmitCalls(absl::string_view body, bool list, std::vector<ToolCallEvent>* out);
+  // Mistral v11+: whether text that is no JSON call starts `name[ARGS]` or `name{` for an
+  // offered name (kMaybe: it still may), and the parse of a whole output of such calls
+  // (`[TOOL_CALLS]`, `[ARGS]` optional; false, nothing emitted, when it is not one).
+  enum class Named { kNo, kMaybe, kYes };
+  Named NamedCallStart(absl::string_view rest) const;
+  bool EmitNamedCalls(absl::string_view body, std::vector<ToolCallEvent>* out);
   void Content(std::string text, std::vector<ToolCallEvent>* out);
   bool Known(absl::string_view name) const;
 
@@ -114,7 +122,7 @@ class ToolCallParser {
   const ToolCallFormat format_;
   const std::vector<std::string> names_;
   State state_;
-  std::string buf_;   // text not yet accounted for
+  std::string buf_;  // text not yet accounted for
   // kLlama3/kMistral auto until a call starts: everything since the start, as generated.
   std::string held_;
   int num_calls_ = 0;

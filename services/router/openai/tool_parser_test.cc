@@ -138,8 +138,8 @@ TEST(ToolParserTest, EnforcedListStreamsEachCall) {
        &r);
   Take(p.Finish(), &r);
   EXPECT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time", "get_weather"}));
-  EXPECT_EQ(r.arguments, (std::vector<std::string>{R"({"city": "Oslo, \"N\" ]"})", "{}",
-                                                   R"({"a": [1]})"}));
+  EXPECT_EQ(r.arguments,
+            (std::vector<std::string>{R"({"city": "Oslo, \"N\" ]"})", "{}", R"({"a": [1]})"}));
   for (const std::string& a : r.arguments) EXPECT_TRUE(json::parse(a).is_object()) << a;
   EXPECT_EQ(r.content, "");
   EXPECT_EQ(std::set<std::string>(r.ids.begin(), r.ids.end()).size(), 3u);
@@ -151,8 +151,8 @@ TEST(ToolParserTest, EnforcedListStreamsEachCall) {
                      {"get_weather", "get_time"}, true);
   EXPECT_EQ(cut.names, std::vector<std::string>{"get_time"});
   EXPECT_EQ(cut.content, "");
-  cut = Parse(Mode::kEnforced, ToolCallFormat::kHermes, {R"([{"na)"},
-              {"get_weather", "get_time"}, true);
+  cut = Parse(Mode::kEnforced, ToolCallFormat::kHermes, {R"([{"na)"}, {"get_weather", "get_time"},
+              true);
   EXPECT_TRUE(cut.names.empty());
   EXPECT_EQ(cut.content, R"({"na)");
 }
@@ -213,16 +213,16 @@ TEST(ToolParserTest, MalformedCallsAreContent) {
   EXPECT_EQ(open.names, std::vector<std::string>{"get_time"});
   // Arguments that break once started are the call's, as generated (as OpenAI's may be), up to
   // the </tool_call> that ends them; what follows is content again.
-  const Result broken = Parse(
-      Mode::kAuto, ToolCallFormat::kHermes,
-      {"<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"a\": </tool_call> ok"});
+  const Result broken =
+      Parse(Mode::kAuto, ToolCallFormat::kHermes,
+            {"<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"a\": </tool_call> ok"});
   EXPECT_EQ(broken.names, std::vector<std::string>{"get_weather"});
   EXPECT_EQ(broken.arguments[0], "{\"a\": ");
   EXPECT_EQ(broken.content, "ok");
   // Other spellings are parsed whole: the keys in another order, arguments as a JSON string.
-  const Result reversed = Parse(
-      Mode::kAuto, ToolCallFormat::kHermes,
-      {"<tool_call>{\"arguments\": {\"b\": 1}, \"name\": \"get_time\"}</tool_call>"});
+  const Result reversed =
+      Parse(Mode::kAuto, ToolCallFormat::kHermes,
+            {"<tool_call>{\"arguments\": {\"b\": 1}, \"name\": \"get_time\"}</tool_call>"});
   EXPECT_EQ(reversed.names, std::vector<std::string>{"get_time"});
   EXPECT_EQ(reversed.arguments[0], R"({"b":1})");
   // A call in the wrong format for the family is plain text.
@@ -234,10 +234,9 @@ TEST(ToolParserTest, MalformedCallsAreContent) {
 // Output nested deeper than any call (a model can write 100,000 brackets) is never recursed
 // through: streamed arguments are scanned, not parsed; what is parsed whole is content.
 TEST(ToolParserTest, DeeplyNestedOutputIsContent) {
-  const std::string deep_value = "{\"a\": " + std::string(100000, '[') +
-                                 std::string(100000, ']') + "}";
-  const std::string deep_args =
-      "{\"name\": \"get_time\", \"arguments\": " + deep_value + "}";
+  const std::string deep_value =
+      "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const std::string deep_args = "{\"name\": \"get_time\", \"arguments\": " + deep_value + "}";
   const Result hermes =
       Parse(Mode::kAuto, ToolCallFormat::kHermes, {"<tool_call>" + deep_args + "</tool_call>"});
   EXPECT_EQ(hermes.names, std::vector<std::string>{"get_time"});
@@ -306,6 +305,40 @@ TEST(ToolParserTest, MistralCallList) {
   r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {"[1] is a list"});
   EXPECT_EQ(r.content, "[1] is a list");
   EXPECT_TRUE(r.names.empty());
+}
+
+// Mistral's v11+ templates: `[TOOL_CALLS]name[ARGS]{...}` per call, the markers decoded as
+// text or as nothing; held until the end, then calls; anything else stays content.
+TEST(ToolParserTest, MistralNamedCalls) {
+  const std::string out = R"([TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "days": [1, 2]})"
+                          R"([TOOL_CALLS]get_time[ARGS]{})";
+  Result r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {out});
+  ASSERT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time"}));
+  EXPECT_EQ(nlohmann::json::parse(r.arguments[0]),
+            nlohmann::json::parse(R"({"city": "Oslo", "days": [1, 2]})"));
+  EXPECT_EQ(r.arguments[1], "{}");
+  EXPECT_TRUE(r.content.empty()) << r.content;
+  ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kMistral, out);
+  // The markers decoded as nothing; a brace inside a string.
+  r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {R"(get_time{"tz": "}{"})"});
+  ASSERT_EQ(r.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(nlohmann::json::parse(r.arguments[0]), nlohmann::json::parse(R"({"tz": "}{"})"));
+  ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kMistral, R"(get_time{"tz": "}{"})");
+  // Text that only looks like a call's start is content, passed on as soon as it is known.
+  r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {"get_weather is sunny today"});
+  EXPECT_TRUE(r.names.empty());
+  EXPECT_EQ(r.content, "get_weather is sunny today");
+  EXPECT_EQ(r.content_before_end, "get_weather is sunny today");
+  r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {"get", " a coffee"});
+  EXPECT_EQ(r.content, "get a coffee");
+  // Unknown functions, cut or malformed arguments: the output as generated.
+  for (const std::string bad :
+       {R"(get_wind[ARGS]{"a": 1})", R"(get_weather[ARGS]{"city": )",
+        R"(get_weather[ARGS]{"city": "Oslo"} and more)", R"(get_weather[ARGS][1, 2])"}) {
+    r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {bad});
+    EXPECT_TRUE(r.names.empty()) << bad;
+    EXPECT_EQ(r.content, bad);
+  }
 }
 
 // Llama 3 and Mistral calls stream as Hermes calls do: the call once its name is known, its
