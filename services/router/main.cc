@@ -39,8 +39,8 @@ ABSL_FLAG(
 ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
           "total time for an HTTP request's body, from the end of its head; then 408");
 ABSL_FLAG(std::string, tool_call_format, "",
-          "how the model writes tool calls under tool_choice \"auto\": hermes, llama3 or "
-          "mistral; empty = detected from the chat template (docs/structured-outputs.md)");
+          "how the model writes tool calls under tool_choice \"auto\": hermes, llama3, mistral "
+          "or deepseek; empty = detected from the chat template (docs/structured-outputs.md)");
 ABSL_FLAG(bool, constrain_auto_tool_calls, true,
           "tool_choice \"auto\" with a Hermes/Qwen-format model: once the output writes "
           "<tool_call>, the call is enforced by grammar (an offered function's name, arguments "

@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "services/router/openai/openai_request.h"
 
@@ -132,6 +133,16 @@ Head MatchHead(absl::string_view s, std::string* name, size_t* end) {
 // are control tokens that may decode as nothing.
 constexpr absl::string_view kMistralArgs = "[ARGS]";
 
+// DeepSeek-V3/R1 write calls between these (plain added tokens: they decode as text):
+// <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```
+// <｜tool▁call▁end｜>... <｜tool▁calls▁end｜>; V3.1: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
+// <｜tool▁call▁end｜>.
+constexpr absl::string_view kDeepseekOpen = "<｜tool▁calls▁begin｜>";
+constexpr absl::string_view kDeepseekClose = "<｜tool▁calls▁end｜>";
+constexpr absl::string_view kDeepseekCallBegin = "<｜tool▁call▁begin｜>";
+constexpr absl::string_view kDeepseekCallEnd = "<｜tool▁call▁end｜>";
+constexpr absl::string_view kDeepseekSep = "<｜tool▁sep｜>";
+
 // The index just past the JSON object that `s` starts with ('{'), honouring strings and their
 // escapes; npos when it does not end within `s`.
 size_t JsonObjectEnd(absl::string_view s) {
@@ -169,20 +180,25 @@ absl::string_view ToolCallFormatName(ToolCallFormat format) {
       return "llama3";
     case ToolCallFormat::kMistral:
       return "mistral";
+    case ToolCallFormat::kDeepseek:
+      return "deepseek";
   }
   return "hermes";
 }
 
 absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name) {
-  for (ToolCallFormat f :
-       {ToolCallFormat::kHermes, ToolCallFormat::kLlama3, ToolCallFormat::kMistral}) {
+  for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3,
+                           ToolCallFormat::kMistral, ToolCallFormat::kDeepseek}) {
     if (name == ToolCallFormatName(f)) return f;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "tool call format must be \"hermes\", \"llama3\" or \"mistral\", got \"", name, "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("tool call format must be \"hermes\", \"llama3\", \"mistral\" or "
+                   "\"deepseek\", got \"",
+                   name, "\""));
 }
 
 ToolCallFormat DetectToolCallFormat(absl::string_view source) {
+  if (absl::StrContains(source, kDeepseekOpen)) return ToolCallFormat::kDeepseek;
   if (absl::StrContains(source, kMistralMarker)) return ToolCallFormat::kMistral;
   if (absl::StrContains(source, kLlamaMarker) ||
       absl::StrContains(source, "<|start_header_id|>ipython")) {
@@ -207,7 +223,9 @@ ToolCallParser::ToolCallParser(Mode mode, ToolCallFormat format, std::vector<std
   if (mode_ == Mode::kEnforced) {
     state_ = list_ ? State::kListOpen : State::kHead;
   } else {
-    state_ = format_ == ToolCallFormat::kHermes ? State::kText : State::kUndecided;
+    state_ = format_ == ToolCallFormat::kHermes || format_ == ToolCallFormat::kDeepseek
+                 ? State::kText
+                 : State::kUndecided;
   }
 }
 
@@ -270,22 +288,7 @@ bool ToolCallParser::EmitCalls(absl::string_view body, bool list, std::vector<To
     }
     calls.emplace_back(name->get<std::string>(), std::move(text));
   }
-  for (auto& [name, args] : calls) {
-    ToolCallEvent start;
-    start.kind = ToolCallEvent::Kind::kCallStart;
-    start.index = num_calls_;
-    start.id = NewToolCallId();
-    start.name = name;
-    out->push_back(std::move(start));
-    ToolCallEvent piece;
-    piece.kind = ToolCallEvent::Kind::kArguments;
-    piece.index = num_calls_;
-    piece.text = std::move(args);
-    out->push_back(std::move(piece));
-    ++num_calls_;
-  }
-  after_call_ = true;
-  return true;
+  return EmitParsedCalls(std::move(calls), out);
 }
 
 std::vector<ToolCallEvent> ToolCallParser::Feed(absl::string_view text) {
@@ -303,6 +306,11 @@ std::vector<ToolCallEvent> ToolCallParser::Feed(absl::string_view text) {
   if (format_ == ToolCallFormat::kHermes) {
     buf_.append(text.data(), text.size());
     FeedHermes(&out);
+    return out;
+  }
+  if (format_ == ToolCallFormat::kDeepseek) {
+    buf_.append(text.data(), text.size());
+    FeedDeepseek(&out);
     return out;
   }
   switch (state_) {
@@ -369,6 +377,49 @@ bool ToolCallParser::EmitNamedCalls(absl::string_view body, std::vector<ToolCall
     calls.emplace_back(*name, Dump(args));
     body = SkipSpace(body.substr(end));
   }
+  return EmitParsedCalls(std::move(calls), out);
+}
+
+bool ToolCallParser::EmitDeepseekCalls(absl::string_view body, std::vector<ToolCallEvent>* out) {
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+  while (true) {
+    body = SkipSpace(body);
+    if (body.empty()) break;
+    if (!absl::ConsumePrefix(&body, kDeepseekCallBegin)) return false;
+    const size_t sep = body.find(kDeepseekSep);
+    const size_t end = body.find(kDeepseekCallEnd);
+    if (sep == absl::string_view::npos || end == absl::string_view::npos || sep > end) {
+      return false;
+    }
+    const absl::string_view head = absl::StripAsciiWhitespace(body.substr(0, sep));
+    absl::string_view rest =
+        body.substr(sep + kDeepseekSep.size(), end - sep - kDeepseekSep.size());
+    body.remove_prefix(end + kDeepseekCallEnd.size());
+    absl::string_view name = head, args = rest;
+    if (head == "function") {  // V3 / R1: the name on its own line, then a fenced JSON block
+      const size_t newline = rest.find('\n');
+      if (newline == absl::string_view::npos) return false;
+      name = absl::StripAsciiWhitespace(rest.substr(0, newline));
+      args = rest.substr(newline + 1);
+    }
+    args = absl::StripAsciiWhitespace(args);
+    if (absl::ConsumePrefix(&args, "```json") || absl::ConsumePrefix(&args, "```")) {
+      if (!absl::ConsumeSuffix(&args, "```")) return false;
+      args = absl::StripAsciiWhitespace(args);
+    }
+    if (!Known(name) || args.empty() || args[0] != '{' || JsonObjectEnd(args) != args.size() ||
+        JsonNestingDepth(args, kMaxCallDepth).depth > kMaxCallDepth) {
+      return false;
+    }
+    const ordered_json parsed = ordered_json::parse(args.begin(), args.end(), nullptr, false);
+    if (!parsed.is_object()) return false;
+    calls.emplace_back(std::string(name), Dump(parsed));
+  }
+  return EmitParsedCalls(std::move(calls), out);
+}
+
+bool ToolCallParser::EmitParsedCalls(std::vector<std::pair<std::string, std::string>> calls,
+                                     std::vector<ToolCallEvent>* out) {
   if (calls.empty()) return false;
   for (auto& [name, args] : calls) {
     ToolCallEvent start;
@@ -384,6 +435,7 @@ bool ToolCallParser::EmitNamedCalls(absl::string_view body, std::vector<ToolCall
     out->push_back(std::move(piece));
     ++num_calls_;
   }
+  after_call_ = true;
   return true;
 }
 
@@ -611,6 +663,32 @@ void ToolCallParser::FeedHermes(std::vector<ToolCallEvent>* out) {
   }
 }
 
+void ToolCallParser::FeedDeepseek(std::vector<ToolCallEvent>* out) {
+  while (true) {
+    if (state_ == State::kText) {
+      const size_t open = absl::string_view(buf_).find(kDeepseekOpen);
+      if (open == absl::string_view::npos) {
+        const size_t keep = MarkerPrefixSuffix(buf_, kDeepseekOpen);
+        Content(buf_.substr(0, buf_.size() - keep), out);
+        buf_.erase(0, buf_.size() - keep);
+        return;
+      }
+      Content(buf_.substr(0, open), out);
+      buf_.erase(0, open + kDeepseekOpen.size());
+      state_ = State::kInCall;
+    }
+    // kInCall: the calls, held until <｜tool▁calls▁end｜>, then parsed whole.
+    const size_t close = absl::string_view(buf_).find(kDeepseekClose);
+    if (close == absl::string_view::npos) return;
+    const std::string body = buf_.substr(0, close);
+    buf_.erase(0, close + kDeepseekClose.size());
+    state_ = State::kText;
+    if (!EmitDeepseekCalls(body, out)) {
+      Content(absl::StrCat(kDeepseekOpen, body, kDeepseekClose), out);
+    }
+  }
+}
+
 void ToolCallParser::FeedWhole(std::vector<ToolCallEvent>* out) {
   const absl::string_view marker =
       format_ == ToolCallFormat::kMistral ? kMistralMarker : kLlamaMarker;
@@ -712,7 +790,13 @@ std::vector<ToolCallEvent> ToolCallParser::Finish() {
       Content(std::exchange(buf_, std::string()), &out);
       break;
     case State::kInCall:
-      finish_hermes();
+      if (format_ == ToolCallFormat::kDeepseek) {
+        // The output ended before <｜tool▁calls▁end｜> (max_tokens, or the model stopped).
+        const std::string body = std::exchange(buf_, std::string());
+        if (!EmitDeepseekCalls(body, &out)) Content(absl::StrCat(kDeepseekOpen, body), &out);
+      } else {
+        finish_hermes();
+      }
       break;
     case State::kUndecided:
       Content(std::exchange(held_, std::string()), &out);

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,14 +36,19 @@ namespace pd::router::openai {
 //    (`[TOOL_CALLS]` is a control token too: an output starting with `[` is parsed as well),
 //    or, as Mistral's v11+ templates write them, `[TOOL_CALLS]name[ARGS]{...}` once per call
 //    (the markers may decode as nothing: `name{...}`), returned whole at the end.
-enum class ToolCallFormat { kHermes, kLlama3, kMistral };
+//  - kDeepseek (DeepSeek-V3/R1, V3.1): text, then `<｜tool▁calls▁begin｜>` and per call
+//    `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>`
+//    (V3.1: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`), then
+//    `<｜tool▁calls▁end｜>`; the calls are held and returned whole when the block ends.
+enum class ToolCallFormat { kHermes, kLlama3, kMistral, kDeepseek };
 
-// "hermes", "llama3", "mistral".
+// "hermes", "llama3", "mistral", "deepseek".
 absl::string_view ToolCallFormatName(ToolCallFormat format);
 // The inverse of ToolCallFormatName; InvalidArgument naming the accepted values.
 absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name);
-// The format a chat template's text implies: `[TOOL_CALLS]` -> kMistral; `<|python_tag|>` or
-// `<|start_header_id|>ipython` -> kLlama3; anything else (`<tool_call>` included) -> kHermes.
+// The format a chat template's text implies: `<｜tool▁calls▁begin｜>` -> kDeepseek;
+// `[TOOL_CALLS]` -> kMistral; `<|python_tag|>` or `<|start_header_id|>ipython` -> kLlama3;
+// anything else (`<tool_call>` included) -> kHermes.
 ToolCallFormat DetectToolCallFormat(absl::string_view chat_template_source);
 
 // A fresh call id: "call_" and 24 random alphanumeric characters.
@@ -99,6 +105,13 @@ class ToolCallParser {
   enum class Named { kNo, kMaybe, kYes };
   Named NamedCallStart(absl::string_view rest) const;
   bool EmitNamedCalls(absl::string_view body, std::vector<ToolCallEvent>* out);
+  // kDeepseek: the calls between <｜tool▁calls▁begin｜> and <｜tool▁calls▁end｜>; false (nothing
+  // emitted) unless every one parses and names an offered function.
+  bool EmitDeepseekCalls(absl::string_view body, std::vector<ToolCallEvent>* out);
+  // Emits (name, arguments) pairs as calls; false for none.
+  bool EmitParsedCalls(std::vector<std::pair<std::string, std::string>> calls,
+                       std::vector<ToolCallEvent>* out);
+  void FeedDeepseek(std::vector<ToolCallEvent>* out);
   void Content(std::string text, std::vector<ToolCallEvent>* out);
   bool Known(absl::string_view name) const;
 

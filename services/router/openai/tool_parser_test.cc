@@ -341,6 +341,46 @@ TEST(ToolParserTest, MistralNamedCalls) {
   }
 }
 
+// DeepSeek-V3/R1 (and V3.1's shorter form): text, then the calls block, held until it closes;
+// text after it is content again; a block that does not parse is content as generated.
+TEST(ToolParserTest, DeepseekCallsBlock) {
+  const std::string out =
+      "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+      "```json\n{\"city\": \"Oslo\"}\n```<｜tool▁call▁end｜>\n"
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜>";
+  Result r = Parse(Mode::kAuto, ToolCallFormat::kDeepseek, {out});
+  ASSERT_EQ(r.names, (std::vector<std::string>{"get_weather", "get_time"}));
+  EXPECT_EQ(nlohmann::json::parse(r.arguments[0]), nlohmann::json::parse(R"({"city": "Oslo"})"));
+  EXPECT_EQ(r.arguments[1], "{}");
+  EXPECT_EQ(r.content, "Checking.");
+  ExpectSameForEverySplit(Mode::kAuto, ToolCallFormat::kDeepseek, out);
+  // Content before the block streams as it comes; a marker's start is held back until known.
+  ToolCallParser p(Mode::kAuto, ToolCallFormat::kDeepseek, {"get_weather"});
+  Result streamed;
+  Take(p.Feed("Let me look <｜tool"), &streamed);
+  EXPECT_EQ(streamed.content, "Let me look ");
+  // V3.1's form; the output cut before the block closes still gives the complete calls.
+  r = Parse(Mode::kAuto, ToolCallFormat::kDeepseek,
+            {"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"tz\": \"UTC\"}"
+             "<｜tool▁call▁end｜>"});
+  ASSERT_EQ(r.names, std::vector<std::string>{"get_time"});
+  EXPECT_EQ(nlohmann::json::parse(r.arguments[0]), nlohmann::json::parse(R"({"tz": "UTC"})"));
+  // Unknown functions and broken arguments: the whole block is content, as generated.
+  for (const std::string bad :
+       {std::string("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_wind\n"
+                    "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        std::string("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
+                    "```json\n{\"tz\": \n```<｜tool▁call▁end｜><｜tool▁calls▁end｜> after")}) {
+    r = Parse(Mode::kAuto, ToolCallFormat::kDeepseek, {bad});
+    EXPECT_TRUE(r.names.empty()) << bad;
+    EXPECT_EQ(r.content, bad);
+  }
+  EXPECT_EQ(DetectToolCallFormat("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'}}"),
+            ToolCallFormat::kDeepseek);
+  EXPECT_EQ(*ParseToolCallFormat("deepseek"), ToolCallFormat::kDeepseek);
+}
+
 // Llama 3 and Mistral calls stream as Hermes calls do: the call once its name is known, its
 // arguments as they come, each call of a list in turn.
 TEST(ToolParserTest, WholeOutputCallsStreamPieceByPiece) {
