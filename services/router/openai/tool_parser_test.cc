@@ -332,9 +332,9 @@ TEST(ToolParserTest, MistralNamedCalls) {
   r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {"get", " a coffee"});
   EXPECT_EQ(r.content, "get a coffee");
   // Unknown functions, cut or malformed arguments: the output as generated.
-  for (const std::string bad :
-       {R"(get_wind[ARGS]{"a": 1})", R"(get_weather[ARGS]{"city": )",
-        R"(get_weather[ARGS]{"city": "Oslo"} and more)", R"(get_weather[ARGS][1, 2])"}) {
+  for (const std::string& bad : std::vector<std::string>{
+           R"(get_wind[ARGS]{"a": 1})", R"(get_weather[ARGS]{"city": )",
+           R"(get_weather[ARGS]{"city": "Oslo"} and more)", R"(get_weather[ARGS][1, 2])"}) {
     r = Parse(Mode::kAuto, ToolCallFormat::kMistral, {bad});
     EXPECT_TRUE(r.names.empty()) << bad;
     EXPECT_EQ(r.content, bad);
@@ -367,7 +367,7 @@ TEST(ToolParserTest, DeepseekCallsBlock) {
   ASSERT_EQ(r.names, std::vector<std::string>{"get_time"});
   EXPECT_EQ(nlohmann::json::parse(r.arguments[0]), nlohmann::json::parse(R"({"tz": "UTC"})"));
   // Unknown functions and broken arguments: the whole block is content, as generated.
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_wind\n"
                     "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
         std::string("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
