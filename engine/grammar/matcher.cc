@@ -27,7 +27,41 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
       out->elements_.push_back(Element{});
     }
   }
+  // Bounded repeats, found by their shape (AddRepeat numbers a chain's levels upwards):
+  // level 1 is `inner | ε`, level k is `inner opt_{k-1} | ε` with the same inner.
+  std::vector<std::pair<uint32_t, uint32_t>> level(grammar.num_rules(), {UINT32_MAX, 0});
+  std::vector<uint32_t> inner_of;  // per chain
+  for (uint32_t r = 0; r < grammar.num_rules(); ++r) {
+    const std::vector<Grammar::Sequence>& alts = grammar.alternatives(r);
+    if (alts.size() != 2 || !alts[1].empty() || alts[0].empty() || alts[0].size() > 2) continue;
+    const Grammar::Sequence& a = alts[0];
+    if (a[0].kind != Element::Kind::kRule) continue;
+    if (a.size() == 1) {
+      level[r] = {static_cast<uint32_t>(out->repeat_chains_.size()), 1};
+      out->repeat_chains_.emplace_back(2, 0);
+      inner_of.push_back(a[0].index);
+      continue;
+    }
+    if (a[1].kind != Element::Kind::kRule || a[1].index >= r) continue;
+    const auto [chain, below] = level[a[1].index];
+    if (chain == UINT32_MAX || inner_of[chain] != a[0].index) continue;
+    std::vector<uint32_t>& levels = out->repeat_chains_[chain];
+    if (levels.size() != below + 1) continue;  // (a level already taken: another chain's)
+    const uint32_t entry = out->starts_[r][0] + 1;  // "then opt_{k-1}"
+    level[r] = {chain, below + 1};
+    levels.push_back(entry);
+    out->repeat_entries_.emplace(entry, std::make_pair(chain, below + 1));
+  }
   return std::shared_ptr<const CompiledGrammar>(std::move(out));
+}
+
+uint32_t CompiledGrammar::CapRepeatLevel(uint32_t pos, size_t depth) const {
+  const auto it = repeat_entries_.find(pos);
+  if (it == repeat_entries_.end()) return pos;
+  const auto [chain, k] = it->second;
+  const size_t cap = depth + 2;
+  if (k <= cap) return pos;
+  return repeat_chains_[chain][cap];
 }
 
 std::optional<bool> CompiledGrammar::FindPlainRun(const std::vector<uint32_t>& key) const {
@@ -275,7 +309,7 @@ ByteSet Matcher::NextBytesOf(const State& state) const {
 Matcher::WalkStats Matcher::Walk(const TokenTrie& trie, uint32_t root, const State& state,
                                  std::vector<uint32_t>* mask,
                                  std::vector<CachedTokenMask::Boundary>* boundaries,
-                                 size_t max_work) const {
+                                 size_t max_work, size_t max_boundaries) const {
   WalkStats stats;
   const size_t work_before = dfa_work_;
   auto allow_tokens = [&](const TokenTrie::Node& node) {
@@ -336,6 +370,10 @@ Matcher::WalkStats Matcher::Walk(const TokenTrie& trie, uint32_t root, const Sta
           return stats;
         }
         if (to == kDfaRefused) continue;
+        if (boundaries != nullptr && boundaries->size() > max_boundaries) {
+          stats.complete = false;
+          return stats;
+        }
         allow_tokens(child);
         if (child.num_children == 0) continue;  // (a leaf is no boundary either)
         if (to == kDfaNoId) {
@@ -369,6 +407,10 @@ Matcher::WalkStats Matcher::Walk(const TokenTrie& trie, uint32_t root, const Sta
         return stats;
       }
       if (!Advance(frame_state, child.byte, &next, &overflow)) continue;
+      if (boundaries != nullptr && boundaries->size() > max_boundaries) {
+        stats.complete = false;
+        return stats;
+      }
       allow_tokens(child);
       if (child.num_children > 0 && split(c, &next)) push(c, kDfaNoId, &next);
     }
@@ -606,16 +648,26 @@ bool Matcher::SomeGroupAcceptsEveryPlainRun(const State& cut) const {
       }
       std::sort(group.begin(), group.end());
       // The answer is kept, so it must not depend on this matcher's DFA: the search starts
-      // with half the DFA free (no walk holds DFA ids here), and an answer cut short by a
-      // full DFA is not kept.
-      if (dfa_.size() > kMaxDfaStates / 2) {
+      // with half the DFA free (no walk holds DFA ids here); one cut short by a full DFA is
+      // searched again from an empty DFA, and that answer depends on the group alone (no
+      // when the DFA fills even so: walk).
+      auto clear_dfa = [&] {
         dfa_.clear();
         dfa_next_.clear();
         dfa_ids_.clear();
-      }
+      };
+      if (dfa_.size() > kMaxDfaStates / 2) clear_dfa();
       bool dfa_full = false;
+      const bool from_empty = dfa_.empty();
       known = AcceptsEveryPlainRun(group, kMaxGroupCheckSteps, &dfa_full);
-      if (!dfa_full) grammar_->StorePlainRun(key, *known);
+      if (dfa_full && !from_empty) {
+        clear_dfa();
+        dfa_full = false;
+        known = AcceptsEveryPlainRun(group, kMaxGroupCheckSteps, &dfa_full);
+      }
+      grammar_->StorePlainRun(key, *known);
+      // (A search that filled the DFA leaves the walk after it room to build its states.)
+      if (dfa_full) clear_dfa();
     }
     if (*known) return true;
   }
@@ -625,6 +677,7 @@ bool Matcher::SomeGroupAcceptsEveryPlainRun(const State& cut) const {
 const char* Matcher::MaskPathName(MaskPath path) {
   switch (path) {
     case MaskPath::kWholeManyStacks: return "whole (many stacks)";
+    case MaskPath::kWholeManyHit: return "whole (many stacks), cached";
     case MaskPath::kWholeKnown: return "whole (known cheap)";
     case MaskPath::kWholeFirst: return "whole (first, cheap)";
     case MaskPath::kCutHit: return "cut, cached";
@@ -712,150 +765,209 @@ bool Matcher::FreeTextMask(const TokenTrie& trie, const State& cut, CachedTokenM
   return true;
 }
 
+size_t Matcher::FillManyStacksMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+  // The key: every stack's positions, top to bottom, each list led by its length (a marker
+  // word first, which no cut key starts with after the trie's id).
+  std::vector<uint32_t> key = {static_cast<uint32_t>(trie.id()),
+                               static_cast<uint32_t>(trie.id() >> 32), 0xFFFFFFFDu};
+  for (const uint32_t s : state_) {
+    const size_t at = key.size();
+    key.push_back(0);
+    for (uint32_t id = s; id != 0 && key.size() <= kMaxWholeKeyWords; id = nodes_[id].parent) {
+      key.push_back(nodes_[id].pos);
+    }
+    key[at] = static_cast<uint32_t>(key.size() - at - 1);
+  }
+  const bool cacheable = key.size() <= kMaxWholeKeyWords;
+  if (cacheable) {
+    if (const auto part = grammar_->mask_cache().Find(key); part != nullptr) {
+      last_mask_path_ = MaskPath::kWholeManyHit;
+      *mask = part->accepted;
+      return part->num_accepted + AllowEndTokens(trie, mask);
+    }
+  }
+  last_mask_path_ = MaskPath::kWholeManyStacks;
+  auto computed = std::make_shared<CachedTokenMask>();
+  computed->accepted.assign(trie.mask_words(), 0);
+  computed->num_accepted = Walk(trie, 0, state_, &computed->accepted, nullptr).added;
+  *mask = computed->accepted;
+  const size_t allowed = computed->num_accepted + AllowEndTokens(trie, mask);
+  if (cacheable) grammar_->mask_cache().Store(key, std::move(computed));
+  return allowed;
+}
+
 size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
   TrimDfa();
-  if (state_.size() > kMaxCutStacks) {
-    last_mask_path_ = MaskPath::kWholeManyStacks;
-    return FillTokenMaskUncached(trie, mask);
-  }
+  last_mask_boundaries_ = 0;
+  if (state_.size() > kMaxCutStacks) return FillManyStacksMask(trie, mask);
   // Where stacks share what lies below (inside a JSON string: its closing quote and all
   // that follows), the cut goes just below the shared entry: it keeps the key free of the
   // context, and tokens reach the cut only once they leave the shared entry (the string).
-  uint32_t common = CommonTail(state_);
-  if (common != 0) common = nodes_[common].parent;
-  absl::InlinedVector<Cut, 8> cuts;
-  for (const uint32_t s : state_) {
-    if (s == 0) continue;  // a complete sentence: the end tokens, added below
-    Cut cut;
-    uint32_t id = s;
-    while (id != 0 && id != common && cut.len < kCutDepth) {
-      cut.pos[static_cast<size_t>(cut.len++)] = nodes_[id].pos;
-      id = nodes_[id].parent;
-    }
-    cut.below = id;
-    cuts.push_back(cut);
-  }
-  std::sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) {
-    if (a.len != b.len) return a.len < b.len;
-    for (int i = 0; i < a.len; ++i) {
-      if (a.pos[static_cast<size_t>(i)] != b.pos[static_cast<size_t>(i)]) {
-        return a.pos[static_cast<size_t>(i)] < b.pos[static_cast<size_t>(i)];
-      }
-    }
-    return a.below < b.below;
-  });
-  // The key lists, per stack, the grammar positions above the cut and what lies below: the
-  // empty stack, or placeholder i (numbered by first appearance, so stacks that share what
-  // lies below share the placeholder).
-  std::vector<uint32_t> key = {static_cast<uint32_t>(trie.id()),
-                               static_cast<uint32_t>(trie.id() >> 32),
-                               static_cast<uint32_t>(cuts.size())};
+  const uint32_t shared = CommonTail(state_);
+  std::shared_ptr<const CachedTokenMask> part;
   absl::InlinedVector<uint32_t, 4> below;  // placeholder i stands for stack below[i]
-  absl::InlinedVector<uint32_t, 8> tails;  // per cut: its placeholder, or UINT32_MAX
-  for (const Cut& cut : cuts) {
-    key.push_back(static_cast<uint32_t>(cut.len));
-    key.insert(key.end(), cut.pos.begin(), cut.pos.begin() + cut.len);
-    uint32_t tail = UINT32_MAX;
-    if (cut.below != 0) {
-      const auto it = std::find(below.begin(), below.end(), cut.below);
-      tail = static_cast<uint32_t>(it - below.begin());
-      if (it == below.end()) below.push_back(cut.below);
-    }
-    key.push_back(tail);
-    tails.push_back(tail);
-  }
-  std::shared_ptr<const CachedTokenMask> part = grammar_->mask_cache().Find(key);
-  last_mask_path_ = MaskPath::kCutHit;
-  if (part != nullptr && part->walk_whole) {
-    last_mask_path_ = MaskPath::kWholeKnown;
-    return FillTokenMaskUncached(trie, mask);
-  }
-  if (part == nullptr) {
-    last_mask_path_ = MaskPath::kWholeFirst;
-    // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
-    // that within a budget; the cache is for the others.
-    mask->assign(trie.mask_words(), 0);
-    const size_t ends = AllowEndTokens(trie, mask);
-    const WalkStats whole = Walk(trie, 0, state_, mask, nullptr, kMinCachedWalk);
-    if (whole.complete) {
-      auto marker = std::make_shared<CachedTokenMask>();
-      marker->walk_whole = true;
-      grammar_->mask_cache().Store(key, std::move(marker));
-      return ends + whole.added;
-    }
-  }
-  std::vector<uint32_t> canonical;
-  if (part == nullptr) {
-    canonical = CanonicalForm(*grammar_, cuts, tails);
-    if (!canonical.empty()) part = trie.mask_cache().Find(canonical);
-    if (part != nullptr) grammar_->mask_cache().Store(key, part);
-    last_mask_path_ = MaskPath::kCanonicalHit;
-  }
-  if (part == nullptr) {
-    last_mask_path_ = MaskPath::kCutWalked;
-    // Walk the cut state: its stacks rebuilt over placeholder nodes.
-    auto computed = std::make_shared<CachedTokenMask>();
-    computed->accepted.assign(trie.mask_words(), 0);
-    State cut_state;
-    for (size_t i = 0; i < cuts.size(); ++i) {
-      uint32_t base = tails[i] == UINT32_MAX ? 0 : Intern(kPlaceholderBase + tails[i], 0);
-      for (int k = cuts[i].len - 1; k >= 0; --k) {
-        base = Intern(cuts[i].pos[static_cast<size_t>(k)], base);
+  for (int deeper = 0;; ++deeper) {
+    // A cut that almost every token crosses (CachedTokenMask::cut_deeper) goes `deeper`
+    // entries further down.
+    uint32_t common = shared;
+    for (int d = 0; d <= deeper && common != 0; ++d) common = nodes_[common].parent;
+    bool can_go_deeper = false;  // some stack was cut at `common`, above kCutDepth
+    absl::InlinedVector<Cut, 8> cuts;
+    for (const uint32_t s : state_) {
+      if (s == 0) continue;  // a complete sentence: the end tokens, added below
+      Cut cut;
+      uint32_t id = s;
+      while (id != 0 && id != common && cut.len < kCutDepth) {
+        cut.pos[static_cast<size_t>(cut.len++)] =
+            IsPlaceholder(id) ? nodes_[id].pos
+                              : grammar_->CapRepeatLevel(nodes_[id].pos, trie.max_token_bytes());
+        id = nodes_[id].parent;
       }
-      if (IsPlaceholder(base)) {
-        // A stack cut at its top continues below at once: from the trie's root.
-        computed->boundaries.push_back({0, tails[i]});
+      cut.below = id;
+      if (id != 0 && id == common && cut.len < kCutDepth && deeper < kMaxCutDeeper) {
+        can_go_deeper = true;
+      }
+      cuts.push_back(cut);
+    }
+    std::sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) {
+      if (a.len != b.len) return a.len < b.len;
+      for (int i = 0; i < a.len; ++i) {
+        if (a.pos[static_cast<size_t>(i)] != b.pos[static_cast<size_t>(i)]) {
+          return a.pos[static_cast<size_t>(i)] < b.pos[static_cast<size_t>(i)];
+        }
+      }
+      return a.below < b.below;
+    });
+    // The key lists, per stack, the grammar positions above the cut and what lies below: the
+    // empty stack, or placeholder i (numbered by first appearance, so stacks that share what
+    // lies below share the placeholder).
+    std::vector<uint32_t> key = {static_cast<uint32_t>(trie.id()),
+                                 static_cast<uint32_t>(trie.id() >> 32),
+                                 static_cast<uint32_t>(cuts.size())};
+    below.clear();
+    absl::InlinedVector<uint32_t, 8> tails;  // per cut: its placeholder, or UINT32_MAX
+    for (const Cut& cut : cuts) {
+      key.push_back(static_cast<uint32_t>(cut.len));
+      key.insert(key.end(), cut.pos.begin(), cut.pos.begin() + cut.len);
+      uint32_t tail = UINT32_MAX;
+      if (cut.below != 0) {
+        const auto it = std::find(below.begin(), below.end(), cut.below);
+        tail = static_cast<uint32_t>(it - below.begin());
+        if (it == below.end()) below.push_back(cut.below);
+      }
+      key.push_back(tail);
+      tails.push_back(tail);
+    }
+    part = grammar_->mask_cache().Find(key);
+    last_mask_path_ = MaskPath::kCutHit;
+    if (part != nullptr && part->cut_deeper) {
+      if (can_go_deeper) continue;
+      part = nullptr;  // (another grammar's marker at a cut this one cannot lower)
+    }
+    if (part != nullptr && part->walk_whole) {
+      last_mask_path_ = MaskPath::kWholeKnown;
+      return FillTokenMaskUncached(trie, mask);
+    }
+    if (part == nullptr && deeper == 0) {
+      last_mask_path_ = MaskPath::kWholeFirst;
+      // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
+      // that within a budget; the cache is for the others.
+      mask->assign(trie.mask_words(), 0);
+      const size_t ends = AllowEndTokens(trie, mask);
+      const WalkStats whole = Walk(trie, 0, state_, mask, nullptr, kMinCachedWalk);
+      if (whole.complete) {
+        auto marker = std::make_shared<CachedTokenMask>();
+        marker->walk_whole = true;
+        grammar_->mask_cache().Store(key, std::move(marker));
+        return ends + whole.added;
+      }
+    }
+    std::vector<uint32_t> canonical;
+    if (part == nullptr) {
+      canonical = CanonicalForm(*grammar_, cuts, tails);
+      if (!canonical.empty()) part = trie.mask_cache().Find(canonical);
+      if (part != nullptr && part->cut_deeper && !can_go_deeper) part = nullptr;
+      if (part != nullptr) grammar_->mask_cache().Store(key, part);
+      if (part != nullptr && part->cut_deeper) continue;
+      last_mask_path_ = MaskPath::kCanonicalHit;
+    }
+    if (part == nullptr) {
+      last_mask_path_ = MaskPath::kCutWalked;
+      // Walk the cut state: its stacks rebuilt over placeholder nodes.
+      auto computed = std::make_shared<CachedTokenMask>();
+      computed->accepted.assign(trie.mask_words(), 0);
+      State cut_state;
+      for (size_t i = 0; i < cuts.size(); ++i) {
+        uint32_t base = tails[i] == UINT32_MAX ? 0 : Intern(kPlaceholderBase + tails[i], 0);
+        for (int k = cuts[i].len - 1; k >= 0; --k) {
+          base = Intern(cuts[i].pos[static_cast<size_t>(k)], base);
+        }
+        if (IsPlaceholder(base)) {
+          // A stack cut at its top continues below at once: from the trie's root.
+          computed->boundaries.push_back({0, tails[i]});
+        } else {
+          cut_state.push_back(base);
+        }
+      }
+      std::sort(cut_state.begin(), cut_state.end());
+      cut_state.erase(std::unique(cut_state.begin(), cut_state.end()), cut_state.end());
+      std::sort(computed->boundaries.begin(), computed->boundaries.end(),
+                [](const auto& a, const auto& b) { return a.placeholder < b.placeholder; });
+      computed->boundaries.erase(
+          std::unique(computed->boundaries.begin(), computed->boundaries.end(),
+                      [](const auto& a, const auto& b) { return a.placeholder == b.placeholder; }),
+          computed->boundaries.end());
+      // (Only with nothing below the cut: a token walked on its own cannot go on below it.)
+      const bool free_text = below.empty() && !cut_state.empty() && trie.rest() != nullptr &&
+                             FreeTextMask(trie, cut_state, computed.get());
+      if (free_text) last_mask_path_ = MaskPath::kCutFreeText;
+      // Inside a string the cut state usually accepts every plain run without reaching the cut:
+      // then the plain tokens are all accepted, and only the others (the rest trie, ~4% of a
+      // vocabulary) are walked; the part's boundaries are nodes of the rest trie.
+      const TokenTrie* walked = &trie;
+      if (!free_text && computed->boundaries.empty() && !cut_state.empty() &&
+          trie.rest() != nullptr &&
+          (SomeGroupAcceptsEveryPlainRun(cut_state) || AcceptsEveryPlainRun(cut_state))) {
+        walked = trie.rest();
+        computed->rest_trie = true;
+      }
+      // (A free-text mask is kept in the caches: walked whole it would cost the full trie.)
+      size_t nodes = free_text ? kMinCachedWalk : 0;
+      if (!cut_state.empty() && !free_text) {
+        const WalkStats stats =
+            Walk(*walked, 0, cut_state, &computed->accepted, &computed->boundaries, SIZE_MAX,
+                 can_go_deeper ? kMaxBoundaries : SIZE_MAX);
+        if (!stats.complete) {
+          // Almost every token crosses this cut: remember to cut deeper, here and for every
+          // grammar whose cut state has this form.
+          auto marker = std::make_shared<CachedTokenMask>();
+          marker->cut_deeper = true;
+          if (!canonical.empty()) trie.mask_cache().Store(canonical, marker);
+          grammar_->mask_cache().Store(key, std::move(marker));
+          continue;
+        }
+        computed->num_accepted = stats.added;
+        nodes = stats.nodes;
+      }
+      if (computed->rest_trie) {
+        for (size_t w = 0; w < computed->accepted.size(); ++w) {
+          computed->accepted[w] |= trie.plain_mask()[w];
+        }
+        computed->num_accepted += trie.num_plain();
+      }
+      part = computed;
+      if (nodes < kMinCachedWalk && !computed->rest_trie) {
+        // The cut walk is short though the whole one was not (the long part lies below the
+        // cut): the cut saves nothing here, walk the whole state next time.
+        auto marker = std::make_shared<CachedTokenMask>();
+        marker->walk_whole = true;
+        grammar_->mask_cache().Store(key, std::move(marker));
       } else {
-        cut_state.push_back(base);
+        if (!canonical.empty()) trie.mask_cache().Store(canonical, computed);
+        grammar_->mask_cache().Store(key, std::move(computed));
       }
     }
-    std::sort(cut_state.begin(), cut_state.end());
-    cut_state.erase(std::unique(cut_state.begin(), cut_state.end()), cut_state.end());
-    std::sort(computed->boundaries.begin(), computed->boundaries.end(),
-              [](const auto& a, const auto& b) { return a.placeholder < b.placeholder; });
-    computed->boundaries.erase(
-        std::unique(computed->boundaries.begin(), computed->boundaries.end(),
-                    [](const auto& a, const auto& b) { return a.placeholder == b.placeholder; }),
-        computed->boundaries.end());
-    // (Only with nothing below the cut: a token walked on its own cannot go on below it.)
-    const bool free_text = below.empty() && !cut_state.empty() && trie.rest() != nullptr &&
-                           FreeTextMask(trie, cut_state, computed.get());
-    if (free_text) last_mask_path_ = MaskPath::kCutFreeText;
-    // Inside a string the cut state usually accepts every plain run without reaching the cut:
-    // then the plain tokens are all accepted, and only the others (the rest trie, ~4% of a
-    // vocabulary) are walked; the part's boundaries are nodes of the rest trie.
-    const TokenTrie* walked = &trie;
-    if (!free_text && computed->boundaries.empty() && !cut_state.empty() &&
-        trie.rest() != nullptr &&
-        (SomeGroupAcceptsEveryPlainRun(cut_state) || AcceptsEveryPlainRun(cut_state))) {
-      walked = trie.rest();
-      computed->rest_trie = true;
-    }
-    // (A free-text mask is kept in the caches: walked whole it would cost the full trie.)
-    size_t nodes = free_text ? kMinCachedWalk : 0;
-    if (!cut_state.empty() && !free_text) {
-      const WalkStats stats =
-          Walk(*walked, 0, cut_state, &computed->accepted, &computed->boundaries);
-      computed->num_accepted = stats.added;
-      nodes = stats.nodes;
-    }
-    if (computed->rest_trie) {
-      for (size_t w = 0; w < computed->accepted.size(); ++w) {
-        computed->accepted[w] |= trie.plain_mask()[w];
-      }
-      computed->num_accepted += trie.num_plain();
-    }
-    part = computed;
-    if (nodes < kMinCachedWalk && !computed->rest_trie) {
-      // The cut walk is short though the whole one was not (the long part lies below the
-      // cut): the cut saves nothing here, walk the whole state next time.
-      auto marker = std::make_shared<CachedTokenMask>();
-      marker->walk_whole = true;
-      grammar_->mask_cache().Store(key, std::move(marker));
-    } else {
-      if (!canonical.empty()) trie.mask_cache().Store(canonical, computed);
-      grammar_->mask_cache().Store(key, std::move(computed));
-    }
+    break;
   }
   if (part->rest_trie) ++plain_universal_masks_;
   *mask = part->accepted;
@@ -863,6 +975,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
   // Below the cut: walk on from each boundary with the real stack there, expanded once per
   // placeholder.
   absl::InlinedVector<std::optional<State>, 4> resumed(below.size());
+  last_mask_boundaries_ = part->boundaries.size();
   for (const CachedTokenMask::Boundary& b : part->boundaries) {
     std::optional<State>& from = resumed[b.placeholder];
     if (!from.has_value()) {

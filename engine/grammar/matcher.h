@@ -55,6 +55,13 @@ class CompiledGrammar {
   // Most answers kept (past it, all are dropped and found again).
   static constexpr size_t kMaxPlainRunEntries = 16384;
 
+  // Bounded repeats (Grammar::AddRepeat: opt_k ::= inner opt_{k-1} | ε) put one stack entry
+  // per level: "then up to k-1 more". A token of `depth` bytes or fewer cannot tell two levels
+  // above depth + 1 apart, so for masks the entry at `pos` may stand for its level capped at
+  // depth + 2: the cut states of a long string's positions (`maxLength` 4096) are then one
+  // state, cached once. Returns `pos` itself when it is no such entry or its level is lower.
+  uint32_t CapRepeatLevel(uint32_t pos, size_t depth) const;
+
   // Approximate bytes held, without the mask cache (for caches that bound their memory).
   size_t ByteSize() const {
     size_t n = elements_.size() * sizeof(Element) + sets_.size() * sizeof(ByteSet);
@@ -66,6 +73,10 @@ class CompiledGrammar {
   std::vector<Element> elements_;
   std::vector<std::vector<uint32_t>> starts_;
   std::vector<ByteSet> sets_;
+  // Bounded repeats: a level-k entry's position -> (its chain, k); per chain, the position of
+  // its level-k entry at [k] (0 where a level has none).
+  absl::flat_hash_map<uint32_t, std::pair<uint32_t, uint32_t>> repeat_entries_;
+  std::vector<std::vector<uint32_t>> repeat_chains_;
   TokenMaskCache masks_{kMaxMaskCacheBytes};
   mutable absl::Mutex plain_mu_;
   mutable absl::flat_hash_map<std::vector<uint32_t>, bool> plain_runs_ ABSL_GUARDED_BY(plain_mu_);
@@ -114,7 +125,8 @@ class Matcher {
   size_t num_stacks() const { return state_.size(); }
   // How the last FillTokenMask computed its mask (for benchmarks: where the time goes).
   enum class MaskPath {
-    kWholeManyStacks,  // more than kMaxCutStacks stacks: walked whole
+    kWholeManyStacks,  // more than kMaxCutStacks stacks: walked whole (then cached)
+    kWholeManyHit,     // ... the same whole state met before in this grammar: cached
     kWholeKnown,       // a state this grammar walks whole (cached marker)
     kWholeFirst,       // first met, and cheap enough to walk whole
     kCutHit,           // the cut state's part came from this grammar's cache
@@ -122,9 +134,12 @@ class Matcher {
     kCutWalked,        // the cut state was walked (then cached)
     kCutFreeText,      // the cut state is free text (FreeTextMask; then cached)
   };
-  static constexpr int kNumMaskPaths = 7;
+  static constexpr int kNumMaskPaths = 8;
   static const char* MaskPathName(MaskPath path);
   MaskPath last_mask_path() const { return last_mask_path_; }
+  // Walks from below a cut that the last FillTokenMask made (each boundary of a cached part
+  // costs one: a measure of how well the cut was placed).
+  size_t last_mask_boundaries() const { return last_mask_boundaries_; }
 
   // The token mask: sets bit t of `mask` (trie.mask_words() words) for every token t whose
   // bytes this matcher accepts from its current state, and the end tokens when CanEnd().
@@ -150,8 +165,15 @@ class Matcher {
   // does not reach into the context.
   static constexpr int kCutDepth = 4;
   // States of more stacks than this are walked whole (the cut would split the kMaxStacks
-  // bound's accounting, and such ambiguity is rare).
+  // bound's accounting, and such ambiguity is rare), and their masks cached in the grammar
+  // under the whole state's positions (an object's key positions: the next request with the
+  // same schema meets the same states).
   static constexpr size_t kMaxCutStacks = 64;
+  // A cut state whose walk reaches the cut at more trie nodes than this is cut again one
+  // stack entry deeper (each boundary costs a walk from the real stack on every mask), at
+  // most kMaxCutDeeper times (a string of minLength 1 is cut after its first character).
+  static constexpr size_t kMaxBoundaries = 1024;
+  static constexpr int kMaxCutDeeper = 3;
   // States whose walk costs less work than this (Walk) are walked whole each time rather than
   // cached (a 128k vocabulary's mask is 16 KiB; a short walk is cheaper).
   static constexpr size_t kMinCachedWalk = 2048;
@@ -184,9 +206,11 @@ class Matcher {
     size_t nodes = 0;  // trie nodes expanded
     bool complete = true;
   };
+  // It also stops (complete = false) once it has recorded more than `max_boundaries`.
   WalkStats Walk(const TokenTrie& trie, uint32_t node, const State& state,
                  std::vector<uint32_t>* mask, std::vector<CachedTokenMask::Boundary>* boundaries,
-                 size_t max_work = SIZE_MAX) const;
+                 size_t max_work = SIZE_MAX, size_t max_boundaries = SIZE_MAX) const;
+
   // The cut state `cut` (no stack cut at its top) accepts every run of plain string bytes
   // (PlainStringStep, from between characters) without reaching the cut: explored over pairs
   // of its DFA states and PlainStringStep states, at most kMaxPlainCheckSteps DFA steps (past
@@ -215,6 +239,10 @@ class Matcher {
   bool SomeGroupAcceptsEveryPlainRun(const State& cut) const;
   static constexpr size_t kMaxGroupCheckSteps = 16384;
   static constexpr size_t kMaxPlainGroups = 3;
+  // FillTokenMask for a state of more than kMaxCutStacks stacks: walked whole, cached in the
+  // grammar under all its positions (when they fit kMaxWholeKeyWords words).
+  size_t FillManyStacksMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
+  static constexpr size_t kMaxWholeKeyWords = 16384;
   // Sets the end tokens' bits when CanEnd(); returns how many were newly set.
   size_t AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
   struct WalkFrame {
@@ -266,6 +294,7 @@ class Matcher {
   bool overflowed_ = false;
   mutable size_t plain_universal_masks_ = 0;
   mutable MaskPath last_mask_path_ = MaskPath::kWholeFirst;
+  mutable size_t last_mask_boundaries_ = 0;
 };
 
 // Whole-string match: `text` is a sentence of the grammar.

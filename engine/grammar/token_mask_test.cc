@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/matcher.h"
 #include "engine/grammar/token_trie.h"
@@ -152,6 +153,120 @@ TEST(TokenMaskTest, PlainTokensAtOnceGiveTheWholeWalksMask) {
     plain_masks += m.plain_universal_masks();
   }
   EXPECT_GT(plain_masks, 20u);
+}
+
+// A vocabulary big enough that string states are cut and cached rather than walked whole:
+// Vocabulary(seed) plus 6,000 random tokens, mostly plain string content.
+std::vector<std::string> BigVocabulary(uint32_t seed) {
+  std::vector<std::string> vocab = Vocabulary(seed);
+  std::mt19937 rng(seed + 100);
+  const std::vector<std::string> pieces = {"a", "e", "n", "s", "t", "x", " ", "-", "_", "0", "7",
+                                           "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80",
+                                           "\xC3", "\xB8", "\"", "\\", "\n", ":", ",", "}"};
+  for (int i = 0; i < 6000; ++i) {
+    std::string s;
+    const int len = 1 + static_cast<int>(rng() % 7);
+    for (int k = 0; k < len; ++k) s += pieces[rng() % 10 == 0 ? rng() % pieces.size() : rng() % 16];
+    vocab.push_back(s);
+  }
+  return vocab;
+}
+
+// A string of minLength 1: after its first character every stack shares the rest of the
+// string, and a cut just below that entry would let almost every token reach the cut (one
+// walk from below per trie node, every mask). The cut goes one entry deeper instead, below the
+// closing quote, and the masks still equal the whole walk.
+TEST(TokenMaskTest, AStringOfMinLengthOneIsCutBelowItsClosingQuote) {
+  const std::vector<std::string> vocab = BigVocabulary(5);
+  const TokenTrie trie(vocab, {0});
+  auto g = CompileJsonSchema(R"({"type": "object", "properties": {
+      "s": {"type": "string", "minLength": 1}, "t": {"type": "string", "minLength": 1}},
+      "required": ["s", "t"], "additionalProperties": false})",
+                             JsonSchemaOptions{.max_whitespace = 1});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  const std::string doc = "{\"s\":\"ax e\",\"t\":\"n_0 t\"}";
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  size_t most_boundaries = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    Matcher m(*c);
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const size_t allowed = m.FillTokenMask(trie, &mask);
+      most_boundaries = std::max(most_boundaries, m.last_mask_boundaries());
+      ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
+      ASSERT_EQ(mask, reference) << "pass " << pass << ", after " << doc.substr(0, i);
+      if (i < doc.size()) {
+        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+      }
+    }
+  }
+  EXPECT_LE(most_boundaries, Matcher::kMaxBoundaries);
+}
+
+// maxLength 1000: each position of the string is its own level of the bounded repeat, but a
+// token of at most max_token_bytes() bytes cannot tell levels above that apart, so the
+// positions share one cached mask part (one walk, then hits) and the masks equal the whole
+// walk, up to the bound and at it.
+TEST(TokenMaskTest, PositionsOfALongBoundedStringShareOneCachedMask) {
+  const std::vector<std::string> vocab = BigVocabulary(6);
+  const TokenTrie trie(vocab, {0});
+  ASSERT_LE(trie.max_token_bytes(), 28u);
+  for (const int max_length : {1000, 40}) {
+    auto g = CompileJsonSchema(
+        absl::StrCat(R"({"type": "object", "properties": {"s": {"type": "string", "maxLength": )",
+                     max_length, R"(}}, "required": ["s"], "additionalProperties": false})"),
+        JsonSchemaOptions{.max_whitespace = 0});
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto c = CompiledGrammar::Compile(*g);
+    ASSERT_TRUE(c.ok());
+    Matcher m(*c);
+    ASSERT_TRUE(m.AcceptBytes("{\"s\":\""));
+    std::vector<uint32_t> mask;
+    std::vector<uint32_t> reference;
+    size_t walked = 0;
+    for (int i = 0; i < 40; ++i) {
+      const size_t allowed = m.FillTokenMask(trie, &mask);
+      walked += m.last_mask_path() == Matcher::MaskPath::kCutWalked ? 1 : 0;
+      ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
+      ASSERT_EQ(mask, reference) << max_length << ", after " << i << " characters";
+      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>("ax e-"[i % 5]))) << i;
+    }
+    ASSERT_TRUE(m.AcceptByte('"'));
+    if (max_length == 1000) {
+      EXPECT_LE(walked, 2u);
+    } else {
+      EXPECT_GT(walked, 10u);  // (each level near the bound is a state of its own)
+    }
+  }
+}
+
+// A state of more stacks than kMaxCutStacks (an enum of 100 strings after its opening quote)
+// is walked whole the first time and its mask is kept in the grammar: the next request with
+// the same schema takes it from there, equal to the whole walk.
+TEST(TokenMaskTest, AStateOfManyStacksIsCachedForTheNextRequest) {
+  const std::vector<std::string> vocab = BigVocabulary(8);
+  const TokenTrie trie(vocab, {0});
+  std::string schema = R"({"enum": [)";
+  for (int i = 0; i < 100; ++i) absl::StrAppend(&schema, i ? ", " : "", "\"k", i, "x\"");
+  schema += "]}";
+  auto g = CompileJsonSchema(schema, JsonSchemaOptions{.max_whitespace = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  for (int request = 0; request < 2; ++request) {
+    Matcher m(*c);
+    ASSERT_TRUE(m.AcceptBytes("\"k"));
+    ASSERT_GT(m.num_stacks(), Matcher::kMaxCutStacks);
+    const size_t allowed = m.FillTokenMask(trie, &mask);
+    EXPECT_EQ(m.last_mask_path(), request == 0 ? Matcher::MaskPath::kWholeManyStacks
+                                               : Matcher::MaskPath::kWholeManyHit);
+    ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
+    ASSERT_EQ(mask, reference);
+  }
 }
 
 // An object of many optional properties, other keys allowed: at each key, the stacks of the

@@ -51,6 +51,7 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
   std::vector<int32_t> order;
   for (size_t t = 0; t < token_bytes.size(); ++t) {
     if (!token_bytes[t].empty()) order.push_back(static_cast<int32_t>(t));
+    max_token_bytes_ = std::max(max_token_bytes_, token_bytes[t].size());
   }
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return token_bytes[static_cast<size_t>(a)] < token_bytes[static_cast<size_t>(b)];

@@ -30,6 +30,9 @@ struct CachedTokenMask {
   size_t num_accepted = 0;           // bits set in `accepted`
   // A marker instead of a mask: this state's walk is short, walk the whole state each time.
   bool walk_whole = false;
+  // A marker instead of a mask: cut here, almost every token reaches the cut (a string of
+  // `minLength` 1 is cut after its first character), so cut one stack entry deeper.
+  bool cut_deeper = false;
   // The cut state accepts every plain string run (TokenTrie::plain_mask) without reaching the
   // cut: `accepted` holds the plain tokens and what a walk of the rest trie accepted, and the
   // boundaries are nodes of TokenTrie::rest().
@@ -105,6 +108,8 @@ class TokenTrie {
   // The bytes token t stands for in the grammar (empty: never allowed, unless an end token).
   const std::string& token_bytes(int32_t t) const { return token_bytes_[static_cast<size_t>(t)]; }
   size_t vocab_size() const { return vocab_size_; }
+  // The longest token's bytes.
+  size_t max_token_bytes() const { return max_token_bytes_; }
   size_t mask_words() const { return (vocab_size_ + 31) / 32; }
   size_t num_nodes() const { return nodes_.size(); }
   // Unique per trie ever built in this process (a key for caches of masks over it).
@@ -142,6 +147,7 @@ class TokenTrie {
   std::vector<int32_t> end_tokens_;
   std::vector<std::string> token_bytes_;
   size_t vocab_size_ = 0;
+  size_t max_token_bytes_ = 0;
   uint64_t id_ = 0;
   TokenMaskCache masks_{kMaxMaskCacheBytes};
   std::vector<uint32_t> plain_mask_;
