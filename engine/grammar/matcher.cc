@@ -375,6 +375,8 @@ Matcher::WalkStats Matcher::Walk(const TokenTrie& trie, uint32_t root, const Sta
           return stats;
         }
         allow_tokens(child);
+        stats.max_stacks = std::max(
+            stats.max_stacks, to >= 0 ? dfa_[static_cast<size_t>(to)].stacks.size() : next.size());
         if (child.num_children == 0) continue;  // (a leaf is no boundary either)
         if (to == kDfaNoId) {
           if (split(c, &next)) push(c, kDfaNoId, &next);
@@ -407,6 +409,7 @@ Matcher::WalkStats Matcher::Walk(const TokenTrie& trie, uint32_t root, const Sta
         return stats;
       }
       if (!Advance(frame_state, child.byte, &next, &overflow)) continue;
+      stats.max_stacks = std::max(stats.max_stacks, next.size());
       if (boundaries != nullptr && boundaries->size() > max_boundaries) {
         stats.complete = false;
         return stats;
@@ -799,32 +802,39 @@ size_t Matcher::FillManyStacksMask(const TokenTrie& trie, std::vector<uint32_t>*
 size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
   TrimDfa();
   last_mask_boundaries_ = 0;
-  if (state_.size() > kMaxCutStacks) return FillManyStacksMask(trie, mask);
+  // A state of many stacks (a value inside an anyOf of many objects: one stack per branch)
+  // is cut shallow first, and stacks whose parts above the cut are equal are one stack over
+  // a placeholder for all their tails: the parts, not the stacks, are walked.
+  const bool many = state_.size() > kMaxCutStacks;
   // Where stacks share what lies below (inside a JSON string: its closing quote and all
   // that follows), the cut goes just below the shared entry: it keeps the key free of the
   // context, and tokens reach the cut only once they leave the shared entry (the string).
   const uint32_t shared = CommonTail(state_);
   std::shared_ptr<const CachedTokenMask> part;
-  absl::InlinedVector<uint32_t, 4> below;  // placeholder i stands for stack below[i]
+  // Placeholder i stands for the stacks below[i] (one, but for states of many stacks).
+  std::vector<absl::InlinedVector<uint32_t, 1>> below;
+  size_t largest_below = 1;
   for (int deeper = 0;; ++deeper) {
     // A cut that almost every token crosses (CachedTokenMask::cut_deeper) goes `deeper`
     // entries further down.
     uint32_t common = shared;
     for (int d = 0; d <= deeper && common != 0; ++d) common = nodes_[common].parent;
-    bool can_go_deeper = false;  // some stack was cut at `common`, above kCutDepth
+    const int depth = many ? std::min(kCutDepth, kManyCutDepth + deeper) : kCutDepth;
+    bool can_go_deeper = false;  // some stack was cut above kCutDepth, at `common` or `depth`
     absl::InlinedVector<Cut, 8> cuts;
     for (const uint32_t s : state_) {
       if (s == 0) continue;  // a complete sentence: the end tokens, added below
       Cut cut;
       uint32_t id = s;
-      while (id != 0 && id != common && cut.len < kCutDepth) {
+      while (id != 0 && id != common && cut.len < depth) {
         cut.pos[static_cast<size_t>(cut.len++)] =
             IsPlaceholder(id) ? nodes_[id].pos
                               : grammar_->CapRepeatLevel(nodes_[id].pos, trie.max_token_bytes());
         id = nodes_[id].parent;
       }
       cut.below = id;
-      if (id != 0 && id == common && cut.len < kCutDepth && deeper < kMaxCutDeeper) {
+      if (id != 0 && (id == common || cut.len == depth) && cut.len < kCutDepth &&
+          deeper < kMaxCutDeeper) {
         can_go_deeper = true;
       }
       cuts.push_back(cut);
@@ -845,15 +855,45 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
                                  static_cast<uint32_t>(trie.id() >> 32),
                                  static_cast<uint32_t>(cuts.size())};
     below.clear();
+    largest_below = 1;
     absl::InlinedVector<uint32_t, 8> tails;  // per cut: its placeholder, or UINT32_MAX
-    for (const Cut& cut : cuts) {
+    // Each cut's stacks below (sorted; equal parts above merged when `many`).
+    std::vector<absl::InlinedVector<uint32_t, 1>> tails_of;
+    {
+      size_t kept = 0;
+      for (size_t i = 0; i < cuts.size(); ++i) {
+        const bool same_part = many && kept > 0 && cuts[i].below != 0 &&
+                               cuts[kept - 1].below != 0 && cuts[i].len == cuts[kept - 1].len &&
+                               std::equal(cuts[i].pos.begin(), cuts[i].pos.begin() + cuts[i].len,
+                                          cuts[kept - 1].pos.begin());
+        if (same_part) {
+          if (tails_of.back().back() != cuts[i].below) tails_of.back().push_back(cuts[i].below);
+          continue;
+        }
+        cuts[kept++] = cuts[i];
+        tails_of.emplace_back();
+        if (cuts[i].below != 0) tails_of.back().push_back(cuts[i].below);
+      }
+      cuts.resize(kept);
+    }
+    // Merging did not make the state small (an object's key position, each stack a name of
+    // its own): walk it whole.
+    if (many && (cuts.size() > kMaxMergedCuts || cuts.size() * 2 > state_.size())) {
+      return FillManyStacksMask(trie, mask);
+    }
+    key[2] = static_cast<uint32_t>(cuts.size());
+    for (size_t i = 0; i < cuts.size(); ++i) {
+      const Cut& cut = cuts[i];
       key.push_back(static_cast<uint32_t>(cut.len));
       key.insert(key.end(), cut.pos.begin(), cut.pos.begin() + cut.len);
       uint32_t tail = UINT32_MAX;
-      if (cut.below != 0) {
-        const auto it = std::find(below.begin(), below.end(), cut.below);
+      if (!tails_of[i].empty()) {
+        const auto it = std::find(below.begin(), below.end(), tails_of[i]);
         tail = static_cast<uint32_t>(it - below.begin());
-        if (it == below.end()) below.push_back(cut.below);
+        if (it == below.end()) {
+          below.push_back(tails_of[i]);
+          largest_below = std::max(largest_below, tails_of[i].size());
+        }
       }
       key.push_back(tail);
       tails.push_back(tail);
@@ -865,10 +905,16 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       part = nullptr;  // (another grammar's marker at a cut this one cannot lower)
     }
     if (part != nullptr && part->walk_whole) {
+      if (many) return FillManyStacksMask(trie, mask);
       last_mask_path_ = MaskPath::kWholeKnown;
       return FillTokenMaskUncached(trie, mask);
     }
-    if (part == nullptr && deeper == 0) {
+    // Merged stacks: a token the part accepts leaves as many stacks as the part's walk
+    // held times the tails merged; past kMaxStacks the matcher refuses it, so walk whole.
+    if (part != nullptr && !part->cut_deeper && part->max_stacks * largest_below > kMaxStacks) {
+      return FillManyStacksMask(trie, mask);
+    }
+    if (part == nullptr && deeper == 0 && !many) {
       last_mask_path_ = MaskPath::kWholeFirst;
       // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
       // that within a budget; the cache is for the others.
@@ -887,8 +933,12 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       canonical = CanonicalForm(*grammar_, cuts, tails);
       if (!canonical.empty()) part = trie.mask_cache().Find(canonical);
       if (part != nullptr && part->cut_deeper && !can_go_deeper) part = nullptr;
+      if (part != nullptr && !part->cut_deeper && part->walk_whole) part = nullptr;
       if (part != nullptr) grammar_->mask_cache().Store(key, part);
       if (part != nullptr && part->cut_deeper) continue;
+      if (part != nullptr && part->max_stacks * largest_below > kMaxStacks) {
+        return FillManyStacksMask(trie, mask);
+      }
       last_mask_path_ = MaskPath::kCanonicalHit;
     }
     if (part == nullptr) {
@@ -936,7 +986,15 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       if (!cut_state.empty() && !free_text) {
         const WalkStats stats =
             Walk(*walked, 0, cut_state, &computed->accepted, &computed->boundaries, SIZE_MAX,
-                 can_go_deeper ? kMaxBoundaries : SIZE_MAX);
+                 can_go_deeper || many ? kMaxBoundaries : SIZE_MAX);
+        if (!stats.complete && !can_go_deeper) {
+          // (Only for many stacks: cut as deep as it goes, and still crossed by almost every
+          // token. Walk such a state whole.)
+          auto marker = std::make_shared<CachedTokenMask>();
+          marker->walk_whole = true;
+          grammar_->mask_cache().Store(key, std::move(marker));
+          return FillManyStacksMask(trie, mask);
+        }
         if (!stats.complete) {
           // Almost every token crosses this cut: remember to cut deeper, here and for every
           // grammar whose cut state has this form.
@@ -947,6 +1005,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
           continue;
         }
         computed->num_accepted = stats.added;
+        computed->max_stacks = std::max(cut_state.size(), stats.max_stacks);
         nodes = stats.nodes;
       }
       if (computed->rest_trie) {
@@ -956,7 +1015,13 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
         computed->num_accepted += trie.num_plain();
       }
       part = computed;
-      if (nodes < kMinCachedWalk && !computed->rest_trie) {
+      if (computed->max_stacks * largest_below > kMaxStacks) {
+        // (Kept: the next state that merges fewer tails may use it.)
+        if (!canonical.empty()) trie.mask_cache().Store(canonical, computed);
+        grammar_->mask_cache().Store(key, std::move(computed));
+        return FillManyStacksMask(trie, mask);
+      }
+      if (nodes < kMinCachedWalk && !computed->rest_trie && !many) {
         // The cut walk is short though the whole one was not (the long part lies below the
         // cut): the cut saves nothing here, walk the whole state next time.
         auto marker = std::make_shared<CachedTokenMask>();
@@ -980,16 +1045,19 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     std::optional<State>& from = resumed[b.placeholder];
     if (!from.has_value()) {
       from.emplace();
-      if (!Normalize(below[b.placeholder], &*from)) {
-        // Too ambiguous to expand: the uncached walk refuses what the matcher would.
-        return FillTokenMaskUncached(trie, mask);
+      for (const uint32_t tail : below[b.placeholder]) {
+        if (!Normalize(tail, &*from) || from->size() > kMaxStacks * 4) {
+          // Too ambiguous to expand: the uncached walk refuses what the matcher would.
+          return FillTokenMaskUncached(trie, mask);
+        }
       }
       std::sort(from->begin(), from->end());
       from->erase(std::unique(from->begin(), from->end()), from->end());
       from->erase(std::remove(from->begin(), from->end(), 0u), from->end());
     }
     if (!from->empty()) {
-      allowed += Walk(part->rest_trie ? *trie.rest() : trie, b.trie_node, *from, mask, nullptr).added;
+      allowed +=
+          Walk(part->rest_trie ? *trie.rest() : trie, b.trie_node, *from, mask, nullptr).added;
     }
   }
   return allowed;

@@ -169,6 +169,12 @@ class Matcher {
   // under the whole state's positions (an object's key positions: the next request with the
   // same schema meets the same states).
   static constexpr size_t kMaxCutStacks = 64;
+  // ... are cut this many entries down first (then deeper, as above), and stacks with equal
+  // parts above the cut share one placeholder for all their tails.
+  static constexpr int kManyCutDepth = 2;
+  // ... unless more parts than this stay after merging, or more than half the stacks: then
+  // the state is walked whole.
+  static constexpr size_t kMaxMergedCuts = 128;
   // A cut state whose walk reaches the cut at more trie nodes than this is cut again one
   // stack entry deeper (each boundary costs a walk from the real stack on every mask), at
   // most kMaxCutDeeper times (a string of minLength 1 is cut after its first character).
@@ -204,6 +210,7 @@ class Matcher {
   struct WalkStats {
     size_t added = 0;  // bits newly set
     size_t nodes = 0;  // trie nodes expanded
+    size_t max_stacks = 0;  // the most stacks a state reached by a byte held
     bool complete = true;
   };
   // It also stops (complete = false) once it has recorded more than `max_boundaries`.

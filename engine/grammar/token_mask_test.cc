@@ -242,14 +242,15 @@ TEST(TokenMaskTest, PositionsOfALongBoundedStringShareOneCachedMask) {
   }
 }
 
-// A state of more stacks than kMaxCutStacks (an enum of 100 strings after its opening quote)
-// is walked whole the first time and its mask is kept in the grammar: the next request with
-// the same schema takes it from there, equal to the whole walk.
+// A state of more stacks than kMaxCutStacks whose stacks do not merge (an enum of 200
+// strings after its opening quote: each its own literal, more than kMaxMergedCuts) is walked whole the first time and
+// its mask is kept in the grammar: the next request with the same schema takes it from
+// there, equal to the whole walk.
 TEST(TokenMaskTest, AStateOfManyStacksIsCachedForTheNextRequest) {
   const std::vector<std::string> vocab = BigVocabulary(8);
   const TokenTrie trie(vocab, {0});
   std::string schema = R"({"enum": [)";
-  for (int i = 0; i < 100; ++i) absl::StrAppend(&schema, i ? ", " : "", "\"k", i, "x\"");
+  for (int i = 0; i < 200; ++i) absl::StrAppend(&schema, i ? ", " : "", "\"k", i, "x\"");
   schema += "]}";
   auto g = CompileJsonSchema(schema, JsonSchemaOptions{.max_whitespace = 0});
   ASSERT_TRUE(g.ok()) << g.status();
@@ -260,13 +261,53 @@ TEST(TokenMaskTest, AStateOfManyStacksIsCachedForTheNextRequest) {
   for (int request = 0; request < 2; ++request) {
     Matcher m(*c);
     ASSERT_TRUE(m.AcceptBytes("\"k"));
-    ASSERT_GT(m.num_stacks(), Matcher::kMaxCutStacks);
+    ASSERT_GT(m.num_stacks(), Matcher::kMaxMergedCuts);
     const size_t allowed = m.FillTokenMask(trie, &mask);
     EXPECT_EQ(m.last_mask_path(), request == 0 ? Matcher::MaskPath::kWholeManyStacks
                                                : Matcher::MaskPath::kWholeManyHit);
     ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
     ASSERT_EQ(mask, reference);
   }
+}
+
+// Inside a string under an anyOf of 40 objects, stacks per branch: the stacks differ only
+// below the string, so they merge into stacks over a placeholder for all 40 tails; the
+// string takes the plain tokens at once, and the masks (in the string and as it closes into
+// each branch's next member) equal the whole walk.
+TEST(TokenMaskTest, StacksThatDifferOnlyBelowACutMergeUnderOnePlaceholder) {
+  const std::vector<std::string> vocab = BigVocabulary(10);
+  const TokenTrie trie(vocab, {0});
+  std::string schema = R"({"anyOf": [)";
+  for (int i = 0; i < 40; ++i) {
+    absl::StrAppend(&schema, i ? ", " : "",
+                    R"({"type": "object", "properties": {"s": {"type": "string"}, "v)", i,
+                    R"(": {"type": "integer"}}, "required": ["s"], "additionalProperties": false})");
+  }
+  schema += "]}";
+  auto g = CompileJsonSchema(schema, JsonSchemaOptions{.max_whitespace = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  const std::string doc = "{\"s\":\"ax e-n\",\"v17\":7}";
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  Matcher m(*c);
+  size_t merged_in_string = 0;
+  for (size_t i = 0; i <= doc.size(); ++i) {
+    const size_t plain_before = m.plain_universal_masks();
+    const size_t allowed = m.FillTokenMask(trie, &mask);
+    if (i >= 6 && i < 13) {
+      ASSERT_GT(m.num_stacks(), Matcher::kMaxCutStacks) << i;
+      merged_in_string += m.plain_universal_masks() - plain_before;
+    }
+    ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
+    ASSERT_EQ(mask, reference) << "after " << doc.substr(0, i);
+    if (i < doc.size()) {
+      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+    }
+  }
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_GE(merged_in_string, 6u);
 }
 
 // An object of many optional properties, other keys allowed: at each key, the stacks of the

@@ -38,6 +38,9 @@ struct CachedTokenMask {
   // boundaries are nodes of TokenTrie::rest().
   bool rest_trie = false;
   std::vector<Boundary> boundaries;  // only nodes with children (leaves are in `accepted`)
+  // The most stacks a state of the walk held (a token accepted here leaves at most this many
+  // per stack merged under one placeholder: Matcher::FillTokenMask).
+  size_t max_stacks = 0;
   size_t ByteSize() const {
     return accepted.size() * sizeof(uint32_t) + boundaries.size() * sizeof(Boundary);
   }
