@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "engine/model/mapped_file.h"
@@ -140,6 +142,90 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDir(absl::string_view model_
   return Create(std::string(jinja->contents()), std::move(bos), std::move(eos), limits);
 }
 
+namespace {
+
+// Whether `source` has the name `word`, then optionally a closing quote and bracket
+// (`['word']`), such that `rest` accepts (a predicate on the text before the name and the
+// text after it).
+template <typename Rest>
+bool HasAccess(absl::string_view source, absl::string_view word, Rest rest) {
+  for (size_t at = source.find(word); at != absl::string_view::npos;
+       at = source.find(word, at + 1)) {
+    // (A whole name: `reasoning_content` is not `content`.)
+    if (at > 0 && (absl::ascii_isalnum(static_cast<unsigned char>(source[at - 1])) ||
+                   source[at - 1] == '_')) {
+      continue;
+    }
+    absl::string_view tail = source.substr(at + word.size());
+    if (!tail.empty() && (tail[0] == '\'' || tail[0] == '"')) tail.remove_prefix(1);
+    if (!tail.empty() && tail[0] == ']') tail.remove_prefix(1);
+    if (rest(source.substr(0, at), tail)) return true;
+  }
+  return false;
+}
+
+absl::string_view SkipSpaces(absl::string_view s) {
+  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s[0]))) s.remove_prefix(1);
+  return s;
+}
+
+// A message's tool calls as a template that writes arguments as a string reads them: each
+// call's function.arguments replaced by the client's text.
+Value CallsWithArgumentText(const Value& calls, const std::vector<std::string>& texts) {
+  if (!calls.is_list()) return calls;
+  ValueList out;
+  out.reserve(calls.list().size());
+  for (size_t i = 0; i < calls.list().size(); ++i) {
+    const Value& call = calls.list()[i];
+    const Value* function = call.is_dict() ? call.dict().Find("function") : nullptr;
+    if (i >= texts.size() || function == nullptr || !function->is_dict()) {
+      out.push_back(call);
+      continue;
+    }
+    Dict f = function->dict();
+    f.Set(Value::String("arguments"), Value::String(texts[i]));
+    Dict d = call.dict();
+    d.Set(Value::String("function"), Value::MakeDict(std::move(f)));
+    out.push_back(Value::MakeDict(std::move(d)));
+  }
+  return Value::List(std::move(out));
+}
+
+}  // namespace
+
+void ChatTemplate::ReadCallConventions() {
+  // DeepSeek-V3's template: `{%- if message['role'] == 'assistant' and message['content'] is
+  // none %}` finds a call-only turn (a "" would drop the calls from the prompt), and
+  // `'\n' + tool['function']['arguments'] + '\n'` writes the arguments (an object would fail).
+  // Other templates test `'</think>' in content` (Qwen3: None fails) or write `arguments |
+  // tojson` (an object), as vLLM and Hugging Face give them.
+  none_call_content_ = HasAccess(source_, "content", [](absl::string_view, absl::string_view tail) {
+    const absl::string_view rest = SkipSpaces(tail);
+    if (rest.size() == tail.size() || !absl::StartsWith(rest, "is")) return false;
+    absl::string_view after = SkipSpaces(rest.substr(2));
+    if (absl::StartsWith(after, "not ")) after = SkipSpaces(after.substr(3));
+    return absl::StartsWith(after, "none");
+  });
+  // `... + tool['function']['arguments']` or `tool.function.arguments + ...`.
+  text_call_arguments_ =
+      HasAccess(source_, "arguments", [](absl::string_view before, absl::string_view tail) {
+        if (absl::StartsWith(SkipSpaces(tail), "+")) return true;
+        // Back over the accessor chain (tool['function'][', tool.function.), then spaces.
+        while (!before.empty()) {
+          const char c = before.back();
+          if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' &&
+              c != '[' && c != ']' && c != '\'' && c != '"') {
+            break;
+          }
+          before.remove_suffix(1);
+        }
+        while (!before.empty() && absl::ascii_isspace(static_cast<unsigned char>(before.back()))) {
+          before.remove_suffix(1);
+        }
+        return absl::EndsWith(before, "+");
+      });
+}
+
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                  bool add_generation_prompt,
                                                  const Value& extra_vars) const {
@@ -151,7 +237,16 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
     d.Set(Value::String("role"), Value::String(m.role));
     d.Set(Value::String("content"), Value::String(m.content));
     if (m.fields.is_dict()) {
-      for (const auto& [k, v] : m.fields.dict().items) d.Set(k, v);
+      for (const auto& [k, v] : m.fields.dict().items) {
+        if (k.is_string() && k.str() == "tool_calls") {
+          if (none_call_content_ && m.content_none) {
+            d.Set(Value::String("content"), Value::None());
+          }
+          d.Set(k, text_call_arguments_ ? CallsWithArgumentText(v, m.call_arguments) : v);
+          continue;
+        }
+        d.Set(k, v);
+      }
     }
     list.push_back(Value::MakeDict(std::move(d)));
   }

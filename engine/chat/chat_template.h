@@ -31,7 +31,14 @@ namespace pd::chat {
 struct ChatMessage {
   std::string role;
   std::string content;
+  // The client sent no content (null: an assistant's tool calls). Templates that test
+  // `content is none` (DeepSeek's) see None; the others "", as vLLM gives it.
+  bool content_none = false;
+  // Other keys the template sees (tool_calls, tool_call_id, name).
   Value fields = Value();
+  // Per call of `tool_calls`, the client's arguments text: templates that write arguments as
+  // a string (DeepSeek's) get it in place of the parsed object (empty: keep what is there).
+  std::vector<std::string> call_arguments;
 };
 
 struct ChatTemplateLimits {
@@ -89,6 +96,10 @@ class ChatTemplate {
   const std::string& source() const { return source_; }
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
+  // The template tests `content is none` (a call-only turn's null content reaches it as None)
+  // and writes call arguments with `+` (as the client's text, not an object).
+  bool none_call_content() const { return none_call_content_; }
+  bool text_call_arguments() const { return text_call_arguments_; }
 
  private:
   // A render slot, released when the returned object is destroyed; Unavailable when all
@@ -102,13 +113,22 @@ class ChatTemplate {
         bos_token_(std::move(bos_token)),
         eos_token_(std::move(eos_token)),
         limits_(limits),
-        in_flight_(std::make_shared<std::atomic<int>>(0)) {}
+        in_flight_(std::make_shared<std::atomic<int>>(0)) {
+    ReadCallConventions();
+  }
+  // How the template reads an assistant's tool calls (DeepSeek's tests `content is none` and
+  // writes `arguments` with `+`, as a string), from its source.
+  void ReadCallConventions();
 
   Template template_;
   std::string source_;
   std::string bos_token_;
   std::string eos_token_;
   ChatTemplateLimits limits_;
+  // A call-only assistant turn's content reaches the template as None (else "").
+  bool none_call_content_ = false;
+  // Call arguments reach the template as the client's JSON text (else parsed into an object).
+  bool text_call_arguments_ = false;
   // Renders running now, shared by copies of this template.
   std::shared_ptr<std::atomic<int>> in_flight_;
 };

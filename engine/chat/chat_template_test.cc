@@ -37,6 +37,46 @@ TEST(ChatTemplateTest, TrimsBlocksLikeHuggingFace) {
   EXPECT_EQ(*t->Render(kConversation, false), "<s>\n[Hi]\n</s>");
 }
 
+// A call-only assistant turn, as pd-router gives it: content "" flagged as null by the
+// client, arguments parsed into an object with the client's text beside them. DeepSeek's
+// template (this is its tool-call branch, cut down) tests `content is none` and writes the
+// arguments with `+`: it sees None and the text. A template that writes `arguments | tojson`
+// and tests `reasoning_content is not none` (Qwen3's) sees "" and the object.
+TEST(ChatTemplateTest, CallOnlyTurnsAsEachTemplateReadsThem) {
+  absl::StatusOr<Value> calls =
+      ParseJsonValue(R"([{"id": "c1", "type": "function", "function": {"name": "f",
+                         "arguments": {"city": "Paris"}}}])");
+  ASSERT_TRUE(calls.ok()) << calls.status();
+  Dict fields;
+  fields.Set(Value::String("tool_calls"), *calls);
+  ChatMessage call{"assistant", ""};
+  call.content_none = true;
+  call.fields = Value::MakeDict(std::move(fields));
+  call.call_arguments = {R"({"city":  "Paris"})"};
+  const std::vector<ChatMessage> messages = {{"user", "Weather?"}, call};
+
+  absl::StatusOr<ChatTemplate> deepseek = ChatTemplate::Create(
+      "{% for m in messages %}{% if m['role'] == 'assistant' and m['content'] is none %}"
+      "{% for tool in m['tool_calls'] %}{{ tool['function']['name'] + ':' + "
+      "tool['function']['arguments'] }}{% endfor %}{% elif m['content'] is not none %}"
+      "{{ m['role'] + '=' + m['content'] + ';' }}{% endif %}{% endfor %}",
+      "", "");
+  ASSERT_TRUE(deepseek.ok()) << deepseek.status();
+  EXPECT_TRUE(deepseek->none_call_content());
+  EXPECT_TRUE(deepseek->text_call_arguments());
+  EXPECT_EQ(*deepseek->Render(messages, false), R"(user=Weather?;f:{"city":  "Paris"})");
+
+  absl::StatusOr<ChatTemplate> qwen = ChatTemplate::Create(
+      "{% for m in messages %}{% if m.reasoning_content is not none %}{{ m.role }}:"
+      "{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.arguments | tojson }}"
+      "{% endfor %};{% endif %}{% endfor %}",
+      "", "");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_FALSE(qwen->none_call_content());
+  EXPECT_FALSE(qwen->text_call_arguments());
+  EXPECT_EQ(*qwen->Render(messages, false), R"(user:Weather?;assistant:{"city": "Paris"};)");
+}
+
 TEST(ChatTemplateTest, ExtraVarsAndRaiseException) {
   absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(
       "{% if messages[0].role != 'user' %}{{ raise_exception('first message must be user') }}"

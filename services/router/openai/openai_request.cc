@@ -256,6 +256,9 @@ absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiReque
         if (role != "assistant") return Bad(field, "only assistant messages carry tool calls");
         if (!msg.tool_calls_json.empty()) return Bad(field, "cannot be combined with function_call");
         PD_ASSIGN_OR_RETURN(msg.tool_calls_json, ParseHistoryToolCalls(field, value));
+        for (const json& call : value) {
+          msg.tool_call_arguments.push_back(call["function"]["arguments"].get<std::string>());
+        }
       } else if (key == "tool_call_id") {
         if (value.is_null()) continue;
         if (role != "tool") return Bad(field, "only tool messages answer a tool call");
@@ -273,6 +276,7 @@ absl::Status ParseMessages(const json& v, const ParseLimits& limits, OpenAiReque
           return Bad(field, "must be {\"name\": a string, \"arguments\": a string}");
         }
         msg.tool_calls_json = *std::move(parsed);
+        msg.tool_call_arguments = {value["arguments"].get<std::string>()};
       } else if (key == "audio" || key == "refusal") {
         if (!value.is_null()) return Bad(field, "is not supported by this server");
       } else {

@@ -33,10 +33,14 @@ struct ChatMessage {
   std::string role;
   std::string content;
   // An assistant message whose content was null or absent (it carries tool calls): the chat
-  // template sees `content` as "", as vLLM passes it (Qwen3's template fails on None).
+  // template sees `content` as "", as vLLM passes it (Qwen3's template fails on None), or
+  // None where the template tests `content is none` (DeepSeek's).
   bool content_null = false;
   // Assistant: its tool calls (ParseHistoryToolCalls: a JSON array as text); "" for none.
   std::string tool_calls_json;
+  // ... and each call's arguments as the client wrote them (templates that write arguments
+  // as a string get these: engine/chat/chat_template.h).
+  std::vector<std::string> tool_call_arguments;
   // Tool: the call this message answers. "" when not given.
   std::string tool_call_id;
   // The optional `name` of the message ("" when absent).
