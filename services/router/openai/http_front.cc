@@ -86,7 +86,8 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontConfi
             << (config.tool_call_format.has_value() ? " (--tool_call_format)" : " (detected)")
             << "; reasoning blocks " << (reasoning ? "parsed" : "not parsed") << " ("
             << config.reasoning_parser << ")"
-            << (f->routes_->tool_call_format() == ToolCallFormat::kHermes
+            << (f->routes_->tool_call_format() == ToolCallFormat::kHermes ||
+                        f->routes_->tool_call_format() == ToolCallFormat::kDeepseek
                     ? (config.constrain_auto_tool_calls ? "; auto tool calls enforced once started"
                                                         : "; auto tool calls parsed only")
                     : "");

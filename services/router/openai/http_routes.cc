@@ -241,11 +241,16 @@ void HttpRoutes::ConstrainAfterReasoning(const OpenAiRequest& r, std::optional<b
 void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest* g) const {
   v1::SamplingParams* s = g->mutable_sampling();
   if (!constrain_auto_calls_ || r.endpoint != Endpoint::kChat || !r.tools.offered() ||
-      r.tools.choice != ToolChoice::kAuto || tool_call_format_ != ToolCallFormat::kHermes ||
+      r.tools.choice != ToolChoice::kAuto ||
+      (tool_call_format_ != ToolCallFormat::kHermes &&
+       tool_call_format_ != ToolCallFormat::kDeepseek) ||
       s->has_constraint() || s->min_tokens() > 0 || s->ignore_eos()) {
     return;
   }
-  s->mutable_constraint()->set_structural_tag(AutoCallTag(r.tools));
+  // (DeepSeek-V3's template fences the arguments in ```json; V3.1's does not.)
+  const chat::ChatTemplate* t = service_->prompts().chat_template();
+  const bool fenced = t == nullptr || absl::StrContains(t->source(), "```json");
+  s->mutable_constraint()->set_structural_tag(AutoCallTag(r.tools, tool_call_format_, fenced));
   if (!services::CompileConstraintOf(*s, RouterGrammarCache()).ok()) {
     s->clear_constraint();  // a parameters keyword the engine cannot enforce: parsed only
   }

@@ -134,8 +134,10 @@ TEST_F(ToGenerateRequestTest, ChatBecomesTheEncodersTokens) {
 }
 
 // Tools and the tool-calling history reach the template as Hugging Face passes them: `tools`
-// (unless tool_choice is "none"), an assistant's tool_calls with arguments as an object and
-// a null content as "" (as vLLM passes it), a tool message's tool_call_id.
+// (unless tool_choice is "none"), an assistant's tool_calls with arguments as an object, a
+// tool message's tool_call_id. A null content: this template tests `content is none` (as
+// DeepSeek's does), so it sees None; one that does not sees "" (as vLLM passes it:
+// chat_template_test.cc).
 TEST_F(ToGenerateRequestTest, ChatToolsAndHistoryReachTheTemplate) {
   absl::StatusOr<chat::ChatTemplate> t = chat::ChatTemplate::Create(
       "{% if tools %}TOOLS{% for t in tools %} {{ t.function.name }}{% endfor %}; {% endif %}"
@@ -164,11 +166,11 @@ TEST_F(ToGenerateRequestTest, ChatToolsAndHistoryReachTheTemplate) {
     return text.ok() ? *text : std::string();
   };
   const std::string offered = render(history + "}");
-  EXPECT_THAT(offered, HasSubstr("TOOLS get_weather; user: hi; assistant:  call "
+  EXPECT_THAT(offered, HasSubstr("TOOLS get_weather; user: hi; assistant: none call "
                                  "get_weather(Paris); tool: sunny id call_1; "));
   const std::string none = render(history + R"(,"tool_choice":"none"})");
   EXPECT_THAT(none, ::testing::Not(HasSubstr("TOOLS")));
-  EXPECT_THAT(none, HasSubstr("assistant:  call get_weather(Paris)"));
+  EXPECT_THAT(none, HasSubstr("assistant: none call get_weather(Paris)"));
 }
 
 TEST_F(ToGenerateRequestTest, ChatErrorsNameMessagesButBusyNamesNothing) {

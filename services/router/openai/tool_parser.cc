@@ -137,11 +137,8 @@ constexpr absl::string_view kMistralArgs = "[ARGS]";
 // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```
 // <｜tool▁call▁end｜>... <｜tool▁calls▁end｜>; V3.1: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
 // <｜tool▁call▁end｜>.
-constexpr absl::string_view kDeepseekOpen = "<｜tool▁calls▁begin｜>";
-constexpr absl::string_view kDeepseekClose = "<｜tool▁calls▁end｜>";
-constexpr absl::string_view kDeepseekCallBegin = "<｜tool▁call▁begin｜>";
-constexpr absl::string_view kDeepseekCallEnd = "<｜tool▁call▁end｜>";
-constexpr absl::string_view kDeepseekSep = "<｜tool▁sep｜>";
+constexpr absl::string_view kDeepseekOpen = kDeepseekCallsOpen;
+constexpr absl::string_view kDeepseekClose = kDeepseekCallsClose;
 
 // The index just past the JSON object that `s` starts with ('{'), honouring strings and their
 // escapes; npos when it does not end within `s`.
@@ -392,9 +389,9 @@ bool ToolCallParser::EmitDeepseekCalls(absl::string_view body, std::vector<ToolC
       return false;
     }
     const absl::string_view head = absl::StripAsciiWhitespace(body.substr(0, sep));
-    absl::string_view rest =
-        body.substr(sep + kDeepseekSep.size(), end - sep - kDeepseekSep.size());
-    body.remove_prefix(end + kDeepseekCallEnd.size());
+    absl::string_view rest = body.substr(sep + absl::string_view(kDeepseekSep).size(),
+                                         end - sep - absl::string_view(kDeepseekSep).size());
+    body.remove_prefix(end + absl::string_view(kDeepseekCallEnd).size());
     absl::string_view name = head, args = rest;
     if (head == "function") {  // V3 / R1: the name on its own line, then a fenced JSON block
       const size_t newline = rest.find('\n');

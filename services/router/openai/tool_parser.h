@@ -42,6 +42,13 @@ namespace pd::router::openai {
 //    `<｜tool▁calls▁end｜>`; the calls are held and returned whole when the block ends.
 enum class ToolCallFormat { kHermes, kLlama3, kMistral, kDeepseek };
 
+// DeepSeek's call markers (plain added tokens: they decode as text).
+inline constexpr char kDeepseekCallsOpen[] = "<｜tool▁calls▁begin｜>";
+inline constexpr char kDeepseekCallsClose[] = "<｜tool▁calls▁end｜>";
+inline constexpr char kDeepseekCallBegin[] = "<｜tool▁call▁begin｜>";
+inline constexpr char kDeepseekCallEnd[] = "<｜tool▁call▁end｜>";
+inline constexpr char kDeepseekSep[] = "<｜tool▁sep｜>";
+
 // "hermes", "llama3", "mistral", "deepseek".
 absl::string_view ToolCallFormatName(ToolCallFormat format);
 // The inverse of ToolCallFormatName; InvalidArgument naming the accepted values.

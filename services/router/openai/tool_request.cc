@@ -316,21 +316,32 @@ std::string EnforcedCallSchema(const ToolsSpec& spec) {
   return list.dump();
 }
 
-std::string AutoCallTag(const ToolsSpec& spec) {
+std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format, bool fenced) {
+  if (format != ToolCallFormat::kHermes && format != ToolCallFormat::kDeepseek) return "";
+  const bool deepseek = format == ToolCallFormat::kDeepseek;
   ordered_json structures = ordered_json::array();
   for (const ToolFunction& f : spec.functions) {
     ordered_json st = ordered_json::object();
-    st["begin"] = absl::StrCat(kHermesCallOpen, "\n{\"name\": \"", f.name, "\", \"arguments\": ");
+    if (!deepseek) {
+      st["begin"] = absl::StrCat(kHermesCallOpen, "\n{\"name\": \"", f.name, "\", \"arguments\": ");
+      st["end"] = absl::StrCat("}\n", kHermesCallClose);
+    } else if (fenced) {
+      st["begin"] = absl::StrCat(kDeepseekCallsOpen, kDeepseekCallBegin, "function", kDeepseekSep,
+                                 f.name, "\n```json\n");
+      st["end"] = absl::StrCat("\n```", kDeepseekCallEnd, kDeepseekCallsClose);
+    } else {
+      st["begin"] = absl::StrCat(kDeepseekCallsOpen, kDeepseekCallBegin, f.name, kDeepseekSep);
+      st["end"] = absl::StrCat(kDeepseekCallEnd, kDeepseekCallsClose);
+    }
     st["schema"] = f.parameters.empty()
                        ? ordered_json{{"type", "object"}, {"additionalProperties", false}}
                        : ordered_json::parse(f.parameters);
-    st["end"] = absl::StrCat("}\n", kHermesCallClose);
     structures.push_back(std::move(st));
   }
   ordered_json tag = ordered_json::object();
   tag["type"] = "structural_tag";
   tag["structures"] = std::move(structures);
-  tag["triggers"] = {kHermesCallOpen};
+  tag["triggers"] = {deepseek ? kDeepseekCallsOpen : kHermesCallOpen};
   return tag.dump();
 }
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json_fwd.hpp"
+#include "services/router/openai/tool_parser.h"
 
 namespace pd::router::openai {
 
@@ -90,11 +91,16 @@ inline constexpr char kHermesCallOpen[] = "<tool_call>";
 inline constexpr char kHermesCallClose[] = "</tool_call>";
 
 // The structural tag (engine/grammar/structural_tag.h, as JSON text) that enforces a call a
-// Hermes-format model chooses to make under tool_choice "auto": free text until it writes
-// `<tool_call>`, then `\n{"name": "<an offered function>", "arguments": ` and arguments that follow
-// that function's parameters, then `}\n</tool_call>`, then free text again (more calls, or
-// not). The layout is the one Qwen's and Hermes's chat templates teach.
-std::string AutoCallTag(const ToolsSpec& spec);
+// model chooses to make under tool_choice "auto". Hermes format: free text until it writes
+// `<tool_call>`, then `\n{"name": "<an offered function>", "arguments": ` and arguments that
+// follow that function's parameters, then `}\n</tool_call>`, then free text again (more calls,
+// or not): the layout Qwen's and Hermes's chat templates teach. DeepSeek format: free text
+// until `<｜tool▁calls▁begin｜>`, then one call as DeepSeek-V3's template writes it
+// (`<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>`; with
+// `fenced` false, V3.1's `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`), then
+// `<｜tool▁calls▁end｜>`: one call per block (another block may follow). Other formats: "".
+std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format = ToolCallFormat::kHermes,
+                        bool fenced = true);
 
 // An assistant message's `tool_calls` (`param` names it in errors): an array of {"id",
 // "type": "function", "function": {"name", "arguments": a string}}. Returns the calls in the

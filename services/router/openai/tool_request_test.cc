@@ -61,6 +61,37 @@ TEST(ToolRequestTest, ToolsDefaultToAutoAndKeepTheirText) {
   EXPECT_FALSE(r->tools.offered());
 }
 
+// The tag enforcing a call the model starts under "auto": per offered function, the opening
+// its format's template teaches, the function's parameters, the closing; the trigger is the
+// format's first marker. DeepSeek-V3 fences the arguments in ```json, V3.1 does not. Formats
+// without a tag (Llama 3, Mistral) get "".
+TEST(ToolRequestTest, AutoCallTagsFollowTheFormatsTemplates) {
+  absl::StatusOr<OpenAiRequest> r = Chat(absl::StrCat(R"(,"tools":[)", kWeather, ",", kTime, "]"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const json hermes = json::parse(AutoCallTag(r->tools));
+  EXPECT_EQ(hermes["triggers"], json::array({"<tool_call>"}));
+  ASSERT_EQ(hermes["structures"].size(), 2u);
+  EXPECT_EQ(hermes["structures"][0]["begin"], "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
+  EXPECT_EQ(hermes["structures"][0]["end"], "}\n</tool_call>");
+  EXPECT_EQ(hermes["structures"][0]["schema"]["required"], json::array({"city", "unit"}));
+
+  const json v3 = json::parse(AutoCallTag(r->tools, ToolCallFormat::kDeepseek));
+  EXPECT_EQ(v3["triggers"], json::array({"<｜tool▁calls▁begin｜>"}));
+  EXPECT_EQ(v3["structures"][1]["begin"],
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n");
+  EXPECT_EQ(v3["structures"][1]["end"], "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  // A function without parameters takes an empty object.
+  EXPECT_EQ(v3["structures"][1]["schema"]["additionalProperties"], false);
+
+  const json v31 = json::parse(AutoCallTag(r->tools, ToolCallFormat::kDeepseek, /*fenced=*/false));
+  EXPECT_EQ(v31["structures"][0]["begin"],
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>");
+  EXPECT_EQ(v31["structures"][0]["end"], "<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+
+  EXPECT_EQ(AutoCallTag(r->tools, ToolCallFormat::kLlama3), "");
+  EXPECT_EQ(AutoCallTag(r->tools, ToolCallFormat::kMistral), "");
+}
+
 TEST(ToolRequestTest, RequiredAndNamedChoicesBecomeASchemaConstraint) {
   absl::StatusOr<OpenAiRequest> r =
       Chat(absl::StrCat(R"(,"tools":[)", kWeather, R"(],"tool_choice":"required")"));
