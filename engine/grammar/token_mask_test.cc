@@ -100,12 +100,12 @@ TEST(TokenMaskTest, PlainStringBytesAreUtf8WithoutEscapesOrControls) {
   }
 }
 
-// With a vocabulary large enough that string states are not walked whole, masks inside free
-// strings and keys are the trie's plain tokens plus a walk of the others; they equal the whole
-// walk, and strings that do not accept every plain run (maxLength, a pattern) are walked.
-TEST(TokenMaskTest, PlainTokensAtOnceGiveTheWholeWalksMask) {
-  std::vector<std::string> vocab = Vocabulary(7);
-  std::mt19937 rng(11);
+// A vocabulary big enough that string states are cut and cached rather than walked whole:
+// Vocabulary(seed) plus 6,000 random tokens (from `rng_seed`), mostly plain string content:
+// a tenth of them hold a quote, an escape or a control.
+std::vector<std::string> BigVocabulary(uint32_t seed, uint32_t rng_seed) {
+  std::vector<std::string> vocab = Vocabulary(seed);
+  std::mt19937 rng(rng_seed);
   const std::vector<std::string> pieces = {"a", "e", "n", "s", "t", "x", " ", "-", "_", "0", "7",
                                            "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80",
                                            "\xC3", "\xB8", "\"", "\\", "\n", ":", ",", "}"};
@@ -113,12 +113,19 @@ TEST(TokenMaskTest, PlainTokensAtOnceGiveTheWholeWalksMask) {
     std::string s;
     const int len = 1 + static_cast<int>(rng() % 7);
     for (int k = 0; k < len; ++k) {
-      // Mostly plain pieces: a tenth of the tokens hold a quote, an escape or a control.
       const size_t p = rng() % 10 == 0 ? rng() % pieces.size() : rng() % 16;
       s += pieces[p];
     }
     vocab.push_back(s);
   }
+  return vocab;
+}
+
+// With a vocabulary large enough that string states are not walked whole, masks inside free
+// strings and keys are the trie's plain tokens plus a walk of the others; they equal the whole
+// walk, and strings that do not accept every plain run (maxLength, a pattern) are walked.
+TEST(TokenMaskTest, PlainTokensAtOnceGiveTheWholeWalksMask) {
+  const std::vector<std::string> vocab = BigVocabulary(7, 11);
   const std::vector<int32_t> end = {0};
   const TokenTrie trie(vocab, end);
   ASSERT_NE(trie.rest(), nullptr);
@@ -155,29 +162,12 @@ TEST(TokenMaskTest, PlainTokensAtOnceGiveTheWholeWalksMask) {
   EXPECT_GT(plain_masks, 20u);
 }
 
-// A vocabulary big enough that string states are cut and cached rather than walked whole:
-// Vocabulary(seed) plus 6,000 random tokens, mostly plain string content.
-std::vector<std::string> BigVocabulary(uint32_t seed) {
-  std::vector<std::string> vocab = Vocabulary(seed);
-  std::mt19937 rng(seed + 100);
-  const std::vector<std::string> pieces = {"a", "e", "n", "s", "t", "x", " ", "-", "_", "0", "7",
-                                           "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80",
-                                           "\xC3", "\xB8", "\"", "\\", "\n", ":", ",", "}"};
-  for (int i = 0; i < 6000; ++i) {
-    std::string s;
-    const int len = 1 + static_cast<int>(rng() % 7);
-    for (int k = 0; k < len; ++k) s += pieces[rng() % 10 == 0 ? rng() % pieces.size() : rng() % 16];
-    vocab.push_back(s);
-  }
-  return vocab;
-}
-
 // A string of minLength 1: after its first character every stack shares the rest of the
 // string, and a cut just below that entry would let almost every token reach the cut (one
 // walk from below per trie node, every mask). The cut goes one entry deeper instead, below the
 // closing quote, and the masks still equal the whole walk.
 TEST(TokenMaskTest, AStringOfMinLengthOneIsCutBelowItsClosingQuote) {
-  const std::vector<std::string> vocab = BigVocabulary(5);
+  const std::vector<std::string> vocab = BigVocabulary(5, 105);
   const TokenTrie trie(vocab, {0});
   auto g = CompileJsonSchema(R"({"type": "object", "properties": {
       "s": {"type": "string", "minLength": 1}, "t": {"type": "string", "minLength": 1}},
@@ -210,7 +200,7 @@ TEST(TokenMaskTest, AStringOfMinLengthOneIsCutBelowItsClosingQuote) {
 // positions share one cached mask part (one walk, then hits) and the masks equal the whole
 // walk, up to the bound and at it.
 TEST(TokenMaskTest, PositionsOfALongBoundedStringShareOneCachedMask) {
-  const std::vector<std::string> vocab = BigVocabulary(6);
+  const std::vector<std::string> vocab = BigVocabulary(6, 106);
   const TokenTrie trie(vocab, {0});
   ASSERT_LE(trie.max_token_bytes(), 28u);
   for (const int max_length : {1000, 40}) {
@@ -247,7 +237,7 @@ TEST(TokenMaskTest, PositionsOfALongBoundedStringShareOneCachedMask) {
 // its mask is kept in the grammar: the next request with the same schema takes it from
 // there, equal to the whole walk.
 TEST(TokenMaskTest, AStateOfManyStacksIsCachedForTheNextRequest) {
-  const std::vector<std::string> vocab = BigVocabulary(8);
+  const std::vector<std::string> vocab = BigVocabulary(8, 108);
   const TokenTrie trie(vocab, {0});
   std::string schema = R"({"enum": [)";
   for (int i = 0; i < 200; ++i) absl::StrAppend(&schema, i ? ", " : "", "\"k", i, "x\"");
@@ -275,7 +265,7 @@ TEST(TokenMaskTest, AStateOfManyStacksIsCachedForTheNextRequest) {
 // string takes the plain tokens at once, and the masks (in the string and as it closes into
 // each branch's next member) equal the whole walk.
 TEST(TokenMaskTest, StacksThatDifferOnlyBelowACutMergeUnderOnePlaceholder) {
-  const std::vector<std::string> vocab = BigVocabulary(10);
+  const std::vector<std::string> vocab = BigVocabulary(10, 110);
   const TokenTrie trie(vocab, {0});
   std::string schema = R"({"anyOf": [)";
   for (int i = 0; i < 40; ++i) {
