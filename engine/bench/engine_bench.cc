@@ -22,7 +22,8 @@
 //   BM_Prefill/tokens/threads  one sequence of `tokens` new tokens from position 0. FLOPs =
 //                              2 * (layer matmul parameters) * tokens + 2 * vocab * dim (the
 //                              classifier runs on the last token only) + causal attention
-//                              (4 * head_dim * tokens * (tokens + 1) / 2 per head and layer).
+//                              (4 * head_dim * tokens * (tokens + 1) / 2 per head and layer;
+//                              MLA: 2 * (latent + kv_lora_rank) in place of 4 * head_dim).
 //                              Ceiling: the best of kernels::MatMul at m = 512, in = out = 2048,
 //                              bf16 weights (the dispatched kernel and both CPU paths, best of 5).
 //
@@ -346,6 +347,14 @@ double TriadBytesPerSecond(int threads, int passes = 5) {
 
 // The best FLOP/s of kernels::MatMul at m = 512, in = out = 2048, bf16 weights with `threads`
 // threads: the dispatched kernel and both CPU paths (direct, sgemm), best single call of 5 each.
+// Attention flops per query and cached key, per layer: q.k and p.v per head, or MLA's
+// absorbed scores over the latent entry and the weighted sum of its kv_lora_rank part (the
+// form MLA uses in prefill too).
+double AttentionFlopsPerKey(const ModelConfig& c) {
+  return c.mla() ? 2.0 * (c.mla_latent_dim() + c.kv_lora_rank) * c.n_heads
+                 : 4.0 * c.head_dim * c.n_heads;
+}
+
 double GemmPeakFlopsPerSecond(int threads) {
   constexpr int64_t m = 512, in = 2048, out = 2048;
   const kernels::OpContext ctx = Context(threads);
@@ -415,11 +424,7 @@ void BM_Decode(benchmark::State& state) {
   int64_t moe_layers = 0;
   for (int l = 0; l < c.n_layers; ++l) moe_layers += c.moe_layer(l) ? 1 : 0;
   const int64_t fixed_bytes = weight_bytes - moe_layers * c.n_experts * expert_bytes;
-  // Attention flops per cached key: q.k and p.v per head, or MLA's absorbed scores over the
-  // latent entry and the weighted sum of its kv_lora_rank part.
-  const double attention_flops_per_key =
-      c.mla() ? 2.0 * (c.mla_latent_dim() + c.kv_lora_rank) * c.n_heads
-              : 4.0 * c.head_dim * c.n_heads;
+  const double attention_flops_per_key = AttentionFlopsPerKey(c);
   std::vector<int64_t> experts_before;
   double experts_read = 0;
   auto run_step = [&]() -> int64_t {  // returns the bytes the step read
@@ -604,7 +609,7 @@ void BM_Prefill(benchmark::State& state) {
   const double flops =
       2.0 * static_cast<double>(e.layer_matmul_params) * static_cast<double>(n) +
       2.0 * c.vocab_size * c.dim +
-      4.0 * c.head_dim * c.n_heads * c.n_layers * static_cast<double>(n) * (n + 1) / 2.0;
+      AttentionFlopsPerKey(c) * c.n_layers * static_cast<double>(n) * (n + 1) / 2.0;
   const double peak = GemmPeakFlopsPerSecond(threads);
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
