@@ -137,8 +137,9 @@ constexpr absl::string_view kMistralArgs = "[ARGS]";
 // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```
 // <｜tool▁call▁end｜>... <｜tool▁calls▁end｜>; V3.1: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
 // <｜tool▁call▁end｜>.
-constexpr absl::string_view kDeepseekOpen = kDeepseekCallsOpen;
-constexpr absl::string_view kDeepseekClose = kDeepseekCallsClose;
+// (With a length: UBSan builds do not take a pointer's null check as a constant expression.)
+constexpr absl::string_view kDeepseekOpen(kDeepseekCallsOpen, sizeof(kDeepseekCallsOpen) - 1);
+constexpr absl::string_view kDeepseekClose(kDeepseekCallsClose, sizeof(kDeepseekCallsClose) - 1);
 
 // The index just past the JSON object that `s` starts with ('{'), honouring strings and their
 // escapes; npos when it does not end within `s`.
