@@ -933,7 +933,6 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       canonical = CanonicalForm(*grammar_, cuts, tails);
       if (!canonical.empty()) part = trie.mask_cache().Find(canonical);
       if (part != nullptr && part->cut_deeper && !can_go_deeper) part = nullptr;
-      if (part != nullptr && !part->cut_deeper && part->walk_whole) part = nullptr;
       if (part != nullptr) grammar_->mask_cache().Store(key, part);
       if (part != nullptr && part->cut_deeper) continue;
       if (part != nullptr && part->max_stacks * largest_below > kMaxStacks) {
