@@ -84,6 +84,10 @@ ABSL_FLAG(std::vector<std::string>, decode_workers, {},
           "comma-separated gRPC addresses of decode workers (role decode or both)");
 ABSL_FLAG(std::vector<std::string>, prefill_workers, {},
           "comma-separated gRPC addresses of prefill workers");
+ABSL_FLAG(absl::Duration, redis_lookup_timeout, absl::Milliseconds(5),
+          "bound of one lower-tier lookup in the Redis prefix index while placing (with "
+          "--redis_address); a slower lookup places without DRAM/NVMe credit and pauses lookups "
+          "for 1s");
 ABSL_FLAG(std::string, policy, "cache_aware", "placement: cache_aware | round_robin | random");
 ABSL_FLAG(int64_t, disagg_threshold_tokens, 0,
           "prompts with fewer uncached tokens (after the decode worker's cache hits) are "
@@ -148,6 +152,7 @@ absl::StatusOr<pd::router::RouterConfig> ConfigFromFlags() {
       config.metrics_address,
       pd::services::ParseHostPort(absl::GetFlag(FLAGS_metrics_address), "--metrics_address"));
   PD_ASSIGN_OR_RETURN(config.redis, pd::services::RedisConfigFromFlags());
+  config.redis_lookup_timeout = absl::GetFlag(FLAGS_redis_lookup_timeout);
   config.block_size = absl::GetFlag(FLAGS_block_size);
   absl::StatusOr<pd::kernels::DType> kv_dtype =
       pd::kernels::DTypeFromName(absl::GetFlag(FLAGS_kv_dtype));

@@ -27,7 +27,7 @@ struct RouterConfig {
   std::optional<redis::RedisConfig> redis;
   // Bound of one lower-tier lookup in the Redis prefix index while placing a request (connect
   // and each socket read/write); slower or failed lookups place without lower-tier credit and
-  // pause lookups for a second (services/router/tier_credit.h). >= 1ms.
+  // pause lookups for a second (services/router/tier_credit.h). In [1ms, 10s].
   absl::Duration redis_lookup_timeout = absl::Milliseconds(5);
   // Tokens per KV block; must equal the workers' block size.
   int block_size = 16;

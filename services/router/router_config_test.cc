@@ -50,6 +50,17 @@ TEST(RouterConfigTest, RejectsBadValuesNamingTheFlag) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("redis"), absl::string_view::npos) << s;
 
+  for (absl::Duration bad : {absl::ZeroDuration(), absl::Microseconds(999), absl::Seconds(11)}) {
+    c = Valid();
+    c.redis_lookup_timeout = bad;
+    s = c.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--redis_lookup_timeout"), absl::string_view::npos) << s;
+  }
+  c = Valid();
+  c.redis_lookup_timeout = absl::Seconds(10);
+  EXPECT_TRUE(c.Validate().ok());
+
   c = Valid();
   c.limits.max_prompt_tokens = 0;
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
