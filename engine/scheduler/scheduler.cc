@@ -692,16 +692,19 @@ Scheduler::Batch Scheduler::CollectBatch() {
       return batch;
     }
   }
-  const int64_t step_k =
-      config_.spec_adaptive ? spec_.MaxProposal(static_cast<int64_t>(rows), config_.spec_max_tokens)
-                            : config_.spec_max_tokens;
+  // How many each decode may propose (within the step's tokens and rows), then the proposals,
+  // all at once (a draft model runs them as one batch), then their verify rows.
+  const auto max_rows = static_cast<size_t>(forward_->options().max_seqs);
+  const int64_t spare_rows =
+      std::min<int64_t>(budget, static_cast<int64_t>(max_rows) - static_cast<int64_t>(rows));
+  const int64_t step_k = config_.spec_adaptive
+                             ? spec_.MaxProposal(static_cast<int64_t>(rows),
+                                                 config_.spec_max_tokens, spare_rows)
+                             : config_.spec_max_tokens;
   if (step_k == 0) {
     ++stats_.spec_declined_steps;
     return batch;
   }
-  // How many each decode may propose (within the step's tokens and rows), then the proposals,
-  // all at once (a draft model runs them as one batch), then their verify rows.
-  const auto max_rows = static_cast<size_t>(forward_->options().max_seqs);
   std::vector<std::pair<size_t, int64_t>> wants;  // (decode row, most tokens)
   size_t planned_rows = batch.rows.size();
   for (size_t r = 0; r < rows && budget > 0 && planned_rows < max_rows; ++r) {
@@ -727,6 +730,7 @@ Scheduler::Batch Scheduler::CollectBatch() {
     const int64_t passes = draft_->stats().forward_passes;
     absl::StatusOr<std::vector<std::vector<uint32_t>>> drafts = draft_->Propose(asks);
     spec_.ObserveDraft(draft_->stats().forward_passes - passes,
+                       static_cast<int64_t>(asks.size()),
                        absl::ToDoubleSeconds(absl::Now() - started));
     if (!drafts.ok()) {
       // The target's step goes on without proposals; the draft's state was dropped.

@@ -12,21 +12,41 @@ constexpr double kAcceptanceDecay = 0.98;
 
 }  // namespace
 
-void SpecController::ObserveStep(int64_t rows, double seconds) {
-  if (rows <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
-  const auto x = static_cast<double>(rows);
+void DecayingLinearFit::Observe(double x, double y) {
   s0_ = kDecay * s0_ + 1;
   sx_ = kDecay * sx_ + x;
-  sy_ = kDecay * sy_ + seconds;
+  sy_ = kDecay * sy_ + y;
   sxx_ = kDecay * sxx_ + x * x;
-  sxy_ = kDecay * sxy_ + x * seconds;
+  sxy_ = kDecay * sxy_ + x * y;
 }
 
-void SpecController::ObserveDraft(int64_t passes, double seconds) {
-  if (passes <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
-  const double per_pass = seconds / static_cast<double>(passes);
-  draft_weight_ = kDecay * draft_weight_ + 1;
-  draft_seconds_ += (per_pass - draft_seconds_) / draft_weight_;
+bool DecayingLinearFit::Fit(double* a, double* b) const {
+  const double var = s0_ * sxx_ - sx_ * sx_;
+  // The x must vary (relative to their mean) for the slope to mean anything.
+  if (s0_ < 8 || var <= 1e-3 * s0_ * s0_) return false;
+  *b = (s0_ * sxy_ - sx_ * sy_) / var;
+  *a = (sy_ - *b * sx_) / s0_;
+  return true;
+}
+
+void SpecController::ObserveStep(int64_t rows, double seconds) {
+  if (rows <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
+  step_fit_.Observe(static_cast<double>(rows), seconds);
+}
+
+void SpecController::ObserveDraft(int64_t passes, int64_t rows, double seconds) {
+  if (passes <= 0 || rows <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
+  draft_fit_.Observe(static_cast<double>(rows), seconds / static_cast<double>(passes));
+}
+
+double SpecController::DraftPassSeconds(int64_t rows) const {
+  if (draft_fit_.weight() <= 0 || rows <= 0) return 0;
+  const auto m = static_cast<double>(rows);
+  double c0 = 0, c1 = 0;
+  if (draft_fit_.Fit(&c0, &c1) && c1 >= 0) return std::max(c0 + c1 * m, 0.0);
+  // Passes of one size only: proportional to the rows (an upper bound for more rows than
+  // measured when a pass has a fixed cost, as it does).
+  return draft_fit_.mean_x() > 0 ? draft_fit_.mean_y() / draft_fit_.mean_x() * m : 0;
 }
 
 void SpecController::ObserveVerify(int64_t proposed, int64_t accepted) {
@@ -37,19 +57,12 @@ void SpecController::ObserveVerify(int64_t proposed, int64_t accepted) {
   acceptance_ = kAcceptanceDecay * acceptance_ + (1 - kAcceptanceDecay) * rate;
 }
 
-bool SpecController::Fit(double* a, double* b) const {
-  const double var = s0_ * sxx_ - sx_ * sx_;
-  // The rows must vary (relative to their mean) for the slope to mean anything.
-  if (s0_ < 8 || var <= 1e-3 * s0_ * s0_) return false;
-  *b = (s0_ * sxy_ - sx_ * sy_) / var;
-  *a = (sy_ - *b * sx_) / s0_;
-  return true;
-}
+bool SpecController::Fit(double* a, double* b) const { return step_fit_.Fit(a, b); }
 
-int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k) {
+int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k, int64_t spare_rows) {
   ++steps_;
   exploring_ = false;
-  if (max_k <= 0) return 0;
+  if (max_k <= 0 || spare_rows <= 0) return 0;
   double a = 0, b = 0;
   if (steps_ % explore_every_ == 0 || !Fit(&a, &b)) {  // measure
     exploring_ = true;
@@ -57,12 +70,13 @@ int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k) {
   }
   b = std::max(b, 0.0);
   a = std::max(a, 0.0);
-  const double r = static_cast<double>(std::max<int64_t>(plain_rows, 1));
+  const int64_t rows = std::max<int64_t>(plain_rows, 1);
+  const double r = static_cast<double>(rows);
   const double step = a + b * r;
   if (step <= 0) return max_k;
-  const double threshold = (b * r + draft_seconds_) / step;
   // E(k) / k for a proposal of k, with per-token acceptance p: (p + p^2 + ... + p^k) / k,
-  // decreasing in k; the longest k above the threshold.
+  // decreasing in k; the longest k above its threshold, which grows as fewer sequences have
+  // room for k verify rows each.
   const double p = acceptance_;
   double expected = 0;
   double power = 1;
@@ -70,6 +84,10 @@ int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k) {
   for (int64_t k = 1; k <= max_k; ++k) {
     power *= p;
     expected += power;
+    const int64_t proposing = std::min(rows, spare_rows / k);
+    if (proposing <= 0) break;
+    const double m = static_cast<double>(proposing);
+    const double threshold = r * (b * m + DraftPassSeconds(proposing)) / (m * step);
     if (expected / static_cast<double>(k) > threshold) best = k;
   }
   return best;

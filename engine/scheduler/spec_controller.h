@@ -9,14 +9,34 @@
 // weights, b is small against a and speculation runs; on one where every row costs as much as
 // the weights (a tiny model, or a large batch), it stops. One step in kExploreEvery proposes
 // anyway, so the fit and the acceptance keep being measured. With a draft model, its time is a
-// cost too: a proposal of k tokens per sequence takes k draft passes of about c seconds each
-// (batched over the sequences), so the rule becomes E(k) / k > (bR + c) / (a + bR).
-// docs/engine.md.
+// cost too: a proposal of k tokens per sequence takes k draft passes (batched over the
+// sequences). And a step has room for only so many verify rows (the step's row and token
+// caps): when m of the R sequences can propose k, m * E(k) tokens are gained for b * m * k +
+// k * c(m) seconds, c(m) the time of a draft pass of m rows (fitted as c0 + c1 * m like the
+// step; proportional to m while the rows of the passes seen do not vary). The rule becomes
+// E(k) / k > R (b m + c(m)) / (m (a + bR)); with every sequence proposing and no draft it is
+// the one above. docs/engine.md.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace pd::engine {
+
+// Exponentially weighted least squares of y = a + b * x (about the last 200 observations).
+class DecayingLinearFit {
+ public:
+  void Observe(double x, double y);
+  // False until the x seen vary enough (relative to their mean) to separate a from b.
+  bool Fit(double* a, double* b) const;
+  // The weighted means of x and y (0 when nothing was observed).
+  double mean_x() const { return s0_ > 0 ? sx_ / s0_ : 0; }
+  double mean_y() const { return s0_ > 0 ? sy_ / s0_ : 0; }
+  double weight() const { return s0_; }
+
+ private:
+  double s0_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+};
 
 class SpecController {
  public:
@@ -28,15 +48,18 @@ class SpecController {
 
   // A forward pass of `rows` one-token rows took `seconds`.
   void ObserveStep(int64_t rows, double seconds);
-  // A draft model's proposals for one step (every sequence's, batched) ran `passes` forward
+  // A draft model's proposals for one step (`rows` sequences', batched) ran `passes` forward
   // passes of the draft in `seconds`: an added cost of proposing, counted against what the
   // proposals save.
-  void ObserveDraft(int64_t passes, double seconds);
+  void ObserveDraft(int64_t passes, int64_t rows, double seconds);
   // A verification: `proposed` tokens, `accepted` of them taken.
   void ObserveVerify(int64_t proposed, int64_t accepted);
-  // Called once per step that could speculate, with its plain rows: the longest proposal worth
-  // verifying, at most `max_k` (0: none).
-  int64_t MaxProposal(int64_t plain_rows, int64_t max_k);
+  // Called once per step that could speculate, with its plain rows and the verify rows the
+  // step has room for: the longest proposal worth verifying, at most `max_k` (0: none).
+  int64_t MaxProposal(int64_t plain_rows, int64_t max_k,
+                      int64_t spare_rows = std::numeric_limits<int64_t>::max());
+  // Seconds of one draft pass of `rows` rows, as measured (0 without a draft model).
+  double DraftPassSeconds(int64_t rows) const;
 
   // The current fit (for tests and logs): step seconds = a + b * rows; false until the rows seen
   // vary enough to separate a from b.
@@ -46,13 +69,12 @@ class SpecController {
   bool exploring() const { return exploring_; }
 
  private:
-  // Exponentially weighted sums of 1, x (rows), y (seconds), x^2, xy.
-  double s0_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+  // Step seconds against rows.
+  DecayingLinearFit step_fit_;
+  // Seconds of one draft pass against its rows.
+  DecayingLinearFit draft_fit_;
   // Per-token acceptance, weighted toward recent verifications; optimistic until measured.
   double acceptance_ = 0.5;
-  // Seconds of one draft forward pass (exponentially weighted; 0 without a draft model).
-  double draft_seconds_ = 0;
-  double draft_weight_ = 0;
   int64_t steps_ = 0;
   int64_t explore_every_ = kExploreEvery;
   bool exploring_ = false;

@@ -45,6 +45,40 @@ TEST(SpecControllerTest, FitsTheStepCostAndProposesWhereItPays) {
   EXPECT_GT(good.MaxProposal(1, 4) + good.MaxProposal(1, 4), 0);
 }
 
+// With a draft model, its passes cost too, and a step with room for few verify rows spreads
+// that cost over few sequences: the proposal gets shorter, then stops.
+TEST(SpecControllerTest, DraftPassesAndRoomForFewVerifyRowsShortenTheProposal) {
+  SpecController c;
+  Feed(&c, 0.075, 0.001, 0.7);
+  for (int i = 0; i < 400; ++i) {
+    const int rows = 1 + i % 8;
+    c.ObserveDraft(4, rows, 4 * (0.005 + 0.0005 * rows));
+  }
+  EXPECT_NEAR(c.DraftPassSeconds(32), 0.005 + 0.0005 * 32, 1e-9);
+  EXPECT_EQ(c.MaxProposal(1, 4), 4);
+  // 32 sequences all proposing: E(k)/k > (32b + c(32)) / (a + 32b) = 0.495 up to k = 3.
+  EXPECT_EQ(c.MaxProposal(32, 4), 3);
+  // Room for 8 verify rows: one token each for 8 sequences pays (0.7 > 0.636), two each for 4
+  // does not (0.595 < 0.822).
+  EXPECT_EQ(c.MaxProposal(32, 4, 8), 1);
+  EXPECT_EQ(c.MaxProposal(32, 4, 2), 0);
+  EXPECT_EQ(c.MaxProposal(32, 4, 0), 0);
+
+  // Passes of one size only: their cost is taken as proportional to the rows.
+  SpecController one;
+  Feed(&one, 0.075, 0.001, 0.7);
+  for (int i = 0; i < 20; ++i) one.ObserveDraft(2, 1, 0.02);
+  EXPECT_NEAR(one.DraftPassSeconds(1), 0.01, 1e-12);
+  EXPECT_NEAR(one.DraftPassSeconds(32), 0.32, 1e-9);
+  EXPECT_EQ(one.MaxProposal(1, 4), 4);
+  EXPECT_EQ(one.MaxProposal(32, 4), 0);
+  // Garbage is ignored.
+  one.ObserveDraft(0, 1, 1.0);
+  one.ObserveDraft(1, 0, 1.0);
+  one.ObserveDraft(1, 1, -1.0);
+  EXPECT_NEAR(one.DraftPassSeconds(1), 0.01, 1e-12);
+}
+
 TEST(SpecControllerTest, ProposesWhileItCannotTellACostFromTheRows) {
   SpecController c;
   EXPECT_EQ(c.MaxProposal(3, 4), 4);  // nothing measured

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/errno_status.h"
@@ -125,8 +127,17 @@ absl::Status WriteFile(const std::string& path, absl::string_view contents) {
   return absl::OkStatus();
 }
 
-// center and amplitude of the initialisation of tensor `name` with shape `shape`.
-std::pair<float, float> InitOf(absl::string_view name, const std::vector<int64_t>& shape) {
+// The layer index of a tensor named "model.layers.N. ...", or -1.
+int LayerOf(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "model.layers.")) return -1;
+  int layer = -1;
+  if (!absl::SimpleAtoi(name.substr(0, name.find('.')), &layer)) return -1;
+  return layer;
+}
+
+// center and amplitude of the initialisation of tensor `name` with shape `shape`, before
+// MakeModelOptions::layer_output_scale.
+std::pair<float, float> BaseInitOf(absl::string_view name, const std::vector<int64_t>& shape) {
   if (absl::EndsWith(name, "norm.weight")) {
     return {1.0f, 0.1f};
   }
@@ -140,6 +151,18 @@ std::pair<float, float> InitOf(absl::string_view name, const std::vector<int64_t
   }
   const double fan_in = static_cast<double>(shape.back());
   return {0.0f, static_cast<float>(std::sqrt(3.0 / fan_in))};
+}
+
+// The initialisation of tensor `name`: BaseInitOf, the output projections of the scaled layers
+// multiplied by the scale.
+std::pair<float, float> InitOf(const MakeModelOptions& options, absl::string_view name,
+                               const std::vector<int64_t>& shape) {
+  auto [center, amplitude] = BaseInitOf(name, shape);
+  if (options.layer_output_scale != 1.0f && LayerOf(name) >= options.scaled_layers_from &&
+      (absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight"))) {
+    amplitude *= options.layer_output_scale;
+  }
+  return {center, amplitude};
 }
 
 inline uint64_t SplitMix64At(uint64_t key, uint64_t index) {
@@ -213,7 +236,7 @@ absl::Status WriteWeights(const MakeModelOptions& options, const ModelConfig& co
         if (s.name == name) shape = s.shape;
       }
       const int64_t rows = shape[0], cols = shape[1];
-      const auto [center, amplitude] = InitOf(name, shape);
+      const auto [center, amplitude] = InitOf(options, name, shape);
       const uint64_t key = TensorKey(options.seed, name);
       std::vector<float> values(static_cast<size_t>(rows * cols));
       for (int64_t i = 0; i < rows * cols; ++i) {
@@ -240,7 +263,7 @@ absl::Status WriteWeights(const MakeModelOptions& options, const ModelConfig& co
       }
       continue;
     }
-    const auto [center, amplitude] = InitOf(spec.name, spec.shape);
+    const auto [center, amplitude] = InitOf(options, spec.name, spec.shape);
     const uint64_t key = TensorKey(options.seed, spec.name);
     const uint64_t n = spec.size_bytes() / SafetensorsDtypeSize(dtype);
     for (uint64_t begin = 0; begin < n; begin += kChunkElements) {
@@ -332,6 +355,14 @@ absl::Status MakeModelOptions::Validate() const {
   }
   if (architecture == Architecture::kLlama2c) {
     return absl::InvalidArgumentError("architecture llama2c cannot be written as an HF model");
+  }
+  if (!(layer_output_scale >= 0.0f && layer_output_scale <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer_output_scale is ", layer_output_scale, ", must be in [0, 1]"));
+  }
+  if (scaled_layers_from < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scaled_layers_from is ", scaled_layers_from, ", must be >= 0"));
   }
   const bool deepseek =
       architecture == Architecture::kDeepseekV2 || architecture == Architecture::kDeepseekV3;
@@ -462,6 +493,11 @@ absl::StatusOr<ModelConfig> ResolveMakeModelConfig(const MakeModelOptions& o) {
       c.head_dim = c.dim / c.n_heads;
     }
     c.kv_dim = c.n_kv_heads * c.head_dim;
+  }
+  if (o.layer_output_scale != 1.0f && o.scaled_layers_from >= c.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaled_layers_from ", o.scaled_layers_from, " scales no layer: the model has ",
+        c.n_layers, " (layers ", o.scaled_layers_from, " and later are scaled)"));
   }
   PD_ASSIGN_OR_RETURN(TokenizerLayout layout,
                       ComputeTokenizerLayout(static_cast<uint32_t>(c.vocab_size)));

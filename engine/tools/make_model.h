@@ -80,14 +80,22 @@ struct MakeModelOptions {
   // weight_scale_inv, and config.json's quantization_config (engine/model/fp8_block.h): the
   // format of DeepSeek-V3's and Qwen3-FP8's checkpoints.
   int32_t fp8_block = 0;
+  // A target for a draft: the output projections (o_proj, down_proj, experts' included) of
+  // layers scaled_layers_from and later are multiplied by layer_output_scale, so those layers
+  // add little to the residual stream. The same options with num_layers = scaled_layers_from
+  // (and scale 1) write exactly this model's first layers, embedding, norm and classifier: a
+  // draft that proposes what this model would write most of the time, and less often as the
+  // scale grows (docs/engine.md, "Speculative decoding"). Scale in [0, 1]; 1 = off.
+  float layer_output_scale = 1.0f;
+  int32_t scaled_layers_from = 0;
   // An existing non-empty out_dir is an error unless set; then our files are overwritten (and a
   // stale model.safetensors.index.json removed), other files are left alone.
   bool force = false;
   // Called after every chunk of weight data with (bytes written, total bytes); may be empty.
   std::function<void(uint64_t, uint64_t)> progress;
 
-  // InvalidArgument when out_dir is empty, the preset is unknown, an override is negative, or
-  // the architecture is kLlama2c.
+  // InvalidArgument when out_dir is empty, the preset is unknown, an override is negative,
+  // layer_output_scale is outside [0, 1], or the architecture is kLlama2c.
   absl::Status Validate() const;
 };
 
@@ -96,7 +104,8 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view preset);
 
 // The preset with the options' overrides applied, special ids from the tokenizer layout, and
 // Validate()d. InvalidArgument when hidden_size is not a multiple of num_heads, vocab_size is
-// below kMinTokenizerVocab, or the result does not validate.
+// below kMinTokenizerVocab, scaled_layers_from is not below the layer count while a scale is
+// set, or the result does not validate.
 absl::StatusOr<ModelConfig> ResolveMakeModelConfig(const MakeModelOptions& options);
 
 struct MakeModelResult {

@@ -49,6 +49,11 @@ ABSL_FLAG(int32_t, first_k_dense_replace, -1,
 ABSL_FLAG(int32_t, fp8_block, 0,
           "> 0: linear projections as block-scaled fp8 E4M3 (blocks of N x N), as DeepSeek-V3's "
           "and Qwen3-FP8's checkpoints");
+ABSL_FLAG(double, layer_output_scale, 1.0,
+          "multiply the output projections (o_proj, down_proj) of layers --scaled_layers_from and "
+          "later by this, in [0, 1]: the same command with --num_layers=<scaled_layers_from> "
+          "(and no scale) then writes a draft model that agrees with this one most of the time");
+ABSL_FLAG(int32_t, scaled_layers_from, 0, "first layer --layer_output_scale applies to");
 ABSL_FLAG(std::string, norm_topk_prob, "",
           "qwen3_moe: true | false, renormalize the chosen experts' weights (default true)");
 
@@ -78,6 +83,8 @@ absl::StatusOr<pd::engine::MakeModelOptions> OptionsFromFlags() {
   o.moe_intermediate_size = absl::GetFlag(FLAGS_moe_intermediate_size);
   o.q_lora_rank = absl::GetFlag(FLAGS_q_lora_rank);
   o.fp8_block = absl::GetFlag(FLAGS_fp8_block);
+  o.layer_output_scale = static_cast<float>(absl::GetFlag(FLAGS_layer_output_scale));
+  o.scaled_layers_from = absl::GetFlag(FLAGS_scaled_layers_from);
   o.kv_lora_rank = absl::GetFlag(FLAGS_kv_lora_rank);
   o.qk_rope_head_dim = absl::GetFlag(FLAGS_qk_rope_head_dim);
   if (absl::GetFlag(FLAGS_n_shared_experts) >= 0) {

@@ -3,17 +3,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/testing/subprocess.h"
 #include "common/testing/temp_dir.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/hf_tokenizer.h"
+#include "engine/model/safetensors.h"
 #include "engine/tools/tokenizer_builder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -173,6 +176,77 @@ TEST_F(MakeModelTest, DirectoryRules) {
   WriteFile(dir_->File("file"), "x");
   EXPECT_EQ(MakeModel(Tiny("file")).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(MakeModel(Tiny("file/sub")).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A target for a draft: the draft (the same options, fewer layers, no scale) holds exactly the
+// target's first layers, embedding, final norm and classifier; the target's later layers have
+// their output projections scaled and nothing else changed.
+TEST_F(MakeModelTest, ScaledLayersMakeATargetWhoseFirstLayersAreItsDraft) {
+  MakeModelOptions target = Tiny("target");
+  target.num_layers = 4;
+  target.seed = 7;
+  target.layer_output_scale = 0.25f;
+  target.scaled_layers_from = 2;
+  ASSERT_TRUE(MakeModel(target).ok());
+  MakeModelOptions draft = Tiny("draft");
+  draft.num_layers = 2;
+  draft.seed = 7;
+  ASSERT_TRUE(MakeModel(draft).ok());
+  MakeModelOptions plain = target;  // the same target without the scale
+  plain.out_dir = dir_->File("plain");
+  plain.layer_output_scale = 1.0f;
+  ASSERT_TRUE(MakeModel(plain).ok());
+
+  absl::StatusOr<WeightSet> t = WeightSet::Open(target.out_dir);
+  absl::StatusOr<WeightSet> d = WeightSet::Open(draft.out_dir);
+  absl::StatusOr<WeightSet> p = WeightSet::Open(plain.out_dir);
+  ASSERT_TRUE(t.ok() && d.ok() && p.ok());
+  auto bytes = [](const TensorView& v) {
+    return std::string(static_cast<const char*>(v.data), v.size_bytes);
+  };
+  for (const auto& [name, view] : d->tensors()) {
+    const TensorView* in_target = t->Find(name);
+    ASSERT_NE(in_target, nullptr) << name;
+    EXPECT_EQ(bytes(view), bytes(*in_target)) << name;
+  }
+  EXPECT_LT(d->tensors().size(), t->tensors().size());
+  int scaled = 0;
+  for (const auto& [name, view] : t->tensors()) {
+    const TensorView* unscaled = p->Find(name);
+    ASSERT_NE(unscaled, nullptr) << name;
+    const bool output = absl::StartsWith(name, "model.layers.2.") ||
+                        absl::StartsWith(name, "model.layers.3.");
+    const bool projection = absl::EndsWith(name, "o_proj.weight") ||
+                            absl::EndsWith(name, "down_proj.weight");
+    if (!output || !projection) {
+      EXPECT_EQ(bytes(view), bytes(*unscaled)) << name;
+      continue;
+    }
+    ++scaled;
+    ASSERT_EQ(view.dtype, SafetensorsDtype::kF32);
+    const float* a = static_cast<const float*>(view.data);
+    const float* b = static_cast<const float*>(unscaled->data);
+    for (int64_t i = 0; i < view.num_elements(); ++i) {
+      ASSERT_FLOAT_EQ(a[i], 0.25f * b[i]) << name << " [" << i << "]";
+    }
+  }
+  EXPECT_EQ(scaled, 4);  // o_proj and down_proj of layers 2 and 3
+
+  auto expect_invalid = [&](MakeModelOptions bad, absl::string_view fragment) {
+    absl::StatusOr<ModelConfig> r = ResolveMakeModelConfig(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << fragment;
+    EXPECT_THAT(r.status().message(), HasSubstr(fragment));
+  };
+  MakeModelOptions bad = target;
+  bad.layer_output_scale = 1.5f;
+  expect_invalid(bad, "layer_output_scale is 1.5");
+  bad.layer_output_scale = std::nanf("");
+  expect_invalid(bad, "layer_output_scale is nan");
+  bad = target;
+  bad.scaled_layers_from = 4;
+  expect_invalid(bad, "scaled_layers_from 4 scales no layer");
+  bad.scaled_layers_from = -1;
+  expect_invalid(bad, "scaled_layers_from is -1");
 }
 
 TEST_F(MakeModelTest, UnwritableDirectory) {

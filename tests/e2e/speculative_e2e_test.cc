@@ -1,8 +1,9 @@
 // Speculative decoding through a real cluster (issue #33): a prefill + decode cluster whose
 // workers run --speculative=ngram gives, token for token, what a decode worker alone without it
 // gives, for greedy requests, a seeded sampled one, one with logprobs and a greedy one under a
-// grammar (a regex), with the n-gram proposer and with a draft model; the decode worker's
-// metrics show proposals accepted; bad draft flags are refused at start. stories260K.
+// grammar (a regex), with the n-gram proposer and with a draft model (stories260K's int8 copy,
+// and a shallower random-weight pair from pd-make-model); the decode worker's metrics show
+// proposals accepted; bad draft flags are refused at start.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -36,9 +37,11 @@ struct Answers {
   std::string metrics;  // every worker's, concatenated
 };
 
-Answers RunCluster(const std::string& dir, int prefill, std::vector<std::string> worker_flags) {
+Answers RunCluster(const std::string& dir, int prefill, std::vector<std::string> worker_flags,
+                   e2e::ModelFiles model = {}) {
   std::filesystem::create_directories(dir);
-  Cluster cluster(dir, prefill, 1, "round_robin", std::move(worker_flags));
+  Cluster cluster(dir, prefill, 1, "round_robin", std::move(worker_flags), {}, nullptr, nullptr,
+                  std::move(model));
   Answers a;
   if (!cluster.WaitReady(absl::Seconds(60))) {
     ADD_FAILURE() << cluster.Logs();
@@ -133,6 +136,50 @@ TEST(SpeculativeE2eTest, DraftModelOnPrefillPlusDecodeGivesTheOutputOfPlainDecod
   const int64_t accepted = Counter(spec.metrics, "pd_worker_spec_accepted_tokens_total");
   EXPECT_GT(accepted, 50) << spec.metrics;
   EXPECT_GT(Counter(spec.metrics, "pd_worker_draft_forward_passes_total"), 0);
+}
+
+// A draft of another shape: pd-make-model writes a 4-layer target whose last two layers add
+// little (--layer_output_scale) and its 2-layer draft (the same seed, --num_layers=2). The draft
+// has its own KV layout and agrees with the target only part of the time, so proposals are both
+// accepted and rejected; the output is still plain decoding's.
+TEST(SpeculativeE2eTest, AShallowerDraftOfTheTargetGivesTheOutputOfPlainDecoding) {
+  absl::StatusOr<pd::testing::TempDir> tmp = pd::testing::TempDir::Create("pd-spec-pair-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  engine::MakeModelOptions target;
+  target.out_dir = tmp->path() + "/target";
+  target.num_layers = 4;
+  target.seed = 5;
+  target.layer_output_scale = 0.3f;
+  target.scaled_layers_from = 2;
+  ASSERT_TRUE(engine::MakeModel(target).ok());
+  engine::MakeModelOptions draft = target;
+  draft.out_dir = tmp->path() + "/draft";
+  draft.num_layers = 2;
+  draft.layer_output_scale = 1.0f;
+  draft.scaled_layers_from = 0;
+  ASSERT_TRUE(engine::MakeModel(draft).ok());
+  const e2e::ModelFiles model{target.out_dir, ""};
+  const Answers plain = RunCluster(tmp->path() + "/plain", 0, {}, model);
+  const Answers spec = RunCluster(
+      tmp->path() + "/spec", 1,
+      {"--speculative=draft", "--draft_model=" + draft.out_dir, "--spec_max_tokens=4",
+       "--spec_adaptive=false"},
+      model);
+  ASSERT_EQ(plain.greedy.size(), 3u);
+  ASSERT_EQ(spec.greedy.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_FALSE(plain.greedy[i].empty());
+    EXPECT_EQ(spec.greedy[i], plain.greedy[i]) << "prompt " << i;
+  }
+  EXPECT_EQ(spec.sampled, plain.sampled);
+  EXPECT_EQ(spec.logprob_tokens, plain.logprob_tokens);
+  EXPECT_EQ(spec.constrained, plain.constrained);
+  const int64_t proposed = Counter(spec.metrics, "pd_worker_spec_proposed_tokens_total");
+  const int64_t accepted = Counter(spec.metrics, "pd_worker_spec_accepted_tokens_total");
+  std::printf("shallower draft: %lld of %lld proposals accepted\n",
+              static_cast<long long>(accepted), static_cast<long long>(proposed));
+  EXPECT_GT(accepted, proposed / 4) << spec.metrics;
+  EXPECT_LT(accepted, proposed) << spec.metrics;
 }
 
 // What pd-worker prints and its exit status for `flags` (it must not start).
