@@ -60,11 +60,19 @@ void SpecController::ObserveVerify(int64_t proposed, int64_t accepted) {
 bool SpecController::Fit(double* a, double* b) const { return step_fit_.Fit(a, b); }
 
 int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k, int64_t spare_rows) {
-  ++steps_;
   exploring_ = false;
   if (max_k <= 0 || spare_rows <= 0) return 0;
   double a = 0, b = 0;
-  if (steps_ % explore_every_ == 0 || !Fit(&a, &b)) {  // measure
+  if (!Fit(&a, &b)) {  // measure
+    exploring_ = true;
+    return max_k;
+  }
+  if (++since_explore_ >= explore_every_) {  // measure again
+    explore_every_ = proposed_since_explore_
+                         ? base_explore_every_
+                         : std::min(2 * explore_every_, kMaxExploreBackoff * base_explore_every_);
+    since_explore_ = 0;
+    proposed_since_explore_ = false;
     exploring_ = true;
     return max_k;
   }
@@ -90,6 +98,7 @@ int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k, int64_t s
     const double threshold = r * (b * m + DraftPassSeconds(proposing)) / (m * step);
     if (expected / static_cast<double>(k) > threshold) best = k;
   }
+  if (best > 0) proposed_since_explore_ = true;
   return best;
 }
 

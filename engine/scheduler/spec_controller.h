@@ -44,7 +44,14 @@ class SpecController {
   // With a draft model: an exploring step first computes what the draft missed since the last
   // (a prefill's worth), so it explores four times less often.
   static constexpr int64_t kDraftExploreEvery = 64;
-  void set_explore_every(int64_t steps) { explore_every_ = steps; }
+  // While the steps between explorations all decline, each exploration waits twice as long as
+  // the last, up to this many times the base interval: measuring costs (an exploring step's
+  // proposal, and with a draft model its catch-up), and an answer that stays "no" needs asking
+  // less often. A step that proposes again resets the interval.
+  static constexpr int64_t kMaxExploreBackoff = 16;
+  void set_explore_every(int64_t steps) { base_explore_every_ = explore_every_ = steps; }
+  // Steps from one exploration to the next, as backed off now.
+  int64_t explore_every() const { return explore_every_; }
 
   // A forward pass of `rows` one-token rows took `seconds`.
   void ObserveStep(int64_t rows, double seconds);
@@ -75,8 +82,11 @@ class SpecController {
   DecayingLinearFit draft_fit_;
   // Per-token acceptance, weighted toward recent verifications; optimistic until measured.
   double acceptance_ = 0.5;
-  int64_t steps_ = 0;
+  int64_t since_explore_ = 0;
+  int64_t base_explore_every_ = kExploreEvery;
   int64_t explore_every_ = kExploreEvery;
+  // Whether a step since the last exploration proposed.
+  bool proposed_since_explore_ = false;
   bool exploring_ = false;
 };
 

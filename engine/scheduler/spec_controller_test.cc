@@ -1,5 +1,7 @@
 #include "engine/scheduler/spec_controller.h"
 
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace pd::engine {
@@ -29,16 +31,24 @@ TEST(SpecControllerTest, FitsTheStepCostAndProposesWhereItPays) {
   EXPECT_GE(bound.MaxProposal(1, 4), 1);
 
   // A model where each row costs twice the rest of the step: a third accepted does not pay,
-  // except on the steps that keep measuring.
+  // except on the steps that keep measuring, which come ever rarer while the answer stays no:
+  // after 16 steps, then 32, 64, ... up to 16 x 16.
   SpecController rows;
   Feed(&rows, 0.00005, 0.0001, 0.35);
-  int explored = 0;
-  for (int i = 0; i < 64; ++i) {
+  std::vector<int> explored;
+  for (int i = 1; i <= 1100; ++i) {
     const int64_t k = rows.MaxProposal(1, 4);
     EXPECT_TRUE(k == 0 || k == 4) << k;
-    explored += k == 4 ? 1 : 0;
+    if (k == 4) explored.push_back(i);
   }
-  EXPECT_EQ(explored, 64 / SpecController::kExploreEvery);
+  EXPECT_EQ(explored, (std::vector<int>{16, 48, 112, 240, 496, 752, 1008}));
+  EXPECT_EQ(rows.explore_every(), 256);
+  // Once proposals pay again (nearly all accepted), the next exploration resets the interval.
+  for (int i = 0; i < 400; ++i) rows.ObserveVerify(100, 98);
+  int paid = 0;
+  for (int i = 0; i < 300; ++i) paid += rows.MaxProposal(1, 4) > 0 ? 1 : 0;
+  EXPECT_EQ(paid, 300);
+  EXPECT_EQ(rows.explore_every(), SpecController::kExploreEvery);
   // With nearly every proposal accepted it pays again.
   SpecController good;
   Feed(&good, 0.00005, 0.0001, 0.95);
