@@ -50,6 +50,13 @@ uint64_t NumParameters(const ModelConfig& c) {
   return n;
 }
 
+// ResolveMakeModelConfig refuses `bad` with InvalidArgument naming `fragment`.
+void ExpectInvalid(const MakeModelOptions& bad, absl::string_view fragment) {
+  absl::StatusOr<ModelConfig> r = ResolveMakeModelConfig(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << fragment;
+  EXPECT_THAT(r.status().message(), HasSubstr(fragment));
+}
+
 class MakeModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -112,28 +119,23 @@ TEST_F(MakeModelTest, Overrides) {
   EXPECT_EQ(c->weight_dtype, kernels::DType::kF16);
   EXPECT_EQ(c->bos_id, 1000u - 15u);  // 1000 / 64 = 15 special tokens
 
-  auto expect_invalid = [&](MakeModelOptions bad, absl::string_view fragment) {
-    absl::StatusOr<ModelConfig> r = ResolveMakeModelConfig(bad);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << fragment;
-    EXPECT_THAT(r.status().message(), HasSubstr(fragment));
-  };
   MakeModelOptions bad = Tiny("x");
   bad.hidden_size = 66;
-  expect_invalid(bad, "not a multiple of num_heads");
+  ExpectInvalid(bad, "not a multiple of num_heads");
   bad = Tiny("x");
   bad.vocab_size = 259;
-  expect_invalid(bad, "vocab_size 259");
+  ExpectInvalid(bad, "vocab_size 259");
   bad = Tiny("x");
   bad.num_layers = -1;
-  expect_invalid(bad, "num_layers is -1");
+  ExpectInvalid(bad, "num_layers is -1");
   bad = Tiny("x");
   bad.num_kv_heads = 3;
-  expect_invalid(bad, "n_kv_heads 3");
+  ExpectInvalid(bad, "n_kv_heads 3");
   bad = Tiny("x");
   bad.architecture = Architecture::kLlama2c;
-  expect_invalid(bad, "llama2c");
+  ExpectInvalid(bad, "llama2c");
   bad.out_dir = "";
-  expect_invalid(bad, "out_dir");
+  ExpectInvalid(bad, "out_dir");
 }
 
 TEST_F(MakeModelTest, DirectoryRules) {
@@ -232,21 +234,16 @@ TEST_F(MakeModelTest, ScaledLayersMakeATargetWhoseFirstLayersAreItsDraft) {
   }
   EXPECT_EQ(scaled, 4);  // o_proj and down_proj of layers 2 and 3
 
-  auto expect_invalid = [&](MakeModelOptions bad, absl::string_view fragment) {
-    absl::StatusOr<ModelConfig> r = ResolveMakeModelConfig(bad);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << fragment;
-    EXPECT_THAT(r.status().message(), HasSubstr(fragment));
-  };
   MakeModelOptions bad = target;
   bad.layer_output_scale = 1.5f;
-  expect_invalid(bad, "layer_output_scale is 1.5");
+  ExpectInvalid(bad, "layer_output_scale is 1.5");
   bad.layer_output_scale = std::nanf("");
-  expect_invalid(bad, "layer_output_scale is nan");
+  ExpectInvalid(bad, "layer_output_scale is nan");
   bad = target;
   bad.scaled_layers_from = 4;
-  expect_invalid(bad, "scaled_layers_from 4 scales no layer");
+  ExpectInvalid(bad, "scaled_layers_from 4 scales no layer");
   bad.scaled_layers_from = -1;
-  expect_invalid(bad, "scaled_layers_from is -1");
+  ExpectInvalid(bad, "scaled_layers_from is -1");
 }
 
 TEST_F(MakeModelTest, UnwritableDirectory) {
