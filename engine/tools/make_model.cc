@@ -159,7 +159,8 @@ std::pair<float, float> InitOf(const MakeModelOptions& options, absl::string_vie
                                const std::vector<int64_t>& shape) {
   auto [center, amplitude] = BaseInitOf(name, shape);
   if (options.layer_output_scale != 1.0f && LayerOf(name) >= options.scaled_layers_from &&
-      (absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight"))) {
+      (absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight") ||
+       absl::EndsWith(name, ".w2.weight"))) {  // (Mixtral's experts' down projection)
     amplitude *= options.layer_output_scale;
   }
   return {center, amplitude};

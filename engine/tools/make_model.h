@@ -80,7 +80,7 @@ struct MakeModelOptions {
   // weight_scale_inv, and config.json's quantization_config (engine/model/fp8_block.h): the
   // format of DeepSeek-V3's and Qwen3-FP8's checkpoints.
   int32_t fp8_block = 0;
-  // A target for a draft: the output projections (o_proj, down_proj, experts' included) of
+  // A target for a draft: the output projections (o_proj, down_proj, experts' w2 included) of
   // layers scaled_layers_from and later are multiplied by layer_output_scale, so those layers
   // add little to the residual stream. The same options with num_layers = scaled_layers_from
   // (and scale 1) write exactly this model's first layers, embedding, norm and classifier: a

@@ -234,6 +234,31 @@ TEST_F(MakeModelTest, ScaledLayersMakeATargetWhoseFirstLayersAreItsDraft) {
   }
   EXPECT_EQ(scaled, 4);  // o_proj and down_proj of layers 2 and 3
 
+  // Mixtral's experts write their down projection as w2: scaled too.
+  MakeModelOptions moe = target;
+  moe.out_dir = dir_->File("moe");
+  moe.architecture = Architecture::kMixtral;
+  moe.num_layers = 2;
+  moe.scaled_layers_from = 1;
+  MakeModelOptions moe_plain = moe;
+  moe_plain.out_dir = dir_->File("moe-plain");
+  moe_plain.layer_output_scale = 1.0f;
+  ASSERT_TRUE(MakeModel(moe).ok());
+  ASSERT_TRUE(MakeModel(moe_plain).ok());
+  absl::StatusOr<WeightSet> m = WeightSet::Open(moe.out_dir);
+  absl::StatusOr<WeightSet> mp = WeightSet::Open(moe_plain.out_dir);
+  ASSERT_TRUE(m.ok() && mp.ok());
+  std::vector<std::string> changed;
+  for (const auto& [name, view] : m->tensors()) {
+    if (bytes(view) != bytes(*mp->Find(name))) changed.push_back(name);
+  }
+  EXPECT_EQ(changed.size(), 9u);  // layer 1's o_proj and its 8 experts' w2
+  for (const std::string& name : changed) {
+    EXPECT_TRUE(absl::StartsWith(name, "model.layers.1.")) << name;
+    EXPECT_TRUE(absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, ".w2.weight"))
+        << name;
+  }
+
   MakeModelOptions bad = target;
   bad.layer_output_scale = 1.5f;
   ExpectInvalid(bad, "layer_output_scale is 1.5");
