@@ -294,7 +294,7 @@ absl::Status Scheduler::UseDraftModel(LlamaForward* draft, int64_t num_blocks) {
         absl::StrCat("draft model: its KV pool needs blocks, got ", num_blocks));
   }
   draft_ = std::make_unique<DraftProposer>(draft, num_blocks, kv_->block_size());
-  spec_.set_explore_every(SpecController::kDraftExploreEvery);
+  spec_.UseDraft();
   return absl::OkStatus();
 }
 

@@ -44,9 +44,16 @@ double SpecController::DraftPassSeconds(int64_t rows) const {
   const auto m = static_cast<double>(rows);
   double c0 = 0, c1 = 0;
   if (draft_fit_.Fit(&c0, &c1) && c1 >= 0) return std::max(c0 + c1 * m, 0.0);
-  // Passes of one size only: proportional to the rows (an upper bound for more rows than
-  // measured when a pass has a fixed cost, as it does).
-  return draft_fit_.mean_x() > 0 ? draft_fit_.mean_y() / draft_fit_.mean_x() * m : 0;
+  // Passes of one size only (an exploration proposes for one sequence): the draft's kernels
+  // run on the model's device, so its pass grows with its rows as the model's step does.
+  const double seen = draft_fit_.mean_x();
+  double a = 0, b = 0;
+  if (step_fit_.Fit(&a, &b)) {
+    a = std::max(a, 0.0);
+    b = std::max(b, 0.0);
+    if (a + b * seen > 0) return draft_fit_.mean_y() * (a + b * m) / (a + b * seen);
+  }
+  return seen > 0 ? draft_fit_.mean_y() / seen * m : 0;
 }
 
 void SpecController::ObserveVerify(int64_t proposed, int64_t accepted) {
@@ -63,7 +70,7 @@ int64_t SpecController::MaxProposal(int64_t plain_rows, int64_t max_k, int64_t s
   exploring_ = false;
   if (max_k <= 0 || spare_rows <= 0) return 0;
   double a = 0, b = 0;
-  if (!Fit(&a, &b)) {  // measure
+  if (!Fit(&a, &b) || (draft_ && draft_fit_.weight() <= 0)) {  // measure
     exploring_ = true;
     return max_k;
   }

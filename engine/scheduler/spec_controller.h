@@ -13,7 +13,7 @@
 // sequences). And a step has room for only so many verify rows (the step's row and token
 // caps): when m of the R sequences can propose k, m * E(k) tokens are gained for b * m * k +
 // k * c(m) seconds, c(m) the time of a draft pass of m rows (fitted as c0 + c1 * m like the
-// step; proportional to m while the rows of the passes seen do not vary). The rule becomes
+// step; scaled as the step scales with its rows while the passes seen had one size). The rule becomes
 // E(k) / k > R (b m + c(m)) / (m (a + bR)); with every sequence proposing and no draft it is
 // the one above. docs/engine.md.
 #pragma once
@@ -49,7 +49,12 @@ class SpecController {
   // proposal, and with a draft model its catch-up), and an answer that stays "no" needs asking
   // less often. A step that proposes again resets the interval.
   static constexpr int64_t kMaxExploreBackoff = 16;
-  void set_explore_every(int64_t steps) { base_explore_every_ = explore_every_ = steps; }
+  // A draft model proposes: explorations every kDraftExploreEvery steps, and the first
+  // proposals (before a draft pass is timed) explore on one sequence too.
+  void UseDraft() {
+    base_explore_every_ = explore_every_ = kDraftExploreEvery;
+    draft_ = true;
+  }
   // Steps from one exploration to the next, as backed off now.
   int64_t explore_every() const { return explore_every_; }
 
@@ -65,7 +70,10 @@ class SpecController {
   // step has room for: the longest proposal worth verifying, at most `max_k` (0: none).
   int64_t MaxProposal(int64_t plain_rows, int64_t max_k,
                       int64_t spare_rows = std::numeric_limits<int64_t>::max());
-  // Seconds of one draft pass of `rows` rows, as measured (0 without a draft model).
+  // Seconds of one draft pass of `rows` rows: fitted as c0 + c1 * rows once the passes seen
+  // had several sizes; before, the mean pass scaled as the model's step scales with its rows
+  // (the draft runs the same kernels on the same device), or in proportion to the rows while
+  // the step has no fit. 0 before any pass.
   double DraftPassSeconds(int64_t rows) const;
 
   // The current fit (for tests and logs): step seconds = a + b * rows; false until the rows seen
@@ -87,6 +95,7 @@ class SpecController {
   int64_t explore_every_ = kExploreEvery;
   // Whether a step since the last exploration proposed.
   bool proposed_since_explore_ = false;
+  bool draft_ = false;
   bool exploring_ = false;
 };
 

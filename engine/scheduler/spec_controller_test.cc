@@ -74,19 +74,42 @@ TEST(SpecControllerTest, DraftPassesAndRoomForFewVerifyRowsShortenTheProposal) {
   EXPECT_EQ(c.MaxProposal(32, 4, 2), 0);
   EXPECT_EQ(c.MaxProposal(32, 4, 0), 0);
 
-  // Passes of one size only: their cost is taken as proportional to the rows.
+  // Passes of one size only: a pass grows with its rows as the model's step does. Weight-bound
+  // (the step grows 41% from 1 row to 32): 32 sequences proposing 4 still pay.
   SpecController one;
   Feed(&one, 0.075, 0.001, 0.7);
   for (int i = 0; i < 20; ++i) one.ObserveDraft(2, 1, 0.02);
   EXPECT_NEAR(one.DraftPassSeconds(1), 0.01, 1e-12);
-  EXPECT_NEAR(one.DraftPassSeconds(32), 0.32, 1e-9);
+  EXPECT_NEAR(one.DraftPassSeconds(32), 0.01 * 0.107 / 0.076, 1e-9);
   EXPECT_EQ(one.MaxProposal(1, 4), 4);
-  EXPECT_EQ(one.MaxProposal(32, 4), 0);
+  EXPECT_EQ(one.MaxProposal(32, 4), 4);
+  // Bound by arithmetic (each row costs twice the rest of the step): at 32 rows nothing pays.
+  SpecController arith;
+  Feed(&arith, 0.00005, 0.0001, 0.7);
+  for (int i = 0; i < 20; ++i) arith.ObserveDraft(1, 1, 0.00003);
+  EXPECT_NEAR(arith.DraftPassSeconds(32), 0.00003 * 0.00325 / 0.00015, 1e-12);
+  EXPECT_EQ(arith.MaxProposal(32, 4), 0);
   // Garbage is ignored.
   one.ObserveDraft(0, 1, 1.0);
   one.ObserveDraft(1, 0, 1.0);
   one.ObserveDraft(1, 1, -1.0);
   EXPECT_NEAR(one.DraftPassSeconds(1), 0.01, 1e-12);
+}
+
+// With a draft model, steps explore (one sequence proposes) until a draft pass has been timed:
+// a first proposal from every sequence would make each draft catch up on its whole context.
+TEST(SpecControllerTest, WithADraftTheFirstProposalsExplore) {
+  SpecController c;
+  c.UseDraft();
+  Feed(&c, 0.075, 0.001, 0.7);
+  EXPECT_EQ(c.MaxProposal(8, 4), 4);
+  EXPECT_TRUE(c.exploring());
+  EXPECT_EQ(c.MaxProposal(8, 4), 4);
+  EXPECT_TRUE(c.exploring());
+  c.ObserveDraft(4, 1, 0.004);
+  EXPECT_GT(c.MaxProposal(8, 4), 0);
+  EXPECT_FALSE(c.exploring());
+  EXPECT_EQ(c.explore_every(), SpecController::kDraftExploreEvery);
 }
 
 TEST(SpecControllerTest, ProposesWhileItCannotTellACostFromTheRows) {
