@@ -13,9 +13,9 @@
 // sequences). And a step has room for only so many verify rows (the step's row and token
 // caps): when m of the R sequences can propose k, m * E(k) tokens are gained for b * m * k +
 // k * c(m) seconds, c(m) the time of a draft pass of m rows (fitted as c0 + c1 * m like the
-// step; scaled as the step scales with its rows while the passes seen had one size). The rule becomes
-// E(k) / k > R (b m + c(m)) / (m (a + bR)); with every sequence proposing and no draft it is
-// the one above. docs/engine.md.
+// step; scaled as the step scales with its rows while the passes seen had one size). The rule
+// becomes E(k) / k > R (b m + c(m)) / (m (a + bR)); with every sequence proposing and no draft
+// it is the one above. docs/engine.md.
 #pragma once
 
 #include <cstdint>

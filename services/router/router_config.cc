@@ -82,8 +82,9 @@ absl::Status RouterConfig::Validate() const {
     return absl::InvalidArgumentError("--health_timeout must be > 0");
   }
   if (redis_lookup_timeout < absl::Milliseconds(1) || redis_lookup_timeout > absl::Seconds(10)) {
-    return absl::InvalidArgumentError(absl::StrCat("--redis_lookup_timeout must be in [1ms, 10s], got ",
-                                                   absl::FormatDuration(redis_lookup_timeout)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--redis_lookup_timeout must be in [1ms, 10s], got ",
+                     absl::FormatDuration(redis_lookup_timeout)));
   }
   if (health_missed_checks < 1 || health_missed_checks > 100) {
     return absl::InvalidArgumentError(
