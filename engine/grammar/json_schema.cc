@@ -216,22 +216,29 @@ class SchemaCompiler {
     auto it = char_cache_.find(key);
     if (it != char_cache_.end()) return it->second;
     std::vector<CodePointRange> raw;
-    std::vector<Seq> escaped;
+    // Escapes, factored so that a character position is a few stacks, not one per escape
+    // (34 for a string's every character): '\\' then one set of short forms, or "u00" then
+    // the high hex digit (0 or 1) and a set of low ones.
+    ByteSet short_escapes;
+    std::array<ByteSet, 2> unicode_low;  // by the high hex digit
+    auto add_escape = [&](uint32_t cp) {
+      const std::string esc = EscapeCodePoint(cp);
+      if (!esc.empty()) {
+        short_escapes.set(static_cast<uint8_t>(esc[1]));
+        return;
+      }
+      const uint32_t low = cp & 0xF;
+      unicode_low[cp >> 4].set(static_cast<uint8_t>("0123456789abcdef"[low]));
+      unicode_low[cp >> 4].set(static_cast<uint8_t>("0123456789ABCDEF"[low]));
+    };
     for (const CodePointRange& r : NormalizeRanges(ranges)) {
       uint32_t lo = r.lo;
       // Code points below 0x20, '"' and '\\' are escaped; the rest are raw.
-      for (uint32_t cp = lo; cp <= r.hi && cp < 0x20; ++cp) {
-        const std::string esc = EscapeCodePoint(cp);
-        if (!esc.empty()) {
-          escaped.push_back(g_.Literal(esc));
-        } else {
-          escaped.push_back(UnicodeEscape(cp));
-        }
-      }
+      for (uint32_t cp = lo; cp <= r.hi && cp < 0x20; ++cp) add_escape(cp);
       lo = std::max<uint32_t>(lo, 0x20);
       if (lo > r.hi) continue;
       for (const uint32_t special : {static_cast<uint32_t>('"'), static_cast<uint32_t>('\\')}) {
-        if (lo <= special && special <= r.hi) escaped.push_back(g_.Literal(EscapeCodePoint(special)));
+        if (lo <= special && special <= r.hi) add_escape(special);
       }
       // Split the raw part around '"' (0x22) and '\\' (0x5C).
       uint32_t start = lo;
@@ -248,24 +255,25 @@ class SchemaCompiler {
       const uint32_t raw_rule = g_.AddCodePoints("raw", raw);
       g_.AddAlternative(rule, {Grammar::Ref(raw_rule)});
     }
-    for (Seq& s : escaped) g_.AddAlternative(rule, std::move(s));
+    if (short_escapes.any() || unicode_low[0].any() || unicode_low[1].any()) {
+      const uint32_t escape = g_.NewRule("escape");
+      if (short_escapes.any()) g_.AddAlternative(escape, {g_.Bytes(short_escapes)});
+      if (unicode_low[0].any() || unicode_low[1].any()) {
+        const uint32_t code = g_.NewRule("escape_u00");
+        for (uint8_t high = 0; high < 2; ++high) {
+          if (unicode_low[high].any()) {
+            g_.AddAlternative(code, {g_.Byte(static_cast<uint8_t>('0' + high)),
+                                     g_.Bytes(unicode_low[high])});
+          }
+        }
+        Seq u = g_.Literal("u00");
+        u.push_back(Grammar::Ref(code));
+        g_.AddAlternative(escape, std::move(u));
+      }
+      g_.AddAlternative(rule, {g_.Byte('\\'), Grammar::Ref(escape)});
+    }
     char_cache_.emplace(std::move(key), rule);
     return rule;
-  }
-
-  Seq UnicodeEscape(uint32_t cp) {
-    Seq s = g_.Literal("\\u00");
-    auto hex = [&](uint32_t v) {
-      ByteSet set;
-      const char* lower = "0123456789abcdef";
-      const char* upper = "0123456789ABCDEF";
-      set.set(static_cast<uint8_t>(lower[v]));
-      set.set(static_cast<uint8_t>(upper[v]));
-      return g_.Bytes(set);
-    };
-    s.push_back(hex((cp >> 4) & 0xF));
-    s.push_back(hex(cp & 0xF));
-    return s;
   }
 
   // ---- $ref ----

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <optional>
 #include <utility>
 
@@ -499,9 +500,10 @@ std::vector<uint32_t> CanonicalForm(const CompiledGrammar& g, absl::Span<const C
 
 }  // namespace
 
-size_t Matcher::AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+size_t Matcher::AllowEndTokens(const TokenTrie& trie, const State& state,
+                               std::vector<uint32_t>* mask) const {
   size_t added = 0;
-  if (!CanEnd()) return 0;
+  if (state.empty() || state.front() != 0) return 0;
   for (const int32_t t : trie.end_tokens()) {
     uint32_t& word = (*mask)[static_cast<size_t>(t) >> 5];
     const uint32_t bit = 1u << (static_cast<uint32_t>(t) & 31);
@@ -513,10 +515,17 @@ size_t Matcher::AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mas
 
 size_t Matcher::FillTokenMaskUncached(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
   TrimDfa();
-  mask->assign(trie.mask_words(), 0);
-  size_t allowed = AllowEndTokens(trie, mask);
-  if (!state_.empty() && !(state_.size() == 1 && state_[0] == 0)) {
-    allowed += Walk(trie, 0, state_, mask, nullptr).added;
+  return WalkWhole(trie, state_, mask, false, nullptr);
+}
+
+size_t Matcher::WalkWhole(const TokenTrie& trie, const State& state, std::vector<uint32_t>* mask,
+                          bool accumulate, size_t* max_stacks) const {
+  if (!accumulate) mask->assign(trie.mask_words(), 0);
+  size_t allowed = AllowEndTokens(trie, state, mask);
+  if (!state.empty() && !(state.size() == 1 && state[0] == 0)) {
+    const WalkStats stats = Walk(trie, 0, state, mask, nullptr);
+    allowed += stats.added;
+    if (max_stacks != nullptr) *max_stacks = std::max(*max_stacks, stats.max_stacks);
   }
   return allowed;
 }
@@ -687,6 +696,7 @@ const char* Matcher::MaskPathName(MaskPath path) {
     case MaskPath::kCanonicalHit: return "cut, shared cache";
     case MaskPath::kCutWalked: return "cut, walked";
     case MaskPath::kCutFreeText: return "cut, free text";
+    case MaskPath::kGroups: return "groups, merged";
   }
   return "?";
 }
@@ -768,12 +778,14 @@ bool Matcher::FreeTextMask(const TokenTrie& trie, const State& cut, CachedTokenM
   return true;
 }
 
-size_t Matcher::FillManyStacksMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+size_t Matcher::FillManyStacksMask(const TokenTrie& trie, const State& state,
+                                   std::vector<uint32_t>* mask, bool accumulate,
+                                   size_t* max_stacks, bool only_cached) const {
   // The key: every stack's positions, top to bottom, each list led by its length (a marker
   // word first, which no cut key starts with after the trie's id).
   std::vector<uint32_t> key = {static_cast<uint32_t>(trie.id()),
                                static_cast<uint32_t>(trie.id() >> 32), 0xFFFFFFFDu};
-  for (const uint32_t s : state_) {
+  for (const uint32_t s : state) {
     const size_t at = key.size();
     key.push_back(0);
     for (uint32_t id = s; id != 0 && key.size() <= kMaxWholeKeyWords; id = nodes_[id].parent) {
@@ -785,31 +797,36 @@ size_t Matcher::FillManyStacksMask(const TokenTrie& trie, std::vector<uint32_t>*
   if (cacheable) {
     if (const auto part = grammar_->mask_cache().Find(key); part != nullptr) {
       last_mask_path_ = MaskPath::kWholeManyHit;
-      *mask = part->accepted;
-      return part->num_accepted + AllowEndTokens(trie, mask);
+      if (max_stacks != nullptr) *max_stacks = std::max(*max_stacks, part->max_stacks);
+      CopyOrMerge(part->accepted, accumulate, mask);
+      return part->num_accepted + AllowEndTokens(trie, state, mask);
     }
   }
+  if (only_cached) return kNotCached;
   last_mask_path_ = MaskPath::kWholeManyStacks;
   auto computed = std::make_shared<CachedTokenMask>();
   computed->accepted.assign(trie.mask_words(), 0);
-  computed->num_accepted = Walk(trie, 0, state_, &computed->accepted, nullptr).added;
-  *mask = computed->accepted;
-  const size_t allowed = computed->num_accepted + AllowEndTokens(trie, mask);
+  const WalkStats stats = Walk(trie, 0, state, &computed->accepted, nullptr);
+  computed->num_accepted = stats.added;
+  computed->max_stacks = stats.max_stacks;
+  if (max_stacks != nullptr) *max_stacks = std::max(*max_stacks, stats.max_stacks);
+  CopyOrMerge(computed->accepted, accumulate, mask);
+  const size_t allowed = computed->num_accepted + AllowEndTokens(trie, state, mask);
   if (cacheable) grammar_->mask_cache().Store(key, std::move(computed));
   return allowed;
 }
 
-size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
-  TrimDfa();
-  last_mask_boundaries_ = 0;
+size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
+                              std::vector<uint32_t>* mask, bool accumulate, size_t* max_stacks,
+                              bool only_cached) const {
   // A state of many stacks (a value inside an anyOf of many objects: one stack per branch)
   // is cut shallow first, and stacks whose parts above the cut are equal are one stack over
   // a placeholder for all their tails: the parts, not the stacks, are walked.
-  const bool many = state_.size() > kMaxCutStacks;
+  const bool many = state.size() > kMaxCutStacks;
   // Where stacks share what lies below (inside a JSON string: its closing quote and all
   // that follows), the cut goes just below the shared entry: it keeps the key free of the
   // context, and tokens reach the cut only once they leave the shared entry (the string).
-  const uint32_t shared = CommonTail(state_);
+  const uint32_t shared = CommonTail(state);
   std::shared_ptr<const CachedTokenMask> part;
   // Placeholder i stands for the stacks below[i] (one, but for states of many stacks).
   std::vector<absl::InlinedVector<uint32_t, 1>> below;
@@ -822,7 +839,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     const int depth = many ? std::min(kCutDepth, kManyCutDepth + deeper) : kCutDepth;
     bool can_go_deeper = false;  // some stack was cut above kCutDepth, at `common` or `depth`
     absl::InlinedVector<Cut, 8> cuts;
-    for (const uint32_t s : state_) {
+    for (const uint32_t s : state) {
       if (s == 0) continue;  // a complete sentence: the end tokens, added below
       Cut cut;
       uint32_t id = s;
@@ -878,8 +895,8 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     }
     // Merging did not make the state small (an object's key position, each stack a name of
     // its own): walk it whole.
-    if (many && (cuts.size() > kMaxMergedCuts || cuts.size() * 2 > state_.size())) {
-      return FillManyStacksMask(trie, mask);
+    if (many && (cuts.size() > kMaxMergedCuts || cuts.size() * 2 > state.size())) {
+      return FillManyStacksMask(trie, state, mask, accumulate, max_stacks, only_cached);
     }
     key[2] = static_cast<uint32_t>(cuts.size());
     for (size_t i = 0; i < cuts.size(); ++i) {
@@ -905,23 +922,26 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       part = nullptr;  // (another grammar's marker at a cut this one cannot lower)
     }
     if (part != nullptr && part->walk_whole) {
-      if (many) return FillManyStacksMask(trie, mask);
+      if (many) return FillManyStacksMask(trie, state, mask, accumulate, max_stacks, only_cached);
       last_mask_path_ = MaskPath::kWholeKnown;
-      return FillTokenMaskUncached(trie, mask);
+      return WalkWhole(trie, state, mask, accumulate, max_stacks);
     }
     // Merged stacks: a token the part accepts leaves as many stacks as the part's walk
     // held times the tails merged; past kMaxStacks the matcher refuses it, so walk whole.
     if (part != nullptr && !part->cut_deeper && part->max_stacks * largest_below > kMaxStacks) {
-      return FillManyStacksMask(trie, mask);
+      return FillManyStacksMask(trie, state, mask, accumulate, max_stacks, only_cached);
     }
+    if (part == nullptr && only_cached) return kNotCached;
     if (part == nullptr && deeper == 0 && !many) {
       last_mask_path_ = MaskPath::kWholeFirst;
       // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
       // that within a budget; the cache is for the others.
-      mask->assign(trie.mask_words(), 0);
-      const size_t ends = AllowEndTokens(trie, mask);
-      const WalkStats whole = Walk(trie, 0, state_, mask, nullptr, kMinCachedWalk);
+      // (Bits a walk that stops early set are tokens the state accepts: kept when merging.)
+      if (!accumulate) mask->assign(trie.mask_words(), 0);
+      const size_t ends = AllowEndTokens(trie, state, mask);
+      const WalkStats whole = Walk(trie, 0, state, mask, nullptr, kMinCachedWalk);
       if (whole.complete) {
+        if (max_stacks != nullptr) *max_stacks = std::max(*max_stacks, whole.max_stacks);
         auto marker = std::make_shared<CachedTokenMask>();
         marker->walk_whole = true;
         grammar_->mask_cache().Store(key, std::move(marker));
@@ -936,7 +956,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       if (part != nullptr) grammar_->mask_cache().Store(key, part);
       if (part != nullptr && part->cut_deeper) continue;
       if (part != nullptr && part->max_stacks * largest_below > kMaxStacks) {
-        return FillManyStacksMask(trie, mask);
+        return FillManyStacksMask(trie, state, mask, accumulate, max_stacks, only_cached);
       }
       last_mask_path_ = MaskPath::kCanonicalHit;
     }
@@ -992,7 +1012,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
           auto marker = std::make_shared<CachedTokenMask>();
           marker->walk_whole = true;
           grammar_->mask_cache().Store(key, std::move(marker));
-          return FillManyStacksMask(trie, mask);
+          return FillManyStacksMask(trie, state, mask, accumulate, max_stacks, only_cached);
         }
         if (!stats.complete) {
           // Almost every token crosses this cut: remember to cut deeper, here and for every
@@ -1018,7 +1038,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
         // (Kept: the next state that merges fewer tails may use it.)
         if (!canonical.empty()) trie.mask_cache().Store(canonical, computed);
         grammar_->mask_cache().Store(key, std::move(computed));
-        return FillManyStacksMask(trie, mask);
+        return FillManyStacksMask(trie, state, mask, accumulate, max_stacks, only_cached);
       }
       if (nodes < kMinCachedWalk && !computed->rest_trie && !many) {
         // The cut walk is short though the whole one was not (the long part lies below the
@@ -1034,12 +1054,15 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     break;
   }
   if (part->rest_trie) ++plain_universal_masks_;
-  *mask = part->accepted;
-  size_t allowed = part->num_accepted + AllowEndTokens(trie, mask);
+  CopyOrMerge(part->accepted, accumulate, mask);
+  size_t allowed = part->num_accepted + AllowEndTokens(trie, state, mask);
+  if (max_stacks != nullptr) {
+    *max_stacks = std::max(*max_stacks, part->max_stacks * largest_below);
+  }
   // Below the cut: walk on from each boundary with the real stack there, expanded once per
   // placeholder.
   absl::InlinedVector<std::optional<State>, 4> resumed(below.size());
-  last_mask_boundaries_ = part->boundaries.size();
+  last_mask_boundaries_ += part->boundaries.size();
   for (const CachedTokenMask::Boundary& b : part->boundaries) {
     std::optional<State>& from = resumed[b.placeholder];
     if (!from.has_value()) {
@@ -1047,7 +1070,7 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       for (const uint32_t tail : below[b.placeholder]) {
         if (!Normalize(tail, &*from) || from->size() > kMaxStacks * 4) {
           // Too ambiguous to expand: the uncached walk refuses what the matcher would.
-          return FillTokenMaskUncached(trie, mask);
+          return WalkWhole(trie, state, mask, accumulate, max_stacks);
         }
       }
       std::sort(from->begin(), from->end());
@@ -1055,11 +1078,91 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
       from->erase(std::remove(from->begin(), from->end(), 0u), from->end());
     }
     if (!from->empty()) {
-      allowed +=
-          Walk(part->rest_trie ? *trie.rest() : trie, b.trie_node, *from, mask, nullptr).added;
+      const WalkStats stats =
+          Walk(part->rest_trie ? *trie.rest() : trie, b.trie_node, *from, mask, nullptr);
+      allowed += stats.added;
+      if (max_stacks != nullptr) {
+        *max_stacks = std::max(*max_stacks, std::max(from->size(), stats.max_stacks));
+      }
     }
   }
   return allowed;
+}
+
+size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+  TrimDfa();
+  last_mask_boundaries_ = 0;
+  if (state_.size() >= kMinGroupStacks) {
+    // A state met before is one part (cached); a new one of many stacks is split.
+    const size_t allowed = FillStateMask(trie, state_, mask, false, nullptr, true);
+    if (allowed != kNotCached) return allowed;
+    if (const std::optional<size_t> merged = FillGroupsMask(trie, mask); merged.has_value()) {
+      return *merged;
+    }
+  }
+  return FillStateMask(trie, state_, mask, false, nullptr, false);
+}
+
+std::optional<size_t> Matcher::FillGroupsMask(const TokenTrie& trie,
+                                              std::vector<uint32_t>* mask) const {
+  // Group the stacks by their entry just above the deepest one they all share (an object's
+  // key position: one group per name still to come, one for the other keys).
+  const uint32_t tail = CommonTail(state_);
+  std::vector<std::pair<uint32_t, uint32_t>> grouped;  // (the group's entry, stack)
+  grouped.reserve(state_.size());
+  // (Stacks that are all one entry over the tail are the alternatives of one position, such
+  // as a string's next character: one cut part serves them.)
+  bool deep = false;
+  for (const uint32_t s : state_) deep = deep || (s != 0 && s != tail && nodes_[s].parent != tail);
+  if (!deep) return std::nullopt;
+  for (const uint32_t s : state_) {
+    if (s == 0) continue;  // a complete sentence: the end tokens, added below
+    uint32_t entry = s;
+    while (entry != tail && nodes_[entry].parent != tail) entry = nodes_[entry].parent;
+    grouped.emplace_back(entry, s);
+  }
+  std::stable_sort(grouped.begin(), grouped.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  size_t num_groups = 0;
+  for (size_t i = 0; i < grouped.size(); ++i) {
+    num_groups += (i == 0 || grouped[i].first != grouped[i - 1].first) ? 1 : 0;
+  }
+  if (num_groups < kMinGroups) return std::nullopt;
+  mask->assign(trie.mask_words(), 0);
+  AllowEndTokens(trie, state_, mask);
+  // A token is accepted from the state exactly when some group accepts it, unless the
+  // state's stacks would pass kMaxStacks on the way where no group's do: so the groups' most
+  // stacks must sum within the bound (they do but for pathological ambiguity).
+  size_t stacks = 0;
+  State group;
+  for (size_t i = 0; i < grouped.size();) {
+    group.clear();
+    size_t j = i;
+    for (; j < grouped.size() && grouped[j].first == grouped[i].first; ++j) {
+      group.push_back(grouped[j].second);
+    }
+    i = j;
+    size_t most = group.size();
+    FillStateMask(trie, group, mask, true, &most, false);
+    stacks += most;
+    if (stacks > kMaxStacks) {
+      last_mask_boundaries_ = 0;
+      return FillStateMask(trie, state_, mask, false, nullptr, false);
+    }
+  }
+  last_mask_path_ = MaskPath::kGroups;
+  size_t allowed = 0;
+  for (const uint32_t word : *mask) allowed += static_cast<size_t>(std::popcount(word));
+  return allowed;
+}
+
+void Matcher::CopyOrMerge(const std::vector<uint32_t>& part, bool accumulate,
+                          std::vector<uint32_t>* mask) {
+  if (!accumulate) {
+    *mask = part;
+    return;
+  }
+  for (size_t w = 0; w < part.size(); ++w) (*mask)[w] |= part[w];
 }
 
 bool Matches(std::shared_ptr<const CompiledGrammar> grammar, absl::string_view text) {

@@ -133,8 +133,9 @@ class Matcher {
     kCanonicalHit,     // ... from the tokenizer's cache (another grammar's)
     kCutWalked,        // the cut state was walked (then cached)
     kCutFreeText,      // the cut state is free text (FreeTextMask; then cached)
+    kGroups,           // the union of its groups' masks (FillGroupsMask)
   };
-  static constexpr int kNumMaskPaths = 8;
+  static constexpr int kNumMaskPaths = 9;
   static const char* MaskPathName(MaskPath path);
   MaskPath last_mask_path() const { return last_mask_path_; }
   // Walks from below a cut that the last FillTokenMask made (each boundary of a cached part
@@ -155,6 +156,8 @@ class Matcher {
   // a copy of the cached bitmask plus walks of the subtrees where a token reached a
   // placeholder (tokens that close the string and go on), from the real stack below. States
   // that are cheap to walk whole (most, outside strings) are walked whole and not cached.
+  // A new state of many stacks (an object's key position) is masked as the union of its
+  // groups of stacks, each cut and cached on its own (FillGroupsMask).
   // The walk itself runs a lazy DFA over matcher states. The result is the same as
   // FillTokenMaskUncached's, bit for bit (tested on the shared schema set).
   size_t FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
@@ -180,6 +183,11 @@ class Matcher {
   // most kMaxCutDeeper times (a string of minLength 1 is cut after its first character).
   static constexpr size_t kMaxBoundaries = 1024;
   static constexpr int kMaxCutDeeper = 3;
+  // A state of this many stacks or more whose mask is not cached as a whole is split into
+  // groups of stacks, each masked as above (cut, cached), and the masks merged, when it makes
+  // at least kMinGroups groups (FillGroupsMask).
+  static constexpr size_t kMinGroupStacks = 8;
+  static constexpr size_t kMinGroups = 3;
   // States whose walk costs less work than this (Walk) are walked whole each time rather than
   // cached (a 128k vocabulary's mask is 16 KiB; a short walk is cheaper).
   static constexpr size_t kMinCachedWalk = 2048;
@@ -246,12 +254,38 @@ class Matcher {
   bool SomeGroupAcceptsEveryPlainRun(const State& cut) const;
   static constexpr size_t kMaxGroupCheckSteps = 16384;
   static constexpr size_t kMaxPlainGroups = 3;
-  // FillTokenMask for a state of more than kMaxCutStacks stacks: walked whole, cached in the
+  // FillTokenMask of `state`, which need not be the matcher's. With `accumulate` the mask's
+  // bits are added to *mask (mask_words() words) and the count returned is not the mask's;
+  // *max_stacks (when not null) is raised to the most stacks a state of the walks held.
+  // With `only_cached`, a state whose mask is not cached (nor known cheap to walk) is left
+  // alone: kNotCached is returned and *mask untouched.
+  size_t FillStateMask(const TokenTrie& trie, const State& state, std::vector<uint32_t>* mask,
+                       bool accumulate, size_t* max_stacks, bool only_cached) const;
+  static constexpr size_t kNotCached = SIZE_MAX;
+  // A state is accepted from exactly where one of its stacks is, so its mask is the union of
+  // its stacks' masks, grouped: by the entry just above the deepest one all stacks share. At
+  // an object's key position that makes one group per name still to come (the same at every
+  // key position, so cached once) and one for the other keys, instead of a new state at each
+  // position. Exact while the groups' most stacks sum within kMaxStacks (else the whole state
+  // is masked). nullopt (nothing done) when the state makes fewer than kMinGroups groups, or
+  // its stacks all lie one entry over their shared one (the alternatives of one position,
+  // such as a string's next character: one cut part serves them).
+  std::optional<size_t> FillGroupsMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
+  static void CopyOrMerge(const std::vector<uint32_t>& part, bool accumulate,
+                          std::vector<uint32_t>* mask);
+  // The whole walk of `state` (FillTokenMaskUncached's), for FillStateMask.
+  size_t WalkWhole(const TokenTrie& trie, const State& state, std::vector<uint32_t>* mask,
+                   bool accumulate, size_t* max_stacks) const;
+  // FillStateMask for a state of more than kMaxCutStacks stacks: walked whole, cached in the
   // grammar under all its positions (when they fit kMaxWholeKeyWords words).
-  size_t FillManyStacksMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
+  size_t FillManyStacksMask(const TokenTrie& trie, const State& state,
+                            std::vector<uint32_t>* mask, bool accumulate, size_t* max_stacks,
+                            bool only_cached) const;
   static constexpr size_t kMaxWholeKeyWords = 16384;
-  // Sets the end tokens' bits when CanEnd(); returns how many were newly set.
-  size_t AllowEndTokens(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
+  // Sets the end tokens' bits when `state` is a complete sentence; returns how many were
+  // newly set.
+  size_t AllowEndTokens(const TokenTrie& trie, const State& state,
+                        std::vector<uint32_t>* mask) const;
   struct WalkFrame {
     uint32_t node;
     int32_t dfa;  // the state's DFA id, or kDfaNoId: then `state` holds it

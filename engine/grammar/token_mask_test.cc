@@ -362,6 +362,64 @@ TEST(TokenMaskTest, KeysOfAnObjectOfManyNamesTakePlainTokensAtOnce) {
   }
 }
 
+// An object's key position holds one stack per name still to come and the other keys'
+// stacks, a new state at each position. Its mask is the union of its groups' masks, each cut
+// and cached on its own: the parts are the same at every key position and in every request.
+TEST(TokenMaskTest, KeyPositionsAreTheUnionOfTheirGroupsMasks) {
+  std::vector<std::string> vocab = Vocabulary(11);
+  for (const char* piece : {"\"port\"", "\":", "\",\"", "host", "proxy", "-", "ssl", "\":\"",
+                            "cert", "key", "live", "reload", "\"}", "\\u001f", "\\n", "\\"}) {
+    vocab.push_back(piece);
+  }
+  const TokenTrie trie(vocab, {0});
+  std::string schema = R"({"type": "object", "properties": {)";
+  bool first = true;
+  for (const char* name : {"port", "host", "proxy", "insecure-proxy", "watcher", "live-reload",
+                           "live-reload-host", "live-reload-port", "environment", "output-path",
+                           "ssl", "ssl-key", "ssl-cert"}) {
+    schema += (first ? "\"" : ", \"") + std::string(name) + R"(": {"type": "string"})";
+    first = false;
+  }
+  schema += "}}";
+  auto g = CompileJsonSchema(schema, JsonSchemaOptions{.max_whitespace = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  // Two requests, the second with other names in another order and escapes in the values.
+  const std::vector<std::string> docs = {
+      "{\"port\":\"80\",\"proxy\":\"x\",\"watcher\":\"w\",\"ssl\":\"1\",\"zz\":\"2\"}",
+      "{\"host\":\"h\\n\",\"live-reload\":\"\\u001f\",\"environment\":\"\\\\\",\"ssl-key\":\"k\"}"};
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  size_t merged = 0;
+  size_t new_parts_second = 0;  // parts walked at the second request's key positions
+  for (size_t d = 0; d < docs.size(); ++d) {
+    const std::string& doc = docs[d];
+    Matcher m(*c);
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const size_t misses = (*c)->mask_cache().stats().misses;
+      const size_t entries = (*c)->mask_cache().stats().entries;
+      m.FillTokenMask(trie, &mask);
+      if (i > 2 && doc[i - 1] == '"' && doc[i - 2] == ',') {
+        merged += m.last_mask_path() == Matcher::MaskPath::kGroups ? 1 : 0;
+        if (d == 1) {
+          EXPECT_GT((*c)->mask_cache().stats().misses, misses);  // (the whole state: new)
+          new_parts_second += (*c)->mask_cache().stats().entries - entries;
+        }
+      }
+      m.FillTokenMaskUncached(trie, &reference);
+      ASSERT_EQ(mask, reference) << "doc " << d << ", after " << doc.substr(0, i);
+      if (i < doc.size()) {
+        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+      }
+    }
+    EXPECT_TRUE(m.CanEnd());
+  }
+  // Every key that follows a comma: 4 in the first request, 3 in the second.
+  EXPECT_EQ(merged, 7u);
+  EXPECT_EQ(new_parts_second, 0u);
+}
+
 TEST(TokenMaskTest, SplitUtf8TokensAreAllowedOnlyAsPrefixesOfAllowedCharacters) {
   const std::vector<std::string> vocab = {"\xC3", "\xA9", "\xC3\xA9", "\xE4", "a", "\"", "\xFF"};
   const TokenTrie trie(vocab, {});
