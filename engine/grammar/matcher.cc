@@ -28,6 +28,9 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
       out->elements_.push_back(Element{});
     }
   }
+  for (uint32_t r = 0; r < grammar.num_rules(); ++r) {
+    if (!out->starts_[r].empty()) out->rule_starts_.emplace_back(out->starts_[r][0], r);
+  }
   // Bounded repeats, found by their shape (AddRepeat numbers a chain's levels upwards):
   // level 1 is `inner | ε`, level k is `inner opt_{k-1} | ε` with the same inner.
   std::vector<std::pair<uint32_t, uint32_t>> level(grammar.num_rules(), {UINT32_MAX, 0});
@@ -63,6 +66,12 @@ uint32_t CompiledGrammar::CapRepeatLevel(uint32_t pos, size_t depth) const {
   const size_t cap = depth + 2;
   if (k <= cap) return pos;
   return repeat_chains_[chain][cap];
+}
+
+uint32_t CompiledGrammar::RuleOf(uint32_t pos) const {
+  const auto it = std::upper_bound(rule_starts_.begin(), rule_starts_.end(),
+                                   std::make_pair(pos, UINT32_MAX));
+  return it == rule_starts_.begin() ? UINT32_MAX : std::prev(it)->second;
 }
 
 std::optional<bool> CompiledGrammar::FindPlainRun(const std::vector<uint32_t>& key) const {
@@ -1105,10 +1114,10 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
 
 std::optional<size_t> Matcher::FillGroupsMask(const TokenTrie& trie,
                                               std::vector<uint32_t>* mask) const {
-  // Group the stacks by their entry just above the deepest one they all share (an object's
-  // key position: one group per name still to come, one for the other keys).
+  // Group the stacks by the rule of their entry just above the deepest one they all share (an
+  // object's key position: one group per name still to come, one for the other keys).
   const uint32_t tail = CommonTail(state_);
-  std::vector<std::pair<uint32_t, uint32_t>> grouped;  // (the group's entry, stack)
+  std::vector<std::pair<uint32_t, uint32_t>> grouped;  // (the group's rule, stack)
   grouped.reserve(state_.size());
   // (Stacks that are all one entry over the tail are the alternatives of one position, such
   // as a string's next character: one cut part serves them.)
@@ -1119,7 +1128,9 @@ std::optional<size_t> Matcher::FillGroupsMask(const TokenTrie& trie,
     if (s == 0) continue;  // a complete sentence: the end tokens, added below
     uint32_t entry = s;
     while (entry != tail && nodes_[entry].parent != tail) entry = nodes_[entry].parent;
-    grouped.emplace_back(entry, s);
+    grouped.emplace_back(IsPlaceholder(entry) ? nodes_[entry].pos
+                                              : grammar_->RuleOf(nodes_[entry].pos),
+                         s);
   }
   std::stable_sort(grouped.begin(), grouped.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -45,6 +45,8 @@ class CompiledGrammar {
   const ByteSet& set(uint32_t index) const { return sets_[index]; }
   // Position of the synthetic start element (a reference to the root followed by kEnd).
   uint32_t start() const { return 0; }
+  // The rule whose alternative holds position `pos` (UINT32_MAX for the start element).
+  uint32_t RuleOf(uint32_t pos) const;
   // Cached mask parts of this grammar, by the grammar positions of a cut state (Matcher).
   const TokenMaskCache& mask_cache() const { return masks_; }
   // Whether a group of stacks (by its grammar positions: Matcher::SomeGroupAcceptsEveryPlainRun)
@@ -72,6 +74,8 @@ class CompiledGrammar {
  private:
   std::vector<Element> elements_;
   std::vector<std::vector<uint32_t>> starts_;
+  // (first position, rule) of every rule with alternatives, by position.
+  std::vector<std::pair<uint32_t, uint32_t>> rule_starts_;
   std::vector<ByteSet> sets_;
   // Bounded repeats: a level-k entry's position -> (its chain, k); per chain, the position of
   // its level-k entry at [k] (0 where a level has none).
@@ -263,13 +267,15 @@ class Matcher {
                        bool accumulate, size_t* max_stacks, bool only_cached) const;
   static constexpr size_t kNotCached = SIZE_MAX;
   // A state is accepted from exactly where one of its stacks is, so its mask is the union of
-  // its stacks' masks, grouped: by the entry just above the deepest one all stacks share. At
-  // an object's key position that makes one group per name still to come (the same at every
-  // key position, so cached once) and one for the other keys, instead of a new state at each
-  // position. Exact while the groups' most stacks sum within kMaxStacks (else the whole state
-  // is masked). nullopt (nothing done) when the state makes fewer than kMinGroups groups, or
-  // its stacks all lie one entry over their shared one (the alternatives of one position,
-  // such as a string's next character: one cut part serves them).
+  // its stacks' masks, grouped: by the rule of their entry just above the deepest one all
+  // stacks share. At an object's key position that makes one group per name still to come
+  // (the same at every key position, so cached once) and one for the other keys, instead of
+  // a new state at each position; the alternatives of one rule (a key trie's node) stay
+  // together, so a group that takes every plain run as a whole still does. Exact while the
+  // groups' most stacks sum within kMaxStacks (else the whole state is masked). nullopt
+  // (nothing done) when the state makes fewer than kMinGroups groups, or its stacks all lie
+  // one entry over their shared one (the alternatives of one position, such as a string's
+  // next character: one cut part serves them).
   std::optional<size_t> FillGroupsMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
   static void CopyOrMerge(const std::vector<uint32_t>& part, bool accumulate,
                           std::vector<uint32_t>* mask);
