@@ -539,21 +539,8 @@ size_t Matcher::WalkWhole(const TokenTrie& trie, const State& state, std::vector
   return allowed;
 }
 
-bool Matcher::AcceptsEveryPlainRun(const State& cut, size_t max_steps, bool* dfa_full) const {
-  const int32_t start = DfaId(cut);
-  if (start < 0) {
-    if (dfa_full != nullptr) *dfa_full = start == kDfaNoId;
-    return false;
-  }
-  const int32_t live = dfa_[static_cast<size_t>(start)].live;
-  if (live < 0) return false;
-  // Pairs (DFA id of the live stacks, PlainStringStep state) met so far, and still to explore.
-  absl::flat_hash_set<uint64_t> seen;
-  std::vector<std::pair<int32_t, int>> pending = {{live, 0}};
-  seen.insert(static_cast<uint64_t>(live) * kPlainStringStates);
-  size_t steps = 0;
-  State next;
-  const std::vector<Element>& el = grammar_->elements();
+void Matcher::PlainClasses(int32_t id, int plain, std::vector<std::pair<ByteSet, int>>* classes,
+                           std::vector<std::pair<ByteSet, int>>* split) const {
   // The plain bytes from each PlainStringStep state, by the state after them.
   static const auto* const kPlainClasses = [] {
     auto* classes = new std::array<std::array<ByteSet, kPlainStringStates>, kPlainStringStates>();
@@ -569,32 +556,49 @@ bool Matcher::AcceptsEveryPlainRun(const State& cut, size_t max_steps, bool* dfa
   // Bytes that the same stacks accept lead to the same state (a stack's step past its top
   // byte set does not depend on the byte): one step per class of (those stacks, the plain
   // state after the byte), found by splitting the plain classes by each stack's byte set.
+  const std::vector<Element>& el = grammar_->elements();
+  classes->clear();
+  for (int to = 0; to < kPlainStringStates; ++to) {
+    const ByteSet& bytes = (*kPlainClasses)[static_cast<size_t>(plain)][static_cast<size_t>(to)];
+    if (bytes.any()) classes->emplace_back(bytes, to);
+  }
+  for (const uint32_t s : dfa_[static_cast<size_t>(id)].stacks) {
+    if (!IsByteTop(s)) continue;
+    const ByteSet& set = grammar_->set(el[nodes_[s].pos].index);
+    split->clear();
+    for (const auto& [bytes, to] : *classes) {
+      const ByteSet in = bytes & set;
+      if (in.none() || in == bytes) {
+        split->emplace_back(bytes, to);
+      } else {
+        split->emplace_back(in, to);
+        split->emplace_back(bytes & ~set, to);
+      }
+    }
+    classes->swap(*split);
+  }
+}
+
+bool Matcher::AcceptsEveryPlainRun(const State& cut, size_t max_steps, bool* dfa_full) const {
+  const int32_t start = DfaId(cut);
+  if (start < 0) {
+    if (dfa_full != nullptr) *dfa_full = start == kDfaNoId;
+    return false;
+  }
+  const int32_t live = dfa_[static_cast<size_t>(start)].live;
+  if (live < 0) return false;
+  // Pairs (DFA id of the live stacks, PlainStringStep state) met so far, and still to explore.
+  absl::flat_hash_set<uint64_t> seen;
+  std::vector<std::pair<int32_t, int>> pending = {{live, 0}};
+  seen.insert(static_cast<uint64_t>(live) * kPlainStringStates);
+  size_t steps = 0;
+  State next;
   std::vector<std::pair<ByteSet, int>> classes;
   std::vector<std::pair<ByteSet, int>> split;
   while (!pending.empty()) {
     const auto [id, plain] = pending.back();
     pending.pop_back();
-    classes.clear();
-    for (int to = 0; to < kPlainStringStates; ++to) {
-      const ByteSet& bytes =
-          (*kPlainClasses)[static_cast<size_t>(plain)][static_cast<size_t>(to)];
-      if (bytes.any()) classes.emplace_back(bytes, to);
-    }
-    for (const uint32_t s : dfa_[static_cast<size_t>(id)].stacks) {
-      if (!IsByteTop(s)) continue;
-      const ByteSet& set = grammar_->set(el[nodes_[s].pos].index);
-      split.clear();
-      for (const auto& [bytes, to] : classes) {
-        const ByteSet in = bytes & set;
-        if (in.none() || in == bytes) {
-          split.emplace_back(bytes, to);
-        } else {
-          split.emplace_back(in, to);
-          split.emplace_back(bytes & ~set, to);
-        }
-      }
-      classes.swap(split);
-    }
+    PlainClasses(id, plain, &classes, &split);
     for (const auto& [bytes, plain_next] : classes) {
       if (++steps > max_steps) return false;
       size_t b = 0;
@@ -613,6 +617,89 @@ bool Matcher::AcceptsEveryPlainRun(const State& cut, size_t max_steps, bool* dfa
     }
   }
   return true;
+}
+
+int Matcher::PlainRunLimit(const State& cut) const {
+  const int32_t start = DfaId(cut);
+  if (start < 0) return -1;
+  const int32_t live = dfa_[static_cast<size_t>(start)].live;
+  if (live < 0) return -1;
+  // Level by level (characters started): every pair (DFA id of the live stacks,
+  // PlainStringStep state) of a level must take every plain byte, but at the level where all
+  // of them, between characters, take none.
+  std::vector<std::pair<int32_t, int>> level = {{live, 0}};
+  std::vector<std::pair<int32_t, int>> next_level;
+  std::vector<std::pair<int32_t, int>> pending;
+  absl::flat_hash_set<uint64_t> seen;
+  std::vector<int32_t> between;  // the level's ids between characters
+  std::vector<std::pair<ByteSet, int>> classes;
+  std::vector<std::pair<ByteSet, int>> split;
+  State next;
+  size_t steps = 0;
+  // The state after the byte class, when it is accepted without reaching the cut; else
+  // kDfaRefused (refused) or kDfaNoId (anything else: no answer).
+  auto step = [&](int32_t id, const ByteSet& bytes) -> int32_t {
+    size_t b = 0;
+    while (!bytes.test(b)) ++b;
+    const int32_t to = DfaStep(id, static_cast<uint8_t>(b), &next);
+    if (to < 0) return to;
+    const DfaState& after = dfa_[static_cast<size_t>(to)];
+    if (!after.placeholders.empty() || after.live < 0) return kDfaNoId;
+    return after.live;
+  };
+  for (int chars = 0; chars <= TokenTrie::kMaxPlainChars; ++chars) {
+    // Inside characters: every continuation byte is taken, at this level.
+    pending = level;
+    seen.clear();
+    between.clear();
+    for (const auto& [id, plain] : pending) {
+      seen.insert(static_cast<uint64_t>(id) * kPlainStringStates + static_cast<uint64_t>(plain));
+    }
+    while (!pending.empty()) {
+      const auto [id, plain] = pending.back();
+      pending.pop_back();
+      if (plain == 0) {
+        between.push_back(id);
+        continue;
+      }
+      PlainClasses(id, plain, &classes, &split);
+      for (const auto& [bytes, plain_next] : classes) {
+        if (++steps > kMaxPlainLimitSteps) return -1;
+        const int32_t to = step(id, bytes);
+        if (to < 0) return -1;
+        const uint64_t pair =
+            static_cast<uint64_t>(to) * kPlainStringStates + static_cast<uint64_t>(plain_next);
+        if (seen.insert(pair).second) pending.emplace_back(to, plain_next);
+      }
+    }
+    // Between characters: a new character is taken in every way, or in none.
+    size_t ended = 0;
+    next_level.clear();
+    for (const int32_t id : between) {
+      PlainClasses(id, 0, &classes, &split);
+      size_t refused = 0;
+      for (const auto& [bytes, plain_next] : classes) {
+        if (++steps > kMaxPlainLimitSteps) return -1;
+        const int32_t to = step(id, bytes);
+        if (to == kDfaNoId) return -1;
+        if (to == kDfaRefused) {
+          ++refused;
+        } else {
+          next_level.emplace_back(to, plain_next);
+        }
+      }
+      if (refused == classes.size()) {
+        ++ended;
+      } else if (refused > 0) {
+        return -1;
+      }
+    }
+    if (ended > 0) return ended == between.size() ? chars : -1;
+    std::sort(next_level.begin(), next_level.end());
+    next_level.erase(std::unique(next_level.begin(), next_level.end()), next_level.end());
+    level.swap(next_level);
+  }
+  return -1;
 }
 
 bool Matcher::SomeGroupAcceptsEveryPlainRun(const State& cut) const {
@@ -1003,9 +1090,11 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
       // then the plain tokens are all accepted, and only the others (the rest trie, ~4% of a
       // vocabulary) are walked; the part's boundaries are nodes of the rest trie.
       const TokenTrie* walked = &trie;
+      int plain_limit = -1;  // a bounded string: the plain tokens of at most this many chars
       if (!free_text && computed->boundaries.empty() && !cut_state.empty() &&
           trie.rest() != nullptr &&
-          (SomeGroupAcceptsEveryPlainRun(cut_state) || AcceptsEveryPlainRun(cut_state))) {
+          (SomeGroupAcceptsEveryPlainRun(cut_state) || AcceptsEveryPlainRun(cut_state) ||
+           (plain_limit = PlainRunLimit(cut_state)) >= 0)) {
         walked = trie.rest();
         computed->rest_trie = true;
       }
@@ -1037,10 +1126,11 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
         nodes = stats.nodes;
       }
       if (computed->rest_trie) {
-        for (size_t w = 0; w < computed->accepted.size(); ++w) {
-          computed->accepted[w] |= trie.plain_mask()[w];
-        }
-        computed->num_accepted += trie.num_plain();
+        const std::vector<uint32_t>& plain =
+            plain_limit >= 0 ? trie.plain_mask_upto(plain_limit) : trie.plain_mask();
+        for (size_t w = 0; w < computed->accepted.size(); ++w) computed->accepted[w] |= plain[w];
+        computed->num_accepted +=
+            plain_limit >= 0 ? trie.num_plain_upto(plain_limit) : trie.num_plain();
       }
       part = computed;
       if (computed->max_stacks * largest_below > kMaxStacks) {

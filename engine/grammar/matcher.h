@@ -237,6 +237,17 @@ class Matcher {
   bool AcceptsEveryPlainRun(const State& cut, size_t max_steps = kMaxPlainCheckSteps,
                             bool* dfa_full = nullptr) const;
   static constexpr size_t kMaxPlainCheckSteps = 2048;
+  // A string of bounded length (`maxLength`): the cut state accepts exactly the plain runs
+  // that start at most r characters, without reaching the cut; returns r (then the plain
+  // tokens of at most r characters, TokenTrie::plain_mask_upto, are accepted at once), or -1.
+  // Explored level by level over pairs of its DFA states and PlainStringStep states, at most
+  // kMaxPlainLimitSteps steps.
+  int PlainRunLimit(const State& cut) const;
+  static constexpr size_t kMaxPlainLimitSteps = 8192;
+  // The classes of plain bytes from PlainStringStep state `plain` that the stacks of DFA
+  // state `id` do not tell apart (each: the bytes, the plain state after them).
+  void PlainClasses(int32_t id, int plain, std::vector<std::pair<ByteSet, int>>* classes,
+                    std::vector<std::pair<ByteSet, int>>* split) const;
   // Free text (a structural tag's text between triggers): the cut state `cut` (nothing below
   // the cut) sends most byte values to one DFA state, the hub, which all but at most
   // kMaxFreeTextBytes byte values keep where it is (free text: the trigger's first byte moves

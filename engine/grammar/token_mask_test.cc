@@ -162,6 +162,41 @@ TEST(TokenMaskTest, PlainTokensAtOnceGiveTheWholeWalksMask) {
   EXPECT_GT(plain_masks, 20u);
 }
 
+// A string of maxLength N: each position is a state of its own (N - k characters left), and
+// no plain run of more than that is accepted, so the plain tokens cannot all be taken at once.
+// Those of at most N - k characters are (TokenTrie::plain_mask_upto), and the masks equal the
+// whole walk, including tokens that end inside a character at the bound.
+TEST(TokenMaskTest, ABoundedStringTakesItsShortPlainTokensAtOnce) {
+  const std::vector<std::string> vocab = BigVocabulary(13, 17);
+  const TokenTrie trie(vocab, {0});
+  auto g = CompileJsonSchema(R"({"type": "string", "maxLength": 6})",
+                             JsonSchemaOptions{.max_whitespace = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  // (A multi-byte character at the bound, an escape, a two-byte one split by the tokens.)
+  const std::vector<std::string> docs = {"\"ab \xE4\xB8\xAD\\n\xC3\xA9\"", "\"x\"",
+                                         "\"\xF0\x9F\x98\x80-_07e\""};
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  size_t plain_masks = 0;
+  for (const std::string& doc : docs) {
+    Matcher m(*c);
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const size_t allowed = m.FillTokenMask(trie, &mask);
+      const size_t expected = m.FillTokenMaskUncached(trie, &reference);
+      ASSERT_EQ(mask, reference) << "after " << doc.substr(0, i);
+      ASSERT_EQ(allowed, expected) << "after " << doc.substr(0, i);
+      if (i < doc.size()) {
+        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+      }
+    }
+    EXPECT_TRUE(m.CanEnd());
+    plain_masks += m.plain_universal_masks();
+  }
+  EXPECT_GE(plain_masks, 6u);
+}
+
 // A string of minLength 1: after its first character every stack shares the rest of the
 // string, and a cut just below that entry would let almost every token reach the cut (one
 // walk from below per trie node, every mask). The cut goes one entry deeper instead, below the

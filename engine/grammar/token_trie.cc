@@ -110,10 +110,13 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
   }
   plain_mask_.assign(mask_words(), 0);
   std::vector<std::string> rest = token_bytes;
+  std::vector<std::vector<int32_t>> by_chars(kMaxPlainChars + 1);
   for (size_t t = 0; t < token_bytes.size(); ++t) {
     if (token_bytes[t].empty()) continue;
     int state = 0;
+    int chars = 0;  // characters started
     for (const char c : token_bytes[t]) {
+      chars += state == 0 ? 1 : 0;
       state = PlainStringStep(state, static_cast<uint8_t>(c));
       if (state < 0) break;
     }
@@ -121,6 +124,19 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
     plain_mask_[t >> 5] |= 1u << (t & 31);
     ++num_plain_;
     rest[t].clear();
+    if (chars <= kMaxPlainChars) {
+      by_chars[static_cast<size_t>(chars)].push_back(static_cast<int32_t>(t));
+      max_plain_chars_ = std::max(max_plain_chars_, chars);
+    }
+  }
+  plain_upto_.resize(static_cast<size_t>(max_plain_chars_) + 1);
+  num_plain_upto_.resize(plain_upto_.size());
+  for (size_t c = 0; c < plain_upto_.size(); ++c) {
+    plain_upto_[c] = c == 0 ? std::vector<uint32_t>(mask_words(), 0) : plain_upto_[c - 1];
+    num_plain_upto_[c] = (c == 0 ? 0 : num_plain_upto_[c - 1]) + by_chars[c].size();
+    for (const int32_t t : by_chars[c]) {
+      plain_upto_[c][static_cast<size_t>(t) >> 5] |= 1u << (static_cast<uint32_t>(t) & 31);
+    }
   }
   rest_.reset(new TokenTrie(rest, end_tokens_, /*split_plain=*/false));
 }

@@ -130,6 +130,16 @@ class TokenTrie {
   // the same token ids (a trie of 10,852 nodes instead of 274,521 for Llama 3.1).
   const std::vector<uint32_t>& plain_mask() const { return plain_mask_; }
   size_t num_plain() const { return num_plain_; }
+  // The plain tokens that start at most `chars` characters (a token ending inside a character
+  // counts it), for a string of bounded length (Matcher::PlainRunLimit); `chars` at most
+  // kMaxPlainChars.
+  static constexpr int kMaxPlainChars = 256;
+  const std::vector<uint32_t>& plain_mask_upto(int chars) const {
+    return plain_upto_[static_cast<size_t>(std::min(chars, max_plain_chars_))];
+  }
+  size_t num_plain_upto(int chars) const {
+    return num_plain_upto_[static_cast<size_t>(std::min(chars, max_plain_chars_))];
+  }
   // Null for the rest trie itself.
   const TokenTrie* rest() const { return rest_.get(); }
   // The tokens that have bytes, as a mask; per byte value, the tokens whose bytes contain it,
@@ -155,6 +165,11 @@ class TokenTrie {
   TokenMaskCache masks_{kMaxMaskCacheBytes};
   std::vector<uint32_t> plain_mask_;
   size_t num_plain_ = 0;
+  // [c]: the plain tokens of at most c characters, up to the most any plain token has (capped
+  // at kMaxPlainChars: longer tokens are in none).
+  std::vector<std::vector<uint32_t>> plain_upto_;
+  std::vector<size_t> num_plain_upto_;
+  int max_plain_chars_ = 0;
   std::vector<uint32_t> bytes_mask_;
   std::array<std::vector<int32_t>, 256> with_byte_;
   std::array<std::vector<int32_t>, 256> starting_with_;
