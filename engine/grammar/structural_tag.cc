@@ -86,6 +86,101 @@ struct TriggerAutomaton {
   }
 };
 
+// The structures' schemas imported into `g`, each compiled once; per structure, its root.
+absl::StatusOr<std::vector<uint32_t>> ImportSchemas(const StructuralTag& tag,
+                                                    const JsonSchemaOptions& options, Grammar* g) {
+  absl::flat_hash_map<std::string, uint32_t> schema_roots;
+  std::vector<uint32_t> roots;
+  for (size_t i = 0; i < tag.structures.size(); ++i) {
+    const std::string& text = tag.structures[i].schema;
+    auto it = schema_roots.find(text);
+    if (it == schema_roots.end()) {
+      absl::StatusOr<Grammar> schema = CompileJsonSchema(text, options);
+      if (!schema.ok()) {
+        return absl::Status(schema.status().code(),
+                            absl::StrCat("structures[", i,
+                                         "].schema: ", schema.status().message()));
+      }
+      it = schema_roots.emplace(text, g->Import(*schema)).first;
+    }
+    roots.push_back(it->second);
+  }
+  return roots;
+}
+
+// `at_start`: the triggers' prefixes as a trie from the start of the output (whitespace first
+// is skipped), leaving it for free text at the first byte no trigger continues with.
+absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
+                                       const JsonSchemaOptions& options) {
+  Grammar g;
+  std::vector<std::array<int32_t, 256>> child(1);
+  child[0].fill(-1);
+  std::vector<std::vector<size_t>> ends(1);
+  for (size_t t = 0; t < tag.triggers.size(); ++t) {
+    size_t s = 0;
+    for (const char c : tag.triggers[t]) {
+      const auto b = static_cast<uint8_t>(c);
+      if (child[s][b] < 0) {
+        child[s][b] = static_cast<int32_t>(child.size());
+        child.emplace_back().fill(-1);
+        ends.emplace_back();
+      }
+      s = static_cast<size_t>(child[s][b]);
+    }
+    ends[s].push_back(t);
+  }
+  std::vector<uint32_t> rule(child.size());
+  for (size_t s = 0; s < child.size(); ++s) rule[s] = g.NewRule(absl::StrCat("start_", s));
+  g.set_root(rule[0]);
+  PD_ASSIGN_OR_RETURN(const std::vector<uint32_t> roots, ImportSchemas(tag, options, &g));
+  ByteSet all;
+  for (int b = 0; b < 256; ++b) all.set(static_cast<size_t>(b));
+  const uint32_t text = g.NewRule("text");
+  g.AddAlternative(text, {});
+  g.AddAlternative(text, {g.Bytes(all), Grammar::Ref(text)});
+  ByteSet space;
+  for (const char c : {' ', '\t', '\n', '\r'}) space.set(static_cast<uint8_t>(c));
+  for (size_t s = 0; s < child.size(); ++s) {
+    if (!ends[s].empty()) {
+      // A trigger was just written: the rest of a structure that begins with it, then the end.
+      std::vector<std::pair<size_t, std::string>> seen;
+      for (const size_t t : ends[s]) {
+        const std::string& trigger = tag.triggers[t];
+        for (size_t i = 0; i < tag.structures.size(); ++i) {
+          const StructuralTag::Structure& st = tag.structures[i];
+          if (!absl::StartsWith(st.begin, trigger)) continue;
+          std::pair<size_t, std::string> key(i, st.begin.substr(trigger.size()));
+          if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+          Grammar::Sequence seq = g.Literal(key.second);
+          seq.push_back(Grammar::Ref(roots[i]));
+          for (const Element& e : g.Literal(st.end)) seq.push_back(e);
+          g.AddAlternative(rule[s], std::move(seq));
+          seen.push_back(std::move(key));
+        }
+      }
+      continue;
+    }
+    g.AddAlternative(rule[s], {});  // the output may end before a trigger is complete
+    ByteSet other = all;
+    for (int b = 0; b < 256; ++b) {
+      if (child[s][b] < 0) continue;
+      other.reset(static_cast<size_t>(b));
+      g.AddAlternative(rule[s],
+                       {g.Byte(static_cast<uint8_t>(b)),
+                        Grammar::Ref(rule[static_cast<size_t>(child[s][b])])});
+    }
+    if (s == 0) {
+      // Whitespace before a trigger is skipped (unless a trigger starts with it).
+      const ByteSet skip = space & other;
+      if (skip.any()) g.AddAlternative(rule[0], {g.Bytes(skip), Grammar::Ref(rule[0])});
+      other &= ~space;
+    }
+    if (other.any()) g.AddAlternative(rule[s], {g.Bytes(other), Grammar::Ref(text)});
+  }
+  PD_RETURN_IF_ERROR(g.Validate());
+  return g;
+}
+
 }  // namespace
 
 absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view text) {
@@ -98,11 +193,14 @@ absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view text) {
       if (!value.is_string() || value.get<std::string>() != "structural_tag") {
         return Bad("type", "must be \"structural_tag\"");
       }
+    } else if (key == "at_start") {
+      if (!value.is_boolean()) return Bad("at_start", "must be a boolean");
     } else if (key != "structures" && key != "triggers") {
-      return Bad(key, "is not a field of a structural tag (structures, triggers)");
+      return Bad(key, "is not a field of a structural tag (structures, triggers, at_start)");
     }
   }
   StructuralTag tag;
+  tag.at_start = doc.value("at_start", false);
   const auto triggers = doc.find("triggers");
   if (triggers == doc.end() || !triggers->is_array() || triggers->empty()) {
     return Bad("triggers", "must be a non-empty array of strings");
@@ -168,6 +266,7 @@ absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view text) {
 
 std::string StructuralTagJson(const StructuralTag& tag) {
   Json doc = {{"type", "structural_tag"}, {"structures", Json::array()}, {"triggers", tag.triggers}};
+  if (tag.at_start) doc["at_start"] = true;
   for (const StructuralTag::Structure& s : tag.structures) {
     Json schema = Json::parse(s.schema, nullptr, /*allow_exceptions=*/false);
     doc["structures"].push_back({{"begin", s.begin}, {"schema", std::move(schema)}, {"end", s.end}});
@@ -181,6 +280,7 @@ absl::StatusOr<Grammar> CompileStructuralTag(const StructuralTag& tag,
     return absl::InvalidArgumentError("a structural tag needs structures and triggers");
   }
   Grammar g;
+  if (tag.at_start) return CompileAtStart(tag, options);
   const TriggerAutomaton automaton(tag.triggers);
   const size_t n = automaton.next.size();
   // One rule per state: "free text from here" where no trigger ends, "a structure" where one
@@ -191,23 +291,7 @@ absl::StatusOr<Grammar> CompileStructuralTag(const StructuralTag& tag,
                                         : g.NewRule(absl::StrCat("tagged_", s));
   }
   g.set_root(rule[0]);
-  // The structures' schemas, each compiled once.
-  absl::flat_hash_map<std::string, uint32_t> schema_roots;
-  std::vector<uint32_t> roots;
-  for (size_t i = 0; i < tag.structures.size(); ++i) {
-    const std::string& text = tag.structures[i].schema;
-    auto it = schema_roots.find(text);
-    if (it == schema_roots.end()) {
-      absl::StatusOr<Grammar> schema = CompileJsonSchema(text, options);
-      if (!schema.ok()) {
-        return absl::Status(schema.status().code(),
-                            absl::StrCat("structures[", i,
-                                         "].schema: ", schema.status().message()));
-      }
-      it = schema_roots.emplace(text, g.Import(*schema)).first;
-    }
-    roots.push_back(it->second);
-  }
+  PD_ASSIGN_OR_RETURN(const std::vector<uint32_t> roots, ImportSchemas(tag, options, &g));
   for (size_t s = 0; s < n; ++s) {
     if (automaton.ends[s].empty()) {
       g.AddAlternative(rule[s], {});  // free text may end here

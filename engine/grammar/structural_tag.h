@@ -32,6 +32,11 @@ struct StructuralTag {
   };
   std::vector<Structure> structures;
   std::vector<std::string> triggers;
+  // pdserve's extension (`"at_start": true`): a trigger counts only at the start of the output
+  // (after any whitespace), and the output ends with the structure. Elsewhere the triggers are
+  // plain text. For a family whose call is the whole output (Llama 3's JSON calls: an output
+  // that starts with `{` is a call, any other is text).
+  bool at_start = false;
 };
 
 // Limits: structures, triggers, bytes of one trigger, bytes of a begin or end string.
@@ -41,7 +46,7 @@ inline constexpr size_t kMaxTriggerBytes = 64;
 inline constexpr size_t kMaxTagStringBytes = 1024;
 
 // Reads vLLM's form, `{"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}`
-// (a "type": "structural_tag" member is allowed). InvalidArgument naming the field (the caller
+// (a "type": "structural_tag" member is allowed, and "at_start", a boolean). InvalidArgument naming the field (the caller
 // adds where the tag came from): a missing
 // or mistyped field, an unknown one, an empty trigger, a begin that starts with no trigger, a
 // trigger that begins no structure, anything over the limits above.

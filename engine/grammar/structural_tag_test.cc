@@ -63,6 +63,70 @@ TEST(StructuralTagTest, FreeTextAroundCallsThatFollowTheirSchemas) {
   }
 }
 
+// The tag pd-router sends for tool_choice "auto" with a Llama 3 model: its JSON call is the
+// whole output, so the trigger counts only at the start.
+constexpr char kLlamaTag[] = R"({"type": "structural_tag", "triggers": ["{"], "at_start": true,
+  "structures": [
+    {"begin": "{\"name\": \"get_weather\", \"parameters\": ",
+     "schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"], "additionalProperties": false},
+     "end": "}"},
+    {"begin": "{\"name\": \"get_time\", \"parameters\": ",
+     "schema": {"type": "object", "additionalProperties": false}, "end": "}"}]})";
+
+TEST(StructuralTagTest, AtStartATriggerCountsOnlyAtTheStartOfTheOutput) {
+  auto g = CompileTag(kLlamaTag);
+  ASSERT_NE(g, nullptr);
+  const std::string weather = R"({"name": "get_weather", "parameters": {"city": "Lyon"}})";
+  for (const std::string& ok :
+       {std::string(""), std::string("Sunny, 21 degrees."), weather, "\n\n " + weather,
+        std::string(R"({"name": "get_time", "parameters": {}})"),
+        std::string("Use {braces} and {\"name\": 1} freely here."), std::string(" \n"),
+        std::string("\xC3\xA9{")}) {
+    EXPECT_TRUE(Matches(g, ok)) << ok;
+  }
+  for (const std::string& bad :
+       {std::string("{"),                                                   // a call must finish
+        std::string(R"({"name": "get_weather", "parameters": {"town": "x"}})"),  // its schema
+        std::string(R"({"name": "get_date", "parameters": {}})"),  // not an offered function
+        std::string("  {\"city\": \"Lyon\"}"),                          // not a call
+        weather + " and more text"}) {                                     // the call ends it
+    EXPECT_FALSE(Matches(g, bad)) << bad;
+  }
+  // Masks equal the matcher, through whitespace and a call.
+  std::vector<std::string> vocab = {"", "{\"", "name", "\":", " \"", "get_time", "\",",
+                                    "parameters", " {}}", "}", "\n\n", " {", "Hi {"};
+  for (int b = 1; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  const TokenTrie trie(vocab, {0});
+  const std::string out = "\n\n {\"name\": \"get_time\", \"parameters\": {}}";
+  Matcher m(g);
+  std::vector<uint32_t> mask;
+  for (size_t i = 0; i <= out.size(); ++i) {
+    m.FillTokenMask(trie, &mask);
+    std::vector<uint32_t> expected(trie.mask_words(), 0);
+    for (size_t t = 1; t < vocab.size(); ++t) {
+      Matcher copy = m;
+      if (copy.AcceptBytes(vocab[t])) expected[t >> 5] |= 1u << (t & 31);
+    }
+    if (m.CanEnd()) expected[0] |= 1u;
+    ASSERT_EQ(mask, expected) << "after " << out.substr(0, i);
+    if (i < out.size()) {
+      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(out[i]))) << i;
+    }
+  }
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_TRUE(m.IsFinished());  // nothing may follow the call
+  // The canonical form keeps it.
+  auto tag = ParseStructuralTag(kLlamaTag);
+  ASSERT_TRUE(tag.ok()) << tag.status();
+  EXPECT_TRUE(tag->at_start);
+  auto again = ParseStructuralTag(StructuralTagJson(*tag));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->at_start);
+  EXPECT_FALSE(ParseStructuralTag(R"({"triggers": ["{"], "at_start": 1, "structures": [
+      {"begin": "{", "schema": {}, "end": "}"}]})").ok());
+}
+
 TEST(StructuralTagTest, SeveralTriggersAndOnesEndingInsideOthers) {
   // "ab" ends inside "zab": writing "zab" may start the "ab" structure (a trigger found
   // through the automaton's failure links) or the "zab" one.

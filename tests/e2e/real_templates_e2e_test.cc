@@ -19,8 +19,8 @@
 //    jinja2's with that variable);
 //  - a response format with a reasoning model (Qwen3): the block comes first (forced here with
 //    logit_bias), then the answer follows the schema and validates;
-//  - tool_choice "auto" (Qwen3, DeepSeek-V3): a call the model starts (forced here with
-//    logit_bias) is enforced by grammar (pd-router's structural tag) and validates;
+//  - tool_choice "auto" (Qwen3, DeepSeek-V3, Llama 3.2): a call the model starts (forced here
+//    with logit_bias) is enforced by grammar (pd-router's structural tag) and validates;
 //  - tool_choice "required", streamed, through prefill and decode workers: the call's id and
 //    name come first, its arguments in pieces, finish_reason "tool_calls", and the arguments
 //    validate against the tool's schema (python3-jsonschema), on the real 128k-152k vocabulary.
@@ -324,13 +324,17 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
         << python_no_thinking;
   }
 
-  // tool_choice "auto" (Hermes, DeepSeek): a call the model starts is enforced. logit_bias
-  // makes this random model write `<tool_call>` (`<｜tool▁calls▁begin｜>`) whenever it is free to; from there on the grammar decides
-  // what may follow, so each call names the offered function with arguments that validate
-  // (without the constraint a random model's "call" is noise, returned as content).
+  // tool_choice "auto" (Hermes, DeepSeek, Llama 3): a call the model starts is enforced.
+  // logit_bias makes this random model write `<tool_call>` (`<｜tool▁calls▁begin｜>`, and for
+  // Llama 3, whose call is the whole output, `{`) whenever it is free to; from there on the
+  // grammar decides what may follow, so each call names the offered function with arguments
+  // that validate (without the constraint a random model's "call" is noise, returned as
+  // content).
   json auto_arguments;
-  if (family.format == "hermes" || family.format == "deepseek") {
-    const char* marker = family.format == "hermes" ? "<tool_call>" : "<｜tool▁calls▁begin｜>";
+  if (family.format == "hermes" || family.format == "deepseek" || family.format == "llama3") {
+    const char* marker = family.format == "hermes"     ? "<tool_call>"
+                         : family.format == "deepseek" ? "<｜tool▁calls▁begin｜>"
+                                                       : "{";
     absl::StatusOr<std::vector<uint32_t>> open = (*front)->tokenizer().Encode(marker, false, false);
     ASSERT_TRUE(open.ok() && open->size() == 1) << marker << " is one token in this family";
     json auto_body = body;

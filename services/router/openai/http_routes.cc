@@ -242,8 +242,7 @@ void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest*
   v1::SamplingParams* s = g->mutable_sampling();
   if (!constrain_auto_calls_ || r.endpoint != Endpoint::kChat || !r.tools.offered() ||
       r.tools.choice != ToolChoice::kAuto ||
-      (tool_call_format_ != ToolCallFormat::kHermes &&
-       tool_call_format_ != ToolCallFormat::kDeepseek) ||
+      tool_call_format_ == ToolCallFormat::kMistral ||
       s->has_constraint() || s->min_tokens() > 0 || s->ignore_eos()) {
     return;
   }

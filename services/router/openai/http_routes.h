@@ -92,7 +92,8 @@ class HttpRoutes {
   // prompt opened one (PromptOpensThinkBlock of its decoded end); nullopt when not parsed.
   std::optional<bool> ReasoningFor(const OpenAiRequest& r,
                                    const pdserve::v1::GenerateRequest& g) const;
-  // tool_choice "auto" with a Hermes-format model: a call the model starts (`<tool_call>`) is
+  // tool_choice "auto" with a Hermes, DeepSeek or Llama 3 format model: a call the model
+  // starts (`<tool_call>`, `<｜tool▁calls▁begin｜>`, an output starting with `{`) is
   // enforced (AutoCallTag, a structural tag on `g`), unless the request has a constraint
   // already, min_tokens or ignore_eos, or a tool's parameters use a keyword the engine cannot
   // enforce (then calls are only parsed, as before). The response is built from `r`, whose

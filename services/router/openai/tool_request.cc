@@ -317,12 +317,16 @@ std::string EnforcedCallSchema(const ToolsSpec& spec) {
 }
 
 std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format, bool fenced) {
-  if (format != ToolCallFormat::kHermes && format != ToolCallFormat::kDeepseek) return "";
+  if (format == ToolCallFormat::kMistral) return "";
   const bool deepseek = format == ToolCallFormat::kDeepseek;
+  const bool llama = format == ToolCallFormat::kLlama3;
   ordered_json structures = ordered_json::array();
   for (const ToolFunction& f : spec.functions) {
     ordered_json st = ordered_json::object();
-    if (!deepseek) {
+    if (llama) {
+      st["begin"] = absl::StrCat("{\"name\": \"", f.name, "\", \"parameters\": ");
+      st["end"] = "}";
+    } else if (!deepseek) {
       st["begin"] = absl::StrCat(kHermesCallOpen, "\n{\"name\": \"", f.name, "\", \"arguments\": ");
       st["end"] = absl::StrCat("}\n", kHermesCallClose);
     } else if (fenced) {
@@ -341,7 +345,9 @@ std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format, bool fence
   ordered_json tag = ordered_json::object();
   tag["type"] = "structural_tag";
   tag["structures"] = std::move(structures);
-  tag["triggers"] = {deepseek ? kDeepseekCallsOpen : kHermesCallOpen};
+  tag["triggers"] = {llama ? "{" : deepseek ? kDeepseekCallsOpen : kHermesCallOpen};
+  // (Llama 3's call is the whole output: `{` starts one only at the start.)
+  if (llama) tag["at_start"] = true;
   return tag.dump();
 }
 

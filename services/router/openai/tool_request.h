@@ -98,7 +98,11 @@ inline constexpr char kHermesCallClose[] = "</tool_call>";
 // until `<｜tool▁calls▁begin｜>`, then one call as DeepSeek-V3's template writes it
 // (`<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>`; with
 // `fenced` false, V3.1's `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`), then
-// `<｜tool▁calls▁end｜>`: one call per block (another block may follow). Other formats: "".
+// `<｜tool▁calls▁end｜>`: one call per block (another block may follow). Llama 3 format: the
+// call is the whole output, `{"name": "<an offered function>", "parameters": ` and arguments
+// that follow its parameters, then `}`, when the output starts with `{` (after whitespace;
+// the tag's `at_start`); any other output is text. Mistral: "" (its `[TOOL_CALLS]` marker is
+// a special token, which a grammar over bytes cannot name).
 std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format = ToolCallFormat::kHermes,
                         bool fenced = true);
 

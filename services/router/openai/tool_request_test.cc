@@ -63,8 +63,8 @@ TEST(ToolRequestTest, ToolsDefaultToAutoAndKeepTheirText) {
 
 // The tag enforcing a call the model starts under "auto": per offered function, the opening
 // its format's template teaches, the function's parameters, the closing; the trigger is the
-// format's first marker. DeepSeek-V3 fences the arguments in ```json, V3.1 does not. Formats
-// without a tag (Llama 3, Mistral) get "".
+// format's first marker. DeepSeek-V3 fences the arguments in ```json, V3.1 does not. Mistral
+// (whose marker is a special token) gets "".
 TEST(ToolRequestTest, AutoCallTagsFollowTheFormatsTemplates) {
   absl::StatusOr<OpenAiRequest> r = Chat(absl::StrCat(R"(,"tools":[)", kWeather, ",", kTime, "]"));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -88,7 +88,12 @@ TEST(ToolRequestTest, AutoCallTagsFollowTheFormatsTemplates) {
             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>");
   EXPECT_EQ(v31["structures"][0]["end"], "<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
 
-  EXPECT_EQ(AutoCallTag(r->tools, ToolCallFormat::kLlama3), "");
+  // Llama 3: the call is the whole output, so `{` starts one only at the start.
+  const json llama = json::parse(AutoCallTag(r->tools, ToolCallFormat::kLlama3));
+  EXPECT_EQ(llama["triggers"], json::array({"{"}));
+  EXPECT_EQ(llama["at_start"], true);
+  EXPECT_EQ(llama["structures"][0]["begin"], "{\"name\": \"get_weather\", \"parameters\": ");
+  EXPECT_EQ(llama["structures"][0]["end"], "}");
   EXPECT_EQ(AutoCallTag(r->tools, ToolCallFormat::kMistral), "");
 }
 
