@@ -213,8 +213,9 @@ counter() {  # counter URL NAME: a metric's value, 0 when absent
 # cache_on_c NAME PROMPT: the cold run on node-c, then two prompts that evict it from node-c's
 # pool into node-c's tierd.
 cache_on_c() {
-  local before got pending
+  local before got pending published_before published
   before=$(counter "$TC" 'pd_tierd_stored_blocks_total{tier="dram"}')
+  published_before=$(counter "$TC" pd_tierd_redis_published_total)
   gen_via 50052 "$1-cold" "$2"
   gen_via 50052 "$1-evict1" "A small bird lived in a tall tree near the river. Every morning it sang a happy song for the $1 fish."
   gen_via 50052 "$1-evict2" "The old man planted seeds in his garden. After the rain, green $1 plants grew everywhere he looked."
@@ -228,7 +229,16 @@ cache_on_c() {
   done
   awk -v g="$got" -v b="$before" 'BEGIN {exit !(g > b)}' ||
     fail "$1: node-c's tierd stored no evicted block ($before -> $got)"
-  sleep 0.3  # the last batch's Redis round trip
+  # The last batch leaves the pending count before its Redis round trip ends: wait until the
+  # entries published cover the blocks stored (a loaded machine took longer than a fixed 0.3 s
+  # once, and node-b then found nothing to fetch).
+  for _ in $(seq 1 100); do
+    published=$(counter "$TC" pd_tierd_redis_published_total)
+    awk -v p="$published" -v pb="$published_before" -v g="$got" -v b="$before" \
+      'BEGIN {exit !(p - pb >= g - b)}' && break
+    sleep 0.1
+  done
+  sleep 0.1
 }
 same_text() {  # same_text NAME: the node-b run equals the cold node-c run
   cmp -s "$run/$1-cold.out" "$run/$1-b.out" ||

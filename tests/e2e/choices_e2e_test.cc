@@ -258,8 +258,11 @@ TEST(ChoicesE2eTest, ChoicesShareOnePrefillAndEqualTheirSingleRequests) {
     timed_req.set_timeout_ms(20);
     const std::vector<Generated> timed = cluster.GenerateChoices(timed_req, 3);
     EXPECT_EQ(timed[0].status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
-        << timed[0].status.error_message();
+        << timed[0].status.error_message() << cluster.Logs();
   }
+  // (Metric reads 0 from a router that stopped answering: check that it answers.)
+  ASSERT_FALSE(cluster.RouterMetrics().empty()) << "the router stopped answering\n"
+                                                << cluster.Logs();
   for (int i = 0; i < 100 && Metric(cluster.RouterMetrics(), "pd_router_inflight_streams") != 0;
        ++i) {
     absl::SleepFor(absl::Milliseconds(50));
