@@ -3,6 +3,7 @@
 #include <array>
 #include <deque>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -108,6 +109,30 @@ absl::StatusOr<std::vector<uint32_t>> ImportSchemas(const StructuralTag& tag,
   return roots;
 }
 
+// Adds to `rule` (where the triggers `ends` were just written) the rest of every structure
+// that begins with one of them: the rest of its begin, its schema (`roots`), its end, then
+// `after` (none when nullopt).
+void AddStructures(const StructuralTag& tag, const std::vector<uint32_t>& roots,
+                   const std::vector<size_t>& ends, std::optional<uint32_t> after, uint32_t rule,
+                   Grammar* g) {
+  std::vector<std::pair<size_t, std::string>> seen;  // structure, rest of its begin
+  for (const size_t t : ends) {
+    const std::string& trigger = tag.triggers[t];
+    for (size_t i = 0; i < tag.structures.size(); ++i) {
+      const StructuralTag::Structure& st = tag.structures[i];
+      if (!absl::StartsWith(st.begin, trigger)) continue;
+      std::pair<size_t, std::string> key(i, st.begin.substr(trigger.size()));
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+      Grammar::Sequence seq = g->Literal(key.second);
+      seq.push_back(Grammar::Ref(roots[i]));
+      for (const Element& e : g->Literal(st.end)) seq.push_back(e);
+      if (after.has_value()) seq.push_back(Grammar::Ref(*after));
+      g->AddAlternative(rule, std::move(seq));
+      seen.push_back(std::move(key));
+    }
+  }
+}
+
 // `at_start`: the triggers' prefixes as a trie from the start of the output (whitespace first
 // is skipped), leaving it for free text at the first byte no trigger continues with.
 absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
@@ -143,21 +168,7 @@ absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
   for (size_t s = 0; s < child.size(); ++s) {
     if (!ends[s].empty()) {
       // A trigger was just written: the rest of a structure that begins with it, then the end.
-      std::vector<std::pair<size_t, std::string>> seen;
-      for (const size_t t : ends[s]) {
-        const std::string& trigger = tag.triggers[t];
-        for (size_t i = 0; i < tag.structures.size(); ++i) {
-          const StructuralTag::Structure& st = tag.structures[i];
-          if (!absl::StartsWith(st.begin, trigger)) continue;
-          std::pair<size_t, std::string> key(i, st.begin.substr(trigger.size()));
-          if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-          Grammar::Sequence seq = g.Literal(key.second);
-          seq.push_back(Grammar::Ref(roots[i]));
-          for (const Element& e : g.Literal(st.end)) seq.push_back(e);
-          g.AddAlternative(rule[s], std::move(seq));
-          seen.push_back(std::move(key));
-        }
-      }
+      AddStructures(tag, roots, ends[s], std::nullopt, rule[s], &g);
       continue;
     }
     g.AddAlternative(rule[s], {});  // the output may end before a trigger is complete
@@ -302,23 +313,8 @@ absl::StatusOr<Grammar> CompileStructuralTag(const StructuralTag& tag,
       }
       continue;
     }
-    // A trigger was just written: the rest of a structure that begins with it.
-    std::vector<std::pair<size_t, std::string>> seen;  // structure, rest of its begin
-    for (const size_t t : automaton.ends[s]) {
-      const std::string& trigger = tag.triggers[t];
-      for (size_t i = 0; i < tag.structures.size(); ++i) {
-        const StructuralTag::Structure& st = tag.structures[i];
-        if (!absl::StartsWith(st.begin, trigger)) continue;
-        std::pair<size_t, std::string> key(i, st.begin.substr(trigger.size()));
-        if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-        Grammar::Sequence seq = g.Literal(key.second);
-        seq.push_back(Grammar::Ref(roots[i]));
-        for (const Element& e : g.Literal(st.end)) seq.push_back(e);
-        seq.push_back(Grammar::Ref(rule[0]));
-        g.AddAlternative(rule[s], std::move(seq));
-        seen.push_back(std::move(key));
-      }
-    }
+    // A trigger was just written: the rest of a structure that begins with it, then free text.
+    AddStructures(tag, roots, automaton.ends[s], rule[0], rule[s], &g);
   }
   PD_RETURN_IF_ERROR(g.Validate());
   return g;

@@ -40,6 +40,29 @@ std::string Call(const std::string& name, const std::string& args) {
   return "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " + args + "}\n</tool_call>";
 }
 
+// Feeds `out` byte by byte; before each byte (and at the end) the token mask must be the set
+// of tokens the matcher accepts, the end token (0) when the sentence is complete.
+void ExpectMasksEqualTheMatcher(std::shared_ptr<const CompiledGrammar> g,
+                                const std::vector<std::string>& vocab, const std::string& out) {
+  const TokenTrie trie(vocab, {0});
+  Matcher m(std::move(g));
+  std::vector<uint32_t> mask;
+  for (size_t i = 0; i <= out.size(); ++i) {
+    m.FillTokenMask(trie, &mask);
+    std::vector<uint32_t> expected(trie.mask_words(), 0);
+    for (size_t t = 1; t < vocab.size(); ++t) {
+      Matcher copy = m;
+      if (copy.AcceptBytes(vocab[t])) expected[t >> 5] |= 1u << (t & 31);
+    }
+    if (m.CanEnd()) expected[0] |= 1u;
+    ASSERT_EQ(mask, expected) << "after " << out.substr(0, i);
+    if (i < out.size()) {
+      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(out[i]))) << i;
+    }
+  }
+  EXPECT_TRUE(m.CanEnd());
+}
+
 TEST(StructuralTagTest, FreeTextAroundCallsThatFollowTheirSchemas) {
   auto g = CompileTag(kToolTag);
   ASSERT_NE(g, nullptr);
@@ -97,24 +120,10 @@ TEST(StructuralTagTest, AtStartATriggerCountsOnlyAtTheStartOfTheOutput) {
   std::vector<std::string> vocab = {"", "{\"", "name", "\":", " \"", "get_time", "\",",
                                     "parameters", " {}}", "}", "\n\n", " {", "Hi {"};
   for (int b = 1; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
-  const TokenTrie trie(vocab, {0});
   const std::string out = "\n\n {\"name\": \"get_time\", \"parameters\": {}}";
+  ExpectMasksEqualTheMatcher(g, vocab, out);
   Matcher m(g);
-  std::vector<uint32_t> mask;
-  for (size_t i = 0; i <= out.size(); ++i) {
-    m.FillTokenMask(trie, &mask);
-    std::vector<uint32_t> expected(trie.mask_words(), 0);
-    for (size_t t = 1; t < vocab.size(); ++t) {
-      Matcher copy = m;
-      if (copy.AcceptBytes(vocab[t])) expected[t >> 5] |= 1u << (t & 31);
-    }
-    if (m.CanEnd()) expected[0] |= 1u;
-    ASSERT_EQ(mask, expected) << "after " << out.substr(0, i);
-    if (i < out.size()) {
-      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(out[i]))) << i;
-    }
-  }
-  EXPECT_TRUE(m.CanEnd());
+  ASSERT_TRUE(m.AcceptBytes(out));
   EXPECT_TRUE(m.IsFinished());  // nothing may follow the call
   // The canonical form keeps it.
   auto tag = ParseStructuralTag(kLlamaTag);
@@ -150,29 +159,11 @@ TEST(StructuralTagTest, MasksEqualTheMatcherThroughTextAndACall) {
                                     "\"name\"", ": ", "\"get_time\"", ", ", "\"arguments\"",
                                     "{}", "}\n", "}", "Hi", " there", "<", "x<tool_call>\n"};
   for (int b = 1; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
-  const TokenTrie trie(vocab, {0});
   auto g = CompileTag(kToolTag);
   ASSERT_NE(g, nullptr);
   const std::string out = "Hi there <tool" + std::string("_call>\n{\"name\": \"get_time\", ") +
                           "\"arguments\": {}}\n</tool_call> ok";
-  Matcher m(g);
-  std::vector<uint32_t> mask;
-  for (size_t i = 0; i <= out.size(); ++i) {
-    m.FillTokenMask(trie, &mask);
-    std::vector<uint32_t> expected(trie.mask_words(), 0);
-    for (size_t t = 1; t < vocab.size(); ++t) {
-      Matcher copy = m;
-      if (copy.AcceptBytes(vocab[t])) {
-        expected[t >> 5] |= 1u << (t & 31);
-      }
-    }
-    if (m.CanEnd()) expected[0] |= 1u;
-    ASSERT_EQ(mask, expected) << "after " << out.substr(0, i);
-    if (i < out.size()) {
-      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(out[i]))) << i;
-    }
-  }
-  EXPECT_TRUE(m.CanEnd());
+  ExpectMasksEqualTheMatcher(g, vocab, out);
 }
 
 // A vocabulary big enough that free-text states are not walked whole (Matcher::kMinCachedWalk):
