@@ -697,6 +697,8 @@ int Matcher::PlainRunLimit(const State& cut) const {
     if (ended > 0) return ended == between.size() ? chars : -1;
     std::sort(next_level.begin(), next_level.end());
     next_level.erase(std::unique(next_level.begin(), next_level.end()), next_level.end());
+    // The same pairs again: runs of every length are taken (a string without a bound).
+    if (next_level == level) return -1;
     level.swap(next_level);
   }
   return -1;
@@ -793,6 +795,7 @@ const char* Matcher::MaskPathName(MaskPath path) {
     case MaskPath::kCutWalked: return "cut, walked";
     case MaskPath::kCutFreeText: return "cut, free text";
     case MaskPath::kGroups: return "groups, merged";
+    case MaskPath::kGroupsHit: return "groups, cached";
   }
   return "?";
 }
@@ -874,22 +877,37 @@ bool Matcher::FreeTextMask(const TokenTrie& trie, const State& cut, CachedTokenM
   return true;
 }
 
+std::vector<uint32_t> Matcher::WholeStateKey(const TokenTrie& trie, const State& state,
+                                             uint32_t marker) const {
+  // Every stack's positions, top to bottom, each list led by its length, the lists in order
+  // (node ids are this matcher's own: another matcher of the grammar numbers them otherwise).
+  std::vector<std::vector<uint32_t>> stacks;
+  stacks.reserve(state.size());
+  size_t words = 3;
+  for (const uint32_t s : state) {
+    std::vector<uint32_t>& positions = stacks.emplace_back();
+    for (uint32_t id = s; id != 0; id = nodes_[id].parent) {
+      positions.push_back(nodes_[id].pos);
+      if (++words > kMaxWholeKeyWords) return {};
+    }
+    ++words;
+  }
+  std::sort(stacks.begin(), stacks.end());
+  std::vector<uint32_t> key = {static_cast<uint32_t>(trie.id()),
+                               static_cast<uint32_t>(trie.id() >> 32), marker};
+  key.reserve(words);
+  for (const auto& positions : stacks) {
+    key.push_back(static_cast<uint32_t>(positions.size()));
+    key.insert(key.end(), positions.begin(), positions.end());
+  }
+  return key;
+}
+
 size_t Matcher::FillManyStacksMask(const TokenTrie& trie, const State& state,
                                    std::vector<uint32_t>* mask, bool accumulate,
                                    size_t* max_stacks, bool only_cached) const {
-  // The key: every stack's positions, top to bottom, each list led by its length (a marker
-  // word first, which no cut key starts with after the trie's id).
-  std::vector<uint32_t> key = {static_cast<uint32_t>(trie.id()),
-                               static_cast<uint32_t>(trie.id() >> 32), 0xFFFFFFFDu};
-  for (const uint32_t s : state) {
-    const size_t at = key.size();
-    key.push_back(0);
-    for (uint32_t id = s; id != 0 && key.size() <= kMaxWholeKeyWords; id = nodes_[id].parent) {
-      key.push_back(nodes_[id].pos);
-    }
-    key[at] = static_cast<uint32_t>(key.size() - at - 1);
-  }
-  const bool cacheable = key.size() <= kMaxWholeKeyWords;
+  const std::vector<uint32_t> key = WholeStateKey(trie, state, kManyStacksKeyMarker);
+  const bool cacheable = !key.empty();
   if (cacheable) {
     if (const auto part = grammar_->mask_cache().Find(key); part != nullptr) {
       last_mask_path_ = MaskPath::kWholeManyHit;
@@ -1195,7 +1213,21 @@ size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask
     // A state met before is one part (cached); a new one of many stacks is split.
     const size_t allowed = FillStateMask(trie, state_, mask, false, nullptr, true);
     if (allowed != kNotCached) return allowed;
+    // A state merged from its groups before: its whole mask, under its stacks' positions.
+    const std::vector<uint32_t> key = WholeStateKey(trie, state_, kGroupsKeyMarker);
+    const auto hit = key.empty() ? nullptr : grammar_->mask_cache().Find(key);
+    if (hit != nullptr) {
+      last_mask_path_ = MaskPath::kGroupsHit;
+      *mask = hit->accepted;
+      return hit->num_accepted;
+    }
     if (const std::optional<size_t> merged = FillGroupsMask(trie, mask); merged.has_value()) {
+      if (last_mask_path_ == MaskPath::kGroups && !key.empty()) {
+        auto whole = std::make_shared<CachedTokenMask>();
+        whole->accepted = *mask;
+        whole->num_accepted = *merged;
+        grammar_->mask_cache().Store(key, std::move(whole));
+      }
       return *merged;
     }
   }
@@ -1214,10 +1246,12 @@ std::optional<size_t> Matcher::FillGroupsMask(const TokenTrie& trie,
   bool deep = false;
   for (const uint32_t s : state_) deep = deep || (s != 0 && s != tail && nodes_[s].parent != tail);
   if (!deep) return std::nullopt;
+  bool repeat = false;
   for (const uint32_t s : state_) {
     if (s == 0) continue;  // a complete sentence: the end tokens, added below
     uint32_t entry = s;
     while (entry != tail && nodes_[entry].parent != tail) entry = nodes_[entry].parent;
+    repeat = repeat || (!IsPlaceholder(entry) && grammar_->IsRepeatLevel(nodes_[entry].pos));
     grouped.emplace_back(IsPlaceholder(entry) ? nodes_[entry].pos
                                               : grammar_->RuleOf(nodes_[entry].pos),
                          s);
@@ -1228,7 +1262,7 @@ std::optional<size_t> Matcher::FillGroupsMask(const TokenTrie& trie,
   for (size_t i = 0; i < grouped.size(); ++i) {
     num_groups += (i == 0 || grouped[i].first != grouped[i - 1].first) ? 1 : 0;
   }
-  if (num_groups < kMinGroups) return std::nullopt;
+  if (num_groups < 2 || (num_groups == 2 && repeat)) return std::nullopt;
   mask->assign(trie.mask_words(), 0);
   AllowEndTokens(trie, state_, mask);
   // A token is accepted from the state exactly when some group accepts it, unless the

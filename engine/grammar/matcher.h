@@ -63,6 +63,8 @@ class CompiledGrammar {
   // depth + 2: the cut states of a long string's positions (`maxLength` 4096) are then one
   // state, cached once. Returns `pos` itself when it is no such entry or its level is lower.
   uint32_t CapRepeatLevel(uint32_t pos, size_t depth) const;
+  // `pos` is such an entry (of any level).
+  bool IsRepeatLevel(uint32_t pos) const { return repeat_entries_.contains(pos); }
 
   // Approximate bytes held, without the mask cache (for caches that bound their memory).
   size_t ByteSize() const {
@@ -137,9 +139,10 @@ class Matcher {
     kCanonicalHit,     // ... from the tokenizer's cache (another grammar's)
     kCutWalked,        // the cut state was walked (then cached)
     kCutFreeText,      // the cut state is free text (FreeTextMask; then cached)
-    kGroups,           // the union of its groups' masks (FillGroupsMask)
+    kGroups,           // the union of its groups' masks (FillGroupsMask; then cached)
+    kGroupsHit,        // ... the same whole state merged before in this grammar: cached
   };
-  static constexpr int kNumMaskPaths = 9;
+  static constexpr int kNumMaskPaths = 10;
   static const char* MaskPathName(MaskPath path);
   MaskPath last_mask_path() const { return last_mask_path_; }
   // Walks from below a cut that the last FillTokenMask made (each boundary of a cached part
@@ -161,7 +164,8 @@ class Matcher {
   // placeholder (tokens that close the string and go on), from the real stack below. States
   // that are cheap to walk whole (most, outside strings) are walked whole and not cached.
   // A new state of many stacks (an object's key position) is masked as the union of its
-  // groups of stacks, each cut and cached on its own (FillGroupsMask).
+  // groups of stacks, each cut and cached on its own (FillGroupsMask); the union is cached
+  // under the whole state's positions.
   // The walk itself runs a lazy DFA over matcher states. The result is the same as
   // FillTokenMaskUncached's, bit for bit (tested on the shared schema set).
   size_t FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
@@ -189,9 +193,8 @@ class Matcher {
   static constexpr int kMaxCutDeeper = 3;
   // A state of this many stacks or more whose mask is not cached as a whole is split into
   // groups of stacks, each masked as above (cut, cached), and the masks merged, when it makes
-  // at least kMinGroups groups (FillGroupsMask).
+  // at least two groups (FillGroupsMask).
   static constexpr size_t kMinGroupStacks = 8;
-  static constexpr size_t kMinGroups = 3;
   // States whose walk costs less work than this (Walk) are walked whole each time rather than
   // cached (a 128k vocabulary's mask is 16 KiB; a short walk is cheaper).
   static constexpr size_t kMinCachedWalk = 2048;
@@ -279,20 +282,29 @@ class Matcher {
   static constexpr size_t kNotCached = SIZE_MAX;
   // A state is accepted from exactly where one of its stacks is, so its mask is the union of
   // its stacks' masks, grouped: by the rule of their entry just above the deepest one all
-  // stacks share. At an object's key position that makes one group per name still to come
-  // (the same at every key position, so cached once) and one for the other keys, instead of
-  // a new state at each position; the alternatives of one rule (a key trie's node) stay
+  // stacks share. At an object's key position that makes a group for the names still to
+  // come (one per name, or one for a trie of names) and one for the other keys, instead of a
+  // new state at each position; the alternatives of one rule (a key trie's node) stay
   // together, so a group that takes every plain run as a whole still does. Exact while the
   // groups' most stacks sum within kMaxStacks (else the whole state is masked). nullopt
-  // (nothing done) when the state makes fewer than kMinGroups groups, or its stacks all lie
-  // one entry over their shared one (the alternatives of one position, such as a string's
-  // next character: one cut part serves them).
+  // (nothing done) when the state makes one group, or two of which one is a bounded repeat's
+  // (a string of maxLength: its next characters and its end, better masked whole, where
+  // PlainRunLimit takes its short plain tokens at once), or its stacks all lie one entry over
+  // their shared one (the alternatives of one position, such as a string's next character:
+  // one cut part serves them).
   std::optional<size_t> FillGroupsMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
   static void CopyOrMerge(const std::vector<uint32_t>& part, bool accumulate,
                           std::vector<uint32_t>* mask);
   // The whole walk of `state` (FillTokenMaskUncached's), for FillStateMask.
   size_t WalkWhole(const TokenTrie& trie, const State& state, std::vector<uint32_t>* mask,
                    bool accumulate, size_t* max_stacks) const;
+  // The key of a whole state's mask in the grammar's cache: `marker` (one no cut key has
+  // after the trie's id), then every stack's positions; empty when longer than
+  // kMaxWholeKeyWords words.
+  static constexpr uint32_t kManyStacksKeyMarker = 0xFFFFFFFDu;
+  static constexpr uint32_t kGroupsKeyMarker = 0xFFFFFFFEu;
+  std::vector<uint32_t> WholeStateKey(const TokenTrie& trie, const State& state,
+                                      uint32_t marker) const;
   // FillStateMask for a state of more than kMaxCutStacks stacks: walked whole, cached in the
   // grammar under all its positions (when they fit kMaxWholeKeyWords words).
   size_t FillManyStacksMask(const TokenTrie& trie, const State& state,
