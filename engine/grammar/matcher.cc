@@ -13,6 +13,30 @@
 
 namespace pd::grammar {
 
+namespace {
+
+// The bits set in a mask. x86-64's baseline has no popcount instruction (the compiler calls
+// a library routine per word: 15 us for a 128k vocabulary's mask), so the CPU is asked once.
+#if defined(__x86_64__)
+__attribute__((target("popcnt"))) size_t CountBitsPopcnt(const std::vector<uint32_t>& mask) {
+  size_t n = 0;
+  for (const uint32_t w : mask) n += static_cast<size_t>(__builtin_popcount(w));
+  return n;
+}
+#endif
+
+size_t CountBits(const std::vector<uint32_t>& mask) {
+#if defined(__x86_64__)
+  static const bool popcnt = __builtin_cpu_supports("popcnt");
+  if (popcnt) return CountBitsPopcnt(mask);
+#endif
+  size_t n = 0;
+  for (const uint32_t w : mask) n += static_cast<size_t>(std::popcount(w));
+  return n;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
     const Grammar& grammar) {
   PD_RETURN_IF_ERROR(grammar.Validate());
@@ -871,9 +895,7 @@ bool Matcher::FreeTextMask(const TokenTrie& trie, const State& cut, CachedTokenM
       set(t, *ok);
     }
   }
-  size_t n = 0;
-  for (const uint32_t w : accepted) n += static_cast<size_t>(__builtin_popcount(w));
-  out->num_accepted = n;
+  out->num_accepted = CountBits(accepted);
   return true;
 }
 
@@ -1286,9 +1308,7 @@ std::optional<size_t> Matcher::FillGroupsMask(const TokenTrie& trie,
     }
   }
   last_mask_path_ = MaskPath::kGroups;
-  size_t allowed = 0;
-  for (const uint32_t word : *mask) allowed += static_cast<size_t>(std::popcount(word));
-  return allowed;
+  return CountBits(*mask);
 }
 
 void Matcher::CopyOrMerge(const std::vector<uint32_t>& part, bool accumulate,
