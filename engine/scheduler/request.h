@@ -49,6 +49,9 @@ struct SamplingOptions {
   // first forced_tokens.size() generated tokens are these instead of sampled ones; stop
   // conditions and logprobs apply to them as to sampled tokens.
   std::vector<uint32_t> forced_tokens;
+  // Scoring tools too (engine-internal): with logprobs >= 0, each TokenLogprob also carries the
+  // whole distribution (TokenLogprob::all), for divergences between engine configurations.
+  bool full_distribution = false;
   // Structured output: the generated text must be a sentence of this grammar (null = free
   // text). Each step samples only tokens whose bytes continue it; the model's EOS is allowed
   // exactly when the sentence is complete, and ends generation (STOP). Not combinable with
@@ -71,6 +74,8 @@ struct TokenLogprob {
   // by ascending id (the order of greedy sampling); fewer only when fewer tokens have p > 0.
   // The generated token appears here only if it is among them.
   std::vector<std::pair<uint32_t, float>> top;
+  // SamplingOptions::full_distribution: every token's logprob, by id (else empty).
+  std::vector<float> all;
 };
 
 enum class FinishReason : uint8_t {

@@ -78,6 +78,10 @@ absl::Status CheckOptions(const GenerationRequest& request, const ModelConfig& m
                                                    " outside [-1, ", kernels::kMaxTopLogprobs,
                                                    "]"));
   }
+  if (so.full_distribution && so.logprobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": full_distribution needs logprobs >= 0"));
+  }
   if (so.grammar != nullptr && (!so.forced_tokens.empty() || so.ignore_eos || so.min_tokens > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "request ", id,

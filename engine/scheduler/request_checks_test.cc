@@ -57,6 +57,11 @@ TEST(RequestChecksTest, Options) {
   ExpectInvalid(CheckOptions(r, Model()), "logprobs -2 outside");
   r.sampling.logprobs = 20;
   EXPECT_TRUE(CheckOptions(r, Model()).ok());
+  r.sampling.full_distribution = true;
+  EXPECT_TRUE(CheckOptions(r, Model()).ok());
+  r.sampling.logprobs = -1;
+  ExpectInvalid(CheckOptions(r, Model()), "full_distribution needs logprobs >= 0");
+  r.sampling.full_distribution = false;
   r.remote_prefill = [](RemotePrefillTarget) {};
   EXPECT_TRUE(CheckOptions(r, Model()).ok());
   r.on_prefilled = [](PrefilledBlocks) {};

@@ -1121,7 +1121,8 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
   if (so.logprobs >= 0) {
     const int64_t vocab = forward_->vocab_size();
     absl::StatusOr<TokenLogprob> lp =
-        ComputeLogprob(logits_.data() + row * vocab, vocab, token, so.logprobs);
+        ComputeLogprob(logits_.data() + row * vocab, vocab, token, so.logprobs,
+                       so.full_distribution);
     if (!lp.ok()) {
       Finish(seq, FinishReason::kError, lp.status());
       return;

@@ -832,6 +832,12 @@ void ExpectLogprobsOfTheLogits(Harness* h, const std::vector<uint32_t>& prompt, 
       EXPECT_EQ(got.top[0].first, r.tokens[i]) << "token " << i;
       EXPECT_EQ(got.top[0].second, got.logprob);
     }
+    if (!got.all.empty()) {  // (SamplingOptions::full_distribution)
+      ASSERT_EQ(got.all.size(), want.size()) << "token " << i;
+      for (size_t v = 0; v < want.size(); ++v) {
+        ASSERT_NEAR(got.all[v], want[v], 1e-5) << "token " << i << " id " << v;
+      }
+    }
   }
 }
 
@@ -852,10 +858,17 @@ TEST(SchedulerLogprobsTest, EntriesAreLogSoftmaxOfTheLogits) {
   ASSERT_TRUE(h.Submit(2, prompt, sampled).ok());
   ASSERT_TRUE(h.Submit(3, prompt, WithLogprobs(6, 0)).ok());
   ASSERT_TRUE(h.Submit(4, prompt, MaxTokens(12)).ok());  // not asked
+  SamplingOptions whole = WithLogprobs(8, 1);
+  whole.full_distribution = true;
+  ASSERT_TRUE(h.Submit(5, prompt, whole).ok());
   h.RunToCompletion();
   ExpectLogprobsOfTheLogits(&h, prompt, h.results()[1], 5, /*greedy=*/true);
   ExpectLogprobsOfTheLogits(&h, prompt, h.results()[2], 3, /*greedy=*/false);
   ExpectLogprobsOfTheLogits(&h, prompt, h.results()[3], 0, /*greedy=*/true);
+  ExpectLogprobsOfTheLogits(&h, prompt, h.results()[5], 1, /*greedy=*/true);
+  ASSERT_EQ(h.results()[5].logprobs.size(), 8u);
+  EXPECT_FALSE(h.results()[5].logprobs[0].all.empty());
+  EXPECT_TRUE(h.results()[1].logprobs[0].all.empty());  // (only when asked)
   EXPECT_TRUE(h.results()[4].logprobs.empty());
   EXPECT_EQ(h.results()[4].tokens, h.results()[1].tokens);  // asking changes no token
   EXPECT_EQ(h.results()[2].last.finish_reason, FinishReason::kLength);

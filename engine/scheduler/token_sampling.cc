@@ -1,7 +1,9 @@
 #include "engine/scheduler/token_sampling.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/base/status_macros.h"
 #include "kernels/logprobs.h"
@@ -100,7 +102,7 @@ absl::Span<const kernels::LogitEdit> LogitEditBuilder::Build(const SamplingOptio
 }
 
 absl::StatusOr<TokenLogprob> ComputeLogprob(const float* logits, int64_t vocab, int32_t token,
-                                            int32_t top_n) {
+                                            int32_t top_n, bool all) {
   float token_logprob = 0.0f;
   int32_t ids[kernels::kMaxTopLogprobs];
   float logprobs[kernels::kMaxTopLogprobs];
@@ -119,6 +121,25 @@ absl::StatusOr<TokenLogprob> ComputeLogprob(const float* logits, int64_t vocab, 
   out.logprob = token_logprob;
   for (int32_t j = 0; j < top_n && ids[j] >= 0; ++j) {
     out.top.emplace_back(static_cast<uint32_t>(ids[j]), logprobs[j]);
+  }
+  if (all) {
+    // log_softmax, in double (the top entries' arithmetic is the kernel's; these agree with
+    // them to float rounding). A NaN logit has logprob -inf, as in the kernel.
+    double max = -std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!std::isnan(logits[i])) max = std::max(max, static_cast<double>(logits[i]));
+    }
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!std::isnan(logits[i])) sum += std::exp(static_cast<double>(logits[i]) - max);
+    }
+    const double log_sum = max + std::log(sum);
+    out.all.resize(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) {
+      out.all[static_cast<size_t>(i)] =
+          std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity()
+                                : static_cast<float>(static_cast<double>(logits[i]) - log_sum);
+    }
   }
   return out;
 }

@@ -62,9 +62,10 @@ class LogitEditBuilder {
 };
 
 // The entry of `token` sampled from one logits row of `vocab` floats ([vocab]), with its
-// `top_n` most likely alternatives (kernels::LogProbs). Errors are the kernel's
-// (InvalidArgument for a token or top_n out of range).
+// `top_n` most likely alternatives (kernels::LogProbs), and with `all` every token's logprob
+// (TokenLogprob::all). Errors are the kernel's (InvalidArgument for a token or top_n out of
+// range).
 absl::StatusOr<TokenLogprob> ComputeLogprob(const float* logits, int64_t vocab, int32_t token,
-                                            int32_t top_n);
+                                            int32_t top_n, bool all = false);
 
 }  // namespace pd::engine

@@ -1,6 +1,7 @@
 #include "engine/scheduler/token_sampling.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -137,6 +138,21 @@ TEST(TokenSamplingTest, LogprobIsLogSoftmaxWithTheTopAlternatives) {
   EXPECT_EQ(lp->top[1].first, 0u);  // ties by ascending id
   EXPECT_TRUE(ComputeLogprob(logits.data(), 3, 1, 0)->top.empty());
   EXPECT_TRUE(absl::IsInvalidArgument(ComputeLogprob(logits.data(), 3, 1, 21).status()));
+  EXPECT_TRUE(lp->all.empty());  // (only when asked)
+}
+
+TEST(TokenSamplingTest, TheWholeDistributionIsEveryTokensLogSoftmax) {
+  const std::vector<float> logits = {0.0f, std::nanf(""), std::log(2.0f), 0.0f};
+  absl::StatusOr<TokenLogprob> lp = ComputeLogprob(logits.data(), 4, 2, 1, true);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  ASSERT_EQ(lp->all.size(), 4u);
+  // softmax over the finite logits = {1/4, 0, 1/2, 1/4}; the NaN one is -inf, as in the kernel.
+  EXPECT_NEAR(lp->all[0], std::log(0.25), 1e-6);
+  EXPECT_EQ(lp->all[1], -std::numeric_limits<float>::infinity());
+  EXPECT_NEAR(lp->all[2], std::log(0.5), 1e-6);
+  EXPECT_NEAR(lp->all[3], std::log(0.25), 1e-6);
+  EXPECT_NEAR(lp->all[2], lp->logprob, 1e-6);
+  EXPECT_NEAR(lp->all[2], lp->top[0].second, 1e-6);
 }
 
 }  // namespace
