@@ -410,9 +410,15 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view preset) {
     c.rope_theta = 500000.0f;
     c.rope_scaling = Llama3RopeScaling{32.0f, 1.0f, 4.0f, 8192};
     c.weight_dtype = kernels::DType::kBF16;
+  } else if (preset == "8b") {
+    c.dim = 4096, c.hidden_dim = 14336, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8;
+    c.vocab_size = 128256, c.seq_len = 131072, c.shared_classifier = false;
+    c.rope_theta = 500000.0f;
+    c.rope_scaling = Llama3RopeScaling{8.0f, 1.0f, 4.0f, 8192};
+    c.weight_dtype = kernels::DType::kBF16;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown preset \"", preset, "\"; known presets: tiny, small, 1b"));
+        absl::StrCat("unknown preset \"", preset, "\"; known presets: tiny, small, 1b, 8b"));
   }
   return c;
 }

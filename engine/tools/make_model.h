@@ -22,6 +22,9 @@
 //   1b     Llama-3.2-1B shape: hidden 2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192,
 //          vocab 128256, max_pos 131072, tied, theta 5e5, llama3 rope_scaling (32, 1, 4, 8192),
 //          bf16                                                                 (~1.24 B params)
+//   8b     Llama-3.1-8B shape: hidden 4096, 32 layers, 32 heads, 8 kv heads, intermediate 14336,
+//          vocab 128256, max_pos 131072, untied, theta 5e5, llama3 rope_scaling (8, 1, 4, 8192),
+//          bf16 (16 GB written: for sizing, such as KV bytes per token)      (~8.03 B params)
 // All presets use rms_norm_eps 1e-5 and architecture llama unless overridden.
 //
 // Thread-compatible: MakeModel writes files; run one per directory.
@@ -41,7 +44,7 @@ namespace pd::engine {
 
 struct MakeModelOptions {
   std::string out_dir;          // created (with parents) when missing
-  std::string preset = "tiny";  // tiny | small | 1b
+  std::string preset = "tiny";  // tiny | small | 1b | 8b
   uint64_t seed = 0;
   std::optional<kernels::DType> dtype;  // preset's when unset
   // kLlama, kMistral, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV2 or kDeepseekV3; preset's

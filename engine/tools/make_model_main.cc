@@ -18,7 +18,7 @@
 #include "engine/tools/make_model.h"
 
 ABSL_FLAG(std::string, out, "", "output directory (created if missing; required)");
-ABSL_FLAG(std::string, preset, "tiny", "tiny | small | 1b");
+ABSL_FLAG(std::string, preset, "tiny", "tiny | small | 1b | 8b");
 ABSL_FLAG(uint64_t, seed, 0, "weight seed; equal seeds give byte-identical files");
 ABSL_FLAG(std::string, dtype, "", "f32 | bf16 | f16 (default: the preset's)");
 ABSL_FLAG(std::string, arch, "llama",
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "writes a random-weight Hugging Face model directory (config.json, generation_config.json, "
       "tokenizer.json, model.safetensors).\nUsage: pd-make-model --out DIR --preset "
-      "tiny|small|1b [--seed N] [--dtype f32|bf16|f16] [--force] [shape overrides]");
+      "tiny|small|1b|8b [--seed N] [--dtype f32|bf16|f16] [--force] [shape overrides]");
   absl::ParseCommandLine(argc, argv);
   pd::InitLogging(argv[0]);
   if (absl::GetFlag(FLAGS_out).empty()) {

@@ -97,6 +97,14 @@ TEST_F(MakeModelTest, Presets) {
   EXPECT_EQ(*big->rope_scaling, (Llama3RopeScaling{32.0f, 1.0f, 4.0f, 8192}));
   EXPECT_EQ(big->bos_id, 128000u);
   EXPECT_EQ(big->eos_id, 128001u);
+  o.preset = "8b";
+  absl::StatusOr<ModelConfig> eight = ResolveMakeModelConfig(o);
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  EXPECT_EQ(NumParameters(*eight), 8'030'261'248u);  // Llama-3.1-8B
+  EXPECT_FALSE(eight->shared_classifier);
+  EXPECT_EQ(eight->head_dim, 128);
+  EXPECT_EQ(eight->kv_dim, 1024);
+  EXPECT_EQ(*eight->rope_scaling, (Llama3RopeScaling{8.0f, 1.0f, 4.0f, 8192}));
   o.preset = "7b";
   EXPECT_THAT(ResolveMakeModelConfig(o).status().message(), HasSubstr("unknown preset \"7b\""));
 }
