@@ -20,6 +20,19 @@
 //         q[d] = F32ToE4M3(x[d] * inv)                     (kernels/half.h: RNE, saturating)
 // Attention dequantizes on the fly in f32: value = decode(q[d]) * scale, where decode is
 // static_cast<float>(int8_t) for i8 and E4M3ToF32 for fp8.
+//
+// i4 (a quarter of f16's bytes): the row is cut into groups of kI4Group values (one group of
+// head_dim when head_dim is not a multiple of it: KvScalesPerRow), each group quantized as
+// above on its own with scale = amax / 7.0f, inv = 7.0f / amax,
+// q[d] = clamp(nearbyint(x[d] * inv), -7, 7) (symmetric: -8 unused), stored two a byte: d even
+// in the low nibble, d + 1 in the high one, as 4-bit two's complement; decode sign-extends.
+// The row is head_dim / 2 bytes (head_dim must be even: KvRowPitch); its group scales follow
+// each other (scale index row * groups + g). A non-finite value makes its group's scale NaN.
+// Before quantizing, a group whose size is a power of two is rotated by the normalized
+// Walsh-Hadamard transform (HadamardRotate: QuaRot's trick), which spreads a channel's outlier
+// over the group so one scale fits all its values; the transform is its own inverse, so ReadKv
+// and the reference rotate the dequantized group back, and the CPU attention rotates each
+// query the same way and the output back once (q . k and sum_t p_t v_t commute with it).
 #pragma once
 
 #include <cstdint>
@@ -31,15 +44,66 @@ namespace pd::kernels {
 // Largest head_dim the attention ops accept (the CPU kernels keep per-row state on the stack).
 inline constexpr int64_t kMaxAttentionHeadDim = 256;
 
+// i4's group of values sharing a scale.
+inline constexpr int64_t kI4Group = 32;
+
+// Storage units (bytes for the quantized dtypes, else elements) of one (token, kv head) row.
+constexpr int64_t KvRowPitch(DType dtype, int64_t head_dim) {
+  return dtype == DType::kI4 ? head_dim / 2 : head_dim;
+}
+
+// f32 scales of one row of a quantized cache: i4 one per kI4Group values (or one for the row
+// when head_dim is not a multiple of kI4Group), the others one.
+constexpr int64_t KvScalesPerRow(DType dtype, int64_t head_dim) {
+  return dtype == DType::kI4 && head_dim % kI4Group == 0 ? head_dim / kI4Group : 1;
+}
+
+// The values one scale covers.
+constexpr int64_t KvScaleGroup(DType dtype, int64_t head_dim) {
+  return head_dim / KvScalesPerRow(dtype, head_dim);
+}
+
+// Whether an i4 cache stores its groups rotated (HadamardRotate): when the group is a power of
+// two.
+constexpr bool KvRotated(DType dtype, int64_t head_dim) {
+  const int64_t g = KvScaleGroup(dtype, head_dim);
+  return dtype == DType::kI4 && g > 1 && (g & (g - 1)) == 0;
+}
+
+// x[0, n) <- H_n x / sqrt(n), n a power of two: butterflies (a + b, a - b) over strides 1, 2,
+// 4, ..., then one multiply each; its own inverse up to rounding. Every backend runs these
+// float operations in this order (the stored bytes are the same everywhere).
+inline void HadamardRotate(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j];
+        const float b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  // 1 / sqrt(n) rounded once (n = 2^k: 2^(-k/2)).
+  float s = 1.0f;
+  int64_t m = 1;
+  for (; m * 4 <= n; m *= 4) s *= 0.5f;
+  if (m * 2 == n) s *= 0.70710678118654752f;
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 // One layer's view of the KV block pool. The kernels take strides instead of the engine's
 // struct, so any block layout with contiguous [token][head_dim] rows works. In elements of
 // `dtype` from `base` (for the quantized dtypes an element is one byte), for physical block b,
 // kv head h, token slot t in the block, element d:
 //   K = b * block_stride + layer * layer_stride + h * head_stride + t * head_dim + d
 //   V = the K offset + kv_stride
-// Quantized dtypes only: the f32 scale of row (b, h, t) is at BYTE offset
-//   b * block_stride + scale_offset + 4 * (layer * scale_layer_stride + h * scale_head_stride + t)
-// for K, plus 4 * scale_kv_stride for V (scale strides in floats, token stride 1). The scale
+// (i4: in bytes, with t * KvRowPitch + d / 2 for the last two terms.)
+// Quantized dtypes only: with G = KvScalesPerRow, the f32 scale of row (b, h, t), group g is at
+// BYTE offset
+//   b * block_stride + scale_offset +
+//       4 * (layer * scale_layer_stride + h * scale_head_stride + t * G + g)
+// for K, plus 4 * scale_kv_stride for V (scale strides in floats). The scale
 // region must not overlap the layer's data and must be 4-byte aligned (base, block_stride and
 // scale_offset multiples of 4).
 // The pool layout of docs/architecture.md, "KV layout" ([layer][K|V][kv_head][token][head_dim]
@@ -63,22 +127,24 @@ struct KvCacheView {
   int64_t scale_head_stride = 0;   // floats
 };
 
-// Bytes from a Dense block's start to its scale region: the 1-byte data region
-// [num_layers][2][num_kv_heads][block_size][head_dim] rounded up to a multiple of 16.
-constexpr int64_t DenseKvScaleOffset(int64_t num_layers, int64_t num_kv_heads, int64_t block_size,
-                                     int64_t head_dim) {
-  return (num_layers * 2 * num_kv_heads * block_size * head_dim + 15) / 16 * 16;
+// Bytes from a Dense block's start to its scale region: the data region
+// [num_layers][2][num_kv_heads][block_size][row pitch] rounded up to a multiple of 16.
+constexpr int64_t DenseKvScaleOffset(DType dtype, int64_t num_layers, int64_t num_kv_heads,
+                                     int64_t block_size, int64_t head_dim) {
+  return (num_layers * 2 * num_kv_heads * block_size * KvRowPitch(dtype, head_dim) + 15) / 16 *
+         16;
 }
 
 // Bytes of one DenseKvCacheView block: num_layers * 2 * num_kv_heads * block_size * head_dim
-// elements of DTypeSize(dtype); for a quantized dtype, the 1-byte data, padding to a multiple
-// of 16 bytes, then the f32 scales [num_layers][2][num_kv_heads][block_size]. The one definition
-// of a block's size (the engine's KvLayout uses it).
+// elements of DTypeSize(dtype); for a quantized dtype, the data (KvRowPitch bytes a row),
+// padding to a multiple of 16 bytes, then the f32 scales
+// [num_layers][2][num_kv_heads][block_size][KvScalesPerRow]. The one definition of a block's
+// size (the engine's KvLayout uses it).
 constexpr int64_t DenseKvBlockBytes(DType dtype, int64_t num_layers, int64_t num_kv_heads,
                                     int64_t block_size, int64_t head_dim) {
   if (IsQuantizedKvDType(dtype)) {
-    return DenseKvScaleOffset(num_layers, num_kv_heads, block_size, head_dim) +
-           num_layers * 2 * num_kv_heads * block_size * 4;
+    return DenseKvScaleOffset(dtype, num_layers, num_kv_heads, block_size, head_dim) +
+           num_layers * 2 * num_kv_heads * block_size * KvScalesPerRow(dtype, head_dim) * 4;
   }
   return num_layers * 2 * num_kv_heads * block_size * head_dim * DTypeSize(dtype);
 }
@@ -96,16 +162,16 @@ constexpr KvCacheView DenseKvCacheView(void* base, DType dtype, int64_t num_bloc
   v.block_size = block_size;
   v.num_kv_heads = num_kv_heads;
   v.head_dim = head_dim;
-  v.head_stride = block_size * head_dim;
+  v.head_stride = block_size * KvRowPitch(dtype, head_dim);
   v.kv_stride = num_kv_heads * v.head_stride;
   v.layer_stride = 2 * v.kv_stride;
   v.block_stride = num_layers * v.layer_stride;
   v.layer = layer;
   if (IsQuantizedKvDType(dtype)) {
     v.block_stride = DenseKvBlockBytes(dtype, num_layers, num_kv_heads, block_size, head_dim);
-    v.scale_offset = DenseKvScaleOffset(num_layers, num_kv_heads, block_size, head_dim);
-    v.scale_head_stride = block_size;
-    v.scale_kv_stride = num_kv_heads * block_size;
+    v.scale_offset = DenseKvScaleOffset(dtype, num_layers, num_kv_heads, block_size, head_dim);
+    v.scale_head_stride = block_size * KvScalesPerRow(dtype, head_dim);
+    v.scale_kv_stride = num_kv_heads * v.scale_head_stride;
     v.scale_layer_stride = 2 * v.scale_kv_stride;
   }
   return v;

@@ -7,7 +7,8 @@
 namespace pd::kernels {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3};
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16,
+                                DType::kI8,  DType::kF8E4M3, DType::kI4};
 
 }  // namespace
 
@@ -23,6 +24,8 @@ absl::string_view DTypeName(DType dtype) {
       return "i8";
     case DType::kF8E4M3:
       return "fp8_e4m3";
+    case DType::kI4:
+      return "i4";
   }
   return "unknown";
 }

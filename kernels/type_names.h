@@ -9,7 +9,7 @@
 
 namespace pd::kernels {
 
-// "f32", "bf16", "f16", "i8", "fp8_e4m3"; "unknown" for a value outside the enum.
+// "f32", "bf16", "f16", "i8", "fp8_e4m3", "i4"; "unknown" for a value outside the enum.
 absl::string_view DTypeName(DType dtype);
 
 // The DType named `name` (exactly as DTypeName spells it, case-sensitive); InvalidArgument

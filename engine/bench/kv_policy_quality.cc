@@ -56,7 +56,7 @@
 
 ABSL_FLAG(std::string, model, "", "HF model directory or llama2.c checkpoint file (required)");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer file (llama2.c: required)");
-ABSL_FLAG(std::string, dtypes, "bf16,f16,i8,fp8_e4m3", "KV dtypes compared with f32");
+ABSL_FLAG(std::string, dtypes, "bf16,f16,i8,fp8_e4m3,i4", "KV dtypes compared with f32");
 ABSL_FLAG(std::string, policies, "window,sink",
           "eviction policies: window (sliding window), sink (sink + window)");
 ABSL_FLAG(std::string, budgets, "25,50,75", "eviction budgets, percent of the model's context");

@@ -21,6 +21,11 @@ absl::Status KvLayout::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("kv layout: unknown dtype ", static_cast<int>(dtype)));
   }
+  if (dtype == kernels::DType::kI4 && head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv layout: an i4 cache packs two values a byte and needs an even head_dim, got ",
+        head_dim));
+  }
   // Multiply step by step against the limit so no intermediate product can overflow.
   int64_t bytes = element_size_bytes();
   for (int64_t factor : {int64_t{2}, num_layers, num_kv_heads, block_size, head_dim}) {
@@ -32,7 +37,7 @@ absl::Status KvLayout::Validate() const {
     }
     bytes *= factor;
   }
-  // Quantized blocks add their scales (at most 4 bytes per row of >= 1 byte: no overflow).
+  // Quantized blocks add their scales (at most 4 bytes per 2 values: no overflow).
   if (block_bytes() > kMaxBlockBytes) {
     return absl::InvalidArgumentError(absl::StrCat("kv layout: block of ", block_bytes(),
                                                    " bytes (with scales) exceeds ",

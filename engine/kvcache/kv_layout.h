@@ -43,21 +43,22 @@ struct KvLayout {
   // Bytes per element of `dtype`.
   int64_t element_size_bytes() const { return kernels::DTypeSize(dtype); }
 
-  // Element strides inside a block (require a valid layout).
-  int64_t token_stride() const { return head_dim; }                   // token t -> t + 1
-  int64_t head_stride() const { return block_size * head_dim; }       // kv head h -> h + 1
+  // Element strides inside a block (require a valid layout; i4's unit is the byte of two
+  // codes).
+  int64_t token_stride() const { return kernels::KvRowPitch(dtype, head_dim); }  // t -> t + 1
+  int64_t head_stride() const { return block_size * token_stride(); }  // kv head h -> h + 1
   int64_t kv_stride() const { return num_kv_heads * head_stride(); }  // K part -> V part
   int64_t layer_stride() const { return 2 * kv_stride(); }            // layer l -> l + 1
 
   // Elements and bytes of one whole block.
   int64_t block_elements() const { return num_layers * layer_stride(); }
-  // For the quantized dtypes (i8, fp8_e4m3) block_elements() is the 1-byte data; the block
+  // For the quantized dtypes (i8, fp8_e4m3, i4) block_elements() is the data bytes; the block
   // then continues with its f32 scales (kernels::DenseKvBlockBytes, the one definition).
   int64_t block_bytes() const {
     return kernels::DenseKvBlockBytes(dtype, num_layers, num_kv_heads, block_size, head_dim);
   }
 
-  // Elements of one layer's K (or V) part of a block: [num_kv_heads][block_size][head_dim].
+  // Elements of one layer's K (or V) part of a block: [num_kv_heads][block_size][row pitch].
   int64_t part_elements() const { return kv_stride(); }
 
   // Offset in elements from the block start of element [layer][part][head][token][0].

@@ -78,6 +78,14 @@ TEST(KvLayoutTest, ValidateNamesTheBadField) {
     EXPECT_EQ(l.block_bytes(), (rows * l.head_dim + 15) / 16 * 16 + 4 * rows);
   }
   l = Tiny();
+  l.dtype = kernels::DType::kI4;  // two codes a byte: head_dim 4 -> 2-byte rows, a scale each
+  EXPECT_TRUE(l.Validate().ok()) << l.Validate();
+  const int64_t rows = l.num_layers * 2 * l.num_kv_heads * l.block_size;
+  EXPECT_EQ(l.block_bytes(), (rows * 2 + 15) / 16 * 16 + 4 * rows);
+  EXPECT_EQ(l.token_stride(), 2);
+  l.head_dim = 5;
+  EXPECT_THAT(l.Validate().message(), HasSubstr("even head_dim"));
+  l = Tiny();
   l.num_layers = int64_t{1} << 40;  // would overflow any int64 product without the guard
   l.head_dim = int64_t{1} << 40;
   EXPECT_THAT(l.Validate().message(), HasSubstr("exceeds"));

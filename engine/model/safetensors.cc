@@ -208,6 +208,7 @@ SafetensorsDtype FromKernelDType(kernels::DType dtype) {
       return SafetensorsDtype::kF16;
     case kernels::DType::kI8:
     case kernels::DType::kF8E4M3:
+    case kernels::DType::kI4:
       break;  // KV-cache-only dtypes are never weights
   }
   return SafetensorsDtype::kF32;

@@ -28,7 +28,7 @@ ABSL_FLAG(double, gpu_memory_fraction, 0.9,
           "with --kv_blocks 0 on cuda: share of the GPU's total memory to use, in (0, 1]");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
-ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 | i4");
 ABSL_FLAG(int64_t, kv_sink_tokens, 0,
           "sink + window KV policy: attention-sink tokens kept (whole blocks); with "
           "--kv_window_tokens");

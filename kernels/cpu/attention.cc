@@ -71,11 +71,13 @@ TokenRows RowsOf(const KvCacheView& c, const int32_t* block_tables, int64_t max_
   const int64_t block = block_tables[seq * max_blocks_per_seq + pos / c.block_size];
   char* block_base = static_cast<char*>(c.base) + block * c.block_stride * DTypeSize(c.dtype);
   TokenRows rows;
-  rows.k = block_base +
-           (c.layer * c.layer_stride + (pos % c.block_size) * c.head_dim) * DTypeSize(c.dtype);
+  rows.k = block_base + (c.layer * c.layer_stride +
+                         (pos % c.block_size) * KvRowPitch(c.dtype, c.head_dim)) *
+                            DTypeSize(c.dtype);
   if (IsQuantizedKvDType(c.dtype)) {
     rows.k_scale = reinterpret_cast<float*>(block_base + c.scale_offset) +
-                   c.layer * c.scale_layer_stride + pos % c.block_size;
+                   c.layer * c.scale_layer_stride +
+                   (pos % c.block_size) * KvScalesPerRow(c.dtype, c.head_dim);
   }
   return rows;
 }
@@ -133,8 +135,20 @@ void ReadKv(const OpContext& ctx, const ReadKvParams& p) {
             PD_ISA_DISPATCH(ConvertRow(src, c.dtype, dst, DType::kF32, c.head_dim));
             continue;
           }
-          const float scale = k_scale[h * c.scale_head_stride + kv * c.scale_kv_stride];
+          const float* scales = k_scale + h * c.scale_head_stride + kv * c.scale_kv_stride;
           const auto* codes = reinterpret_cast<const uint8_t*>(src);
+          if (c.dtype == DType::kI4) {
+            const int64_t group = KvScaleGroup(c.dtype, c.head_dim);
+            for (int64_t d = 0; d < c.head_dim; ++d) {
+              const int nibble = d % 2 == 0 ? codes[d / 2] & 0xF : codes[d / 2] >> 4;
+              dst[d] = static_cast<float>((nibble ^ 8) - 8) * scales[d / group];
+            }
+            if (KvRotated(c.dtype, c.head_dim)) {  // (stored rotated: rotate back)
+              for (int64_t g = 0; g < c.head_dim; g += group) HadamardRotate(dst + g, group);
+            }
+            continue;
+          }
+          const float scale = scales[0];
           for (int64_t d = 0; d < c.head_dim; ++d) {
             const float code = c.dtype == DType::kI8
                                    ? static_cast<float>(static_cast<int8_t>(codes[d]))

@@ -52,6 +52,8 @@ __device__ inline float LoadKv(const void* base, DType dtype, int64_t off) {
       return static_cast<float>(static_cast<const int8_t*>(base)[off]);
     case DType::kF8E4M3:
       return E4M3ToF32(static_cast<const uint8_t*>(base)[off]);
+    case DType::kI4:  // (never on CUDA: dispatch refuses i4 caches there)
+      break;
   }
   return 0.0f;
 }
@@ -110,7 +112,8 @@ __device__ inline void StoreKv(void* base, DType dtype, int64_t off, float v) {
       return;
     case DType::kI8:
     case DType::kF8E4M3:
-      return;  // quantized rows are written whole by QuantizeKvRow
+    case DType::kI4:
+      return;  // quantized rows are written whole by QuantizeKvRow (i4: never on CUDA)
   }
 }
 

@@ -584,6 +584,7 @@ PD_HOST_DEVICE inline float ReadKvElement(const KvCacheView& c, int64_t block_id
       return F16ToF32(static_cast<const uint16_t*>(c.base)[off]);
     case DType::kI8:
     case DType::kF8E4M3:
+    case DType::kI4:  // (never on CUDA: dispatch refuses i4 caches there)
       break;
   }
   const uint8_t byte = static_cast<const uint8_t*>(c.base)[off];

@@ -76,9 +76,10 @@ bool SupportsAttention(Device device, DType cache_dtype) {
   }
   switch (device) {
     case Device::kCpu:
-      return true;  // f32, bf16, f16, i8 and fp8 E4M3 caches
+      return true;  // f32, bf16, f16, i8, fp8 E4M3 and i4 caches
     case Device::kCuda:
-      return PD_WITH_CUDA;  // every dtype too (the quantized ones not yet run on a GPU)
+      // every dtype but i4 (not built for CUDA yet; the quantized ones not yet run on a GPU)
+      return PD_WITH_CUDA && cache_dtype != DType::kI4;
   }
   return false;
 }

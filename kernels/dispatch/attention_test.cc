@@ -28,7 +28,7 @@ using testing::RandomVector;
 using testing::VariantScope;
 
 constexpr DType kAllKvDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8,
-                                  DType::kF8E4M3};
+                                  DType::kF8E4M3, DType::kI4};
 
 // Attention output is a convex combination of V rows (N(0, 1) here), computed in f32 with an
 // online softmax vs the reference's double two-pass softmax: max-abs 5e-6, NMSE 1e-11 (seen:
@@ -293,18 +293,20 @@ TEST(ReadKvCpuTest, InvertsWriteKvAndMatchesReference) {
       ASSERT_EQ(got_k, want_k) << variant.Name() << " dtype " << DTypeName(dtype);
       ASSERT_EQ(got_v, want_v) << variant.Name() << " dtype " << DTypeName(dtype);
       // Relative step of one stored value: f32 exact, bf16 2^-8, f16 2^-11, fp8 2^-4, i8 one
-      // code of amax / 127 (amax <= ~4.5 for these N(0, 1) rows).
+      // code of amax / 127 (amax <= ~4.5 for these N(0, 1) rows), i4 half a code of amax / 7.
+      const bool absolute = dtype == DType::kI8 || dtype == DType::kI4;
       const double tol = dtype == DType::kF32    ? 0.0
                          : dtype == DType::kBF16 ? 1.0 / 256
                          : dtype == DType::kF16  ? 1.0 / 2048
                          : dtype == DType::kI8   ? 0.02
+                         : dtype == DType::kI4   ? 0.33
                                                  : 1.0 / 16;
       for (int64_t j = 0; j < num_tokens; ++j) {
         for (int64_t e = 0; e < token_elems; ++e) {
           const size_t i = static_cast<size_t>(j * stride + e);
-          const double bound = dtype == DType::kI8 ? tol : tol * std::fabs(k[i]) + 1e-30;
+          const double bound = absolute ? tol : tol * std::fabs(k[i]) + 1e-30;
           ASSERT_LE(std::fabs(got_k[i] - k[i]), bound) << DTypeName(dtype) << " k " << i;
-          const double vbound = dtype == DType::kI8 ? tol : tol * std::fabs(v[i]) + 1e-30;
+          const double vbound = absolute ? tol : tol * std::fabs(v[i]) + 1e-30;
           ASSERT_LE(std::fabs(got_v[i] - v[i]), vbound) << DTypeName(dtype) << " v " << i;
         }
         // Stride padding is not written.
@@ -528,7 +530,7 @@ void CheckBitwiseConsistency(DType dtype) {
 }
 
 TEST(PrefillAttentionCpuTest, BitwiseConsistentWithDecodeAndChunking) {
-  for (DType dtype : {DType::kF16, DType::kI8, DType::kF8E4M3}) {
+  for (DType dtype : {DType::kF16, DType::kI8, DType::kF8E4M3, DType::kI4}) {
     SCOPED_TRACE(DTypeName(dtype));
     CheckBitwiseConsistency(dtype);
   }
@@ -625,11 +627,117 @@ TEST(QuantizedKvTest, ReferenceQuantizesByTheRule) {
   }
 }
 
+TEST(HadamardRotateTest, IsNormalizedAndItsOwnInverse) {
+  float two[] = {1.0f, 2.0f};
+  HadamardRotate(two, 2);
+  EXPECT_FLOAT_EQ(two[0], 3.0f / std::sqrt(2.0f));
+  EXPECT_FLOAT_EQ(two[1], -1.0f / std::sqrt(2.0f));
+  std::mt19937 rng(21);
+  for (const int64_t n : {4, 8, 32, 64, 128}) {
+    std::vector<float> x = RandomVector(n, rng);
+    std::vector<float> y = x;
+    HadamardRotate(y.data(), n);
+    double norm_x = 0, norm_y = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      norm_x += static_cast<double>(x[i]) * x[i];
+      norm_y += static_cast<double>(y[i]) * y[i];
+    }
+    EXPECT_NEAR(norm_y, norm_x, 1e-5 * norm_x) << n;  // orthogonal
+    HadamardRotate(y.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], x[i], 1e-5) << n << " " << i;
+  }
+}
+
+// i4 with head_dim 64: two groups of 32, each rotated (HadamardRotate) then quantized by the
+// rule with its own scale. The CPU writes the reference's bytes and reads back the reference's
+// floats; a non-finite value poisons its own group only.
+TEST(QuantizedKvTest, I4GroupsAreRotatedAndScaledOnTheirOwn) {
+  Geometry g;
+  g.dtype = DType::kI4;
+  g.num_layers = 1;
+  g.num_kv_heads = 1;
+  g.head_dim = 64;
+  g.block_size = 4;
+  g.num_blocks = 1;
+  ASSERT_EQ(KvScalesPerRow(DType::kI4, 64), 2);
+  ASSERT_TRUE(KvRotated(DType::kI4, 64));
+  std::mt19937 rng(22);
+  // Token 0: group 0 a hundred times smaller than group 1; token 1: a NaN in group 1.
+  std::vector<float> k = RandomVector(2 * 64, rng), v = RandomVector(2 * 64, rng);
+  for (int i = 0; i < 32; ++i) k[i] *= 0.01f;
+  k[64 + 40] = NAN;
+  const int32_t pos[] = {0, 1}, table[] = {0};
+  WriteKvParams w;
+  w.k = k.data();
+  w.v = v.data();
+  w.k_token_stride = w.v_token_stride = 64;
+  w.num_tokens = 2;
+  w.positions = pos;
+  w.block_tables = table;
+  w.max_blocks_per_seq = 1;
+  Pool ref(g), cpu(g);
+  w.cache = ref.View(0);
+  reference::WriteKv(w);
+  w.cache = cpu.View(0);
+  ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
+  EXPECT_EQ(cpu.bytes(), ref.bytes());
+  const uint8_t* codes = ref.bytes().data();
+  const auto* scales = reinterpret_cast<const float*>(codes + w.cache.scale_offset);
+  // The rule, recomputed here for token 0's K.
+  for (int grp = 0; grp < 2; ++grp) {
+    std::vector<float> x(k.begin() + grp * 32, k.begin() + grp * 32 + 32);
+    HadamardRotate(x.data(), 32);
+    float amax = 0;
+    for (const float e : x) amax = std::max(amax, std::fabs(e));
+    EXPECT_EQ(scales[grp], amax / 7.0f) << grp;
+    for (int d = 0; d < 32; ++d) {
+      const int e = grp * 32 + d;
+      const int nibble = e % 2 == 0 ? codes[e / 2] & 0xF : codes[e / 2] >> 4;
+      const float want = std::min(7.0f, std::max(-7.0f, std::nearbyint(x[d] * (7.0f / amax))));
+      ASSERT_EQ((nibble ^ 8) - 8, static_cast<int>(want)) << "group " << grp << " d " << d;
+    }
+  }
+  EXPECT_LT(scales[0], scales[1] / 20);  // the small group keeps its own, finer scale
+  EXPECT_FALSE(std::isnan(scales[2]));   // token 1's group 0
+  EXPECT_TRUE(std::isnan(scales[3]));    // ... its group 1 held the NaN
+  // Read back: the CPU's floats are the reference's; token 0 within half a step of each value.
+  std::vector<float> got_k(2 * 64), got_v(2 * 64), want_k(2 * 64), want_v(2 * 64);
+  ReadKvParams r;
+  r.k = got_k.data();
+  r.v = got_v.data();
+  r.k_token_stride = r.v_token_stride = 64;
+  r.cache = cpu.View(0);
+  r.num_tokens = 2;
+  r.positions = pos;
+  r.block_tables = table;
+  r.max_blocks_per_seq = 1;
+  ASSERT_TRUE(ReadKv(OpContext{}, r).ok());
+  r.k = want_k.data();
+  r.v = want_v.data();
+  r.cache = ref.View(0);
+  reference::ReadKv(r);
+  for (size_t i = 0; i < got_k.size(); ++i) {
+    if (std::isnan(want_k[i])) {
+      ASSERT_TRUE(std::isnan(got_k[i])) << i;
+    } else {
+      ASSERT_EQ(got_k[i], want_k[i]) << i;
+    }
+  }
+  EXPECT_EQ(got_v, want_v);
+  for (int i = 0; i < 64; ++i) {
+    // (Half a step of the group's scale per rotated value; the rotation back is orthogonal,
+    // so each value is off by at most sqrt(32) times that.)
+    EXPECT_LE(std::fabs(got_k[i] - k[i]), scales[i / 32] * 0.5f * std::sqrt(32.0f) + 1e-6f) << i;
+  }
+  for (int i = 64; i < 96; ++i) EXPECT_FALSE(std::isnan(got_k[i])) << i;
+  for (int i = 96; i < 128; ++i) EXPECT_TRUE(std::isnan(got_k[i])) << i;
+}
+
 // A token's bytes depend only on its own K/V: writing tokens one at a time (decode, chunked
 // prefill) or all at once gives the same pool, data and scales.
 TEST(QuantizedKvTest, BytesIndependentOfWriteBatching) {
   std::mt19937 rng(11);
-  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+  for (DType dtype : {DType::kI8, DType::kF8E4M3, DType::kI4}) {
     Geometry g;
     g.dtype = dtype;
     g.num_kv_heads = 2;
@@ -684,6 +792,8 @@ QuantError MeasureError(const std::vector<float>& got, const std::vector<float>&
 // start_pos > 0. Measured on this data (printed below, seeds fixed; the same on every ISA):
 //   i8:        decode max-abs 0.0160 mean-abs 0.00235, prefill max-abs 0.0077 mean-abs 0.00104
 //   fp8 E4M3:  decode max-abs 0.111  mean-abs 0.0088,  prefill max-abs 0.034  mean-abs 0.0041
+//   i4:        decode max-abs 0.501  mean-abs 0.0358,  prefill max-abs 0.164  mean-abs 0.0164
+//              (groups of 32 rotated; one step is amax / 7, ~18x i8's)
 // The decode maximum comes from the 1-token sequence, whose output is its V row: the rounding
 // error of one row (i8: up to amax / 254; E4M3: up to 2^-4 relative, i.e. amax / 28 near amax).
 // Bounds: about 2x the measured figures.
@@ -692,7 +802,8 @@ TEST(QuantizedKvTest, AttentionCloseToF32Cache) {
     DType dtype;
     double max_abs, mean_abs;
   };
-  const Bound bounds[] = {{DType::kI8, 0.03, 0.005}, {DType::kF8E4M3, 0.2, 0.018}};
+  const Bound bounds[] = {
+      {DType::kI8, 0.03, 0.005}, {DType::kF8E4M3, 0.2, 0.018}, {DType::kI4, 1.0, 0.07}};
   for (const Bound& bound : bounds) {
     std::mt19937 rng(12);  // the same data for both dtypes
     Geometry g;
@@ -751,7 +862,7 @@ TEST(QuantizedKvTest, AttentionCloseToF32Cache) {
 // A NaN or inf written into a quantized cache poisons the attention that reads it, as it would
 // in an f32 cache; other sequences are unaffected.
 TEST(QuantizedKvTest, NonFiniteRowReadsBackAsNan) {
-  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+  for (DType dtype : {DType::kI8, DType::kF8E4M3, DType::kI4}) {
     std::mt19937 rng(13);
     Geometry g;
     g.dtype = dtype;

@@ -33,13 +33,15 @@ absl::Status CheckKvScales(const char* op, const KvCacheView& c, int64_t data_en
         absl::StrCat(op, ": ", DTypeName(c.dtype), " cache base, block_stride ", c.block_stride,
                      " and scale_offset ", c.scale_offset, " must be multiples of 4 bytes"));
   }
-  if (c.scale_head_stride < c.block_size || c.scale_kv_stride <= 0 || c.scale_layer_stride <= 0) {
+  const int64_t head_scales = c.block_size * KvScalesPerRow(c.dtype, c.head_dim);
+  if (c.scale_head_stride < head_scales || c.scale_kv_stride <= 0 || c.scale_layer_stride <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": ", DTypeName(c.dtype), " cache scale strides (layer ",
                      c.scale_layer_stride, " kv ", c.scale_kv_stride, " head ", c.scale_head_stride,
-                     ") must be > 0, the head stride >= block_size ", c.block_size));
+                     ") must be > 0, the head stride >= block_size * scales per row ",
+                     head_scales));
   }
-  const int64_t k_scales = (c.num_kv_heads - 1) * c.scale_head_stride + c.block_size;
+  const int64_t k_scales = (c.num_kv_heads - 1) * c.scale_head_stride + head_scales;
   if (c.scale_kv_stride < k_scales) {
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": cache scale_kv_stride ", c.scale_kv_stride, " < K scale extent ", k_scales));
@@ -90,11 +92,16 @@ absl::Status CheckKvCacheView(const char* op, const KvCacheView& c) {
                      " layer ", c.layer_stride, " kv ", c.kv_stride, " head ", c.head_stride,
                      " (layer index ", c.layer, ")"));
   }
-  const int64_t head_extent = c.block_size * c.head_dim;
+  if (c.dtype == DType::kI4 && c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": an i4 cache needs an even head_dim (two codes a byte), got ",
+                     c.head_dim));
+  }
+  const int64_t head_extent = c.block_size * KvRowPitch(c.dtype, c.head_dim);
   const int64_t k_extent = (c.num_kv_heads - 1) * c.head_stride + head_extent;
   if (c.head_stride < head_extent || c.kv_stride < k_extent) {
     return absl::InvalidArgumentError(
-        absl::StrCat(op, ": cache head_stride ", c.head_stride, " < block_size * head_dim ",
+        absl::StrCat(op, ": cache head_stride ", c.head_stride, " < block_size * row pitch ",
                      head_extent, " or kv_stride ", c.kv_stride, " < K extent ", k_extent));
   }
   const int64_t data_end = c.layer * c.layer_stride + c.kv_stride + k_extent;

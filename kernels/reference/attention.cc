@@ -9,21 +9,48 @@
 namespace pd::kernels::reference {
 namespace {
 
-// Element offset of (K or V, kv head, token position, d) through a block table row.
+// Element offset of (K or V, kv head, token position, d) through a block table row (i4: the
+// byte holding element d).
 int64_t Offset(const KvCacheView& c, const int32_t* table, bool value, int64_t kv_head, int64_t pos,
                int64_t d) {
   const int64_t block = table[pos / c.block_size];
   return block * c.block_stride + c.layer * c.layer_stride + (value ? c.kv_stride : 0) +
-         kv_head * c.head_stride + (pos % c.block_size) * c.head_dim + d;
+         kv_head * c.head_stride + (pos % c.block_size) * KvRowPitch(c.dtype, c.head_dim) +
+         (c.dtype == DType::kI4 ? d / 2 : d);
 }
 
-// The f32 scale of the row (K or V, kv head, token position) of a quantized cache.
+// The f32 scales of the row (K or V, kv head, token position) of a quantized cache, one per
+// group (KvScalesPerRow).
 float* ScalePtr(const KvCacheView& c, const int32_t* table, bool value, int64_t kv_head,
                 int64_t pos) {
   const int64_t block = table[pos / c.block_size];
   char* scales = static_cast<char*>(c.base) + block * c.block_stride + c.scale_offset;
   return reinterpret_cast<float*>(scales) + c.layer * c.scale_layer_stride +
-         (value ? c.scale_kv_stride : 0) + kv_head * c.scale_head_stride + pos % c.block_size;
+         (value ? c.scale_kv_stride : 0) + kv_head * c.scale_head_stride +
+         (pos % c.block_size) * KvScalesPerRow(c.dtype, c.head_dim);
+}
+
+// The 4-bit two's complement code of element d in its byte, sign-extended.
+int I4Code(uint8_t byte, int64_t d) {
+  const int nibble = d % 2 == 0 ? byte & 0xF : byte >> 4;
+  return nibble >= 8 ? nibble - 16 : nibble;
+}
+
+// The i4 row (K or V, kv head, token position) dequantized (code * its group's scale, in
+// float) and each group rotated back (KvRotated).
+std::vector<float> I4Row(const KvCacheView& c, const int32_t* table, bool value, int64_t kv_head,
+                         int64_t pos) {
+  const auto* codes = static_cast<const uint8_t*>(c.base) + Offset(c, table, value, kv_head, pos, 0);
+  const float* scales = ScalePtr(c, table, value, kv_head, pos);
+  const int64_t group = KvScaleGroup(c.dtype, c.head_dim);
+  std::vector<float> row(static_cast<size_t>(c.head_dim));
+  for (int64_t d = 0; d < c.head_dim; ++d) {
+    row[static_cast<size_t>(d)] = static_cast<float>(I4Code(codes[d / 2], d)) * scales[d / group];
+  }
+  if (KvRotated(c.dtype, c.head_dim)) {
+    for (int64_t g = 0; g < c.head_dim / group; ++g) HadamardRotate(row.data() + g * group, group);
+  }
+  return row;
 }
 
 // Element (K or V, kv head, token position, d) of the cache, widened (or dequantized) to f32.
@@ -45,6 +72,8 @@ double Load(const KvCacheView& c, const int32_t* table, bool value, int64_t kv_h
       const float code = E4M3ToF32(static_cast<const uint8_t*>(c.base)[off]);
       return code * *ScalePtr(c, table, value, kv_head, pos);
     }
+    case DType::kI4:
+      return I4Row(c, table, value, kv_head, pos)[static_cast<size_t>(d)];
   }
   return 0.0;
 }
@@ -62,12 +91,42 @@ void Store(const KvCacheView& c, int64_t off, float v) {
       return;
     case DType::kI8:
     case DType::kF8E4M3:
+    case DType::kI4:
       return;  // quantized rows are written whole by QuantizeRow
   }
 }
 
-// The quantization rule of kernels/attention_params.h, one element at a time.
+// The quantization rule of kernels/attention_params.h, one element at a time: for i4, group by
+// group, each into its half-bytes (q: n / 2 bytes; scale: one per group).
 void QuantizeRow(const float* x, int64_t n, DType dtype, uint8_t* q, float* scale) {
+  if (dtype == DType::kI4) {
+    const int64_t group = KvScaleGroup(dtype, n);
+    std::fill(q, q + n / 2, uint8_t{0});
+    std::vector<float> rotated(x, x + n);
+    for (int64_t g = 0; g < n / group; ++g) {
+      float* xg = rotated.data() + g * group;
+      if (KvRotated(dtype, n)) HadamardRotate(xg, group);
+      bool finite = true;
+      float amax = 0.0f;
+      for (int64_t d = 0; d < group; ++d) {
+        finite = finite && std::isfinite(xg[d]);
+        amax = std::max(amax, std::fabs(xg[d]));
+      }
+      if (!finite || amax == 0.0f) {
+        scale[g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        continue;  // codes 0
+      }
+      scale[g] = amax / 7.0f;
+      const float inv = 7.0f / amax;
+      for (int64_t d = 0; d < group; ++d) {
+        const float r = std::min(7.0f, std::max(-7.0f, std::nearbyint(xg[d] * inv)));
+        const auto nibble = static_cast<uint8_t>(static_cast<int>(r) & 0xF);
+        const int64_t e = g * group + d;
+        q[e / 2] = static_cast<uint8_t>(q[e / 2] | (e % 2 == 0 ? nibble : nibble << 4));
+      }
+    }
+    return;
+  }
   bool finite = true;
   float amax = 0.0f;
   for (int64_t d = 0; d < n; ++d) {

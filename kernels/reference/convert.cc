@@ -14,6 +14,7 @@ float LoadAsF32(const void* base, DType dtype, int64_t i) {
       return F16ToF32(static_cast<const uint16_t*>(base)[i]);
     case DType::kI8:
     case DType::kF8E4M3:
+    case DType::kI4:
       break;  // KV-cache-only dtypes: Convert rejects them
   }
   return 0.0f;
@@ -32,6 +33,7 @@ void StoreFromF32(void* base, DType dtype, int64_t i, float v) {
       return;
     case DType::kI8:
     case DType::kF8E4M3:
+    case DType::kI4:
       return;  // KV-cache-only dtypes: Convert rejects them
   }
 }

@@ -20,7 +20,8 @@ double WeightAt(const MatMulParams& p, int64_t o, int64_t i) {
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(p.w)[idx]);
     case DType::kI8:      // MatMulI8
-    case DType::kF8E4M3:  // KV-cache-only dtype: MatMul rejects it
+    case DType::kF8E4M3:  // KV-cache-only dtypes: MatMul rejects them
+    case DType::kI4:
       break;
   }
   return 0.0;

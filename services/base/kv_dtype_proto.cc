@@ -14,6 +14,8 @@ pdserve::internal::v1::KvDtype KvDtypeToProto(kernels::DType dtype) {
       return pdserve::internal::v1::KV_DTYPE_INT8;
     case kernels::DType::kF8E4M3:
       return pdserve::internal::v1::KV_DTYPE_FP8_E4M3;
+    case kernels::DType::kI4:
+      return pdserve::internal::v1::KV_DTYPE_INT4;
     default:
       return pdserve::internal::v1::KV_DTYPE_UNSPECIFIED;
   }

@@ -65,7 +65,7 @@ ABSL_FLAG(int32_t, chat_template_max_in_flight, 8,
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9100", "Prometheus /metrics listen address");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "the workers' KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (block hashes include "
+          "the workers' KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 | i4 (block hashes include "
           "it; a worker of another dtype stays out of the pool)");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "the workers' --weight_dtype: auto | int8 (int8 workers report the model fingerprint "

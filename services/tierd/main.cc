@@ -23,7 +23,7 @@ ABSL_FLAG(std::string, model, "",
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer.bin of a llama2.c checkpoint");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV block (must match the workers)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 (must match the workers)");
+          "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 | i4 (must match the workers)");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "the workers' --weight_dtype: auto | int8 (int8 workers report the model fingerprint "
           "with \"+w8\")");

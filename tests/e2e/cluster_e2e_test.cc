@@ -617,7 +617,8 @@ TEST_F(ClusterE2eTest, KvDtypesAreExactDisaggregatedAndOnCacheHits) {
   };
   const Case cases[] = {{kernels::DType::kBF16, 10240},
                         {kernels::DType::kI8, 5120 + 2560},  // 1-byte data + an f32 per row
-                        {kernels::DType::kF8E4M3, 5120 + 2560}};
+                        {kernels::DType::kF8E4M3, 5120 + 2560},
+                        {kernels::DType::kI4, 2560 + 2560}};  // half-byte data + an f32 per row
   const std::string prompt =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
       "park with her friends. One day, she";

@@ -5,6 +5,7 @@
 // restarts (its NVMe blocks still hit), damaged slab bytes (recomputed, still exact) and a
 // dead tierd (requests still succeed) are covered too.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -169,24 +170,31 @@ TEST_F(TierE2eTest, EvictedBlocksComeBackFromDramAndNvmeWithExactOutput) {
       << tierd.Metrics();
 }
 
-// A quantized cache (i8: 1-byte codes and per-row scales in each block) through the tiers: the
-// blocks pd-tierd keeps and gives back are the worker's bytes, scales included, so restored
-// prompts give the in-process i8 engine's output (1 MiB of DRAM holds over 100 such blocks).
+// Quantized caches (i8: 1-byte codes and per-row scales in each block; i4: half-byte codes)
+// through the tiers: the blocks pd-tierd keeps and gives back are the worker's bytes, scales
+// included, so restored prompts give the in-process engine's output with the same dtype (1 MiB
+// of DRAM holds over 100 such blocks).
 TEST_F(TierE2eTest, QuantizedBlocksComeBackFromTheTiersWithExactOutput) {
-  const std::string dir = dir_->path();
-  Tierd tierd(dir, {"--kv_dtype=i8"});
-  Cluster c(dir, 1, 1, "round_robin",
-            {"--kv_blocks=24", "--tierd_address=" + tierd.address(), "--kv_dtype=i8"},
-            {"--disagg_threshold_tokens=100000", "--kv_dtype=i8"});
-  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs() << tierd.Log();
-  const std::vector<std::string> prompts = Prompts();
-  Reference ref(kernels::DType::kI8);
-  std::vector<std::vector<uint32_t>> want;
-  for (const std::string& p : prompts) want.push_back(ref.Greedy(p, 16).first);
-  EXPECT_EQ(Pass(c, prompts, want, 1), 0u) << "a cold pass has no tier hits";
-  EXPECT_GT(Pass(c, prompts, want, 1, /*reverse=*/true), 0u) << c.Logs() << tierd.Log();
-  const std::string wm = c.WorkerMetrics(1);
-  EXPECT_GT(Metric(wm, "pd_worker_tier_restored_blocks_total"), 0) << wm;
+  for (const kernels::DType dtype : {kernels::DType::kI8, kernels::DType::kI4}) {
+    const std::string name(kernels::DTypeName(dtype));
+    SCOPED_TRACE(name);
+    const std::string dir = absl::StrCat(dir_->path(), "/", name);
+    ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+    const std::string flag = "--kv_dtype=" + name;
+    Tierd tierd(dir, {flag});
+    Cluster c(dir, 1, 1, "round_robin",
+              {"--kv_blocks=24", "--tierd_address=" + tierd.address(), flag},
+              {"--disagg_threshold_tokens=100000", flag});
+    ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs() << tierd.Log();
+    const std::vector<std::string> prompts = Prompts();
+    Reference ref(dtype);
+    std::vector<std::vector<uint32_t>> want;
+    for (const std::string& p : prompts) want.push_back(ref.Greedy(p, 16).first);
+    EXPECT_EQ(Pass(c, prompts, want, 1), 0u) << "a cold pass has no tier hits";
+    EXPECT_GT(Pass(c, prompts, want, 1, /*reverse=*/true), 0u) << c.Logs() << tierd.Log();
+    const std::string wm = c.WorkerMetrics(1);
+    EXPECT_GT(Metric(wm, "pd_worker_tier_restored_blocks_total"), 0) << wm;
+  }
 }
 
 // Disaggregated: the prefill and the decode worker share the node's tiers; outputs stay exact
