@@ -362,7 +362,7 @@ BENCHMARK(BM_DecodeAttention)
     ->UseRealTime();
 
 // By KV dtype, the quantized caches vs bf16/f32, one thread. Args: batch, context, dtype
-// (kernels/types.h: 0 f32, 1 bf16, 2 f16, 3 i8, 4 fp8_e4m3). bytes_per_second counts the KV
+// (kernels/types.h: 0 f32, 1 bf16, 2 f16, 3 i8, 4 fp8_e4m3, 5 i4). bytes_per_second counts the KV
 // bytes read (codes plus scales for the quantized dtypes).
 void BM_DecodeAttentionKvDType(benchmark::State& state) {
   const int64_t batch = state.range(0), context = state.range(1);
@@ -378,7 +378,7 @@ void BM_DecodeAttentionKvDType(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * batch * s.blocks_per_seq * s.block_bytes);
 }
 BENCHMARK(BM_DecodeAttentionKvDType)
-    ->ArgsProduct({{1, 16}, {512, 4096}, {0, 1, 3, 4}})
+    ->ArgsProduct({{1, 16}, {512, 4096}, {0, 1, 3, 4, 5}})
     ->ArgNames({"batch", "context", "dtype"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();

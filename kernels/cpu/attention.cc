@@ -2,6 +2,7 @@
 // that share one kv head (GQA groups, and for prefill several consecutive tokens), so every K/V
 // chunk read from the pool (and widened from bf16/f16) serves all rows of the task.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
