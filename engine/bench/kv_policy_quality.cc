@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -49,6 +50,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
+#include "engine/bench/story_prompts.h"
 #include "engine/memory/host_kv_pool.h"
 #include "engine/runtime/model_runtime.h"
 #include "engine/tools/make_model.h"
@@ -71,17 +73,6 @@ ABSL_FLAG(int64_t, memory_context, 32768, "context length of the memory section,
 
 namespace pd::engine {
 namespace {
-
-const char* const kPrompts[] = {
-    "Once upon a time, there was a little girl named Lily.",
-    "Tom and his dog went to the park. The dog saw a ball and",
-    "One day, a little bird was flying in the sky. It saw",
-    "Sue had a big red box. She wanted to",
-    "The sun was hot, so Ben went to the lake with his mom.",
-    "There was a kind old man who lived in a small house by the sea.",
-    "Mia found a shiny key under her bed.",
-    "The cat wanted to eat the fish, but",
-};
 
 // One row's cache: its dtype and what it keeps (sink = window = 0: everything).
 struct CacheConfig {
@@ -350,11 +341,12 @@ absl::Status Main() {
     return layout.block_bytes() / layout.block_size;
   };
   Reference ref;
-  const int num_prompts = std::clamp(absl::GetFlag(FLAGS_prompts), 1, 8);
+  const int num_prompts =
+      std::clamp(absl::GetFlag(FLAGS_prompts), 1, static_cast<int>(std::size(kStoryPrompts)));
   size_t longest = 0;
   for (int p = 0; p < num_prompts; ++p) {
     PD_ASSIGN_OR_RETURN(std::vector<uint32_t> tokens,
-                        base->tokenizer().Encode(kPrompts[p], add_bos, false));
+                        base->tokenizer().Encode(kStoryPrompts[p], add_bos, false));
     longest = std::max(longest, tokens.size());
     ref.prompts.push_back(std::move(tokens));
   }

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
+#include "engine/bench/story_prompts.h"
 #include "common/threads/parallel_for.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/llama2c_checkpoint.h"
@@ -54,17 +55,6 @@ namespace pd::engine {
 namespace {
 
 constexpr int64_t kBlockSize = 16;
-
-const char* const kPrompts[] = {
-    "Once upon a time, there was a little girl named Lily.",
-    "Tom and his dog went to the park. The dog saw a ball and",
-    "One day, a little bird was flying in the sky. It saw",
-    "Sue had a big red box. She wanted to",
-    "The sun was hot, so Ben went to the lake with his mom.",
-    "There was a kind old man who lived in a small house by the sea.",
-    "Mia found a shiny key under her bed.",
-    "The cat wanted to eat the fish, but",
-};
 
 // Held-out text: written for this tool in the style of the model's training stories.
 constexpr char kHeldOut[] =
@@ -190,7 +180,7 @@ absl::Status Main() {
   const int n = absl::GetFlag(FLAGS_tokens);
   const int64_t vocab = weights.config.vocab_size;
   std::vector<std::vector<uint32_t>> prompts;
-  for (const char* p : kPrompts) {
+  for (const char* p : kStoryPrompts) {
     PD_ASSIGN_OR_RETURN(std::vector<uint32_t> ids,
                         front->tokenizer().Encode(p, front->add_bos(), false));
     prompts.push_back(std::move(ids));

@@ -96,6 +96,24 @@ void Store(const KvCacheView& c, int64_t off, float v) {
   }
 }
 
+// The scale of n values under the rule: NaN when one is NaN or inf, 0 when all are 0 (then
+// false: the codes are 0), else amax / limit and *inv = limit / amax (true).
+bool RuleScale(const float* x, int64_t n, float limit, float* scale, float* inv) {
+  bool finite = true;
+  float amax = 0.0f;
+  for (int64_t d = 0; d < n; ++d) {
+    finite = finite && std::isfinite(x[d]);
+    amax = std::max(amax, std::fabs(x[d]));
+  }
+  if (!finite || amax == 0.0f) {
+    *scale = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    return false;
+  }
+  *scale = amax / limit;
+  *inv = limit / amax;
+  return true;
+}
+
 // The quantization rule of kernels/attention_params.h, one element at a time: for i4, group by
 // group, each into its half-bytes (q: n / 2 bytes; scale: one per group).
 void QuantizeRow(const float* x, int64_t n, DType dtype, uint8_t* q, float* scale) {
@@ -106,18 +124,8 @@ void QuantizeRow(const float* x, int64_t n, DType dtype, uint8_t* q, float* scal
     for (int64_t g = 0; g < n / group; ++g) {
       float* xg = rotated.data() + g * group;
       if (KvRotated(dtype, n)) HadamardRotate(xg, group);
-      bool finite = true;
-      float amax = 0.0f;
-      for (int64_t d = 0; d < group; ++d) {
-        finite = finite && std::isfinite(xg[d]);
-        amax = std::max(amax, std::fabs(xg[d]));
-      }
-      if (!finite || amax == 0.0f) {
-        scale[g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-        continue;  // codes 0
-      }
-      scale[g] = amax / 7.0f;
-      const float inv = 7.0f / amax;
+      float inv = 0.0f;
+      if (!RuleScale(xg, group, 7.0f, &scale[g], &inv)) continue;  // codes 0
       for (int64_t d = 0; d < group; ++d) {
         const float r = std::min(7.0f, std::max(-7.0f, std::nearbyint(xg[d] * inv)));
         const auto nibble = static_cast<uint8_t>(static_cast<int>(r) & 0xF);
@@ -127,20 +135,11 @@ void QuantizeRow(const float* x, int64_t n, DType dtype, uint8_t* q, float* scal
     }
     return;
   }
-  bool finite = true;
-  float amax = 0.0f;
-  for (int64_t d = 0; d < n; ++d) {
-    finite = finite && std::isfinite(x[d]);
-    amax = std::max(amax, std::fabs(x[d]));
-  }
-  if (!finite || amax == 0.0f) {
-    *scale = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  float inv = 0.0f;
+  if (!RuleScale(x, n, dtype == DType::kI8 ? 127.0f : 448.0f, scale, &inv)) {
     std::fill(q, q + n, uint8_t{0});
     return;
   }
-  const float limit = dtype == DType::kI8 ? 127.0f : 448.0f;
-  *scale = amax / limit;
-  const float inv = limit / amax;
   for (int64_t d = 0; d < n; ++d) {
     const float y = x[d] * inv;
     if (dtype == DType::kI8) {
