@@ -52,6 +52,10 @@ struct Simd {
   // (exact; the vector decoders produce that without a multiply, the caller folds 2^8 into the
   // row's scale).
   static V LoadI8(const int8_t* p) { return static_cast<float>(*p); }
+  // i4 (kernels/attention_params.h): kW codes from kW / 2 bytes, low nibble first,
+  // sign-extended (not yet scaled). With kW = 1 (a code is half a byte): the byte's low code;
+  // callers unpack pairs themselves.
+  static V LoadI4(const uint8_t* p) { return static_cast<float>(((*p & 0xF) ^ 8) - 8); }
   static V LoadE4M3Over256(const uint8_t* p) { return E4M3ToF32(*p) * 0.00390625f; }
   static void StoreBf16(uint16_t* p, V v) { *p = F32ToBf16(v); }
   static void StoreBf16N(uint16_t* p, V v, int n) {
@@ -126,6 +130,19 @@ struct Simd {
   static V LoadI8(const int8_t* p) {
     return _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // As scalar::Simd says: the 4 bytes' nibbles split, interleaved low first, sign-extended
+  // ((n ^ 8) - 8), widened.
+  static V LoadI4(const uint8_t* p) {
+    int32_t word;
+    std::memcpy(&word, p, sizeof(word));
+    const __m128i b = _mm_cvtsi32_si128(word);
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(b, nib),
+                                            _mm_and_si128(_mm_srli_epi16(b, 4), nib));
+    const __m128i eight = _mm_set1_epi8(8);
+    const __m128i s = _mm_sub_epi8(_mm_xor_si128(codes, eight), eight);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s));
   }
   // E4M3 -> f16 bits, widened exactly: the value times 2^-8 (f16's exponent bias is 8 more, and
   // its wider range holds E4M3's subnormals as f16 subnormals). Sign-extending the code to 16
@@ -248,6 +265,16 @@ struct Simd {
   static V LoadI8(const int8_t* p) {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // As avx2::Simd::LoadI4, 16 codes from 8 bytes.
+  static V LoadI4(const uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(b, nib),
+                                            _mm_and_si128(_mm_srli_epi16(b, 4), nib));
+    const __m128i eight = _mm_set1_epi8(8);
+    const __m128i s = _mm_sub_epi8(_mm_xor_si128(codes, eight), eight);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s));
   }
   // As avx2::Simd::LoadE4M3Over256, 16 codes at a time.
   static V LoadE4M3Over256(const uint8_t* p) {
