@@ -95,6 +95,21 @@ struct Simd {
 
 #if PD_CPU_X86
 
+namespace pd::kernels::cpu {
+
+// i4 codes (kernels/attention_params.h) of the low 8 bytes of `b`, in order: each byte's
+// nibbles split, interleaved low first, sign-extended ((n ^ 8) - 8) to 16 int8 lanes. SSE2, so
+// both vector Simds below use it.
+inline __m128i I4CodesOf(__m128i b) {
+  const __m128i nib = _mm_set1_epi8(0x0F);
+  const __m128i codes =
+      _mm_unpacklo_epi8(_mm_and_si128(b, nib), _mm_and_si128(_mm_srli_epi16(b, 4), nib));
+  const __m128i eight = _mm_set1_epi8(8);
+  return _mm_sub_epi8(_mm_xor_si128(codes, eight), eight);
+}
+
+}  // namespace pd::kernels::cpu
+
 PD_BEGIN_TARGET_AVX2
 namespace pd::kernels::cpu::avx2 {
 
@@ -131,18 +146,11 @@ struct Simd {
     return _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  // As scalar::Simd says: the 4 bytes' nibbles split, interleaved low first, sign-extended
-  // ((n ^ 8) - 8), widened.
+  // As scalar::Simd says: 8 codes from 4 bytes (I4CodesOf), widened.
   static V LoadI4(const uint8_t* p) {
     int32_t word;
     std::memcpy(&word, p, sizeof(word));
-    const __m128i b = _mm_cvtsi32_si128(word);
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(b, nib),
-                                            _mm_and_si128(_mm_srli_epi16(b, 4), nib));
-    const __m128i eight = _mm_set1_epi8(8);
-    const __m128i s = _mm_sub_epi8(_mm_xor_si128(codes, eight), eight);
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(I4CodesOf(_mm_cvtsi32_si128(word))));
   }
   // E4M3 -> f16 bits, widened exactly: the value times 2^-8 (f16's exponent bias is 8 more, and
   // its wider range holds E4M3's subnormals as f16 subnormals). Sign-extending the code to 16
@@ -268,13 +276,8 @@ struct Simd {
   }
   // As avx2::Simd::LoadI4, 16 codes from 8 bytes.
   static V LoadI4(const uint8_t* p) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(b, nib),
-                                            _mm_and_si128(_mm_srli_epi16(b, 4), nib));
-    const __m128i eight = _mm_set1_epi8(8);
-    const __m128i s = _mm_sub_epi8(_mm_xor_si128(codes, eight), eight);
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s));
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(I4CodesOf(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
   }
   // As avx2::Simd::LoadE4M3Over256, 16 codes at a time.
   static V LoadE4M3Over256(const uint8_t* p) {
