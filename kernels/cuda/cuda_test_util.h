@@ -4,7 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -22,6 +25,36 @@
   } while (0)
 
 namespace pd::kernels::cuda::testing {
+
+// Bitwise equality of f32 results, where a NaN equals any NaN: NVIDIA GPUs return the
+// canonical NaN (0x7fffffff) from arithmetic on a NaN, x86 keeps the operand's payload
+// (0x7fc00000 for quiet_NaN), so "bitwise the CPU" holds for every number but a NaN's payload.
+// On a mismatch the message names how many differ and the first one, with both bit patterns.
+inline ::testing::AssertionResult BitwiseOrBothNaN(const std::vector<float>& got,
+                                                   const std::vector<float>& want) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+  }
+  int64_t differ = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool same = std::isnan(got[i]) ? std::isnan(want[i])
+                                         : std::memcmp(&got[i], &want[i], sizeof(float)) == 0;
+    if (!same) {
+      first = first < 0 ? static_cast<int64_t>(i) : first;
+      ++differ;
+    }
+  }
+  if (differ == 0) {
+    return ::testing::AssertionSuccess();
+  }
+  uint32_t gb = 0, wb = 0;
+  std::memcpy(&gb, &got[first], 4);
+  std::memcpy(&wb, &want[first], 4);
+  return ::testing::AssertionFailure()
+         << differ << " of " << got.size() << " values differ; the first at " << first << ": "
+         << got[first] << " (0x" << std::hex << gb << ") vs " << want[first] << " (0x" << wb
+         << std::dec << ")";
+}
 
 inline OpContext CudaCtx(cudaStream_t stream = nullptr) {
   OpContext ctx;

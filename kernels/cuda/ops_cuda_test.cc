@@ -305,8 +305,7 @@ TEST(CudaOpsTest, MatMulInt8IsBitwiseTheCpu) {
       gpu.workspace_bytes = ws_bytes;
       ASSERT_TRUE(MatMul(CudaCtx(), gpu).ok());
       const std::vector<float> got = dy.Download<float>();
-      ASSERT_EQ(got.size(), want.size());
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+      EXPECT_TRUE(cuda::testing::BitwiseOrBothNaN(got, want))
           << rows << " rows, accumulate " << accumulate;
     }
   }

@@ -28,18 +28,21 @@ struct SampleShared {
   int32_t drawn;
 };
 
-// Block-wide sum: every thread returns the same value. A trailing barrier lets the caller reuse
-// the scratch at once.
+static_assert(kSamplingWarps == kWarpSize, "the block reductions give lane l warp l's result");
+
+// Block-wide sum: every thread returns the same value. The second stage is a warp butterfly in
+// every warp (lane l takes warp l's total), not a serial loop over the warps' totals. With
+// that loop (CUDA 13.0, sm_90) the argmax below lost the results of warps 26 and 27 on an
+// H200, reproducibly and with racecheck clean; the PTX was right, the cause was not found.
+// The butterfly form passes (CudaSamplingTest.GreedyFindsTheMaximumAnywhereInALongRow). A
+// trailing barrier lets the caller reuse the scratch at once.
 __device__ unsigned long long BlockSum(unsigned long long v, SampleShared& sh) {
   v = WarpReduceSum(v);
   if (threadIdx.x % kWarpSize == 0) {
     sh.warp_u64[threadIdx.x / kWarpSize] = v;
   }
   __syncthreads();
-  unsigned long long total = 0;
-  for (int w = 0; w < kSamplingWarps; ++w) {
-    total += sh.warp_u64[w];
-  }
+  const unsigned long long total = WarpReduceSum(sh.warp_u64[threadIdx.x % kWarpSize]);
   __syncthreads();
   return total;
 }
@@ -49,7 +52,8 @@ __device__ inline bool Better(float v, int32_t id, float best_v, int32_t best_id
   return v > best_v || (v == best_v && id < best_id);
 }
 
-__device__ void BlockArgMax(float* v, int32_t* id, SampleShared& sh) {
+// Butterfly argmax over a warp's lanes: every lane ends with the best pair.
+__device__ inline void WarpArgMax(float* v, int32_t* id) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const float ov = __shfl_xor_sync(0xffffffffu, *v, offset);
     const int32_t oid = __shfl_xor_sync(0xffffffffu, *id, offset);
@@ -58,19 +62,21 @@ __device__ void BlockArgMax(float* v, int32_t* id, SampleShared& sh) {
       *id = oid;
     }
   }
+}
+
+// Block-wide argmax: each warp's best goes to shared memory, then every warp reduces the 32
+// of them with the same butterfly (BlockSum says why not a loop). Every thread returns the
+// block's best.
+__device__ void BlockArgMax(float* v, int32_t* id, SampleShared& sh) {
+  WarpArgMax(v, id);
   if (threadIdx.x % kWarpSize == 0) {
     sh.warp_float[threadIdx.x / kWarpSize] = *v;
     sh.warp_id[threadIdx.x / kWarpSize] = *id;
   }
   __syncthreads();
-  *v = sh.warp_float[0];
-  *id = sh.warp_id[0];
-  for (int w = 1; w < kSamplingWarps; ++w) {
-    if (Better(sh.warp_float[w], sh.warp_id[w], *v, *id)) {
-      *v = sh.warp_float[w];
-      *id = sh.warp_id[w];
-    }
-  }
+  *v = sh.warp_float[threadIdx.x % kWarpSize];
+  *id = sh.warp_id[threadIdx.x % kWarpSize];
+  WarpArgMax(v, id);
   __syncthreads();
 }
 
@@ -131,6 +137,10 @@ class BlockRow {
   }
 
   __device__ void Histogram(RadixState s, int shift, uint64_t limit) {
+    // Every thread has read the previous pass's bins (SampleRowRadix reads counts() after
+    // Pick) before they are cleared: without it a fast warp cleared them under a slow one
+    // (compute-sanitizer racecheck on an H200).
+    __syncthreads();
     for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) {
       sh_.counts[b] = 0;
       sh_.masses[b] = 0;
@@ -214,13 +224,12 @@ class BlockRow {
       sh_.warp_u64[warp] = local;
     }
     __syncthreads();
-    unsigned long long total = 0, before = 0;
-    for (int w = 0; w < kSamplingWarps; ++w) {
-      if (w == warp) {
-        before = total;
-      }
-      total += sh_.warp_u64[w];
-    }
+    // Lane l of every warp takes warp l's total; a warp scan gives the total and what the
+    // warps before this one hold (BlockSum says why not a loop).
+    const unsigned long long lane_total = sh_.warp_u64[lane];
+    const unsigned long long incl = WarpInclusiveScan(lane_total);
+    const unsigned long long total = __shfl_sync(0xffffffffu, incl, kWarpSize - 1);
+    const unsigned long long before = __shfl_sync(0xffffffffu, incl - lane_total, warp);
     const uint64_t need = DrawNeed(u, total);
     const bool mine = before < need && before + sh_.warp_u64[warp] >= need;
     if (mine) {  // exactly one warp; its lanes agree

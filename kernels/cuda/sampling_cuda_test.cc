@@ -3,6 +3,7 @@
 // Skip without a CUDA device.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -107,10 +108,50 @@ TEST(CudaSamplingTest, GreedyMatchesCpuExactly) {
   std::vector<int32_t> cpu, gpu;
   RunBoth(r, /*all_greedy=*/true, &cpu, &gpu);
   EXPECT_EQ(gpu, cpu);
+  for (int64_t s = 0; s < r.num_seqs; ++s) {
+    if (gpu[s] == cpu[s]) continue;
+    // Name the logits, and run the row alone: a row-only bug or a batch one.
+    Rows alone = r;
+    alone.num_seqs = 1;
+    alone.logits.assign(r.logits.begin() + s * r.stride, r.logits.begin() + (s + 1) * r.stride);
+    std::vector<int32_t> cpu1, gpu1;
+    RunBoth(alone, /*all_greedy=*/true, &cpu1, &gpu1);
+    ADD_FAILURE() << "row " << s << ": gpu " << gpu[s] << " (logit "
+                  << r.logits[s * r.stride + gpu[s]] << "), cpu " << cpu[s] << " (logit "
+                  << r.logits[s * r.stride + cpu[s]] << "); alone: gpu " << gpu1[0] << ", cpu "
+                  << cpu1[0];
+  }
   EXPECT_EQ(gpu[0], 123);
   EXPECT_EQ(gpu[1], 9);
   EXPECT_EQ(gpu[2], 0);
   EXPECT_EQ(gpu[3], 0);
+}
+
+// One long row (many ids per thread) with its maximum placed at ids that fall on every kind
+// of thread and warp position: greedy must return it, and the row must read back unchanged.
+TEST(CudaSamplingTest, GreedyFindsTheMaximumAnywhereInALongRow) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(43);
+  constexpr int64_t kVocab = 50000;
+  const std::vector<float> base = RandomVector(kVocab, rng, 3.0f);
+  for (int64_t at :
+       {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{32}, int64_t{877}, int64_t{985}, int64_t{1023},
+        int64_t{1024}, int64_t{27609}, int64_t{42861}, int64_t{49999}}) {
+    Rows r;
+    r.num_seqs = 1;
+    r.vocab = kVocab;
+    r.stride = kVocab;
+    r.logits = base;
+    r.logits[at] = 20.0f;
+    DeviceBuffer back(r.logits);
+    const std::vector<float> read = back.Download<float>();
+    EXPECT_EQ(std::memcmp(read.data(), r.logits.data(), kVocab * 4), 0)
+        << "read back, max at " << at;
+    std::vector<int32_t> cpu, gpu;
+    RunBoth(r, /*all_greedy=*/true, &cpu, &gpu);
+    EXPECT_EQ(cpu[0], at);
+    EXPECT_EQ(gpu[0], at) << "max at " << at;
+  }
 }
 
 TEST(CudaSamplingTest, SampledTokensMatchCpu) {
@@ -130,7 +171,15 @@ TEST(CudaSamplingTest, SampledTokensMatchCpu) {
       ASSERT_GE(gpu[s], 0);
       ASSERT_LT(gpu[s], vocab);
       EXPECT_FALSE(std::isnan(r.logits[s * r.stride + gpu[s]])) << s;
-      mismatches += gpu[s] != cpu[s] ? 1 : 0;
+      if (gpu[s] != cpu[s]) {
+        ++mismatches;
+        std::printf(
+            "vocab %lld row %lld (T %g, top_k %d, top_p %g): gpu %d (logit %g), cpu %d (logit "
+            "%g)\n",
+            static_cast<long long>(vocab), static_cast<long long>(s), r.temperature[s], r.top_k[s],
+            r.top_p[s], gpu[s], r.logits[s * r.stride + gpu[s]], cpu[s],
+            r.logits[s * r.stride + cpu[s]]);
+      }
     }
     EXPECT_LE(mismatches, 1) << "vocab " << vocab;
   }
@@ -202,7 +251,15 @@ TEST(CudaSamplingTest, MinPMatchesCpu) {
     RunBoth(r, /*all_greedy=*/false, &cpu, &gpu);
     int mismatches = 0;
     for (int64_t s = 0; s < r.num_seqs; ++s) {
-      mismatches += gpu[s] != cpu[s] ? 1 : 0;
+      if (gpu[s] != cpu[s]) {
+        ++mismatches;
+        std::printf(
+            "vocab %lld row %lld (T %g, top_k %d, top_p %g): gpu %d (logit %g), cpu %d (logit "
+            "%g)\n",
+            static_cast<long long>(vocab), static_cast<long long>(s), r.temperature[s], r.top_k[s],
+            r.top_p[s], gpu[s], r.logits[s * r.stride + gpu[s]], cpu[s],
+            r.logits[s * r.stride + cpu[s]]);
+      }
     }
     EXPECT_LE(mismatches, 1) << "vocab " << vocab;  // boundary draws, as SampledTokensMatchCpu
   }
@@ -254,8 +311,7 @@ TEST(CudaSamplingTest, LogitEditsMatchCpuBitwise) {
   g.rows = d_rows.as<int32_t>();
   ASSERT_TRUE(ApplyLogitEdits(CudaCtx(), g).ok());
   const std::vector<float> gpu = d_logits.Download<float>();
-  ASSERT_EQ(gpu.size(), cpu.size());
-  EXPECT_EQ(std::memcmp(gpu.data(), cpu.data(), cpu.size() * sizeof(float)), 0);
+  EXPECT_TRUE(cuda::testing::BitwiseOrBothNaN(gpu, cpu));
   EXPECT_TRUE(std::isnan(gpu[3]));
 }
 
