@@ -42,4 +42,11 @@ int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p);
 
 bool SupportsMatMul(Device device, DType w_dtype);
 
+// Creates what MatMul on ctx.device needs on the calling thread that is created on first use
+// (on kCuda: the thread's cuBLAS handle and its workspace, bound to ctx.stream), so that a
+// later MatMul captured into a CUDA graph allocates nothing: cublasCreate and cudaMalloc are
+// not allowed while a stream captures. A no-op on kCpu and in builds without CUDA. Internal
+// when cuBLAS or the allocation fails.
+absl::Status PrepareMatMul(const OpContext& ctx);
+
 }  // namespace pd::kernels

@@ -764,6 +764,9 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
   // buffers whose contents were just uploaded, so it is captured once per shape and replayed.
   kernels::DeviceGraph& graph = graphs_[GraphKey{n, sample, decode_bound_, masked}];
   if (graph.empty()) {
+    // Library state made on first use (the thread's cuBLAS handle and workspace) cannot be
+    // made while the stream captures: make it now.
+    PD_RETURN_IF_ERROR(kernels::PrepareMatMul(ctx_));
     absl::StatusOr<kernels::DeviceGraph> captured = kernels::DeviceGraph::Capture(
         ctx_, [this, n, sample, masked] { return QueueStep(n, sample, masked, false); });
     if (!captured.ok()) {

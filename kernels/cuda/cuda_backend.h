@@ -33,9 +33,13 @@ absl::Status ApplyLogitEdits(const OpContext& ctx, const LogitEditParams& p);
 absl::Status CopyBlocks(const OpContext& ctx, const CopyBlocksParams& p);
 
 // y = x w^T (+ bias) through cuBLAS sgemm on the calling thread's cuBLAS handle for the current
-// device (created on first use, destroyed when the thread exits). bf16/f16 weights are widened
+// device (created on first use or by PrepareMatMul, with a workspace of its own, both released
+// when the thread exits). bf16/f16 weights are widened
 // into p.workspace (device memory, >= MatMulWorkspaceBytes in launch_config.h) tile by tile.
 absl::Status MatMul(const OpContext& ctx, const MatMulParams& p);
+// The calling thread's cuBLAS handle and workspace for the current device, created now if
+// missing and bound to ctx.stream (kernels/matmul.h, PrepareMatMul).
+absl::Status PrepareMatMul(const OpContext& ctx);
 
 // Number of visible CUDA devices; 0 when there is no driver or no device (never an error:
 // callers use it to decide whether GPU paths can run).

@@ -16,6 +16,10 @@ namespace pd::kernels::cuda {
 namespace {
 
 constexpr int kMaxDevices = 64;
+// Each handle's own workspace (cuBLAS's recommendation for Hopper; 4 MiB would do elsewhere).
+// Set again after every cublasSetStream (which resets a handle to cuBLAS's default pool), so a
+// call captured into a CUDA graph uses this memory, allocated before the capture.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 // One cuBLAS handle per (thread, device): cuBLAS handles must not be shared by threads that
 // set different streams concurrently. Destroyed at thread exit.
@@ -25,14 +29,18 @@ class ThreadHandles {
   ThreadHandles(const ThreadHandles&) = delete;
   ThreadHandles& operator=(const ThreadHandles&) = delete;
   ~ThreadHandles() {
-    for (cublasHandle_t h : handles_) {
-      if (h != nullptr) {
-        (void)cublasDestroy(h);  // may fail at process exit once the driver is gone
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (handles_[d] != nullptr) {
+        (void)cublasDestroy(handles_[d]);  // may fail at process exit once the driver is gone
+      }
+      if (workspaces_[d] != nullptr) {
+        (void)cudaFree(workspaces_[d]);
       }
     }
   }
 
-  absl::Status Get(cublasHandle_t* out) {
+  // The handle of the current device, bound to `stream` with its workspace.
+  absl::Status Get(cudaStream_t stream, cublasHandle_t* out) {
     int device = 0;
     const cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) {
@@ -42,21 +50,52 @@ class ThreadHandles {
       return absl::InternalError(absl::StrCat("matmul: device ", device, " >= ", kMaxDevices));
     }
     if (handles_[device] == nullptr) {
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+          capturing != cudaStreamCaptureStatusNone) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "matmul: no cuBLAS handle yet on device ", device,
+            " for this thread while its stream captures a graph (call PrepareMatMul first)"));
+      }
+      void* ws = nullptr;
+      const cudaError_t alloc = cudaMalloc(&ws, kCublasWorkspaceBytes);
+      if (alloc != cudaSuccess) {
+        return absl::InternalError(absl::StrCat("matmul: cudaMalloc of the ", kCublasWorkspaceBytes,
+                                                "-byte cuBLAS workspace on device ", device, ": ",
+                                                cudaGetErrorName(alloc)));
+      }
       cublasHandle_t h = nullptr;
       const cublasStatus_t st = cublasCreate(&h);
       if (st != CUBLAS_STATUS_SUCCESS) {
+        (void)cudaFree(ws);
         return absl::InternalError(
             absl::StrCat("matmul: cublasCreate on device ", device, ": ", cublasGetStatusName(st)));
       }
       handles_[device] = h;
+      workspaces_[device] = ws;
     }
-    *out = handles_[device];
+    cublasHandle_t h = handles_[device];
+    cublasStatus_t st = cublasSetStream(h, stream);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasSetWorkspace(h, workspaces_[device], kCublasWorkspaceBytes);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      return absl::InternalError(
+          absl::StrCat("matmul: cublasSetStream/cublasSetWorkspace: ", cublasGetStatusName(st)));
+    }
+    *out = h;
     return absl::OkStatus();
   }
 
  private:
   cublasHandle_t handles_[kMaxDevices] = {};
+  void* workspaces_[kMaxDevices] = {};
 };
+
+ThreadHandles& Handles() {
+  thread_local ThreadHandles handles;
+  return handles;
+}
 
 absl::Status FromCublas(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) {
@@ -75,12 +114,15 @@ absl::Status FromCuda(cudaError_t err, const char* what) {
 
 }  // namespace
 
-absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
-  thread_local ThreadHandles handles;
+absl::Status PrepareMatMul(const OpContext& ctx) {
   cublasHandle_t handle = nullptr;
-  PD_RETURN_IF_ERROR(handles.Get(&handle));
+  return Handles().Get(static_cast<cudaStream_t>(ctx.stream), &handle);
+}
+
+absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
-  PD_RETURN_IF_ERROR(FromCublas(cublasSetStream(handle, stream), "cublasSetStream"));
+  cublasHandle_t handle = nullptr;
+  PD_RETURN_IF_ERROR(Handles().Get(stream, &handle));
   if (p.w_dtype == DType::kI8) {
     // W8A8: x's rows to int8 codes and scales, exact int32 sums, then the f32 epilogue (bias and
     // accumulate included), each step as the CPU does it.

@@ -52,6 +52,16 @@ int64_t MatMulWorkspaceBytes(const OpContext& ctx, const MatMulParams& p) {
   return 0;
 }
 
+absl::Status PrepareMatMul(const OpContext& ctx) {
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::PrepareMatMul(ctx);
+  }
+#endif
+  (void)ctx;
+  return absl::OkStatus();
+}
+
 absl::Status MatMul(const OpContext& ctx, const MatMulParams& p) {
   if (p.x == nullptr || p.w == nullptr || p.y == nullptr) {
     return absl::InvalidArgumentError("matmul: null x, w or y");
