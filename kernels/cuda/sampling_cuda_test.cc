@@ -90,6 +90,19 @@ Rows MakeRows(int64_t num_seqs, int64_t vocab, std::mt19937& rng) {
   return r;
 }
 
+// 1 (and the row's settings and both tokens' logits, printed) when the devices disagree on
+// row s, else 0.
+int ReportMismatch(const Rows& r, int64_t s, int32_t cpu, int32_t gpu) {
+  if (cpu == gpu) {
+    return 0;
+  }
+  std::printf(
+      "vocab %lld row %lld (T %g, top_k %d, top_p %g): gpu %d (logit %g), cpu %d (logit %g)\n",
+      static_cast<long long>(r.vocab), static_cast<long long>(s), r.temperature[s], r.top_k[s],
+      r.top_p[s], gpu, r.logits[s * r.stride + gpu], cpu, r.logits[s * r.stride + cpu]);
+  return 1;
+}
+
 TEST(CudaSamplingTest, GreedyMatchesCpuExactly) {
   PD_SKIP_WITHOUT_GPU();
   std::mt19937 rng(41);
@@ -171,15 +184,7 @@ TEST(CudaSamplingTest, SampledTokensMatchCpu) {
       ASSERT_GE(gpu[s], 0);
       ASSERT_LT(gpu[s], vocab);
       EXPECT_FALSE(std::isnan(r.logits[s * r.stride + gpu[s]])) << s;
-      if (gpu[s] != cpu[s]) {
-        ++mismatches;
-        std::printf(
-            "vocab %lld row %lld (T %g, top_k %d, top_p %g): gpu %d (logit %g), cpu %d (logit "
-            "%g)\n",
-            static_cast<long long>(vocab), static_cast<long long>(s), r.temperature[s], r.top_k[s],
-            r.top_p[s], gpu[s], r.logits[s * r.stride + gpu[s]], cpu[s],
-            r.logits[s * r.stride + cpu[s]]);
-      }
+      mismatches += ReportMismatch(r, s, cpu[s], gpu[s]);
     }
     EXPECT_LE(mismatches, 1) << "vocab " << vocab;
   }
@@ -251,15 +256,7 @@ TEST(CudaSamplingTest, MinPMatchesCpu) {
     RunBoth(r, /*all_greedy=*/false, &cpu, &gpu);
     int mismatches = 0;
     for (int64_t s = 0; s < r.num_seqs; ++s) {
-      if (gpu[s] != cpu[s]) {
-        ++mismatches;
-        std::printf(
-            "vocab %lld row %lld (T %g, top_k %d, top_p %g): gpu %d (logit %g), cpu %d (logit "
-            "%g)\n",
-            static_cast<long long>(vocab), static_cast<long long>(s), r.temperature[s], r.top_k[s],
-            r.top_p[s], gpu[s], r.logits[s * r.stride + gpu[s]], cpu[s],
-            r.logits[s * r.stride + cpu[s]]);
-      }
+      mismatches += ReportMismatch(r, s, cpu[s], gpu[s]);
     }
     EXPECT_LE(mismatches, 1) << "vocab " << vocab;  // boundary draws, as SampledTokensMatchCpu
   }
