@@ -15,8 +15,11 @@
 //     reference's (the mean over prompts, and the earliest; "none" counts as the length).
 // Rows: each KV dtype with the full cache; each eviction policy at each budget (a share of the
 // model's context, in tokens kept: a sliding window keeps the last B tokens, sink + window
-// the first --sink_tokens and the last B - sink). The policies keep whole blocks: up to one
-// block (the one being filled) more than B.
+// the first --sink_tokens and the last B - sink, H2O the last B * --h2o_recent_percent and the
+// rest by cumulative attention, SnapKV compresses the prompt to B). The policies keep whole
+// blocks: up to one block (the one being filled) more than B. SnapKV only acts on prompts, so
+// its rows take all but the reference's last 64 tokens as the prompt and score those 64 (the
+// divergence position counts from the reference's first token all the same).
 //
 // Memory first (--memory_presets): for the pd-make-model presets' shapes (Llama-3.2-1B and
 // Llama-3.1-8B), the KV bytes per token of each dtype and, at a --memory_context-token context,
@@ -59,8 +62,11 @@
 ABSL_FLAG(std::string, model, "", "HF model directory or llama2.c checkpoint file (required)");
 ABSL_FLAG(std::string, tokenizer, "", "tokenizer file (llama2.c: required)");
 ABSL_FLAG(std::string, dtypes, "bf16,f16,i8,fp8_e4m3,i4", "KV dtypes compared with f32");
-ABSL_FLAG(std::string, policies, "window,sink",
-          "eviction policies: window (sliding window), sink (sink + window)");
+ABSL_FLAG(std::string, policies, "window,sink,h2o,snapkv",
+          "eviction policies: window (sliding window), sink (sink + window), h2o (heavy hitters "
+          "+ recent), snapkv (the prompt compressed once)");
+ABSL_FLAG(int32_t, h2o_recent_percent, 50, "H2O: share of the budget kept as recent tokens");
+ABSL_FLAG(int32_t, snapkv_window, 32, "SnapKV: the observation window (prompt tokens that vote)");
 ABSL_FLAG(std::string, budgets, "25,50,75", "eviction budgets, percent of the model's context");
 ABSL_FLAG(int32_t, sink_tokens, 16, "the sink + window policy's sink tokens");
 ABSL_FLAG(int32_t, prompts, 8, "prompts measured (at most 8)");
@@ -80,6 +86,10 @@ struct CacheConfig {
   int64_t sink = 0;
   int64_t window = 0;
   std::string name;
+  // H2O / SnapKV (SchedulerConfig::kv_policy): the budget and its recent part.
+  std::string kv_policy;
+  int64_t budget = 0;
+  int64_t recent = 0;
 };
 
 absl::StatusOr<std::unique_ptr<ModelRuntime>> MakeRuntime(const CacheConfig& cache) {
@@ -92,6 +102,9 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> MakeRuntime(const CacheConfig& cac
   c.scheduler.max_running = 1;
   c.scheduler.kv_sink_tokens = cache.sink;
   c.scheduler.kv_window_tokens = cache.window;
+  c.scheduler.kv_policy = cache.kv_policy;
+  c.scheduler.kv_budget_tokens = cache.budget;
+  c.scheduler.kv_recent_tokens = cache.recent;
   return ModelRuntime::Create(c);
 }
 
@@ -165,11 +178,19 @@ absl::StatusOr<RowResult> Measure(const CacheConfig& cache, const Reference& ref
                                   uint32_t length) {
   PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRuntime> rt, MakeRuntime(cache));
   RowResult r;
+  // SnapKV compresses prompts: its rows take all but the reference's last 64 tokens as part of
+  // the prompt (so the prompt outgrows every budget) and are scored on those 64.
+  const size_t lead = cache.kv_policy == "snapkv" && length > 64 ? length - 64 : 0;
   for (size_t p = 0; p < ref.prompts.size(); ++p) {
     const Run& want = ref.runs[p];
-    const Run forced = Generate(rt.get(), ref.prompts[p], length, &want.tokens, true);
+    std::vector<uint32_t> prompt = ref.prompts[p];
+    prompt.insert(prompt.end(), want.tokens.begin(), want.tokens.begin() + lead);
+    const std::vector<uint32_t> rest(want.tokens.begin() + lead, want.tokens.end());
+    const auto todo = static_cast<uint32_t>(length - lead);
+    Run forced = Generate(rt.get(), prompt, todo, &rest, true);
     PD_RETURN_IF_ERROR(forced.status);
-    for (size_t i = 0; i < length; ++i) {
+    forced.dists.insert(forced.dists.begin(), lead, {});
+    for (size_t i = lead; i < length; ++i) {
       const double kl = Kl(want.dists[i], forced.dists[i]);
       r.kl_sum += kl;
       ++r.positions;
@@ -179,12 +200,11 @@ absl::StatusOr<RowResult> Measure(const CacheConfig& cache, const Reference& ref
       }
       r.top1 += Top1(forced.dists[i]) == Top1(want.dists[i]) ? 1 : 0;
     }
-    const Run free = Generate(rt.get(), ref.prompts[p], length, nullptr, false);
+    const Run free = Generate(rt.get(), prompt, todo, nullptr, false);
     PD_RETURN_IF_ERROR(free.status);
     r.peak_blocks = std::max(r.peak_blocks, free.peak_blocks);
-    const auto mismatch =
-        std::mismatch(free.tokens.begin(), free.tokens.end(), want.tokens.begin());
-    const int64_t at = mismatch.first - free.tokens.begin();
+    const auto mismatch = std::mismatch(free.tokens.begin(), free.tokens.end(), rest.begin());
+    const int64_t at = static_cast<int64_t>(lead) + (mismatch.first - free.tokens.begin());
     r.diverge_sum += static_cast<double>(at);
     r.diverge_min = std::min(r.diverge_min, at);
     r.diverge_none += at == static_cast<int64_t>(length) ? 1 : 0;
@@ -224,13 +244,26 @@ absl::StatusOr<std::vector<CacheConfig>> PolicyRows(int64_t context, int64_t sin
   std::vector<CacheConfig> rows;
   for (absl::string_view policy :
        absl::StrSplit(absl::GetFlag(FLAGS_policies), ',', absl::SkipEmpty())) {
-    if (policy != "window" && policy != "sink") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--policies: unknown policy \"", policy, "\" (window, sink)"));
+    if (policy != "window" && policy != "sink" && policy != "h2o" && policy != "snapkv") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--policies: unknown policy \"", policy, "\" (window, sink, h2o, snapkv)"));
     }
     for (const int b : budgets) {
       const int64_t kept = context * b / 100;
       CacheConfig c;
+      if (policy == "h2o" || policy == "snapkv") {
+        c.kv_policy = std::string(policy);
+        c.budget = kept;
+        c.recent = policy == "h2o"
+                       ? kept * absl::GetFlag(FLAGS_h2o_recent_percent) / 100
+                       : std::min<int64_t>(absl::GetFlag(FLAGS_snapkv_window), kept - 1);
+        c.name = policy == "h2o"
+                     ? absl::StrCat("H2O, ", b, "% (", kept - c.recent, " heavy + ", c.recent,
+                                    " recent)")
+                     : absl::StrCat("SnapKV, ", b, "% of the prompt (window ", c.recent, ")");
+        rows.push_back(c);
+        continue;
+      }
       c.sink = policy == "sink" ? sink : 0;
       c.window = kept - c.sink;
       if (c.window <= 0) {
@@ -286,7 +319,10 @@ absl::Status Memory(const std::vector<kernels::DType>& dtypes, const std::vector
     }
     std::printf("%s\n%s\n%s\n", header.c_str(), rule.c_str(), per_token.c_str());
     for (const CacheConfig& p : policies) {
-      const int64_t blocks = BlocksHeld(context, 16, p.sink, p.window);
+      // H2O holds its budget and the block being filled; SnapKV its prompt's budget (the
+      // tokens it generates come on top).
+      const int64_t blocks = p.budget > 0 ? (p.budget + 15) / 16 + (p.kv_policy == "h2o" ? 1 : 0)
+                                          : BlocksHeld(context, 16, p.sink, p.window);
       std::string row = absl::StrCat("| ", p.name, " | ", blocks, " |");
       for (const kvcache::KvLayout& layout : layouts) {
         memory::HostKvPoolOptions lazy;
@@ -397,6 +433,8 @@ absl::Status Main() {
       past_length, past, widest.name.c_str());
   PrintHeader();
   for (const CacheConfig& row : policy_rows) {
+    // SnapKV keeps every generated token: the context bounds its sequences.
+    if (row.kv_policy == "snapkv") continue;
     PD_ASSIGN_OR_RETURN(const RowResult r, Measure(row, past_ref, past_length));
     PrintRow(row, bytes_per_token(row.dtype), block_size, r, past_ref.prompts.size());
     std::fflush(stdout);

@@ -266,6 +266,39 @@ absl::Status KvCacheManager::DropBlock(SequenceId seq, int64_t index) {
   return absl::OkStatus();
 }
 
+absl::Status KvCacheManager::ReplaceBlocks(SequenceId seq, int64_t num_tokens, BlockFiller fill) {
+  PD_ASSIGN_OR_RETURN(BlockTable * table, FindTable(seq));
+  if (num_tokens <= 0 || num_tokens > table->num_tokens_ || !table->set_aside_.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv cache: sequence ", seq.ToString(), " cannot keep ", num_tokens, " of its ",
+                     table->num_tokens_, " tokens in fresh blocks",
+                     table->set_aside_.empty() ? "" : " (blocks are set aside)"));
+  }
+  std::vector<BlockId> fresh;
+  absl::Status status = pool_.Allocate(NumBlocksForTokens(num_tokens), &fresh);
+  if (!status.ok()) {
+    if (absl::IsResourceExhausted(status)) {
+      ++counters_.allocation_failures;
+    }
+    return absl::Status(status.code(), absl::StrCat(status.message(), " (sequence ", seq.ToString(),
+                                                    " compacting into ",
+                                                    NumBlocksForTokens(num_tokens), " blocks)"));
+  }
+  absl::Status filled = fill(table->blocks_, fresh);
+  if (!filled.ok()) {
+    for (BlockId b : fresh) pool_.Release(b);
+    return filled;
+  }
+  std::vector<BlockId> old = std::move(table->blocks_);
+  table->blocks_ = std::move(fresh);
+  table->num_tokens_ = num_tokens;
+  table->windowed_ = true;
+  table->num_committed_blocks_ = 0;
+  table->num_cached_blocks_ = 0;
+  for (auto it = old.rbegin(); it != old.rend(); ++it) pool_.Release(*it);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<BlockId>> KvCacheManager::ExportBlocks(SequenceId seq,
                                                                   int64_t first_block,
                                                                   int64_t num_blocks) const {

@@ -155,6 +155,20 @@ class KvCacheManager {
   // block that is not full.
   absl::Status DropBlock(SequenceId seq, int64_t index);
 
+  // Compressing KV policies (H2O, SnapKV: engine/scheduler/compress_policy.h).
+  //
+  // ReplaceBlocks: allocates ceil(num_tokens / block_size) fresh private blocks, calls
+  // `fill(old, fresh)` (`seq`'s current blocks in logical order, all still referenced, and the
+  // fresh ones) to write what the sequence keeps into them, then makes the fresh blocks the
+  // table, holding `num_tokens` tokens, and releases the old ones (a hashed block at ref 0 stays
+  // a prefix-cache entry: it still holds the full prefix's KV). The table becomes windowed().
+  // InvalidArgument unless 0 < num_tokens <= the table's tokens and nothing was set aside;
+  // ResourceExhausted (nothing changed) when the fresh blocks do not fit; a failing `fill`'s
+  // status (the fresh blocks freed, nothing else changed).
+  using BlockFiller = absl::FunctionRef<absl::Status(absl::Span<const BlockId> old,
+                                                     absl::Span<const BlockId> fresh)>;
+  absl::Status ReplaceBlocks(SequenceId seq, int64_t num_tokens, BlockFiller fill);
+
   // Drops `seq`'s table and its references, last block first: hashed blocks reaching ref 0 go to
   // the back of the LRU (so a chain's tail is evicted before its head, which keeps the rest
   // of the chain matchable), unhashed ones to the free list. NotFound for an unknown sequence.

@@ -254,6 +254,60 @@ TEST_F(KvCacheManagerTest, ForkChecksItsArgumentsAndIsAllOrNothing) {
   ExpectConsistent();
 }
 
+// H2O / SnapKV: the kept tokens move into fresh private blocks; the old ones go back, a
+// committed one staying a prefix-cache hit (it still holds the full prefix).
+TEST_F(KvCacheManagerTest, ReplaceBlocksFillsFreshBlocksThenReleasesTheOldOnes) {
+  Make(8);
+  const std::vector<uint32_t> tokens = Tokens(14);  // 4 blocks, the last partial
+  EXPECT_EQ(MustAllocate(S(1), tokens), 0);
+  const std::vector<BlockHash> chain = Chain(tokens);
+  ASSERT_TRUE(kv_->CommitBlocks(S(1), chain).ok());
+  const std::vector<BlockId> before = Blocks(S(1));
+  std::vector<BlockId> seen_old, seen_fresh;
+  ASSERT_TRUE(
+      kv_->ReplaceBlocks(S(1), 7,
+                         [&](absl::Span<const BlockId> old, absl::Span<const BlockId> fresh) {
+                           seen_old.assign(old.begin(), old.end());
+                           seen_fresh.assign(fresh.begin(), fresh.end());
+                           EXPECT_EQ(kv_->pool().ref_count(old[0]), 1);  // still held
+                           return absl::OkStatus();
+                         })
+          .ok());
+  EXPECT_EQ(seen_old, before);
+  ASSERT_EQ(seen_fresh.size(), 2u);
+  EXPECT_EQ(Blocks(S(1)), seen_fresh);
+  EXPECT_EQ(kv_->GetTable(S(1))->num_tokens(), 7);
+  EXPECT_TRUE(kv_->GetTable(S(1))->windowed());
+  EXPECT_TRUE(absl::IsFailedPrecondition(kv_->CommitBlocks(S(1), chain)));
+  EXPECT_EQ(kv_->Stats().num_blocks_used, 2);
+  EXPECT_TRUE(kv_->pool().IsEvictable(before[0]));
+  EXPECT_EQ(kv_->Match(chain), 3);
+  ExpectConsistent();
+  ASSERT_TRUE(kv_->AppendTokens(S(1), 2).ok());  // grows on from the kept tokens
+  EXPECT_EQ(kv_->GetTable(S(1))->num_blocks(), 3);
+  ASSERT_TRUE(kv_->Free(S(1)).ok());
+  ExpectConsistent();
+}
+
+TEST_F(KvCacheManagerTest, ReplaceBlocksChecksItsArgumentsAndIsAllOrNothing) {
+  Make(3);
+  EXPECT_EQ(MustAllocate(S(1), Tokens(6)), 0);  // 2 blocks
+  auto ok = [](absl::Span<const BlockId>, absl::Span<const BlockId>) { return absl::OkStatus(); };
+  EXPECT_TRUE(absl::IsInvalidArgument(kv_->ReplaceBlocks(S(1), 0, ok)));
+  EXPECT_TRUE(absl::IsInvalidArgument(kv_->ReplaceBlocks(S(1), 7, ok)));
+  EXPECT_TRUE(absl::IsNotFound(kv_->ReplaceBlocks(S(2), 1, ok)));
+  const std::vector<BlockId> before = Blocks(S(1));
+  EXPECT_TRUE(absl::IsResourceExhausted(kv_->ReplaceBlocks(S(1), 6, ok)));  // 1 block free
+  auto fail = [](absl::Span<const BlockId>, absl::Span<const BlockId>) {
+    return absl::InternalError("copy failed");
+  };
+  EXPECT_EQ(kv_->ReplaceBlocks(S(1), 3, fail).message(), "copy failed");
+  EXPECT_EQ(Blocks(S(1)), before);
+  EXPECT_FALSE(kv_->GetTable(S(1))->windowed());
+  EXPECT_EQ(kv_->Stats().num_blocks_used, 2);
+  ExpectConsistent();
+}
+
 TEST_F(KvCacheManagerTest, CommitDuringDecodeEmitsChainedEventsInOrder) {
   Make(8);
   std::vector<uint32_t> tokens = Tokens(6);

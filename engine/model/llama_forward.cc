@@ -12,6 +12,7 @@
 #include "common/log/log.h"
 #include "common/threads/parallel_for.h"
 #include "kernels/attention.h"
+#include "kernels/attention_mass.h"
 #include "kernels/convert.h"
 #include "kernels/copy.h"
 #include "kernels/elementwise.h"
@@ -383,6 +384,18 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
                                                        ", outside the pool of ", pool_.num_blocks));
       }
     }
+    if (seq.attention_mass != nullptr) {
+      if (ctx_.device != kernels::Device::kCpu || Staged() || config_.mla()) {
+        return absl::UnimplementedError(
+            "forward: attention mass (the H2O and SnapKV KV policies) is computed on the CPU "
+            "only, without staged metadata, and not for MLA models");
+      }
+      if (seq.mass_stride < end || seq.mass_from < 0 || seq.mass_from >= n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "forward: sequence ", s, " attention mass stride ", seq.mass_stride, " / from ",
+            seq.mass_from, " do not fit its ", end, " positions and ", n, " new tokens"));
+      }
+    }
     for (uint32_t token : seq.tokens) {
       if (token >= static_cast<uint32_t>(config_.vocab_size)) {
         return absl::InvalidArgumentError(
@@ -537,9 +550,15 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
   }
   int64_t row = 0;
   const int64_t t = options_.max_batch_tokens;
+  slot_mass_.assign(slots_.size(), MassTarget());
+  any_mass_ = false;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     const ForwardSequence& seq = batch[slot.batch_index];
+    if (seq.attention_mass != nullptr) {
+      slot_mass_[i] = {seq.attention_mass, seq.mass_stride, seq.mass_from};
+      any_mass_ = true;
+    }
     slot.first_token = row;
     int32_t* table = &block_tables_[i * max_blocks_per_seq_];
     std::fill(table, table + max_blocks_per_seq_, 0);
@@ -952,8 +971,119 @@ absl::Status LlamaForward::Attention(int layer, int64_t num_tokens) {
     p.tensor_cores = true;  // kCuda, bf16 caches: within bf16 rounding (kernels/cuda/prefill_tc.h)
     PD_RETURN_IF_ERROR(kernels::PrefillAttention(ctx_, p));
   }
+  if (any_mass_) {
+    PD_RETURN_IF_ERROR(AccumulateMass(layer));
+  }
   // x += attn Wo
   return MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, q_dim, c.dim, true);
+}
+
+absl::Status LlamaForward::AccumulateMass(int layer) {
+  const ModelConfig& c = config_;
+  const kernels::KvCacheView cache = CacheView(layer);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const MassTarget& m = slot_mass_[i];
+    if (m.mass == nullptr) continue;
+    const Slot& slot = slots_[i];
+    const int64_t keys = slot.start_pos + slot.num_tokens;
+    mass_k_.resize(static_cast<size_t>(keys * c.kv_dim));
+    mass_v_.resize(mass_k_.size());
+    mass_positions_.resize(static_cast<size_t>(keys));
+    for (int64_t p = 0; p < keys; ++p) mass_positions_[p] = static_cast<int32_t>(p);
+    kernels::ReadKvParams r;
+    r.k = mass_k_.data();
+    r.v = mass_v_.data();
+    r.k_token_stride = c.kv_dim;
+    r.v_token_stride = c.kv_dim;
+    r.cache = cache;
+    r.num_tokens = keys;
+    r.positions = mass_positions_.data();
+    r.block_tables = &block_tables_[i * max_blocks_per_seq_];
+    r.max_blocks_per_seq = max_blocks_per_seq_;
+    PD_RETURN_IF_ERROR(kernels::ReadKv(ctx_, r));
+    kernels::AttentionMassParams a;
+    a.q = &q_[(slot.first_token + m.from) * c.q_dim()];
+    a.q_token_stride = c.q_dim();
+    a.k = mass_k_.data();
+    a.k_token_stride = c.kv_dim;
+    a.start_pos = slot.start_pos + m.from;
+    a.num_tokens = slot.num_tokens - m.from;
+    a.num_heads = c.n_heads;
+    a.num_kv_heads = c.n_kv_heads;
+    a.head_dim = c.head_dim;
+    a.mass = m.mass + layer * c.n_kv_heads * m.stride;
+    a.mass_head_stride = m.stride;
+    PD_RETURN_IF_ERROR(kernels::AttentionMass(ctx_, a));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
+                                        absl::Span<const int32_t> dst,
+                                        absl::Span<const int32_t> keep, int64_t num_keep) {
+  const ModelConfig& c = config_;
+  if (ctx_.device != kernels::Device::kCpu || Staged() || c.mla()) {
+    return absl::UnimplementedError(
+        "forward: gathering KV rows (the H2O and SnapKV KV policies) is implemented on the CPU "
+        "only, without staged metadata, and not for MLA models");
+  }
+  const int64_t bs = pool_.block_size;
+  const int64_t src_slots = static_cast<int64_t>(src.size()) * bs;
+  if (num_keep <= 0 || static_cast<int64_t>(dst.size()) * bs < num_keep ||
+      static_cast<int64_t>(keep.size()) != c.n_layers * c.n_kv_heads * num_keep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: gather of ", num_keep, " rows into ", dst.size(), " blocks needs ",
+                     c.n_layers * c.n_kv_heads * num_keep, " kept slots, got ", keep.size()));
+  }
+  for (const absl::Span<const int32_t> ids : {src, dst}) {
+    for (int32_t b : ids) {
+      if (b < 0 || b >= pool_.num_blocks ||
+          (ids.data() == dst.data() && std::find(src.begin(), src.end(), b) != src.end())) {
+        return absl::InvalidArgumentError(absl::StrCat("forward: gather block ", b,
+                                                       " is outside the pool of ", pool_.num_blocks,
+                                                       " blocks or in both src and dst"));
+      }
+    }
+  }
+  for (int32_t k : keep) {
+    if (k < 0 || k >= src_slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: gather slot ", k, " outside the ", src_slots, " source slots"));
+    }
+  }
+  const bool quantized = kernels::IsQuantizedKvDType(pool_.dtype);
+  const int64_t unit = quantized ? 1 : kernels::DTypeSize(pool_.dtype);
+  auto* base = static_cast<uint8_t*>(pool_.base);
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const kernels::KvCacheView v = CacheView(layer);
+    const int64_t pitch = kernels::KvRowPitch(v.dtype, v.head_dim);
+    const int64_t groups = kernels::KvScalesPerRow(v.dtype, v.head_dim);
+    for (int64_t g = 0; g < c.n_kv_heads; ++g) {
+      const int32_t* kept = &keep[(layer * c.n_kv_heads + g) * num_keep];
+      for (int64_t i = 0; i < num_keep; ++i) {
+        const int64_t from_block = src[kept[i] / bs], from_slot = kept[i] % bs;
+        const int64_t to_block = dst[i / bs], to_slot = i % bs;
+        for (int kv = 0; kv < 2; ++kv) {
+          auto data = [&](int64_t b, int64_t t) {
+            return base + unit * (b * v.block_stride + layer * v.layer_stride + kv * v.kv_stride +
+                                  g * v.head_stride + t * pitch);
+          };
+          std::memcpy(data(to_block, to_slot), data(from_block, from_slot),
+                      static_cast<size_t>(unit * pitch));
+          if (quantized) {
+            auto scales = [&](int64_t b, int64_t t) {
+              return base + b * v.block_stride + v.scale_offset +
+                     4 * (layer * v.scale_layer_stride + kv * v.scale_kv_stride +
+                          g * v.scale_head_stride + t * groups);
+            };
+            std::memcpy(scales(to_block, to_slot), scales(from_block, from_slot),
+                        static_cast<size_t>(4 * groups));
+          }
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {

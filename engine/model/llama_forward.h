@@ -55,6 +55,14 @@ struct ForwardSequence {
   // cache), >= 0. Non-zero only under the sink + window KV policy (the scheduler), where
   // dropped blocks put slots behind text positions. Every device; decode graphs included.
   int64_t rope_offset = 0;
+  // The H2O and SnapKV KV policies (engine/scheduler/compress_policy.h): when non-null, every
+  // layer adds the attention weight each cached key receives from tokens[mass_from..] to
+  // attention_mass[(layer * n_kv_heads + g) * mass_stride + slot] for kv head g
+  // (kernels::AttentionMass, a pass after the layer's attention), mass_stride >= start_pos +
+  // n. kCpu without staged_metadata only (Unimplemented otherwise), not for MLA models.
+  float* attention_mass = nullptr;
+  int64_t mass_stride = 0;
+  int64_t mass_from = 0;
 };
 
 // How ForwardSample picks one sequence's next token: kernels/sampling_params.h's rule with these
@@ -169,6 +177,16 @@ class LlamaForward {
   absl::Status CopyBlocksShifted(absl::Span<const int32_t> src, absl::Span<const int32_t> dst,
                                  int64_t num_tokens, int64_t delta);
 
+  // The H2O and SnapKV KV policies' compaction: writes the kept cache rows into the blocks
+  // `dst` (logical order), each (layer, kv head) on its own: its row i in `dst` is row
+  // keep[(layer * n_kv_heads + g) * num_keep + i] (a cache slot) of the blocks `src`, K and V
+  // and for a quantized cache their scales, byte for byte (nothing is re-rounded; keys keep
+  // the RoPE rotation of their text position). `dst` must cover num_keep slots and share no
+  // block with `src`. kCpu without staged_metadata only (Unimplemented otherwise), not for MLA
+  // models; InvalidArgument for bad ids, sizes or slots.
+  absl::Status GatherKvRows(absl::Span<const int32_t> src, absl::Span<const int32_t> dst,
+                            absl::Span<const int32_t> keep, int64_t num_keep);
+
   int64_t vocab_size() const { return config_.vocab_size; }
   kernels::Device device() const { return ctx_.device; }
   const ForwardOptions& options() const { return options_; }
@@ -245,6 +263,19 @@ class LlamaForward {
     int64_t start_pos;
   };
   std::vector<Slot> slots_;
+  // Per slot: the batch's ForwardSequence::attention_mass fields (AccumulateMass).
+  struct MassTarget {
+    float* mass = nullptr;
+    int64_t stride = 0;
+    int64_t from = 0;
+  };
+  std::vector<MassTarget> slot_mass_;
+  bool any_mass_ = false;
+  // kernels::AttentionMass after a layer's attention for the slots that ask (kCpu), the keys
+  // read back into mass_k_ (mass_v_ takes the values ReadKv writes too).
+  absl::Status AccumulateMass(int layer);
+  std::vector<float> mass_k_, mass_v_;
+  std::vector<int32_t> mass_positions_;
   int64_t num_decode_slots_ = 0;
 
   // Scratch on ctx.device, sized for options_.max_batch_tokens rows (activations) / max_seqs

@@ -10,6 +10,7 @@
 #include "engine/model/llama2c_tokenizer.h"
 #include "engine/model/model_weights.h"
 #include "gtest/gtest.h"
+#include "kernels/attention.h"
 #include "kernels/device_memory.h"
 #include "kernels/sampling.h"
 
@@ -273,6 +274,141 @@ TEST_F(LlamaForwardTest, StagedMetadataGivesBitwiseEqualRopeOffsetsAndShiftedCop
 // ForwardSample equals Forward followed by kernels::Sample on each logits row (greedy and
 // sampled rows, mixed decode and prefill, batch order differing from slot order), returns only
 // the rows asked for, and gives the same on the staged (CUDA-shaped) path.
+// H2O / SnapKV scores: asking for them changes no logit; each layer's query heads hand out one
+// unit of attention per query; a prompt chunked and then decoded adds bitwise the same scores
+// as one prefill; the staged (CUDA) path refuses them.
+TEST_F(LlamaForwardTest, AttentionMassIsBatchInvariantAndLeavesLogitsAlone) {
+  const ModelConfig& c = weights_.config;
+  const int64_t vocab = c.vocab_size, stride = 32;
+  const int64_t rows = int64_t{c.n_layers} * c.n_kv_heads;
+  const std::vector<uint32_t> prompt = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273,
+                                        270, 280, 301, 302, 303, 304, 305, 306, 307, 308};
+  const std::vector<int32_t> table = {3, 1};
+  std::vector<float> plain(vocab), scored(vocab), mass(rows * stride, 0.0f);
+  {
+    std::unique_ptr<LlamaForward> f = MakeForward(4);
+    ASSERT_TRUE(f->Forward({{prompt, 0, table}}, plain.data()).ok());
+  }
+  std::unique_ptr<LlamaForward> f = MakeForward(4);
+  ForwardSequence one{prompt, 0, table};
+  one.attention_mass = mass.data();
+  one.mass_stride = stride;
+  ASSERT_TRUE(f->Forward({one}, scored.data()).ok());
+  EXPECT_EQ(std::memcmp(plain.data(), scored.data(), vocab * sizeof(float)), 0);
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  for (int64_t r = 0; r < c.n_layers; ++r) {
+    double total = 0;
+    for (int64_t g = 0; g < c.n_kv_heads; ++g) {
+      for (int64_t t = 0; t < stride; ++t) total += mass[(r * c.n_kv_heads + g) * stride + t];
+    }
+    EXPECT_NEAR(total, 20.0 * group * c.n_kv_heads, 1e-3) << "layer " << r;
+  }
+  // Chunks of 7 and 11 (the first 4 of the first not scored), then two decode steps.
+  std::vector<float> want(rows * stride, 0.0f), got(rows * stride, 0.0f);
+  std::unique_ptr<LlamaForward> g = MakeForward(4);
+  ForwardSequence whole{absl::MakeConstSpan(prompt).first(18), 0, table};
+  whole.attention_mass = want.data();
+  whole.mass_stride = stride;
+  whole.mass_from = 4;
+  ASSERT_TRUE(g->Forward({whole}, scored.data()).ok());
+  for (int64_t pos : {18, 19}) {
+    ForwardSequence d{absl::MakeConstSpan(prompt).subspan(pos, 1), pos, table};
+    d.attention_mass = want.data();
+    d.mass_stride = stride;
+    ASSERT_TRUE(g->Forward({d}, scored.data()).ok());
+  }
+  std::unique_ptr<LlamaForward> h = MakeForward(4);
+  ForwardSequence first{absl::MakeConstSpan(prompt).first(7), 0, table};
+  first.attention_mass = got.data();
+  first.mass_stride = stride;
+  first.mass_from = 4;
+  ForwardSequence second{absl::MakeConstSpan(prompt).subspan(7, 11), 7, table};
+  second.attention_mass = got.data();
+  second.mass_stride = stride;
+  ASSERT_TRUE(h->Forward({first}, scored.data()).ok());
+  ASSERT_TRUE(h->Forward({second}, scored.data()).ok());
+  ForwardSequence tail{absl::MakeConstSpan(prompt).subspan(18, 2), 18, table};
+  tail.attention_mass = got.data();
+  tail.mass_stride = stride;
+  ASSERT_TRUE(h->Forward({tail}, scored.data()).ok());
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+
+  ForwardSequence bad = one;
+  bad.mass_stride = 19;
+  EXPECT_TRUE(absl::IsInvalidArgument(f->Forward({bad}, scored.data())));
+  bad = one;
+  bad.mass_from = 20;
+  EXPECT_TRUE(absl::IsInvalidArgument(f->Forward({bad}, scored.data())));
+  ForwardOptions staged;
+  staged.staged_metadata = true;
+  std::unique_ptr<LlamaForward> s = MakeForward(4, staged);
+  EXPECT_TRUE(absl::IsUnimplemented(s->Forward({one}, scored.data())));
+  EXPECT_TRUE(absl::IsUnimplemented(s->GatherKvRows(table, {0}, {}, 1)));
+}
+
+// GatherKvRows moves each (layer, kv head)'s kept rows on their own, scales included: read
+// back, every kept row equals its source row, for an unquantized, an i8 and an i4 cache.
+TEST_F(LlamaForwardTest, GatherKvRowsMovesEachHeadsRowsWithTheirScales) {
+  const ModelConfig& c = weights_.config;
+  const std::vector<uint32_t> prompt = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273,
+                                        270, 280, 301, 302, 303, 304, 305, 306, 307, 308};
+  const std::vector<int32_t> src = {5, 2}, dst = {7};
+  constexpr int64_t kKeep = 9, kBlocks = 8;
+  std::vector<int32_t> keep;
+  for (int64_t r = 0; r < int64_t{c.n_layers} * c.n_kv_heads; ++r) {
+    for (int64_t i = 0; i < kKeep; ++i) keep.push_back(static_cast<int32_t>((r + 2 * i) % 20));
+  }
+  for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kI8, kernels::DType::kI4}) {
+    const int64_t block_bytes =
+        kernels::DenseKvBlockBytes(dtype, c.n_layers, c.n_kv_heads, kBlockSize, c.head_dim);
+    std::vector<uint8_t> pool(kBlocks * block_bytes + 64, 0);
+    absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
+        &weights_, {pool.data(), dtype, kBlocks, kBlockSize}, kernels::OpContext{}, {});
+    ASSERT_TRUE(f.ok()) << f.status();
+    std::vector<float> logits(c.vocab_size);
+    ASSERT_TRUE((*f)->Forward({{prompt, 0, src}}, logits.data()).ok());
+    EXPECT_TRUE(absl::IsInvalidArgument((*f)->GatherKvRows(src, {5}, keep, kKeep)));  // shared
+    EXPECT_TRUE(absl::IsInvalidArgument((*f)->GatherKvRows(src, dst, keep, kKeep + 1)));
+    ASSERT_TRUE((*f)->GatherKvRows(src, dst, keep, kKeep).ok());
+    for (int layer = 0; layer < c.n_layers; ++layer) {
+      const kernels::KvCacheView view = kernels::DenseKvCacheView(
+          pool.data(), dtype, kBlocks, c.n_layers, c.n_kv_heads, kBlockSize, c.head_dim, layer);
+      auto read = [&](const std::vector<int32_t>& table, int64_t n, std::vector<float>* k,
+                      std::vector<float>* v) {
+        std::vector<int32_t> positions(n);
+        std::iota(positions.begin(), positions.end(), 0);
+        k->assign(n * c.kv_dim, 0.0f);
+        v->assign(n * c.kv_dim, 0.0f);
+        kernels::ReadKvParams r;
+        r.k = k->data();
+        r.v = v->data();
+        r.k_token_stride = r.v_token_stride = c.kv_dim;
+        r.cache = view;
+        r.num_tokens = n;
+        r.positions = positions.data();
+        r.block_tables = table.data();
+        r.max_blocks_per_seq = static_cast<int64_t>(table.size());
+        ASSERT_TRUE(kernels::ReadKv(kernels::OpContext{}, r).ok());
+      };
+      std::vector<float> sk, sv, dk, dv;
+      read(src, 20, &sk, &sv);
+      read(dst, kKeep, &dk, &dv);
+      for (int64_t g = 0; g < c.n_kv_heads; ++g) {
+        for (int64_t i = 0; i < kKeep; ++i) {
+          const int64_t from = keep[(layer * c.n_kv_heads + g) * kKeep + i];
+          for (const auto& [a, b] : {std::pair{&sk, &dk}, std::pair{&sv, &dv}}) {
+            EXPECT_EQ(
+                std::memcmp(&(*b)[i * c.kv_dim + g * c.head_dim],
+                            &(*a)[from * c.kv_dim + g * c.head_dim], c.head_dim * sizeof(float)),
+                0)
+                << static_cast<int>(dtype) << " layer " << layer << " head " << g << " row " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(LlamaForwardTest, ForwardSampleEqualsForwardThenSample) {
   const ModelConfig& c = weights_.config;
   const int64_t vocab = c.vocab_size;

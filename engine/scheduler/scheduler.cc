@@ -16,11 +16,12 @@
 
 namespace pd::engine {
 
-Scheduler::Scheduler(SchedulerConfig config, WindowPolicy window, LlamaForward* forward,
-                     kvcache::KvCacheManager* kv_cache, const Tokenizer* tokenizer,
-                     std::string fingerprint, Clock* clock)
+Scheduler::Scheduler(SchedulerConfig config, WindowPolicy window, CompressPolicy compress,
+                     LlamaForward* forward, kvcache::KvCacheManager* kv_cache,
+                     const Tokenizer* tokenizer, std::string fingerprint, Clock* clock)
     : config_(std::move(config)),
       window_(window),
+      compress_(compress),
       forward_(forward),
       kv_(kv_cache),
       tokenizer_(tokenizer),
@@ -55,8 +56,21 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
         "scheduler: the sink + window KV policy re-rotates cached keys, which a multi-head "
         "latent attention cache does not hold per head; not supported for MLA models");
   }
-  std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), window, forward, kv_cache,
-                                             tokenizer, std::move(model_fingerprint), clock));
+  PD_ASSIGN_OR_RETURN(
+      CompressPolicy compress,
+      CompressPolicy::Create(config.kv_policy, config.kv_budget_tokens, config.kv_recent_tokens,
+                             kv_cache->block_size(), forward->config().seq_len));
+  if (compress.enabled() &&
+      (forward->config().mla() || forward->device() != kernels::Device::kCpu ||
+       forward->options().staged_metadata)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "scheduler: kv_policy ", config.kv_policy,
+        " scores cached tokens on the CPU only (no CUDA kernel yet, no staged metadata) and "
+        "for per-head attention caches only (not MLA)"));
+  }
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), window, compress, forward,
+                                             kv_cache, tokenizer, std::move(model_fingerprint),
+                                             clock));
   s->logits_.resize(forward->options().max_seqs * forward->vocab_size());
   return s;
 }
@@ -89,8 +103,11 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
         absl::StrCat("request ", id, ": prompt of ", request.prompt.size(), " tokens and ", resumed,
                      " resumed tokens do not fit the context of ", forward_->config().seq_len));
   }
-  const int64_t needed = window_.MaxBlocks(
+  int64_t needed = window_.MaxBlocks(
       kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + resumed + 1));
+  if (request.on_prefilled == nullptr) {
+    needed = compress_.MaxBlocks(needed);
+  }
   if (request.on_prefilled != nullptr) {
     PD_RETURN_IF_ERROR(window_.CheckPrefillOnly(
         id, static_cast<int64_t>(request.prompt.size() + request.resume.tokens.size())));
@@ -304,15 +321,20 @@ void Scheduler::Admit() {
     // Under the sink + window policy only the first CacheCapTokens() are allocated now; the
     // rest is allocated (and earlier blocks dropped) block by block as it is computed.
     const int64_t num_tokens = static_cast<int64_t>(seq->tokens.size());
-    const int64_t to_allocate = std::min(num_tokens, window_.CacheCapTokens());
+    const bool governed = Governed(*seq);
+    const int64_t to_allocate = std::min(num_tokens, CacheCap(*seq));
     std::vector<BlockHash> chain = ComputeBlockHashes(
         seq->seed, absl::MakeConstSpan(seq->tokens).first(static_cast<size_t>(to_allocate)),
         static_cast<uint32_t>(kv_->block_size()));
     // A remote prefill is tried once, at first admission; a preempted request recomputes here.
     // A prompt that needs a drop is computed here (the prefill worker would not drop).
-    const bool remote =
-        seq->request.remote_prefill != nullptr && !seq->remote_started && to_allocate == num_tokens;
-    if (!seq->admitted_once && !seq->request.tier_prefix.chain.empty()) {
+    // Under H2O / SnapKV the prompt is computed here, in full: the scores of a cached,
+    // restored or remotely computed prefix do not exist.
+    const bool remote = seq->request.remote_prefill != nullptr && !seq->remote_started &&
+                        to_allocate == num_tokens && !governed;
+    if (governed) {
+      seq->ReleaseTierPrefix();
+    } else if (!seq->admitted_once && !seq->request.tier_prefix.chain.empty()) {
       RestoreTierPrefix(seq, chain);
     }
     std::optional<kvcache::ImportTarget> import;
@@ -326,7 +348,9 @@ void Scheduler::Admit() {
         cached = t.status();
       }
     } else {
-      cached = kv_->AllocatePrompt(seq->kv_id, chain, to_allocate);
+      cached = kv_->AllocatePrompt(
+          seq->kv_id, governed ? absl::Span<const BlockHash>() : absl::MakeConstSpan(chain),
+          to_allocate);
     }
     if (absl::IsResourceExhausted(cached.status())) {
       if (running_.empty()) {
@@ -347,6 +371,13 @@ void Scheduler::Admit() {
     }
     seq->num_computed = *cached;
     seq->num_allocated = to_allocate;
+    if (governed) {
+      const ModelConfig& mc = forward_->config();
+      seq->scores.assign(static_cast<size_t>(mc.n_layers * mc.n_kv_heads *
+                                             compress_.ScoreSlots(seq->prompt_len)),
+                         0.0f);
+      seq->compressed = false;
+    }
     seq->chain.assign(chain.begin(), chain.begin() + *cached / kv_->block_size());
     if (!seq->admitted_once) {
       seq->admitted_once = true;
@@ -430,6 +461,8 @@ void Scheduler::Preempt(size_t running_index) {
   victim->num_computed = 0;
   victim->num_allocated = 0;
   victim->dropped = 0;
+  victim->scores.clear();
+  victim->compressed = false;
   victim->chain.clear();
   ++victim->num_preemptions;
   ++stats_.preemptions;
@@ -456,6 +489,73 @@ Scheduler::SlideOutcome Scheduler::SlideWindow(size_t i) {
   if (!slid.ok()) {
     Finish(seq, FinishReason::kError, slid);
     return SlideOutcome::kFailed;
+  }
+  return SlideOutcome::kSlid;
+}
+
+bool Scheduler::Governed(const Sequence& seq) const {
+  return compress_.enabled() && seq.request.on_prefilled == nullptr;
+}
+
+int64_t Scheduler::CacheCap(const Sequence& seq) const {
+  if (Governed(seq)) {
+    return compress_.CacheCapTokens(static_cast<int64_t>(seq.prompt_len), seq.compressed);
+  }
+  return window_.CacheCapTokens();
+}
+
+Scheduler::SlideOutcome Scheduler::Compact(size_t i) {
+  Sequence* seq = running_[i].get();
+  const ModelConfig& mc = forward_->config();
+  const int64_t rows = mc.n_layers * mc.n_kv_heads;
+  const int64_t stride = static_cast<int64_t>(seq->scores.size()) / rows;
+  const int64_t held = seq->num_allocated - seq->dropped;
+  const int64_t keep_n = compress_.KeepTokens(held);
+  const bool snapkv = compress_.kind() == CompressPolicy::Kind::kSnapKv;
+  if (keep_n < held) {
+    std::vector<int32_t> keep;
+    compress_.Select(seq->scores.data(), stride, held, rows, &keep);
+    auto fill = [&](absl::Span<const BlockId> old, absl::Span<const BlockId> fresh) {
+      std::vector<int32_t> src, dst;
+      for (BlockId b : old) src.push_back(static_cast<int32_t>(b.value()));
+      for (BlockId b : fresh) dst.push_back(static_cast<int32_t>(b.value()));
+      return forward_->GatherKvRows(src, dst, keep, keep_n);
+    };
+    absl::Status compacted;
+    while (absl::IsResourceExhausted(compacted = kv_->ReplaceBlocks(seq->kv_id, keep_n, fill))) {
+      if (running_.size() == 1) {
+        break;
+      }
+      if (!PreemptYoungestFor(i)) {
+        return SlideOutcome::kPreemptedSelf;
+      }
+    }
+    if (!compacted.ok()) {
+      Finish(seq, FinishReason::kError,
+             absl::Status(compacted.code(),
+                          absl::StrCat("request ", seq->request.id.ToString(), ": kv_policy ",
+                                       config_.kv_policy, ": compaction failed: ",
+                                       compacted.message())));
+      return SlideOutcome::kFailed;
+    }
+    seq->dropped += held - keep_n;
+    ++stats_.kv_compactions;
+    stats_.kv_evicted_tokens += held - keep_n;
+    if (!snapkv) {
+      // The scores move with their tokens; the slots after them start again from zero.
+      std::vector<float> moved(seq->scores.size(), 0.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < keep_n; ++j) {
+          moved[r * stride + j] = seq->scores[r * stride + keep[r * keep_n + j]];
+        }
+      }
+      seq->scores = std::move(moved);
+    }
+  }
+  if (snapkv) {
+    seq->compressed = true;
+    seq->scores.clear();
+    seq->scores.shrink_to_fit();
   }
   return SlideOutcome::kSlid;
 }
@@ -505,21 +605,22 @@ void Scheduler::EnsureSlots() {
     if (missing <= 0 || seq->finished != FinishReason::kNone) {
       continue;
     }
-    int64_t room = window_.CacheCapTokens() - (seq->num_allocated - seq->dropped);
+    int64_t room = CacheCap(*seq) - (seq->num_allocated - seq->dropped);
     if (room == 0) {
       // Sink + window at its cap: once everything held is computed, drop the oldest window
       // block and go on one block at a time (until then the batch computes what is held).
+      // H2O / SnapKV likewise compact, then go on to the next cap.
       if (seq->num_computed < seq->num_allocated) {
         continue;
       }
-      const SlideOutcome slid = SlideWindow(i);
+      const SlideOutcome slid = Governed(*seq) ? Compact(i) : SlideWindow(i);
       if (slid == SlideOutcome::kPreemptedSelf) {
         return;
       }
       if (slid == SlideOutcome::kFailed) {
         continue;
       }
-      room = kv_->block_size();
+      room = CacheCap(*seq) - (seq->num_allocated - seq->dropped);
     }
     if (AllocateSlots(i, std::min(missing, room)) == 0) {
       return;
@@ -565,7 +666,8 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLo
   // The context bounds the length unless the sink + window policy keeps the cache within it;
   // then only max_tokens does (0 = the context, as without the policy).
   const bool context_full = static_cast<int64_t>(seq->tokens.size()) >= c.seq_len &&
-                            window_.ContextBoundsLength(so.max_tokens);
+                            window_.ContextBoundsLength(so.max_tokens) &&
+                            (!Governed(*seq) || compress_.ContextBoundsLength(so.max_tokens));
   if ((so.max_tokens > 0 && generated >= so.max_tokens) || context_full) {
     Finish(seq, FinishReason::kLength, absl::OkStatus());
     return;
@@ -666,10 +768,23 @@ Scheduler::Batch Scheduler::CollectBatch() {
       budget -= n;
       batch.members.push_back(seq);
       batch.tables.push_back(TableIds(*seq));
-      batch.rows.push_back({absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, n),
-                            seq->num_computed - seq->dropped,
-                            {},
-                            seq->dropped});
+      ForwardSequence row{absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, n),
+                          seq->num_computed - seq->dropped,
+                          {},
+                          seq->dropped};
+      if (!seq->scores.empty()) {
+        // H2O / SnapKV: this row's queries add to the scores of the slots they attend.
+        const int64_t from =
+            compress_.ScoreFrom(static_cast<int64_t>(seq->prompt_len), seq->num_computed);
+        if (from < n) {
+          const ModelConfig& mc = forward_->config();
+          row.attention_mass = seq->scores.data();
+          row.mass_stride =
+              static_cast<int64_t>(seq->scores.size()) / (mc.n_layers * mc.n_kv_heads);
+          row.mass_from = from;
+        }
+      }
+      batch.rows.push_back(row);
     }
   }
   const size_t rows = batch.rows.size();
@@ -677,7 +792,7 @@ Scheduler::Batch Scheduler::CollectBatch() {
   batch.first_verify.assign(rows, 0);
   batch.num_verify.assign(rows, 0);
   if (config_.speculative == "off" || (config_.speculative == "draft" && draft_ == nullptr) ||
-      !waiting_.empty() || window_.enabled()) {
+      !waiting_.empty() || window_.enabled() || compress_.enabled()) {
     return batch;
   }
   // Speculation only in steps with nothing to prefill: verify rows never take a prefill's

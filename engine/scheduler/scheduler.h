@@ -44,6 +44,7 @@
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/scheduler_config.h"
 #include "engine/scheduler/spec_controller.h"
+#include "engine/scheduler/compress_policy.h"
 #include "engine/scheduler/window_policy.h"
 
 namespace pd::engine {
@@ -72,6 +73,8 @@ struct SchedulerStats {
   int64_t resumed_tier_tokens = 0;
   int64_t resumed_computed_tokens = 0;
   int64_t window_dropped_blocks = 0;    // cumulative: blocks dropped by the sink + window policy
+  int64_t kv_compactions = 0;           // cumulative: H2O / SnapKV compactions
+  int64_t kv_evicted_tokens = 0;        // cumulative: cached tokens they dropped
   int64_t decode_graph_captures = 0;    // cumulative: decode steps captured as device graphs
   int64_t decode_graph_replays = 0;     // cumulative: decode steps run as one graph launch
   bool decode_graphs_off = false;       // a capture failed: steps launch kernel by kernel
@@ -183,9 +186,9 @@ class Scheduler {
   using Sequence = scheduler_internal::Sequence;
   struct Batch;
 
-  Scheduler(SchedulerConfig config, WindowPolicy window, LlamaForward* forward,
-            kvcache::KvCacheManager* kv_cache, const Tokenizer* tokenizer, std::string fingerprint,
-            Clock* clock);
+  Scheduler(SchedulerConfig config, WindowPolicy window, CompressPolicy compress,
+            LlamaForward* forward, kvcache::KvCacheManager* kv_cache, const Tokenizer* tokenizer,
+            std::string fingerprint, Clock* clock);
 
   // Step's phases, in order.
   void ExpireAndCancel();
@@ -232,6 +235,14 @@ class Scheduler {
   // youngest requests while the sink copies do not fit. kFailed: the sequence finished with an
   // error; kPreemptedSelf: it was the youngest, it is waiting now.
   SlideOutcome SlideWindow(size_t index);
+  // H2O / SnapKV at its cap: keeps CompressPolicy::KeepTokens of running_[index]'s cached
+  // tokens (compress_policy.h), preempting the youngest requests while the fresh blocks do not
+  // fit; outcomes as SlideWindow.
+  SlideOutcome Compact(size_t index);
+  // Whether `seq` is under the H2O / SnapKV policy (every request but a prefill-only one, when
+  // the policy is on), and the tokens it may hold before its next compaction or drop.
+  bool Governed(const Sequence& seq) const;
+  int64_t CacheCap(const Sequence& seq) const;
   // Preempts the youngest running request not waiting for a remote prefill, to free blocks
   // for running_[index]; false when that was running_[index] itself (it is waiting now).
   bool PreemptYoungestFor(size_t index);
@@ -259,6 +270,7 @@ class Scheduler {
 
   const SchedulerConfig config_;
   WindowPolicy window_;
+  CompressPolicy compress_;
   LlamaForward* forward_;
   kvcache::KvCacheManager* kv_;
   const Tokenizer* tokenizer_;

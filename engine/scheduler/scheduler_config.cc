@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/scheduler/compress_policy.h"
 #include "engine/scheduler/window_policy.h"
 
 namespace pd::engine {
@@ -30,6 +31,15 @@ absl::Status SchedulerConfig::Validate() const {
   if (spec_max_tokens < 1 || spec_max_tokens > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "scheduler: spec_max_tokens must be between 1 and 16, got ", spec_max_tokens));
+  }
+  if (absl::Status s = CompressPolicy::Validate(kv_policy, kv_budget_tokens, kv_recent_tokens);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("scheduler: ", s.message()));
+  }
+  if (!kv_policy.empty() && kv_window_tokens > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler: kv_policy ", kv_policy, " and the sink + window policy (kv_window_tokens ",
+        kv_window_tokens, ") exclude each other"));
   }
   return WindowPolicy::ValidateTokens(kv_sink_tokens, kv_window_tokens);
 }

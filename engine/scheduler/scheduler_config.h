@@ -17,6 +17,13 @@ struct SchedulerConfig {
   // blocks; kv_sink_tokens > 0 needs kv_window_tokens > 0.
   int64_t kv_sink_tokens = 0;
   int64_t kv_window_tokens = 0;
+  // H2O and SnapKV KV policies (compress_policy.h): "" (off, the default), "h2o" or "snapkv",
+  // keeping kv_budget_tokens per sequence (rounded up to whole blocks), of which
+  // kv_recent_tokens are the most recent (H2O's recent window, SnapKV's observation window).
+  // Not with the sink + window policy.
+  std::string kv_policy;
+  int64_t kv_budget_tokens = 0;
+  int64_t kv_recent_tokens = 0;
   // Structured output: how long the step may wait for a late token mask once its layers are
   // done (at least this, or a quarter of the step's time so far if that is longer). A sequence
   // whose mask is later sits the step out (its token is computed again next step) instead of
@@ -36,7 +43,8 @@ struct SchedulerConfig {
 
   // InvalidArgument naming the values when a bound is not positive, max_running exceeds
   // max_batch_tokens, kv_dtype is empty, mask_grace_us is negative, speculative is unknown or
-  // spec_max_tokens outside [1, 16], or the sink + window counts are invalid.
+  // spec_max_tokens outside [1, 16], the sink + window counts or the H2O / SnapKV settings are
+  // invalid, or both policies are asked for.
   absl::Status Validate() const;
 };
 

@@ -356,6 +356,187 @@ TEST(SchedulerWindowTest, PrefixCacheBeforeTheFirstDropOnly) {
   EXPECT_THAT(s.message(), ::testing::HasSubstr("sink + window"));
 }
 
+// ---- H2O and SnapKV (compress_policy.h; block size 16).
+
+SchedulerConfig Compressed(const char* policy, int64_t budget, int64_t recent,
+                           int64_t max_batch_tokens = 256) {
+  SchedulerConfig c;
+  c.kv_policy = policy;
+  c.kv_budget_tokens = budget;
+  c.kv_recent_tokens = recent;
+  c.max_batch_tokens = max_batch_tokens;
+  c.max_running = std::min<int64_t>(c.max_running, max_batch_tokens);
+  return c;
+}
+
+// H2O generates past the 512-token context holding at most its budget plus the block being
+// filled (and, during a compaction, the fresh blocks); until the first compaction the output is
+// the full cache's, and a budget the sequence never reaches changes nothing (scoring does not
+// touch the logits).
+TEST(SchedulerCompressTest, H2oHoldsItsBudgetAndMatchesTheFullCacheBeforeItsFirstCompaction) {
+  const std::vector<uint32_t> prompt = {1};
+  Harness full(64, {});
+  ASSERT_TRUE(full.Submit(1, prompt, Long(400)).ok());
+  full.RunToCompletion();
+
+  Harness h(64, Compressed("h2o", 64, 16));
+  ASSERT_TRUE(h.Submit(1, prompt, Long(700)).ok());
+  int64_t max_table = 0;
+  while (!h.scheduler()->idle()) {
+    h.scheduler()->Step();
+    h.kv().ForEachSequence([&](kvcache::SequenceId, const kvcache::BlockTable& t) {
+      max_table = std::max(max_table, t.num_blocks());
+    });
+  }
+  const Result& r = h.results()[1];
+  ASSERT_EQ(r.tokens.size(), 700u) << r.last.status;
+  EXPECT_EQ(max_table, 5);  // (64 + 16) / 16
+  const SchedulerStats st = h.scheduler()->Stats();
+  EXPECT_GE(st.kv_compactions, (700 - 80) / 16);
+  EXPECT_EQ(st.kv_evicted_tokens, 16 * st.kv_compactions);
+  const size_t same = 80 - prompt.size();
+  EXPECT_TRUE(
+      std::equal(r.tokens.begin(), r.tokens.begin() + same, full.results()[1].tokens.begin()));
+  EXPECT_FALSE(r.text.empty());
+  // Past it the evictions show: 64 of up to 400 tokens kept is not the full cache.
+  EXPECT_NE(std::vector<uint32_t>(r.tokens.begin(), r.tokens.begin() + 399),
+            std::vector<uint32_t>(full.results()[1].tokens.begin(),
+                                  full.results()[1].tokens.begin() + 399));
+
+  Harness roomy(64, Compressed("h2o", 448, 16));
+  ASSERT_TRUE(roomy.Submit(1, prompt, Long(400)).ok());
+  roomy.RunToCompletion();
+  EXPECT_EQ(roomy.scheduler()->Stats().kv_compactions, 0);
+  EXPECT_EQ(roomy.results()[1].tokens, full.results()[1].tokens);
+}
+
+// The eviction decisions, and so the output, do not depend on batching, chunking, preemption
+// or on whether the past came as a prompt (prefilled up to the cap, then block by block with
+// the compactions between) or was generated.
+TEST(SchedulerCompressTest, H2oOutputIdenticalBatchedChunkedPreemptedAndAsAPrompt) {
+  constexpr uint32_t kTokens = 200;
+  std::map<int, std::vector<uint32_t>> alone;
+  for (int i = 0; i < 3; ++i) {
+    Harness h(64, Compressed("h2o", 48, 16));
+    ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Long(kTokens)).ok());
+    h.RunToCompletion();
+    alone[i] = h.results()[i].tokens;
+    ASSERT_EQ(alone[i].size(), kTokens) << h.results()[i].last.status;
+    EXPECT_GT(h.scheduler()->Stats().kv_compactions, 5);
+  }
+  {  // Batched with a tiny token budget.
+    SchedulerConfig c = Compressed("h2o", 48, 16, 5);
+    c.max_running = 3;
+    Harness h(64, c);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Long(kTokens)).ok());
+    }
+    h.RunToCompletion();
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(h.results()[i].tokens, alone[i]) << "batched " << i;
+  }
+  {  // 12 blocks for three sequences of up to 4 + 3: preemption, recompute by replay.
+    Harness h(12, Compressed("h2o", 48, 16));
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(h.Submit(i, h.Encode(kPrompts[i]), Long(kTokens)).ok());
+    }
+    h.RunToCompletion();
+    EXPECT_GT(h.scheduler()->Stats().preemptions, 0);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(h.results()[i].tokens, alone[i]) << "preempted " << i;
+  }
+  for (int64_t budget : {256, 7}) {  // The first 150 generated tokens as the prompt.
+    Harness h(64, Compressed("h2o", 48, 16, budget));
+    std::vector<uint32_t> prompt = h.Encode(kPrompts[0]);
+    prompt.insert(prompt.end(), alone[0].begin(), alone[0].begin() + 150);
+    ASSERT_TRUE(h.Submit(1, prompt, Long(kTokens - 150)).ok());
+    h.RunToCompletion();
+    EXPECT_EQ(h.results()[1].tokens, std::vector<uint32_t>(alone[0].begin() + 150, alone[0].end()))
+        << "budget " << budget;
+  }
+}
+
+// SnapKV compresses a long prompt once, after its prefill, to the budget; then every generated
+// token is kept. The same output batched and chunked, and after preemption; a prompt within the
+// budget is not touched (the full cache's output).
+TEST(SchedulerCompressTest, SnapKvCompressesALongPromptOnce) {
+  std::vector<uint32_t> prompt;
+  std::vector<uint32_t> full_tokens;
+  {
+    Harness full(64, {});
+    prompt = full.Encode(kPrompts[1]);
+    ASSERT_TRUE(full.Submit(1, prompt, Long(140)).ok());
+    full.RunToCompletion();
+    prompt.insert(prompt.end(), full.results()[1].tokens.begin(), full.results()[1].tokens.end());
+    ASSERT_TRUE(full.Submit(2, prompt, Long(60)).ok());
+    full.RunToCompletion();
+    full_tokens = full.results()[2].tokens;
+  }
+  const auto p = static_cast<int64_t>(prompt.size());
+  std::vector<uint32_t> want;
+  {
+    Harness h(64, Compressed("snapkv", 64, 16));
+    ASSERT_TRUE(h.Submit(1, prompt, Long(60)).ok());
+    h.RunToCompletion();
+    want = h.results()[1].tokens;
+    ASSERT_EQ(want.size(), 60u) << h.results()[1].last.status;
+    EXPECT_EQ(h.scheduler()->Stats().kv_compactions, 1);
+    EXPECT_EQ(h.scheduler()->Stats().kv_evicted_tokens, p - 64);
+    EXPECT_EQ(h.results()[1].last.cached_tokens, 0u);
+  }
+  {  // Chunked and batched with another request, and then preempted in a small pool.
+    SchedulerConfig c = Compressed("snapkv", 64, 16, 7);
+    c.max_running = 2;
+    Harness h(64, c);
+    ASSERT_TRUE(h.Submit(1, prompt, Long(60)).ok());
+    ASSERT_TRUE(h.Submit(2, h.Encode(kPrompts[2]), Long(60)).ok());
+    h.RunToCompletion();
+    EXPECT_EQ(h.results()[1].tokens, want);
+  }
+  {
+    Harness h(16, Compressed("snapkv", 64, 16));
+    ASSERT_TRUE(h.Submit(1, prompt, Long(60)).ok());
+    ASSERT_TRUE(h.Submit(2, prompt, Long(60)).ok());
+    h.RunToCompletion();
+    EXPECT_GT(h.scheduler()->Stats().preemptions, 0);
+    EXPECT_EQ(h.results()[1].tokens, want);
+    EXPECT_EQ(h.results()[2].tokens, want);
+  }
+  {
+    Harness h(64, Compressed("snapkv", 256, 16));
+    ASSERT_TRUE(h.Submit(1, prompt, Long(60)).ok());
+    h.RunToCompletion();
+    EXPECT_EQ(h.scheduler()->Stats().kv_compactions, 0);
+    EXPECT_EQ(h.results()[1].tokens, full_tokens);
+  }
+}
+
+// A governed request publishes its full-prefix blocks until its first compaction (they hold
+// the full prefix's KV) but never reuses cached blocks itself (their scores were never
+// computed): the same request again computes everything and says the same.
+TEST(SchedulerCompressTest, GovernedRequestsPublishTheirPrefixButNeverHitIt) {
+  Harness h(64, Compressed("h2o", 48, 16));
+  const std::vector<uint32_t> prompt =
+      h.Encode("Zebras in a green field sang loudly while the bright sun shone over the hills.");
+  ASSERT_TRUE(h.Submit(1, prompt, Long(150)).ok());
+  h.RunToCompletion();
+  const std::vector<uint32_t> first = h.results()[1].tokens;
+  std::vector<uint32_t> all = prompt;
+  all.insert(all.end(), first.begin(), first.end());
+  EXPECT_EQ(h.kv().Match(h.ChainOf(all)), 4);  // the cap, 64 tokens, before the first compaction
+  ASSERT_TRUE(h.Submit(2, prompt, Long(150)).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.results()[2].last.cached_tokens, 0u);
+  EXPECT_EQ(h.results()[2].tokens, first);
+}
+
+TEST(SchedulerCompressTest, ConfigIsValidated) {
+  EXPECT_TRUE(Compressed("h2o", 64, 16).Validate().ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(Compressed("h3o", 64, 16).Validate()));
+  EXPECT_TRUE(absl::IsInvalidArgument(Compressed("snapkv", 16, 16).Validate()));
+  SchedulerConfig both = Compressed("h2o", 64, 16);
+  both.kv_window_tokens = 32;
+  EXPECT_THAT(both.Validate().message(), ::testing::HasSubstr("exclude each other"));
+}
+
 // Teacher forcing (scoring a text): forced tokens are emitted as given, with the logprobs a
 // sampled run computes for the same tokens; sampling resumes after them.
 TEST(SchedulerTest, ForcedTokensAreScoredLikeSampledOnes) {

@@ -107,6 +107,11 @@ struct Sequence {
   // Sink + window policy: text tokens dropped from the cache. Text position p >= the sinks
   // lives at cache slot p - dropped; RoPE uses the text position.
   int64_t dropped = 0;
+  // H2O / SnapKV (compress_policy.h; empty otherwise): the attention each cached slot has
+  // received, [layer][kv head][CompressPolicy::ScoreSlots], and whether SnapKV compressed the
+  // prompt already.
+  std::vector<float> scores;
+  bool compressed = false;
   bool admitted_once = false;
   uint32_t cached_tokens = 0;  // at first admission
   uint32_t num_preemptions = 0;

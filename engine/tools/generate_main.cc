@@ -35,6 +35,15 @@ ABSL_FLAG(int64_t, kv_sink_tokens, 0,
 ABSL_FLAG(int64_t, kv_window_tokens, 0,
           "sink + window KV policy: recent tokens kept (whole blocks), the rest dropped, so "
           "--max_tokens may exceed the model's context; 0 = off");
+ABSL_FLAG(std::string, kv_policy, "",
+          "KV eviction by attention score: h2o (keep the heaviest-hit tokens and the recent "
+          "ones) | snapkv (compress the prompt once, by the votes of its last tokens); with "
+          "--kv_budget_tokens and --kv_recent_tokens; CPU only; empty = off");
+ABSL_FLAG(int64_t, kv_budget_tokens, 0,
+          "--kv_policy: cached tokens a sequence keeps (rounded up to whole blocks)");
+ABSL_FLAG(int64_t, kv_recent_tokens, 0,
+          "--kv_policy: of the budget, the most recent tokens always kept (h2o) or the prompt's "
+          "last tokens that vote (snapkv's observation window)");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "linear weights: auto (as stored) | int8 (quantized at load, W8A8)");
 ABSL_FLAG(bool, huge_page_weights, true,
@@ -80,6 +89,9 @@ int main(int argc, char** argv) {
   config.scheduler.max_running = 1;
   config.scheduler.kv_sink_tokens = absl::GetFlag(FLAGS_kv_sink_tokens);
   config.scheduler.kv_window_tokens = absl::GetFlag(FLAGS_kv_window_tokens);
+  config.scheduler.kv_policy = absl::GetFlag(FLAGS_kv_policy);
+  config.scheduler.kv_budget_tokens = absl::GetFlag(FLAGS_kv_budget_tokens);
+  config.scheduler.kv_recent_tokens = absl::GetFlag(FLAGS_kv_recent_tokens);
   absl::StatusOr<std::unique_ptr<pd::engine::ModelRuntime>> rt =
       pd::engine::ModelRuntime::Create(config);
   if (!rt.ok()) Fail(rt.status());

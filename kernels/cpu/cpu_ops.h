@@ -2,6 +2,7 @@
 // over ctx.parallel. Private to kernels/. Preconditions for all: p validated by dispatch.
 #pragma once
 
+#include "kernels/attention_mass_params.h"
 #include "kernels/attention_params.h"
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
@@ -38,6 +39,8 @@ void Add(const OpContext& ctx, const AddParams& p);
 void WriteKv(const OpContext& ctx, const WriteKvParams& p);
 void ReadKv(const OpContext& ctx, const ReadKvParams& p);
 void PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
+// kernels/cpu/attention_mass.cc: the kv heads in parallel.
+void AttentionMass(const OpContext& ctx, const AttentionMassParams& p);
 void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 
 int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);

@@ -3,6 +3,7 @@
 // Preconditions for all: p validated by dispatch. Single-threaded; they ignore OpContext.
 #pragma once
 
+#include "kernels/attention_mass_params.h"
 #include "kernels/attention_params.h"
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
@@ -48,5 +49,9 @@ void LogProbs(const LogProbsParams& p);
 
 // Byte by byte.
 void CopyBlocks(const CopyBlocksParams& p);
+
+// The float rule of kernels/attention_mass_params.h, written out (the one op here not in
+// double: the CPU kernel promises its bits).
+void AttentionMass(const AttentionMassParams& p);
 
 }  // namespace pd::kernels::reference

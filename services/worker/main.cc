@@ -45,6 +45,15 @@ ABSL_FLAG(int64_t, kv_window_tokens, 0,
           "sink + window KV policy: keep the most recent N tokens (rounded up to whole blocks) "
           "besides the sinks and drop the blocks in between, so a sequence generates past the "
           "model's context in flat memory (max_tokens then bounds it); 0 = off");
+ABSL_FLAG(std::string, kv_policy, "",
+          "KV eviction by attention score: h2o (keep the heaviest-hit tokens and the recent "
+          "ones) | snapkv (compress the prompt once, by the votes of its last tokens); with "
+          "--kv_budget_tokens and --kv_recent_tokens; CPU only; empty = off");
+ABSL_FLAG(int64_t, kv_budget_tokens, 0,
+          "--kv_policy: cached tokens a sequence keeps (rounded up to whole blocks)");
+ABSL_FLAG(int64_t, kv_recent_tokens, 0,
+          "--kv_policy: of the budget, the most recent tokens always kept (h2o) or the prompt's "
+          "last tokens that vote (snapkv's observation window)");
 ABSL_FLAG(double, mask_grace_ms, 2.0,
           "structured output: how long a step may wait for a late token mask once its layers are "
           "done (or a quarter of the step's time so far, if longer); a sequence whose mask is "
@@ -147,6 +156,9 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   c.runtime.scheduler.kv_sink_tokens = absl::GetFlag(FLAGS_kv_sink_tokens);
   c.runtime.scheduler.kv_window_tokens = absl::GetFlag(FLAGS_kv_window_tokens);
+  c.runtime.scheduler.kv_policy = absl::GetFlag(FLAGS_kv_policy);
+  c.runtime.scheduler.kv_budget_tokens = absl::GetFlag(FLAGS_kv_budget_tokens);
+  c.runtime.scheduler.kv_recent_tokens = absl::GetFlag(FLAGS_kv_recent_tokens);
   const double mask_grace_ms = absl::GetFlag(FLAGS_mask_grace_ms);
   if (!(mask_grace_ms >= 0 && mask_grace_ms <= 60000)) {
     return absl::InvalidArgumentError(

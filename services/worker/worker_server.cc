@@ -253,6 +253,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddCounter("pd_worker_kv_window_dropped_blocks_total",
                     "KV blocks dropped by the sink + window policy (--kv_window_tokens)",
                     st.window_dropped_blocks);
+    sink.AddCounter("pd_worker_kv_compactions_total", "H2O / SnapKV compactions (--kv_policy)",
+                    st.kv_compactions);
+    sink.AddCounter("pd_worker_kv_evicted_tokens_total",
+                    "Cached tokens evicted by H2O / SnapKV (--kv_policy)", st.kv_evicted_tokens);
     sink.AddCounter("pd_worker_spec_proposed_tokens_total",
                     "Speculative decoding: tokens proposed (--speculative)",
                     st.spec_proposed_tokens);

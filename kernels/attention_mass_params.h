@@ -1,0 +1,37 @@
+// Parameters of AttentionMass (kernels/attention_mass.h): the attention weight each cached key
+// receives, summed, for the H2O and SnapKV KV policies (docs/engine.md, "KV policies"). Plain
+// struct shared by every backend.
+#pragma once
+
+#include <cstdint>
+
+namespace pd::kernels {
+
+// num_tokens queries of one sequence at positions [start_pos, start_pos + num_tokens), each
+// attending causally to keys [0, its position] as PrefillAttention does: for query j and query
+// head h (kv head g = h / (num_heads / num_kv_heads)),
+//   p_t = softmax_t(scale * q_j,h . k_t,g),  t in [0, start_pos + j]
+//   mass[g * mass_head_stride + t] += p_t
+// in this order: for each kv head, queries j ascending, then the group's heads ascending, each
+// p_t added on its own (so splitting the queries over calls, in order, adds the same floats in
+// the same order: chunked prefill and decode give bitwise the same mass). Softmax in f32 with
+// the row max subtracted and the sum taken over t ascending.
+struct AttentionMassParams {
+  const float* q = nullptr;    // [num_tokens][q_token_stride]; each [num_heads][head_dim], RoPE'd
+  int64_t q_token_stride = 0;  // >= num_heads * head_dim
+  // The keys as attention reads them, f32 (kernels::ReadKv of the cache):
+  // [start_pos + num_tokens][k_token_stride], each [num_kv_heads][head_dim].
+  const float* k = nullptr;
+  int64_t k_token_stride = 0;  // >= num_kv_heads * head_dim
+  int64_t start_pos = 0;       // >= 0
+  int64_t num_tokens = 0;      // > 0
+  int64_t num_heads = 0;       // a multiple of num_kv_heads
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;  // (0, kMaxAttentionHeadDim]
+  float scale = 0.0f;    // 0 means 1 / sqrt(head_dim)
+  // [num_kv_heads][mass_head_stride], accumulated into; must not overlap q or k.
+  float* mass = nullptr;
+  int64_t mass_head_stride = 0;  // >= start_pos + num_tokens
+};
+
+}  // namespace pd::kernels

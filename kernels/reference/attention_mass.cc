@@ -1,0 +1,40 @@
+// AttentionMass, the reference: kernels/attention_mass_params.h's rule, one query head at a
+// time.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/reference/reference_ops.h"
+
+namespace pd::kernels::reference {
+
+void AttentionMass(const AttentionMassParams& p) {
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  for (int64_t g = 0; g < p.num_kv_heads; ++g) {
+    for (int64_t j = 0; j < p.num_tokens; ++j) {
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const int64_t n = p.start_pos + j + 1;
+        std::vector<float> w(static_cast<size_t>(n));
+        float max = -INFINITY;
+        for (int64_t t = 0; t < n; ++t) {
+          float dot = 0.0f;
+          for (int64_t d = 0; d < p.head_dim; ++d) {
+            dot += p.q[j * p.q_token_stride + h * p.head_dim + d] *
+                   p.k[t * p.k_token_stride + g * p.head_dim + d];
+          }
+          w[t] = scale * dot;
+          max = std::fmax(max, w[t]);
+        }
+        float sum = 0.0f;
+        for (int64_t t = 0; t < n; ++t) {
+          w[t] = std::exp(w[t] - max);
+          sum += w[t];
+        }
+        for (int64_t t = 0; t < n; ++t) p.mass[g * p.mass_head_stride + t] += w[t] / sum;
+      }
+    }
+  }
+}
+
+}  // namespace pd::kernels::reference
