@@ -231,7 +231,10 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
   };
   // A resumed request (migration) is prefilled like any: its prompt followed by its resumed
   // tokens, by the prefill worker (given the resume state) or here.
-  if (!request->prefill_address().empty() && ctx_->handoff != nullptr) {
+  // Under --kv_policy (H2O, SnapKV) a request is prefilled here: the scores its compaction
+  // needs are computed with its prompt (engine/scheduler/compress_policy.h).
+  if (!request->prefill_address().empty() && ctx_->handoff != nullptr &&
+      ctx_->config.runtime.scheduler.kv_policy.empty()) {
     RemotePrefill::Attach(ctx_, prefill_peers_.Get(request->prefill_address()),
                           std::make_shared<const iv1::DecodeRequest>(*request),
                           std::min(deadline, absl::Now() + ctx_->config.prefill_timeout), remote,

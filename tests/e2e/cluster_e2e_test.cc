@@ -666,6 +666,66 @@ TEST_F(ClusterE2eTest, SinkWindowPolicyIsExactDisaggregatedPastTheContext) {
   EXPECT_GE(Metric(dm, "pd_worker_kv_window_dropped_blocks_total"), 30) << dm;
 }
 
+// H2O on the decode worker: 600 tokens, past stories260K's 512-token context, with a budget of
+// 64 tokens, equal to the in-process engine under the same policy. A governed request is
+// prefilled where it decodes (its prompt's scores exist only there), and the worker compacted
+// its cache every block past the budget.
+TEST_F(ClusterE2eTest, H2oPolicyIsExactPastTheContext) {
+  const std::string prompt = "Once upon a time, there was a little girl named Lily.";
+  Reference ref(kernels::DType::kF32, 0, 0, engine::WeightDType::kAuto, {"h2o", 64, 32});
+  auto [tokens, text] = ref.Greedy(prompt, 600, nullptr, 0, /*ignore_eos=*/true);
+  ASSERT_EQ(tokens.size(), 600u);
+  Cluster c(Dir(), 1, 1, "round_robin",
+            {"--kv_policy=h2o", "--kv_budget_tokens=64", "--kv_recent_tokens=32"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  pdserve::v1::GenerateRequest req;
+  req.set_text(prompt);
+  req.mutable_sampling()->set_max_tokens(600);
+  req.mutable_sampling()->set_ignore_eos(true);
+  Generated got = c.Generate(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << c.Logs();
+  EXPECT_EQ(got.tokens, tokens);
+  EXPECT_EQ(got.text, text);
+  const std::string dm = c.WorkerMetrics(1);
+  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"local\"} 1")) << dm;
+  // (13 + 600) tokens, 80 held at most: a compaction of 16 for every block past it.
+  EXPECT_GE(Metric(dm, "pd_worker_kv_compactions_total"), 30) << dm;
+  EXPECT_EQ(Metric(dm, "pd_worker_kv_evicted_tokens_total"),
+            16 * Metric(dm, "pd_worker_kv_compactions_total"))
+      << dm;
+}
+
+// SnapKV on the decode worker: a prompt of about 150 tokens compressed once to 64, then 80
+// tokens generated, equal to the in-process engine under the same policy.
+TEST_F(ClusterE2eTest, SnapKvPolicyIsExactOnALongPrompt) {
+  const std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day, she saw a big red ball under a tree. She ran to the ball "
+      "and picked it up. It was soft and shiny. Lily wanted to show the ball to her mom, so she "
+      "ran home as fast as she could. Her mom smiled and said, \"What a pretty ball! Where did "
+      "you find it?\" Lily told her mom about the tree in the park. Then they went";
+  Reference ref(kernels::DType::kF32, 0, 0, engine::WeightDType::kAuto, {"snapkv", 64, 16});
+  auto [tokens, text] = ref.Greedy(prompt, 80, nullptr, 0, /*ignore_eos=*/true);
+  ASSERT_EQ(tokens.size(), 80u);
+  ASSERT_GT(ref.Encode(prompt).size(), 100u);
+  Cluster c(Dir(), 1, 1, "round_robin",
+            {"--kv_policy=snapkv", "--kv_budget_tokens=64", "--kv_recent_tokens=16"});
+  ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
+  pdserve::v1::GenerateRequest req;
+  req.set_text(prompt);
+  req.mutable_sampling()->set_max_tokens(80);
+  req.mutable_sampling()->set_ignore_eos(true);
+  Generated got = c.Generate(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << c.Logs();
+  EXPECT_EQ(got.tokens, tokens);
+  EXPECT_EQ(got.text, text);
+  const std::string dm = c.WorkerMetrics(1);
+  EXPECT_EQ(Metric(dm, "pd_worker_kv_compactions_total"), 1) << dm;
+  EXPECT_EQ(Metric(dm, "pd_worker_kv_evicted_tokens_total"),
+            static_cast<double>(ref.Encode(prompt).size()) - 64)
+      << dm;
+}
+
 // Int8 weights (--weight_dtype=int8 on the router and the workers): a 1P+1D cluster gives the
 // in-process int8 engine's output, through a remote prefill and on a router-placed cache hit,
 // and it differs from the bf16/f32 weights' output (so equality is not the unquantized text).

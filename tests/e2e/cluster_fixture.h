@@ -132,6 +132,13 @@ struct Generated {
   int messages = 0;
 };
 
+// The H2O / SnapKV KV policy of a Reference (SchedulerConfig::kv_policy; empty = off).
+struct CompressSettings {
+  std::string policy;
+  int64_t budget_tokens = 0;
+  int64_t recent_tokens = 0;
+};
+
 // The single-process engine: the reference every cluster path must match.
 class Reference {
  public:
@@ -139,7 +146,8 @@ class Reference {
   // `weight_dtype`: --weight_dtype (kAuto = as stored, kInt8 = quantized at load).
   explicit Reference(kernels::DType kv_dtype = kernels::DType::kF32, int64_t sink_tokens = 0,
                      int64_t window_tokens = 0,
-                     engine::WeightDType weight_dtype = engine::WeightDType::kAuto) {
+                     engine::WeightDType weight_dtype = engine::WeightDType::kAuto,
+                     const CompressSettings& compress = {}) {
     engine::ModelRuntimeConfig c;
     c.model = kModel;
     c.tokenizer = kTokenizer;
@@ -148,6 +156,9 @@ class Reference {
     c.kv_dtype = kv_dtype;
     c.scheduler.kv_sink_tokens = sink_tokens;
     c.scheduler.kv_window_tokens = window_tokens;
+    c.scheduler.kv_policy = compress.policy;
+    c.scheduler.kv_budget_tokens = compress.budget_tokens;
+    c.scheduler.kv_recent_tokens = compress.recent_tokens;
     c.weight_dtype = weight_dtype;
     absl::StatusOr<std::unique_ptr<engine::ModelRuntime>> rt = engine::ModelRuntime::Create(c);
     CHECK(rt.ok()) << rt.status();
