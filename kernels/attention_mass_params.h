@@ -14,8 +14,10 @@ namespace pd::kernels {
 //   mass[g * mass_head_stride + t] += p_t
 // in this order: for each kv head, queries j ascending, then the group's heads ascending, each
 // p_t added on its own (so splitting the queries over calls, in order, adds the same floats in
-// the same order: chunked prefill and decode give bitwise the same mass). Softmax in f32 with
-// the row max subtracted and the sum taken over t ascending.
+// the same order: chunked prefill and decode give bitwise the same mass). The dot product in
+// f32 as eight running sums (lane l takes d = l mod 8, in order) added as ((l0 + l1) + (l2 +
+// l3)) + ((l4 + l5) + (l6 + l7)); softmax in f32 with the row max subtracted and the sum taken
+// over t ascending.
 struct AttentionMassParams {
   const float* q = nullptr;    // [num_tokens][q_token_stride]; each [num_heads][head_dim], RoPE'd
   int64_t q_token_stride = 0;  // >= num_heads * head_dim

@@ -18,11 +18,14 @@ void AttentionMass(const AttentionMassParams& p) {
         std::vector<float> w(static_cast<size_t>(n));
         float max = -INFINITY;
         for (int64_t t = 0; t < n; ++t) {
-          float dot = 0.0f;
+          // Eight running sums, lane l taking d = l (mod 8) in order, then added pairwise.
+          float lane[8] = {};
           for (int64_t d = 0; d < p.head_dim; ++d) {
-            dot += p.q[j * p.q_token_stride + h * p.head_dim + d] *
-                   p.k[t * p.k_token_stride + g * p.head_dim + d];
+            lane[d % 8] += p.q[j * p.q_token_stride + h * p.head_dim + d] *
+                           p.k[t * p.k_token_stride + g * p.head_dim + d];
           }
+          const float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                            ((lane[4] + lane[5]) + (lane[6] + lane[7]));
           w[t] = scale * dot;
           max = std::fmax(max, w[t]);
         }
