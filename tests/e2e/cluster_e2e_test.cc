@@ -642,6 +642,15 @@ TEST_F(ClusterE2eTest, KvDtypesAreExactDisaggregatedAndOnCacheHits) {
   EXPECT_NE(f32.Greedy(prompt, 48).first, fp8.Greedy(prompt, 48).first);
 }
 
+// Greedy `max_tokens` tokens of `prompt` through the cluster, past end-of-text tokens.
+Generated GenerateToLength(Cluster& c, const std::string& prompt, uint32_t max_tokens) {
+  pdserve::v1::GenerateRequest req;
+  req.set_text(prompt);
+  req.mutable_sampling()->set_max_tokens(max_tokens);
+  req.mutable_sampling()->set_ignore_eos(true);
+  return c.Generate(req);
+}
+
 // The sink + window KV policy on the decode worker: 600 tokens, past stories260K's 512-token
 // context, through a remote prefill (the prompt fits without a drop), equal to the in-process
 // engine with the same policy; the decode worker dropped blocks and its pool stayed small.
@@ -652,11 +661,7 @@ TEST_F(ClusterE2eTest, SinkWindowPolicyIsExactDisaggregatedPastTheContext) {
   ASSERT_EQ(tokens.size(), 600u);
   Cluster c(Dir(), 1, 1, "round_robin", {"--kv_sink_tokens=16", "--kv_window_tokens=64"});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
-  pdserve::v1::GenerateRequest req;
-  req.set_text(prompt);
-  req.mutable_sampling()->set_max_tokens(600);
-  req.mutable_sampling()->set_ignore_eos(true);
-  Generated got = c.Generate(req);
+  Generated got = GenerateToLength(c, prompt, 600);
   ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << c.Logs();
   EXPECT_EQ(got.tokens, tokens);
   EXPECT_EQ(got.text, text);
@@ -678,11 +683,7 @@ TEST_F(ClusterE2eTest, H2oPolicyIsExactPastTheContext) {
   Cluster c(Dir(), 1, 1, "round_robin",
             {"--kv_policy=h2o", "--kv_budget_tokens=64", "--kv_recent_tokens=32"});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
-  pdserve::v1::GenerateRequest req;
-  req.set_text(prompt);
-  req.mutable_sampling()->set_max_tokens(600);
-  req.mutable_sampling()->set_ignore_eos(true);
-  Generated got = c.Generate(req);
+  Generated got = GenerateToLength(c, prompt, 600);
   ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << c.Logs();
   EXPECT_EQ(got.tokens, tokens);
   EXPECT_EQ(got.text, text);
@@ -711,11 +712,7 @@ TEST_F(ClusterE2eTest, SnapKvPolicyIsExactOnALongPrompt) {
   Cluster c(Dir(), 1, 1, "round_robin",
             {"--kv_policy=snapkv", "--kv_budget_tokens=64", "--kv_recent_tokens=16"});
   ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
-  pdserve::v1::GenerateRequest req;
-  req.set_text(prompt);
-  req.mutable_sampling()->set_max_tokens(80);
-  req.mutable_sampling()->set_ignore_eos(true);
-  Generated got = c.Generate(req);
+  Generated got = GenerateToLength(c, prompt, 80);
   ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << c.Logs();
   EXPECT_EQ(got.tokens, tokens);
   EXPECT_EQ(got.text, text);
