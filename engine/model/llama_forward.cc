@@ -988,8 +988,10 @@ absl::Status LlamaForward::AccumulateMass(int layer) {
     const int64_t keys = slot.start_pos + slot.num_tokens;
     mass_k_.resize(static_cast<size_t>(keys * c.kv_dim));
     mass_v_.resize(mass_k_.size());
-    mass_positions_.resize(static_cast<size_t>(keys));
-    for (int64_t p = 0; p < keys; ++p) mass_positions_[p] = static_cast<int32_t>(p);
+    // Slots 0, 1, 2, ...: grown when a longer context comes, never refilled.
+    for (auto p = static_cast<int32_t>(mass_positions_.size()); p < keys; ++p) {
+      mass_positions_.push_back(p);
+    }
     kernels::ReadKvParams r;
     r.k = mass_k_.data();
     r.v = mass_v_.data();
@@ -1037,12 +1039,17 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
   }
   for (const absl::Span<const int32_t> ids : {src, dst}) {
     for (int32_t b : ids) {
-      if (b < 0 || b >= pool_.num_blocks ||
-          (ids.data() == dst.data() && std::find(src.begin(), src.end(), b) != src.end())) {
+      if (b < 0 || b >= pool_.num_blocks) {
         return absl::InvalidArgumentError(absl::StrCat("forward: gather block ", b,
                                                        " is outside the pool of ", pool_.num_blocks,
-                                                       " blocks or in both src and dst"));
+                                                       " blocks"));
       }
+    }
+  }
+  for (int32_t b : dst) {
+    if (std::find(src.begin(), src.end(), b) != src.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: gather block ", b, " is in both src and dst"));
     }
   }
   for (int32_t k : keep) {

@@ -275,7 +275,7 @@ class LlamaForward {
   // read back into mass_k_ (mass_v_ takes the values ReadKv writes too).
   absl::Status AccumulateMass(int layer);
   std::vector<float> mass_k_, mass_v_;
-  std::vector<int32_t> mass_positions_;
+  std::vector<int32_t> mass_positions_;  // 0, 1, 2, ...: ReadKv's positions for every key
   int64_t num_decode_slots_ = 0;
 
   // Scratch on ctx.device, sized for options_.max_batch_tokens rows (activations) / max_seqs

@@ -105,12 +105,11 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
   }
   int64_t needed = window_.MaxBlocks(
       kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + resumed + 1));
-  if (request.on_prefilled == nullptr) {
-    needed = compress_.MaxBlocks(needed);
-  }
   if (request.on_prefilled != nullptr) {
     PD_RETURN_IF_ERROR(window_.CheckPrefillOnly(
         id, static_cast<int64_t>(request.prompt.size() + request.resume.tokens.size())));
+  } else {
+    needed = compress_.MaxBlocks(needed);  // (H2O / SnapKV govern every other request)
   }
   if (needed > kv_->num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt needs ", needed,
@@ -508,7 +507,7 @@ Scheduler::SlideOutcome Scheduler::Compact(size_t i) {
   Sequence* seq = running_[i].get();
   const ModelConfig& mc = forward_->config();
   const int64_t rows = mc.n_layers * mc.n_kv_heads;
-  const int64_t stride = static_cast<int64_t>(seq->scores.size()) / rows;
+  const int64_t stride = compress_.ScoreSlots(static_cast<int64_t>(seq->prompt_len));
   const int64_t held = seq->num_allocated - seq->dropped;
   const int64_t keep_n = compress_.KeepTokens(held);
   const bool snapkv = compress_.kind() == CompressPolicy::Kind::kSnapKv;
@@ -777,10 +776,8 @@ Scheduler::Batch Scheduler::CollectBatch() {
         const int64_t from =
             compress_.ScoreFrom(static_cast<int64_t>(seq->prompt_len), seq->num_computed);
         if (from < n) {
-          const ModelConfig& mc = forward_->config();
           row.attention_mass = seq->scores.data();
-          row.mass_stride =
-              static_cast<int64_t>(seq->scores.size()) / (mc.n_layers * mc.n_kv_heads);
+          row.mass_stride = compress_.ScoreSlots(static_cast<int64_t>(seq->prompt_len));
           row.mass_from = from;
         }
       }
