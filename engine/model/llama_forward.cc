@@ -1040,9 +1040,8 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
   for (const absl::Span<const int32_t> ids : {src, dst}) {
     for (int32_t b : ids) {
       if (b < 0 || b >= pool_.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("forward: gather block ", b,
-                                                       " is outside the pool of ", pool_.num_blocks,
-                                                       " blocks"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "forward: gather block ", b, " is outside the pool of ", pool_.num_blocks, " blocks"));
       }
     }
   }
