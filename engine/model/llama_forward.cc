@@ -2,15 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/threads/parallel_for.h"
+#include "engine/parallel/collective.h"
 #include "kernels/attention.h"
 #include "kernels/attention_mass.h"
 #include "kernels/convert.h"
@@ -89,29 +93,177 @@ absl::Status RmsNormRows(const kernels::OpContext& ctx, const float* in, const f
 
 }  // namespace
 
+// A tensor-parallel group (the coordinator's): the shards, each rank's thread team and
+// forward pass, and the threads running ranks 1.. (rank 0 runs on the caller's thread).
+struct LlamaForward::TpGroup {
+  TpPlan plan;
+  std::unique_ptr<ShmCollectiveGroup> comm;
+  std::vector<std::unique_ptr<ModelWeights>> shards;
+  std::vector<std::unique_ptr<ParallelFor>> teams;
+  std::vector<std::unique_ptr<LlamaForward>> ranks;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t job_seq = 0;  // guarded by mu, as the fields below
+  int pending = 0;
+  bool stop = false;
+  const std::function<absl::Status(LlamaForward&)>* job = nullptr;
+  std::vector<absl::Status> results;
+  std::vector<std::thread> threads;
+
+  void RankLoop(int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<absl::Status(LlamaForward&)>* fn;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || job_seq != seen; });
+        if (stop) return;
+        seen = job_seq;
+        fn = job;
+      }
+      absl::Status s = (*fn)(*ranks[static_cast<size_t>(rank)]);
+      if (!s.ok()) comm->rank(rank)->Abort();
+      std::lock_guard<std::mutex> lock(mu);
+      results[static_cast<size_t>(rank)] = std::move(s);
+      if (--pending == 0) cv.notify_all();
+    }
+  }
+
+  ~TpGroup() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    for (std::thread& t : threads) t.join();
+  }
+};
+
 LlamaForward::LlamaForward(const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx,
                            ForwardOptions options)
     : weights_(weights), config_(weights->config), pool_(pool), ctx_(ctx), options_(options) {}
+
+LlamaForward::~LlamaForward() = default;
+
+absl::Status LlamaForward::RunRanks(const std::function<absl::Status(LlamaForward&)>& fn) {
+  TpGroup& g = *tp_group_;
+  const size_t n = g.ranks.size();
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    g.results.assign(n, absl::OkStatus());
+    g.job = &fn;
+    g.pending = static_cast<int>(n) - 1;
+    ++g.job_seq;
+  }
+  g.cv.notify_all();
+  absl::Status first = fn(*g.ranks[0]);
+  if (!first.ok()) g.comm->rank(0)->Abort();
+  std::unique_lock<std::mutex> lock(g.mu);
+  g.cv.wait(lock, [&g] { return g.pending == 0; });
+  g.job = nullptr;
+  if (g.comm->aborted()) g.comm->Reset();  // every rank is out of its collectives
+  // Rank 0's error, else the first rank's that is not the Aborted a failure caused.
+  if (!first.ok()) return first;
+  for (size_t r = 1; r < n; ++r) {
+    if (!g.results[r].ok() && g.results[r].code() != absl::StatusCode::kAborted) {
+      return g.results[r];
+    }
+  }
+  for (size_t r = 1; r < n; ++r) {
+    if (!g.results[r].ok()) return g.results[r];
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateTensorParallel(
+    const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx, ForwardOptions options,
+    bool measure_only) {
+  const int n = options.tensor_parallel;
+  if (ctx.device != kernels::Device::kCpu || options.staged_metadata) {
+    return absl::UnimplementedError(
+        absl::StrCat("tensor_parallel ", n,
+                     ": tensor parallelism runs on the CPU only so far (no NCCL ranks), "
+                     "without staged metadata"));
+  }
+  if (kernels::IsQuantizedKvDType(pool.dtype)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tensor_parallel ", n, ": a ", kernels::DTypeName(pool.dtype),
+        " KV cache (per-row scales) is not split across ranks yet; use f32, bf16 or f16"));
+  }
+  PD_ASSIGN_OR_RETURN(TpPlan plan, PlanTensorParallel(weights->config, n));
+  ForwardOptions rank_options = options;
+  rank_options.tensor_parallel = 1;
+  const int threads = ctx.parallel != nullptr ? ctx.parallel->num_threads() : 1;
+  std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
+  auto g = std::make_unique<TpGroup>();
+  g->plan = plan;
+  g->comm = std::make_unique<ShmCollectiveGroup>(
+      n, options.max_batch_tokens * int64_t{weights->config.dim});
+  int64_t scratch = 0;
+  for (int r = 0; r < n; ++r) {
+    TpRankInit init;
+    init.plan = plan.ranks[static_cast<size_t>(r)];
+    init.comm = g->comm->rank(r);
+    init.shared_kv = plan.shared_kv;
+    init.pool_kv_heads = plan.pool_kv_heads;
+    if (measure_only) {
+      ModelWeights sizes;  // the sizes are all CreateImpl reads when it does not allocate
+      sizes.config = ShardConfig(weights->config, init.plan);
+      sizes.dtype = weights->dtype;
+      PD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> rank,
+                          CreateImpl(&sizes, pool, ctx, rank_options, false, &init));
+      scratch += rank->scratch_bytes_;
+      continue;
+    }
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> shard, ShardWeights(*weights, plan, r));
+    ParallelFor::Options team;
+    team.num_threads = std::max(1, threads / n);
+    team.name = absl::StrCat("pd-tp", r);
+    g->teams.push_back(std::make_unique<ParallelFor>(team));
+    kernels::OpContext rank_ctx = ctx;
+    rank_ctx.parallel = g->teams.back().get();
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> rank,
+                        CreateImpl(shard.get(), pool, rank_ctx, rank_options, true, &init));
+    scratch += rank->scratch_bytes_;
+    g->shards.push_back(std::move(shard));
+    g->ranks.push_back(std::move(rank));
+  }
+  f->scratch_bytes_ = scratch;
+  if (measure_only) return f;
+  for (int r = 1; r < n; ++r) {
+    TpGroup* group = g.get();
+    g->threads.emplace_back([group, r] { group->RankLoop(r); });
+  }
+  f->tp_group_ = std::move(g);
+  return f;
+}
 
 absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const ModelWeights* weights,
                                                                    KvPoolView pool,
                                                                    kernels::OpContext ctx,
                                                                    ForwardOptions options) {
+  if (options.tensor_parallel != 1) {
+    return CreateTensorParallel(weights, pool, ctx, options, /*measure_only=*/false);
+  }
   return CreateImpl(weights, pool, ctx, options, /*allocate=*/true);
 }
 
 absl::StatusOr<int64_t> LlamaForward::ScratchBytes(const ModelWeights* weights, KvPoolView pool,
                                                    kernels::OpContext ctx, ForwardOptions options) {
+  if (options.tensor_parallel != 1) {
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> f,
+                        CreateTensorParallel(weights, pool, ctx, options, /*measure_only=*/true));
+    return f->scratch_bytes_;
+  }
   PD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> f,
                       CreateImpl(weights, pool, ctx, options, /*allocate=*/false));
   return f->scratch_bytes_;
 }
 
-absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const ModelWeights* weights,
-                                                                       KvPoolView pool,
-                                                                       kernels::OpContext ctx,
-                                                                       ForwardOptions options,
-                                                                       bool allocate) {
+absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(
+    const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx, ForwardOptions options,
+    bool allocate, const TpRankInit* tp) {
   PD_RETURN_IF_ERROR(weights->config.Validate());
   if ((allocate && pool.base == nullptr) || pool.num_blocks <= 0 || pool.block_size <= 0) {
     return absl::InvalidArgumentError(
@@ -145,6 +297,14 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(const Mod
   }
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   const ModelConfig& c = f->config_;
+  if (tp != nullptr) {
+    f->tp_ = tp->plan;
+    f->tp_comm_ = tp->comm;
+    f->tp_shared_kv_ = tp->shared_kv;
+    f->tp_pool_kv_heads_ = tp->pool_kv_heads;
+    f->tp_partial_.resize(static_cast<size_t>(options.max_batch_tokens * int64_t{c.dim}));
+    f->tp_logits_.resize(static_cast<size_t>(options.max_seqs * tp->plan.vocab_count));
+  }
   if (c.moe()) {
     f->expert_tokens_.assign(static_cast<size_t>(c.n_layers) * c.n_experts, 0);
   }
@@ -344,6 +504,18 @@ int64_t LlamaForward::block_bytes() const {
 }
 
 kernels::KvCacheView LlamaForward::CacheView(int layer) const {
+  if (tp_comm_ != nullptr) {
+    // A rank's heads within the TP = 1 layout: the pool's view, its base moved to the rank's
+    // first KV head (unquantized caches only: no scale region to move).
+    kernels::KvCacheView v =
+        kernels::DenseKvCacheView(pool_.base, pool_.dtype, pool_.num_blocks, config_.n_layers,
+                                  tp_pool_kv_heads_, pool_.block_size, config_.head_dim, layer);
+    // (Unquantized views count their strides in elements.)
+    v.base = static_cast<char*>(v.base) +
+             tp_.kv_head_begin * v.head_stride * kernels::DTypeSize(pool_.dtype);
+    v.num_kv_heads = tp_.num_kv_heads;
+    return v;
+  }
   return kernels::DenseKvCacheView(pool_.base, pool_.dtype, pool_.num_blocks, config_.n_layers,
                                    config_.cache_kv_heads(), pool_.block_size,
                                    config_.cache_head_dim(), layer);
@@ -385,10 +557,11 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
       }
     }
     if (seq.attention_mass != nullptr) {
-      if (ctx_.device != kernels::Device::kCpu || Staged() || config_.mla()) {
+      if (ctx_.device != kernels::Device::kCpu || Staged() || config_.mla() ||
+          tp_comm_ != nullptr) {
         return absl::UnimplementedError(
             "forward: attention mass (the H2O and SnapKV KV policies) is computed on the CPU "
-            "only, without staged metadata, and not for MLA models");
+            "only, without staged metadata or tensor parallelism, and not for MLA models");
       }
       if (seq.mass_stride < end || seq.mass_from < 0 || seq.mass_from >= n) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -435,6 +608,10 @@ absl::Status LlamaForward::MatMul(const float* x, const void* w, const float* w_
 absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
                                              absl::Span<const int32_t> dst, int64_t num_tokens,
                                              int64_t delta) {
+  if (tp_group_ != nullptr) {
+    return RunRanks(
+        [&](LlamaForward& r) { return r.CopyBlocksShifted(src, dst, num_tokens, delta); });
+  }
   const ModelConfig& c = config_;
   if (c.mla()) {
     return absl::UnimplementedError(
@@ -464,6 +641,9 @@ absl::Status LlamaForward::CopyBlocksShifted(absl::Span<const int32_t> src,
                                                        " is source and destination"));
       }
     }
+  }
+  if (tp_comm_ != nullptr && !tp_.writes_kv) {
+    return absl::OkStatus();  // a shared KV head: its first rank rewrites it
   }
   // The kernels' index arrays: [src table][dst table], then per chunk [slots][RoPE shifts];
   // host vectors on kCpu, uploaded into d_shift_ (the same layout) when staged.
@@ -641,24 +821,28 @@ absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool maske
   // norm, unless the table is f32), then widened to f32 into x_ (one Convert).
   const DType edtype = weights_->embedding_dtype;
   const int64_t row_in_bytes = c.dim * kernels::DTypeSize(edtype);
-  kernels::CopyBlocksParams gather;
-  gather.src = weights_->embedding;
-  gather.dst = edtype == DType::kF32 ? static_cast<void*>(x_) : static_cast<void*>(xb_);
-  gather.src_ids = d_token_ids_;
-  gather.num_copies = num_tokens;
-  gather.block_bytes = row_in_bytes;
-  gather.src_block_stride_bytes = gather.dst_block_stride_bytes = row_in_bytes;
-  gather.src_num_blocks = c.vocab_size;
-  gather.dst_num_blocks = num_tokens;
-  PD_RETURN_IF_ERROR(kernels::CopyBlocks(ctx_, gather));
-  if (edtype != DType::kF32) {
-    kernels::ConvertParams widen;
-    widen.in = xb_;
-    widen.out = x_;
-    widen.n = num_tokens * c.dim;
-    widen.in_dtype = edtype;
-    widen.out_dtype = DType::kF32;
-    PD_RETURN_IF_ERROR(kernels::Convert(ctx_, widen));
+  if (tp_comm_ != nullptr) {
+    PD_RETURN_IF_ERROR(TpEmbed(num_tokens));
+  } else {
+    kernels::CopyBlocksParams gather;
+    gather.src = weights_->embedding;
+    gather.dst = edtype == DType::kF32 ? static_cast<void*>(x_) : static_cast<void*>(xb_);
+    gather.src_ids = d_token_ids_;
+    gather.num_copies = num_tokens;
+    gather.block_bytes = row_in_bytes;
+    gather.src_block_stride_bytes = gather.dst_block_stride_bytes = row_in_bytes;
+    gather.src_num_blocks = c.vocab_size;
+    gather.dst_num_blocks = num_tokens;
+    PD_RETURN_IF_ERROR(kernels::CopyBlocks(ctx_, gather));
+    if (edtype != DType::kF32) {
+      kernels::ConvertParams widen;
+      widen.in = xb_;
+      widen.out = x_;
+      widen.n = num_tokens * c.dim;
+      widen.in_dtype = edtype;
+      widen.out_dtype = DType::kF32;
+      PD_RETURN_IF_ERROR(kernels::Convert(ctx_, widen));
+    }
   }
   for (int l = 0; l < c.n_layers; ++l) {
     PD_RETURN_IF_ERROR(Layer(l, num_tokens));
@@ -677,9 +861,17 @@ absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool maske
   }
   PD_RETURN_IF_ERROR(
       RmsNormRows(ctx_, x_, weights_->final_norm, xb_, num_seqs, c.dim, c.rms_norm_eps));
-  // MatMul with the classifier weights (the same dtype as every matrix).
-  PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, weights_->classifier_scales, nullptr,
-                            logits_tmp_, num_seqs, c.dim, c.vocab_size, /*accumulate=*/false));
+  // MatMul with the classifier weights (the same dtype as every matrix). A tensor-parallel rank
+  // computes its vocabulary's columns, which every rank gathers.
+  if (tp_comm_ != nullptr) {
+    PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, weights_->classifier_scales, nullptr,
+                              tp_logits_.data(), num_seqs, c.dim, tp_.vocab_count, false));
+    PD_RETURN_IF_ERROR(tp_comm_->AllGatherColumns(tp_logits_.data(), num_seqs, tp_.vocab_count,
+                                                  tp_.vocab_begin, logits_tmp_, c.vocab_size));
+  } else {
+    PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, weights_->classifier_scales, nullptr,
+                              logits_tmp_, num_seqs, c.dim, c.vocab_size, /*accumulate=*/false));
+  }
   if (!sample) {
     return absl::OkStatus();
   }
@@ -804,6 +996,12 @@ absl::Status LlamaForward::Step(absl::Span<const ForwardSequence> batch,
 }
 
 absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, float* logits) {
+  if (tp_group_ != nullptr) {
+    // Every rank runs the step; rank 0 returns the logits (each rank has all of them).
+    return RunRanks([&](LlamaForward& r) {
+      return r.tp_.rank == 0 ? r.Forward(batch, logits) : r.Step(batch, {});
+    });
+  }
   PD_RETURN_IF_ERROR(Step(batch, {}));
   const int64_t vocab_bytes = config_.vocab_size * static_cast<int64_t>(sizeof(float));
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -818,6 +1016,13 @@ absl::Status LlamaForward::Forward(absl::Span<const ForwardSequence> batch, floa
 absl::Status LlamaForward::ForwardSample(absl::Span<const ForwardSequence> batch,
                                          absl::Span<const SampleSpec> specs, int32_t* tokens,
                                          float* logits, const std::function<void()>& masks_ready) {
+  if (tp_group_ != nullptr) {
+    // Rank 0 samples (and reads the masks); the others run the same step without sampling.
+    return RunRanks([&](LlamaForward& r) {
+      return r.tp_.rank == 0 ? r.ForwardSample(batch, specs, tokens, logits, masks_ready)
+                             : r.Step(batch, {});
+    });
+  }
   if (specs.size() != batch.size() || batch.empty() || tokens == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("forward: ", specs.size(),
                                                    " sampling specs for a batch of ", batch.size(),
@@ -885,6 +1090,11 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
   PD_RETURN_IF_ERROR(
       MatMul(xb_, w.w_up, w.w_up_scales, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
   PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, num_tokens, c.hidden_dim));
+  if (tp_comm_ != nullptr) {  // row-parallel: this rank's columns, then the sum over ranks
+    PD_RETURN_IF_ERROR(MatMul(gate_, w.w_down, w.w_down_scales, nullptr, tp_partial_.data(),
+                              num_tokens, c.hidden_dim, c.dim, false));
+    return TpAddReduced(num_tokens);
+  }
   return MatMul(gate_, w.w_down, w.w_down_scales, nullptr, x_, num_tokens, c.hidden_dim, c.dim,
                 true);
 }
@@ -936,7 +1146,13 @@ absl::Status LlamaForward::Attention(int layer, int64_t num_tokens) {
   PD_RETURN_IF_ERROR(kernels::Rope(ctx_, rope));
 
   const kernels::KvCacheView cache = CacheView(layer);
-  PD_RETURN_IF_ERROR(WriteNewKv(k_, v_, c.kv_dim, cache, num_tokens));
+  if (tp_comm_ == nullptr || tp_.writes_kv) {
+    PD_RETURN_IF_ERROR(WriteNewKv(k_, v_, c.kv_dim, cache, num_tokens));
+  }
+  if (tp_shared_kv_) {
+    // Ranks sharing a KV head read the rows its first rank just wrote.
+    PD_RETURN_IF_ERROR(tp_comm_->Barrier());
+  }
 
   if (num_decode_slots_ > 0) {
     kernels::DecodeAttentionParams d;
@@ -974,8 +1190,46 @@ absl::Status LlamaForward::Attention(int layer, int64_t num_tokens) {
   if (any_mass_) {
     PD_RETURN_IF_ERROR(AccumulateMass(layer));
   }
-  // x += attn Wo
+  // x += attn Wo (row-parallel on a tensor-parallel rank: its heads' columns, then the sum)
+  if (tp_comm_ != nullptr) {
+    PD_RETURN_IF_ERROR(MatMul(att_, w.wo, w.wo_scales, nullptr, tp_partial_.data(), num_tokens,
+                              q_dim, c.dim, false));
+    return TpAddReduced(num_tokens);
+  }
   return MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, q_dim, c.dim, true);
+}
+
+absl::Status LlamaForward::TpEmbed(int64_t num_tokens) {
+  const int64_t dim = config_.dim;
+  const DType edtype = weights_->embedding_dtype;
+  const int64_t row_bytes = dim * kernels::DTypeSize(edtype);
+  std::fill_n(x_, num_tokens * dim, 0.0f);
+  for (int64_t i = 0; i < num_tokens; ++i) {
+    const int64_t id = int64_t{token_ids_[static_cast<size_t>(i)]} - tp_.vocab_begin;
+    if (id < 0 || id >= tp_.vocab_count) continue;  // another rank's row
+    const void* row = static_cast<const char*>(weights_->embedding) + id * row_bytes;
+    if (edtype == DType::kF32) {
+      std::memcpy(&x_[i * dim], row, static_cast<size_t>(row_bytes));
+      continue;
+    }
+    kernels::ConvertParams widen;
+    widen.in = row;
+    widen.out = &x_[i * dim];
+    widen.n = dim;
+    widen.in_dtype = edtype;
+    widen.out_dtype = DType::kF32;
+    PD_RETURN_IF_ERROR(kernels::Convert(ctx_, widen));
+  }
+  // One rank holds each row: the others add zeros, so the sum is that row exactly.
+  return tp_comm_->AllReduceSum(x_, num_tokens * dim);
+}
+
+absl::Status LlamaForward::TpAddReduced(int64_t num_tokens) {
+  const int64_t n = num_tokens * config_.dim;
+  PD_RETURN_IF_ERROR(tp_comm_->AllReduceSum(tp_partial_.data(), n));
+  const float* partial = tp_partial_.data();
+  for (int64_t i = 0; i < n; ++i) x_[i] += partial[i];
+  return absl::OkStatus();
 }
 
 absl::Status LlamaForward::AccumulateMass(int layer) {
@@ -1024,10 +1278,10 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
                                         absl::Span<const int32_t> dst,
                                         absl::Span<const int32_t> keep, int64_t num_keep) {
   const ModelConfig& c = config_;
-  if (ctx_.device != kernels::Device::kCpu || Staged() || c.mla()) {
+  if (ctx_.device != kernels::Device::kCpu || Staged() || c.mla() || tp_group_ != nullptr) {
     return absl::UnimplementedError(
         "forward: gathering KV rows (the H2O and SnapKV KV policies) is implemented on the CPU "
-        "only, without staged metadata, and not for MLA models");
+        "only, without staged metadata or tensor parallelism, and not for MLA models");
   }
   const int64_t bs = pool_.block_size;
   const int64_t src_slots = static_cast<int64_t>(src.size()) * bs;

@@ -30,12 +30,19 @@
 #include "absl/types/span.h"
 #include "engine/model/model_weights.h"
 #include "engine/model/moe_routing.h"
+#include "engine/model/tensor_parallel.h"
 #include "kernels/attention_params.h"
 #include "kernels/device_memory.h"
 #include "kernels/sampling_params.h"
 #include "kernels/types.h"
 
+namespace pd {
+class ParallelFor;
+}  // namespace pd
+
 namespace pd::engine {
+
+class Collective;
 
 // The KV block pool the forward pass reads and writes, in the layout of docs/architecture.md,
 // "KV layout" ([layer][K|V][kv_head][token][head_dim] per block): `num_blocks` blocks from
@@ -105,6 +112,15 @@ struct ForwardOptions {
   // staged_metadata, emulated by replaying the step's code (kernels::DeviceGraph), so tests
   // check the capture and replay logic bitwise.
   bool decode_graphs = true;
+  // Tensor parallelism (engine/model/tensor_parallel.h; docs/engine.md, "Tensor parallelism"):
+  // N > 1 splits the model over N ranks, threads of this process that share the KV pool (each
+  // rank its KV heads' rows; the pool keeps the TP = 1 layout). ctx.parallel's threads are
+  // divided between the ranks: each gets its own team of max(1, threads / N). kCpu without
+  // staged_metadata, dense GQA models and unquantized KV caches only (Unimplemented otherwise,
+  // as for the H2O and SnapKV policies' calls); InvalidArgument when N does not split the model
+  // (PlanTensorParallel). Logits agree with N = 1 within float rounding (the row-parallel sums
+  // are added in a different order), the same bits run to run.
+  int32_t tensor_parallel = 1;
 };
 
 // Counts of decode graphs (ForwardOptions::decode_graphs).
@@ -127,6 +143,7 @@ class LlamaForward {
                                                               KvPoolView pool,
                                                               kernels::OpContext ctx,
                                                               ForwardOptions options);
+  ~LlamaForward();
 
   // Bytes of ctx.device memory Create would allocate for its scratch (activations, logits,
   // workspaces, metadata) with these arguments; pool.base may be null. The runtime sizes a GPU
@@ -232,11 +249,43 @@ class LlamaForward {
   // y (+)= x w^T + bias; w_scales: the per-row scales of int8 weights, else nullptr.
   absl::Status MatMul(const float* x, const void* w, const float* w_scales, const float* bias,
                       float* y, int64_t num_rows, int64_t in, int64_t out, bool accumulate);
-  static absl::StatusOr<std::unique_ptr<LlamaForward>> CreateImpl(const ModelWeights* weights,
-                                                                  KvPoolView pool,
-                                                                  kernels::OpContext ctx,
-                                                                  ForwardOptions options,
-                                                                  bool allocate);
+  // A rank of a tensor-parallel group: its plan and its handle on the group's collectives.
+  struct TpRankInit {
+    TpRankPlan plan;
+    Collective* comm = nullptr;
+    bool shared_kv = false;
+    int32_t pool_kv_heads = 0;
+  };
+  static absl::StatusOr<std::unique_ptr<LlamaForward>> CreateImpl(
+      const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx, ForwardOptions options,
+      bool allocate, const TpRankInit* tp = nullptr);
+  // options.tensor_parallel > 1: the group's coordinator (Create; measure_only: ScratchBytes,
+  // the ranks' scratch summed, returned without a group).
+  static absl::StatusOr<std::unique_ptr<LlamaForward>> CreateTensorParallel(
+      const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx, ForwardOptions options,
+      bool measure_only);
+
+  // Tensor parallelism. The object the caller holds is the group's coordinator: it has no
+  // scratch of its own and runs each call on every rank at once (rank 0 on the calling thread,
+  // the others on the group's threads), returning rank 0's result; a rank that fails aborts the
+  // group's collectives, so none waits for it. A rank (tp_comm_ set) runs the usual step with
+  // its shard's sizes, plus the collectives: the embedding of its vocabulary rows and the
+  // row-parallel attention and MLP outputs all-reduced, the classifier's columns all-gathered.
+  struct TpGroup;
+  std::unique_ptr<TpGroup> tp_group_;
+  TpRankPlan tp_;
+  Collective* tp_comm_ = nullptr;
+  bool tp_shared_kv_ = false;
+  int32_t tp_pool_kv_heads_ = 0;
+  // A row-parallel matmul's partial sums [max_batch_tokens][dim]; the classifier's columns of
+  // this rank's vocabulary [max_seqs][vocab_count].
+  std::vector<float> tp_partial_, tp_logits_;
+  absl::Status RunRanks(const std::function<absl::Status(LlamaForward&)>& fn);
+  // x_ = the embedding of the step's tokens: this rank's vocabulary rows, zeros elsewhere,
+  // all-reduced.
+  absl::Status TpEmbed(int64_t num_tokens);
+  // x_ += the sum over ranks of tp_partial_ (num_tokens rows).
+  absl::Status TpAddReduced(int64_t num_tokens);
   // Measures the scratch (scratch_bytes_), then unless measure_only allocates scratch_ on
   // ctx_.device and points the scratch pointers into it.
   absl::Status AllocateScratch(bool measure_only);

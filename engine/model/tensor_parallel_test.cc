@@ -1,0 +1,329 @@
+// Tensor parallelism on the CPU (engine/model/tensor_parallel.h): the plan's errors, and a
+// TP = N forward pass against TP = 1 on stories260K and on random-weight Hugging Face models.
+#include "engine/model/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "common/testing/temp_dir.h"
+#include "common/threads/parallel_for.h"
+#include "engine/model/hf_model.h"
+#include "engine/model/llama_forward.h"
+#include "engine/model/stories260k_test_util.h"
+#include "engine/tools/make_model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/attention_params.h"
+
+namespace pd::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Table;
+
+constexpr int64_t kBlockSize = 16;
+
+// A KV pool for `w` of `blocks` blocks of `dtype`, zeroed.
+struct Pool {
+  Pool(const ModelConfig& c, kernels::DType dtype, int64_t blocks)
+      : bytes(kernels::DenseKvBlockBytes(dtype, c.n_layers, c.n_kv_heads, kBlockSize, c.head_dim)),
+        data(static_cast<size_t>(bytes * blocks / 4 + 1), 0.0f),
+        view{data.data(), dtype, blocks, kBlockSize} {}
+  int64_t bytes;
+  std::vector<float> data;
+  KvPoolView view;
+};
+
+std::unique_ptr<LlamaForward> MakeForward(const ModelWeights& w, const KvPoolView& pool, int tp,
+                                          ParallelFor* team) {
+  ForwardOptions options;
+  options.tensor_parallel = tp;
+  absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
+      &w, pool, kernels::OpContext{kernels::Device::kCpu, nullptr, team}, options);
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? *std::move(f) : nullptr;
+}
+
+// Two sequences: A's 23-token prompt in chunks of 7 and 16, B's 5 tokens batched with A's
+// second chunk, then `steps` greedy decode steps of both together. Every sampled token and
+// every step's logits rows, in order.
+struct Trace {
+  std::vector<uint32_t> tokens;
+  std::vector<float> logits;
+};
+
+Trace Generate(LlamaForward* f, int steps) {
+  const int64_t vocab = f->vocab_size();
+  std::vector<uint32_t> a = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273, 270, 280,
+                             301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311};
+  std::vector<uint32_t> b = {1, 265, 266, 267, 268};
+  for (uint32_t& t : a) t %= static_cast<uint32_t>(vocab);
+  for (uint32_t& t : b) t %= static_cast<uint32_t>(vocab);
+  const std::vector<int32_t> ta = Table(0, 8), tb = Table(8, 8);
+  Trace trace;
+  std::vector<float> logits(static_cast<size_t>(2 * vocab));
+  int32_t next[2] = {0, 0};
+  SampleSpec greedy;
+  greedy.want_logits = true;
+  const SampleSpec specs[2] = {greedy, greedy};
+  absl::Span<const uint32_t> pa(a);
+  EXPECT_TRUE(f->Forward({{pa.subspan(0, 7), 0, ta}}, logits.data()).ok());
+  absl::Status s =
+      f->ForwardSample({{pa.subspan(7), 7, ta}, {b, 0, tb}}, specs, next, logits.data());
+  EXPECT_TRUE(s.ok()) << s;
+  int64_t pos[2] = {static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size())};
+  for (int step = 0; step <= steps && s.ok(); ++step) {
+    trace.tokens.insert(trace.tokens.end(),
+                        {static_cast<uint32_t>(next[0]), static_cast<uint32_t>(next[1])});
+    trace.logits.insert(trace.logits.end(), logits.begin(), logits.end());
+    if (step == steps) break;
+    const uint32_t in[2] = {static_cast<uint32_t>(next[0]), static_cast<uint32_t>(next[1])};
+    s = f->ForwardSample({{absl::MakeConstSpan(&in[0], 1), pos[0], ta},
+                          {absl::MakeConstSpan(&in[1], 1), pos[1], tb}},
+                         specs, next, logits.data());
+    EXPECT_TRUE(s.ok()) << s;
+    ++pos[0];
+    ++pos[1];
+  }
+  return trace;
+}
+
+float MaxAbsDiff(const std::vector<float>& x, const std::vector<float>& y) {
+  EXPECT_EQ(x.size(), y.size());
+  float d = 0;
+  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) d = std::max(d, std::abs(x[i] - y[i]));
+  return d;
+}
+
+TEST(TensorParallelPlanTest, SplitsHeadsMlpAndVocabularyAndNamesWhatDoesNotDivide) {
+  ModelConfig c;
+  c.dim = 64;
+  c.hidden_dim = 172;
+  c.n_layers = 2;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.head_dim = 8;
+  c.kv_dim = 32;
+  c.vocab_size = 515;
+  c.seq_len = 64;
+  absl::StatusOr<TpPlan> p = PlanTensorParallel(c, 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->shared_kv);
+  int64_t vocab = 0;
+  for (const TpRankPlan& r : p->ranks) {
+    EXPECT_EQ(r.head_begin, 2 * r.rank);
+    EXPECT_EQ(r.num_heads, 2);
+    EXPECT_EQ(r.kv_head_begin, r.rank);
+    EXPECT_EQ(r.num_kv_heads, 1);
+    EXPECT_TRUE(r.writes_kv);
+    EXPECT_EQ(r.hidden_begin, 43 * r.rank);
+    EXPECT_EQ(r.vocab_begin, vocab);
+    vocab += r.vocab_count;
+  }
+  EXPECT_EQ(vocab, 515);  // uneven: 128, 129, 129, 129
+  EXPECT_EQ(p->ranks[0].vocab_count, 128);
+
+  c.n_kv_heads = 2;  // 4 ranks share 2 KV heads: ranks 0 and 2 write, 1 and 3 read
+  c.kv_dim = 16;
+  p = PlanTensorParallel(c, 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->shared_kv);
+  EXPECT_EQ(p->ranks[1].kv_head_begin, 0);
+  EXPECT_FALSE(p->ranks[1].writes_kv);
+  EXPECT_EQ(p->ranks[2].kv_head_begin, 1);
+  EXPECT_TRUE(p->ranks[2].writes_kv);
+
+  EXPECT_THAT(PlanTensorParallel(c, 3).status().message(), HasSubstr("8 query heads"));
+  EXPECT_THAT(PlanTensorParallel(c, 0).status().message(), HasSubstr("must be >= 1"));
+  c.hidden_dim = 170;
+  EXPECT_THAT(PlanTensorParallel(c, 4).status().message(), HasSubstr("MLP width 170"));
+  c.hidden_dim = 172;
+  c.n_heads = 12;
+  c.n_kv_heads = 3;
+  c.kv_dim = 24;
+  EXPECT_THAT(PlanTensorParallel(c, 4).status().message(), HasSubstr("3 KV heads"));
+  c.n_experts = 4;
+  c.n_experts_per_tok = 2;
+  c.moe_hidden_dim = 32;
+  EXPECT_EQ(PlanTensorParallel(c, 2).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+class TensorParallelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::LoadStories260K(&checkpoint_, &weights_);
+    ParallelFor::Options o;
+    o.num_threads = 2;
+    team_ = std::make_unique<ParallelFor>(o);
+  }
+  std::unique_ptr<Llama2cCheckpoint> checkpoint_;
+  ModelWeights weights_;
+  std::unique_ptr<ParallelFor> team_;
+};
+
+// Stories260K (8 heads, 4 KV heads, f32): TP = 2 and 4 give TP = 1's greedy tokens for 64
+// steps of two batched sequences, logits within 1e-4 (stated tolerance: float rounding of the
+// row-parallel sums, |logits| ~ 10), and the same bits when run again.
+TEST_F(TensorParallelTest, Stories260kTokensEqualTp1AndLogitsWithinRounding) {
+  Pool p1(weights_.config, kernels::DType::kF32, 16);
+  std::unique_ptr<LlamaForward> f1 = MakeForward(weights_, p1.view, 1, team_.get());
+  ASSERT_NE(f1, nullptr);
+  const Trace want = Generate(f1.get(), 64);
+  for (int tp : {2, 4}) {
+    Pool pool(weights_.config, kernels::DType::kF32, 16);
+    std::unique_ptr<LlamaForward> f = MakeForward(weights_, pool.view, tp, team_.get());
+    ASSERT_NE(f, nullptr);
+    const Trace got = Generate(f.get(), 64);
+    EXPECT_EQ(got.tokens, want.tokens) << "tp " << tp;
+    EXPECT_LE(MaxAbsDiff(got.logits, want.logits), 1e-4f) << "tp " << tp;
+    // The KV the ranks wrote is TP = 1's KV within rounding, in the same layout.
+    EXPECT_LE(MaxAbsDiff(pool.data, p1.data), 1e-4f) << "tp " << tp;
+    Pool again(weights_.config, kernels::DType::kF32, 16);
+    std::unique_ptr<LlamaForward> g = MakeForward(weights_, again.view, tp, team_.get());
+    const Trace repeat = Generate(g.get(), 64);
+    EXPECT_EQ(std::memcmp(repeat.logits.data(), got.logits.data(), got.logits.size() * 4), 0)
+        << "tp " << tp << " is not reproducible run to run";
+  }
+}
+
+// One pool, forward passes of different TP sizes taking turns on it: the layout is TP = 1's,
+// so a prefix written at TP = 4 is read at TP = 1 and the other way round, as a block
+// transferred or restored from the tiers would be.
+TEST_F(TensorParallelTest, KvWrittenAtOneTpIsReadAtAnother) {
+  Pool ref(weights_.config, kernels::DType::kF32, 16);
+  std::unique_ptr<LlamaForward> f1 = MakeForward(weights_, ref.view, 1, team_.get());
+  ASSERT_NE(f1, nullptr);
+  const Trace want = Generate(f1.get(), 24);
+
+  Pool shared(weights_.config, kernels::DType::kF32, 16);
+  std::unique_ptr<LlamaForward> t1 = MakeForward(weights_, shared.view, 1, team_.get());
+  std::unique_ptr<LlamaForward> t4 = MakeForward(weights_, shared.view, 4, team_.get());
+  ASSERT_NE(t1, nullptr);
+  ASSERT_NE(t4, nullptr);
+  // A's prompt at TP = 4, then decode alternating TP = 1 and TP = 4, one step each.
+  const std::vector<uint32_t> a = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273, 270, 280,
+                                   301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311};
+  const std::vector<int32_t> table = Table(0, 8);
+  std::vector<float> logits(static_cast<size_t>(t1->vocab_size()));
+  SampleSpec greedy;
+  int32_t next = 0;
+  ASSERT_TRUE(t4->ForwardSample({{a, 0, table}}, {&greedy, 1}, &next, logits.data()).ok());
+  std::vector<uint32_t> got = {static_cast<uint32_t>(next)};
+  for (int step = 0; step < 24; ++step) {
+    LlamaForward* f = step % 2 == 0 ? t1.get() : t4.get();
+    const uint32_t in = static_cast<uint32_t>(next);
+    ASSERT_TRUE(f->ForwardSample(
+                     {{absl::MakeConstSpan(&in, 1), static_cast<int64_t>(a.size()) + step, table}},
+                     {&greedy, 1}, &next, logits.data())
+                    .ok());
+    got.push_back(static_cast<uint32_t>(next));
+  }
+  std::vector<uint32_t> want_a;
+  for (size_t i = 0; i < want.tokens.size(); i += 2) want_a.push_back(want.tokens[i]);
+  EXPECT_EQ(got, want_a);
+}
+
+// The errors a caller sees instead of a wrong answer.
+TEST_F(TensorParallelTest, RefusesWhatIsNotSplitYet) {
+  Pool pool(weights_.config, kernels::DType::kI8, 4);
+  ForwardOptions o;
+  o.tensor_parallel = 2;
+  EXPECT_EQ(LlamaForward::Create(&weights_, pool.view, {}, o).status().code(),
+            absl::StatusCode::kUnimplemented);  // an int8 KV cache
+  Pool f32(weights_.config, kernels::DType::kF32, 4);
+  o.staged_metadata = true;
+  EXPECT_EQ(LlamaForward::Create(&weights_, f32.view, {}, o).status().code(),
+            absl::StatusCode::kUnimplemented);
+  o.staged_metadata = false;
+  o.tensor_parallel = 3;
+  absl::StatusOr<std::unique_ptr<LlamaForward>> bad =
+      LlamaForward::Create(&weights_, f32.view, {}, o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("tensor_parallel 3"));
+  o.tensor_parallel = 2;
+  absl::StatusOr<std::unique_ptr<LlamaForward>> f =
+      LlamaForward::Create(&weights_, f32.view, {}, o);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const std::vector<int32_t> table = Table(0, 1);
+  EXPECT_EQ((*f)->GatherKvRows(table, Table(1, 1), std::vector<int32_t>(40, 0), 4).code(),
+            absl::StatusCode::kUnimplemented);
+  // A bad request fails on every rank and leaves the group usable.
+  const std::vector<uint32_t> bad_token = {1, 9999};
+  std::vector<float> logits(512);
+  EXPECT_EQ((*f)->Forward({{bad_token, 0, table}}, logits.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  SampleSpec nan_temp;
+  nan_temp.temperature = std::nanf("");
+  int32_t tok = 0;
+  const std::vector<uint32_t> ok_tokens = {1, 403};
+  // Rank 0 refuses the spec before its first collective; the other rank, already inside the
+  // step, is released by the abort.
+  EXPECT_EQ(
+      (*f)->ForwardSample({{ok_tokens, 0, table}}, {&nan_temp, 1}, &tok, logits.data()).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*f)->Forward({{ok_tokens, 0, table}}, logits.data()).ok());
+  ModelWeights sizes;
+  EXPECT_GT(*LlamaForward::ScratchBytes(&weights_, f32.view, {}, o), 0);
+}
+
+// Random-weight Hugging Face checkpoints: bf16 weights and KV cache, an odd vocabulary (uneven
+// vocabulary slices), 2 KV heads shared by 4 ranks, and int8 weights.
+TEST_F(TensorParallelTest, RandomHfModelsAtTp4EqualTp1) {
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-tp-");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  MakeModelOptions mo;
+  mo.out_dir = dir->path() + "/m";
+  mo.preset = "tiny";
+  mo.dtype = kernels::DType::kBF16;
+  mo.vocab_size = 1001;
+  mo.num_heads = 8;
+  mo.head_dim = 16;
+  mo.seed = 7;
+  ASSERT_TRUE(MakeModel(mo).ok());
+  absl::StatusOr<HfModel> model = HfModel::Load(mo.out_dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<ModelWeights> w = WeightsFromHf(*model);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->config.n_kv_heads, 2);
+  absl::StatusOr<ModelWeights> w8 = QuantizeWeightsInt8(*w);
+  ASSERT_TRUE(w8.ok()) << w8.status();
+  struct Case {
+    const ModelWeights* weights;
+    kernels::DType kv;
+    float tolerance;
+    const char* name;
+  };
+  // bf16 KV: a K or V that rounds to the neighbouring bf16 value would move logits by ~1e-3.
+  Trace reference;
+  for (const Case& c : {Case{&*w, kernels::DType::kF32, 1e-4f, "bf16 weights, f32 kv"},
+                        Case{&*w, kernels::DType::kBF16, 1e-3f, "bf16 weights, bf16 kv"}}) {
+    Pool p1(c.weights->config, c.kv, 16), p4(c.weights->config, c.kv, 16);
+    std::unique_ptr<LlamaForward> f1 = MakeForward(*c.weights, p1.view, 1, team_.get());
+    std::unique_ptr<LlamaForward> f4 = MakeForward(*c.weights, p4.view, 4, team_.get());
+    ASSERT_NE(f1, nullptr);
+    ASSERT_NE(f4, nullptr);
+    const Trace want = Generate(f1.get(), 32), got = Generate(f4.get(), 32);
+    EXPECT_EQ(got.tokens, want.tokens) << c.name;
+    EXPECT_LE(MaxAbsDiff(got.logits, want.logits), c.tolerance) << c.name;
+    if (c.kv == kernels::DType::kF32) reference = Generate(f1.get(), 0);
+  }
+  // int8 weights: each rank quantizes its slice of the row-parallel activations with its own
+  // scale (W8A8 quantizes per row of x), a finer rounding than TP = 1's, so the logits are not
+  // TP = 1's within float rounding and greedy tokens may part at a near tie. What holds: TP = 4
+  // is as close to the unquantized model as TP = 1 is (first step, both sequences).
+  Pool q1(w8->config, kernels::DType::kF32, 16), q4(w8->config, kernels::DType::kF32, 16);
+  std::unique_ptr<LlamaForward> f1 = MakeForward(*w8, q1.view, 1, team_.get());
+  std::unique_ptr<LlamaForward> f4 = MakeForward(*w8, q4.view, 4, team_.get());
+  ASSERT_NE(f1, nullptr);
+  ASSERT_NE(f4, nullptr);
+  const float err1 = MaxAbsDiff(Generate(f1.get(), 0).logits, reference.logits);
+  const float err4 = MaxAbsDiff(Generate(f4.get(), 0).logits, reference.logits);
+  EXPECT_GT(err1, 0.0f);
+  EXPECT_LE(err4, 1.5f * err1) << "int8 at TP = 4 is further from the bf16 model than at TP = 1";
+}
+
+}  // namespace
+}  // namespace pd::engine
