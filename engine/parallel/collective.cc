@@ -1,6 +1,7 @@
 #include "engine/parallel/collective.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -80,9 +81,10 @@ class ShmCollectiveGroup::Rank final : public Collective {
   const int rank_;
 };
 
-ShmCollectiveGroup::ShmCollectiveGroup(int size, int64_t reduce_capacity)
+ShmCollectiveGroup::ShmCollectiveGroup(int size, int64_t reduce_capacity, bool yield)
     : size_(std::max(size, 1)),
       capacity_(std::max<int64_t>(reduce_capacity, 1)),
+      yield_(yield),
       scratch_(static_cast<size_t>(capacity_)),
       slots_(static_cast<size_t>(size_)) {
   for (int r = 0; r < size_; ++r) ranks_.push_back(std::make_unique<Rank>(this, r));
@@ -102,18 +104,20 @@ absl::Status ShmCollectiveGroup::Barrier() {
     state_.notify_all();
     return absl::OkStatus();
   }
-  // Spin a little (the peers are usually a few microseconds behind), then yield the core (a
-  // peer may need it: more ranks than cores), then sleep on the futex.
+  // Spin (the peers are usually microseconds behind; a futex sleep and wake-up costs tens of
+  // microseconds in a VM, more than most steps' imbalance), then sleep on the futex. With more
+  // busy threads than cores, yield while spinning: the peer may need this core.
+  const auto start = std::chrono::steady_clock::now();
   for (int i = 0;; ++i) {
     s = state_.load(std::memory_order_acquire);
     if ((s >> 1) != round) return absl::OkStatus();
     if ((s & 1u) != 0) return AbortedError();
-    if (i < 256) {
-      CpuRelax();
-    } else if (i < 320) {
-      std::this_thread::yield();
-    } else {
+    CpuRelax();
+    if ((i & 63) != 63) continue;
+    if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(100)) {
       state_.wait(s, std::memory_order_acquire);
+    } else if (yield_) {
+      std::this_thread::yield();
     }
   }
 }

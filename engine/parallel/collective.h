@@ -49,7 +49,9 @@ class Collective {
 class ShmCollectiveGroup {
  public:
   // size >= 1. `reduce_capacity` floats of shared scratch: longer reductions go in pieces.
-  ShmCollectiveGroup(int size, int64_t reduce_capacity);
+  // A rank waiting for its peers spins up to 100 us, then sleeps; `yield` (for more busy
+  // threads than cores) gives up the core while spinning, so a peer on the same core can run.
+  ShmCollectiveGroup(int size, int64_t reduce_capacity, bool yield = false);
   ~ShmCollectiveGroup();
   ShmCollectiveGroup(const ShmCollectiveGroup&) = delete;
   ShmCollectiveGroup& operator=(const ShmCollectiveGroup&) = delete;
@@ -67,6 +69,7 @@ class ShmCollectiveGroup {
 
   const int size_;
   const int64_t capacity_;
+  const bool yield_;
   std::vector<float> scratch_;
   // Per rank: what it contributes to the current collective.
   struct Slot {

@@ -37,8 +37,8 @@ absl::StatusOr<int64_t> AutoKvBlocks(const ModelRuntimeConfig& config, const Mod
                                      const kvcache::KvLayout& layout, const kernels::OpContext& ctx,
                                      const ModelWeights* draft = nullptr,
                                      const kvcache::KvLayout* draft_layout = nullptr) {
-  const ForwardOptions options{config.scheduler.max_batch_tokens,
-                               config.scheduler.ForwardMaxSeqs()};
+  ForwardOptions options{config.scheduler.max_batch_tokens, config.scheduler.ForwardMaxSeqs()};
+  options.tensor_parallel = config.tensor_parallel;
   PD_ASSIGN_OR_RETURN(int64_t scratch,
                       LlamaForward::ScratchBytes(
                           &weights, {nullptr, layout.dtype, 1, config.block_size}, ctx, options));
@@ -102,6 +102,15 @@ absl::Status ModelRuntimeConfig::Validate() const {
   }
   if (threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", threads));
+  }
+  if (tensor_parallel < 1 || tensor_parallel > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensor_parallel must be in [1, 64], got ", tensor_parallel));
+  }
+  if (tensor_parallel > 1 && !scheduler.kv_policy.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--kv_policy ", scheduler.kv_policy, " with --tensor_parallel ", tensor_parallel,
+        ": the attention-score policies do not run on tensor-parallel ranks yet"));
   }
   if (weight_dtype == WeightDType::kInt8 && !kernels::SupportsMatMul(device, kernels::DType::kI8)) {
     return absl::InvalidArgumentError(absl::StrCat("--weight_dtype int8 is not supported on ",
@@ -335,12 +344,13 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     rt->parallel_ = std::make_unique<ParallelFor>(ParallelFor::Options{threads});
     ctx.parallel = rt->parallel_.get();
   }
-  PD_ASSIGN_OR_RETURN(
-      rt->forward_,
-      LlamaForward::Create(
-          forward_weights,
-          {rt->memory_->base(), rt->layout_.dtype, config.kv_blocks, config.block_size}, ctx,
-          {config.scheduler.max_batch_tokens, config.scheduler.ForwardMaxSeqs()}));
+  ForwardOptions forward_options{config.scheduler.max_batch_tokens,
+                                 config.scheduler.ForwardMaxSeqs()};
+  forward_options.tensor_parallel = config.tensor_parallel;
+  PD_ASSIGN_OR_RETURN(rt->forward_, LlamaForward::Create(forward_weights,
+                                                         {rt->memory_->base(), rt->layout_.dtype,
+                                                          config.kv_blocks, config.block_size},
+                                                         ctx, forward_options));
   PD_ASSIGN_OR_RETURN(rt->scheduler_,
                       Scheduler::Create(config.scheduler, rt->forward_.get(), rt->kv_.get(),
                                         rt->tokenizer_.get(), rt->weights_.fingerprint));
@@ -390,13 +400,15 @@ int64_t ModelRuntime::OfferRunningBlocks() {
 
 std::string ModelRuntime::Describe() const {
   const ModelConfig& c = weights_.config;
-  return absl::StrCat("model ", config_.model, " (", ArchitectureName(c.architecture), ", ",
-                      c.n_layers, " layers, dim ", c.dim, ", vocab ", c.vocab_size, ", context ",
-                      c.seq_len, ", weights ", kernels::DTypeName(weights_.dtype), ", fingerprint ",
-                      weights_.fingerprint.substr(0, 12),
-                      weights_.dtype == kernels::DType::kI8 ? "+w8" : "", "), kv pool ",
-                      config_.kv_blocks, " blocks x ", config_.block_size, " tokens (",
-                      memory_->size_bytes() >> 20, " MiB) on ", DeviceName(config_.device));
+  return absl::StrCat(
+      "model ", config_.model, " (", ArchitectureName(c.architecture), ", ", c.n_layers,
+      " layers, dim ", c.dim, ", vocab ", c.vocab_size, ", context ", c.seq_len, ", weights ",
+      kernels::DTypeName(weights_.dtype), ", fingerprint ", weights_.fingerprint.substr(0, 12),
+      weights_.dtype == kernels::DType::kI8 ? "+w8" : "", "), kv pool ", config_.kv_blocks,
+      " blocks x ", config_.block_size, " tokens (", memory_->size_bytes() >> 20, " MiB) on ",
+      DeviceName(config_.device),
+      config_.tensor_parallel > 1 ? absl::StrCat(", tensor parallel x", config_.tensor_parallel)
+                                  : "");
 }
 
 }  // namespace pd::engine

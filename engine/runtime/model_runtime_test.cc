@@ -119,6 +119,43 @@ TEST(ModelRuntimeTest, AutoKvBlocksFillTheFractionLeft) {
   EXPECT_THAT(v.message(), HasSubstr("--gpu_memory_fraction"));
 }
 
+// --tensor_parallel: out of range and unsupported combinations fail at startup naming the flags;
+// at 2 the runtime serves the same greedy tokens as at 1 and says so in Describe().
+TEST(ModelRuntimeTest, TensorParallelIsCheckedAtStartupAndServesTheSameTokens) {
+  ModelRuntimeConfig c = testing::StoriesConfig(kernels::Device::kCpu);
+  c.tensor_parallel = 0;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("--tensor_parallel must be in [1, 64], got 0"));
+  c.tensor_parallel = 2;
+  c.scheduler.kv_policy = "h2o";
+  c.scheduler.kv_budget_tokens = 64;
+  c.scheduler.kv_recent_tokens = 16;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kUnimplemented);
+  c.scheduler.kv_policy.clear();
+  c.scheduler.kv_budget_tokens = c.scheduler.kv_recent_tokens = 0;
+  c.tensor_parallel = 3;  // stories260K has 8 query heads
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> bad = ModelRuntime::Create(c);
+  EXPECT_THAT(bad.status().message(), HasSubstr("does not divide the model's 8 query heads"));
+  c.kv_dtype = kernels::DType::kI8;
+  c.tensor_parallel = 2;
+  bad = ModelRuntime::Create(c);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented) << bad.status();
+  c.kv_dtype = kernels::DType::kF32;
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> tp2 = ModelRuntime::Create(c);
+  ASSERT_TRUE(tp2.ok()) << tp2.status();
+  EXPECT_THAT((*tp2)->Describe(), HasSubstr("tensor parallel x2"));
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> tp1 =
+      ModelRuntime::Create(testing::StoriesConfig(kernels::Device::kCpu));
+  ASSERT_TRUE(tp1.ok()) << tp1.status();
+  // Three prompts batched, 48 tokens each.
+  const std::vector<std::vector<uint32_t>> prompts = {{1, 403, 407}, {1, 265, 266, 267}, {1}};
+  const std::vector<testing::Generated> got = testing::GreedyAll(tp2->get(), prompts, 48);
+  const std::vector<testing::Generated> want = testing::GreedyAll(tp1->get(), prompts, 48);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i].tokens.size(), 48u);
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+  }
+}
+
 TEST(ModelRuntimeTest, CudaWhereItCannotRunFailsAtStartupNamingWhy) {
   if (kernels::DeviceMemoryBuilt(kernels::Device::kCuda) &&
       kernels::DeviceCount(kernels::Device::kCuda) > 0) {

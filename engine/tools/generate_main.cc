@@ -27,6 +27,8 @@ ABSL_FLAG(int64_t, kv_blocks, 256,
 ABSL_FLAG(double, gpu_memory_fraction, 0.9,
           "with --kv_blocks 0 on cuda: share of the GPU's total memory to use, in (0, 1]");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
+ABSL_FLAG(int32_t, tensor_parallel, 1,
+          "split the model over N ranks (CPU threads sharing the KV pool); 1 = off");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 | i4");
 ABSL_FLAG(int64_t, kv_sink_tokens, 0,
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
   config.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   config.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   config.threads = absl::GetFlag(FLAGS_threads);
+  config.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   absl::StatusOr<pd::kernels::Device> device = pd::engine::ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) Fail(device.status());
   config.device = *device;

@@ -32,6 +32,10 @@ ABSL_FLAG(double, gpu_memory_fraction, 0.9,
           "(0, 1]");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV block (must match the router and peers)");
 ABSL_FLAG(int, threads, 0, "CPU threads for the kernels; 0 = all cores");
+ABSL_FLAG(int, tensor_parallel, 1,
+          "split the model over N ranks (CPU: threads sharing the KV pool, --threads divided "
+          "between them; N must divide the query heads and the MLP width; the KV layout stays "
+          "TP 1's, so peers of any TP size pair); 1 = off");
 ABSL_FLAG(std::string, device, "cpu",
           "where the weights, KV pool and forward pass live: cpu | cuda (CUDA device 0 of "
           "CUDA_VISIBLE_DEVICES)");
@@ -132,6 +136,7 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   c.runtime.block_size = absl::GetFlag(FLAGS_block_size);
   c.runtime.threads = absl::GetFlag(FLAGS_threads);
+  c.runtime.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   PD_ASSIGN_OR_RETURN(c.runtime.device, pd::engine::ParseDevice(absl::GetFlag(FLAGS_device)));
   absl::StatusOr<pd::kernels::DType> kv_dtype =
       pd::kernels::DTypeFromName(absl::GetFlag(FLAGS_kv_dtype));
