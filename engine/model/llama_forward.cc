@@ -169,6 +169,15 @@ LlamaForward::LlamaForward(const ModelWeights* weights, KvPoolView pool, kernels
 
 LlamaForward::~LlamaForward() = default;
 
+std::vector<int64_t> LlamaForward::tp_wait_nanos() const {
+  std::vector<int64_t> out;
+  if (tp_group_ == nullptr) return out;
+  for (int r = 0; r < tp_group_->comm->size(); ++r) {
+    out.push_back(tp_group_->comm->rank(r)->WaitNanos());
+  }
+  return out;
+}
+
 absl::Status LlamaForward::RunRanks(const std::function<absl::Status(LlamaForward&)>& fn) {
   TpGroup& g = *tp_group_;
   const size_t n = g.ranks.size();

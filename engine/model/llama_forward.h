@@ -214,6 +214,9 @@ class LlamaForward {
   // Mixture of experts: token-expert assignments since creation, [layer][expert] flattened
   // (n_layers * n_experts entries; empty for a dense model). Read between steps.
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  // Tensor parallelism: each rank's cumulative nanoseconds waiting for its peers in
+  // collectives (Collective::WaitNanos), rank order; empty at tensor_parallel 1.
+  std::vector<int64_t> tp_wait_nanos() const;
 
  private:
   LlamaForward(const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx,

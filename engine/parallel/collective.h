@@ -42,6 +42,9 @@ class Collective {
   virtual absl::Status Barrier() = 0;
   // Makes every pending and later collective of the group return Aborted (any rank may call).
   virtual void Abort() = 0;
+  // Nanoseconds this rank has spent waiting for its peers in collectives, cumulative: how
+  // unevenly the ranks' work is spread (any thread may read it).
+  virtual int64_t WaitNanos() const = 0;
 };
 
 // A group of `size` ranks that are threads of this process. Thread-safe as documented above:
@@ -64,7 +67,7 @@ class ShmCollectiveGroup {
 
  private:
   class Rank;
-  absl::Status Barrier();
+  absl::Status Barrier(int rank);
   void Abort();
 
   const int size_;
@@ -78,6 +81,7 @@ class ShmCollectiveGroup {
     int64_t col_begin = 0;
   };
   std::vector<Slot> slots_;
+  std::unique_ptr<std::atomic<int64_t>[]> wait_ns_;  // per rank
   std::vector<std::unique_ptr<Rank>> ranks_;
   // Barrier: ranks arrived in the current round; (round << 1) | aborted, a futex word.
   alignas(64) std::atomic<int32_t> arrived_{0};

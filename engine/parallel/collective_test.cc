@@ -100,6 +100,10 @@ TEST(ShmCollectiveTest, AbortReleasesRanksWaitingForAPeerThatLeft) {
   });
   EXPECT_EQ(status[0].code(), absl::StatusCode::kAborted) << status[0];
   EXPECT_EQ(status[1].code(), absl::StatusCode::kAborted) << status[1];
+  // Ranks 0 and 1 waited about 20 ms for rank 2 (counted until the abort released them).
+  EXPECT_GE(group.rank(0)->WaitNanos(), 10'000'000);
+  EXPECT_GE(group.rank(1)->WaitNanos(), 10'000'000);
+  EXPECT_EQ(group.rank(2)->WaitNanos(), 0);
   EXPECT_TRUE(group.aborted());
   // A later collective fails at once until Reset; after it the group works again.
   float y = 1;

@@ -68,9 +68,8 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
         " scores cached tokens on the CPU only (no CUDA kernel yet, no staged metadata) and "
         "for per-head attention caches only (not MLA)"));
   }
-  std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), window, compress, forward,
-                                             kv_cache, tokenizer, std::move(model_fingerprint),
-                                             clock));
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), window, compress, forward, kv_cache,
+                                             tokenizer, std::move(model_fingerprint), clock));
   s->logits_.resize(forward->options().max_seqs * forward->vocab_size());
   return s;
 }
@@ -372,9 +371,9 @@ void Scheduler::Admit() {
     seq->num_allocated = to_allocate;
     if (governed) {
       const ModelConfig& mc = forward_->config();
-      seq->scores.assign(static_cast<size_t>(mc.n_layers * mc.n_kv_heads *
-                                             compress_.ScoreSlots(seq->prompt_len)),
-                         0.0f);
+      seq->scores.assign(
+          static_cast<size_t>(mc.n_layers * mc.n_kv_heads * compress_.ScoreSlots(seq->prompt_len)),
+          0.0f);
       seq->compressed = false;
     }
     seq->chain.assign(chain.begin(), chain.begin() + *cached / kv_->block_size());
@@ -531,10 +530,10 @@ Scheduler::SlideOutcome Scheduler::Compact(size_t i) {
     }
     if (!compacted.ok()) {
       Finish(seq, FinishReason::kError,
-             absl::Status(compacted.code(),
-                          absl::StrCat("request ", seq->request.id.ToString(), ": kv_policy ",
-                                       config_.kv_policy, ": compaction failed: ",
-                                       compacted.message())));
+             absl::Status(
+                 compacted.code(),
+                 absl::StrCat("request ", seq->request.id.ToString(), ": kv_policy ",
+                              config_.kv_policy, ": compaction failed: ", compacted.message())));
       return SlideOutcome::kFailed;
     }
     seq->dropped += held - keep_n;
@@ -809,10 +808,10 @@ Scheduler::Batch Scheduler::CollectBatch() {
   const auto max_rows = static_cast<size_t>(forward_->options().max_seqs);
   const int64_t spare_rows =
       std::min<int64_t>(budget, static_cast<int64_t>(max_rows) - static_cast<int64_t>(rows));
-  const int64_t step_k = config_.spec_adaptive
-                             ? spec_.MaxProposal(static_cast<int64_t>(rows),
-                                                 config_.spec_max_tokens, spare_rows)
-                             : config_.spec_max_tokens;
+  const int64_t step_k =
+      config_.spec_adaptive
+          ? spec_.MaxProposal(static_cast<int64_t>(rows), config_.spec_max_tokens, spare_rows)
+          : config_.spec_max_tokens;
   if (step_k == 0) {
     ++stats_.spec_declined_steps;
     return batch;
@@ -841,8 +840,7 @@ Scheduler::Batch Scheduler::CollectBatch() {
     const absl::Time started = absl::Now();
     const int64_t passes = draft_->stats().forward_passes;
     absl::StatusOr<std::vector<std::vector<uint32_t>>> drafts = draft_->Propose(asks);
-    spec_.ObserveDraft(draft_->stats().forward_passes - passes,
-                       static_cast<int64_t>(asks.size()),
+    spec_.ObserveDraft(draft_->stats().forward_passes - passes, static_cast<int64_t>(asks.size()),
                        absl::ToDoubleSeconds(absl::Now() - started));
     if (!drafts.ok()) {
       // The target's step goes on without proposals; the draft's state was dropped.
@@ -1232,9 +1230,8 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
   std::optional<TokenLogprob> logprob;
   if (so.logprobs >= 0) {
     const int64_t vocab = forward_->vocab_size();
-    absl::StatusOr<TokenLogprob> lp =
-        ComputeLogprob(logits_.data() + row * vocab, vocab, token, so.logprobs,
-                       so.full_distribution);
+    absl::StatusOr<TokenLogprob> lp = ComputeLogprob(logits_.data() + row * vocab, vocab, token,
+                                                     so.logprobs, so.full_distribution);
     if (!lp.ok()) {
       Finish(seq, FinishReason::kError, lp.status());
       return;
@@ -1293,6 +1290,7 @@ SchedulerStats Scheduler::Stats() const {
   s.decode_graphs_off = graphs.off;
   s.moe_experts = forward_->config().n_experts;
   s.moe_expert_tokens = forward_->expert_tokens();
+  s.tp_wait_nanos = forward_->tp_wait_nanos();
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.running = static_cast<int64_t>(running_.size());
   s.held = handoffs_.num_held();

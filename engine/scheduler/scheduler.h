@@ -82,6 +82,9 @@ struct SchedulerStats {
   // (moe_experts entries a layer; empty for a dense model).
   int32_t moe_experts = 0;
   std::vector<int64_t> moe_expert_tokens;
+  // Tensor parallelism: each rank's cumulative nanoseconds waiting for its peers (empty at
+  // TP 1; LlamaForward::tp_wait_nanos).
+  std::vector<int64_t> tp_wait_nanos;
   // Cumulative: steps a sequence sat out because its structured-output mask was late
   // (SchedulerConfig::mask_grace_us); its token was computed again the next step.
   int64_t late_masks = 0;

@@ -312,6 +312,18 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddGauge("pd_worker_decode_graphs_disabled",
                   "1 when a CUDA graph capture failed and decode steps launch kernel by kernel",
                   st.decode_graphs_off ? 1 : 0);
+    if (!st.tp_wait_nanos.empty()) {
+      sink.AddGauge("pd_worker_tensor_parallel_ranks",
+                    "Ranks the model is split over (--tensor_parallel)",
+                    static_cast<double>(st.tp_wait_nanos.size()));
+      for (size_t r = 0; r < st.tp_wait_nanos.size(); ++r) {
+        sink.AddCounter("pd_worker_tp_collective_wait_seconds_total",
+                        "Tensor parallelism: time each rank waited for its peers in collectives "
+                        "(all-reduce, all-gather); a rank far above the others is the busy one",
+                        static_cast<double>(st.tp_wait_nanos[r]) * 1e-9,
+                        {{"rank", absl::StrCat(r)}});
+      }
+    }
     if (st.moe_experts > 0) {
       // Expert load: assignments per layer and expert, and the most loaded expert's share
       // against an even spread (1 = balanced; n_experts = one expert takes everything).

@@ -69,6 +69,10 @@ TEST_F(TensorParallelE2eTest, DisaggregatedAcrossTpSizesEqualsTp1) {
     EXPECT_GT(again.last.usage().cached_tokens(), 0u) << name << again.last.DebugString();
     const std::string dm = c.WorkerMetrics(1);
     EXPECT_GE(Metric(dm, "pd_worker_prefills_total{where=\"remote\"}"), 1) << name << dm;
+    // The TP 2 worker's metrics name its ranks.
+    const std::string tm = c.WorkerMetrics(decode_tp == 2 ? 1 : 0);
+    EXPECT_EQ(Metric(tm, "pd_worker_tensor_parallel_ranks"), 2) << name << tm;
+    EXPECT_THAT(tm, HasSubstr("pd_worker_tp_collective_wait_seconds_total{rank=\"1\"}")) << tm;
     EXPECT_THAT(c.Logs(), HasSubstr(absl::StrCat("tensor parallel x2"))) << name;
   }
 }
