@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine's features on a lent GPU, each compared with the CPU (or with plain decoding on
 # the GPU): KV dtypes, int8 weights, sink + window, Qwen3, the errors of what has no CUDA path
-# (i4 KV, MoE, MLA), and through an aggregated cluster the OpenAI API's structured outputs,
+# (i4 KV, MoE, MLA, tensor parallelism; with two GPUs the NCCL collectives), and through an aggregated cluster the OpenAI API's structured outputs,
 # penalties, logit bias, logprobs, n > 1, a batch of eight, and speculative decoding (n-gram and
 # a draft model). docs/gpu.md ("Running on a GPU node") says how it is packed and run:
 #   cp scripts/gpu_features.sh .gpu/features.sh     (after the GPU check's pack.sh)
@@ -49,6 +49,14 @@ for a in mixtral deepseek_v3; do
   timeout 60 "$GEN" --device cuda --model /tmp/arch-$a --prompt "Hello" --max_tokens 8 2>&1 | grep -vE "^I[0-9]" | tail -2
   echo "$a on cuda rc=${PIPESTATUS[0]}"
 done
+
+step "tensor parallelism: cuda ranks are not built (a clear error); NCCL collectives on 2+ GPUs"
+timeout 60 "$GEN" --device cuda "${S[@]}" --tensor_parallel 2 --max_tokens 8 2>&1 | grep -vE "^I[0-9]" | tail -2; echo "rc=${PIPESTATUS[0]}"
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  timeout 120 "$B/engine/parallel/engine_nccl_collective_gpu_test" 2>&1 | tail -3
+else
+  echo "one GPU: engine_nccl_collective_gpu_test (two ranks over NCCL) skipped"
+fi
 
 # --- the cluster: structured outputs, penalties, n, logprobs, speculation ------------------
 start() {  # start NAME [pd-local args...]

@@ -26,6 +26,10 @@ struct OpState {
   size_t bytes = 0;
   int from = 0;  // rank of the sender
   int to = 0;    // rank of the receiver
+  // Collectives (engine/parallel/nccl_collective.h): 1 all-reduce (float sum), 2 all-gather
+  // (floats); `count` elements (per rank for the all-gather).
+  int coll = 0;
+  size_t count = 0;
 };
 
 struct Pair {
@@ -35,6 +39,7 @@ struct Pair {
   // Pending operations in issue order: sends[r] are rank r's sends, recvs[r] rank r's recvs.
   std::deque<std::shared_ptr<OpState>> sends[2];
   std::deque<std::shared_ptr<OpState>> recvs[2];
+  std::deque<std::shared_ptr<OpState>> colls[2];  // collectives, in issue order
 };
 
 struct Allocation {
@@ -143,6 +148,33 @@ void MatchLocked(Pair& p) {
       S().to_copy.emplace_back(s, r);
     }
   }
+  // Collectives complete when both ranks issued them (computed here, at once): the sum in
+  // rank order, or both ranks' chunks in rank order.
+  while (!p.colls[0].empty() && !p.colls[1].empty()) {
+    auto a = p.colls[0].front(), b = p.colls[1].front();
+    p.colls[0].pop_front();
+    p.colls[1].pop_front();
+    if (a->coll != b->coll || a->count != b->count) {
+      p.error = true;  // mismatched collectives: both stay pending until abort
+      continue;
+    }
+    const size_t n = a->count;
+    if (a->coll == 1) {
+      std::vector<float> sum(n);
+      const auto* x = static_cast<const float*>(a->sbuf);
+      const auto* y = static_cast<const float*>(b->sbuf);
+      for (size_t i = 0; i < n; ++i) sum[i] = x[i] + y[i];
+      std::memcpy(a->rbuf, sum.data(), n * sizeof(float));
+      std::memcpy(b->rbuf, sum.data(), n * sizeof(float));
+    } else {
+      std::vector<float> all(2 * n);
+      std::memcpy(all.data(), a->sbuf, n * sizeof(float));
+      std::memcpy(all.data() + n, b->sbuf, n * sizeof(float));
+      std::memcpy(a->rbuf, all.data(), 2 * n * sizeof(float));
+      std::memcpy(b->rbuf, all.data(), 2 * n * sizeof(float));
+    }
+    a->done = b->done = true;
+  }
   S().cv.notify_all();
 }
 
@@ -221,6 +253,25 @@ ncclResult_t Submit(const GroupEntry& e) {
   Pair& p = *e.comm->pair;
   (e.send ? p.sends : p.recvs)[e.comm->rank].push_back(op);
   pd::transport::fake_cuda::MatchLocked(p);
+  return ncclSuccess;
+}
+
+// A collective of `comm` on `stream` (caller does not hold S().mu).
+ncclResult_t SubmitCollective(int kind, const void* sbuf, void* rbuf, size_t count,
+                              ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat || stream == nullptr) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> lock(S().mu);
+  if (comm->aborted) return ncclInvalidUsage;
+  auto op = std::make_shared<OpState>();
+  op->coll = kind;
+  op->sbuf = sbuf;
+  op->rbuf = rbuf;
+  op->count = count;
+  stream->ops.push_back(op);
+  comm->ops.push_back(op);
+  S().issued.push_back(op);
+  comm->pair->colls[comm->rank].push_back(op);
+  pd::transport::fake_cuda::MatchLocked(*comm->pair);
   return ncclSuccess;
 }
 
@@ -303,6 +354,20 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* pt
       attr->device = it->second.device;
       attr->devicePointer = const_cast<void*>(ptr);
     }
+  }
+  return cudaSuccess;
+}
+
+// Stream order: the copy waits for the stream's earlier operations, then runs.
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind, cudaStream_t stream) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+  if (stream != nullptr) {
+    if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return e;
+  }
+  for (size_t row = 0; row < height; ++row) {
+    std::memmove(static_cast<char*>(dst) + row * dpitch,
+                 static_cast<const char*>(src) + row * spitch, width);
   }
   return cudaSuccess;
 }
@@ -436,6 +501,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   }
   p.sends[comm->rank].clear();
   p.recvs[comm->rank].clear();
+  p.colls[comm->rank].clear();
   // The comm object stays allocated (leaked): the fake's peer may still point at the pair.
   return ncclSuccess;
 }
@@ -472,6 +538,18 @@ ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, nc
   e.comm = comm;
   e.stream = stream;
   return Enqueue(e);
+}
+
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
+  if (op != ncclSum) return ncclInvalidArgument;
+  return SubmitCollective(1, sendbuff, recvbuff, count, datatype, comm, stream);
+}
+
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return SubmitCollective(2, sendbuff, recvbuff, sendcount, datatype, comm, stream);
 }
 
 ncclResult_t ncclGroupEnd() {

@@ -10,7 +10,10 @@
 // events really are pending for a while. Communicators are created non-blocking (init returns
 // ncclInProgress until both ranks joined) and, like NCCL, reject two ranks on the same device.
 // ncclCommAbort ends its own pending operations without copying; the peer's stay pending until
-// it aborts too (a real dead peer behaves the same).
+// it aborts too (a real dead peer behaves the same). The collectives engine/parallel's
+// NcclCollective uses (ncclAllReduce of floats with ncclSum, ncclAllGather of floats) complete
+// once both ranks issued them, the sum taken in rank order; cudaMemcpy2DAsync waits for its
+// stream's earlier operations, then copies.
 //
 // Thread-safe.
 #pragma once
