@@ -594,11 +594,11 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
       }
     }
     if (seq.attention_mass != nullptr) {
-      if (ctx_.device != kernels::Device::kCpu || Staged() || config_.mla() ||
-          tp_comm_ != nullptr) {
+      if (ctx_.device != kernels::Device::kCpu || Staged() || config_.mla() || tp_shared_kv_) {
         return absl::UnimplementedError(
             "forward: attention mass (the H2O and SnapKV KV policies) is computed on the CPU "
-            "only, without staged metadata or tensor parallelism, and not for MLA models");
+            "only, without staged metadata or tensor-parallel ranks sharing a KV head, and not "
+            "for MLA models");
       }
       if (seq.mass_stride < end || seq.mass_from < 0 || seq.mass_from >= n) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -1304,7 +1304,11 @@ absl::Status LlamaForward::AccumulateMass(int layer) {
     a.num_heads = c.n_heads;
     a.num_kv_heads = c.n_kv_heads;
     a.head_dim = c.head_dim;
-    a.mass = m.mass + layer * c.n_kv_heads * m.stride;
+    // [layer][kv head][slot] over the model's KV heads: a tensor-parallel rank adds its own.
+    a.mass = m.mass + (tp_comm_ != nullptr
+                           ? int64_t{layer} * tp_pool_kv_heads_ + tp_.kv_head_begin
+                           : int64_t{layer} * c.n_kv_heads) *
+                          m.stride;
     a.mass_head_stride = m.stride;
     PD_RETURN_IF_ERROR(kernels::AttentionMass(ctx_, a));
   }
@@ -1315,18 +1319,31 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
                                         absl::Span<const int32_t> dst,
                                         absl::Span<const int32_t> keep, int64_t num_keep) {
   const ModelConfig& c = config_;
-  if (ctx_.device != kernels::Device::kCpu || Staged() || c.mla() || tp_group_ != nullptr) {
+  if (tp_group_ != nullptr) {
+    if (tp_group_->plan.shared_kv) {
+      return absl::UnimplementedError(
+          "forward: gathering KV rows (the H2O and SnapKV KV policies) with more tensor-parallel "
+          "ranks than KV heads (ranks sharing a KV head) is not built");
+    }
+    // Each rank moves its KV heads' rows.
+    return RunRanks(
+        [&](LlamaForward& r) { return r.GatherKvRows(src, dst, keep, num_keep); });
+  }
+  if (ctx_.device != kernels::Device::kCpu || Staged() || c.mla()) {
     return absl::UnimplementedError(
         "forward: gathering KV rows (the H2O and SnapKV KV policies) is implemented on the CPU "
-        "only, without staged metadata or tensor parallelism, and not for MLA models");
+        "only, without staged metadata, and not for MLA models");
   }
+  // keep covers the model's KV heads; a tensor-parallel rank moves its own of them.
+  const int64_t heads = tp_comm_ != nullptr ? tp_pool_kv_heads_ : c.n_kv_heads;
+  const int64_t first_head = tp_comm_ != nullptr ? tp_.kv_head_begin : 0;
   const int64_t bs = pool_.block_size;
   const int64_t src_slots = static_cast<int64_t>(src.size()) * bs;
   if (num_keep <= 0 || static_cast<int64_t>(dst.size()) * bs < num_keep ||
-      static_cast<int64_t>(keep.size()) != c.n_layers * c.n_kv_heads * num_keep) {
+      static_cast<int64_t>(keep.size()) != c.n_layers * heads * num_keep) {
     return absl::InvalidArgumentError(
         absl::StrCat("forward: gather of ", num_keep, " rows into ", dst.size(), " blocks needs ",
-                     c.n_layers * c.n_kv_heads * num_keep, " kept slots, got ", keep.size()));
+                     c.n_layers * heads * num_keep, " kept slots, got ", keep.size()));
   }
   for (const absl::Span<const int32_t> ids : {src, dst}) {
     for (int32_t b : ids) {
@@ -1350,13 +1367,13 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
   }
   const bool quantized = kernels::IsQuantizedKvDType(pool_.dtype);
   const int64_t unit = quantized ? 1 : kernels::DTypeSize(pool_.dtype);
-  auto* base = static_cast<uint8_t*>(pool_.base);
+  auto* base = static_cast<uint8_t*>(CacheView(0).base);  // a rank's view starts at its heads
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const kernels::KvCacheView v = CacheView(layer);
     const int64_t pitch = kernels::KvRowPitch(v.dtype, v.head_dim);
     const int64_t groups = kernels::KvScalesPerRow(v.dtype, v.head_dim);
     for (int64_t g = 0; g < c.n_kv_heads; ++g) {
-      const int32_t* kept = &keep[(layer * c.n_kv_heads + g) * num_keep];
+      const int32_t* kept = &keep[(layer * heads + first_head + g) * num_keep];
       for (int64_t i = 0; i < num_keep; ++i) {
         const int64_t from_block = src[kept[i] / bs], from_slot = kept[i] % bs;
         const int64_t to_block = dst[i / bs], to_slot = i % bs;

@@ -248,8 +248,9 @@ TEST_F(TensorParallelTest, RefusesWhatIsNotSplitYet) {
       LlamaForward::Create(&weights_, f32.view, {}, o);
   ASSERT_TRUE(f.ok()) << f.status();
   const std::vector<int32_t> table = Table(0, 1);
-  EXPECT_EQ((*f)->GatherKvRows(table, Table(1, 1), std::vector<int32_t>(40, 0), 4).code(),
-            absl::StatusCode::kUnimplemented);
+  // Each rank checks the whole keep list (5 layers x 4 KV heads x 4 rows = 80 slots).
+  EXPECT_THAT((*f)->GatherKvRows(table, Table(1, 1), std::vector<int32_t>(40, 0), 4).message(),
+              HasSubstr("needs 80 kept slots, got 40"));
   // A bad request fails on every rank and leaves the group usable.
   const std::vector<uint32_t> bad_token = {1, 9999};
   std::vector<float> logits(512);

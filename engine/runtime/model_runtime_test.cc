@@ -125,13 +125,6 @@ TEST(ModelRuntimeTest, TensorParallelIsCheckedAtStartupAndServesTheSameTokens) {
   ModelRuntimeConfig c = testing::StoriesConfig(kernels::Device::kCpu);
   c.tensor_parallel = 0;
   EXPECT_THAT(c.Validate().message(), HasSubstr("--tensor_parallel must be in [1, 64], got 0"));
-  c.tensor_parallel = 2;
-  c.scheduler.kv_policy = "h2o";
-  c.scheduler.kv_budget_tokens = 64;
-  c.scheduler.kv_recent_tokens = 16;
-  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kUnimplemented);
-  c.scheduler.kv_policy.clear();
-  c.scheduler.kv_budget_tokens = c.scheduler.kv_recent_tokens = 0;
   c.tensor_parallel = 3;  // stories260K has 8 query heads
   absl::StatusOr<std::unique_ptr<ModelRuntime>> bad = ModelRuntime::Create(c);
   EXPECT_THAT(bad.status().message(), HasSubstr("does not divide the model's 8 query heads"));
@@ -153,6 +146,30 @@ TEST(ModelRuntimeTest, TensorParallelIsCheckedAtStartupAndServesTheSameTokens) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(got[i].tokens.size(), 48u);
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+  }
+}
+
+// H2O and SnapKV at TP 2: each rank scores and compacts its own KV heads (the scores of a head
+// come from its own query heads, all on one rank), so the policies give TP 1's tokens: 300
+// tokens under a 64-token H2O budget, and a SnapKV prompt compressed to 32.
+TEST(ModelRuntimeTest, ScorePoliciesRunOnTensorParallelRanks) {
+  for (const char* policy : {"h2o", "snapkv"}) {
+    std::vector<std::vector<testing::Generated>> out;
+    for (int tp : {1, 2}) {
+      ModelRuntimeConfig c = testing::StoriesConfig(kernels::Device::kCpu);
+      c.tensor_parallel = tp;
+      c.scheduler.kv_policy = policy;
+      c.scheduler.kv_budget_tokens = std::string(policy) == "h2o" ? 64 : 32;
+      c.scheduler.kv_recent_tokens = 16;
+      absl::StatusOr<std::unique_ptr<ModelRuntime>> rt = ModelRuntime::Create(c);
+      ASSERT_TRUE(rt.ok()) << rt.status();
+      std::vector<uint32_t> prompt = {1};
+      for (uint32_t t = 0; t < 60; ++t) prompt.push_back(300 + t % 40);
+      out.push_back(testing::GreedyAll(rt->get(), {prompt}, 300));
+      EXPECT_GT((*rt)->scheduler()->Stats().kv_compactions, 0) << policy << " tp " << tp;
+    }
+    ASSERT_EQ(out[0][0].tokens.size(), 300u) << policy << out[0][0].status;
+    EXPECT_EQ(out[1][0].tokens, out[0][0].tokens) << policy;
   }
 }
 
