@@ -125,6 +125,13 @@ struct KvCacheView {
   int64_t scale_layer_stride = 0;  // floats
   int64_t scale_kv_stride = 0;     // floats, K scales -> V scales of the same layer
   int64_t scale_head_stride = 0;   // floats
+  // A view of some of a pool's heads (a tensor-parallel rank's): the pool's heads
+  // [first_head, first_head + num_kv_heads), base moved first_head * head_stride elements past
+  // the pool's and, quantized, scale_offset moved back by the same bytes and forward by
+  // 4 * first_head * scale_head_stride, so the formulas above address the view's heads as
+  // 0, 1, ... Kernels never read it; validation uses it to check the view against the block's
+  // real start (the pool's heads before it included).
+  int64_t first_head = 0;
 };
 
 // Bytes from a Dense block's start to its scale region: the data region

@@ -220,11 +220,6 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateTensorParallel
                      ": tensor parallelism runs on the CPU only so far (no NCCL ranks), "
                      "without staged metadata"));
   }
-  if (kernels::IsQuantizedKvDType(pool.dtype)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "tensor_parallel ", n, ": a ", kernels::DTypeName(pool.dtype),
-        " KV cache (per-row scales) is not split across ranks yet; use f32, bf16 or f16"));
-  }
   PD_ASSIGN_OR_RETURN(TpPlan plan, PlanTensorParallel(weights->config, n));
   ForwardOptions rank_options = options;
   rank_options.tensor_parallel = 1;
@@ -543,13 +538,17 @@ int64_t LlamaForward::block_bytes() const {
 kernels::KvCacheView LlamaForward::CacheView(int layer) const {
   if (tp_comm_ != nullptr) {
     // A rank's heads within the TP = 1 layout: the pool's view, its base moved to the rank's
-    // first KV head (unquantized caches only: no scale region to move).
+    // first KV head (strides count elements; a quantized element is a byte) and a quantized
+    // cache's scale offset moved to that head's scales (kernels::KvCacheView::first_head).
     kernels::KvCacheView v =
         kernels::DenseKvCacheView(pool_.base, pool_.dtype, pool_.num_blocks, config_.n_layers,
                                   tp_pool_kv_heads_, pool_.block_size, config_.head_dim, layer);
-    // (Unquantized views count their strides in elements.)
-    v.base = static_cast<char*>(v.base) +
-             tp_.kv_head_begin * v.head_stride * kernels::DTypeSize(pool_.dtype);
+    const int64_t shift = tp_.kv_head_begin * v.head_stride * kernels::DTypeSize(pool_.dtype);
+    v.base = static_cast<char*>(v.base) + shift;
+    if (kernels::IsQuantizedKvDType(pool_.dtype)) {
+      v.scale_offset += 4 * tp_.kv_head_begin * v.scale_head_stride - shift;
+    }
+    v.first_head = tp_.kv_head_begin;
     v.num_kv_heads = tp_.num_kv_heads;
     return v;
   }
@@ -1305,9 +1304,8 @@ absl::Status LlamaForward::AccumulateMass(int layer) {
     a.num_kv_heads = c.n_kv_heads;
     a.head_dim = c.head_dim;
     // [layer][kv head][slot] over the model's KV heads: a tensor-parallel rank adds its own.
-    a.mass = m.mass + (tp_comm_ != nullptr
-                           ? int64_t{layer} * tp_pool_kv_heads_ + tp_.kv_head_begin
-                           : int64_t{layer} * c.n_kv_heads) *
+    a.mass = m.mass + (tp_comm_ != nullptr ? int64_t{layer} * tp_pool_kv_heads_ + tp_.kv_head_begin
+                                           : int64_t{layer} * c.n_kv_heads) *
                           m.stride;
     a.mass_head_stride = m.stride;
     PD_RETURN_IF_ERROR(kernels::AttentionMass(ctx_, a));
@@ -1326,8 +1324,7 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
           "ranks than KV heads (ranks sharing a KV head) is not built");
     }
     // Each rank moves its KV heads' rows.
-    return RunRanks(
-        [&](LlamaForward& r) { return r.GatherKvRows(src, dst, keep, num_keep); });
+    return RunRanks([&](LlamaForward& r) { return r.GatherKvRows(src, dst, keep, num_keep); });
   }
   if (ctx_.device != kernels::Device::kCpu || Staged() || c.mla()) {
     return absl::UnimplementedError(

@@ -116,7 +116,7 @@ struct ForwardOptions {
   // N > 1 splits the model over N ranks, threads of this process that share the KV pool (each
   // rank its KV heads' rows; the pool keeps the TP = 1 layout). ctx.parallel's threads are
   // divided between the ranks: each gets its own team of max(1, threads / N). kCpu without
-  // staged_metadata, dense GQA models and unquantized KV caches only (Unimplemented otherwise;
+  // staged_metadata and dense GQA models only, any KV dtype (Unimplemented otherwise;
   // the H2O and SnapKV policies' calls too when ranks share a KV head, N > n_kv_heads: each
   // rank scores and moves its own KV heads); InvalidArgument when N does not split the model
   // (PlanTensorParallel). Logits agree with N = 1 within float rounding (the row-parallel sums

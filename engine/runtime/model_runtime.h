@@ -44,8 +44,7 @@ struct ModelRuntimeConfig {
   int threads = 0;                   // CPU threads for kernels; 0 = all cores (unused on cuda)
   // --tensor_parallel: the model split over this many ranks (ForwardOptions::tensor_parallel:
   // CPU ranks sharing the KV pool, whose layout stays TP = 1's; threads divided between them).
-  // 1 = off. Not with a quantized --kv_dtype yet, nor with --kv_policy when N exceeds the
-  // model's KV heads.
+  // 1 = off. Not with --kv_policy when N exceeds the model's KV heads yet.
   int tensor_parallel = 1;
   // Where the weights, the KV pool and the forward pass live (--device cpu|cuda). On cuda the
   // weights are uploaded once and the pool is device memory of the current CUDA device.

@@ -316,6 +316,81 @@ TEST(ReadKvCpuTest, InvertsWriteKvAndMatchesReference) {
   }
 }
 
+// A view of some of a pool's heads (KvCacheView::first_head: a tensor-parallel rank's), built
+// as LlamaForward builds it, writes exactly those heads' rows and scales of the pool: reading
+// the whole pool back gives the same values in those heads and leaves the others untouched.
+TEST(ReadKvCpuTest, HeadSubsetViewsAddressThePoolsHeads) {
+  std::mt19937 rng(5);
+  for (DType dtype : kAllKvDTypes) {
+    Geometry g;
+    g.dtype = dtype;
+    g.num_kv_heads = 4;
+    g.head_dim = 16;
+    Pool pool(g), whole(g);
+    const int64_t first = 2, heads = 2, n = 5, layer = 1;
+    KvCacheView view = pool.View(layer);
+    const int64_t shift = first * view.head_stride * DTypeSize(dtype);
+    view.base = static_cast<uint8_t*>(view.base) + shift;
+    if (IsQuantizedKvDType(dtype)) view.scale_offset += 4 * first * view.scale_head_stride - shift;
+    view.first_head = first;
+    view.num_kv_heads = heads;
+    // Rows for all four heads; the view writes heads 2 and 3 of them, `whole` all four.
+    const int64_t all = g.num_kv_heads * g.head_dim;
+    std::vector<float> k = RandomVector(n * all, rng), v = RandomVector(n * all, rng);
+    std::vector<int32_t> table = {7, 3};
+    std::vector<int32_t> pos = {0, 1, 2, 5, 6};
+    WriteKvParams w;
+    w.k = k.data() + first * g.head_dim;
+    w.v = v.data() + first * g.head_dim;
+    w.k_token_stride = w.v_token_stride = all;
+    w.cache = view;
+    w.num_tokens = n;
+    w.positions = pos.data();
+    w.block_tables = table.data();
+    w.max_blocks_per_seq = 2;
+    ASSERT_TRUE(WriteKv(OpContext{}, w).ok()) << DTypeName(dtype);
+    w.k = k.data();
+    w.v = v.data();
+    w.cache = whole.View(layer);
+    ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
+    std::vector<float> got_k(n * all), got_v(n * all), want_k(n * all), want_v(n * all);
+    ReadKvParams r;
+    r.k_token_stride = r.v_token_stride = all;
+    r.num_tokens = n;
+    r.positions = pos.data();
+    r.block_tables = table.data();
+    r.max_blocks_per_seq = 2;
+    for (auto [cache, ko, vo] : {std::tuple{pool.View(layer), &got_k, &got_v},
+                                 std::tuple{whole.View(layer), &want_k, &want_v}}) {
+      r.cache = cache;
+      r.k = ko->data();
+      r.v = vo->data();
+      ASSERT_TRUE(ReadKv(OpContext{}, r).ok());
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t e = 0; e < all; ++e) {
+        const size_t i = static_cast<size_t>(t * all + e);
+        if (e >= first * g.head_dim) {
+          ASSERT_EQ(got_k[i], want_k[i]) << DTypeName(dtype) << " token " << t << " elem " << e;
+          ASSERT_EQ(got_v[i], want_v[i]) << DTypeName(dtype) << " token " << t << " elem " << e;
+        } else {
+          // Heads 0 and 1 were never written: the pool's poison (0xff bytes, NaN scales) reads
+          // back as NaN.
+          ASSERT_TRUE(std::isnan(got_k[i]) && std::isnan(got_v[i]))
+              << DTypeName(dtype) << " token " << t << " elem " << e;
+        }
+      }
+    }
+    // The view is validated against the block's real start: a kv_stride too small for the
+    // pool's heads before it is refused.
+    KvCacheView bad = view;
+    bad.kv_stride = 3 * view.head_stride;
+    w.cache = bad;
+    w.k = k.data();
+    EXPECT_FALSE(WriteKv(OpContext{}, w).ok()) << DTypeName(dtype);
+  }
+}
+
 TEST(ReadKvDispatchTest, RejectsBadInput) {
   Geometry g;
   Pool pool(g);

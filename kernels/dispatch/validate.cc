@@ -35,11 +35,10 @@ absl::Status CheckKvScales(const char* op, const KvCacheView& c, int64_t data_en
   }
   const int64_t head_scales = c.block_size * KvScalesPerRow(c.dtype, c.head_dim);
   if (c.scale_head_stride < head_scales || c.scale_kv_stride <= 0 || c.scale_layer_stride <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", DTypeName(c.dtype), " cache scale strides (layer ",
-                     c.scale_layer_stride, " kv ", c.scale_kv_stride, " head ", c.scale_head_stride,
-                     ") must be > 0, the head stride >= block_size * scales per row ",
-                     head_scales));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", DTypeName(c.dtype), " cache scale strides (layer ", c.scale_layer_stride, " kv ",
+        c.scale_kv_stride, " head ", c.scale_head_stride,
+        ") must be > 0, the head stride >= block_size * scales per row ", head_scales));
   }
   const int64_t k_scales = (c.num_kv_heads - 1) * c.scale_head_stride + head_scales;
   if (c.scale_kv_stride < k_scales) {
@@ -93,9 +92,8 @@ absl::Status CheckKvCacheView(const char* op, const KvCacheView& c) {
                      " (layer index ", c.layer, ")"));
   }
   if (c.dtype == DType::kI4 && c.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": an i4 cache needs an even head_dim (two codes a byte), got ",
-                     c.head_dim));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": an i4 cache needs an even head_dim (two codes a byte), got ", c.head_dim));
   }
   const int64_t head_extent = c.block_size * KvRowPitch(c.dtype, c.head_dim);
   const int64_t k_extent = (c.num_kv_heads - 1) * c.head_stride + head_extent;
@@ -109,10 +107,32 @@ absl::Status CheckKvCacheView(const char* op, const KvCacheView& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": layer ", c.layer, " K/V extent ends past block_stride ", c.block_stride));
   }
-  if (IsQuantizedKvDType(c.dtype)) {
-    return CheckKvScales(op, c, data_end);
+  if (c.first_head < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": cache first_head ", c.first_head, " is negative"));
   }
-  return absl::OkStatus();
+  if (c.first_head == 0) {
+    return IsQuantizedKvDType(c.dtype) ? CheckKvScales(op, c, data_end) : absl::OkStatus();
+  }
+  // A view of heads [first_head, first_head + n) of a pool: check the pool's heads
+  // [0, first_head + n) from the block's real start (where a quantized scale region begins).
+  const int64_t pool_heads = c.first_head + c.num_kv_heads;
+  const int64_t pool_k_extent = (pool_heads - 1) * c.head_stride + head_extent;
+  const int64_t pool_data_end = c.layer * c.layer_stride + c.kv_stride + pool_k_extent;
+  if (c.kv_stride < pool_k_extent || pool_data_end > c.block_stride) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": cache kv_stride ", c.kv_stride, " or block_stride ", c.block_stride,
+                     " too small for the pool's heads [0, ", pool_heads,
+                     ") (a view from first_head ", c.first_head, ")"));
+  }
+  if (!IsQuantizedKvDType(c.dtype)) return absl::OkStatus();
+  KvCacheView pool = c;
+  const int64_t shift = c.first_head * c.head_stride;  // bytes (a quantized element is one)
+  pool.base = static_cast<char*>(c.base) - shift;
+  pool.num_kv_heads = pool_heads;
+  pool.scale_offset = c.scale_offset + shift - 4 * c.first_head * c.scale_head_stride;
+  pool.first_head = 0;
+  return CheckKvScales(op, pool, pool_data_end);
 }
 
 absl::Status CheckBlockIds(const char* op, const int32_t* table, int64_t count,

@@ -11,6 +11,7 @@
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/type_names.h"
 #include "tests/e2e/cluster_fixture.h"
 
 namespace pd {
@@ -38,21 +39,27 @@ class TensorParallelE2eTest : public ::testing::Test {
   std::optional<pd::testing::TempDir> dir_;
 };
 
-// Prefill at TP 1 and decode at TP 2, then the reverse: every output equals the in-process TP 1
-// engine's, the KV came over the transport (a remote prefill), and a second request with the
-// same prefix hits the decode worker's cache.
+// Prefill at TP 1 and decode at TP 2 (f32 KV), then the reverse with an i8 KV cache: every
+// output equals the in-process TP 1 engine's of that dtype, the KV came over the transport (a
+// remote prefill), and a second request with the same prefix hits the decode worker's cache.
 TEST_F(TensorParallelE2eTest, DisaggregatedAcrossTpSizesEqualsTp1) {
-  Reference ref;
   const std::string prefix =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
       "park with her friends. One day,";
   const std::vector<std::string> prompts = {"Once upon a time", prefix + " she",
                                             "Lily and Ben went to the park. They saw a big"};
-  for (const auto& [prefill_tp, decode_tp] : {std::pair{1, 2}, std::pair{2, 1}}) {
-    const std::string name = absl::StrCat("prefill TP ", prefill_tp, ", decode TP ", decode_tp);
-    Cluster c(Dir(absl::StrCat("p", prefill_tp, "d", decode_tp)), 1, 1, "round_robin", {}, {},
-              nullptr, [&](const std::string& id) {
-                const int tp = id.rfind("prefill", 0) == 0 ? prefill_tp : decode_tp;
+  struct Case {
+    int prefill_tp, decode_tp;
+    kernels::DType kv;
+  };
+  for (const Case& k : {Case{1, 2, kernels::DType::kF32}, Case{2, 1, kernels::DType::kI8}}) {
+    Reference ref(k.kv);
+    const std::string kv = std::string(kernels::DTypeName(k.kv));
+    const std::string name =
+        absl::StrCat("prefill TP ", k.prefill_tp, ", decode TP ", k.decode_tp, ", ", kv, " KV");
+    Cluster c(Dir(absl::StrCat("p", k.prefill_tp, "d", k.decode_tp)), 1, 1, "round_robin",
+              {"--kv_dtype=" + kv}, {"--kv_dtype=" + kv}, nullptr, [&](const std::string& id) {
+                const int tp = id.rfind("prefill", 0) == 0 ? k.prefill_tp : k.decode_tp;
                 return std::vector<std::string>{absl::StrCat("--tensor_parallel=", tp)};
               });
     ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
@@ -70,10 +77,10 @@ TEST_F(TensorParallelE2eTest, DisaggregatedAcrossTpSizesEqualsTp1) {
     const std::string dm = c.WorkerMetrics(1);
     EXPECT_GE(Metric(dm, "pd_worker_prefills_total{where=\"remote\"}"), 1) << name << dm;
     // The TP 2 worker's metrics name its ranks.
-    const std::string tm = c.WorkerMetrics(decode_tp == 2 ? 1 : 0);
+    const std::string tm = c.WorkerMetrics(k.decode_tp == 2 ? 1 : 0);
     EXPECT_EQ(Metric(tm, "pd_worker_tensor_parallel_ranks"), 2) << name << tm;
     EXPECT_THAT(tm, HasSubstr("pd_worker_tp_collective_wait_seconds_total{rank=\"1\"}")) << tm;
-    EXPECT_THAT(c.Logs(), HasSubstr(absl::StrCat("tensor parallel x2"))) << name;
+    EXPECT_THAT(c.Logs(), HasSubstr("tensor parallel x2")) << name;
   }
 }
 
