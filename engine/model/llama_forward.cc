@@ -117,8 +117,8 @@ struct LlamaForward::TpGroup {
   std::vector<absl::Status> results;  // one per rank, each written by its rank
   std::vector<std::thread> threads;
 
-  // Spins until done() or kSpin passed (yielding the core now and then: there may be more
-  // ranks than cores); then done(). Sleeping between steps costs more than the spin: a
+  // Spins until done() or kSpin passed (yielding the core now and then when there are more
+  // busy threads than cores); then done(). Sleeping between steps costs more than the spin: a
   // futex wake-up takes tens of microseconds in a VM, and Linux tends to wake the sleeper on
   // the waker's core, so two ranks end up sharing one (measured: stories260K decode at TP 2
   // ran 4x slower with a 50 us spin than with 200 us).
@@ -197,15 +197,13 @@ absl::Status LlamaForward::RunRanks(const std::function<absl::Status(LlamaForwar
   }
   g.job = nullptr;
   if (g.comm->aborted()) g.comm->Reset();  // every rank is out of its collectives
-  // Rank 0's error, else the first rank's that is not the Aborted a failure caused.
-  if (!first.ok()) return first;
-  for (size_t r = 1; r < n; ++r) {
-    if (!g.results[r].ok() && g.results[r].code() != absl::StatusCode::kAborted) {
-      return g.results[r];
-    }
+  // The failure itself (the lowest rank's), not the Aborted it caused in its peers.
+  g.results[0] = std::move(first);
+  for (const absl::Status& s : g.results) {
+    if (!s.ok() && s.code() != absl::StatusCode::kAborted) return s;
   }
-  for (size_t r = 1; r < n; ++r) {
-    if (!g.results[r].ok()) return g.results[r];
+  for (const absl::Status& s : g.results) {
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
