@@ -288,7 +288,6 @@ TEST_F(TensorParallelTest, RefusesWhatIsNotSplitYet) {
       (*f)->ForwardSample({{ok_tokens, 0, table}}, {&nan_temp, 1}, &tok, logits.data()).code(),
       absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*f)->Forward({{ok_tokens, 0, table}}, logits.data()).ok());
-  ModelWeights sizes;
   EXPECT_GT(*LlamaForward::ScratchBytes(&weights_, f32.view, {}, o), 0);
 }
 
