@@ -169,6 +169,11 @@ LlamaForward::LlamaForward(const ModelWeights* weights, KvPoolView pool, kernels
 
 LlamaForward::~LlamaForward() = default;
 
+const std::vector<int64_t>& LlamaForward::expert_tokens() const {
+  // Every rank routes the same tokens (the router is whole on each): rank 0's counts are all.
+  return tp_group_ != nullptr ? tp_group_->ranks.front()->expert_tokens_ : expert_tokens_;
+}
+
 std::vector<int64_t> LlamaForward::tp_wait_nanos() const {
   std::vector<int64_t> out;
   if (tp_group_ == nullptr) return out;
@@ -534,7 +539,7 @@ int64_t LlamaForward::block_bytes() const {
 }
 
 kernels::KvCacheView LlamaForward::CacheView(int layer) const {
-  if (tp_comm_ != nullptr) {
+  if (tp_comm_ != nullptr && !config_.mla()) {  // an MLA rank reads the whole latent entry
     // A rank's heads within the TP = 1 layout: the pool's view, its base moved to the rank's
     // first KV head (strides count elements; a quantized element is a byte) and a quantized
     // cache's scale offset moved to that head's scales (kernels::KvCacheView::first_head).
@@ -591,11 +596,10 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
       }
     }
     if (seq.attention_mass != nullptr) {
-      if (ctx_.device != kernels::Device::kCpu || Staged() || config_.mla() || tp_shared_kv_) {
+      if (ctx_.device != kernels::Device::kCpu || Staged() || config_.mla()) {
         return absl::UnimplementedError(
             "forward: attention mass (the H2O and SnapKV KV policies) is computed on the CPU "
-            "only, without staged metadata or tensor-parallel ranks sharing a KV head, and not "
-            "for MLA models");
+            "only, without staged metadata, and not for MLA models");
       }
       if (seq.mass_stride < end || seq.mass_from < 0 || seq.mass_from >= n) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -1267,6 +1271,22 @@ absl::Status LlamaForward::TpAddReduced(int64_t num_tokens) {
 }
 
 absl::Status LlamaForward::AccumulateMass(int layer) {
+  if (tp_shared_kv_) {
+    // Ranks sharing a KV head add their query heads' mass into the same row: in turns, the
+    // first rank of each head first, so the adds are in head order run to run (TP 1 adds a
+    // token's heads in that order too; across a chunk's tokens the order differs, float
+    // rounding). Every rank meets every barrier.
+    const int turns = tp_.size / tp_pool_kv_heads_;
+    for (int turn = 0; turn < turns; ++turn) {
+      if (tp_.rank % turns == turn) PD_RETURN_IF_ERROR(AccumulateMassOfSlots(layer));
+      PD_RETURN_IF_ERROR(tp_comm_->Barrier());
+    }
+    return absl::OkStatus();
+  }
+  return AccumulateMassOfSlots(layer);
+}
+
+absl::Status LlamaForward::AccumulateMassOfSlots(int layer) {
   const ModelConfig& c = config_;
   const kernels::KvCacheView cache = CacheView(layer);
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -1316,12 +1336,7 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
                                         absl::Span<const int32_t> keep, int64_t num_keep) {
   const ModelConfig& c = config_;
   if (tp_group_ != nullptr) {
-    if (tp_group_->plan.shared_kv) {
-      return absl::UnimplementedError(
-          "forward: gathering KV rows (the H2O and SnapKV KV policies) with more tensor-parallel "
-          "ranks than KV heads (ranks sharing a KV head) is not built");
-    }
-    // Each rank moves its KV heads' rows.
+    // Each rank moves its KV heads' rows (a shared head: its first rank, which writes it).
     return RunRanks([&](LlamaForward& r) { return r.GatherKvRows(src, dst, keep, num_keep); });
   }
   if (ctx_.device != kernels::Device::kCpu || Staged() || c.mla()) {
@@ -1360,6 +1375,7 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
           absl::StrCat("forward: gather slot ", k, " outside the ", src_slots, " source slots"));
     }
   }
+  if (tp_comm_ != nullptr && !tp_.writes_kv) return absl::OkStatus();  // a peer moves the head
   const bool quantized = kernels::IsQuantizedKvDType(pool_.dtype);
   const int64_t unit = quantized ? 1 : kernels::DTypeSize(pool_.dtype);
   auto* base = static_cast<uint8_t*>(CacheView(0).base);  // a rank's view starts at its heads
@@ -1439,6 +1455,10 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
                               num_tokens, shared, dim, false));
     for (int64_t i = 0; i < num_tokens * dim; ++i) moe_sum_[i] += moe_out_[i];
   }
+  if (tp_comm_ != nullptr) {  // row-parallel: this rank's columns of every expert, then the sum
+    std::copy_n(moe_sum_, num_tokens * dim, tp_partial_.data());
+    return TpAddReduced(num_tokens);
+  }
   for (int64_t i = 0; i < num_tokens * dim; ++i) x_[i] += moe_sum_[i];
   return absl::OkStatus();
 }
@@ -1514,7 +1534,14 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
 
   // The entry is cached as the K and V halves of cache_kv_heads() heads (ModelConfig).
   const kernels::KvCacheView cache = CacheView(layer);
-  PD_RETURN_IF_ERROR(WriteNewKv(mla_latent_, mla_latent_ + latent / 2, latent, cache, num_tokens));
+  if (tp_comm_ == nullptr || tp_.writes_kv) {
+    PD_RETURN_IF_ERROR(
+        WriteNewKv(mla_latent_, mla_latent_ + latent / 2, latent, cache, num_tokens));
+  }
+  if (tp_shared_kv_) {
+    // Every rank computed the same entry; the first wrote it, and the others read it after.
+    PD_RETURN_IF_ERROR(tp_comm_->Barrier());
+  }
 
   // Attention in the absorbed form, for decode and prefill alike (so a token's result does not
   // depend on which path computed it): head h's query in latent space is
@@ -1627,7 +1654,12 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
                               w.wkv_b + (h * head_rows + nope) * rank, att_ + h * vdim, out_dim,
                               num_tokens, rank, vdim));
   }
-  // x += attn Wo
+  // x += attn Wo (row-parallel on a tensor-parallel rank: its heads' columns, then the sum)
+  if (tp_comm_ != nullptr) {
+    PD_RETURN_IF_ERROR(MatMul(att_, w.wo, w.wo_scales, nullptr, tp_partial_.data(), num_tokens,
+                              out_dim, c.dim, false));
+    return TpAddReduced(num_tokens);
+  }
   return MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, out_dim, c.dim, true);
 }
 

@@ -214,7 +214,7 @@ class LlamaForward {
   GraphStats graph_stats() const { return graph_stats_; }
   // Mixture of experts: token-expert assignments since creation, [layer][expert] flattened
   // (n_layers * n_experts entries; empty for a dense model). Read between steps.
-  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  const std::vector<int64_t>& expert_tokens() const;
   // Tensor parallelism: each rank's cumulative nanoseconds waiting for its peers in
   // collectives (Collective::WaitNanos), rank order; empty at tensor_parallel 1.
   std::vector<int64_t> tp_wait_nanos() const;
@@ -325,8 +325,10 @@ class LlamaForward {
   std::vector<MassTarget> slot_mass_;
   bool any_mass_ = false;
   // kernels::AttentionMass after a layer's attention for the slots that ask (kCpu), the keys
-  // read back into mass_k_ (mass_v_ takes the values ReadKv writes too).
+  // read back into mass_k_ (mass_v_ takes the values ReadKv writes too). Ranks sharing a KV
+  // head take turns (AccumulateMassOfSlots between barriers).
   absl::Status AccumulateMass(int layer);
+  absl::Status AccumulateMassOfSlots(int layer);
   std::vector<float> mass_k_, mass_v_;
   std::vector<int32_t> mass_positions_;  // 0, 1, 2, ...: ReadKv's positions for every key
   int64_t num_decode_slots_ = 0;

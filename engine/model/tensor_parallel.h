@@ -7,6 +7,12 @@
 //   - MLP columns [r * hidden / N, (r + 1) * hidden / N) (w_gate / w_up rows, w_down columns);
 //   - vocabulary rows [r * vocab / N, (r + 1) * vocab / N) of the embedding and the classifier
 //     (the only split that may be uneven).
+//   - with experts, each expert's columns [r * w / N, (r + 1) * w / N) of its width w, and the
+//     same slice of the shared experts (n_shared_experts times as wide); the router is whole
+//     on every rank, so every rank sends the same tokens to the same experts;
+//   - with MLA, its heads' rows of q_proj / q_b_proj and kv_b_proj and columns of o_proj; the
+//     latent projections (q_a_proj, kv_a_proj_with_mqa) are whole on every rank, and so is the
+//     cache entry: rank 0 writes it and every rank reads all of it.
 // Norm weights are shared (every rank reads the same). The attention output and the MLP output
 // are row-parallel: each rank adds a partial sum, completed by one all-reduce each.
 //
@@ -35,7 +41,8 @@ struct TpRankPlan {
   // Whether it writes its KV heads' rows (with shared KV heads, the first rank of a head's
   // group writes it and the others read it).
   bool writes_kv = true;
-  int32_t hidden_begin = 0, hidden_width = 0;  // MLP columns
+  int32_t hidden_begin = 0, hidden_width = 0;  // MLP columns (dense layers)
+  int32_t expert_begin = 0, expert_width = 0;  // each expert's columns (mixture of experts)
   int64_t vocab_begin = 0, vocab_count = 0;    // embedding / classifier rows
 };
 
@@ -49,8 +56,8 @@ struct TpPlan {
 };
 
 // The plan for `size` ranks. InvalidArgument naming the numbers when size < 1, size does not
-// divide the query heads or the MLP width, or neither of size and n_kv_heads divides the other;
-// Unimplemented for mixture-of-experts and multi-head latent attention models.
+// divide the query heads, the MLP width or the experts' width, or (without MLA) neither of size
+// and n_kv_heads divides the other.
 absl::StatusOr<TpPlan> PlanTensorParallel(const ModelConfig& config, int size);
 
 // The config a rank's forward pass runs with: its heads, KV heads and MLP width; vocab_size stays

@@ -30,7 +30,8 @@ constexpr int64_t kBlockSize = 16;
 // A KV pool for `w` of `blocks` blocks of `dtype`, zeroed.
 struct Pool {
   Pool(const ModelConfig& c, kernels::DType dtype, int64_t blocks)
-      : bytes(kernels::DenseKvBlockBytes(dtype, c.n_layers, c.n_kv_heads, kBlockSize, c.head_dim)),
+      : bytes(kernels::DenseKvBlockBytes(dtype, c.n_layers, c.cache_kv_heads(), kBlockSize,
+                                         c.cache_head_dim())),
         data(static_cast<size_t>(bytes * blocks / 4 + 1), 0.0f),
         view{data.data(), dtype, blocks, kBlockSize} {}
   int64_t bytes;
@@ -146,10 +147,42 @@ TEST(TensorParallelPlanTest, SplitsHeadsMlpAndVocabularyAndNamesWhatDoesNotDivid
   c.n_kv_heads = 3;
   c.kv_dim = 24;
   EXPECT_THAT(PlanTensorParallel(c, 4).status().message(), HasSubstr("3 KV heads"));
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.kv_dim = 32;
   c.n_experts = 4;
   c.n_experts_per_tok = 2;
-  c.moe_hidden_dim = 32;
-  EXPECT_EQ(PlanTensorParallel(c, 2).status().code(), absl::StatusCode::kUnimplemented);
+  c.moe_hidden_dim = 36;
+  c.hidden_dim = 170;  // no dense layer: the unused width need not divide
+  p = PlanTensorParallel(c, 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->ranks[3].expert_begin, 27);
+  EXPECT_EQ(p->ranks[3].expert_width, 9);
+  EXPECT_EQ(ShardConfig(c, p->ranks[3]).moe_hidden_dim, 9);
+  EXPECT_EQ(ShardConfig(c, p->ranks[3]).hidden_dim, 170);
+  EXPECT_THAT(PlanTensorParallel(c, 8).status().message(), HasSubstr("experts' width 36"));
+  c.first_dense_layers = 1;  // now the dense width must divide too
+  EXPECT_THAT(PlanTensorParallel(c, 4).status().message(), HasSubstr("MLP width 170"));
+  // MLA: one latent entry, written by rank 0 and read whole by every rank.
+  ModelConfig m = c;
+  m.n_experts = 0;
+  m.first_dense_layers = 0;
+  m.hidden_dim = 172;
+  m.n_kv_heads = 8;
+  m.kv_dim = 64;
+  m.kv_lora_rank = 32;
+  m.qk_nope_head_dim = 4;
+  m.qk_rope_head_dim = 4;
+  m.v_head_dim = 4;
+  p = PlanTensorParallel(m, 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->shared_kv);
+  EXPECT_EQ(p->pool_kv_heads, m.cache_kv_heads());
+  for (const TpRankPlan& r : p->ranks) {
+    EXPECT_EQ(r.kv_head_begin, 0);
+    EXPECT_EQ(r.writes_kv, r.rank == 0);
+    EXPECT_EQ(r.head_begin, 2 * r.rank);
+  }
 }
 
 class TensorParallelTest : public ::testing::Test {
@@ -345,6 +378,65 @@ TEST_F(TensorParallelTest, RandomHfModelsAtTp4EqualTp1) {
   const float err4 = MaxAbsDiff(Generate(f4.get(), 0).logits, reference.logits);
   EXPECT_GT(err1, 0.0f);
   EXPECT_LE(err4, 1.5f * err1) << "int8 at TP = 4 is further from the bf16 model than at TP = 1";
+}
+
+// Mixture-of-experts and MLA checkpoints of every family pd-make-model writes: each expert and
+// the shared experts split by columns with the router whole on every rank, MLA's heads split
+// with the latent entry whole (rank 0 writes it, every rank reads it). Tokens equal TP = 1's for
+// 32 steps and logits are within float rounding (bf16 weights, f32 KV).
+TEST_F(TensorParallelTest, ExpertsAndLatentAttentionAtTp2AndTp4EqualTp1) {
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-tp-");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  struct Family {
+    Architecture arch;
+    int32_t q_lora_rank;
+    const char* name;
+  };
+  for (const Family& fam : {Family{Architecture::kMixtral, 0, "mixtral"},
+                            Family{Architecture::kQwen3Moe, 0, "qwen3_moe"},
+                            Family{Architecture::kDeepseekV2, 0, "deepseek_v2"},
+                            Family{Architecture::kDeepseekV3, 32, "deepseek_v3, q_lora_rank 32"}}) {
+    SCOPED_TRACE(fam.name);
+    MakeModelOptions mo;
+    mo.out_dir = dir->path() + "/" + std::to_string(static_cast<int>(fam.arch));
+    mo.preset = "tiny";
+    mo.architecture = fam.arch;
+    mo.dtype = kernels::DType::kBF16;
+    mo.vocab_size = 1001;
+    mo.num_heads = 8;
+    mo.num_kv_heads = 4;
+    mo.head_dim = 16;
+    mo.q_lora_rank = fam.q_lora_rank;
+    if (fam.arch != Architecture::kMixtral) mo.moe_intermediate_size = 48;
+    mo.seed = 11;
+    absl::StatusOr<MakeModelResult> made = MakeModel(mo);
+    ASSERT_TRUE(made.ok()) << made.status();
+    absl::StatusOr<HfModel> model = HfModel::Load(mo.out_dir);
+    ASSERT_TRUE(model.ok()) << model.status();
+    absl::StatusOr<ModelWeights> w = WeightsFromHf(*model);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(w->config.moe());
+    Pool p1(w->config, kernels::DType::kF32, 16);
+    std::unique_ptr<LlamaForward> f1 = MakeForward(*w, p1.view, 1, team_.get());
+    ASSERT_NE(f1, nullptr);
+    const Trace want = Generate(f1.get(), 32);
+    for (int tp : {2, 4}) {
+      Pool pn(w->config, kernels::DType::kF32, 16);
+      std::unique_ptr<LlamaForward> fn = MakeForward(*w, pn.view, tp, team_.get());
+      ASSERT_NE(fn, nullptr);
+      const Trace got = Generate(fn.get(), 32);
+      EXPECT_EQ(got.tokens, want.tokens) << "tp " << tp;
+      EXPECT_LE(MaxAbsDiff(got.logits, want.logits), 1e-4f) << "tp " << tp;
+      // The pool holds TP = 1's bytes: the same cache entries within rounding.
+      float kv = 0;
+      for (size_t i = 0; i < p1.data.size(); ++i) {
+        kv = std::max(kv, std::abs(p1.data[i] - pn.data[i]));
+      }
+      EXPECT_LE(kv, 1e-4f) << "tp " << tp;
+      // Every rank routed the same tokens: the coordinator reports rank 0's counts, TP = 1's.
+      EXPECT_EQ(fn->expert_tokens(), f1->expert_tokens()) << "tp " << tp;
+    }
+  }
 }
 
 }  // namespace

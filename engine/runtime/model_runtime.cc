@@ -261,16 +261,6 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     }
   }
   rt->layout_ = KvLayoutForModel(rt->weights_.config, config.block_size, config.kv_dtype);
-  if (config.tensor_parallel > 1 && !config.scheduler.kv_policy.empty()) {
-    // Each rank scores and compacts its own KV heads; ranks sharing one would race on it.
-    absl::StatusOr<TpPlan> plan = PlanTensorParallel(rt->weights_.config, config.tensor_parallel);
-    if (plan.ok() && plan->shared_kv) {
-      return absl::UnimplementedError(absl::StrCat(
-          "--kv_policy ", config.scheduler.kv_policy, " with --tensor_parallel ",
-          config.tensor_parallel, " above the model's ", rt->weights_.config.n_kv_heads,
-          " KV heads (ranks sharing a KV head) is not built"));
-    }
-  }
   const bool with_draft = !config.draft_model.empty();
   kvcache::KvLayout draft_layout;
   if (with_draft) {

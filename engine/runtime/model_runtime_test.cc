@@ -2,7 +2,9 @@
 // and the startup error of --device cuda where this machine cannot run it.
 #include "engine/runtime/model_runtime.h"
 
+#include "common/testing/temp_dir.h"
 #include "engine/runtime/runtime_test_util.h"
+#include "engine/tools/make_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/device_memory.h"
@@ -166,6 +168,47 @@ TEST(ModelRuntimeTest, ScorePoliciesRunOnTensorParallelRanks) {
     }
     ASSERT_EQ(out[0][0].tokens.size(), 300u) << policy << out[0][0].status;
     EXPECT_EQ(out[1][0].tokens, out[0][0].tokens) << policy;
+  }
+}
+
+// Ranks sharing a KV head (4 ranks over a random model's 2 KV heads): they take turns adding
+// their query heads' scores to the head's row, and the first of them moves the head's rows at
+// a compaction. Tokens equal TP 1's under both policies.
+TEST(ModelRuntimeTest, ScorePoliciesRunOnRanksSharingAKvHead) {
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-rt-tp-");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  MakeModelOptions mo;
+  mo.out_dir = dir->path() + "/m";
+  mo.preset = "tiny";
+  mo.vocab_size = 1001;
+  mo.num_heads = 8;
+  mo.num_kv_heads = 2;
+  mo.head_dim = 16;
+  mo.seed = 5;
+  absl::StatusOr<MakeModelResult> made = MakeModel(mo);
+  ASSERT_TRUE(made.ok()) << made.status();
+  for (const char* policy : {"h2o", "snapkv"}) {
+    std::vector<std::vector<testing::Generated>> out;
+    for (int tp : {1, 4}) {
+      ModelRuntimeConfig c;
+      c.model = mo.out_dir;
+      c.kv_blocks = 64;
+      c.threads = 1;
+      c.tensor_parallel = tp;
+      c.scheduler.kv_policy = policy;
+      c.scheduler.kv_budget_tokens = std::string(policy) == "h2o" ? 64 : 32;
+      c.scheduler.kv_recent_tokens = 16;
+      absl::StatusOr<std::unique_ptr<ModelRuntime>> rt = ModelRuntime::Create(c);
+      ASSERT_TRUE(rt.ok()) << rt.status();
+      std::vector<uint32_t> prompt = {made->config.bos_id};
+      for (uint32_t t = 0; t < 60; ++t) prompt.push_back(300 + (t * 37) % 500);
+      // ignore_eos is not GreedyAll's: a random model may end early; what it gives is compared.
+      out.push_back(testing::GreedyAll(rt->get(), {prompt}, 200));
+      ASSERT_TRUE(out.back()[0].status.ok()) << policy << " tp " << tp << out.back()[0].status;
+      EXPECT_GT((*rt)->scheduler()->Stats().kv_compactions, 0) << policy << " tp " << tp;
+    }
+    EXPECT_EQ(out[1][0].tokens, out[0][0].tokens) << policy;
+    EXPECT_EQ(out[0][0].tokens.size(), 200u) << policy;
   }
 }
 

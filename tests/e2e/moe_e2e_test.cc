@@ -1,11 +1,12 @@
 // Mixture-of-experts models through a real cluster (issue #34): random-weight pd-make-model
 // checkpoints of Mixtral, Qwen3-MoE and DeepSeek-V2/V3 (8 experts, 2 per token; DeepSeek with
-// multi-head latent attention) served by prefill + decode
-// workers and by a decode worker alone, with their weights as stored and quantized to int8 at
-// load. On every path greedy output is token for token the single-process engine's (the
-// engine itself is checked against PyTorch in integration_torch_parity_test), a repeated
-// prompt (a prefix-cache hit on the decode worker) gives the same tokens again, the decode
-// worker reports its expert load, and the OpenAI API serves the model with its chat template.
+// multi-head latent attention) served by prefill + decode workers (the decode worker of Mixtral
+// and DeepSeek-V3 at tensor parallel 2, issue #36) and by a decode worker alone, with their
+// weights as stored and quantized to int8 at load. On every path greedy output is token for
+// token the single-process engine's (the engine itself is checked against PyTorch in
+// integration_torch_parity_test), a repeated prompt (a prefix-cache hit on the decode worker)
+// gives the same tokens again, the decode worker reports its expert load, and the OpenAI API
+// serves the model with its chat template.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -36,6 +37,9 @@ struct MoeCase {
   engine::Architecture architecture;
   int32_t head_dim;  // 0 = hidden_size / num_heads
   engine::WeightDType weight_dtype;
+  // The prefill + decode cluster's decode worker runs at this tensor-parallel size (issue #36):
+  // experts split by columns, MLA's heads split with the latent whole on every rank.
+  int decode_tp = 1;
   friend void PrintTo(const MoeCase& c, std::ostream* os) { *os << c.name; }
 };
 
@@ -86,6 +90,9 @@ TEST_P(MoeE2eTest, PrefillPlusDecodeAndAggregatedGiveTheEnginesTokens) {
   o.seed = 34;
   o.architecture = mc.architecture;
   o.head_dim = mc.head_dim;
+  if (mc.decode_tp > 1 && mc.architecture != engine::Architecture::kMixtral) {
+    o.moe_intermediate_size = 48;  // the default 43 (intermediate_size / 4) does not split
+  }
   absl::StatusOr<engine::MakeModelResult> made = engine::MakeModel(o);
   ASSERT_TRUE(made.ok()) << made.status();
   ASSERT_TRUE(made->config.moe());
@@ -118,7 +125,15 @@ TEST_P(MoeE2eTest, PrefillPlusDecodeAndAggregatedGiveTheEnginesTokens) {
     if (prefill == 0) {
       router_flags.push_back(absl::StrCat("--http_address=127.0.0.1:", e2e::kHttpPort));
     }
-    Cluster cluster(dir, prefill, 1, "round_robin", flags, router_flags, nullptr, nullptr,
+    std::function<std::vector<std::string>(const std::string&)> extra;
+    if (prefill == 1 && mc.decode_tp > 1) {
+      extra = [&](const std::string& id) {
+        return id.rfind("decode", 0) == 0
+                   ? std::vector<std::string>{absl::StrCat("--tensor_parallel=", mc.decode_tp)}
+                   : std::vector<std::string>{};
+      };
+    }
+    Cluster cluster(dir, prefill, 1, "round_robin", flags, router_flags, nullptr, extra,
                     e2e::ModelFiles{o.out_dir, ""});
     ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60))) << cluster.Logs();
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -133,6 +148,10 @@ TEST_P(MoeE2eTest, PrefillPlusDecodeAndAggregatedGiveTheEnginesTokens) {
     const std::string metrics = cluster.WorkerMetrics(prefill);  // the decode worker
     EXPECT_THAT(metrics, HasSubstr("pd_worker_moe_expert_tokens_total{layer=\"1\",expert=\"7\"}"));
     EXPECT_THAT(metrics, HasSubstr("pd_worker_moe_expert_load_max_ratio"));
+    if (prefill == 1 && mc.decode_tp > 1) {
+      EXPECT_THAT(metrics, HasSubstr(absl::StrCat("pd_worker_tensor_parallel_ranks ",
+                                                  mc.decode_tp)));
+    }
     if (prefill == 0) {
       // The OpenAI API, with the chat template pd-make-model writes.
       httplib::Client http("127.0.0.1", cluster.http_port());
@@ -213,12 +232,13 @@ TEST(DeepseekTierE2eTest, LatentBlocksComeBackFromTheTiersWithExactOutput) {
 INSTANTIATE_TEST_SUITE_P(
     Models, MoeE2eTest,
     ::testing::Values(
-        MoeCase{"mixtral", engine::Architecture::kMixtral, 0, engine::WeightDType::kAuto},
+        MoeCase{"mixtral", engine::Architecture::kMixtral, 0, engine::WeightDType::kAuto, 2},
         MoeCase{"qwen3_moe_int8", engine::Architecture::kQwen3Moe, 32, engine::WeightDType::kInt8},
         // DeepSeek: multi-head latent attention (latent KV blocks through the
         // hand-off and the caches), a dense first layer, shared experts; V3's
         // sigmoid, biased, group-limited routing.
-        MoeCase{"deepseek_v3", engine::Architecture::kDeepseekV3, 0, engine::WeightDType::kAuto},
+        MoeCase{"deepseek_v3", engine::Architecture::kDeepseekV3, 0, engine::WeightDType::kAuto,
+                2},
         MoeCase{"deepseek_v2_int8", engine::Architecture::kDeepseekV2, 0,
                 engine::WeightDType::kInt8}),
     [](const ::testing::TestParamInfo<MoeCase>& info) { return info.param.name; });
