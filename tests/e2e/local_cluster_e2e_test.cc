@@ -211,6 +211,9 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
        "--port=0", "--model", kModel, "--tokenizer", kTokenizer, "--prefill=1", "--decode=1",
        // Small pools: a few prompts evict each other's blocks to pd-tierd's DRAM tier.
        "--worker_arg=--kv_blocks=24", "--stop_timeout=10", "--start_timeout=40",
+       // The decode worker at tensor parallel 2 (--decode_arg is for its role only): the
+       // README's text is TP 1's, and the prefill worker at TP 1 pairs with it.
+       "--decode_arg=--tensor_parallel=2",
        // A loaded test machine can take more than the default 5 ms per Redis lookup; one slow
        // lookup would pause lookups for a second, past the retries below.
        "--router_arg=--redis_lookup_timeout=500ms"},
@@ -253,6 +256,9 @@ TEST_F(LocalClusterE2eTest, StreamsTheReadmeGreedyTextAndStopsCleanlyOnSigint) {
     if (name == "router") router_url = url;
     if (name == "tierd") tierd_url = url;
     if (name == "prefill-0" || name == "decode-0") worker_urls.push_back(url);
+    if (name == "decode-0") {
+      EXPECT_EQ(Metric(Scrape(url), "pd_worker_tensor_parallel_ranks"), 2) << url;
+    }
   }
   ASSERT_FALSE(router_url.empty()) << ReadFile(run_dir_ + "/cluster.txt");
   ASSERT_FALSE(tierd_url.empty()) << ReadFile(run_dir_ + "/cluster.txt");
@@ -523,6 +529,7 @@ TEST_F(LocalClusterE2eTest, UsageErrorsExitTwoAndRpcErrorsExitOne) {
   CommandResult help = RunCommand(Dir(), "local-help", {kPdLocal, "--help"});
   EXPECT_TRUE(help.exit.Success()) << help.exit.ToString();
   EXPECT_THAT(help.out, HasSubstr("--worker_arg"));
+  EXPECT_THAT(help.out, HasSubstr("--decode_arg"));
   CommandResult bad = RunCommand(Dir(), "local-bad", {kPdLocal, "--decode=0"});
   EXPECT_EQ(bad.exit.code, 2) << bad.exit.ToString() << bad.err;
   EXPECT_THAT(bad.err, HasSubstr("--decode must be at least 1"));
