@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The prefill -> decode KV hand-off between workers of different tensor-parallel sizes (issue
+# #36, docs/benchmarks.md "Tensor parallelism on the CPU"): for each prefill/decode TP pair, a
+# local cluster (pd-local, no tiers) serves the same synthetic prompts, and the prefill worker's
+# pd_worker_kv_transfer_seconds{direction="out"} and pd_worker_kv_transfer_bytes_total give the
+# time and bytes of every hand-off. The 1 -> 1 pair is the ceiling the others are compared with
+# (same bytes, same transport).
+#
+# usage: scripts/bench_tp_handoff.sh MODEL_DIR [INPUT_LEN] [REQUESTS] [PAIRS...]
+#   MODEL_DIR  a Hugging Face model (e.g. pd-make-model --preset small --out /tmp/small)
+#   INPUT_LEN  prompt tokens (default 1024); REQUESTS per pair (default 12)
+#   PAIRS      "P:D" tensor-parallel sizes (default: 1:1 1:2 2:1 1:1 1:2 2:1)
+# Environment: BUILD_DIR (default build). Prints one line per pair.
+set -euo pipefail
+
+[ $# -ge 1 ] || { sed -n 2,14p "$0"; exit 2; }
+model=$1
+input_len=${2:-1024}
+requests=${3:-12}
+shift $(($# < 3 ? $# : 3))
+pairs=("$@")
+[ ${#pairs[@]} -gt 0 ] || pairs=(1:1 1:2 2:1 1:1 1:2 2:1)
+build=${BUILD_DIR:-build}
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/pd-tp-handoff.XXXXXX)
+trap 'kill "$cluster" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+
+# The value of metric line NAME (exact, labels included) in file FILE, or 0.
+metric() { awk -v n="$2" '$1 == n { print $2; found = 1 } END { if (!found) print 0 }' "$1"; }
+
+printf '%-8s %10s %10s %12s %12s %10s\n' pair transfers MiB "mean ms" "GB/s" "vs 1:1"
+base=""
+for pair in "${pairs[@]}"; do
+  p=${pair%%:*}
+  d=${pair##*:}
+  run="$work/$p-$d-$RANDOM"
+  "$here/deploy/local/pd-local" --build_dir "$build" --model "$model" --prefill 1 --decode 1 \
+    --no_tierd --port 0 --run_dir "$run" --ready_file "$run.ready" \
+    --worker_arg=--kv_blocks=512 --prefill_arg=--tensor_parallel="$p" \
+    --decode_arg=--tensor_parallel="$d" > "$run.log" 2>&1 &
+  cluster=$!
+  for _ in $(seq 1 600); do [ -s "$run.ready" ] && break; sleep 0.2; done
+  [ -s "$run.ready" ] || { echo "pd-local did not start:"; tail -20 "$run.log"; exit 1; }
+  "$build/loadtest/pd-loadtest" --target="$(cat "$run.ready")" --workload=synthetic \
+    --input_len="$input_len" --output_len=2 --ignore_eos --concurrency=1 \
+    --num_requests="$requests" > "$run.loadtest" 2>&1 ||
+    { tail -20 "$run.loadtest"; exit 1; }
+  url=$(awk '$1 == "prefill-0" && $3 == "metrics" { print $4 }' "$run/cluster.txt")
+  curl -sf "$url" > "$run.metrics"
+  n=$(metric "$run.metrics" 'pd_worker_kv_transfer_seconds_count{direction="out"}')
+  sum=$(metric "$run.metrics" 'pd_worker_kv_transfer_seconds_sum{direction="out"}')
+  bytes=$(metric "$run.metrics" 'pd_worker_kv_transfer_bytes_total{direction="out"}')
+  kill -TERM "$cluster"  # SIGINT is ignored by background jobs of a script
+  wait "$cluster" || true
+  awk -v pair="$p:$d" -v n="$n" -v s="$sum" -v b="$bytes" -v base="$base" 'BEGIN {
+    if (n == 0) { printf "%-8s no transfers recorded\n", pair; exit 1 }
+    gbs = b / s / 1e9
+    printf "%-8s %10d %10.1f %12.2f %12.2f %10s\n", pair, n, b / 1048576, 1000 * s / n, gbs,
+           base == "" ? "-" : sprintf("%.2f", gbs / base)
+  }'
+  if [ "$pair" = 1:1 ]; then base=$(awk -v s="$sum" -v b="$bytes" 'BEGIN { print b / s / 1e9 }'); fi
+done
