@@ -147,28 +147,36 @@ TEST(ModelRuntimeTest, TensorParallelIsCheckedAtStartupAndServesTheSameTokens) {
   }
 }
 
-// H2O and SnapKV at TP 2: each rank scores and compacts its own KV heads (the scores of a head
-// come from its own query heads, all on one rank), so the policies give TP 1's tokens: 300
-// tokens under a 64-token H2O budget, and a SnapKV prompt compressed to 32.
-TEST(ModelRuntimeTest, ScorePoliciesRunOnTensorParallelRanks) {
+// Greedy `max_tokens` from `prompt` under H2O (budget 64) and SnapKV (budget 32), both with 16
+// recent tokens, at TP 1 and at `tp`: every output is the full length, every run compacts, and
+// TP `tp` gives TP 1's tokens.
+void ExpectScorePoliciesEqualTp1(ModelRuntimeConfig base, int tp,
+                                 const std::vector<uint32_t>& prompt, uint32_t max_tokens) {
   for (const char* policy : {"h2o", "snapkv"}) {
     std::vector<std::vector<testing::Generated>> out;
-    for (int tp : {1, 2}) {
-      ModelRuntimeConfig c = testing::StoriesConfig(kernels::Device::kCpu);
-      c.tensor_parallel = tp;
+    for (int size : {1, tp}) {
+      ModelRuntimeConfig c = base;
+      c.tensor_parallel = size;
       c.scheduler.kv_policy = policy;
       c.scheduler.kv_budget_tokens = std::string(policy) == "h2o" ? 64 : 32;
       c.scheduler.kv_recent_tokens = 16;
       absl::StatusOr<std::unique_ptr<ModelRuntime>> rt = ModelRuntime::Create(c);
       ASSERT_TRUE(rt.ok()) << rt.status();
-      std::vector<uint32_t> prompt = {1};
-      for (uint32_t t = 0; t < 60; ++t) prompt.push_back(300 + t % 40);
-      out.push_back(testing::GreedyAll(rt->get(), {prompt}, 300));
-      EXPECT_GT((*rt)->scheduler()->Stats().kv_compactions, 0) << policy << " tp " << tp;
+      out.push_back(testing::GreedyAll(rt->get(), {prompt}, max_tokens));
+      EXPECT_GT((*rt)->scheduler()->Stats().kv_compactions, 0) << policy << " tp " << size;
     }
-    ASSERT_EQ(out[0][0].tokens.size(), 300u) << policy << out[0][0].status;
+    ASSERT_EQ(out[0][0].tokens.size(), max_tokens) << policy << out[0][0].status;
     EXPECT_EQ(out[1][0].tokens, out[0][0].tokens) << policy;
   }
+}
+
+// H2O and SnapKV at TP 2: each rank scores and compacts its own KV heads (the scores of a head
+// come from its own query heads, all on one rank), so the policies give TP 1's tokens: 300
+// tokens under a 64-token H2O budget, and a SnapKV prompt compressed to 32.
+TEST(ModelRuntimeTest, ScorePoliciesRunOnTensorParallelRanks) {
+  std::vector<uint32_t> prompt = {1};
+  for (uint32_t t = 0; t < 60; ++t) prompt.push_back(300 + t % 40);
+  ExpectScorePoliciesEqualTp1(testing::StoriesConfig(kernels::Device::kCpu), 2, prompt, 300);
 }
 
 // Ranks sharing a KV head (4 ranks over a random model's 2 KV heads): they take turns adding
@@ -187,29 +195,13 @@ TEST(ModelRuntimeTest, ScorePoliciesRunOnRanksSharingAKvHead) {
   mo.seed = 5;
   absl::StatusOr<MakeModelResult> made = MakeModel(mo);
   ASSERT_TRUE(made.ok()) << made.status();
-  for (const char* policy : {"h2o", "snapkv"}) {
-    std::vector<std::vector<testing::Generated>> out;
-    for (int tp : {1, 4}) {
-      ModelRuntimeConfig c;
-      c.model = mo.out_dir;
-      c.kv_blocks = 64;
-      c.threads = 1;
-      c.tensor_parallel = tp;
-      c.scheduler.kv_policy = policy;
-      c.scheduler.kv_budget_tokens = std::string(policy) == "h2o" ? 64 : 32;
-      c.scheduler.kv_recent_tokens = 16;
-      absl::StatusOr<std::unique_ptr<ModelRuntime>> rt = ModelRuntime::Create(c);
-      ASSERT_TRUE(rt.ok()) << rt.status();
-      std::vector<uint32_t> prompt = {made->config.bos_id};
-      for (uint32_t t = 0; t < 60; ++t) prompt.push_back(300 + (t * 37) % 500);
-      // ignore_eos is not GreedyAll's: a random model may end early; what it gives is compared.
-      out.push_back(testing::GreedyAll(rt->get(), {prompt}, 200));
-      ASSERT_TRUE(out.back()[0].status.ok()) << policy << " tp " << tp << out.back()[0].status;
-      EXPECT_GT((*rt)->scheduler()->Stats().kv_compactions, 0) << policy << " tp " << tp;
-    }
-    EXPECT_EQ(out[1][0].tokens, out[0][0].tokens) << policy;
-    EXPECT_EQ(out[0][0].tokens.size(), 200u) << policy;
-  }
+  ModelRuntimeConfig c;
+  c.model = mo.out_dir;
+  c.kv_blocks = 64;
+  c.threads = 1;
+  std::vector<uint32_t> prompt = {made->config.bos_id};
+  for (uint32_t t = 0; t < 60; ++t) prompt.push_back(300 + (t * 37) % 500);
+  ExpectScorePoliciesEqualTp1(c, 4, prompt, 200);  // this seed runs 200 tokens without an EOS
 }
 
 TEST(ModelRuntimeTest, CudaWhereItCannotRunFailsAtStartupNamingWhy) {
