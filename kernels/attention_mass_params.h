@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/attention_params.h"
+
 namespace pd::kernels {
 
 // num_tokens queries of one sequence at positions [start_pos, start_pos + num_tokens), each
@@ -25,6 +27,13 @@ struct AttentionMassParams {
   // [start_pos + num_tokens][k_token_stride], each [num_kv_heads][head_dim].
   const float* k = nullptr;
   int64_t k_token_stride = 0;  // >= num_kv_heads * head_dim
+  // Or (k == nullptr, kCpu) the keys read from the cache as they are needed: key t is slot t of
+  // the sequence's blocks `block_table` ([num_table_blocks] ids) in layer cache->layer, widened
+  // to f32 exactly as ReadKv widens it (the same floats as the k above would hold). The cache's
+  // num_kv_heads and head_dim must be the call's. Saves ReadKv's copy of every K and V row.
+  const KvCacheView* cache = nullptr;
+  const int32_t* block_table = nullptr;
+  int64_t num_table_blocks = 0;
   int64_t start_pos = 0;       // >= 0
   int64_t num_tokens = 0;      // > 0
   int64_t num_heads = 0;       // a multiple of num_kv_heads

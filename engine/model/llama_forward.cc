@@ -1293,29 +1293,13 @@ absl::Status LlamaForward::AccumulateMassOfSlots(int layer) {
     const MassTarget& m = slot_mass_[i];
     if (m.mass == nullptr) continue;
     const Slot& slot = slots_[i];
-    const int64_t keys = slot.start_pos + slot.num_tokens;
-    mass_k_.resize(static_cast<size_t>(keys * c.kv_dim));
-    mass_v_.resize(mass_k_.size());
-    // Slots 0, 1, 2, ...: grown when a longer context comes, never refilled.
-    for (auto p = static_cast<int32_t>(mass_positions_.size()); p < keys; ++p) {
-      mass_positions_.push_back(p);
-    }
-    kernels::ReadKvParams r;
-    r.k = mass_k_.data();
-    r.v = mass_v_.data();
-    r.k_token_stride = c.kv_dim;
-    r.v_token_stride = c.kv_dim;
-    r.cache = cache;
-    r.num_tokens = keys;
-    r.positions = mass_positions_.data();
-    r.block_tables = &block_tables_[i * max_blocks_per_seq_];
-    r.max_blocks_per_seq = max_blocks_per_seq_;
-    PD_RETURN_IF_ERROR(kernels::ReadKv(ctx_, r));
     kernels::AttentionMassParams a;
     a.q = &q_[(slot.first_token + m.from) * c.q_dim()];
     a.q_token_stride = c.q_dim();
-    a.k = mass_k_.data();
-    a.k_token_stride = c.kv_dim;
+    // The keys straight from the cache (slot t of the sequence's blocks is key t).
+    a.cache = &cache;
+    a.block_table = &block_tables_[i * max_blocks_per_seq_];
+    a.num_table_blocks = max_blocks_per_seq_;
     a.start_pos = slot.start_pos + m.from;
     a.num_tokens = slot.num_tokens - m.from;
     a.num_heads = c.n_heads;

@@ -324,13 +324,11 @@ class LlamaForward {
   };
   std::vector<MassTarget> slot_mass_;
   bool any_mass_ = false;
-  // kernels::AttentionMass after a layer's attention for the slots that ask (kCpu), the keys
-  // read back into mass_k_ (mass_v_ takes the values ReadKv writes too). Ranks sharing a KV
-  // head take turns (AccumulateMassOfSlots between barriers).
+  // kernels::AttentionMass after a layer's attention for the slots that ask (kCpu), reading
+  // the keys from the cache. Ranks sharing a KV head take turns (AccumulateMassOfSlots between
+  // barriers).
   absl::Status AccumulateMass(int layer);
   absl::Status AccumulateMassOfSlots(int layer);
-  std::vector<float> mass_k_, mass_v_;
-  std::vector<int32_t> mass_positions_;  // 0, 1, 2, ...: ReadKv's positions for every key
   int64_t num_decode_slots_ = 0;
 
   // Scratch on ctx.device, sized for options_.max_batch_tokens rows (activations) / max_seqs

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/vector_ops.h"
@@ -117,46 +118,45 @@ void WriteKv(const OpContext& ctx, const WriteKvParams& p) {
   });
 }
 
+void ReadKvRow(const KvCacheView& c, const int32_t* block_table, int64_t pos, int64_t head,
+               int kv, float* dst) {
+  const TokenRows rows = RowsOf(c, block_table, 0, 0, pos);
+  const char* src = rows.k + (head * c.head_stride + kv * c.kv_stride) * DTypeSize(c.dtype);
+  if (!IsQuantizedKvDType(c.dtype)) {
+    PD_ISA_DISPATCH(ConvertRow(src, c.dtype, dst, DType::kF32, c.head_dim));
+    return;
+  }
+  const float* scales = rows.k_scale + head * c.scale_head_stride + kv * c.scale_kv_stride;
+  const auto* codes = reinterpret_cast<const uint8_t*>(src);
+  if (c.dtype == DType::kI4) {
+    const int64_t group = KvScaleGroup(c.dtype, c.head_dim);
+    for (int64_t d = 0; d < c.head_dim; ++d) {
+      const int nibble = d % 2 == 0 ? codes[d / 2] & 0xF : codes[d / 2] >> 4;
+      dst[d] = static_cast<float>((nibble ^ 8) - 8) * scales[d / group];
+    }
+    if (KvRotated(c.dtype, c.head_dim)) {  // (stored rotated: rotate back)
+      for (int64_t g = 0; g < c.head_dim; g += group) HadamardRotate(dst + g, group);
+    }
+    return;
+  }
+  const float scale = scales[0];
+  for (int64_t d = 0; d < c.head_dim; ++d) {
+    const float code = c.dtype == DType::kI8 ? static_cast<float>(static_cast<int8_t>(codes[d]))
+                                             : E4M3ToF32(codes[d]);
+    dst[d] = code * scale;
+  }
+}
+
 void ReadKv(const OpContext& ctx, const ReadKvParams& p) {
   const KvCacheView& c = p.cache;
-  const int64_t esize = DTypeSize(c.dtype);
   const int64_t min_tokens = std::max<int64_t>(1, 32768 / (c.num_kv_heads * c.head_dim));
   ParallelRange(ctx, p.num_tokens, min_tokens, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      const TokenRows rows = RowsOf(c, p.block_tables, p.max_blocks_per_seq,
-                                    p.token_seq != nullptr ? p.token_seq[j] : 0, p.positions[j]);
-      const char* k_src = rows.k;
-      const float* k_scale = rows.k_scale;
+      const int64_t seq = p.token_seq != nullptr ? p.token_seq[j] : 0;
+      const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
       for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-        for (int kv = 0; kv < 2; ++kv) {
-          const char* src = k_src + (h * c.head_stride + kv * c.kv_stride) * esize;
-          float* dst = kv == 0 ? p.k + j * p.k_token_stride + h * c.head_dim
-                               : p.v + j * p.v_token_stride + h * c.head_dim;
-          if (!IsQuantizedKvDType(c.dtype)) {
-            PD_ISA_DISPATCH(ConvertRow(src, c.dtype, dst, DType::kF32, c.head_dim));
-            continue;
-          }
-          const float* scales = k_scale + h * c.scale_head_stride + kv * c.scale_kv_stride;
-          const auto* codes = reinterpret_cast<const uint8_t*>(src);
-          if (c.dtype == DType::kI4) {
-            const int64_t group = KvScaleGroup(c.dtype, c.head_dim);
-            for (int64_t d = 0; d < c.head_dim; ++d) {
-              const int nibble = d % 2 == 0 ? codes[d / 2] & 0xF : codes[d / 2] >> 4;
-              dst[d] = static_cast<float>((nibble ^ 8) - 8) * scales[d / group];
-            }
-            if (KvRotated(c.dtype, c.head_dim)) {  // (stored rotated: rotate back)
-              for (int64_t g = 0; g < c.head_dim; g += group) HadamardRotate(dst + g, group);
-            }
-            continue;
-          }
-          const float scale = scales[0];
-          for (int64_t d = 0; d < c.head_dim; ++d) {
-            const float code = c.dtype == DType::kI8
-                                   ? static_cast<float>(static_cast<int8_t>(codes[d]))
-                                   : E4M3ToF32(codes[d]);
-            dst[d] = code * scale;
-          }
-        }
+        ReadKvRow(c, table, p.positions[j], h, 0, p.k + j * p.k_token_stride + h * c.head_dim);
+        ReadKvRow(c, table, p.positions[j], h, 1, p.v + j * p.v_token_stride + h * c.head_dim);
       }
     }
   });

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/parallel.h"
 
 namespace pd::kernels::cpu {
@@ -32,13 +33,25 @@ void AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
   ParallelStrided(ctx, p.num_kv_heads, NumThreads(ctx), [&](int /*slot*/, int64_t g) {
     std::vector<float> s(static_cast<size_t>(keys));
     float* mass = p.mass + g * p.mass_head_stride;
+    // This kv head's keys: the caller's f32 rows, or read from the cache here (ReadKv's values).
+    const float* k_head = p.k != nullptr ? p.k + g * p.head_dim : nullptr;
+    int64_t k_stride = p.k_token_stride;
+    std::vector<float> read;
+    if (k_head == nullptr) {
+      read.resize(static_cast<size_t>(keys * p.head_dim));
+      for (int64_t t = 0; t < keys; ++t) {
+        ReadKvRow(*p.cache, p.block_table, t, g, 0, &read[static_cast<size_t>(t * p.head_dim)]);
+      }
+      k_head = read.data();
+      k_stride = p.head_dim;
+    }
     for (int64_t j = 0; j < p.num_tokens; ++j) {
       const int64_t n = p.start_pos + j + 1;
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const float* q = p.q + j * p.q_token_stride + h * p.head_dim;
         float max = -INFINITY;
         for (int64_t t = 0; t < n; ++t) {
-          const float* k = p.k + t * p.k_token_stride + g * p.head_dim;
+          const float* k = k_head + t * k_stride;
           s[t] = scale * Dot(q, k, p.head_dim);
           max = std::fmax(max, s[t]);
         }

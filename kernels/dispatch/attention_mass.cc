@@ -4,6 +4,8 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "kernels/attention.h"
 #include "kernels/attention_params.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
@@ -11,8 +13,12 @@
 namespace pd::kernels {
 
 absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
-  if (p.q == nullptr || p.k == nullptr || p.mass == nullptr) {
-    return absl::InvalidArgumentError("attention_mass: null q, k or mass");
+  if (p.q == nullptr || p.mass == nullptr) {
+    return absl::InvalidArgumentError("attention_mass: null q or mass");
+  }
+  if (p.k == nullptr && (p.cache == nullptr || p.block_table == nullptr)) {
+    return absl::InvalidArgumentError(
+        "attention_mass: no keys: k, or a cache view and a block table to read them from");
   }
   if (p.num_tokens <= 0 || p.start_pos < 0 || p.num_kv_heads <= 0 || p.head_dim <= 0 ||
       p.head_dim > kMaxAttentionHeadDim) {
@@ -28,7 +34,7 @@ absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
                                                    p.num_kv_heads));
   }
   if (p.q_token_stride < p.num_heads * p.head_dim ||
-      p.k_token_stride < p.num_kv_heads * p.head_dim) {
+      (p.k != nullptr && p.k_token_stride < p.num_kv_heads * p.head_dim)) {
     return absl::InvalidArgumentError(
         absl::StrCat("attention_mass: strides (q ", p.q_token_stride, ", k ", p.k_token_stride,
                      ") smaller than a token's heads (", p.num_heads * p.head_dim, ", ",
@@ -43,6 +49,28 @@ absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
     return absl::UnimplementedError(absl::StrCat("attention_mass: not implemented on ",
                                                  dispatch_internal::DeviceName(ctx.device),
                                                  " (the H2O and SnapKV KV policies are CPU-only)"));
+  }
+  if (p.k == nullptr) {
+    // Keys from the cache: its geometry must be the call's, and every block the keys lie in
+    // (slots [0, start_pos + num_tokens)) a block of the pool.
+    constexpr const char* kOp = "attention_mass";
+    const KvCacheView& c = *p.cache;
+    PD_RETURN_IF_ERROR(dispatch_internal::CheckKvCacheView(kOp, c));
+    if (c.num_kv_heads != p.num_kv_heads || c.head_dim != p.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention_mass: the cache's ", c.num_kv_heads, " kv heads of ", c.head_dim,
+          " differ from the call's ", p.num_kv_heads, " of ", p.head_dim));
+    }
+    if (!SupportsAttention(ctx.device, c.dtype)) {
+      return dispatch_internal::NoBackend(kOp, ctx.device, c.dtype);
+    }
+    const int64_t blocks = (p.start_pos + p.num_tokens + c.block_size - 1) / c.block_size;
+    if (blocks > p.num_table_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention_mass: ", p.start_pos + p.num_tokens, " keys need ", blocks,
+                       " blocks, the table has ", p.num_table_blocks));
+    }
+    PD_RETURN_IF_ERROR(dispatch_internal::CheckBlockIds(kOp, p.block_table, blocks, c.num_blocks));
   }
   cpu::AttentionMass(ctx, p);
   return absl::OkStatus();

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/attention.h"
 #include "kernels/dispatch/kernel_test_util.h"
+#include "kernels/type_names.h"
 #include "kernels/reference/reference_ops.h"
 
 namespace pd::kernels {
@@ -96,6 +98,93 @@ TEST(AttentionMassTest, QueriesSplitOverCallsAddTheSameBits) {
     ASSERT_TRUE(AttentionMass(ctx, c).ok());
   }
   EXPECT_EQ(0, std::memcmp(once.data(), split.data(), once.size() * sizeof(float)));
+}
+
+// Keys read from the cache (k == nullptr): the same bits as keys ReadKv read first, for every
+// cache dtype, on every CPU variant and in the reference; blocks out of order in the table.
+TEST(AttentionMassTest, KeysReadFromTheCacheGiveReadKvsBits) {
+  std::mt19937 rng(13);
+  const Shape s{21, 6, 6, 3, 32};  // 27 keys: 7 blocks of 4
+  constexpr int64_t kLayers = 2, kBlockSize = 4, kBlocks = 16, kLayer = 1;
+  const int64_t keys = s.start_pos + s.num_tokens, row = s.num_kv_heads * s.head_dim;
+  const std::vector<int32_t> table = {9, 2, 14, 0, 7, 3, 11, 5};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3,
+                      DType::kI4}) {
+    const int64_t block_bytes =
+        DenseKvBlockBytes(dtype, kLayers, s.num_kv_heads, kBlockSize, s.head_dim);
+    std::vector<float> storage(static_cast<size_t>(block_bytes * kBlocks / 4 + 1), 0.0f);
+    const KvCacheView view = DenseKvCacheView(storage.data(), dtype, kBlocks, kLayers,
+                                              s.num_kv_heads, kBlockSize, s.head_dim, kLayer);
+    const std::vector<float> k = RandomVector(keys * row, rng, 2.0f);
+    const std::vector<float> v = RandomVector(keys * row, rng, 2.0f);
+    std::vector<int32_t> positions(static_cast<size_t>(keys));
+    for (int64_t t = 0; t < keys; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+    WriteKvParams w;
+    w.k = k.data();
+    w.v = v.data();
+    w.k_token_stride = row;
+    w.v_token_stride = row;
+    w.cache = view;
+    w.num_tokens = keys;
+    w.positions = positions.data();
+    w.block_tables = table.data();
+    w.max_blocks_per_seq = static_cast<int64_t>(table.size());
+    ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
+    std::vector<float> read_k(k.size()), read_v(k.size());
+    ReadKvParams r;
+    r.k = read_k.data();
+    r.v = read_v.data();
+    r.k_token_stride = row;
+    r.v_token_stride = row;
+    r.cache = view;
+    r.num_tokens = keys;
+    r.positions = positions.data();
+    r.block_tables = table.data();
+    r.max_blocks_per_seq = w.max_blocks_per_seq;
+    ASSERT_TRUE(ReadKv(OpContext{}, r).ok());
+    const std::vector<float> q = RandomVector(s.num_tokens * (s.num_heads * s.head_dim + 3), rng);
+    std::vector<float> want;
+    AttentionMassParams a = Params(s, q, read_k, &want);
+    a.k_token_stride = row;
+    reference::AttentionMass(a);
+    auto from_cache = [&](std::vector<float>* mass) {
+      AttentionMassParams c = Params(s, q, read_k, mass);
+      c.k = nullptr;
+      c.cache = &view;
+      c.block_table = table.data();
+      c.num_table_blocks = static_cast<int64_t>(table.size());
+      return c;
+    };
+    std::vector<float> ref;
+    reference::AttentionMass(from_cache(&ref));
+    ASSERT_EQ(0, std::memcmp(ref.data(), want.data(), want.size() * sizeof(float)))
+        << "reference, " << DTypeName(dtype);
+    for (const auto& variant : CpuVariants()) {
+      VariantScope scope(variant);
+      std::vector<float> got;
+      ASSERT_TRUE(AttentionMass(scope.ctx(), from_cache(&got)).ok());
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+          << variant.Name() << ", " << DTypeName(dtype);
+    }
+    // The cache path's own errors: a short table, a block outside the pool, other geometry.
+    std::vector<float> mass;
+    AttentionMassParams bad = from_cache(&mass);
+    bad.num_table_blocks = 6;
+    EXPECT_NE(AttentionMass(OpContext{}, bad).message().find("need 7 blocks"),
+              absl::string_view::npos);
+    const std::vector<int32_t> outside = {9, 2, 14, 0, 7, 3, 16};
+    bad = from_cache(&mass);
+    bad.block_table = outside.data();
+    bad.num_table_blocks = 7;
+    EXPECT_EQ(AttentionMass(OpContext{}, bad).code(), absl::StatusCode::kInvalidArgument);
+    bad = from_cache(&mass);
+    bad.num_heads = 4;
+    bad.num_kv_heads = 2;
+    EXPECT_NE(AttentionMass(OpContext{}, bad).message().find("differ"), absl::string_view::npos);
+    bad = from_cache(&mass);
+    bad.cache = nullptr;
+    EXPECT_EQ(AttentionMass(OpContext{}, bad).code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(AttentionMassTest, BadParametersAndOtherDevicesAreRefused) {

@@ -8,7 +8,30 @@
 
 namespace pd::kernels::reference {
 
-void AttentionMass(const AttentionMassParams& p) {
+void AttentionMass(const AttentionMassParams& in) {
+  AttentionMassParams p = in;
+  std::vector<float> k, v;
+  if (p.k == nullptr) {
+    // Keys from the cache: ReadKv of slots [0, keys), then as from f32 rows.
+    const int64_t keys = p.start_pos + p.num_tokens, row = p.num_kv_heads * p.head_dim;
+    k.resize(static_cast<size_t>(keys * row));
+    v.resize(k.size());
+    std::vector<int32_t> positions(static_cast<size_t>(keys));
+    for (int64_t t = 0; t < keys; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+    ReadKvParams r;
+    r.k = k.data();
+    r.v = v.data();
+    r.k_token_stride = row;
+    r.v_token_stride = row;
+    r.cache = *p.cache;
+    r.num_tokens = keys;
+    r.positions = positions.data();
+    r.block_tables = p.block_table;
+    r.max_blocks_per_seq = p.num_table_blocks;
+    ReadKv(r);
+    p.k = k.data();
+    p.k_token_stride = row;
+  }
   const int64_t group = p.num_heads / p.num_kv_heads;
   const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   for (int64_t g = 0; g < p.num_kv_heads; ++g) {
