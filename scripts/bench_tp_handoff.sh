@@ -23,6 +23,7 @@ pairs=("$@")
 build=${BUILD_DIR:-build}
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/pd-tp-handoff.XXXXXX)
+cluster=""
 trap 'kill "$cluster" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 
 # The value of metric line NAME (exact, labels included) in file FILE, or 0.

@@ -1403,7 +1403,10 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
                             dim, c.n_experts, false));
   RouteTokens(router_logits_, num_tokens, c.n_experts, c.n_experts_per_tok,
               MoeRuleFor(c, w.router_bias), &routing_);
-  std::fill(moe_sum_, moe_sum_ + num_tokens * dim, 0.0f);
+  // The weighted sum of the experts' outputs; a tensor-parallel rank sums its columns' share
+  // straight into the buffer its all-reduce completes.
+  float* const moe_sum = tp_comm_ != nullptr ? tp_partial_.data() : moe_sum_;
+  std::fill(moe_sum, moe_sum + num_tokens * dim, 0.0f);
   int64_t* counts = &expert_tokens_[static_cast<size_t>(layer) * c.n_experts];
   for (int e = 0; e < c.n_experts; ++e) {
     const std::vector<int32_t>& tokens = routing_.tokens[e];
@@ -1422,7 +1425,7 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
         MatMul(gate_, x.w_down, x.w_down_scales, nullptr, moe_out_, n, width, dim, false));
     for (int64_t i = 0; i < n; ++i) {
       const float weight = routing_.weights[e][i];
-      float* sum = moe_sum_ + tokens[i] * dim;
+      float* sum = moe_sum + tokens[i] * dim;
       const float* y = moe_out_ + i * dim;
       for (int64_t d = 0; d < dim; ++d) sum[d] += weight * y[d];
     }
@@ -1437,13 +1440,10 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, num_tokens, shared));
     PD_RETURN_IF_ERROR(MatMul(gate_, w.w_shared_down, w.w_shared_down_scales, nullptr, moe_out_,
                               num_tokens, shared, dim, false));
-    for (int64_t i = 0; i < num_tokens * dim; ++i) moe_sum_[i] += moe_out_[i];
+    for (int64_t i = 0; i < num_tokens * dim; ++i) moe_sum[i] += moe_out_[i];
   }
-  if (tp_comm_ != nullptr) {  // row-parallel: this rank's columns of every expert, then the sum
-    std::copy_n(moe_sum_, num_tokens * dim, tp_partial_.data());
-    return TpAddReduced(num_tokens);
-  }
-  for (int64_t i = 0; i < num_tokens * dim; ++i) x_[i] += moe_sum_[i];
+  if (tp_comm_ != nullptr) return TpAddReduced(num_tokens);  // row-parallel: the ranks' sum
+  for (int64_t i = 0; i < num_tokens * dim; ++i) x_[i] += moe_sum[i];
   return absl::OkStatus();
 }
 

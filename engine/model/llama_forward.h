@@ -116,10 +116,10 @@ struct ForwardOptions {
   // N > 1 splits the model over N ranks, threads of this process that share the KV pool (each
   // rank its KV heads' rows; the pool keeps the TP = 1 layout). ctx.parallel's threads are
   // divided between the ranks: each gets its own team of max(1, threads / N). kCpu without
-  // staged_metadata and dense GQA models only, any KV dtype (Unimplemented otherwise;
-  // the H2O and SnapKV policies' calls too when ranks share a KV head, N > n_kv_heads: each
-  // rank scores and moves its own KV heads); InvalidArgument when N does not split the model
-  // (PlanTensorParallel). Logits agree with N = 1 within float rounding (the row-parallel sums
+  // staged_metadata only (Unimplemented otherwise); any KV dtype, dense, mixture-of-experts and
+  // MLA models, and the H2O and SnapKV policies' calls (ranks sharing a KV head, N >
+  // n_kv_heads, take turns scoring it and its first rank moves it); InvalidArgument when N does
+  // not split the model (PlanTensorParallel). Logits agree with N = 1 within float rounding (the row-parallel sums
   // are added in a different order), the same bits run to run.
   int32_t tensor_parallel = 1;
 };
