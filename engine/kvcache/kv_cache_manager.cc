@@ -150,6 +150,13 @@ absl::StatusOr<ImportTarget> KvCacheManager::ImportBlocks(SequenceId seq,
   return target;
 }
 
+absl::StatusOr<ImportTarget> KvCacheManager::ImportCompressedBlocks(SequenceId seq,
+                                                                    int64_t num_kept_tokens) {
+  PD_ASSIGN_OR_RETURN(ImportTarget target, ImportBlocks(seq, {}, num_kept_tokens));
+  tables_[seq].windowed_ = true;
+  return target;
+}
+
 absl::StatusOr<int64_t> KvCacheManager::BlocksNeededToAppend(SequenceId seq,
                                                              int64_t num_tokens) const {
   PD_ASSIGN_OR_RETURN(const BlockTable* table, FindTable(seq));

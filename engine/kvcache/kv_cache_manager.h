@@ -122,6 +122,12 @@ class KvCacheManager {
   absl::StatusOr<ImportTarget> ImportBlocks(SequenceId seq, absl::Span<const BlockHash> chain,
                                             int64_t num_prompt_tokens);
 
+  // Decode side of a SnapKV prompt compressed by the prefill worker (compress_policy.h):
+  // `seq`'s table of `num_kept_tokens` (> 0) tokens in fresh private blocks, all to be written
+  // remotely, windowed() from the start (its slots are not the text's positions, so nothing of
+  // it is ever committed). Errors as AllocatePrompt.
+  absl::StatusOr<ImportTarget> ImportCompressedBlocks(SequenceId seq, int64_t num_kept_tokens);
+
   // Blocks `seq` must allocate to grow by `num_tokens` tokens (0 while the last block has room).
   // NotFound for an unknown sequence.
   absl::StatusOr<int64_t> BlocksNeededToAppend(SequenceId seq, int64_t num_tokens) const;

@@ -444,6 +444,24 @@ TEST_F(KvCacheManagerTest, FailedImportNeverCachesUnwrittenBlocks) {
   EXPECT_TRUE(events_.events().empty());
 }
 
+// A SnapKV prompt compressed remotely: fresh private blocks for the kept tokens, never
+// committed (the table is windowed: its slots are not the text's positions).
+TEST_F(KvCacheManagerTest, CompressedImportIsPrivateAndNeverCommitted) {
+  Make(8);
+  const std::vector<uint32_t> p = Tokens(9);  // 3 blocks, the first 2 full
+  ASSERT_EQ(MustAllocate(S(1), p), 0);
+  ASSERT_TRUE(kv_->CommitBlocks(S(1), Chain(p)).ok());
+  absl::StatusOr<ImportTarget> t = kv_->ImportCompressedBlocks(S(2), 5);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->num_cached_tokens, 0);  // (the cached prefix is not taken)
+  EXPECT_EQ(t->first_block, 0);
+  EXPECT_EQ(t->block_ids.size(), 2u);
+  EXPECT_TRUE(kv_->GetTable(S(2))->windowed());
+  EXPECT_TRUE(absl::IsFailedPrecondition(kv_->CommitBlocks(S(2), Chain(Tokens(4)))));
+  EXPECT_TRUE(absl::IsResourceExhausted(kv_->ImportCompressedBlocks(S(3), 13).status()));
+  EXPECT_TRUE(absl::IsAlreadyExists(kv_->ImportCompressedBlocks(S(2), 1).status()));
+}
+
 TEST_F(KvCacheManagerTest, ExportBlocksChecksTheRange) {
   Make(4);
   EXPECT_EQ(MustAllocate(S(1), Tokens(9)), 0);

@@ -21,8 +21,10 @@
 // KvCacheManager::ReplaceBlocks); new tokens take RoPE position slot + dropped (their text
 // position). The full-prefix blocks computed before the first compaction stay in the prefix
 // cache; a governed sequence itself never reuses cached blocks (the scores of a cached prefix
-// were never computed), is never prefilled remotely nor restored from the tiers, and does not
-// speculate. CPU only (the score pass has no CUDA kernel yet), dense attention only.
+// were never computed), is never restored from the tiers, and does not speculate. Under H2O it
+// is prefilled where it decodes; under SnapKV a prefill worker may compute and compress the
+// prompt (GenerationRequest::prefill_kv_policy) and send only the kept tokens' blocks. CPU
+// only (the score pass has no CUDA kernel yet), per-head attention caches only (not MLA).
 //
 // Thread-compatible value type; the scheduler decides when (it owns preemption and the batch).
 #pragma once

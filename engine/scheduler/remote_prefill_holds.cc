@@ -32,11 +32,15 @@ void RemotePrefillHolds::Start(Sequence* seq, kvcache::ImportTarget import,
   target.first_block = import.first_block;
   target.block_ids = std::move(import.block_ids);
   target.chain = std::move(chain);
+  if (seq->remote_keep > 0) {
+    target.kv_policy = {"snapkv", seq->compress.budget(), seq->compress.recent()};
+  }
   seq->request.remote_prefill(std::move(target));
 }
 
 absl::Status RemotePrefillHolds::Complete(RequestId id, Sequence* seq, uint32_t first_token,
-                                          std::optional<TokenLogprob>* first_logprob) {
+                                          std::optional<TokenLogprob>* first_logprob,
+                                          int64_t kept_tokens) {
   if (seq == nullptr || !seq->remote_pending) {
     return NotPending(id);
   }
@@ -67,11 +71,21 @@ absl::Status RemotePrefillHolds::Complete(RequestId id, Sequence* seq, uint32_t 
                        lp.has_value() ? "malformed" : "missing", "; prefilling locally"));
     }
   }
+  if (kept_tokens != seq->remote_keep) {
+    ++num_failures_;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request ", id.ToString(), ": the prefill worker kept ", kept_tokens,
+        " tokens of the prompt, this worker's kv_policy keeps ", seq->remote_keep,
+        "; prefilling locally"));
+  }
   seq->num_computed = static_cast<int64_t>(seq->tokens.size());
+  seq->prefilled_remotely = true;
+  if (seq->remote_keep > 0) {
+    return absl::OkStatus();  // compressed: its blocks are not the text's (nothing to share)
+  }
   seq->chain = ComputeBlockHashes(seq->seed, seq->tokens, static_cast<uint32_t>(kv_->block_size()));
   absl::Status commit = kv_->CommitBlocks(seq->kv_id, seq->chain);
   CHECK(commit.ok()) << commit;  // the chain hashes exactly the prompt's full blocks
-  seq->prefilled_remotely = true;
   return absl::OkStatus();
 }
 
@@ -97,6 +111,9 @@ void RemotePrefillHolds::Prefilled(Sequence* seq, uint32_t first_token,
   out.restore = seq->restore_time;
   const kvcache::BlockTable* table = kv_->GetTable(seq->kv_id);
   out.block_ids.assign(table->blocks().begin(), table->blocks().end());
+  if (seq->compress.enabled()) {
+    out.kept_tokens = seq->num_allocated - seq->dropped;
+  }
   const absl::Time scheduled = seq->first_scheduled;
   out.queue = scheduled - seq->submitted;
   out.prefill = seq->prefill_done - scheduled;

@@ -39,9 +39,10 @@ class RemotePrefillHolds {
   RemotePrefillHolds(const RemotePrefillHolds&) = delete;
   RemotePrefillHolds& operator=(const RemotePrefillHolds&) = delete;
 
-  // Decode side: marks `seq` (admitted, its whole prompt imported as `import`) pending and calls
-  // its remote_prefill hook with the destination blocks and `chain`, the hashes of every full
-  // block of the prompt.
+  // Decode side: marks `seq` (admitted, its whole prompt imported as `import`, or under SnapKV
+  // its seq->remote_keep kept tokens) pending and calls its remote_prefill hook with the
+  // destination blocks and `chain`, the hashes of every full block of the prompt (empty under
+  // SnapKV), and the policy the prefill worker must run.
   void Start(Sequence* seq, kvcache::ImportTarget import, std::vector<BlockHash> chain);
 
   // Decode side: the remote prefill of request `id` (`seq`, null when it is not running)
@@ -51,11 +52,13 @@ class RemotePrefillHolds {
   // - `first_token` is out of the vocabulary, or the request asked for logprobs and
   //   `*first_logprob` is missing, has more alternatives than asked or an id out of the
   //   vocabulary: InvalidArgument, counted in num_failures() (the request prefills locally);
+  // - `kept_tokens` (what a SnapKV prefill worker kept, 0 without) differs from
+  //   seq->remote_keep: InvalidArgument, counted likewise;
   // - else OK: the prompt counts as computed, its full blocks are committed to the prefix
-  //   cache, prefilled_remotely is set and `*first_logprob` is reset when the request did not
-  //   ask; the caller then accepts `first_token`.
+  //   cache (not a compressed prompt's), prefilled_remotely is set and `*first_logprob` is
+  //   reset when the request did not ask; the caller then accepts `first_token`.
   absl::Status Complete(RequestId id, Sequence* seq, uint32_t first_token,
-                        std::optional<TokenLogprob>* first_logprob);
+                        std::optional<TokenLogprob>* first_logprob, int64_t kept_tokens = 0);
 
   // Decode side: the remote prefill of `id` (`seq`, null when not running) failed and no write
   // into its blocks is in progress any more: `seq` is no longer pending (it prefills locally

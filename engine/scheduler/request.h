@@ -127,12 +127,24 @@ struct GenerationOutput {
 // or Scheduler::FailRemotePrefill (nothing usable arrived: the request prefills locally into
 // the same blocks). The blocks stay reserved until then, even if the request is cancelled
 // meanwhile, so a late remote write never lands in a reused block.
+//
+// Under SnapKV (SchedulerConfig::kv_policy "snapkv") a request without resumed tokens goes to
+// the prefill worker too: `kv_policy` names the policy, the prefill worker compresses the
+// prompt as this worker would (PrefilledBlocks::kept_tokens) and `block_ids` are the blocks of
+// the kept tokens only (no cached prefix, `chain` empty).
+struct KvPolicySpec {
+  std::string policy;  // "" = none, else "snapkv"
+  int64_t budget_tokens = 0;  // whole blocks
+  int64_t recent_tokens = 0;
+};
+
 struct RemotePrefillTarget {
   RequestId id;
   int64_t num_cached_tokens = 0;   // tokens the decode worker had cached (not to be sent)
   int64_t first_block = 0;         // logical index of block_ids[0]
   std::vector<BlockId> block_ids;  // destination blocks, in order, incl. a partial last one
   std::vector<BlockHash> chain;    // hashes of every full block of the prompt
+  KvPolicySpec kv_policy;          // the policy the prefill worker must run (see above)
 };
 
 // Prefill-only requests (prefill worker): once the prompt is computed and the first token is
@@ -150,6 +162,9 @@ struct PrefilledBlocks {
   int64_t restored_tokens = 0;  // of cached_tokens, restored from the node's tiers
   absl::Duration restore;       // copying those in
   std::vector<BlockId> block_ids;
+  // Under GenerationRequest::prefill_kv_policy: the tokens each (layer, kv head) kept, in
+  // block_ids (which then hold only those); 0 without a policy.
+  int64_t kept_tokens = 0;
   absl::Duration queue;    // submitted -> first scheduled
   absl::Duration prefill;  // first scheduled -> prompt computed
 };
@@ -195,6 +210,11 @@ struct GenerationRequest {
   // Prefill side (see PrefilledBlocks); null = a normal generation. Mutually exclusive with
   // remote_prefill. Runs on the scheduler thread: must be quick.
   std::function<void(PrefilledBlocks)> on_prefilled;
+  // Prefill side only: the decode worker's KV policy (RemotePrefillTarget::kv_policy). The
+  // prompt is computed in full without cached blocks, compressed after the first token is
+  // sampled, and on_prefilled gets the kept tokens' blocks. Submit refuses a policy this
+  // scheduler cannot run (InvalidArgument for bad values, Unimplemented on CUDA or MLA).
+  KvPolicySpec prefill_kv_policy;
   // Blocks restorable from the node's tiers; empty chain = none.
   TierPrefix tier_prefix;
   // Migration (docs/migration.md): the request already generated these tokens on another

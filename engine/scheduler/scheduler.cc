@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -15,6 +16,23 @@
 #include "engine/scheduler/token_sampling.h"
 
 namespace pd::engine {
+namespace {
+
+// The score pass (kernels::AttentionMass) and the compaction run on the CPU, for per-head
+// attention caches.
+absl::Status CheckCompressRuns(const CompressPolicy& policy, absl::string_view name,
+                               const LlamaForward& forward) {
+  if (policy.enabled() && (forward.config().mla() || forward.device() != kernels::Device::kCpu ||
+                           forward.options().staged_metadata)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "scheduler: kv_policy ", name,
+        " scores cached tokens on the CPU only (no CUDA kernel yet, no staged metadata) and "
+        "for per-head attention caches only (not MLA)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 Scheduler::Scheduler(SchedulerConfig config, WindowPolicy window, CompressPolicy compress,
                      LlamaForward* forward, kvcache::KvCacheManager* kv_cache,
@@ -60,14 +78,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
       CompressPolicy compress,
       CompressPolicy::Create(config.kv_policy, config.kv_budget_tokens, config.kv_recent_tokens,
                              kv_cache->block_size(), forward->config().seq_len));
-  if (compress.enabled() &&
-      (forward->config().mla() || forward->device() != kernels::Device::kCpu ||
-       forward->options().staged_metadata)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "scheduler: kv_policy ", config.kv_policy,
-        " scores cached tokens on the CPU only (no CUDA kernel yet, no staged metadata) and "
-        "for per-head attention caches only (not MLA)"));
-  }
+  PD_RETURN_IF_ERROR(CheckCompressRuns(compress, config.kv_policy, *forward));
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), window, compress, forward, kv_cache,
                                              tokenizer, std::move(model_fingerprint), clock));
   s->logits_.resize(forward->options().max_seqs * forward->vocab_size());
@@ -89,6 +100,36 @@ absl::StatusOr<BlockHash> Scheduler::SeedFor(const std::string& cache_salt) {
   return seed;
 }
 
+absl::StatusOr<CompressPolicy> Scheduler::PrefillPolicy(const GenerationRequest& request) const {
+  const KvPolicySpec& spec = request.prefill_kv_policy;
+  if (spec.policy.empty()) {
+    return CompressPolicy();
+  }
+  const std::string id = request.id.ToString();
+  if (spec.policy != "snapkv") {
+    return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prefill kv_policy \"",
+                                                   spec.policy, "\" (only snapkv compresses on "
+                                                   "the prefill worker)"));
+  }
+  if (!request.resume.tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": prefill kv_policy snapkv with resumed tokens"));
+  }
+  if (window_.enabled()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request ", id, ": prefill kv_policy snapkv: this worker runs the sink + window policy"));
+  }
+  absl::StatusOr<CompressPolicy> policy =
+      CompressPolicy::Create(spec.policy, spec.budget_tokens, spec.recent_tokens,
+                             kv_->block_size(), forward_->config().seq_len);
+  if (!policy.ok()) {
+    return absl::Status(policy.status().code(),
+                        absl::StrCat("request ", id, ": ", policy.status().message()));
+  }
+  PD_RETURN_IF_ERROR(CheckCompressRuns(*policy, spec.policy, *forward_));
+  return policy;
+}
+
 absl::Status Scheduler::Submit(GenerationRequest request) {
   const std::string id = request.id.ToString();
   PD_RETURN_IF_ERROR(CheckPrompt(request, forward_->config()));
@@ -104,12 +145,18 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
   }
   int64_t needed = window_.MaxBlocks(
       kv_->NumBlocksForTokens(static_cast<int64_t>(request.prompt.size()) + resumed + 1));
+  // H2O / SnapKV govern every request but a prefill-only one, which runs the decode worker's
+  // policy when it names one (SnapKV only: H2O's scores go on with decoding).
+  CompressPolicy policy = compress_;
   if (request.on_prefilled != nullptr) {
     PD_RETURN_IF_ERROR(window_.CheckPrefillOnly(
         id, static_cast<int64_t>(request.prompt.size() + request.resume.tokens.size())));
-  } else {
-    needed = compress_.MaxBlocks(needed);  // (H2O / SnapKV govern every other request)
+    PD_ASSIGN_OR_RETURN(policy, PrefillPolicy(request));
+  } else if (!request.prefill_kv_policy.policy.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", id, ": prefill_kv_policy is for prefill-only requests"));
   }
+  needed = policy.MaxBlocks(needed);
   if (needed > kv_->num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat("request ", id, ": prompt needs ", needed,
                                                    " KV blocks, the pool has ", kv_->num_blocks()));
@@ -129,6 +176,7 @@ absl::Status Scheduler::Submit(GenerationRequest request) {
   seq->kv_id = kvcache::SequenceId(next_sequence_id_++);
   seq->tokens = request.prompt;
   seq->prompt_len = request.prompt.size();
+  seq->compress = policy;
   seq->detok = std::make_unique<DecodeStream>(tokenizer_, request.prompt.back());
   if (request.sampling.grammar != nullptr) {
     seq->matcher = std::make_shared<grammar::Matcher>(request.sampling.grammar);
@@ -326,10 +374,15 @@ void Scheduler::Admit() {
         static_cast<uint32_t>(kv_->block_size()));
     // A remote prefill is tried once, at first admission; a preempted request recomputes here.
     // A prompt that needs a drop is computed here (the prefill worker would not drop).
-    // Under H2O / SnapKV the prompt is computed here, in full: the scores of a cached,
-    // restored or remotely computed prefix do not exist.
+    // Under H2O / SnapKV the prompt is computed in full, never taken from a cache: the scores
+    // of a cached or restored prefix do not exist. SnapKV's is computed and compressed by the
+    // prefill worker, which sends the kept tokens only (not a resumed stream's, which go on
+    // after the compaction); H2O's here (its scores go on with decoding).
+    const bool remote_snapkv = governed &&
+                               seq->compress.kind() == CompressPolicy::Kind::kSnapKv &&
+                               seq->num_resumed == 0;
     const bool remote = seq->request.remote_prefill != nullptr && !seq->remote_started &&
-                        to_allocate == num_tokens && !governed;
+                        to_allocate == num_tokens && (!governed || remote_snapkv);
     if (governed) {
       seq->ReleaseTierPrefix();
     } else if (!seq->admitted_once && !seq->request.tier_prefix.chain.empty()) {
@@ -338,10 +391,14 @@ void Scheduler::Admit() {
     std::optional<kvcache::ImportTarget> import;
     absl::StatusOr<int64_t> cached = 0;
     if (remote) {
-      absl::StatusOr<kvcache::ImportTarget> t = kv_->ImportBlocks(seq->kv_id, chain, num_tokens);
+      const int64_t keep = governed ? seq->compress.KeepTokens(num_tokens) : 0;
+      absl::StatusOr<kvcache::ImportTarget> t =
+          governed ? kv_->ImportCompressedBlocks(seq->kv_id, keep)
+                   : kv_->ImportBlocks(seq->kv_id, chain, num_tokens);
       if (t.ok()) {
         cached = t->num_cached_tokens;
         import = *std::move(t);
+        seq->remote_keep = keep;
       } else {
         cached = t.status();
       }
@@ -369,11 +426,16 @@ void Scheduler::Admit() {
     }
     seq->num_computed = *cached;
     seq->num_allocated = to_allocate;
-    if (governed) {
+    if (seq->remote_keep > 0) {
+      // Compressed remotely: the table holds the kept tokens; the prompt's others are dropped.
+      seq->dropped = to_allocate - seq->remote_keep;
+      seq->compressed = true;
+      seq->scores.clear();
+    } else if (governed) {
       const ModelConfig& mc = forward_->config();
-      seq->scores.assign(
-          static_cast<size_t>(mc.n_layers * mc.n_kv_heads * compress_.ScoreSlots(seq->prompt_len)),
-          0.0f);
+      seq->scores.assign(static_cast<size_t>(mc.n_layers * mc.n_kv_heads *
+                                             seq->compress.ScoreSlots(seq->prompt_len)),
+                         0.0f);
       seq->compressed = false;
     }
     seq->chain.assign(chain.begin(), chain.begin() + *cached / kv_->block_size());
@@ -392,6 +454,9 @@ void Scheduler::Admit() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     if (import.has_value()) {
+      if (seq->remote_keep > 0) {
+        chain.clear();  // (nothing of a compressed prompt is shared)
+      }
       handoffs_.Start(seq, *std::move(import), std::move(chain));
     }
   }
@@ -419,9 +484,17 @@ Scheduler::Sequence* Scheduler::FindRunning(RequestId id) {
 }
 
 absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token,
-                                              std::optional<TokenLogprob> first_logprob) {
+                                              std::optional<TokenLogprob> first_logprob,
+                                              int64_t kept_tokens) {
   Sequence* seq = FindRunning(id);
-  PD_RETURN_IF_ERROR(handoffs_.Complete(id, seq, first_token, &first_logprob));
+  const absl::Status completed =
+      handoffs_.Complete(id, seq, first_token, &first_logprob, kept_tokens);
+  if (!completed.ok()) {
+    if (absl::IsInvalidArgument(completed)) {
+      PrefillLocallyAfterRemote(seq);  // (refused: no longer pending)
+    }
+    return completed;
+  }
   if (seq->finished != FinishReason::kNone) {
     return absl::OkStatus();  // cancelled meanwhile: the next sweep frees its blocks
   }
@@ -431,13 +504,60 @@ absl::Status Scheduler::CompleteRemotePrefill(RequestId id, uint32_t first_token
 }
 
 absl::Status Scheduler::FailRemotePrefill(RequestId id) {
-  return handoffs_.Fail(id, FindRunning(id));
+  Sequence* seq = FindRunning(id);
+  PD_RETURN_IF_ERROR(handoffs_.Fail(id, seq));
+  PrefillLocallyAfterRemote(seq);
+  return absl::OkStatus();
+}
+
+void Scheduler::PrefillLocallyAfterRemote(Sequence* seq) {
+  // A whole prompt's blocks are prefilled into where they are; a compressed prompt's hold only
+  // the kept tokens, so it is admitted again (remote_started: here), in full.
+  if (seq == nullptr || seq->remote_pending || seq->remote_keep == 0 ||
+      seq->finished != FinishReason::kNone) {
+    return;
+  }
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i].get() == seq) {
+      std::unique_ptr<Sequence> again = std::move(running_[i]);
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+      absl::Status s = kv_->Free(again->kv_id);
+      CHECK(s.ok()) << s;
+      again->num_computed = 0;
+      again->num_allocated = 0;
+      again->dropped = 0;
+      again->compressed = false;
+      again->remote_keep = 0;
+      again->chain.clear();
+      waiting_.push_front(std::move(again));
+      return;
+    }
+  }
 }
 
 absl::Status Scheduler::ReleasePrefilled(RequestId id) {
   PD_RETURN_IF_ERROR(handoffs_.Release(id));
   ++stats_.finished;
   return absl::OkStatus();
+}
+
+void Scheduler::CompactPrefilled() {
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence* seq = running_[i].get();
+    if (!seq->compact_first_token.has_value() || seq->finished != FinishReason::kNone) {
+      continue;
+    }
+    const SlideOutcome compacted = Compact(i);
+    if (compacted == SlideOutcome::kPreemptedSelf) {
+      return;  // (the youngest: nothing after it)
+    }
+    if (compacted == SlideOutcome::kFailed) {
+      continue;
+    }
+    const uint32_t token = *seq->compact_first_token;
+    seq->compact_first_token.reset();
+    handoffs_.Prefilled(seq, token, std::exchange(seq->compact_first_logprob, std::nullopt));
+  }
 }
 
 void Scheduler::MoveHeld() {
@@ -461,6 +581,9 @@ void Scheduler::Preempt(size_t running_index) {
   victim->dropped = 0;
   victim->scores.clear();
   victim->compressed = false;
+  victim->remote_keep = 0;
+  victim->compact_first_token.reset();
+  victim->compact_first_logprob.reset();
   victim->chain.clear();
   ++victim->num_preemptions;
   ++stats_.preemptions;
@@ -492,12 +615,12 @@ Scheduler::SlideOutcome Scheduler::SlideWindow(size_t i) {
 }
 
 bool Scheduler::Governed(const Sequence& seq) const {
-  return compress_.enabled() && seq.request.on_prefilled == nullptr;
+  return seq.compress.enabled();
 }
 
 int64_t Scheduler::CacheCap(const Sequence& seq) const {
   if (Governed(seq)) {
-    return compress_.CacheCapTokens(static_cast<int64_t>(seq.prompt_len), seq.compressed);
+    return seq.compress.CacheCapTokens(static_cast<int64_t>(seq.prompt_len), seq.compressed);
   }
   return window_.CacheCapTokens();
 }
@@ -506,13 +629,13 @@ Scheduler::SlideOutcome Scheduler::Compact(size_t i) {
   Sequence* seq = running_[i].get();
   const ModelConfig& mc = forward_->config();
   const int64_t rows = mc.n_layers * mc.n_kv_heads;
-  const int64_t stride = compress_.ScoreSlots(static_cast<int64_t>(seq->prompt_len));
+  const int64_t stride = seq->compress.ScoreSlots(static_cast<int64_t>(seq->prompt_len));
   const int64_t held = seq->num_allocated - seq->dropped;
-  const int64_t keep_n = compress_.KeepTokens(held);
-  const bool snapkv = compress_.kind() == CompressPolicy::Kind::kSnapKv;
+  const int64_t keep_n = seq->compress.KeepTokens(held);
+  const bool snapkv = seq->compress.kind() == CompressPolicy::Kind::kSnapKv;
   if (keep_n < held) {
     std::vector<int32_t> keep;
-    compress_.Select(seq->scores.data(), stride, held, rows, &keep);
+    seq->compress.Select(seq->scores.data(), stride, held, rows, &keep);
     auto fill = [&](absl::Span<const BlockId> old, absl::Span<const BlockId> fresh) {
       std::vector<int32_t> src, dst;
       for (BlockId b : old) src.push_back(static_cast<int32_t>(b.value()));
@@ -533,7 +656,8 @@ Scheduler::SlideOutcome Scheduler::Compact(size_t i) {
              absl::Status(
                  compacted.code(),
                  absl::StrCat("request ", seq->request.id.ToString(), ": kv_policy ",
-                              config_.kv_policy, ": compaction failed: ", compacted.message())));
+                              snapkv ? "snapkv" : "h2o", ": compaction failed: ",
+                              compacted.message())));
       return SlideOutcome::kFailed;
     }
     seq->dropped += held - keep_n;
@@ -665,7 +789,7 @@ void Scheduler::AcceptToken(Sequence* seq, uint32_t token, std::optional<TokenLo
   // then only max_tokens does (0 = the context, as without the policy).
   const bool context_full = static_cast<int64_t>(seq->tokens.size()) >= c.seq_len &&
                             window_.ContextBoundsLength(so.max_tokens) &&
-                            (!Governed(*seq) || compress_.ContextBoundsLength(so.max_tokens));
+                            (!Governed(*seq) || seq->compress.ContextBoundsLength(so.max_tokens));
   if ((so.max_tokens > 0 && generated >= so.max_tokens) || context_full) {
     Finish(seq, FinishReason::kLength, absl::OkStatus());
     return;
@@ -725,6 +849,7 @@ bool Scheduler::Step() {
   } else {
     FailBatch(batch, forward);
   }
+  CompactPrefilled();
   MoveHeld();
   SweepFinished();
   return true;
@@ -773,10 +898,10 @@ Scheduler::Batch Scheduler::CollectBatch() {
       if (!seq->scores.empty()) {
         // H2O / SnapKV: this row's queries add to the scores of the slots they attend.
         const int64_t from =
-            compress_.ScoreFrom(static_cast<int64_t>(seq->prompt_len), seq->num_computed);
+            seq->compress.ScoreFrom(static_cast<int64_t>(seq->prompt_len), seq->num_computed);
         if (from < n) {
           row.attention_mass = seq->scores.data();
-          row.mass_stride = compress_.ScoreSlots(static_cast<int64_t>(seq->prompt_len));
+          row.mass_stride = seq->compress.ScoreSlots(static_cast<int64_t>(seq->prompt_len));
           row.mass_from = from;
         }
       }
@@ -1239,6 +1364,12 @@ void Scheduler::TakeSampledToken(Sequence* seq, size_t row, int32_t sampled) {
     logprob = *std::move(lp);
   }
   if (seq->request.on_prefilled != nullptr) {
+    if (Governed(*seq) && !seq->compressed) {
+      // SnapKV on the prefill worker: compressed first, in this step's CompactPrefilled.
+      seq->compact_first_token = static_cast<uint32_t>(token);
+      seq->compact_first_logprob = std::move(logprob);
+      return;
+    }
     handoffs_.Prefilled(seq, static_cast<uint32_t>(token), std::move(logprob));
     return;
   }

@@ -121,8 +121,11 @@ class Scheduler {
 
   // Queues a request. InvalidArgument for an empty prompt, an out-of-range token id, a prompt
   // that does not fit the context, a request that could never fit the KV pool, or a resume
-  // (GenerationRequest::resume) that could not have been streamed;
-  // AlreadyExists for a duplicate id; ResourceExhausted when the queue is full.
+  // (GenerationRequest::resume) that could not have been streamed, or a prefill_kv_policy that
+  // is not snapkv with valid budgets on a prefill-only request without resumed tokens;
+  // FailedPrecondition for that policy beside the sink + window one, Unimplemented for it on
+  // CUDA or an MLA model; AlreadyExists for a duplicate id; ResourceExhausted when the queue
+  // is full.
   absl::Status Submit(GenerationRequest request);
 
   // Ends a request with kAbort / CANCELLED (its last output is emitted in the next Step).
@@ -137,9 +140,12 @@ class Scheduler {
   // missing, has more alternatives than asked or an id out of the vocabulary (the request
   // then prefills locally, as after FailRemotePrefill, and computes its own entry). An entry
   // given for a request that did not ask is ignored. A request cancelled meanwhile just
-  // releases its blocks.
+  // releases its blocks. Under SnapKV `kept_tokens` is the prefill worker's
+  // PrefilledBlocks::kept_tokens: InvalidArgument (local prefill) unless it is what this
+  // worker's policy keeps of the prompt; 0 for a prompt sent whole.
   absl::Status CompleteRemotePrefill(RequestId id, uint32_t first_token,
-                                     std::optional<TokenLogprob> first_logprob = std::nullopt);
+                                     std::optional<TokenLogprob> first_logprob = std::nullopt,
+                                     int64_t kept_tokens = 0);
 
   // The remote prefill of `id` failed and no write into its blocks is in progress any more
   // (the transfer was cancelled or finished): the request prefills locally into the same
@@ -223,6 +229,15 @@ class Scheduler {
   void VerifyProposal(Sequence* seq, const Batch& batch, size_t decode_row,
                       const std::vector<int32_t>& sampled);
   void MoveHeld();
+  // Prefill side, SnapKV (GenerationRequest::prefill_kv_policy): compresses each prompt whose
+  // first token was sampled in this step, then hands its kept blocks off (Prefilled).
+  void CompactPrefilled();
+  // Decode side: after a refused or failed remote prefill, a compressed prompt (its blocks hold
+  // only the kept tokens) goes back to the front of the queue to be prefilled here in full.
+  void PrefillLocallyAfterRemote(Sequence* seq);
+  // Prefill side: the policy a prefill-only request runs (off when it names none); errors as
+  // Submit documents for prefill_kv_policy.
+  absl::StatusOr<CompressPolicy> PrefillPolicy(const GenerationRequest& request) const;
 
   // Copies in what the node's tiers hold of seq's prompt (`chain`: its full blocks' hashes)
   // at its first admission (tier_restore.h) and releases the tier prefix.
@@ -242,8 +257,9 @@ class Scheduler {
   // tokens (compress_policy.h), preempting the youngest requests while the fresh blocks do not
   // fit; outcomes as SlideWindow.
   SlideOutcome Compact(size_t index);
-  // Whether `seq` is under the H2O / SnapKV policy (every request but a prefill-only one, when
-  // the policy is on), and the tokens it may hold before its next compaction or drop.
+  // Whether `seq` is under the H2O / SnapKV policy (Sequence::compress: every request but a
+  // prefill-only one when the policy is on; a prefill-only one under its prefill_kv_policy),
+  // and the tokens it may hold before its next compaction or drop.
   bool Governed(const Sequence& seq) const;
   int64_t CacheCap(const Sequence& seq) const;
   // Preempts the youngest running request not waiting for a remote prefill, to free blocks

@@ -819,6 +819,111 @@ TEST(SchedulerDisaggTest, OutOfVocabFirstTokenFallsBackToLocal) {
   EXPECT_EQ(d.results()[1].tokens, local.results()[1].tokens);
 }
 
+// SnapKV on the prefill worker: P runs the decode worker's policy (prefill_kv_policy), computes
+// the whole prompt, samples the first token, compresses, and hands off only the kept tokens'
+// blocks, into the fewer blocks D reserved; D decodes on. The same output as D compressing the
+// prompt itself; a wrong kept count, or a failed transfer, prefills locally in full.
+TEST(SchedulerDisaggTest, SnapKvPromptCompressedByThePrefillWorkerGivesTheLocalOutput) {
+  std::vector<uint32_t> prompt;
+  {
+    Harness full(64, {});
+    prompt = full.Encode(kPrompts[1]);
+    ASSERT_TRUE(full.Submit(1, prompt, Long(120)).ok());
+    full.RunToCompletion();
+    prompt.insert(prompt.end(), full.results()[1].tokens.begin(), full.results()[1].tokens.end());
+  }
+  const auto p_len = static_cast<int64_t>(prompt.size());
+  ASSERT_GT(p_len, 64 + 16);
+  Harness local(64, Compressed("snapkv", 64, 16));
+  ASSERT_TRUE(local.Submit(1, prompt, Long(40)).ok());
+  local.RunToCompletion();
+  const std::vector<uint32_t> want = local.results()[1].tokens;
+  ASSERT_EQ(want.size(), 40u) << local.results()[1].last.status;
+
+  for (int outcome = 0; outcome < 3; ++outcome) {  // sent; refused (kept count); failed
+    Harness p(64, {});
+    Harness d(64, Compressed("snapkv", 64, 16));
+    std::optional<RemotePrefillTarget> target;
+    GenerationRequest dr;
+    dr.remote_prefill = [&](RemotePrefillTarget t) { target = std::move(t); };
+    ASSERT_TRUE(d.SubmitRequest(1, prompt, Long(40), "", std::move(dr)).ok());
+    EXPECT_FALSE(d.scheduler()->Step());
+    ASSERT_TRUE(target.has_value());
+    EXPECT_EQ(target->kv_policy.policy, "snapkv");
+    EXPECT_EQ(target->kv_policy.budget_tokens, 64);
+    EXPECT_EQ(target->kv_policy.recent_tokens, 16);
+    EXPECT_EQ(target->first_block, 0);
+    EXPECT_TRUE(target->chain.empty());
+    ASSERT_EQ(target->block_ids.size(), 4u);  // 64 kept tokens, not the prompt's blocks
+    EXPECT_EQ(d.scheduler()->Stats().kv.num_blocks_used, 4);
+
+    std::optional<PrefilledBlocks> prefilled;
+    GenerationRequest pr;
+    pr.on_prefilled = [&](PrefilledBlocks b) { prefilled = std::move(b); };
+    pr.prefill_kv_policy = target->kv_policy;
+    ASSERT_TRUE(p.SubmitRequest(7, prompt, Long(40), "", std::move(pr)).ok());
+    while (!prefilled.has_value()) {
+      ASSERT_TRUE(p.scheduler()->Step());
+    }
+    EXPECT_EQ(prefilled->kept_tokens, 64);
+    ASSERT_EQ(prefilled->block_ids.size(), 4u);
+    EXPECT_EQ(prefilled->first_token, want[0]);
+    EXPECT_EQ(p.scheduler()->Stats().kv_compactions, 1);
+    EXPECT_EQ(p.scheduler()->Stats().kv_evicted_tokens, p_len - 64);
+    for (size_t b = 0; b < 4; ++b) {
+      std::memcpy(d.pool()->BlockData(target->block_ids[b]),
+                  p.pool()->BlockData(prefilled->block_ids[b]), d.pool()->block_bytes());
+    }
+    ASSERT_TRUE(p.scheduler()->ReleasePrefilled(RequestId(7)).ok());
+    EXPECT_TRUE(p.scheduler()->idle());
+
+    if (outcome == 0) {
+      ASSERT_TRUE(d.scheduler()
+                      ->CompleteRemotePrefill(RequestId(1), prefilled->first_token, std::nullopt,
+                                              prefilled->kept_tokens)
+                      .ok());
+    } else if (outcome == 1) {
+      EXPECT_EQ(d.scheduler()
+                    ->CompleteRemotePrefill(RequestId(1), prefilled->first_token, std::nullopt,
+                                            p_len)
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+    } else {
+      ASSERT_TRUE(d.scheduler()->FailRemotePrefill(RequestId(1)).ok());
+    }
+    d.RunToCompletion();
+    EXPECT_EQ(d.results()[1].tokens, want) << "outcome " << outcome;
+    EXPECT_EQ(d.results()[1].last.prefilled_remotely, outcome == 0);
+    // D computed no prompt token when P's blocks were used; all of them after a fallback.
+    EXPECT_EQ(d.scheduler()->Stats().prefill_tokens, outcome == 0 ? 0 : p_len) << outcome;
+    EXPECT_EQ(d.scheduler()->Stats().kv_compactions, outcome == 0 ? 0 : 1);
+    // Nothing compressed is shared; a local prefill publishes the full prefix it computed
+    // before compacting (as SchedulerCompressTest.GovernedRequestsPublishTheirPrefix...).
+    EXPECT_EQ(d.scheduler()->Stats().kv.num_blocks_cached, outcome == 0 ? 0 : p_len / 16);
+  }
+}
+
+// A prefill-only request runs only SnapKV, with valid budgets, on a CPU per-head cache; a
+// normal request cannot name a prefill policy.
+TEST(SchedulerDisaggTest, PrefillKvPolicyIsChecked) {
+  Harness p(64, {});
+  auto submit = [&](uint64_t id, KvPolicySpec spec, bool prefill_only) {
+    GenerationRequest r;
+    if (prefill_only) r.on_prefilled = [](PrefilledBlocks) {};
+    r.prefill_kv_policy = std::move(spec);
+    return p.SubmitRequest(id, {1, 2, 3}, MaxTokens(4), "", std::move(r));
+  };
+  EXPECT_THAT(submit(1, {"h2o", 64, 16}, true).message(),
+              ::testing::HasSubstr("only snapkv compresses on the prefill worker"));
+  EXPECT_THAT(submit(2, {"snapkv", 64, 64}, true).message(), ::testing::HasSubstr("recent"));
+  EXPECT_THAT(submit(3, {"snapkv", 4096, 16}, true).message(),
+              ::testing::HasSubstr("exceeds the model's context"));
+  EXPECT_THAT(submit(4, {"snapkv", 64, 16}, false).message(),
+              ::testing::HasSubstr("for prefill-only requests"));
+  EXPECT_TRUE(submit(5, {"snapkv", 64, 16}, true).ok());
+  EXPECT_TRUE(submit(6, {}, true).ok());
+}
+
 TEST(SchedulerDisaggTest, HooksAreExclusive) {
   Harness d(64, {});
   GenerationRequest r;

@@ -23,6 +23,7 @@
 #include "engine/grammar/token_trie.h"
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/model/tokenizer.h"
+#include "engine/scheduler/compress_policy.h"
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/token_sampling.h"
 
@@ -112,6 +113,16 @@ struct Sequence {
   // prompt already.
   std::vector<float> scores;
   bool compressed = false;
+  // The KV policy governing this sequence: the scheduler's for a generation, the request's
+  // prefill_kv_policy for a prefill-only request (off for the others).
+  CompressPolicy compress;
+  // Decode side, SnapKV prefilled remotely: the tokens the prefill worker keeps (the blocks
+  // imported for it); 0 = the whole prompt comes, or it is prefilled here.
+  int64_t remote_keep = 0;
+  // Prefill side, SnapKV: the sampled first token (and its logprob entry), handed off once the
+  // prompt is compressed (Scheduler::CompactPrefilled).
+  std::optional<uint32_t> compact_first_token;
+  std::optional<TokenLogprob> compact_first_logprob;
   bool admitted_once = false;
   uint32_t cached_tokens = 0;  // at first admission
   uint32_t num_preemptions = 0;

@@ -231,10 +231,11 @@ grpc::ServerWriteReactor<iv1::DecodeResponse>* DecodeServiceImpl::Generate(
   };
   // A resumed request (migration) is prefilled like any: its prompt followed by its resumed
   // tokens, by the prefill worker (given the resume state) or here.
-  // Under --kv_policy (H2O, SnapKV) a request is prefilled here: the scores its compaction
-  // needs are computed with its prompt (engine/scheduler/compress_policy.h).
+  // Under --kv_policy h2o a request is prefilled here: its scores go on with decoding
+  // (engine/scheduler/compress_policy.h). Under snapkv the prefill worker compresses the prompt
+  // and sends the kept tokens only (a resumed stream's prompt is computed here).
   if (!request->prefill_address().empty() && ctx_->handoff != nullptr &&
-      ctx_->config.runtime.scheduler.kv_policy.empty()) {
+      ctx_->config.runtime.scheduler.kv_policy != "h2o") {
     RemotePrefill::Attach(ctx_, prefill_peers_.Get(request->prefill_address()),
                           std::make_shared<const iv1::DecodeRequest>(*request),
                           std::min(deadline, absl::Now() + ctx_->config.prefill_timeout), remote,

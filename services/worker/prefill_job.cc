@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "engine/scheduler/compress_policy.h"
 #include "services/base/kv_layout_proto.h"
 #include "services/worker/convert.h"
 #include "services/worker/tier_restore.h"
@@ -34,8 +35,22 @@ absl::Status PrefillJob::Validate(const WorkerContext& ctx, const iv1::PrefillRe
     return absl::InvalidArgumentError("token_ids is empty");
   }
   // A resumed request's tokens follow its prompt: the blocks cover both.
-  const int64_t n = req.token_ids_size() + req.resume().token_ids_size();
+  int64_t n = req.token_ids_size() + req.resume().token_ids_size();
   const int64_t bs = ctx.layout.block_size();
+  if (!req.kv_policy().empty()) {
+    // SnapKV here: the blocks hold the kept tokens, the budget in whole blocks (the scheduler
+    // checks the rest: engine::Scheduler::Submit).
+    PD_RETURN_IF_ERROR(engine::CompressPolicy::Validate(req.kv_policy(), req.kv_budget_tokens(),
+                                                        req.kv_recent_tokens()));
+    if (req.num_cached_blocks() != 0 || req.resume().token_ids_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_policy ", req.kv_policy(), " with num_cached_blocks ", req.num_cached_blocks(),
+          " and ", req.resume().token_ids_size(),
+          " resumed tokens: a compressed prompt is computed whole and never resumed"));
+    }
+    const int64_t budget = (int64_t{req.kv_budget_tokens()} + bs - 1) / bs * bs;
+    n = std::min(n, budget);
+  }
   const int64_t full = n / bs;
   const int64_t blocks = (n + bs - 1) / bs;
   if (req.num_cached_blocks() > full || req.num_cached_blocks() == blocks) {
@@ -80,6 +95,7 @@ void PrefillJob::Run(WorkerContext* ctx, iv1::PrefillRequest request, absl::Time
   r.cache_salt = req.cache_salt();
   r.resume.tokens.assign(req.resume().token_ids().begin(), req.resume().token_ids().end());
   r.resume.text_offset = req.resume().text_offset();
+  r.prefill_kv_policy = {req.kv_policy(), req.kv_budget_tokens(), req.kv_recent_tokens()};
   if (deadline != absl::InfiniteFuture()) {
     r.deadline = deadline;
   }
@@ -98,6 +114,14 @@ void PrefillJob::Run(WorkerContext* ctx, iv1::PrefillRequest request, absl::Time
 void PrefillJob::OnPrefilled(std::shared_ptr<PrefillJob> self, engine::PrefilledBlocks b) {
   const iv1::PrefillRequest& req = request_;
   const int64_t first = req.num_cached_blocks();
+  if (static_cast<int64_t>(b.block_ids.size()) != first + req.target_block_ids_size()) {
+    // (Validate and the engine agree on the count; a mismatch would write the wrong blocks.)
+    ReleaseBlocks();
+    Finish(absl::InternalError(absl::StrCat("prefill computed ", b.block_ids.size(),
+                                            " blocks, the decode worker expects ",
+                                            first + req.target_block_ids_size())));
+    return;
+  }
   std::vector<transport::BlockPair> pairs;
   pairs.reserve(req.target_block_ids_size());
   for (int i = 0; i < req.target_block_ids_size(); ++i) {
@@ -116,6 +140,7 @@ void PrefillJob::OnPrefilled(std::shared_ptr<PrefillJob> self, engine::Prefilled
   const uint32_t p_cached =
       static_cast<uint32_t>(std::max<int64_t>(0, b.cached_tokens - first * block_size));
   response_.set_first_token_id(b.first_token);
+  response_.set_kv_kept_tokens(static_cast<uint32_t>(b.kept_tokens));
   if (b.first_logprob.has_value()) {
     TokenLogprobToProto(*b.first_logprob, response_.mutable_first_logprob());
   }

@@ -96,6 +96,11 @@ iv1::PrefillRequest RemotePrefill::BuildRequest(const engine::RemotePrefillTarge
   req.set_decode_worker_id(ctx_->worker_id);
   req.set_cache_salt(decode_->cache_salt());
   *req.mutable_resume() = decode_->resume();
+  if (!target.kv_policy.policy.empty()) {
+    req.set_kv_policy(target.kv_policy.policy);
+    req.set_kv_budget_tokens(static_cast<uint32_t>(target.kv_policy.budget_tokens));
+    req.set_kv_recent_tokens(static_cast<uint32_t>(target.kv_policy.recent_tokens));
+  }
   return req;
 }
 
@@ -118,6 +123,7 @@ void RemotePrefill::OnPeerAnswer(const absl::Status& status, const iv1::PrefillR
       stats_->prefill_tier_cached_tokens = response.prefill_tier_cached_tokens();
       stats_->kv_restore_us = response.timings().kv_restore_us();
       first_token_ = response.first_token_id();
+      kept_tokens_ = response.kv_kept_tokens();
       if (!transfer_done_) {
         first_logprob_ = std::move(first_logprob);
         state_ = State::kAwaitingTransfer;
@@ -130,12 +136,14 @@ void RemotePrefill::OnPeerAnswer(const absl::Status& status, const iv1::PrefillR
   if (!status.ok()) {
     Fail(status, /*cancel_expectation=*/true);
   } else {
-    Complete(response.first_token_id(), std::move(first_logprob), bytes);
+    Complete(response.first_token_id(), std::move(first_logprob), response.kv_kept_tokens(),
+             bytes);
   }
 }
 
 void RemotePrefill::OnTransfer(const transport::TransferState& st) {
   uint32_t first = 0;
+  int64_t kept = 0;
   std::optional<engine::TokenLogprob> first_logprob;
   {
     absl::MutexLock lock(&mu_);
@@ -151,22 +159,26 @@ void RemotePrefill::OnTransfer(const transport::TransferState& st) {
     } else {
       state_ = State::kDone;
       first = first_token_;
+      kept = kept_tokens_;
       first_logprob = std::move(first_logprob_);
     }
   }
   if (st.phase != transport::TransferPhase::kDone) {
     Fail(st.status, /*cancel_expectation=*/true);
   } else {
-    Complete(first, std::move(first_logprob), st.bytes);
+    Complete(first, std::move(first_logprob), kept, st.bytes);
   }
 }
 
 void RemotePrefill::Complete(uint32_t first_token,
-                             std::optional<engine::TokenLogprob> first_logprob, uint64_t bytes) {
+                             std::optional<engine::TokenLogprob> first_logprob,
+                             int64_t kept_tokens, uint64_t bytes) {
   ctx_->metrics.kv_transfer_bytes->WithLabels({"in"}).Increment(bytes);
   ctx_->loop->Post([ctx = ctx_, id = id_, request_id = decode_->request_id(), first_token,
-                    first_logprob = std::move(first_logprob)](engine::Scheduler& s) mutable {
-    const absl::Status done = s.CompleteRemotePrefill(id, first_token, std::move(first_logprob));
+                    first_logprob = std::move(first_logprob),
+                    kept_tokens](engine::Scheduler& s) mutable {
+    const absl::Status done =
+        s.CompleteRemotePrefill(id, first_token, std::move(first_logprob), kept_tokens);
     if (done.ok()) {
       ctx->metrics.prefills->WithLabels({"remote"}).Increment();
       return;

@@ -88,7 +88,7 @@ class RemotePrefill {
   void OnTransfer(const transport::TransferState& state);
   // Terminal steps, called once, outside mu_.
   void Complete(uint32_t first_token, std::optional<engine::TokenLogprob> first_logprob,
-                uint64_t bytes);
+                int64_t kept_tokens, uint64_t bytes);
   void Fail(const absl::Status& why, bool cancel_expectation);
 
   WorkerContext* const ctx_;
@@ -104,6 +104,7 @@ class RemotePrefill {
   uint64_t transfer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t first_token_ ABSL_GUARDED_BY(mu_) = 0;  // from the answer (kAwaitingTransfer)
   std::optional<engine::TokenLogprob> first_logprob_ ABSL_GUARDED_BY(mu_);  // idem, when asked
+  int64_t kept_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // idem: PrefillResponse.kv_kept_tokens
 };
 
 }  // namespace pd::worker

@@ -17,6 +17,7 @@
 #include "engine/runtime/engine_loop.h"
 #include "engine/runtime/model_runtime.h"
 #include "engine/runtime/runtime_test_util.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/base/kv_layout_proto.h"
 #include "services/worker/convert.h"
@@ -363,6 +364,46 @@ TEST_F(RequestPathTest, CancelWhilePrefillInFlightEndsCancelledAndFreesBlocks) {
   // Exactly one outcome was posted for the request.
   EXPECT_EQ(Prefills(*decode_, "remote") + Prefills(*decode_, "fallback"), 1);
   ExpectBlocksFreed();
+}
+
+}  // namespace
+}  // namespace pd::worker
+
+namespace pd::worker {
+namespace {
+
+// The prefill side's checks of a SnapKV request (PrefillRequest.kv_policy): the decode worker
+// reserved blocks for the kept tokens only, nothing cached, nothing resumed.
+TEST_F(RequestPathTest, PrefillJobChecksTheBlocksOfACompressedPrompt) {
+  iv1::PrefillRequest req;
+  *req.mutable_layout() = prefill_->ctx.layout;
+  req.set_transport(std::string(prefill_->ctx.handoff->backend()));
+  req.set_transport_endpoint("x");
+  req.set_transport_descriptor("x");
+  req.mutable_token_ids()->Add(prompt_.begin(), prompt_.end());  // 40 tokens, 3 blocks
+  req.set_kv_policy("snapkv");
+  req.set_kv_budget_tokens(16);
+  req.set_kv_recent_tokens(8);
+  req.add_target_block_ids(5);
+  EXPECT_TRUE(PrefillJob::Validate(prefill_->ctx, req).ok());
+  req.set_kv_budget_tokens(20);  // rounded up to 2 whole blocks
+  EXPECT_THAT(std::string(PrefillJob::Validate(prefill_->ctx, req).message()),
+              ::testing::HasSubstr("target_block_ids has 1 entries, expected 2"));
+  req.add_target_block_ids(6);
+  EXPECT_TRUE(PrefillJob::Validate(prefill_->ctx, req).ok());
+  req.set_kv_budget_tokens(4096);  // more than the prompt: all of it, 3 blocks
+  req.add_target_block_ids(7);
+  EXPECT_TRUE(PrefillJob::Validate(prefill_->ctx, req).ok());
+  req.set_num_cached_blocks(1);
+  EXPECT_THAT(std::string(PrefillJob::Validate(prefill_->ctx, req).message()),
+              ::testing::HasSubstr("a compressed prompt is computed whole"));
+  req.set_num_cached_blocks(0);
+  req.set_kv_policy("lru");
+  EXPECT_THAT(std::string(PrefillJob::Validate(prefill_->ctx, req).message()),
+              ::testing::HasSubstr("kv_policy \"lru\" is not one of h2o, snapkv"));
+  req.set_kv_policy("snapkv");
+  req.set_kv_recent_tokens(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(PrefillJob::Validate(prefill_->ctx, req)));
 }
 
 }  // namespace

@@ -697,7 +697,9 @@ TEST_F(ClusterE2eTest, H2oPolicyIsExactPastTheContext) {
 }
 
 // SnapKV on the decode worker: a prompt of about 150 tokens compressed once to 64, then 80
-// tokens generated, equal to the in-process engine under the same policy.
+// tokens generated, equal to the in-process engine under the same policy. The prefill worker
+// computes and compresses the prompt (it runs the policy the decode worker sends) and ships
+// only the 64 kept tokens' blocks (4, where the whole prompt would take ceil(P / 16)).
 TEST_F(ClusterE2eTest, SnapKvPolicyIsExactOnALongPrompt) {
   const std::string prompt =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -717,10 +719,15 @@ TEST_F(ClusterE2eTest, SnapKvPolicyIsExactOnALongPrompt) {
   EXPECT_EQ(got.tokens, tokens);
   EXPECT_EQ(got.text, text);
   const std::string dm = c.WorkerMetrics(1);
-  EXPECT_EQ(Metric(dm, "pd_worker_kv_compactions_total"), 1) << dm;
-  EXPECT_EQ(Metric(dm, "pd_worker_kv_evicted_tokens_total"),
+  const std::string pm = c.WorkerMetrics(0);
+  EXPECT_THAT(dm, HasSubstr("pd_worker_prefills_total{where=\"remote\"} 1")) << dm;
+  EXPECT_EQ(Metric(pm, "pd_worker_kv_compactions_total"), 1) << pm;
+  EXPECT_EQ(Metric(pm, "pd_worker_kv_evicted_tokens_total"),
             static_cast<double>(ref.Encode(prompt).size()) - 64)
-      << dm;
+      << pm;
+  EXPECT_EQ(Metric(dm, "pd_worker_kv_compactions_total"), 0) << dm;
+  // stories260K's f32 block: 5 layers x 4 kv heads x 8 dims x 16 tokens x K and V x 4 bytes.
+  EXPECT_EQ(Metric(dm, "pd_worker_kv_transfer_bytes_total{direction=\"in\"}"), 4 * 20480) << dm;
 }
 
 // Int8 weights (--weight_dtype=int8 on the router and the workers): a 1P+1D cluster gives the
