@@ -10,7 +10,8 @@
 #   MODEL_DIR  a Hugging Face model (e.g. pd-make-model --preset small --out /tmp/small)
 #   INPUT_LEN  prompt tokens (default 1024); REQUESTS per pair (default 12)
 #   PAIRS      "P:D" tensor-parallel sizes (default: 1:1 1:2 2:1 1:1 1:2 2:1)
-# Environment: BUILD_DIR (default build), EXTRA_ARGS (more pd-local arguments, e.g.
+# Environment: BUILD_DIR (default build), KV_BLOCKS (each worker's pool, default 512),
+# EXTRA_ARGS (more pd-local arguments, e.g.
 # --worker_arg=--transport=tcp). Prints one line per pair.
 set -euo pipefail
 
@@ -38,7 +39,7 @@ for pair in "${pairs[@]}"; do
   run="$work/$p-$d-$RANDOM"
   "$here/deploy/local/pd-local" --build_dir "$build" --model "$model" --prefill 1 --decode 1 \
     --no_tierd --port 0 --run_dir "$run" --ready_file "$run.ready" \
-    --worker_arg=--kv_blocks=512 ${EXTRA_ARGS:-} --prefill_arg=--tensor_parallel="$p" \
+    --worker_arg=--kv_blocks=${KV_BLOCKS:-512} ${EXTRA_ARGS:-} --prefill_arg=--tensor_parallel="$p" \
     --decode_arg=--tensor_parallel="$d" > "$run.log" 2>&1 &
   cluster=$!
   for _ in $(seq 1 600); do [ -s "$run.ready" ] && break; sleep 0.2; done
