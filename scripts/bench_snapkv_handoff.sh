@@ -23,12 +23,8 @@ recent=${5:-32}
 runs=${RUNS:-2}
 build=${BUILD_DIR:-build}
 here=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/pd-snapkv-handoff.XXXXXX)
-cluster=""
-trap 'kill "$cluster" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-
-# The value of metric line NAME (exact, labels included) in file FILE, or 0.
-metric() { awk -v n="$2" '$1 == n { print $2; found = 1 } END { if (!found) print 0 }' "$1"; }
+# shellcheck source=lib/bench_cluster.sh
+. "$here/scripts/lib/bench_cluster.sh"
 
 printf '%-8s %9s %12s %14s %12s %12s\n' policy prefills "KiB/request" "transfer ms" \
   "TTFT ms" "remote"
@@ -40,22 +36,14 @@ for i in $(seq 1 "$runs"); do
       args+=(--decode_arg=--kv_policy=snapkv --decode_arg=--kv_budget_tokens="$budget"
         --decode_arg=--kv_recent_tokens="$recent")
     fi
-    "$here/deploy/local/pd-local" --build_dir "$build" --model "$model" --prefill 1 --decode 1 \
-      --no_tierd --port 0 --run_dir "$run" --ready_file "$run.ready" "${args[@]}" \
-      > "$run.log" 2>&1 &
-    cluster=$!
-    for _ in $(seq 1 600); do [ -s "$run.ready" ] && break; sleep 0.2; done
-    [ -s "$run.ready" ] || { echo "pd-local did not start:"; tail -20 "$run.log"; exit 1; }
+    start_cluster "$run" "$model" "${args[@]}"
     "$build/loadtest/pd-loadtest" --target="$(cat "$run.ready")" --workload=synthetic \
       --input_len="$input_len" --output_len=2 --ignore_eos --concurrency=1 \
       --num_requests="$requests" --output_json="$run.json" > "$run.loadtest" 2>&1 ||
       { tail -20 "$run.loadtest"; exit 1; }
-    purl=$(awk '$1 == "prefill-0" && $3 == "metrics" { print $4 }' "$run/cluster.txt")
-    durl=$(awk '$1 == "decode-0" && $3 == "metrics" { print $4 }' "$run/cluster.txt")
-    curl -sf "$purl" > "$run.p.metrics"
-    curl -sf "$durl" > "$run.d.metrics"
-    kill -TERM "$cluster"  # SIGINT is ignored by background jobs of a script
-    wait "$cluster" || true
+    curl -sf "$(metrics_url "$run" prefill-0)" > "$run.p.metrics"
+    curl -sf "$(metrics_url "$run" decode-0)" > "$run.d.metrics"
+    stop_cluster
     n=$(metric "$run.p.metrics" 'pd_worker_kv_transfer_seconds_count{direction="out"}')
     sum=$(metric "$run.p.metrics" 'pd_worker_kv_transfer_seconds_sum{direction="out"}')
     bytes=$(metric "$run.d.metrics" 'pd_worker_kv_transfer_bytes_total{direction="in"}')

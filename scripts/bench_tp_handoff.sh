@@ -24,12 +24,8 @@ pairs=("$@")
 [ ${#pairs[@]} -gt 0 ] || pairs=(1:1 1:2 2:1 1:1 1:2 2:1)
 build=${BUILD_DIR:-build}
 here=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/pd-tp-handoff.XXXXXX)
-cluster=""
-trap 'kill "$cluster" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-
-# The value of metric line NAME (exact, labels included) in file FILE, or 0.
-metric() { awk -v n="$2" '$1 == n { print $2; found = 1 } END { if (!found) print 0 }' "$1"; }
+# shellcheck source=lib/bench_cluster.sh
+. "$here/scripts/lib/bench_cluster.sh"
 
 printf '%-8s %10s %10s %12s %12s %10s\n' pair transfers MiB "mean ms" "GB/s" "vs 1:1"
 base=""
@@ -37,24 +33,17 @@ for pair in "${pairs[@]}"; do
   p=${pair%%:*}
   d=${pair##*:}
   run="$work/$p-$d-$RANDOM"
-  "$here/deploy/local/pd-local" --build_dir "$build" --model "$model" --prefill 1 --decode 1 \
-    --no_tierd --port 0 --run_dir "$run" --ready_file "$run.ready" \
-    --worker_arg=--kv_blocks=${KV_BLOCKS:-512} ${EXTRA_ARGS:-} --prefill_arg=--tensor_parallel="$p" \
-    --decode_arg=--tensor_parallel="$d" > "$run.log" 2>&1 &
-  cluster=$!
-  for _ in $(seq 1 600); do [ -s "$run.ready" ] && break; sleep 0.2; done
-  [ -s "$run.ready" ] || { echo "pd-local did not start:"; tail -20 "$run.log"; exit 1; }
+  start_cluster "$run" "$model" --worker_arg=--kv_blocks="${KV_BLOCKS:-512}" ${EXTRA_ARGS:-} \
+    --prefill_arg=--tensor_parallel="$p" --decode_arg=--tensor_parallel="$d"
   "$build/loadtest/pd-loadtest" --target="$(cat "$run.ready")" --workload=synthetic \
     --input_len="$input_len" --output_len=2 --ignore_eos --concurrency=1 \
     --num_requests="$requests" > "$run.loadtest" 2>&1 ||
     { tail -20 "$run.loadtest"; exit 1; }
-  url=$(awk '$1 == "prefill-0" && $3 == "metrics" { print $4 }' "$run/cluster.txt")
-  curl -sf "$url" > "$run.metrics"
+  curl -sf "$(metrics_url "$run" prefill-0)" > "$run.metrics"
   n=$(metric "$run.metrics" 'pd_worker_kv_transfer_seconds_count{direction="out"}')
   sum=$(metric "$run.metrics" 'pd_worker_kv_transfer_seconds_sum{direction="out"}')
   bytes=$(metric "$run.metrics" 'pd_worker_kv_transfer_bytes_total{direction="out"}')
-  kill -TERM "$cluster"  # SIGINT is ignored by background jobs of a script
-  wait "$cluster" || true
+  stop_cluster
   awk -v pair="$p:$d" -v n="$n" -v s="$sum" -v b="$bytes" -v base="$base" 'BEGIN {
     if (n == 0) { printf "%-8s no transfers recorded\n", pair; exit 1 }
     gbs = b / s / 1e9
