@@ -519,17 +519,7 @@ void Scheduler::PrefillLocallyAfterRemote(Sequence* seq) {
   }
   for (size_t i = 0; i < running_.size(); ++i) {
     if (running_[i].get() == seq) {
-      std::unique_ptr<Sequence> again = std::move(running_[i]);
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-      absl::Status s = kv_->Free(again->kv_id);
-      CHECK(s.ok()) << s;
-      again->num_computed = 0;
-      again->num_allocated = 0;
-      again->dropped = 0;
-      again->compressed = false;
-      again->remote_keep = 0;
-      again->chain.clear();
-      waiting_.push_front(std::move(again));
+      Requeue(i);
       return;
     }
   }
@@ -571,24 +561,29 @@ void Scheduler::MoveHeld() {
   }
 }
 
-void Scheduler::Preempt(size_t running_index) {
-  std::unique_ptr<Sequence> victim = std::move(running_[running_index]);
-  running_.erase(running_.begin() + running_index);
-  absl::Status s = kv_->Free(victim->kv_id);
+Scheduler::Sequence* Scheduler::Requeue(size_t running_index) {
+  std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
+  absl::Status s = kv_->Free(seq->kv_id);
   CHECK(s.ok()) << s;
-  victim->num_computed = 0;
-  victim->num_allocated = 0;
-  victim->dropped = 0;
-  victim->scores.clear();
-  victim->compressed = false;
-  victim->remote_keep = 0;
-  victim->compact_first_token.reset();
-  victim->compact_first_logprob.reset();
-  victim->chain.clear();
+  seq->num_computed = 0;
+  seq->num_allocated = 0;
+  seq->dropped = 0;
+  seq->scores.clear();
+  seq->compressed = false;
+  seq->remote_keep = 0;
+  seq->compact_first_token.reset();
+  seq->compact_first_logprob.reset();
+  seq->chain.clear();
+  waiting_.push_front(std::move(seq));
+  return waiting_.front().get();
+}
+
+void Scheduler::Preempt(size_t running_index) {
+  Sequence* victim = Requeue(running_index);
   ++victim->num_preemptions;
   ++stats_.preemptions;
   VLOG(1) << "request_id=" << victim->request.id << " preempted (recompute later)";
-  waiting_.push_front(std::move(victim));
 }
 
 Scheduler::SlideOutcome Scheduler::SlideWindow(size_t i) {

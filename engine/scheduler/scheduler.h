@@ -265,6 +265,9 @@ class Scheduler {
   // Preempts the youngest running request not waiting for a remote prefill, to free blocks
   // for running_[index]; false when that was running_[index] itself (it is waiting now).
   bool PreemptYoungestFor(size_t index);
+  // Frees running_[running_index]'s blocks and puts it back at the front of the queue, to be
+  // computed again from its tokens (its policy state reset); returns it. Preempt counts it.
+  Sequence* Requeue(size_t running_index);
   void Preempt(size_t running_index);
 
   // Per-token parts.
