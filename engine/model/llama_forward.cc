@@ -22,6 +22,7 @@
 #include "kernels/convert.h"
 #include "kernels/copy.h"
 #include "kernels/elementwise.h"
+#include "kernels/latent_attention.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
@@ -1531,9 +1532,9 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
   // depend on which path computed it): head h's query in latent space is
   // [W_UK_h^T q_nope_h | q_rope_h], scored against every cached entry [c | k_rope] (scale
   // 1 / sqrt(head_dim)); the softmax-weighted sum of the c's goes through W_UV_h. Every product
-  // is a MatMul whose rows are independent of how many there are and whose other shapes are
-  // fixed per token (the heads, the widths, the token's own number of keys), so the logits are
-  // bitwise the same however the tokens are batched or chunked.
+  // is a MatMul whose rows are independent of how many there are, or LatentAttention, whose
+  // rows are batch invariant, so the logits are bitwise the same however the tokens are batched
+  // or chunked.
   float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   if (c.yarn.has_value() && c.yarn->mscale_all_dim > 0.0f) {
     const auto m = static_cast<float>(YarnMscale(c.yarn->factor, c.yarn->mscale_all_dim));
@@ -1569,69 +1570,24 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
                   mla_query_.data() + t * query_row + h * latent + rank);
     }
   }
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& slot = slots_[i];
-    const int64_t context = slot.start_pos + slot.num_tokens;
-    if (static_cast<int64_t>(mla_positions_.size()) < context) {
-      const auto old = static_cast<int32_t>(mla_positions_.size());
-      mla_positions_.resize(context);
-      std::iota(mla_positions_.begin() + old, mla_positions_.end(), old);
-    }
-    // entries [context][latent], their c's transposed [rank][context], the halves as read, one
-    // token's scores [context][heads] and probabilities [heads][context].
-    const int64_t need = context * latent + rank * context + context * latent + context * heads +
-                         heads * context + rank * heads;
-    if (static_cast<int64_t>(mla_context_.size()) < need) mla_context_.resize(need);
-    float* entries = mla_context_.data();
-    float* transposed = entries + context * latent;
-    float* halves = transposed + rank * context;
-    float* scores = halves + context * latent;
-    float* probs = scores + context * heads;
-    float* summed = probs + heads * context;  // [rank][heads]
-    // The halves come back as [K rows | V rows] (ReadKv wants them apart) and are joined.
-    const int64_t half = latent / 2;
-    kernels::ReadKvParams read;
-    read.k = halves;
-    read.v = halves + context * half;
-    read.k_token_stride = half;
-    read.v_token_stride = half;
-    read.cache = cache;
-    read.num_tokens = context;
-    read.positions = mla_positions_.data();
-    read.block_tables = block_tables_.data() + i * max_blocks_per_seq_;
-    read.num_seqs = 1;
-    read.max_blocks_per_seq = max_blocks_per_seq_;
-    PD_RETURN_IF_ERROR(kernels::ReadKv(kernels::OpContext{}, read));  // host vectors: CPU
-    for (int64_t t = 0; t < context; ++t) {
-      std::copy_n(halves + t * half, half, entries + t * latent);
-      std::copy_n(halves + (context + t) * half, half, entries + t * latent + half);
-      for (int64_t r = 0; r < rank; ++r) transposed[r * context + t] = entries[t * latent + r];
-    }
-    for (int64_t j = 0; j < slot.num_tokens; ++j) {
-      const int64_t row = slot.first_token + j;
-      const int64_t n_keys = slot.start_pos + j + 1;  // causal: positions [0, pos]
-      // scores[t][h] = entry_t . query_h
-      PD_RETURN_IF_ERROR(matmul(entries, latent, mla_query_.data() + row * query_row, scores, heads,
-                                n_keys, latent, heads));
-      for (int64_t h = 0; h < heads; ++h) {
-        float max = -INFINITY;
-        for (int64_t t = 0; t < n_keys; ++t) max = std::max(max, scores[t * heads + h]);
-        float total = 0.0f;
-        float* ph = probs + h * n_keys;
-        for (int64_t t = 0; t < n_keys; ++t) {
-          ph[t] = std::exp((scores[t * heads + h] - max) * scale);
-          total += ph[t];
-        }
-        for (int64_t t = 0; t < n_keys; ++t) ph[t] /= total;
-      }
-      // summed[r][h] = sum_t c_t[r] probs[h][t]
-      PD_RETURN_IF_ERROR(matmul(transposed, context, probs, summed, heads, rank, n_keys, heads));
-      float* out_lat = mla_sum_.data() + row * heads * rank;
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t r = 0; r < rank; ++r) out_lat[h * rank + r] = summed[r * heads + h];
-      }
-    }
-  }
+  // Every token's heads score the cached entries where they lie in the pool and sum their
+  // latents (kernels/latent_attention.h: one kernel for prefill and decode, batch invariant).
+  kernels::LatentAttentionParams la;
+  la.q = mla_query_.data();
+  la.q_token_stride = query_row;
+  la.out = mla_sum_.data();
+  la.out_token_stride = heads * rank;
+  la.cache = cache;
+  la.value_dim = rank;
+  la.num_heads = heads;
+  la.num_tokens = num_tokens;
+  la.positions = d_positions_;
+  la.token_seq = d_token_seq_;
+  la.block_tables = d_block_tables_;
+  la.num_seqs = static_cast<int64_t>(slots_.size());
+  la.max_blocks_per_seq = max_blocks_per_seq_;
+  la.scale = scale;
+  PD_RETURN_IF_ERROR(kernels::LatentAttention(ctx_, la));
   // Each head's output: W_UV_h (the value rows of kv_b_proj) times its weighted latent.
   for (int64_t h = 0; h < heads; ++h) {
     PD_RETURN_IF_ERROR(matmul(mla_sum_.data() + h * rank, heads * rank,

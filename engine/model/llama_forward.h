@@ -343,13 +343,11 @@ class LlamaForward {
   float *router_logits_ = nullptr, *moe_in_ = nullptr, *moe_out_ = nullptr, *moe_sum_ = nullptr;
   MoeRouting routing_;
   // MLA (kCpu): q_a_proj's output [tokens][q_lora_rank], the new cache entries
-  // [tokens][kv_lora_rank + qk_rope_head_dim], the heads' rope parts [tokens][n_heads][rope];
-  // a sequence's cache entries read back to f32 and their positions (host, grown on demand).
+  // [tokens][kv_lora_rank + qk_rope_head_dim], the heads' rope parts [tokens][n_heads][rope].
   float *mla_qa_ = nullptr, *mla_latent_ = nullptr, *mla_qpe_ = nullptr;
   // The step's queries in latent space [tokens][n_heads][latent] and their weighted latents
-  // [tokens][n_heads][kv_lora_rank]; a sequence's entries and per-token scratch; positions.
-  std::vector<float> mla_query_, mla_sum_, mla_context_;
-  std::vector<int32_t> mla_positions_;
+  // [tokens][n_heads][kv_lora_rank] (host, grown on demand).
+  std::vector<float> mla_query_, mla_sum_;
   std::vector<int64_t> expert_tokens_;
   void* workspace_ = nullptr;  // matmul and decode attention workspace (device memory on kCuda)
   int64_t workspace_bytes_ = 0;

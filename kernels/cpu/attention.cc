@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kv_rows.h"
@@ -218,6 +219,47 @@ void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p) {
     }
     PD_ISA_DISPATCH(
         AttendRows(rows, c, p.block_tables + seq * p.max_blocks_per_seq, kv_head, scale));
+  });
+}
+
+void LatentAttention(const OpContext& ctx, const LatentAttentionParams& p) {
+  const KvCacheView& c = p.cache;
+  const int64_t entry = 2 * c.num_kv_heads * c.head_dim;
+  // Tasks: the heads in even splits of at most kMaxAttentionRows, times tiles of consecutive
+  // tokens of one sequence (several only when a split leaves room for more rows).
+  const int64_t head_splits = (p.num_heads + kMaxAttentionRows - 1) / kMaxAttentionRows;
+  const int64_t heads_per_task = (p.num_heads + head_splits - 1) / head_splits;
+  const int64_t tokens_per_task = std::max<int64_t>(1, kMaxAttentionRows / heads_per_task);
+  auto seq_of = [&](int64_t j) { return p.token_seq != nullptr ? p.token_seq[j] : 0; };
+  std::vector<int64_t> tile_begin;
+  int64_t macs = 0;
+  for (int64_t j = 0; j < p.num_tokens; ++j) {
+    if (tile_begin.empty() || j - tile_begin.back() == tokens_per_task ||
+        seq_of(j) != seq_of(tile_begin.back())) {
+      tile_begin.push_back(j);
+    }
+    macs += (int64_t{p.positions[j]} + 1) * p.num_heads * entry;
+  }
+  tile_begin.push_back(p.num_tokens);
+  const int64_t num_tasks = (static_cast<int64_t>(tile_begin.size()) - 1) * head_splits;
+  const float scale =
+      p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(entry)));
+  ParallelStrided(ctx, num_tasks, SlotsFor(ctx, macs), [&](int, int64_t task) {
+    const int64_t split = task % head_splits;
+    const auto tile = static_cast<size_t>(task / head_splits);
+    const int64_t h_begin = split * heads_per_task;
+    const int64_t h_end = std::min(p.num_heads, h_begin + heads_per_task);
+    AttentionRows rows;
+    for (int64_t j = tile_begin[tile]; j < tile_begin[tile + 1]; ++j) {
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        rows.q[rows.num_rows] = p.q + j * p.q_token_stride + h * entry;
+        rows.out[rows.num_rows] = p.out + j * p.out_token_stride + h * p.value_dim;
+        rows.last_key[rows.num_rows] = p.positions[j];
+        ++rows.num_rows;
+      }
+    }
+    const int32_t* table = p.block_tables + seq_of(tile_begin[tile]) * p.max_blocks_per_seq;
+    PD_ISA_DISPATCH(AttendLatentRows(rows, c, table, p.value_dim, scale));
   });
 }
 

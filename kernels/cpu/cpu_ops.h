@@ -7,6 +7,7 @@
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
 #include "kernels/elementwise_params.h"
+#include "kernels/latent_attention_params.h"
 #include "kernels/logprobs_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
@@ -42,6 +43,9 @@ void PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 // kernels/cpu/attention_mass.cc: the kv heads in parallel.
 void AttentionMass(const OpContext& ctx, const AttentionMassParams& p);
 void DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
+// Tasks of up to 8 query rows of one sequence (heads of a token, several tokens when the heads
+// are few); each chunk of entries widened once for the task's rows.
+void LatentAttention(const OpContext& ctx, const LatentAttentionParams& p);
 
 int64_t SamplingWorkspaceBytes(const OpContext& ctx, const SamplingParams& p);
 void Sample(const OpContext& ctx, const SamplingParams& p);

@@ -79,6 +79,50 @@ __global__ void ReadKvKernel(ReadKvParams p) {
   }
 }
 
+// Merges the kAttentionWarps warps' online-softmax results into out[0, dim): each warp's
+// state and its accumulator, lane holding elements lane, lane + 32, ... (kPerLane of them).
+// Called by all kAttentionThreads threads of a block; `smem` is AttentionSharedBytes(dim):
+// [kAttentionWarps][dim] accumulators, then the maxima, then the sums. A warp that saw no key
+// has max -inf and sum 0 and is skipped.
+template <int kPerLane>
+__device__ void MergeWarps(const SoftmaxState& state, const float (&acc)[kPerLane], int64_t dim,
+                           float* out, float* smem) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  float* warp_acc = smem;
+  float* warp_max = smem + kAttentionWarps * dim;
+  float* warp_sum = warp_max + kAttentionWarps;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t d = lane + j * kWarpSize;
+    if (d < dim) {
+      warp_acc[warp * dim + d] = acc[j];
+    }
+  }
+  if (lane == 0) {
+    warp_max[warp] = state.max;
+    warp_sum[warp] = state.sum;
+  }
+  __syncthreads();
+  float global_max = -INFINITY;
+  for (int w = 0; w < kAttentionWarps; ++w) {
+    global_max = fmaxf(global_max, warp_max[w]);
+  }
+  float total = 0.0f;
+  float factor[kAttentionWarps];
+  for (int w = 0; w < kAttentionWarps; ++w) {
+    factor[w] = WarpMergeFactor(SoftmaxState{warp_max[w], warp_sum[w]}, global_max);
+    total += warp_sum[w] * factor[w];
+  }
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < kAttentionWarps; ++w) {
+      o += warp_acc[w * dim + d] * factor[w];
+    }
+    out[d] = o / total;
+  }
+}
+
 // out[0, head_dim) = softmax_t(scale * q . K[t]) V[t] over keys t in [0, num_keys), keys read
 // through `table` (this sequence's block table row). Called by all kAttentionThreads threads of
 // a block; `smem` is AttentionSharedBytes(head_dim) of dynamic shared memory.
@@ -124,40 +168,7 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
       }
     }
   }
-  // Merge the warps: smem = [kAttentionWarps][head_dim] accumulators, then the maxima, then
-  // the sums. A warp that saw no key has max -inf and sum 0 and is skipped.
-  float* warp_acc = smem;
-  float* warp_max = smem + kAttentionWarps * head_dim;
-  float* warp_sum = warp_max + kAttentionWarps;
-#pragma unroll
-  for (int j = 0; j < kMaxDimsPerLane; ++j) {
-    const int64_t d = lane + j * kWarpSize;
-    if (d < head_dim) {
-      warp_acc[warp * head_dim + d] = acc[j];
-    }
-  }
-  if (lane == 0) {
-    warp_max[warp] = state.max;
-    warp_sum[warp] = state.sum;
-  }
-  __syncthreads();
-  float global_max = -INFINITY;
-  for (int w = 0; w < kAttentionWarps; ++w) {
-    global_max = fmaxf(global_max, warp_max[w]);
-  }
-  float total = 0.0f;
-  float factor[kAttentionWarps];
-  for (int w = 0; w < kAttentionWarps; ++w) {
-    factor[w] = WarpMergeFactor(SoftmaxState{warp_max[w], warp_sum[w]}, global_max);
-    total += warp_sum[w] * factor[w];
-  }
-  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float o = 0.0f;
-    for (int w = 0; w < kAttentionWarps; ++w) {
-      o += warp_acc[w * head_dim + d] * factor[w];
-    }
-    out[d] = o / total;
-  }
+  MergeWarps(state, acc, head_dim, out, smem);
 }
 
 // grid = num_tokens * num_heads (AttentionLaunch): block b is token b / num_heads, query head
@@ -170,6 +181,52 @@ __global__ void PrefillAttentionKernel(PrefillAttentionParams p, float scale) {
             p.q + rh.row * p.q_token_stride + rh.head * head_dim,
             PrefillNumKeys(p.start_pos, rh.row), scale,
             p.out + rh.row * p.out_token_stride + rh.head * head_dim, smem);
+}
+
+// grid = num_tokens * num_heads (LatentAttentionLaunch): block b is token b / num_heads, query
+// head b % num_heads, scoring its keys [0, positions[token]] (whole entries, LatentEntryElement)
+// and summing their first value_dim elements; AttendRow's warps, online softmax and merge.
+__global__ void __launch_bounds__(kAttentionThreads)
+    LatentAttentionKernel(LatentAttentionParams p, float scale) {
+  extern __shared__ float smem[];
+  const KvCacheView& c = p.cache;
+  const RowHead rh = RowHeadAt(blockIdx.x, p.num_heads);
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t entry = LatentEntryDim(c);
+  const float* q = p.q + rh.row * p.q_token_stride + rh.head * entry;
+  float qr[kMaxLatentDimsPerLane];
+  float acc[kMaxLatentDimsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxLatentDimsPerLane; ++j) {
+    const int64_t e = lane + j * kWarpSize;
+    qr[j] = e < entry ? q[e] * scale : 0.0f;
+    acc[j] = 0.0f;
+  }
+  const int64_t seq = p.token_seq != nullptr ? p.token_seq[rh.row] : 0;
+  const int32_t* table =
+      p.block_tables + BlockTableIndex(seq, p.max_blocks_per_seq, 0, c.block_size);
+  const int64_t num_keys = static_cast<int64_t>(p.positions[rh.row]) + 1;
+  SoftmaxState state;
+  for (int64_t t = warp; t < num_keys; t += kAttentionWarps) {
+    const int64_t block_id = table[t / c.block_size];
+    float x[kMaxLatentDimsPerLane];
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxLatentDimsPerLane; ++j) {
+      const int64_t e = lane + j * kWarpSize;
+      x[j] = e < entry ? LatentEntryElement(c, block_id, t, e) : 0.0f;
+      dot += qr[j] * x[j];
+    }
+    dot = WarpReduceSum(dot);  // every lane holds the score and updates the same state
+    const SoftmaxStep step = OnlineSoftmaxUpdate(&state, dot);
+#pragma unroll
+    for (int j = 0; j < kMaxLatentDimsPerLane; ++j) {
+      acc[j] = acc[j] * step.correction + step.weight * x[j];
+    }
+  }
+  MergeWarps(state, acc, p.value_dim, p.out + rh.row * p.out_token_stride + rh.head * p.value_dim,
+             smem);
 }
 
 // Stages the K and V rows of keys [first_key, first_key + rows) of kv head `kv_head` into
@@ -434,6 +491,17 @@ cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t s
     return err;
   }
   DecodeMergeKernel<<<static_cast<unsigned>(merge.grid), merge.threads, 0, stream>>>(p, g);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLatentAttention(const LatentAttentionParams& p, cudaStream_t stream) {
+  const LaunchShape s = LatentAttentionLaunch(p.num_tokens, p.num_heads, p.value_dim);
+  if (!Launchable(s)) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const float scale = AttentionScale(p.scale, LatentEntryDim(p.cache));
+  LatentAttentionKernel<<<static_cast<unsigned>(s.grid), s.threads,
+                          static_cast<size_t>(s.shared_bytes), stream>>>(p, scale);
   return cudaGetLastError();
 }
 

@@ -46,6 +46,10 @@ absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p) {
   return FromCuda(LaunchReadKv(p, Stream(ctx)), "read_kv launch");
 }
 
+absl::Status LatentAttention(const OpContext& ctx, const LatentAttentionParams& p) {
+  return FromCuda(LaunchLatentAttention(p, Stream(ctx)), "latent_attention launch");
+}
+
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p) {
   return FromCuda(LaunchPrefillAttention(p, Stream(ctx)), "prefill_attention launch");
 }

@@ -11,6 +11,7 @@
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
 #include "kernels/elementwise_params.h"
+#include "kernels/latent_attention_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
 #include "kernels/rope_params.h"
@@ -27,6 +28,7 @@ absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
 absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
+absl::Status LatentAttention(const OpContext& ctx, const LatentAttentionParams& p);
 absl::Status Sample(const OpContext& ctx, const SamplingParams& p);
 absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p);
 absl::Status ApplyLogitEdits(const OpContext& ctx, const LogitEditParams& p);

@@ -12,6 +12,7 @@
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
 #include "kernels/elementwise_params.h"
+#include "kernels/latent_attention_params.h"
 #include "kernels/norm_params.h"
 #include "kernels/rope_params.h"
 #include "kernels/sampling_params.h"
@@ -47,6 +48,9 @@ cudaError_t LaunchPrefillAttentionTc(const PrefillAttentionParams& p, float scal
 // Split-KV decode attention: a split kernel then a merge kernel (launch_config.h); needs
 // p.workspace of DecodeWorkspaceBytes (cudaErrorInvalidConfiguration otherwise).
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream);
+// MLA, absorbed (kernels/latent_attention.h): one block per (token, head); not batch invariant
+// bitwise against the CPU kernel (a different order of sums), within f32 rounding of it.
+cudaError_t LaunchLatentAttention(const LatentAttentionParams& p, cudaStream_t stream);
 
 // int8 MatMul pieces (launch_config.h, MatMulI8Layout): x's rows quantized to int8 codes q
 // [rows][cols] and scales [rows] by the QuantizeRowsInt8 rule (bitwise the CPU's), one block per

@@ -11,6 +11,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/convert_params.h"
 #include "kernels/half.h"  // PD_HOST_DEVICE, F32Bits
+#include "kernels/latent_attention_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/rope_params.h"
 #include "kernels/types.h"
@@ -593,6 +594,33 @@ PD_HOST_DEVICE inline float ReadKvElement(const KvCacheView& c, int64_t block_id
   const float scale = *reinterpret_cast<const float*>(
       static_cast<const char*>(c.base) + KvScaleByteOffset(c, block_id, kv_head, pos, value));
   return (F32Bits(scale) & 0x7fffffffu) > 0x7f800000u ? scale : code * scale;
+}
+
+// ---- LatentAttention (MLA, absorbed; kernels/latent_attention_params.h): the prefill
+// attention's shape, one block of kAttentionThreads per (query token, query head), warps taking
+// every kAttentionWarps-th key with an online softmax, then merged through shared memory as
+// AttendRow does. A lane holds entry elements lane, lane + 32, ... (at most
+// kMaxLatentDimsPerLane); the merge keeps each warp's [value_dim] sums.
+inline constexpr int kMaxLatentDimsPerLane = static_cast<int>(kMaxLatentEntryDim / kWarpSize);
+static_assert(kMaxLatentEntryDim % kWarpSize == 0, "entry elements per lane must be whole");
+
+constexpr LaunchShape LatentAttentionLaunch(int64_t num_tokens, int64_t num_heads,
+                                            int64_t value_dim) {
+  return AttentionLaunch(num_tokens, num_heads, value_dim);
+}
+
+// The elements of one cached entry: the K pieces of every kv head, then the V pieces.
+PD_HOST_DEVICE constexpr int64_t LatentEntryDim(const KvCacheView& c) {
+  return 2 * c.num_kv_heads * c.head_dim;
+}
+
+// Element e of the entry of the token at `pos` (in physical block `block_id`), back to f32
+// as ReadKv reads it: element e of the K rows below num_kv_heads * head_dim, of the V rows above.
+PD_HOST_DEVICE inline float LatentEntryElement(const KvCacheView& c, int64_t block_id, int64_t pos,
+                                               int64_t e) {
+  const int64_t half = c.num_kv_heads * c.head_dim;
+  return e < half ? ReadKvElement(c, block_id, pos, e, /*value=*/false)
+                  : ReadKvElement(c, block_id, pos, e - half, /*value=*/true);
 }
 
 // ---- Sampling: one block per sequence (the algorithm: kernels/cuda/sampling_radix.h).

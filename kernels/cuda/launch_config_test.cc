@@ -360,6 +360,97 @@ TEST(CudaLaunchTest, PrefillAttentionEmulationMatchesReference) {
   }
 }
 
+// LatentAttentionKernel run on the host: its grid (LatentAttentionLaunch, RowHeadAt), its
+// block-table row, its split of keys over warps and of entry elements over lanes
+// (LatentEntryElement), the same f32 online softmax and warp merge. Only the order of the
+// 32-lane dot-product sum differs from the shuffle tree. The pool's 32-element entry is cut
+// into 4 pieces; value_dim 20 ends inside the third.
+TEST(CudaLaunchTest, LatentAttentionEmulationMatchesReference) {
+  std::mt19937 rng(8);
+  Pool pool(rng);
+  const KvCacheView& c = pool.view;
+  const int64_t entry = LatentEntryDim(c), heads = 3, value_dim = 20, max_blocks = 3;
+  ASSERT_EQ(entry, 32);
+  const std::vector<int32_t> tables = {9, 2, 7, 4, 11, 0};  // [2][3]
+  const std::vector<int32_t> positions = {0, 5, 11, 3, 10, 6};
+  const std::vector<int32_t> seqs = {0, 0, 0, 1, 1, 1};
+  const auto n = static_cast<int64_t>(positions.size());
+  const int64_t q_stride = heads * entry + 3, out_stride = heads * value_dim + 1;
+  const std::vector<float> q = Random(n * q_stride, rng);
+  std::vector<float> got(n * out_stride, -7.0f), want = got;
+  LatentAttentionParams p;
+  p.q = q.data();
+  p.out = want.data();
+  p.q_token_stride = q_stride;
+  p.out_token_stride = out_stride;
+  p.cache = c;
+  p.value_dim = value_dim;
+  p.num_heads = heads;
+  p.num_tokens = n;
+  p.positions = positions.data();
+  p.token_seq = seqs.data();
+  p.block_tables = tables.data();
+  p.num_seqs = 2;
+  p.max_blocks_per_seq = max_blocks;
+  reference::LatentAttention(p);
+  const LaunchShape s = LatentAttentionLaunch(n, heads, value_dim);
+  EXPECT_EQ(s.threads, kAttentionThreads);
+  EXPECT_EQ(s.shared_bytes, AttentionSharedBytes(value_dim));
+  EXPECT_LE(AttentionSharedBytes(kMaxLatentEntryDim), 48 * 1024);  // Launchable at the largest
+  const float scale = AttentionScale(p.scale, entry);
+  for (int64_t b = 0; b < s.grid; ++b) {
+    const RowHead rh = RowHeadAt(b, heads);
+    const float* qh = q.data() + rh.row * q_stride + rh.head * entry;
+    const int32_t* table =
+        tables.data() + BlockTableIndex(seqs[rh.row], max_blocks, 0, c.block_size);
+    const int64_t num_keys = positions[rh.row] + 1;
+    SoftmaxState state[kAttentionWarps];
+    std::vector<float> acc(kAttentionWarps * entry, 0.0f);  // [warp][e]: the lanes' registers
+    for (int warp = 0; warp < kAttentionWarps; ++warp) {
+      for (int64_t t = warp; t < num_keys; t += kAttentionWarps) {
+        const int64_t block_id = table[t / c.block_size];
+        std::vector<float> x(entry);
+        float dot = 0.0f;
+        for (int lane = 0; lane < kWarpSize; ++lane) {
+          float partial = 0.0f;
+          for (int j = 0; j < kMaxLatentDimsPerLane; ++j) {
+            const int64_t e = lane + j * kWarpSize;
+            if (e < entry) {
+              x[e] = LatentEntryElement(c, block_id, t, e);
+              partial += qh[e] * scale * x[e];
+            }
+          }
+          dot += partial;
+        }
+        const SoftmaxStep step = OnlineSoftmaxUpdate(&state[warp], dot);
+        for (int64_t e = 0; e < entry; ++e) {
+          float& a = acc[warp * entry + e];
+          a = a * step.correction + step.weight * x[e];
+        }
+      }
+    }
+    float global_max = -INFINITY, total = 0.0f, factor[kAttentionWarps];
+    for (const SoftmaxState& w : state) {
+      global_max = std::max(global_max, w.max);
+    }
+    for (int w = 0; w < kAttentionWarps; ++w) {
+      factor[w] = WarpMergeFactor(state[w], global_max);
+      total += state[w].sum * factor[w];
+    }
+    float* out = got.data() + rh.row * out_stride + rh.head * value_dim;
+    for (int64_t d = 0; d < value_dim; ++d) {
+      float o = 0.0f;
+      for (int w = 0; w < kAttentionWarps; ++w) {
+        o += acc[w * entry + d] * factor[w];
+      }
+      out[d] = o / total;
+    }
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-5f) << i;  // the padding: -7 on both sides
+  }
+}
+
 TEST(CudaLaunchTest, WriteKvEmulationMatchesReferenceBitwise) {
   std::mt19937 rng(5);
   Pool got_pool(rng);

@@ -8,6 +8,7 @@
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
 #include "kernels/elementwise_params.h"
+#include "kernels/latent_attention_params.h"
 #include "kernels/logprobs_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
@@ -38,6 +39,8 @@ void ReadKv(const ReadKvParams& p);
 // Two-pass softmax in double over every visible key (no online rescaling).
 void PrefillAttention(const PrefillAttentionParams& p);
 void DecodeAttention(const DecodeAttentionParams& p);
+// Each query's keys through ReadKv, then as PrefillAttention: two passes in double.
+void LatentAttention(const LatentAttentionParams& p);
 
 // Full sort of every row, probabilities in double; ignores the workspace.
 void Sample(const SamplingParams& p);
