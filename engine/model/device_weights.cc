@@ -25,6 +25,35 @@ struct Piece {
   int64_t offset = 0;
 };
 
+// Multi-head latent attention's matrices of one layer (model_weights.h): the query's
+// projections, kv_a_proj with its norm, kv_b_proj and its per-head transposed W_UK (f32 whatever
+// the dtype), o_proj, and with int8 matrices their scales. `add` is Upload's.
+template <typename Add>
+absl::Status AddMla(const ModelConfig& c, const LayerWeights& h, int64_t w, bool i8,
+                    const std::string& at, Add& add, LayerWeights* o) {
+  constexpr int64_t f = sizeof(float);
+  const int64_t dim = c.dim, q = c.q_dim(), lora = c.q_lora_rank, rank = c.kv_lora_rank;
+  const int64_t latent = c.mla_latent_dim(), heads = c.n_heads;
+  const bool q_lora = lora > 0;
+  PD_RETURN_IF_ERROR(add(h.wq_a, lora * dim * w, &o->wq_a, q_lora, "q_a_proj" + at));
+  PD_RETURN_IF_ERROR(add(h.q_a_norm, lora * f, &o->q_a_norm, q_lora, "q_a_layernorm" + at));
+  PD_RETURN_IF_ERROR(add(h.wq, q * (q_lora ? lora : dim) * w, &o->wq, true, "wq" + at));
+  PD_RETURN_IF_ERROR(add(h.wkv_a, latent * dim * w, &o->wkv_a, true, "kv_a_proj" + at));
+  PD_RETURN_IF_ERROR(add(h.kv_a_norm, rank * f, &o->kv_a_norm, true, "kv_a_layernorm" + at));
+  PD_RETURN_IF_ERROR(add(h.wkv_b, heads * (c.qk_nope_head_dim + c.v_head_dim) * rank * f, &o->wkv_b,
+                         true, "kv_b_proj" + at));
+  PD_RETURN_IF_ERROR(
+      add(h.wuk_t, heads * rank * c.qk_nope_head_dim * f, &o->wuk_t, true, "W_UK^T" + at));
+  PD_RETURN_IF_ERROR(add(h.wo, dim * c.attn_out_dim() * w, &o->wo, true, "wo" + at));
+  if (i8) {
+    PD_RETURN_IF_ERROR(add(h.wq_a_scales, lora * f, &o->wq_a_scales, q_lora, "q_a scales" + at));
+    PD_RETURN_IF_ERROR(add(h.wq_scales, q * f, &o->wq_scales, true, "wq scales" + at));
+    PD_RETURN_IF_ERROR(add(h.wkv_a_scales, latent * f, &o->wkv_a_scales, true, "kv_a scales" + at));
+    PD_RETURN_IF_ERROR(add(h.wo_scales, dim * f, &o->wo_scales, true, "wo scales" + at));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
@@ -35,16 +64,11 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     return absl::InvalidArgumentError(
         absl::StrCat("device weights: ", host.layers.size(), " layers, config says ", c.n_layers));
   }
-  if (c.moe()) {
+  if (c.moe_layer(c.n_layers - 1)) {
     return absl::UnimplementedError(absl::StrCat(
         "device weights: ", ArchitectureName(c.architecture),
         " (mixture of experts) runs on the CPU only so far; its CUDA path (grouped expert GEMMs) "
         "is not implemented"));
-  }
-  if (c.mla()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "device weights: ", ArchitectureName(c.architecture),
-        " (multi-head latent attention) runs on the CPU only so far; no CUDA MLA kernels"));
   }
   std::unique_ptr<DeviceWeights> d(new DeviceWeights());
   ModelWeights& v = d->view_;
@@ -89,10 +113,14 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     LayerWeights& o = v.layers[l];
     const std::string at = absl::StrCat(" of layer ", l);
     PD_RETURN_IF_ERROR(add(h.attn_norm, dim * f, &o.attn_norm, true, "attn_norm" + at));
-    PD_RETURN_IF_ERROR(add(h.wq, q * dim * w, &o.wq, true, "wq" + at));
-    PD_RETURN_IF_ERROR(add(h.wk, kv * dim * w, &o.wk, true, "wk" + at));
-    PD_RETURN_IF_ERROR(add(h.wv, kv * dim * w, &o.wv, true, "wv" + at));
-    PD_RETURN_IF_ERROR(add(h.wo, dim * q * w, &o.wo, true, "wo" + at));
+    if (c.mla()) {
+      PD_RETURN_IF_ERROR(AddMla(c, h, w, i8, at, add, &o));
+    } else {
+      PD_RETURN_IF_ERROR(add(h.wq, q * dim * w, &o.wq, true, "wq" + at));
+      PD_RETURN_IF_ERROR(add(h.wk, kv * dim * w, &o.wk, true, "wk" + at));
+      PD_RETURN_IF_ERROR(add(h.wv, kv * dim * w, &o.wv, true, "wv" + at));
+      PD_RETURN_IF_ERROR(add(h.wo, dim * q * w, &o.wo, true, "wo" + at));
+    }
     PD_RETURN_IF_ERROR(add(h.bq, q * f, &o.bq, false, "bq" + at));
     PD_RETURN_IF_ERROR(add(h.bk, kv * f, &o.bk, false, "bk" + at));
     PD_RETURN_IF_ERROR(add(h.bv, kv * f, &o.bv, false, "bv" + at));
@@ -103,10 +131,12 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     PD_RETURN_IF_ERROR(add(h.w_up, hidden * dim * w, &o.w_up, true, "w_up" + at));
     PD_RETURN_IF_ERROR(add(h.w_down, dim * hidden * w, &o.w_down, true, "w_down" + at));
     if (i8) {
-      PD_RETURN_IF_ERROR(add(h.wq_scales, q * f, &o.wq_scales, true, "wq scales" + at));
-      PD_RETURN_IF_ERROR(add(h.wk_scales, kv * f, &o.wk_scales, true, "wk scales" + at));
-      PD_RETURN_IF_ERROR(add(h.wv_scales, kv * f, &o.wv_scales, true, "wv scales" + at));
-      PD_RETURN_IF_ERROR(add(h.wo_scales, dim * f, &o.wo_scales, true, "wo scales" + at));
+      if (!c.mla()) {
+        PD_RETURN_IF_ERROR(add(h.wq_scales, q * f, &o.wq_scales, true, "wq scales" + at));
+        PD_RETURN_IF_ERROR(add(h.wk_scales, kv * f, &o.wk_scales, true, "wk scales" + at));
+        PD_RETURN_IF_ERROR(add(h.wv_scales, kv * f, &o.wv_scales, true, "wv scales" + at));
+        PD_RETURN_IF_ERROR(add(h.wo_scales, dim * f, &o.wo_scales, true, "wo scales" + at));
+      }
       PD_RETURN_IF_ERROR(
           add(h.w_gate_scales, hidden * f, &o.w_gate_scales, true, "w_gate scales" + at));
       PD_RETURN_IF_ERROR(add(h.w_up_scales, hidden * f, &o.w_up_scales, true, "w_up scales" + at));

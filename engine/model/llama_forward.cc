@@ -94,6 +94,21 @@ absl::Status RmsNormRows(const kernels::OpContext& ctx, const float* in, const f
   return kernels::RmsNorm(ctx, p);
 }
 
+// rows rows of `width` floats from src (src_stride floats apart) to dst (dst_stride apart), on
+// the context's device: one CopyBlocks of identity-indexed "blocks".
+absl::Status CopyStrided(const kernels::OpContext& ctx, const float* src, int64_t src_stride,
+                         float* dst, int64_t dst_stride, int64_t width, int64_t rows) {
+  kernels::CopyBlocksParams p;
+  p.src = src;
+  p.dst = dst;
+  p.num_copies = rows;
+  p.block_bytes = width * 4;
+  p.src_block_stride_bytes = src_stride * 4;
+  p.dst_block_stride_bytes = dst_stride * 4;
+  p.src_num_blocks = p.dst_num_blocks = rows;
+  return kernels::CopyBlocks(ctx, p);
+}
+
 }  // namespace
 
 // A tensor-parallel group (the coordinator's): the shards, each rank's thread team and
@@ -321,15 +336,21 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(
         "no kernels on this device for weight dtype ", kernels::DTypeName(weights->dtype),
         " with kv dtype ", kernels::DTypeName(pool.dtype)));
   }
-  if (weights->config.moe() && ctx.device != kernels::Device::kCpu) {
+  const ModelConfig& config = weights->config;
+  if (config.moe_layer(config.n_layers - 1) && ctx.device != kernels::Device::kCpu) {
     return absl::UnimplementedError(absl::StrCat(
-        ArchitectureName(weights->config.architecture),
+        ArchitectureName(config.architecture),
         ": mixture-of-experts layers run on the CPU only so far (no CUDA grouped expert GEMMs)"));
   }
-  if (weights->config.mla() && ctx.device != kernels::Device::kCpu) {
-    return absl::UnimplementedError(absl::StrCat(
-        ArchitectureName(weights->config.architecture),
-        ": multi-head latent attention runs on the CPU only so far (no CUDA MLA kernels)"));
+  if (config.mla() && config.yarn.has_value() && ctx.device != kernels::Device::kCpu &&
+      YarnMscale(config.yarn->factor, config.yarn->mscale) !=
+          YarnMscale(config.yarn->factor, config.yarn->mscale_all_dim)) {
+    // The rotated parts' scale is applied on the host (DeepSeek's published configs have
+    // mscale == mscale_all_dim, which makes it 1).
+    return absl::UnimplementedError(
+        absl::StrCat(ArchitectureName(config.architecture), ": yarn mscale ", config.yarn->mscale,
+                     " != mscale_all_dim ", config.yarn->mscale_all_dim,
+                     " scales MLA's rotated parts on the CPU only so far"));
   }
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   const ModelConfig& c = f->config_;
@@ -462,6 +483,8 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
       mla_qa_ = static_cast<float*>(carve(t * std::max(c.q_lora_rank, 1) * 4));
       mla_latent_ = static_cast<float*>(carve(t * int64_t{c.mla_latent_dim()} * 4));
       mla_qpe_ = static_cast<float*>(carve(t * int64_t{c.n_heads} * c.qk_rope_head_dim * 4));
+      mla_query_ = static_cast<float*>(carve(t * int64_t{c.n_heads} * c.mla_latent_dim() * 4));
+      mla_sum_ = static_cast<float*>(carve(t * int64_t{c.n_heads} * c.kv_lora_rank * 4));
     }
     logits_tmp_ = static_cast<float*>(carve(options_.max_seqs * int64_t{c.vocab_size} * 4));
     workspace_ = carve(workspace_bytes_);
@@ -822,9 +845,8 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
 
 bool LlamaForward::GraphEligible(int64_t num_tokens, bool edited) const {
   const int64_t n = static_cast<int64_t>(slots_.size());
-  // MLA's attention reads the host's block tables (CPU only): never captured.
   return Staged() && options_.decode_graphs && !graph_stats_.off && num_decode_slots_ == n &&
-         num_tokens == n && !edited && !config_.mla();
+         num_tokens == n && !edited;
 }
 
 absl::Status LlamaForward::ApplyEdits(int64_t num_seqs) {
@@ -1485,12 +1507,10 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
     p.eps = kLoraNormEps;
     PD_RETURN_IF_ERROR(kernels::RmsNorm(ctx_, p));
   }
-  // RoPE on the heads' rope parts (gathered) and the shared rope key, adjacent pairs.
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    for (int64_t h = 0; h < heads; ++h) {
-      std::copy_n(q_ + t * q_dim + h * c.head_dim + nope, rope, mla_qpe_ + (t * heads + h) * rope);
-    }
-  }
+  // RoPE on the heads' rope parts (gathered: every head's [nope | rope] lies head_dim after the
+  // previous one's, across tokens too) and the shared rope key, adjacent pairs.
+  PD_RETURN_IF_ERROR(
+      CopyStrided(ctx_, q_ + nope, c.head_dim, mla_qpe_, rope, rope, num_tokens * heads));
   kernels::RopeParams rp;
   rp.q = mla_qpe_;
   rp.k = mla_latent_ + rank;
@@ -1557,25 +1577,20 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
     return kernels::MatMul(ctx_, p);
   };
   const int64_t query_row = heads * latent;  // mla_query_: [tokens][heads][latent]
-  if (static_cast<int64_t>(mla_query_.size()) < num_tokens * query_row) {
-    mla_query_.resize(num_tokens * query_row);
-    mla_sum_.resize(num_tokens * heads * rank);
-  }
   for (int64_t h = 0; h < heads; ++h) {
     // The query's latent part: W_UK_h^T q_nope_h (wuk_t holds each head's W_UK transposed).
     PD_RETURN_IF_ERROR(matmul(q_ + h * c.head_dim, q_dim, w.wuk_t + h * rank * nope,
-                              mla_query_.data() + h * latent, query_row, num_tokens, nope, rank));
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      std::copy_n(mla_qpe_ + (t * heads + h) * rope, rope,
-                  mla_query_.data() + t * query_row + h * latent + rank);
-    }
+                              mla_query_ + h * latent, query_row, num_tokens, nope, rank));
   }
+  // Its rope part: the rotated q_rope (one row per token and head, latent apart).
+  PD_RETURN_IF_ERROR(
+      CopyStrided(ctx_, mla_qpe_, rope, mla_query_ + rank, latent, rope, num_tokens * heads));
   // Every token's heads score the cached entries where they lie in the pool and sum their
   // latents (kernels/latent_attention.h: one kernel for prefill and decode, batch invariant).
   kernels::LatentAttentionParams la;
-  la.q = mla_query_.data();
+  la.q = mla_query_;
   la.q_token_stride = query_row;
-  la.out = mla_sum_.data();
+  la.out = mla_sum_;
   la.out_token_stride = heads * rank;
   la.cache = cache;
   la.value_dim = rank;
@@ -1590,7 +1605,7 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
   PD_RETURN_IF_ERROR(kernels::LatentAttention(ctx_, la));
   // Each head's output: W_UV_h (the value rows of kv_b_proj) times its weighted latent.
   for (int64_t h = 0; h < heads; ++h) {
-    PD_RETURN_IF_ERROR(matmul(mla_sum_.data() + h * rank, heads * rank,
+    PD_RETURN_IF_ERROR(matmul(mla_sum_ + h * rank, heads * rank,
                               w.wkv_b + (h * head_rows + nope) * rank, att_ + h * vdim, out_dim,
                               num_tokens, rank, vdim));
   }

@@ -119,8 +119,8 @@ struct ForwardOptions {
   // staged_metadata only (Unimplemented otherwise); any KV dtype, dense, mixture-of-experts and
   // MLA models, and the H2O and SnapKV policies' calls (ranks sharing a KV head, N >
   // n_kv_heads, take turns scoring it and its first rank moves it); InvalidArgument when N does
-  // not split the model (PlanTensorParallel). Logits agree with N = 1 within float rounding (the row-parallel sums
-  // are added in a different order), the same bits run to run.
+  // not split the model (PlanTensorParallel). Logits agree with N = 1 within float rounding (the
+  // row-parallel sums are added in a different order), the same bits run to run.
   int32_t tensor_parallel = 1;
 };
 
@@ -137,7 +137,8 @@ class LlamaForward {
   // and layers come from weights->config). On kCuda, `weights` and `pool.base` must be device
   // memory (DeviceWeights, DeviceKvPool) and ctx.stream a stream of the current device (or
   // nullptr). InvalidArgument for inconsistent geometry; Unimplemented when a kernel does not
-  // support the weight or cache dtype on ctx.device, or the build has no CUDA (naming
+  // support the weight or cache dtype on ctx.device, for expert layers (and an MLA model's yarn
+  // mscale unequal to mscale_all_dim) off the CPU, or the build has no CUDA (naming
   // PD_ENABLE_CUDA); FailedPrecondition "no CUDA device"; ResourceExhausted when the scratch
   // memory does not fit.
   static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const ModelWeights* weights,
@@ -240,7 +241,8 @@ class LlamaForward {
   bool GraphEligible(int64_t num_tokens, bool edited) const;
   absl::Status Layer(int layer, int64_t num_tokens);
   // The attention block of a layer (x_ += its output; xb_ holds the normalized input): grouped-
-  // query attention over the paged cache, or multi-head latent attention (config_.mla(); kCpu).
+  // query attention over the paged cache, or multi-head latent attention (config_.mla(); any
+  // device).
   absl::Status Attention(int layer, int64_t num_tokens);
   absl::Status MlaAttention(int layer, int64_t num_tokens);
   // Writes the step's new K and V rows (token_stride apart) into the pool at their positions.
@@ -342,12 +344,12 @@ class LlamaForward {
   // and outputs [tokens][dim], the weighted sum of the experts' outputs [tokens][dim].
   float *router_logits_ = nullptr, *moe_in_ = nullptr, *moe_out_ = nullptr, *moe_sum_ = nullptr;
   MoeRouting routing_;
-  // MLA (kCpu): q_a_proj's output [tokens][q_lora_rank], the new cache entries
-  // [tokens][kv_lora_rank + qk_rope_head_dim], the heads' rope parts [tokens][n_heads][rope].
+  // MLA: q_a_proj's output [tokens][q_lora_rank], the new cache entries
+  // [tokens][kv_lora_rank + qk_rope_head_dim], the heads' rope parts [tokens][n_heads][rope],
+  // the queries in latent space [tokens][n_heads][latent] and their weighted latents
+  // [tokens][n_heads][kv_lora_rank].
   float *mla_qa_ = nullptr, *mla_latent_ = nullptr, *mla_qpe_ = nullptr;
-  // The step's queries in latent space [tokens][n_heads][latent] and their weighted latents
-  // [tokens][n_heads][kv_lora_rank] (host, grown on demand).
-  std::vector<float> mla_query_, mla_sum_;
+  float *mla_query_ = nullptr, *mla_sum_ = nullptr;
   std::vector<int64_t> expert_tokens_;
   void* workspace_ = nullptr;  // matmul and decode attention workspace (device memory on kCuda)
   int64_t workspace_bytes_ = 0;
