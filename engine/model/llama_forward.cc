@@ -352,6 +352,14 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(
                      " != mscale_all_dim ", config.yarn->mscale_all_dim,
                      " scales MLA's rotated parts on the CPU only so far"));
   }
+  if (config.mla() && config.mla_latent_dim() > kernels::kMaxLatentEntryDim) {
+    // Said at load rather than by every step's attention.
+    return absl::UnimplementedError(
+        absl::StrCat(ArchitectureName(config.architecture), ": an MLA cache entry of ",
+                     config.mla_latent_dim(), " elements (kv_lora_rank ", config.kv_lora_rank,
+                     " + qk_rope_head_dim ", config.qk_rope_head_dim, ") is above the ",
+                     kernels::kMaxLatentEntryDim, " the latent attention kernels support"));
+  }
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   const ModelConfig& c = f->config_;
   if (tp != nullptr) {

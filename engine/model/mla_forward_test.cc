@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "common/testing/temp_dir.h"
@@ -17,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/attention_params.h"
 #include "kernels/device_memory.h"
+#include "kernels/latent_attention_params.h"
 
 namespace pd::engine {
 namespace {
@@ -216,6 +218,37 @@ TEST_P(MlaForwardTest, UploadedWeightsOnTheStagedPathGiveBitwiseEqualLogits) {
   const absl::Status missing = DeviceWeights::Upload(broken, kernels::OpContext{}).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument) << missing;
   EXPECT_NE(missing.message().find("kv_b_proj"), absl::string_view::npos) << missing;
+}
+
+// A latent wider than the attention kernels take is refused when the forward pass is made,
+// naming the width, rather than failing every step.
+TEST(MlaLimitsTest, AnEntryWiderThanTheKernelsTakeIsRefusedAtCreate) {
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  MakeModelOptions o;
+  o.out_dir = dir->File("wide");
+  o.architecture = Architecture::kDeepseekV2;
+  o.num_layers = 1;
+  o.first_k_dense_replace = 1;
+  o.kv_lora_rank = 1024;  // + qk_rope_head_dim: above kernels::kMaxLatentEntryDim
+  ASSERT_TRUE(MakeModel(o).ok());
+  absl::StatusOr<HfModel> model = HfModel::Load(o.out_dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<ModelWeights> w = WeightsFromHf(*model);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const ModelConfig& c = w->config;
+  ASSERT_GT(c.mla_latent_dim(), kernels::kMaxLatentEntryDim);
+  std::vector<float> pool(kernels::DenseKvBlockBytes(kernels::DType::kF32, c.n_layers,
+                                                     c.cache_kv_heads(), kBlockSize,
+                                                     c.cache_head_dim()) /
+                          4);
+  const absl::Status s =
+      LlamaForward::Create(&*w, {pool.data(), kernels::DType::kF32, 1, kBlockSize}, {}, {})
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("MLA cache entry of " + std::to_string(c.mla_latent_dim())),
+            absl::string_view::npos)
+      << s;
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDtypes, MlaForwardTest,
