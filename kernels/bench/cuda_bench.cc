@@ -20,6 +20,7 @@
 #include "kernels/copy.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/half.h"
+#include "kernels/latent_attention.h"
 #include "kernels/matmul.h"
 #include "kernels/sampling.h"
 
@@ -142,6 +143,55 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * seqs * ctx_len * kKvHeads * kHeadDim * 2 * 2);
 }
 BENCHMARK(BM_CudaDecodeAttention)
+    ->Args({1, 1024})
+    ->Args({32, 1024})
+    ->Args({32, 8192})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// MLA decode (LatentAttention) at DeepSeek-V3's shapes: Arg(0) sequences of Arg(1) tokens, one
+// query token each at its last position, 128 heads scoring every cached 576-element entry
+// (kv_lora_rank 512 + rope 64, cut into 2 pieces of 144), bf16 cache, one layer.
+// bytes_per_second counts the cache bytes read once per step.
+void BM_CudaLatentAttention(benchmark::State& state) {
+  if (NoDevice(state)) {
+    return;
+  }
+  constexpr int64_t kMlaHeads = 128, kRank = 512, kPieces = 2, kPiece = 144;
+  const int64_t seqs = state.range(0), ctx_len = state.range(1);
+  const int64_t entry = 2 * kPieces * kPiece, blocks_per_seq = ctx_len / kBlockSize;
+  const int64_t num_blocks = seqs * blocks_per_seq;
+  const KvCacheView view =
+      DenseKvCacheView(nullptr, DType::kBF16, num_blocks, 1, kPieces, kBlockSize, kPiece, 0);
+  DeviceBytes pool(num_blocks * view.block_stride * 2), q(seqs * kMlaHeads * entry * 4, 2),
+      out(seqs * kMlaHeads * kRank * 4), tables(num_blocks * 4), positions(seqs * 4),
+      token_seq(seqs * 4);
+  std::vector<int32_t> table(num_blocks), seq_of(seqs);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(3));
+  std::iota(seq_of.begin(), seq_of.end(), 0);
+  Upload(tables, table);
+  Upload(positions, std::vector<int32_t>(seqs, static_cast<int32_t>(ctx_len - 1)));
+  Upload(token_seq, seq_of);
+  LatentAttentionParams p;
+  p.q = q.as<float>();
+  p.out = out.as<float>();
+  p.q_token_stride = kMlaHeads * entry;
+  p.out_token_stride = kMlaHeads * kRank;
+  p.cache = view;
+  p.cache.base = pool.get();
+  p.value_dim = kRank;
+  p.num_heads = kMlaHeads;
+  p.num_tokens = seqs;
+  p.positions = positions.as<int32_t>();
+  p.token_seq = token_seq.as<int32_t>();
+  p.block_tables = tables.as<int32_t>();
+  p.num_seqs = seqs;
+  p.max_blocks_per_seq = blocks_per_seq;
+  TimeOnDevice(state, [&] { return LatentAttention(Cuda(), p); });
+  state.SetBytesProcessed(state.iterations() * seqs * ctx_len * entry * 2);
+}
+BENCHMARK(BM_CudaLatentAttention)
     ->Args({1, 1024})
     ->Args({32, 1024})
     ->Args({32, 8192})

@@ -21,6 +21,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/half.h"
+#include "kernels/latent_attention.h"
 #include "kernels/logprobs.h"
 #include "kernels/matmul.h"
 #include "kernels/sampling.h"
@@ -380,6 +381,55 @@ void BM_DecodeAttentionKvDType(benchmark::State& state) {
 BENCHMARK(BM_DecodeAttentionKvDType)
     ->ArgsProduct({{1, 16}, {512, 4096}, {0, 1, 3, 4, 5}})
     ->ArgNames({"batch", "context", "dtype"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// ---- MLA decode attention (LatentAttention): DeepSeek-V2-Lite's heads ---------------------------
+// B sequences of `context` tokens, each one query token at its last position scoring every
+// cached [c | k_rope] entry (kv_lora_rank 512 + rope 64 = 576 elements, cut into 2 pieces of
+// 144 as ModelConfig::cache_kv_heads does) with 16 query heads, bf16 cache, shuffled block
+// tables. bytes_per_second counts the cache bytes read (each entry once per step, as a
+// memory-bound kernel should), to set beside BM_Triad and BM_DecodeAttention.
+// Args: batch, context, threads.
+void BM_LatentAttention(benchmark::State& state) {
+  constexpr int64_t kHeads = 16, kRank = 512, kPieces = 2, kPiece = 144, kBlock = 16;
+  const int64_t batch = state.range(0), context = state.range(1);
+  const OpContext ctx = Context(static_cast<int>(state.range(2)));
+  const int64_t entry = 2 * kPieces * kPiece, blocks_per_seq = (context + kBlock - 1) / kBlock;
+  const int64_t num_blocks = batch * blocks_per_seq;
+  std::vector<uint8_t> pool = RandomBytesAs(num_blocks * kBlock * entry, DType::kBF16, 5);
+  std::vector<int32_t> tables(num_blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), std::mt19937(6));
+  std::vector<int32_t> positions(batch, static_cast<int32_t>(context - 1)), seqs(batch);
+  std::iota(seqs.begin(), seqs.end(), 0);
+  std::vector<float> q(batch * kHeads * entry, 0.05f), out(batch * kHeads * kRank);
+  LatentAttentionParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.q_token_stride = kHeads * entry;
+  p.out_token_stride = kHeads * kRank;
+  p.cache = DenseKvCacheView(pool.data(), DType::kBF16, num_blocks, 1, kPieces, kBlock, kPiece, 0);
+  p.value_dim = kRank;
+  p.num_heads = kHeads;
+  p.num_tokens = batch;
+  p.positions = positions.data();
+  p.token_seq = seqs.data();
+  p.block_tables = tables.data();
+  p.num_seqs = batch;
+  p.max_blocks_per_seq = blocks_per_seq;
+  if (!LatentAttention(ctx, p).ok()) {
+    state.SkipWithError("latent attention rejected the parameters");
+    return;
+  }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(LatentAttention(ctx, p));
+  }
+  state.SetBytesProcessed(state.iterations() * batch * context * entry * 2);
+}
+BENCHMARK(BM_LatentAttention)
+    ->ArgsProduct({{1, 16}, {512, 4096}, {1, 2}})
+    ->ArgNames({"batch", "context", "threads"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
