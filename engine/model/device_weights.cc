@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     return absl::InvalidArgumentError(
         absl::StrCat("device weights: ", host.layers.size(), " layers, config says ", c.n_layers));
   }
-  if (c.moe_layer(c.n_layers - 1)) {
+  if (c.has_moe_layers()) {
     return absl::UnimplementedError(absl::StrCat(
         "device weights: ", ArchitectureName(c.architecture),
         " (mixture of experts) runs on the CPU only so far; its CUDA path (grouped expert GEMMs) "
@@ -120,6 +120,12 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
       PD_RETURN_IF_ERROR(add(h.wk, kv * dim * w, &o.wk, true, "wk" + at));
       PD_RETURN_IF_ERROR(add(h.wv, kv * dim * w, &o.wv, true, "wv" + at));
       PD_RETURN_IF_ERROR(add(h.wo, dim * q * w, &o.wo, true, "wo" + at));
+      if (i8) {
+        PD_RETURN_IF_ERROR(add(h.wq_scales, q * f, &o.wq_scales, true, "wq scales" + at));
+        PD_RETURN_IF_ERROR(add(h.wk_scales, kv * f, &o.wk_scales, true, "wk scales" + at));
+        PD_RETURN_IF_ERROR(add(h.wv_scales, kv * f, &o.wv_scales, true, "wv scales" + at));
+        PD_RETURN_IF_ERROR(add(h.wo_scales, dim * f, &o.wo_scales, true, "wo scales" + at));
+      }
     }
     PD_RETURN_IF_ERROR(add(h.bq, q * f, &o.bq, false, "bq" + at));
     PD_RETURN_IF_ERROR(add(h.bk, kv * f, &o.bk, false, "bk" + at));
@@ -131,12 +137,6 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     PD_RETURN_IF_ERROR(add(h.w_up, hidden * dim * w, &o.w_up, true, "w_up" + at));
     PD_RETURN_IF_ERROR(add(h.w_down, dim * hidden * w, &o.w_down, true, "w_down" + at));
     if (i8) {
-      if (!c.mla()) {
-        PD_RETURN_IF_ERROR(add(h.wq_scales, q * f, &o.wq_scales, true, "wq scales" + at));
-        PD_RETURN_IF_ERROR(add(h.wk_scales, kv * f, &o.wk_scales, true, "wk scales" + at));
-        PD_RETURN_IF_ERROR(add(h.wv_scales, kv * f, &o.wv_scales, true, "wv scales" + at));
-        PD_RETURN_IF_ERROR(add(h.wo_scales, dim * f, &o.wo_scales, true, "wo scales" + at));
-      }
       PD_RETURN_IF_ERROR(
           add(h.w_gate_scales, hidden * f, &o.w_gate_scales, true, "w_gate scales" + at));
       PD_RETURN_IF_ERROR(add(h.w_up_scales, hidden * f, &o.w_up_scales, true, "w_up scales" + at));

@@ -337,7 +337,7 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(
         " with kv dtype ", kernels::DTypeName(pool.dtype)));
   }
   const ModelConfig& config = weights->config;
-  if (config.moe_layer(config.n_layers - 1) && ctx.device != kernels::Device::kCpu) {
+  if (config.has_moe_layers() && ctx.device != kernels::Device::kCpu) {
     return absl::UnimplementedError(absl::StrCat(
         ArchitectureName(config.architecture),
         ": mixture-of-experts layers run on the CPU only so far (no CUDA grouped expert GEMMs)"));

@@ -161,6 +161,8 @@ struct ModelConfig {
   bool moe() const { return n_experts > 0; }
   // Whether layer `layer`'s MLP is the mixture of experts (else the dense one).
   bool moe_layer(int layer) const { return moe() && layer >= first_dense_layers; }
+  // Whether any layer has experts (with first_dense_layers = n_layers, none does).
+  bool has_moe_layers() const { return moe() && first_dense_layers < n_layers; }
   // The widest MLP a token passes through: hidden_dim, the experts' moe_hidden_dim, the shared
   // experts' width.
   int32_t mlp_width() const;
