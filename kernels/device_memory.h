@@ -89,6 +89,11 @@ class DeviceBuffer {
 // InvalidArgument for bytes < 0 or a null pointer with bytes > 0.
 absl::Status CopyAsync(const OpContext& ctx, void* dst, const void* src, int64_t bytes);
 
+// Sets `bytes` bytes at `dst` (device memory, or host memory on kCpu) to zero, queued on
+// ctx.stream (kCuda) or done now (kCpu). bytes == 0 does nothing. InvalidArgument for bytes < 0
+// or a null dst with bytes > 0.
+absl::Status ZeroAsync(const OpContext& ctx, void* dst, int64_t bytes);
+
 // Waits for all work queued on ctx.stream (nullptr = the default stream); a no-op for kCpu.
 absl::Status SynchronizeStream(const OpContext& ctx);
 

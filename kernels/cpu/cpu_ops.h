@@ -36,6 +36,7 @@ void Rope(const OpContext& ctx, const RopeParams& p);
 
 void SiluMul(const OpContext& ctx, const SiluMulParams& p);
 void Add(const OpContext& ctx, const AddParams& p);
+void ScaledScatterAdd(const OpContext& ctx, const ScaledScatterAddParams& p);
 
 void WriteKv(const OpContext& ctx, const WriteKvParams& p);
 void ReadKv(const OpContext& ctx, const ReadKvParams& p);

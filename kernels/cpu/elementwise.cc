@@ -27,4 +27,21 @@ void Add(const OpContext& ctx, const AddParams& p) {
   });
 }
 
+void ScaledScatterAdd(const OpContext& ctx, const ScaledScatterAddParams& p) {
+  // Rows are distinct: ranges of them write disjoint outputs. Compiled without FMA (the
+  // baseline ISA, as every backend rounds the product first).
+  const int64_t min_rows = std::max<int64_t>(1, kMinChunkElements / p.dim);
+  ParallelRange(ctx, p.num_rows, min_rows, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float w = p.weights[i];
+      const float* x = p.in + i * p.in_row_stride;
+      float* o = p.out + static_cast<int64_t>(p.rows[i]) * p.out_row_stride;
+      for (int64_t j = 0; j < p.dim; ++j) {
+        const float product = w * x[j];
+        o[j] += product;
+      }
+    }
+  });
+}
+
 }  // namespace pd::kernels::cpu

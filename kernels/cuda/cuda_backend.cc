@@ -34,6 +34,10 @@ absl::Status Add(const OpContext& ctx, const AddParams& p) {
   return FromCuda(LaunchAdd(p, Stream(ctx)), "add launch");
 }
 
+absl::Status ScaledScatterAdd(const OpContext& ctx, const ScaledScatterAddParams& p) {
+  return FromCuda(LaunchScaledScatterAdd(p, Stream(ctx)), "scaled_scatter_add launch");
+}
+
 absl::Status Rope(const OpContext& ctx, const RopeParams& p) {
   return FromCuda(LaunchRope(p, Stream(ctx)), "rope launch");
 }

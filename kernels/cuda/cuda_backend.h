@@ -23,6 +23,7 @@ absl::Status RmsNorm(const OpContext& ctx, const RmsNormParams& p);
 absl::Status Convert(const OpContext& ctx, const ConvertParams& p);
 absl::Status SiluMul(const OpContext& ctx, const SiluMulParams& p);
 absl::Status Add(const OpContext& ctx, const AddParams& p);
+absl::Status ScaledScatterAdd(const OpContext& ctx, const ScaledScatterAddParams& p);
 absl::Status Rope(const OpContext& ctx, const RopeParams& p);
 absl::Status WriteKv(const OpContext& ctx, const WriteKvParams& p);
 absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p);

@@ -27,6 +27,7 @@ cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream);
 
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
 cudaError_t LaunchAdd(const AddParams& p, cudaStream_t stream);
+cudaError_t LaunchScaledScatterAdd(const ScaledScatterAddParams& p, cudaStream_t stream);
 
 // y[r][o] = (accumulate ? y[r][o] : 0) + bias[o] for r < num_rows, o < out_features: the bias
 // step of the cuBLAS MatMul, which then accumulates x w^T into y (beta = 1).

@@ -88,6 +88,11 @@ absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes, void* stream
       absl::StrCat("cudaMemcpyAsync of ", bytes, " bytes"));
 }
 
+absl::Status ZeroAsync(void* dst, int64_t bytes, void* stream) {
+  return FromCuda(cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), AsStream(stream)),
+                  absl::StrCat("cudaMemsetAsync of ", bytes, " bytes"));
+}
+
 absl::Status StreamSynchronize(void* stream) {
   return FromCuda(cudaStreamSynchronize(AsStream(stream)), "cudaStreamSynchronize");
 }

@@ -20,6 +20,8 @@ void DeviceFree(void* p);
 
 // cudaMemcpyAsync(cudaMemcpyDefault) on `stream`.
 absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes, void* stream);
+// cudaMemsetAsync(dst, 0) on `stream`.
+absl::Status ZeroAsync(void* dst, int64_t bytes, void* stream);
 
 absl::Status StreamSynchronize(void* stream);
 // cudaStreamCreateWithFlags(cudaStreamNonBlocking).

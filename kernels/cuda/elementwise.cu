@@ -1,5 +1,6 @@
-// Element-wise CUDA kernels: Convert, SiluMul, Add, the MatMul bias step and RoPE. One thread
-// per item over a grid-stride loop (ElementwiseLaunch); dtypes decided at run time.
+// Element-wise CUDA kernels: Convert, SiluMul, Add, ScaledScatterAdd, the MatMul bias step and
+// RoPE. One thread per item over a grid-stride loop (ElementwiseLaunch); dtypes decided at run
+// time.
 #include <cmath>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -45,6 +46,17 @@ __global__ void SiluMulKernel(SiluMulParams p) {
 __global__ void AddKernel(AddParams p) {
   for (int64_t i = FirstItem(); i < p.n; i += ItemStride()) {
     p.out[i] = p.a[i] + p.b[i];
+  }
+}
+
+// Rows are distinct, so items write distinct elements. __fmul_rn / __fadd_rn keep nvcc from
+// fusing the two into an FMA: the result is bitwise the CPU's.
+__global__ void ScaledScatterAddKernel(ScaledScatterAddParams p) {
+  const int64_t n = p.num_rows * p.dim;
+  for (int64_t i = FirstItem(); i < n; i += ItemStride()) {
+    const RowCol rc = RowColAt(i, p.dim);
+    float* o = p.out + static_cast<int64_t>(p.rows[rc.row]) * p.out_row_stride + rc.col;
+    *o = __fadd_rn(*o, __fmul_rn(p.weights[rc.row], p.in[rc.row * p.in_row_stride + rc.col]));
   }
 }
 
@@ -96,6 +108,15 @@ cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
 cudaError_t LaunchAdd(const AddParams& p, cudaStream_t stream) {
   const LaunchShape s = ElementwiseLaunch(p.n);
   AddKernel<<<static_cast<unsigned>(s.grid), s.threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaledScatterAdd(const ScaledScatterAddParams& p, cudaStream_t stream) {
+  if (p.num_rows <= 0) {
+    return cudaSuccess;
+  }
+  const LaunchShape s = ElementwiseLaunch(p.num_rows * p.dim);
+  ScaledScatterAddKernel<<<static_cast<unsigned>(s.grid), s.threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -139,6 +139,33 @@ TEST(CudaOpsTest, SiluMulAndAddMatchCpu) {
   EXPECT_EQ(da.Download<float>(), sum);  // one f32 rounding: bitwise
 }
 
+// A MoE layer's combine: experts in turn add their weighted rows into the tokens routed to them.
+// The product is rounded before the add on both devices, so the sums are bitwise the CPU's.
+TEST(CudaOpsTest, ScaledScatterAddIsBitwiseTheCpu) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(35);
+  const int64_t tokens = 37, dim = 2049;
+  std::vector<float> want = RandomVector(tokens * dim, rng);
+  DeviceBuffer dout(want);
+  for (int expert = 0; expert < 4; ++expert) {
+    std::vector<int32_t> rows;
+    for (int32_t t = expert; t < tokens; t += 1 + expert) rows.push_back(t);
+    const auto n = static_cast<int64_t>(rows.size());
+    const std::vector<float> in = RandomVector(n * dim, rng, 2.0f);
+    const std::vector<float> w = RandomVector(n, rng);
+    ScaledScatterAddParams p{in.data(), rows.data(), w.data(), want.data(), n,
+                             dim,       tokens,      dim,      dim};
+    ASSERT_TRUE(ScaledScatterAdd(OpContext{}, p).ok());
+    DeviceBuffer din(in), drows(rows), dw(w);
+    p.in = din.as<float>();
+    p.rows = drows.as<int32_t>();
+    p.weights = dw.as<float>();
+    p.out = dout.as<float>();
+    ASSERT_TRUE(ScaledScatterAdd(CudaCtx(), p).ok());
+  }
+  EXPECT_EQ(dout.Download<float>(), want);
+}
+
 TEST(CudaOpsTest, RopeMatchesCpu) {
   PD_SKIP_WITHOUT_GPU();
   std::mt19937 rng(34);

@@ -167,6 +167,27 @@ absl::Status CopyAsync(const OpContext& ctx, void* dst, const void* src, int64_t
 #endif
 }
 
+absl::Status ZeroAsync(const OpContext& ctx, void* dst, int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("zero: bytes must be >= 0, got ", bytes));
+  }
+  if (bytes == 0) {
+    return absl::OkStatus();
+  }
+  if (dst == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("zero: null dst for ", bytes, " bytes"));
+  }
+  if (ctx.device == Device::kCpu) {
+    std::memset(dst, 0, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
+#if PD_WITH_CUDA
+  return cuda::ZeroAsync(dst, bytes, ctx.stream);
+#else
+  return NoCuda("zero");
+#endif
+}
+
 absl::Status SynchronizeStream(const OpContext& ctx) {
   if (ctx.device == Device::kCpu) {
     return absl::OkStatus();

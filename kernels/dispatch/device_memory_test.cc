@@ -64,6 +64,14 @@ TEST(DeviceMemoryTest, CpuCopyStreamAndEvent) {
   EXPECT_TRUE(CopyAsync(ctx, dst.data(), src.data(), 0).ok());
   EXPECT_EQ(CopyAsync(ctx, nullptr, src.data(), 4).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CopyAsync(ctx, dst.data(), src.data(), -4).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ZeroAsync(ctx, dst.data() + 1, 98 * sizeof(int32_t)).ok());
+  EXPECT_EQ(dst.front(), 7);
+  EXPECT_EQ(dst[1], 0);
+  EXPECT_EQ(dst[98], 0);
+  EXPECT_EQ(dst.back(), 106);
+  EXPECT_TRUE(ZeroAsync(ctx, nullptr, 0).ok());
+  EXPECT_EQ(ZeroAsync(ctx, nullptr, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ZeroAsync(ctx, dst.data(), -4).code(), absl::StatusCode::kInvalidArgument);
 
   absl::StatusOr<DeviceEvent> event = DeviceEvent::Create(Device::kCpu);
   ASSERT_TRUE(event.ok());
@@ -96,6 +104,7 @@ TEST(DeviceMemoryTest, CudaReportsUnbuiltOrNoDeviceOrWorks) {
               absl::StatusCode::kUnimplemented);
     int x = 0, y = 1;
     EXPECT_EQ(CopyAsync(cuda, &x, &y, sizeof(int)).code(), absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(ZeroAsync(cuda, &x, sizeof(int)).code(), absl::StatusCode::kUnimplemented);
     return;
   }
   if (DeviceCount(Device::kCuda) == 0) {
@@ -137,6 +146,12 @@ TEST(DeviceMemoryTest, CudaReportsUnbuiltOrNoDeviceOrWorks) {
   ASSERT_TRUE(done.ok());
   EXPECT_TRUE(*done);
   EXPECT_EQ(back, src);
+  ASSERT_TRUE(ZeroAsync(ctx, static_cast<uint8_t*>(b->data()) + 16, 4000).ok());
+  ASSERT_TRUE(CopyAsync(ctx, back.data(), b->data(), 4096).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  for (int i = 0; i < 4096; ++i) {
+    ASSERT_EQ(back[i], i >= 16 && i < 4016 ? 0 : src[i]) << i;
+  }
 
   // A graph: a device-to-device copy captured (not run), then replayed twice.
   std::vector<uint8_t> other(4096, 9), out(4096);

@@ -1,4 +1,4 @@
-// Validation and device dispatch for SiluMul and Add.
+// Validation and device dispatch for SiluMul, Add and ScaledScatterAdd.
 #include "kernels/elementwise.h"
 
 #include "absl/strings/str_cat.h"
@@ -96,6 +96,45 @@ absl::Status Add(const OpContext& ctx, const AddParams& p) {
   }
 #endif
   cpu::Add(ctx, p);
+  return absl::OkStatus();
+}
+
+absl::Status ScaledScatterAdd(const OpContext& ctx, const ScaledScatterAddParams& p) {
+  if (p.num_rows == 0) {
+    return absl::OkStatus();  // an expert no token was routed to
+  }
+  if (p.in == nullptr || p.rows == nullptr || p.weights == nullptr || p.out == nullptr) {
+    return absl::InvalidArgumentError("scaled_scatter_add: null in, rows, weights or out");
+  }
+  if (p.num_rows < 0 || p.dim <= 0 || p.out_rows <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scaled_scatter_add: need num_rows >= 0, dim > 0 and out_rows > 0, got ",
+                     p.num_rows, ", ", p.dim, " and ", p.out_rows));
+  }
+  if (p.in_row_stride < p.dim || p.out_row_stride < p.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("scaled_scatter_add: row strides (",
+                                                   p.in_row_stride, ", ", p.out_row_stride,
+                                                   ") < dim ", p.dim));
+  }
+  if (Overlaps(p.out, Span(p.out_rows, p.out_row_stride, p.dim) * 4, p.in,
+               Span(p.num_rows, p.in_row_stride, p.dim) * 4)) {
+    return absl::InvalidArgumentError("scaled_scatter_add: out overlaps in");
+  }
+  if (!SupportsElementwise(ctx.device)) {
+    return dispatch_internal::NoBackend("scaled_scatter_add", ctx.device, DType::kF32);
+  }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::ScaledScatterAdd(ctx, p);
+  }
+#endif
+  for (int64_t i = 0; i < p.num_rows; ++i) {  // host memory on kCpu
+    if (p.rows[i] < 0 || p.rows[i] >= p.out_rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scaled_scatter_add: rows[", i, "] = ", p.rows[i], " outside [0, ", p.out_rows, ")"));
+    }
+  }
+  cpu::ScaledScatterAdd(ctx, p);
   return absl::OkStatus();
 }
 

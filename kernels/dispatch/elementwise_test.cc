@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -88,6 +89,84 @@ TEST(AddCpuTest, MatchesReferenceExactly) {
       ASSERT_TRUE(Add(scope.ctx(), AddParams{a.data(), b.data(), a.data(), n}).ok());  // in place
       EXPECT_EQ(a, want);
     }
+  }
+}
+
+ScaledScatterAddParams Scatter(const std::vector<float>& in, const std::vector<int32_t>& rows,
+                               const std::vector<float>& weights, std::vector<float>* out,
+                               int64_t dim, int64_t out_rows) {
+  ScaledScatterAddParams p;
+  p.in = in.data();
+  p.rows = rows.data();
+  p.weights = weights.data();
+  p.out = out->data();
+  p.num_rows = static_cast<int64_t>(rows.size());
+  p.dim = dim;
+  p.out_rows = out_rows;
+  p.in_row_stride = dim;
+  p.out_row_stride = dim + 3;  // rows apart: the strides are honoured
+  return p;
+}
+
+// Experts in turn, each adding its weighted rows into the tokens routed to it: bitwise the
+// reference's (the product rounded, then the sum), for every CPU variant, and rows not routed
+// to stay as they were.
+TEST(ScaledScatterAddCpuTest, MatchesReferenceExactly) {
+  std::mt19937 rng(11);
+  for (const auto& variant : CpuVariants()) {
+    VariantScope scope(variant);
+    for (int64_t dim : {1, 7, 64, 4099}) {
+      constexpr int64_t kTokens = 9;
+      std::vector<float> got = RandomVector(kTokens * (dim + 3), rng), want = got;
+      const std::vector<float> before = got;
+      const std::vector<std::vector<int32_t>> experts = {{0, 3, 8}, {3}, {1, 2, 3, 7}, {}};
+      for (const std::vector<int32_t>& rows : experts) {
+        const std::vector<float> in = RandomVector(static_cast<int64_t>(rows.size()) * dim, rng);
+        const std::vector<float> w = RandomVector(static_cast<int64_t>(rows.size()), rng);
+        ASSERT_TRUE(ScaledScatterAdd(scope.ctx(), Scatter(in, rows, w, &got, dim, kTokens)).ok());
+        reference::ScaledScatterAdd(Scatter(in, rows, w, &want, dim, kTokens));
+      }
+      EXPECT_EQ(got, want) << variant.Name() << " dim " << dim;
+      for (int64_t j = 0; j < dim; ++j) {  // tokens 4, 5 and 6 were routed nowhere
+        EXPECT_EQ(got[5 * (dim + 3) + j], before[5 * (dim + 3) + j]);
+      }
+      EXPECT_NE(got[3 * (dim + 3)], before[3 * (dim + 3)]);
+    }
+  }
+}
+
+TEST(ScaledScatterAddDispatchTest, RejectsBadInput) {
+  std::vector<float> in(8, 1.0f), w(2, 0.5f), out(4 * 7, 0.0f);
+  const std::vector<int32_t> rows = {1, 3};
+  const ScaledScatterAddParams p = Scatter(in, rows, w, &out, 4, 4);
+  ASSERT_TRUE(ScaledScatterAdd(OpContext{}, p).ok());
+  EXPECT_EQ(out[7], 0.5f);
+  const auto code = [](const ScaledScatterAddParams& q) {
+    return ScaledScatterAdd(OpContext{}, q).code();
+  };
+  ScaledScatterAddParams bad = p;
+  bad.rows = nullptr;
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = p;
+  bad.out_rows = 3;  // rows[1] = 3 is now outside
+  const absl::Status range = ScaledScatterAdd(OpContext{}, bad);
+  EXPECT_EQ(range.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(range.message().find("rows[1] = 3"), std::string::npos) << range;
+  bad = p;
+  bad.in_row_stride = 3;
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = p;
+  bad.in = out.data() + 2;  // inside out
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = p;
+  bad.num_rows = -1;
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = ScaledScatterAddParams{};
+  bad.num_rows = 0;  // nothing to do, whatever else is set
+  EXPECT_TRUE(ScaledScatterAdd(OpContext{}, bad).ok());
+  if (!SupportsElementwise(Device::kCuda)) {
+    EXPECT_EQ(ScaledScatterAdd(OpContext{Device::kCuda, nullptr}, p).code(),
+              absl::StatusCode::kUnimplemented);
   }
 }
 

@@ -20,4 +20,16 @@ void Add(const AddParams& p) {
   }
 }
 
+void ScaledScatterAdd(const ScaledScatterAddParams& p) {
+  for (int64_t i = 0; i < p.num_rows; ++i) {
+    for (int64_t j = 0; j < p.dim; ++j) {
+      // The product rounded to f32, then the sum (two roundings, as the op specifies).
+      const auto product =
+          static_cast<float>(static_cast<double>(p.weights[i]) * p.in[i * p.in_row_stride + j]);
+      float& o = p.out[static_cast<int64_t>(p.rows[i]) * p.out_row_stride + j];
+      o = static_cast<float>(static_cast<double>(o) + product);
+    }
+  }
+}
+
 }  // namespace pd::kernels::reference

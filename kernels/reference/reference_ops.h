@@ -32,6 +32,7 @@ void Rope(const RopeParams& p);
 
 void SiluMul(const SiluMulParams& p);
 void Add(const AddParams& p);
+void ScaledScatterAdd(const ScaledScatterAddParams& p);
 
 // WriteKv rounds through kernels/half.h, so a CPU implementation must match it bit for bit.
 void WriteKv(const WriteKvParams& p);
