@@ -54,6 +54,59 @@ absl::Status AddMla(const ModelConfig& c, const LayerWeights& h, int64_t w, bool
   return absl::OkStatus();
 }
 
+// A mixture-of-experts layer's MLP (model_weights.h): the router, each routed expert's SwiGLU
+// matrices and the shared experts' (when the config has them), with int8 matrices their scales.
+// The router's selection bias is not uploaded (routing runs on the host). `add` is Upload's.
+template <typename Add>
+absl::Status AddExperts(const ModelConfig& c, const LayerWeights& h, int64_t w, bool i8,
+                        const std::string& at, Add& add, LayerWeights* o) {
+  constexpr int64_t f = sizeof(float);
+  const int64_t dim = c.dim, width = c.moe_hidden_dim, experts = c.n_experts;
+  if (static_cast<int64_t>(h.experts.size()) != experts) {
+    return absl::InvalidArgumentError(absl::StrCat("device weights: ", h.experts.size(), " experts",
+                                                   at, ", config says ", experts));
+  }
+  PD_RETURN_IF_ERROR(add(h.router, experts * dim * w, &o->router, true, "router" + at));
+  if (i8) {
+    PD_RETURN_IF_ERROR(
+        add(h.router_scales, experts * f, &o->router_scales, true, "router scales" + at));
+  }
+  o->experts.resize(h.experts.size());
+  for (size_t e = 0; e < h.experts.size(); ++e) {
+    const ExpertWeights& x = h.experts[e];
+    ExpertWeights& y = o->experts[e];
+    const std::string of = absl::StrCat(" of expert ", e, at);
+    PD_RETURN_IF_ERROR(add(x.w_gate, width * dim * w, &y.w_gate, true, "w_gate" + of));
+    PD_RETURN_IF_ERROR(add(x.w_up, width * dim * w, &y.w_up, true, "w_up" + of));
+    PD_RETURN_IF_ERROR(add(x.w_down, dim * width * w, &y.w_down, true, "w_down" + of));
+    if (i8) {
+      PD_RETURN_IF_ERROR(
+          add(x.w_gate_scales, width * f, &y.w_gate_scales, true, "w_gate scales" + of));
+      PD_RETURN_IF_ERROR(add(x.w_up_scales, width * f, &y.w_up_scales, true, "w_up scales" + of));
+      PD_RETURN_IF_ERROR(
+          add(x.w_down_scales, dim * f, &y.w_down_scales, true, "w_down scales" + of));
+    }
+  }
+  if (c.n_shared_experts > 0) {
+    const int64_t shared = width * c.n_shared_experts;
+    PD_RETURN_IF_ERROR(
+        add(h.w_shared_gate, shared * dim * w, &o->w_shared_gate, true, "shared w_gate" + at));
+    PD_RETURN_IF_ERROR(
+        add(h.w_shared_up, shared * dim * w, &o->w_shared_up, true, "shared w_up" + at));
+    PD_RETURN_IF_ERROR(
+        add(h.w_shared_down, dim * shared * w, &o->w_shared_down, true, "shared w_down" + at));
+    if (i8) {
+      PD_RETURN_IF_ERROR(add(h.w_shared_gate_scales, shared * f, &o->w_shared_gate_scales, true,
+                             "shared w_gate scales" + at));
+      PD_RETURN_IF_ERROR(add(h.w_shared_up_scales, shared * f, &o->w_shared_up_scales, true,
+                             "shared w_up scales" + at));
+      PD_RETURN_IF_ERROR(add(h.w_shared_down_scales, dim * f, &o->w_shared_down_scales, true,
+                             "shared w_down scales" + at));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
@@ -63,12 +116,6 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
   if (static_cast<int64_t>(host.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("device weights: ", host.layers.size(), " layers, config says ", c.n_layers));
-  }
-  if (c.has_moe_layers()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "device weights: ", ArchitectureName(c.architecture),
-        " (mixture of experts) runs on the CPU only so far; its CUDA path (grouped expert GEMMs) "
-        "is not implemented"));
   }
   std::unique_ptr<DeviceWeights> d(new DeviceWeights());
   ModelWeights& v = d->view_;
@@ -133,6 +180,16 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
     PD_RETURN_IF_ERROR(add(h.q_norm, c.head_dim * f, &o.q_norm, false, "q_norm" + at));
     PD_RETURN_IF_ERROR(add(h.k_norm, c.head_dim * f, &o.k_norm, false, "k_norm" + at));
     PD_RETURN_IF_ERROR(add(h.ffn_norm, dim * f, &o.ffn_norm, true, "ffn_norm" + at));
+    if (c.moe_layer(l)) {
+      PD_RETURN_IF_ERROR(AddExperts(c, h, w, i8, at, add, &o));
+      if (h.router_bias != nullptr) {
+        // Routing runs on the host (LlamaForward::MoeMlp): the selection bias stays there, in a
+        // copy this object owns.
+        d->router_bias_.emplace_back(h.router_bias, h.router_bias + c.n_experts);
+        o.router_bias = d->router_bias_.back().data();
+      }
+      continue;
+    }
     PD_RETURN_IF_ERROR(add(h.w_gate, hidden * dim * w, &o.w_gate, true, "w_gate" + at));
     PD_RETURN_IF_ERROR(add(h.w_up, hidden * dim * w, &o.w_up, true, "w_up" + at));
     PD_RETURN_IF_ERROR(add(h.w_down, dim * hidden * w, &o.w_down, true, "w_down" + at));

@@ -5,6 +5,8 @@
 // Every matrix and vector of the source view is uploaded once, into a single allocation (one
 // RAII owner, 256-byte aligned pieces); a classifier shared with the embedding is uploaded once.
 // On Device::kCpu the "upload" is a host copy, which is how the layout is tested without a GPU.
+// One exception: a mixture-of-experts layer's router selection bias (DeepSeek-V3) stays in host
+// memory, in a copy this object owns, because routing runs on the host.
 //
 // Ownership: owns the device memory; the view returned by weights() is valid while this object
 // lives. The source ModelWeights is only read during Upload. Immutable after Upload:
@@ -13,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/model/model_weights.h"
@@ -44,6 +47,7 @@ class DeviceWeights {
 
   kernels::DeviceBuffer buffer_;
   ModelWeights view_;
+  std::vector<std::vector<float>> router_bias_;  // host copies, one per layer that has one
 };
 
 }  // namespace pd::engine

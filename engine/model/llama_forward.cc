@@ -337,11 +337,6 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(
         " with kv dtype ", kernels::DTypeName(pool.dtype)));
   }
   const ModelConfig& config = weights->config;
-  if (config.has_moe_layers() && ctx.device != kernels::Device::kCpu) {
-    return absl::UnimplementedError(absl::StrCat(
-        ArchitectureName(config.architecture),
-        ": mixture-of-experts layers run on the CPU only so far (no CUDA grouped expert GEMMs)"));
-  }
   if (config.mla() && config.yarn.has_value() && ctx.device != kernels::Device::kCpu &&
       YarnMscale(config.yarn->factor, config.yarn->mscale) !=
           YarnMscale(config.yarn->factor, config.yarn->mscale_all_dim)) {
@@ -486,6 +481,10 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
       moe_in_ = static_cast<float*>(carve(t * c.dim * 4));
       moe_out_ = static_cast<float*>(carve(t * c.dim * 4));
       moe_sum_ = static_cast<float*>(carve(t * c.dim * 4));
+      if (on_device) {  // the packed routing: every token's top_k experts
+        d_moe_rows_ = static_cast<int32_t*>(carve(t * c.n_experts_per_tok * 4));
+        d_moe_weights_ = static_cast<float*>(carve(t * c.n_experts_per_tok * 4));
+      }
     }
     if (c.mla()) {
       mla_qa_ = static_cast<float*>(carve(t * std::max(c.q_lora_rank, 1) * 4));
@@ -853,8 +852,9 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
 
 bool LlamaForward::GraphEligible(int64_t num_tokens, bool edited) const {
   const int64_t n = static_cast<int64_t>(slots_.size());
+  // Not with expert layers: their routing syncs with the host mid-step.
   return Staged() && options_.decode_graphs && !graph_stats_.off && num_decode_slots_ == n &&
-         num_tokens == n && !edited;
+         num_tokens == n && !edited && !config_.has_moe_layers();
 }
 
 absl::Status LlamaForward::ApplyEdits(int64_t num_seqs) {
@@ -1432,21 +1432,58 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
   const int64_t dim = c.dim, width = c.moe_hidden_dim;
   PD_RETURN_IF_ERROR(MatMul(xb_, w.router, w.router_scales, nullptr, router_logits_, num_tokens,
                             dim, c.n_experts, false));
-  RouteTokens(router_logits_, num_tokens, c.n_experts, c.n_experts_per_tok,
-              MoeRuleFor(c, w.router_bias), &routing_);
+  // Routing is the host's: staged, the logits come down (the only sync inside a step, which
+  // also keeps MoE steps out of decode graphs).
+  const bool staged = Staged();
+  const float* logits = router_logits_;
+  if (staged) {
+    router_logits_host_.resize(static_cast<size_t>(num_tokens * c.n_experts));
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, router_logits_host_.data(), router_logits_,
+                                          num_tokens * c.n_experts * 4));
+    PD_RETURN_IF_ERROR(kernels::SynchronizeStream(ctx_));
+    logits = router_logits_host_.data();
+  }
+  RouteTokens(logits, num_tokens, c.n_experts, c.n_experts_per_tok, MoeRuleFor(c, w.router_bias),
+              &routing_);
+  // Packed by expert, then (staged) uploaded at once. The last layer's upload has completed:
+  // the sync above came after it on the stream.
+  moe_rows_host_.clear();
+  moe_weights_host_.clear();
+  for (int e = 0; e < c.n_experts; ++e) {
+    moe_rows_host_.insert(moe_rows_host_.end(), routing_.tokens[e].begin(),
+                          routing_.tokens[e].end());
+    moe_weights_host_.insert(moe_weights_host_.end(), routing_.weights[e].begin(),
+                             routing_.weights[e].end());
+  }
+  const int32_t* rows = moe_rows_host_.data();
+  const float* weights = moe_weights_host_.data();
+  if (staged) {
+    const auto packed = static_cast<int64_t>(moe_rows_host_.size());
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_moe_rows_, rows, packed * 4));
+    PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_moe_weights_, weights, packed * 4));
+    rows = d_moe_rows_;
+    weights = d_moe_weights_;
+  }
   // The weighted sum of the experts' outputs; a tensor-parallel rank sums its columns' share
   // straight into the buffer its all-reduce completes.
   float* const moe_sum = tp_comm_ != nullptr ? tp_partial_.data() : moe_sum_;
-  std::fill(moe_sum, moe_sum + num_tokens * dim, 0.0f);
+  PD_RETURN_IF_ERROR(kernels::ZeroAsync(ctx_, moe_sum, num_tokens * dim * 4));
   int64_t* counts = &expert_tokens_[static_cast<size_t>(layer) * c.n_experts];
+  int64_t offset = 0;
   for (int e = 0; e < c.n_experts; ++e) {
-    const std::vector<int32_t>& tokens = routing_.tokens[e];
-    if (tokens.empty()) continue;
-    const auto n = static_cast<int64_t>(tokens.size());
+    const int64_t n = routing_.assignments(e);
+    if (n == 0) continue;
     counts[e] += n;
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(xb_ + tokens[i] * dim, dim, moe_in_ + i * dim);
-    }
+    // Its tokens' rows of xb_, gathered.
+    kernels::CopyBlocksParams gather;
+    gather.src = xb_;
+    gather.dst = moe_in_;
+    gather.src_ids = rows + offset;
+    gather.num_copies = n;
+    gather.block_bytes = gather.src_block_stride_bytes = gather.dst_block_stride_bytes = dim * 4;
+    gather.src_num_blocks = num_tokens;
+    gather.dst_num_blocks = n;
+    PD_RETURN_IF_ERROR(kernels::CopyBlocks(ctx_, gather));
     const ExpertWeights& x = w.experts[e];
     PD_RETURN_IF_ERROR(
         MatMul(moe_in_, x.w_gate, x.w_gate_scales, nullptr, gate_, n, dim, width, false));
@@ -1454,12 +1491,16 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, n, width));
     PD_RETURN_IF_ERROR(
         MatMul(gate_, x.w_down, x.w_down_scales, nullptr, moe_out_, n, width, dim, false));
-    for (int64_t i = 0; i < n; ++i) {
-      const float weight = routing_.weights[e][i];
-      float* sum = moe_sum + tokens[i] * dim;
-      const float* y = moe_out_ + i * dim;
-      for (int64_t d = 0; d < dim; ++d) sum[d] += weight * y[d];
-    }
+    kernels::ScaledScatterAddParams add;
+    add.in = moe_out_;
+    add.rows = rows + offset;
+    add.weights = weights + offset;
+    add.out = moe_sum;
+    add.num_rows = n;
+    add.dim = add.in_row_stride = add.out_row_stride = dim;
+    add.out_rows = num_tokens;
+    PD_RETURN_IF_ERROR(kernels::ScaledScatterAdd(ctx_, add));
+    offset += n;
   }
   if (w.w_shared_gate != nullptr) {
     // DeepSeek's shared experts: every token, added to the routed sum (as Hugging Face does).
@@ -1471,11 +1512,10 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, num_tokens, shared));
     PD_RETURN_IF_ERROR(MatMul(gate_, w.w_shared_down, w.w_shared_down_scales, nullptr, moe_out_,
                               num_tokens, shared, dim, false));
-    for (int64_t i = 0; i < num_tokens * dim; ++i) moe_sum[i] += moe_out_[i];
+    PD_RETURN_IF_ERROR(kernels::Add(ctx_, {moe_sum, moe_out_, moe_sum, num_tokens * dim}));
   }
   if (tp_comm_ != nullptr) return TpAddReduced(num_tokens);  // row-parallel: the ranks' sum
-  for (int64_t i = 0; i < num_tokens * dim; ++i) x_[i] += moe_sum[i];
-  return absl::OkStatus();
+  return kernels::Add(ctx_, {x_, moe_sum, x_, num_tokens * dim});
 }
 
 absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {

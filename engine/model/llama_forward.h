@@ -137,8 +137,8 @@ class LlamaForward {
   // and layers come from weights->config). On kCuda, `weights` and `pool.base` must be device
   // memory (DeviceWeights, DeviceKvPool) and ctx.stream a stream of the current device (or
   // nullptr). InvalidArgument for inconsistent geometry; Unimplemented when a kernel does not
-  // support the weight or cache dtype on ctx.device, for expert layers (and an MLA model's yarn
-  // mscale unequal to mscale_all_dim) off the CPU, or the build has no CUDA (naming
+  // support the weight or cache dtype on ctx.device, for an MLA model's yarn mscale unequal to
+  // mscale_all_dim off the CPU, or the build has no CUDA (naming
   // PD_ENABLE_CUDA); FailedPrecondition "no CUDA device"; ResourceExhausted when the scratch
   // memory does not fit.
   static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const ModelWeights* weights,
@@ -248,9 +248,11 @@ class LlamaForward {
   // Writes the step's new K and V rows (token_stride apart) into the pool at their positions.
   absl::Status WriteNewKv(const float* k, const float* v, int64_t token_stride,
                           const kernels::KvCacheView& cache, int64_t num_tokens);
-  // The MLP block of a mixture-of-experts layer (config_.moe(); kCpu): routes the tokens
-  // (moe_routing.h), runs each expert's SwiGLU MLP over the tokens routed to it, and adds
-  // the weighted outputs (summed in expert order) to x_.
+  // The MLP block of a mixture-of-experts layer (config_.moe()): routes the tokens on the host
+  // (moe_routing.h; staged: the router logits come down first, a stream sync per layer), runs
+  // each expert's SwiGLU MLP over the tokens routed to it (gathered by CopyBlocks), and adds
+  // the weighted outputs (ScaledScatterAdd, in expert order) to x_. The same kernels on every
+  // device, so the staged host path is the CUDA path's bitwise check.
   absl::Status MoeMlp(int layer, int64_t num_tokens);
   // y (+)= x w^T + bias; w_scales: the per-row scales of int8 weights, else nullptr.
   absl::Status MatMul(const float* x, const void* w, const float* w_scales, const float* bias,
@@ -340,10 +342,17 @@ class LlamaForward {
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
   float *att_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
   float* logits_tmp_ = nullptr;  // [max_seqs][vocab], slot order
-  // Mixture of experts (kCpu): router logits [tokens][n_experts], one expert's gathered inputs
+  // Mixture of experts: router logits [tokens][n_experts], one expert's gathered inputs
   // and outputs [tokens][dim], the weighted sum of the experts' outputs [tokens][dim].
   float *router_logits_ = nullptr, *moe_in_ = nullptr, *moe_out_ = nullptr, *moe_sum_ = nullptr;
   MoeRouting routing_;
+  // The routing packed by expert (host; its tokens and weights, experts one after another), the
+  // router logits brought to the host (staged), and the packed routing's device copy (staged;
+  // else the host vectors' data).
+  std::vector<int32_t> moe_rows_host_;
+  std::vector<float> moe_weights_host_, router_logits_host_;
+  int32_t* d_moe_rows_ = nullptr;
+  float* d_moe_weights_ = nullptr;
   // MLA: q_a_proj's output [tokens][q_lora_rank], the new cache entries
   // [tokens][kv_lora_rank + qk_rope_head_dim], the heads' rope parts [tokens][n_heads][rope],
   // the queries in latent space [tokens][n_heads][latent] and their weighted latents

@@ -1,9 +1,9 @@
 // Multi-head latent attention on a GPU against the CPU (issue #34, "CUDA against the CPU"),
-// label gpu: small random DeepSeek checkpoints from pd-make-model with dense MLPs (expert layers
-// run on the CPU only), their weights uploaded and their latent cache in device memory. The
-// logits agree within f32 rounding (cuBLAS sums in another order) over a prefill and 32 greedy
-// steps, and so do the greedy tokens, for f32, bf16 and int8 latent caches. Skips without CUDA or a
-// device.
+// label gpu: small random DeepSeek checkpoints from pd-make-model with dense MLPs (expert
+// layers: engine_moe_forward_cuda_test), their weights uploaded and their latent cache in device
+// memory. The logits agree within f32 rounding (cuBLAS sums in another order) over a prefill and
+// 32 greedy steps, and so do the greedy tokens, for f32, bf16 and int8 latent caches. Skips
+// without CUDA or a device.
 #include <algorithm>
 #include <cmath>
 #include <memory>
