@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The engine's features on a lent GPU, each compared with the CPU (or with plain decoding on
-# the GPU): KV dtypes, int8 weights, sink + window, Qwen3, the errors of what has no CUDA path
-# (i4 KV, MoE, MLA, tensor parallelism; with two GPUs the NCCL collectives), and through an aggregated cluster the OpenAI API's structured outputs,
+# the GPU): KV dtypes, int8 weights, sink + window, Qwen3, MLA and mixture-of-experts models,
+# the errors of what has no CUDA path (i4 KV, tensor parallelism; with two GPUs the NCCL
+# collectives), and through an aggregated cluster the OpenAI API's structured outputs,
 # penalties, logit bias, logprobs, n > 1, a batch of eight, and speculative decoding (n-gram and
 # a draft model). docs/gpu.md ("Running on a GPU node") says how it is packed and run:
 #   cp scripts/gpu_features.sh .gpu/features.sh     (after the GPU check's pack.sh)
+#   cp build/engine/model/engine_{mla,moe}_forward_cuda_test .gpu/   (not in pack.sh's list)
 #   bash .gpu/features.sh .gpu ABS_BUILD            (on the GPU machine, $OUT set)
 # Writes $OUT/features/<config>/<request>.txt and prints SAME/DIFFERS per comparison. With
 # LOCAL_DRY=1 it stops after the CPU cluster (a check of the script itself, here).
@@ -20,6 +22,15 @@ export PATH="/opt/pdcarry/bin:$PATH"
 src=$(dirname "$B"); M=$src/../shared/models/stories260K
 R=$OUT/features; mkdir -p "$R"
 GEN="$B/engine/tools/pd-generate"
+
+# --- the gpu tests pack.sh does not carry (copied beside this script) ---------------------
+for t in engine_mla_forward_cuda_test engine_moe_forward_cuda_test; do
+  if [ -x "$P/$t" ]; then
+    step "$t"; timeout -k 5 240 "$P/$t" 2>&1 | grep -vE '^\[ +(RUN|OK) |^[IW][0-9]{8} ' | tail -12
+  else
+    echo "$t: not in $P (copy it there to run it)"
+  fi
+done
 
 # --- pd-generate: cuda against cpu -------------------------------------------------------
 gen2() {  # gen2 NAME ARGS...: the same generation on both devices; the texts compared
