@@ -11,6 +11,7 @@
 
 #include "common/testing/temp_dir.h"
 #include "engine/model/device_weights.h"
+#include "engine/model/forward_compare_test_util.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/llama_forward.h"
 #include "engine/model/model_weights.h"
@@ -167,40 +168,14 @@ TEST_P(MlaForwardTest, UploadedWeightsOnTheStagedPathGiveBitwiseEqualLogits) {
     EXPECT_NE(copy.layers[0].wkv_b, host->layers[0].wkv_b);
     EXPECT_NE(copy.layers[0].wuk_t, nullptr);
     EXPECT_EQ(copy.layers[0].wkv_a_scales != nullptr, host->dtype == kernels::DType::kI8);
-    const ModelConfig& c = host->config;
-    const int64_t block = kernels::DenseKvBlockBytes(kv, c.n_layers, c.cache_kv_heads(), kBlockSize,
-                                                     c.cache_head_dim());
-    constexpr int64_t kBlocks = 8;
-    std::vector<float> pool_a(kBlocks * block / 4 + 1, 0.0f), pool_b(pool_a.size(), 0.0f);
-    ForwardOptions staged;
-    staged.staged_metadata = true;
-    absl::StatusOr<std::unique_ptr<LlamaForward>> direct =
-        LlamaForward::Create(host, {pool_a.data(), kv, kBlocks, kBlockSize}, {}, {});
-    absl::StatusOr<std::unique_ptr<LlamaForward>> device =
-        LlamaForward::Create(&copy, {pool_b.data(), kv, kBlocks, kBlockSize}, {}, staged);
-    ASSERT_TRUE(direct.ok()) << direct.status();
-    ASSERT_TRUE(device.ok()) << device.status();
-    const int64_t vocab = (*direct)->vocab_size();
-    std::vector<uint32_t> prompt;
-    for (uint32_t i = 0; i < 19; ++i) prompt.push_back(200 + (i * 7) % 300);
-    const std::vector<uint32_t> other = {1, 265, 266};
-    const std::vector<int32_t> t_a = Table(0, 3), t_b = Table(3, 2);
-    std::vector<float> a(2 * vocab), b(2 * vocab);
-    ASSERT_TRUE((*direct)->Forward({{prompt, 0, t_a}, {other, 0, t_b}}, a.data()).ok());
-    ASSERT_TRUE((*device)->Forward({{prompt, 0, t_a}, {other, 0, t_b}}, b.data()).ok());
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "prefill";
-    for (int64_t i = 0; i < 6; ++i) {  // decode steps: run as (emulated) graphs
-      const std::vector<uint32_t> x = {static_cast<uint32_t>(40 + i)};
-      const std::vector<uint32_t> y = {static_cast<uint32_t>(90 + i)};
-      const std::vector<ForwardSequence> step = {{x, static_cast<int64_t>(prompt.size()) + i, t_a},
-                                                 {y, static_cast<int64_t>(other.size()) + i, t_b}};
-      ASSERT_TRUE((*direct)->Forward(step, a.data()).ok());
-      ASSERT_TRUE((*device)->Forward(step, b.data()).ok());
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "decode step " << i;
-    }
-    EXPECT_EQ(std::memcmp(pool_a.data(), pool_b.data(), pool_a.size() * 4), 0);
-    EXPECT_GE((*device)->graph_stats().captures, 1);
-    EXPECT_EQ((*device)->graph_stats().replays, 6);
+    testing::CompareSteps steps;
+    for (uint32_t i = 0; i < 19; ++i) steps.prompt.push_back(200 + (i * 7) % 300);
+    steps.decode_steps = 6;  // run as (emulated) graphs
+    testing::ExpectStagedEqualsDirect(*host, copy, kv, steps,
+                                      [](LlamaForward&, LlamaForward& device) {
+                                        EXPECT_GE(device.graph_stats().captures, 1);
+                                        EXPECT_EQ(device.graph_stats().replays, 6);
+                                      });
   }
   ModelWeights broken;  // an MLA layer without kv_b_proj
   broken.config = dense->config;

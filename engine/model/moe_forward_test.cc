@@ -8,7 +8,6 @@
 // (CudaOpsTest.ScaledScatterAddIsBitwiseTheCpu, engine_moe_forward_cuda_test).
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -17,25 +16,16 @@
 #include "common/base/status_macros.h"
 #include "common/testing/temp_dir.h"
 #include "engine/model/device_weights.h"
+#include "engine/model/forward_compare_test_util.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/llama_forward.h"
 #include "engine/model/model_weights.h"
 #include "engine/tools/make_model.h"
 #include "gtest/gtest.h"
-#include "kernels/attention_params.h"
-#include "kernels/device_memory.h"
 #include "kernels/type_names.h"
 
 namespace pd::engine {
 namespace {
-
-constexpr int64_t kBlockSize = 16;
-
-std::vector<int32_t> Table(int32_t first, int32_t n) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
 
 struct Family {
   Architecture arch;
@@ -105,45 +95,20 @@ TEST_P(MoeForwardTest, UploadedWeightsOnTheStagedPathGiveBitwiseEqualLogits) {
                             c.n_experts * sizeof(float)),
                 0);
     }
-    const int64_t block = kernels::DenseKvBlockBytes(
-        kernels::DType::kF32, c.n_layers, c.cache_kv_heads(), kBlockSize, c.cache_head_dim());
-    constexpr int64_t kBlocks = 8;
-    std::vector<float> pool_a(kBlocks * block / 4 + 1, 0.0f), pool_b(pool_a.size(), 0.0f);
-    ForwardOptions staged;
-    staged.staged_metadata = true;
-    absl::StatusOr<std::unique_ptr<LlamaForward>> direct = LlamaForward::Create(
-        host, {pool_a.data(), kernels::DType::kF32, kBlocks, kBlockSize}, {}, {});
-    absl::StatusOr<std::unique_ptr<LlamaForward>> device = LlamaForward::Create(
-        &copy, {pool_b.data(), kernels::DType::kF32, kBlocks, kBlockSize}, {}, staged);
-    ASSERT_TRUE(direct.ok()) << direct.status();
-    ASSERT_TRUE(device.ok()) << device.status();
-    const int64_t vocab = (*direct)->vocab_size();
-    std::vector<uint32_t> prompt;
-    for (uint32_t i = 0; i < 21; ++i) prompt.push_back(3 + (i * 11) % 290);
-    const std::vector<uint32_t> other = {1, 265, 266};
-    const std::vector<int32_t> t_a = Table(0, 3), t_b = Table(3, 2);
-    std::vector<float> a(2 * vocab), b(2 * vocab);
-    ASSERT_TRUE((*direct)->Forward({{prompt, 0, t_a}, {other, 0, t_b}}, a.data()).ok());
-    ASSERT_TRUE((*device)->Forward({{prompt, 0, t_a}, {other, 0, t_b}}, b.data()).ok());
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "prefill";
-    for (int64_t i = 0; i < 5; ++i) {
-      const std::vector<uint32_t> x = {static_cast<uint32_t>(40 + i)};
-      const std::vector<uint32_t> y = {static_cast<uint32_t>(90 + i)};
-      const std::vector<ForwardSequence> step = {{x, static_cast<int64_t>(prompt.size()) + i, t_a},
-                                                 {y, static_cast<int64_t>(other.size()) + i, t_b}};
-      ASSERT_TRUE((*direct)->Forward(step, a.data()).ok());
-      ASSERT_TRUE((*device)->Forward(step, b.data()).ok());
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "decode step " << i;
-    }
-    EXPECT_EQ(std::memcmp(pool_a.data(), pool_b.data(), pool_a.size() * 4), 0);
-    EXPECT_EQ((*device)->expert_tokens(), (*direct)->expert_tokens());
-    int64_t routed = 0;
-    for (int64_t n : (*device)->expert_tokens()) routed += n;
-    // Every token of every step went to top_k experts in each expert layer.
-    const int64_t tokens = static_cast<int64_t>(prompt.size() + other.size()) + 2 * 5;
-    EXPECT_EQ(routed, tokens * c.n_experts_per_tok * (c.n_layers - c.first_dense_layers));
-    // The routing syncs with the host mid-step: decode steps are never captured as graphs.
-    EXPECT_EQ((*device)->graph_stats().captures, 0);
+    testing::CompareSteps steps;
+    for (uint32_t i = 0; i < 21; ++i) steps.prompt.push_back(3 + (i * 11) % 290);
+    steps.decode_steps = 5;
+    testing::ExpectStagedEqualsDirect(
+        *host, copy, kernels::DType::kF32, steps, [&](LlamaForward& direct, LlamaForward& device) {
+          EXPECT_EQ(device.expert_tokens(), direct.expert_tokens());
+          int64_t routed = 0;
+          for (int64_t n : device.expert_tokens()) routed += n;
+          // Every token of every step went to top_k experts in each expert layer.
+          const int64_t tokens = 21 + 3 + 2 * steps.decode_steps;
+          EXPECT_EQ(routed, tokens * c.n_experts_per_tok * (c.n_layers - c.first_dense_layers));
+          // The routing syncs with the host mid-step: decode steps are never graphs.
+          EXPECT_EQ(device.graph_stats().captures, 0);
+        });
   }
   ModelWeights broken;  // an expert without its down projection
   broken.config = weights->config;
