@@ -28,10 +28,15 @@ struct CompareSteps {
   int64_t decode_steps = 6;
   int64_t block_size = 16;
   int64_t num_blocks = 8;
+  // Both passes' options (the staged one with staged_metadata set) and context (its thread
+  // team; kCpu).
+  ForwardOptions options;
+  kernels::OpContext ctx;
 };
 
 // Runs `direct` (host weights, the direct path) and `uploaded` (DeviceWeights on kCpu, staged
-// metadata) over `steps` with a `kv` cache each, and expects every step's logits and the final
+// metadata; with tensor parallelism the host weights, which each rank's shard is uploaded from)
+// over `steps` with a `kv` cache each, and expects every step's logits and the final
 // pools bitwise equal. `check` then sees both forward passes (direct first).
 inline void ExpectStagedEqualsDirect(
     const ModelWeights& direct, const ModelWeights& uploaded, kernels::DType kv,
@@ -41,12 +46,12 @@ inline void ExpectStagedEqualsDirect(
   const int64_t block =
       kernels::DenseKvBlockBytes(kv, c.n_layers, c.cache_kv_heads(), bs, c.cache_head_dim());
   std::vector<float> pool_a(blocks * block / 4 + 1, 0.0f), pool_b(pool_a.size(), 0.0f);
-  ForwardOptions staged;
+  ForwardOptions staged = steps.options;
   staged.staged_metadata = true;
   absl::StatusOr<std::unique_ptr<LlamaForward>> a_pass =
-      LlamaForward::Create(&direct, {pool_a.data(), kv, blocks, bs}, {}, {});
+      LlamaForward::Create(&direct, {pool_a.data(), kv, blocks, bs}, steps.ctx, steps.options);
   absl::StatusOr<std::unique_ptr<LlamaForward>> b_pass =
-      LlamaForward::Create(&uploaded, {pool_b.data(), kv, blocks, bs}, {}, staged);
+      LlamaForward::Create(&uploaded, {pool_b.data(), kv, blocks, bs}, steps.ctx, staged);
   ASSERT_TRUE(a_pass.ok()) << a_pass.status();
   ASSERT_TRUE(b_pass.ok()) << b_pass.status();
   const int64_t vocab = (*a_pass)->vocab_size();

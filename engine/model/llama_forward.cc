@@ -16,6 +16,7 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "common/threads/parallel_for.h"
+#include "engine/model/device_weights.h"
 #include "engine/parallel/collective.h"
 #include "kernels/attention.h"
 #include "kernels/attention_mass.h"
@@ -117,6 +118,7 @@ struct LlamaForward::TpGroup {
   TpPlan plan;
   std::unique_ptr<ShmCollectiveGroup> comm;
   std::vector<std::unique_ptr<ModelWeights>> shards;
+  std::vector<std::unique_ptr<DeviceWeights>> uploads;  // the shards' copies (staged metadata)
   std::vector<std::unique_ptr<ParallelFor>> teams;
   std::vector<std::unique_ptr<LlamaForward>> ranks;
 
@@ -185,6 +187,10 @@ LlamaForward::LlamaForward(const ModelWeights* weights, KvPoolView pool, kernels
 
 LlamaForward::~LlamaForward() = default;
 
+GraphStats LlamaForward::graph_stats() const {
+  return tp_group_ != nullptr ? tp_group_->ranks.front()->graph_stats_ : graph_stats_;
+}
+
 const std::vector<int64_t>& LlamaForward::expert_tokens() const {
   // Every rank routes the same tokens (the router is whole on each): rank 0's counts are all.
   return tp_group_ != nullptr ? tp_group_->ranks.front()->expert_tokens_ : expert_tokens_;
@@ -233,11 +239,9 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateTensorParallel
     const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx, ForwardOptions options,
     bool measure_only) {
   const int n = options.tensor_parallel;
-  if (ctx.device != kernels::Device::kCpu || options.staged_metadata) {
-    return absl::UnimplementedError(
-        absl::StrCat("tensor_parallel ", n,
-                     ": tensor parallelism runs on the CPU only so far (no NCCL ranks), "
-                     "without staged metadata"));
+  if (ctx.device != kernels::Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tensor_parallel ", n, ": tensor parallelism runs on the CPU only so far (no NCCL ranks)"));
   }
   PD_ASSIGN_OR_RETURN(TpPlan plan, PlanTensorParallel(weights->config, n));
   ForwardOptions rank_options = options;
@@ -274,8 +278,16 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateTensorParallel
     g->teams.push_back(std::make_unique<ParallelFor>(team));
     kernels::OpContext rank_ctx = ctx;
     rank_ctx.parallel = g->teams.back().get();
+    const ModelWeights* rank_weights = shard.get();
+    if (options.staged_metadata) {
+      // The device path's layout: each rank's shard uploaded on its own (on the host here).
+      PD_ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> up,
+                          DeviceWeights::Upload(*shard, rank_ctx));
+      rank_weights = &up->weights();
+      g->uploads.push_back(std::move(up));
+    }
     PD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> rank,
-                        CreateImpl(shard.get(), pool, rank_ctx, rank_options, true, &init));
+                        CreateImpl(rank_weights, pool, rank_ctx, rank_options, true, &init));
     scratch += rank->scratch_bytes_;
     g->shards.push_back(std::move(shard));
     g->ranks.push_back(std::move(rank));
@@ -362,8 +374,6 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(
     f->tp_comm_ = tp->comm;
     f->tp_shared_kv_ = tp->shared_kv;
     f->tp_pool_kv_heads_ = tp->pool_kv_heads;
-    f->tp_partial_.resize(static_cast<size_t>(options.max_batch_tokens * int64_t{c.dim}));
-    f->tp_logits_.resize(static_cast<size_t>(options.max_seqs * tp->plan.vocab_count));
   }
   if (c.moe()) {
     f->expert_tokens_.assign(static_cast<size_t>(c.n_layers) * c.n_experts, 0);
@@ -494,6 +504,11 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
       mla_sum_ = static_cast<float*>(carve(t * int64_t{c.n_heads} * c.kv_lora_rank * 4));
     }
     logits_tmp_ = static_cast<float*>(carve(options_.max_seqs * int64_t{c.vocab_size} * 4));
+    if (tp_comm_ != nullptr) {
+      tp_partial_ = static_cast<float*>(carve(t * c.dim * 4));
+      tp_logits_ = static_cast<float*>(carve(options_.max_seqs * tp_.vocab_count * 4));
+      if (on_device) d_tp_embed_ids_ = static_cast<int32_t*>(carve(2 * t * 4));
+    }
     workspace_ = carve(workspace_bytes_);
     if (on_device) {
       inv_freq = carve(static_cast<int64_t>(inv_freq_host_.size()) * 4);
@@ -934,8 +949,8 @@ absl::Status LlamaForward::QueueStep(int64_t num_tokens, bool sample, bool maske
   // computes its vocabulary's columns, which every rank gathers.
   if (tp_comm_ != nullptr) {
     PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, weights_->classifier_scales, nullptr,
-                              tp_logits_.data(), num_seqs, c.dim, tp_.vocab_count, false));
-    PD_RETURN_IF_ERROR(tp_comm_->AllGatherColumns(tp_logits_.data(), num_seqs, tp_.vocab_count,
+                              tp_logits_, num_seqs, c.dim, tp_.vocab_count, false));
+    PD_RETURN_IF_ERROR(tp_comm_->AllGatherColumns(tp_logits_, num_seqs, tp_.vocab_count,
                                                   tp_.vocab_begin, logits_tmp_, c.vocab_size));
   } else {
     PD_RETURN_IF_ERROR(MatMul(xb_, weights_->classifier, weights_->classifier_scales, nullptr,
@@ -1160,8 +1175,8 @@ absl::Status LlamaForward::Layer(int layer, int64_t num_tokens) {
       MatMul(xb_, w.w_up, w.w_up_scales, nullptr, up_, num_tokens, c.dim, c.hidden_dim, false));
   PD_RETURN_IF_ERROR(SiluMulRows(ctx_, gate_, up_, num_tokens, c.hidden_dim));
   if (tp_comm_ != nullptr) {  // row-parallel: this rank's columns, then the sum over ranks
-    PD_RETURN_IF_ERROR(MatMul(gate_, w.w_down, w.w_down_scales, nullptr, tp_partial_.data(),
-                              num_tokens, c.hidden_dim, c.dim, false));
+    PD_RETURN_IF_ERROR(MatMul(gate_, w.w_down, w.w_down_scales, nullptr, tp_partial_, num_tokens,
+                              c.hidden_dim, c.dim, false));
     return TpAddReduced(num_tokens);
   }
   return MatMul(gate_, w.w_down, w.w_down_scales, nullptr, x_, num_tokens, c.hidden_dim, c.dim,
@@ -1261,8 +1276,8 @@ absl::Status LlamaForward::Attention(int layer, int64_t num_tokens) {
   }
   // x += attn Wo (row-parallel on a tensor-parallel rank: its heads' columns, then the sum)
   if (tp_comm_ != nullptr) {
-    PD_RETURN_IF_ERROR(MatMul(att_, w.wo, w.wo_scales, nullptr, tp_partial_.data(), num_tokens,
-                              q_dim, c.dim, false));
+    PD_RETURN_IF_ERROR(
+        MatMul(att_, w.wo, w.wo_scales, nullptr, tp_partial_, num_tokens, q_dim, c.dim, false));
     return TpAddReduced(num_tokens);
   }
   return MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, q_dim, c.dim, true);
@@ -1272,19 +1287,44 @@ absl::Status LlamaForward::TpEmbed(int64_t num_tokens) {
   const int64_t dim = config_.dim;
   const DType edtype = weights_->embedding_dtype;
   const int64_t row_bytes = dim * kernels::DTypeSize(edtype);
-  std::fill_n(x_, num_tokens * dim, 0.0f);
+  // This rank's rows: their vocabulary rows, then the tokens they go to.
+  std::vector<int32_t>& ids = tp_embed_ids_;
+  ids.clear();
   for (int64_t i = 0; i < num_tokens; ++i) {
     const int64_t id = int64_t{token_ids_[static_cast<size_t>(i)]} - tp_.vocab_begin;
-    if (id < 0 || id >= tp_.vocab_count) continue;  // another rank's row
-    const void* row = static_cast<const char*>(weights_->embedding) + id * row_bytes;
-    if (edtype == DType::kF32) {
-      std::memcpy(&x_[i * dim], row, static_cast<size_t>(row_bytes));
-      continue;
+    if (id >= 0 && id < tp_.vocab_count) ids.push_back(static_cast<int32_t>(id));
+  }
+  const auto owned = static_cast<int64_t>(ids.size());
+  for (int64_t i = 0; i < num_tokens; ++i) {
+    const int64_t id = int64_t{token_ids_[static_cast<size_t>(i)]} - tp_.vocab_begin;
+    if (id >= 0 && id < tp_.vocab_count) ids.push_back(static_cast<int32_t>(i));
+  }
+  // Zeros where another rank holds the row (zero bits are 0.0 in every dtype), the rows moved
+  // by one CopyBlocks, then widened to f32 (zeros stay exact zeros).
+  void* rows = edtype == DType::kF32 ? static_cast<void*>(x_) : static_cast<void*>(xb_);
+  PD_RETURN_IF_ERROR(kernels::ZeroAsync(ctx_, rows, num_tokens * row_bytes));
+  if (owned > 0) {
+    const int32_t* d_ids = ids.data();
+    if (Staged()) {
+      PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, d_tp_embed_ids_, ids.data(), 2 * owned * 4));
+      d_ids = d_tp_embed_ids_;
     }
+    kernels::CopyBlocksParams move;
+    move.src = weights_->embedding;
+    move.dst = rows;
+    move.src_ids = d_ids;
+    move.dst_ids = d_ids + owned;
+    move.num_copies = owned;
+    move.block_bytes = move.src_block_stride_bytes = move.dst_block_stride_bytes = row_bytes;
+    move.src_num_blocks = tp_.vocab_count;
+    move.dst_num_blocks = num_tokens;
+    PD_RETURN_IF_ERROR(kernels::CopyBlocks(ctx_, move));
+  }
+  if (edtype != DType::kF32) {
     kernels::ConvertParams widen;
-    widen.in = row;
-    widen.out = &x_[i * dim];
-    widen.n = dim;
+    widen.in = xb_;
+    widen.out = x_;
+    widen.n = num_tokens * dim;
     widen.in_dtype = edtype;
     widen.out_dtype = DType::kF32;
     PD_RETURN_IF_ERROR(kernels::Convert(ctx_, widen));
@@ -1295,10 +1335,8 @@ absl::Status LlamaForward::TpEmbed(int64_t num_tokens) {
 
 absl::Status LlamaForward::TpAddReduced(int64_t num_tokens) {
   const int64_t n = num_tokens * config_.dim;
-  PD_RETURN_IF_ERROR(tp_comm_->AllReduceSum(tp_partial_.data(), n));
-  const float* partial = tp_partial_.data();
-  for (int64_t i = 0; i < n; ++i) x_[i] += partial[i];
-  return absl::OkStatus();
+  PD_RETURN_IF_ERROR(tp_comm_->AllReduceSum(tp_partial_, n));
+  return kernels::Add(ctx_, {x_, tp_partial_, x_, n});
 }
 
 absl::Status LlamaForward::AccumulateMass(int layer) {
@@ -1466,7 +1504,7 @@ absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {
   }
   // The weighted sum of the experts' outputs; a tensor-parallel rank sums its columns' share
   // straight into the buffer its all-reduce completes.
-  float* const moe_sum = tp_comm_ != nullptr ? tp_partial_.data() : moe_sum_;
+  float* const moe_sum = tp_comm_ != nullptr ? tp_partial_ : moe_sum_;
   PD_RETURN_IF_ERROR(kernels::ZeroAsync(ctx_, moe_sum, num_tokens * dim * 4));
   int64_t* counts = &expert_tokens_[static_cast<size_t>(layer) * c.n_experts];
   int64_t offset = 0;
@@ -1659,8 +1697,8 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
   }
   // x += attn Wo (row-parallel on a tensor-parallel rank: its heads' columns, then the sum)
   if (tp_comm_ != nullptr) {
-    PD_RETURN_IF_ERROR(MatMul(att_, w.wo, w.wo_scales, nullptr, tp_partial_.data(), num_tokens,
-                              out_dim, c.dim, false));
+    PD_RETURN_IF_ERROR(
+        MatMul(att_, w.wo, w.wo_scales, nullptr, tp_partial_, num_tokens, out_dim, c.dim, false));
     return TpAddReduced(num_tokens);
   }
   return MatMul(att_, w.wo, w.wo_scales, nullptr, x_, num_tokens, out_dim, c.dim, true);

@@ -212,7 +212,9 @@ class LlamaForward {
   const ModelConfig& config() const { return config_; }
   // Bytes of one KV block of this model at the pool's dtype.
   int64_t block_bytes() const;
-  GraphStats graph_stats() const { return graph_stats_; }
+  // Decode graphs captured and replayed (with tensor parallelism, rank 0's: every rank makes
+  // the same choices).
+  GraphStats graph_stats() const;
   // Mixture of experts: token-expert assignments since creation, [layer][expert] flattened
   // (n_layers * n_experts entries; empty for a dense model). Read between steps.
   const std::vector<int64_t>& expert_tokens() const;
@@ -286,8 +288,13 @@ class LlamaForward {
   bool tp_shared_kv_ = false;
   int32_t tp_pool_kv_heads_ = 0;
   // A row-parallel matmul's partial sums [max_batch_tokens][dim]; the classifier's columns of
-  // this rank's vocabulary [max_seqs][vocab_count].
-  std::vector<float> tp_partial_, tp_logits_;
+  // this rank's vocabulary [max_seqs][vocab_count]: scratch on ctx.device, as the collectives
+  // run on the device's buffers.
+  float *tp_partial_ = nullptr, *tp_logits_ = nullptr;
+  // The embedding's (vocabulary row, token) pairs of this rank's rows, [rows][tokens] (host),
+  // and their device copy (staged; else the host vector's data).
+  std::vector<int32_t> tp_embed_ids_;
+  int32_t* d_tp_embed_ids_ = nullptr;
   absl::Status RunRanks(const std::function<absl::Status(LlamaForward&)>& fn);
   // x_ = the embedding of the step's tokens: this rank's vocabulary rows, zeros elsewhere,
   // all-reduced.
