@@ -41,6 +41,13 @@ absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams
 // message names both sizes and the shape behind them).
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 
+// GatherKvRows (kernels/attention_params.h): InvalidArgument for a bad cache view, null arrays,
+// non-positive sizes, dst blocks too few for num_keep, keep's heads not covering the view's,
+// and (kCpu only: on kCuda the arrays are device memory) a block id outside the pool, a block
+// in both src and dst, or a kept slot outside the source blocks; Unimplemented as WriteKv.
+// Bytes as stored on every device.
+absl::Status GatherKvRows(const OpContext& ctx, const GatherKvRowsParams& p);
+
 // Bytes of p.workspace that DecodeAttention(ctx, p) needs: 0 on kCpu (and on kCuda in builds
 // without CUDA); on kCuda the split-KV kernel's partial results, one (acc[head_dim], max, sum)
 // record of f32 per (sequence, query head, split of 256 tokens or more), from p.num_seqs,

@@ -10,7 +10,8 @@
 
 namespace pd::kernels {
 
-// Adds each query's softmax weights to p.mass (kernels/attention_mass_params.h). kCpu only:
+// Adds each query's softmax weights to p.mass (kernels/attention_mass_params.h). kCpu and kCuda
+// (which needs p.workspace; its mass is within float tolerance of the CPU's, not bitwise);
 // Unimplemented naming the device otherwise. InvalidArgument for null pointers, non-positive
 // sizes, num_heads not a multiple of num_kv_heads, head_dim above kMaxAttentionHeadDim, strides
 // smaller than a token's heads or mass_head_stride < start_pos + num_tokens. CPU results are

@@ -27,7 +27,7 @@ struct AttentionMassParams {
   // [start_pos + num_tokens][k_token_stride], each [num_kv_heads][head_dim].
   const float* k = nullptr;
   int64_t k_token_stride = 0;  // >= num_kv_heads * head_dim
-  // Or (k == nullptr, kCpu) the keys read from the cache as they are needed: key t is slot t of
+  // Or (k == nullptr) the keys read from the cache as they are needed: key t is slot t of
   // the sequence's blocks `block_table` ([num_table_blocks] ids) in layer cache->layer, widened
   // to f32 exactly as ReadKv widens it (the same floats as the k above would hold). The cache's
   // num_kv_heads and head_dim must be the call's. Saves ReadKv's copy of every K and V row.
@@ -43,6 +43,13 @@ struct AttentionMassParams {
   // [num_kv_heads][mass_head_stride], accumulated into; must not overlap q or k.
   float* mass = nullptr;
   int64_t mass_head_stride = 0;  // >= start_pos + num_tokens
+  // kCuda: device scratch of AttentionMassWorkspaceFloats(num_tokens, num_heads) floats (each
+  // query row's softmax max and sum); ignored on kCpu.
+  float* workspace = nullptr;
 };
+
+constexpr int64_t AttentionMassWorkspaceFloats(int64_t num_tokens, int64_t num_heads) {
+  return 2 * num_tokens * num_heads;
+}
 
 }  // namespace pd::kernels

@@ -224,6 +224,47 @@ struct ReadKvParams {
   int64_t max_blocks_per_seq = 0;
 };
 
+// Moves kept cached rows of one sequence into fresh blocks (the H2O and SnapKV KV policies'
+// compaction): for every layer l < num_layers, K and V, kv head g < cache.num_kv_heads and
+// i < num_keep, the row of source slot s = keep[(l * keep_heads + keep_first_head + g) *
+// num_keep + i] (slot s % block_size of block src_blocks[s / block_size]) is copied, bytes as
+// stored (a quantized row's scales too), to slot i % block_size of block
+// dst_blocks[i / block_size]. cache.layer is ignored (every layer moves); a tensor-parallel
+// rank's view of some heads (KvCacheView::first_head) moves those heads, whose rows of `keep`
+// start at keep_first_head. No dst block may be a src block.
+struct GatherKvRowsParams {
+  KvCacheView cache;
+  int64_t num_layers = 0;
+  const int32_t* src_blocks = nullptr;  // [num_src_blocks]
+  int64_t num_src_blocks = 0;
+  const int32_t* dst_blocks = nullptr;  // [num_dst_blocks], num_dst_blocks * block_size >= num_keep
+  int64_t num_dst_blocks = 0;
+  // [num_layers][keep_heads][num_keep] source slots, each < num_src_blocks * block_size.
+  const int32_t* keep = nullptr;
+  int64_t num_keep = 0;
+  int64_t keep_heads = 0;       // >= keep_first_head + cache.num_kv_heads
+  int64_t keep_first_head = 0;  // >= 0
+};
+
+// Byte offset from the pool base of row (layer, K or V, kv head, slot) of block `block_id`:
+// KvRowPitch bytes of a quantized dtype, head_dim elements of the others (KvRowBytes).
+constexpr int64_t KvRowByteOffset(const KvCacheView& c, int64_t block_id, int64_t layer, bool value,
+                                  int64_t kv_head, int64_t slot) {
+  const int64_t unit = IsQuantizedKvDType(c.dtype) ? 1 : DTypeSize(c.dtype);
+  return unit * (block_id * c.block_stride + layer * c.layer_stride + (value ? c.kv_stride : 0) +
+                 kv_head * c.head_stride + slot * KvRowPitch(c.dtype, c.head_dim));
+}
+constexpr int64_t KvRowBytes(const KvCacheView& c) {
+  return (IsQuantizedKvDType(c.dtype) ? 1 : DTypeSize(c.dtype)) * KvRowPitch(c.dtype, c.head_dim);
+}
+// A quantized row's scales: KvScalesPerRow floats at this byte offset from the pool base.
+constexpr int64_t KvRowScalesByteOffset(const KvCacheView& c, int64_t block_id, int64_t layer,
+                                        bool value, int64_t kv_head, int64_t slot) {
+  return block_id * c.block_stride + c.scale_offset +
+         4 * (layer * c.scale_layer_stride + (value ? c.scale_kv_stride : 0) +
+              kv_head * c.scale_head_stride + slot * KvScalesPerRow(c.dtype, c.head_dim));
+}
+
 // Causal attention of num_tokens new tokens of ONE sequence at positions
 // [start_pos, start_pos + num_tokens), whose K/V are already in the pool (WriteKv first). The
 // query at position p attends keys 0..p read through block_table, so start_pos > 0 (a prefix

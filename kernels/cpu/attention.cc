@@ -163,6 +163,33 @@ void ReadKv(const OpContext& ctx, const ReadKvParams& p) {
   });
 }
 
+void GatherKvRows(const OpContext& ctx, const GatherKvRowsParams& p) {
+  const KvCacheView& c = p.cache;
+  const int64_t bs = c.block_size, row_bytes = KvRowBytes(c);
+  const bool quantized = IsQuantizedKvDType(c.dtype);
+  const int64_t scale_bytes = quantized ? 4 * KvScalesPerRow(c.dtype, c.head_dim) : 0;
+  auto* base = static_cast<uint8_t*>(c.base);
+  // One (layer, kv head) per task: its rows are disjoint from every other task's.
+  ParallelStrided(ctx, p.num_layers * c.num_kv_heads, NumThreads(ctx), [&](int, int64_t r) {
+    const int64_t layer = r / c.num_kv_heads, g = r % c.num_kv_heads;
+    const int32_t* kept = p.keep + (layer * p.keep_heads + p.keep_first_head + g) * p.num_keep;
+    for (int64_t i = 0; i < p.num_keep; ++i) {
+      const int64_t from_block = p.src_blocks[kept[i] / bs], from_slot = kept[i] % bs;
+      const int64_t to_block = p.dst_blocks[i / bs], to_slot = i % bs;
+      for (bool value : {false, true}) {
+        std::memcpy(base + KvRowByteOffset(c, to_block, layer, value, g, to_slot),
+                    base + KvRowByteOffset(c, from_block, layer, value, g, from_slot),
+                    static_cast<size_t>(row_bytes));
+        if (quantized) {
+          std::memcpy(base + KvRowScalesByteOffset(c, to_block, layer, value, g, to_slot),
+                      base + KvRowScalesByteOffset(c, from_block, layer, value, g, from_slot),
+                      static_cast<size_t>(scale_bytes));
+        }
+      }
+    }
+  });
+}
+
 void PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p) {
   const KvCacheView& c = p.cache;
   const int64_t group = p.num_heads / c.num_kv_heads;

@@ -40,6 +40,7 @@ void ScaledScatterAdd(const OpContext& ctx, const ScaledScatterAddParams& p);
 
 void WriteKv(const OpContext& ctx, const WriteKvParams& p);
 void ReadKv(const OpContext& ctx, const ReadKvParams& p);
+void GatherKvRows(const OpContext& ctx, const GatherKvRowsParams& p);
 void PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 // kernels/cpu/attention_mass.cc: the kv heads in parallel.
 void AttentionMass(const OpContext& ctx, const AttentionMassParams& p);

@@ -1,5 +1,6 @@
-// GPU tests of the CUDA paged attention (label gpu): WriteKv, ReadKv, PrefillAttention and
-// DecodeAttention against the CPU ops on the same inputs. Skip without a CUDA device.
+// GPU tests of the CUDA paged attention (label gpu): WriteKv, ReadKv, PrefillAttention,
+// DecodeAttention, AttentionMass and GatherKvRows against the CPU ops on the same inputs. Skip
+// without a CUDA device.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
+#include "kernels/attention_mass.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/launch_config.h"
 #include "kernels/dispatch/kernel_test_util.h"
@@ -459,6 +461,100 @@ TEST_P(CudaAttentionTest, PrefillMatchesCpu) {
     ASSERT_TRUE(PrefillAttention(CudaCtx(), gpu).ok());
     ExpectClose(dout.Download<float>(), want, "prefill");
   }
+}
+
+// AttentionMass (the H2O and SnapKV score pass) reading keys from the cache: a chunk of 20
+// queries after 280 cached keys, added to a mass that already holds something. The CUDA sum of
+// each row's exp differs from the CPU's in order (and expf by an ulp): within float tolerance.
+TEST_P(CudaAttentionTest, AttentionMassMatchesCpu) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(41);
+  Shape s;
+  s.dtype = GetParam();
+  const std::vector<int32_t> lens = {300};
+  PagedPool st(s, lens, rng);
+  DeviceBuffer pool = WriteAll(st, lens, rng);
+  const int64_t tokens = 20, start = 300 - tokens, stride = 305;
+  const std::vector<float> q = RandomVector(tokens * s.num_heads * s.head_dim, rng);
+  const std::vector<float> before = RandomVector(s.num_kv_heads * stride, rng);
+  AttentionMassParams p;
+  p.q_token_stride = s.num_heads * s.head_dim;
+  p.num_table_blocks = st.max_blocks;
+  p.start_pos = start;
+  p.num_tokens = tokens;
+  p.num_heads = s.num_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.mass_head_stride = stride;
+  std::vector<float> want = before;
+  const KvCacheView host_view = st.View(st.pool_host.data());
+  AttentionMassParams cpu = p;
+  cpu.q = q.data();
+  cpu.cache = &host_view;
+  cpu.block_table = st.tables.data();
+  cpu.mass = want.data();
+  ASSERT_TRUE(AttentionMass(OpContext{}, cpu).ok());
+  DeviceBuffer dq(q), dtab(st.tables), dmass(before),
+      dwork(static_cast<size_t>(AttentionMassWorkspaceFloats(tokens, s.num_heads)) * 4);
+  const KvCacheView device_view = st.View(pool.get());
+  AttentionMassParams gpu = p;
+  gpu.q = dq.as<float>();
+  gpu.cache = &device_view;
+  gpu.block_table = dtab.as<int32_t>();
+  gpu.mass = dmass.as<float>();
+  gpu.workspace = dwork.as<float>();
+  ASSERT_TRUE(AttentionMass(CudaCtx(), gpu).ok());
+  const std::vector<float> got = dmass.Download<float>();
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << "mass " << i;
+  }
+}
+
+// GatherKvRows (the H2O and SnapKV compaction) moves the same bytes as the CPU: every kept row
+// of both layers (the unwritten one's poison included) into fresh blocks.
+TEST_P(CudaAttentionTest, GatherKvRowsMatchesCpuBitwise) {
+  PD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(43);
+  Shape s;
+  s.dtype = GetParam();
+  const std::vector<int32_t> lens = {70};  // 5 blocks of 16
+  PagedPool st(s, lens, rng);
+  DeviceBuffer pool = WriteAll(st, lens, rng);
+  const std::vector<int32_t> src(st.tables.begin(), st.tables.begin() + 5);
+  std::vector<int32_t> dst;
+  for (int32_t b = 0; b < s.num_blocks && dst.size() < 3; ++b) {
+    if (std::find(src.begin(), src.end(), b) == src.end()) dst.push_back(b);
+  }
+  const int64_t keep_n = 40;
+  std::vector<int32_t> keep;
+  for (int64_t r = 0; r < s.num_layers * s.num_kv_heads; ++r) {
+    std::vector<int32_t> slots(70);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots.resize(keep_n);
+    std::sort(slots.begin(), slots.end());
+    keep.insert(keep.end(), slots.begin(), slots.end());
+  }
+  GatherKvRowsParams p;
+  p.num_layers = s.num_layers;
+  p.num_src_blocks = 5;
+  p.num_dst_blocks = 3;
+  p.num_keep = keep_n;
+  p.keep_heads = s.num_kv_heads;
+  GatherKvRowsParams cpu = p;
+  cpu.cache = st.View(st.pool_host.data());
+  cpu.src_blocks = src.data();
+  cpu.dst_blocks = dst.data();
+  cpu.keep = keep.data();
+  ASSERT_TRUE(GatherKvRows(OpContext{}, cpu).ok());
+  DeviceBuffer dsrc(src), ddst(dst), dkeep(keep);
+  GatherKvRowsParams gpu = p;
+  gpu.cache = st.View(pool.get());
+  gpu.src_blocks = dsrc.as<int32_t>();
+  gpu.dst_blocks = ddst.as<int32_t>();
+  gpu.keep = dkeep.as<int32_t>();
+  ASSERT_TRUE(GatherKvRows(CudaCtx(), gpu).ok());
+  EXPECT_EQ(pool.Download<uint8_t>(), st.pool_host) << "gathered pools differ";
 }
 
 INSTANTIATE_TEST_SUITE_P(CacheDtypes, CudaAttentionTest,

@@ -54,6 +54,14 @@ absl::Status LatentAttention(const OpContext& ctx, const LatentAttentionParams& 
   return FromCuda(LaunchLatentAttention(p, Stream(ctx)), "latent_attention launch");
 }
 
+absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
+  return FromCuda(LaunchAttentionMass(p, Stream(ctx)), "attention_mass launch");
+}
+
+absl::Status GatherKvRows(const OpContext& ctx, const GatherKvRowsParams& p) {
+  return FromCuda(LaunchGatherKvRows(p, Stream(ctx)), "gather_kv_rows launch");
+}
+
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p) {
   return FromCuda(LaunchPrefillAttention(p, Stream(ctx)), "prefill_attention launch");
 }

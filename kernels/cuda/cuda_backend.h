@@ -7,6 +7,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "kernels/attention_mass_params.h"
 #include "kernels/attention_params.h"
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
@@ -30,6 +31,8 @@ absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p);
 absl::Status PrefillAttention(const OpContext& ctx, const PrefillAttentionParams& p);
 absl::Status DecodeAttention(const OpContext& ctx, const DecodeAttentionParams& p);
 absl::Status LatentAttention(const OpContext& ctx, const LatentAttentionParams& p);
+absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p);
+absl::Status GatherKvRows(const OpContext& ctx, const GatherKvRowsParams& p);
 absl::Status Sample(const OpContext& ctx, const SamplingParams& p);
 absl::Status ApplyTokenMask(const OpContext& ctx, const TokenMaskParams& p);
 absl::Status ApplyLogitEdits(const OpContext& ctx, const LogitEditParams& p);

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/attention_mass_params.h"
 #include "kernels/attention_params.h"
 #include "kernels/convert_params.h"
 #include "kernels/copy_params.h"
@@ -51,6 +52,11 @@ cudaError_t LaunchPrefillAttentionTc(const PrefillAttentionParams& p, float scal
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream);
 // MLA, absorbed (kernels/latent_attention.h): one block per (token, head); not batch invariant
 // bitwise against the CPU kernel (a different order of sums), within f32 rounding of it.
+// Two kernels (launch_config.h, "AttentionMass"); p.workspace holds the rows' (max, sum).
+cudaError_t LaunchAttentionMass(const AttentionMassParams& p, cudaStream_t stream);
+// One block per (kept row, kv head, layer), bytes as stored.
+cudaError_t LaunchGatherKvRows(const GatherKvRowsParams& p, cudaStream_t stream);
+
 cudaError_t LaunchLatentAttention(const LatentAttentionParams& p, cudaStream_t stream);
 
 // int8 MatMul pieces (launch_config.h, MatMulI8Layout): x's rows quantized to int8 codes q

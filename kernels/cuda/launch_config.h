@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/attention_mass_params.h"
 #include "kernels/attention_params.h"
 #include "kernels/convert_params.h"
 #include "kernels/half.h"  // PD_HOST_DEVICE, F32Bits
@@ -768,5 +769,77 @@ struct GemmCall {
 // MatMulTileRows(p, tile_bytes)).
 GemmCall MatMulTile(const MatMulParams& p, int64_t first_out,
                     int64_t tile_bytes = kMatMulWideningTileBytes);
+
+// ---- AttentionMass (kernels/attention_mass_params.h) on CUDA, for the H2O and SnapKV KV
+// policies: two kernels, so every cached key's mass is owned by one thread and added in the
+// params' order (query j ascending, then the group's heads), deterministic run to run.
+//   MassStatsKernel: one block of kMassThreads per (query j, query head h); its threads take
+//     keys t = thread, thread + kMassThreads, ... and the block reduces the row's max and sum of
+//     exp(score - max) into workspace[(j * num_heads + h) * 2 + {0, 1}].
+//   MassAddKernel: grid (num_kv_heads, MassKeyTiles(keys)); thread i of block (g, b) owns slot
+//     t = b * kMassThreads + i and adds exp(score - max) / sum for every (j, h) that attends it.
+// Every score is computed twice (once per kernel) by MassScore: the CPU's dot product and scale
+// bit for bit; the sum differs from the CPU's by the reduction order (and expf by an ulp), so
+// CUDA's mass is within float tolerance of the CPU's, not bitwise.
+inline constexpr int kMassThreads = 256;
+
+PD_HOST_DEVICE constexpr int64_t MassKeyTiles(int64_t keys) {
+  return (keys + kMassThreads - 1) / kMassThreads;
+}
+
+// Element d of key t of kv head g: the caller's f32 rows, or read from the cache through the
+// sequence's block table as ReadKv reads it.
+PD_HOST_DEVICE inline float MassKeyElement(const AttentionMassParams& p, const KvCacheView& c,
+                                           int64_t t, int64_t g, int64_t d) {
+  if (p.k != nullptr) {
+    return p.k[t * p.k_token_stride + g * p.head_dim + d];
+  }
+  return ReadKvElement(c, p.block_table[t / c.block_size], t, g * c.head_dim + d,
+                       /*value=*/false);
+}
+
+// scale * (q_{j,h} . k_{t,g}) with the CPU's float operations in its order (eight running sums,
+// lane l taking d = l mod 8, added pairwise), each rounded on its own.
+PD_HOST_DEVICE inline float MassScore(const AttentionMassParams& p, const KvCacheView& c, int64_t j,
+                                      int64_t h, int64_t t, int64_t g, float scale) {
+  const float* q = p.q + j * p.q_token_stride + h * p.head_dim;
+  float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t d = 0;
+  for (; d + 8 <= p.head_dim; d += 8) {
+    for (int l = 0; l < 8; ++l) {
+      lane[l] = AddRn(lane[l], MulRn(q[d + l], MassKeyElement(p, c, t, g, d + l)));
+    }
+  }
+  for (int l = 0; d < p.head_dim; ++d, ++l) {
+    lane[l] = AddRn(lane[l], MulRn(q[d], MassKeyElement(p, c, t, g, d)));
+  }
+  const float dot = AddRn(AddRn(AddRn(lane[0], lane[1]), AddRn(lane[2], lane[3])),
+                          AddRn(AddRn(lane[4], lane[5]), AddRn(lane[6], lane[7])));
+  return MulRn(scale, dot);
+}
+
+// The scale the CPU uses: p.scale, or 1 / sqrt(head_dim) when it is 0.
+PD_HOST_DEVICE inline float MassScale(const AttentionMassParams& p) {
+  return p.scale != 0.0f ? p.scale : 1.0f / sqrtf(static_cast<float>(p.head_dim));
+}
+
+// MassAddKernel's work for slot t of kv head g, given the rows' (max, sum) in `stats`: the mass
+// it receives from the call's queries, added to `mass` in the params' order.
+PD_HOST_DEVICE inline float MassOfSlot(const AttentionMassParams& p, const KvCacheView& c,
+                                       const float* stats, int64_t g, int64_t t, float mass) {
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const float scale = MassScale(p);
+  // Query j attends keys [0, start_pos + j]: the first that reaches t is j = t - start_pos.
+  const int64_t first = t > p.start_pos ? t - p.start_pos : 0;
+  for (int64_t j = first; j < p.num_tokens; ++j) {
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const float max = stats[(j * p.num_heads + h) * 2];
+      const float sum = stats[(j * p.num_heads + h) * 2 + 1];
+      const float e = expf(AddRn(MassScore(p, c, j, h, t, g, scale), -max));
+      mass = AddRn(mass, e / sum);
+    }
+  }
+  return mass;
+}
 
 }  // namespace pd::kernels::cuda

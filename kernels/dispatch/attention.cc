@@ -1,6 +1,7 @@
 // Validation and device dispatch for WriteKv, ReadKv, PrefillAttention and DecodeAttention.
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -157,6 +158,51 @@ absl::Status ReadKv(const OpContext& ctx, const ReadKvParams& p) {
   }
 #endif
   cpu::ReadKv(ctx, p);
+  return absl::OkStatus();
+}
+
+absl::Status GatherKvRows(const OpContext& ctx, const GatherKvRowsParams& p) {
+  constexpr const char* kOp = "gather_kv_rows";
+  const KvCacheView& c = p.cache;
+  PD_RETURN_IF_ERROR(CheckKvCacheView(kOp, c));
+  if (p.src_blocks == nullptr || p.dst_blocks == nullptr || p.keep == nullptr) {
+    return absl::InvalidArgumentError("gather_kv_rows: null src_blocks, dst_blocks or keep");
+  }
+  if (p.num_layers <= 0 || p.num_keep <= 0 || p.num_src_blocks <= 0 ||
+      p.num_dst_blocks * c.block_size < p.num_keep || p.keep_first_head < 0 ||
+      p.keep_heads < p.keep_first_head + c.num_kv_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gather_kv_rows: need num_layers, num_keep and num_src_blocks > 0, num_keep ", p.num_keep,
+        " rows within ", p.num_dst_blocks, " dst blocks of ", c.block_size, ", and heads [",
+        p.keep_first_head, ", ", p.keep_first_head + c.num_kv_heads, ") within keep's ",
+        p.keep_heads, "; got num_layers ", p.num_layers, ", num_src_blocks ", p.num_src_blocks));
+  }
+  if (!SupportsAttention(ctx.device, c.dtype)) {
+    return NoBackend(kOp, ctx.device, c.dtype);
+  }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::GatherKvRows(ctx, p);  // ids and slots are device memory: not read here
+  }
+#endif
+  PD_RETURN_IF_ERROR(CheckBlockIds(kOp, p.src_blocks, p.num_src_blocks, c.num_blocks));
+  PD_RETURN_IF_ERROR(CheckBlockIds(kOp, p.dst_blocks, p.num_dst_blocks, c.num_blocks));
+  for (int64_t i = 0; i < p.num_dst_blocks; ++i) {
+    if (std::find(p.src_blocks, p.src_blocks + p.num_src_blocks, p.dst_blocks[i]) !=
+        p.src_blocks + p.num_src_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gather_kv_rows: block ", p.dst_blocks[i], " is in both src and dst"));
+    }
+  }
+  const int64_t src_slots = p.num_src_blocks * c.block_size;
+  const int64_t kept = p.num_layers * p.keep_heads * p.num_keep;
+  for (int64_t i = 0; i < kept; ++i) {
+    if (p.keep[i] < 0 || p.keep[i] >= src_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("gather_kv_rows: kept slot ", p.keep[i],
+                                                     " outside the ", src_slots, " source slots"));
+    }
+  }
+  cpu::GatherKvRows(ctx, p);
   return absl::OkStatus();
 }
 

@@ -4,11 +4,15 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "build_config.h"
 #include "common/base/status_macros.h"
 #include "kernels/attention.h"
 #include "kernels/attention_params.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
+#if PD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace pd::kernels {
 
@@ -45,10 +49,14 @@ absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
         absl::StrCat("attention_mass: mass_head_stride ", p.mass_head_stride, " < the ",
                      p.start_pos + p.num_tokens, " keys the last query attends"));
   }
-  if (ctx.device != Device::kCpu) {
+  if (ctx.device != Device::kCpu && (ctx.device != Device::kCuda || !PD_WITH_CUDA)) {
     return absl::UnimplementedError(absl::StrCat("attention_mass: not implemented on ",
                                                  dispatch_internal::DeviceName(ctx.device),
-                                                 " (the H2O and SnapKV KV policies are CPU-only)"));
+                                                 PD_WITH_CUDA ? "" : " (built without CUDA)"));
+  }
+  if (ctx.device == Device::kCuda && p.workspace == nullptr) {
+    return absl::InvalidArgumentError(
+        "attention_mass: kCuda needs a workspace of AttentionMassWorkspaceFloats floats");
   }
   if (p.k == nullptr) {
     // Keys from the cache: its geometry must be the call's, and every block the keys lie in
@@ -70,8 +78,16 @@ absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
           absl::StrCat("attention_mass: ", p.start_pos + p.num_tokens, " keys need ", blocks,
                        " blocks, the table has ", p.num_table_blocks));
     }
-    PD_RETURN_IF_ERROR(dispatch_internal::CheckBlockIds(kOp, p.block_table, blocks, c.num_blocks));
+    if (ctx.device == Device::kCpu) {  // kCuda: device memory, not read here
+      PD_RETURN_IF_ERROR(
+          dispatch_internal::CheckBlockIds(kOp, p.block_table, blocks, c.num_blocks));
+    }
   }
+#if PD_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    return cuda::AttentionMass(ctx, p);
+  }
+#endif
   cpu::AttentionMass(ctx, p);
   return absl::OkStatus();
 }

@@ -391,6 +391,145 @@ TEST(ReadKvCpuTest, HeadSubsetViewsAddressThePoolsHeads) {
   }
 }
 
+// GatherKvRows moves each (layer, kv head)'s kept rows, K and V with their scales, bytes as
+// stored: every moved row reads back (ReadKv) bitwise as its source slot, in every dtype, for
+// the whole pool and for a view of some heads (a tensor-parallel rank's), which leaves the
+// other heads' rows alone.
+TEST(GatherKvRowsCpuTest, MovesKeptRowsByteForByte) {
+  std::mt19937 rng(11);
+  for (DType dtype : kAllKvDTypes) {
+    for (const int64_t first : {int64_t{0}, int64_t{1}}) {
+      Geometry g;
+      g.dtype = dtype;
+      g.num_kv_heads = 3;
+      Pool pool(g);
+      const int64_t all = g.num_kv_heads * g.head_dim, n = 10, keep_n = 6;
+      const std::vector<int32_t> src = {5, 9, 1}, dst = {20, 2};
+      std::vector<int32_t> pos(n);
+      for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(t);
+      for (int64_t layer = 0; layer < g.num_layers; ++layer) {
+        const std::vector<float> k = RandomVector(n * all, rng), v = RandomVector(n * all, rng);
+        WriteKvParams w;
+        w.k = k.data();
+        w.v = v.data();
+        w.k_token_stride = w.v_token_stride = all;
+        w.cache = pool.View(layer);
+        w.num_tokens = n;
+        w.positions = pos.data();
+        w.block_tables = src.data();
+        w.max_blocks_per_seq = 3;
+        ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
+      }
+      // Each (layer, head) keeps its own ascending slots.
+      std::vector<int32_t> keep;
+      for (int64_t r = 0; r < g.num_layers * g.num_kv_heads; ++r) {
+        std::vector<int32_t> slots(pos);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(keep_n);
+        std::sort(slots.begin(), slots.end());
+        keep.insert(keep.end(), slots.begin(), slots.end());
+      }
+      GatherKvRowsParams p;
+      p.cache = pool.View(0);
+      if (first > 0) {  // heads [1, 3) only, as HeadSubsetViewsAddressThePoolsHeads builds it
+        const int64_t shift = first * p.cache.head_stride * DTypeSize(dtype);
+        p.cache.base = static_cast<uint8_t*>(p.cache.base) + shift;
+        if (IsQuantizedKvDType(dtype)) {
+          p.cache.scale_offset += 4 * first * p.cache.scale_head_stride - shift;
+        }
+        p.cache.first_head = first;
+        p.cache.num_kv_heads = g.num_kv_heads - first;
+      }
+      p.num_layers = g.num_layers;
+      p.src_blocks = src.data();
+      p.num_src_blocks = 3;
+      p.dst_blocks = dst.data();
+      p.num_dst_blocks = 2;
+      p.keep = keep.data();
+      p.num_keep = keep_n;
+      p.keep_heads = g.num_kv_heads;
+      p.keep_first_head = first;
+      ASSERT_TRUE(GatherKvRows(OpContext{}, p).ok()) << DTypeName(dtype);
+      for (int64_t layer = 0; layer < g.num_layers; ++layer) {
+        auto read = [&](const std::vector<int32_t>& table, int32_t slot) {
+          std::vector<float> kv(2 * all);
+          ReadKvParams r;
+          r.k = kv.data();
+          r.v = kv.data() + all;
+          r.k_token_stride = r.v_token_stride = all;
+          r.cache = pool.View(layer);
+          r.num_tokens = 1;
+          r.positions = &slot;
+          r.block_tables = table.data();
+          r.max_blocks_per_seq = static_cast<int64_t>(table.size());
+          EXPECT_TRUE(ReadKv(OpContext{}, r).ok());
+          return kv;
+        };
+        for (int64_t h = 0; h < g.num_kv_heads; ++h) {
+          for (int32_t i = 0; i < keep_n; ++i) {
+            const std::vector<float> got = read(dst, i);
+            const std::vector<float> want =
+                read(src, keep[(layer * g.num_kv_heads + h) * keep_n + i]);
+            for (int64_t kv = 0; kv < 2; ++kv) {
+              const size_t at = static_cast<size_t>(kv * all + h * g.head_dim);
+              if (h < first) {  // not the view's: still the pool's poison
+                ASSERT_TRUE(std::isnan(got[at])) << DTypeName(dtype);
+              } else {
+                ASSERT_EQ(0, std::memcmp(&got[at], &want[at], g.head_dim * sizeof(float)))
+                    << DTypeName(dtype) << " layer " << layer << " head " << h << " row " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GatherKvRowsDispatchTest, RejectsBadInput) {
+  Geometry g;
+  Pool pool(g);
+  const std::vector<int32_t> src = {5, 9}, dst = {20, 2}, overlap = {9}, outside = {64};
+  std::vector<int32_t> keep(g.num_layers * g.num_kv_heads * 3, 1);
+  GatherKvRowsParams p;
+  p.cache = pool.View(0);
+  p.num_layers = g.num_layers;
+  p.src_blocks = src.data();
+  p.num_src_blocks = 2;
+  p.dst_blocks = dst.data();
+  p.num_dst_blocks = 2;
+  p.keep = keep.data();
+  p.num_keep = 3;
+  p.keep_heads = g.num_kv_heads;
+  ASSERT_TRUE(GatherKvRows(OpContext{}, p).ok());
+  auto message = [](const GatherKvRowsParams& bad) {
+    const absl::Status s = GatherKvRows(OpContext{}, bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  GatherKvRowsParams bad = p;
+  bad.dst_blocks = overlap.data();
+  bad.num_dst_blocks = 1;
+  EXPECT_THAT(message(bad), ::testing::HasSubstr("in both src and dst"));
+  bad = p;
+  bad.dst_blocks = outside.data();
+  bad.num_dst_blocks = 1;
+  message(bad);
+  bad = p;
+  keep[4] = 8;  // two blocks of 4 slots
+  EXPECT_THAT(message(bad), ::testing::HasSubstr("kept slot 8"));
+  keep[4] = 1;
+  bad = p;
+  bad.keep_heads = 1;
+  EXPECT_THAT(message(bad), ::testing::HasSubstr("within keep's 1"));
+  bad = p;
+  bad.num_keep = 9;
+  message(bad);
+  bad = p;
+  bad.keep = nullptr;
+  message(bad);
+}
+
 TEST(ReadKvDispatchTest, RejectsBadInput) {
   Geometry g;
   Pool pool(g);
