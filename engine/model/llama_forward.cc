@@ -529,6 +529,9 @@ absl::Status LlamaForward::AllocateScratch(bool measure_only) {
       edits = carve(edit_chunk_ * static_cast<int64_t>(sizeof(kernels::LogitEdit)));
       edit_rows = carve(edit_chunk_ * 4);
       shift = carve((2 * max_blocks_per_seq_ + 2 * t) * 4);  // CopyBlocksShifted's metadata
+      // AttentionMass's rows (max, sum) for a chunk (kCuda; the staged host path carves it too).
+      mass_stats_ = static_cast<float*>(
+          carve(kernels::AttentionMassWorkspaceFloats(t, int64_t{c.n_heads}) * 4));
     }
     if (pass == 0) {
       scratch_bytes_ = offset;
@@ -642,10 +645,10 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
       }
     }
     if (seq.attention_mass != nullptr) {
-      if (ctx_.device != kernels::Device::kCpu || Staged() || config_.mla()) {
+      if (config_.mla()) {
         return absl::UnimplementedError(
-            "forward: attention mass (the H2O and SnapKV KV policies) is computed on the CPU "
-            "only, without staged metadata, and not for MLA models");
+            "forward: attention mass (the H2O and SnapKV KV policies) is not computed for MLA "
+            "models (their cache holds a latent, not per-head keys)");
       }
       if (seq.mass_stride < end || seq.mass_from < 0 || seq.mass_from >= n) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -867,9 +870,10 @@ absl::StatusOr<int64_t> LlamaForward::PrepareBatch(absl::Span<const ForwardSeque
 
 bool LlamaForward::GraphEligible(int64_t num_tokens, bool edited) const {
   const int64_t n = static_cast<int64_t>(slots_.size());
-  // Not with expert layers: their routing syncs with the host mid-step.
+  // Not with expert layers (their routing syncs with the host mid-step), nor when a sequence
+  // scores its keys (AttentionMass's launch shape is the step's key count).
   return Staged() && options_.decode_graphs && !graph_stats_.off && num_decode_slots_ == n &&
-         num_tokens == n && !edited && !config_.has_moe_layers();
+         num_tokens == n && !edited && !config_.has_moe_layers() && !any_mass_;
 }
 
 absl::Status LlamaForward::ApplyEdits(int64_t num_seqs) {
@@ -1367,7 +1371,8 @@ absl::Status LlamaForward::AccumulateMassOfSlots(int layer) {
     a.q_token_stride = c.q_dim();
     // The keys straight from the cache (slot t of the sequence's blocks is key t).
     a.cache = &cache;
-    a.block_table = &block_tables_[i * max_blocks_per_seq_];
+    a.block_table = (Staged() ? d_block_tables_ : block_tables_.data()) + i * max_blocks_per_seq_;
+    a.workspace = mass_stats_;
     a.num_table_blocks = max_blocks_per_seq_;
     a.start_pos = slot.start_pos + m.from;
     a.num_tokens = slot.num_tokens - m.from;
@@ -1392,10 +1397,10 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
     // Each rank moves its KV heads' rows (a shared head: its first rank, which writes it).
     return RunRanks([&](LlamaForward& r) { return r.GatherKvRows(src, dst, keep, num_keep); });
   }
-  if (ctx_.device != kernels::Device::kCpu || Staged() || c.mla()) {
+  if (c.mla()) {
     return absl::UnimplementedError(
-        "forward: gathering KV rows (the H2O and SnapKV KV policies) is implemented on the CPU "
-        "only, without staged metadata, and not for MLA models");
+        "forward: gathering KV rows (the H2O and SnapKV KV policies) is not implemented for MLA "
+        "models");
   }
   // keep covers the model's KV heads; a tensor-parallel rank moves its own of them.
   const int64_t heads = tp_comm_ != nullptr ? tp_pool_kv_heads_ : c.n_kv_heads;
@@ -1429,39 +1434,37 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
     }
   }
   if (tp_comm_ != nullptr && !tp_.writes_kv) return absl::OkStatus();  // a peer moves the head
-  const bool quantized = kernels::IsQuantizedKvDType(pool_.dtype);
-  const int64_t unit = quantized ? 1 : kernels::DTypeSize(pool_.dtype);
-  auto* base = static_cast<uint8_t*>(CacheView(0).base);  // a rank's view starts at its heads
-  for (int layer = 0; layer < c.n_layers; ++layer) {
-    const kernels::KvCacheView v = CacheView(layer);
-    const int64_t pitch = kernels::KvRowPitch(v.dtype, v.head_dim);
-    const int64_t groups = kernels::KvScalesPerRow(v.dtype, v.head_dim);
-    for (int64_t g = 0; g < c.n_kv_heads; ++g) {
-      const int32_t* kept = &keep[(layer * heads + first_head + g) * num_keep];
-      for (int64_t i = 0; i < num_keep; ++i) {
-        const int64_t from_block = src[kept[i] / bs], from_slot = kept[i] % bs;
-        const int64_t to_block = dst[i / bs], to_slot = i % bs;
-        for (int kv = 0; kv < 2; ++kv) {
-          auto data = [&](int64_t b, int64_t t) {
-            return base + unit * (b * v.block_stride + layer * v.layer_stride + kv * v.kv_stride +
-                                  g * v.head_stride + t * pitch);
-          };
-          std::memcpy(data(to_block, to_slot), data(from_block, from_slot),
-                      static_cast<size_t>(unit * pitch));
-          if (quantized) {
-            auto scales = [&](int64_t b, int64_t t) {
-              return base + b * v.block_stride + v.scale_offset +
-                     4 * (layer * v.scale_layer_stride + kv * v.scale_kv_stride +
-                          g * v.scale_head_stride + t * groups);
-            };
-            std::memcpy(scales(to_block, to_slot), scales(from_block, from_slot),
-                        static_cast<size_t>(4 * groups));
-          }
-        }
-      }
-    }
+  kernels::GatherKvRowsParams g;
+  g.cache = CacheView(0);  // a rank's view starts at its heads
+  g.num_layers = c.n_layers;
+  g.num_src_blocks = static_cast<int64_t>(src.size());
+  g.num_dst_blocks = static_cast<int64_t>(dst.size());
+  g.num_keep = num_keep;
+  g.keep_heads = heads;
+  g.keep_first_head = first_head;
+  if (!Staged()) {
+    g.src_blocks = src.data();
+    g.dst_blocks = dst.data();
+    g.keep = keep.data();
+    return kernels::GatherKvRows(ctx_, g);
   }
-  return absl::OkStatus();
+  // Staged: the ids go up in one buffer (grown on demand; a compaction is rare), and the copy
+  // completes before the host's spans may change.
+  const int64_t ids = g.num_src_blocks + g.num_dst_blocks + static_cast<int64_t>(keep.size());
+  if (gather_ids_.size_bytes() < ids * 4) {
+    PD_ASSIGN_OR_RETURN(gather_ids_, kernels::DeviceBuffer::Allocate(ctx_.device, ids * 4));
+  }
+  auto* up = gather_ids_.as<int32_t>();
+  PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, up, src.data(), g.num_src_blocks * 4));
+  PD_RETURN_IF_ERROR(
+      kernels::CopyAsync(ctx_, up + g.num_src_blocks, dst.data(), g.num_dst_blocks * 4));
+  PD_RETURN_IF_ERROR(kernels::CopyAsync(ctx_, up + g.num_src_blocks + g.num_dst_blocks, keep.data(),
+                                        static_cast<int64_t>(keep.size()) * 4));
+  g.src_blocks = up;
+  g.dst_blocks = up + g.num_src_blocks;
+  g.keep = up + g.num_src_blocks + g.num_dst_blocks;
+  PD_RETURN_IF_ERROR(kernels::GatherKvRows(ctx_, g));
+  return kernels::SynchronizeStream(ctx_);
 }
 
 absl::Status LlamaForward::MoeMlp(int layer, int64_t num_tokens) {

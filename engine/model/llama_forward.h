@@ -66,7 +66,9 @@ struct ForwardSequence {
   // layer adds the attention weight each cached key receives from tokens[mass_from..] to
   // attention_mass[(layer * n_kv_heads + g) * mass_stride + slot] for kv head g
   // (kernels::AttentionMass, a pass after the layer's attention), mass_stride >= start_pos +
-  // n. kCpu without staged_metadata only (Unimplemented otherwise), not for MLA models.
+  // n. Memory on the forward's device (kCuda: device memory; kCpu, staged or not: host memory),
+  // which the caller keeps until the step's stream work is done. Not for MLA models
+  // (Unimplemented).
   float* attention_mass = nullptr;
   int64_t mass_stride = 0;
   int64_t mass_from = 0;
@@ -201,13 +203,19 @@ class LlamaForward {
   // keep[(layer * n_kv_heads + g) * num_keep + i] (a cache slot) of the blocks `src`, K and V
   // and for a quantized cache their scales, byte for byte (nothing is re-rounded; keys keep
   // the RoPE rotation of their text position). `dst` must cover num_keep slots and share no
-  // block with `src`. kCpu without staged_metadata only (Unimplemented otherwise), not for MLA
-  // models; InvalidArgument for bad ids, sizes or slots.
+  // block with `src`. kernels::GatherKvRows on every device (staged: the ids uploaded first,
+  // the stream synchronised after). Not for MLA models (Unimplemented); InvalidArgument for
+  // bad ids, sizes or slots.
   absl::Status GatherKvRows(absl::Span<const int32_t> src, absl::Span<const int32_t> dst,
                             absl::Span<const int32_t> keep, int64_t num_keep);
 
   int64_t vocab_size() const { return config_.vocab_size; }
   kernels::Device device() const { return ctx_.device; }
+  // The device and stream the steps run on (the memory of ForwardSequence::attention_mass).
+  const kernels::OpContext& context() const { return ctx_; }
+  // Whether the kernels read their metadata from device-layout buffers (kCuda, or kCpu with
+  // staged_metadata): ForwardSequence::attention_mass then lives in a kernels::DeviceBuffer.
+  bool staged() const { return Staged(); }
   const ForwardOptions& options() const { return options_; }
   const ModelConfig& config() const { return config_; }
   // Bytes of one KV block of this model at the pool's dtype.
@@ -341,6 +349,10 @@ class LlamaForward {
   absl::Status AccumulateMass(int layer);
   absl::Status AccumulateMassOfSlots(int layer);
   int64_t num_decode_slots_ = 0;
+  // AttentionMass's workspace (staged: scratch) and GatherKvRows's uploaded ids (staged: grown
+  // on demand).
+  float* mass_stats_ = nullptr;
+  kernels::DeviceBuffer gather_ids_;
 
   // Scratch on ctx.device, sized for options_.max_batch_tokens rows (activations) / max_seqs
   // (tables, logits): one allocation, the pointers below point into it.

@@ -339,15 +339,21 @@ TEST_F(LlamaForwardTest, AttentionMassIsBatchInvariantAndLeavesLogitsAlone) {
   bad = one;
   bad.mass_from = 20;
   EXPECT_TRUE(absl::IsInvalidArgument(f->Forward({bad}, scored.data())));
+  // The CUDA path's staging on the host (the block tables read from the staged copy) adds the
+  // same bits.
   ForwardOptions staged;
   staged.staged_metadata = true;
   std::unique_ptr<LlamaForward> s = MakeForward(4, staged);
-  EXPECT_TRUE(absl::IsUnimplemented(s->Forward({one}, scored.data())));
-  EXPECT_TRUE(absl::IsUnimplemented(s->GatherKvRows(table, {0}, {}, 1)));
+  std::vector<float> staged_mass(rows * stride, 0.0f);
+  ForwardSequence staged_one = one;
+  staged_one.attention_mass = staged_mass.data();
+  ASSERT_TRUE(s->Forward({staged_one}, scored.data()).ok());
+  EXPECT_EQ(std::memcmp(staged_mass.data(), mass.data(), mass.size() * sizeof(float)), 0);
 }
 
 // GatherKvRows moves each (layer, kv head)'s kept rows on their own, scales included: read
-// back, every kept row equals its source row, for an unquantized, an i8 and an i4 cache.
+// back, every kept row equals its source row, for an unquantized, an i8 and an i4 cache, and
+// with staged metadata (the ids uploaded first, as on CUDA).
 TEST_F(LlamaForwardTest, GatherKvRowsMovesEachHeadsRowsWithTheirScales) {
   const ModelConfig& c = weights_.config;
   const std::vector<uint32_t> prompt = {1,   403, 407, 261, 378, 11,  300, 290, 350, 273,
@@ -358,12 +364,16 @@ TEST_F(LlamaForwardTest, GatherKvRowsMovesEachHeadsRowsWithTheirScales) {
   for (int64_t r = 0; r < int64_t{c.n_layers} * c.n_kv_heads; ++r) {
     for (int64_t i = 0; i < kKeep; ++i) keep.push_back(static_cast<int32_t>((r + 2 * i) % 20));
   }
-  for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kI8, kernels::DType::kI4}) {
+  for (const auto& [dtype, staged] :
+       {std::pair{kernels::DType::kF32, false}, std::pair{kernels::DType::kI8, false},
+        std::pair{kernels::DType::kI4, false}, std::pair{kernels::DType::kI8, true}}) {
     const int64_t block_bytes =
         kernels::DenseKvBlockBytes(dtype, c.n_layers, c.n_kv_heads, kBlockSize, c.head_dim);
     std::vector<uint8_t> pool(kBlocks * block_bytes + 64, 0);
+    ForwardOptions options;
+    options.staged_metadata = staged;
     absl::StatusOr<std::unique_ptr<LlamaForward>> f = LlamaForward::Create(
-        &weights_, {pool.data(), dtype, kBlocks, kBlockSize}, kernels::OpContext{}, {});
+        &weights_, {pool.data(), dtype, kBlocks, kBlockSize}, kernels::OpContext{}, options);
     ASSERT_TRUE(f.ok()) << f.status();
     std::vector<float> logits(c.vocab_size);
     ASSERT_TRUE((*f)->Forward({{prompt, 0, src}}, logits.data()).ok());

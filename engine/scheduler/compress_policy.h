@@ -23,8 +23,9 @@
 // cache; a governed sequence itself never reuses cached blocks (the scores of a cached prefix
 // were never computed), is never restored from the tiers, and does not speculate. Under H2O it
 // is prefilled where it decodes; under SnapKV a prefill worker may compute and compress the
-// prompt (GenerationRequest::prefill_kv_policy) and send only the kept tokens' blocks. CPU
-// only (the score pass has no CUDA kernel yet), per-head attention caches only (not MLA).
+// prompt (GenerationRequest::prefill_kv_policy) and send only the kept tokens' blocks. Every
+// device: on kCuda (and the staged host path) the scores live in device memory and come to the
+// host only for a compaction's selection. Per-head attention caches only (not MLA).
 //
 // Thread-compatible value type; the scheduler decides when (it owns preemption and the batch).
 #pragma once

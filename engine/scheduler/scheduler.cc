@@ -18,16 +18,14 @@
 namespace pd::engine {
 namespace {
 
-// The score pass (kernels::AttentionMass) and the compaction run on the CPU, for per-head
-// attention caches.
+// The score pass (kernels::AttentionMass) and the compaction (kernels::GatherKvRows) need
+// per-head attention caches.
 absl::Status CheckCompressRuns(const CompressPolicy& policy, absl::string_view name,
                                const LlamaForward& forward) {
-  if (policy.enabled() && (forward.config().mla() || forward.device() != kernels::Device::kCpu ||
-                           forward.options().staged_metadata)) {
+  if (policy.enabled() && forward.config().mla()) {
     return absl::UnimplementedError(absl::StrCat(
         "scheduler: kv_policy ", name,
-        " scores cached tokens on the CPU only (no CUDA kernel yet, no staged metadata) and "
-        "for per-head attention caches only (not MLA)"));
+        " scores per-head attention caches only (not MLA, whose cache holds one latent)"));
   }
   return absl::OkStatus();
 }
@@ -433,9 +431,26 @@ void Scheduler::Admit() {
       seq->scores.clear();
     } else if (governed) {
       const ModelConfig& mc = forward_->config();
-      seq->scores.assign(static_cast<size_t>(mc.n_layers * mc.n_kv_heads *
-                                             seq->compress.ScoreSlots(seq->prompt_len)),
-                         0.0f);
+      const int64_t floats =
+          mc.n_layers * mc.n_kv_heads * seq->compress.ScoreSlots(seq->prompt_len);
+      seq->scores.host.assign(static_cast<size_t>(floats), 0.0f);
+      if (forward_->staged()) {
+        // Where the forward pass adds to them (zeroed by the allocation).
+        absl::StatusOr<kernels::DeviceBuffer> device =
+            kernels::DeviceBuffer::Allocate(forward_->device(), floats * 4);
+        if (!device.ok()) {
+          CHECK(kv_->Free(seq->kv_id).ok());
+          seq->num_computed = seq->num_allocated = 0;
+          Finish(
+              seq, FinishReason::kError,
+              absl::Status(device.status().code(),
+                           absl::StrCat("request ", seq->request.id.ToString(),
+                                        ": its KV policy's scores: ", device.status().message())));
+          waiting_.pop_front();
+          continue;
+        }
+        seq->scores.device = *std::move(device);
+      }
       seq->compressed = false;
     }
     seq->chain.assign(chain.begin(), chain.begin() + *cached / kv_->block_size());
@@ -629,8 +644,21 @@ Scheduler::SlideOutcome Scheduler::Compact(size_t i) {
   const int64_t keep_n = seq->compress.KeepTokens(held);
   const bool snapkv = seq->compress.kind() == CompressPolicy::Kind::kSnapKv;
   if (keep_n < held) {
+    std::vector<float>& scores = seq->scores.host;
+    if (seq->scores.device.data() != nullptr) {
+      // Staged: the forward pass added to the device copy; its steps are done (the tokens
+      // were sampled), and the stream is synchronised before the host reads them.
+      absl::Status down =
+          kernels::CopyAsync(forward_->context(), scores.data(), seq->scores.device.data(),
+                             static_cast<int64_t>(scores.size()) * 4);
+      if (down.ok()) down = kernels::SynchronizeStream(forward_->context());
+      if (!down.ok()) {
+        Finish(seq, FinishReason::kError, down);
+        return SlideOutcome::kFailed;
+      }
+    }
     std::vector<int32_t> keep;
-    seq->compress.Select(seq->scores.data(), stride, held, rows, &keep);
+    seq->compress.Select(scores.data(), stride, held, rows, &keep);
     auto fill = [&](absl::Span<const BlockId> old, absl::Span<const BlockId> fresh) {
       std::vector<int32_t> src, dst;
       for (BlockId b : old) src.push_back(static_cast<int32_t>(b.value()));
@@ -660,19 +688,28 @@ Scheduler::SlideOutcome Scheduler::Compact(size_t i) {
     stats_.kv_evicted_tokens += held - keep_n;
     if (!snapkv) {
       // The scores move with their tokens; the slots after them start again from zero.
-      std::vector<float> moved(seq->scores.size(), 0.0f);
+      std::vector<float> moved(scores.size(), 0.0f);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t j = 0; j < keep_n; ++j) {
-          moved[r * stride + j] = seq->scores[r * stride + keep[r * keep_n + j]];
+          moved[r * stride + j] = scores[r * stride + keep[r * keep_n + j]];
         }
       }
-      seq->scores = std::move(moved);
+      scores = std::move(moved);
+      if (seq->scores.device.data() != nullptr) {
+        absl::Status up =
+            kernels::CopyAsync(forward_->context(), seq->scores.device.data(), scores.data(),
+                               static_cast<int64_t>(scores.size()) * 4);
+        if (up.ok()) up = kernels::SynchronizeStream(forward_->context());
+        if (!up.ok()) {
+          Finish(seq, FinishReason::kError, up);
+          return SlideOutcome::kFailed;
+        }
+      }
     }
   }
   if (snapkv) {
     seq->compressed = true;
     seq->scores.clear();
-    seq->scores.shrink_to_fit();
   }
   return SlideOutcome::kSlid;
 }
@@ -895,7 +932,7 @@ Scheduler::Batch Scheduler::CollectBatch() {
         const int64_t from =
             seq->compress.ScoreFrom(static_cast<int64_t>(seq->prompt_len), seq->num_computed);
         if (from < n) {
-          row.attention_mass = seq->scores.data();
+          row.attention_mass = seq->scores.forward_data();
           row.mass_stride = seq->compress.ScoreSlots(static_cast<int64_t>(seq->prompt_len));
           row.mass_from = from;
         }

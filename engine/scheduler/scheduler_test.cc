@@ -509,6 +509,51 @@ TEST(SchedulerCompressTest, SnapKvCompressesALongPromptOnce) {
   }
 }
 
+// The CUDA path's staging on the host: the scores in a device buffer (downloaded for each
+// selection, uploaded after the move), AttentionMass reading the staged block tables,
+// GatherKvRows's ids uploaded. The same kernels run, so the output is bitwise the host path's,
+// batched and preempted.
+TEST(SchedulerCompressTest, StagedForwardPassGivesTheHostPathsOutput) {
+  struct Run {
+    std::map<int, std::vector<uint32_t>> tokens;
+    SchedulerStats stats;
+  };
+  auto run = [](const SchedulerConfig& config, int64_t blocks, bool staged) {
+    Harness h(blocks, config, Clock::Real(), staged);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<uint32_t> prompt = h.Encode(kPrompts[i]);
+      for (int r = 0; r < 9; ++r) {  // past the budget: SnapKV compresses
+        const std::vector<uint32_t> again = h.Encode(kPrompts[(i + r + 1) % 3]);
+        prompt.insert(prompt.end(), again.begin() + 1, again.end());
+      }
+      EXPECT_TRUE(h.Submit(i, prompt, Long(120)).ok());
+    }
+    h.RunToCompletion();
+    Run out;
+    for (int i = 0; i < 3; ++i) {
+      out.tokens[i] = h.results()[i].tokens;
+      EXPECT_EQ(out.tokens[i].size(), 120u) << h.results()[i].last.status;
+    }
+    out.stats = h.scheduler()->Stats();
+    return out;
+  };
+  for (const char* policy : {"h2o", "snapkv"}) {
+    SchedulerConfig c = Compressed(policy, 48, 16, 7);
+    c.max_running = 3;
+    for (int64_t blocks : {64, 14}) {  // 14: preemptions, recomputed by replay
+      const Run host = run(c, blocks, false);
+      const Run staged = run(c, blocks, true);
+      EXPECT_GT(staged.stats.kv_compactions, 0) << policy;
+      EXPECT_EQ(staged.stats.kv_compactions, host.stats.kv_compactions) << policy;
+      EXPECT_EQ(staged.stats.preemptions, host.stats.preemptions) << policy;
+      if (blocks == 14) {
+        EXPECT_GT(staged.stats.preemptions, 0) << policy;
+      }
+      EXPECT_EQ(staged.tokens, host.tokens) << policy << ", " << blocks << " blocks";
+    }
+  }
+}
+
 // A governed request publishes its full-prefix blocks until its first compaction (they hold
 // the full prefix's KV) but never reuses cached blocks itself (their scores were never
 // computed): the same request again computes everything and says the same.

@@ -26,6 +26,7 @@
 #include "engine/scheduler/compress_policy.h"
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/token_sampling.h"
+#include "kernels/device_memory.h"
 
 namespace pd::engine::scheduler_internal {
 
@@ -95,6 +96,22 @@ class MaskJob {
   size_t verify_done_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A governed sequence's scores where the forward pass adds to them
+// (ForwardSequence::attention_mass): the host vector, or when the forward stages its metadata
+// (kCuda, or the staged host path) a buffer on its device, which the host vector mirrors only
+// around a compaction (Scheduler::Compact downloads, selects, moves and uploads).
+struct KvScores {
+  std::vector<float> host;
+  kernels::DeviceBuffer device;
+  bool empty() const { return host.empty(); }
+  float* forward_data() { return device.data() != nullptr ? device.as<float>() : host.data(); }
+  void clear() {
+    host.clear();
+    host.shrink_to_fit();
+    device = kernels::DeviceBuffer();
+  }
+};
+
 struct Sequence {
   GenerationRequest request;
   kvcache::SequenceId kv_id;
@@ -111,7 +128,7 @@ struct Sequence {
   // H2O / SnapKV (compress_policy.h; empty otherwise): the attention each cached slot has
   // received, [layer][kv head][CompressPolicy::ScoreSlots], and whether SnapKV compressed the
   // prompt already.
-  std::vector<float> scores;
+  KvScores scores;
   bool compressed = false;
   // The KV policy governing this sequence: the scheduler's for a generation, the request's
   // prefill_kv_policy for a prefill-only request (off for the others).

@@ -52,7 +52,7 @@ ABSL_FLAG(int64_t, kv_window_tokens, 0,
 ABSL_FLAG(std::string, kv_policy, "",
           "KV eviction by attention score: h2o (keep the heaviest-hit tokens and the recent "
           "ones) | snapkv (compress the prompt once, by the votes of its last tokens); with "
-          "--kv_budget_tokens and --kv_recent_tokens; CPU only; empty = off");
+          "--kv_budget_tokens and --kv_recent_tokens; not for MLA models; empty = off");
 ABSL_FLAG(int64_t, kv_budget_tokens, 0,
           "--kv_policy: cached tokens a sequence keeps (rounded up to whole blocks)");
 ABSL_FLAG(int64_t, kv_recent_tokens, 0,
