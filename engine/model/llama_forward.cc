@@ -1413,21 +1413,24 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
         absl::StrCat("forward: gather of ", num_keep, " rows into ", dst.size(), " blocks needs ",
                      c.n_layers * heads * num_keep, " kept slots, got ", keep.size()));
   }
+  // kernels::GatherKvRows checks the ids and slots itself when they are host memory; staged,
+  // they are checked here, before they go up.
+  const bool check = Staged();
   for (const absl::Span<const int32_t> ids : {src, dst}) {
-    for (int32_t b : ids) {
+    for (int32_t b : check ? ids : absl::Span<const int32_t>()) {
       if (b < 0 || b >= pool_.num_blocks) {
         return absl::InvalidArgumentError(absl::StrCat(
             "forward: gather block ", b, " is outside the pool of ", pool_.num_blocks, " blocks"));
       }
     }
   }
-  for (int32_t b : dst) {
+  for (int32_t b : check ? dst : absl::Span<const int32_t>()) {
     if (std::find(src.begin(), src.end(), b) != src.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("forward: gather block ", b, " is in both src and dst"));
     }
   }
-  for (int32_t k : keep) {
+  for (int32_t k : check ? keep : absl::Span<const int32_t>()) {
     if (k < 0 || k >= src_slots) {
       return absl::InvalidArgumentError(
           absl::StrCat("forward: gather slot ", k, " outside the ", src_slots, " source slots"));
