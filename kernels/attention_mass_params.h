@@ -34,11 +34,17 @@ struct AttentionMassParams {
   const KvCacheView* cache = nullptr;
   const int32_t* block_table = nullptr;
   int64_t num_table_blocks = 0;
+  // With a cache: each key is a whole multi-head latent attention entry
+  // (kernels/latent_attention_params.h), the K rows of the cache's num_kv_heads heads then
+  // their V rows, LatentEntryDim(*cache) elements, each row widened as ReadKv widens it. The
+  // call then has num_kv_heads 1 and head_dim the entry's (at most kMaxLatentEntryDim); q holds
+  // the absorbed queries LatentAttention scores.
+  bool latent = false;
   int64_t start_pos = 0;       // >= 0
   int64_t num_tokens = 0;      // > 0
   int64_t num_heads = 0;       // a multiple of num_kv_heads
   int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;  // (0, kMaxAttentionHeadDim]
+  int64_t head_dim = 0;  // (0, kMaxAttentionHeadDim]; latent: the entry's
   float scale = 0.0f;    // 0 means 1 / sqrt(head_dim)
   // [num_kv_heads][mass_head_stride], accumulated into; must not overlap q or k.
   float* mass = nullptr;

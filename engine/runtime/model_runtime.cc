@@ -132,9 +132,9 @@ absl::Status ModelRuntimeConfig::Validate() const {
                                                    " in this build (no int8 MatMul for it)"));
   }
   if (!kernels::SupportsAttention(device, kv_dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_dtype ", kernels::DTypeName(kv_dtype), " is not supported on ", DeviceName(device),
-        kv_dtype == kernels::DType::kI4 ? " (the i4 cache runs on the CPU only so far)" : ""));
+    return absl::InvalidArgumentError(absl::StrCat("--kv_dtype ", kernels::DTypeName(kv_dtype),
+                                                   " is not supported on ", DeviceName(device),
+                                                   " in this build"));
   }
   return scheduler.Validate();
 }

@@ -39,8 +39,19 @@ void AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
     std::vector<float> read;
     if (k_head == nullptr) {
       read.resize(static_cast<size_t>(keys * p.head_dim));
+      const KvCacheView& c = *p.cache;
       for (int64_t t = 0; t < keys; ++t) {
-        ReadKvRow(*p.cache, p.block_table, t, g, 0, &read[static_cast<size_t>(t * p.head_dim)]);
+        float* row = &read[static_cast<size_t>(t * p.head_dim)];
+        if (!p.latent) {
+          ReadKvRow(c, p.block_table, t, g, 0, row);
+          continue;
+        }
+        // A latent entry: the K rows of every cache head, then their V rows.
+        for (int kv = 0; kv < 2; ++kv) {
+          for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+            ReadKvRow(c, p.block_table, t, h, kv, row + (kv * c.num_kv_heads + h) * c.head_dim);
+          }
+        }
       }
       k_head = read.data();
       k_stride = p.head_dim;

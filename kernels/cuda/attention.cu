@@ -3,21 +3,29 @@
 //
 // PrefillAttention: simple and exact rather than fast: one thread block per (query row, query
 // head), keys split over its warps with an online softmax in f32, the cache dtype (f32/bf16/f16,
-// or i8/fp8 codes times their row's scale) decided per load at run time.
+// i8/fp8 codes times their row's scale, i4 codes times their group's scale) decided per load
+// at run time.
+//
+// i4 caches hold each group rotated (kernels/attention_params.h), so, as on the CPU, the query
+// is rotated instead of every key (q . k = Hq . Hk) and the output rotated back once (V's rows
+// are summed rotated: sum p_t v_t = H sum p_t H v_t). PrefillAttention rotates in registers
+// across a warp's lanes (WarpHadamard: a group of at most 32 elements is one lane each);
+// DecodeAttention rotates the query tile in shared memory and the merged output in the merge
+// kernel (HadamardRotateRn, the CPU's operations in its order).
 //
 // DecodeAttention is split-KV ("flash-decoding", issue #16 item 4): DecodeSplitKernel runs one
 // block per (sequence, kv head, head tile, split of >= 256 keys) and serves all query heads of
 // the kv head's GQA group (up to 8 per tile) from one read of each K/V element, staged chunk by
 // chunk into shared memory as f32 (16-byte loads for f32/bf16/f16 caches with aligned rows,
-// element loads otherwise and for i8/fp8); it writes each head's unnormalised partial (acc, max,
-// sum) to the workspace. DecodeMergeKernel then merges each (sequence, head)'s splits in split
+// element loads otherwise and for i8/fp8/i4); it writes each head's unnormalised partial (acc,
+// max, sum) to the workspace. DecodeMergeKernel then merges each (sequence, head)'s splits in split
 // order, so results are deterministic and do not depend on the batch. The grid depends only on
 // max_blocks_per_seq: blocks past a sequence's length exit at once. All index arithmetic is in
 // launch_config.h, checked on the host by launch_config_decode_test.cc (including an emulation
 // of both kernels against kernels/reference). Not yet run or measured on a GPU.
 //
 // Quantized rows are written by one thread each, with the reference's float operations, so the
-// bytes equal the CPU's.
+// bytes equal the CPU's (i4 included: QuantizeI4Row, its rotation HadamardRotateRn).
 #include <cmath>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -72,11 +80,34 @@ __global__ void ReadKvKernel(ReadKvParams p) {
   const int64_t j = blockIdx.x;
   const int64_t pos = p.positions[j];
   const int64_t block_id = TokenBlock(p, j, pos);
+  if (c.dtype == DType::kI4) {
+    // One thread per (K or V, kv head) row: each group is rotated back whole.
+    for (int64_t r = threadIdx.x; r < 2 * c.num_kv_heads; r += blockDim.x) {
+      const bool value = r >= c.num_kv_heads;
+      const int64_t h = r % c.num_kv_heads;
+      float* dst =
+          (value ? p.v + j * p.v_token_stride : p.k + j * p.k_token_stride) + h * c.head_dim;
+      ReadKvI4Row(c, block_id, h, pos, value, dst);
+    }
+    return;
+  }
   const int64_t elems = c.num_kv_heads * c.head_dim;
   for (int64_t e = threadIdx.x; e < elems; e += blockDim.x) {
     p.k[j * p.k_token_stride + e] = ReadKvElement(c, block_id, pos, e, /*value=*/false);
     p.v[j * p.v_token_stride + e] = ReadKvElement(c, block_id, pos, e, /*value=*/true);
   }
+}
+
+// HadamardRotate of groups of `group` (a power of two up to kWarpSize) consecutive lanes, lane
+// l holding element l % group of its group: HadamardButterfly at strides 1, 2, 4, ..., then
+// the scale; the CPU's operations in its order, so the bits equal HadamardRotate's. Called by
+// all 32 lanes of a warp.
+__device__ float WarpHadamard(float x, int group) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  for (int h = 1; h < group; h *= 2) {
+    x = HadamardButterfly(x, __shfl_xor_sync(0xffffffffu, x, h), lane, h);
+  }
+  return MulRn(x, HadamardScale(group));
 }
 
 // Merges the kAttentionWarps warps' online-softmax results into out[0, dim): each warp's
@@ -139,12 +170,45 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
     qr[j] = d < head_dim ? q[d] * scale : 0.0f;
     acc[j] = 0.0f;
   }
+  const bool i4 = c.dtype == DType::kI4;
+  const bool rotated = KvRotated(c.dtype, head_dim);
+  const int group = static_cast<int>(KvScaleGroup(c.dtype, head_dim));
+  if (rotated) {  // (lane l holds element l of a 32-element stretch: whole groups)
+#pragma unroll
+    for (int j = 0; j < kMaxDimsPerLane; ++j) {
+      qr[j] = WarpHadamard(qr[j], group);
+    }
+  }
   SoftmaxState state;
   // Warp w takes keys w, w + kAttentionWarps, ... (all lanes of a warp see the same key, so
   // the shuffles below never diverge).
   for (int64_t t = warp; t < num_keys; t += kAttentionWarps) {
     const int64_t block_id = table[t / c.block_size];
     const int64_t k_off = KvElementOffset(c, block_id, kv_head, t, /*value=*/false);
+    if (i4) {  // code * its group's scale, one multiply as on the CPU
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxDimsPerLane; ++j) {
+        const int64_t d = lane + j * kWarpSize;
+        if (d < head_dim) {
+          dot += qr[j] * __fmul_rn(KvI4Code(c.base, k_off, d),
+                                   KvI4Scale(c, block_id, kv_head, t, /*value=*/false, d / group));
+        }
+      }
+      dot = WarpReduceSum(dot);
+      const SoftmaxStep step = OnlineSoftmaxUpdate(&state, dot);
+#pragma unroll
+      for (int j = 0; j < kMaxDimsPerLane; ++j) {
+        const int64_t d = lane + j * kWarpSize;
+        if (d < head_dim) {
+          acc[j] = acc[j] * step.correction +
+                   step.weight *
+                       __fmul_rn(KvI4Code(c.base, k_off + c.kv_stride, d),
+                                 KvI4Scale(c, block_id, kv_head, t, /*value=*/true, d / group));
+        }
+      }
+      continue;
+    }
     // Quantized caches: code * the row's scale, one multiply as on the CPU (else * 1).
     const float k_scale = KvRowScale(c, block_id, kv_head, t, /*value=*/false);
     const float v_scale = KvRowScale(c, block_id, kv_head, t, /*value=*/true);
@@ -166,6 +230,12 @@ __device__ void AttendRow(const KvCacheView& c, const int32_t* table, int64_t kv
         acc[j] = acc[j] * step.correction +
                  step.weight * __fmul_rn(LoadKv(c.base, c.dtype, v_off + d), v_scale);
       }
+    }
+  }
+  if (rotated) {  // the values were summed rotated: rotate back (linear, so before the merge)
+#pragma unroll
+    for (int j = 0; j < kMaxDimsPerLane; ++j) {
+      acc[j] = WarpHadamard(acc[j], group);
     }
   }
   MergeWarps(state, acc, head_dim, out, smem);
@@ -272,6 +342,13 @@ __device__ void StageKvChunk(const KvCacheView& c, const int32_t* table, int64_t
         *reinterpret_cast<float4*>(k_dst + j) = make_float4(k[j], k[j + 1], k[j + 2], k[j + 3]);
         *reinterpret_cast<float4*>(v_dst + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
       }
+    } else if (c.dtype == DType::kI4) {  // code * its group's scale (still rotated)
+      const int64_t row = k_off - u.elem;
+      const int64_t g = u.elem / KvScaleGroup(DType::kI4, head_dim);
+      *k_dst = __fmul_rn(KvI4Code(c.base, row, u.elem),
+                         KvI4Scale(c, block_id, kv_head, t, /*value=*/false, g));
+      *v_dst = __fmul_rn(KvI4Code(c.base, row + c.kv_stride, u.elem),
+                         KvI4Scale(c, block_id, kv_head, t, /*value=*/true, g));
     } else {
       const float k = LoadKv(c.base, c.dtype, k_off);
       const float v = LoadKv(c.base, c.dtype, k_off + c.kv_stride);
@@ -322,6 +399,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int tile_elems = count * head_dim;  // the tile's heads are adjacent in q
   for (int i = tid; i < tile_elems; i += kDecodeThreads) {
     qs[i] = q[i] * scale;
+  }
+  if (KvRotated(c.dtype, head_dim)) {  // an i4 cache: score the rotated query (one thread a group)
+    const int group = static_cast<int>(KvScaleGroup(c.dtype, head_dim));
+    __syncthreads();
+    for (int i = tid; i < tile_elems / group; i += kDecodeThreads) {
+      HadamardRotateRn(qs + i * group, group);
+    }
   }
   if (tid < count) {
     run_max[tid] = -INFINITY;
@@ -419,6 +503,23 @@ __global__ void DecodeMergeKernel(DecodeAttentionParams p, DecodeGeometry g) {
   const float* ws = static_cast<const float*>(p.workspace);
   const DecodeMergeTotals totals = DecodeMergeTotalsOf(ws, first, used, head_dim);
   float* out = p.out + rh.row * p.out_seq_stride + rh.head * head_dim;
+  if (KvRotated(p.cache.dtype, head_dim)) {
+    // An i4 cache: the splits summed rotated values; rotate the merged output back.
+    __shared__ float merged[kMaxAttentionHeadDim];
+    const int64_t group = KvScaleGroup(p.cache.dtype, head_dim);
+    for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+      merged[d] = DecodeMergeElement(ws, first, used, head_dim, totals, d);
+    }
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < head_dim / group; i += blockDim.x) {
+      HadamardRotateRn(merged + i * group, group);
+    }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+      out[d] = merged[d];
+    }
+    return;
+  }
   for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
     out[d] = DecodeMergeElement(ws, first, used, head_dim, totals, d);
   }

@@ -559,7 +559,7 @@ TEST_P(CudaAttentionTest, GatherKvRowsMatchesCpuBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(CacheDtypes, CudaAttentionTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16, DType::kI8,
-                                           DType::kF8E4M3),
+                                           DType::kF8E4M3, DType::kI4),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });

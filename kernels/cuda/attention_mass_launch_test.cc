@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -106,12 +107,31 @@ TEST(CudaAttentionMassLaunchTest, EmulatedKernelsGiveTheReferencesMass) {
                     &k[t * row + g * s.head_dim], s.head_dim * sizeof(float));
       }
     }
-    for (bool from_cache : {false, true}) {
+    // And in an i4 cache through the reference WriteKv (its groups rotated, where head_dim
+    // allows: MassScore reads such a key whole, ReadKvI4Row); i4 needs an even head_dim.
+    const bool i4 = s.head_dim % 2 == 0;
+    std::vector<uint8_t> i4_pool(static_cast<size_t>(
+        DenseKvBlockBytes(DType::kI4, kLayers, s.num_kv_heads, kBlockSize, s.head_dim) * blocks));
+    const KvCacheView i4_cache = DenseKvCacheView(i4_pool.data(), DType::kI4, blocks, kLayers,
+                                                  s.num_kv_heads, kBlockSize, s.head_dim, 1);
+    std::vector<int32_t> positions(static_cast<size_t>(keys));
+    std::iota(positions.begin(), positions.end(), 0);
+    WriteKvParams w;
+    w.k = w.v = k.data();
+    w.k_token_stride = w.v_token_stride = row;
+    w.cache = i4_cache;
+    w.num_tokens = keys;
+    w.positions = positions.data();
+    w.block_tables = table.data();
+    w.max_blocks_per_seq = blocks;
+    if (i4) reference::WriteKv(w);
+    for (int mode = 0; mode < (i4 ? 3 : 2); ++mode) {  // f32 rows, the f32 cache, the i4 cache
+      const bool from_cache = mode > 0;
       AttentionMassParams p;
       p.q = q.data();
       p.q_token_stride = s.num_heads * s.head_dim;
       if (from_cache) {
-        p.cache = &cache;
+        p.cache = mode == 1 ? &cache : &i4_cache;
         p.block_table = table.data();
         p.num_table_blocks = blocks;
       } else {
@@ -129,17 +149,71 @@ TEST(CudaAttentionMassLaunchTest, EmulatedKernelsGiveTheReferencesMass) {
       std::vector<float> want = before, got = before, near = before;
       p.mass = want.data();
       reference::AttentionMass(p);
-      const KvCacheView c = from_cache ? cache : KvCacheView{};
+      const KvCacheView c = from_cache ? *p.cache : KvCacheView{};
       p.mass = got.data();
       EmulateAdd(p, c, Stats(p, c, /*sequential=*/true));
       ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
-          << "keys " << keys << (from_cache ? ", from the cache" : ", f32 rows");
+          << "keys " << keys << ", mode " << mode;
       p.mass = near.data();
       EmulateAdd(p, c, Stats(p, c, /*sequential=*/false));
       for (size_t i = 0; i < want.size(); ++i) {
         ASSERT_NEAR(near[i], want[i], 1e-5f * (1.0f + std::fabs(want[i]))) << i;
       }
     }
+  }
+}
+
+// Latent keys (an MLA cache: each key the whole entry, LatentEntryElement): the emulated
+// kernels against the reference, bitwise with the CPU's sum order, for a bf16 and an i4 cache
+// of 2 heads of 64 (a 256-element entry), 4 query heads, a chunk after cached keys.
+TEST(CudaAttentionMassLaunchTest, LatentKeysGiveTheReferencesMass) {
+  std::mt19937 rng(29);
+  constexpr int64_t kHeads = 2, kDim = 64, kBlockSize = 16, kLayers = 2, kQueryHeads = 4;
+  constexpr int64_t kStart = 270, kTokens = 3, kKeys = kStart + kTokens, kEntry = 2 * kHeads * kDim;
+  const int64_t blocks = (kKeys + kBlockSize - 1) / kBlockSize;
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>((b * 5 + 2) % blocks);
+  std::vector<int32_t> positions(static_cast<size_t>(kKeys));
+  std::iota(positions.begin(), positions.end(), 0);
+  const std::vector<float> k = Random(kKeys * kHeads * kDim, &rng);
+  const std::vector<float> v = Random(kKeys * kHeads * kDim, &rng);
+  const std::vector<float> q = Random(kTokens * kQueryHeads * kEntry, &rng);
+  for (DType dtype : {DType::kBF16, DType::kI4}) {
+    std::vector<uint8_t> pool(
+        static_cast<size_t>(DenseKvBlockBytes(dtype, kLayers, kHeads, kBlockSize, kDim) * blocks));
+    const KvCacheView cache =
+        DenseKvCacheView(pool.data(), dtype, blocks, kLayers, kHeads, kBlockSize, kDim, 1);
+    ASSERT_EQ(LatentEntryDim(cache), kEntry);
+    WriteKvParams w;
+    w.k = k.data();
+    w.v = v.data();
+    w.k_token_stride = w.v_token_stride = kHeads * kDim;
+    w.cache = cache;
+    w.num_tokens = kKeys;
+    w.positions = positions.data();
+    w.block_tables = table.data();
+    w.max_blocks_per_seq = blocks;
+    reference::WriteKv(w);
+    AttentionMassParams p;
+    p.q = q.data();
+    p.q_token_stride = kQueryHeads * kEntry;
+    p.cache = &cache;
+    p.block_table = table.data();
+    p.num_table_blocks = blocks;
+    p.latent = true;
+    p.start_pos = kStart;
+    p.num_tokens = kTokens;
+    p.num_heads = kQueryHeads;
+    p.num_kv_heads = 1;
+    p.head_dim = kEntry;
+    p.mass_head_stride = kKeys;
+    std::vector<float> want(kKeys, 0.5f), got = want;
+    p.mass = want.data();
+    reference::AttentionMass(p);
+    p.mass = got.data();
+    EmulateAdd(p, cache, Stats(p, cache, /*sequential=*/true));
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+        << "dtype " << static_cast<int>(dtype);
   }
 }
 

@@ -52,14 +52,15 @@ __device__ inline float LoadKv(const void* base, DType dtype, int64_t off) {
       return static_cast<float>(static_cast<const int8_t*>(base)[off]);
     case DType::kF8E4M3:
       return E4M3ToF32(static_cast<const uint8_t*>(base)[off]);
-    case DType::kI4:  // (never on CUDA: dispatch refuses i4 caches there)
+    case DType::kI4:  // (two codes a byte: KvI4Code reads them, KvI4Scale their scales)
       break;
   }
   return 0.0f;
 }
 
-// The f32 scale of row (K or V, kv_head, pos) of a quantized cache; 1 for the other dtypes
-// (so LoadKv(...) * KvRowScale(...) is the stored value for every dtype).
+// The f32 scale of row (K or V, kv_head, pos) of an i8 or fp8 cache; 1 for the unquantized
+// dtypes (so LoadKv(...) * KvRowScale(...) is the stored value for them all; i4 rows have a
+// scale per group: KvI4Scale).
 __device__ inline float KvRowScale(const KvCacheView& c, int64_t block_id, int64_t kv_head,
                                    int64_t pos, bool value) {
   if (!IsQuantizedKvDType(c.dtype)) {
@@ -73,6 +74,10 @@ __device__ inline float KvRowScale(const KvCacheView& c, int64_t block_id, int64
 // serially in one thread, with the reference's float operations (bits equal to the CPU's).
 __device__ inline void QuantizeKvRow(const float* x, int64_t n, DType dtype, uint8_t* q,
                                      float* scale) {
+  if (dtype == DType::kI4) {
+    QuantizeI4Row(x, n, q, scale);  // (a scale per group: KvScalesPerRow of them)
+    return;
+  }
   bool finite = true;
   float amax = 0.0f;
   for (int64_t d = 0; d < n; ++d) {
@@ -113,7 +118,7 @@ __device__ inline void StoreKv(void* base, DType dtype, int64_t off, float v) {
     case DType::kI8:
     case DType::kF8E4M3:
     case DType::kI4:
-      return;  // quantized rows are written whole by QuantizeKvRow (i4: never on CUDA)
+      return;  // quantized rows are written whole by QuantizeKvRow
   }
 }
 

@@ -38,7 +38,8 @@ TEST(CudaLatentAttentionTest, MatchesTheReferenceForEveryCacheDtype) {
   PD_SKIP_WITHOUT_GPU();
   std::mt19937 rng(5);
   for (const LatentGeometry& g : kLatentGeometries) {
-    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
+    for (DType dtype :
+         {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3, DType::kI4}) {
       const LatentPool pool =
           MakeLatentPool(dtype, g.pieces_per_half, g.head_dim, g.block_size, rng);
       const LatentQueries qs = MakeLatentQueries(pool, g.heads, rng);

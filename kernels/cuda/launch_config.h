@@ -35,6 +35,38 @@ struct LaunchShape {
 // ceil(a / b) for a >= 0, b > 0.
 PD_HOST_DEVICE constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// One f32 operation, never contracted into an FMA (the CPU's int8 epilogue, its i4
+// quantization and its Hadamard rotation are one operation per expression;
+// kernels/matmul_params.h, kernels/attention_params.h).
+PD_HOST_DEVICE inline float MulRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+PD_HOST_DEVICE inline float AddRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+PD_HOST_DEVICE inline float SubRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+PD_HOST_DEVICE inline float DivRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
 // `n` rounded up to whole warps, clamped to [kWarpSize, cap] (cap a multiple of kWarpSize).
 constexpr int WarpRoundedThreads(int64_t n, int cap) {
   const int64_t t = CeilDiv(n < 1 ? 1 : n, kWarpSize) * kWarpSize;
@@ -162,19 +194,134 @@ PD_HOST_DEVICE constexpr int64_t BlockTableIndex(int64_t seq, int64_t max_blocks
 
 // Element offset (from cache.base) of element 0 of K (value false) or V of kv head `kv_head`
 // at token position `pos`, which lives in physical block `block_id` (see KvCacheView).
+// (i4: the byte offset of the row, whose element d is the nibble d % 2 of byte d / 2:
+// KvI4Code.)
 PD_HOST_DEVICE constexpr int64_t KvElementOffset(const KvCacheView& c, int64_t block_id,
                                                  int64_t kv_head, int64_t pos, bool value) {
   return block_id * c.block_stride + c.layer * c.layer_stride + (value ? c.kv_stride : 0) +
-         kv_head * c.head_stride + (pos % c.block_size) * c.head_dim;
+         kv_head * c.head_stride + (pos % c.block_size) * KvRowPitch(c.dtype, c.head_dim);
 }
 
 // Byte offset from the pool base of the f32 scale of row (K or V, kv_head, pos) of a quantized
-// cache's block (kernels/attention_params.h: the scale region follows the block's data).
+// cache's block (kernels/attention_params.h: the scale region follows the block's data); i4
+// rows have KvScalesPerRow scales, `group` picks one.
 PD_HOST_DEVICE constexpr int64_t KvScaleByteOffset(const KvCacheView& c, int64_t block_id,
-                                                   int64_t kv_head, int64_t pos, bool value) {
+                                                   int64_t kv_head, int64_t pos, bool value,
+                                                   int64_t group = 0) {
   return block_id * c.block_stride + c.scale_offset +
          4 * (c.layer * c.scale_layer_stride + (value ? c.scale_kv_stride : 0) +
-              kv_head * c.scale_head_stride + pos % c.block_size);
+              kv_head * c.scale_head_stride +
+              (pos % c.block_size) * KvScalesPerRow(c.dtype, c.head_dim) + group);
+}
+
+// ---- i4 caches (kernels/attention_params.h): codes two a byte, a scale per group, groups
+// stored rotated (KvRotated). The device kernels use these; launch_config_test.cc checks them
+// bitwise against the reference on the host.
+
+// The code of element d of the i4 row at byte `row_off`, sign-extended, as a float.
+PD_HOST_DEVICE inline float KvI4Code(const void* base, int64_t row_off, int64_t d) {
+  const uint8_t byte = static_cast<const uint8_t*>(base)[row_off + d / 2];
+  const int nibble = d % 2 == 0 ? byte & 0xF : byte >> 4;
+  return static_cast<float>((nibble ^ 8) - 8);
+}
+
+// The stored scale of group g of an i4 row.
+PD_HOST_DEVICE inline float KvI4Scale(const KvCacheView& c, int64_t block_id, int64_t kv_head,
+                                      int64_t pos, bool value, int64_t g) {
+  return *reinterpret_cast<const float*>(static_cast<const char*>(c.base) +
+                                         KvScaleByteOffset(c, block_id, kv_head, pos, value, g));
+}
+
+// HadamardRotate's final factor, 1 / sqrt(n) rounded once, the same float.
+PD_HOST_DEVICE inline float HadamardScale(int64_t n) {
+  float s = 1.0f;
+  int64_t m = 1;
+  for (; m * 4 <= n; m *= 4) s *= 0.5f;
+  if (m * 2 == n) s *= 0.70710678118654752f;
+  return s;
+}
+
+// One butterfly of HadamardRotate at stride h seen from element `lane` of its group, holding
+// `mine` while its partner lane ^ h holds `other`: the lower of the pair becomes a + b, the
+// upper a - b (a the lower's value). WarpHadamard runs it across a warp's lanes.
+PD_HOST_DEVICE inline float HadamardButterfly(float mine, float other, int lane, int h) {
+  return (lane & h) != 0 ? SubRn(other, mine) : AddRn(mine, other);
+}
+
+// HadamardRotate (kernels/attention_params.h) with every operation rounded on its own: the
+// same bits on the device as on the CPU.
+PD_HOST_DEVICE inline void HadamardRotateRn(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j];
+        const float b = x[j + h];
+        x[j] = AddRn(a, b);
+        x[j + h] = SubRn(a, b);
+      }
+    }
+  }
+  const float s = HadamardScale(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = MulRn(x[i], s);
+}
+
+// Whether f is NaN (no library call: the same on host and device).
+PD_HOST_DEVICE inline bool IsNanBits(float f) { return (F32Bits(f) & 0x7fffffffu) > 0x7f800000u; }
+
+// i4's quantization of one row x[0, n) (kernels/attention_params.h): each group rotated
+// (KvRotated) then scaled by its amax / 7, codes rounded half to even and clamped to [-7, 7],
+// two a byte, low nibble first. Bytes and scales identical to the CPU's and the reference's.
+PD_HOST_DEVICE inline void QuantizeI4Row(const float* x, int64_t n, uint8_t* q, float* scale) {
+  const int64_t group = KvScaleGroup(DType::kI4, n);
+  const bool rotated = KvRotated(DType::kI4, n);
+  for (int64_t i = 0; i < n / 2; ++i) q[i] = 0;
+  float xg[kMaxAttentionHeadDim];
+  for (int64_t g = 0; g < n / group; ++g) {
+    for (int64_t d = 0; d < group; ++d) xg[d] = x[g * group + d];
+    if (rotated) HadamardRotateRn(xg, group);
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t d = 0; d < group; ++d) {
+      const float a = fabsf(xg[d]);
+      finite = finite && a <= 3.40282347e+38f;  // false for inf and NaN
+      amax = a > amax ? a : amax;
+    }
+    if (!finite || amax == 0.0f) {
+      // The quiet NaN, or 0; the group's codes stay 0.
+      scale[g] = finite ? 0.0f : F32FromBits(0x7fc00000u);
+      continue;
+    }
+    scale[g] = DivRn(amax, 7.0f);
+    const float inv = DivRn(7.0f, amax);
+    for (int64_t d = 0; d < group; ++d) {
+      float r = rintf(MulRn(xg[d], inv));  // half to even (the default rounding mode)
+      r = r > 7.0f ? 7.0f : (r < -7.0f ? -7.0f : r);
+      const auto nibble = static_cast<uint8_t>(static_cast<int>(r) & 0xF);
+      const int64_t e = g * group + d;
+      q[e / 2] = static_cast<uint8_t>(q[e / 2] | (e % 2 == 0 ? nibble : nibble << 4));
+    }
+  }
+}
+
+// The i4 row (K or V, kv_head, pos) back to f32 as the CPU's ReadKv gives it: code * the
+// group's scale, each group rotated back. A group with a NaN scale (it held NaN or inf) reads
+// as that NaN in every element, unrotated: the CPU's multiplies and adds keep the NaN operand's
+// bits, a GPU's would give the canonical NaN.
+PD_HOST_DEVICE inline void ReadKvI4Row(const KvCacheView& c, int64_t block_id, int64_t kv_head,
+                                       int64_t pos, bool value, float* dst) {
+  const int64_t group = KvScaleGroup(DType::kI4, c.head_dim);
+  const bool rotated = KvRotated(DType::kI4, c.head_dim);
+  const int64_t row = KvElementOffset(c, block_id, kv_head, pos, value);
+  for (int64_t g = 0; g < c.head_dim / group; ++g) {
+    const float s = KvI4Scale(c, block_id, kv_head, pos, value, g);
+    float* out = dst + g * group;
+    if (IsNanBits(s)) {
+      for (int64_t d = 0; d < group; ++d) out[d] = s;
+      continue;
+    }
+    for (int64_t d = 0; d < group; ++d) out[d] = MulRn(KvI4Code(c.base, row, g * group + d), s);
+    if (rotated) HadamardRotateRn(out, group);
+  }
 }
 
 // Online softmax of one warp over its keys: state (running max m, running sum l). Folding in a
@@ -568,9 +715,33 @@ constexpr LaunchShape ReadKvLaunch(int64_t num_tokens, int64_t num_kv_heads, int
   return WriteKvLaunch(num_tokens, num_kv_heads, head_dim);
 }
 
+// Element e = kv_head * head_dim + d of an i4 row as ReadKvI4Row gives it: its group
+// dequantized and, rotated, rotated back (a rotated group has at most kWarpSize elements:
+// KvScaleGroup is kI4Group = 32 or, when that does not divide head_dim, head_dim itself, a
+// power of two only below 32). Costs a group's rotation per element: for the paths that read
+// single elements (ReadKv, LatentAttention); attention reads whole rows.
+PD_HOST_DEVICE inline float ReadKvI4Element(const KvCacheView& c, int64_t block_id, int64_t pos,
+                                            int64_t e, bool value) {
+  const int64_t kv_head = e / c.head_dim, d = e % c.head_dim;
+  const int64_t group = KvScaleGroup(DType::kI4, c.head_dim), g = d / group;
+  const int64_t row = KvElementOffset(c, block_id, kv_head, pos, value);
+  const float s = KvI4Scale(c, block_id, kv_head, pos, value, g);
+  if (IsNanBits(s)) {
+    return s;
+  }
+  if (!KvRotated(DType::kI4, c.head_dim)) {
+    return MulRn(KvI4Code(c.base, row, d), s);
+  }
+  float x[kWarpSize];
+  for (int64_t i = 0; i < group; ++i) x[i] = MulRn(KvI4Code(c.base, row, g * group + i), s);
+  HadamardRotateRn(x, group);
+  return x[d % group];
+}
+
 // Element e = kv_head * head_dim + d of the K (value false) or V row of the token at `pos`,
 // stored in physical block `block_id`, back to f32 exactly as the CPU ReadKv: f32 as stored,
-// bf16/f16 widened (exact), i8/fp8 as decode(code) * the row's scale, one f32 multiply. A NaN
+// bf16/f16 widened (exact), i8/fp8 as decode(code) * the row's scale, one f32 multiply, i4 as
+// ReadKvI4Element. A NaN
 // scale (a row that held NaN or inf) is returned as stored: a GPU multiply by NaN yields the
 // canonical NaN 0x7fffffff, the CPU's keeps the operand's bits, and ReadKv is bitwise.
 PD_HOST_DEVICE inline float ReadKvElement(const KvCacheView& c, int64_t block_id, int64_t pos,
@@ -584,9 +755,10 @@ PD_HOST_DEVICE inline float ReadKvElement(const KvCacheView& c, int64_t block_id
       return Bf16ToF32(static_cast<const uint16_t*>(c.base)[off]);
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(c.base)[off]);
+    case DType::kI4:
+      return ReadKvI4Element(c, block_id, pos, e, value);
     case DType::kI8:
     case DType::kF8E4M3:
-    case DType::kI4:  // (never on CUDA: dispatch refuses i4 caches there)
       break;
   }
   const uint8_t byte = static_cast<const uint8_t*>(c.base)[off];
@@ -717,23 +889,6 @@ struct MatMulI8Workspace {
 MatMulI8Workspace MatMulI8Layout(const MatMulParams& p);
 bool MatMulI8Shape(const MatMulParams& p);  // in_features % 4 == 0
 
-// One f32 operation, never contracted into an FMA (the CPU's int8 epilogue is one operation
-// per expression; kernels/matmul_params.h).
-PD_HOST_DEVICE inline float MulRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-PD_HOST_DEVICE inline float AddRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
 // The int8 epilogue of output (r, o): v = float(acc) * (sx[r] * w_scales[o]), + bias[o], then
 // y = accumulate ? y + v : v (kernels/matmul_params.h).
 PD_HOST_DEVICE inline float MatMulI8Output(int32_t acc, float sx, float w_scale, const float* bias,
@@ -788,14 +943,18 @@ PD_HOST_DEVICE constexpr int64_t MassKeyTiles(int64_t keys) {
 }
 
 // Element d of key t of kv head g: the caller's f32 rows, or read from the cache through the
-// sequence's block table as ReadKv reads it.
+// sequence's block table as ReadKv reads it (latent: element d of the whole entry,
+// LatentEntryElement).
 PD_HOST_DEVICE inline float MassKeyElement(const AttentionMassParams& p, const KvCacheView& c,
                                            int64_t t, int64_t g, int64_t d) {
   if (p.k != nullptr) {
     return p.k[t * p.k_token_stride + g * p.head_dim + d];
   }
-  return ReadKvElement(c, p.block_table[t / c.block_size], t, g * c.head_dim + d,
-                       /*value=*/false);
+  const int64_t block_id = p.block_table[t / c.block_size];
+  if (p.latent) {
+    return LatentEntryElement(c, block_id, t, d);
+  }
+  return ReadKvElement(c, block_id, t, g * c.head_dim + d, /*value=*/false);
 }
 
 // scale * (q_{j,h} . k_{t,g}) with the CPU's float operations in its order (eight running sums,
@@ -803,15 +962,22 @@ PD_HOST_DEVICE inline float MassKeyElement(const AttentionMassParams& p, const K
 PD_HOST_DEVICE inline float MassScore(const AttentionMassParams& p, const KvCacheView& c, int64_t j,
                                       int64_t h, int64_t t, int64_t g, float scale) {
   const float* q = p.q + j * p.q_token_stride + h * p.head_dim;
+  // An i4 cache's key is read whole (its groups rotated back once, not once per element).
+  const bool i4 = p.k == nullptr && !p.latent && c.dtype == DType::kI4;
+  float i4_key[kMaxAttentionHeadDim];
+  if (i4) {
+    ReadKvI4Row(c, p.block_table[t / c.block_size], g, t, /*value=*/false, i4_key);
+  }
+  auto key = [&](int64_t d) { return i4 ? i4_key[d] : MassKeyElement(p, c, t, g, d); };
   float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   int64_t d = 0;
   for (; d + 8 <= p.head_dim; d += 8) {
     for (int l = 0; l < 8; ++l) {
-      lane[l] = AddRn(lane[l], MulRn(q[d + l], MassKeyElement(p, c, t, g, d + l)));
+      lane[l] = AddRn(lane[l], MulRn(q[d + l], key(d + l)));
     }
   }
   for (int l = 0; d < p.head_dim; ++d, ++l) {
-    lane[l] = AddRn(lane[l], MulRn(q[d], MassKeyElement(p, c, t, g, d)));
+    lane[l] = AddRn(lane[l], MulRn(q[d], key(d)));
   }
   const float dot = AddRn(AddRn(AddRn(lane[0], lane[1]), AddRn(lane[2], lane[3])),
                           AddRn(AddRn(lane[4], lane[5]), AddRn(lane[6], lane[7])));

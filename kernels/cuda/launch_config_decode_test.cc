@@ -398,7 +398,7 @@ float HostLoadKv(const void* base, DType dtype, int64_t off) {
     case DType::kF8E4M3:
       return E4M3ToF32(static_cast<const uint8_t*>(base)[off]);
     case DType::kI4:
-      break;  // (never on CUDA: dispatch refuses i4 caches there)
+      break;  // (two codes a byte: the staging reads them with KvI4Code)
   }
   return 0.0f;
 }
@@ -473,6 +473,14 @@ void EmulateSplitBlock(const DecodeAttentionParams& p, const DecodeGeometry& g, 
       run_sum[tid] = 0.0f;
     }
   }
+  if (KvRotated(c.dtype, head_dim)) {  // an i4 cache: the query tile rotated, a group a thread
+    const int group = static_cast<int>(KvScaleGroup(c.dtype, head_dim));
+    for (int tid = 0; tid < kDecodeThreads; ++tid) {
+      for (int i = tid; i < tile_elems / group; i += kDecodeThreads) {
+        HadamardRotateRn(qs + i * group, group);
+      }
+    }
+  }
   std::vector<float> acc(kDecodeThreads * kDecodeMaxAccPerThread, 0.0f);  // [thread][j]
   const DType dtype = c.dtype;
   const DecodeStageShape shape = DecodeStageShapeOf(dtype, head_dim, vector);
@@ -507,6 +515,13 @@ void EmulateSplitBlock(const DecodeAttentionParams& p, const DecodeGeometry& g, 
             UnpackKvWord(vw[w], dtype, v_dst + w * n);
           }
           ++stats->vector_units;
+        } else if (dtype == DType::kI4) {
+          const int64_t row = k_off - u.elem;
+          const int64_t g = u.elem / KvScaleGroup(DType::kI4, head_dim);
+          *k_dst = MulRn(KvI4Code(c.base, row, u.elem),
+                         KvI4Scale(c, block_id, blk.kv_head, t, false, g));
+          *v_dst = MulRn(KvI4Code(c.base, row + c.kv_stride, u.elem),
+                         KvI4Scale(c, block_id, blk.kv_head, t, true, g));
         } else {
           *k_dst =
               HostLoadKv(c.base, dtype, k_off) * HostRowScale(c, block_id, blk.kv_head, t, false);
@@ -595,11 +610,21 @@ void EmulateMerge(const DecodeAttentionParams& p, const DecodeGeometry& g,
     ASSERT_LE(DecodeSumOffset(first + used - 1, head_dim) + 1, static_cast<int64_t>(ws.size()));
     const DecodeMergeTotals totals = DecodeMergeTotalsOf(ws.data(), first, used, head_dim);
     float* out = p.out + rh.row * p.out_seq_stride + rh.head * head_dim;
+    std::vector<float> merged(head_dim);
     for (int64_t tid = 0; tid < m.threads; ++tid) {
       for (int64_t d = tid; d < head_dim; d += m.threads) {
-        out[d] = DecodeMergeElement(ws.data(), first, used, head_dim, totals, d);
+        merged[d] = DecodeMergeElement(ws.data(), first, used, head_dim, totals, d);
       }
     }
+    if (KvRotated(p.cache.dtype, head_dim)) {  // an i4 cache: rotated back, a group a thread
+      const int64_t group = KvScaleGroup(p.cache.dtype, head_dim);
+      for (int64_t tid = 0; tid < m.threads; ++tid) {
+        for (int64_t i = tid; i < head_dim / group; i += m.threads) {
+          HadamardRotateRn(merged.data() + i * group, group);
+        }
+      }
+    }
+    std::copy(merged.begin(), merged.end(), out);
   }
 }
 
@@ -760,6 +785,12 @@ TEST(CudaDecodeLaunchTest, SplitMergeEmulationMatchesReference) {
       {DType::kF16, 4, 1, 20, 16},
       {DType::kI8, 8, 2, 64, 16},
       {DType::kF8E4M3, 4, 1, 128, 8},
+      // i4: rotated groups of 32 (64, 256), one rotated group of 8 (stories260K's head), an
+      // unrotated row of 48.
+      {DType::kI4, 8, 2, 64, 16},
+      {DType::kI4, 2, 1, 256, 8},
+      {DType::kI4, 8, 4, 8, 16},
+      {DType::kI4, 4, 1, 48, 16},
       // Cut for 300 keys (2 splits of 256) while sequences reach 1000: the last split takes
       // the rest.
       {DType::kBF16, 8, 2, 64, 16, 0, /*max_context_len=*/300},

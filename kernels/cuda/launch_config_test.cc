@@ -504,7 +504,8 @@ TEST(CudaLaunchTest, ReadKvEmulationMatchesReferenceBitwise) {
   const std::vector<int32_t> tables = {4, 1, 5, 0, 3, 2};  // 2 sequences x 3 blocks
   const std::vector<int32_t> token_seq = {0, 1, 0, 1, 0, 1, 1};
   const std::vector<int32_t> positions = {0, 3, 5, 4, 11, 9, 0};
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
+  for (DType dtype :
+       {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3, DType::kI4}) {
     std::mt19937 rng(21);
     const int64_t bytes = kBlocks * DenseKvBlockBytes(dtype, kLayers, kHeads, kBlock, kDim);
     std::vector<float> storage(static_cast<size_t>(bytes / 4 + 1), 0.0f);
@@ -559,10 +560,226 @@ TEST(CudaLaunchTest, ReadKvEmulationMatchesReferenceBitwise) {
     const std::string name = "dtype " + std::to_string(static_cast<int>(dtype));
     EXPECT_EQ(std::memcmp(got_k.data(), want_k.data(), got_k.size() * 4), 0) << name;
     EXPECT_EQ(std::memcmp(got_v.data(), want_v.data(), got_v.size() * 4), 0) << name;
+    if (dtype == DType::kI4) {
+      // The kernel's i4 branch: one thread per (K or V, kv head) row, ReadKvI4Row.
+      std::vector<float> row_k(kTokens * kStride, -1.0f), row_v = row_k;
+      for (int64_t j = 0; j < kTokens; ++j) {
+        const int64_t pos = positions[j];
+        const int64_t block = tables[BlockTableIndex(token_seq[j], 3, pos, kBlock)];
+        for (int64_t r = 0; r < 2 * kHeads; ++r) {
+          const bool value = r >= kHeads;
+          float* dst = (value ? row_v.data() : row_k.data()) + j * kStride + (r % kHeads) * kDim;
+          ReadKvI4Row(c, block, r % kHeads, pos, value, dst);
+        }
+      }
+      EXPECT_EQ(std::memcmp(row_k.data(), want_k.data(), row_k.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(row_v.data(), want_v.data(), row_v.size() * 4), 0);
+    }
     if (IsQuantizedKvDType(dtype)) {  // the special rows really are special
       EXPECT_TRUE(std::isnan(got_k[1 * kStride + kDim])) << name;
       EXPECT_TRUE(std::isnan(got_v[2 * kStride])) << name;
       EXPECT_EQ(got_k[3 * kStride + 5], 0.0f) << name;
+    }
+  }
+}
+
+// attention.cu's WarpHadamard on the host: lanes[l] is lane l's register.
+void WarpHadamardOnHost(float* lanes, int group) {
+  for (int h = 1; h < group; h *= 2) {
+    float next[kWarpSize];
+    for (int l = 0; l < kWarpSize; ++l) {
+      next[l] = HadamardButterfly(lanes[l], lanes[l ^ h], l, h);
+    }
+    std::copy(next, next + kWarpSize, lanes);
+  }
+  for (int l = 0; l < kWarpSize; ++l) lanes[l] = MulRn(lanes[l], HadamardScale(group));
+}
+
+// The i4 helpers the kernels share with the host: HadamardRotateRn and the warp's butterflies
+// (HadamardButterfly over 32 lanes, as WarpHadamard shuffles them) give HadamardRotate's bits,
+// for every group size an i4 cache rotates.
+TEST(CudaLaunchTest, I4RotationsAreBitwiseTheCpus) {
+  std::mt19937 rng(31);
+  for (int64_t n : {2, 4, 8, 16, 32}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x = Random(kWarpSize, rng);
+      x[trial % kWarpSize] *= 1e6f;  // an outlier, so roundings differ by order
+      std::vector<float> want = x;
+      for (int64_t g = 0; g < kWarpSize; g += n) HadamardRotate(want.data() + g, n);
+      std::vector<float> serial = x;
+      for (int64_t g = 0; g < kWarpSize; g += n) HadamardRotateRn(serial.data() + g, n);
+      std::vector<float> lanes = x;
+      WarpHadamardOnHost(lanes.data(), static_cast<int>(n));
+      ASSERT_EQ(std::memcmp(serial.data(), want.data(), kWarpSize * 4), 0) << n;
+      ASSERT_EQ(std::memcmp(lanes.data(), want.data(), kWarpSize * 4), 0) << n;
+    }
+  }
+}
+
+// WriteKvKernel on an i4 cache emulated (one thread per (K or V, kv head) row, QuantizeI4Row
+// at KvElementOffset / KvScaleByteOffset) against the reference WriteKv, bytes and scales: for
+// rotated groups of 32 and of a whole small row (8, 16), an unrotated whole row (48), several
+// groups (64, 96, 256), and rows holding NaN, inf, zeros and an outlier.
+TEST(CudaLaunchTest, WriteKvI4EmulationMatchesReferenceBitwise) {
+  constexpr int64_t kLayers = 2, kHeads = 2, kBlock = 4, kBlocks = 3, kTokens = 6;
+  const std::vector<int32_t> table = {2, 0};
+  const std::vector<int32_t> positions = {0, 1, 2, 3, 4, 7};
+  for (int64_t dim : {8, 16, 48, 64, 96, 256}) {
+    SCOPED_TRACE(dim);
+    std::mt19937 rng(static_cast<uint32_t>(dim));
+    const int64_t elems = kHeads * dim;
+    std::vector<float> k = Random(kTokens * elems, rng), v = Random(kTokens * elems, rng);
+    k[1 * elems + dim + 3] = std::nanf("");
+    v[2 * elems + 1] = -std::numeric_limits<float>::infinity();
+    std::fill(k.begin() + 3 * elems, k.begin() + 3 * elems + dim, 0.0f);
+    v[4 * elems + 5] = 3e4f;
+    const int64_t bytes = kBlocks * DenseKvBlockBytes(DType::kI4, kLayers, kHeads, kBlock, dim);
+    std::vector<uint8_t> want(static_cast<size_t>(bytes), 0xab), got = want;
+    const KvCacheView wv =
+        DenseKvCacheView(want.data(), DType::kI4, kBlocks, kLayers, kHeads, kBlock, dim, 1);
+    WriteKvParams w;
+    w.k = k.data();
+    w.v = v.data();
+    w.k_token_stride = w.v_token_stride = elems;
+    w.cache = wv;
+    w.num_tokens = kTokens;
+    w.positions = positions.data();
+    w.block_tables = table.data();
+    w.max_blocks_per_seq = 2;
+    reference::WriteKv(w);
+    KvCacheView c = wv;
+    c.base = got.data();
+    for (int64_t j = 0; j < kTokens; ++j) {
+      const int64_t pos = positions[j];
+      const int64_t block = table[pos / kBlock];
+      for (int64_t r = 0; r < 2 * kHeads; ++r) {
+        const bool value = r >= kHeads;
+        const int64_t h = r % kHeads;
+        const float* x = (value ? v.data() : k.data()) + j * elems + h * dim;
+        QuantizeI4Row(
+            x, dim, got.data() + KvElementOffset(c, block, h, pos, value),
+            reinterpret_cast<float*>(got.data() + KvScaleByteOffset(c, block, h, pos, value)));
+      }
+    }
+    EXPECT_EQ(got, want);
+  }
+}
+
+// AttendRow's i4 branch on the host: the query rotated across lanes (WarpHadamard), keys and
+// values as code * group scale (KvI4Code, KvI4Scale) in the cache's rotated space, each warp's
+// accumulators rotated back before the merge. Against the reference PrefillAttention (which
+// reads every row rotated back, in double), for rotated groups (head_dim 8: one group; 64: two
+// of 32) and an unrotated one (48), GQA 4/2.
+TEST(CudaLaunchTest, PrefillAttentionI4EmulationMatchesReference) {
+  constexpr int64_t kLayers = 2, kKvHeads = 2, kHeads = 4, kBlock = 4, kBlocks = 5;
+  const std::vector<int32_t> table = {3, 0, 4, 1};
+  const int64_t start_pos = 6, num_tokens = 7;  // positions 6..12 over 4 blocks
+  for (int64_t dim : {8, 48, 64}) {
+    SCOPED_TRACE(dim);
+    std::mt19937 rng(static_cast<uint32_t>(40 + dim));
+    const int64_t bytes = kBlocks * DenseKvBlockBytes(DType::kI4, kLayers, kKvHeads, kBlock, dim);
+    std::vector<uint8_t> pool(static_cast<size_t>(bytes), 0);
+    const KvCacheView c =
+        DenseKvCacheView(pool.data(), DType::kI4, kBlocks, kLayers, kKvHeads, kBlock, dim, 1);
+    const int64_t total = start_pos + num_tokens, kv_elems = kKvHeads * dim;
+    std::vector<int32_t> positions(total);
+    std::iota(positions.begin(), positions.end(), 0);
+    const std::vector<float> k = Random(total * kv_elems, rng), v = Random(total * kv_elems, rng);
+    WriteKvParams w;
+    w.k = k.data();
+    w.v = v.data();
+    w.k_token_stride = w.v_token_stride = kv_elems;
+    w.cache = c;
+    w.num_tokens = total;
+    w.positions = positions.data();
+    w.block_tables = table.data();
+    w.max_blocks_per_seq = 4;
+    reference::WriteKv(w);
+    const int64_t row = kHeads * dim;
+    const std::vector<float> q = Random(num_tokens * row, rng);
+    std::vector<float> got(num_tokens * row, 0.0f), want = got;
+    PrefillAttentionParams p;
+    p.q = q.data();
+    p.out = want.data();
+    p.q_token_stride = p.out_token_stride = row;
+    p.cache = c;
+    p.block_table = table.data();
+    p.num_table_blocks = 4;
+    p.start_pos = start_pos;
+    p.num_tokens = num_tokens;
+    p.num_heads = kHeads;
+    reference::PrefillAttention(p);
+    const float scale = AttentionScale(0.0f, dim);
+    const bool rotated = KvRotated(DType::kI4, dim);
+    const int group = static_cast<int>(KvScaleGroup(DType::kI4, dim));
+    EXPECT_EQ(rotated, dim != 48);
+    const LaunchShape s = AttentionLaunch(num_tokens, kHeads, dim);
+    for (int64_t b = 0; b < s.grid; ++b) {
+      const RowHead rh = RowHeadAt(b, kHeads);
+      const int64_t kv_head = KvHeadOf(rh.head, kHeads, kKvHeads);
+      const int64_t num_keys = PrefillNumKeys(start_pos, rh.row);
+      const float* qh = q.data() + rh.row * row + rh.head * dim;
+      // qr[j][lane], acc[warp][j][lane]: the registers.
+      std::vector<std::vector<float>> qr(kMaxDimsPerLane, std::vector<float>(kWarpSize, 0.0f));
+      for (int j = 0; j < kMaxDimsPerLane; ++j) {
+        for (int lane = 0; lane < kWarpSize; ++lane) {
+          const int64_t d = lane + j * kWarpSize;
+          qr[j][lane] = d < dim ? qh[d] * scale : 0.0f;
+        }
+        if (rotated) WarpHadamardOnHost(qr[j].data(), group);
+      }
+      SoftmaxState state[kAttentionWarps];
+      std::vector<float> acc(kAttentionWarps * kMaxDimsPerLane * kWarpSize, 0.0f);
+      for (int warp = 0; warp < kAttentionWarps; ++warp) {
+        for (int64_t t = warp; t < num_keys; t += kAttentionWarps) {
+          const int64_t block_id = table[t / kBlock];
+          const int64_t k_off = KvElementOffset(c, block_id, kv_head, t, false);
+          float dot = 0.0f;
+          for (int lane = 0; lane < kWarpSize; ++lane) {
+            for (int j = 0; j < kMaxDimsPerLane; ++j) {
+              const int64_t d = lane + j * kWarpSize;
+              if (d < dim) {
+                dot += qr[j][lane] * MulRn(KvI4Code(c.base, k_off, d),
+                                           KvI4Scale(c, block_id, kv_head, t, false, d / group));
+              }
+            }
+          }
+          const SoftmaxStep step = OnlineSoftmaxUpdate(&state[warp], dot);
+          for (int j = 0; j < kMaxDimsPerLane; ++j) {
+            for (int lane = 0; lane < kWarpSize; ++lane) {
+              const int64_t d = lane + j * kWarpSize;
+              if (d < dim) {
+                float& a = acc[(warp * kMaxDimsPerLane + j) * kWarpSize + lane];
+                a = a * step.correction +
+                    step.weight * MulRn(KvI4Code(c.base, k_off + c.kv_stride, d),
+                                        KvI4Scale(c, block_id, kv_head, t, true, d / group));
+              }
+            }
+          }
+        }
+        if (rotated) {
+          for (int j = 0; j < kMaxDimsPerLane; ++j) {
+            WarpHadamardOnHost(&acc[(warp * kMaxDimsPerLane + j) * kWarpSize], group);
+          }
+        }
+      }
+      float global_max = -INFINITY, total_sum = 0.0f, factor[kAttentionWarps];
+      for (const SoftmaxState& st : state) global_max = std::max(global_max, st.max);
+      for (int w2 = 0; w2 < kAttentionWarps; ++w2) {
+        factor[w2] = WarpMergeFactor(state[w2], global_max);
+        total_sum += state[w2].sum * factor[w2];
+      }
+      float* out = got.data() + rh.row * row + rh.head * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        float o = 0.0f;
+        for (int w2 = 0; w2 < kAttentionWarps; ++w2) {
+          o += acc[(w2 * kMaxDimsPerLane + d / kWarpSize) * kWarpSize + d % kWarpSize] * factor[w2];
+        }
+        out[d] = o / total_sum;
+      }
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 2e-5f) << i;
     }
   }
 }

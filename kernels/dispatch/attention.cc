@@ -79,8 +79,8 @@ bool SupportsAttention(Device device, DType cache_dtype) {
     case Device::kCpu:
       return true;  // f32, bf16, f16, i8, fp8 E4M3 and i4 caches
     case Device::kCuda:
-      // every dtype but i4 (not built for CUDA yet; the quantized ones not yet run on a GPU)
-      return PD_WITH_CUDA && cache_dtype != DType::kI4;
+      // every dtype (the quantized ones not yet run on a GPU)
+      return PD_WITH_CUDA;
   }
   return false;
 }

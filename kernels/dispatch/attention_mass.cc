@@ -10,6 +10,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dispatch/validate.h"
+#include "kernels/latent_attention_params.h"
 #if PD_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -24,13 +25,19 @@ absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
     return absl::InvalidArgumentError(
         "attention_mass: no keys: k, or a cache view and a block table to read them from");
   }
+  const int64_t max_dim = p.latent ? kMaxLatentEntryDim : kMaxAttentionHeadDim;
   if (p.num_tokens <= 0 || p.start_pos < 0 || p.num_kv_heads <= 0 || p.head_dim <= 0 ||
-      p.head_dim > kMaxAttentionHeadDim) {
+      p.head_dim > max_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "attention_mass: need num_tokens > 0, start_pos >= 0, num_kv_heads > 0 and head_dim in "
         "(0, ",
-        kMaxAttentionHeadDim, "], got ", p.num_tokens, ", ", p.start_pos, ", ", p.num_kv_heads,
-        ", ", p.head_dim));
+        max_dim, "], got ", p.num_tokens, ", ", p.start_pos, ", ", p.num_kv_heads, ", ",
+        p.head_dim));
+  }
+  if (p.latent && (p.k != nullptr || p.num_kv_heads != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_mass: latent keys come from a cache, as one kv head (got ",
+        p.k != nullptr ? "f32 rows" : "a cache", " and ", p.num_kv_heads, " kv heads)"));
   }
   if (p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("attention_mass: num_heads ", p.num_heads,
@@ -64,7 +71,13 @@ absl::Status AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
     constexpr const char* kOp = "attention_mass";
     const KvCacheView& c = *p.cache;
     PD_RETURN_IF_ERROR(dispatch_internal::CheckKvCacheView(kOp, c));
-    if (c.num_kv_heads != p.num_kv_heads || c.head_dim != p.head_dim) {
+    if (p.latent && 2 * c.num_kv_heads * c.head_dim != p.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention_mass: the cache's latent entry is ", 2 * c.num_kv_heads * c.head_dim,
+          " elements (K and V rows of ", c.num_kv_heads, " heads of ", c.head_dim,
+          "), the call's head_dim ", p.head_dim));
+    }
+    if (!p.latent && (c.num_kv_heads != p.num_kv_heads || c.head_dim != p.head_dim)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "attention_mass: the cache's ", c.num_kv_heads, " kv heads of ", c.head_dim,
           " differ from the call's ", p.num_kv_heads, " of ", p.head_dim));

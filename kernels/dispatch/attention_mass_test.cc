@@ -2,6 +2,7 @@
 // (one per query head), chunked calls against one call, and dispatch's errors.
 #include "kernels/attention_mass.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,8 +13,8 @@
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/dispatch/kernel_test_util.h"
-#include "kernels/type_names.h"
 #include "kernels/reference/reference_ops.h"
+#include "kernels/type_names.h"
 
 namespace pd::kernels {
 namespace {
@@ -185,6 +186,97 @@ TEST(AttentionMassTest, KeysReadFromTheCacheGiveReadKvsBits) {
     bad = from_cache(&mass);
     bad.cache = nullptr;
     EXPECT_EQ(AttentionMass(OpContext{}, bad).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// Latent keys (multi-head latent attention): each key is the whole entry, the K rows of the
+// cache's heads then their V rows, read as ReadKv reads them. The same bits as those entries
+// given as f32 rows of one kv head, for every cache dtype (i4's groups rotated back), on every
+// CPU variant and in the reference; an entry of 2 x 3 heads of 64 (384 elements: wider than an
+// attention head may be) with 8 query heads.
+TEST(AttentionMassTest, LatentKeysAreTheCachesWholeEntries) {
+  std::mt19937 rng(19);
+  constexpr int64_t kHeads = 3, kDim = 64, kLayers = 2, kBlockSize = 4, kBlocks = 12;
+  const Shape s{13, 5, 8, 1, 2 * kHeads * kDim};  // 18 keys: 5 blocks of 4
+  const int64_t keys = s.start_pos + s.num_tokens, row = kHeads * kDim;
+  const std::vector<int32_t> table = {7, 1, 10, 0, 4, 9};
+  std::vector<int32_t> positions(static_cast<size_t>(keys));
+  for (int64_t t = 0; t < keys; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  for (DType dtype :
+       {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3, DType::kI4}) {
+    const int64_t block_bytes = DenseKvBlockBytes(dtype, kLayers, kHeads, kBlockSize, kDim);
+    std::vector<float> storage(static_cast<size_t>(block_bytes * kBlocks / 4 + 1), 0.0f);
+    const KvCacheView view =
+        DenseKvCacheView(storage.data(), dtype, kBlocks, kLayers, kHeads, kBlockSize, kDim, 1);
+    const std::vector<float> k = RandomVector(keys * row, rng, 2.0f);
+    const std::vector<float> v = RandomVector(keys * row, rng, 2.0f);
+    WriteKvParams w;
+    w.k = k.data();
+    w.v = v.data();
+    w.k_token_stride = w.v_token_stride = row;
+    w.cache = view;
+    w.num_tokens = keys;
+    w.positions = positions.data();
+    w.block_tables = table.data();
+    w.max_blocks_per_seq = static_cast<int64_t>(table.size());
+    ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
+    std::vector<float> read_k(k.size()), read_v(k.size());
+    ReadKvParams r;
+    r.k = read_k.data();
+    r.v = read_v.data();
+    r.k_token_stride = r.v_token_stride = row;
+    r.cache = view;
+    r.num_tokens = keys;
+    r.positions = positions.data();
+    r.block_tables = table.data();
+    r.max_blocks_per_seq = w.max_blocks_per_seq;
+    ASSERT_TRUE(ReadKv(OpContext{}, r).ok());
+    // The entries as f32 rows (Params pads them by one).
+    std::vector<float> entries(static_cast<size_t>(keys * (2 * row + 1)), 0.0f);
+    for (int64_t t = 0; t < keys; ++t) {
+      std::copy(read_k.begin() + t * row, read_k.begin() + (t + 1) * row,
+                entries.begin() + t * (2 * row + 1));
+      std::copy(read_v.begin() + t * row, read_v.begin() + (t + 1) * row,
+                entries.begin() + t * (2 * row + 1) + row);
+    }
+    const std::vector<float> q = RandomVector(s.num_tokens * (s.num_heads * s.head_dim + 3), rng);
+    std::vector<float> want;
+    reference::AttentionMass(Params(s, q, entries, &want));
+    auto latent = [&](std::vector<float>* mass) {
+      AttentionMassParams c = Params(s, q, entries, mass);
+      c.k = nullptr;
+      c.cache = &view;
+      c.block_table = table.data();
+      c.num_table_blocks = static_cast<int64_t>(table.size());
+      c.latent = true;
+      return c;
+    };
+    std::vector<float> ref;
+    reference::AttentionMass(latent(&ref));
+    ASSERT_EQ(0, std::memcmp(ref.data(), want.data(), want.size() * sizeof(float)))
+        << "reference, " << DTypeName(dtype);
+    for (const auto& variant : CpuVariants()) {
+      VariantScope scope(variant);
+      std::vector<float> got;
+      ASSERT_TRUE(AttentionMass(scope.ctx(), latent(&got)).ok());
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+          << variant.Name() << ", " << DTypeName(dtype);
+    }
+    // Its errors: f32 rows, more than one kv head, another entry width.
+    std::vector<float> mass;
+    AttentionMassParams bad = latent(&mass);
+    bad.k = entries.data();
+    EXPECT_NE(AttentionMass(OpContext{}, bad).message().find("latent keys come from a cache"),
+              absl::string_view::npos);
+    bad = latent(&mass);
+    bad.num_kv_heads = 2;
+    EXPECT_NE(AttentionMass(OpContext{}, bad).message().find("as one kv head"),
+              absl::string_view::npos);
+    bad = latent(&mass);
+    bad.head_dim = row;
+    bad.q_token_stride = s.num_heads * row;
+    EXPECT_NE(AttentionMass(OpContext{}, bad).message().find("latent entry is 384"),
+              absl::string_view::npos);
   }
 }
 

@@ -29,6 +29,7 @@ TEST(DeviceDispatchTest, CudaSupportIsConsistentAcrossOps) {
   EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kF16), cuda);
   EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kI8), cuda);
   EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kF8E4M3), cuda);
+  EXPECT_EQ(SupportsAttention(Device::kCuda, DType::kI4), cuda);
   EXPECT_EQ(SupportsRope(Device::kCuda), cuda);
   EXPECT_EQ(SupportsElementwise(Device::kCuda), cuda);
   EXPECT_EQ(SupportsSample(Device::kCuda), cuda);
@@ -48,7 +49,7 @@ TEST(DeviceDispatchTest, QuantizedKvCacheFollowsTheCudaBackend) {
   std::vector<float> buf(256);
   float* f = buf.data();
   const int32_t zero = 0, one = 1;
-  for (DType q : {DType::kI8, DType::kF8E4M3}) {
+  for (DType q : {DType::kI8, DType::kF8E4M3, DType::kI4}) {
     EXPECT_TRUE(SupportsAttention(Device::kCpu, q));
     EXPECT_EQ(SupportsAttention(Device::kCuda, q), cuda);
     DecodeAttentionParams dp;

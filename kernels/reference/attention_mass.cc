@@ -1,5 +1,6 @@
 // AttentionMass, the reference: kernels/attention_mass_params.h's rule, one query head at a
 // time.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -13,7 +14,10 @@ void AttentionMass(const AttentionMassParams& in) {
   std::vector<float> k, v;
   if (p.k == nullptr) {
     // Keys from the cache: ReadKv of slots [0, keys), then as from f32 rows.
-    const int64_t keys = p.start_pos + p.num_tokens, row = p.num_kv_heads * p.head_dim;
+    // (latent: the cache's heads' K rows, then their V rows, make one key.)
+    const int64_t keys = p.start_pos + p.num_tokens;
+    const int64_t row =
+        p.latent ? p.cache->num_kv_heads * p.cache->head_dim : p.num_kv_heads * p.head_dim;
     k.resize(static_cast<size_t>(keys * row));
     v.resize(k.size());
     std::vector<int32_t> positions(static_cast<size_t>(keys));
@@ -31,6 +35,17 @@ void AttentionMass(const AttentionMassParams& in) {
     ReadKv(r);
     p.k = k.data();
     p.k_token_stride = row;
+    if (p.latent) {
+      std::vector<float> entries(static_cast<size_t>(keys * 2 * row));
+      for (int64_t t = 0; t < keys; ++t) {
+        std::copy(k.begin() + t * row, k.begin() + (t + 1) * row, entries.begin() + 2 * t * row);
+        std::copy(v.begin() + t * row, v.begin() + (t + 1) * row,
+                  entries.begin() + (2 * t + 1) * row);
+      }
+      k = std::move(entries);
+      p.k = k.data();
+      p.k_token_stride = 2 * row;
+    }
   }
   const int64_t group = p.num_heads / p.num_kv_heads;
   const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));

@@ -40,7 +40,7 @@ ABSL_FLAG(std::string, device, "cpu",
           "where the weights, KV pool and forward pass live: cpu | cuda (CUDA device 0 of "
           "CUDA_VISIBLE_DEVICES)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 | i4 (i4: CPU only; the same on every worker, the "
+          "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 | i4 (the same on every worker, the "
           "router and pd-tierd of a cluster: the KV layout and the block hashes include it)");
 ABSL_FLAG(int64_t, kv_sink_tokens, 0,
           "sink + window KV policy (StreamingLLM): keep the first N tokens of every sequence "
