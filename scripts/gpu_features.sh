@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine's features on a lent GPU, each compared with the CPU (or with plain decoding on
 # the GPU): KV dtypes, int8 weights, sink + window, H2O and SnapKV, Qwen3, MLA and MoE models,
-# the errors of what has no CUDA path (i4 KV, tensor parallelism; with two GPUs the NCCL
+# the error of what has no CUDA path (tensor parallelism; with two GPUs the NCCL
 # collectives), and through an aggregated cluster the OpenAI API's structured outputs,
 # penalties, logit bias, logprobs, n > 1, a batch of eight, and speculative decoding (n-gram and
 # a draft model). docs/gpu.md ("Running on a GPU node") says how it is packed and run:
@@ -46,7 +46,9 @@ gen2() {  # gen2 NAME ARGS...: the same generation on both devices; the texts co
 }
 S=(--model "$M/stories260K.bin" --tokenizer "$M/tok512.bin")
 step "pd-generate, stories260K, cpu vs cuda: KV dtypes, int8 weights, sink + window"
-for kv in bf16 f16 i8 fp8_e4m3; do gen2 "kv-$kv" "${S[@]}" --kv_dtype $kv --max_tokens 200; done
+# (i4: CUDA's attention sums in another order and rotates the query, not each key, so a
+# near-tie may pick another token: DIFFERS is a question, as for H2O below.)
+for kv in bf16 f16 i8 fp8_e4m3 i4; do gen2 "kv-$kv" "${S[@]}" --kv_dtype $kv --max_tokens 200; done
 gen2 w8 "${S[@]}" --weight_dtype int8 --max_tokens 200
 gen2 window "${S[@]}" --kv_sink_tokens 4 --kv_window_tokens 64 --max_tokens 480
 gen2 window-bf16 "${S[@]}" --kv_dtype bf16 --kv_sink_tokens 4 --kv_window_tokens 64 --max_tokens 480
@@ -55,8 +57,9 @@ gen2 window-bf16 "${S[@]}" --kv_dtype bf16 --kv_sink_tokens 4 --kv_window_tokens
 gen2 h2o "${S[@]}" --kv_policy h2o --kv_budget_tokens 128 --kv_recent_tokens 64 --max_tokens 480
 gen2 snapkv "${S[@]}" --kv_policy snapkv --kv_budget_tokens 32 --kv_recent_tokens 16 \
   --prompt "$(printf 'Lily saw a big red ball in the park. %.0s' 1 2 3 4 5 6 7 8)" --max_tokens 200
-step "i4 KV on cuda: a clear error, no crash; MLA and mixture-of-experts cpu vs cuda"
-timeout 60 "$GEN" --device cuda "${S[@]}" --kv_dtype i4 --max_tokens 8 2>&1 | grep -vE "^I[0-9]" | tail -2; echo "rc=${PIPESTATUS[0]}"
+gen2 h2o-i4 "${S[@]}" --kv_dtype i4 --kv_policy h2o --kv_budget_tokens 128 --kv_recent_tokens 64 \
+  --max_tokens 480
+step "MLA and mixture-of-experts cpu vs cuda"
 for a in qwen3 mixtral qwen3_moe deepseek_v3; do
   "$B/engine/tools/pd-make-model" --arch $a --preset tiny --out /tmp/arch-$a > /dev/null 2>&1 || echo "make $a failed"
 done
@@ -68,6 +71,9 @@ for q in 0 24; do
   gen2 mla$q --model /tmp/arch-mla$q --prompt "Hello there" --max_tokens 64
   gen2 mla$q-bf16 --model /tmp/arch-mla$q --kv_dtype bf16 --prompt "Hello there" --max_tokens 64
 done
+# H2O on an MLA model (scores on whole latent entries; DIFFERS is a question, as above).
+gen2 mla24-h2o --model /tmp/arch-mla24 --kv_policy h2o --kv_budget_tokens 32 \
+  --kv_recent_tokens 16 --prompt "Hello there" --max_tokens 96
 # Expert layers on cuda (host routing, one GEMM per expert): Mixtral, Qwen3-MoE, DeepSeek-V3
 # (MLA, shared experts, the selection bias).
 for a in mixtral qwen3_moe deepseek_v3; do

@@ -645,11 +645,6 @@ absl::Status LlamaForward::Validate(absl::Span<const ForwardSequence> batch) con
       }
     }
     if (seq.attention_mass != nullptr) {
-      if (config_.mla()) {
-        return absl::UnimplementedError(
-            "forward: attention mass (the H2O and SnapKV KV policies) is not computed for MLA "
-            "models (their cache holds a latent, not per-head keys)");
-      }
       if (seq.mass_stride < end || seq.mass_from < 0 || seq.mass_from >= n) {
         return absl::InvalidArgumentError(absl::StrCat(
             "forward: sequence ", s, " attention mass stride ", seq.mass_stride, " / from ",
@@ -1343,23 +1338,23 @@ absl::Status LlamaForward::TpAddReduced(int64_t num_tokens) {
   return kernels::Add(ctx_, {x_, tp_partial_, x_, n});
 }
 
-absl::Status LlamaForward::AccumulateMass(int layer) {
+absl::Status LlamaForward::AccumulateMass(int layer, float mla_scale) {
   if (tp_shared_kv_) {
     // Ranks sharing a KV head add their query heads' mass into the same row: in turns, the
     // first rank of each head first, so the adds are in head order run to run (TP 1 adds a
     // token's heads in that order too; across a chunk's tokens the order differs, float
-    // rounding). Every rank meets every barrier.
-    const int turns = tp_.size / tp_pool_kv_heads_;
+    // rounding). Every rank meets every barrier. MLA: every rank shares the layer's one row.
+    const int turns = config_.mla() ? tp_.size : tp_.size / tp_pool_kv_heads_;
     for (int turn = 0; turn < turns; ++turn) {
-      if (tp_.rank % turns == turn) PD_RETURN_IF_ERROR(AccumulateMassOfSlots(layer));
+      if (tp_.rank % turns == turn) PD_RETURN_IF_ERROR(AccumulateMassOfSlots(layer, mla_scale));
       PD_RETURN_IF_ERROR(tp_comm_->Barrier());
     }
     return absl::OkStatus();
   }
-  return AccumulateMassOfSlots(layer);
+  return AccumulateMassOfSlots(layer, mla_scale);
 }
 
-absl::Status LlamaForward::AccumulateMassOfSlots(int layer) {
+absl::Status LlamaForward::AccumulateMassOfSlots(int layer, float mla_scale) {
   const ModelConfig& c = config_;
   const kernels::KvCacheView cache = CacheView(layer);
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -1367,6 +1362,28 @@ absl::Status LlamaForward::AccumulateMassOfSlots(int layer) {
     if (m.mass == nullptr) continue;
     const Slot& slot = slots_[i];
     kernels::AttentionMassParams a;
+    if (c.mla()) {
+      // The absorbed queries ([tokens][heads][latent], this rank's heads) against whole
+      // entries: the scores LatentAttention softmaxes, so the weights are its weights.
+      const int64_t latent = c.mla_latent_dim(), row = c.n_heads * latent;
+      a.q = mla_query_ + (slot.first_token + m.from) * row;
+      a.q_token_stride = row;
+      a.cache = &cache;
+      a.block_table = (Staged() ? d_block_tables_ : block_tables_.data()) + i * max_blocks_per_seq_;
+      a.latent = true;
+      a.workspace = mass_stats_;
+      a.num_table_blocks = max_blocks_per_seq_;
+      a.start_pos = slot.start_pos + m.from;
+      a.num_tokens = slot.num_tokens - m.from;
+      a.num_heads = c.n_heads;
+      a.num_kv_heads = 1;
+      a.head_dim = latent;
+      a.scale = mla_scale;
+      a.mass = m.mass + int64_t{layer} * m.stride;
+      a.mass_head_stride = m.stride;
+      PD_RETURN_IF_ERROR(kernels::AttentionMass(ctx_, a));
+      continue;
+    }
     a.q = &q_[(slot.first_token + m.from) * c.q_dim()];
     a.q_token_stride = c.q_dim();
     // The keys straight from the cache (slot t of the sequence's blocks is key t).
@@ -1397,14 +1414,10 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
     // Each rank moves its KV heads' rows (a shared head: its first rank, which writes it).
     return RunRanks([&](LlamaForward& r) { return r.GatherKvRows(src, dst, keep, num_keep); });
   }
-  if (c.mla()) {
-    return absl::UnimplementedError(
-        "forward: gathering KV rows (the H2O and SnapKV KV policies) is not implemented for MLA "
-        "models");
-  }
-  // keep covers the model's KV heads; a tensor-parallel rank moves its own of them.
-  const int64_t heads = tp_comm_ != nullptr ? tp_pool_kv_heads_ : c.n_kv_heads;
-  const int64_t first_head = tp_comm_ != nullptr ? tp_.kv_head_begin : 0;
+  // keep covers the model's KV heads; a tensor-parallel rank moves its own of them. MLA: one
+  // list per layer, for the whole latent entry (whose first rank moves it).
+  int64_t heads = c.mla() ? 1 : tp_comm_ != nullptr ? tp_pool_kv_heads_ : c.n_kv_heads;
+  const int64_t first_head = tp_comm_ != nullptr && !c.mla() ? tp_.kv_head_begin : 0;
   const int64_t bs = pool_.block_size;
   const int64_t src_slots = static_cast<int64_t>(src.size()) * bs;
   if (num_keep <= 0 || static_cast<int64_t>(dst.size()) * bs < num_keep ||
@@ -1437,6 +1450,19 @@ absl::Status LlamaForward::GatherKvRows(absl::Span<const int32_t> src,
     }
   }
   if (tp_comm_ != nullptr && !tp_.writes_kv) return absl::OkStatus();  // a peer moves the head
+  std::vector<int32_t> latent_keep;
+  if (c.mla()) {
+    // Every cache head of the entry (its K and V pieces) moves the layer's slots.
+    heads = c.cache_kv_heads();
+    latent_keep.reserve(static_cast<size_t>(c.n_layers * heads * num_keep));
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (int64_t h = 0; h < heads; ++h) {
+        latent_keep.insert(latent_keep.end(), keep.begin() + l * num_keep,
+                           keep.begin() + (l + 1) * num_keep);
+      }
+    }
+    keep = latent_keep;
+  }
   kernels::GatherKvRowsParams g;
   g.cache = CacheView(0);  // a rank's view starts at its heads
   g.num_layers = c.n_layers;
@@ -1695,6 +1721,9 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
   la.max_blocks_per_seq = max_blocks_per_seq_;
   la.scale = scale;
   PD_RETURN_IF_ERROR(kernels::LatentAttention(ctx_, la));
+  if (any_mass_) {
+    PD_RETURN_IF_ERROR(AccumulateMass(layer, scale));
+  }
   // Each head's output: W_UV_h (the value rows of kv_b_proj) times its weighted latent.
   for (int64_t h = 0; h < heads; ++h) {
     PD_RETURN_IF_ERROR(matmul(mla_sum_ + h * rank, heads * rank,

@@ -64,11 +64,11 @@ struct ForwardSequence {
   int64_t rope_offset = 0;
   // The H2O and SnapKV KV policies (engine/scheduler/compress_policy.h): when non-null, every
   // layer adds the attention weight each cached key receives from tokens[mass_from..] to
-  // attention_mass[(layer * n_kv_heads + g) * mass_stride + slot] for kv head g
-  // (kernels::AttentionMass, a pass after the layer's attention), mass_stride >= start_pos +
-  // n. Memory on the forward's device (kCuda: device memory; kCpu, staged or not: host memory),
-  // which the caller keeps until the step's stream work is done. Not for MLA models
-  // (Unimplemented).
+  // attention_mass[(layer * H + g) * mass_stride + slot] for kv head g, H =
+  // ModelConfig::kv_score_heads() (MLA: one row per layer, every head's weight on the latent
+  // entry; kernels::AttentionMass, a pass after the layer's attention), mass_stride >=
+  // start_pos + n. Memory on the forward's device (kCuda: device memory; kCpu, staged or not:
+  // host memory), which the caller keeps until the step's stream work is done.
   float* attention_mass = nullptr;
   int64_t mass_stride = 0;
   int64_t mass_from = 0;
@@ -200,12 +200,12 @@ class LlamaForward {
 
   // The H2O and SnapKV KV policies' compaction: writes the kept cache rows into the blocks
   // `dst` (logical order), each (layer, kv head) on its own: its row i in `dst` is row
-  // keep[(layer * n_kv_heads + g) * num_keep + i] (a cache slot) of the blocks `src`, K and V
+  // keep[(layer * H + g) * num_keep + i] (a cache slot, H = ModelConfig::kv_score_heads(); MLA:
+  // one list per layer, for the whole latent entry) of the blocks `src`, K and V
   // and for a quantized cache their scales, byte for byte (nothing is re-rounded; keys keep
   // the RoPE rotation of their text position). `dst` must cover num_keep slots and share no
   // block with `src`. kernels::GatherKvRows on every device (staged: the ids uploaded first,
-  // the stream synchronised after). Not for MLA models (Unimplemented); InvalidArgument for
-  // bad ids, sizes or slots.
+  // the stream synchronised after). InvalidArgument for bad ids, sizes or slots.
   absl::Status GatherKvRows(absl::Span<const int32_t> src, absl::Span<const int32_t> dst,
                             absl::Span<const int32_t> keep, int64_t num_keep);
 
@@ -343,11 +343,12 @@ class LlamaForward {
   };
   std::vector<MassTarget> slot_mass_;
   bool any_mass_ = false;
-  // kernels::AttentionMass after a layer's attention for the slots that ask (kCpu), reading
-  // the keys from the cache. Ranks sharing a KV head take turns (AccumulateMassOfSlots between
-  // barriers).
-  absl::Status AccumulateMass(int layer);
-  absl::Status AccumulateMassOfSlots(int layer);
+  // kernels::AttentionMass after a layer's attention for the slots that ask, reading the keys
+  // from the cache. Ranks sharing a KV head take turns (AccumulateMassOfSlots between
+  // barriers). MLA: the absorbed queries (mla_query_) against whole latent entries, with the
+  // attention's `mla_scale`, into the layer's one row.
+  absl::Status AccumulateMass(int layer, float mla_scale = 0.0f);
+  absl::Status AccumulateMassOfSlots(int layer, float mla_scale);
   int64_t num_decode_slots_ = 0;
   // AttentionMass's workspace (staged: scratch) and GatherKvRows's uploaded ids (staged: grown
   // on demand).

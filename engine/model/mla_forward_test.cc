@@ -133,6 +133,74 @@ TEST_P(MlaForwardTest, LogitsAreBitwiseIndependentOfBatchingChunkingCacheHitsAnd
   EXPECT_EQ(std::memcmp(whole.data(), step.data(), vocab * 4), 0) << "decode steps";
 }
 
+// The H2O and SnapKV scores of an MLA model: one row per layer (kv_score_heads), every query
+// head handing out its softmax weights over the latent entries (a total of tokens x heads per
+// layer, spread unevenly), the logits untouched, and the same bits whether the prompt came in
+// one chunk or in chunks and decode steps. A compaction moves every cache head of an entry:
+// gathered into fresh blocks (all 23 slots kept), the next decode step gives the logits it
+// gives from the original blocks.
+TEST_P(MlaForwardTest, AttentionMassOnLatentEntriesAndTheirCompaction) {
+  const ModelConfig& c = weights_.config;
+  ASSERT_EQ(c.kv_score_heads(), 1);
+  const int64_t vocab = c.vocab_size, stride = 32, rows = c.n_layers;
+  std::vector<uint32_t> prompt;
+  for (uint32_t i = 0; i < 23; ++i) prompt.push_back(300 + (i * 13) % 200);
+  const absl::Span<const uint32_t> p(prompt);
+  std::vector<float> plain(vocab), scored(vocab), mass(rows * stride, 0.0f);
+  std::unique_ptr<LlamaForward> f = MakeForward(16, GetParam());
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(f->Forward({{p, 0, Table(0, 2)}}, plain.data()).ok());
+  const std::vector<int32_t> t_one = Table(2, 2);
+  ForwardSequence one{p, 0, t_one};
+  one.attention_mass = mass.data();
+  one.mass_stride = stride;
+  const absl::Status scoring = f->Forward({one}, scored.data());
+  ASSERT_TRUE(scoring.ok()) << scoring;
+  EXPECT_EQ(std::memcmp(plain.data(), scored.data(), vocab * 4), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double total = 0, top = 0;
+    for (int64_t t = 0; t < stride; ++t) {
+      total += mass[r * stride + t];
+      top = std::max<double>(top, mass[r * stride + t]);
+    }
+    EXPECT_NEAR(total, 23.0 * c.n_heads, 1e-3) << "layer " << r;
+    EXPECT_GT(top, 2.0 * total / 23) << "layer " << r << ": no key stands out";
+    for (int64_t t = 23; t < stride; ++t) EXPECT_EQ(mass[r * stride + t], 0.0f);
+  }
+  std::vector<float> got(rows * stride, 0.0f);
+  const std::vector<int32_t> t_chunk = Table(4, 2);
+  ForwardSequence first{p.first(9), 0, t_chunk};
+  first.attention_mass = got.data();
+  first.mass_stride = stride;
+  ASSERT_TRUE(f->Forward({first}, scored.data()).ok());
+  ForwardSequence second{p.subspan(9, 12), 9, t_chunk};
+  second.attention_mass = got.data();
+  second.mass_stride = stride;
+  ASSERT_TRUE(f->Forward({second}, scored.data()).ok());
+  for (int64_t pos : {21, 22}) {
+    ForwardSequence d{p.subspan(pos, 1), pos, t_chunk};
+    d.attention_mass = got.data();
+    d.mass_stride = stride;
+    ASSERT_TRUE(f->Forward({d}, scored.data()).ok());
+  }
+  EXPECT_EQ(std::memcmp(mass.data(), got.data(), mass.size() * 4), 0) << "chunked";
+
+  // Blocks 2-3 hold the prompt; every slot kept, into blocks 6-7.
+  std::vector<int32_t> keep;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int32_t s = 0; s < 23; ++s) keep.push_back(s);
+  }
+  ASSERT_TRUE(f->GatherKvRows(Table(2, 2), Table(6, 2), keep, 23).ok());
+  const std::vector<uint32_t> next = {77};
+  std::vector<float> from_old(vocab), from_new(vocab);
+  ASSERT_TRUE(f->Forward({{next, 23, Table(2, 2)}}, from_old.data()).ok());
+  ASSERT_TRUE(f->Forward({{next, 23, Table(6, 2)}}, from_new.data()).ok());
+  EXPECT_EQ(std::memcmp(from_old.data(), from_new.data(), vocab * 4), 0) << "compacted";
+  // One list per layer, not one per cache head.
+  keep.resize(keep.size() / 2);
+  EXPECT_TRUE(absl::IsInvalidArgument(f->GatherKvRows(Table(2, 2), Table(8, 2), keep, 23)));
+}
+
 TEST_P(MlaForwardTest, TheSinkWindowCopyIsRefused) {
   std::unique_ptr<LlamaForward> f = MakeForward(8, GetParam());
   ASSERT_NE(f, nullptr);

@@ -181,6 +181,9 @@ struct ModelConfig {
   // exactly the latent bytes and every cluster path carries it as any other block.
   int32_t cache_kv_heads() const;
   int32_t cache_head_dim() const;
+  // Rows of attention scores per layer the H2O and SnapKV KV policies keep: one per KV head,
+  // or one for MLA's latent (every head attends the same entry).
+  int32_t kv_score_heads() const { return mla() ? 1 : n_kv_heads; }
 
   // Checks internal consistency. InvalidArgument naming the field and its value when: a size is
   // not positive; n_heads % n_kv_heads != 0; head_dim is odd; kv_dim != n_kv_heads * head_dim;

@@ -204,6 +204,52 @@ TEST(ModelRuntimeTest, ScorePoliciesRunOnRanksSharingAKvHead) {
   ExpectScorePoliciesEqualTp1(c, 4, prompt, 200);  // this seed runs 200 tokens without an EOS
 }
 
+// MLA models (DeepSeek-V3, q_lora_rank 24, 8 heads over a 32-element latent plus a 4-element
+// rope key): one score row per layer, the absorbed queries' weights on the latent entries
+// (what LatentAttention softmaxes), and a compaction moves every cache head of an entry. At TP
+// 2 both ranks add their heads' weights to the one row in turns; the tokens equal TP 1's under
+// both policies. Chunked prefill (7 tokens a step) gives the unchunked tokens: a chunk's mass
+// calls add the same floats in the same order.
+TEST(ModelRuntimeTest, ScorePoliciesRunOnMlaModels) {
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-rt-mla-");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  MakeModelOptions mo;
+  mo.out_dir = dir->path() + "/m";
+  mo.preset = "tiny";
+  mo.architecture = Architecture::kDeepseekV3;
+  mo.vocab_size = 1001;
+  mo.num_heads = 8;
+  mo.q_lora_rank = 24;
+  mo.first_k_dense_replace = 1;   // layer 0 dense, the others experts
+  mo.moe_intermediate_size = 48;  // split by TP 2
+  mo.seed = 7;
+  absl::StatusOr<MakeModelResult> made = MakeModel(mo);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_TRUE(made->config.mla());
+  ModelRuntimeConfig c;
+  c.model = mo.out_dir;
+  c.kv_blocks = 64;
+  c.threads = 1;
+  std::vector<uint32_t> prompt = {made->config.bos_id};
+  for (uint32_t t = 0; t < 60; ++t) prompt.push_back(200 + (t * 53) % 700);
+  ExpectScorePoliciesEqualTp1(c, 2, prompt, 160);
+  for (const char* policy : {"h2o", "snapkv"}) {
+    std::vector<std::vector<uint32_t>> tokens;
+    for (int64_t chunk : {256, 7}) {
+      ModelRuntimeConfig cc = c;
+      cc.scheduler.kv_policy = policy;
+      cc.scheduler.kv_budget_tokens = std::string(policy) == "h2o" ? 64 : 32;
+      cc.scheduler.kv_recent_tokens = 16;
+      cc.scheduler.max_batch_tokens = chunk;
+      cc.scheduler.max_running = std::min<int64_t>(cc.scheduler.max_running, chunk);
+      absl::StatusOr<std::unique_ptr<ModelRuntime>> rt = ModelRuntime::Create(cc);
+      ASSERT_TRUE(rt.ok()) << rt.status();
+      tokens.push_back(testing::GreedyAll(rt->get(), {prompt}, 160)[0].tokens);
+    }
+    EXPECT_EQ(tokens[1], tokens[0]) << policy << ": chunked differs";
+  }
+}
+
 TEST(ModelRuntimeTest, CudaWhereItCannotRunFailsAtStartupNamingWhy) {
   if (kernels::DeviceMemoryBuilt(kernels::Device::kCuda) &&
       kernels::DeviceCount(kernels::Device::kCuda) > 0) {

@@ -16,21 +16,6 @@
 #include "engine/scheduler/token_sampling.h"
 
 namespace pd::engine {
-namespace {
-
-// The score pass (kernels::AttentionMass) and the compaction (kernels::GatherKvRows) need
-// per-head attention caches.
-absl::Status CheckCompressRuns(const CompressPolicy& policy, absl::string_view name,
-                               const LlamaForward& forward) {
-  if (policy.enabled() && forward.config().mla()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "scheduler: kv_policy ", name,
-        " scores per-head attention caches only (not MLA, whose cache holds one latent)"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 Scheduler::Scheduler(SchedulerConfig config, WindowPolicy window, CompressPolicy compress,
                      LlamaForward* forward, kvcache::KvCacheManager* kv_cache,
@@ -76,7 +61,6 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
       CompressPolicy compress,
       CompressPolicy::Create(config.kv_policy, config.kv_budget_tokens, config.kv_recent_tokens,
                              kv_cache->block_size(), forward->config().seq_len));
-  PD_RETURN_IF_ERROR(CheckCompressRuns(compress, config.kv_policy, *forward));
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(config), window, compress, forward, kv_cache,
                                              tokenizer, std::move(model_fingerprint), clock));
   s->logits_.resize(forward->options().max_seqs * forward->vocab_size());
@@ -124,7 +108,6 @@ absl::StatusOr<CompressPolicy> Scheduler::PrefillPolicy(const GenerationRequest&
     return absl::Status(policy.status().code(),
                         absl::StrCat("request ", id, ": ", policy.status().message()));
   }
-  PD_RETURN_IF_ERROR(CheckCompressRuns(*policy, spec.policy, *forward_));
   return policy;
 }
 
@@ -432,7 +415,7 @@ void Scheduler::Admit() {
     } else if (governed) {
       const ModelConfig& mc = forward_->config();
       const int64_t floats =
-          mc.n_layers * mc.n_kv_heads * seq->compress.ScoreSlots(seq->prompt_len);
+          mc.n_layers * mc.kv_score_heads() * seq->compress.ScoreSlots(seq->prompt_len);
       seq->scores.host.assign(static_cast<size_t>(floats), 0.0f);
       if (forward_->staged()) {
         // Where the forward pass adds to them (zeroed by the allocation).
@@ -638,7 +621,7 @@ int64_t Scheduler::CacheCap(const Sequence& seq) const {
 Scheduler::SlideOutcome Scheduler::Compact(size_t i) {
   Sequence* seq = running_[i].get();
   const ModelConfig& mc = forward_->config();
-  const int64_t rows = mc.n_layers * mc.n_kv_heads;
+  const int64_t rows = mc.n_layers * mc.kv_score_heads();
   const int64_t stride = seq->compress.ScoreSlots(static_cast<int64_t>(seq->prompt_len));
   const int64_t held = seq->num_allocated - seq->dropped;
   const int64_t keep_n = seq->compress.KeepTokens(held);
