@@ -26,6 +26,21 @@ float Dot(const float* q, const float* k, int64_t n) {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
+// Key t of kv head g from the cache, widened as ReadKv widens it; a latent key is the K rows of
+// every cache head, then their V rows.
+void ReadKey(const AttentionMassParams& p, int64_t g, int64_t t, float* row) {
+  const KvCacheView& c = *p.cache;
+  if (!p.latent) {
+    ReadKvRow(c, p.block_table, t, g, 0, row);
+    return;
+  }
+  for (int kv = 0; kv < 2; ++kv) {
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      ReadKvRow(c, p.block_table, t, h, kv, row + (kv * c.num_kv_heads + h) * c.head_dim);
+    }
+  }
+}
+
 // Each kv head's row on its own task: its keys read, its queries' weights computed and added
 // in order, one fork-join (when the kv heads keep every thread busy).
 void MassByKvHead(const OpContext& ctx, const AttentionMassParams& p) {
@@ -41,19 +56,8 @@ void MassByKvHead(const OpContext& ctx, const AttentionMassParams& p) {
     std::vector<float> read;
     if (k_head == nullptr) {
       read.resize(static_cast<size_t>(keys * p.head_dim));
-      const KvCacheView& c = *p.cache;
       for (int64_t t = 0; t < keys; ++t) {
-        float* row = &read[static_cast<size_t>(t * p.head_dim)];
-        if (!p.latent) {
-          ReadKvRow(c, p.block_table, t, g, 0, row);
-          continue;
-        }
-        // A latent entry: the K rows of every cache head, then their V rows.
-        for (int kv = 0; kv < 2; ++kv) {
-          for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-            ReadKvRow(c, p.block_table, t, h, kv, row + (kv * c.num_kv_heads + h) * c.head_dim);
-          }
-        }
+        ReadKey(p, g, t, &read[static_cast<size_t>(t * p.head_dim)]);
       }
       k_head = read.data();
       k_stride = p.head_dim;
@@ -94,20 +98,9 @@ void MassByQueryHead(const OpContext& ctx, const AttentionMassParams& p) {
   std::vector<float> read;
   if (k_base == nullptr) {
     read.resize(static_cast<size_t>(p.num_kv_heads * keys * dim));
-    const KvCacheView& c = *p.cache;
     ParallelRange(ctx, p.num_kv_heads * keys, 64, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t g = i / keys, t = i % keys;
-        float* row = &read[static_cast<size_t>(i * dim)];
-        if (!p.latent) {
-          ReadKvRow(c, p.block_table, t, g, 0, row);
-          continue;
-        }
-        for (int kv = 0; kv < 2; ++kv) {
-          for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-            ReadKvRow(c, p.block_table, t, h, kv, row + (kv * c.num_kv_heads + h) * c.head_dim);
-          }
-        }
+        ReadKey(p, i / keys, i % keys, &read[static_cast<size_t>(i * dim)]);
       }
     });
     k_base = read.data();

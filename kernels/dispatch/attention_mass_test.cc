@@ -102,6 +102,39 @@ TEST(AttentionMassTest, QueriesSplitOverCallsAddTheSameBits) {
   EXPECT_EQ(0, std::memcmp(once.data(), split.data(), once.size() * sizeof(float)));
 }
 
+// Random K and V rows (heads x dim each) for positions [0, keys) written through WriteKv into
+// `view` (slots in `table`'s blocks), and read back with ReadKv into *read_k / *read_v.
+void WriteAndReadBack(const KvCacheView& view, const std::vector<int32_t>& table, int64_t keys,
+                      std::mt19937& rng, std::vector<float>* read_k, std::vector<float>* read_v) {
+  const int64_t row = view.num_kv_heads * view.head_dim;
+  const std::vector<float> k = RandomVector(keys * row, rng, 2.0f);
+  const std::vector<float> v = RandomVector(keys * row, rng, 2.0f);
+  std::vector<int32_t> positions(static_cast<size_t>(keys));
+  for (int64_t t = 0; t < keys; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  WriteKvParams w;
+  w.k = k.data();
+  w.v = v.data();
+  w.k_token_stride = w.v_token_stride = row;
+  w.cache = view;
+  w.num_tokens = keys;
+  w.positions = positions.data();
+  w.block_tables = table.data();
+  w.max_blocks_per_seq = static_cast<int64_t>(table.size());
+  ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
+  read_k->assign(k.size(), 0.0f);
+  read_v->assign(k.size(), 0.0f);
+  ReadKvParams r;
+  r.k = read_k->data();
+  r.v = read_v->data();
+  r.k_token_stride = r.v_token_stride = row;
+  r.cache = view;
+  r.num_tokens = keys;
+  r.positions = positions.data();
+  r.block_tables = table.data();
+  r.max_blocks_per_seq = w.max_blocks_per_seq;
+  ASSERT_TRUE(ReadKv(OpContext{}, r).ok());
+}
+
 // Keys read from the cache (k == nullptr): the same bits as keys ReadKv read first, for every
 // cache dtype, on every CPU variant and in the reference; blocks out of order in the table.
 TEST(AttentionMassTest, KeysReadFromTheCacheGiveReadKvsBits) {
@@ -117,33 +150,9 @@ TEST(AttentionMassTest, KeysReadFromTheCacheGiveReadKvsBits) {
     std::vector<float> storage(static_cast<size_t>(block_bytes * kBlocks / 4 + 1), 0.0f);
     const KvCacheView view = DenseKvCacheView(storage.data(), dtype, kBlocks, kLayers,
                                               s.num_kv_heads, kBlockSize, s.head_dim, kLayer);
-    const std::vector<float> k = RandomVector(keys * row, rng, 2.0f);
-    const std::vector<float> v = RandomVector(keys * row, rng, 2.0f);
-    std::vector<int32_t> positions(static_cast<size_t>(keys));
-    for (int64_t t = 0; t < keys; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-    WriteKvParams w;
-    w.k = k.data();
-    w.v = v.data();
-    w.k_token_stride = row;
-    w.v_token_stride = row;
-    w.cache = view;
-    w.num_tokens = keys;
-    w.positions = positions.data();
-    w.block_tables = table.data();
-    w.max_blocks_per_seq = static_cast<int64_t>(table.size());
-    ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
-    std::vector<float> read_k(k.size()), read_v(k.size());
-    ReadKvParams r;
-    r.k = read_k.data();
-    r.v = read_v.data();
-    r.k_token_stride = row;
-    r.v_token_stride = row;
-    r.cache = view;
-    r.num_tokens = keys;
-    r.positions = positions.data();
-    r.block_tables = table.data();
-    r.max_blocks_per_seq = w.max_blocks_per_seq;
-    ASSERT_TRUE(ReadKv(OpContext{}, r).ok());
+    std::vector<float> read_k, read_v;
+    WriteAndReadBack(view, table, keys, rng, &read_k, &read_v);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
     const std::vector<float> q = RandomVector(s.num_tokens * (s.num_heads * s.head_dim + 3), rng);
     std::vector<float> want;
     AttentionMassParams a = Params(s, q, read_k, &want);
@@ -200,37 +209,15 @@ TEST(AttentionMassTest, LatentKeysAreTheCachesWholeEntries) {
   const Shape s{13, 5, 8, 1, 2 * kHeads * kDim};  // 18 keys: 5 blocks of 4
   const int64_t keys = s.start_pos + s.num_tokens, row = kHeads * kDim;
   const std::vector<int32_t> table = {7, 1, 10, 0, 4, 9};
-  std::vector<int32_t> positions(static_cast<size_t>(keys));
-  for (int64_t t = 0; t < keys; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
   for (DType dtype :
        {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3, DType::kI4}) {
     const int64_t block_bytes = DenseKvBlockBytes(dtype, kLayers, kHeads, kBlockSize, kDim);
     std::vector<float> storage(static_cast<size_t>(block_bytes * kBlocks / 4 + 1), 0.0f);
     const KvCacheView view =
         DenseKvCacheView(storage.data(), dtype, kBlocks, kLayers, kHeads, kBlockSize, kDim, 1);
-    const std::vector<float> k = RandomVector(keys * row, rng, 2.0f);
-    const std::vector<float> v = RandomVector(keys * row, rng, 2.0f);
-    WriteKvParams w;
-    w.k = k.data();
-    w.v = v.data();
-    w.k_token_stride = w.v_token_stride = row;
-    w.cache = view;
-    w.num_tokens = keys;
-    w.positions = positions.data();
-    w.block_tables = table.data();
-    w.max_blocks_per_seq = static_cast<int64_t>(table.size());
-    ASSERT_TRUE(WriteKv(OpContext{}, w).ok());
-    std::vector<float> read_k(k.size()), read_v(k.size());
-    ReadKvParams r;
-    r.k = read_k.data();
-    r.v = read_v.data();
-    r.k_token_stride = r.v_token_stride = row;
-    r.cache = view;
-    r.num_tokens = keys;
-    r.positions = positions.data();
-    r.block_tables = table.data();
-    r.max_blocks_per_seq = w.max_blocks_per_seq;
-    ASSERT_TRUE(ReadKv(OpContext{}, r).ok());
+    std::vector<float> read_k, read_v;
+    WriteAndReadBack(view, table, keys, rng, &read_k, &read_v);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
     // The entries as f32 rows (Params pads them by one).
     std::vector<float> entries(static_cast<size_t>(keys * (2 * row + 1)), 0.0f);
     for (int64_t t = 0; t < keys; ++t) {
