@@ -52,13 +52,14 @@ class MlaForwardTest : public ::testing::TestWithParam<kernels::DType> {
     weights_ = *std::move(w);
   }
 
-  std::unique_ptr<LlamaForward> MakeForward(int64_t num_blocks, kernels::DType dtype) {
+  std::unique_ptr<LlamaForward> MakeForward(int64_t num_blocks, kernels::DType dtype,
+                                            ForwardOptions options = {}) {
     const ModelConfig& c = weights_.config;
     const int64_t block = kernels::DenseKvBlockBytes(dtype, c.n_layers, c.cache_kv_heads(),
                                                      kBlockSize, c.cache_head_dim());
     pool_.assign(num_blocks * block / 4 + 1, 0.0f);
     absl::StatusOr<std::unique_ptr<LlamaForward>> f =
-        LlamaForward::Create(&weights_, {pool_.data(), dtype, num_blocks, kBlockSize}, {}, {});
+        LlamaForward::Create(&weights_, {pool_.data(), dtype, num_blocks, kBlockSize}, {}, options);
     EXPECT_TRUE(f.ok()) << f.status();
     return f.ok() ? *std::move(f) : nullptr;
   }
@@ -136,9 +137,9 @@ TEST_P(MlaForwardTest, LogitsAreBitwiseIndependentOfBatchingChunkingCacheHitsAnd
 // The H2O and SnapKV scores of an MLA model: one row per layer (kv_score_heads), every query
 // head handing out its softmax weights over the latent entries (a total of tokens x heads per
 // layer, spread unevenly), the logits untouched, and the same bits whether the prompt came in
-// one chunk or in chunks and decode steps. A compaction moves every cache head of an entry:
-// gathered into fresh blocks (all 23 slots kept), the next decode step gives the logits it
-// gives from the original blocks.
+// one chunk or in chunks and decode steps, and on the staged (CUDA-layout) host path. A
+// compaction moves every cache head of an entry: gathered into fresh blocks (all 23 slots
+// kept), the next decode step gives the logits it gives from the original blocks.
 TEST_P(MlaForwardTest, AttentionMassOnLatentEntriesAndTheirCompaction) {
   const ModelConfig& c = weights_.config;
   ASSERT_EQ(c.kv_score_heads(), 1);
@@ -199,6 +200,20 @@ TEST_P(MlaForwardTest, AttentionMassOnLatentEntriesAndTheirCompaction) {
   // One list per layer, not one per cache head.
   keep.resize(keep.size() / 2);
   EXPECT_TRUE(absl::IsInvalidArgument(f->GatherKvRows(Table(2, 2), Table(8, 2), keep, 23)));
+  {  // (last: MakeForward clears the pool f used)
+    // The CUDA path's staging on the host (staged block tables, the workspace carved from
+    // scratch) adds the same bits.
+    ForwardOptions staged;
+    staged.staged_metadata = true;
+    std::unique_ptr<LlamaForward> s = MakeForward(16, GetParam(), staged);
+    ASSERT_NE(s, nullptr);
+    std::vector<float> staged_mass(rows * stride, 0.0f);
+    ForwardSequence st{p, 0, t_one};
+    st.attention_mass = staged_mass.data();
+    st.mass_stride = stride;
+    ASSERT_TRUE(s->Forward({st}, scored.data()).ok());
+    EXPECT_EQ(std::memcmp(mass.data(), staged_mass.data(), mass.size() * 4), 0) << "staged";
+  }
 }
 
 TEST_P(MlaForwardTest, TheSinkWindowCopyIsRefused) {
