@@ -508,6 +508,37 @@ TEST_P(CudaAttentionTest, AttentionMassMatchesCpu) {
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << "mass " << i;
   }
+  // The same pool read as MLA latent entries (the heads' K rows, then their V rows: 256
+  // elements), scored by 4 heads into one row (AttentionMassParams::latent).
+  const int64_t entry = 2 * s.num_kv_heads * s.head_dim, heads = 4;
+  const std::vector<float> lq = RandomVector(tokens * heads * entry, rng);
+  AttentionMassParams lp = p;
+  lp.latent = true;
+  lp.num_kv_heads = 1;
+  lp.num_heads = heads;
+  lp.head_dim = entry;
+  lp.q_token_stride = heads * entry;
+  const std::vector<float> row(before.begin(), before.begin() + stride);
+  std::vector<float> lwant = row;
+  AttentionMassParams lcpu = lp;
+  lcpu.q = lq.data();
+  lcpu.cache = &host_view;
+  lcpu.block_table = st.tables.data();
+  lcpu.mass = lwant.data();
+  ASSERT_TRUE(AttentionMass(OpContext{}, lcpu).ok());
+  DeviceBuffer dlq(lq), dlmass(row),
+      dlwork(static_cast<size_t>(AttentionMassWorkspaceFloats(tokens, heads)) * 4);
+  AttentionMassParams lgpu = lp;
+  lgpu.q = dlq.as<float>();
+  lgpu.cache = &device_view;
+  lgpu.block_table = dtab.as<int32_t>();
+  lgpu.mass = dlmass.as<float>();
+  lgpu.workspace = dlwork.as<float>();
+  ASSERT_TRUE(AttentionMass(CudaCtx(), lgpu).ok());
+  const std::vector<float> lgot = dlmass.Download<float>();
+  for (size_t i = 0; i < lwant.size(); ++i) {
+    ASSERT_NEAR(lgot[i], lwant[i], 1e-5 * (1.0 + std::fabs(lwant[i]))) << "latent mass " << i;
+  }
 }
 
 // GatherKvRows (the H2O and SnapKV compaction) moves the same bytes as the CPU: every kept row
