@@ -1,21 +1,33 @@
-// AttentionMass on the CPU: one task per kv head, or, with fewer kv heads than threads, one per
-// (query, head) and the adds after; either way the float rule of
-// kernels/attention_mass_params.h in its order (bitwise the reference's).
+// AttentionMass on the CPU, the float rule of kernels/attention_mass_params.h in its order
+// (bitwise the reference's), in three steps:
+//  1. scores: tiles of query rows of one kv head walk the keys a chunk at a time, each chunk
+//     read from the cache once for the tile's rows (f32 keys in place), every (row, key) dot
+//     product computed on its own (8 lanes: with AVX2, one vector register holds them);
+//  2. each row's softmax (max, exp, sum over keys ascending);
+//  3. each kv head's row of the mass adds its rows' weights in the rule's order (queries
+//     ascending, then the group's heads) — in step 1's task when one tile holds all of them.
+// Only step 3's order reaches the result, so how the rows are tiled and threaded never changes
+// a bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/kv_rows.h"
 #include "kernels/cpu/parallel.h"
+
+#if PD_CPU_X86
+#include <immintrin.h>
+#endif
 
 namespace pd::kernels::cpu {
 namespace {
 
 // q . k as kernels/attention_mass_params.h writes it: eight running sums (lane l takes
-// d = l (mod 8), in order), added pairwise. Independent lanes let the compiler use vector
-// registers without changing a bit.
+// d = l (mod 8), in order), added pairwise.
 float Dot(const float* q, const float* k, int64_t n) {
   float lane[8] = {};
   int64_t d = 0;
@@ -24,6 +36,64 @@ float Dot(const float* q, const float* k, int64_t n) {
   }
   for (int l = 0; d < n; ++d, ++l) lane[l] += q[d] * k[d];
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+// out[t] = scale * Dot(q, keys + t * stride, dim) for t < n.
+void ScoreKeysScalar(const float* q, const float* keys, int64_t stride, int64_t n, int64_t dim,
+                     float scale, float* out) {
+  for (int64_t t = 0; t < n; ++t) out[t] = scale * Dot(q, keys + t * stride, dim);
+}
+
+#if PD_CPU_X86
+// The same floats with one AVX2 register as the eight lanes: a multiply and an add per step,
+// never fused (no FMA in this target, and the file is built with -ffp-contract=off), and the
+// lanes added pairwise as the rule says. Four keys a pass share each load of q. dim % 8 == 0.
+__attribute__((target("avx2"))) void ScoreKeysAvx2(const float* q, const float* keys,
+                                                   int64_t stride, int64_t n, int64_t dim,
+                                                   float scale, float* out) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k0 = keys + t * stride;
+    const float* k1 = k0 + stride;
+    const float* k2 = k1 + stride;
+    const float* k3 = k2 + stride;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_loadu_ps(k0 + d)));
+      a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_loadu_ps(k1 + d)));
+      a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_loadu_ps(k2 + d)));
+      a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_loadu_ps(k3 + d)));
+    }
+    // hadd twice: per 128-bit half, [k0 (l0+l1)+(l2+l3), k1 .., k2 .., k3 ..] and the same of
+    // lanes 4-7; the halves' sum is ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) for each key.
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(out + t, _mm_mul_ps(_mm_set1_ps(scale), sums));
+  }
+  for (; t < n; ++t) {
+    const float* k = keys + t * stride;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+      a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d)));
+    }
+    const __m256 h1 = _mm256_hadd_ps(a, a);
+    const __m256 h = _mm256_hadd_ps(h1, h1);
+    out[t] = scale * (_mm_cvtss_f32(_mm256_castps256_ps128(h)) +
+                      _mm_cvtss_f32(_mm256_extractf128_ps(h, 1)));
+  }
+}
+#endif
+
+void ScoreKeys(const float* q, const float* keys, int64_t stride, int64_t n, int64_t dim,
+               float scale, float* out) {
+#if PD_CPU_X86
+  if (dim % 8 == 0 && ActiveIsa() != Isa::kScalar) {
+    ScoreKeysAvx2(q, keys, stride, n, dim, scale, out);
+    return;
+  }
+#endif
+  ScoreKeysScalar(q, keys, stride, n, dim, scale, out);
 }
 
 // Key t of kv head g from the cache, widened as ReadKv widens it; a latent key is the K rows of
@@ -41,122 +111,134 @@ void ReadKey(const AttentionMassParams& p, int64_t g, int64_t t, float* row) {
   }
 }
 
-// Each kv head's row on its own task: its keys read, its queries' weights computed and added
-// in order, one fork-join (when the kv heads keep every thread busy).
-void MassByKvHead(const OpContext& ctx, const AttentionMassParams& p) {
+constexpr int64_t kKeyChunk = 16;     // keys read at a time (never across a block)
+constexpr int64_t kMaxTileRows = 16;  // query rows scored together
+
+// A tile: rows [first, first + count) of kv head g's rows, which are (j, h) for the batch's
+// queries j ascending and the group's heads h ascending.
+struct Tile {
+  int64_t g = 0;
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+// Steps 1 and 2 for one tile: each row's weights over its keys into its row of `weights`
+// (keys floats apart), the batch's first query j0.
+void WeighTile(const AttentionMassParams& p, const Tile& tile, int64_t j0, float scale,
+               int64_t keys, float* weights) {
   const int64_t group = p.num_heads / p.num_kv_heads;
-  const int64_t keys = p.start_pos + p.num_tokens;
-  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
-  ParallelStrided(ctx, p.num_kv_heads, NumThreads(ctx), [&](int /*slot*/, int64_t g) {
-    std::vector<float> s(static_cast<size_t>(keys));
-    float* mass = p.mass + g * p.mass_head_stride;
-    // This kv head's keys: the caller's f32 rows, or read from the cache here (ReadKv's values).
-    const float* k_head = p.k != nullptr ? p.k + g * p.head_dim : nullptr;
-    int64_t k_stride = p.k_token_stride;
-    std::vector<float> read;
-    if (k_head == nullptr) {
-      read.resize(static_cast<size_t>(keys * p.head_dim));
-      for (int64_t t = 0; t < keys; ++t) {
-        ReadKey(p, g, t, &read[static_cast<size_t>(t * p.head_dim)]);
-      }
-      k_head = read.data();
-      k_stride = p.head_dim;
-    }
-    for (int64_t j = 0; j < p.num_tokens; ++j) {
-      const int64_t n = p.start_pos + j + 1;
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* q = p.q + j * p.q_token_stride + h * p.head_dim;
-        float max = -INFINITY;
-        for (int64_t t = 0; t < n; ++t) {
-          const float* k = k_head + t * k_stride;
-          s[t] = scale * Dot(q, k, p.head_dim);
-          max = std::fmax(max, s[t]);
+  const int64_t dim = p.head_dim;
+  const float* q[kMaxTileRows];
+  float* w[kMaxTileRows];
+  int64_t n[kMaxTileRows];
+  int64_t last = 0;
+  for (int64_t r = 0; r < tile.count; ++r) {
+    const int64_t row = tile.first + r;
+    const int64_t j = j0 + row / group, h = tile.g * group + row % group;
+    q[r] = p.q + j * p.q_token_stride + h * dim;
+    w[r] = weights + ((j - j0) * p.num_heads + h) * keys;
+    n[r] = p.start_pos + j + 1;
+    last = std::max(last, n[r]);
+  }
+  // Keys in chunks: the caller's rows, the f32 cache's rows in place, or widened here.
+  thread_local std::vector<float> buf;
+  buf.resize(static_cast<size_t>(kKeyChunk * dim));
+  const KvCacheView* c = p.cache;
+  const bool in_place = p.k == nullptr && !p.latent && c->dtype == DType::kF32;
+  for (int64_t t0 = 0; t0 < last;) {
+    int64_t count = std::min(kKeyChunk, last - t0);
+    const float* chunk = nullptr;
+    int64_t stride = dim;
+    if (p.k != nullptr) {
+      chunk = p.k + t0 * p.k_token_stride + tile.g * dim;
+      stride = p.k_token_stride;
+    } else {
+      count = std::min(count, c->block_size - t0 % c->block_size);
+      if (in_place) {
+        chunk = reinterpret_cast<const float*>(
+            static_cast<const char*>(c->base) +
+            KvRowByteOffset(*c, p.block_table[t0 / c->block_size], c->layer, false, tile.g,
+                            t0 % c->block_size));
+        stride = KvRowPitch(c->dtype, c->head_dim);
+      } else {
+        for (int64_t i = 0; i < count; ++i) {
+          ReadKey(p, tile.g, t0 + i, &buf[static_cast<size_t>(i * dim)]);
         }
-        float sum = 0.0f;
-        for (int64_t t = 0; t < n; ++t) {
-          s[t] = std::exp(s[t] - max);
-          sum += s[t];
-        }
-        for (int64_t t = 0; t < n; ++t) mass[t] += s[t] / sum;
+        chunk = buf.data();
       }
     }
-  });
+    for (int64_t r = 0; r < tile.count; ++r) {
+      const int64_t valid = std::min(count, n[r] - t0);
+      if (valid > 0) ScoreKeys(q[r], chunk, stride, valid, dim, scale, w[r] + t0);
+    }
+    t0 += count;
+  }
+  for (int64_t r = 0; r < tile.count; ++r) {
+    float* s = w[r];
+    float max = -INFINITY;
+    for (int64_t t = 0; t < n[r]; ++t) max = std::fmax(max, s[t]);
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n[r]; ++t) {
+      s[t] = std::exp(s[t] - max);
+      sum += s[t];
+    }
+    for (int64_t t = 0; t < n[r]; ++t) s[t] = s[t] / sum;
+  }
 }
 
-// Fewer kv heads than threads (MLA's one latent row, a small model): the keys read once,
-// every (query, head)'s weights on its own task, then each row adds them in order.
-void MassByQueryHead(const OpContext& ctx, const AttentionMassParams& p) {
+// Step 3 for kv head g: its rows' weights added to its mass row in the rule's order.
+void AddHead(const AttentionMassParams& p, int64_t g, int64_t j0, int64_t jn, int64_t keys,
+             const float* weights) {
   const int64_t group = p.num_heads / p.num_kv_heads;
-  const int64_t keys = p.start_pos + p.num_tokens;
-  const int64_t dim = p.head_dim;
-  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(dim));
-  const int slots = NumThreads(ctx);
-  // The keys: the caller's f32 rows, or read from the cache once here (ReadKv's values),
-  // [kv head][key][dim]; a latent key is the K rows of every cache head, then their V rows.
-  const float* k_base = p.k;
-  int64_t k_stride = p.k_token_stride, k_head_stride = dim;
-  std::vector<float> read;
-  if (k_base == nullptr) {
-    read.resize(static_cast<size_t>(p.num_kv_heads * keys * dim));
-    ParallelRange(ctx, p.num_kv_heads * keys, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        ReadKey(p, i / keys, i % keys, &read[static_cast<size_t>(i * dim)]);
-      }
-    });
-    k_base = read.data();
-    k_stride = dim;
-    k_head_stride = keys * dim;
-  }
-  // Queries in batches whose weights fit kMaxWeights floats: first every (query, head)'s
-  // weights on its own task (all heads in parallel, also when one kv head serves them all, as
-  // MLA's latent does), then each kv head's row adds them in the order of
-  // kernels/attention_mass_params.h (queries ascending, then the group's heads): the same
-  // floats added in the same order as one pass per kv head would.
-  constexpr int64_t kMaxWeights = int64_t{1} << 22;
-  const int64_t batch = std::max<int64_t>(1, kMaxWeights / (p.num_heads * keys));
-  std::vector<float> weights;
-  for (int64_t j0 = 0; j0 < p.num_tokens; j0 += batch) {
-    const int64_t jn = std::min(batch, p.num_tokens - j0);
-    weights.resize(static_cast<size_t>(jn * p.num_heads * keys));
-    ParallelStrided(ctx, jn * p.num_heads, slots, [&](int /*slot*/, int64_t item) {
-      const int64_t j = j0 + item / p.num_heads, h = item % p.num_heads;
-      const int64_t n = p.start_pos + j + 1;
-      const float* q = p.q + j * p.q_token_stride + h * dim;
-      const float* k_head = k_base + (h / group) * k_head_stride;
-      float* w = &weights[static_cast<size_t>(item * keys)];
-      float max = -INFINITY;
-      for (int64_t t = 0; t < n; ++t) {
-        w[t] = scale * Dot(q, k_head + t * k_stride, dim);
-        max = std::fmax(max, w[t]);
-      }
-      float sum = 0.0f;
-      for (int64_t t = 0; t < n; ++t) {
-        w[t] = std::exp(w[t] - max);
-        sum += w[t];
-      }
-      for (int64_t t = 0; t < n; ++t) w[t] = w[t] / sum;
-    });
-    ParallelStrided(ctx, p.num_kv_heads, slots, [&](int /*slot*/, int64_t g) {
-      float* mass = p.mass + g * p.mass_head_stride;
-      for (int64_t j = j0; j < j0 + jn; ++j) {
-        const int64_t n = p.start_pos + j + 1;
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          const float* w = &weights[static_cast<size_t>(((j - j0) * p.num_heads + h) * keys)];
-          for (int64_t t = 0; t < n; ++t) mass[t] += w[t];
-        }
-      }
-    });
+  float* mass = p.mass + g * p.mass_head_stride;
+  for (int64_t j = j0; j < j0 + jn; ++j) {
+    const int64_t n = p.start_pos + j + 1;
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const float* w = weights + ((j - j0) * p.num_heads + h) * keys;
+      for (int64_t t = 0; t < n; ++t) mass[t] += w[t];
+    }
   }
 }
 
 }  // namespace
 
 void AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
-  // Both add the same floats in the same order (kernels/attention_mass_params.h).
-  if (p.num_kv_heads >= NumThreads(ctx)) {
-    MassByKvHead(ctx, p);
-  } else {
-    MassByQueryHead(ctx, p);
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t keys = p.start_pos + p.num_tokens;
+  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  const int threads = NumThreads(ctx);
+  // Queries in batches whose weights fit kMaxWeights floats.
+  constexpr int64_t kMaxWeights = int64_t{1} << 22;
+  const int64_t batch = std::max<int64_t>(1, kMaxWeights / (p.num_heads * keys));
+  std::vector<float> weights;
+  std::vector<Tile> tiles;
+  for (int64_t j0 = 0; j0 < p.num_tokens; j0 += batch) {
+    const int64_t jn = std::min(batch, p.num_tokens - j0);
+    weights.resize(static_cast<size_t>(jn * p.num_heads * keys));
+    // Each kv head's rows in tiles: at most kMaxTileRows, and enough tiles to keep every
+    // thread busy when there are fewer kv heads than threads (MLA's one latent row).
+    const int64_t rows = jn * group;
+    const int64_t splits =
+        std::max<int64_t>((rows + kMaxTileRows - 1) / kMaxTileRows,
+                          std::min<int64_t>(rows, (threads + p.num_kv_heads - 1) / p.num_kv_heads));
+    const int64_t tile_rows = (rows + splits - 1) / splits;
+    tiles.clear();
+    for (int64_t g = 0; g < p.num_kv_heads; ++g) {
+      for (int64_t first = 0; first < rows; first += tile_rows) {
+        tiles.push_back({g, first, std::min(tile_rows, rows - first)});
+      }
+    }
+    // One tile per kv head: its task adds the head's row itself, one fork-join in all.
+    const bool whole_heads = tile_rows == rows;
+    ParallelStrided(ctx, static_cast<int64_t>(tiles.size()), threads, [&](int, int64_t i) {
+      const Tile& tile = tiles[static_cast<size_t>(i)];
+      WeighTile(p, tile, j0, scale, keys, weights.data());
+      if (whole_heads) AddHead(p, tile.g, j0, jn, keys, weights.data());
+    });
+    if (!whole_heads) {
+      ParallelStrided(ctx, p.num_kv_heads, threads,
+                      [&](int, int64_t g) { AddHead(p, g, j0, jn, keys, weights.data()); });
+    }
   }
 }
 
