@@ -8,6 +8,12 @@
 //     ascending, then the group's heads) — in step 1's task when one tile holds all of them.
 // Only step 3's order reaches the result, so how the rows are tiled and threaded never changes
 // a bit.
+// (GCC 12's AVX-512 headers trip -Wuninitialized once inlined, GCC PR 105593: silenced before
+// the first inclusion of immintrin.h, as kernels/cpu/simd.h does.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -85,6 +91,51 @@ __attribute__((target("avx2"))) void ScoreKeysAvx2(const float* q, const float* 
 }
 #endif
 
+#if PD_CPU_X86
+// _mm256_hadd_ps per 128-bit lane of a 512-bit register: [a0+a1, a2+a3, b0+b1, b2+b3].
+__attribute__((target("avx512f"))) inline __m512 HaddLanes(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+// Two query rows at once with AVX-512: a register holds row 0's eight lanes in its low half
+// and row 1's in its high half (`pair`: the rows packed so, [dim / 8][16]), each key's eight
+// floats broadcast to both halves. Multiply, then add, then the rule's pairwise sums, as in
+// ScoreKeysAvx2: the same floats. Keys past the last four: ScoreKeysAvx2 per row.
+__attribute__((target("avx512f,avx512dq"))) void ScorePairAvx512(const float* pair, const float* q0,
+                                                                 const float* q1, const float* keys,
+                                                                 int64_t stride, int64_t n,
+                                                                 int64_t dim, float scale,
+                                                                 float* out0, float* out1) {
+  const __m128 vscale = _mm_set1_ps(scale);
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k0 = keys + t * stride;
+    const float* k1 = k0 + stride;
+    const float* k2 = k1 + stride;
+    const float* k3 = k2 + stride;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m512 qv = _mm512_loadu_ps(pair + 2 * d);
+      a0 = _mm512_add_ps(a0, _mm512_mul_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + d))));
+      a1 = _mm512_add_ps(a1, _mm512_mul_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k1 + d))));
+      a2 = _mm512_add_ps(a2, _mm512_mul_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k2 + d))));
+      a3 = _mm512_add_ps(a3, _mm512_mul_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k3 + d))));
+    }
+    // 128-bit lanes of h: row 0's (l0+l1)+(l2+l3) of the four keys, its (l4+l5)+(l6+l7), then
+    // the same of row 1.
+    const __m512 h = HaddLanes(HaddLanes(a0, a1), HaddLanes(a2, a3));
+    _mm_storeu_ps(out0 + t, _mm_mul_ps(vscale, _mm_add_ps(_mm512_extractf32x4_ps(h, 0),
+                                                          _mm512_extractf32x4_ps(h, 1))));
+    _mm_storeu_ps(out1 + t, _mm_mul_ps(vscale, _mm_add_ps(_mm512_extractf32x4_ps(h, 2),
+                                                          _mm512_extractf32x4_ps(h, 3))));
+  }
+  if (t < n) {
+    ScoreKeysAvx2(q0, keys + t * stride, stride, n - t, dim, scale, out0 + t);
+    ScoreKeysAvx2(q1, keys + t * stride, stride, n - t, dim, scale, out1 + t);
+  }
+}
+#endif
+
 void ScoreKeys(const float* q, const float* keys, int64_t stride, int64_t n, int64_t dim,
                float scale, float* out) {
 #if PD_CPU_X86
@@ -140,6 +191,21 @@ void WeighTile(const AttentionMassParams& p, const Tile& tile, int64_t j0, float
     n[r] = p.start_pos + j + 1;
     last = std::max(last, n[r]);
   }
+#if PD_CPU_X86
+  // With AVX-512, rows r and r + 1 (r even) scored together, packed [dim / 8][16].
+  const bool pairs = dim % 8 == 0 && ActiveIsa() == Isa::kAvx512;
+  thread_local std::vector<float> packed;
+  if (pairs) {
+    packed.resize(static_cast<size_t>(tile.count * dim));
+    for (int64_t r = 0; r + 1 < tile.count; r += 2) {
+      float* out = &packed[static_cast<size_t>(r * dim)];
+      for (int64_t d = 0; d < dim; d += 8) {
+        std::memcpy(out + 2 * d, q[r] + d, 8 * sizeof(float));
+        std::memcpy(out + 2 * d + 8, q[r + 1] + d, 8 * sizeof(float));
+      }
+    }
+  }
+#endif
   // Keys in chunks: the caller's rows, the f32 cache's rows in place, or widened here.
   thread_local std::vector<float> buf;
   buf.resize(static_cast<size_t>(kKeyChunk * dim));
@@ -167,9 +233,19 @@ void WeighTile(const AttentionMassParams& p, const Tile& tile, int64_t j0, float
         chunk = buf.data();
       }
     }
-    for (int64_t r = 0; r < tile.count; ++r) {
+    for (int64_t r = 0; r < tile.count;) {
       const int64_t valid = std::min(count, n[r] - t0);
+#if PD_CPU_X86
+      if (pairs && r % 2 == 0 && r + 1 < tile.count && valid == std::min(count, n[r + 1] - t0) &&
+          valid > 0) {
+        ScorePairAvx512(&packed[static_cast<size_t>(r * dim)], q[r], q[r + 1], chunk, stride, valid,
+                        dim, scale, w[r] + t0, w[r + 1] + t0);
+        r += 2;
+        continue;
+      }
+#endif
       if (valid > 0) ScoreKeys(q[r], chunk, stride, valid, dim, scale, w[r] + t0);
+      ++r;
     }
     t0 += count;
   }
