@@ -59,21 +59,18 @@ __attribute__((target("avx2"))) void ScoreKeysAvx2(const float* q, const float* 
                                                    float scale, float* out) {
   int64_t t = 0;
   for (; t + 4 <= n; t += 4) {
-    const float* k0 = keys + t * stride;
-    const float* k1 = k0 + stride;
-    const float* k2 = k1 + stride;
-    const float* k3 = k2 + stride;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float* k = keys + t * stride;
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     for (int64_t d = 0; d < dim; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
-      a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_loadu_ps(k0 + d)));
-      a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_loadu_ps(k1 + d)));
-      a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_loadu_ps(k2 + d)));
-      a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_loadu_ps(k3 + d)));
+      for (int i = 0; i < 4; ++i) {
+        a[i] = _mm256_add_ps(a[i], _mm256_mul_ps(qv, _mm256_loadu_ps(k + i * stride + d)));
+      }
     }
     // hadd twice: per 128-bit half, [k0 (l0+l1)+(l2+l3), k1 .., k2 .., k3 ..] and the same of
     // lanes 4-7; the halves' sum is ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) for each key.
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
     const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     _mm_storeu_ps(out + t, _mm_mul_ps(_mm_set1_ps(scale), sums));
   }
@@ -109,21 +106,19 @@ __attribute__((target("avx512f,avx512dq"))) void ScorePairAvx512(const float* pa
   const __m128 vscale = _mm_set1_ps(scale);
   int64_t t = 0;
   for (; t + 4 <= n; t += 4) {
-    const float* k0 = keys + t * stride;
-    const float* k1 = k0 + stride;
-    const float* k2 = k1 + stride;
-    const float* k3 = k2 + stride;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float* k = keys + t * stride;
+    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
     for (int64_t d = 0; d < dim; d += 8) {
       const __m512 qv = _mm512_loadu_ps(pair + 2 * d);
-      a0 = _mm512_add_ps(a0, _mm512_mul_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + d))));
-      a1 = _mm512_add_ps(a1, _mm512_mul_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k1 + d))));
-      a2 = _mm512_add_ps(a2, _mm512_mul_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k2 + d))));
-      a3 = _mm512_add_ps(a3, _mm512_mul_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k3 + d))));
+      for (int i = 0; i < 4; ++i) {
+        const __m512 kv = _mm512_broadcast_f32x8(_mm256_loadu_ps(k + i * stride + d));
+        a[i] = _mm512_add_ps(a[i], _mm512_mul_ps(qv, kv));
+      }
     }
     // 128-bit lanes of h: row 0's (l0+l1)+(l2+l3) of the four keys, its (l4+l5)+(l6+l7), then
     // the same of row 1.
-    const __m512 h = HaddLanes(HaddLanes(a0, a1), HaddLanes(a2, a3));
+    const __m512 h = HaddLanes(HaddLanes(a[0], a[1]), HaddLanes(a[2], a[3]));
     _mm_storeu_ps(out0 + t, _mm_mul_ps(vscale, _mm_add_ps(_mm512_extractf32x4_ps(h, 0),
                                                           _mm512_extractf32x4_ps(h, 1))));
     _mm_storeu_ps(out1 + t, _mm_mul_ps(vscale, _mm_add_ps(_mm512_extractf32x4_ps(h, 2),
