@@ -18,6 +18,7 @@
 #include "benchmark/benchmark.h"
 #include "common/threads/parallel_for.h"
 #include "kernels/attention.h"
+#include "kernels/attention_mass.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/half.h"
@@ -381,6 +382,44 @@ void BM_DecodeAttentionKvDType(benchmark::State& state) {
 BENCHMARK(BM_DecodeAttentionKvDType)
     ->ArgsProduct({{1, 16}, {512, 4096}, {0, 1, 3, 4, 5}})
     ->ArgNames({"batch", "context", "dtype"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// ---- The H2O / SnapKV score pass after one decode step ------------------------------------------
+// AttentionMass for one sequence's decode token (32 query heads over 8 kv heads of 64, keys read
+// from the cache as DecodeAttention reads them), to set beside BM_DecodeAttention/batch:1 of the
+// same context and threads: what scoring adds to the attention it follows. Args: context,
+// dtype (0 f32: keys read in place; 1 bf16: widened), threads.
+void BM_AttentionMass(benchmark::State& state) {
+  const int64_t context = state.range(0);
+  const DecodeAttentionSetup s(1, context, static_cast<DType>(state.range(1)));
+  const OpContext ctx = Context(static_cast<int>(state.range(2)));
+  std::vector<float> mass(DecodeAttentionSetup::kKvHeads * context, 0.0f);
+  AttentionMassParams p;
+  p.q = s.q.data();
+  p.q_token_stride = DecodeAttentionSetup::kHeads * DecodeAttentionSetup::kHeadDim;
+  p.cache = &s.p.cache;
+  p.block_table = s.tables.data();
+  p.num_table_blocks = s.blocks_per_seq;
+  p.start_pos = context - 1;
+  p.num_tokens = 1;
+  p.num_heads = DecodeAttentionSetup::kHeads;
+  p.num_kv_heads = DecodeAttentionSetup::kKvHeads;
+  p.head_dim = DecodeAttentionSetup::kHeadDim;
+  p.mass = mass.data();
+  p.mass_head_stride = context;
+  if (!AttentionMass(ctx, p).ok()) {
+    state.SkipWithError("attention mass rejected the parameters");
+    return;
+  }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(AttentionMass(ctx, p));
+  }
+  state.SetItemsProcessed(state.iterations() * context * DecodeAttentionSetup::kHeads);
+}
+BENCHMARK(BM_AttentionMass)
+    ->ArgsProduct({{512, 4096}, {0, 1}, {1, 2}})
+    ->ArgNames({"context", "dtype", "threads"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

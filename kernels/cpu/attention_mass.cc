@@ -247,7 +247,9 @@ void WeighTile(const AttentionMassParams& p, const Tile& tile, int64_t j0, float
   for (int64_t r = 0; r < tile.count; ++r) {
     float* s = w[r];
     float max = -INFINITY;
-    for (int64_t t = 0; t < n[r]; ++t) max = std::fmax(max, s[t]);
+    // The reference's std::fmax, inline: NaN scores are passed over by both, and a max of +0
+    // or -0 gives the same s - max (so the same exp) for every score.
+    for (int64_t t = 0; t < n[r]; ++t) max = s[t] > max ? s[t] : max;
     float sum = 0.0f;
     for (int64_t t = 0; t < n[r]; ++t) {
       s[t] = std::exp(s[t] - max);
@@ -281,8 +283,10 @@ void AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
   // Queries in batches whose weights fit kMaxWeights floats.
   constexpr int64_t kMaxWeights = int64_t{1} << 22;
   const int64_t batch = std::max<int64_t>(1, kMaxWeights / (p.num_heads * keys));
-  std::vector<float> weights;
-  std::vector<Tile> tiles;
+  // The calling thread's buffers, kept between calls: a decode step's weights (heads x context
+  // floats) would otherwise be a fresh mapping, faulted in page by page, every layer.
+  thread_local std::vector<float> weights;
+  thread_local std::vector<Tile> tiles;
   for (int64_t j0 = 0; j0 < p.num_tokens; j0 += batch) {
     const int64_t jn = std::min(batch, p.num_tokens - j0);
     weights.resize(static_cast<size_t>(jn * p.num_heads * keys));
@@ -299,16 +303,19 @@ void AttentionMass(const OpContext& ctx, const AttentionMassParams& p) {
         tiles.push_back({g, first, std::min(tile_rows, rows - first)});
       }
     }
-    // One tile per kv head: its task adds the head's row itself, one fork-join in all.
+    // One tile per kv head: its task adds the head's row itself, one fork-join in all. (The
+    // tasks run on other threads, whose thread_locals are their own: they get pointers.)
     const bool whole_heads = tile_rows == rows;
+    float* const w = weights.data();
+    const Tile* const tile_list = tiles.data();
     ParallelStrided(ctx, static_cast<int64_t>(tiles.size()), threads, [&](int, int64_t i) {
-      const Tile& tile = tiles[static_cast<size_t>(i)];
-      WeighTile(p, tile, j0, scale, keys, weights.data());
-      if (whole_heads) AddHead(p, tile.g, j0, jn, keys, weights.data());
+      const Tile& tile = tile_list[i];
+      WeighTile(p, tile, j0, scale, keys, w);
+      if (whole_heads) AddHead(p, tile.g, j0, jn, keys, w);
     });
     if (!whole_heads) {
       ParallelStrided(ctx, p.num_kv_heads, threads,
-                      [&](int, int64_t g) { AddHead(p, g, j0, jn, keys, weights.data()); });
+                      [&](int, int64_t g) { AddHead(p, g, j0, jn, keys, w); });
     }
   }
 }
