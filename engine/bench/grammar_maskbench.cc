@@ -170,11 +170,13 @@ int main(int argc, char** argv) {
             mask_us.back() > 1000 * absl::GetFlag(FLAGS_report_slow_ms)) {
           std::string before;
           for (size_t j = (k > 4 ? k - 4 : 0); j < k; ++j) before += trie.token_bytes((*ids)[j]);
-          std::fprintf(stderr,
-                       "slow mask: %s, instance token %zu after '%s' (%zu stacks, %s): %.1f ms\n",
-                       path.filename().string().c_str(), k, before.c_str(), m.num_stacks(),
-                       pd::grammar::Matcher::MaskPathName(m.last_mask_path()),
-                       mask_us.back() / 1000);
+          std::fprintf(
+              stderr,
+              "slow mask: %s, instance token %zu after '%s' (%zu stacks, %s, %zu boundaries): "
+              "%.1f ms\n",
+              path.filename().string().c_str(), k, before.c_str(), m.num_stacks(),
+              pd::grammar::Matcher::MaskPathName(m.last_mask_path()), m.last_mask_boundaries(),
+              mask_us.back() / 1000);
         }
         if (absl::GetFlag(FLAGS_verify)) {
           m.FillTokenMaskUncached(trie, &reference);

@@ -1272,7 +1272,11 @@ class SchemaCompiler {
       "(([A-Za-z0-9\\-._~!$&'()*+,;=:]|%[0-9A-Fa-f]{2})*@)?"  // userinfo
       "([A-Za-z0-9\\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*"        // reg-name (IPv4 included)
       "(:[0-9]*)?";                                               // port
-  inline static const std::string kSegments = absl::StrCat("(/", kPchar, "*)*");
+  // path-abempty, *( "/" segment ), written flat: a '/' and then pchars and '/'s, which is the
+  // same language with one repetition instead of two nested ones, so the mask's cut sits near
+  // the string rather than below every segment (docs/structured-outputs.md, "Token masks").
+  static constexpr char kPcharOrSlash[] = "([A-Za-z0-9\\-._~!$&'()*+,;=:@/]|%[0-9A-Fa-f]{2})";
+  inline static const std::string kSegments = absl::StrCat("(/", kPcharOrSlash, "*)?");
   // hier-part: "//" authority path-abempty | path-absolute | path-rootless | path-empty.
   inline static const std::string kHierPart =
       absl::StrCat("(//", kAuthority, kSegments, "|/(", kPchar, "+", kSegments, ")?|", kPchar,

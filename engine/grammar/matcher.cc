@@ -457,9 +457,10 @@ Matcher::WalkStats Matcher::Walk(const TokenTrie& trie, uint32_t root, const Sta
 
 namespace {
 
-// One stack cut Matcher::kCutDepth entries below its top.
+// One stack cut at most Matcher::kCutDepth entries below its top (kMaxCutDeeper more when
+// the cut goes deeper).
 struct Cut {
-  std::array<uint32_t, Matcher::kCutDepth> pos;  // positions, top first
+  std::array<uint32_t, Matcher::kCutDepth + Matcher::kMaxCutDeeper> pos;  // positions, top first
   int len = 0;
   uint32_t below = 0;  // stack id below the cut; 0: the stack ends above it
 };
@@ -972,8 +973,11 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
     // entries further down.
     uint32_t common = shared;
     for (int d = 0; d <= deeper && common != 0; ++d) common = nodes_[common].parent;
-    const int depth = many ? std::min(kCutDepth, kManyCutDepth + deeper) : kCutDepth;
-    bool can_go_deeper = false;  // some stack was cut above kCutDepth, at `common` or `depth`
+    // (A cut at kCutDepth goes `deeper` entries further down too: inside a string whose
+    // regex nests, a URI's authority and path, the string's own entries reach past it.)
+    const int depth = many ? std::min(kCutDepth, kManyCutDepth + deeper) : kCutDepth + deeper;
+    const int max_depth = many ? kCutDepth : kCutDepth + kMaxCutDeeper;
+    bool can_go_deeper = false;  // some stack was cut above max_depth, at `common` or `depth`
     absl::InlinedVector<Cut, 8> cuts;
     for (const uint32_t s : state) {
       if (s == 0) continue;  // a complete sentence: the end tokens, added below
@@ -986,7 +990,7 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
         id = nodes_[id].parent;
       }
       cut.below = id;
-      if (id != 0 && (id == common || cut.len == depth) && cut.len < kCutDepth &&
+      if (id != 0 && (id == common || cut.len == depth) && cut.len < max_depth &&
           deeper < kMaxCutDeeper) {
         can_go_deeper = true;
       }

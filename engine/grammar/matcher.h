@@ -173,7 +173,8 @@ class Matcher {
   size_t FillTokenMaskUncached(const TokenTrie& trie, std::vector<uint32_t>* mask) const;
   // Most stack entries kept above the cut. The cut goes just below the deepest entry all
   // stacks share when that is nearer (inside a JSON string: its closing quote), so the key
-  // does not reach into the context.
+  // does not reach into the context. (A cut that almost every token crosses goes deeper, up to
+  // kMaxCutDeeper entries past this, below.)
   static constexpr int kCutDepth = 4;
   // States of more stacks than this are walked whole (the cut would split the kMaxStacks
   // bound's accounting, and such ambiguity is rare), and their masks cached in the grammar

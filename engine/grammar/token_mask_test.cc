@@ -267,6 +267,53 @@ TEST(TokenMaskTest, PositionsOfALongBoundedStringShareOneCachedMask) {
   }
 }
 
+// A URI (format "uri" / "uri-reference"): its authority and path nest deeper inside the string
+// than kCutDepth entries, so a cut at kCutDepth would be crossed by almost every token (each
+// crossing a walk from below, every mask). The cut goes deeper there too, and the masks still
+// equal the whole walk.
+TEST(TokenMaskTest, AUriStringIsCutDeeperThanItsNesting) {
+  std::vector<std::string> vocab = Vocabulary(9);
+  std::mt19937 rng(109);
+  const std::vector<std::string> pieces = {"a", "e",   "x",   "0",   ".",   "/",     "-", "_",
+                                           "~", "%2F", "com", "www", "://", "https", "@", ":",
+                                           "?", "#",   "=",   "&",   "\"",  ",",     "}"};
+  for (int i = 0; i < 6000; ++i) {
+    std::string s;
+    const int len = 1 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < len; ++k) s += pieces[rng() % pieces.size()];
+    vocab.push_back(s);
+  }
+  const TokenTrie trie(vocab, {0});
+  auto g = CompileJsonSchema(R"({"type": "object", "properties": {
+      "loc": {"type": "string", "format": "uri"},
+      "ref": {"type": "string", "format": "uri-reference"}},
+      "required": ["loc", "ref"], "additionalProperties": false})",
+                             JsonSchemaOptions{.max_whitespace = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  const std::string doc =
+      "{\"loc\":\"https://a@www.ex-a.com:80/a/e_x/0%2F.~?x=a&e=0#a/x\","
+      "\"ref\":\"//www.x.com/a/e/x?a#0\"}";
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  size_t most_boundaries = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    Matcher m(*c);
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const size_t allowed = m.FillTokenMask(trie, &mask);
+      most_boundaries = std::max(most_boundaries, m.last_mask_boundaries());
+      ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
+      ASSERT_EQ(mask, reference) << "pass " << pass << ", after " << doc.substr(0, i);
+      if (i < doc.size()) {
+        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << doc.substr(0, i + 1);
+      }
+    }
+    EXPECT_TRUE(m.CanEnd());
+  }
+  EXPECT_LE(most_boundaries, Matcher::kMaxBoundaries);
+}
+
 // A state of more stacks than kMaxCutStacks whose stacks do not merge (an enum of 200
 // strings after its opening quote: each its own literal, more than kMaxMergedCuts) is walked whole the first time and
 // its mask is kept in the grammar: the next request with the same schema takes it from
