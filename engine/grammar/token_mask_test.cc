@@ -197,6 +197,28 @@ TEST(TokenMaskTest, ABoundedStringTakesItsShortPlainTokensAtOnce) {
   EXPECT_GE(plain_masks, 6u);
 }
 
+// Walks `doc` byte by byte twice (two matchers: the second meets the grammar's caches), every
+// cached mask checked against the whole walk; *most_boundaries: the most a mask walked from
+// below a cut. `doc` must be a whole sentence.
+void WalkTwiceCheckingMasks(const std::shared_ptr<const CompiledGrammar>& c, const TokenTrie& trie,
+                            const std::string& doc, size_t* most_boundaries) {
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  for (int pass = 0; pass < 2; ++pass) {
+    Matcher m(c);
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const size_t allowed = m.FillTokenMask(trie, &mask);
+      *most_boundaries = std::max(*most_boundaries, m.last_mask_boundaries());
+      ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
+      ASSERT_EQ(mask, reference) << "pass " << pass << ", after " << doc.substr(0, i);
+      if (i < doc.size()) {
+        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << doc.substr(0, i + 1);
+      }
+    }
+    EXPECT_TRUE(m.CanEnd());
+  }
+}
+
 // A string of minLength 1: after its first character every stack shares the rest of the
 // string, and a cut just below that entry would let almost every token reach the cut (one
 // walk from below per trie node, every mask). The cut goes one entry deeper instead, below the
@@ -212,21 +234,8 @@ TEST(TokenMaskTest, AStringOfMinLengthOneIsCutBelowItsClosingQuote) {
   auto c = CompiledGrammar::Compile(*g);
   ASSERT_TRUE(c.ok());
   const std::string doc = "{\"s\":\"ax e\",\"t\":\"n_0 t\"}";
-  std::vector<uint32_t> mask;
-  std::vector<uint32_t> reference;
   size_t most_boundaries = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    Matcher m(*c);
-    for (size_t i = 0; i <= doc.size(); ++i) {
-      const size_t allowed = m.FillTokenMask(trie, &mask);
-      most_boundaries = std::max(most_boundaries, m.last_mask_boundaries());
-      ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
-      ASSERT_EQ(mask, reference) << "pass " << pass << ", after " << doc.substr(0, i);
-      if (i < doc.size()) {
-        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
-      }
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(WalkTwiceCheckingMasks(*c, trie, doc, &most_boundaries));
   EXPECT_LE(most_boundaries, Matcher::kMaxBoundaries);
 }
 
@@ -295,22 +304,8 @@ TEST(TokenMaskTest, AUriStringIsCutDeeperThanItsNesting) {
   const std::string doc =
       "{\"loc\":\"https://a@www.ex-a.com:80/a/e_x/0%2F.~?x=a&e=0#a/x\","
       "\"ref\":\"//www.x.com/a/e/x?a#0\"}";
-  std::vector<uint32_t> mask;
-  std::vector<uint32_t> reference;
   size_t most_boundaries = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    Matcher m(*c);
-    for (size_t i = 0; i <= doc.size(); ++i) {
-      const size_t allowed = m.FillTokenMask(trie, &mask);
-      most_boundaries = std::max(most_boundaries, m.last_mask_boundaries());
-      ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
-      ASSERT_EQ(mask, reference) << "pass " << pass << ", after " << doc.substr(0, i);
-      if (i < doc.size()) {
-        ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << doc.substr(0, i + 1);
-      }
-    }
-    EXPECT_TRUE(m.CanEnd());
-  }
+  ASSERT_NO_FATAL_FAILURE(WalkTwiceCheckingMasks(*c, trie, doc, &most_boundaries));
   EXPECT_LE(most_boundaries, Matcher::kMaxBoundaries);
 }
 
