@@ -968,14 +968,22 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
   // Placeholder i stands for the stacks below[i] (one, but for states of many stacks).
   std::vector<absl::InlinedVector<uint32_t, 1>> below;
   size_t largest_below = 1;
-  for (int deeper = 0;; ++deeper) {
+  // Stacks that share an entry are first cut above it (deeper -1): the entry and all below it
+  // are one placeholder, so the key is the stacks' own parts (a value's alternatives, whatever
+  // member of whatever object they belong to: the next value of the same type hits, in this
+  // grammar or, by canonical form, another). Where more than kMaxShallowBoundaries trie nodes
+  // reach that placeholder (inside a string: every token that closes it), the cut goes below
+  // the entry as before.
+  const int first = shared != 0 && !many ? -1 : 0;
+  for (int deeper = first;; ++deeper) {
     // A cut that almost every token crosses (CachedTokenMask::cut_deeper) goes `deeper`
     // entries further down.
     uint32_t common = shared;
     for (int d = 0; d <= deeper && common != 0; ++d) common = nodes_[common].parent;
     // (A cut at kCutDepth goes `deeper` entries further down too: inside a string whose
     // regex nests, a URI's authority and path, the string's own entries reach past it.)
-    const int depth = many ? std::min(kCutDepth, kManyCutDepth + deeper) : kCutDepth + deeper;
+    const int depth =
+        many ? std::min(kCutDepth, kManyCutDepth + deeper) : kCutDepth + std::max(deeper, 0);
     const int max_depth = many ? kCutDepth : kCutDepth + kMaxCutDeeper;
     bool can_go_deeper = false;  // some stack was cut above max_depth, at `common` or `depth`
     absl::InlinedVector<Cut, 8> cuts;
@@ -995,6 +1003,12 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
         can_go_deeper = true;
       }
       cuts.push_back(cut);
+    }
+    // (A stack whose top is the shared entry would go on below at once, from the trie's root:
+    // no cut above the entry then.)
+    if (deeper < 0 && std::any_of(cuts.begin(), cuts.end(),
+                                  [](const Cut& c) { return c.len == 0 && c.below != 0; })) {
+      continue;
     }
     std::sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) {
       if (a.len != b.len) return a.len < b.len;
@@ -1072,7 +1086,7 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
       return FillManyStacksMask(trie, state, mask, accumulate, max_stacks, only_cached);
     }
     if (part == nullptr && only_cached) return kNotCached;
-    if (part == nullptr && deeper == 0 && !many) {
+    if (part == nullptr && deeper == first && !many) {
       last_mask_path_ = MaskPath::kWholeFirst;
       // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
       // that within a budget; the cache is for the others.
@@ -1137,7 +1151,10 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
       int plain_limit = -1;  // a bounded string: the plain tokens of at most this many chars
       if (!free_text && computed->boundaries.empty() && !cut_state.empty() &&
           trie.rest() != nullptr &&
-          (SomeGroupAcceptsEveryPlainRun(cut_state) || AcceptsEveryPlainRun(cut_state) ||
+          // (Above a shared entry the stacks are one group: searched with a group's budget.)
+          (SomeGroupAcceptsEveryPlainRun(cut_state) ||
+           AcceptsEveryPlainRun(cut_state,
+                                deeper < 0 ? kMaxGroupCheckSteps : kMaxPlainCheckSteps) ||
            (plain_limit = PlainRunLimit(cut_state)) >= 0)) {
         walked = trie.rest();
         computed->rest_trie = true;
@@ -1147,7 +1164,9 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
       if (!cut_state.empty() && !free_text) {
         const WalkStats stats =
             Walk(*walked, 0, cut_state, &computed->accepted, &computed->boundaries, SIZE_MAX,
-                 can_go_deeper || many ? kMaxBoundaries : SIZE_MAX);
+                 deeper < 0              ? kMaxShallowBoundaries
+                 : can_go_deeper || many ? kMaxBoundaries
+                                         : SIZE_MAX);
         if (!stats.complete && !can_go_deeper) {
           // (Only for many stacks: cut as deep as it goes, and still crossed by almost every
           // token. Walk such a state whole.)

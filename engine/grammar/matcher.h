@@ -192,6 +192,10 @@ class Matcher {
   // most kMaxCutDeeper times (a string of minLength 1 is cut after its first character).
   static constexpr size_t kMaxBoundaries = 1024;
   static constexpr int kMaxCutDeeper = 3;
+  // Stacks that share an entry are cut above it first (the key is then their own parts: a
+  // value's alternatives, whatever follows them); when more trie nodes than this reach that
+  // cut, it goes below the entry (inside a string every token that closes it would cross).
+  static constexpr size_t kMaxShallowBoundaries = 256;
   // A state of this many stacks or more whose mask is not cached as a whole is split into
   // groups of stacks, each masked as above (cut, cached), and the masks merged, when it makes
   // at least two groups (FillGroupsMask).

@@ -276,6 +276,58 @@ TEST(TokenMaskTest, PositionsOfALongBoundedStringShareOneCachedMask) {
   }
 }
 
+// The values of an object of many members of one type: each value's stacks share what
+// follows it (the rest of the object, different for each member), and are cut above that
+// entry, so the first value's walk serves the others (a cache hit each), and the masks still
+// equal the whole walk.
+TEST(TokenMaskTest, ValuesOfOneTypeShareOneCutAcrossMembers) {
+  std::vector<std::string> vocab = BigVocabulary(10, 110);
+  std::mt19937 rng(210);
+  // Many tokens that open a string (a few close it and go on), so a value's state is not
+  // cheap to walk whole.
+  const std::string letters = "aenstx_-07";
+  for (int i = 0; i < 6000; ++i) {
+    std::string s = "\"";
+    const int len = 2 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < len; ++k) s += letters[rng() % letters.size()];
+    if (rng() % 128 == 0) s += rng() % 2 ? "\"," : "\"}";
+    vocab.push_back(s);
+  }
+  const TokenTrie trie(vocab, {0});
+  std::string schema = R"({"type": "object", "properties": {)";
+  std::string doc = "{";
+  for (int i = 0; i < 12; ++i) {
+    absl::StrAppend(&schema, i ? ", " : "", "\"p", i, "\": {\"type\": [\"string\", \"null\"]}");
+    absl::StrAppend(&doc, i ? "," : "", "\"p", i, "\":", i % 3 == 0 ? "null" : "\"ax e\"");
+  }
+  schema += R"(}, "additionalProperties": false})";
+  doc += "}";
+  auto g = CompileJsonSchema(schema, JsonSchemaOptions{.max_whitespace = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  Matcher m(*c);
+  std::vector<uint32_t> mask;
+  std::vector<uint32_t> reference;
+  size_t values = 0;
+  size_t hits = 0;
+  for (size_t i = 0; i <= doc.size(); ++i) {
+    const size_t allowed = m.FillTokenMask(trie, &mask);
+    if (i > 0 && doc[i - 1] == ':') {
+      ++values;
+      hits += m.last_mask_path() == Matcher::MaskPath::kCutHit ? 1 : 0;
+    }
+    ASSERT_EQ(allowed, m.FillTokenMaskUncached(trie, &reference));
+    ASSERT_EQ(mask, reference) << "after " << doc.substr(0, i);
+    if (i < doc.size()) {
+      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i]))) << i;
+    }
+  }
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_EQ(values, 12u);
+  EXPECT_GE(hits, 10u);
+}
+
 // A URI (format "uri" / "uri-reference"): its authority and path nest deeper inside the string
 // than kCutDepth entries, so a cut at kCutDepth would be crossed by almost every token (each
 // crossing a walk from below, every mask). The cut goes deeper there too, and the masks still
