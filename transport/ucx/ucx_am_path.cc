@@ -53,7 +53,7 @@ void RecvCallback(void* request, ucs_status_t status, size_t, void* user_data) {
 void SendCallback(void* request, ucs_status_t status, void* user_data) {
   auto* ctx = static_cast<SendCtx*>(user_data);
   ctx->t->OnSendDone(ctx->seq, status);
-  delete ctx;
+  ctx->t->Release(ctx);
   ucp_request_free(request);
 }
 
@@ -84,8 +84,8 @@ absl::Status UcxTransport::RegisterAmHandlers() {
 void UcxTransport::SendAm(UcxConn& conn, unsigned id, const void* header, size_t header_len,
                           const void* data, size_t len, uint64_t seq, bool on_data_ep,
                           std::string payload) {
-  auto* ctx = new SendCtx{this, seq, std::string(static_cast<const char*>(header), header_len),
-                          std::move(payload)};
+  auto* ctx = Track(new SendCtx{
+      this, seq, std::string(static_cast<const char*>(header), header_len), std::move(payload)});
   if (!ctx->payload.empty()) {
     data = ctx->payload.data();
     len = ctx->payload.size();
@@ -102,7 +102,7 @@ void UcxTransport::SendAm(UcxConn& conn, unsigned id, const void* header, size_t
   ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, ctx->owned.data(), header_len, data, len, &p);
   if (!UCS_PTR_IS_PTR(req)) {
     OnSendDone(seq, UCS_PTR_STATUS(req));
-    delete ctx;
+    Release(ctx);
   }
 }
 
@@ -118,7 +118,7 @@ void UcxTransport::SendStatus(uint64_t conn_id, uint64_t seq, const absl::Status
     return;
   }
   StatusHeader h{seq, static_cast<uint32_t>(s.code()), 0};
-  auto* ctx = new SendCtx{this, 0, std::string(s.message())};
+  auto* ctx = Track(new SendCtx{this, 0, std::string(s.message())});
   std::string header(reinterpret_cast<const char*>(&h), sizeof(h));
   ctx->owned = header + ctx->owned;  // header then message, one buffer
   ucp_request_param_t p{};
@@ -129,7 +129,7 @@ void UcxTransport::SendStatus(uint64_t conn_id, uint64_t seq, const absl::Status
       ucp_am_send_nbx(conn->ep->get(), kAmStatus, ctx->owned.data(), sizeof(h),
                       ctx->owned.data() + sizeof(h), ctx->owned.size() - sizeof(h), &p);
   if (!UCS_PTR_IS_PTR(req)) {
-    delete ctx;
+    Release(ctx);
   }
 }
 
@@ -267,7 +267,7 @@ ucs_status_t UcxTransport::OnData(uint64_t conn_id, const DataHeader& h, void* d
     core_.EndWrite(*grant, true);
     return UCS_OK;
   }
-  auto* ctx = new RecvCtx{this, *grant, conn_id, h.seq};
+  auto* ctx = Track(new RecvCtx{this, *grant, conn_id, h.seq});
   ++st.outstanding;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -281,6 +281,7 @@ ucs_status_t UcxTransport::OnData(uint64_t conn_id, const DataHeader& h, void* d
 }
 
 void UcxTransport::OnRecvDone(RecvCtx* ctx, ucs_status_t status) {
+  Forget(ctx);
   std::unique_ptr<RecvCtx> owned(ctx);
   const bool ok = status == UCS_OK;
   core_.EndWrite(ctx->grant, ok, ok ? absl::OkStatus() : UcsError("ucx receive", status));

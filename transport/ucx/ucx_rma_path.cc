@@ -35,7 +35,7 @@ struct RmaOpCtx {
 void RmaOpCallback(void* request, ucs_status_t status, void* user_data) {
   auto* ctx = static_cast<RmaOpCtx*>(user_data);
   ctx->t->OnRmaOpDone(ctx->seq, status);
-  delete ctx;
+  ctx->t->Release(ctx);
   ucp_request_free(request);
 }
 
@@ -180,14 +180,14 @@ void UcxTransport::IssuePuts(UcxConn& conn, uint64_t seq, RmaPost& rp) {
   p.cb.send = &RmaOpCallback;
   for (const BlockRun& run : post.runs) {
     const uint64_t len = uint64_t{run.num_blocks} * post.block_bytes;
-    auto* ctx = new RmaOpCtx{this, seq};
+    auto* ctx = Track(new RmaOpCtx{this, seq});
     p.user_data = ctx;
     ++rp.outstanding;
     ucs_status_ptr_t req =
         ucp_put_nbx(conn.data(), post.src_base + uint64_t{run.src_first} * post.block_bytes, len,
                     remote->base + uint64_t{run.dst_first} * post.block_bytes, remote->rkey, &p);
     if (!UCS_PTR_IS_PTR(req)) {
-      delete ctx;
+      Release(ctx);
       --rp.outstanding;
       if (UCS_PTR_STATUS(req) != UCS_OK) {
         rp.error = UcsError("ucp_put_nbx", UCS_PTR_STATUS(req));
@@ -196,12 +196,12 @@ void UcxTransport::IssuePuts(UcxConn& conn, uint64_t seq, RmaPost& rp) {
     }
   }
   // The flush completes once every put is remotely complete.
-  auto* ctx = new RmaOpCtx{this, seq};
+  auto* ctx = Track(new RmaOpCtx{this, seq});
   p.user_data = ctx;
   ++rp.outstanding;
   ucs_status_ptr_t req = ucp_ep_flush_nbx(conn.data(), &p);
   if (!UCS_PTR_IS_PTR(req)) {
-    delete ctx;
+    Release(ctx);
     --rp.outstanding;
     if (UCS_PTR_STATUS(req) != UCS_OK && rp.error.ok()) {
       rp.error = UcsError("ucp_ep_flush_nbx", UCS_PTR_STATUS(req));

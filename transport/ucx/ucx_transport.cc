@@ -139,6 +139,14 @@ UcxTransport::~UcxTransport() {
   // context is last.
   listener_.reset();
   worker_.reset();
+  // (No callback can run now: what UCX never completed is freed here.)
+  if (!in_flight_.empty()) {
+    VLOG(1) << "ucx: " << in_flight_.size() << " requests never completed; freed";
+  }
+  for (const auto& [ctx, free_ctx] : in_flight_) {
+    free_ctx(ctx);
+  }
+  in_flight_.clear();
   mems_.clear();
 }
 

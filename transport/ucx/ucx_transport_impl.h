@@ -162,6 +162,23 @@ class UcxTransport : public transport_internal::CoreBackedTransport {
   void OnSendDone(uint64_t seq, ucs_status_t status);
   void OnRmaOpDone(uint64_t seq, ucs_status_t status);
 
+  // Request contexts handed to UCX (a send's, a receive's, a put's) are kept here until their
+  // request completes. One UCX never completes (a rendezvous send whose peer died before it
+  // answered is not always purged by a forced close) stays here, and the destructor frees it
+  // once the worker is gone.
+  template <typename Ctx>
+  Ctx* Track(Ctx* ctx) {
+    in_flight_.emplace(ctx, [](void* p) { delete static_cast<Ctx*>(p); });
+    return ctx;
+  }
+  // The context's request completed (or never started): no longer kept here.
+  void Forget(const void* ctx) { in_flight_.erase(const_cast<void*>(ctx)); }
+  template <typename Ctx>
+  void Release(Ctx* ctx) {
+    Forget(ctx);
+    delete ctx;
+  }
+
  private:
   struct HelloReply {
     Hello hello;
@@ -246,6 +263,7 @@ class UcxTransport : public transport_internal::CoreBackedTransport {
   absl::flat_hash_map<uint64_t, std::unique_ptr<UcpMem>> mems_;
   std::shared_ptr<UcxAllocations> allocations_;
   std::vector<std::unique_ptr<UcxConn>> graveyard_;   // failed conns, closed by the loop
+  absl::flat_hash_map<void*, void (*)(void*)> in_flight_;  // request contexts (Track)
   std::string worker_address_;                        // ucp_worker_get_address bytes
   absl::flat_hash_map<uint64_t, RmaPost> rma_posts_;  // sender, by seq
   // Receiver: runs held for an RMA writer, by (conn, seq).
