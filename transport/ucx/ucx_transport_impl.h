@@ -168,11 +168,11 @@ class UcxTransport : public transport_internal::CoreBackedTransport {
   // once the worker is gone.
   template <typename Ctx>
   Ctx* Track(Ctx* ctx) {
-    in_flight_.emplace(ctx, [](void* p) { delete static_cast<Ctx*>(p); });
+    in_flight_.emplace(ctx, [](const void* p) { delete static_cast<const Ctx*>(p); });
     return ctx;
   }
   // The context's request completed (or never started): no longer kept here.
-  void Forget(const void* ctx) { in_flight_.erase(const_cast<void*>(ctx)); }
+  void Forget(const void* ctx) { in_flight_.erase(ctx); }
   template <typename Ctx>
   void Release(Ctx* ctx) {
     Forget(ctx);
@@ -263,7 +263,7 @@ class UcxTransport : public transport_internal::CoreBackedTransport {
   absl::flat_hash_map<uint64_t, std::unique_ptr<UcpMem>> mems_;
   std::shared_ptr<UcxAllocations> allocations_;
   std::vector<std::unique_ptr<UcxConn>> graveyard_;   // failed conns, closed by the loop
-  absl::flat_hash_map<void*, void (*)(void*)> in_flight_;  // request contexts (Track)
+  absl::flat_hash_map<const void*, void (*)(const void*)> in_flight_;  // request contexts (Track)
   std::string worker_address_;                        // ucp_worker_get_address bytes
   absl::flat_hash_map<uint64_t, RmaPost> rma_posts_;  // sender, by seq
   // Receiver: runs held for an RMA writer, by (conn, seq).
