@@ -140,10 +140,13 @@ uint32_t Matcher::Intern(uint32_t pos, uint32_t parent) const {
 
 bool Matcher::Normalize(uint32_t id, State* out) const {
   const std::vector<Element>& el = grammar_->elements();
-  std::vector<uint32_t> work{id};
+  // (The matcher's scratch vectors: Normalize runs once per new step, and does not nest.)
+  std::vector<uint32_t>& work = normalize_work_;
+  work.assign(1, id);
   // Each stack is expanded once per call (ambiguous grammars reach one stack many ways).
   // Linear search while small (the common case), a hash set once expansions grow.
-  std::vector<uint32_t> seen;
+  std::vector<uint32_t>& seen = normalize_seen_;
+  seen.clear();
   absl::flat_hash_set<uint32_t> seen_set;
   while (!work.empty()) {
     const uint32_t s = work.back();
@@ -212,32 +215,48 @@ int32_t Matcher::DfaId(const State& state) const {
   if (live.size() == state.size()) entry.live = id;
   dfa_ids_.emplace(state, id);
   dfa_.push_back(std::move(entry));
-  dfa_next_.push_back(nullptr);
+  dfa_row_.push_back(-1);
   return id;
 }
 
 void Matcher::TrimDfa() const {
   if (dfa_.size() < kMaxDfaStates / 4 * 3) return;
+  ClearDfa();
+}
+
+void Matcher::ClearDfa() const {
   dfa_.clear();
-  dfa_next_.clear();
+  dfa_row_.clear();
+  dfa_rows_used_ = 0;  // (the chunks stay, for the states to come)
   dfa_ids_.clear();
 }
 
-int32_t Matcher::DfaStep(int32_t id, uint8_t byte, State* next) const {
-  auto& row = dfa_next_[static_cast<size_t>(id)];
-  if (row == nullptr) {
-    row = std::make_unique<std::array<int32_t, 256>>();
-    row->fill(kDfaUnknown);
+int32_t* Matcher::DfaRow(int32_t id) const {
+  int32_t& row = dfa_row_[static_cast<size_t>(id)];
+  if (row < 0) {
+    const size_t chunk = dfa_rows_used_ / kDfaRowsPerChunk;
+    if (chunk == dfa_row_chunks_.size()) {
+      dfa_row_chunks_.push_back(std::make_unique<std::array<int32_t, 256 * kDfaRowsPerChunk>>());
+    }
+    row = static_cast<int32_t>(dfa_rows_used_++);
+    int32_t* out = RowAt(row);
+    std::fill(out, out + 256, kDfaUnknown);
+    return out;
   }
-  const int32_t known = (*row)[byte];
+  return RowAt(row);
+}
+
+int32_t Matcher::DfaStep(int32_t id, uint8_t byte, State* next) const {
+  const int32_t known = DfaRow(id)[byte];
   if (known != kDfaUnknown) return known;
   bool overflow = false;
   int32_t result = kDfaRefused;
-  // (dfa_ may grow below: copy the stacks first.)
-  const State from = dfa_[static_cast<size_t>(id)].stacks;
+  // (Advance leaves dfa_ alone; DfaId, which may grow it, runs after the last use of `from`.)
+  const State& from = dfa_[static_cast<size_t>(id)].stacks;
   dfa_work_ += from.size();
   if (Advance(from, byte, next, &overflow)) result = DfaId(*next);
-  if (result != kDfaNoId) (*dfa_next_[static_cast<size_t>(id)])[byte] = result;
+  // (The row of `id` stays where it is: rows live in chunks that never move.)
+  if (result != kDfaNoId) DfaRow(id)[byte] = result;
   return result;
 }
 
@@ -786,11 +805,7 @@ bool Matcher::SomeGroupAcceptsEveryPlainRun(const State& cut) const {
       // with half the DFA free (no walk holds DFA ids here); one cut short by a full DFA is
       // searched again from an empty DFA, and that answer depends on the group alone (no
       // when the DFA fills even so: walk).
-      auto clear_dfa = [&] {
-        dfa_.clear();
-        dfa_next_.clear();
-        dfa_ids_.clear();
-      };
+      auto clear_dfa = [&] { ClearDfa(); };
       if (dfa_.size() > kMaxDfaStates / 2) clear_dfa();
       bool dfa_full = false;
       const bool from_empty = dfa_.empty();
@@ -1252,6 +1267,14 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
 }
 
 size_t Matcher::FillTokenMask(const TokenTrie& trie, std::vector<uint32_t>* mask) const {
+  if (steps_.capacity() < kMaskMemoReserve) {
+    // A matcher that masks builds thousands of steps and stack entries in its first masks:
+    // room for them at once rather than by doubling (a matcher that only checks bytes,
+    // Matches, keeps its maps small).
+    steps_.reserve(kMaskMemoReserve);
+    intern_.reserve(2 * kMaskMemoReserve);
+    dfa_ids_.reserve(kMaskMemoReserve / 2);
+  }
   TrimDfa();
   last_mask_boundaries_ = 0;
   if (state_.size() >= kMinGroupStacks) {

@@ -326,6 +326,10 @@ class Matcher {
     State state;
   };
   mutable std::vector<WalkFrame> walk_stack_;
+  // Steps the maps hold room for from the first mask on.
+  static constexpr size_t kMaskMemoReserve = 2048;
+  mutable std::vector<uint32_t> normalize_work_;
+  mutable std::vector<uint32_t> normalize_seen_;
   // Expands stack `id` until every top is a byte set (or the stack is empty), into `out`.
   bool Normalize(uint32_t id, State* out) const;
   // The stacks after `byte` from stack `id` (whose top accepts it), memoized.
@@ -349,6 +353,9 @@ class Matcher {
   // needs instead of stepping whole states for good (the states a generation visits drift: an
   // object's keys, then its values). Only between walks: a walk holds DFA ids.
   void TrimDfa() const;
+  void ClearDfa() const;
+  // The row of DFA state `id` (256 next ids), made (all kDfaUnknown) on first use.
+  int32_t* DfaRow(int32_t id) const;
   // The id of the state after `byte` from DFA state `id`: kDfaRefused, or kDfaNoId (then
   // *next holds the state).
   int32_t DfaStep(int32_t id, uint8_t byte, State* next) const;
@@ -362,7 +369,16 @@ class Matcher {
   mutable absl::flat_hash_map<uint64_t, uint32_t> intern_;
   mutable absl::flat_hash_map<uint64_t, State> steps_;
   mutable std::vector<DfaState> dfa_;
-  mutable std::vector<std::unique_ptr<std::array<int32_t, 256>>> dfa_next_;
+  // Per DFA state: its row of next ids (256, by byte) in the chunks, or -1 before its first
+  // step. Rows are handed out in order and the chunks kept when the DFA is emptied.
+  static constexpr size_t kDfaRowsPerChunk = 32;
+  mutable std::vector<int32_t> dfa_row_;
+  mutable std::vector<std::unique_ptr<std::array<int32_t, 256 * kDfaRowsPerChunk>>> dfa_row_chunks_;
+  mutable size_t dfa_rows_used_ = 0;
+  int32_t* RowAt(int32_t row) const {
+    const auto r = static_cast<size_t>(row);
+    return dfa_row_chunks_[r / kDfaRowsPerChunk]->data() + (r % kDfaRowsPerChunk) * 256;
+  }
   mutable absl::flat_hash_map<State, int32_t> dfa_ids_;
   mutable size_t dfa_work_ = 0;  // stacks stepped to extend the DFA, ever (a work measure)
   State state_;
