@@ -652,12 +652,14 @@ bool Matcher::AcceptsEveryPlainRun(const State& cut, size_t max_steps, bool* dfa
         if (dfa_full != nullptr) *dfa_full = to == kDfaNoId;
         return false;
       }
-      const DfaState& after = dfa_[static_cast<size_t>(to)];
-      // A run that leaves the cut depends on what lies below: not decided here.
-      if (!after.placeholders.empty() || after.live < 0) return false;
+      // Stacks that reached the cut drop out: a plain token is accepted when some stack
+      // takes all of it, and the others do without going below. (None left, or no room for
+      // them in the DFA: no.)
+      const int32_t after = dfa_[static_cast<size_t>(to)].live;
+      if (after < 0) return false;
       const uint64_t pair =
-          static_cast<uint64_t>(after.live) * kPlainStringStates + static_cast<uint64_t>(plain_next);
-      if (seen.insert(pair).second) pending.emplace_back(after.live, plain_next);
+          static_cast<uint64_t>(after) * kPlainStringStates + static_cast<uint64_t>(plain_next);
+      if (seen.insert(pair).second) pending.emplace_back(after, plain_next);
     }
   }
   return true;

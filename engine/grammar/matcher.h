@@ -239,9 +239,10 @@ class Matcher {
                  size_t max_work = SIZE_MAX, size_t max_boundaries = SIZE_MAX) const;
 
   // The cut state `cut` (no stack cut at its top) accepts every run of plain string bytes
-  // (PlainStringStep, from between characters) without reaching the cut: explored over pairs
-  // of its DFA states and PlainStringStep states, at most kMaxPlainCheckSteps DFA steps (past
-  // that, or with the DFA full, the answer is no; *dfa_full then says which).
+  // (PlainStringStep, from between characters) with a stack that stays above the cut (stacks
+  // that reach a placeholder drop out: the others take the plain token whole): explored over
+  // pairs of its DFA states and PlainStringStep states, at most kMaxPlainCheckSteps DFA steps
+  // (past that, or with the DFA full, the answer is no; *dfa_full then says which).
   bool AcceptsEveryPlainRun(const State& cut, size_t max_steps = kMaxPlainCheckSteps,
                             bool* dfa_full = nullptr) const;
   static constexpr size_t kMaxPlainCheckSteps = 2048;

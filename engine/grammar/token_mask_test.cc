@@ -361,6 +361,40 @@ TEST(TokenMaskTest, AUriStringIsCutDeeperThanItsNesting) {
   EXPECT_LE(most_boundaries, Matcher::kMaxBoundaries);
 }
 
+// A JSON Schema `pattern` is unanchored: `.*P.*`. Inside such a string the state holds the
+// prefix loop's stacks beside partial matches of P, a new state at each character. A plain
+// run that completes P lets the string end there: that stack reaches the cut (the closing
+// quote lies below it). It drops out of the search for "every plain run is accepted" (the
+// loop's stacks take the run), so the plain tokens are taken at once at every position
+// instead of walking the whole trie, and the masks equal the whole walk.
+TEST(TokenMaskTest, AnUnanchoredPatternTakesPlainTokensAtOnce) {
+  const std::vector<std::string> vocab = BigVocabulary(21, 23);
+  const TokenTrie trie(vocab, {0});
+  auto g = CompileJsonSchema(R"({"type": "object", "properties": {
+      "id": {"type": "string", "pattern":
+          "[a-fA-F0-9]{8}-[a-fA-F0-9]{4}-[a-fA-F0-9]{4}-[a-fA-F0-9]{4}-[a-fA-F0-9]{12}"}},
+      "required": ["id"], "additionalProperties": false})",
+                             JsonSchemaOptions{.max_whitespace = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = CompiledGrammar::Compile(*g);
+  ASSERT_TRUE(c.ok());
+  const std::string doc = "{\"id\":\"x 123e4567-e89b-12d3-a456-426655440000 tail \xC3\xA9\"}";
+  size_t most_boundaries = 0;
+  ASSERT_NO_FATAL_FAILURE(WalkTwiceCheckingMasks(*c, trie, doc, &most_boundaries));
+  // Up to the first whole match (after it the state is the union of two groups, masked as
+  // such): every mask takes the plain tokens at once.
+  Matcher m(*c);
+  const size_t open = doc.find(":\"") + 2;
+  const size_t matched = doc.find("440000");
+  ASSERT_TRUE(m.AcceptBytes(doc.substr(0, open)));
+  std::vector<uint32_t> mask;
+  for (size_t i = open; i < matched; ++i) {
+    m.FillTokenMask(trie, &mask);
+    ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(doc[i])));
+  }
+  EXPECT_EQ(m.plain_universal_masks(), matched - open);
+}
+
 // A state of more stacks than kMaxCutStacks whose stacks do not merge (an enum of 200
 // strings after its opening quote: each its own literal, more than kMaxMergedCuts) is walked whole the first time and
 // its mask is kept in the grammar: the next request with the same schema takes it from
