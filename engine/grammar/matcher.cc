@@ -970,6 +970,17 @@ size_t Matcher::FillManyStacksMask(const TokenTrie& trie, const State& state,
   return allowed;
 }
 
+bool Matcher::MayWalkCheaply(const TokenTrie& trie, const State& state) const {
+  const ByteSet first = NextBytesOf(state);
+  const TokenTrie::Node& root = trie.node(0);
+  size_t taken = 0;
+  for (uint32_t c = root.first_child; c < root.first_child + root.num_children; ++c) {
+    taken += first.test(trie.node(c).byte) ? 1 : 0;
+  }
+  // (The walk expands about the subtrees of the first bytes taken: their share of the trie.)
+  return taken * trie.num_nodes() <= kMaxWalkEstimate * root.num_children;
+}
+
 size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
                               std::vector<uint32_t>* mask, bool accumulate, size_t* max_stacks,
                               bool only_cached) const {
@@ -1103,7 +1114,7 @@ size_t Matcher::FillStateMask(const TokenTrie& trie, const State& state,
       return FillManyStacksMask(trie, state, mask, accumulate, max_stacks, only_cached);
     }
     if (part == nullptr && only_cached) return kNotCached;
-    if (part == nullptr && deeper == first && !many) {
+    if (part == nullptr && deeper == first && !many && MayWalkCheaply(trie, state)) {
       last_mask_path_ = MaskPath::kWholeFirst;
       // First met in this grammar: most states (outside strings) are cheap to walk whole. Try
       // that within a budget; the cache is for the others.

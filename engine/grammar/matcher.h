@@ -203,6 +203,10 @@ class Matcher {
   // States whose walk costs less work than this (Walk) are walked whole each time rather than
   // cached (a 128k vocabulary's mask is 16 KiB; a short walk is cheaper).
   static constexpr size_t kMinCachedWalk = 2048;
+  // A state is not tried whole first when the trie nodes below the first bytes it takes
+  // (estimated as their share of the trie) pass this: inside a string, where most first bytes
+  // are taken, the try would stop at kMinCachedWalk and be thrown away.
+  static constexpr size_t kMaxWalkEstimate = 8 * kMinCachedWalk;
 
  private:
   // Stacks are interned: id 0 is the empty stack, id i > 0 is (top position, id of the rest).
@@ -285,6 +289,8 @@ class Matcher {
   // alone: kNotCached is returned and *mask untouched.
   size_t FillStateMask(const TokenTrie& trie, const State& state, std::vector<uint32_t>* mask,
                        bool accumulate, size_t* max_stacks, bool only_cached) const;
+  // Whether a whole walk of `state` may stay within kMinCachedWalk (kMaxWalkEstimate).
+  bool MayWalkCheaply(const TokenTrie& trie, const State& state) const;
   static constexpr size_t kNotCached = SIZE_MAX;
   // A state is accepted from exactly where one of its stacks is, so its mask is the union of
   // its stacks' masks, grouped: by the rule of their entry just above the deepest one all
