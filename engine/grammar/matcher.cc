@@ -215,7 +215,6 @@ int32_t Matcher::DfaId(const State& state) const {
   if (live.size() == state.size()) entry.live = id;
   dfa_ids_.emplace(state, id);
   dfa_.push_back(std::move(entry));
-  dfa_row_.push_back(-1);
   return id;
 }
 
@@ -226,13 +225,12 @@ void Matcher::TrimDfa() const {
 
 void Matcher::ClearDfa() const {
   dfa_.clear();
-  dfa_row_.clear();
   dfa_rows_used_ = 0;  // (the chunks stay, for the states to come)
   dfa_ids_.clear();
 }
 
 int32_t* Matcher::DfaRow(int32_t id) const {
-  int32_t& row = dfa_row_[static_cast<size_t>(id)];
+  int32_t& row = dfa_[static_cast<size_t>(id)].row;
   if (row < 0) {
     const size_t chunk = dfa_rows_used_ / kDfaRowsPerChunk;
     if (chunk == dfa_row_chunks_.size()) {
@@ -247,16 +245,16 @@ int32_t* Matcher::DfaRow(int32_t id) const {
 }
 
 int32_t Matcher::DfaStep(int32_t id, uint8_t byte, State* next) const {
-  const int32_t known = DfaRow(id)[byte];
-  if (known != kDfaUnknown) return known;
+  // (Rows live in chunks that never move: `row` stays valid as the DFA grows below.)
+  int32_t* row = DfaRow(id);
+  if (row[byte] != kDfaUnknown) return row[byte];
   bool overflow = false;
   int32_t result = kDfaRefused;
   // (Advance leaves dfa_ alone; DfaId, which may grow it, runs after the last use of `from`.)
   const State& from = dfa_[static_cast<size_t>(id)].stacks;
   dfa_work_ += from.size();
   if (Advance(from, byte, next, &overflow)) result = DfaId(*next);
-  // (The row of `id` stays where it is: rows live in chunks that never move.)
-  if (result != kDfaNoId) DfaRow(id)[byte] = result;
+  if (result != kDfaNoId) row[byte] = result;
   return result;
 }
 
@@ -807,19 +805,18 @@ bool Matcher::SomeGroupAcceptsEveryPlainRun(const State& cut) const {
       // with half the DFA free (no walk holds DFA ids here); one cut short by a full DFA is
       // searched again from an empty DFA, and that answer depends on the group alone (no
       // when the DFA fills even so: walk).
-      auto clear_dfa = [&] { ClearDfa(); };
-      if (dfa_.size() > kMaxDfaStates / 2) clear_dfa();
+      if (dfa_.size() > kMaxDfaStates / 2) ClearDfa();
       bool dfa_full = false;
       const bool from_empty = dfa_.empty();
       known = AcceptsEveryPlainRun(group, kMaxGroupCheckSteps, &dfa_full);
       if (dfa_full && !from_empty) {
-        clear_dfa();
+        ClearDfa();
         dfa_full = false;
         known = AcceptsEveryPlainRun(group, kMaxGroupCheckSteps, &dfa_full);
       }
       grammar_->StorePlainRun(key, *known);
       // (A search that filled the DFA leaves the walk after it room to build its states.)
-      if (dfa_full) clear_dfa();
+      if (dfa_full) ClearDfa();
     }
     if (*known) return true;
   }

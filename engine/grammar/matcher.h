@@ -353,6 +353,8 @@ class Matcher {
     absl::InlinedVector<uint32_t, 2> placeholders;  // the placeholder numbers among them
     // The id of the stacks among them that accept bytes: -1 none, kDfaNoId no room.
     int32_t live = -1;
+    // Its row of next ids (DfaRow) in the chunks: -1 before its first step.
+    int32_t row = -1;
   };
   // The id of `state` (sorted), or kDfaNoId when the DFA is full.
   int32_t DfaId(const State& state) const;
@@ -376,10 +378,9 @@ class Matcher {
   mutable absl::flat_hash_map<uint64_t, uint32_t> intern_;
   mutable absl::flat_hash_map<uint64_t, State> steps_;
   mutable std::vector<DfaState> dfa_;
-  // Per DFA state: its row of next ids (256, by byte) in the chunks, or -1 before its first
-  // step. Rows are handed out in order and the chunks kept when the DFA is emptied.
+  // The DFA states' rows of next ids (256, by byte), handed out in order; the chunks are kept
+  // when the DFA is emptied.
   static constexpr size_t kDfaRowsPerChunk = 32;
-  mutable std::vector<int32_t> dfa_row_;
   mutable std::vector<std::unique_ptr<std::array<int32_t, 256 * kDfaRowsPerChunk>>> dfa_row_chunks_;
   mutable size_t dfa_rows_used_ = 0;
   int32_t* RowAt(int32_t row) const {
