@@ -244,8 +244,26 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateTensorParallel
         "tensor_parallel ", n, ": tensor parallelism runs on the CPU only so far (no NCCL ranks)"));
   }
   PD_ASSIGN_OR_RETURN(TpPlan plan, PlanTensorParallel(weights->config, n));
+  const std::vector<KvPoolView>& own = options.tp_rank_pools;
+  if (!own.empty()) {
+    if (own.size() != static_cast<size_t>(n)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor_parallel ", n, ": ", own.size(),
+                                                     " per-rank KV pools, need one per rank"));
+    }
+    for (size_t r = 0; r < own.size(); ++r) {
+      if (own[r].dtype != pool.dtype || own[r].block_size != pool.block_size ||
+          own[r].num_blocks != pool.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor_parallel ", n, ": rank ", r, "'s KV pool (", own[r].num_blocks, " blocks of ",
+            own[r].block_size, " tokens, ", kernels::DTypeName(own[r].dtype),
+            ") differs from the worker's (", pool.num_blocks, " of ", pool.block_size, ", ",
+            kernels::DTypeName(pool.dtype), ")"));
+      }
+    }
+  }
   ForwardOptions rank_options = options;
   rank_options.tensor_parallel = 1;
+  rank_options.tp_rank_pools.clear();
   const int threads = ctx.parallel != nullptr ? ctx.parallel->num_threads() : 1;
   std::unique_ptr<LlamaForward> f(new LlamaForward(weights, pool, ctx, options));
   auto g = std::make_unique<TpGroup>();
@@ -262,12 +280,14 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateTensorParallel
     init.comm = g->comm->rank(r);
     init.shared_kv = plan.shared_kv;
     init.pool_kv_heads = plan.pool_kv_heads;
+    init.own_pool = !own.empty();
+    const KvPoolView rank_pool = own.empty() ? pool : own[static_cast<size_t>(r)];
     if (measure_only) {
       ModelWeights sizes;  // the sizes are all CreateImpl reads when it does not allocate
       sizes.config = ShardConfig(weights->config, init.plan);
       sizes.dtype = weights->dtype;
       PD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> rank,
-                          CreateImpl(&sizes, pool, ctx, rank_options, false, &init));
+                          CreateImpl(&sizes, rank_pool, ctx, rank_options, false, &init));
       scratch += rank->scratch_bytes_;
       continue;
     }
@@ -287,7 +307,7 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateTensorParallel
       g->uploads.push_back(std::move(up));
     }
     PD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> rank,
-                        CreateImpl(rank_weights, pool, rank_ctx, rank_options, true, &init));
+                        CreateImpl(rank_weights, rank_pool, rank_ctx, rank_options, true, &init));
     scratch += rank->scratch_bytes_;
     g->shards.push_back(std::move(shard));
     g->ranks.push_back(std::move(rank));
@@ -374,6 +394,10 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::CreateImpl(
     f->tp_comm_ = tp->comm;
     f->tp_shared_kv_ = tp->shared_kv;
     f->tp_pool_kv_heads_ = tp->pool_kv_heads;
+    f->tp_own_pool_ = tp->own_pool;
+    // In a pool of its own a rank writes (and moves) every head it reads; ranks sharing a KV
+    // head each keep a copy, so none waits for another's write.
+    if (tp->own_pool) f->tp_.writes_kv = true;
   }
   if (c.moe()) {
     f->expert_tokens_.assign(static_cast<size_t>(c.n_layers) * c.n_experts, 0);
@@ -588,7 +612,8 @@ int64_t LlamaForward::block_bytes() const {
 }
 
 kernels::KvCacheView LlamaForward::CacheView(int layer) const {
-  if (tp_comm_ != nullptr && !config_.mla()) {  // an MLA rank reads the whole latent entry
+  // An MLA rank reads the whole latent entry; a rank with a pool of its own all of its heads.
+  if (tp_comm_ != nullptr && !config_.mla() && !tp_own_pool_) {
     // A rank's heads within the TP = 1 layout: the pool's view, its base moved to the rank's
     // first KV head (strides count elements; a quantized element is a byte) and a quantized
     // cache's scale offset moved to that head's scales (kernels::KvCacheView::first_head).
@@ -1232,7 +1257,7 @@ absl::Status LlamaForward::Attention(int layer, int64_t num_tokens) {
   if (tp_comm_ == nullptr || tp_.writes_kv) {
     PD_RETURN_IF_ERROR(WriteNewKv(k_, v_, c.kv_dim, cache, num_tokens));
   }
-  if (tp_shared_kv_) {
+  if (tp_shared_kv_ && !tp_own_pool_) {
     // Ranks sharing a KV head read the rows its first rank just wrote.
     PD_RETURN_IF_ERROR(tp_comm_->Barrier());
   }
@@ -1661,7 +1686,7 @@ absl::Status LlamaForward::MlaAttention(int layer, int64_t num_tokens) {
     PD_RETURN_IF_ERROR(
         WriteNewKv(mla_latent_, mla_latent_ + latent / 2, latent, cache, num_tokens));
   }
-  if (tp_shared_kv_) {
+  if (tp_shared_kv_ && !tp_own_pool_) {
     // Every rank computed the same entry; the first wrote it, and the others read it after.
     PD_RETURN_IF_ERROR(tp_comm_->Barrier());
   }

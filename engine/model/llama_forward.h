@@ -116,7 +116,8 @@ struct ForwardOptions {
   bool decode_graphs = true;
   // Tensor parallelism (engine/model/tensor_parallel.h; docs/engine.md, "Tensor parallelism"):
   // N > 1 splits the model over N ranks, threads of this process that share the KV pool (each
-  // rank its KV heads' rows; the pool keeps the TP = 1 layout). ctx.parallel's threads are
+  // rank its KV heads' rows; the pool keeps the TP = 1 layout), or each with a pool of its own
+  // (tp_rank_pools, below). ctx.parallel's threads are
   // divided between the ranks: each gets its own team of max(1, threads / N). kCpu without
   // staged_metadata only (Unimplemented otherwise); any KV dtype, dense, mixture-of-experts and
   // MLA models, and the H2O and SnapKV policies' calls (ranks sharing a KV head, N >
@@ -124,6 +125,15 @@ struct ForwardOptions {
   // not split the model (PlanTensorParallel). Logits agree with N = 1 within float rounding (the
   // row-parallel sums are added in a different order), the same bits run to run.
   int32_t tensor_parallel = 1;
+  // Per-rank KV pools (docs/engine.md, "Per-rank pools"; memory::TpKvPool): with N > 1, empty
+  // (the ranks share the pool passed to Create, each its heads' rows of the TP = 1 layout) or
+  // one view per rank, of the pool's dtype, block size and number of blocks, holding only the
+  // heads TpPoolHeads gives that rank (its KV heads; MLA: the whole latent entry). Then each
+  // rank writes and reads its own pool, ranks sharing a KV head each keep a copy (no barrier
+  // between writing and attending), and the pool passed to Create is not read (its base may be
+  // null). Logits and the KV gathered back into the TP = 1 layout are bitwise the shared
+  // pool's. InvalidArgument when the count or a view's geometry differs.
+  std::vector<KvPoolView> tp_rank_pools;
 };
 
 // Counts of decode graphs (ForwardOptions::decode_graphs).
@@ -273,6 +283,7 @@ class LlamaForward {
     Collective* comm = nullptr;
     bool shared_kv = false;
     int32_t pool_kv_heads = 0;
+    bool own_pool = false;  // ForwardOptions::tp_rank_pools: the pool holds only its heads
   };
   static absl::StatusOr<std::unique_ptr<LlamaForward>> CreateImpl(
       const ModelWeights* weights, KvPoolView pool, kernels::OpContext ctx, ForwardOptions options,
@@ -294,7 +305,11 @@ class LlamaForward {
   TpRankPlan tp_;
   Collective* tp_comm_ = nullptr;
   bool tp_shared_kv_ = false;
+  // The model's KV heads (what the H2O/SnapKV mass rows and a gather's kept slots count).
   int32_t tp_pool_kv_heads_ = 0;
+  // The rank's pool holds only its heads (tp_rank_pools), at 0, 1, ...: it reads the pool as a
+  // TP = 1 forward pass of its shard would, and writes every head it reads.
+  bool tp_own_pool_ = false;
   // A row-parallel matmul's partial sums [max_batch_tokens][dim]; the classifier's columns of
   // this rank's vocabulary [max_seqs][vocab_count]: scratch on ctx.device, as the collectives
   // run on the device's buffers.

@@ -79,6 +79,18 @@ absl::StatusOr<TpPlan> PlanTensorParallel(const ModelConfig& config, int size) {
   return plan;
 }
 
+std::vector<TpPoolHeads> PoolHeadsOfRanks(const ModelConfig& config, const TpPlan& plan) {
+  std::vector<TpPoolHeads> heads;
+  for (const TpRankPlan& r : plan.ranks) {
+    if (config.mla()) {
+      heads.push_back({0, config.cache_kv_heads()});
+    } else {
+      heads.push_back({r.kv_head_begin, r.num_kv_heads});
+    }
+  }
+  return heads;
+}
+
 ModelConfig ShardConfig(const ModelConfig& config, const TpRankPlan& rank) {
   ModelConfig c = config;
   c.n_heads = rank.num_heads;

@@ -18,8 +18,10 @@
 //
 // The KV pool keeps the TP-independent layout ([layer][K|V][kv_head][token][head_dim] per
 // block, the layout of TP = 1): on the CPU the ranks are threads sharing one pool, each reading
-// and writing only its heads' rows. So transfers, tiers, the Redis index and the router see the
-// same blocks at every TP size, and a block written at one TP is read at another as is.
+// and writing only its heads' rows, or (ForwardOptions::tp_rank_pools) each with a pool of its
+// own heads, which memory::TpKvPool gathers into that layout. So transfers, tiers, the Redis
+// index and the router see the same blocks at every TP size, and a block written at one TP is
+// read at another as is.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +61,15 @@ struct TpPlan {
 // divide the query heads, the MLP width or the experts' width, or (without MLA) neither of size
 // and n_kv_heads divides the other.
 absl::StatusOr<TpPlan> PlanTensorParallel(const ModelConfig& config, int size);
+
+// The KV heads (of the pool layout's ModelConfig::cache_kv_heads()) each rank's pool holds
+// with per-rank pools (ForwardOptions::tp_rank_pools, memory::TpKvPool): its KV heads, the
+// same head for ranks that share one; with MLA every rank the whole latent entry.
+struct TpPoolHeads {
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+std::vector<TpPoolHeads> PoolHeadsOfRanks(const ModelConfig& config, const TpPlan& plan);
 
 // The config a rank's forward pass runs with: its heads, KV heads and MLP width; vocab_size stays
 // the model's (token ids and logits rows are the whole vocabulary's).

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/testing/temp_dir.h"
 #include "common/threads/parallel_for.h"
+#include "engine/kvcache/kv_layout.h"
+#include "engine/memory/tp_kv_pool.h"
 #include "engine/model/forward_compare_test_util.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/llama_forward.h"
@@ -494,6 +496,129 @@ TEST_F(TensorParallelTest, StagedRanksEqualDirectRanksBitwise) {
                                         });
     }
   }
+}
+
+// Per-rank pools (ForwardOptions::tp_rank_pools over a memory::TpKvPool): each rank writes and
+// reads only a pool of its own heads, ranks sharing a KV head each keep a copy, MLA ranks each
+// the whole latent entry. Logits are bitwise those of the same TP size on the shared pool, and
+// the blocks gathered back into the TP = 1 layout are the shared pool's bytes, also after a
+// compaction's row gather: for stories260K (f32, int8 and int4 caches), a bf16 Qwen3 with 2 KV
+// heads shared by 4 ranks, and DeepSeek-V3 (MLA).
+TEST_F(TensorParallelTest, RankPoolsEqualTheSharedPoolBitwise) {
+  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-tp-");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::vector<std::unique_ptr<HfModel>> models;
+  std::vector<ModelWeights> hf;
+  for (const Architecture arch : {Architecture::kQwen3, Architecture::kDeepseekV3}) {
+    MakeModelOptions mo;
+    mo.out_dir = dir->path() + "/" + std::to_string(static_cast<int>(arch));
+    mo.preset = "tiny";
+    mo.architecture = arch;
+    mo.dtype = kernels::DType::kBF16;
+    mo.vocab_size = 1001;
+    mo.num_heads = 8;
+    mo.num_kv_heads = arch == Architecture::kQwen3 ? 2 : 4;
+    mo.head_dim = 16;
+    if (arch == Architecture::kDeepseekV3) {
+      mo.moe_intermediate_size = 48;
+      mo.q_lora_rank = 32;
+    }
+    mo.seed = 23;
+    ASSERT_TRUE(MakeModel(mo).ok());
+    absl::StatusOr<HfModel> model = HfModel::Load(mo.out_dir);
+    ASSERT_TRUE(model.ok()) << model.status();
+    models.push_back(std::make_unique<HfModel>(*std::move(model)));
+    absl::StatusOr<ModelWeights> w = WeightsFromHf(*models.back());
+    ASSERT_TRUE(w.ok()) << w.status();
+    hf.push_back(*std::move(w));
+  }
+  struct Case {
+    const ModelWeights* w;
+    kernels::DType dtype;
+  };
+  std::vector<Case> cases = {{&weights_, kernels::DType::kF32},
+                             {&weights_, kernels::DType::kI8},
+                             {&weights_, kernels::DType::kI4}};
+  for (const ModelWeights& w : hf) cases.push_back({&w, kernels::DType::kF32});
+  constexpr int64_t kBlocks = 16;
+  for (const Case& k : cases) {
+    const ModelConfig& c = k.w->config;
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE(absl::StrCat(ArchitectureName(c.architecture), " ", kernels::DTypeName(k.dtype),
+                                " tp ", tp));
+      Pool shared(c, k.dtype, kBlocks);
+      std::unique_ptr<LlamaForward> f = MakeForward(*k.w, shared.view, tp, team_.get());
+      ASSERT_NE(f, nullptr);
+      const Trace want = Generate(f.get(), 16);
+
+      const kvcache::KvLayout layout{.num_layers = c.n_layers,
+                                     .num_kv_heads = c.cache_kv_heads(),
+                                     .head_dim = c.cache_head_dim(),
+                                     .block_size = kBlockSize,
+                                     .dtype = k.dtype};
+      absl::StatusOr<TpPlan> plan = PlanTensorParallel(c, tp);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      std::vector<memory::TpKvPool::RankHeads> heads;
+      for (const TpPoolHeads& h : PoolHeadsOfRanks(c, *plan)) heads.push_back({h.begin, h.count});
+      absl::StatusOr<std::unique_ptr<memory::TpKvPool>> pools =
+          memory::TpKvPool::CreateHost(layout, kBlocks, heads);
+      ASSERT_TRUE(pools.ok()) << pools.status();
+      ForwardOptions options;
+      options.tensor_parallel = tp;
+      for (int r = 0; r < tp; ++r) {
+        options.tp_rank_pools.push_back({(*pools)->rank(r)->base(), k.dtype, kBlocks, kBlockSize});
+      }
+      absl::StatusOr<std::unique_ptr<LlamaForward>> g = LlamaForward::Create(
+          k.w, {nullptr, k.dtype, kBlocks, kBlockSize},
+          kernels::OpContext{kernels::Device::kCpu, nullptr, team_.get()}, options);
+      ASSERT_TRUE(g.ok()) << g.status();
+      const Trace got = Generate(g->get(), 16);
+      EXPECT_EQ(got.tokens, want.tokens);
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), got.logits.size() * 4), 0);
+
+      // A compaction (H2O, SnapKV) gathers kept rows: A's first two blocks into block 12, each
+      // KV head (MLA: each layer) its own slots.
+      const int64_t keep_heads = c.mla() ? 1 : c.n_kv_heads;
+      std::vector<int32_t> keep;
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        for (int64_t h = 0; h < keep_heads; ++h) {
+          for (int32_t j = 0; j < 12; ++j) keep.push_back(2 * j + static_cast<int32_t>(h % 2));
+        }
+      }
+      const std::vector<int32_t> src = {0, 1}, dst = {12};
+      ASSERT_TRUE(f->GatherKvRows(src, dst, keep, 12).ok());
+      ASSERT_TRUE((*g)->GatherKvRows(src, dst, keep, 12).ok());
+
+      std::vector<uint8_t> block(static_cast<size_t>(shared.bytes));
+      for (uint32_t b = 0; b < kBlocks; ++b) {
+        ASSERT_TRUE((*pools)->ReadBlock(BlockId(b), block.data()).ok());
+        EXPECT_EQ(
+            std::memcmp(block.data(),
+                        reinterpret_cast<const uint8_t*>(shared.data.data()) + b * shared.bytes,
+                        block.size()),
+            0)
+            << "block " << b;
+      }
+    }
+  }
+}
+
+// One TpKvPool view per rank, of the pool's geometry: else a named error.
+TEST_F(TensorParallelTest, RankPoolsOfTheWrongCountOrGeometryAreRefused) {
+  Pool p(weights_.config, kernels::DType::kF32, 4);
+  ForwardOptions o;
+  o.tensor_parallel = 2;
+  o.tp_rank_pools = {p.view};
+  const kernels::OpContext ctx{kernels::Device::kCpu, nullptr, team_.get()};
+  absl::Status s = LlamaForward::Create(&weights_, p.view, ctx, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("1 per-rank KV pools, need one per rank"));
+  o.tp_rank_pools = {p.view, p.view};
+  o.tp_rank_pools[1].num_blocks = 3;
+  s = LlamaForward::Create(&weights_, p.view, ctx, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("rank 1's KV pool (3 blocks"));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "common/base/status_macros.h"
 #include "common/log/log.h"
 #include "engine/memory/device_kv_pool.h"
+#include "engine/memory/tp_kv_pool.h"
 #include "engine/model/hf_tokenizer.h"
 #include "engine/model/llama2c_tokenizer.h"
 #include "kernels/attention.h"
@@ -107,6 +108,10 @@ absl::Status ModelRuntimeConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--tensor_parallel must be in [1, 64], got ", tensor_parallel));
   }
+  if (tp_rank_pools && tensor_parallel < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp_kv_pools=per_rank needs --tensor_parallel of 2 or more, got ", tensor_parallel));
+  }
   if (weight_dtype == WeightDType::kInt8 && !kernels::SupportsMatMul(device, kernels::DType::kI8)) {
     return absl::InvalidArgumentError(absl::StrCat("--weight_dtype int8 is not supported on ",
                                                    DeviceName(device),
@@ -150,6 +155,13 @@ absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--device must be cpu or cuda, got \"", name, "\""));
+}
+
+absl::StatusOr<bool> ParseTpKvPools(absl::string_view name) {
+  if (name == "shared") return false;
+  if (name == "per_rank") return true;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--tp_kv_pools must be shared or per_rank, got \"", name, "\""));
 }
 
 absl::string_view DeviceName(kernels::Device device) {
@@ -297,6 +309,26 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
     }
     PD_ASSIGN_OR_RETURN(rt->memory_,
                         memory::DeviceKvPool::Create(rt->layout_, config.kv_blocks, config.device));
+  } else if (config.tp_rank_pools && config.tensor_parallel > 1) {
+    PD_ASSIGN_OR_RETURN(TpPlan plan,
+                        PlanTensorParallel(rt->weights_.config, config.tensor_parallel));
+    std::vector<memory::TpKvPool::RankHeads> heads;
+    for (const TpPoolHeads& h : PoolHeadsOfRanks(rt->weights_.config, plan)) {
+      heads.push_back({h.begin, h.count});
+    }
+    // Faulted in at creation: otherwise the first copy into a block (a hand-off's arrival, a
+    // tier restore) pays for its pages, three times the copy itself as measured
+    // (docs/benchmarks.md, "Tensor parallelism on the CPU").
+    memory::HostKvPoolOptions rank_options;
+    rank_options.populate = true;
+    PD_ASSIGN_OR_RETURN(
+        std::unique_ptr<memory::TpKvPool> ranks,
+        memory::TpKvPool::CreateHost(rt->layout_, config.kv_blocks, heads, rank_options));
+    for (int r = 0; r < ranks->num_ranks(); ++r) {
+      rt->rank_pools_.push_back(
+          {ranks->rank(r)->base(), rt->layout_.dtype, config.kv_blocks, config.block_size});
+    }
+    rt->memory_ = std::move(ranks);
   } else {
     memory::HostKvPoolOptions pool_options;
     pool_options.allocator = config.pool_allocator;
@@ -342,6 +374,7 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   ForwardOptions forward_options{config.scheduler.max_batch_tokens,
                                  config.scheduler.ForwardMaxSeqs()};
   forward_options.tensor_parallel = config.tensor_parallel;
+  forward_options.tp_rank_pools = rt->rank_pools_;
   PD_ASSIGN_OR_RETURN(rt->forward_, LlamaForward::Create(forward_weights,
                                                          {rt->memory_->base(), rt->layout_.dtype,
                                                           config.kv_blocks, config.block_size},

@@ -46,6 +46,12 @@ struct ModelRuntimeConfig {
   // CPU ranks sharing the KV pool, whose layout stays TP = 1's; threads divided between them).
   // 1 = off. Not with --kv_policy when N exceeds the model's KV heads yet.
   int tensor_parallel = 1;
+  // --tp_kv_pools=per_rank: with tensor_parallel > 1, each rank keeps the KV of its heads in a
+  // pool of its own (memory::TpKvPool; ForwardOptions::tp_rank_pools), as ranks on separate
+  // GPUs must, instead of sharing one. kv_memory() then copies blocks in the TP = 1 layout
+  // (tiers, restores) and has no single base: the worker's KV hand-off registers it staged
+  // (disagg::KvHandoff::RegisterStagedPool). CPU only so far. False = one shared pool.
+  bool tp_rank_pools = false;
   // Where the weights, the KV pool and the forward pass live (--device cpu|cuda). On cuda the
   // weights are uploaded once and the pool is device memory of the current CUDA device.
   kernels::Device device = kernels::Device::kCpu;
@@ -94,6 +100,9 @@ struct ModelRuntimeConfig {
 
 // "cpu" -> kCpu, "cuda" -> kCuda; InvalidArgument naming --device otherwise.
 absl::StatusOr<kernels::Device> ParseDevice(absl::string_view name);
+// --tp_kv_pools: "shared" -> false, "per_rank" -> true (ModelRuntimeConfig::tp_rank_pools);
+// InvalidArgument naming the flag otherwise.
+absl::StatusOr<bool> ParseTpKvPools(absl::string_view name);
 // "cpu" or "cuda".
 absl::string_view DeviceName(kernels::Device device);
 
@@ -143,7 +152,8 @@ class ModelRuntime {
   const kvcache::KvLayout& kv_layout() const { return layout_; }
   // KV pool blocks: config.kv_blocks, or the size --kv_blocks 0 chose.
   int64_t kv_blocks() const { return config_.kv_blocks; }
-  // The host pool (device cpu), or nullptr on device cuda: use kv_memory() for block copies.
+  // The host pool (device cpu), or nullptr on device cuda and with per-rank pools: use
+  // kv_memory() for block copies.
   memory::HostKvPool* kv_pool() { return pool_.get(); }
   // The pool's bytes on either device (registration with the transport, block copies).
   memory::KvPoolMemory* kv_memory() { return memory_.get(); }
@@ -172,7 +182,9 @@ class ModelRuntime {
   std::unique_ptr<memory::HostKvPool> pool_;       // device cpu
   kernels::DeviceStream stream_;                   // device cuda: the forward pass's stream
   std::unique_ptr<DeviceWeights> device_weights_;  // device cuda
-  std::unique_ptr<memory::KvPoolMemory> memory_;   // a view of pool_, or the DeviceKvPool
+  // A view of pool_, the DeviceKvPool, or (tp_rank_pools) the ranks' TpKvPool.
+  std::unique_ptr<memory::KvPoolMemory> memory_;
+  std::vector<KvPoolView> rank_pools_;  // tp_rank_pools: each rank's pool, for the forward pass
   std::unique_ptr<kvcache::KvCacheManager> kv_;
   std::unique_ptr<ParallelFor> parallel_;  // device cpu
   std::unique_ptr<LlamaForward> forward_;

@@ -145,18 +145,45 @@ TEST(ModelRuntimeTest, TensorParallelIsCheckedAtStartupAndServesTheSameTokens) {
     EXPECT_EQ(got[i].tokens.size(), 48u);
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
   }
+
+  // Per-rank pools: the same tokens; the pool has no single base, and its blocks read back in
+  // the TP = 1 layout are the shared pool's bytes (the same ranks computed them).
+  c.tp_rank_pools = true;
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> ranks = ModelRuntime::Create(c);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_EQ((*ranks)->kv_pool(), nullptr);
+  EXPECT_EQ((*ranks)->kv_memory()->base(), nullptr);
+  const std::vector<testing::Generated> per_rank = testing::GreedyAll(ranks->get(), prompts, 48);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(per_rank[i].tokens, want[i].tokens) << "prompt " << i << ", per-rank pools";
+  }
+  memory::KvPoolMemory* a = (*tp2)->kv_memory();
+  memory::KvPoolMemory* b = (*ranks)->kv_memory();
+  ASSERT_EQ(a->block_bytes(), b->block_bytes());
+  std::vector<uint8_t> x(a->block_bytes()), y(b->block_bytes());
+  for (uint32_t block = 0; block < 64; ++block) {
+    ASSERT_TRUE(a->ReadBlock(BlockId(block), x.data()).ok());
+    ASSERT_TRUE(b->ReadBlock(BlockId(block), y.data()).ok());
+    EXPECT_EQ(x, y) << "block " << block;
+  }
+  c.tensor_parallel = 1;
+  EXPECT_THAT(c.Validate().message(),
+              HasSubstr("--tp_kv_pools=per_rank needs --tensor_parallel of 2 or more, got 1"));
+  EXPECT_THAT(ParseTpKvPools("both").status().message(),
+              HasSubstr("--tp_kv_pools must be shared or per_rank"));
 }
 
 // Greedy `max_tokens` from `prompt` under H2O (budget 64) and SnapKV (budget 32), both with 16
-// recent tokens, at TP 1 and at `tp`: every output is the full length, every run compacts, and
-// TP `tp` gives TP 1's tokens.
+// recent tokens, at TP 1 and at `tp` (shared and per-rank pools): every output is the full
+// length, every run compacts, and TP `tp` gives TP 1's tokens.
 void ExpectScorePoliciesEqualTp1(ModelRuntimeConfig base, int tp,
                                  const std::vector<uint32_t>& prompt, uint32_t max_tokens) {
   for (const char* policy : {"h2o", "snapkv"}) {
     std::vector<std::vector<testing::Generated>> out;
-    for (int size : {1, tp}) {
+    for (const int size : {1, tp, -tp}) {  // -tp: per-rank pools
       ModelRuntimeConfig c = base;
-      c.tensor_parallel = size;
+      c.tensor_parallel = std::abs(size);
+      c.tp_rank_pools = size < 0;
       c.scheduler.kv_policy = policy;
       c.scheduler.kv_budget_tokens = std::string(policy) == "h2o" ? 64 : 32;
       c.scheduler.kv_recent_tokens = 16;
@@ -167,6 +194,7 @@ void ExpectScorePoliciesEqualTp1(ModelRuntimeConfig base, int tp,
     }
     ASSERT_EQ(out[0][0].tokens.size(), max_tokens) << policy << out[0][0].status;
     EXPECT_EQ(out[1][0].tokens, out[0][0].tokens) << policy;
+    EXPECT_EQ(out[2][0].tokens, out[0][0].tokens) << policy << ", per-rank pools";
   }
 }
 

@@ -29,6 +29,9 @@ ABSL_FLAG(double, gpu_memory_fraction, 0.9,
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(int32_t, tensor_parallel, 1,
           "split the model over N ranks (CPU threads sharing the KV pool); 1 = off");
+ABSL_FLAG(std::string, tp_kv_pools, "shared",
+          "with --tensor_parallel above 1: shared (the ranks share one KV pool) | per_rank (each "
+          "rank keeps its KV heads in a pool of its own, as ranks on separate GPUs must)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda: where the weights, KV pool and forward run");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32 | bf16 | f16 | i8 | fp8_e4m3 | i4");
 ABSL_FLAG(int64_t, kv_sink_tokens, 0,
@@ -73,6 +76,9 @@ int main(int argc, char** argv) {
   config.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   config.threads = absl::GetFlag(FLAGS_threads);
   config.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  absl::StatusOr<bool> rank_pools = pd::engine::ParseTpKvPools(absl::GetFlag(FLAGS_tp_kv_pools));
+  if (!rank_pools.ok()) Fail(rank_pools.status());
+  config.tp_rank_pools = *rank_pools;
   absl::StatusOr<pd::kernels::Device> device = pd::engine::ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) Fail(device.status());
   config.device = *device;
