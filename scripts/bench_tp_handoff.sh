@@ -9,13 +9,17 @@
 # usage: scripts/bench_tp_handoff.sh MODEL_DIR [INPUT_LEN] [REQUESTS] [PAIRS...]
 #   MODEL_DIR  a Hugging Face model (e.g. pd-make-model --preset small --out /tmp/small)
 #   INPUT_LEN  prompt tokens (default 1024); REQUESTS per pair (default 12)
-#   PAIRS      "P:D" tensor-parallel sizes (default: 1:1 1:2 2:1 1:1 1:2 2:1)
+#   PAIRS      "P:D" tensor-parallel sizes (default: 1:1 1:2 2:1 1:1 1:2 2:1); a size with an
+#              "r" (e.g. 1:2r) runs that worker with --tp_kv_pools=per_rank
 # Environment: BUILD_DIR (default build), KV_BLOCKS (each worker's pool, default 512),
 # EXTRA_ARGS (more pd-local arguments, e.g.
-# --worker_arg=--transport=tcp). Prints one line per pair.
+# --worker_arg=--transport=tcp). Prints one line per pair: the transfers (posting to completion,
+# on the prefill worker, which includes its gather with per-rank pools), and with per-rank pools
+# the staging copies' mean ms a transfer on each side (out: the prefill worker's gather, in: the
+# decode worker's scatter after arrival, pd_worker_kv_staging_copy_seconds_total).
 set -euo pipefail
 
-[ $# -ge 1 ] || { sed -n 2,14p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,15p "$0"; exit 2; }
 model=$1
 input_len=${2:-1024}
 requests=${3:-12}
@@ -27,28 +31,40 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench_cluster.sh
 . "$here/scripts/lib/bench_cluster.sh"
 
-printf '%-8s %10s %10s %12s %12s %10s\n' pair transfers MiB "mean ms" "GB/s" "vs 1:1"
+printf '%-8s %10s %10s %12s %12s %10s %10s %10s\n' pair transfers MiB "mean ms" "GB/s" "vs 1:1" \
+  "out ms" "in ms"
 base=""
 for pair in "${pairs[@]}"; do
   p=${pair%%:*}
   d=${pair##*:}
+  ranks=()
+  [ "${p%r}" = "$p" ] || ranks+=(--prefill_arg=--tp_kv_pools=per_rank)
+  [ "${d%r}" = "$d" ] || ranks+=(--decode_arg=--tp_kv_pools=per_rank)
+  p=${p%r}
+  d=${d%r}
   run="$work/$p-$d-$RANDOM"
   start_cluster "$run" "$model" --worker_arg=--kv_blocks="${KV_BLOCKS:-512}" ${EXTRA_ARGS:-} \
-    --prefill_arg=--tensor_parallel="$p" --decode_arg=--tensor_parallel="$d"
+    --prefill_arg=--tensor_parallel="$p" --decode_arg=--tensor_parallel="$d" \
+    ${ranks[@]+"${ranks[@]}"}
   "$build/loadtest/pd-loadtest" --target="$(cat "$run.ready")" --workload=synthetic \
     --input_len="$input_len" --output_len=2 --ignore_eos --concurrency=1 \
     --num_requests="$requests" > "$run.loadtest" 2>&1 ||
     { tail -20 "$run.loadtest"; exit 1; }
   curl -sf "$(metrics_url "$run" prefill-0)" > "$run.metrics"
+  curl -sf "$(metrics_url "$run" decode-0)" > "$run.dmetrics"
+  copy_out=$(metric "$run.metrics" 'pd_worker_kv_staging_copy_seconds_total{direction="out"}')
+  copy_in=$(metric "$run.dmetrics" 'pd_worker_kv_staging_copy_seconds_total{direction="in"}')
   n=$(metric "$run.metrics" 'pd_worker_kv_transfer_seconds_count{direction="out"}')
   sum=$(metric "$run.metrics" 'pd_worker_kv_transfer_seconds_sum{direction="out"}')
   bytes=$(metric "$run.metrics" 'pd_worker_kv_transfer_bytes_total{direction="out"}')
   stop_cluster
-  awk -v pair="$p:$d" -v n="$n" -v s="$sum" -v b="$bytes" -v base="$base" 'BEGIN {
+  awk -v pair="$pair" -v n="$n" -v s="$sum" -v b="$bytes" -v base="$base" -v cout="$copy_out" \
+    -v cin="$copy_in" 'BEGIN {
     if (n == 0) { printf "%-8s no transfers recorded\n", pair; exit 1 }
     gbs = b / s / 1e9
-    printf "%-8s %10d %10.1f %12.2f %12.2f %10s\n", pair, n, b / 1048576, 1000 * s / n, gbs,
-           base == "" ? "-" : sprintf("%.2f", gbs / base)
+    printf "%-8s %10d %10.1f %12.2f %12.2f %10s %10.2f %10.2f\n", pair, n, b / 1048576,
+           1000 * s / n, gbs, base == "" ? "-" : sprintf("%.2f", gbs / base), 1000 * cout / n,
+           1000 * cin / n
   }'
   if [ "$pair" = 1:1 ]; then base=$(awk -v s="$sum" -v b="$bytes" 'BEGIN { print b / s / 1e9 }'); fi
 done

@@ -7,6 +7,14 @@
 // WhenDone(expectation id) to learn that the bytes are in place (or Cancel on failure).
 // Prefill worker: Send(decode endpoint, tag, block pairs, descriptor) -> WhenDone(transfer id).
 //
+// A pool with no single region (a tensor-parallel worker's per-rank pools, memory::TpKvPool)
+// is registered staged (RegisterStagedPool): the transport moves blocks through a registered
+// staging area in the TP = 1 layout, which Send fills from the ranks (KvPoolMemory::ReadBlock)
+// and a finished expectation empties into them (WriteBlock) before its callback runs. So each
+// block's head slices travel from the ranks that computed them to the ranks that read them
+// whatever the TP sizes of the two sides, over any transport, in the layout the handshake
+// checks (docs/engine.md, "Per-rank pools").
+//
 // Thread-safe. Completion callbacks run on the handoff's own thread, one at a time; they must
 // be quick and must not call Wait on this handoff.
 #pragma once
@@ -25,6 +33,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/kvcache/kv_layout.h"
+#include "engine/memory/kv_pool_memory.h"
 #include "transport/kv_transport.h"
 #include "transport/registry.h"
 
@@ -63,6 +72,30 @@ class KvHandoff {
   // registered already.
   absl::Status RegisterPool(void* base, uint64_t size_bytes,
                             const transport::PoolGeometry& geometry);
+  // Registers `pool` (not owned; outlives the handoff) staged: a staging area of
+  // `staging_blocks` blocks of geometry.block_bytes (from the transport's AllocateHost) is the
+  // registered region, and transfers go through it (above). A transfer of more blocks than are
+  // free there fails at Expect or Send with ResourceExhausted naming the numbers (the decode
+  // worker then prefills locally). Every staged Expect and Send must be followed by WhenDone,
+  // whose completion frees its staging blocks. FailedPrecondition when a pool is registered
+  // already; InvalidArgument for staging_blocks < 1 or a pool whose block bytes differ.
+  absl::Status RegisterStagedPool(memory::KvPoolMemory* pool, int64_t staging_blocks,
+                                  const transport::PoolGeometry& geometry);
+  bool staged() const { return staged_pool_ != nullptr; }
+  // Staging blocks free now (staged pools; 0 otherwise).
+  int64_t free_staging_blocks();
+  // A staged pool's copies and refusals so far (metrics).
+  struct StagingStats {
+    int64_t blocks = 0;       // the staging area's size
+    int64_t free_blocks = 0;  // free now
+    int64_t blocks_out = 0;   // gathered from the pool into staging blocks (Send)
+    int64_t blocks_in = 0;    // copied from staging blocks into the pool (expectations done)
+    double seconds_out = 0;   // time those copies took
+    double seconds_in = 0;
+    int64_t refused = 0;  // transfers refused for want of free staging blocks
+  };
+  StagingStats staging_stats();
+
   // An allocator for a host pool's memory from the transport (KvTransport::AllocateHost) when
   // its Caps() say that is faster, else empty (allocate it anywhere; always for device pools). The memory may outlive this
   // handoff; the pool must stay until the handoff is destroyed (it deregisters then).
@@ -81,9 +114,12 @@ class KvHandoff {
   // A tag unique among this handoff's transfers.
   uint64_t NextTag();
 
-  // Decode side: announce that `dst` will be written by the transfer tagged `tag`.
+  // Decode side: announce that `dst` will be written by the transfer tagged `tag`. The sender
+  // must name, as destinations, the blocks put in *wire_dst (when not null): `dst` itself, or
+  // for a staged pool the staging blocks that stand for them.
   absl::StatusOr<transport::Expectation> Expect(uint64_t tag, absl::Span<const BlockId> dst,
-                                                absl::Duration timeout);
+                                                absl::Duration timeout,
+                                                std::vector<BlockId>* wire_dst = nullptr);
 
   // Prefill side: connects to `peer_endpoint` unless already connected (may block for the
   // connection set-up; call it before Send on a thread that may wait).
@@ -99,12 +135,26 @@ class KvHandoff {
   void WhenDone(TransferId id, absl::Time deadline, DoneCallback done);
 
   // Cancels a pending transfer or expectation; returns once no write into its blocks is in
-  // progress. OK when it already finished.
+  // progress (staged: nor a copy out of the staging area into them). OK when it already
+  // finished.
   absl::Status Cancel(TransferId id);
 
  private:
   KvHandoff() = default;
   void RunCompletions();
+  // A staged transfer or expectation: its staging blocks and (an expectation) the pool blocks
+  // they stand for.
+  struct Staged {
+    std::vector<BlockId> slots;
+    std::vector<BlockId> dst;
+    bool cancelled = false;  // Cancel came first: nothing is copied into the pool
+    bool copying = false;    // the completion thread is copying into the pool
+  };
+  absl::StatusOr<std::vector<BlockId>> TakeSlots(size_t n);
+  void ReturnSlots(const std::vector<BlockId>& slots);
+  // A staged id finished with `state`: an expectation done copies its blocks into the pool
+  // (a failed copy fails the state); its slots are freed. No-op for ids not staged.
+  void FinishStaged(TransferId id, transport::TransferState* state);
   absl::StatusOr<transport::PeerHandle> PeerFor(absl::string_view peer_endpoint);
 
   struct Pending {
@@ -122,6 +172,12 @@ class KvHandoff {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, transport::PeerHandle> peers_ ABSL_GUARDED_BY(mu_);
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Staged pools (RegisterStagedPool).
+  memory::KvPoolMemory* staged_pool_ = nullptr;
+  std::shared_ptr<transport::HostAllocation> staging_;
+  std::vector<BlockId> free_slots_ ABSL_GUARDED_BY(mu_);
+  StagingStats staging_stats_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Staged> staged_ids_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
   std::thread completions_;

@@ -36,6 +36,13 @@ ABSL_FLAG(int, tensor_parallel, 1,
           "split the model over N ranks (CPU: threads sharing the KV pool, --threads divided "
           "between them; N must divide the query heads and the MLP width; the KV layout stays "
           "TP 1's, so peers of any TP size pair); 1 = off");
+ABSL_FLAG(std::string, tp_kv_pools, "shared",
+          "with --tensor_parallel above 1: shared (the ranks share one KV pool) | per_rank (each "
+          "rank keeps its KV heads in a pool of its own, as ranks on separate GPUs must; blocks "
+          "move to and from peers through a staging area, --kv_staging_blocks)");
+ABSL_FLAG(int64_t, kv_staging_blocks, 0,
+          "--tp_kv_pools=per_rank: blocks of the KV hand-off's staging area (0 = a quarter of "
+          "--kv_blocks, at least one full-context sequence's, at most --kv_blocks)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the weights, KV pool and forward pass live: cpu | cuda (CUDA device 0 of "
           "CUDA_VISIBLE_DEVICES)");
@@ -137,6 +144,9 @@ absl::StatusOr<pd::worker::WorkerConfig> ConfigFromFlags() {
   c.runtime.block_size = absl::GetFlag(FLAGS_block_size);
   c.runtime.threads = absl::GetFlag(FLAGS_threads);
   c.runtime.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  PD_ASSIGN_OR_RETURN(c.runtime.tp_rank_pools,
+                      pd::engine::ParseTpKvPools(absl::GetFlag(FLAGS_tp_kv_pools)));
+  c.kv_staging_blocks = absl::GetFlag(FLAGS_kv_staging_blocks);
   PD_ASSIGN_OR_RETURN(c.runtime.device, pd::engine::ParseDevice(absl::GetFlag(FLAGS_device)));
   absl::StatusOr<pd::kernels::DType> kv_dtype =
       pd::kernels::DTypeFromName(absl::GetFlag(FLAGS_kv_dtype));

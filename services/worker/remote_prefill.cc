@@ -50,8 +50,10 @@ void RemotePrefill::Start(WorkerContext* ctx, PrefillPeer* peer,
   std::shared_ptr<RemotePrefill> self(
       new RemotePrefill(ctx, std::move(decode), target.id, deadline, std::move(stats)));
   const uint64_t tag = ctx->handoff->NextTag();
+  // The blocks the prefill worker names: these, or a staged pool's staging blocks for them.
+  std::vector<BlockId> wire;
   absl::StatusOr<transport::Expectation> exp = ctx->handoff->Expect(
-      tag, target.block_ids, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+      tag, target.block_ids, std::max(deadline - absl::Now(), absl::Milliseconds(1)), &wire);
   if (!exp.ok()) {
     {
       absl::MutexLock lock(&self->mu_);
@@ -60,7 +62,7 @@ void RemotePrefill::Start(WorkerContext* ctx, PrefillPeer* peer,
     self->Fail(exp.status(), /*cancel_expectation=*/false);
     return;
   }
-  iv1::PrefillRequest request = self->BuildRequest(target, *exp, tag);
+  iv1::PrefillRequest request = self->BuildRequest(target, wire, *exp, tag);
   {
     absl::MutexLock lock(&self->mu_);
     self->expectation_ = exp->id;
@@ -77,6 +79,7 @@ void RemotePrefill::Start(WorkerContext* ctx, PrefillPeer* peer,
 }
 
 iv1::PrefillRequest RemotePrefill::BuildRequest(const engine::RemotePrefillTarget& target,
+                                                absl::Span<const BlockId> wire_blocks,
                                                 const transport::Expectation& expectation,
                                                 uint64_t tag) const {
   iv1::PrefillRequest req;
@@ -86,7 +89,7 @@ iv1::PrefillRequest RemotePrefill::BuildRequest(const engine::RemotePrefillTarge
   *req.mutable_sampling() = decode_->sampling();
   req.set_block_hashes(ConcatBlockHashes(target.chain));
   req.set_num_cached_blocks(static_cast<uint32_t>(target.first_block));
-  for (BlockId b : target.block_ids) {
+  for (BlockId b : wire_blocks) {
     req.add_target_block_ids(b.value());
   }
   req.set_transport(std::string(ctx_->handoff->backend()));

@@ -78,7 +78,9 @@ class RemotePrefill {
                 pd::RequestId id, absl::Time deadline, std::shared_ptr<RemotePrefillStats> stats);
 
   // The prefill request for `target`, naming the announced blocks' descriptor and tag.
+  // `wire_blocks`: the blocks the prefill worker writes (KvHandoff::Expect's wire_dst).
   pdserve::internal::v1::PrefillRequest BuildRequest(const engine::RemotePrefillTarget& target,
+                                                     absl::Span<const BlockId> wire_blocks,
                                                      const transport::Expectation& expectation,
                                                      uint64_t tag) const;
   // The peer's answer (any thread).

@@ -1,5 +1,7 @@
 #include "services/worker/worker_config.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
@@ -51,9 +53,19 @@ absl::Status WorkerConfig::Validate() const {
   if (drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout must be >= 0");
   }
+  if (kv_staging_blocks < 0 || (kv_staging_blocks > 0 && !runtime.tp_rank_pools)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_staging_blocks must be >= 0 and is for --tp_kv_pools=per_rank only, got ",
+        kv_staging_blocks));
+  }
   PD_RETURN_IF_ERROR(tls.Validate());
   PD_RETURN_IF_ERROR(peer_tls.Validate("--client_tls_"));
   return absl::OkStatus();
+}
+
+int64_t StagingBlocksFor(int64_t kv_blocks, int64_t block_size, int64_t context_tokens) {
+  const int64_t sequence = (context_tokens + block_size - 1) / block_size;
+  return std::clamp<int64_t>(std::max(kv_blocks / 4, sequence), 1, std::max<int64_t>(1, kv_blocks));
 }
 
 }  // namespace pd::worker

@@ -47,6 +47,11 @@ struct WorkerConfig {
   // it, so the node's tiers (and through remote restore, every node) hold the hot prefixes too.
   // Costs one block copy per computed block on the scheduler thread. Needs tierd_address.
   bool tier_write_through = false;
+  // --kv_staging_blocks: with per-rank KV pools (runtime.tp_rank_pools), the blocks of the KV
+  // hand-off's staging area (disagg::KvHandoff::RegisterStagedPool), through which every block
+  // sent or received passes; a transfer that does not fit in what is free fails (the decode
+  // side then prefills locally). 0 = automatic: StagingBlocksFor.
+  int64_t kv_staging_blocks = 0;
   // Upper bound of one remote prefill (RPC + transfer) as seen by the decode side; the
   // request's own deadline applies when earlier. Past it, decode prefills locally.
   absl::Duration prefill_timeout = absl::Seconds(30);
@@ -70,5 +75,9 @@ struct WorkerConfig {
   // InvalidArgument naming the flag.
   absl::Status Validate() const;
 };
+
+// The automatic staging area (kv_staging_blocks 0): a quarter of the pool, at least the blocks
+// of one sequence of `context_tokens`, at most the pool.
+int64_t StagingBlocksFor(int64_t kv_blocks, int64_t block_size, int64_t context_tokens);
 
 }  // namespace pd::worker

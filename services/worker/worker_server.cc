@@ -109,8 +109,21 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   PD_ASSIGN_OR_RETURN(transport::PoolGeometry geometry,
                       disagg::GeometryFor(s->runtime_->kv_layout(), s->runtime_->fingerprint(),
                                           s->runtime_->kv_blocks()));
-  if (absl::Status r = s->handoff_->RegisterPool(pool->base(), pool->size_bytes(), geometry);
-      !r.ok()) {
+  if (pool->base() == nullptr) {
+    // Per-rank pools: blocks leave and arrive through a staging area in the TP = 1 layout.
+    const int64_t staging =
+        config.kv_staging_blocks > 0
+            ? config.kv_staging_blocks
+            : StagingBlocksFor(s->runtime_->kv_blocks(), runtime_config.block_size,
+                               s->runtime_->model_config().seq_len);
+    if (absl::Status r = s->handoff_->RegisterStagedPool(pool, staging, geometry); !r.ok()) {
+      return transport_error(r);
+    }
+    LOG(INFO) << "kv hand-off through a staging area of " << staging << " blocks ("
+              << ((staging * s->runtime_->kv_layout().block_bytes()) >> 20)
+              << " MiB): the KV pool is per rank";
+  } else if (absl::Status r = s->handoff_->RegisterPool(pool->base(), pool->size_bytes(), geometry);
+             !r.ok()) {
     return transport_error(r);
   }
   ctx.handoff = s->handoff_.get();
@@ -184,7 +197,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   engine::EngineLoop* loop = s->loop_.get();
   kv_events::KvEventPublisher* publisher = s->kv_events_.get();
   tier_client::TierLink* tiers = s->tiers_.get();
-  s->collector_ = metrics->AddCollector([loop, publisher, tiers](metrics::CollectorSink& sink) {
+  disagg::KvHandoff* handoff_ptr = s->handoff_.get();
+  s->collector_ = metrics->AddCollector([loop, publisher, tiers,
+                                         handoff = handoff_ptr](metrics::CollectorSink& sink) {
     if (tiers != nullptr) {
       const tier_client::TierLinkStats t = tiers->Stats();
       sink.AddGauge("pd_worker_tierd_attached", "1 while attached to the node's pd-tierd",
@@ -312,6 +327,29 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     sink.AddGauge("pd_worker_decode_graphs_disabled",
                   "1 when a CUDA graph capture failed and decode steps launch kernel by kernel",
                   st.decode_graphs_off ? 1 : 0);
+    if (handoff->staged()) {
+      const disagg::KvHandoff::StagingStats hs = handoff->staging_stats();
+      sink.AddGauge("pd_worker_kv_staging_blocks",
+                    "Per-rank pools: blocks of the KV hand-off's staging area by state",
+                    hs.free_blocks, {{"state", "free"}});
+      sink.AddGauge("pd_worker_kv_staging_blocks",
+                    "Per-rank pools: blocks of the KV hand-off's staging area by state",
+                    hs.blocks - hs.free_blocks, {{"state", "used"}});
+      for (const auto& [dir, blocks, seconds] :
+           {std::tuple<const char*, int64_t, double>{"out", hs.blocks_out, hs.seconds_out},
+            {"in", hs.blocks_in, hs.seconds_in}}) {
+        sink.AddCounter("pd_worker_kv_staging_copied_blocks_total",
+                        "Per-rank pools: blocks copied between the ranks and the staging area "
+                        "(out: gathered to send, in: scattered on arrival)",
+                        static_cast<double>(blocks), {{"direction", dir}});
+        sink.AddCounter("pd_worker_kv_staging_copy_seconds_total",
+                        "Per-rank pools: time those copies took", seconds, {{"direction", dir}});
+      }
+      sink.AddCounter("pd_worker_kv_staging_refused_total",
+                      "Per-rank pools: transfers refused for want of free staging blocks (the "
+                      "decode side then prefills locally)",
+                      static_cast<double>(hs.refused));
+    }
     if (!st.tp_wait_nanos.empty()) {
       sink.AddGauge("pd_worker_tensor_parallel_ranks",
                     "Ranks the model is split over (--tensor_parallel)",

@@ -2,6 +2,8 @@
 // beside workers at TP 1, greedy output equal to the single-process engine at TP 1. The KV pool
 // keeps the TP = 1 layout at every TP size, so a prefill worker and a decode worker of different
 // TP sizes pair, and blocks a TP 2 worker wrote to the node's tier are restored by a TP 1 worker.
+// With --tp_kv_pools=per_rank each rank keeps its heads in a pool of its own; blocks go to and
+// from peers and tiers in the TP = 1 layout all the same (through the hand-off's staging area).
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -36,12 +38,16 @@ class TensorParallelE2eTest : public ::testing::Test {
     std::filesystem::create_directories(d);
     return d;
   }
+  // BlocksWrittenToTheTierAtTp2AreRestoredAtTp1's body, per pool kind.
+  void WriteThenRestore(bool per_rank);
   std::optional<pd::testing::TempDir> dir_;
 };
 
-// Prefill at TP 1 and decode at TP 2 (f32 KV), then the reverse with an i8 KV cache: every
-// output equals the in-process TP 1 engine's of that dtype, the KV came over the transport (a
-// remote prefill), and a second request with the same prefix hits the decode worker's cache.
+// Prefill at TP 1 and decode at TP 2 (f32 KV), then the reverse with an i8 KV cache, with shared
+// pools; then per-rank pools on the TP 2 side (each rank's heads move through the staging area),
+// both ways, and at TP 2 on both sides: every output equals the in-process TP 1 engine's of that
+// dtype, the KV came over the transport (a remote prefill), and a second request with the same
+// prefix hits the decode worker's cache.
 TEST_F(TensorParallelE2eTest, DisaggregatedAcrossTpSizesEqualsTp1) {
   const std::string prefix =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -51,16 +57,23 @@ TEST_F(TensorParallelE2eTest, DisaggregatedAcrossTpSizesEqualsTp1) {
   struct Case {
     int prefill_tp, decode_tp;
     kernels::DType kv;
+    bool per_rank;  // the TP 2 side(s) with --tp_kv_pools=per_rank
   };
-  for (const Case& k : {Case{1, 2, kernels::DType::kF32}, Case{2, 1, kernels::DType::kI8}}) {
+  for (const Case& k :
+       {Case{1, 2, kernels::DType::kF32, false}, Case{2, 1, kernels::DType::kI8, false},
+        Case{1, 2, kernels::DType::kBF16, true}, Case{2, 1, kernels::DType::kI4, true},
+        Case{2, 2, kernels::DType::kI8, true}}) {
     Reference ref(k.kv);
     const std::string kv = std::string(kernels::DTypeName(k.kv));
-    const std::string name =
-        absl::StrCat("prefill TP ", k.prefill_tp, ", decode TP ", k.decode_tp, ", ", kv, " KV");
-    Cluster c(Dir(absl::StrCat("p", k.prefill_tp, "d", k.decode_tp)), 1, 1, "round_robin",
-              {"--kv_dtype=" + kv}, {"--kv_dtype=" + kv}, nullptr, [&](const std::string& id) {
+    const std::string name = absl::StrCat("prefill TP ", k.prefill_tp, ", decode TP ", k.decode_tp,
+                                          ", ", kv, " KV", k.per_rank ? ", per-rank pools" : "");
+    Cluster c(Dir(absl::StrCat("p", k.prefill_tp, "d", k.decode_tp, kv, k.per_rank)), 1, 1,
+              "round_robin", {"--kv_dtype=" + kv}, {"--kv_dtype=" + kv}, nullptr,
+              [&](const std::string& id) {
                 const int tp = id.rfind("prefill", 0) == 0 ? k.prefill_tp : k.decode_tp;
-                return std::vector<std::string>{absl::StrCat("--tensor_parallel=", tp)};
+                std::vector<std::string> args = {absl::StrCat("--tensor_parallel=", tp)};
+                if (k.per_rank && tp > 1) args.push_back("--tp_kv_pools=per_rank");
+                return args;
               });
     ASSERT_TRUE(c.WaitReady(absl::Seconds(30))) << c.Logs();
     for (const std::string& prompt : prompts) {
@@ -81,18 +94,36 @@ TEST_F(TensorParallelE2eTest, DisaggregatedAcrossTpSizesEqualsTp1) {
     EXPECT_EQ(Metric(tm, "pd_worker_tensor_parallel_ranks"), 2) << name << tm;
     EXPECT_THAT(tm, HasSubstr("pd_worker_tp_collective_wait_seconds_total{rank=\"1\"}")) << tm;
     EXPECT_THAT(c.Logs(), HasSubstr("tensor parallel x2")) << name;
+    if (k.per_rank) {
+      EXPECT_THAT(c.Logs(), HasSubstr("kv hand-off through a staging area")) << name;
+    }
   }
 }
 
 // A TP 2 worker writes a conversation's blocks through to the node's tier as it computes them;
-// a TP 1 worker with an empty pool restores them for the next turn, output exact.
+// a TP 1 worker with an empty pool restores them for the next turn, output exact. Then the same
+// with per-rank pools: TP 2 gathers each block from its ranks, and a TP 4 worker scatters the
+// restored blocks to its four ranks.
 TEST_F(TensorParallelE2eTest, BlocksWrittenToTheTierAtTp2AreRestoredAtTp1) {
-  Tierd tierd(Dir("tierd"));
+  for (const bool per_rank : {false, true}) {
+    SCOPED_TRACE(per_rank ? "per-rank pools, restored at TP 4" : "shared pools");
+    WriteThenRestore(per_rank);
+  }
+}
+
+void TensorParallelE2eTest::WriteThenRestore(bool per_rank) {
+  const std::string sub = per_rank ? "per_rank" : "shared";
+  Tierd tierd(Dir("tierd_" + sub));
   const std::string tier = "--tierd_address=" + tierd.address();
   const std::vector<std::string> local = {"--disagg_threshold_tokens=100000"};
-  Cluster first(Dir("tp2"), 0, 1, "round_robin",
-                {tier, "--tier_write_through", "--tensor_parallel=2"}, local);
-  Cluster second(Dir("tp1"), 0, 1, "round_robin", {tier}, local);
+  std::vector<std::string> writer = {tier, "--tier_write_through", "--tensor_parallel=2"};
+  std::vector<std::string> reader = {tier};
+  if (per_rank) {
+    writer.push_back("--tp_kv_pools=per_rank");
+    reader.insert(reader.end(), {"--tensor_parallel=4", "--tp_kv_pools=per_rank"});
+  }
+  Cluster first(Dir("tp2_" + sub), 0, 1, "round_robin", writer, local);
+  Cluster second(Dir("tp1_" + sub), 0, 1, "round_robin", reader, local);
   ASSERT_TRUE(first.WaitReady(absl::Seconds(30))) << first.Logs();
   ASSERT_TRUE(second.WaitReady(absl::Seconds(30))) << second.Logs();
   Reference ref;
