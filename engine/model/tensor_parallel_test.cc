@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -198,9 +200,42 @@ class TensorParallelTest : public ::testing::Test {
     o.num_threads = 2;
     team_ = std::make_unique<ParallelFor>(o);
   }
+  // Small bf16 pd-make-model checkpoints of `archs`, loaded into hf_: 8 heads of 16, Qwen3
+  // with 2 KV heads (shared by 4 ranks), the others 4, experts 48 wide, DeepSeek-V3 with a
+  // q_lora_rank of 32.
+  void MakeTinyModels(std::initializer_list<Architecture> archs, uint64_t seed) {
+    absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-tp-");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_.emplace(*std::move(dir));
+    for (const Architecture arch : archs) {
+      MakeModelOptions mo;
+      mo.out_dir = dir_->path() + "/" + std::to_string(static_cast<int>(arch));
+      mo.preset = "tiny";
+      mo.architecture = arch;
+      mo.dtype = kernels::DType::kBF16;
+      mo.vocab_size = 1001;
+      mo.num_heads = 8;
+      mo.num_kv_heads = arch == Architecture::kQwen3 ? 2 : 4;
+      mo.head_dim = 16;
+      if (arch != Architecture::kQwen3) mo.moe_intermediate_size = 48;
+      if (arch == Architecture::kDeepseekV3) mo.q_lora_rank = 32;
+      mo.seed = seed;
+      ASSERT_TRUE(MakeModel(mo).ok());
+      absl::StatusOr<HfModel> model = HfModel::Load(mo.out_dir);
+      ASSERT_TRUE(model.ok()) << model.status();
+      models_.push_back(std::make_unique<HfModel>(*std::move(model)));
+      absl::StatusOr<ModelWeights> w = WeightsFromHf(*models_.back());
+      ASSERT_TRUE(w.ok()) << w.status();
+      hf_.push_back(*std::move(w));
+    }
+  }
+
   std::unique_ptr<Llama2cCheckpoint> checkpoint_;
   ModelWeights weights_;
   std::unique_ptr<ParallelFor> team_;
+  std::optional<pd::testing::TempDir> dir_;
+  std::vector<std::unique_ptr<HfModel>> models_;
+  std::vector<ModelWeights> hf_;
 };
 
 // Stories260K (8 heads, 4 KV heads, f32): TP = 2 and 4 give TP = 1's greedy tokens for 64
@@ -452,34 +487,10 @@ TEST_F(TensorParallelTest, ExpertsAndLatentAttentionAtTp2AndTp4EqualTp1) {
 // emulated graphs), for stories260K (f32, 4 KV heads), a bf16 Qwen3 with 2 KV heads shared by
 // 4 ranks, and the expert and latent-attention families (bf16).
 TEST_F(TensorParallelTest, StagedRanksEqualDirectRanksBitwise) {
-  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-tp-");
-  ASSERT_TRUE(dir.ok()) << dir.status();
-  std::vector<std::unique_ptr<HfModel>> models;
-  std::vector<ModelWeights> hf;
-  for (const Architecture arch :
-       {Architecture::kQwen3, Architecture::kQwen3Moe, Architecture::kDeepseekV3}) {
-    MakeModelOptions mo;
-    mo.out_dir = dir->path() + "/" + std::to_string(static_cast<int>(arch));
-    mo.preset = "tiny";
-    mo.architecture = arch;
-    mo.dtype = kernels::DType::kBF16;
-    mo.vocab_size = 1001;
-    mo.num_heads = 8;
-    mo.num_kv_heads = arch == Architecture::kQwen3 ? 2 : 4;
-    mo.head_dim = 16;
-    if (arch != Architecture::kQwen3) mo.moe_intermediate_size = 48;
-    if (arch == Architecture::kDeepseekV3) mo.q_lora_rank = 32;
-    mo.seed = 17;
-    ASSERT_TRUE(MakeModel(mo).ok());
-    absl::StatusOr<HfModel> model = HfModel::Load(mo.out_dir);
-    ASSERT_TRUE(model.ok()) << model.status();
-    models.push_back(std::make_unique<HfModel>(*std::move(model)));
-    absl::StatusOr<ModelWeights> w = WeightsFromHf(*models.back());
-    ASSERT_TRUE(w.ok()) << w.status();
-    hf.push_back(*std::move(w));
-  }
+  MakeTinyModels({Architecture::kQwen3, Architecture::kQwen3Moe, Architecture::kDeepseekV3}, 17);
+  ASSERT_FALSE(HasFatalFailure());
   std::vector<const ModelWeights*> all = {&weights_};
-  for (const ModelWeights& w : hf) all.push_back(&w);
+  for (const ModelWeights& w : hf_) all.push_back(&w);
   for (const ModelWeights* w : all) {
     for (int tp : {2, 4}) {
       SCOPED_TRACE(absl::StrCat(ArchitectureName(w->config.architecture), " tp ", tp));
@@ -505,33 +516,8 @@ TEST_F(TensorParallelTest, StagedRanksEqualDirectRanksBitwise) {
 // compaction's row gather: for stories260K (f32, int8 and int4 caches), a bf16 Qwen3 with 2 KV
 // heads shared by 4 ranks, and DeepSeek-V3 (MLA).
 TEST_F(TensorParallelTest, RankPoolsEqualTheSharedPoolBitwise) {
-  absl::StatusOr<pd::testing::TempDir> dir = pd::testing::TempDir::Create("pd-tp-");
-  ASSERT_TRUE(dir.ok()) << dir.status();
-  std::vector<std::unique_ptr<HfModel>> models;
-  std::vector<ModelWeights> hf;
-  for (const Architecture arch : {Architecture::kQwen3, Architecture::kDeepseekV3}) {
-    MakeModelOptions mo;
-    mo.out_dir = dir->path() + "/" + std::to_string(static_cast<int>(arch));
-    mo.preset = "tiny";
-    mo.architecture = arch;
-    mo.dtype = kernels::DType::kBF16;
-    mo.vocab_size = 1001;
-    mo.num_heads = 8;
-    mo.num_kv_heads = arch == Architecture::kQwen3 ? 2 : 4;
-    mo.head_dim = 16;
-    if (arch == Architecture::kDeepseekV3) {
-      mo.moe_intermediate_size = 48;
-      mo.q_lora_rank = 32;
-    }
-    mo.seed = 23;
-    ASSERT_TRUE(MakeModel(mo).ok());
-    absl::StatusOr<HfModel> model = HfModel::Load(mo.out_dir);
-    ASSERT_TRUE(model.ok()) << model.status();
-    models.push_back(std::make_unique<HfModel>(*std::move(model)));
-    absl::StatusOr<ModelWeights> w = WeightsFromHf(*models.back());
-    ASSERT_TRUE(w.ok()) << w.status();
-    hf.push_back(*std::move(w));
-  }
+  MakeTinyModels({Architecture::kQwen3, Architecture::kDeepseekV3}, 23);
+  ASSERT_FALSE(HasFatalFailure());
   struct Case {
     const ModelWeights* w;
     kernels::DType dtype;
@@ -539,7 +525,7 @@ TEST_F(TensorParallelTest, RankPoolsEqualTheSharedPoolBitwise) {
   std::vector<Case> cases = {{&weights_, kernels::DType::kF32},
                              {&weights_, kernels::DType::kI8},
                              {&weights_, kernels::DType::kI4}};
-  for (const ModelWeights& w : hf) cases.push_back({&w, kernels::DType::kF32});
+  for (const ModelWeights& w : hf_) cases.push_back({&w, kernels::DType::kF32});
   constexpr int64_t kBlocks = 16;
   for (const Case& k : cases) {
     const ModelConfig& c = k.w->config;
