@@ -58,6 +58,11 @@ absl::Status WorkerConfig::Validate() const {
         "--kv_staging_blocks must be >= 0 and is for --tp_kv_pools=per_rank only, got ",
         kv_staging_blocks));
   }
+  if (runtime.kv_blocks > 0 && kv_staging_blocks > runtime.kv_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_staging_blocks ", kv_staging_blocks, " is more than --kv_blocks ",
+                     runtime.kv_blocks, " (no transfer needs more blocks than the pool has)"));
+  }
   PD_RETURN_IF_ERROR(tls.Validate());
   PD_RETURN_IF_ERROR(peer_tls.Validate("--client_tls_"));
   return absl::OkStatus();

@@ -30,6 +30,8 @@ TEST(WorkerConfigTest, StagingBlocksAreForPerRankPoolsOnly) {
   EXPECT_TRUE(c.Validate().ok()) << c.Validate();
   c.kv_staging_blocks = -1;
   EXPECT_FALSE(c.Validate().ok());
+  c.kv_staging_blocks = c.runtime.kv_blocks + 1;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("is more than --kv_blocks"));
 }
 
 }  // namespace

@@ -117,7 +117,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
             : StagingBlocksFor(s->runtime_->kv_blocks(), runtime_config.block_size,
                                s->runtime_->model_config().seq_len);
     if (absl::Status r = s->handoff_->RegisterStagedPool(pool, staging, geometry); !r.ok()) {
-      return transport_error(r);
+      return transport_error(
+          absl::Status(r.code(), absl::StrCat("the KV hand-off's staging area of ", staging,
+                                              " blocks (--kv_staging_blocks): ", r.message())));
     }
     LOG(INFO) << "kv hand-off through a staging area of " << staging << " blocks ("
               << ((staging * s->runtime_->kv_layout().block_bytes()) >> 20)
