@@ -2,7 +2,7 @@
 # Builds and runs a chosen set of tests once more under sanitizers (issue #10 item 2):
 #   address  -fsanitize=address,undefined: the unit and integration tests of the layers that own
 #            memory and parsing: common, the KV cache and scheduler, tierd's storage and Redis
-#            index, the transport, the router's index and scorer, the KV events, the OpenAI
+#            index, the transport and the engine's KV hand-off (its staging area), the router's index and scorer, the KV events, the OpenAI
 #            request parser (its unit catalogue and its fuzz corpus, nesting 100,000 deep)
 #   thread   -fsanitize=thread: the concurrency-heavy ones (router index, scheduler + engine
 #            loop, transport, Redis client, thread pool, tierd's DRAM pool). NOT run by default:
@@ -20,7 +20,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 PD_ASAN_TESTS=(
   common_base_test common_hash_test common_metrics_test common_threads_test common_time_test
   common_redis_client_test common_redis_client_integration_test common_redis_prefix_index_test
-  engine_kvcache_test engine_memory_test engine_scheduler_test
+  engine_kvcache_test engine_memory_test engine_scheduler_test engine_disagg_test
   engine_grammar_test engine_grammar_schema_set_test
   services_tierd_test services_tierd_integration_test
   services_tierd_redis_index_test services_tierd_redis_index_integration_test
