@@ -28,6 +28,7 @@ Scheduler::Scheduler(SchedulerConfig config, WindowPolicy window, CompressPolicy
       tokenizer_(tokenizer),
       fingerprint_(std::move(fingerprint)),
       clock_(clock),
+      score_buffers_(std::make_shared<ScoreBufferPool>(forward->device())),
       handoffs_(kv_cache, forward->vocab_size()) {}
 
 Scheduler::~Scheduler() {
@@ -418,9 +419,10 @@ void Scheduler::Admit() {
           mc.n_layers * mc.kv_score_heads() * seq->compress.ScoreSlots(seq->prompt_len);
       seq->scores.host.assign(static_cast<size_t>(floats), 0.0f);
       if (forward_->staged()) {
-        // Where the forward pass adds to them (zeroed by the allocation).
+        // Where the forward pass adds to them: zeroed (a new buffer, or one a sequence before
+        // gave back, zeroed on the forward pass's stream).
         absl::StatusOr<kernels::DeviceBuffer> device =
-            kernels::DeviceBuffer::Allocate(forward_->device(), floats * 4);
+            score_buffers_->Take(forward_->context(), floats * 4);
         if (!device.ok()) {
           CHECK(kv_->Free(seq->kv_id).ok());
           seq->num_computed = seq->num_allocated = 0;
@@ -433,6 +435,7 @@ void Scheduler::Admit() {
           continue;
         }
         seq->scores.device = *std::move(device);
+        seq->scores.pool = score_buffers_;
       }
       seq->compressed = false;
     }
@@ -1434,6 +1437,9 @@ SchedulerStats Scheduler::Stats() const {
   s.decode_graph_captures = graphs.captures;
   s.decode_graph_replays = graphs.replays;
   s.decode_graphs_off = graphs.off;
+  const ScoreBufferPool::Stats buffers = score_buffers_->stats();
+  s.score_buffers_allocated = buffers.allocated;
+  s.score_buffers_reused = buffers.reused;
   s.moe_experts = forward_->config().n_experts;
   s.moe_expert_tokens = forward_->expert_tokens();
   s.tp_wait_nanos = forward_->tp_wait_nanos();

@@ -39,12 +39,13 @@
 #include "engine/kvcache/kv_cache_manager.h"
 #include "engine/model/llama_forward.h"
 #include "engine/model/tokenizer.h"
+#include "engine/scheduler/compress_policy.h"
 #include "engine/scheduler/draft_proposer.h"
 #include "engine/scheduler/remote_prefill_holds.h"
 #include "engine/scheduler/request.h"
 #include "engine/scheduler/scheduler_config.h"
+#include "engine/scheduler/score_buffers.h"
 #include "engine/scheduler/spec_controller.h"
-#include "engine/scheduler/compress_policy.h"
 #include "engine/scheduler/window_policy.h"
 
 namespace pd::engine {
@@ -75,6 +76,10 @@ struct SchedulerStats {
   int64_t window_dropped_blocks = 0;    // cumulative: blocks dropped by the sink + window policy
   int64_t kv_compactions = 0;           // cumulative: H2O / SnapKV compactions
   int64_t kv_evicted_tokens = 0;        // cumulative: cached tokens they dropped
+  // Cumulative: device buffers of their scores allocated, and taken again from the pool
+  // (staged forward passes: kCuda, or the staged host path; ScoreBufferPool).
+  int64_t score_buffers_allocated = 0;
+  int64_t score_buffers_reused = 0;
   int64_t decode_graph_captures = 0;    // cumulative: decode steps captured as device graphs
   int64_t decode_graph_replays = 0;     // cumulative: decode steps run as one graph launch
   bool decode_graphs_off = false;       // a capture failed: steps launch kernel by kernel
@@ -300,6 +305,9 @@ class Scheduler {
   Clock* clock_;
   absl::flat_hash_map<std::string, BlockHash> seeds_;  // by cache salt
 
+  // Governed sequences' score buffers on a staged forward pass's device (shared: a sequence
+  // held elsewhere gives its buffer back when it goes).
+  std::shared_ptr<ScoreBufferPool> score_buffers_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   RemotePrefillHolds handoffs_;  // remote-prefill bookkeeping; prefill-only requests held

@@ -548,7 +548,12 @@ TEST(SchedulerCompressTest, StagedForwardPassGivesTheHostPathsOutput) {
       EXPECT_EQ(staged.stats.preemptions, host.stats.preemptions) << policy;
       if (blocks == 14) {
         EXPECT_GT(staged.stats.preemptions, 0) << policy;
+        // A preempted sequence gave its score buffer back and took one again when readmitted:
+        // zeroed, or the staged tokens would differ.
+        EXPECT_GT(staged.stats.score_buffers_reused, 0) << policy;
       }
+      EXPECT_GT(staged.stats.score_buffers_allocated, 0) << policy;
+      EXPECT_EQ(host.stats.score_buffers_allocated + host.stats.score_buffers_reused, 0);
       EXPECT_EQ(staged.tokens, host.tokens) << policy << ", " << blocks << " blocks";
     }
   }

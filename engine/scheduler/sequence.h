@@ -25,6 +25,7 @@
 #include "engine/model/tokenizer.h"
 #include "engine/scheduler/compress_policy.h"
 #include "engine/scheduler/request.h"
+#include "engine/scheduler/score_buffers.h"
 #include "engine/scheduler/token_sampling.h"
 #include "kernels/device_memory.h"
 
@@ -100,15 +101,24 @@ class MaskJob {
 // (ForwardSequence::attention_mass): the host vector, or when the forward stages its metadata
 // (kCuda, or the staged host path) a buffer on its device, which the host vector mirrors only
 // around a compaction (Scheduler::Compact downloads, selects, moves and uploads).
+// The device buffer comes from the scheduler's ScoreBufferPool and goes back to it when the
+// scores are cleared or the sequence is destroyed.
 struct KvScores {
   std::vector<float> host;
   kernels::DeviceBuffer device;
+  std::shared_ptr<ScoreBufferPool> pool;  // where `device` goes back (null: freed)
+  KvScores() = default;
+  KvScores(KvScores&&) = default;
+  KvScores& operator=(KvScores&&) = delete;
+  ~KvScores() { clear(); }
   bool empty() const { return host.empty(); }
   float* forward_data() { return device.data() != nullptr ? device.as<float>() : host.data(); }
   void clear() {
     host.clear();
     host.shrink_to_fit();
+    if (pool != nullptr) pool->Give(std::move(device));
     device = kernels::DeviceBuffer();
+    pool.reset();
   }
 };
 

@@ -274,6 +274,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                     st.kv_compactions);
     sink.AddCounter("pd_worker_kv_evicted_tokens_total",
                     "Cached tokens evicted by H2O / SnapKV (--kv_policy)", st.kv_evicted_tokens);
+    for (const auto& [source, n] :
+         {std::pair<const char*, int64_t>{"allocated", st.score_buffers_allocated},
+          {"reused", st.score_buffers_reused}}) {
+      sink.AddCounter("pd_worker_kv_score_buffers_total",
+                      "H2O / SnapKV on the device: score buffers of governed sequences, newly "
+                      "allocated or taken again from the pool",
+                      static_cast<double>(n), {{"source", source}});
+    }
     sink.AddCounter("pd_worker_spec_proposed_tokens_total",
                     "Speculative decoding: tokens proposed (--speculative)",
                     st.spec_proposed_tokens);
