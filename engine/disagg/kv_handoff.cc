@@ -86,11 +86,6 @@ absl::Status KvHandoff::RegisterStagedPool(memory::KvPoolMemory* pool, int64_t s
   return absl::OkStatus();
 }
 
-int64_t KvHandoff::free_staging_blocks() {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(free_slots_.size());
-}
-
 KvHandoff::StagingStats KvHandoff::staging_stats() {
   absl::MutexLock lock(&mu_);
   StagingStats s = staging_stats_;

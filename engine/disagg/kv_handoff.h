@@ -82,8 +82,6 @@ class KvHandoff {
   absl::Status RegisterStagedPool(memory::KvPoolMemory* pool, int64_t staging_blocks,
                                   const transport::PoolGeometry& geometry);
   bool staged() const { return staged_pool_ != nullptr; }
-  // Staging blocks free now (staged pools; 0 otherwise).
-  int64_t free_staging_blocks();
   // A staged pool's copies and refusals so far (metrics).
   struct StagingStats {
     int64_t blocks = 0;       // the staging area's size

@@ -217,8 +217,8 @@ TEST(KvHandoffTest, StagedPoolsMoveBlocksBetweenAnyRankLayouts) {
       EXPECT_EQ(got, BlockBytes(src[i].value())) << "block " << dst[i].value();
     }
   }
-  EXPECT_EQ(ranks_p.handoff->free_staging_blocks(), 4);
-  EXPECT_EQ(ranks_d.handoff->free_staging_blocks(), 4);
+  EXPECT_EQ(ranks_p.handoff->staging_stats().free_blocks, 4);
+  EXPECT_EQ(ranks_d.handoff->staging_stats().free_blocks, 4);
   // A transfer's staging blocks ascend from the lowest free one (the transport coalesces runs).
   std::vector<BlockId> wire;
   absl::StatusOr<transport::Expectation> e = ranks_d.handoff->Expect(
@@ -249,7 +249,7 @@ TEST(KvHandoffTest, StagedPoolsRefuseWhatTheStagingAreaCannotHoldAndCancelCleanl
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_THAT(s.message(),
               HasSubstr("a transfer of 3 blocks needs as many staging blocks, 2 of 2"));
-  EXPECT_EQ(d.handoff->free_staging_blocks(), 2);
+  EXPECT_EQ(d.handoff->staging_stats().free_blocks, 2);
   EXPECT_EQ(
       d.handoff->Expect(d.handoff->NextTag(), {BlockId(8)}, absl::Seconds(10)).status().code(),
       absl::StatusCode::kInvalidArgument);
@@ -259,7 +259,7 @@ TEST(KvHandoffTest, StagedPoolsRefuseWhatTheStagingAreaCannotHoldAndCancelCleanl
   absl::StatusOr<transport::Expectation> e =
       d.handoff->Expect(tag, {BlockId(3)}, absl::Seconds(10), &wire);
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ(d.handoff->free_staging_blocks(), 1);
+  EXPECT_EQ(d.handoff->staging_stats().free_blocks, 1);
   absl::Notification done;
   transport::TransferState state;
   d.handoff->WhenDone(e->id, absl::Now() + absl::Seconds(30),
@@ -270,7 +270,7 @@ TEST(KvHandoffTest, StagedPoolsRefuseWhatTheStagingAreaCannotHoldAndCancelCleanl
   ASSERT_TRUE(d.handoff->Cancel(e->id).ok());
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(state.phase, transport::TransferPhase::kFailed);
-  EXPECT_EQ(d.handoff->free_staging_blocks(), 2);
+  EXPECT_EQ(d.handoff->staging_stats().free_blocks, 2);
   std::vector<uint8_t> got(static_cast<size_t>(Layout().block_bytes()), 1);
   ASSERT_TRUE(d.pool->ReadBlock(BlockId(3), got.data()).ok());
   EXPECT_EQ(got, std::vector<uint8_t>(got.size(), 0));
@@ -279,7 +279,7 @@ TEST(KvHandoffTest, StagedPoolsRefuseWhatTheStagingAreaCannotHoldAndCancelCleanl
       {BlockId(0), BlockId(0)}, {BlockId(1), BlockId(1)}, {BlockId(2), BlockId(0)}};
   s = p.handoff->Send(d.handoff->endpoint(), 1, pairs, e->descriptor, absl::Seconds(1)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  EXPECT_EQ(p.handoff->free_staging_blocks(), 2);
+  EXPECT_EQ(p.handoff->staging_stats().free_blocks, 2);
 }
 
 }  // namespace

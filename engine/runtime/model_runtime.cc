@@ -292,6 +292,7 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   kernels::OpContext ctx;
   ctx.device = config.device;
   const ModelWeights* forward_weights = &rt->weights_;
+  std::vector<KvPoolView> rank_pools;  // tp_rank_pools: each rank's pool, for the forward pass
   if (on_cuda) {
     PD_ASSIGN_OR_RETURN(rt->stream_, kernels::DeviceStream::Create(config.device));
     ctx.stream = rt->stream_.handle();
@@ -325,7 +326,7 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
         std::unique_ptr<memory::TpKvPool> ranks,
         memory::TpKvPool::CreateHost(rt->layout_, config.kv_blocks, heads, rank_options));
     for (int r = 0; r < ranks->num_ranks(); ++r) {
-      rt->rank_pools_.push_back(
+      rank_pools.push_back(
           {ranks->rank(r)->base(), rt->layout_.dtype, config.kv_blocks, config.block_size});
     }
     rt->memory_ = std::move(ranks);
@@ -374,7 +375,7 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(ModelRuntimeC
   ForwardOptions forward_options{config.scheduler.max_batch_tokens,
                                  config.scheduler.ForwardMaxSeqs()};
   forward_options.tensor_parallel = config.tensor_parallel;
-  forward_options.tp_rank_pools = rt->rank_pools_;
+  forward_options.tp_rank_pools = std::move(rank_pools);
   PD_ASSIGN_OR_RETURN(rt->forward_, LlamaForward::Create(forward_weights,
                                                          {rt->memory_->base(), rt->layout_.dtype,
                                                           config.kv_blocks, config.block_size},

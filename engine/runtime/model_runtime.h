@@ -184,7 +184,6 @@ class ModelRuntime {
   std::unique_ptr<DeviceWeights> device_weights_;  // device cuda
   // A view of pool_, the DeviceKvPool, or (tp_rank_pools) the ranks' TpKvPool.
   std::unique_ptr<memory::KvPoolMemory> memory_;
-  std::vector<KvPoolView> rank_pools_;  // tp_rank_pools: each rank's pool, for the forward pass
   std::unique_ptr<kvcache::KvCacheManager> kv_;
   std::unique_ptr<ParallelFor> parallel_;  // device cpu
   std::unique_ptr<LlamaForward> forward_;
