@@ -127,6 +127,7 @@ Matcher::Matcher(const Matcher& other)
     : grammar_(other.grammar_),
       nodes_(other.nodes_),
       intern_(other.intern_),
+      step_of_(other.step_of_),
       steps_(other.steps_),
       state_(other.state_),
       overflowed_(other.overflowed_) {}
@@ -177,10 +178,8 @@ bool Matcher::Normalize(uint32_t id, State* out) const {
   return true;
 }
 
-const Matcher::State* Matcher::Step(uint32_t id, uint8_t byte) const {
-  const uint64_t key = (static_cast<uint64_t>(id) << 8) | byte;
-  auto it = steps_.find(key);
-  if (it != steps_.end()) return &it->second;
+const Matcher::State* Matcher::Step(uint32_t id) const {
+  if (id < step_of_.size() && step_of_[id] != 0) return &steps_[step_of_[id] - 1];
   const std::vector<Element>& el = grammar_->elements();
   const uint32_t pos = nodes_[id].pos;
   const uint32_t parent = nodes_[id].parent;
@@ -189,7 +188,11 @@ const Matcher::State* Matcher::Step(uint32_t id, uint8_t byte) const {
   if (!Normalize(next, &out)) return nullptr;
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
-  return &steps_.emplace(key, std::move(out)).first->second;
+  // (Normalize may have interned nodes past `id`: size the index after it.)
+  if (step_of_.size() < nodes_.size()) step_of_.resize(nodes_.size() + nodes_.size() / 2, 0);
+  steps_.push_back(std::move(out));
+  step_of_[id] = static_cast<uint32_t>(steps_.size());
+  return &steps_.back();
 }
 
 int32_t Matcher::DfaId(const State& state) const {
@@ -198,6 +201,7 @@ int32_t Matcher::DfaId(const State& state) const {
   if (dfa_.size() >= kMaxDfaStates) return kDfaNoId;
   DfaState entry;
   entry.stacks = state;
+  entry.accepts = NextBytesOf(state);
   State live;
   for (const uint32_t s : state) {
     if (s != 0 && IsPlaceholder(s)) {
@@ -248,10 +252,14 @@ int32_t Matcher::DfaStep(int32_t id, uint8_t byte, State* next) const {
   // (Rows live in chunks that never move: `row` stays valid as the DFA grows below.)
   int32_t* row = DfaRow(id);
   if (row[byte] != kDfaUnknown) return row[byte];
+  if (!dfa_[static_cast<size_t>(id)].accepts.test(byte)) {
+    row[byte] = kDfaRefused;
+    return kDfaRefused;
+  }
+  const State& from = dfa_[static_cast<size_t>(id)].stacks;
   bool overflow = false;
   int32_t result = kDfaRefused;
   // (Advance leaves dfa_ alone; DfaId, which may grow it, runs after the last use of `from`.)
-  const State& from = dfa_[static_cast<size_t>(id)].stacks;
   dfa_work_ += from.size();
   if (Advance(from, byte, next, &overflow)) result = DfaId(*next);
   if (result != kDfaNoId) row[byte] = result;
@@ -264,7 +272,7 @@ bool Matcher::Advance(const State& from, uint8_t byte, State* to, bool* overflow
   size_t sources = 0;
   for (const uint32_t s : from) {
     if (!IsByteTop(s) || !grammar_->set(el[nodes_[s].pos].index).test(byte)) continue;
-    const State* next = Step(s, byte);
+    const State* next = Step(s);
     if (next == nullptr) {
       *overflow = true;
       return false;
@@ -413,8 +421,13 @@ Matcher::WalkStats Matcher::Walk(const TokenTrie& trie, uint32_t root, const Sta
     const TokenTrie::Node& node = trie.node(frame_node);
     const uint32_t end = node.first_child + node.num_children;
     if (frame_dfa >= 0) {
+      // Only the children whose byte the state accepts get a step: a bit test skips the others
+      // (an object's key takes `"` and whitespace, of ~250 children at the trie's root). (A
+      // copy: DfaStep may grow dfa_.)
+      const ByteSet accepts = dfa_[static_cast<size_t>(frame_dfa)].accepts;
       for (uint32_t c = node.first_child; c < end; ++c) {
         const TokenTrie::Node& child = trie.node(c);
+        if (!accepts.test(child.byte)) continue;
         const int32_t to = DfaStep(frame_dfa, child.byte, &next);
         if (stats.nodes + dfa_work_ - work_before > max_work) {
           stats.complete = false;

@@ -339,8 +339,9 @@ class Matcher {
   mutable std::vector<uint32_t> normalize_seen_;
   // Expands stack `id` until every top is a byte set (or the stack is empty), into `out`.
   bool Normalize(uint32_t id, State* out) const;
-  // The stacks after `byte` from stack `id` (whose top accepts it), memoized.
-  const State* Step(uint32_t id, uint8_t byte) const;
+  // The stacks after stack `id`'s top takes a byte it accepts (the same for each such
+  // byte), memoized; valid until the next Step.
+  const State* Step(uint32_t id) const;
   // The trie walk runs a lazy DFA over whole states: a state seen before has an id, and its
   // step over a byte is a table lookup after the first time. At most kMaxDfaStates states get
   // an id (1 KiB of table each); past that, a walk carries the states themselves.
@@ -355,6 +356,9 @@ class Matcher {
     int32_t live = -1;
     // Its row of next ids (DfaRow) in the chunks: -1 before its first step.
     int32_t row = -1;
+    // The bytes some stack's top accepts (NextBytesOf): any other byte is refused without a
+    // step, and a walk visits only the trie children these bytes lead to.
+    ByteSet accepts;
   };
   // The id of `state` (sorted), or kDfaNoId when the DFA is full.
   int32_t DfaId(const State& state) const;
@@ -376,7 +380,11 @@ class Matcher {
   std::shared_ptr<const CompiledGrammar> grammar_;
   mutable std::vector<Node> nodes_;
   mutable absl::flat_hash_map<uint64_t, uint32_t> intern_;
-  mutable absl::flat_hash_map<uint64_t, State> steps_;
+  // Step's memo: the stacks after stack id's top (a byte set) takes a byte do not depend on
+  // which byte it was, so they are kept per stack id: step_of_[id] is 1 + their index in
+  // steps_, 0 before the first step.
+  mutable std::vector<uint32_t> step_of_;
+  mutable std::vector<State> steps_;
   mutable std::vector<DfaState> dfa_;
   // The DFA states' rows of next ids (256, by byte), handed out in order; the chunks are kept
   // when the DFA is emptied.
