@@ -2,8 +2,9 @@
 # Builds and runs a chosen set of tests once more under sanitizers (issue #10 item 2):
 #   address  -fsanitize=address,undefined: the unit and integration tests of the layers that own
 #            memory and parsing: common, the KV cache and scheduler, tierd's storage and Redis
-#            index, the transport and the engine's KV hand-off (its staging area), the router's index and scorer, the KV events, the OpenAI
-#            request parser (its unit catalogue and its fuzz corpus, nesting 100,000 deep)
+#            index, the transport and the engine's KV hand-off (its staging area), the router's
+#            index and scorer, the KV events, the OpenAI request parser (its unit catalogue and
+#            its fuzz corpus, nesting 100,000 deep)
 #   thread   -fsanitize=thread: the concurrency-heavy ones (router index, scheduler + engine
 #            loop, transport, Redis client, thread pool, tierd's DRAM pool). NOT run by default:
 #            Debian 12's Abseil is a shared library built without TSan, so absl::Mutex (which
