@@ -74,14 +74,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "grammar_maskbench: %s\n", std::string(tok.status().message()).c_str());
     return 1;
   }
-  // Token bytes as decoded after an ordinary token (no BOS space rule); specials are empty.
+  // Token bytes as decoded after an ordinary token (no BOS space rule), as the worker gives
+  // them to grammars (specials as their grammar bytes: TokenGrammarBytes).
   const uint32_t n = tok->vocab_size();
   std::vector<std::string> bytes(n);
   const uint32_t prev = tok->Encode("a", false, false).value_or(std::vector<uint32_t>{0})[0];
   for (uint32_t t = 0; t < n; ++t) {
     if (t == tok->eos_id() || t == tok->bos_id()) continue;
     auto b = tok->DecodeToken(prev, t);
-    if (b.ok()) bytes[t] = *b;
+    if (b.ok()) bytes[t] = pd::grammar::TokenGrammarBytes(*b, tok->SpecialTokenText(t));
   }
   const auto t_trie = Clock::now();
   const pd::grammar::TokenTrie trie(bytes, {static_cast<int32_t>(tok->eos_id())});

@@ -50,6 +50,11 @@ void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>* out) {
 
 }  // namespace
 
+std::string SpecialTokenBytes(absl::string_view text) {
+  const auto mark = static_cast<char>(kSpecialTokenMark);
+  return absl::StrCat(absl::string_view(&mark, 1), text, absl::string_view(&mark, 1));
+}
+
 uint32_t Grammar::NewRule(absl::string_view name) {
   rules_.emplace_back();
   names_.emplace_back(name);

@@ -25,6 +25,18 @@ namespace pd::grammar {
 
 using ByteSet = std::bitset<256>;
 
+// Special tokens as grammar terminals. A control token (Mistral's `[TOOL_CALLS]`, say) decodes
+// to no text, so a grammar over bytes could not name it. A grammar writes special token T as
+// the bytes 0xFF, T's text, 0xFF (SpecialTokenBytes), and the token trie gives T exactly those
+// bytes. No UTF-8 text contains the byte 0xFF, so no ordinary text can spell a special token:
+// the trie gives no bytes (never allowed) to an ordinary token whose bytes contain 0xFF (a
+// byte-fallback token, never valid UTF-8), and every rule of this folder that reads "any
+// byte" (a structural tag's free text, a reasoning block) leaves 0xFF out, so a special token
+// is allowed exactly where a grammar writes it.
+inline constexpr uint8_t kSpecialTokenMark = 0xFF;
+// 0xFF + text + 0xFF.
+std::string SpecialTokenBytes(absl::string_view text);
+
 // One code point range, inclusive.
 struct CodePointRange {
   uint32_t lo = 0;

@@ -34,6 +34,52 @@ absl::StatusOr<std::string> TagString(const Json& parent, const std::string& fie
   return s;
 }
 
+// `s` with every occurrence of a special token's text (the longest one at each position)
+// replaced by the token's grammar bytes (SpecialTokenBytes).
+std::string EncodeSpecials(const std::string& s, const std::vector<std::string>& specials) {
+  if (specials.empty()) return s;
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const std::string* longest = nullptr;
+    for (const std::string& t : specials) {
+      if (s.compare(i, t.size(), t) == 0 && (longest == nullptr || t.size() > longest->size())) {
+        longest = &t;
+      }
+    }
+    if (longest == nullptr) {
+      out.push_back(s[i++]);
+      continue;
+    }
+    out += SpecialTokenBytes(*longest);
+    i += longest->size();
+  }
+  return out;
+}
+
+// The tag as the grammar reads it: its special tokens' texts replaced by their bytes.
+StructuralTag Encoded(const StructuralTag& tag) {
+  StructuralTag e = tag;
+  for (std::string& t : e.triggers) t = EncodeSpecials(t, tag.special_tokens);
+  for (StructuralTag::Structure& st : e.structures) {
+    st.begin = EncodeSpecials(st.begin, tag.special_tokens);
+    st.end = EncodeSpecials(st.end, tag.special_tokens);
+  }
+  return e;
+}
+
+bool IsSpecialStart(const std::string& encoded_trigger) {
+  return !encoded_trigger.empty() && static_cast<uint8_t>(encoded_trigger[0]) == kSpecialTokenMark;
+}
+
+// Every byte but the special token mark: what free text may hold.
+ByteSet TextBytes() {
+  ByteSet all;
+  all.set();
+  all.reset(kSpecialTokenMark);
+  return all;
+}
+
 // The triggers' automaton (Aho-Corasick): state 0 is "no part of a trigger written"; a state
 // is the longest end of the text that is a prefix of a trigger. `ends` lists the triggers that
 // end at a state (its own and, through the failure links, the shorter ones that end there).
@@ -141,6 +187,9 @@ absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
   std::vector<std::array<int32_t, 256>> child(1);
   child[0].fill(-1);
   std::vector<std::vector<size_t>> ends(1);
+  // Inside a special token's bytes (an odd number of marks on the path): only a trigger may
+  // continue, and the output may not end.
+  std::vector<bool> inside(1, false);
   for (size_t t = 0; t < tag.triggers.size(); ++t) {
     size_t s = 0;
     for (const char c : tag.triggers[t]) {
@@ -149,6 +198,7 @@ absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
         child[s][b] = static_cast<int32_t>(child.size());
         child.emplace_back().fill(-1);
         ends.emplace_back();
+        inside.push_back(inside[s] != (b == kSpecialTokenMark));
       }
       s = static_cast<size_t>(child[s][b]);
     }
@@ -158,8 +208,7 @@ absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
   for (size_t s = 0; s < child.size(); ++s) rule[s] = g.NewRule(absl::StrCat("start_", s));
   g.set_root(rule[0]);
   PD_ASSIGN_OR_RETURN(const std::vector<uint32_t> roots, ImportSchemas(tag, options, &g));
-  ByteSet all;
-  for (int b = 0; b < 256; ++b) all.set(static_cast<size_t>(b));
+  const ByteSet all = TextBytes();
   const uint32_t text = g.NewRule("text");
   g.AddAlternative(text, {});
   g.AddAlternative(text, {g.Bytes(all), Grammar::Ref(text)});
@@ -171,7 +220,9 @@ absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
       AddStructures(tag, roots, ends[s], std::nullopt, rule[s], &g);
       continue;
     }
-    g.AddAlternative(rule[s], {});  // the output may end before a trigger is complete
+    if (!inside[s]) {
+      g.AddAlternative(rule[s], {});  // the output may end before a trigger is complete
+    }
     ByteSet other = all;
     for (int b = 0; b < 256; ++b) {
       if (child[s][b] < 0) continue;
@@ -180,6 +231,7 @@ absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
                        {g.Byte(static_cast<uint8_t>(b)),
                         Grammar::Ref(rule[static_cast<size_t>(child[s][b])])});
     }
+    if (inside[s]) continue;
     if (s == 0) {
       // Whitespace before a trigger is skipped (unless a trigger starts with it).
       const ByteSet skip = space & other;
@@ -187,6 +239,68 @@ absl::StatusOr<Grammar> CompileAtStart(const StructuralTag& tag,
       other &= ~space;
     }
     if (other.any()) g.AddAlternative(rule[s], {g.Bytes(other), Grammar::Ref(text)});
+  }
+  PD_RETURN_IF_ERROR(g.Validate());
+  return g;
+}
+
+// Triggers anywhere in free text. The plain triggers run the Aho-Corasick automaton, one
+// rule per state; a trigger that starts with a special token cannot begin inside other text,
+// so every free text state may write it whole.
+absl::StatusOr<Grammar> CompileAnywhere(const StructuralTag& tag,
+                                        const JsonSchemaOptions& options) {
+  Grammar g;
+  std::vector<std::string> plain;
+  std::vector<size_t> plain_trigger;  // plain[i] is tag.triggers[plain_trigger[i]]
+  std::vector<size_t> special;        // triggers that start with a special token
+  for (size_t t = 0; t < tag.triggers.size(); ++t) {
+    if (IsSpecialStart(tag.triggers[t])) {
+      special.push_back(t);
+    } else {
+      plain.push_back(tag.triggers[t]);
+      plain_trigger.push_back(t);
+    }
+  }
+  const TriggerAutomaton automaton(plain);
+  const size_t n = automaton.next.size();
+  // One rule per state: "free text from here" where no trigger ends, "a structure" where one
+  // does.
+  std::vector<uint32_t> rule(n);
+  for (size_t s = 0; s < n; ++s) {
+    rule[s] = automaton.ends[s].empty() ? g.NewRule(absl::StrCat("text_", s))
+                                        : g.NewRule(absl::StrCat("tagged_", s));
+  }
+  g.set_root(rule[0]);
+  PD_ASSIGN_OR_RETURN(const std::vector<uint32_t> roots, ImportSchemas(tag, options, &g));
+  std::vector<uint32_t> special_rule;  // after special[i]: the rest of its structures
+  for (const size_t t : special) {
+    special_rule.push_back(g.NewRule(absl::StrCat("tagged_special_", t)));
+    AddStructures(tag, roots, {t}, rule[0], special_rule.back(), &g);
+  }
+  const ByteSet text = TextBytes();
+  for (size_t s = 0; s < n; ++s) {
+    if (automaton.ends[s].empty()) {
+      g.AddAlternative(rule[s], {});          // free text may end here
+      std::map<uint32_t, ByteSet> by_target;  // ordered: the same grammar every compile
+      for (int b = 0; b < 256; ++b) {
+        if (text.test(static_cast<size_t>(b))) {
+          by_target[automaton.next[s][b]].set(static_cast<size_t>(b));
+        }
+      }
+      for (const auto& [target, bytes] : by_target) {
+        g.AddAlternative(rule[s], {g.Bytes(bytes), Grammar::Ref(rule[target])});
+      }
+      for (size_t i = 0; i < special.size(); ++i) {
+        Grammar::Sequence seq = g.Literal(tag.triggers[special[i]]);
+        seq.push_back(Grammar::Ref(special_rule[i]));
+        g.AddAlternative(rule[s], std::move(seq));
+      }
+      continue;
+    }
+    // A trigger was just written: the rest of a structure that begins with it, then free text.
+    std::vector<size_t> ends;
+    for (const size_t i : automaton.ends[s]) ends.push_back(plain_trigger[i]);
+    AddStructures(tag, roots, ends, rule[0], rule[s], &g);
   }
   PD_RETURN_IF_ERROR(g.Validate());
   return g;
@@ -206,12 +320,38 @@ absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view text) {
       }
     } else if (key == "at_start") {
       if (!value.is_boolean()) return Bad("at_start", "must be a boolean");
-    } else if (key != "structures" && key != "triggers") {
-      return Bad(key, "is not a field of a structural tag (structures, triggers, at_start)");
+    } else if (key != "structures" && key != "triggers" && key != "special_tokens") {
+      return Bad(key,
+                 "is not a field of a structural tag (structures, triggers, at_start, "
+                 "special_tokens)");
     }
   }
   StructuralTag tag;
   tag.at_start = doc.value("at_start", false);
+  if (const auto specials = doc.find("special_tokens"); specials != doc.end()) {
+    if (!specials->is_array()) return Bad("special_tokens", "must be an array of strings");
+    if (specials->size() > kMaxTagTriggers) {
+      return Bad("special_tokens",
+                 absl::StrCat("has ", specials->size(), " entries, at most ", kMaxTagTriggers));
+    }
+    for (size_t i = 0; i < specials->size(); ++i) {
+      const std::string field = absl::StrCat("special_tokens[", i, "]");
+      const Json& v = (*specials)[i];
+      if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+        return Bad(field, "must be a non-empty string");
+      }
+      std::string t = v.get<std::string>();
+      if (t.size() > kMaxTriggerBytes) {
+        return Bad(field, absl::StrCat("is ", t.size(), " bytes, at most ", kMaxTriggerBytes));
+      }
+      if (std::find(tag.special_tokens.begin(), tag.special_tokens.end(), t) !=
+          tag.special_tokens.end()) {
+        return Bad(field, absl::StrCat("\"", t, "\" is listed twice"));
+      }
+      tag.special_tokens.push_back(std::move(t));
+    }
+  }
+  std::vector<std::string> triggers_read;  // as the grammar reads them
   const auto triggers = doc.find("triggers");
   if (triggers == doc.end() || !triggers->is_array() || triggers->empty()) {
     return Bad("triggers", "must be a non-empty array of strings");
@@ -228,6 +368,13 @@ absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view text) {
     if (t.size() > kMaxTriggerBytes) {
       return Bad(field, absl::StrCat("is ", t.size(), " bytes, at most ", kMaxTriggerBytes));
     }
+    // (As the grammar reads it: a special token's text is not the token.)
+    std::string read = EncodeSpecials(t, tag.special_tokens);
+    if (read.find(static_cast<char>(kSpecialTokenMark), 1) != std::string::npos &&
+        !IsSpecialStart(read)) {
+      return Bad(field, "holds a special token after its start (one may only start a trigger)");
+    }
+    triggers_read.push_back(std::move(read));
     tag.triggers.push_back(std::move(t));
   }
   const auto structures = doc.find("structures");
@@ -257,8 +404,9 @@ absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view text) {
     }
     st.schema = schema->dump();
     bool starts = false;
-    for (size_t t = 0; t < tag.triggers.size(); ++t) {
-      if (absl::StartsWith(st.begin, tag.triggers[t])) used[t] = starts = true;
+    const std::string begin = EncodeSpecials(st.begin, tag.special_tokens);
+    for (size_t t = 0; t < triggers_read.size(); ++t) {
+      if (absl::StartsWith(begin, triggers_read[t])) used[t] = starts = true;
     }
     if (!starts) {
       return Bad(field + ".begin",
@@ -278,6 +426,7 @@ absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view text) {
 std::string StructuralTagJson(const StructuralTag& tag) {
   Json doc = {{"type", "structural_tag"}, {"structures", Json::array()}, {"triggers", tag.triggers}};
   if (tag.at_start) doc["at_start"] = true;
+  if (!tag.special_tokens.empty()) doc["special_tokens"] = tag.special_tokens;
   for (const StructuralTag::Structure& s : tag.structures) {
     Json schema = Json::parse(s.schema, nullptr, /*allow_exceptions=*/false);
     doc["structures"].push_back({{"begin", s.begin}, {"schema", std::move(schema)}, {"end", s.end}});
@@ -290,34 +439,9 @@ absl::StatusOr<Grammar> CompileStructuralTag(const StructuralTag& tag,
   if (tag.structures.empty() || tag.triggers.empty()) {
     return absl::InvalidArgumentError("a structural tag needs structures and triggers");
   }
-  Grammar g;
-  if (tag.at_start) return CompileAtStart(tag, options);
-  const TriggerAutomaton automaton(tag.triggers);
-  const size_t n = automaton.next.size();
-  // One rule per state: "free text from here" where no trigger ends, "a structure" where one
-  // does.
-  std::vector<uint32_t> rule(n);
-  for (size_t s = 0; s < n; ++s) {
-    rule[s] = automaton.ends[s].empty() ? g.NewRule(absl::StrCat("text_", s))
-                                        : g.NewRule(absl::StrCat("tagged_", s));
-  }
-  g.set_root(rule[0]);
-  PD_ASSIGN_OR_RETURN(const std::vector<uint32_t> roots, ImportSchemas(tag, options, &g));
-  for (size_t s = 0; s < n; ++s) {
-    if (automaton.ends[s].empty()) {
-      g.AddAlternative(rule[s], {});  // free text may end here
-      std::map<uint32_t, ByteSet> by_target;  // ordered: the same grammar every compile
-      for (int b = 0; b < 256; ++b) by_target[automaton.next[s][b]].set(static_cast<size_t>(b));
-      for (const auto& [target, bytes] : by_target) {
-        g.AddAlternative(rule[s], {g.Bytes(bytes), Grammar::Ref(rule[target])});
-      }
-      continue;
-    }
-    // A trigger was just written: the rest of a structure that begins with it, then free text.
-    AddStructures(tag, roots, automaton.ends[s], rule[0], rule[s], &g);
-  }
-  PD_RETURN_IF_ERROR(g.Validate());
-  return g;
+  const StructuralTag encoded = Encoded(tag);
+  if (tag.at_start) return CompileAtStart(encoded, options);
+  return CompileAnywhere(encoded, options);
 }
 
 absl::StatusOr<Grammar> AfterReasoning(const Grammar& inner, absl::string_view start,
@@ -342,9 +466,12 @@ absl::StatusOr<Grammar> AfterReasoning(const Grammar& inner, absl::string_view s
       g.AddAlternative(rule[s], {Grammar::Ref(newlines), Grammar::Ref(answer)});
       continue;
     }
-    // Inside the block: no empty alternative, the output may not end before the answer.
+    // Inside the block: no empty alternative, the output may not end before the answer; no
+    // special token (TextBytes).
     std::map<uint32_t, ByteSet> by_target;
-    for (int b = 0; b < 256; ++b) by_target[automaton.next[s][b]].set(static_cast<size_t>(b));
+    for (int b = 0; b < 256; ++b) {
+      if (b != kSpecialTokenMark) by_target[automaton.next[s][b]].set(static_cast<size_t>(b));
+    }
     for (const auto& [target, bytes] : by_target) {
       g.AddAlternative(rule[s], {g.Bytes(bytes), Grammar::Ref(rule[target])});
     }

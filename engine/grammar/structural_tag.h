@@ -37,6 +37,13 @@ struct StructuralTag {
   // plain text. For a family whose call is the whole output (Llama 3's JSON calls: an output
   // that starts with `{` is a call, any other is text).
   bool at_start = false;
+  // pdserve's extension (`"special_tokens": [...]`): texts that, wherever they occur in the
+  // triggers, begins and ends, stand for the model's special token of that text (its control
+  // token, which decodes to no text; grammar.h's SpecialTokenBytes), not for the text. A
+  // trigger holding one must start with it. Free text never holds a special token: one is
+  // written only where a trigger, begin or end names it. A special token the model's
+  // vocabulary lacks can never be written, so the structures it begins never start.
+  std::vector<std::string> special_tokens;
 };
 
 // Limits: structures, triggers, bytes of one trigger, bytes of a begin or end string.
@@ -46,10 +53,11 @@ inline constexpr size_t kMaxTriggerBytes = 64;
 inline constexpr size_t kMaxTagStringBytes = 1024;
 
 // Reads vLLM's form, `{"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}`
-// (a "type": "structural_tag" member is allowed, and "at_start", a boolean). InvalidArgument naming the field (the caller
-// adds where the tag came from): a missing
-// or mistyped field, an unknown one, an empty trigger, a begin that starts with no trigger, a
-// trigger that begins no structure, anything over the limits above.
+// (a "type": "structural_tag" member is allowed, "at_start", a boolean, and "special_tokens",
+// an array of strings). InvalidArgument naming the field (the caller adds where the tag came
+// from): a missing or mistyped field, an unknown one, an empty trigger, a begin that starts
+// with no trigger, a trigger that begins no structure, a trigger with a special token not at
+// its start, an empty or repeated special token, anything over the limits above.
 absl::StatusOr<StructuralTag> ParseStructuralTag(absl::string_view json);
 
 // The tag as canonical JSON text (ParseStructuralTag's input form; schemas compact).

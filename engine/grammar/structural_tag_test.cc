@@ -68,20 +68,22 @@ TEST(StructuralTagTest, FreeTextAroundCallsThatFollowTheirSchemas) {
   ASSERT_NE(g, nullptr);
   for (const std::string& ok :
        {std::string(""), std::string("Sunny, 21 degrees."),
-        std::string("a < b, <tool and <tool_ca are text; \xC3\xA9\xff bytes too"),
+        std::string("a < b, <tool and <tool_ca are text; \xC3\xA9\xfe bytes too"),
         Call("get_weather", R"({"city": "Lyon"})"),
         "Let me check. " + Call("get_weather", R"({"city":"Lyon"})") + "\n" +
             Call("get_time", "{}") + " Done.",
-        "<<tool_call" + std::string(">\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>")}) {
+        "<<tool_call" +
+            std::string(">\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>")}) {
     EXPECT_TRUE(Matches(g, ok)) << ok;
   }
   for (const std::string& bad :
-       {std::string("<tool_call>"),                          // a call must finish
-        Call("get_weather", R"({"town": "Lyon"})"),           // not its schema
-        Call("get_weather", R"({})"),                         // a required member
-        Call("get_date", "{}"),                               // not an offered function
-        std::string("x <tool_call> y"),                       // the trigger is the call's
-        Call("get_time", "{}").substr(0, 40)}) {              // cut inside the call
+       {std::string("<tool_call>"),                  // a call must finish
+        Call("get_weather", R"({"town": "Lyon"})"),  // not its schema
+        Call("get_weather", R"({})"),                // a required member
+        Call("get_date", "{}"),                      // not an offered function
+        std::string("x <tool_call> y"),              // the trigger is the call's
+        std::string("a \xff b"),  // the special token mark (grammar.h) is never text
+        Call("get_time", "{}").substr(0, 40)}) {  // cut inside the call
     EXPECT_FALSE(Matches(g, bad)) << bad;
   }
 }
@@ -109,11 +111,12 @@ TEST(StructuralTagTest, AtStartATriggerCountsOnlyAtTheStartOfTheOutput) {
     EXPECT_TRUE(Matches(g, ok)) << ok;
   }
   for (const std::string& bad :
-       {std::string("{"),                                                   // a call must finish
+       {std::string("{"),  // a call must finish
         std::string(R"({"name": "get_weather", "parameters": {"town": "x"}})"),  // its schema
         std::string(R"({"name": "get_date", "parameters": {}})"),  // not an offered function
-        std::string("  {\"city\": \"Lyon\"}"),                          // not a call
-        weather + " and more text"}) {                                     // the call ends it
+        std::string("  {\"city\": \"Lyon\"}"),                     // not a call
+        std::string("\xff"),                                       // nor the mark
+        weather + " and more text"}) {                             // the call ends it
     EXPECT_FALSE(Matches(g, bad)) << bad;
   }
   // Masks equal the matcher, through whitespace and a call.
@@ -276,6 +279,155 @@ TEST(StructuralTagTest, ReasoningBlockBeforeTheConstrainedAnswer) {
   ASSERT_TRUE(with.ok() && without.ok());
   EXPECT_NE(*with, *without);
   EXPECT_TRUE(Matches(*without, "{\"a\":3}"));
+}
+
+// Mistral's tool calls: `[TOOL_CALLS]` (v3: a list of calls; v11: `[TOOL_CALLS]name[ARGS]{...}`)
+// is a special token, written by the grammar as its bytes (SpecialTokenBytes), never as text.
+constexpr char kMistralListTag[] = R"({"triggers": ["[TOOL_CALLS]"], "at_start": true,
+  "special_tokens": ["[TOOL_CALLS]"],
+  "structures": [{"begin": "[TOOL_CALLS]", "end": "", "schema": {"type": "array", "minItems": 1,
+    "items": {"type": "object", "properties": {"name": {"const": "get_time"}, "arguments":
+      {"type": "object", "additionalProperties": false}}, "required": ["name", "arguments"],
+      "additionalProperties": false}}}]})";
+constexpr char kMistralNamedTag[] = R"({"triggers": ["[TOOL_CALLS]"],
+  "special_tokens": ["[TOOL_CALLS]", "[ARGS]"],
+  "structures": [{"begin": "[TOOL_CALLS]get_time[ARGS]", "end": "",
+                  "schema": {"type": "object", "additionalProperties": false}},
+                 {"begin": "[TOOL_CALLS]get_weather[ARGS]", "end": "",
+                  "schema": {"type": "object", "properties": {"city": {"const": "Oslo"}},
+                             "required": ["city"], "additionalProperties": false}}]})";
+
+TEST(StructuralTagTest, SpecialTokensAreWrittenOnlyWhereATagNamesThem) {
+  const std::string calls = SpecialTokenBytes("[TOOL_CALLS]");
+  const std::string args = SpecialTokenBytes("[ARGS]");
+  auto list = CompileTag(kMistralListTag);
+  ASSERT_NE(list, nullptr);
+  const std::string call = R"([{"name": "get_time", "arguments": {}}])";
+  for (const std::string& ok : {std::string(""), std::string("Hello [TOOL_CALLS] text"),
+                                calls + call, " \n" + calls + call}) {
+    EXPECT_TRUE(Matches(list, ok)) << ok;
+  }
+  for (const std::string& bad : {calls, calls + call + "x",  // the call ends the output
+                                 "Hi " + calls + call,       // at the start only
+                                 calls + R"([{"name": "get_date", "arguments": {}}])", args,
+                                 "\xff[TOOL_CALLS]" + call}) {  // half a special token is nothing
+    EXPECT_FALSE(Matches(list, bad)) << bad;
+  }
+  auto named = CompileTag(kMistralNamedTag);
+  ASSERT_NE(named, nullptr);
+  for (const std::string& ok :
+       {std::string("text [TOOL_CALLS]get_time[ARGS]{} is text"), calls + "get_time" + args + "{}",
+        "Sure. " + calls + "get_weather" + args + R"({"city": "Oslo"})" + calls + "get_time" +
+            args + "{} done"}) {
+    EXPECT_TRUE(Matches(named, ok)) << ok;
+  }
+  for (const std::string& bad :
+       {calls + "get_time[ARGS]{}", calls + "get_time" + args + R"({"city": "Oslo"})",
+        calls + "get_date" + args + "{}", "x" + args, calls + "get_time" + args}) {
+    EXPECT_FALSE(Matches(named, bad)) << bad;
+  }
+  // Token masks: the special tokens' trie bytes are their grammar bytes; other special tokens
+  // ([INST] here) are never allowed, and neither is a byte-fallback token's 0xFF.
+  std::vector<std::string> vocab = {"",
+                                    calls,
+                                    args,
+                                    SpecialTokenBytes("[INST]"),
+                                    "get",
+                                    "_time",
+                                    "{}",
+                                    "[{\"name\": \"get_time\"",
+                                    ", ",
+                                    "\"arguments\"",
+                                    ": {}}]",
+                                    " x",
+                                    "[TOOL_CALLS]",
+                                    "\xf0\x9f\x98"};
+  for (int b = 1; b < 255; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  ExpectMasksEqualTheMatcher(named, vocab, "x " + calls + "get_time" + args + "{} y");
+  ExpectMasksEqualTheMatcher(list, vocab, " " + calls + call);
+  const TokenTrie trie(vocab, {0});
+  Matcher m(list);
+  std::vector<uint32_t> mask;
+  m.FillTokenMask(trie, &mask);
+  EXPECT_TRUE(mask[0] & (1u << 1)) << "[TOOL_CALLS] may start the output";
+  EXPECT_FALSE(mask[0] & (1u << 2)) << "[ARGS] is not in this tag";
+  EXPECT_FALSE(mask[0] & (1u << 3)) << "[INST] is never allowed";
+  // A byte-fallback token's 0xFF would begin a special token's bytes: it stands for nothing.
+  EXPECT_EQ(TokenGrammarBytes("\xff", ""), "");
+  EXPECT_EQ(TokenGrammarBytes("a\xff", ""), "");
+  EXPECT_EQ(TokenGrammarBytes("", "[TOOL_CALLS]"), calls);
+  EXPECT_EQ(TokenGrammarBytes("\xf0\x9f\x98", ""), "\xf0\x9f\x98");
+  ASSERT_TRUE(m.AcceptBytes("Hi"));
+  m.FillTokenMask(trie, &mask);
+  EXPECT_FALSE(mask[0] & (1u << 1)) << "after text, no call";
+  // The canonical form keeps the special tokens.
+  auto tag = ParseStructuralTag(kMistralNamedTag);
+  ASSERT_TRUE(tag.ok()) << tag.status();
+  auto again = ParseStructuralTag(StructuralTagJson(*tag));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->special_tokens, tag->special_tokens);
+  // Refused: a special token inside a trigger, an empty or repeated one, a wrong type.
+  for (const auto& [json, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"triggers": ["x[A]"], "special_tokens": ["[A]"],
+                "structures": [{"begin": "x[A]", "schema": {}, "end": ""}]})",
+            "triggers[0] holds a special token after its start"},
+           {R"({"triggers": ["x"], "special_tokens": [""],
+                "structures": [{"begin": "x", "schema": {}, "end": ""}]})",
+            "special_tokens[0] must be a non-empty string"},
+           {R"({"triggers": ["x"], "special_tokens": ["[A]", "[A]"],
+                "structures": [{"begin": "x", "schema": {}, "end": ""}]})",
+            "special_tokens[1] \"[A]\" is listed twice"},
+           {R"({"triggers": ["x"], "special_tokens": "[A]",
+                "structures": [{"begin": "x", "schema": {}, "end": ""}]})",
+            "special_tokens must be an array"},
+           // "[A]" is the token: "[A" does not start "[A]x" as the grammar reads it.
+           {R"({"triggers": ["[A"], "special_tokens": ["[A]"],
+                "structures": [{"begin": "[A]x", "schema": {}, "end": ""}]})",
+            "does not start with a trigger"}}) {
+    auto bad = ParseStructuralTag(json);
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(message)) << json;
+  }
+}
+
+// Free text with special-token triggers on a big vocabulary (FreeTextMask's path): the
+// special tokens hold the mark, which moves the free state, so they are walked one by one; the
+// masks equal the uncached walk at every byte.
+TEST(StructuralTagTest, FreeTextMasksWithSpecialTokensEqualTheWholeWalk) {
+  const std::string calls = SpecialTokenBytes("[TOOL_CALLS]");
+  const std::string args = SpecialTokenBytes("[ARGS]");
+  std::vector<std::string> vocab = {"", calls, args, "get", "_time", "{}", "get_time", " x"};
+  for (int i = 0; i < 300; ++i)
+    vocab.push_back(SpecialTokenBytes("<SPECIAL_" + std::to_string(i) + ">"));
+  for (int b = 1; b < 255; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  std::mt19937 rng(7);
+  const std::string alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 .,:{}\"\n_[]<>/\xC3\xA9";
+  for (int i = 0; i < 6000; ++i) {
+    std::string s;
+    const int len = 2 + static_cast<int>(rng() % 7);
+    for (int k = 0; k < len; ++k) s += alphabet[rng() % alphabet.size()];
+    vocab.push_back(s);
+  }
+  const TokenTrie trie(vocab, {0});
+  ASSERT_GT(trie.num_nodes(), Matcher::kMinCachedWalk);
+  auto g = CompileTag(kMistralNamedTag);
+  ASSERT_NE(g, nullptr);
+  const std::string out = "Hi [TOOL_CALLS] " + calls + "get_time" + args + "{} and " + calls +
+                          "get_weather" + args + "{\"city\": \"Oslo\"} ok";
+  Matcher m(g);
+  std::vector<uint32_t> mask, reference;
+  int free_text = 0;
+  for (size_t i = 0; i <= out.size(); ++i) {
+    m.FillTokenMask(trie, &mask);
+    free_text += m.last_mask_path() == Matcher::MaskPath::kCutFreeText ? 1 : 0;
+    m.FillTokenMaskUncached(trie, &reference);
+    ASSERT_EQ(mask, reference) << "after " << out.substr(0, i);
+    if (i < out.size()) {
+      ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(out[i]))) << i;
+    }
+  }
+  EXPECT_GE(free_text, 1);
+  EXPECT_TRUE(m.CanEnd());
 }
 
 TEST(StructuralTagTest, CanonicalJsonRoundTrips) {

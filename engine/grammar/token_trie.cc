@@ -4,7 +4,15 @@
 #include <atomic>
 #include <utility>
 
+#include "engine/grammar/grammar.h"
+
 namespace pd::grammar {
+
+std::string TokenGrammarBytes(std::string decoded, absl::string_view special_text) {
+  if (!special_text.empty()) return SpecialTokenBytes(special_text);
+  if (decoded.find(static_cast<char>(kSpecialTokenMark)) != std::string::npos) return "";
+  return decoded;
+}
 
 int PlainStringStep(int state, uint8_t byte) {
   const bool cont = byte >= 0x80 && byte <= 0xBF;

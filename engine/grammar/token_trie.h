@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace pd::grammar {
@@ -82,6 +83,13 @@ class TokenMaskCache {
 // when the byte cannot come next.
 inline constexpr int kPlainStringStates = 8;
 int PlainStringStep(int state, uint8_t byte);
+
+// The bytes token t stands for in a grammar (grammar.h, special tokens): a special token
+// (`special_text` its text, not empty) stands for SpecialTokenBytes(special_text); any other
+// for its decoded bytes, or for nothing (never allowed) when they hold the special token mark,
+// which no UTF-8 text holds (a byte-fallback token's 0xFF): such a token could otherwise begin
+// a special token's bytes.
+std::string TokenGrammarBytes(std::string decoded, absl::string_view special_text);
 
 class TokenTrie {
  public:

@@ -751,4 +751,8 @@ bool HfTokenizer::IsSpecial(uint32_t id) const {
   return id < entries_.size() && entries_[id].kind == Kind::kSpecial;
 }
 
+std::string HfTokenizer::SpecialTokenText(uint32_t id) const {
+  return IsSpecial(id) ? entries_[id].bytes : std::string();
+}
+
 }  // namespace pd::engine

@@ -94,6 +94,8 @@ class HfTokenizer final : public Tokenizer {
   uint32_t vocab_size() const override { return static_cast<uint32_t>(entries_.size()); }
   uint32_t bos_id() const override { return bos_id_; }
   uint32_t eos_id() const override { return eos_id_; }
+  // The content of an added token marked "special"; "" for any other id.
+  std::string SpecialTokenText(uint32_t id) const override;
   bool add_bos_by_default() const { return add_bos_by_default_; }
   bool add_eos_by_default() const { return add_eos_by_default_; }
 

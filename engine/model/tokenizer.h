@@ -45,6 +45,11 @@ class Tokenizer {
   virtual uint32_t bos_id() const = 0;
   virtual uint32_t eos_id() const = 0;
 
+  // The text of special token `id` (a control token, Mistral's "[TOOL_CALLS]" say, which
+  // DecodeToken gives as nothing), or "" when `id` is no special token: how structured outputs
+  // name it (engine/grammar/grammar.h, special tokens).
+  virtual std::string SpecialTokenText(uint32_t /*id*/) const { return {}; }
+
   // Concatenated DecodeToken() of `ids`, the first one decoded after `prev`. The result is raw
   // bytes and may end in (or contain) incomplete UTF-8 if the ids do.
   // Errors: InvalidArgument naming the position of the first out-of-range id.

@@ -1412,7 +1412,9 @@ bool Scheduler::AdvanceMatcher(Sequence* seq, uint32_t token) {
 const grammar::TokenTrie& Scheduler::GrammarTrie() {
   if (trie_ == nullptr) {
     // A token's bytes as they read after an ordinary token (a leading-space rule after BOS
-    // does not apply mid-output); tokens without bytes (BOS, control) are never allowed.
+    // does not apply mid-output); tokens without bytes (BOS) are never allowed. A special
+    // token stands for its grammar bytes, which only a grammar naming it allows
+    // (TokenGrammarBytes).
     const uint32_t n = tokenizer_->vocab_size();
     absl::StatusOr<std::vector<uint32_t>> a = tokenizer_->Encode("a", false, false);
     const uint32_t prev = a.ok() && !a->empty() ? a->front() : Tokenizer::kNoToken;
@@ -1423,7 +1425,8 @@ const grammar::TokenTrie& Scheduler::GrammarTrie() {
         continue;
       }
       absl::StatusOr<std::string> b = tokenizer_->DecodeToken(prev, t);
-      if (b.ok()) bytes[t] = *std::move(b);
+      if (b.ok())
+        bytes[t] = grammar::TokenGrammarBytes(*std::move(b), tokenizer_->SpecialTokenText(t));
     }
     std::vector<int32_t> end(eos.begin(), eos.end());
     trie_ = std::make_unique<grammar::TokenTrie>(bytes, std::move(end));
