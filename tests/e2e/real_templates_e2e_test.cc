@@ -19,8 +19,9 @@
 //    jinja2's with that variable);
 //  - a response format with a reasoning model (Qwen3): the block comes first (forced here with
 //    logit_bias), then the answer follows the schema and validates;
-//  - tool_choice "auto" (Qwen3, DeepSeek-V3, Llama 3.2): a call the model starts (forced here
-//    with logit_bias) is enforced by grammar (pd-router's structural tag) and validates;
+//  - tool_choice "auto" (every family; Mistral's `[TOOL_CALLS]` a special token the grammar
+//    names): a call the model starts (forced here with logit_bias) is enforced by grammar
+//    (pd-router's structural tag) and validates;
 //  - tool_choice "required", streamed, through prefill and decode workers: the call's id and
 //    name come first, its arguments in pieces, finish_reason "tool_calls", and the arguments
 //    validate against the tool's schema (python3-jsonschema), on the real 128k-152k vocabulary.
@@ -324,22 +325,31 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
         << python_no_thinking;
   }
 
-  // tool_choice "auto" (Hermes, DeepSeek, Llama 3): a call the model starts is enforced.
+  // tool_choice "auto" (Hermes, DeepSeek, Llama 3, Mistral): a call the model starts is
+  // enforced.
   // logit_bias makes this random model write `<tool_call>` (`<｜tool▁calls▁begin｜>`, and for
   // Llama 3, whose call is the whole output, `{`) whenever it is free to; from there on the
   // grammar decides what may follow, so each call names the offered function with arguments
   // that validate (without the constraint a random model's "call" is noise, returned as
   // content).
+  // Mistral's `[TOOL_CALLS]` is a special token (id 9 in Mistral Nemo's tokenizer): the mask
+  // allows it only at the start, where the tag names it, and then a list of calls (one here,
+  // parallel_tool_calls false, so that the random model's list ends within max_tokens).
   json auto_arguments;
-  if (family.format == "hermes" || family.format == "deepseek" || family.format == "llama3") {
+  {
     const char* marker = family.format == "hermes"     ? "<tool_call>"
                          : family.format == "deepseek" ? "<｜tool▁calls▁begin｜>"
+                         : family.format == "mistral"  ? "[TOOL_CALLS]"
                                                        : "{";
     absl::StatusOr<std::vector<uint32_t>> open = (*front)->tokenizer().Encode(marker, false, false);
     ASSERT_TRUE(open.ok() && open->size() == 1) << marker << " is one token in this family";
+    if (family.format == "mistral") {
+      EXPECT_EQ((*front)->tokenizer().SpecialTokenText(open->front()), marker);
+    }
     json auto_body = body;
     auto_body["max_tokens"] = 120;
     auto_body["logit_bias"] = {{std::to_string(open->front()), 100}};
+    if (family.format == "mistral") auto_body["parallel_tool_calls"] = false;
     auto au = http.Post("/v1/chat/completions", auto_body.dump(), "application/json");
     ASSERT_TRUE(au) << httplib::to_string(au.error());
     ASSERT_EQ(au->status, 200) << au->body;

@@ -211,6 +211,16 @@ ToolCallFormat ChooseToolCallFormat(std::optional<ToolCallFormat> forced,
   return DetectToolCallFormat(chat_template != nullptr ? chat_template->source() : "");
 }
 
+namespace {
+
+// Whether `text` is one special token of `tokenizer` (not text that encodes to tokens).
+bool IsSpecialToken(const engine::Tokenizer& tokenizer, absl::string_view text) {
+  absl::StatusOr<std::vector<uint32_t>> ids = tokenizer.Encode(text, false, false);
+  return ids.ok() && ids->size() == 1 && tokenizer.SpecialTokenText(ids->front()) == text;
+}
+
+}  // namespace
+
 HttpRoutes::HttpRoutes(GenerationService* service, const engine::ModelFront* model,
                        ParseLimits limits, LiveStreams* live, const std::atomic<bool>* draining,
                        metrics::Family<metrics::Counter>* requests,
@@ -241,15 +251,21 @@ void HttpRoutes::ConstrainAfterReasoning(const OpenAiRequest& r, std::optional<b
 void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest* g) const {
   v1::SamplingParams* s = g->mutable_sampling();
   if (!constrain_auto_calls_ || r.endpoint != Endpoint::kChat || !r.tools.offered() ||
-      r.tools.choice != ToolChoice::kAuto ||
-      tool_call_format_ == ToolCallFormat::kMistral ||
-      s->has_constraint() || s->min_tokens() > 0 || s->ignore_eos()) {
+      r.tools.choice != ToolChoice::kAuto || s->has_constraint() || s->min_tokens() > 0 ||
+      s->ignore_eos()) {
     return;
   }
-  // (DeepSeek-V3's template fences the arguments in ```json; V3.1's does not.)
+  // The format's variant, from the template: DeepSeek-V3's template fences the arguments in
+  // ```json, V3.1's does not; Mistral's v11+ templates write `[TOOL_CALLS]NAME[ARGS]`, v3's a
+  // list after `[TOOL_CALLS]`. Mistral's markers are special tokens in its tokenizers.
   const chat::ChatTemplate* t = service_->prompts().chat_template();
-  const bool fenced = t == nullptr || absl::StrContains(t->source(), "```json");
-  s->mutable_constraint()->set_structural_tag(AutoCallTag(r.tools, tool_call_format_, fenced));
+  CallTagVariant variant;
+  variant.fenced = t == nullptr || absl::StrContains(t->source(), "```json");
+  variant.mistral_named = t != nullptr && absl::StrContains(t->source(), "[ARGS]");
+  variant.mistral_special =
+      model_ != nullptr && IsSpecialToken(model_->tokenizer(), "[TOOL_CALLS]") &&
+      (!variant.mistral_named || IsSpecialToken(model_->tokenizer(), "[ARGS]"));
+  s->mutable_constraint()->set_structural_tag(AutoCallTag(r.tools, tool_call_format_, variant));
   if (!services::CompileConstraintOf(*s, RouterGrammarCache()).ok()) {
     s->clear_constraint();  // a parameters keyword the engine cannot enforce: parsed only
   }

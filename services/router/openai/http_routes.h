@@ -92,12 +92,12 @@ class HttpRoutes {
   // prompt opened one (PromptOpensThinkBlock of its decoded end); nullopt when not parsed.
   std::optional<bool> ReasoningFor(const OpenAiRequest& r,
                                    const pdserve::v1::GenerateRequest& g) const;
-  // tool_choice "auto" with a Hermes, DeepSeek or Llama 3 format model: a call the model
-  // starts (`<tool_call>`, `<｜tool▁calls▁begin｜>`, an output starting with `{`) is
-  // enforced (AutoCallTag, a structural tag on `g`), unless the request has a constraint
-  // already, min_tokens or ignore_eos, or a tool's parameters use a keyword the engine cannot
-  // enforce (then calls are only parsed, as before). The response is built from `r`, whose
-  // sampling has no constraint: the output is still parsed as an "auto" answer.
+  // tool_choice "auto": a call the model starts (`<tool_call>`, `<｜tool▁calls▁begin｜>`, an
+  // output starting with `{` for Llama 3, `[TOOL_CALLS]` for Mistral) is enforced (AutoCallTag, a
+  // structural tag on `g`), unless the request has a constraint already, min_tokens or ignore_eos,
+  // or a tool's parameters use a keyword the engine cannot enforce (then calls are only parsed, as
+  // before). The response is built from `r`, whose sampling has no constraint: the output is still
+  // parsed as an "auto" answer.
   void ConstrainAutoCalls(const OpenAiRequest& r, pdserve::v1::GenerateRequest* g) const;
   // A constrained chat request (response_format, guided_*, an enforced tool choice) to a
   // reasoning model (reasoning blocks parsed): the constraint applies after the reasoning block

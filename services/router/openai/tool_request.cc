@@ -316,8 +316,58 @@ std::string EnforcedCallSchema(const ToolsSpec& spec) {
   return list.dump();
 }
 
-std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format, bool fenced) {
-  if (format == ToolCallFormat::kMistral) return "";
+// Mistral's tags (AutoCallTag): v3's list of calls at the start, v11's named calls anywhere.
+std::string MistralCallTag(const ToolsSpec& spec, const CallTagVariant& variant) {
+  constexpr absl::string_view kCalls = "[TOOL_CALLS]";
+  constexpr absl::string_view kArgs = "[ARGS]";
+  ordered_json tag = ordered_json::object();
+  tag["type"] = "structural_tag";
+  ordered_json structures = ordered_json::array();
+  if (variant.mistral_named) {
+    for (const ToolFunction& f : spec.functions) {
+      ordered_json st = ordered_json::object();
+      st["begin"] = absl::StrCat(kCalls, f.name, kArgs);
+      st["end"] = "";
+      st["schema"] = f.parameters.empty()
+                         ? ordered_json{{"type", "object"}, {"additionalProperties", false}}
+                         : ordered_json::parse(f.parameters);
+      structures.push_back(std::move(st));
+    }
+  } else {
+    std::vector<ordered_json> calls;
+    for (const ToolFunction& f : spec.functions) calls.push_back(CallSchema(f));
+    ordered_json list = ordered_json::object();
+    list["type"] = "array";
+    if (calls.size() == 1) {
+      list["items"] = std::move(calls[0]);
+    } else {
+      list["items"] = ordered_json::object();
+      list["items"]["anyOf"] = ordered_json(std::move(calls));
+    }
+    list["minItems"] = 1;
+    if (spec.parallel_tool_calls_set && !spec.parallel_tool_calls) list["maxItems"] = 1;
+    ordered_json st = ordered_json::object();
+    st["begin"] = kCalls;
+    st["schema"] = std::move(list);
+    st["end"] = "";
+    structures.push_back(std::move(st));
+    // (v3's call is the whole output, as the template writes it: `[TOOL_CALLS][...]</s>`.)
+    tag["at_start"] = true;
+  }
+  tag["structures"] = std::move(structures);
+  tag["triggers"] = {kCalls};
+  if (variant.mistral_special) {
+    tag["special_tokens"] = ordered_json::array();
+    tag["special_tokens"].push_back(kCalls);
+    if (variant.mistral_named) tag["special_tokens"].push_back(kArgs);
+  }
+  return tag.dump();
+}
+
+std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format,
+                        const CallTagVariant& variant) {
+  if (format == ToolCallFormat::kMistral) return MistralCallTag(spec, variant);
+  const bool fenced = variant.fenced;
   const bool deepseek = format == ToolCallFormat::kDeepseek;
   const bool llama = format == ToolCallFormat::kLlama3;
   ordered_json structures = ordered_json::array();

@@ -101,10 +101,20 @@ inline constexpr char kHermesCallClose[] = "</tool_call>";
 // `<｜tool▁calls▁end｜>`: one call per block (another block may follow). Llama 3 format: the
 // call is the whole output, `{"name": "<an offered function>", "parameters": ` and arguments
 // that follow its parameters, then `}`, when the output starts with `{` (after whitespace;
-// the tag's `at_start`); any other output is text. Mistral: "" (its `[TOOL_CALLS]` marker is
-// a special token, which a grammar over bytes cannot name).
+// the tag's `at_start`); any other output is text. Mistral (v3 templates): the output starts
+// with `[TOOL_CALLS]` (after whitespace; `at_start`), then a JSON array of calls
+// `{"name": "<an offered function>", "arguments": ...}` (one at most when
+// `parallel_tool_calls` is false), and ends there; any other output is text. Mistral v11+
+// (`variant.mistral_named`): free text until `[TOOL_CALLS]`, then `NAME[ARGS]` and arguments
+// that follow its parameters, then free text again (more calls, or not). Mistral's markers
+// are the tag's special tokens (structural_tag.h) unless `variant.mistral_special` is false.
+struct CallTagVariant {
+  bool fenced = true;           // DeepSeek: V3's fenced arguments (false: V3.1's)
+  bool mistral_named = false;   // Mistral: v11+'s `[TOOL_CALLS]NAME[ARGS]{...}` (v3's list)
+  bool mistral_special = true;  // Mistral: the model's markers are special tokens
+};
 std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format = ToolCallFormat::kHermes,
-                        bool fenced = true);
+                        const CallTagVariant& variant = {});
 
 // An assistant message's `tool_calls` (`param` names it in errors): an array of {"id",
 // "type": "function", "function": {"name", "arguments": a string}}. Returns the calls in the

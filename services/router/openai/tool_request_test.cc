@@ -1,8 +1,12 @@
 #include "services/router/openai/tool_request.h"
 
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/constraint.h"
+#include "engine/grammar/grammar.h"
+#include "engine/grammar/matcher.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -63,8 +67,8 @@ TEST(ToolRequestTest, ToolsDefaultToAutoAndKeepTheirText) {
 
 // The tag enforcing a call the model starts under "auto": per offered function, the opening
 // its format's template teaches, the function's parameters, the closing; the trigger is the
-// format's first marker. DeepSeek-V3 fences the arguments in ```json, V3.1 does not. Mistral
-// (whose marker is a special token) gets "".
+// format's first marker. DeepSeek-V3 fences the arguments in ```json, V3.1 does not. Mistral's
+// markers are special tokens, which the tag names.
 TEST(ToolRequestTest, AutoCallTagsFollowTheFormatsTemplates) {
   absl::StatusOr<OpenAiRequest> r = Chat(absl::StrCat(R"(,"tools":[)", kWeather, ",", kTime, "]"));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -83,7 +87,9 @@ TEST(ToolRequestTest, AutoCallTagsFollowTheFormatsTemplates) {
   // A function without parameters takes an empty object.
   EXPECT_EQ(v3["structures"][1]["schema"]["additionalProperties"], false);
 
-  const json v31 = json::parse(AutoCallTag(r->tools, ToolCallFormat::kDeepseek, /*fenced=*/false));
+  CallTagVariant v31_variant;
+  v31_variant.fenced = false;
+  const json v31 = json::parse(AutoCallTag(r->tools, ToolCallFormat::kDeepseek, v31_variant));
   EXPECT_EQ(v31["structures"][0]["begin"],
             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>");
   EXPECT_EQ(v31["structures"][0]["end"], "<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
@@ -94,7 +100,52 @@ TEST(ToolRequestTest, AutoCallTagsFollowTheFormatsTemplates) {
   EXPECT_EQ(llama["at_start"], true);
   EXPECT_EQ(llama["structures"][0]["begin"], "{\"name\": \"get_weather\", \"parameters\": ");
   EXPECT_EQ(llama["structures"][0]["end"], "}");
-  EXPECT_EQ(AutoCallTag(r->tools, ToolCallFormat::kMistral), "");
+
+  // Mistral v3: `[TOOL_CALLS]` (a special token) and a list of calls are the whole output.
+  const std::string mistral = AutoCallTag(r->tools, ToolCallFormat::kMistral);
+  const json list = json::parse(mistral);
+  EXPECT_EQ(list["triggers"], json::array({"[TOOL_CALLS]"}));
+  EXPECT_EQ(list["special_tokens"], json::array({"[TOOL_CALLS]"}));
+  EXPECT_EQ(list["at_start"], true);
+  ASSERT_EQ(list["structures"].size(), 1u);
+  EXPECT_EQ(list["structures"][0]["begin"], "[TOOL_CALLS]");
+  EXPECT_EQ(list["structures"][0]["schema"]["type"], "array");
+  EXPECT_FALSE(list["structures"][0]["schema"].contains("maxItems"));
+  grammar::ConstraintSpec spec;
+  spec.kind = grammar::ConstraintSpec::Kind::kStructuralTag;
+  spec.text = mistral;
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
+      grammar::CompileConstraint(spec);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string calls = grammar::SpecialTokenBytes("[TOOL_CALLS]");
+  const std::string weather =
+      R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}})";
+  const std::string time = R"({"name": "get_time", "arguments": {}})";
+  EXPECT_TRUE(grammar::Matches(*g, calls + "[" + weather + ", " + time + "]"));
+  EXPECT_TRUE(grammar::Matches(*g, "Sunny."));
+  EXPECT_FALSE(
+      grammar::Matches(*g, calls + "[" + R"({"name": "get_date", "arguments": {}})" + "]"));
+  EXPECT_FALSE(grammar::Matches(*g, calls + "[" + time + "] and text"));
+  // parallel_tool_calls false: one call.
+  absl::StatusOr<OpenAiRequest> one =
+      Chat(absl::StrCat(R"(,"parallel_tool_calls":false,"tools":[)", kWeather, ",", kTime, "]"));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(json::parse(AutoCallTag(
+                one->tools, ToolCallFormat::kMistral))["structures"][0]["schema"]["maxItems"],
+            1);
+
+  // Mistral v11+: `[TOOL_CALLS]NAME[ARGS]` and the arguments, anywhere in free text.
+  CallTagVariant named;
+  named.mistral_named = true;
+  const json v11 = json::parse(AutoCallTag(r->tools, ToolCallFormat::kMistral, named));
+  EXPECT_EQ(v11["special_tokens"], json::array({"[TOOL_CALLS]", "[ARGS]"}));
+  EXPECT_FALSE(v11.contains("at_start"));
+  ASSERT_EQ(v11["structures"].size(), 2u);
+  EXPECT_EQ(v11["structures"][1]["begin"], "[TOOL_CALLS]get_time[ARGS]");
+  // A tokenizer whose markers are text: the tag names no special tokens.
+  named.mistral_special = false;
+  EXPECT_FALSE(json::parse(AutoCallTag(r->tools, ToolCallFormat::kMistral, named))
+                   .contains("special_tokens"));
 }
 
 TEST(ToolRequestTest, RequiredAndNamedChoicesBecomeASchemaConstraint) {
