@@ -290,6 +290,16 @@ def request_validation_seeds():
         "many_stops": 'text: "a" sampling { stop: ["a","b","c","d","e","f","g","h","i","j","k",'
                       '"l","m","n","o","p","q"] }',
         "empty_tenant": 'text: "a" tenant: ""',
+        # A structural tag naming special tokens (Mistral's tool calls), and one that puts a
+        # special token inside a trigger (refused).
+        "tag_special_tokens": 'text: "a" sampling { constraint { structural_tag: ' + json.dumps(
+            json.dumps({"triggers": ["[TOOL_CALLS]"], "special_tokens": ["[TOOL_CALLS]", "[ARGS]"],
+                        "structures": [{"begin": "[TOOL_CALLS]f[ARGS]", "schema": {},
+                                        "end": ""}]})) + ' } }',
+        "tag_special_inside_trigger": 'text: "a" sampling { constraint { structural_tag: ' +
+            json.dumps(json.dumps({"triggers": ["x[A]"], "special_tokens": ["[A]"],
+                                   "structures": [{"begin": "x[A]", "schema": {}, "end": ""}]}))
+            + ' } }',
     }
     return {k: encode(m, GEN, v) for k, v in cases.items()}
 
