@@ -42,10 +42,11 @@ ABSL_FLAG(std::string, tool_call_format, "",
           "how the model writes tool calls under tool_choice \"auto\": hermes, llama3, mistral "
           "or deepseek; empty = detected from the chat template (docs/structured-outputs.md)");
 ABSL_FLAG(bool, constrain_auto_tool_calls, true,
-          "tool_choice \"auto\" with a Hermes/Qwen-, DeepSeek- or Llama 3-format model: once "
-          "the output writes <tool_call> (<｜tool▁calls▁begin｜>; Llama 3: starts with '{'), the "
-          "call is enforced by grammar (an offered function's name, arguments that follow its "
-          "parameters, the closing marker); false: calls are only parsed");
+          "tool_choice \"auto\": once the output writes <tool_call> (DeepSeek: "
+          "<｜tool▁calls▁begin｜>; Llama 3: starts with '{'; Mistral: the special token "
+          "[TOOL_CALLS]), the call is enforced by grammar (an offered function's name, "
+          "arguments that follow its parameters, the closing marker); false: calls are only "
+          "parsed");
 ABSL_FLAG(std::string, reasoning_parser, "auto",
           "reasoning blocks (<think>...</think>) in chat output, returned as reasoning_content: "
           "auto (when the chat template writes them: Qwen3, QwQ, DeepSeek-R1) | think | none");
