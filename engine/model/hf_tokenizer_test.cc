@@ -105,6 +105,10 @@ TEST(HfTokenizerTest, SpecialTokensAreMatchedInText) {
   EXPECT_THAT(Ids(tok, "x<|reserved_special_token_3|>"), ElementsAre(87, 509));
   EXPECT_TRUE(tok.IsSpecial(505));
   EXPECT_FALSE(tok.IsSpecial(259));
+  // Its text, for grammars that name it (structured outputs), whatever decoding does.
+  EXPECT_EQ(tok.SpecialTokenText(509), "<|reserved_special_token_3|>");
+  EXPECT_EQ(tok.SpecialTokenText(259), "");
+  EXPECT_EQ(tok.SpecialTokenText(1u << 30), "");
   // Special tokens decode to nothing unless asked.
   EXPECT_EQ(*tok.DecodeToken(Tokenizer::kNoToken, 505), "");
   absl::StatusOr<HfTokenizer> raw =
