@@ -21,7 +21,8 @@
 //    logit_bias), then the answer follows the schema and validates;
 //  - tool_choice "auto" (every family; Mistral's `[TOOL_CALLS]` a special token the grammar
 //    names): a call the model starts (forced here with logit_bias) is enforced by grammar
-//    (pd-router's structural tag) and validates;
+//    (pd-router's structural tag) and validates; Mistral's also streamed (id and name first,
+//    arguments in pieces);
 //  - tool_choice "required", streamed, through prefill and decode workers: the call's id and
 //    name come first, its arguments in pieces, finish_reason "tool_calls", and the arguments
 //    validate against the tool's schema (python3-jsonschema), on the real 128k-152k vocabulary.
@@ -102,6 +103,48 @@ json Tools() {
                         {{"name", "get_weather"},
                          {"description", "The weather in a city"},
                          {"parameters", json::parse(kWeatherSchema)}}}}});
+}
+
+// The first tool call of a streamed chat answer (SSE), as its deltas carry it: the id and
+// name must come first, once, and the arguments after, in pieces.
+struct StreamedCall {
+  std::string name, arguments, finish;
+  int argument_chunks = 0;
+  bool done = false;  // [DONE] seen
+};
+StreamedCall ReadStreamedCall(const std::string& sse) {
+  StreamedCall out;
+  for (absl::string_view line : absl::StrSplit(sse, '\n')) {
+    line = absl::StripSuffix(line, "\r");
+    if (!absl::ConsumePrefix(&line, "data: ")) continue;
+    if (line == "[DONE]") {
+      out.done = true;
+      continue;
+    }
+    const json chunk = json::parse(line, nullptr, false);
+    if (!chunk.is_object()) {
+      ADD_FAILURE() << "not JSON: " << line;
+      continue;
+    }
+    if (chunk["choices"].empty()) continue;  // usage
+    const json& choice = chunk["choices"][0];
+    if (choice["finish_reason"].is_string()) {
+      out.finish = choice["finish_reason"].get<std::string>();
+    }
+    if (!choice["delta"].contains("tool_calls")) continue;
+    const json& call = choice["delta"]["tool_calls"][0];
+    EXPECT_EQ(call["index"], 0) << line;
+    if (call.contains("id")) {
+      EXPECT_TRUE(out.name.empty()) << "a second call start: " << line;
+      EXPECT_TRUE(out.arguments.empty()) << "the name comes first: " << line;
+      out.name = call["function"]["name"].get<std::string>();
+    }
+    if (call["function"].contains("arguments")) {
+      out.arguments += call["function"]["arguments"].get<std::string>();
+      ++out.argument_chunks;
+    }
+  }
+  return out;
 }
 
 // The conversation as the OpenAI API carries it. Mistral's template wants call ids of nine
@@ -335,7 +378,7 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   // Mistral's `[TOOL_CALLS]` is a special token (id 9 in Mistral Nemo's tokenizer): the mask
   // allows it only at the start, where the tag names it, and then a list of calls (one here,
   // parallel_tool_calls false, so that the random model's list ends within max_tokens).
-  json auto_arguments;
+  json auto_arguments, auto_streamed_arguments;
   {
     const char* marker = family.format == "hermes"     ? "<tool_call>"
                          : family.format == "deepseek" ? "<｜tool▁calls▁begin｜>"
@@ -363,6 +406,21 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
     EXPECT_TRUE(auto_arguments.is_object()) << au->body;
     std::cout << family.name << ": auto, " << message["tool_calls"].size()
               << " call(s) in 120 tokens, finish " << a["choices"][0]["finish_reason"] << "\n";
+    if (family.format == "mistral") {
+      // Streamed: the call starts (id, name) once the list's first call names the function,
+      // and its arguments follow in pieces.
+      auto_body["stream"] = true;
+      auto st = http.Post("/v1/chat/completions", auto_body.dump(), "application/json");
+      ASSERT_TRUE(st) << httplib::to_string(st.error());
+      ASSERT_EQ(st->status, 200) << st->body;
+      const StreamedCall call = ReadStreamedCall(st->body);
+      EXPECT_TRUE(call.done) << st->body;
+      EXPECT_EQ(call.name, "get_weather") << st->body;
+      EXPECT_EQ(call.finish, "tool_calls") << st->body;
+      EXPECT_GT(call.argument_chunks, 1) << st->body;
+      auto_streamed_arguments = json::parse(call.arguments, nullptr, false);
+      EXPECT_TRUE(auto_streamed_arguments.is_object()) << st->body;
+    }
   }
 
   // A reasoning model under a response format: the block comes first, then the answer follows
@@ -399,34 +457,12 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
   res = http.Post("/v1/chat/completions", body.dump(), "application/json");
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   ASSERT_EQ(res->status, 200) << res->body;
-  std::string name, arguments, finish;
-  int argument_chunks = 0;
-  bool done = false;
-  for (absl::string_view line : absl::StrSplit(res->body, '\n')) {
-    line = absl::StripSuffix(line, "\r");
-    if (!absl::ConsumePrefix(&line, "data: ")) continue;
-    if (line == "[DONE]") {
-      done = true;
-      continue;
-    }
-    const json chunk = json::parse(line, nullptr, false);
-    ASSERT_TRUE(chunk.is_object()) << line;
-    if (chunk["choices"].empty()) continue;  // usage
-    const json& choice = chunk["choices"][0];
-    if (choice["finish_reason"].is_string()) finish = choice["finish_reason"].get<std::string>();
-    if (!choice["delta"].contains("tool_calls")) continue;
-    const json& call = choice["delta"]["tool_calls"][0];
-    EXPECT_EQ(call["index"], 0) << line;
-    if (call.contains("id")) {
-      EXPECT_TRUE(name.empty()) << "a second call start: " << line;
-      EXPECT_TRUE(arguments.empty()) << "the name comes first: " << line;
-      name = call["function"]["name"].get<std::string>();
-    }
-    if (call["function"].contains("arguments")) {
-      arguments += call["function"]["arguments"].get<std::string>();
-      ++argument_chunks;
-    }
-  }
+  const StreamedCall streamed = ReadStreamedCall(res->body);
+  const std::string& name = streamed.name;
+  const std::string& arguments = streamed.arguments;
+  const std::string& finish = streamed.finish;
+  const int argument_chunks = streamed.argument_chunks;
+  const bool done = streamed.done;
   EXPECT_TRUE(done) << res->body;
   EXPECT_EQ(name, "get_weather") << res->body;
   EXPECT_EQ(finish, "tool_calls") << res->body;
@@ -435,6 +471,10 @@ TEST_P(RealTemplatesE2eTest, RendersAsJinja2AndCallsToolsThroughTheCluster) {
                               {"arguments", json::parse(arguments, nullptr, false)}}});
   if (!auto_arguments.is_null()) {
     checks.push_back({{"schema", json::parse(kWeatherSchema)}, {"arguments", auto_arguments}});
+  }
+  if (!auto_streamed_arguments.is_null()) {
+    checks.push_back(
+        {{"schema", json::parse(kWeatherSchema)}, {"arguments", auto_streamed_arguments}});
   }
   if (!reasoned_answer.is_null()) {
     checks.push_back({{"schema", json::parse(kWeatherSchema)}, {"arguments", reasoned_answer}});
