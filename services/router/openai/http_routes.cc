@@ -263,7 +263,8 @@ void HttpRoutes::ConstrainAutoCalls(const OpenAiRequest& r, v1::GenerateRequest*
   variant.fenced = t == nullptr || absl::StrContains(t->source(), "```json");
   variant.mistral_named = t != nullptr && absl::StrContains(t->source(), "[ARGS]");
   variant.mistral_special =
-      model_ != nullptr && IsSpecialToken(model_->tokenizer(), "[TOOL_CALLS]") &&
+      tool_call_format_ == ToolCallFormat::kMistral && model_ != nullptr &&
+      IsSpecialToken(model_->tokenizer(), "[TOOL_CALLS]") &&
       (!variant.mistral_named || IsSpecialToken(model_->tokenizer(), "[ARGS]"));
   s->mutable_constraint()->set_structural_tag(AutoCallTag(r.tools, tool_call_format_, variant));
   if (!services::CompileConstraintOf(*s, RouterGrammarCache()).ok()) {
