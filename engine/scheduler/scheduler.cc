@@ -1425,8 +1425,9 @@ const grammar::TokenTrie& Scheduler::GrammarTrie() {
         continue;
       }
       absl::StatusOr<std::string> b = tokenizer_->DecodeToken(prev, t);
-      if (b.ok())
+      if (b.ok()) {
         bytes[t] = grammar::TokenGrammarBytes(*std::move(b), tokenizer_->SpecialTokenText(t));
+      }
     }
     std::vector<int32_t> end(eos.begin(), eos.end());
     trie_ = std::make_unique<grammar::TokenTrie>(bytes, std::move(end));

@@ -316,6 +316,8 @@ std::string EnforcedCallSchema(const ToolsSpec& spec) {
   return list.dump();
 }
 
+namespace {
+
 // Mistral's tags (AutoCallTag): v3's list of calls at the start, v11's named calls anywhere.
 std::string MistralCallTag(const ToolsSpec& spec, const CallTagVariant& variant) {
   constexpr absl::string_view kCalls = "[TOOL_CALLS]";
@@ -363,6 +365,8 @@ std::string MistralCallTag(const ToolsSpec& spec, const CallTagVariant& variant)
   }
   return tag.dump();
 }
+
+}  // namespace
 
 std::string AutoCallTag(const ToolsSpec& spec, ToolCallFormat format,
                         const CallTagVariant& variant) {
